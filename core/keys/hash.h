@@ -1,0 +1,61 @@
+// Deterministic keys: SHA-256 (OpenSSL) over canonical little-endian byte
+// encodings with a domain tag and an explicit seed, so every process,
+// language and machine derives the same key from the same inputs.
+// Thread-safety: pure functions; Hasher objects are single-threaded.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace kdn::keys {
+
+using Digest = std::array<std::uint8_t, 32>;
+
+struct DigestHash {
+  size_t operator()(const Digest& d) const noexcept {
+    size_t h;
+    static_assert(sizeof h <= sizeof(Digest));
+    __builtin_memcpy(&h, d.data(), sizeof h);  // a cryptographic digest is uniform already
+    return h;
+  }
+};
+
+std::string ToHex(const Digest& d);
+
+// Incremental SHA-256 over a canonical encoding.
+class Hasher {
+ public:
+  Hasher();
+  ~Hasher();
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+
+  Hasher& Bytes(const void* data, size_t n);
+  Hasher& U32(std::uint32_t v);
+  Hasher& U64(std::uint64_t v);
+  // Length (u64) then bytes: unambiguous concatenation.
+  Hasher& Str(std::string_view s);
+  Hasher& Tokens(std::span<const std::int32_t> tokens);  // count (u64) then u32 LE each
+  Digest Finish();
+
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
+
+// Everything that separates one model's KV from another's.
+struct ModelIdentity {
+  std::uint32_t layers = 0, kv_heads = 0, head_dim = 0, dtype = 0;
+  float rope_theta = 10000.0f;
+  std::uint32_t rope_style = 0, rotary_dim = 0;
+  std::string fingerprint;
+};
+Digest ModelFingerprint(const ModelIdentity& m);
+
+// key_i = H("kdn-chunk-v1", seed, ns, model, key_{i-1}, tokens_i); key_{-1} = zeros.
+Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
+                std::span<const std::int32_t> tokens);
+
+}  // namespace kdn::keys

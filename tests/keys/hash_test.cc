@@ -1,0 +1,100 @@
+#include "keys/hash.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+namespace kdn::keys {
+namespace {
+
+ModelIdentity Ref() {
+  ModelIdentity m;
+  m.layers = 5;
+  m.kv_heads = 4;
+  m.head_dim = 8;
+  m.dtype = 0;
+  m.fingerprint = "stories260K";
+  return m;
+}
+
+TEST(Hash, Sha256OfTheEmptyStringIsTheStandardOne) {
+  EXPECT_EQ(ToHex(Hasher().Finish()), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  Hasher h;
+  h.Bytes("abc", 3);
+  EXPECT_EQ(ToHex(h.Finish()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// Keys must be the same in every process, language and version: these
+// digests are part of the on-disk and on-wire format. Changing the encoding
+// means a new domain tag ("kdn-chunk-v2"), never new values under v1. The
+// values were computed independently with Python's hashlib from the encoding
+// README.md documents.
+TEST(Hash, ChunkKeysAreStable) {
+  const Digest model = ModelFingerprint(Ref());
+  EXPECT_EQ(ToHex(model), "daddac67ee246df360dc7f70986e74f13d49cbe04650b04b8fad62c9905660f5");
+  const std::vector<std::int32_t> tokens = {1, 403, 407, 261};
+  const Digest k0 = ChunkKey(0, "tenant", model, Digest{}, tokens);
+  EXPECT_EQ(ToHex(k0), "124be26d553108cfa3ec47ea99462c3d851354a245e3e8f7d337805f6ce6d746");
+}
+
+TEST(Hash, EveryInputChangesTheKey) {
+  const Digest model = ModelFingerprint(Ref());
+  const std::vector<std::int32_t> tokens = {1, 2, 3};
+  Digest prev{};
+  prev[0] = 1;
+  std::set<std::string> keys = {
+      ToHex(ChunkKey(0, "a", model, Digest{}, tokens)),
+      ToHex(ChunkKey(1, "a", model, Digest{}, tokens)),
+      ToHex(ChunkKey(0, "b", model, Digest{}, tokens)),
+      ToHex(ChunkKey(0, "a", model, prev, tokens)),
+      ToHex(ChunkKey(0, "a", model, Digest{}, std::vector<std::int32_t>{1, 2, 4})),
+      ToHex(ChunkKey(0, "a", model, Digest{}, std::vector<std::int32_t>{1, 2})),
+      ToHex(ChunkKey(0, "a", model, Digest{}, {})),
+  };
+  ModelIdentity other = Ref();
+  other.fingerprint = "stories260K-finetuned";
+  keys.insert(ToHex(ChunkKey(0, "a", ModelFingerprint(other), Digest{}, tokens)));
+  EXPECT_EQ(keys.size(), 8u);
+  // Deterministic: the same inputs, the same key.
+  EXPECT_EQ(ChunkKey(0, "a", model, Digest{}, tokens), ChunkKey(0, "a", model, Digest{}, tokens));
+}
+
+TEST(Hash, EncodingIsUnambiguous) {
+  // Length-prefixed strings: ("ab", "c") and ("a", "bc") must differ.
+  Hasher a, b;
+  a.Str("ab").Str("c");
+  b.Str("a").Str("bc");
+  EXPECT_NE(a.Finish(), b.Finish());
+}
+
+TEST(Hash, ModelFingerprintCoversTheShape) {
+  std::set<std::string> fps;
+  auto add = [&](ModelIdentity m) { fps.insert(ToHex(ModelFingerprint(m))); };
+  add(Ref());
+  ModelIdentity m = Ref();
+  m.layers = 6;
+  add(m);
+  m = Ref();
+  m.kv_heads = 8;
+  add(m);
+  m = Ref();
+  m.head_dim = 16;
+  add(m);
+  m = Ref();
+  m.dtype = 1;
+  add(m);
+  m = Ref();
+  m.rope_theta = 500000.0f;
+  add(m);
+  m = Ref();
+  m.rope_style = 1;
+  add(m);
+  m = Ref();
+  m.rotary_dim = 4;
+  add(m);
+  EXPECT_EQ(fps.size(), 8u);
+}
+
+}  // namespace
+}  // namespace kdn::keys

@@ -1,0 +1,262 @@
+#include "store/kv_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "test_models.h"
+
+namespace kdn::store {
+namespace {
+
+constexpr int kLayers = 5, kPos = 48, kKvDim = 32;
+const std::vector<std::int32_t> kTokens = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
+                                           421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419,
+                                           292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358,
+                                           394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266};
+
+
+// Real KV of the reference run, in the canonical layout for 48 tokens.
+class KvStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KDN_REQUIRE_MODEL();
+    const std::vector<float> k = testing::ReadFloats(testing::ReferencePath("kv260k.k.f32"));
+    const std::vector<float> v = testing::ReadFloats(testing::ReferencePath("kv260k.v.f32"));
+    ASSERT_EQ(k.size(), static_cast<size_t>(kLayers * kPos * kKvDim));
+    kv_.resize(2 * k.size());
+    const size_t run = static_cast<size_t>(kPos) * kKvDim;
+    for (int l = 0; l < kLayers; ++l) {
+      std::memcpy(&kv_[(static_cast<size_t>(l) * 2 + 0) * run], &k[static_cast<size_t>(l) * run], run * 4);
+      std::memcpy(&kv_[(static_cast<size_t>(l) * 2 + 1) * run], &v[static_cast<size_t>(l) * run], run * 4);
+    }
+    model_.fingerprint = keys::ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "stories260K"});
+    model_.shape = {kLayers, 4, 8, 4};
+  }
+  KvBufferView View(std::vector<float>& data, std::uint64_t tokens) {
+    KvBufferView v;
+    v.data = data.data();
+    v.size_bytes = data.size() * 4;
+    v.num_tokens = tokens;
+    auto r = ResolveBuffer(model_, v, tokens);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return *r;
+  }
+  std::span<const std::int32_t> Tokens(size_t n) const { return std::span<const std::int32_t>(kTokens).first(n); }
+  // The canonical KV of the first n tokens, laid out for a buffer of `cap` tokens.
+  std::vector<float> Expected(size_t n, size_t cap) const {
+    std::vector<float> out(static_cast<size_t>(kLayers) * 2 * cap * kKvDim, 0.0f);
+    for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
+      std::memcpy(&out[lk * cap * kKvDim], &kv_[lk * kPos * kKvDim], n * kKvDim * 4);
+    }
+    return out;
+  }
+  static StoreOptions Options(std::uint32_t chunk, std::uint64_t capacity = 1 << 24) {
+    StoreOptions o;
+    o.chunk_tokens = chunk;
+    o.host_capacity_bytes = capacity;
+    return o;
+  }
+
+  std::vector<float> kv_;
+  ModelKv model_;
+};
+
+TEST_F(KvStoreTest, StoresAndRetrievesRealKvBitExact) {
+  KvStore s(Options(16));
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 0u);
+  EXPECT_EQ(s.Store(model_, "t", Tokens(48), View(kv_, 48)), 48u);
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 48u);
+  std::vector<float> out(kv_.size(), -1.0f);
+  EXPECT_EQ(s.Retrieve(model_, "t", Tokens(48), View(out, 48)), 48u);
+  EXPECT_EQ(out, kv_);
+  const StoreStats st = s.Stats();
+  EXPECT_EQ(st.host.objects, 3u);
+  EXPECT_EQ(st.host.bytes, 48u * 1280);
+  EXPECT_EQ(st.hits, 3u);
+  EXPECT_EQ(st.tokens_served, 48u);
+  EXPECT_EQ(st.tokens_stored, 48u);
+  EXPECT_EQ(st.bytes_served, 48u * 1280);
+  // Storing again adds nothing.
+  EXPECT_EQ(s.Store(model_, "t", Tokens(48), View(kv_, 48)), 48u);
+  EXPECT_EQ(s.Stats().tokens_stored, 48u);
+}
+
+TEST_F(KvStoreTest, TrailingPartialChunkIsReusedByLongerRequests) {
+  KvStore s(Options(16));
+  std::vector<float> first40 = Expected(40, 40);
+  EXPECT_EQ(s.Store(model_, "t", Tokens(40), View(first40, 40)), 40u);  // chunks 16 + 16 + partial 8
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(40)), 40u);
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 40u);  // longer request: the partial chunk still matches
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(44)), 40u);
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(39)), 32u);  // the partial chunk needs all its 8 tokens
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(10)), 0u);
+  std::vector<float> out(kv_.size(), -1.0f);
+  EXPECT_EQ(s.Retrieve(model_, "t", Tokens(48), View(out, 48)), 40u);
+  const std::vector<float> want = Expected(40, 48);
+  for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
+    ASSERT_EQ(0, std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], 40 * kKvDim * 4)) << lk;
+    ASSERT_EQ(out[lk * 48 * kKvDim + 40 * kKvDim], -1.0f) << "wrote past the cached tokens";
+  }
+  // A short first store: its partial chunk (5 tokens) is reused at the root too.
+  KvStore s2(Options(16));
+  std::vector<float> first5 = Expected(5, 5);
+  EXPECT_EQ(s2.Store(model_, "t", Tokens(5), View(first5, 5)), 5u);
+  EXPECT_EQ(s2.Lookup(model_, "t", Tokens(48)), 5u);
+}
+
+TEST_F(KvStoreTest, DivergingTokensStopTheMatchAtTheirChunk) {
+  KvStore s(Options(16));
+  s.Store(model_, "t", Tokens(48), View(kv_, 48));
+  std::vector<std::int32_t> other(kTokens);
+  other[20] = 7;
+  EXPECT_EQ(s.Lookup(model_, "t", other), 16u);
+  other[0] = 2;
+  EXPECT_EQ(s.Lookup(model_, "t", other), 0u);
+}
+
+TEST_F(KvStoreTest, TenantsAndModelsAreIsolated) {
+  KvStore s(Options(16));
+  s.Store(model_, "tenant-a", Tokens(48), View(kv_, 48));
+  EXPECT_EQ(s.Lookup(model_, "tenant-b", Tokens(48)), 0u);
+  std::vector<float> out(kv_.size(), -1.0f);
+  EXPECT_EQ(s.Retrieve(model_, "tenant-b", Tokens(48), View(out, 48)), 0u);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == -1.0f; }));
+  ModelKv other = model_;
+  other.fingerprint = keys::ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "stories260K-other-weights"});
+  EXPECT_EQ(s.Lookup(other, "tenant-a", Tokens(48)), 0u);
+  EXPECT_EQ(s.Lookup(model_, "tenant-a", Tokens(48)), 48u);
+}
+
+TEST_F(KvStoreTest, FullTierEvictsAndNeverFails) {
+  // Room for two 16-token chunks (2 x 20480 bytes).
+  KvStore s(Options(16, 2 * 16 * 1280));
+  // The longest prefix that fits; never its own first chunks (useless tails).
+  EXPECT_EQ(s.Store(model_, "t", Tokens(48), View(kv_, 48)), 32u);
+  StoreStats st = s.Stats();
+  EXPECT_EQ(st.host.objects, 2u);
+  EXPECT_LE(st.host.bytes, st.host.capacity);
+  EXPECT_EQ(st.host.evictions, 0u);
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 32u);
+  // Another sequence evicts the older one, least recently used first.
+  std::vector<std::int32_t> other(kTokens);
+  other[0] = 2;
+  EXPECT_EQ(s.Store(model_, "t", other, View(kv_, 48)), 32u);
+  st = s.Stats();
+  EXPECT_EQ(st.host.evictions, 2u);
+  EXPECT_EQ(s.Lookup(model_, "t", other), 32u);
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 0u);
+  // A chunk larger than the whole tier is not cached; the call still succeeds.
+  KvStore tiny(Options(16, 1000));
+  EXPECT_EQ(tiny.Store(model_, "t", Tokens(48), View(kv_, 48)), 0u);
+  EXPECT_EQ(tiny.Stats().host.objects, 0u);
+}
+
+TEST_F(KvStoreTest, LookupHasNoSideEffectOnEvictionOrder) {
+  std::vector<float> a = Expected(16, 16);
+  for (bool touch_with_retrieve : {false, true}) {
+    KvStore s(Options(16, 2 * 16 * 1280));
+    std::vector<std::int32_t> ta(kTokens.begin(), kTokens.begin() + 16), tb = ta, tc = ta;
+    tb[0] = 2;
+    tc[0] = 3;
+    s.Store(model_, "t", ta, View(a, 16));
+    s.Store(model_, "t", tb, View(a, 16));
+    std::vector<float> out(a.size());
+    if (touch_with_retrieve) {
+      EXPECT_EQ(s.Retrieve(model_, "t", ta, View(out, 16)), 16u);
+    } else {
+      EXPECT_EQ(s.Lookup(model_, "t", ta), 16u);
+    }
+    s.Store(model_, "t", tc, View(a, 16));  // evicts the least recently used
+    EXPECT_EQ(s.Lookup(model_, "t", ta), touch_with_retrieve ? 16u : 0u);
+    EXPECT_EQ(s.Lookup(model_, "t", tb), touch_with_retrieve ? 0u : 16u);
+  }
+}
+
+TEST_F(KvStoreTest, EvictedPartialChunksAreForgotten) {
+  KvStore s(Options(16, 16 * 1280));
+  std::vector<float> first8 = Expected(8, 8);
+  EXPECT_EQ(s.Store(model_, "t", Tokens(8), View(first8, 8)), 8u);
+  std::vector<std::int32_t> other(kTokens.begin(), kTokens.begin() + 16);
+  other[0] = 2;
+  std::vector<float> full16 = Expected(16, 16);
+  EXPECT_EQ(s.Store(model_, "t", other, View(full16, 16)), 16u);  // evicts the partial chunk
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 0u);
+  EXPECT_EQ(s.Store(model_, "t", Tokens(8), View(first8, 8)), 8u);  // and it can come back
+  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 8u);
+}
+
+TEST_F(KvStoreTest, EvictingOnePartialChunkKeepsItsSiblingsFindable) {
+  // Two partial chunks of the same length under the same parent (the root).
+  KvStore s(Options(16, 2 * 3 * 1280));
+  std::vector<float> kv3 = Expected(3, 3);
+  const std::vector<std::int32_t> a = {1, 2, 3}, b = {1, 5, 6}, c = {7, 8};
+  EXPECT_EQ(s.Store(model_, "t", a, View(kv3, 3)), 3u);
+  EXPECT_EQ(s.Store(model_, "t", b, View(kv3, 3)), 3u);
+  EXPECT_EQ(s.Store(model_, "t", c, View(kv3, 2)), 2u);  // evicts a
+  EXPECT_EQ(s.Lookup(model_, "t", a), 0u);
+  EXPECT_EQ(s.Lookup(model_, "t", b), 3u);
+  EXPECT_EQ(s.Lookup(model_, "t", c), 2u);
+}
+
+TEST_F(KvStoreTest, LayoutsReachingPast2To64BytesAreRefused) {
+  KvBufferView v;
+  v.data = kv_.data();
+  v.size_bytes = 1280;
+  v.num_tokens = (std::uint64_t{1} << 22) + 1;
+  v.strides = {64, 32, std::int64_t{1} << 40, 8, 1};  // the extent wraps to 1280 bytes in 64 bits
+  auto r = ResolveBuffer(model_, v, 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("too small"), std::string::npos) << r.status().message();
+  v.num_tokens = std::uint64_t{1} << 32;
+  EXPECT_FALSE(ResolveBuffer(model_, v, 2).ok());
+}
+
+TEST_F(KvStoreTest, ConcurrentStoresAndRetrievesStayConsistent) {
+  KvStore s(Options(16, 6 * 16 * 1280));  // room for 6 of the 12 chunks: evictions race with reads
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string ns = "ns" + std::to_string(t);
+      std::vector<float> src = kv_;
+      for (int i = 0; i < 50; ++i) {
+        s.Store(model_, ns, Tokens(48), View(src, 48));
+        std::vector<float> out(kv_.size(), -1.0f);
+        const std::uint64_t n = s.Retrieve(model_, ns, Tokens(48), View(out, 48));
+        const std::vector<float> want = Expected(n, 48);
+        for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
+          if (std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], n * kKvDim * 4) != 0) ++bad;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_LE(s.Stats().host.bytes, s.Stats().host.capacity);
+}
+
+TEST_F(KvStoreTest, BuffersAreChecked) {
+  KvBufferView v;
+  EXPECT_EQ(ResolveBuffer(model_, v, 1).status().code(), Code::kInvalidArgument);  // NULL data
+  v.data = kv_.data();
+  v.size_bytes = kv_.size() * 4;
+  v.num_tokens = 47;
+  EXPECT_NE(ResolveBuffer(model_, v, 48).status().message().find("holds 47 tokens"), std::string::npos);
+  v.num_tokens = 48;
+  v.size_bytes -= 1;
+  EXPECT_NE(ResolveBuffer(model_, v, 48).status().message().find("too small"), std::string::npos);
+  v.size_bytes += 1;
+  EXPECT_TRUE(ResolveBuffer(model_, v, 48).ok());
+  v.strides = {2 * 48 * 32, 48 * 32, 32, 8, -1};
+  EXPECT_NE(ResolveBuffer(model_, v, 48).status().message().find("non-negative"), std::string::npos);
+  v.strides = {2 * 48 * 32, 48 * 32, 32, 8, 1};
+  EXPECT_TRUE(ResolveBuffer(model_, v, 48).ok());
+  v.strides.layer = 2 * 48 * 32 + 1;  // the last layer now reaches past the end
+  EXPECT_FALSE(ResolveBuffer(model_, v, 48).ok());
+}
+
+}  // namespace
+}  // namespace kdn::store

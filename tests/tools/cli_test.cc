@@ -1,0 +1,155 @@
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "test_models.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+
+// Runs the kdn command with `args` through the shell; stdout and stderr together.
+CliRun Kdn(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(KDN_CLI) + " " + args + " 2>&1";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ModelArgs() {
+  return "--model " + kdn::testing::ModelPath() + " --tokenizer " + kdn::testing::TokenizerPath();
+}
+
+
+// The reference ids as `--ids` prints them.
+std::string ReferenceIdsLine() {
+  std::string line;
+  for (int id : kdn::testing::kReferenceIds) line += (line.empty() ? "" : " ") + std::to_string(id);
+  return line + "\n";
+}
+
+TEST(Cli, GenerateIdsMatchTheReference) {
+  KDN_REQUIRE_MODEL();
+  const CliRun r = Kdn("generate " + ModelArgs() + " --steps 48 --ids");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, ReferenceIdsLine());
+}
+
+TEST(Cli, GenerateTextMatchesTheReference) {
+  KDN_REQUIRE_MODEL();
+  const CliRun r = Kdn("generate " + ModelArgs() + " --steps 48");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out,
+            "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she "
+            "saw a big, red ball. She wanted to\n");
+}
+
+TEST(Cli, GenerateWithAPromptContinuesIt) {
+  KDN_REQUIRE_MODEL();
+  // "Once upon a time" encodes to the reference's first four ids, so greedy
+  // decoding continues with the reference's next ones (prompt ids excluded).
+  const CliRun r = Kdn("generate " + ModelArgs() + " --prompt 'Once upon a time' --steps 6 --ids");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "432 383 286 261 376 298\n");
+}
+
+TEST(Cli, DumpKvMatchesTheReferenceFiles) {
+  KDN_REQUIRE_MODEL();
+  const fs::path dir = fs::temp_directory_path() / ("kdn_cli_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string prefix = (dir / "kv").string();
+  const CliRun r = Kdn("generate " + ModelArgs() + " --steps 48 --ids --dump-kv " + prefix);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* which : {"k", "v"}) {
+    const std::vector<float> got = kdn::testing::ReadFloats(prefix + "." + which + ".f32");
+    const std::vector<float> want = kdn::testing::ReadFloats(kdn::testing::ReferencePath(std::string("kv260k.") + which + ".f32"));
+    ASSERT_EQ(got.size(), want.size()) << which;  // 5 layers x 48 positions x 32
+    double max_abs = 0, max_err = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      max_abs = std::max(max_abs, std::fabs(static_cast<double>(want[i])));
+      max_err = std::max(max_err, std::fabs(static_cast<double>(got[i]) - want[i]));
+    }
+    EXPECT_LE(max_err / max_abs, 1e-4) << which;
+  }
+  // With a prompt: BOS + 4 prompt tokens + 9 of the 10 generated = 14 positions.
+  ASSERT_EQ(Kdn("generate " + ModelArgs() + " --prompt 'Once upon a time' --steps 10 --dump-kv " + prefix).code, 0);
+  EXPECT_EQ(kdn::testing::ReadFloats(prefix + ".k.f32").size(), 5u * 14 * 32);
+  fs::remove_all(dir);
+}
+
+TEST(Cli, GenerateReportsBadInput) {
+  CliRun r = Kdn("generate --model /nonexistent.bin --tokenizer /nonexistent.tok --steps 4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("cannot open model file"), std::string::npos) << r.out;
+  r = Kdn("generate --steps 4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--model"), std::string::npos) << r.out;
+}
+
+TEST(Cli, DemoReusesKvWithIdenticalContinuations) {
+  KDN_REQUIRE_MODEL();
+  const CliRun r = Kdn("demo --repeats 1 --steps 16", "KDN_MODELS=" + kdn::testing::ModelsDir());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("stories260K.bin"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("identical continuations 7/7"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("DIFFERENT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("reused  312"), std::string::npos) << r.out;
+}
+
+TEST(Cli, DemoRunsWithoutTheModelOnARandomOne) {
+  const fs::path empty = fs::temp_directory_path() / ("kdn_no_models_" + std::to_string(getpid()));
+  fs::create_directories(empty);
+  const CliRun r = Kdn("demo --repeats 1 --steps 8", "cd " + empty.string() + " && KDN_MODELS=" + empty.string());
+  fs::remove_all(empty);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("RANDOM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("identical continuations 7/7"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchFoundationWritesTheRecords) {
+  const fs::path json = fs::temp_directory_path() / ("kdn_bench_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench foundation --quick --repeats 2 --json " + json.string(),
+                    "KDN_MODELS=" + kdn::testing::ModelsDir());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  fs::remove(json);
+  std::map<std::string, int> names;
+  for (const auto& rec : records) {
+    names[rec.at("name").get<std::string>()]++;
+    EXPECT_GT(rec.at("value").get<double>(), 0.0) << rec.dump();
+    EXPECT_TRUE(rec.at("params").is_object());
+    if (rec.contains("baseline")) {
+      EXPECT_GT(rec.at("baseline_value").get<double>(), 0.0);
+      EXPECT_NEAR(rec.at("ratio").get<double>(),
+                  rec.at("value").get<double>() / rec.at("baseline_value").get<double>(), 1e-9);
+    }
+  }
+  EXPECT_EQ(names["ttft_cold_ms"], 3);
+  EXPECT_EQ(names["ttft_warm_ms"], 3);
+  EXPECT_EQ(names["host_retrieve_gbps_8b"], 1);
+  EXPECT_EQ(names["host_retrieve_gbps_ref"], 1);
+}
+
+}  // namespace

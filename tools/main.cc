@@ -1,0 +1,123 @@
+// The kdn command: generate, demo, bench.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "demo.h"
+#include "foundation_bench.h"
+#include "model/transformer.h"
+#include "ref_engine.h"
+
+namespace {
+
+using namespace kdn;
+
+// `kdn generate`: greedy decoding with the reference transformer.
+int Generate(const std::string& model_path, const std::string& tok_path, const std::string& prompt, int steps,
+             bool ids, const std::string& dump_prefix) {
+  auto loaded = tools::LoadModel(model_path, tok_path, /*allow_random=*/false);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "kdn generate: %s\n", loaded.status().message().c_str());
+    return 2;
+  }
+  const model::Tokenizer& tok = *loaded->tokenizer;
+  model::Transformer t(*loaded->weights);
+  model::KvCache cache = t.NewCache();
+  std::vector<int> tokens = tok.Encode(prompt, /*bos=*/true);
+  const int ctx = t.config().seq_len;
+  if (static_cast<int>(tokens.size()) > ctx) {
+    std::fprintf(stderr, "kdn generate: the prompt has %zu tokens, the model's context is %d\n", tokens.size(), ctx);
+    return 2;
+  }
+  if (static_cast<int>(tokens.size()) + steps - 1 > ctx) {
+    const int fit = ctx - static_cast<int>(tokens.size()) + 1;
+    std::fprintf(stderr, "kdn generate: only %d of %d steps fit the context of %d\n", fit, steps, ctx);
+    steps = fit;
+  }
+  std::vector<float> logits;
+  std::vector<int> out;
+  int pos = 0;
+  // Prefill the prompt in one batch, then one token per step.
+  std::vector<int> in = tokens;
+  for (int s = 0; s < steps; ++s) {
+    if (Status st = t.Forward(in, pos, cache, &logits); !st.ok()) {
+      std::fprintf(stderr, "kdn generate: %s\n", st.message().c_str());
+      return 2;
+    }
+    pos += static_cast<int>(in.size());
+    const int next = model::Argmax(logits);
+    out.push_back(next);
+    in.assign(1, next);
+  }
+  if (ids) {
+    for (size_t i = 0; i < out.size(); ++i) std::printf(i ? " %d" : "%d", out[i]);
+    std::printf("\n");
+  } else {
+    std::printf("%s%s\n", prompt.c_str(), tok.DecodeAll(out, tokens.back()).c_str());
+  }
+  if (!dump_prefix.empty()) {
+    // Every processed position: BOS, the prompt, and the generated tokens but the last.
+    const model::ModelConfig& c = t.config();
+    const std::vector<float> kv = cache.Export(0, pos);  // [layer][k|v][pos][kv_dim]
+    const size_t run = static_cast<size_t>(pos) * c.kv_dim();
+    for (int which = 0; which < 2; ++which) {
+      const std::string path = dump_prefix + (which == 0 ? ".k.f32" : ".v.f32");
+      std::ofstream f(path, std::ios::binary);
+      for (int l = 0; l < c.n_layers; ++l) {
+        f.write(reinterpret_cast<const char*>(kv.data() + (static_cast<size_t>(l) * 2 + which) * run),
+                static_cast<std::streamsize>(run * sizeof(float)));
+      }
+      if (!f) {
+        std::fprintf(stderr, "kdn generate: cannot write %s\n", path.c_str());
+        return 2;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kdn: a Knowledge Delivery Network runtime for LLM serving engines"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(kdn_version()));
+
+  std::string model, tokenizer, prompt, dump;
+  int steps = 0;
+  bool ids = false;
+  auto* gen = app.add_subcommand("generate", "Greedy generation with the reference transformer");
+  gen->add_option("--model", model, "llama2.c checkpoint")->required();
+  gen->add_option("--tokenizer", tokenizer, "tokenizer file (tok512.bin format)")->required();
+  gen->add_option("--prompt", prompt, "prompt text (default: none, start from BOS)");
+  gen->add_option("--steps", steps, "tokens to generate after the prompt")->required()->check(CLI::Range(1, 1 << 20));
+  gen->add_flag("--ids", ids, "print token ids instead of text");
+  gen->add_option("--dump-kv", dump, "write PREFIX.k.f32 and PREFIX.v.f32 ([layer][pos][kv_head][head_dim])");
+
+  kdn::tools::DemoOptions demo;
+  auto* dm = app.add_subcommand("demo", "Store documents' KV and reuse it: TTFT cold vs with kdn");
+  dm->add_option("--model", demo.model, "llama2.c checkpoint (default: the reference model, else a random one)");
+  dm->add_option("--tokenizer", demo.tokenizer, "tokenizer file");
+  dm->add_option("--chunk-tokens", demo.chunk_tokens, "tokens per stored chunk")->check(CLI::Range(1, 65536));
+  dm->add_option("--steps", demo.steps, "continuation tokens compared per query")->check(CLI::Range(1, 256));
+  dm->add_option("--repeats", demo.repeats, "timed runs per query")->check(CLI::Range(1, 1000));
+
+  auto* bench = app.add_subcommand("bench", "Benchmarks (JSON records)");
+  bench->require_subcommand(1);
+  kdn::bench::FoundationOptions fo;
+  auto* found = bench->add_subcommand("foundation", "TTFT cold vs warm; host retrieve vs memcpy");
+  found->add_option("--json", fo.json_path, "output file")->required();
+  found->add_option("--model", fo.model, "llama2.c checkpoint (default: the reference model)");
+  found->add_option("--tokenizer", fo.tokenizer, "tokenizer file");
+  found->add_option("--repeats", fo.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
+  found->add_flag("--quick", fo.quick, "few repeats (a smoke test, not a measurement)");
+
+  CLI11_PARSE(app, argc, argv);
+  if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
+  if (*dm) return kdn::tools::RunDemo(demo);
+  if (*found) return kdn::bench::RunFoundation(fo);
+  return 1;
+}
