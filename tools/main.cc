@@ -1,4 +1,4 @@
-// The kdn command: generate, demo, bench.
+// The kdn command: generate, demo, bench, disk.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "demo.h"
+#include "disk_cmd.h"
 #include "foundation_bench.h"
+#include "store_bench.h"
 #include "model/transformer.h"
 #include "ref_engine.h"
 
@@ -114,10 +116,20 @@ int main(int argc, char** argv) {
   found->add_option("--tokenizer", fo.tokenizer, "tokenizer file");
   found->add_option("--repeats", fo.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
   found->add_flag("--quick", fo.quick, "few repeats (a smoke test, not a measurement)");
+  kdn::bench::StoreBenchOptions so;
+  auto* storeb = bench->add_subcommand("store", "Host get, disk read/write, key hashing, lookup, hit rates");
+  storeb->add_option("--json", so.json_path, "output file")->required();
+  storeb->add_option("--dir", so.dir, "scratch directory for the disk measures (default: the temp dir)");
+  storeb->add_option("--repeats", so.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
+  storeb->add_flag("--quick", so.quick, "small sizes and few repeats (a smoke test, not a measurement)");
+
+  kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
 
   CLI11_PARSE(app, argc, argv);
+  if (disk.chosen()) return disk.Run();
   if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
   if (*dm) return kdn::tools::RunDemo(demo);
   if (*found) return kdn::bench::RunFoundation(fo);
+  if (*storeb) return kdn::bench::RunStoreBench(so);
   return 1;
 }

@@ -2,7 +2,10 @@
 // which turn any exception into a status and the thread's last-error message.
 #include "kdn/kdn.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -10,10 +13,22 @@
 #include <string>
 
 #include "keys/hash.h"
+#include "store/engine_ops.h"
+#include "store/knowledge.h"
 #include "store/kv_store.h"
+#include "util/executor.h"
 
 struct kdn_runtime {
   std::unique_ptr<kdn::store::KvStore> rep;
+  std::unique_ptr<kdn::store::KnowledgeIndex> knowledge;
+  std::unique_ptr<kdn::Executor> executor;  // destroyed first: finishes queued loads and saves
+  std::vector<kdn_tier_kind> tier_kinds;
+};
+
+struct kdn_op {
+  std::shared_ptr<kdn::store::EngineOp> rep;
+  kdn::store::LoadOp* load = nullptr;  // set for loads
+  kdn::store::SaveOp* save = nullptr;  // set for saves
 };
 
 struct kdn_model {
@@ -53,6 +68,62 @@ kdn_status ReadStruct(const T* in, size_t min_size, const char* name, T* out) {
   return KDN_OK;
 }
 
+
+// The size of kdn_runtime_options in version 0.1 (before tiers were appended).
+constexpr size_t kRuntimeOptionsV1 = offsetof(kdn_runtime_options, tiers);
+
+// An editor callback as the store's ChunkEditor.
+class CallbackEditor final : public kdn::store::ChunkEditor {
+ public:
+  CallbackEditor(kdn_edit_fn fn, void* user) : fn_(fn), user_(user) {}
+  kdn::Result<bool> Edit(kdn::store::Chunk& chunk) override {
+    kdn_chunk_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.num_layers = chunk.meta.layers;
+    info.num_kv_heads = chunk.meta.kv_heads;
+    info.head_dim = chunk.meta.head_dim;
+    info.num_tokens = chunk.meta.tokens;
+    info.dtype = static_cast<kdn_dtype>(chunk.meta.dtype);
+    info.first_position = chunk.meta.first_position;
+    std::memcpy(info.model_fingerprint, chunk.meta.model.data(), 32);
+    int changed = 0;
+    const kdn_status s = fn_(user_, &info, chunk.payload.data(), chunk.payload.size(), &changed);
+    if (s != KDN_OK) return kdn::Status(static_cast<kdn::Code>(static_cast<int>(s)), "editor callback failed");
+    return changed != 0;
+  }
+
+ private:
+  kdn_edit_fn fn_;
+  void* user_;
+};
+
+kdn::store::TokenKeys TokenKeysOf(const int32_t* tokens, size_t n) {
+  kdn::store::TokenKeys k;
+  k.tokens = {tokens, n};
+  return k;
+}
+
+kdn_latency Latency(const kdn::telemetry::HistogramSnapshot& h) {
+  return kdn_latency{h.count, h.mean(), h.p50, h.p90, h.p99, h.max};
+}
+
+kdn_op_state StateOf(kdn::store::OpState s) {
+  switch (s) {
+    case kdn::store::OpState::kPending: return KDN_OP_PENDING;
+    case kdn::store::OpState::kDone: return KDN_OP_DONE;
+    case kdn::store::OpState::kFailed: return KDN_OP_FAILED;
+    case kdn::store::OpState::kCancelled: return KDN_OP_CANCELLED;
+  }
+  return KDN_OP_FAILED;
+}
+
+kdn_status CheckDocId(const char* doc_id, size_t len) {
+  if (doc_id == nullptr || len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "doc_id is empty");
+  if (len > 255) return Fail(KDN_ERR_INVALID_ARGUMENT, "doc_id longer than 255 bytes");
+  return KDN_OK;
+}
+
 int64_t DtypeBytes(kdn_dtype d) {
   switch (d) {
     case KDN_DTYPE_F32: return 4;
@@ -62,13 +133,16 @@ int64_t DtypeBytes(kdn_dtype d) {
   }
 }
 
-kdn_status CheckCall(const kdn_runtime* rt, const kdn_model* model, const char* ns, size_t ns_len,
-                     const int32_t* tokens, size_t num_tokens) {
+kdn_status CheckTarget(const kdn_runtime* rt, const kdn_model* model, const char* ns, size_t ns_len) {
   if (rt == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
   if (model == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "model is NULL");
   if (model->runtime != rt) return Fail(KDN_ERR_INVALID_ARGUMENT, "model was registered with another runtime");
   if (ns == nullptr || ns_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "namespace is empty: every call names its tenant");
   if (ns_len > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, "namespace longer than 4096 bytes");
+  return KDN_OK;
+}
+
+kdn_status CheckTokens(const int32_t* tokens, size_t num_tokens) {
   if (num_tokens == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no tokens (num_tokens is 0)");
   if (tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tokens is NULL");
   if (num_tokens > (size_t{1} << 32)) return Fail(KDN_ERR_INVALID_ARGUMENT, "more than 2^32 tokens");
@@ -76,6 +150,90 @@ kdn_status CheckCall(const kdn_runtime* rt, const kdn_model* model, const char* 
     if (tokens[i] < 0) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, "token " + std::to_string(i) + " has negative id " + std::to_string(tokens[i]));
     }
+  }
+  return KDN_OK;
+}
+
+kdn_status CheckCall(const kdn_runtime* rt, const kdn_model* model, const char* ns, size_t ns_len,
+                     const int32_t* tokens, size_t num_tokens) {
+  if (kdn_status s = CheckTarget(rt, model, ns, ns_len); s != KDN_OK) return s;
+  return CheckTokens(tokens, num_tokens);
+}
+
+// A request's keys, copied (asynchronous ops outlive the caller's arrays).
+kdn_status RequestKeys(const kdn_runtime* rt, const kdn_request* in, kdn::store::OwnedKeys* out) {
+  if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "request is NULL");
+  kdn_request r = KDN_REQUEST_INIT;
+  if (kdn_status s = ReadStruct(in, sizeof(kdn_request), "kdn_request", &r); s != KDN_OK) return s;
+  if (r.hash_bytes == 0) {
+    if (kdn_status s = CheckTokens(r.tokens, r.num_tokens); s != KDN_OK) return s;
+    out->tokens.assign(r.tokens, r.tokens + r.num_tokens);
+    return KDN_OK;
+  }
+  if (r.hash_bytes > 64) return Fail(KDN_ERR_INVALID_ARGUMENT, "hash_bytes must be 1..64");
+  if (r.num_blocks == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no blocks (num_blocks is 0)");
+  if (r.block_hashes == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "block_hashes is NULL");
+  if (r.block_tokens == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "block_tokens is 0");
+  if (r.num_blocks > (size_t{1} << 28)) return Fail(KDN_ERR_INVALID_ARGUMENT, "too many blocks");
+  out->hashes.assign(r.block_hashes, r.block_hashes + r.num_blocks * r.hash_bytes);
+  out->hash_bytes = r.hash_bytes;
+  out->block_tokens = r.block_tokens;
+  return FromStatus(rt->rep->CheckKeys(out->keys()));
+}
+
+// The C groups as core groups (their arrays still the caller's: the ops copy them).
+kdn_status ReadGroups(const kdn_model* model, const kdn_kv_group* in, size_t n, std::vector<kdn::store::KvGroup>* out) {
+  if (n == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV groups (num_groups is 0)");
+  if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "groups is NULL");
+  for (size_t i = 0; i < n; ++i) {
+    const std::string what = "KV group " + std::to_string(i);
+    kdn_kv_group g = KDN_KV_GROUP_INIT;
+    if (kdn_status s = ReadStruct(&in[i], sizeof(kdn_kv_group), what.c_str(), &g); s != KDN_OK) return s;
+    kdn_kv_view v = KDN_KV_VIEW_INIT;
+    if (kdn_status s = ReadStruct(&g.view, sizeof(kdn_kv_view), (what + " view").c_str(), &v); s != KDN_OK) return s;
+    if (g.layers == nullptr || g.num_layers == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": no layers");
+    if (v.num_layers != g.num_layers) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": the view has " + std::to_string(v.num_layers) + " layers, the group " +
+                                                std::to_string(g.num_layers));
+    }
+    if (v.memory != KDN_MEMORY_HOST) {
+      return Fail(KDN_ERR_UNSUPPORTED, what + ": only host memory views are supported by this version");
+    }
+    if (v.dtype != model->dtype) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": the view's dtype differs from the model's");
+    if (v.k_layers == nullptr || v.v_layers == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": k_layers or v_layers is NULL");
+    kdn::store::KvGroup cg;
+    cg.layers.assign(g.layers, g.layers + g.num_layers);
+    kdn::kernels::KvView& kv = cg.view;
+    kv.shape = model->kv.shape;
+    kv.shape.layers = static_cast<int64_t>(g.num_layers);
+    kv.k_base = v.k_layers;
+    kv.v_base = v.v_layers;
+    switch (v.layout) {
+      case KDN_LAYOUT_CONTIGUOUS:
+        kv.paged = false;
+        break;
+      case KDN_LAYOUT_PAGED_NHD:
+      case KDN_LAYOUT_PAGED_HND:
+        kv.paged = true;
+        kv.order = v.layout == KDN_LAYOUT_PAGED_NHD ? kdn::kernels::PageOrder::kNHD : kdn::kernels::PageOrder::kHND;
+        if (v.block_table == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_table is NULL");
+        break;
+      default:
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown layout " + std::to_string(v.layout));
+    }
+    kv.stride_token = v.stride_token;
+    kv.stride_head = v.stride_head;
+    kv.stride_dim = v.stride_dim;
+    kv.v_stride_token = v.v_stride_token;
+    kv.v_stride_head = v.v_stride_head;
+    kv.v_stride_dim = v.v_stride_dim;
+    kv.layer_elements = static_cast<int64_t>(v.layer_elements);
+    kv.block_size = v.block_size;
+    kv.block_table = v.block_table;
+    kv.table_len = static_cast<int64_t>(v.block_table_len);
+    kv.num_blocks = static_cast<int64_t>(v.num_blocks);
+    kv.block_stride = v.block_stride;
+    out->push_back(std::move(cg));
   }
   return KDN_OK;
 }
@@ -100,6 +258,28 @@ kdn_status ResolveKv(const kdn_model* model, const kdn_kv_buffer* in, size_t num
   auto r = kdn::store::ResolveBuffer(model->kv, v, num_tokens);
   if (!r.ok()) return FromStatus(r.status());
   *out = *r;
+  return KDN_OK;
+}
+
+// Starts a load or save op (OpT::Start) and wraps it in a handle, whose
+// `member` points at it.
+template <typename OpT>
+kdn_status StartOp(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                   const kdn_request* request, const kdn_kv_group* groups, size_t num_groups, kdn_op** out,
+                   OpT* kdn_op::*member) {
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  *out = nullptr;
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  kdn::store::OwnedKeys keys;
+  if (kdn_status s = RequestKeys(runtime, request, &keys); s != KDN_OK) return s;
+  std::vector<kdn::store::KvGroup> g;
+  if (kdn_status s = ReadGroups(model, groups, num_groups, &g); s != KDN_OK) return s;
+  auto op = OpT::Start(*runtime->rep, *runtime->executor, model->kv, std::string(ns, ns_len), std::move(keys), std::move(g));
+  if (!op.ok()) return FromStatus(op.status());
+  auto handle = std::make_unique<kdn_op>();
+  handle.get()->*member = op->get();
+  handle->rep = std::move(op).value();
+  *out = handle.release();
   return KDN_OK;
 }
 
@@ -168,23 +348,68 @@ kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** 
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = nullptr;
   kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
-  if (kdn_status s = ReadStruct(options, sizeof(kdn_runtime_options), "kdn_runtime_options", &o); s != KDN_OK) return s;
+  if (kdn_status s = ReadStruct(options, kRuntimeOptionsV1, "kdn_runtime_options", &o); s != KDN_OK) return s;
   if (o.chunk_tokens == 0 || o.chunk_tokens > 65536) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "chunk_tokens " + std::to_string(o.chunk_tokens) + " out of range 1..65536");
   }
   if (o.host_capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "host_capacity_bytes is 0");
+  if (o.num_tiers > KDN_MAX_TIERS) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "at most " + std::to_string(KDN_MAX_TIERS) + " tiers");
+  }
+  if (o.num_tiers > 0 && o.tiers == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tiers is NULL");
   kdn::store::StoreOptions so;
   so.chunk_tokens = o.chunk_tokens;
   so.host_capacity_bytes = o.host_capacity_bytes;
   so.hash_seed = o.hash_seed;
   auto rt = std::make_unique<kdn_runtime>();
-  rt->rep = std::make_unique<kdn::store::KvStore>(so);
+  for (size_t i = 0; i < o.num_tiers; ++i) {
+    kdn_tier_config c = KDN_TIER_CONFIG_INIT;
+    const std::string what = "tier " + std::to_string(i);
+    if (kdn_status s = ReadStruct(&o.tiers[i], sizeof(kdn_tier_config), what.c_str(), &c); s != KDN_OK) return s;
+    kdn::store::TierSpec t;
+    switch (c.kind) {
+      case KDN_TIER_HOST: t.kind = kdn::store::TierSpec::Kind::kHost; break;
+      case KDN_TIER_DEVICE: t.kind = kdn::store::TierSpec::Kind::kDevice; break;
+      case KDN_TIER_DISK: t.kind = kdn::store::TierSpec::Kind::kDisk; break;
+      default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(c.kind));
+    }
+    if (c.capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": capacity_bytes is 0");
+    t.capacity_bytes = c.capacity_bytes;
+    if (c.kind == KDN_TIER_DISK) {
+      if (c.path == nullptr || c.path_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a disk tier needs a path");
+      t.path.assign(c.path, c.path_len);
+    }
+    switch (c.policy) {
+      case KDN_EVICT_LRU: t.policy = kdn::store::PolicyKind::kLru; break;
+      case KDN_EVICT_S3FIFO: t.policy = kdn::store::PolicyKind::kS3Fifo; break;
+      default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown eviction policy " + std::to_string(c.policy));
+    }
+    t.high_watermark = c.high_watermark == 0.0f ? 0.95 : c.high_watermark;
+    t.low_watermark = c.low_watermark == 0.0f ? std::min(0.85, t.high_watermark) : c.low_watermark;
+    if (!(t.low_watermark > 0 && t.low_watermark <= t.high_watermark && t.high_watermark <= 1.0)) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": watermarks must satisfy 0 < low <= high <= 1");
+    }
+    t.write_through = c.write_through != 0;
+    so.tiers.push_back(t);
+    rt->tier_kinds.push_back(c.kind);
+  }
+  if (so.tiers.empty()) rt->tier_kinds.push_back(KDN_TIER_HOST);
+  if (o.editor) so.editor = std::make_shared<CallbackEditor>(o.editor, o.editor_user);
+  auto store = kdn::store::KvStore::Create(so);
+  if (!store.ok()) return FromStatus(store.status());
+  rt->rep = std::move(store).value();
+  rt->knowledge = std::make_unique<kdn::store::KnowledgeIndex>(*rt->rep);
+  rt->executor = std::make_unique<kdn::Executor>(o.worker_threads == 0 ? 2 : static_cast<int>(std::min(o.worker_threads, 64u)));
   *out = rt.release();
   return KDN_OK;
   KDN_END
 }
 
-void kdn_runtime_destroy(kdn_runtime* runtime) { delete runtime; }
+void kdn_runtime_destroy(kdn_runtime* runtime) {
+  if (!runtime) return;
+  runtime->executor.reset();  // runs queued loads and saves to the end first
+  delete runtime;
+}
 
 kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kdn_model** out) {
   KDN_BEGIN
@@ -228,6 +453,7 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   m->dtype = s.dtype;
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
   m->kv.shape = {s.num_layers, s.num_kv_heads, s.head_dim, elem};
+  m->kv.dtype = static_cast<uint32_t>(s.dtype);
   *out = m.release();
   return KDN_OK;
   KDN_END
@@ -259,7 +485,7 @@ kdn_status kdn_lookup(kdn_runtime* runtime, const kdn_model* model, const char* 
   if (out_cached_tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_cached_tokens is NULL");
   *out_cached_tokens = 0;
   if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
-  *out_cached_tokens = runtime->rep->Lookup(model->kv, std::string_view(ns, ns_len), {tokens, num_tokens});
+  *out_cached_tokens = runtime->rep->Lookup(model->kv, std::string_view(ns, ns_len), TokenKeysOf(tokens, num_tokens)).tokens;
   return KDN_OK;
   KDN_END
 }
@@ -272,10 +498,12 @@ kdn_status kdn_store(kdn_runtime* runtime, const kdn_model* model, const char* n
   if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
   kdn_store_options o = KDN_STORE_OPTIONS_INIT;
   if (kdn_status s = ReadStruct(options, sizeof(kdn_store_options), "kdn_store_options", &o); s != KDN_OK) return s;
-  kdn::store::KvBufferView view;
-  if (kdn_status s = ResolveKv(model, kv, num_tokens, &view); s != KDN_OK) return s;
-  const uint64_t stored = runtime->rep->Store(model->kv, std::string_view(ns, ns_len), {tokens, num_tokens}, view);
-  if (out_stored_tokens) *out_stored_tokens = stored;
+  kdn::store::KvBufferView buffer;
+  if (kdn_status s = ResolveKv(model, kv, num_tokens, &buffer); s != KDN_OK) return s;
+  const kdn::store::BufferAsView view(model->kv, buffer);
+  auto stored = runtime->rep->Store(model->kv, std::string_view(ns, ns_len), TokenKeysOf(tokens, num_tokens), view.view());
+  if (!stored.ok()) return FromStatus(stored.status());
+  if (out_stored_tokens) *out_stored_tokens = *stored;
   return KDN_OK;
   KDN_END
 }
@@ -287,9 +515,11 @@ kdn_status kdn_retrieve(kdn_runtime* runtime, const kdn_model* model, const char
   if (out_filled_tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_filled_tokens is NULL");
   *out_filled_tokens = 0;
   if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
-  kdn::store::KvBufferView view;
-  if (kdn_status s = ResolveKv(model, kv, num_tokens, &view); s != KDN_OK) return s;
-  const uint64_t filled = runtime->rep->Retrieve(model->kv, std::string_view(ns, ns_len), {tokens, num_tokens}, view);
+  kdn::store::KvBufferView buffer;
+  if (kdn_status s = ResolveKv(model, kv, num_tokens, &buffer); s != KDN_OK) return s;
+  const kdn::store::BufferAsView view(model->kv, buffer);
+  const uint64_t filled =
+      runtime->rep->Retrieve(model->kv, std::string_view(ns, ns_len), TokenKeysOf(tokens, num_tokens), view.view());
   *out_filled_tokens = filled;
   if (filled == 0) {
     return Fail(KDN_ERR_NOT_FOUND, "no cached KV for these tokens under this model fingerprint and namespace");
@@ -307,24 +537,319 @@ kdn_status kdn_runtime_stats(kdn_runtime* runtime, kdn_stats* out) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_stats: struct_size " + std::to_string(size) +
                                               " is wrong (initialise it with KDN_STATS_INIT)");
   }
-  const kdn::store::StoreStats s = runtime->rep->Stats();
+  const kdn::store::Telemetry t = runtime->rep->Stats();
+  const kdn::store::StoreCounters c = runtime->rep->chain().Counters();
   kdn_stats full = KDN_STATS_INIT;
-  full.lookups = s.lookups;
-  full.retrieves = s.retrieves;
-  full.stores = s.stores;
-  full.hits = s.hits;
-  full.misses = s.misses;
-  full.tokens_served = s.tokens_served;
-  full.tokens_stored = s.tokens_stored;
-  full.bytes_served = s.bytes_served;
-  full.bytes_stored = s.bytes_stored;
-  full.chunks = s.host.objects;
-  full.used_bytes = s.host.bytes;
-  full.capacity_bytes = s.host.capacity;
-  full.evictions = s.host.evictions;
+  full.lookups = t.lookups;
+  full.retrieves = t.retrieves;
+  full.stores = t.stores;
+  full.hits = t.hits;
+  full.misses = t.misses;
+  full.tokens_served = t.tokens_served;
+  full.tokens_stored = t.tokens_stored;
+  full.bytes_served = t.bytes_served;
+  full.bytes_stored = t.bytes_stored;
+  for (const kdn::store::LevelStats& l : runtime->rep->chain().Stats()) {
+    full.chunks += l.objects;
+    full.used_bytes += l.used_bytes;
+    full.capacity_bytes += l.capacity_bytes;
+    full.evictions += l.evictions;
+    full.corrupt_detected += l.corrupt_detected;
+  }
+  full.edited_served = t.edited_served;
+  full.leases_active = c.leases_active;
+  full.pins_active = c.pins_active;
+  full.pins_forced_unpin = c.pins_forced_unpin;
+  full.edits = c.edits;
+  full.lookup = Latency(t.lookup_us);
+  full.load = Latency(t.load_us);
+  full.store = Latency(t.store_us);
   // Write only what the caller's struct has room for; keep its struct_size.
   std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
               std::min<size_t>(size, sizeof(kdn_stats)) - sizeof(uint32_t));
+  return KDN_OK;
+  KDN_END
+}
+
+void kdn_tier_config_init(kdn_tier_config* config) {
+  if (config) *config = KDN_TIER_CONFIG_INIT;
+}
+void kdn_kv_view_init(kdn_kv_view* view) {
+  if (view) *view = KDN_KV_VIEW_INIT;
+}
+
+kdn_status kdn_runtime_tier_count(kdn_runtime* runtime, uint32_t* out) {
+  KDN_BEGIN
+  if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  *out = static_cast<uint32_t>(runtime->rep->chain().levels());
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_runtime_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_tier_stats* out) {
+  KDN_BEGIN
+  if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  const uint32_t size = out->struct_size;
+  if (size < 2 * sizeof(uint32_t) || size > 65536) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_tier_stats: struct_size " + std::to_string(size) + " is wrong");
+  }
+  const auto levels = runtime->rep->chain().Stats();
+  if (index >= levels.size()) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "tier " + std::to_string(index) + " of " + std::to_string(levels.size()));
+  }
+  const kdn::store::LevelStats& l = levels[index];
+  kdn_tier_stats full = KDN_TIER_STATS_INIT;
+  full.kind = runtime->tier_kinds[index];
+  std::snprintf(full.name, sizeof full.name, "%s", l.name.c_str());
+  full.hits = l.hits;
+  full.misses = l.misses;
+  full.puts = l.puts;
+  full.put_refusals = l.put_refusals;
+  full.evictions = l.evictions;
+  full.demotions_in = l.demotions_in;
+  full.promotions_in = l.promotions_in;
+  full.bytes_in = l.bytes_in;
+  full.bytes_out = l.bytes_out;
+  full.objects = l.objects;
+  full.used_bytes = l.used_bytes;
+  full.capacity_bytes = l.capacity_bytes;
+  full.corrupt_detected = l.corrupt_detected;
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
+              std::min<size_t>(size, sizeof(kdn_tier_stats)) - sizeof(uint32_t));
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_lookup_batch(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                            const kdn_request* requests, size_t num_requests, kdn_lookup_result* results) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (num_requests == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no requests (num_requests is 0)");
+  if (requests == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "requests is NULL");
+  if (results == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "results is NULL");
+  for (size_t i = 0; i < num_requests; ++i) {
+    if (results[i].struct_size < 2 * sizeof(uint32_t) || results[i].struct_size > 65536) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, "results[" + std::to_string(i) + "]: struct_size is wrong (use KDN_LOOKUP_RESULT_INIT)");
+    }
+  }
+  for (size_t i = 0; i < num_requests; ++i) {
+    kdn_lookup_result r = KDN_LOOKUP_RESULT_INIT;
+    kdn::store::OwnedKeys keys;
+    r.status = RequestKeys(runtime, &requests[i], &keys);
+    if (r.status == KDN_OK) {
+      const auto found = runtime->rep->Lookup(model->kv, std::string_view(ns, ns_len), keys.keys());
+      r.cached_tokens = found.tokens;
+      r.num_tiers = static_cast<uint32_t>(std::min<size_t>(found.tier_tokens.size(), KDN_MAX_TIERS));
+      for (uint32_t t = 0; t < r.num_tiers; ++t) r.tier_tokens[t] = found.tier_tokens[t];
+    }
+    const uint32_t size = results[i].struct_size;
+    std::memcpy(reinterpret_cast<char*>(&results[i]) + sizeof(uint32_t), reinterpret_cast<const char*>(&r) + sizeof(uint32_t),
+                std::min<size_t>(size, sizeof r) - sizeof(uint32_t));
+  }
+  g_last_error.clear();  // the batch succeeded; each result carries its request's status
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_load_begin(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                          const kdn_request* request, const kdn_kv_group* groups, size_t num_groups, kdn_op** out) {
+  KDN_BEGIN
+  return StartOp<kdn::store::LoadOp>(runtime, model, ns, ns_len, request, groups, num_groups, out, &kdn_op::load);
+  KDN_END
+}
+
+kdn_status kdn_op_wait_layer(kdn_op* op, uint32_t layer, int64_t timeout_ms) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (op->load == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is not a load");
+  return FromStatus(op->load->WaitLayer(layer, timeout_ms));
+  KDN_END
+}
+
+kdn_status kdn_save_begin(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                          const kdn_request* request, const kdn_kv_group* groups, size_t num_groups, kdn_op** out) {
+  KDN_BEGIN
+  return StartOp<kdn::store::SaveOp>(runtime, model, ns, ns_len, request, groups, num_groups, out, &kdn_op::save);
+  KDN_END
+}
+
+kdn_status kdn_save_layer(kdn_op* op, uint32_t layer) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (op->save == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is not a save");
+  return FromStatus(op->save->SaveLayer(layer));
+  KDN_END
+}
+
+kdn_status kdn_op_wait(kdn_op* op, int64_t timeout_ms) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  return FromStatus(op->rep->Wait(timeout_ms));
+  KDN_END
+}
+
+kdn_status kdn_op_poll(kdn_op* op, kdn_op_state* out) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  *out = StateOf(op->rep->Poll());
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_op_cancel(kdn_op* op) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  op->rep->Cancel();
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_op_result_get(kdn_op* op, kdn_op_result* out) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  const uint32_t size = out->struct_size;
+  if (size < 2 * sizeof(uint32_t) || size > 65536) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_op_result: struct_size is wrong (use KDN_OP_RESULT_INIT)");
+  }
+  const kdn::store::OpResult r = op->rep->Outcome();
+  kdn_op_result full = KDN_OP_RESULT_INIT;
+  full.state = StateOf(r.state);
+  full.status = static_cast<kdn_status>(static_cast<int>(r.status.code()));
+  full.tokens = r.tokens;
+  full.covered = r.covered;
+  full.num_failed = r.failed.size();
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
+              std::min<size_t>(size, sizeof full) - sizeof(uint32_t));
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_op_failed_ranges(kdn_op* op, kdn_token_range* out, size_t capacity, size_t* out_count) {
+  KDN_BEGIN
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (out_count == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_count is NULL");
+  if (capacity > 0 && out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  const kdn::store::OpResult r = op->rep->Outcome();
+  *out_count = r.failed.size();
+  for (size_t i = 0; i < std::min(capacity, r.failed.size()); ++i) out[i] = {r.failed[i].begin, r.failed[i].end};
+  return KDN_OK;
+  KDN_END
+}
+
+void kdn_op_destroy(kdn_op* op) {
+  if (!op) return;
+  op->rep->Cancel();
+  // Nothing may read the caller's KV after this returns: a load runs to its
+  // cancel point, a save's queued layer copies finish.
+  if (op->load) (void)op->rep->Wait(-1);
+  if (op->save) op->save->Drain();
+  delete op;
+}
+
+kdn_status kdn_knowledge_put(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                             const char* doc_id, size_t doc_id_len, uint64_t version, const char* metadata,
+                             size_t metadata_len, const int32_t* tokens, size_t num_tokens, const kdn_kv_buffer* kv) {
+  KDN_BEGIN
+  if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  if (metadata == nullptr && metadata_len > 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "metadata is NULL");
+  kdn::store::KvBufferView buffer;
+  if (kdn_status s = ResolveKv(model, kv, num_tokens, &buffer); s != KDN_OK) return s;
+  const kdn::store::BufferAsView view(model->kv, buffer);
+  return FromStatus(runtime->knowledge->Put(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len),
+                                            version, std::string(metadata ? metadata : "", metadata_len),
+                                            {tokens, num_tokens}, view.view()));
+  KDN_END
+}
+
+kdn_status kdn_knowledge_list(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                              kdn_document_info* out, size_t capacity, size_t* out_count) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (out_count == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_count is NULL");
+  if (capacity > 0 && out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  const auto docs = runtime->knowledge->List(model->kv, std::string_view(ns, ns_len));
+  *out_count = docs.size();
+  const int64_t now = runtime->rep->chain().clock().NowNs();
+  for (size_t i = 0; i < std::min(capacity, docs.size()); ++i) {
+    const uint32_t size = out[i].struct_size;
+    if (size < 2 * sizeof(uint32_t) || size > 65536) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, "out[" + std::to_string(i) + "]: struct_size is wrong (use KDN_DOCUMENT_INFO_INIT)");
+    }
+    const kdn::store::DocumentInfo& d = docs[i];
+    kdn_document_info info = KDN_DOCUMENT_INFO_INIT;
+    info.doc_id_len = static_cast<uint32_t>(d.doc_id.size());
+    std::memcpy(info.doc_id, d.doc_id.data(), d.doc_id.size());
+    info.version = d.version;
+    info.num_tokens = d.tokens;
+    info.chunks = d.chunks;
+    info.chunks_present = d.chunks_present;
+    info.pinned = d.pinned ? 1u : 0u;
+    info.expires_in_ms = d.expires_at_ns == 0 ? -1 : std::max<int64_t>(0, (d.expires_at_ns - now) / 1000000);
+    std::memcpy(reinterpret_cast<char*>(&out[i]) + sizeof(uint32_t), reinterpret_cast<const char*>(&info) + sizeof(uint32_t),
+                std::min<size_t>(size, sizeof info) - sizeof(uint32_t));
+  }
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_knowledge_pin(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                             const char* doc_id, size_t doc_id_len, int pin, int64_t ttl_ms) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  if (ttl_ms < 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "ttl_ms must not be negative");
+  return FromStatus(runtime->knowledge->Pin(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len),
+                                            pin != 0, ttl_ms * 1000000));
+  KDN_END
+}
+
+kdn_status kdn_knowledge_expire(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                                const char* doc_id, size_t doc_id_len, int64_t ttl_ms) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  if (ttl_ms < 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "ttl_ms must not be negative");
+  return FromStatus(runtime->knowledge->Expire(model->kv, std::string_view(ns, ns_len),
+                                               std::string(doc_id, doc_id_len), ttl_ms * 1000000));
+  KDN_END
+}
+
+kdn_status kdn_knowledge_delete(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                                const char* doc_id, size_t doc_id_len) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  return FromStatus(runtime->knowledge->Delete(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len)));
+  KDN_END
+}
+
+kdn_status kdn_knowledge_fetch(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                               const char* doc_id, size_t doc_id_len, const kdn_kv_buffer* kv, int32_t* tokens,
+                               size_t tokens_capacity, uint64_t* out_num_tokens) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  if (out_num_tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_num_tokens is NULL");
+  if (tokens_capacity > 0 && tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tokens is NULL");
+  *out_num_tokens = 0;
+  const std::string id(doc_id, doc_id_len);
+  const std::string_view n(ns, ns_len);
+  auto doc_tokens = runtime->knowledge->Fetch(model->kv, n, id, nullptr);
+  if (!doc_tokens.ok()) return FromStatus(doc_tokens.status());
+  if (kv != nullptr) {
+    kdn::store::KvBufferView buffer;
+    if (kdn_status s = ResolveKv(model, kv, doc_tokens->size(), &buffer); s != KDN_OK) return s;
+    const kdn::store::BufferAsView view(model->kv, buffer);
+    doc_tokens = runtime->knowledge->Fetch(model->kv, n, id, &view.view());
+    if (!doc_tokens.ok()) return FromStatus(doc_tokens.status());
+  }
+  *out_num_tokens = doc_tokens->size();
+  std::copy_n(doc_tokens->begin(), std::min(tokens_capacity, doc_tokens->size()), tokens);
   return KDN_OK;
   KDN_END
 }

@@ -12,6 +12,13 @@ namespace {
 
 EVP_MD_CTX* Ctx(void* p) { return static_cast<EVP_MD_CTX*>(p); }
 
+// SHA-256 fetched once: OpenSSL 3 looks an algorithm up on every
+// EVP_sha256() init otherwise, which costs more than hashing a chunk's tokens.
+const EVP_MD* Sha256() {
+  static EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md ? md : EVP_sha256();
+}
+
 }  // namespace
 
 std::string ToHex(const Digest& d) {
@@ -24,16 +31,60 @@ std::string ToHex(const Digest& d) {
   return s;
 }
 
-Hasher::Hasher() : ctx_(EVP_MD_CTX_new()) {
-  if (!ctx_ || EVP_DigestInit_ex(Ctx(ctx_), EVP_sha256(), nullptr) != 1) {
+namespace {
+
+// One digest context per thread, reused by its hashers (allocating and
+// freeing one per chunk key shows in lookups of long prefixes).
+struct ThreadCtx {
+  EVP_MD_CTX* ctx = nullptr;
+  bool busy = false;
+  ~ThreadCtx() { EVP_MD_CTX_free(ctx); }
+};
+thread_local ThreadCtx t_ctx;
+
+}  // namespace
+
+Hasher::Hasher() {
+  if (!t_ctx.busy) {
+    if (!t_ctx.ctx) t_ctx.ctx = EVP_MD_CTX_new();
+    ctx_ = t_ctx.ctx;
+    t_ctx.busy = true;
+  } else {
+    ctx_ = EVP_MD_CTX_new();
+    owned_ = true;
+  }
+  if (!ctx_ || EVP_DigestInit_ex(Ctx(ctx_), Sha256(), nullptr) != 1) {
     throw std::runtime_error("OpenSSL SHA-256 unavailable");  // a broken install: a bug, not input
   }
 }
 
-Hasher::~Hasher() { EVP_MD_CTX_free(Ctx(ctx_)); }
+Hasher::~Hasher() {
+  if (owned_) {
+    EVP_MD_CTX_free(Ctx(ctx_));
+  } else {
+    t_ctx.busy = false;
+  }
+}
+
+void Hasher::Flush() {
+  if (pending_size_) EVP_DigestUpdate(Ctx(ctx_), pending_, pending_size_);
+  pending_size_ = 0;
+}
 
 Hasher& Hasher::Bytes(const void* data, size_t n) {
-  if (n) EVP_DigestUpdate(Ctx(ctx_), data, n);
+  if (n == 0) return *this;  // data may be null then
+  if (n <= sizeof pending_ - pending_size_) {
+    std::memcpy(pending_ + pending_size_, data, n);
+    pending_size_ += n;
+    return *this;
+  }
+  Flush();
+  if (n < sizeof pending_) {
+    std::memcpy(pending_, data, n);
+    pending_size_ = n;
+  } else {
+    EVP_DigestUpdate(Ctx(ctx_), data, n);
+  }
   return *this;
 }
 
@@ -61,6 +112,7 @@ Hasher& Hasher::Tokens(std::span<const std::int32_t> tokens) {
 }
 
 Digest Hasher::Finish() {
+  Flush();
   Digest d{};
   unsigned int n = 0;
   EVP_DigestFinal_ex(Ctx(ctx_), d.data(), &n);
@@ -81,6 +133,27 @@ Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, co
   Hasher h;
   h.Str("kdn-chunk-v1").U64(seed).Str(ns).Bytes(model.data(), model.size()).Bytes(prev.data(), prev.size());
   h.Tokens(tokens);
+  return h.Finish();
+}
+
+Digest ChunkKeyFromBlocks(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
+                          std::span<const std::uint8_t> block_hashes, std::uint32_t hash_bytes) {
+  Hasher h;
+  h.Str("kdn-chunk-blocks-v1").U64(seed).Str(ns).Bytes(model.data(), model.size()).Bytes(prev.data(), prev.size());
+  h.U32(hash_bytes).U64(block_hashes.size()).Bytes(block_hashes.data(), block_hashes.size());
+  return h.Finish();
+}
+
+Digest ContentKey(std::uint64_t seed, std::string_view ns, const Digest& model, std::span<const std::int32_t> tokens) {
+  Hasher h;
+  h.Str("kdn-content-v1").U64(seed).Str(ns).Bytes(model.data(), model.size());
+  h.Tokens(tokens);
+  return h.Finish();
+}
+
+Digest NamespaceHash(std::string_view ns) {
+  Hasher h;
+  h.Str("kdn-namespace-v1").Str(ns);
   return h.Finish();
 }
 

@@ -42,7 +42,13 @@ class Hasher {
   Digest Finish();
 
  private:
-  void* ctx_;  // EVP_MD_CTX
+  void Flush();
+  void* ctx_;  // EVP_MD_CTX: the thread's cached one, or its own when that is in use
+  bool owned_ = false;
+  // Small fields are gathered here and handed to OpenSSL in one update:
+  // per-call overhead would otherwise cost more than hashing a chunk.
+  std::uint8_t pending_[256];
+  size_t pending_size_ = 0;
 };
 
 // Everything that separates one model's KV from another's.
@@ -57,5 +63,17 @@ Digest ModelFingerprint(const ModelIdentity& m);
 // key_i = H("kdn-chunk-v1", seed, ns, model, key_{i-1}, tokens_i); key_{-1} = zeros.
 Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
                 std::span<const std::int32_t> tokens);
+
+// The same chain over an engine's own block hashes (a chunk is N engine
+// blocks): H("kdn-chunk-blocks-v1", seed, ns, model, key_{i-1}, hash_bytes, hashes).
+Digest ChunkKeyFromBlocks(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
+                          std::span<const std::uint8_t> block_hashes, std::uint32_t hash_bytes);
+
+// Position-free key of a chunk's tokens alone (knowledge items, blending):
+// H("kdn-content-v1", seed, ns, model, tokens).
+Digest ContentKey(std::uint64_t seed, std::string_view ns, const Digest& model, std::span<const std::int32_t> tokens);
+
+// SHA-256 of a namespace, as chunk envelopes record it.
+Digest NamespaceHash(std::string_view ns);
 
 }  // namespace kdn::keys

@@ -1,10 +1,50 @@
 #include "store/kv_store.h"
 
 #include <algorithm>
+#include <chrono>
 
-#include "ref/kv_copy_ref.h"
+#include "ref/kv_view_ref.h"
+#include "store/disk_tier.h"
+#include "store/memory_tier.h"
 
 namespace kdn::store {
+namespace {
+
+double MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
+  switch (spec.kind) {
+    case TierSpec::Kind::kHost: {
+      auto t = MemoryTier::Create("host", spec.capacity_bytes, MemoryKind::kPinnedHost);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<Tier>(std::move(t).value());
+    }
+    case TierSpec::Kind::kDevice: {
+      auto t = MemoryTier::Create("device", spec.capacity_bytes,
+                                  GpuPresent() ? MemoryKind::kDevice : MemoryKind::kDeviceEmulated);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<Tier>(std::move(t).value());
+    }
+    case TierSpec::Kind::kDisk: {
+      if (spec.path.empty()) return Status::InvalidArgument("tier " + std::to_string(index) + ": disk tier needs a directory");
+      DiskTierOptions o;
+      o.directory = spec.path;
+      o.capacity_bytes = spec.capacity_bytes;
+      o.name = "disk";
+      o.fsync = spec.fsync ? FsyncPolicy::kData : FsyncPolicy::kNone;
+      auto t = DiskTier::Open(o);
+      if (!t.ok()) return t.status();
+      return std::unique_ptr<Tier>(std::move(t).value());
+    }
+  }
+  return Status::InvalidArgument("unknown tier kind");
+}
+
+}  // namespace
+
+// ---- Buffers (C ABI v1) -------------------------------------------------------
 
 Result<KvBufferView> ResolveBuffer(const ModelKv& model, const KvBufferView& view, std::uint64_t tokens) {
   if (view.data == nullptr) return Status::InvalidArgument("KV buffer: data is NULL");
@@ -37,17 +77,100 @@ Result<KvBufferView> ResolveBuffer(const ModelKv& model, const KvBufferView& vie
   const U128 need = (last + 1) * U128(sh.elem_bytes);
   if (view.num_tokens > 0 && need > U128(view.size_bytes)) {
     return Status::InvalidArgument("KV buffer too small: its layout reaches " +
-                                   (need >> 64 ? std::string("beyond 2^64") : std::to_string(static_cast<std::uint64_t>(need))) +
+                                   (need >> 64 ? std::string("beyond 2^64")
+                                               : std::to_string(static_cast<std::uint64_t>(need))) +
                                    " bytes, size_bytes is " + std::to_string(view.size_bytes));
   }
   return out;
 }
 
-KvStore::KvStore(const StoreOptions& options) : options_(options), host_(options.host_capacity_bytes) {}
+BufferAsView::BufferAsView(const ModelKv& model, const KvBufferView& b) {
+  const auto layers = static_cast<size_t>(model.shape.layers);
+  auto* base = static_cast<std::uint8_t*>(b.data);
+  const std::int64_t eb = model.shape.elem_bytes;
+  for (size_t l = 0; l < layers; ++l) {
+    k_.push_back(base + static_cast<std::int64_t>(l) * b.strides.layer * eb);
+    v_.push_back(base + (static_cast<std::int64_t>(l) * b.strides.layer + b.strides.kv) * eb);
+  }
+  view_.shape = model.shape;
+  view_.k_base = k_.data();
+  view_.v_base = v_.data();
+  view_.stride_token = b.strides.token;
+  view_.stride_head = b.strides.head;
+  view_.stride_dim = b.strides.dim;
+}
+
+// ---- Construction -------------------------------------------------------------
+
+KvStore::KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain)
+    : options_(options), chain_(std::move(chain)) {
+  for (size_t i = 0; i < chain_->levels(); ++i) total_capacity_ += chain_->tier(i).capacity_bytes();
+}
+
+Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
+  if (options.chunk_tokens == 0) return Status::InvalidArgument("chunk_tokens must be positive");
+  std::vector<TierSpec> specs = options.tiers;
+  if (specs.empty()) {
+    // The first version's single host tier: it evicts exactly at capacity.
+    TierSpec host;
+    host.capacity_bytes = options.host_capacity_bytes;
+    host.high_watermark = host.low_watermark = 1.0;
+    specs.push_back(host);
+  }
+  TieredStoreOptions to;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto tier = MakeTier(specs[i], i);
+    if (!tier.ok()) return tier.status();
+    LevelOptions lo;
+    lo.tier = std::move(tier).value();
+    lo.policy = specs[i].policy;
+    lo.high_watermark = specs[i].high_watermark;
+    lo.low_watermark = specs[i].low_watermark;
+    lo.write_through = specs[i].write_through;
+    to.levels.push_back(std::move(lo));
+  }
+  to.mover_queue_objects = options.mover_queue_objects;
+  to.mover_queue_bytes = options.mover_queue_bytes;
+  to.clock = options.clock;
+  to.editor = options.editor;
+  auto chain = TieredStore::Create(std::move(to));
+  if (!chain.ok()) return chain.status();
+  StoreOptions kept = options;
+  kept.tiers = specs;
+  return std::unique_ptr<KvStore>(new KvStore(kept, std::move(chain).value()));
+}
+
+// ---- Keys ---------------------------------------------------------------------
+
+Status KvStore::CheckKeys(const TokenKeys& k) const {
+  if (!k.by_hash()) return Status::Ok();
+  if (k.block_tokens == 0) return Status::InvalidArgument("block hashes: block_tokens must be positive");
+  if (k.hash_bytes > 64) return Status::InvalidArgument("block hashes: hash_bytes must be 1..64");
+  if (k.hashes.size() % k.hash_bytes != 0) {
+    return Status::InvalidArgument("block hashes: the byte count is not a multiple of hash_bytes");
+  }
+  if (options_.chunk_tokens % k.block_tokens != 0) {
+    return Status::InvalidArgument("block hashes: chunk_tokens " + std::to_string(options_.chunk_tokens) +
+                                   " is not a multiple of the engine's block of " + std::to_string(k.block_tokens));
+  }
+  return Status::Ok();
+}
 
 keys::Digest KvStore::Root(const ModelKv& model, std::string_view ns) const {
   // The key of an empty chunk: distinct from every real chunk's key.
   return keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, keys::Digest{}, {});
+}
+
+keys::Digest KvStore::KeyOf(const ModelKv& model, std::string_view ns, const TokenKeys& k, const keys::Digest& prev,
+                            std::uint64_t begin, std::uint64_t len) const {
+  if (!k.by_hash()) return keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, prev, k.tokens.subspan(begin, len));
+  const std::uint64_t b0 = begin / k.block_tokens, nb = len / k.block_tokens;
+  return keys::ChunkKeyFromBlocks(options_.hash_seed, ns, model.fingerprint, prev,
+                                  k.hashes.subspan(b0 * k.hash_bytes, nb * k.hash_bytes), k.hash_bytes);
+}
+
+keys::Digest KvStore::ContentKey(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) const {
+  return keys::ContentKey(options_.hash_seed, ns, model.fingerprint, tokens);
 }
 
 std::vector<std::uint32_t> KvStore::PartialLengths(const keys::Digest& parent) const {
@@ -65,42 +188,30 @@ void KvStore::RememberPartial(const keys::Digest& key, const keys::Digest& paren
   ++partials_[parent][len];
 }
 
-void KvStore::ForgetPartial(const keys::Digest& key) {
-  std::lock_guard<std::mutex> lock(partial_mu_);
-  auto it = partial_parent_.find(key);
-  if (it == partial_parent_.end()) return;
-  const auto [parent, len] = it->second;
-  partial_parent_.erase(it);
-  auto p = partials_.find(parent);
-  if (p == partials_.end()) return;
-  // Other partial chunks of the same length under the same parent stay findable.
-  if (auto c = p->second.find(len); c != p->second.end() && --c->second == 0) p->second.erase(c);
-  if (p->second.empty()) partials_.erase(p);
-}
-
 template <typename Probe>
-std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens,
-                            Probe&& probe) {
-  const size_t C = options_.chunk_tokens;
+std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const TokenKeys& k, Probe&& probe) const {
+  const std::uint64_t C = options_.chunk_tokens, n = k.size();
   const keys::Digest root = Root(model, ns);
   keys::Digest prev{};
-  size_t pos = 0;
-  while (pos < tokens.size()) {
-    const size_t left = tokens.size() - pos;
+  std::uint64_t pos = 0;
+  while (pos < n) {
+    const std::uint64_t left = n - pos;
     if (left >= C) {
-      const keys::Digest key = keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, prev, tokens.subspan(pos, C));
+      const keys::Digest key = KeyOf(model, ns, k, prev, pos, C);
       if (probe(key, pos, C)) {
         prev = key;
         pos += C;
         continue;
       }
     }
-    // A stored partial chunk ends the chain; try the longest that fits.
+    // A stored partial chunk ends the chain; try the longest that fits. (A
+    // partial chunk evicted from every tier is simply not found: its length
+    // stays listed, which costs one hash.)
     std::vector<std::uint32_t> lengths = PartialLengths(pos == 0 ? root : prev);
     std::sort(lengths.rbegin(), lengths.rend());
     for (std::uint32_t len : lengths) {
-      if (len > left) continue;
-      const keys::Digest key = keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, prev, tokens.subspan(pos, len));
+      if (len > left || (k.by_hash() && len % k.block_tokens != 0)) continue;
+      const keys::Digest key = KeyOf(model, ns, k, prev, pos, len);
       if (probe(key, pos, len)) {
         pos += len;
         break;
@@ -111,80 +222,194 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, std::span
   return pos;
 }
 
-std::uint64_t KvStore::Lookup(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) {
+// ---- Lookup, store, retrieve ----------------------------------------------------
+
+LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const TokenKeys& keys) {
+  const auto t0 = std::chrono::steady_clock::now();
   ++lookups_;
-  return Walk(model, ns, tokens, [&](const keys::Digest& key, size_t, size_t) { return host_.Contains(key); });
+  LookupResult r;
+  r.tier_tokens.assign(chain_->levels(), 0);
+  std::vector<bool> contiguous(chain_->levels(), true);
+  r.tokens = Walk(model, ns, keys, [&](const keys::Digest& key, std::uint64_t, std::uint64_t len) {
+    bool any = false;
+    for (size_t i = 0; i < chain_->levels(); ++i) {
+      const bool here = chain_->ContainsAt(i, key);
+      if (here && contiguous[i]) r.tier_tokens[i] += len;
+      if (!here) contiguous[i] = false;
+      any = any || here;
+    }
+    return any;
+  });
+  lookup_us_.Record(MicrosSince(t0));
+  return r;
 }
 
-std::uint64_t KvStore::Store(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens,
-                             const KvBufferView& kv) {
-  ++stores_;
-  const size_t C = options_.chunk_tokens;
-  const auto per_token = static_cast<size_t>(model.bytes_per_token());
+Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
+                           std::int64_t first_position, Payload payload) {
+  auto chunk = std::make_shared<Chunk>();
+  chunk->meta.key = key;
+  chunk->meta.model = model.fingerprint;
+  chunk->meta.ns_hash = keys::NamespaceHash(ns);
+  chunk->meta.dtype = model.dtype;
+  chunk->meta.layers = static_cast<std::uint32_t>(model.shape.layers);
+  chunk->meta.kv_heads = static_cast<std::uint32_t>(model.shape.heads);
+  chunk->meta.head_dim = static_cast<std::uint32_t>(model.shape.head_dim);
+  chunk->meta.tokens = static_cast<std::uint32_t>(tokens);
+  chunk->meta.first_position = first_position;
+  chunk->payload = std::move(payload);
+  KDN_RETURN_IF_ERROR(chain_->Put(std::move(chunk)));
+  tokens_stored_ += tokens;
+  bytes_stored_ += tokens * static_cast<std::uint64_t>(model.bytes_per_token());
+  return Status::Ok();
+}
+
+Status KvStore::PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key,
+                         const kernels::KvView& view, std::uint64_t begin, std::uint64_t tokens,
+                         std::int64_t first_position) {
+  Payload payload(static_cast<size_t>(tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
+  kernels::view_gather_cpu(view, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), 0,
+                           model.shape.layers, payload.data());
+  return PutPayload(model, ns, key, tokens, first_position, std::move(payload));
+}
+
+Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& model, std::string_view ns,
+                                                              const TokenKeys& k) {
+  KDN_RETURN_IF_ERROR(CheckKeys(k));
+  const std::uint64_t C = options_.chunk_tokens, n = k.size();
+  const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
   const keys::Digest root = Root(model, ns);
+  std::vector<PlannedChunk> plan;
   keys::Digest prev{};
-  size_t pos = 0;
-  // Bytes of this call's chunks. They are the most recently used, so a Put
-  // would evict one of them only once this sum exceeds the capacity: stop
-  // there, since a chunk is useless once its prefix is gone.
+  std::uint64_t pos = 0;
+  // This call's chunks are the most recently used: once they add up to more
+  // than all tiers hold, the next put would push out this call's own first
+  // chunks, which are useless without them. Stop there.
   std::uint64_t call_bytes = 0;
-  while (pos < tokens.size()) {
-    const size_t len = std::min(C, tokens.size() - pos);
-    const std::uint64_t size = len * per_token;
-    if (call_bytes + size > options_.host_capacity_bytes) break;
-    const keys::Digest key = keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, prev, tokens.subspan(pos, len));
-    if (!host_.Touch(key)) {
-      auto bytes = std::make_shared<Bytes>(size);
-      kernels::kv_gather_cpu(kv.data, kv.strides, model.shape, static_cast<std::int64_t>(pos),
-                             static_cast<std::int64_t>(len), bytes->data());
-      std::vector<keys::Digest> evicted;
-      const bool ok = host_.Put(key, std::move(bytes), [&](const keys::Digest& k) { evicted.push_back(k); });
-      for (const auto& k : evicted) ForgetPartial(k);
-      if (!ok) break;
-      tokens_stored_ += len;
-      bytes_stored_ += size;
-    }
-    call_bytes += size;
-    if (len < C) RememberPartial(key, pos == 0 ? root : prev, static_cast<std::uint32_t>(len));
-    prev = key;
+  while (pos < n) {
+    std::uint64_t len = std::min(C, n - pos);
+    if (k.by_hash()) len -= len % k.block_tokens;
+    if (len == 0 || call_bytes + len * per_token > total_capacity_) break;
+    PlannedChunk p;
+    p.key = KeyOf(model, ns, k, prev, pos, len);
+    p.parent = pos == 0 ? root : prev;
+    p.begin = pos;
+    p.tokens = len;
+    p.partial = len < C;
+    p.present = chain_->Locate(p.key) >= 0;
+    plan.push_back(p);
+    call_bytes += len * per_token;
+    prev = p.key;
     pos += len;
   }
-  return pos;
+  return plan;
 }
 
-std::uint64_t KvStore::Retrieve(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens,
-                                const KvBufferView& kv) {
-  ++retrieves_;
-  const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
-  std::uint64_t chunks = 0;
-  const std::uint64_t filled = Walk(model, ns, tokens, [&](const keys::Digest& key, size_t begin, size_t len) {
-    Object object = host_.Get(key);  // holds the bytes even if evicted meanwhile
-    if (!object || object->size() != len * per_token) return false;
-    kernels::kv_scatter_cpu(object->data(), kv.strides, model.shape, static_cast<std::int64_t>(begin),
-                            static_cast<std::int64_t>(len), kv.data);
-    ++chunks;
+Status KvStore::CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& p, Payload payload) {
+  if (!p.present) {
+    KDN_RETURN_IF_ERROR(PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin), std::move(payload)));
+  }
+  if (p.partial) RememberPartial(p.key, p.parent, static_cast<std::uint32_t>(p.tokens));
+  return Status::Ok();
+}
+
+Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, const TokenKeys& k,
+                                     const kernels::KvView& view) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = PlanStore(model, ns, k);
+  if (!plan.ok()) return plan.status();
+  std::uint64_t stored = 0;
+  for (const PlannedChunk& p : *plan) {
+    Payload payload;
+    if (!p.present) {
+      payload = Payload(static_cast<size_t>(p.tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
+      kernels::view_gather_cpu(view, static_cast<std::int64_t>(p.begin), static_cast<std::int64_t>(p.tokens), 0,
+                               model.shape.layers, payload.data());
+    }
+    if (!CommitChunk(model, ns, p, std::move(payload)).ok()) break;  // no tier could take it: keep the prefix
+    stored = p.begin + p.tokens;
+  }
+  CountStore(MicrosSince(t0));
+  return stored;
+}
+
+Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k) {
+  Fetch f;
+  // The prefix is decided by presence (as a lookup); each chunk is then read
+  // and leased. A chunk that fails to read (evicted meanwhile, corrupt) is
+  // reported, and the ones after it are still loaded: their keys, and so
+  // their KV, do not depend on it.
+  std::vector<std::pair<keys::Digest, std::pair<std::uint64_t, std::uint64_t>>> plan;
+  f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
+    if (chain_->Locate(key) < 0) return false;
+    plan.push_back({key, {begin, len}});
     return true;
   });
-  hits_ += chunks;
-  if (filled < tokens.size()) ++misses_;
-  tokens_served_ += filled;
-  bytes_served_ += filled * per_token;
-  return filled;
+  const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
+  for (auto& [key, range] : plan) {
+    auto lease = chain_->Get(key);
+    const auto& [begin, len] = range;
+    const bool ok = lease.ok() && lease->chunk()->payload.size() == len * per_token &&
+                    lease->chunk()->meta.model == model.fingerprint;
+    if (!ok) {
+      if (!f.failed.empty() && f.failed.back().end == begin) {
+        f.failed.back().end = begin + len;
+      } else {
+        f.failed.push_back({begin, begin + len});
+      }
+      continue;
+    }
+    if (lease->chunk()->meta.edited) ++f.edited_chunks;
+    f.chunks.push_back({std::move(lease).value(), begin, len});
+  }
+  return f;
 }
 
-StoreStats KvStore::Stats() const {
-  StoreStats s;
-  s.lookups = lookups_;
-  s.retrieves = retrieves_;
-  s.stores = stores_;
-  s.hits = hits_;
-  s.misses = misses_;
-  s.tokens_served = tokens_served_;
-  s.tokens_stored = tokens_stored_;
-  s.bytes_served = bytes_served_;
-  s.bytes_stored = bytes_stored_;
-  s.host = host_.Usage();
-  return s;
+void KvStore::Scatter(const Fetch& f, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end) {
+  for (const FetchedChunk& c : f.chunks) {
+    kernels::view_scatter_cpu(c.lease.chunk()->payload.data(), view, static_cast<std::int64_t>(c.begin),
+                              static_cast<std::int64_t>(c.tokens), layer_begin, layer_end);
+  }
+}
+
+void KvStore::CountLoad(const Fetch& f, std::uint64_t requested, std::uint64_t tokens, std::uint64_t bytes,
+                        double micros) {
+  ++retrieves_;
+  hits_ += f.chunks.size();
+  if (tokens < requested) ++misses_;
+  tokens_served_ += tokens;
+  bytes_served_ += bytes;
+  edited_served_ += f.edited_chunks;
+  load_us_.Record(micros);
+}
+
+std::uint64_t KvStore::Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                const kernels::KvView& view) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Fetch f = FetchPrefix(model, ns, keys);
+  // As a prefix: chunks past the first failure are dropped.
+  const std::uint64_t prefix = f.prefix();
+  std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });
+  Scatter(f, view, 0, model.shape.layers);
+  CountLoad(f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
+  return prefix;
+}
+
+Telemetry KvStore::Stats() const {
+  Telemetry t;
+  t.lookups = lookups_;
+  t.retrieves = retrieves_;
+  t.stores = stores_;
+  t.hits = hits_;
+  t.misses = misses_;
+  t.tokens_served = tokens_served_;
+  t.tokens_stored = tokens_stored_;
+  t.bytes_served = bytes_served_;
+  t.bytes_stored = bytes_stored_;
+  t.edited_served = edited_served_;
+  t.lookup_us = lookup_us_.Snapshot();
+  t.load_us = load_us_.Snapshot();
+  t.store_us = store_us_.Snapshot();
+  return t;
 }
 
 }  // namespace kdn::store

@@ -1,6 +1,7 @@
-// The KV store of a runtime: splits token sequences into chunks, keys them by
-// chained hashes, keeps them in the host tier, and moves KV between callers'
-// strided buffers and canonical chunks.
+// The KV store of a runtime: splits a request's tokens into chunks, keys
+// them (chained prefix keys over token ids, or over the engine's own block
+// hashes), keeps them in a chain of tiers (store/tiered_store.h), and moves
+// KV between engines' views (kernels/common/kv_view.h) and canonical chunks.
 //
 // A trailing partial chunk is stored too, and indexed under its parent (the
 // previous chunk's key, or the root of the namespace and model), so a later,
@@ -11,15 +12,20 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "common/kv_copy.h"
+#include "common/kv_view.h"
 #include "keys/hash.h"
-#include "store/host_tier.h"
+#include "store/policy.h"
+#include "store/tiered_store.h"
+#include "telemetry/histogram.h"
 #include "util/status.h"
 
 namespace kdn::store {
@@ -28,70 +34,179 @@ namespace kdn::store {
 struct ModelKv {
   keys::Digest fingerprint{};
   kernels::KvShape shape;
+  std::uint32_t dtype = 0;  // kdn_dtype
   std::int64_t bytes_per_token() const { return shape.layers * 2 * shape.heads * shape.head_dim * shape.elem_bytes; }
 };
 
-// A caller's KV buffer: base pointer, reachable bytes, tokens held, strides.
+// A caller's KV buffer (C ABI v1): one base pointer and element strides of
+// (layer, k|v, token, head, dim); all zero = canonical for num_tokens.
 struct KvBufferView {
   void* data = nullptr;
   std::uint64_t size_bytes = 0;
   std::uint64_t num_tokens = 0;
-  kernels::KvStrides strides;  // all zero = canonical for num_tokens
+  kernels::KvStrides strides;
 };
 
 // Checks a buffer against a model and a request of `tokens` tokens, and
 // resolves zero strides to canonical ones.
 Result<KvBufferView> ResolveBuffer(const ModelKv& model, const KvBufferView& view, std::uint64_t tokens);
 
-struct StoreOptions {
-  std::uint32_t chunk_tokens = 256;
-  std::uint64_t host_capacity_bytes = std::uint64_t{1} << 30;
-  std::uint64_t hash_seed = 0;
+// A resolved buffer as a view: per-layer pointers into the one allocation.
+class BufferAsView {
+ public:
+  BufferAsView(const ModelKv& model, const KvBufferView& resolved);
+  const kernels::KvView& view() const { return view_; }
+
+ private:
+  std::vector<void*> k_, v_;
+  kernels::KvView view_;
 };
 
-struct StoreStats {
+// What identifies a request's tokens: their ids, or the engine's own chained
+// block hashes (hash_bytes each, one per block of block_tokens tokens).
+struct TokenKeys {
+  std::span<const std::int32_t> tokens;
+  std::span<const std::uint8_t> hashes;
+  std::uint32_t hash_bytes = 0;
+  std::uint32_t block_tokens = 0;
+  bool by_hash() const { return hash_bytes != 0; }
+  std::uint64_t size() const {
+    return by_hash() ? hashes.size() / hash_bytes * std::uint64_t{block_tokens} : tokens.size();
+  }
+};
+
+struct TierSpec {
+  enum class Kind { kHost, kDevice, kDisk };
+  Kind kind = Kind::kHost;
+  std::uint64_t capacity_bytes = std::uint64_t{1} << 30;
+  std::string path;  // disk: the directory
+  PolicyKind policy = PolicyKind::kLru;
+  double high_watermark = 0.95, low_watermark = 0.85;
+  bool write_through = false;
+  bool fsync = true;  // disk: fsync each object before it becomes visible (off: faster, not crash-safe)
+};
+
+struct StoreOptions {
+  std::uint32_t chunk_tokens = 256;
+  std::uint64_t hash_seed = 0;
+  std::vector<TierSpec> tiers;  // highest first; empty: one host tier of host_capacity_bytes
+  std::uint64_t host_capacity_bytes = std::uint64_t{1} << 30;
+  size_t mover_queue_objects = 256;
+  std::uint64_t mover_queue_bytes = std::uint64_t{1} << 30;
+  const Clock* clock = nullptr;
+  std::shared_ptr<ChunkEditor> editor;
+};
+
+struct LookupResult {
+  std::uint64_t tokens = 0;                 // leading tokens cached in some tier
+  std::vector<std::uint64_t> tier_tokens;   // per tier: leading tokens held by that tier alone
+};
+
+// A range of a request's tokens whose KV could not be loaded.
+struct TokenRange {
+  std::uint64_t begin = 0, end = 0;
+};
+
+// The chunks of a request's cached prefix, fetched and leased.
+struct FetchedChunk {
+  Lease lease;
+  std::uint64_t begin = 0, tokens = 0;
+};
+struct Fetch {
+  std::vector<FetchedChunk> chunks;
+  std::uint64_t covered = 0;          // tokens the cached prefix covers (lookup)
+  std::vector<TokenRange> failed;     // chunks of it that could not be read
+  std::uint64_t edited_chunks = 0;    // chunks an editor rewrote
+  // Tokens loadable as a prefix: up to the first failure.
+  std::uint64_t prefix() const { return failed.empty() ? covered : failed.front().begin; }
+};
+
+struct Telemetry {
   std::uint64_t lookups = 0, retrieves = 0, stores = 0, hits = 0, misses = 0;
-  std::uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0;
-  TierUsage host;
+  std::uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0, edited_served = 0;
+  telemetry::HistogramSnapshot lookup_us, load_us, store_us;
 };
 
 class KvStore {
  public:
-  explicit KvStore(const StoreOptions& options);
+  static Result<std::unique_ptr<KvStore>> Create(const StoreOptions& options);
   const StoreOptions& options() const { return options_; }
+  TieredStore& chain() { return *chain_; }
+  const TieredStore& chain() const { return *chain_; }
 
-  // Leading tokens cached; no side effects but the lookup counter.
-  std::uint64_t Lookup(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens);
-  // Stores the KV of `tokens` from `kv` (already resolved); returns the
-  // leading tokens cached afterwards. When the sequence does not fit the tier
-  // it stores the longest prefix that does, never evicting its own chunks.
-  std::uint64_t Store(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens,
-                      const KvBufferView& kv);
-  // Writes the longest cached prefix into `kv` (already resolved); returns its length.
-  std::uint64_t Retrieve(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens,
-                         const KvBufferView& kv);
-  StoreStats Stats() const;
+  // Checks a request's keys against the store's chunking.
+  Status CheckKeys(const TokenKeys& keys) const;
+  // Leading tokens cached, per tier and overall; no side effects but counters.
+  LookupResult Lookup(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
+  // Stores the KV of the request's tokens from `view`; returns the leading
+  // tokens cached afterwards (a prefix, when the store cannot hold them all).
+  Result<std::uint64_t> Store(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                              const kernels::KvView& view);
+  // A store in two steps, for saves that gather layer by layer: the chunks
+  // to write (those no tier holds yet), then each one committed with its
+  // bytes. Store() is PlanStore + gather + CommitChunk.
+  struct PlannedChunk {
+    keys::Digest key{};
+    keys::Digest parent{};  // for partial chunks
+    std::uint64_t begin = 0, tokens = 0;
+    bool partial = false;
+    bool present = false;   // already held: nothing to write
+  };
+  Result<std::vector<PlannedChunk>> PlanStore(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
+  // Puts a planned chunk whose payload holds its canonical KV.
+  Status CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& planned, Payload payload);
+  void CountStore(double micros) {
+    ++stores_;
+    store_us_.Record(micros);
+  }
+
+  // Leases the chunks of the cached prefix.
+  Fetch FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
+  // Writes layers [layer_begin, layer_end) of fetched chunks into `view`.
+  static void Scatter(const Fetch& fetch, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end);
+  // Fetch + scatter of every layer, as a prefix: returns the tokens filled.
+  std::uint64_t Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
+  // Records a finished load of `requested` tokens in the statistics.
+  void CountLoad(const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens, std::uint64_t bytes, double micros);
+
+  Telemetry Stats() const;
+
+  // Keys of a request's chunks, computed as a walk would: (key, begin, tokens).
+  struct ChunkKeyAt {
+    keys::Digest key;
+    std::uint64_t begin, tokens;
+  };
+  // Position-free content key of one chunk of tokens (knowledge items).
+  keys::Digest ContentKey(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) const;
+  // Puts one chunk gathered from `view` under `key` (knowledge items).
+  Status PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key, const kernels::KvView& view,
+                  std::uint64_t begin, std::uint64_t tokens, std::int64_t first_position);
+  // Puts a chunk of canonical bytes under `key`.
+  Status PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
+                    std::int64_t first_position, Payload payload);
 
  private:
+  KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
   keys::Digest Root(const ModelKv& model, std::string_view ns) const;
+  keys::Digest KeyOf(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const keys::Digest& prev,
+                     std::uint64_t begin, std::uint64_t len) const;
   std::vector<std::uint32_t> PartialLengths(const keys::Digest& parent) const;
   void RememberPartial(const keys::Digest& key, const keys::Digest& parent, std::uint32_t len);
-  void ForgetPartial(const keys::Digest& key);
-  // Walks the cached prefix; probe(key, token_begin, tokens) says whether the
-  // chunk is there (and may consume it). Returns the tokens walked.
+  // Walks the request's chunks while probe(key, begin, len) accepts them;
+  // returns the tokens walked.
   template <typename Probe>
-  std::uint64_t Walk(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens, Probe&& probe);
+  std::uint64_t Walk(const ModelKv& model, std::string_view ns, const TokenKeys& keys, Probe&& probe) const;
 
   const StoreOptions options_;
-  HostTier host_;
-  mutable std::mutex partial_mu_;  // never held while calling into host_
-  // parent -> (length -> how many partial chunks of that length it has)
-  std::unordered_map<keys::Digest, std::map<std::uint32_t, std::uint32_t>, keys::DigestHash>
-      partials_;  // guarded by partial_mu_
-  std::unordered_map<keys::Digest, std::pair<keys::Digest, std::uint32_t>, keys::DigestHash>
-      partial_parent_;  // guarded by partial_mu_
+  std::unique_ptr<TieredStore> chain_;
+  std::uint64_t total_capacity_ = 0;
+  mutable std::mutex partial_mu_;
+  // parent -> (length -> partial chunks of that length stored under it)
+  std::unordered_map<keys::Digest, std::map<std::uint32_t, std::uint32_t>, keys::DigestHash> partials_;  // guarded
+  std::unordered_map<keys::Digest, std::pair<keys::Digest, std::uint32_t>, keys::DigestHash> partial_parent_;  // guarded
   std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
-  std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0};
+  std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
+  telemetry::Histogram lookup_us_, load_us_, store_us_;
 };
 
 }  // namespace kdn::store

@@ -10,157 +10,23 @@
 #include <kdn/kdn.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef KDN_MODELS_DIR
-#define KDN_MODELS_DIR "../shared/models"
-#endif
 
-/* ---- Checks ------------------------------------------------------------- */
-
-static int g_passed;
-static int g_failed;
-static const char *g_group;
-static int g_group_passed;
-static int g_group_failed;
-
-static void check_at(int ok, const char *what, int line) {
-  if (ok) {
-    ++g_passed;
-    return;
-  }
-  ++g_failed;
-  printf("  FAILED (line %d): %s\n", line, what);
-}
-
-static void check_eq_at(unsigned long long got, unsigned long long want, const char *what, int line) {
-  if (got == want) {
-    ++g_passed;
-    return;
-  }
-  ++g_failed;
-  printf("  FAILED (line %d): %s: got %llu, want %llu\n", line, what, got, want);
-}
-
-static void check_status_at(kdn_status got, kdn_status want, const char *what, int line) {
-  if (got == want) {
-    ++g_passed;
-    return;
-  }
-  ++g_failed;
-  printf("  FAILED (line %d): %s returned %s, want %s (message: \"%s\")\n", line, what, kdn_status_str(got),
-         kdn_status_str(want), kdn_last_error_message());
-}
-
-/* A runtime and model of their own, for the "following successful call"
- * that must clear the last error message after each expected failure. */
-static kdn_runtime *g_probe_runtime;
-static kdn_model *g_probe_model;
-
-static void check_error_at(kdn_status got, kdn_status want, const char *what, int line) {
-  /* Read the message before any other kdn call can replace it. */
-  const char *message = kdn_last_error_message();
-  const int has_message = message != NULL && message[0] != '\0';
-  uint64_t bytes = 0;
-  check_status_at(got, want, what, line);
-  check_at(has_message, "the failure sets kdn_last_error_message()", line);
-  check_at(g_probe_model != NULL && kdn_model_kv_bytes_per_token(g_probe_model, &bytes) == KDN_OK &&
-               strcmp(kdn_last_error_message(), "") == 0,
-           "a following successful call leaves kdn_last_error_message() empty", line);
-}
-
-#define CHECK(cond) check_at((cond) != 0, #cond, __LINE__)
-#define CHECK_EQ(got, want) \
-  check_eq_at((unsigned long long)(got), (unsigned long long)(want), #got " == " #want, __LINE__)
-#define CHECK_OK(call) check_status_at((call), KDN_OK, #call, __LINE__)
-#define CHECK_ERROR(want, call) check_error_at((call), (want), #call, __LINE__)
-
-static void group_begin(const char *name) {
-  g_group = name;
-  g_group_passed = g_passed;
-  g_group_failed = g_failed;
-}
-
-static void group_end(void) {
-  const int failed = g_failed - g_group_failed;
-  const int total = g_passed - g_group_passed + failed;
-  if (failed == 0) {
-    printf("ok    %-46s %3d checks\n", g_group, total);
-  } else {
-    printf("FAIL  %-46s %3d checks, %d failed\n", g_group, total, failed);
-  }
-}
+#include "check.h"
 
 /* ---- The reference KV --------------------------------------------------- */
 
-/* stories260K: 5 layers, 4 KV heads of 8 dims, float32. The reference run
- * holds 48 positions: BOS and the first 47 greedily generated tokens. */
-enum {
-  LAYERS = 5,
-  HEADS = 4,
-  HEAD_DIM = 8,
-  POSITIONS = 48,
-  TOKEN_ELEMS = HEADS * HEAD_DIM,                    /* one token of K (or V) in one layer */
-  ELEMS_PER_TOKEN = LAYERS * 2 * TOKEN_ELEMS,        /* 320 */
-  BYTES_PER_TOKEN = ELEMS_PER_TOKEN * 4,             /* 1,280 */
-  REF_FILE_ELEMS = LAYERS * POSITIONS * TOKEN_ELEMS, /* one of the .k/.v files */
-  CHUNK = 20 /* 48 tokens = full chunks [0,20) [20,40) + a partial chunk [40,48) */
-};
+#include "reference.h"
+
+enum { CHUNK = 20 }; /* 48 tokens = full chunks [0,20) [20,40) + a partial chunk [40,48) */
 #define CHUNK_BYTES ((uint64_t)CHUNK * BYTES_PER_TOKEN)     /* 25,600 */
 #define PARTIAL_BYTES ((uint64_t)8 * BYTES_PER_TOKEN)       /* 10,240 */
-#define KV_BYTES ((uint64_t)POSITIONS * BYTES_PER_TOKEN)    /* 61,440 */
-#define FINGERPRINT "stories260K"
-
-static const int32_t kTokens[] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
-                                  421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419,
-                                  292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358,
-                                  394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266};
-typedef char kTokens_holds_48_positions[sizeof kTokens / sizeof kTokens[0] == POSITIONS ? 1 : -1];
-
-/* The reference files back to back, K then V: [k|v][layer][pos][head][dim].
- * This allocation is itself the strided buffer of the "file" layout. */
-static float *g_ref;
-
-static float ref_at(int layer, int kv, int token, int head, int dim) {
-  return g_ref[(size_t)kv * REF_FILE_ELEMS + ((size_t)layer * POSITIONS + token) * TOKEN_ELEMS + head * HEAD_DIM + dim];
-}
-
-static const char *models_dir(void) {
-  const char *env = getenv("KDN_MODELS");
-  return env != NULL && env[0] != '\0' ? env : KDN_MODELS_DIR;
-}
-
-/* Reads a whole file of exactly `bytes` bytes. 1: read; 0: missing; -1: wrong. */
-static int read_exact(const char *path, void *out, size_t bytes) {
-  FILE *f = fopen(path, "rb");
-  int result = 1;
-  char extra;
-  if (f == NULL) return 0;
-  if (fread(out, 1, bytes, f) != bytes || fread(&extra, 1, 1, f) != 0) result = -1;
-  fclose(f);
-  return result;
-}
-
-/* 1: loaded; 0: missing (and reported); -1: present but wrong (reported). */
-static int load_reference(void) {
-  const size_t file_bytes = (size_t)REF_FILE_ELEMS * sizeof(float);
-  static const char *const suffix[2] = {"k", "v"};
-  char path[4096];
-  int i;
-  g_ref = malloc(2 * file_bytes);
-  if (g_ref == NULL) return -1;
-  for (i = 0; i < 2; ++i) {
-    int r;
-    snprintf(path, sizeof path, "%s/reference/kv260k.%s.f32", models_dir(), suffix[i]);
-    r = read_exact(path, g_ref + (size_t)i * REF_FILE_ELEMS, file_bytes);
-    if (r == 0) printf("reference model missing: cannot open %s (set KDN_MODELS)\n", path);
-    if (r < 0) printf("%s is not %lu bytes of float32 KV\n", path, (unsigned long)file_bytes);
-    if (r != 1) return r;
-  }
-  return 1;
-}
+#define CHUNK_HELD HELD(CHUNK_BYTES)                          /* 28,672 */
+#define KV_HELD (2 * CHUNK_HELD + HELD(PARTIAL_BYTES))        /* 69,632 */
 
 /* ---- Test buffers in several layouts ------------------------------------ */
 
@@ -409,7 +275,7 @@ static void test_data_path(void) {
   CHECK_EQ(store(rt, m, "canonical", kTokens, POSITIONS, &canonical), POSITIONS); /* stores 1: 3 chunks */
   s = get_stats(rt);
   CHECK_EQ(s.chunks, 3);
-  CHECK_EQ(s.used_bytes, KV_BYTES);
+  CHECK_EQ(s.used_bytes, KV_HELD);
   CHECK_EQ(s.tokens_stored, POSITIONS);
   {
     /* Again, with explicit store options: every chunk is there already. */
@@ -499,7 +365,7 @@ static void test_data_path(void) {
   CHECK_EQ(s.tokens_stored, 2 * POSITIONS);            /* the repeated store added nothing */
   CHECK_EQ(s.bytes_stored, 2 * KV_BYTES);
   CHECK_EQ(s.chunks, 6);
-  CHECK_EQ(s.used_bytes, 2 * KV_BYTES);
+  CHECK_EQ(s.used_bytes, 2 * KV_HELD);
   CHECK_EQ(s.capacity_bytes, (uint64_t)1 << 30);
   CHECK_EQ(s.evictions, 0);
   {
@@ -614,7 +480,7 @@ static void test_capacity(void) {
   {
     /* Room for exactly one sequence: a second one evicts the first (least
      * recently used), chunk by chunk, and is served whole. */
-    kdn_runtime *rt = new_runtime(CHUNK, KV_BYTES);
+    kdn_runtime *rt = new_runtime(CHUNK, KV_HELD);
     kdn_model *m = new_model(rt, FINGERPRINT);
     test_buf out = buf_new(LAYOUT_FILE, POSITIONS);
     kdn_stats s;
@@ -624,7 +490,7 @@ static void test_capacity(void) {
     s = get_stats(rt);
     CHECK_EQ(s.evictions, 3);
     CHECK_EQ(s.chunks, 3);
-    CHECK_EQ(s.used_bytes, KV_BYTES);
+    CHECK_EQ(s.used_bytes, KV_HELD);
     CHECK_EQ(s.tokens_stored, 2 * POSITIONS);
     CHECK_EQ(lookup(rt, m, "first", kTokens, POSITIONS), 0);
     CHECK_EQ(retrieve(rt, m, "second", kTokens, POSITIONS, &out), POSITIONS);
@@ -637,14 +503,14 @@ static void test_capacity(void) {
     /* Room for two chunks of a three-chunk sequence: the store keeps the
      * longest prefix that fits and never evicts its own chunks, so what it
      * reports is what a lookup then finds. */
-    kdn_runtime *rt = new_runtime(CHUNK, 2 * CHUNK_BYTES);
+    kdn_runtime *rt = new_runtime(CHUNK, 2 * CHUNK_HELD);
     kdn_model *m = new_model(rt, FINGERPRINT);
     kdn_stats s;
     CHECK_EQ(store(rt, m, "ns", kTokens, POSITIONS, &kv), 2 * CHUNK);
     s = get_stats(rt);
     CHECK_EQ(s.evictions, 0);
     CHECK_EQ(s.chunks, 2);
-    CHECK_EQ(s.used_bytes, 2 * CHUNK_BYTES);
+    CHECK_EQ(s.used_bytes, 2 * CHUNK_HELD);
     CHECK(s.used_bytes <= s.capacity_bytes);
     CHECK_EQ(s.tokens_stored, 2 * CHUNK);
     CHECK_EQ(lookup(rt, m, "ns", kTokens, POSITIONS), 2 * CHUNK);
@@ -672,7 +538,7 @@ static void test_bad_runtime_and_model_arguments(void) {
   out_rt = (kdn_runtime *)&ro; /* not NULL: a failure must set it to NULL */
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&ro, &out_rt));
   CHECK(out_rt == NULL);
-  ro.struct_size = (uint32_t)sizeof ro - 8; /* too small: no hash_seed */
+  ro.struct_size = (uint32_t)offsetof(kdn_runtime_options, hash_seed); /* too small: no hash_seed */
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&ro, &out_rt));
   ro = (kdn_runtime_options)KDN_RUNTIME_OPTIONS_INIT;
   ro.chunk_tokens = 0;

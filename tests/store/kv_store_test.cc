@@ -53,10 +53,47 @@ class KvStoreTest : public ::testing::Test {
     }
     return out;
   }
+  static std::unique_ptr<KvStore> Make(const StoreOptions& o) {
+    auto s = KvStore::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    return std::move(s).value();
+  }
+  static TokenKeys K(std::span<const std::int32_t> t) {
+    TokenKeys k;
+    k.tokens = t;
+    return k;
+  }
+  std::uint64_t Lookup(KvStore& s, std::string_view ns, std::span<const std::int32_t> t) {
+    return s.Lookup(model_, ns, K(t)).tokens;
+  }
+  std::uint64_t Store(KvStore& s, std::string_view ns, std::span<const std::int32_t> t, const KvBufferView& v) {
+    const BufferAsView view(model_, v);
+    return s.Store(model_, ns, K(t), view.view()).value();
+  }
+  std::uint64_t Retrieve(KvStore& s, std::string_view ns, std::span<const std::int32_t> t, const KvBufferView& v) {
+    const BufferAsView view(model_, v);
+    return s.Retrieve(model_, ns, K(t), view.view());
+  }
+  struct Counts {
+    std::uint64_t hits, tokens_served, tokens_stored, bytes_served;
+    struct {
+      std::uint64_t objects, bytes, capacity, evictions;
+    } host;
+  };
+  static Counts Count(KvStore& s) {
+    const Telemetry t = s.Stats();
+    const LevelStats l = s.chain().Stats()[0];
+    return Counts{t.hits, t.tokens_served, t.tokens_stored, t.bytes_served,
+                  {l.objects, l.used_bytes, l.capacity_bytes, l.evictions}};
+  }
+  // One host tier that evicts exactly at capacity (watermarks 1.0).
   static StoreOptions Options(std::uint32_t chunk, std::uint64_t capacity = 1 << 24) {
     StoreOptions o;
     o.chunk_tokens = chunk;
-    o.host_capacity_bytes = capacity;
+    TierSpec host;
+    host.capacity_bytes = capacity;
+    host.high_watermark = host.low_watermark = 1.0;
+    o.tiers.push_back(host);
     return o;
   }
 
@@ -65,14 +102,14 @@ class KvStoreTest : public ::testing::Test {
 };
 
 TEST_F(KvStoreTest, StoresAndRetrievesRealKvBitExact) {
-  KvStore s(Options(16));
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 0u);
-  EXPECT_EQ(s.Store(model_, "t", Tokens(48), View(kv_, 48)), 48u);
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 48u);
+  auto s_owner = Make(Options(16)); KvStore& s = *s_owner;
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 0u);
+  EXPECT_EQ(Store(s, "t", Tokens(48), View(kv_, 48)), 48u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 48u);
   std::vector<float> out(kv_.size(), -1.0f);
-  EXPECT_EQ(s.Retrieve(model_, "t", Tokens(48), View(out, 48)), 48u);
+  EXPECT_EQ(Retrieve(s, "t", Tokens(48), View(out, 48)), 48u);
   EXPECT_EQ(out, kv_);
-  const StoreStats st = s.Stats();
+  const Counts st = Count(s);
   EXPECT_EQ(st.host.objects, 3u);
   EXPECT_EQ(st.host.bytes, 48u * 1280);
   EXPECT_EQ(st.hits, 3u);
@@ -80,125 +117,125 @@ TEST_F(KvStoreTest, StoresAndRetrievesRealKvBitExact) {
   EXPECT_EQ(st.tokens_stored, 48u);
   EXPECT_EQ(st.bytes_served, 48u * 1280);
   // Storing again adds nothing.
-  EXPECT_EQ(s.Store(model_, "t", Tokens(48), View(kv_, 48)), 48u);
-  EXPECT_EQ(s.Stats().tokens_stored, 48u);
+  EXPECT_EQ(Store(s, "t", Tokens(48), View(kv_, 48)), 48u);
+  EXPECT_EQ(Count(s).tokens_stored, 48u);
 }
 
 TEST_F(KvStoreTest, TrailingPartialChunkIsReusedByLongerRequests) {
-  KvStore s(Options(16));
+  auto s_owner = Make(Options(16)); KvStore& s = *s_owner;
   std::vector<float> first40 = Expected(40, 40);
-  EXPECT_EQ(s.Store(model_, "t", Tokens(40), View(first40, 40)), 40u);  // chunks 16 + 16 + partial 8
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(40)), 40u);
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 40u);  // longer request: the partial chunk still matches
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(44)), 40u);
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(39)), 32u);  // the partial chunk needs all its 8 tokens
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(10)), 0u);
+  EXPECT_EQ(Store(s, "t", Tokens(40), View(first40, 40)), 40u);  // chunks 16 + 16 + partial 8
+  EXPECT_EQ(Lookup(s, "t", Tokens(40)), 40u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 40u);  // longer request: the partial chunk still matches
+  EXPECT_EQ(Lookup(s, "t", Tokens(44)), 40u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(39)), 32u);  // the partial chunk needs all its 8 tokens
+  EXPECT_EQ(Lookup(s, "t", Tokens(10)), 0u);
   std::vector<float> out(kv_.size(), -1.0f);
-  EXPECT_EQ(s.Retrieve(model_, "t", Tokens(48), View(out, 48)), 40u);
+  EXPECT_EQ(Retrieve(s, "t", Tokens(48), View(out, 48)), 40u);
   const std::vector<float> want = Expected(40, 48);
   for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
     ASSERT_EQ(0, std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], 40 * kKvDim * 4)) << lk;
     ASSERT_EQ(out[lk * 48 * kKvDim + 40 * kKvDim], -1.0f) << "wrote past the cached tokens";
   }
   // A short first store: its partial chunk (5 tokens) is reused at the root too.
-  KvStore s2(Options(16));
+  auto s2_owner = Make(Options(16)); KvStore& s2 = *s2_owner;
   std::vector<float> first5 = Expected(5, 5);
-  EXPECT_EQ(s2.Store(model_, "t", Tokens(5), View(first5, 5)), 5u);
-  EXPECT_EQ(s2.Lookup(model_, "t", Tokens(48)), 5u);
+  EXPECT_EQ(Store(s2, "t", Tokens(5), View(first5, 5)), 5u);
+  EXPECT_EQ(Lookup(s2, "t", Tokens(48)), 5u);
 }
 
 TEST_F(KvStoreTest, DivergingTokensStopTheMatchAtTheirChunk) {
-  KvStore s(Options(16));
-  s.Store(model_, "t", Tokens(48), View(kv_, 48));
+  auto s_owner = Make(Options(16)); KvStore& s = *s_owner;
+  Store(s, "t", Tokens(48), View(kv_, 48));
   std::vector<std::int32_t> other(kTokens);
   other[20] = 7;
-  EXPECT_EQ(s.Lookup(model_, "t", other), 16u);
+  EXPECT_EQ(Lookup(s, "t", other), 16u);
   other[0] = 2;
-  EXPECT_EQ(s.Lookup(model_, "t", other), 0u);
+  EXPECT_EQ(Lookup(s, "t", other), 0u);
 }
 
 TEST_F(KvStoreTest, TenantsAndModelsAreIsolated) {
-  KvStore s(Options(16));
-  s.Store(model_, "tenant-a", Tokens(48), View(kv_, 48));
-  EXPECT_EQ(s.Lookup(model_, "tenant-b", Tokens(48)), 0u);
+  auto s_owner = Make(Options(16)); KvStore& s = *s_owner;
+  Store(s, "tenant-a", Tokens(48), View(kv_, 48));
+  EXPECT_EQ(Lookup(s, "tenant-b", Tokens(48)), 0u);
   std::vector<float> out(kv_.size(), -1.0f);
-  EXPECT_EQ(s.Retrieve(model_, "tenant-b", Tokens(48), View(out, 48)), 0u);
+  EXPECT_EQ(Retrieve(s, "tenant-b", Tokens(48), View(out, 48)), 0u);
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return x == -1.0f; }));
   ModelKv other = model_;
   other.fingerprint = keys::ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "stories260K-other-weights"});
-  EXPECT_EQ(s.Lookup(other, "tenant-a", Tokens(48)), 0u);
-  EXPECT_EQ(s.Lookup(model_, "tenant-a", Tokens(48)), 48u);
+  EXPECT_EQ(s.Lookup(other, "tenant-a", K(Tokens(48))).tokens, 0u);
+  EXPECT_EQ(Lookup(s, "tenant-a", Tokens(48)), 48u);
 }
 
 TEST_F(KvStoreTest, FullTierEvictsAndNeverFails) {
   // Room for two 16-token chunks (2 x 20480 bytes).
-  KvStore s(Options(16, 2 * 16 * 1280));
+  auto s_owner = Make(Options(16, 2 * 16 * 1280)); KvStore& s = *s_owner;
   // The longest prefix that fits; never its own first chunks (useless tails).
-  EXPECT_EQ(s.Store(model_, "t", Tokens(48), View(kv_, 48)), 32u);
-  StoreStats st = s.Stats();
+  EXPECT_EQ(Store(s, "t", Tokens(48), View(kv_, 48)), 32u);
+  Counts st = Count(s);
   EXPECT_EQ(st.host.objects, 2u);
   EXPECT_LE(st.host.bytes, st.host.capacity);
   EXPECT_EQ(st.host.evictions, 0u);
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 32u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 32u);
   // Another sequence evicts the older one, least recently used first.
   std::vector<std::int32_t> other(kTokens);
   other[0] = 2;
-  EXPECT_EQ(s.Store(model_, "t", other, View(kv_, 48)), 32u);
-  st = s.Stats();
+  EXPECT_EQ(Store(s, "t", other, View(kv_, 48)), 32u);
+  st = Count(s);
   EXPECT_EQ(st.host.evictions, 2u);
-  EXPECT_EQ(s.Lookup(model_, "t", other), 32u);
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 0u);
+  EXPECT_EQ(Lookup(s, "t", other), 32u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 0u);
   // A chunk larger than the whole tier is not cached; the call still succeeds.
-  KvStore tiny(Options(16, 1000));
-  EXPECT_EQ(tiny.Store(model_, "t", Tokens(48), View(kv_, 48)), 0u);
-  EXPECT_EQ(tiny.Stats().host.objects, 0u);
+  auto tiny_owner = Make(Options(16, 1000)); KvStore& tiny = *tiny_owner;
+  EXPECT_EQ(Store(tiny, "t", Tokens(48), View(kv_, 48)), 0u);
+  EXPECT_EQ(Count(tiny).host.objects, 0u);
 }
 
 TEST_F(KvStoreTest, LookupHasNoSideEffectOnEvictionOrder) {
   std::vector<float> a = Expected(16, 16);
   for (bool touch_with_retrieve : {false, true}) {
-    KvStore s(Options(16, 2 * 16 * 1280));
+    auto s_owner = Make(Options(16, 2 * 16 * 1280)); KvStore& s = *s_owner;
     std::vector<std::int32_t> ta(kTokens.begin(), kTokens.begin() + 16), tb = ta, tc = ta;
     tb[0] = 2;
     tc[0] = 3;
-    s.Store(model_, "t", ta, View(a, 16));
-    s.Store(model_, "t", tb, View(a, 16));
+    Store(s, "t", ta, View(a, 16));
+    Store(s, "t", tb, View(a, 16));
     std::vector<float> out(a.size());
     if (touch_with_retrieve) {
-      EXPECT_EQ(s.Retrieve(model_, "t", ta, View(out, 16)), 16u);
+      EXPECT_EQ(Retrieve(s, "t", ta, View(out, 16)), 16u);
     } else {
-      EXPECT_EQ(s.Lookup(model_, "t", ta), 16u);
+      EXPECT_EQ(Lookup(s, "t", ta), 16u);
     }
-    s.Store(model_, "t", tc, View(a, 16));  // evicts the least recently used
-    EXPECT_EQ(s.Lookup(model_, "t", ta), touch_with_retrieve ? 16u : 0u);
-    EXPECT_EQ(s.Lookup(model_, "t", tb), touch_with_retrieve ? 0u : 16u);
+    Store(s, "t", tc, View(a, 16));  // evicts the least recently used
+    EXPECT_EQ(Lookup(s, "t", ta), touch_with_retrieve ? 16u : 0u);
+    EXPECT_EQ(Lookup(s, "t", tb), touch_with_retrieve ? 0u : 16u);
   }
 }
 
 TEST_F(KvStoreTest, EvictedPartialChunksAreForgotten) {
-  KvStore s(Options(16, 16 * 1280));
+  auto s_owner = Make(Options(16, 16 * 1280)); KvStore& s = *s_owner;
   std::vector<float> first8 = Expected(8, 8);
-  EXPECT_EQ(s.Store(model_, "t", Tokens(8), View(first8, 8)), 8u);
+  EXPECT_EQ(Store(s, "t", Tokens(8), View(first8, 8)), 8u);
   std::vector<std::int32_t> other(kTokens.begin(), kTokens.begin() + 16);
   other[0] = 2;
   std::vector<float> full16 = Expected(16, 16);
-  EXPECT_EQ(s.Store(model_, "t", other, View(full16, 16)), 16u);  // evicts the partial chunk
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 0u);
-  EXPECT_EQ(s.Store(model_, "t", Tokens(8), View(first8, 8)), 8u);  // and it can come back
-  EXPECT_EQ(s.Lookup(model_, "t", Tokens(48)), 8u);
+  EXPECT_EQ(Store(s, "t", other, View(full16, 16)), 16u);  // evicts the partial chunk
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 0u);
+  EXPECT_EQ(Store(s, "t", Tokens(8), View(first8, 8)), 8u);  // and it can come back
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 8u);
 }
 
 TEST_F(KvStoreTest, EvictingOnePartialChunkKeepsItsSiblingsFindable) {
   // Two partial chunks of the same length under the same parent (the root).
-  KvStore s(Options(16, 2 * 3 * 1280));
+  auto s_owner = Make(Options(16, 2 * 4096)); KvStore& s = *s_owner;  // two blocks of a page
   std::vector<float> kv3 = Expected(3, 3);
   const std::vector<std::int32_t> a = {1, 2, 3}, b = {1, 5, 6}, c = {7, 8};
-  EXPECT_EQ(s.Store(model_, "t", a, View(kv3, 3)), 3u);
-  EXPECT_EQ(s.Store(model_, "t", b, View(kv3, 3)), 3u);
-  EXPECT_EQ(s.Store(model_, "t", c, View(kv3, 2)), 2u);  // evicts a
-  EXPECT_EQ(s.Lookup(model_, "t", a), 0u);
-  EXPECT_EQ(s.Lookup(model_, "t", b), 3u);
-  EXPECT_EQ(s.Lookup(model_, "t", c), 2u);
+  EXPECT_EQ(Store(s, "t", a, View(kv3, 3)), 3u);
+  EXPECT_EQ(Store(s, "t", b, View(kv3, 3)), 3u);
+  EXPECT_EQ(Store(s, "t", c, View(kv3, 2)), 2u);  // evicts a
+  EXPECT_EQ(Lookup(s, "t", a), 0u);
+  EXPECT_EQ(Lookup(s, "t", b), 3u);
+  EXPECT_EQ(Lookup(s, "t", c), 2u);
 }
 
 TEST_F(KvStoreTest, LayoutsReachingPast2To64BytesAreRefused) {
@@ -215,7 +252,7 @@ TEST_F(KvStoreTest, LayoutsReachingPast2To64BytesAreRefused) {
 }
 
 TEST_F(KvStoreTest, ConcurrentStoresAndRetrievesStayConsistent) {
-  KvStore s(Options(16, 6 * 16 * 1280));  // room for 6 of the 12 chunks: evictions race with reads
+  auto s_owner = Make(Options(16, 6 * 16 * 1280)); KvStore& s = *s_owner;  // room for 6 of the 12 chunks: evictions race with reads
   std::vector<std::thread> threads;
   std::atomic<int> bad{0};
   for (int t = 0; t < 4; ++t) {
@@ -223,9 +260,9 @@ TEST_F(KvStoreTest, ConcurrentStoresAndRetrievesStayConsistent) {
       const std::string ns = "ns" + std::to_string(t);
       std::vector<float> src = kv_;
       for (int i = 0; i < 50; ++i) {
-        s.Store(model_, ns, Tokens(48), View(src, 48));
+        Store(s, ns, Tokens(48), View(src, 48));
         std::vector<float> out(kv_.size(), -1.0f);
-        const std::uint64_t n = s.Retrieve(model_, ns, Tokens(48), View(out, 48));
+        const std::uint64_t n = Retrieve(s, ns, Tokens(48), View(out, 48));
         const std::vector<float> want = Expected(n, 48);
         for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
           if (std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], n * kKvDim * 4) != 0) ++bad;
@@ -235,7 +272,7 @@ TEST_F(KvStoreTest, ConcurrentStoresAndRetrievesStayConsistent) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
-  EXPECT_LE(s.Stats().host.bytes, s.Stats().host.capacity);
+  EXPECT_LE(Count(s).host.bytes, Count(s).host.capacity);
 }
 
 TEST_F(KvStoreTest, BuffersAreChecked) {

@@ -1,0 +1,531 @@
+#include "store/disk_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <new>
+#include <optional>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "wire/envelope.h"
+
+namespace kdn::store {
+namespace {
+
+namespace fs = std::filesystem;
+
+// O_DIRECT wants the buffer, the file offset and the length aligned to the
+// device's logical block size; 4 KiB covers every common device.
+constexpr size_t kDirectAlignment = 4096;
+constexpr std::string_view kObjectSuffix = ".kdn";
+constexpr std::string_view kTempSuffix = ".tmp";
+
+std::int64_t NowNs() {
+  // Wall-clock time, so that it orders with the mtimes a restart reads.
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// What a failed system call means to the caller: a full disk is worth a
+// retry after evicting; anything else means the device is not usable.
+// `err` is read before any argument that allocates: callers pass errno
+// itself or a saved copy, and `op` and `path` are never temporaries.
+Status IoStatus(std::string_view op, const std::string& path, int err) {
+  const std::string message = "disk tier: " + std::string(op) + " " + path + ": " + ErrnoText(err);
+  if (err == ENOSPC || err == EDQUOT) return Status(Code::kRetryLater, message);
+  if (err == ENOENT) return Status::NotFound(message);
+  return Status(Code::kUnavailable, message);
+}
+
+// An owned file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { CloseQuietly(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool ok() const { return fd_ >= 0; }
+  void Reset(int fd) {
+    CloseQuietly();
+    fd_ = fd;
+  }
+  // Closes now, reporting the error close() reports (a deferred write error).
+  int Close() {
+    const int rc = fd_ >= 0 ? ::close(fd_) : 0;
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  void CloseQuietly() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd_;
+};
+
+struct FreeDeleter {
+  void operator()(std::uint8_t* p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<std::uint8_t, FreeDeleter>;
+
+int DefaultOpen(const std::string& path, int flags) { return ::open(path.c_str(), flags); }
+
+Status WriteAll(int fd, const std::string& path, const std::uint8_t* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return IoStatus("write", path, errno);
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status SyncDir(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.ok()) return IoStatus("open directory", dir, errno);
+  if (::fsync(fd.get()) != 0) return IoStatus("fsync directory", dir, errno);
+  return Status::Ok();
+}
+
+Status MakeDir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return IoStatus("mkdir", dir, errno);
+  return Status::Ok();
+}
+
+// The names in a directory (without "." and ".."); kInvalidArgument when
+// `dir` is not a directory.
+Result<std::vector<std::string>> ListDir(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    if (errno == ENOTDIR) return Status::InvalidArgument(dir + " is not a directory");
+    return IoStatus("opendir", dir, errno);
+  }
+  std::vector<std::string> names;
+  int err = 0;
+  for (;;) {
+    errno = 0;  // readdir tells the end from an error only through errno
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      err = errno;
+      break;
+    }
+    const std::string_view name = e->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+  }
+  ::closedir(d);
+  if (err != 0) return IoStatus("readdir", dir, err);
+  return names;
+}
+
+std::string Hex2(std::uint8_t b) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  return {kHex[b >> 4], kHex[b & 15]};
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// "<64 lowercase hex>.kdn" -> the key; nullopt for any other name.
+std::optional<keys::Digest> ParseObjectName(std::string_view name) {
+  keys::Digest key{};
+  if (name.size() != 2 * key.size() + kObjectSuffix.size() || !name.ends_with(kObjectSuffix)) return std::nullopt;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const int hi = HexValue(name[2 * i]), lo = HexValue(name[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    key[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+  }
+  return key;
+}
+}  // namespace
+
+struct DiskTier::FileBytes {
+  AlignedBytes data;
+  size_t size = 0;
+};
+
+// Reads an open file whole. With O_DIRECT every request is block-aligned
+// (the buffer is sized up to a block multiple); the last read comes back
+// short. `*err` is the errno of a failed call (0 on success).
+Result<DiskTier::FileBytes> DiskTier::ReadWhole(int fd, const std::string& path, int* err) {
+  *err = 0;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    *err = errno;
+    return IoStatus("fstat", path, *err);
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  const size_t capacity =
+      std::max(kDirectAlignment, (size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment);
+  FileBytes file;
+  file.data.reset(static_cast<std::uint8_t*>(std::aligned_alloc(kDirectAlignment, capacity)));
+  if (!file.data) return Status(Code::kNoMemory, "disk tier: no memory for a read of " + std::to_string(size) + " bytes");
+  while (file.size < capacity) {
+    const ssize_t r = ::read(fd, file.data.get() + file.size, capacity - file.size);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      *err = errno;
+      return IoStatus("read", path, *err);
+    }
+    if (r == 0) break;
+    file.size += static_cast<size_t>(r);
+  }
+  return file;
+}
+
+DiskTier::DiskTier(DiskTierOptions options, int lock_fd)
+    : options_(std::move(options)), lock_fd_(lock_fd), odirect_(options_.use_odirect) {}
+
+DiskTier::~DiskTier() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the directory's flock
+}
+
+Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
+  if (options.directory.empty()) return Status::InvalidArgument("disk tier: no directory");
+  if (options.capacity_bytes == 0) return Status::InvalidArgument("disk tier: capacity must be > 0");
+  std::error_code ec;
+  fs::create_directories(fs::path(options.directory) / "objects", ec);
+  if (!ec) fs::create_directories(fs::path(options.directory) / "tmp", ec);
+  if (ec) return Status(Code::kUnavailable, "disk tier: cannot create " + options.directory + ": " + ec.message());
+  const std::string lock_path = options.directory + "/LOCK";
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) return IoStatus("open", lock_path, errno);
+  // Open deletes temp files and trims objects: a second process on the same
+  // directory would have its writes in progress deleted under it.
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(lock_fd);
+    if (err == EWOULDBLOCK) {
+      return Status(Code::kUnavailable, "disk tier: " + options.directory + " is in use by another process");
+    }
+    return IoStatus("flock", lock_path, err);
+  }
+  std::unique_ptr<DiskTier> tier(new DiskTier(options, lock_fd));
+  KDN_RETURN_IF_ERROR(tier->Prepare());
+  return tier;
+}
+
+Status DiskTier::Prepare() {
+  if (options_.fsync == FsyncPolicy::kFull) {
+    KDN_RETURN_IF_ERROR(SyncDir(options_.directory + "/objects"));
+    KDN_RETURN_IF_ERROR(SyncDir(options_.directory));
+  }
+  // Whatever is in tmp/ is a write a crash interrupted: never renamed, so
+  // never an object.
+  const std::string tmp = options_.directory + "/tmp";
+  Result<std::vector<std::string>> stale = ListDir(tmp);
+  if (!stale.ok()) return stale.status();
+  for (const std::string& name : *stale) {
+    if (::unlink((tmp + "/" + name).c_str()) == 0) ++stale_temps_removed_;
+  }
+  KDN_RETURN_IF_ERROR(RebuildIndex());
+  TrimToCapacity();
+  if (options_.use_odirect) {
+    // Probed on a file of this directory: O_DIRECT support is per filesystem.
+    Fd probe(OpenFile(options_.directory + "/LOCK", O_RDONLY | O_DIRECT | O_CLOEXEC));
+    if (!probe.ok() && errno == EINVAL) odirect_.store(false);
+  }
+  return Status::Ok();
+}
+
+Status DiskTier::RebuildIndex() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string objects = options_.directory + "/objects";
+  Result<std::vector<std::string>> shards = ListDir(objects);
+  if (!shards.ok()) return shards.status();
+  for (const std::string& name : *shards) {
+    if (name.size() != 2 || HexValue(name[0]) < 0 || HexValue(name[1]) < 0) continue;
+    const int b = HexValue(name[0]) << 4 | HexValue(name[1]);
+    const std::string shard = objects + "/" + name;
+    Result<std::vector<std::string>> files = ListDir(shard);
+    if (!files.ok()) {
+      if (files.status().code() == Code::kInvalidArgument) continue;  // not a directory
+      return files.status();
+    }
+    shard_ready_[static_cast<size_t>(b)].store(true);
+    for (const std::string& file : *files) {
+      const std::optional<keys::Digest> key = ParseObjectName(file);
+      // Not an object of this shard: not ours to count or delete.
+      if (!key || (*key)[0] != b) continue;
+      struct stat st;
+      if (::stat((shard + "/" + file).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      const std::int64_t mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+      index_[*key] = Entry{static_cast<std::uint64_t>(st.st_size), mtime_ns, ++generation_};
+      used_ += static_cast<std::uint64_t>(st.st_size);
+    }
+  }
+  return Status::Ok();
+}
+
+void DiskTier::TrimToCapacity() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (used_ <= options_.capacity_bytes) return;
+  std::vector<std::pair<std::int64_t, keys::Digest>> by_age;
+  by_age.reserve(index_.size());
+  for (const auto& [key, e] : index_) by_age.emplace_back(e.last_use_ns, key);
+  std::sort(by_age.begin(), by_age.end());  // oldest first; ties by key, deterministically
+  for (const auto& [age, key] : by_age) {
+    if (used_ <= options_.capacity_bytes) break;
+    RemoveLocked(key);
+    ++trimmed_at_open_;
+  }
+}
+
+int DiskTier::OpenFile(const std::string& path, int flags) const {
+  return options_.open_file ? options_.open_file(path, flags) : DefaultOpen(path, flags);
+}
+
+std::string DiskTier::ShardDir(const keys::Digest& key) const {
+  return options_.directory + "/objects/" + Hex2(key[0]);
+}
+
+std::string DiskTier::ObjectPath(const keys::Digest& key) const {
+  return ShardDir(key) + "/" + keys::ToHex(key) + std::string(kObjectSuffix);
+}
+
+std::uint64_t DiskTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+
+Status DiskTier::Put(const ChunkRef& chunk) {
+  if (!chunk) return Status::InvalidArgument("disk tier: null chunk");
+  const keys::Digest& key = chunk->meta.key;
+  const std::uint64_t cost = Cost(*chunk);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // A second Put of a key being written waits for the first: it then sees
+    // the object (a no-op) or, if the first failed, writes it itself.
+    put_done_.wait(lock, [&] { return !pending_.contains(key); });
+    if (index_.contains(key)) return Status::Ok();
+    if (cost > options_.capacity_bytes - std::min(used_, options_.capacity_bytes)) {
+      return Status(Code::kRetryLater, "full");
+    }
+    used_ += cost;  // reserved while the file is written
+    pending_.insert(key);
+  }
+  Status written;
+  try {
+    written = WriteObject(*chunk, cost);
+  } catch (const std::bad_alloc&) {
+    // Never leave the key pending: later Puts of it would wait forever.
+    written = Status(Code::kNoMemory, "disk tier: out of memory writing " + keys::ToHex(key));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(key);
+    if (written.ok()) {
+      index_[key] = Entry{cost, NowNs(), ++generation_};
+    } else {
+      used_ -= cost;
+      if (written.code() != Code::kInvalidArgument) ++counters_.io_errors;
+    }
+  }
+  put_done_.notify_all();
+  return written;
+}
+
+Status DiskTier::EnsureShard(std::uint8_t b) {
+  std::atomic<bool>& ready = shard_ready_[b];
+  if (ready.load(std::memory_order_acquire)) return Status::Ok();
+  // Created on first use (a small tier need not own 256 directories); two
+  // writers racing here both succeed (EEXIST is fine).
+  const std::string objects = options_.directory + "/objects";
+  KDN_RETURN_IF_ERROR(MakeDir(objects + "/" + Hex2(b)));
+  // kFull: the new directory's name must be durable before an object in it is.
+  if (options_.fsync == FsyncPolicy::kFull) KDN_RETURN_IF_ERROR(SyncDir(objects));
+  ready.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
+  Result<Bytes> encoded = wire::EncodeEnvelope(chunk);
+  if (!encoded.ok()) return encoded.status();
+  if (encoded->size() != cost) return Status::Internal("disk tier: envelope size differs from Cost()");
+  // Unique per process (pid) and per write (sequence); only one process
+  // uses the directory (LOCK), so no two writers ever share a temp file.
+  std::string tmp;
+  Fd fd;
+  for (int attempt = 0; attempt < 8 && !fd.ok(); ++attempt) {
+    tmp = options_.directory + "/tmp/" + std::to_string(::getpid()) + "-" +
+          std::to_string(temp_seq_.fetch_add(1, std::memory_order_relaxed)) + std::string(kTempSuffix);
+    fd.Reset(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!fd.ok() && errno != EEXIST) break;
+  }
+  if (!fd.ok()) return IoStatus("create", tmp, errno);
+  Status st = WriteAll(fd.get(), tmp, encoded->data(), encoded->size());
+  // fdatasync suffices: a new file's size is the metadata a read needs.
+  if (st.ok() && options_.fsync != FsyncPolicy::kNone && ::fdatasync(fd.get()) != 0) st = IoStatus("fdatasync", tmp, errno);
+  if (fd.Close() != 0 && st.ok()) st = IoStatus("close", tmp, errno);
+  const std::string path = ObjectPath(chunk.meta.key);
+  if (st.ok()) st = EnsureShard(chunk.meta.key[0]);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = IoStatus("rename to", path, errno);
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  if (options_.fsync == FsyncPolicy::kFull) {
+    if (Status synced = SyncDir(ShardDir(chunk.meta.key)); !synced.ok()) {
+      // Not durable, so not stored: the key is pending, nobody else touches the path.
+      ::unlink(path.c_str());
+      return synced;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<ChunkRef> DiskTier::Get(const keys::Digest& key) {
+  std::uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return Status::NotFound("disk tier: no object " + keys::ToHex(key));
+    generation = it->second.generation;
+  }
+  ReadFailure why = ReadFailure::kCorrupt;
+  Result<ChunkRef> chunk = ReadObject(key, &why);
+  if (!chunk.ok()) {
+    if (why == ReadFailure::kTransient) {
+      // Out of memory or file descriptors: the object may well be fine.
+      std::lock_guard<std::mutex> lock(mu_);
+      ++counters_.io_errors;
+      return chunk.status();
+    }
+    DropFailed(key, generation, why);
+    return Status::NotFound("disk tier: object " + keys::ToHex(key) + " unreadable, removed: " +
+                            chunk.status().message());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end() && it->second.generation == generation) it->second.last_use_ns = NowNs();
+  }
+  return chunk;
+}
+
+Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, ReadFailure* why) {
+  const std::string path = ObjectPath(key);
+  int err = 0;
+  Result<FileBytes> file = ReadFile(path, &err);
+  if (!file.ok()) {
+    if (err == ENOENT) {
+      *why = ReadFailure::kCorrupt;  // a file the index lists is gone: a lost object
+    } else if (err == EIO || err == EBADMSG || err == ENODATA) {
+      *why = ReadFailure::kBadMedia;  // unreadable blocks; it will not get better
+    } else {
+      *why = ReadFailure::kTransient;
+    }
+    return file.status();
+  }
+  Result<ChunkRef> chunk = wire::DecodeEnvelope(file->data.get(), file->size, &key);
+  *why = chunk.status().code() == Code::kNoMemory ? ReadFailure::kTransient : ReadFailure::kCorrupt;
+  return chunk;
+}
+
+Result<DiskTier::FileBytes> DiskTier::ReadFile(const std::string& path, int* errno_out) {
+  int& err = *errno_out;
+  err = 0;
+  if (odirect_.load(std::memory_order_relaxed)) {
+    Fd fd(OpenFile(path, O_RDONLY | O_DIRECT | O_CLOEXEC));
+    if (!fd.ok()) {
+      err = errno;
+      if (err != EINVAL) return IoStatus("open", path, err);
+    } else {
+      Result<FileBytes> file = ReadWhole(fd.get(), path, &err);
+      if (file.ok() || err != EINVAL) return file;
+    }
+    // EINVAL: this filesystem refuses O_DIRECT (at open, or at the first
+    // read on some filesystems): read buffered from now on.
+    odirect_.store(false, std::memory_order_relaxed);
+  }
+  Fd fd(OpenFile(path, O_RDONLY | O_CLOEXEC));
+  if (!fd.ok()) {
+    err = errno;
+    return IoStatus("open", path, err);
+  }
+  return ReadWhole(fd.get(), path, &err);
+}
+
+void DiskTier::DropFailed(const keys::Digest& key, std::uint64_t generation, ReadFailure why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  // Erased (or erased and put again) while we read: that is not the object
+  // we found wanting.
+  if (it == index_.end() || it->second.generation != generation) return;
+  RemoveLocked(key);
+  if (why == ReadFailure::kCorrupt) {
+    ++counters_.corrupt_detected;
+  } else {
+    ++counters_.io_errors;
+  }
+}
+
+void DiskTier::RemoveLocked(const keys::Digest& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  // Under the lock: a Put of the same key renames only once the key has
+  // left the index, so this unlink cannot remove the new object.
+  if (::unlink(ObjectPath(key).c_str()) != 0 && errno != ENOENT) ++counters_.io_errors;
+  used_ -= it->second.bytes;
+  index_.erase(it);
+}
+
+bool DiskTier::Contains(const keys::Digest& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.contains(key);
+}
+
+bool DiskTier::Erase(const keys::Digest& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!index_.contains(key)) return false;
+    RemoveLocked(key);
+  }
+  if (options_.fsync == FsyncPolicy::kFull && !SyncDir(ShardDir(key)).ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.io_errors;
+  }
+  return true;
+}
+
+std::vector<ObjectInfo> DiskTier::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ObjectInfo> out;
+  out.reserve(index_.size());
+  for (const auto& [key, e] : index_) out.push_back(ObjectInfo{key, e.bytes, e.last_use_ns});
+  return out;
+}
+
+std::uint64_t DiskTier::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_;
+}
+
+std::uint64_t DiskTier::objects() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.size();
+}
+
+TierCounters DiskTier::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+}  // namespace kdn::store

@@ -1,0 +1,161 @@
+// The disk tier: one file per object, in the chunk envelope format
+// (wire/envelope.h), under a byte capacity, surviving restarts and crashes.
+//
+// Layout of the directory:
+//   DIR/objects/<first 2 hex of key>/<64 hex of key>.kdn   one object each
+//   DIR/tmp/<pid>-<n>.tmp                                   writes in progress
+//   DIR/LOCK                                                held (flock) while open
+//
+// Writes are atomic: an object is written to DIR/tmp, synced per the fsync
+// policy, then renamed into place. A reader, or the next process after a
+// crash, sees a whole object or none. Open() removes what a crash left in
+// DIR/tmp, rebuilds the index from the file names, sizes and mtimes (it reads
+// no object) and, if the objects found exceed the capacity, removes the
+// oldest (by mtime) until they fit.
+//
+// Fsync policy (what survives a power loss, not just a process crash; a
+// process crash loses nothing that was renamed into place, whatever the policy):
+//   kNone  no syncs: after a power loss an object may be missing, empty or
+//          partial; Get detects that (checksums) and reports a miss.
+//   kData  (default) the file's data is synced before the rename, so an object
+//          whose name is durable is whole. The rename itself may be lost: a
+//          recent Put may vanish after a power loss. One fdatasync per Put.
+//   kFull  kData, and the object's directory is synced after the rename (and
+//          after an Erase's unlink): a Put or Erase that returned is durable.
+//
+// Reads use O_DIRECT with aligned buffers (the tier is a cache below the page
+// cache's own; caching objects twice wastes memory) where the filesystem
+// allows it: Open probes it (tmpfs before Linux 6.6 and some FUSE and
+// network filesystems refuse O_DIRECT with EINVAL) and falls back to
+// buffered reads, as does a read that gets EINVAL later.
+//
+// Get checks every object it reads (wire::DecodeEnvelope with the expected
+// key); an object that fails any check (truncated, flipped bits, another
+// key, a format this build cannot read, a file gone missing) is counted in
+// corrupt_detected, removed, and reported as kNotFound; so is one on
+// unreadable media (EIO), counted in io_errors. Get never returns wrong
+// bytes. Only a passing shortage (memory, file descriptors) is returned as
+// the error it is, the object kept.
+//
+// Recency: Get refreshes an object's last use in memory only; the file's
+// mtime (the recency a restart sees) stays the time it was written. Touching
+// the mtime on every hit would turn each read into a metadata write.
+//
+// The tier never evicts at run time: Put refuses with kRetryLater ("full")
+// an object that does not fit, and the caller evicts (store/tier.h).
+//
+// Thread-safety: every member function may be called concurrently. A mutex
+// guards the index; file reads and writes happen outside it (unlinks, which
+// are short, happen under it so that they cannot race a rename of the same
+// key). One process at a time uses a directory: Open fails with kUnavailable
+// while another holds DIR/LOCK.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "store/tier.h"
+#include "util/status.h"
+
+namespace kdn::store {
+
+enum class FsyncPolicy { kNone, kData, kFull };
+
+struct DiskTierOptions {
+  std::string directory;            // created if missing
+  std::uint64_t capacity_bytes = 0; // total size of the object files; > 0
+  FsyncPolicy fsync = FsyncPolicy::kData;
+  bool use_odirect = true;          // read with O_DIRECT where the filesystem allows it
+  std::string name = "disk";
+  // How object files are opened for reading: ::open(path, flags) when empty.
+  // A seam for tests, which inject a filesystem that refuses O_DIRECT (as
+  // tmpfs did before Linux 6.6, and some FUSE and network filesystems do).
+  std::function<int(const std::string& path, int flags)> open_file;
+};
+
+class DiskTier final : public Tier {
+ public:
+  // Opens (creating if needed) a tier directory, as after a restart.
+  static Result<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options);
+  ~DiskTier() override;
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  const std::string& name() const override { return options_.name; }
+  // The object's file size: its encoded envelope (wire::EncodedEnvelopeSize).
+  std::uint64_t Cost(const Chunk& chunk) const override;
+  Status Put(const ChunkRef& chunk) override;
+  Result<ChunkRef> Get(const keys::Digest& key) override;
+  bool Contains(const keys::Digest& key) const override;
+  bool Erase(const keys::Digest& key) override;
+  std::vector<ObjectInfo> List() const override;
+  std::uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
+  // Bytes of the objects held plus those of Puts in progress (reserved).
+  std::uint64_t used_bytes() const override;
+  std::uint64_t objects() const override;
+  TierCounters counters() const override;
+
+  // Whether reads currently use O_DIRECT (false when disabled or when the
+  // filesystem refused it).
+  bool odirect_active() const { return odirect_.load(std::memory_order_relaxed); }
+  // What Open found: temp files a crash left behind (removed), and objects
+  // removed to honour the capacity.
+  std::uint64_t stale_temp_files_removed() const { return stale_temps_removed_; }
+  std::uint64_t objects_trimmed_at_open() const { return trimmed_at_open_; }
+
+ private:
+  struct Entry {
+    std::uint64_t bytes = 0;
+    std::int64_t last_use_ns = 0;
+    std::uint64_t generation = 0;  // tells a re-put object from the one a reader saw
+  };
+  // Why a Get failed to return an object it found in the index: a failed
+  // check or a lost file (removed, counted as corrupt), unreadable media
+  // (removed, counted as an I/O error), or a passing shortage of memory or
+  // file descriptors (kept, the error returned as is).
+  enum class ReadFailure { kCorrupt, kBadMedia, kTransient };
+  struct FileBytes;  // a whole file in an O_DIRECT-aligned buffer
+
+  DiskTier(DiskTierOptions options, int lock_fd);
+  Status Prepare();          // shard dirs, temp cleanup, index, trim, O_DIRECT probe
+  Status RebuildIndex();
+  void TrimToCapacity();
+  int OpenFile(const std::string& path, int flags) const;
+  std::string ObjectPath(const keys::Digest& key) const;
+  std::string ShardDir(const keys::Digest& key) const;
+  Status EnsureShard(std::uint8_t first_key_byte);  // creates objects/<xx> once
+  Status WriteObject(const Chunk& chunk, std::uint64_t cost);
+  Result<ChunkRef> ReadObject(const keys::Digest& key, ReadFailure* why);
+  Result<FileBytes> ReadFile(const std::string& path, int* errno_out);
+  static Result<FileBytes> ReadWhole(int fd, const std::string& path, int* err);
+  // Removes `key` if the index still holds the generation a reader saw.
+  void DropFailed(const keys::Digest& key, std::uint64_t generation, ReadFailure why);
+  void RemoveLocked(const keys::Digest& key);  // requires mu_
+
+  const DiskTierOptions options_;
+  const int lock_fd_;
+  std::atomic<bool> odirect_;
+  std::atomic<std::uint64_t> temp_seq_{0};
+  std::array<std::atomic<bool>, 256> shard_ready_{};  // objects/<xx> exists
+  std::uint64_t stale_temps_removed_ = 0;  // set by Open only
+  std::uint64_t trimmed_at_open_ = 0;      // set by Open only
+
+  mutable std::mutex mu_;
+  std::condition_variable put_done_;  // signalled when a pending Put ends
+  std::unordered_map<keys::Digest, Entry, keys::DigestHash> index_;  // guarded by mu_
+  std::unordered_set<keys::Digest, keys::DigestHash> pending_;       // keys being put; guarded by mu_
+  std::uint64_t used_ = 0;         // index bytes + reservations of pending Puts; guarded by mu_
+  std::uint64_t generation_ = 0;   // guarded by mu_
+  TierCounters counters_;          // guarded by mu_
+};
+
+}  // namespace kdn::store

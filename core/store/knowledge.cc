@@ -1,0 +1,157 @@
+#include "store/knowledge.h"
+
+#include "ref/kv_view_ref.h"
+
+namespace kdn::store {
+
+KnowledgeIndex::Doc* KnowledgeIndex::Find(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
+  SweepLocked();
+  auto it = docs_.find(DocKey{model.fingerprint, std::string(ns), doc_id});
+  return it == docs_.end() ? nullptr : &it->second;
+}
+
+void KnowledgeIndex::DropLocked(const DocKey& key) {
+  auto it = docs_.find(key);
+  if (it == docs_.end()) return;
+  for (const keys::Digest& k : it->second.chunk_keys) {
+    auto r = refs_.find(k);
+    if (r != refs_.end() && --r->second > 0) continue;  // another document shares it
+    if (r != refs_.end()) refs_.erase(r);
+    store_.chain().Erase(k);
+  }
+  docs_.erase(it);
+}
+
+void KnowledgeIndex::SweepLocked() {
+  const std::int64_t now = store_.chain().clock().NowNs();
+  std::vector<DocKey> expired;
+  for (const auto& [key, doc] : docs_) {
+    if (doc.info.expires_at_ns != 0 && doc.info.expires_at_ns <= now) expired.push_back(key);
+  }
+  for (const DocKey& k : expired) DropLocked(k);
+}
+
+size_t KnowledgeIndex::Sweep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t before = docs_.size();
+  SweepLocked();
+  return before - docs_.size();
+}
+
+Status KnowledgeIndex::Put(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                           std::uint64_t version, const std::string& metadata, std::span<const std::int32_t> tokens,
+                           const kernels::KvView& view) {
+  if (doc_id.empty()) return Status::InvalidArgument("knowledge: doc_id is empty");
+  if (tokens.empty()) return Status::InvalidArgument("knowledge: a document needs tokens");
+  const std::uint64_t C = store_.options().chunk_tokens;
+  Doc doc;
+  doc.info.doc_id = doc_id;
+  doc.info.version = version;
+  doc.info.metadata = metadata;
+  doc.info.tokens = tokens.size();
+  doc.tokens.assign(tokens.begin(), tokens.end());
+  for (std::uint64_t pos = 0; pos < tokens.size(); pos += C) {
+    const std::uint64_t len = std::min<std::uint64_t>(C, tokens.size() - pos);
+    const keys::Digest key = store_.ContentKey(model, ns, tokens.subspan(pos, len));
+    if (store_.chain().Locate(key) < 0) {
+      KDN_RETURN_IF_ERROR(store_.PutChunk(model, ns, key, view, pos, len, static_cast<std::int64_t>(pos)));
+    }
+    doc.chunk_keys.push_back(key);
+  }
+  doc.info.chunks = static_cast<std::uint32_t>(doc.chunk_keys.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  const DocKey key{model.fingerprint, std::string(ns), doc_id};
+  // References first, then drop the old version: chunks both versions share survive.
+  for (const keys::Digest& k : doc.chunk_keys) ++refs_[k];
+  DropLocked(key);
+  docs_.emplace(key, std::move(doc));
+  return Status::Ok();
+}
+
+std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string_view ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked();
+  std::vector<DocumentInfo> out;
+  for (const auto& [key, doc] : docs_) {
+    if (std::get<0>(key) != model.fingerprint || std::get<1>(key) != ns) continue;
+    DocumentInfo info = doc.info;
+    info.chunks_present = 0;
+    for (const keys::Digest& k : doc.chunk_keys) info.chunks_present += store_.chain().Locate(k) >= 0;
+    out.push_back(info);
+  }
+  return out;
+}
+
+Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
+  for (DocumentInfo& d : List(model, ns)) {
+    if (d.doc_id == doc_id) return d;
+  }
+  return Status::NotFound("knowledge: no document '" + doc_id + "'");
+}
+
+Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std::string& doc_id, bool pin,
+                           std::int64_t ttl_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Doc* doc = Find(model, ns, doc_id);
+  if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  for (const keys::Digest& k : doc->chunk_keys) {
+    if (pin) {
+      KDN_RETURN_IF_ERROR(store_.chain().Pin(k, ttl_ns));
+    } else {
+      store_.chain().Unpin(k);
+    }
+  }
+  doc->info.pinned = pin;
+  return Status::Ok();
+}
+
+Status KnowledgeIndex::Expire(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                              std::int64_t ttl_ns) {
+  if (ttl_ns < 0) return Status::InvalidArgument("knowledge: TTL must not be negative");
+  std::lock_guard<std::mutex> lock(mu_);
+  Doc* doc = Find(model, ns, doc_id);
+  if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  doc->info.expires_at_ns = store_.chain().clock().NowNs() + ttl_ns;
+  if (ttl_ns == 0) SweepLocked();
+  return Status::Ok();
+}
+
+Status KnowledgeIndex::Delete(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!Find(model, ns, doc_id)) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  DropLocked(DocKey{model.fingerprint, std::string(ns), doc_id});
+  return Status::Ok();
+}
+
+Result<std::vector<std::int32_t>> KnowledgeIndex::Fetch(const ModelKv& model, std::string_view ns,
+                                                        const std::string& doc_id, const kernels::KvView* view) {
+  std::vector<keys::Digest> chunk_keys;
+  std::vector<std::int32_t> tokens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Doc* doc = Find(model, ns, doc_id);
+    if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+    chunk_keys = doc->chunk_keys;
+    tokens = doc->tokens;
+  }
+  if (!view) return tokens;
+  const std::uint64_t C = store_.options().chunk_tokens;
+  // Lease every chunk first, so the view is written all or nothing.
+  std::vector<Lease> leases;
+  for (size_t i = 0; i < chunk_keys.size(); ++i) {
+    auto lease = store_.chain().Get(chunk_keys[i]);
+    if (!lease.ok()) {
+      return Status::NotFound("knowledge: chunk " + std::to_string(i) + " of '" + doc_id +
+                              "' is in no tier any more; put the document again");
+    }
+    leases.push_back(std::move(lease).value());
+  }
+  for (size_t i = 0; i < leases.size(); ++i) {
+    const ChunkRef& c = leases[i].chunk();
+    kernels::view_scatter_cpu(c->payload.data(), *view, static_cast<std::int64_t>(i * C), c->meta.tokens, 0,
+                              model.shape.layers);
+  }
+  return tokens;
+}
+
+}  // namespace kdn::store

@@ -1,0 +1,77 @@
+// Knowledge items: named documents (doc_id, version, metadata) whose KV is
+// kept under position-free content keys, chunk by chunk, so that operators
+// choose which documents are served and the blender can fetch a document's
+// KV wherever it lands in a context. Operators list, pin, expire and delete
+// them; a delete removes the document's chunks from every tier (chunks that
+// another document shares stay, by reference count).
+// The index lives in memory: documents are lost on restart while their
+// chunks stay in the persistent tiers until evicted.
+// Thread-safety: every member function may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "store/kv_store.h"
+
+namespace kdn::store {
+
+struct DocumentInfo {
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  std::uint32_t chunks = 0;
+  bool pinned = false;
+  std::int64_t expires_at_ns = 0;  // 0: never
+  std::uint32_t chunks_present = 0;  // chunks some tier holds now
+};
+
+class KnowledgeIndex {
+ public:
+  explicit KnowledgeIndex(KvStore& store) : store_(store) {}
+
+  // Stores a document's KV (view token i = tokens[i], computed from position
+  // 0) under content keys; replaces an older version of the same doc_id.
+  Status Put(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t version,
+             const std::string& metadata, std::span<const std::int32_t> tokens, const kernels::KvView& view);
+  std::vector<DocumentInfo> List(const ModelKv& model, std::string_view ns);
+  Result<DocumentInfo> Info(const ModelKv& model, std::string_view ns, const std::string& doc_id);
+  // Pins (or unpins) every chunk; ttl_ns 0 pins until unpinned.
+  Status Pin(const ModelKv& model, std::string_view ns, const std::string& doc_id, bool pin, std::int64_t ttl_ns);
+  // The document is deleted ttl_ns from now (0: now).
+  Status Expire(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::int64_t ttl_ns);
+  Status Delete(const ModelKv& model, std::string_view ns, const std::string& doc_id);
+  // The document's tokens, and its KV written into `view` at the document's
+  // own positions (token i of the view = token i of the document). kNotFound
+  // when a chunk is gone from every tier (the document must be re-ingested).
+  Result<std::vector<std::int32_t>> Fetch(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                                          const kernels::KvView* view);
+  // Deletes expired documents; returns how many.
+  size_t Sweep();
+
+ private:
+  struct Doc {
+    DocumentInfo info;
+    std::vector<std::int32_t> tokens;
+    std::vector<keys::Digest> chunk_keys;
+  };
+  using DocKey = std::tuple<keys::Digest, std::string, std::string>;  // model, ns, doc_id
+
+  Doc* Find(const ModelKv& model, std::string_view ns, const std::string& doc_id);  // mu_ held
+  void DropLocked(const DocKey& key);  // mu_ held: releases chunk references, erases unshared chunks
+  void SweepLocked();
+
+  KvStore& store_;
+  std::mutex mu_;
+  std::map<DocKey, Doc> docs_;                                                 // guarded by mu_
+  std::unordered_map<keys::Digest, std::uint32_t, keys::DigestHash> refs_;    // chunk -> documents; guarded by mu_
+};
+
+}  // namespace kdn::store

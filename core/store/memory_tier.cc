@@ -1,0 +1,113 @@
+#include "store/memory_tier.h"
+
+#include <algorithm>
+#include <cstring>
+
+#ifdef KDN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace kdn::store {
+
+Result<std::unique_ptr<MemoryTier>> MemoryTier::Create(std::string name, std::uint64_t capacity_bytes, MemoryKind kind) {
+  // The pool may hold more than the tier: blocks of evicted objects stay in
+  // use while readers hold them or the mover demotes them. The tier's own
+  // accounting keeps what it stores within capacity_bytes.
+  const std::uint64_t slack = std::min<std::uint64_t>(capacity_bytes, std::uint64_t{1} << 30);
+  auto pool = HostPool::Create(capacity_bytes + slack, kind);
+  if (!pool.ok()) return pool.status();
+  return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(name), capacity_bytes, std::move(pool).value()));
+}
+
+void MemoryTier::CopyIn(std::uint8_t* dst, const std::uint8_t* src, size_t n) const {
+#ifdef KDN_HAVE_CUDA
+  if (pool_->kind() == MemoryKind::kDevice) {
+    cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+void MemoryTier::CopyOut(std::uint8_t* dst, const std::uint8_t* src, size_t n) const {
+#ifdef KDN_HAVE_CUDA
+  if (pool_->kind() == MemoryKind::kDevice) {
+    cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+Status MemoryTier::Put(const ChunkRef& chunk) {
+  if (Contains(chunk->meta.key)) return Status::Ok();
+  const std::uint64_t cost = Cost(*chunk);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (used_ + cost > capacity_) return Status(Code::kRetryLater, name_ + " tier full");
+  }
+  Payload block = pool_->Allocate(chunk->payload.size());
+  if (block.empty() && !chunk->payload.empty()) return Status(Code::kRetryLater, name_ + " tier: pool full");
+  CopyIn(block.data(), chunk->payload.data(), chunk->payload.size());
+  auto stored = std::make_shared<Chunk>();
+  stored->meta = chunk->meta;
+  stored->payload = std::move(block);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (map_.count(chunk->meta.key)) return Status::Ok();  // a concurrent put won
+  if (used_ + cost > capacity_) return Status(Code::kRetryLater, name_ + " tier full");
+  map_.emplace(chunk->meta.key, std::move(stored));
+  used_ += cost;
+  return Status::Ok();
+}
+
+Result<ChunkRef> MemoryTier::Get(const keys::Digest& key) {
+  ChunkRef c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return Status::NotFound(name_ + ": no such chunk");
+    c = it->second;
+  }
+  if (pool_->kind() != MemoryKind::kDevice) return c;  // host memory: hand out the block itself
+  auto host = std::make_shared<Chunk>();
+  host->meta = c->meta;
+  host->payload = Payload(c->payload.size());
+  CopyOut(host->payload.data(), c->payload.data(), c->payload.size());
+  return ChunkRef(std::move(host));
+}
+
+bool MemoryTier::Contains(const keys::Digest& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.count(key) != 0;
+}
+
+bool MemoryTier::Erase(const keys::Digest& key) {
+  ChunkRef dropped;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return false;
+  used_ -= Cost(*it->second);
+  dropped = std::move(it->second);
+  map_.erase(it);
+  return true;
+}
+
+std::vector<ObjectInfo> MemoryTier::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ObjectInfo> out;
+  out.reserve(map_.size());
+  for (const auto& [key, c] : map_) out.push_back({key, Cost(*c), 0});
+  return out;
+}
+
+std::uint64_t MemoryTier::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_;
+}
+
+std::uint64_t MemoryTier::objects() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
+
+}  // namespace kdn::store

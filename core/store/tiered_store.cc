@@ -1,0 +1,517 @@
+#include "store/tiered_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kdn::store {
+
+// ---- Lease ------------------------------------------------------------------
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    Release();
+    store_ = o.store_;
+    chunk_ = std::move(o.chunk_);
+    level_ = o.level_;
+    o.store_ = nullptr;
+    o.level_ = -1;
+  }
+  return *this;
+}
+
+void Lease::Release() {
+  if (store_ && chunk_) store_->ReleaseLease(chunk_->meta.key);
+  store_ = nullptr;
+  chunk_.reset();
+  level_ = -1;
+}
+
+// ---- Construction -----------------------------------------------------------
+
+TieredStore::TieredStore(TieredStoreOptions& o)
+    : clock_(o.clock ? o.clock : SteadyClock::Get()),
+      editor_(std::move(o.editor)),
+      queue_objects_(std::max<size_t>(1, o.mover_queue_objects)),
+      queue_bytes_(std::max<std::uint64_t>(1, o.mover_queue_bytes)) {}
+
+Result<std::unique_ptr<TieredStore>> TieredStore::Create(TieredStoreOptions options) {
+  if (options.levels.empty()) return Status::InvalidArgument("a store needs at least one tier");
+  std::unique_ptr<TieredStore> s(new TieredStore(options));
+  for (LevelOptions& lo : options.levels) {
+    if (!lo.tier) return Status::InvalidArgument("tier is null");
+    if (!(lo.low_watermark > 0 && lo.low_watermark <= lo.high_watermark && lo.high_watermark <= 1.0)) {
+      return Status::InvalidArgument(lo.tier->name() + ": watermarks must satisfy 0 < low <= high <= 1");
+    }
+    auto level = std::make_unique<Level>();
+    level->policy = MakePolicy(lo.policy, lo.tier->capacity_bytes());
+    level->high = lo.high_watermark;
+    level->low = lo.low_watermark;
+    level->write_through = lo.write_through;
+    // Objects the tier already holds (a disk tier after a restart), oldest first.
+    std::vector<ObjectInfo> held = lo.tier->List();
+    std::sort(held.begin(), held.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.last_use_ns < b.last_use_ns; });
+    for (const ObjectInfo& o : held) level->policy->OnInsert(o.key, o.bytes);
+    level->tier = std::move(lo.tier);
+    s->levels_.push_back(std::move(level));
+  }
+  s->mover_ = std::thread([p = s.get()] { p->MoverLoop(); });
+  return s;
+}
+
+TieredStore::~TieredStore() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stop_ = true;  // the mover drains what is queued (write-back demotions land), then exits
+  }
+  queue_cv_.notify_all();
+  if (mover_.joinable()) mover_.join();
+}
+
+// ---- Presence ---------------------------------------------------------------
+
+ChunkRef TieredStore::InTransit(const keys::Digest& key, size_t* target) const {
+  std::lock_guard<std::mutex> lock(transit_mu_);
+  auto it = in_transit_.find(key);
+  if (it == in_transit_.end()) return nullptr;
+  if (target) *target = it->second.second;
+  return it->second.first;
+}
+
+bool TieredStore::ContainsAt(size_t level, const keys::Digest& key) const {
+  if (level >= levels_.size()) return false;
+  if (levels_[level]->tier->Contains(key)) return true;
+  size_t target = 0;
+  return InTransit(key, &target) && target == level;
+}
+
+int TieredStore::Locate(const keys::Digest& key) const {
+  for (size_t i = 0; i < levels_.size(); ++i) {
+    if (levels_[i]->tier->Contains(key)) return static_cast<int>(i);
+  }
+  size_t target = 0;
+  return InTransit(key, &target) ? static_cast<int>(target) : -1;
+}
+
+// ---- Leases and pins --------------------------------------------------------
+
+void TieredStore::ReleaseLease(const keys::Digest& key) {
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  auto it = leases_.find(key);
+  if (it != leases_.end() && --it->second == 0) leases_.erase(it);
+}
+
+bool TieredStore::Evictable(const keys::Digest& key) {
+  {
+    std::lock_guard<std::mutex> lock(lease_mu_);
+    if (leases_.count(key)) return false;
+  }
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  auto it = pins_.find(key);
+  if (it == pins_.end()) return true;
+  if (it->second != 0 && it->second <= clock_->NowNs()) {
+    pins_.erase(it);  // the TTL ran out: unpinned by force, and counted
+    ++forced_unpins_;
+    return true;
+  }
+  return false;
+}
+
+Status TieredStore::Pin(const keys::Digest& key, std::int64_t ttl_ns) {
+  if (ttl_ns < 0) return Status::InvalidArgument("pin TTL must not be negative");
+  if (Locate(key) < 0) return Status::NotFound("pin: no such chunk in any tier");
+  const std::int64_t deadline = ttl_ns == 0 ? 0 : clock_->NowNs() + ttl_ns;
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  auto [it, fresh] = pins_.emplace(key, deadline);
+  if (!fresh && it->second != 0) it->second = deadline == 0 ? 0 : std::max(it->second, deadline);
+  return Status::Ok();
+}
+
+bool TieredStore::Unpin(const keys::Digest& key) {
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  return pins_.erase(key) != 0;
+}
+
+// ---- Put and eviction -------------------------------------------------------
+
+std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool hard) {
+  Level& L = *levels_[li];
+  const auto cap = static_cast<double>(L.tier->capacity_bytes());
+  std::vector<ChunkRef> victims;
+  std::uint64_t used = L.tier->used_bytes();
+  const double limit = hard ? cap : L.high * cap;
+  if (static_cast<double>(used + cost) <= limit) return victims;
+  // Down to the low watermark (or just under the capacity when hard).
+  const double target = (hard ? cap : L.low * cap) - static_cast<double>(cost);
+  const bool next_exists = li + 1 < levels_.size();
+  while (static_cast<double>(used) > target) {
+    auto victim = L.policy->Victim([&](const keys::Digest& k) { return Evictable(k); });
+    if (!victim) break;  // everything left is leased or pinned
+    ChunkRef ref;
+    if (next_exists && !levels_[li + 1]->tier->Contains(*victim)) {
+      auto got = L.tier->Get(*victim);
+      if (got.ok()) {
+        // A heap copy: the tier's block is free as soon as it is erased,
+        // however long the demotion waits in the mover's queue.
+        auto copy = std::make_shared<Chunk>();
+        copy->meta = (*got)->meta;
+        copy->payload = Payload((*got)->payload.data(), (*got)->payload.size());
+        ref = std::move(copy);
+        std::lock_guard<std::mutex> lock(transit_mu_);
+        in_transit_[*victim] = {ref, li + 1};
+      }
+    }
+    L.tier->Erase(*victim);
+    L.policy->OnRemove(*victim);
+    ++L.evictions;
+    if (ref) victims.push_back(std::move(ref));
+    used = L.tier->used_bytes();
+  }
+  return victims;
+}
+
+Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, JobKind why) {
+  Level& L = *levels_[li];
+  const keys::Digest& key = chunk->meta.key;
+  std::vector<ChunkRef> victims;
+  Status st;
+  bool inserted = false;
+  {
+    std::lock_guard<std::mutex> lock(L.mu);
+    if (L.tier->Contains(key)) {
+      L.policy->OnAccess(key);
+      return Status::Ok();
+    }
+    const std::uint64_t cost = L.tier->Cost(*chunk);
+    if (cost > L.tier->capacity_bytes()) {
+      ++L.put_refusals;
+      return Status(Code::kRetryLater, L.tier->name() + ": object larger than the tier");
+    }
+    victims = MakeRoom(li, cost, /*hard=*/false);
+    st = L.tier->Put(chunk);
+    if (st.code() == Code::kRetryLater) {  // full after all: evict to the capacity and retry once
+      auto more = MakeRoom(li, cost, /*hard=*/true);
+      victims.insert(victims.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+      st = L.tier->Put(chunk);
+    }
+    if (st.ok()) {
+      L.policy->OnInsert(key, cost);
+      inserted = true;
+      ++L.puts;
+      L.bytes_in += cost;
+      if (why == JobKind::kDemote) ++L.demotions_in;
+      if (why == JobKind::kPromote) ++L.promotions_in;
+    } else {
+      ++L.put_refusals;
+    }
+  }
+  Demote(li, std::move(victims), from_mover);
+  if (inserted && L.write_through && li + 1 < levels_.size()) {
+    if (from_mover) {
+      (void)PutAt(li + 1, chunk, true, JobKind::kCopy);
+    } else {
+      Enqueue(Job{JobKind::kCopy, chunk, li + 1}, /*wait=*/true);
+    }
+  }
+  return st;
+}
+
+void TieredStore::Demote(size_t from, std::vector<ChunkRef> victims, bool from_mover) {
+  if (from + 1 >= levels_.size()) return;
+  for (ChunkRef& v : victims) {
+    if (from_mover) {
+      ChunkRef c = ApplyEdit(v);
+      (void)PutAt(from + 1, c, true, JobKind::kDemote);
+      EndTransit(v);
+    } else {
+      Enqueue(Job{JobKind::kDemote, std::move(v), from + 1}, /*wait=*/true);
+    }
+  }
+}
+
+Status TieredStore::Put(ChunkRef chunk) {
+  if (!chunk) return Status::InvalidArgument("put: null chunk");
+  Status last;
+  for (size_t i = 0; i < levels_.size(); ++i) {
+    last = PutAt(i, chunk, /*from_mover=*/false, JobKind::kCopy);
+    if (last.ok()) {
+      if (editor_ && !chunk->meta.edited) {
+        {
+          std::lock_guard<std::mutex> lock(queue_mu_);
+          pending_edits_.emplace(chunk->meta.key, nullptr);
+        }
+        Enqueue(Job{JobKind::kEdit, chunk, i}, /*wait=*/true);
+      }
+      return last;
+    }
+  }
+  return Status(Code::kRetryLater, "no tier could take the chunk: " + last.message());
+}
+
+// ---- Get --------------------------------------------------------------------
+
+Result<Lease> TieredStore::Get(const keys::Digest& key) {
+  for (size_t i = 0; i < levels_.size(); ++i) {
+    Level& L = *levels_[i];
+    if (!L.tier->Contains(key)) {
+      ++L.misses;
+      continue;
+    }
+    auto got = L.tier->Get(key);
+    if (!got.ok()) {  // evicted meanwhile, or corrupt (the tier removed it)
+      ++L.misses;
+      std::lock_guard<std::mutex> lock(L.mu);
+      if (!L.tier->Contains(key)) L.policy->OnRemove(key);
+      continue;
+    }
+    Lease lease;
+    {
+      std::lock_guard<std::mutex> lock(lease_mu_);
+      ++leases_[key];
+    }
+    ++leases_total_;
+    lease.store_ = this;
+    lease.chunk_ = std::move(got).value();
+    lease.level_ = static_cast<int>(i);
+    {
+      std::lock_guard<std::mutex> lock(L.mu);
+      if (L.tier->Contains(key)) L.policy->OnAccess(key);
+    }
+    ++L.hits;
+    L.bytes_out += lease.chunk_->payload.size();
+    if (i > 0 && !levels_[0]->tier->Contains(key)) {
+      // Promote in the background; never make a reader wait for room.
+      if (!Enqueue(Job{JobKind::kPromote, lease.chunk_, 0}, /*wait=*/false)) ++promotions_dropped_;
+    }
+    return lease;
+  }
+  size_t target = 0;
+  if (ChunkRef moving = InTransit(key, &target)) {  // evicted, on its way down
+    Lease lease;
+    {
+      std::lock_guard<std::mutex> lock(lease_mu_);
+      ++leases_[key];
+    }
+    ++leases_total_;
+    lease.store_ = this;
+    lease.chunk_ = std::move(moving);
+    lease.level_ = static_cast<int>(target);
+    ++levels_[target]->hits;
+    levels_[target]->bytes_out += lease.chunk_->payload.size();
+    return lease;
+  }
+  return Status::NotFound("no tier holds the chunk");
+}
+
+void TieredStore::EndTransit(const ChunkRef& chunk) {
+  std::lock_guard<std::mutex> lock(transit_mu_);
+  auto it = in_transit_.find(chunk->meta.key);
+  if (it != in_transit_.end() && it->second.first == chunk) in_transit_.erase(it);
+}
+
+// ---- Erase ------------------------------------------------------------------
+
+bool TieredStore::Erase(const keys::Digest& key) {
+  {
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->chunk->meta.key == key) {
+        queued_bytes_ -= it->chunk->payload.size();
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    pending_edits_.erase(key);
+    space_cv_.notify_all();
+    space_cv_.wait(lock, [&] { return !(in_flight_ && in_flight_key_ == key); });
+  }
+  bool any = false;
+  {
+    std::lock_guard<std::mutex> lock(transit_mu_);
+    any = in_transit_.erase(key) != 0;
+  }
+  for (auto& level : levels_) {
+    std::lock_guard<std::mutex> lock(level->mu);
+    if (level->tier->Erase(key)) any = true;
+    level->policy->OnRemove(key);
+  }
+  Unpin(key);
+  return any;
+}
+
+// ---- The mover --------------------------------------------------------------
+
+bool TieredStore::Enqueue(Job job, bool wait) {
+  const std::uint64_t bytes = job.chunk->payload.size();
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  auto full = [&] {
+    return !queue_.empty() && (queue_.size() >= queue_objects_ || queued_bytes_ + bytes > queue_bytes_);
+  };
+  if (full()) {
+    if (!wait) return false;
+    ++backpressure_waits_;
+    space_cv_.wait(lock, [&] { return !full() || stop_; });
+  }
+  queued_bytes_ += bytes;
+  queue_.push_back(std::move(job));
+  queue_cv_.notify_one();
+  return true;
+}
+
+void TieredStore::MoverLoop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and drained
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      queued_bytes_ -= job.chunk->payload.size();
+      in_flight_ = true;
+      in_flight_key_ = job.chunk->meta.key;
+      space_cv_.notify_all();
+    }
+    RunJob(job);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      in_flight_ = false;
+    }
+    space_cv_.notify_all();
+  }
+}
+
+ChunkRef TieredStore::RunEditor(const ChunkRef& chunk) {
+  auto copy = std::make_shared<Chunk>();
+  copy->meta = chunk->meta;
+  copy->payload = Payload(chunk->payload.data(), chunk->payload.size());
+  auto changed = editor_->Edit(*copy);
+  if (!changed.ok()) {
+    ++edit_errors_;
+    return chunk;
+  }
+  if (!*changed) return chunk;
+  ++edits_;
+  copy->meta.edited = true;
+  return copy;
+}
+
+ChunkRef TieredStore::ApplyEdit(const ChunkRef& chunk) {
+  if (!editor_ || chunk->meta.edited) return chunk;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    auto it = pending_edits_.find(chunk->meta.key);
+    if (it == pending_edits_.end()) return chunk;  // not subject to editing (or done and placed)
+    if (it->second) {                              // edited while it was on its way down
+      ChunkRef edited = std::move(it->second);
+      pending_edits_.erase(it);
+      return edited;
+    }
+    pending_edits_.erase(it);
+  }
+  return RunEditor(chunk);
+}
+
+bool TieredStore::ReplaceEverywhere(const ChunkRef& edited) {
+  bool placed = false;
+  for (auto& level : levels_) {
+    std::lock_guard<std::mutex> lock(level->mu);
+    if (!level->tier->Contains(edited->meta.key)) continue;
+    level->tier->Erase(edited->meta.key);
+    if (level->tier->Put(edited).ok()) {
+      placed = true;
+    } else {
+      level->policy->OnRemove(edited->meta.key);
+    }
+  }
+  return placed;
+}
+
+void TieredStore::RunJob(Job& job) {
+  switch (job.kind) {
+    case JobKind::kEdit: {
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        auto it = pending_edits_.find(job.chunk->meta.key);
+        if (it == pending_edits_.end() || it->second) return;  // erased, or edited on its way down already
+      }
+      ChunkRef edited = RunEditor(job.chunk);
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      auto it = pending_edits_.find(job.chunk->meta.key);
+      if (it == pending_edits_.end()) return;  // erased meanwhile
+      if (edited == job.chunk || ReplaceEverywhere(edited)) {
+        pending_edits_.erase(it);
+      } else {
+        it->second = edited;  // no tier holds it now: its queued demotion takes the edit
+      }
+      return;
+    }
+    case JobKind::kPromote:
+      if (Locate(job.chunk->meta.key) < 0) return;  // erased or evicted everywhere meanwhile
+      (void)PutAt(job.target, job.chunk, /*from_mover=*/true, JobKind::kPromote);
+      return;
+    case JobKind::kDemote:
+    case JobKind::kCopy: {
+      ChunkRef c = ApplyEdit(job.chunk);  // edits land before lower tiers see the chunk
+      (void)PutAt(job.target, c, /*from_mover=*/true, job.kind);
+      if (job.kind == JobKind::kDemote) EndTransit(job.chunk);
+      return;
+    }
+  }
+}
+
+void TieredStore::Flush() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  space_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
+}
+
+// ---- Statistics -------------------------------------------------------------
+
+std::vector<LevelStats> TieredStore::Stats() const {
+  std::vector<LevelStats> out;
+  for (const auto& l : levels_) {
+    LevelStats s;
+    s.name = l->tier->name();
+    s.hits = l->hits;
+    s.misses = l->misses;
+    s.puts = l->puts;
+    s.put_refusals = l->put_refusals;
+    s.evictions = l->evictions;
+    s.demotions_in = l->demotions_in;
+    s.promotions_in = l->promotions_in;
+    s.bytes_in = l->bytes_in;
+    s.bytes_out = l->bytes_out;
+    s.objects = l->tier->objects();
+    s.used_bytes = l->tier->used_bytes();
+    s.capacity_bytes = l->tier->capacity_bytes();
+    s.corrupt_detected = l->tier->counters().corrupt_detected;
+    out.push_back(s);
+  }
+  return out;
+}
+
+StoreCounters TieredStore::Counters() const {
+  StoreCounters c;
+  {
+    std::lock_guard<std::mutex> lock(lease_mu_);
+    for (const auto& [k, n] : leases_) c.leases_active += n;
+  }
+  c.leases_total = leases_total_;
+  {
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    const std::int64_t now = clock_->NowNs();
+    for (const auto& [k, deadline] : pins_) c.pins_active += deadline == 0 || deadline > now;
+  }
+  c.pins_forced_unpin = forced_unpins_;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    c.mover_queue_depth = queue_.size();
+  }
+  c.mover_backpressure_waits = backpressure_waits_;
+  c.promotions_dropped = promotions_dropped_;
+  c.edits = edits_;
+  c.edit_errors = edit_errors_;
+  return c;
+}
+
+}  // namespace kdn::store

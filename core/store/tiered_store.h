@@ -1,0 +1,203 @@
+// The chain of tiers: highest (fastest) first. It decides what each tier
+// holds: puts go to the highest tier that takes them; a tier that would
+// cross its high watermark evicts down to its low watermark (by its policy,
+// skipping leased and pinned objects) and the evicted objects are demoted
+// to the next tier asynchronously, by a mover thread with a bounded queue
+// (backpressure: a full queue makes the evicting writer wait). A get reads
+// from the highest tier holding the chunk, hands out a lease (the chunk is
+// not evicted while it is held) and promotes the chunk to the top tier in
+// the background. A full tier evicts and retries; when nothing can be
+// evicted the put moves on to the next tier, and only fails when no tier
+// can take it. An optional editor rewrites new chunks in the background,
+// before they are demoted to lower tiers.
+// Thread-safety: every public member may be called from any thread. Leases
+// must be released before the store is destroyed.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "store/policy.h"
+#include "store/tier.h"
+#include "util/clock.h"
+
+namespace kdn::store {
+
+// Rewrites a chunk's KV after it was stored (offline KV editing). Called on
+// the store's mover thread, one chunk at a time.
+class ChunkEditor {
+ public:
+  virtual ~ChunkEditor() = default;
+  // Edits `chunk` in place (its payload bytes); returns true when it changed
+  // it, false to leave it as it is, or an error (the chunk is kept unedited).
+  virtual Result<bool> Edit(Chunk& chunk) = 0;
+};
+
+struct LevelOptions {
+  std::unique_ptr<Tier> tier;
+  PolicyKind policy = PolicyKind::kLru;
+  double high_watermark = 0.95;  // a put that would cross this fraction of capacity evicts first...
+  double low_watermark = 0.85;   // ...down to this fraction
+  bool write_through = false;    // also copy new objects to the next tier (in the background)
+};
+
+struct TieredStoreOptions {
+  std::vector<LevelOptions> levels;
+  size_t mover_queue_objects = 256;
+  std::uint64_t mover_queue_bytes = std::uint64_t{1} << 30;
+  const Clock* clock = nullptr;  // default: steady clock
+  std::shared_ptr<ChunkEditor> editor;
+};
+
+struct LevelStats {
+  std::string name;
+  std::uint64_t hits = 0, misses = 0, puts = 0, put_refusals = 0, evictions = 0;
+  std::uint64_t demotions_in = 0, promotions_in = 0, bytes_in = 0, bytes_out = 0;
+  std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0, corrupt_detected = 0;
+};
+
+struct StoreCounters {
+  std::uint64_t leases_active = 0, leases_total = 0;
+  std::uint64_t pins_active = 0, pins_forced_unpin = 0;
+  std::uint64_t mover_queue_depth = 0, mover_backpressure_waits = 0, promotions_dropped = 0;
+  std::uint64_t edits = 0, edit_errors = 0;
+};
+
+class TieredStore;
+
+// A read lease: the chunk's bytes, and a hold that keeps it from eviction.
+// Move-only; must not outlive its store.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& o) noexcept { *this = std::move(o); }
+  Lease& operator=(Lease&& o) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() { Release(); }
+
+  const ChunkRef& chunk() const { return chunk_; }
+  int level() const { return level_; }  // the tier it was read from
+  void Release();
+
+ private:
+  friend class TieredStore;
+  TieredStore* store_ = nullptr;
+  ChunkRef chunk_;
+  int level_ = -1;
+};
+
+class TieredStore {
+ public:
+  static Result<std::unique_ptr<TieredStore>> Create(TieredStoreOptions options);
+  ~TieredStore();
+  TieredStore(const TieredStore&) = delete;
+  TieredStore& operator=(const TieredStore&) = delete;
+
+  size_t levels() const { return levels_.size(); }
+  const Tier& tier(size_t level) const { return *levels_[level]->tier; }
+  // Presence, without side effects.
+  bool ContainsAt(size_t level, const keys::Digest& key) const;
+  // The highest level holding the key, or -1.
+  int Locate(const keys::Digest& key) const;
+
+  // Stores a chunk in the highest tier that takes it.
+  Status Put(ChunkRef chunk);
+  // The chunk from the highest tier holding it, leased; kNotFound on a miss.
+  Result<Lease> Get(const keys::Digest& key);
+  // Removes the chunk from every tier, with its pin and pending moves.
+  bool Erase(const keys::Digest& key);
+  // Pins a present chunk for ttl_ns (0: until unpinned): no tier evicts it.
+  Status Pin(const keys::Digest& key, std::int64_t ttl_ns);
+  bool Unpin(const keys::Digest& key);
+  // Waits until the mover has nothing queued or in flight.
+  void Flush();
+
+  std::vector<LevelStats> Stats() const;
+  StoreCounters Counters() const;
+  const Clock& clock() const { return *clock_; }
+
+ private:
+  struct Level {
+    std::unique_ptr<Tier> tier;
+    std::unique_ptr<EvictionPolicy> policy;  // guarded by mu
+    double high = 0.95, low = 0.85;
+    bool write_through = false;
+    mutable std::mutex mu;  // serializes puts, evictions and policy updates of this level
+    std::atomic<std::uint64_t> hits{0}, misses{0}, puts{0}, put_refusals{0}, evictions{0};
+    std::atomic<std::uint64_t> demotions_in{0}, promotions_in{0}, bytes_in{0}, bytes_out{0};
+  };
+  enum class JobKind { kDemote, kPromote, kCopy, kEdit };
+  struct Job {
+    JobKind kind;
+    ChunkRef chunk;
+    size_t target;
+  };
+
+  explicit TieredStore(TieredStoreOptions& options);
+  // Puts into one level, evicting first; victims are demoted inline when
+  // called from the mover (it must not wait on its own queue).
+  Status PutAt(size_t level, const ChunkRef& chunk, bool from_mover, JobKind why);
+  // Evicts from a level (its mu held) until `cost` more bytes fit under the
+  // watermark (or, `hard`, under the capacity); returns chunks to demote.
+  std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard);
+  bool Evictable(const keys::Digest& key);
+  void Demote(size_t from_level, std::vector<ChunkRef> victims, bool from_mover);
+  bool Enqueue(Job job, bool wait);
+  void MoverLoop();
+  void RunJob(Job& job);
+  // The edited chunk (editing it now if it is pending), or chunk unchanged.
+  ChunkRef ApplyEdit(const ChunkRef& chunk);
+  ChunkRef RunEditor(const ChunkRef& chunk);
+  bool ReplaceEverywhere(const ChunkRef& edited);
+  void ReleaseLease(const keys::Digest& key);
+
+  const Clock* clock_;
+  std::shared_ptr<ChunkEditor> editor_;
+  std::vector<std::unique_ptr<Level>> levels_;
+
+  mutable std::mutex lease_mu_;
+  std::unordered_map<keys::Digest, std::uint32_t, keys::DigestHash> leases_;  // guarded by lease_mu_
+  std::atomic<std::uint64_t> leases_total_{0};
+
+  mutable std::mutex pin_mu_;
+  std::unordered_map<keys::Digest, std::int64_t, keys::DigestHash> pins_;  // deadline ns (0 = none); guarded by pin_mu_
+  std::atomic<std::uint64_t> forced_unpins_{0};
+
+  // Chunks evicted from a tier and not yet put into the next one: still
+  // readable there, so a load never misses a chunk that is only moving.
+  mutable std::mutex transit_mu_;  // a leaf lock: nothing is locked while holding it
+  std::unordered_map<keys::Digest, std::pair<ChunkRef, size_t>, keys::DigestHash> in_transit_;  // guarded
+  ChunkRef InTransit(const keys::Digest& key, size_t* target) const;
+  void EndTransit(const ChunkRef& chunk);
+
+  // The mover.
+  const size_t queue_objects_;
+  const std::uint64_t queue_bytes_;
+  mutable std::mutex queue_mu_;
+  std::condition_variable queue_cv_;   // work arrived / stop
+  std::condition_variable space_cv_;   // room in the queue / job done
+  std::deque<Job> queue_;                                            // guarded by queue_mu_
+  std::uint64_t queued_bytes_ = 0;                                   // guarded by queue_mu_
+  bool in_flight_ = false;                                           // guarded by queue_mu_
+  keys::Digest in_flight_key_{};                                     // guarded by queue_mu_
+  bool stop_ = false;                                                // guarded by queue_mu_
+  // Chunks waiting for the editor: null until edited; an edited chunk waits
+  // here when no tier held it at edit time (a demotion of it is queued).
+  std::unordered_map<keys::Digest, ChunkRef, keys::DigestHash> pending_edits_;  // guarded by queue_mu_
+  std::atomic<std::uint64_t> backpressure_waits_{0}, promotions_dropped_{0}, edits_{0}, edit_errors_{0};
+  std::thread mover_;
+
+  friend class Lease;
+};
+
+}  // namespace kdn::store

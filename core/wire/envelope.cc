@@ -1,0 +1,390 @@
+#include "wire/envelope.h"
+
+#include <capnp/any.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/array.h>
+#include <kj/exception.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "wire/chunk.capnp.h"
+
+namespace kdn::wire {
+namespace {
+
+using schema::ChunkEnvelope;
+
+static_assert(std::endian::native == std::endian::little,
+              "the segment table and the canonical header encoding are written as the memory image");
+
+constexpr size_t kDigestBytes = sizeof(keys::Digest);
+// Cap'n Proto's segment table of a one-segment message: (count - 1, size in words).
+constexpr size_t kSegmentTableBytes = 8;
+
+std::uint64_t RoundUpToWord(std::uint64_t n) { return (n + 7) & ~std::uint64_t{7}; }
+std::uint64_t PieceCount(std::uint64_t n) { return (n + kPayloadPieceBytes - 1) / kPayloadPieceBytes; }
+
+// Bytes per element of a dtype; nullopt for a dtype this code does not know.
+std::optional<std::uint64_t> ElementBytes(std::uint32_t dtype) {
+  switch (dtype) {
+    case 0: return 4;  // f32
+    case 1:            // f16
+    case 2: return 2;  // bf16
+    default: return std::nullopt;
+  }
+}
+
+// layers x 2 (K and V) x tokens x kv_heads x head_dim x element size, or
+// nullopt when the dtype is unknown or the product overflows (a hostile header).
+std::optional<std::uint64_t> ShapeBytes(const store::ChunkMeta& m) {
+  const std::optional<std::uint64_t> element = ElementBytes(m.dtype);
+  if (!element) return std::nullopt;
+  std::uint64_t n = *element;
+  for (std::uint64_t f : {std::uint64_t{m.layers}, std::uint64_t{2}, std::uint64_t{m.tokens},
+                          std::uint64_t{m.kv_heads}, std::uint64_t{m.head_dim}}) {
+    if (__builtin_mul_overflow(n, f, &n)) return std::nullopt;
+  }
+  return n;
+}
+
+// What the schema's version-1.0 struct looks like on the wire, measured once
+// from the generated code rather than restated by hand.
+struct V1Layout {
+  std::uint64_t empty_envelope_bytes = 0;  // the envelope of an empty payload
+  std::vector<std::uint8_t> data_mask;     // bits of the data section v1 fields use
+  size_t pointer_count = 0;
+};
+
+V1Layout MeasureV1Layout() {
+  V1Layout layout;
+  capnp::MallocMessageBuilder builder;
+  ChunkEnvelope::Builder e = builder.initRoot<ChunkEnvelope>();
+  const keys::Digest zeros{};
+  const capnp::Data::Reader digest(zeros.data(), zeros.size());
+  e.setModel(digest);
+  e.setNamespaceHash(digest);
+  e.setKey(digest);
+  e.initPayload(0);
+  layout.empty_envelope_bytes = capnp::computeSerializedSizeInWords(builder) * sizeof(capnp::word);
+  // Every scalar at all ones (no field has a non-zero default, so these are
+  // the wire bits too): the data section then shows which bits are used.
+  e.setVersionMajor(0xFFFF);
+  e.setVersionMinor(0xFFFF);
+  e.setCodec(static_cast<schema::Codec>(0xFFFF));
+  e.setDtype(static_cast<schema::DType>(0xFFFF));
+  e.getShape().setLayers(~0u);
+  e.getShape().setKvHeads(~0u);
+  e.getShape().setHeadDim(~0u);
+  e.getShape().setTokens(~0u);
+  e.setFirstPosition(-1);
+  e.setEdited(true);
+  e.setChecksum(~std::uint64_t{0});
+  e.setChecksumAlgorithm(static_cast<schema::ChecksumAlgorithm>(0xFFFF));
+  e.setHeaderChecksum(~std::uint64_t{0});
+  const capnp::AnyStruct::Reader any = capnp::toAny(e.asReader());
+  layout.data_mask.assign(any.getDataSection().begin(), any.getDataSection().end());
+  layout.pointer_count = any.getPointerSection().size();
+  return layout;
+}
+
+const V1Layout& Layout() {
+  static const V1Layout layout = MeasureV1Layout();
+  return layout;
+}
+
+// Appends the canonical little-endian header encoding (see chunk.capnp).
+class CanonicalWriter {
+ public:
+  template <typename T>
+  void Int(T v) {
+    std::memcpy(buf_.data() + n_, &v, sizeof v);
+    n_ += sizeof v;
+  }
+  void Blob(const keys::Digest& d) {
+    Int(std::uint64_t{d.size()});
+    std::memcpy(buf_.data() + n_, d.data(), d.size());
+    n_ += d.size();
+  }
+  std::uint64_t Hash() const { return XXH3_64bits(buf_.data(), n_); }
+
+ private:
+  std::array<std::uint8_t, 192> buf_{};  // the v1 encoding is 171 bytes
+  size_t n_ = 0;
+};
+
+// The payload pieces of a parsed envelope, read once (each read of a blob
+// counts against the traversal limit).
+using Pieces = std::vector<capnp::Data::Reader>;
+
+std::uint64_t PiecesChecksum(const Pieces& pieces) {
+  if (pieces.size() == 1) return XXH3_64bits(pieces[0].begin(), pieces[0].size());
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  for (const capnp::Data::Reader& p : pieces) XXH3_64bits_update(state, p.begin(), p.size());
+  const std::uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h;
+}
+
+Status Corrupt(const std::string& what) { return Status::Corrupt("chunk envelope: " + what); }
+
+bool ReadDigest(capnp::Data::Reader blob, keys::Digest* out) {
+  if (blob.size() != kDigestBytes) return false;
+  std::memcpy(out->data(), blob.begin(), kDigestBytes);
+  return true;
+}
+
+// A version-1.0 message must be exactly what this code writes: one segment,
+// the struct at the schema's sizes with unused bits zero, pieces cut at
+// kPayloadPieceBytes with zero padding, nothing else. Together with the two
+// checksums this leaves no bit of the message unchecked.
+Status CheckExactV1(kj::ArrayPtr<const capnp::word> words, ChunkEnvelope::Reader e,
+                    const Pieces& pieces, std::uint64_t payload_bytes) {
+  std::uint32_t segments_minus_one;
+  std::memcpy(&segments_minus_one, words.begin(), sizeof segments_minus_one);
+  if (segments_minus_one != 0) return Corrupt("a version 1.0 envelope has one segment");
+  if (words.size() * sizeof(capnp::word) != EncodedEnvelopeSize(payload_bytes)) {
+    return Corrupt("size does not match a version 1.0 envelope of its payload");
+  }
+  const V1Layout& layout = Layout();
+  const capnp::AnyStruct::Reader any = capnp::toAny(e);
+  const kj::ArrayPtr<const kj::byte> data = any.getDataSection();
+  if (data.size() != layout.data_mask.size() || any.getPointerSection().size() != layout.pointer_count) {
+    return Corrupt("struct sizes differ from version 1.0");
+  }
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] & ~layout.data_mask[i]) return Corrupt("unused header bits are set");
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const bool last = i + 1 == pieces.size();
+    if (pieces[i].size() == 0 || pieces[i].size() > kPayloadPieceBytes ||
+        (!last && pieces[i].size() != kPayloadPieceBytes)) {
+      return Corrupt("payload pieces are not cut as version 1.0 cuts them");
+    }
+    // The padding to the next word lies inside the blob's words, which the
+    // reader has bounds-checked.
+    const std::uint64_t padded = RoundUpToWord(pieces[i].size());
+    for (const kj::byte* p = pieces[i].end(); p < pieces[i].begin() + padded; ++p) {
+      if (*p != 0) return Corrupt("payload padding is not zero");
+    }
+  }
+  return Status::Ok();
+}
+
+// Reads the fields this reader knows. Refuses, before reading the rest, a
+// major version it cannot read or a checksum algorithm it does not know.
+Status ReadFields(ChunkEnvelope::Reader e, EnvelopeHeader* h, Pieces* pieces) {
+  h->version_major = e.getVersionMajor();
+  h->version_minor = e.getVersionMinor();
+  if (h->version_major == 0) return Corrupt("format version 0 (not an envelope)");
+  if (h->version_major > kEnvelopeVersionMajor) {
+    return Status::Unsupported("chunk envelope: format version " + std::to_string(h->version_major) + "." +
+                               std::to_string(h->version_minor) + " is newer than this kdn reads (" +
+                               std::to_string(kEnvelopeVersionMajor) + ".x); upgrade kdn to read it");
+  }
+  h->checksum_algorithm = static_cast<std::uint16_t>(e.getChecksumAlgorithm());
+  if (h->checksum_algorithm != static_cast<std::uint16_t>(ChecksumAlgorithm::kXxh3)) {
+    return Status::Unsupported("chunk envelope: unknown checksum algorithm " + std::to_string(h->checksum_algorithm));
+  }
+  if (!ReadDigest(e.getModel(), &h->meta.model) || !ReadDigest(e.getNamespaceHash(), &h->meta.ns_hash) ||
+      !ReadDigest(e.getKey(), &h->meta.key)) {
+    return Corrupt("model, namespace and key must be 32 bytes each");
+  }
+  h->codec = static_cast<std::uint16_t>(e.getCodec());
+  h->meta.dtype = static_cast<std::uint16_t>(e.getDtype());
+  h->meta.layers = e.getShape().getLayers();
+  h->meta.kv_heads = e.getShape().getKvHeads();
+  h->meta.head_dim = e.getShape().getHeadDim();
+  h->meta.tokens = e.getShape().getTokens();
+  h->meta.first_position = e.getFirstPosition();
+  h->meta.edited = e.getEdited();
+  h->checksum = e.getChecksum();
+  for (capnp::Data::Reader piece : e.getPayload()) {
+    pieces->push_back(piece);
+    h->payload_bytes += piece.size();  // cannot overflow: bounded by the buffer
+  }
+  return Status::Ok();
+}
+
+// The header's own checks, in an order that names the real problem: the
+// header checksum first (past it, an odd value is a real one from a newer
+// writer, not a flipped bit), then what this reader supports, then whether
+// the payload fits the shape and is the object asked for.
+Status CheckHeader(const EnvelopeHeader& h, std::uint64_t stored_header_checksum, const keys::Digest* expected_key) {
+  if (HeaderChecksum(h) != stored_header_checksum) return Corrupt("header checksum mismatch");
+  if (h.codec != static_cast<std::uint16_t>(Codec::kRaw)) {
+    return Status::Unsupported("chunk envelope: unknown codec " + std::to_string(h.codec));
+  }
+  if (!ElementBytes(h.meta.dtype)) {
+    return Status::Unsupported("chunk envelope: unknown dtype " + std::to_string(h.meta.dtype));
+  }
+  const std::optional<std::uint64_t> shape_bytes = ShapeBytes(h.meta);
+  if (!shape_bytes || *shape_bytes != h.payload_bytes) {
+    return Corrupt("payload of " + std::to_string(h.payload_bytes) + " bytes does not match its shape and dtype");
+  }
+  if (expected_key && h.meta.key != *expected_key) {
+    return Corrupt("holds key " + keys::ToHex(h.meta.key) + ", expected " + keys::ToHex(*expected_key));
+  }
+  return Status::Ok();
+}
+
+store::ChunkRef MakeChunk(const store::ChunkMeta& meta, const Pieces& pieces, std::uint64_t payload_bytes) {
+  auto chunk = std::make_shared<store::Chunk>();
+  chunk->meta = meta;
+  if (pieces.size() == 1) {
+    chunk->payload = store::Payload(pieces[0].begin(), pieces[0].size());
+  } else {
+    chunk->payload = store::Payload(payload_bytes);
+    std::uint8_t* out = chunk->payload.data();
+    for (const capnp::Data::Reader& p : pieces) out = std::copy(p.begin(), p.end(), out);
+  }
+  return chunk;
+}
+
+// DecodeEnvelope past the framing checks; may throw kj::Exception on a
+// malformed message (the caller turns it into kCorrupt).
+Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, const keys::Digest* expected_key) {
+  capnp::ReaderOptions options;
+  // Every word is read about once; twice bounds any amplification a
+  // malicious message could attempt, and lets a 1 GiB payload through.
+  options.traversalLimitInWords = 2 * words.size() + 1024;
+  options.nestingLimit = 8;
+  capnp::FlatArrayMessageReader reader(words, options);
+  if (reader.getEnd() != words.end()) return Corrupt("bytes after the message (or a truncated segment table)");
+  const ChunkEnvelope::Reader e = reader.getRoot<ChunkEnvelope>();
+  EnvelopeHeader h;
+  Pieces pieces;
+  KDN_RETURN_IF_ERROR(ReadFields(e, &h, &pieces));
+  KDN_RETURN_IF_ERROR(CheckHeader(h, e.getHeaderChecksum(), expected_key));
+  if (h.version_minor == kEnvelopeVersionMinor) KDN_RETURN_IF_ERROR(CheckExactV1(words, e, pieces, h.payload_bytes));
+  if (PiecesChecksum(pieces) != h.checksum) return Corrupt("payload checksum mismatch");
+  return MakeChunk(h.meta, pieces, h.payload_bytes);
+}
+
+void FillEnvelope(const store::Chunk& chunk, ChunkEnvelope::Builder e) {
+  const store::ChunkMeta& m = chunk.meta;
+  EnvelopeHeader h;
+  h.meta = m;
+  h.payload_bytes = chunk.payload.size();
+  h.checksum = PayloadChecksum(chunk.payload.data(), chunk.payload.size());
+  e.setVersionMajor(h.version_major);
+  e.setVersionMinor(h.version_minor);
+  e.setModel(capnp::Data::Reader(m.model.data(), m.model.size()));
+  e.setNamespaceHash(capnp::Data::Reader(m.ns_hash.data(), m.ns_hash.size()));
+  e.setKey(capnp::Data::Reader(m.key.data(), m.key.size()));
+  e.setCodec(schema::Codec::RAW);
+  e.setDtype(static_cast<schema::DType>(m.dtype));
+  e.getShape().setLayers(m.layers);
+  e.getShape().setKvHeads(m.kv_heads);
+  e.getShape().setHeadDim(m.head_dim);
+  e.getShape().setTokens(m.tokens);
+  e.setFirstPosition(m.first_position);
+  e.setEdited(m.edited);
+  const std::uint64_t n = chunk.payload.size();
+  capnp::List<capnp::Data>::Builder pieces = e.initPayload(static_cast<unsigned>(PieceCount(n)));
+  for (std::uint64_t i = 0, off = 0; off < n; ++i, off += kPayloadPieceBytes) {
+    const std::uint64_t len = std::min(kPayloadPieceBytes, n - off);
+    capnp::Data::Builder piece = pieces.init(static_cast<unsigned>(i), static_cast<unsigned>(len));
+    std::memcpy(piece.begin(), chunk.payload.data() + off, len);
+  }
+  e.setChecksum(h.checksum);
+  e.setChecksumAlgorithm(schema::ChecksumAlgorithm::XXH3);
+  e.setHeaderChecksum(HeaderChecksum(h));
+}
+
+}  // namespace
+
+std::uint64_t PayloadChecksum(const std::uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
+
+std::uint64_t HeaderChecksum(const EnvelopeHeader& h) {
+  CanonicalWriter w;
+  w.Int(h.version_major);
+  w.Int(h.version_minor);
+  w.Blob(h.meta.model);
+  w.Blob(h.meta.ns_hash);
+  w.Blob(h.meta.key);
+  w.Int(h.codec);
+  w.Int(static_cast<std::uint16_t>(h.meta.dtype));
+  w.Int(h.meta.layers);
+  w.Int(h.meta.kv_heads);
+  w.Int(h.meta.head_dim);
+  w.Int(h.meta.tokens);
+  w.Int(h.meta.first_position);
+  w.Int(static_cast<std::uint8_t>(h.meta.edited ? 1 : 0));
+  w.Int(h.payload_bytes);
+  w.Int(h.checksum);
+  w.Int(h.checksum_algorithm);
+  return w.Hash();
+}
+
+std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes) {
+  return Layout().empty_envelope_bytes + PieceCount(payload_bytes) * sizeof(capnp::word) +
+         RoundUpToWord(payload_bytes);
+}
+
+Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk) {
+  const std::optional<std::uint64_t> shape_bytes = ShapeBytes(chunk.meta);
+  if (!shape_bytes) return Status::InvalidArgument("chunk envelope: unknown dtype or a shape that overflows");
+  if (*shape_bytes != chunk.payload.size()) {
+    return Status::InvalidArgument("chunk envelope: payload of " + std::to_string(chunk.payload.size()) +
+                                   " bytes, the shape and dtype say " + std::to_string(*shape_bytes));
+  }
+  try {
+    const std::uint64_t total = EncodedEnvelopeSize(chunk.payload.size());
+    // Zero-filled, as a message builder requires; operator new aligns it for words.
+    store::Bytes out(total);
+    const std::uint64_t words = (total - kSegmentTableBytes) / sizeof(capnp::word);
+    if (words > UINT32_MAX) return Status::InvalidArgument("chunk envelope: payload too large");
+    // The message is built in place, right after its segment table: the size
+    // is known exactly, so one flat segment holds it and the payload is
+    // copied once. requireFilled() proves the size was right.
+    capnp::FlatMessageBuilder builder(
+        kj::arrayPtr(reinterpret_cast<capnp::word*>(out.data() + kSegmentTableBytes), words));
+    FillEnvelope(chunk, builder.initRoot<ChunkEnvelope>());
+    builder.requireFilled();
+    const std::uint32_t table[2] = {0, static_cast<std::uint32_t>(words)};
+    std::memcpy(out.data(), table, sizeof table);
+    return out;
+  } catch (const kj::Exception& e) {
+    return Status::Internal(std::string("chunk envelope: encoding failed: ") + e.getDescription().cStr());
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "chunk envelope: out of memory encoding " +
+                                       std::to_string(chunk.payload.size()) + " bytes");
+  }
+}
+
+Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, const keys::Digest* expected_key) {
+  if (data == nullptr && size != 0) return Status::InvalidArgument("chunk envelope: null buffer");
+  if (size < kSegmentTableBytes || size % sizeof(capnp::word) != 0) {
+    return Corrupt("truncated: " + std::to_string(size) + " bytes is not a whole number of words");
+  }
+  try {
+    kj::Array<capnp::word> aligned;  // only for a buffer Cap'n Proto cannot read in place
+    kj::ArrayPtr<const capnp::word> words;
+    if (reinterpret_cast<std::uintptr_t>(data) % alignof(capnp::word) == 0) {
+      words = kj::arrayPtr(reinterpret_cast<const capnp::word*>(data), size / sizeof(capnp::word));
+    } else {
+      aligned = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
+      std::memcpy(aligned.begin(), data, size);
+      words = kj::arrayPtr(static_cast<const capnp::word*>(aligned.begin()), aligned.size());
+    }
+    return DecodeMessage(words, expected_key);
+  } catch (const kj::Exception& e) {
+    return Corrupt(std::string("does not parse: ") + e.getDescription().cStr());
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "chunk envelope: out of memory decoding " + std::to_string(size) + " bytes");
+  }
+}
+
+}  // namespace kdn::wire

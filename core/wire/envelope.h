@@ -1,0 +1,65 @@
+// The chunk envelope (wire/chunk.capnp): how one chunk is stored as bytes,
+// on disk and on the network. Decoding checks everything a reader can check
+// (format version, both checksums, the payload size against the shape and
+// dtype, the key, the codec) and never throws: a malformed buffer is a
+// kCorrupt status, a newer format or an unknown codec kUnsupported.
+// Thread-safety: pure functions; no shared mutable state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "keys/hash.h"
+#include "store/tier.h"
+#include "util/status.h"
+
+namespace kdn::wire {
+
+// The format this code writes. It reads every 1.x (ignoring fields added by
+// newer minors) and refuses 2.0 and later.
+inline constexpr std::uint16_t kEnvelopeVersionMajor = 1;
+inline constexpr std::uint16_t kEnvelopeVersionMinor = 0;
+// Payloads are stored in pieces of this size (the last one shorter): a Cap'n
+// Proto Data holds less than 512 MiB.
+inline constexpr std::uint64_t kPayloadPieceBytes = std::uint64_t{1} << 28;
+
+enum class Codec : std::uint16_t { kRaw = 0 };
+enum class ChecksumAlgorithm : std::uint16_t { kXxh3 = 0 };
+
+// The bytes EncodeEnvelope produces for a payload of `payload_bytes`: a pure
+// function of the size (fixed header, piece pointers, payload rounded up to
+// whole words), so a tier can account for an object without encoding it.
+std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes);
+
+// Encodes a chunk with the raw codec. The payload is copied once, straight
+// into the output (the message is built in place in a buffer of the exact
+// size). kInvalidArgument when the payload does not match the meta's shape
+// and dtype, or the dtype is unknown.
+Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk);
+
+// Decodes and checks an envelope. `data` need not be aligned (an unaligned
+// buffer costs one copy). With `expected_key`, an envelope holding another
+// key is kCorrupt (a misplaced object). The payload is copied once into the
+// returned chunk.
+Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size,
+                                       const keys::Digest* expected_key);
+
+// The checked fields of an envelope besides the payload bytes, as stored.
+// Exposed so that tests and tools can build envelopes field by field
+// (e.g. a newer minor version) and still checksum them.
+struct EnvelopeHeader {
+  std::uint16_t version_major = kEnvelopeVersionMajor;
+  std::uint16_t version_minor = kEnvelopeVersionMinor;
+  std::uint16_t codec = 0;               // a Codec, possibly unknown to this reader
+  std::uint16_t checksum_algorithm = 0;  // a ChecksumAlgorithm
+  store::ChunkMeta meta;
+  std::uint64_t payload_bytes = 0;       // the payload's stored length
+  std::uint64_t checksum = 0;            // PayloadChecksum of the payload
+};
+
+// XXH3-64 (seed 0) of the payload bytes.
+std::uint64_t PayloadChecksum(const std::uint8_t* data, size_t size);
+// XXH3-64 (seed 0) of the canonical header encoding (documented in chunk.capnp).
+std::uint64_t HeaderChecksum(const EnvelopeHeader& header);
+
+}  // namespace kdn::wire

@@ -1,0 +1,81 @@
+/* The reference model's real KV for the C ABI test programs: stories260K
+ * (5 layers, 4 KV heads of 8 dims, float32), 48 positions: BOS and the first
+ * 47 greedily generated tokens, read from <models>/reference/kv260k.{k,v}.f32.
+ * Each program includes it once. */
+#ifndef KDN_TESTS_CAPI_REFERENCE_H
+#define KDN_TESTS_CAPI_REFERENCE_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef KDN_MODELS_DIR
+#define KDN_MODELS_DIR "../shared/models"
+#endif
+
+enum {
+  LAYERS = 5,
+  HEADS = 4,
+  HEAD_DIM = 8,
+  POSITIONS = 48,
+  TOKEN_ELEMS = HEADS * HEAD_DIM,                    /* one token of K (or V) in one layer: 32 */
+  ELEMS_PER_TOKEN = LAYERS * 2 * TOKEN_ELEMS,        /* 320 */
+  BYTES_PER_TOKEN = ELEMS_PER_TOKEN * 4,             /* 1,280 */
+  REF_FILE_ELEMS = LAYERS * POSITIONS * TOKEN_ELEMS  /* one of the .k/.v files */
+};
+#define KV_BYTES ((uint64_t)POSITIONS * BYTES_PER_TOKEN)    /* 61,440 */
+/* Memory tiers keep each chunk in a block of whole 4 KiB pages (below 64
+ * KiB), and account the block. */
+#define HELD(bytes) (((uint64_t)(bytes) + 4095u) / 4096u * 4096u)
+#define FINGERPRINT "stories260K"
+
+static const int32_t kTokens[] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
+                                  421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419,
+                                  292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358,
+                                  394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266};
+typedef char kTokens_holds_48_positions[sizeof kTokens / sizeof kTokens[0] == POSITIONS ? 1 : -1];
+
+/* The reference files back to back, K then V: [k|v][layer][pos][head][dim].
+ * This allocation is itself a strided buffer (the "file" layout). */
+static float *g_ref;
+
+static float ref_at(int layer, int kv, int token, int head, int dim) {
+  return g_ref[(size_t)kv * REF_FILE_ELEMS + ((size_t)layer * POSITIONS + token) * TOKEN_ELEMS + head * HEAD_DIM + dim];
+}
+
+static const char *models_dir(void) {
+  const char *env = getenv("KDN_MODELS");
+  return env != NULL && env[0] != '\0' ? env : KDN_MODELS_DIR;
+}
+
+/* Reads a whole file of exactly `bytes` bytes. 1: read; 0: missing; -1: wrong. */
+static int read_exact(const char *path, void *out, size_t bytes) {
+  FILE *f = fopen(path, "rb");
+  int result = 1;
+  char extra;
+  if (f == NULL) return 0;
+  if (fread(out, 1, bytes, f) != bytes || fread(&extra, 1, 1, f) != 0) result = -1;
+  fclose(f);
+  return result;
+}
+
+/* 1: loaded; 0: missing (and reported); -1: present but wrong (reported). */
+static int load_reference(void) {
+  const size_t file_bytes = (size_t)REF_FILE_ELEMS * sizeof(float);
+  static const char *const suffix[2] = {"k", "v"};
+  char path[4096];
+  int i;
+  g_ref = malloc(2 * file_bytes);
+  if (g_ref == NULL) return -1;
+  for (i = 0; i < 2; ++i) {
+    int r;
+    snprintf(path, sizeof path, "%s/reference/kv260k.%s.f32", models_dir(), suffix[i]);
+    r = read_exact(path, g_ref + (size_t)i * REF_FILE_ELEMS, file_bytes);
+    if (r == 0) printf("reference model missing: cannot open %s (set KDN_MODELS)\n", path);
+    if (r < 0) printf("%s is not %lu bytes of float32 KV\n", path, (unsigned long)file_bytes);
+    if (r != 1) return r;
+  }
+  return 1;
+}
+
+#endif /* KDN_TESTS_CAPI_REFERENCE_H */

@@ -1,0 +1,603 @@
+#include "store/disk_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wire/envelope.h"
+
+namespace kdn::store {
+namespace {
+
+namespace fs = std::filesystem;
+
+keys::Digest KeyOf(int i) {
+  keys::Hasher h;
+  h.Str("disk-tier-test").U64(static_cast<std::uint64_t>(i));
+  return h.Finish();
+}
+
+// Chunk i: f32, `head_dim` wide (payload = 8 x head_dim bytes), bytes
+// derived from i so that a mix-up shows.
+ChunkRef MakeChunk(int i, std::uint32_t head_dim = 100) {
+  auto c = std::make_shared<Chunk>();
+  c->meta.key = KeyOf(i);
+  c->meta.model[0] = 0x4D;
+  c->meta.ns_hash[0] = 0x4E;
+  c->meta.dtype = 0;
+  c->meta.layers = 1;
+  c->meta.kv_heads = 1;
+  c->meta.head_dim = head_dim;
+  c->meta.tokens = 1;
+  c->meta.first_position = i;
+  c->payload = Payload(c->meta.payload_bytes());
+  std::mt19937 rng(static_cast<std::uint32_t>(i) * 2654435761u);
+  for (auto& b : c->payload) b = static_cast<std::uint8_t>(rng());
+  return c;
+}
+
+bool SameChunk(const Chunk& a, const Chunk& b) {
+  return a.meta == b.meta && a.payload.size() == b.payload.size() &&
+         std::equal(a.payload.begin(), a.payload.end(), b.payload.begin());
+}
+
+size_t FilesIn(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.is_regular_file() ? 1 : 0;
+  return n;
+}
+
+std::uint64_t BytesIn(const fs::path& dir) {
+  std::uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.is_regular_file() ? e.file_size() : 0;
+  return n;
+}
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kdn-disk-tier-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  DiskTierOptions Options(std::uint64_t capacity = 1 << 30) const {
+    DiskTierOptions o;
+    o.directory = dir_;
+    o.capacity_bytes = capacity;
+    return o;
+  }
+  std::unique_ptr<DiskTier> Open(const DiskTierOptions& o) {
+    Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  std::unique_ptr<DiskTier> Open(std::uint64_t capacity = 1 << 30) { return Open(Options(capacity)); }
+  fs::path ObjectFile(int i) const {
+    const std::string hex = keys::ToHex(KeyOf(i));
+    return fs::path(dir_) / "objects" / hex.substr(0, 2) / (hex + ".kdn");
+  }
+  fs::path Objects() const { return fs::path(dir_) / "objects"; }
+  fs::path Tmp() const { return fs::path(dir_) / "tmp"; }
+
+  // Reads object i back, expecting exactly the chunk that was put.
+  void ExpectIntact(DiskTier& t, int i, std::uint32_t head_dim = 100) {
+    Result<ChunkRef> got = t.Get(KeyOf(i));
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+    EXPECT_TRUE(SameChunk(**got, *MakeChunk(i, head_dim))) << i;
+  }
+
+  // A read of object i is a miss that removes it, counted as corrupt.
+  void ExpectCorruptMiss(DiskTier& t, int i, const std::string& what) {
+    const std::uint64_t before = t.counters().corrupt_detected;
+    Result<ChunkRef> got = t.Get(KeyOf(i));
+    ASSERT_FALSE(got.ok()) << what << ": the tier returned an object";
+    EXPECT_EQ(got.status().code(), Code::kNotFound) << what;
+    EXPECT_EQ(t.counters().corrupt_detected, before + 1) << what;
+    EXPECT_FALSE(t.Contains(KeyOf(i))) << what;
+    EXPECT_FALSE(fs::exists(ObjectFile(i))) << what;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(DiskTierTest, PutGetRoundTripsAndAccountsTheFileSize) {
+  auto t = Open();
+  std::uint64_t cost = 0;
+  for (int i = 0; i < 6; ++i) {
+    const ChunkRef c = MakeChunk(i, 1 + 997 * static_cast<std::uint32_t>(i));  // sizes off any block size
+    ASSERT_TRUE(t->Put(c).ok());
+    EXPECT_EQ(fs::file_size(ObjectFile(i)), t->Cost(*c));
+    cost += t->Cost(*c);
+  }
+  for (int i = 0; i < 6; ++i) ExpectIntact(*t, i, 1 + 997 * static_cast<std::uint32_t>(i));
+  EXPECT_TRUE(t->Contains(KeyOf(3)));
+  EXPECT_FALSE(t->Contains(KeyOf(99)));
+  EXPECT_EQ(t->Get(KeyOf(99)).status().code(), Code::kNotFound);
+  EXPECT_EQ(t->objects(), 6u);
+  EXPECT_EQ(t->used_bytes(), cost);
+  EXPECT_EQ(BytesIn(Objects()), cost);
+  EXPECT_EQ(t->List().size(), 6u);
+  EXPECT_EQ(t->counters().corrupt_detected, 0u);
+  EXPECT_EQ(FilesIn(Tmp()), 0u);
+}
+
+TEST_F(DiskTierTest, CostIsTheEnvelopeSize) {
+  auto t = Open();
+  for (std::uint32_t hd : {1u, 7u, 512u, 8191u}) {
+    const ChunkRef c = MakeChunk(1, hd);
+    Result<Bytes> encoded = wire::EncodeEnvelope(*c);
+    ASSERT_TRUE(encoded.ok());
+    EXPECT_EQ(t->Cost(*c), encoded->size());
+  }
+}
+
+TEST_F(DiskTierTest, PuttingAPresentKeyIsANoOp) {
+  auto t = Open();
+  ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  const std::uint64_t used = t->used_bytes();
+  ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  EXPECT_EQ(t->used_bytes(), used);
+  EXPECT_EQ(t->objects(), 1u);
+}
+
+TEST_F(DiskTierTest, EraseRemovesTheFileAndItsBytes) {
+  auto t = Open();
+  ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  ASSERT_TRUE(t->Put(MakeChunk(2)).ok());
+  EXPECT_TRUE(t->Erase(KeyOf(1)));
+  EXPECT_FALSE(t->Erase(KeyOf(1)));
+  EXPECT_FALSE(fs::exists(ObjectFile(1)));
+  EXPECT_EQ(t->Get(KeyOf(1)).status().code(), Code::kNotFound);
+  EXPECT_EQ(t->used_bytes(), t->Cost(*MakeChunk(2)));
+  EXPECT_EQ(t->counters().corrupt_detected, 0u);  // a plain miss
+  ExpectIntact(*t, 2);
+}
+
+TEST_F(DiskTierTest, RejectsBadOptionsAndBadChunks) {
+  DiskTierOptions o = Options();
+  o.capacity_bytes = 0;
+  EXPECT_EQ(DiskTier::Open(o).status().code(), Code::kInvalidArgument);
+  o = Options();
+  o.directory.clear();
+  EXPECT_EQ(DiskTier::Open(o).status().code(), Code::kInvalidArgument);
+  auto t = Open();
+  auto bad = std::make_shared<Chunk>();
+  bad->meta = MakeChunk(1)->meta;
+  bad->payload = Payload(3);  // not what the shape says
+  EXPECT_EQ(t->Put(bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(t->used_bytes(), 0u);
+  EXPECT_EQ(t->Put(nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(FilesIn(Tmp()), 0u);
+}
+
+TEST_F(DiskTierTest, ASecondOpenOfTheSameDirectoryIsRefused) {
+  auto t = Open();
+  Result<std::unique_ptr<DiskTier>> second = DiskTier::Open(Options());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kUnavailable);
+  t.reset();
+  EXPECT_TRUE(DiskTier::Open(Options()).ok());
+}
+
+TEST_F(DiskTierTest, RestartKeepsEveryObject) {
+  std::map<keys::Digest, std::uint64_t> sizes;
+  {
+    auto t = Open();
+    for (int i = 0; i < 40; ++i) ASSERT_TRUE(t->Put(MakeChunk(i, 50 + static_cast<std::uint32_t>(i))).ok());
+    for (const ObjectInfo& o : t->List()) sizes[o.key] = o.bytes;
+  }
+  auto t = Open();
+  EXPECT_EQ(t->objects(), 40u);
+  std::uint64_t total = 0;
+  for (const ObjectInfo& o : t->List()) {
+    EXPECT_EQ(sizes.at(o.key), o.bytes);
+    EXPECT_GT(o.last_use_ns, 0);  // the file's mtime
+    total += o.bytes;
+  }
+  EXPECT_EQ(t->used_bytes(), total);
+  for (int i = 0; i < 40; ++i) ExpectIntact(*t, i, 50 + static_cast<std::uint32_t>(i));
+  EXPECT_EQ(t->stale_temp_files_removed(), 0u);
+  EXPECT_EQ(t->objects_trimmed_at_open(), 0u);
+}
+
+TEST_F(DiskTierTest, LeftoverTempFilesAreRemovedAtOpen) {
+  {
+    auto t = Open();
+    ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  }
+  // What a crash mid-write leaves: a partial envelope, an empty file, a whole one never renamed.
+  Result<Bytes> whole = wire::EncodeEnvelope(*MakeChunk(2));
+  ASSERT_TRUE(whole.ok());
+  std::ofstream(Tmp() / "123-0.tmp", std::ios::binary).write(reinterpret_cast<const char*>(whole->data()), 100);
+  std::ofstream(Tmp() / "123-1.tmp", std::ios::binary);
+  std::ofstream(Tmp() / "123-2.tmp", std::ios::binary)
+      .write(reinterpret_cast<const char*>(whole->data()), static_cast<std::streamsize>(whole->size()));
+  auto t = Open();
+  EXPECT_EQ(t->stale_temp_files_removed(), 3u);
+  EXPECT_EQ(FilesIn(Tmp()), 0u);
+  EXPECT_EQ(t->objects(), 1u);
+  EXPECT_FALSE(t->Contains(KeyOf(2)));
+  ExpectIntact(*t, 1);
+}
+
+TEST_F(DiskTierTest, CapacityIsHonouredAtOpenByRemovingTheOldest) {
+  std::uint64_t cost = 0;
+  {
+    auto t = Open();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
+    cost = t->Cost(*MakeChunk(0));
+  }
+  // Object i was last used at t0 + i seconds (mtimes are what a restart sees).
+  for (int i = 0; i < 10; ++i) {
+    const timespec ts[2] = {{1'700'000'000 + i, 0}, {1'700'000'000 + i, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, ObjectFile(i).c_str(), ts, 0), 0);
+  }
+  auto t = Open(4 * cost + cost / 2);  // room for 4
+  EXPECT_EQ(t->objects(), 4u);
+  EXPECT_LE(t->used_bytes(), t->capacity_bytes());
+  EXPECT_EQ(t->objects_trimmed_at_open(), 6u);
+  EXPECT_EQ(FilesIn(Objects()), 4u);
+  for (int i = 0; i < 6; ++i) EXPECT_FALSE(fs::exists(ObjectFile(i))) << i;
+  for (int i = 6; i < 10; ++i) ExpectIntact(*t, i);
+}
+
+TEST_F(DiskTierTest, PutRefusesWhatDoesNotFitAndTheCallerEvicts) {
+  const std::uint64_t cost = DiskTier::Open(Options()).value()->Cost(*MakeChunk(0));
+  auto t = Open(3 * cost);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
+  const Status full = t->Put(MakeChunk(3));
+  EXPECT_EQ(full.code(), Code::kRetryLater);
+  EXPECT_EQ(full.message(), "full");
+  EXPECT_FALSE(fs::exists(ObjectFile(3)));
+  EXPECT_EQ(FilesIn(Tmp()), 0u);
+  EXPECT_EQ(t->used_bytes(), 3 * cost);
+  ASSERT_TRUE(t->Erase(KeyOf(0)));
+  ASSERT_TRUE(t->Put(MakeChunk(3)).ok());
+  EXPECT_EQ(t->used_bytes(), 3 * cost);
+  // An object bigger than the whole tier never fits.
+  EXPECT_EQ(t->Put(MakeChunk(9, 1000)).code(), Code::kRetryLater);
+}
+
+TEST_F(DiskTierTest, EveryFsyncPolicyStoresAndRestarts) {
+  for (FsyncPolicy p : {FsyncPolicy::kNone, FsyncPolicy::kData, FsyncPolicy::kFull}) {
+    DiskTierOptions o = Options();
+    o.fsync = p;
+    {
+      auto t = Open(o);
+      ASSERT_TRUE(t->Put(MakeChunk(static_cast<int>(p))).ok());
+      ASSERT_TRUE(t->Put(MakeChunk(10)).ok());
+      ASSERT_TRUE(t->Erase(KeyOf(10)));
+    }
+    auto t = Open(o);
+    ExpectIntact(*t, static_cast<int>(p));
+    EXPECT_FALSE(t->Contains(KeyOf(10)));
+  }
+}
+
+TEST_F(DiskTierTest, ReadsUseODirectWhereTheFilesystemAllowsIt) {
+  auto t = Open();
+  if (!t->odirect_active()) GTEST_SKIP() << dir_ << " is on a filesystem without O_DIRECT";
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t->Put(MakeChunk(i, 1 + 1500 * static_cast<std::uint32_t>(i))).ok());
+  for (int i = 0; i < 4; ++i) ExpectIntact(*t, i, 1 + 1500 * static_cast<std::uint32_t>(i));
+  EXPECT_TRUE(t->odirect_active());  // no read fell back
+}
+
+TEST_F(DiskTierTest, ReadsAreBufferedWhenODirectIsDisabled) {
+  DiskTierOptions o = Options();
+  o.use_odirect = false;
+  std::atomic<int> direct_opens{0};
+  o.open_file = [&](const std::string& path, int flags) {
+    if (flags & O_DIRECT) ++direct_opens;
+    return ::open(path.c_str(), flags);
+  };
+  auto t = Open(o);
+  EXPECT_FALSE(t->odirect_active());
+  ASSERT_TRUE(t->Put(MakeChunk(1, 3000)).ok());
+  ExpectIntact(*t, 1, 3000);
+  EXPECT_EQ(direct_opens.load(), 0);
+}
+
+// A filesystem that refuses O_DIRECT (EINVAL at open), from the start: Open
+// detects it and every read is buffered.
+TEST_F(DiskTierTest, FallsBackToBufferedReadsWhenOpenRefusesODirect) {
+  DiskTierOptions o = Options();
+  std::atomic<int> direct_opens{0}, buffered_opens{0};
+  o.open_file = [&](const std::string& path, int flags) {
+    if (flags & O_DIRECT) {
+      ++direct_opens;
+      errno = EINVAL;
+      return -1;
+    }
+    ++buffered_opens;
+    return ::open(path.c_str(), flags);
+  };
+  auto t = Open(o);
+  EXPECT_FALSE(t->odirect_active());
+  EXPECT_EQ(direct_opens.load(), 1);  // the probe at Open
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(MakeChunk(i, 777)).ok());
+  for (int i = 0; i < 3; ++i) ExpectIntact(*t, i, 777);
+  EXPECT_EQ(direct_opens.load(), 1);
+  EXPECT_EQ(buffered_opens.load(), 3);
+  EXPECT_EQ(t->counters().corrupt_detected, 0u);
+}
+
+// The probe passed, then a read is refused (a file on another filesystem,
+// or one that fails at the first read): that read and the next ones are buffered.
+TEST_F(DiskTierTest, FallsBackToBufferedReadsWhenAReadRefusesODirect) {
+  DiskTierOptions o = Options();
+  std::atomic<bool> refuse{false};
+  std::atomic<int> direct_opens{0};
+  o.open_file = [&](const std::string& path, int flags) {
+    if ((flags & O_DIRECT) && refuse) {
+      ++direct_opens;
+      errno = EINVAL;
+      return -1;
+    }
+    return ::open(path.c_str(), flags);
+  };
+  auto t = Open(o);
+  ASSERT_TRUE(t->odirect_active());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
+  ExpectIntact(*t, 0);
+  refuse = true;
+  ExpectIntact(*t, 1);
+  EXPECT_FALSE(t->odirect_active());
+  ExpectIntact(*t, 2);
+  EXPECT_EQ(direct_opens.load(), 1);
+  EXPECT_EQ(t->counters().corrupt_detected, 0u);
+}
+
+// Running out of file descriptors says nothing about the object: it stays.
+// Unreadable media (EIO) does: the object goes, as an I/O error.
+TEST_F(DiskTierTest, TransientReadErrorsKeepTheObjectMediaErrorsDropIt) {
+  DiskTierOptions o = Options();
+  std::atomic<int> fail_with{0};
+  o.open_file = [&](const std::string& path, int flags) {
+    if (const int err = fail_with.load(); err != 0) {
+      errno = err;
+      return -1;
+    }
+    return ::open(path.c_str(), flags);
+  };
+  auto t = Open(o);
+  ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  fail_with = EMFILE;
+  Result<ChunkRef> got = t->Get(KeyOf(1));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kUnavailable);
+  EXPECT_TRUE(t->Contains(KeyOf(1)));
+  EXPECT_EQ(t->counters().io_errors, 1u);
+  fail_with = 0;
+  ExpectIntact(*t, 1);
+  fail_with = EIO;
+  got = t->Get(KeyOf(1));
+  EXPECT_EQ(got.status().code(), Code::kNotFound);
+  EXPECT_FALSE(t->Contains(KeyOf(1)));
+  EXPECT_FALSE(fs::exists(ObjectFile(1)));
+  EXPECT_EQ(t->counters().io_errors, 2u);
+  EXPECT_EQ(t->counters().corrupt_detected, 0u);
+  EXPECT_EQ(t->used_bytes(), 0u);
+}
+
+TEST_F(DiskTierTest, ConcurrentPutsGetsErasesAndListsStayConsistent) {
+  const std::uint64_t cost = DiskTier::Open(Options()).value()->Cost(*MakeChunk(0));
+  auto t = Open(40 * cost);  // 64 keys compete for 40 places: some Puts are refused
+  constexpr int kThreads = 6, kOps = 400, kKeys = 64;
+  std::vector<ChunkRef> chunks;
+  for (int i = 0; i < kKeys; ++i) chunks.push_back(MakeChunk(i));
+  std::atomic<int> wrong{0}, hits{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      std::mt19937 rng(static_cast<std::uint32_t>(th));
+      for (int op = 0; op < kOps; ++op) {
+        const int k = static_cast<int>(rng() % kKeys);
+        switch (rng() % 5) {
+          case 0:
+          case 1: {
+            const Status s = t->Put(chunks[static_cast<size_t>(k)]);
+            if (s.code() == Code::kRetryLater) ++refused;
+            else if (!s.ok()) ++wrong;
+            break;
+          }
+          case 2:
+          case 3: {
+            Result<ChunkRef> g = t->Get(KeyOf(k));
+            if (g.ok()) {
+              ++hits;
+              if (!SameChunk(**g, *chunks[static_cast<size_t>(k)])) ++wrong;
+            } else if (g.status().code() != Code::kNotFound) {
+              ++wrong;
+            }
+            break;
+          }
+          case 4:
+            if (rng() % 4 == 0) {
+              (void)t->List();
+            } else {
+              t->Erase(KeyOf(k));
+            }
+            break;
+        }
+        if (t->used_bytes() > t->capacity_bytes()) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  EXPECT_GT(refused.load(), 0);
+  EXPECT_EQ(t->counters().corrupt_detected, 0u);
+  EXPECT_EQ(t->counters().io_errors, 0u);
+  // The index, the accounting and the files agree.
+  std::uint64_t listed = 0;
+  for (const ObjectInfo& o : t->List()) listed += o.bytes;
+  EXPECT_EQ(t->used_bytes(), listed);
+  EXPECT_EQ(BytesIn(Objects()), listed);
+  EXPECT_EQ(FilesIn(Objects()), t->objects());
+  EXPECT_EQ(FilesIn(Tmp()), 0u);
+  const std::uint64_t objects = t->objects();
+  t.reset();
+  t = Open(40 * cost);
+  EXPECT_EQ(t->objects(), objects);
+  EXPECT_EQ(t->used_bytes(), listed);
+}
+
+TEST_F(DiskTierTest, ConcurrentPutsOfTheSameKeyStoreOneWholeObject) {
+  auto t = Open();
+  constexpr int kThreads = 8;
+  for (int round = 0; round < 10; ++round) {
+    const ChunkRef c = MakeChunk(round, 20000);
+    std::barrier start(kThreads);
+    std::atomic<int> failed{0};
+    std::vector<std::thread> threads;
+    for (int th = 0; th < kThreads; ++th) {
+      threads.emplace_back([&] {
+        start.arrive_and_wait();
+        if (!t->Put(c).ok()) ++failed;
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(failed.load(), 0);
+    ExpectIntact(*t, round, 20000);
+  }
+  EXPECT_EQ(t->objects(), 10u);
+  EXPECT_EQ(t->used_bytes(), 10 * t->Cost(*MakeChunk(0, 20000)));
+  EXPECT_EQ(FilesIn(Objects()), 10u);
+  EXPECT_EQ(FilesIn(Tmp()), 0u);
+}
+
+// Flips one byte of a stored file at every offset of the header, at many
+// of the payload, and at the end: every read is a miss, counted, and the
+// object is gone. (Syncs off: this test writes hundreds of objects.)
+TEST_F(DiskTierTest, AFlippedByteAnywhereIsAMissNeverWrongBytes) {
+  DiskTierOptions o = Options();
+  o.fsync = FsyncPolicy::kNone;
+  auto t = Open(o);
+  const ChunkRef c = MakeChunk(5, 250);  // 2000 bytes of payload
+  const std::uint64_t size = t->Cost(*c);
+  std::vector<std::uint64_t> offsets;
+  for (std::uint64_t off = 0; off < size - c->payload.size(); ++off) offsets.push_back(off);  // header
+  for (std::uint64_t off = size - c->payload.size(); off < size; off += 37) offsets.push_back(off);  // payload
+  for (std::uint64_t off = size - 8; off < size; ++off) offsets.push_back(off);  // end
+  int misses = 0;
+  for (std::uint64_t off : offsets) {
+    ASSERT_TRUE(t->Put(c).ok());
+    const int fd = ::open(ObjectFile(5).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    std::uint8_t b;
+    ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(off)), 1);
+    b ^= static_cast<std::uint8_t>(1u << (off % 8));
+    ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(off)), 1);
+    ::close(fd);
+    ExpectCorruptMiss(*t, 5, "flip at " + std::to_string(off));
+    misses += t->Contains(KeyOf(5)) ? 0 : 1;
+  }
+  EXPECT_EQ(misses, static_cast<int>(offsets.size()));
+  EXPECT_EQ(t->counters().corrupt_detected, offsets.size());
+  EXPECT_EQ(t->used_bytes(), 0u);
+  EXPECT_EQ(FilesIn(Objects()), 0u);
+}
+
+TEST_F(DiskTierTest, TruncatedAndExtendedFilesAreMisses) {
+  auto t = Open();
+  const ChunkRef c = MakeChunk(7, 600);
+  const std::uint64_t size = t->Cost(*c);
+  const std::vector<std::uint64_t> lengths = {0, 1, 7, 8, 16, 100, size / 2, size - 8, size - 1};
+  for (std::uint64_t len : lengths) {
+    ASSERT_TRUE(t->Put(c).ok());
+    fs::resize_file(ObjectFile(7), len);
+    ExpectCorruptMiss(*t, 7, "truncated to " + std::to_string(len));
+  }
+  for (std::uint64_t extra : {1u, 8u, 4096u}) {
+    ASSERT_TRUE(t->Put(c).ok());
+    fs::resize_file(ObjectFile(7), size + extra);
+    ExpectCorruptMiss(*t, 7, "extended by " + std::to_string(extra));
+  }
+  EXPECT_EQ(t->counters().corrupt_detected, lengths.size() + 3);
+  EXPECT_EQ(t->used_bytes(), 0u);
+}
+
+TEST_F(DiskTierTest, SwappedFilesAreMisses) {
+  auto t = Open();
+  ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  ASSERT_TRUE(t->Put(MakeChunk(2)).ok());
+  ASSERT_TRUE(t->Put(MakeChunk(3)).ok());
+  const fs::path aside = fs::path(dir_) / "aside";
+  fs::rename(ObjectFile(1), aside);
+  fs::rename(ObjectFile(2), ObjectFile(1));
+  fs::rename(aside, ObjectFile(2));
+  ExpectCorruptMiss(*t, 1, "1 holds 2");
+  ExpectCorruptMiss(*t, 2, "2 holds 1");
+  ExpectIntact(*t, 3);
+  EXPECT_EQ(t->counters().corrupt_detected, 2u);
+  EXPECT_EQ(t->used_bytes(), t->Cost(*MakeChunk(3)));
+}
+
+TEST_F(DiskTierTest, AFileDeletedBehindTheTiersBackIsAMiss) {
+  auto t = Open();
+  ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  fs::remove(ObjectFile(1));
+  ExpectCorruptMiss(*t, 1, "deleted");
+  EXPECT_EQ(t->used_bytes(), 0u);
+}
+
+TEST_F(DiskTierTest, CorruptionFoundAfterARestartIsAMiss) {
+  {
+    auto t = Open();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
+  }
+  fs::resize_file(ObjectFile(0), 40);
+  {
+    std::fstream f(ObjectFile(1), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(300);
+    f.put('\x55');
+  }
+  auto t = Open();
+  EXPECT_EQ(t->objects(), 3u);  // Open reads no object: found at first read
+  ExpectCorruptMiss(*t, 0, "truncated while closed");
+  ExpectCorruptMiss(*t, 1, "flipped while closed");
+  ExpectIntact(*t, 2);
+  EXPECT_EQ(t->used_bytes(), t->Cost(*MakeChunk(2)));
+}
+
+TEST_F(DiskTierTest, FilesThatAreNotObjectsAreLeftAlone) {
+  {
+    auto t = Open();
+    ASSERT_TRUE(t->Put(MakeChunk(1)).ok());
+  }
+  const std::string hex = keys::ToHex(KeyOf(1));
+  fs::create_directories(Objects() / "ab");
+  std::ofstream(Objects() / "ab" / "notes.txt") << "not an object";
+  std::ofstream(Objects() / "zz") << "not a shard";
+  // A valid name in the wrong shard.
+  const fs::path wrong_shard = Objects() / (hex.substr(0, 2) == "00" ? "01" : "00");
+  fs::create_directories(wrong_shard);
+  fs::copy_file(ObjectFile(1), wrong_shard / (hex + ".kdn"));
+  std::ofstream(Objects() / "0f") << "a file where a shard would be";
+  auto t = Open();
+  EXPECT_EQ(t->objects(), 1u);
+  EXPECT_EQ(t->used_bytes(), t->Cost(*MakeChunk(1)));
+  EXPECT_TRUE(fs::exists(Objects() / "ab" / "notes.txt"));
+  ExpectIntact(*t, 1);
+}
+
+}  // namespace
+}  // namespace kdn::store

@@ -1,0 +1,154 @@
+#include "store/memory_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+namespace kdn::store {
+namespace {
+
+keys::Digest Key(int i) {
+  keys::Digest d{};
+  d[0] = static_cast<std::uint8_t>(i);
+  d[1] = static_cast<std::uint8_t>(i >> 8);
+  d[31] = 0xAB;
+  return d;
+}
+
+ChunkRef Obj(int key, size_t n, std::uint8_t fill) {
+  auto c = std::make_shared<Chunk>();
+  c->meta.key = Key(key);
+  c->payload = Payload(n);
+  std::memset(c->payload.data(), fill, n);
+  return c;
+}
+
+std::unique_ptr<MemoryTier> Tier(std::uint64_t capacity, MemoryKind kind = MemoryKind::kHost) {
+  auto t = MemoryTier::Create("host", capacity, kind);
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return std::move(t).value();
+}
+
+TEST(HostPool, ClassSizesArePagesThenEighthSteps) {
+  EXPECT_EQ(HostPool::ClassSize(1), 4096u);
+  EXPECT_EQ(HostPool::ClassSize(4096), 4096u);
+  EXPECT_EQ(HostPool::ClassSize(4097), 8192u);
+  EXPECT_EQ(HostPool::ClassSize(65536), 65536u);
+  // Uniform chunks of common sizes take exactly their size.
+  EXPECT_EQ(HostPool::ClassSize(std::uint64_t{32} << 20), std::uint64_t{32} << 20);
+  EXPECT_EQ(HostPool::ClassSize(327680), 327680u);  // the reference model's 256-token chunk
+  for (std::uint64_t n : {70000ull, 1000000ull, 33554433ull}) {
+    EXPECT_GE(HostPool::ClassSize(n), n);
+    EXPECT_LE(HostPool::ClassSize(n), n + n / 8 + 4096);
+  }
+}
+
+TEST(HostPool, HonoursCapacityAndReusesBlocksWithoutLeaking) {
+  auto pool = HostPool::Create(std::uint64_t{1} << 20, MemoryKind::kHost);
+  ASSERT_TRUE(pool.ok());
+  std::vector<Payload> held;
+  for (;;) {
+    Payload p = (*pool)->Allocate(65536);
+    if (p.empty()) break;
+    held.push_back(std::move(p));
+  }
+  EXPECT_EQ(held.size(), 16u);  // 1 MiB / 64 KiB: the whole capacity, nothing more
+  EXPECT_LE((*pool)->Usage().reserved, std::uint64_t{1} << 20);
+  held.clear();
+  EXPECT_EQ((*pool)->Usage().in_use, 0u);
+  // Churn: blocks come back and are reused; reserved memory does not grow.
+  const std::uint64_t reserved = (*pool)->Usage().reserved;
+  for (int i = 0; i < 1000; ++i) {
+    Payload p = (*pool)->Allocate(65536);
+    ASSERT_FALSE(p.empty());
+  }
+  EXPECT_EQ((*pool)->Usage().reserved, reserved);
+  // Another size class gets room by releasing empty slabs.
+  Payload big = (*pool)->Allocate(900000);
+  EXPECT_FALSE(big.empty());
+}
+
+TEST(HostPool, PayloadsOutliveTheirTier) {
+  ChunkRef kept;
+  {
+    auto t = Tier(1 << 20);
+    ASSERT_TRUE(t->Put(Obj(1, 5000, 7)).ok());
+    kept = t->Get(Key(1)).value();
+  }
+  EXPECT_EQ(kept->payload.size(), 5000u);
+  EXPECT_EQ(kept->payload[4999], 7);
+}
+
+TEST(MemoryTier, PutGetContainsEraseUsage) {
+  auto t = Tier(1 << 20);
+  ASSERT_TRUE(t->Put(Obj(1, 100, 1)).ok());
+  EXPECT_TRUE(t->Contains(Key(1)));
+  EXPECT_FALSE(t->Contains(Key(2)));
+  auto o = t->Get(Key(1));
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ((*o)->payload.size(), 100u);
+  EXPECT_EQ((*o)->payload[99], 1);
+  EXPECT_EQ(t->Get(Key(2)).status().code(), Code::kNotFound);
+  EXPECT_EQ(t->used_bytes(), 4096u);  // one page: the block's class
+  EXPECT_EQ(t->objects(), 1u);
+  EXPECT_EQ(t->List().size(), 1u);
+  EXPECT_TRUE(t->Put(Obj(1, 100, 9)).ok());  // present: a no-op
+  EXPECT_EQ((*t->Get(Key(1)))->payload[0], 1);
+  EXPECT_TRUE(t->Erase(Key(1)));
+  EXPECT_FALSE(t->Erase(Key(1)));
+  EXPECT_EQ(t->used_bytes(), 0u);
+}
+
+TEST(MemoryTier, RefusesWhatDoesNotFitWithoutEvicting) {
+  auto t = Tier(3 * 4096);
+  ASSERT_TRUE(t->Put(Obj(1, 4096, 1)).ok());
+  ASSERT_TRUE(t->Put(Obj(2, 4096, 2)).ok());
+  ASSERT_TRUE(t->Put(Obj(3, 4096, 3)).ok());
+  const Status s = t->Put(Obj(4, 4096, 4));
+  EXPECT_EQ(s.code(), Code::kRetryLater);
+  EXPECT_TRUE(t->Contains(Key(1)));
+  EXPECT_EQ(t->objects(), 3u);
+}
+
+TEST(MemoryTier, AReaderKeepsItsBytesWhenTheObjectIsErased) {
+  auto t = Tier(4096);
+  ASSERT_TRUE(t->Put(Obj(1, 4096, 7)).ok());
+  ChunkRef held = t->Get(Key(1)).value();
+  ASSERT_TRUE(t->Erase(Key(1)));
+  ASSERT_TRUE(t->Put(Obj(2, 4096, 8)).ok());  // the tier's capacity is free again...
+  EXPECT_EQ(held->payload[100], 7);           // ...but the reader's block is not reused
+}
+
+TEST(MemoryTier, DeviceEmulationBehavesLikeTheHostTier) {
+  auto t = Tier(1 << 20, MemoryKind::kDeviceEmulated);
+  EXPECT_EQ(t->kind(), MemoryKind::kDeviceEmulated);
+  ASSERT_TRUE(t->Put(Obj(1, 1000, 3)).ok());
+  EXPECT_EQ((*t->Get(Key(1)))->payload[999], 3);
+  if (!GpuPresent()) {
+    EXPECT_EQ(MemoryTier::Create("device", 1 << 20, MemoryKind::kDevice).status().code(), Code::kUnsupported);
+  }
+}
+
+TEST(MemoryTier, ConcurrentPutsAndGets) {
+  auto t = Tier(64 * 4096);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < 500; ++i) {
+        const int k = (i * 7 + w) % 100;
+        (void)t->Put(Obj(k, 4000, static_cast<std::uint8_t>(k)));
+        auto g = t->Get(Key(k));
+        if (g.ok() && (*g)->payload[3999] != static_cast<std::uint8_t>(k)) ++bad;
+        if (i % 3 == 0) t->Erase(Key(k));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_LE(t->used_bytes(), t->capacity_bytes());
+}
+
+}  // namespace
+}  // namespace kdn::store

@@ -1,0 +1,248 @@
+// The chain of tiers: placement, watermark eviction, asynchronous demotion,
+// promotion on hit, leases, pins with TTLs, erase everywhere, the editor.
+#include "store/tiered_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "store/memory_tier.h"
+
+namespace kdn::store {
+namespace {
+
+constexpr std::uint64_t kObj = 4096;  // one page: the memory tiers' smallest block
+
+keys::Digest Key(int i) {
+  keys::Digest d{};
+  std::memcpy(d.data(), &i, sizeof i);
+  d[31] = 0x5A;
+  return d;
+}
+
+ChunkRef Obj(int key, std::uint8_t fill = 0) {
+  auto c = std::make_shared<Chunk>();
+  c->meta.key = Key(key);
+  c->meta.tokens = 1;
+  c->payload = Payload(kObj);
+  std::memset(c->payload.data(), fill ? fill : key & 0xFF, kObj);
+  return c;
+}
+
+std::unique_ptr<Tier> Mem(const char* name, int objects) {
+  return MemoryTier::Create(name, objects * kObj, MemoryKind::kHost).value();
+}
+
+// Two tiers: "top" of `top` objects, "bottom" of `bottom`; watermarks 1.0/1.0
+// unless given, so eviction happens exactly at capacity.
+std::unique_ptr<TieredStore> Chain(int top, int bottom, double high = 1.0, double low = 1.0,
+                                   PolicyKind policy = PolicyKind::kLru, const Clock* clock = nullptr,
+                                   std::shared_ptr<ChunkEditor> editor = nullptr, bool write_through = false) {
+  TieredStoreOptions o;
+  LevelOptions a;
+  a.tier = Mem("top", top);
+  a.high_watermark = high;
+  a.low_watermark = low;
+  a.policy = policy;
+  a.write_through = write_through;
+  o.levels.push_back(std::move(a));
+  if (bottom > 0) {
+    LevelOptions b;
+    b.tier = Mem("bottom", bottom);
+    b.high_watermark = 1.0;
+    b.low_watermark = 1.0;
+    o.levels.push_back(std::move(b));
+  }
+  o.clock = clock;
+  o.editor = std::move(editor);
+  auto s = TieredStore::Create(std::move(o));
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return std::move(s).value();
+}
+
+TEST(TieredStore, PutsGoToTheTopAndEvictionsAreDemoted) {
+  auto s = Chain(2, 10);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  s->Flush();
+  // The top keeps the two most recent; the three older ones were demoted.
+  EXPECT_TRUE(s->ContainsAt(0, Key(3)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(4)));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(s->ContainsAt(0, Key(i)));
+    EXPECT_TRUE(s->ContainsAt(1, Key(i))) << i;
+  }
+  const auto st = s->Stats();
+  EXPECT_EQ(st[0].evictions, 3u);
+  EXPECT_EQ(st[1].demotions_in, 3u);
+  EXPECT_LE(st[0].used_bytes, st[0].capacity_bytes);
+}
+
+TEST(TieredStore, AHitInALowerTierIsServedAndPromoted) {
+  auto s = Chain(2, 10);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  s->Flush();
+  ASSERT_EQ(s->Locate(Key(0)), 1);
+  {
+    auto lease = s->Get(Key(0));
+    ASSERT_TRUE(lease.ok());
+    EXPECT_EQ(lease->level(), 1);
+    EXPECT_EQ(lease->chunk()->payload[kObj - 1], 0);
+  }
+  s->Flush();
+  EXPECT_TRUE(s->ContainsAt(0, Key(0)));  // promoted
+  const auto st = s->Stats();
+  EXPECT_EQ(st[0].promotions_in, 1u);
+  EXPECT_EQ(st[1].hits, 1u);
+  EXPECT_EQ(st[0].misses, 1u);
+  EXPECT_EQ(s->Get(Key(99)).status().code(), Code::kNotFound);
+}
+
+TEST(TieredStore, WatermarksEvictFromHighDownToLow) {
+  // 10 objects of room; a put that would cross 80% evicts down to 50%.
+  auto s = Chain(10, 0, 0.8, 0.5);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  EXPECT_EQ(s->Stats()[0].objects, 8u);
+  ASSERT_TRUE(s->Put(Obj(8)).ok());  // 9 > 8: evict to 5 - 1, then put
+  EXPECT_EQ(s->Stats()[0].objects, 5u);
+  EXPECT_EQ(s->Stats()[0].evictions, 4u);
+  EXPECT_TRUE(s->ContainsAt(0, Key(8)));
+  EXPECT_FALSE(s->ContainsAt(0, Key(0)));  // LRU: the oldest went first
+}
+
+TEST(TieredStore, LeasedAndPinnedObjectsAreNotEvicted) {
+  ManualClock clock;
+  auto s = Chain(3, 0, 1.0, 1.0, PolicyKind::kLru, &clock);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  auto lease = s->Get(Key(0));  // the oldest, held by a reader
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(s->Pin(Key(1), std::chrono::nanoseconds(std::chrono::seconds(10)).count()).ok());
+  ASSERT_TRUE(s->Put(Obj(3)).ok());  // must evict 2, the only evictable one
+  EXPECT_TRUE(s->ContainsAt(0, Key(0)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(1)));
+  EXPECT_FALSE(s->ContainsAt(0, Key(2)));
+  EXPECT_EQ(s->Counters().leases_active, 1u);
+  EXPECT_EQ(s->Counters().pins_active, 1u);
+  // Everything left is leased or pinned (and 3 is leased now too): a single
+  // tier cannot take more, and says so instead of evicting them.
+  auto lease3 = s->Get(Key(3));
+  const Status full = s->Put(Obj(4));
+  EXPECT_EQ(full.code(), Code::kRetryLater);
+  EXPECT_EQ(s->Stats()[0].put_refusals, 1u);
+  lease.value().Release();
+  EXPECT_EQ(s->Counters().leases_active, 1u);
+  ASSERT_TRUE(s->Put(Obj(4)).ok());  // 0 is free to go now
+  EXPECT_FALSE(s->ContainsAt(0, Key(0)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(1)));
+}
+
+TEST(TieredStore, APinRunsOutAfterItsTtlAndTheForcedUnpinIsCounted) {
+  ManualClock clock;
+  auto s = Chain(2, 0, 1.0, 1.0, PolicyKind::kLru, &clock);
+  ASSERT_TRUE(s->Put(Obj(0)).ok());
+  ASSERT_TRUE(s->Put(Obj(1)).ok());
+  ASSERT_TRUE(s->Pin(Key(0), 1'000'000'000).ok());  // 1 s
+  ASSERT_TRUE(s->Put(Obj(2)).ok());                  // evicts 1, not the pinned 0
+  EXPECT_TRUE(s->ContainsAt(0, Key(0)));
+  clock.Advance(std::chrono::seconds(2));
+  ASSERT_TRUE(s->Put(Obj(3)).ok());  // the pin ran out: 0 goes
+  EXPECT_FALSE(s->ContainsAt(0, Key(0)));
+  EXPECT_EQ(s->Counters().pins_forced_unpin, 1u);
+  EXPECT_EQ(s->Pin(Key(77), 0).code(), Code::kNotFound);
+  EXPECT_EQ(s->Pin(Key(3), -1).code(), Code::kInvalidArgument);
+}
+
+TEST(TieredStore, AFullTierPassesThePutDownInsteadOfFailing) {
+  auto s = Chain(1, 4);
+  ASSERT_TRUE(s->Put(Obj(0)).ok());
+  ASSERT_TRUE(s->Pin(Key(0), 0).ok());  // the top is full of a pinned object
+  ASSERT_TRUE(s->Put(Obj(1)).ok());     // goes to the bottom tier
+  EXPECT_TRUE(s->ContainsAt(1, Key(1)));
+  EXPECT_EQ(s->Stats()[0].put_refusals, 1u);
+  auto lease = s->Get(Key(1));
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->chunk()->payload[0], 1);
+}
+
+TEST(TieredStore, EraseRemovesFromEveryTierWithPendingMoves) {
+  auto s = Chain(1, 4, 1.0, 1.0, PolicyKind::kLru, nullptr, nullptr, /*write_through=*/true);
+  ASSERT_TRUE(s->Put(Obj(0)).ok());
+  s->Flush();
+  EXPECT_TRUE(s->ContainsAt(0, Key(0)));
+  EXPECT_TRUE(s->ContainsAt(1, Key(0)));  // write-through copied it down
+  ASSERT_TRUE(s->Pin(Key(0), 0).ok());
+  EXPECT_TRUE(s->Erase(Key(0)));
+  s->Flush();
+  EXPECT_EQ(s->Locate(Key(0)), -1);
+  EXPECT_EQ(s->Counters().pins_active, 0u);
+  EXPECT_FALSE(s->Erase(Key(0)));
+}
+
+TEST(TieredStore, DemotionQueueAppliesBackpressureAndLosesNothing) {
+  TieredStoreOptions o;
+  LevelOptions a;
+  a.tier = Mem("top", 1);
+  a.high_watermark = a.low_watermark = 1.0;
+  o.levels.push_back(std::move(a));
+  LevelOptions b;
+  b.tier = Mem("bottom", 200);
+  b.high_watermark = b.low_watermark = 1.0;
+  o.levels.push_back(std::move(b));
+  o.mover_queue_objects = 2;  // tiny: writers must wait for the mover
+  auto s = TieredStore::Create(std::move(o)).value();
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  s->Flush();
+  for (int i = 0; i < 100; ++i) EXPECT_GE(s->Locate(Key(i)), 0) << i;
+  EXPECT_GT(s->Counters().mover_backpressure_waits, 0u);
+}
+
+class XorEditor final : public ChunkEditor {
+ public:
+  Result<bool> Edit(Chunk& c) override {
+    for (auto& b : c.payload) b ^= 0xFF;
+    ++calls;
+    return true;
+  }
+  std::atomic<int> calls{0};
+};
+
+TEST(TieredStore, TheEditorRewritesNewChunksBeforeTheyReachLowerTiers) {
+  auto editor = std::make_shared<XorEditor>();
+  auto s = Chain(1, 4, 1.0, 1.0, PolicyKind::kLru, nullptr, editor);
+  ASSERT_TRUE(s->Put(Obj(1, 0x0F)).ok());
+  ASSERT_TRUE(s->Put(Obj(2, 0x0F)).ok());  // demotes 1, maybe before its edit ran
+  s->Flush();
+  for (int k : {1, 2}) {
+    auto lease = s->Get(Key(k));
+    ASSERT_TRUE(lease.ok());
+    EXPECT_TRUE(lease->chunk()->meta.edited) << k;
+    EXPECT_EQ(lease->chunk()->payload[0], 0xF0) << k;
+  }
+  EXPECT_EQ(editor->calls.load(), 2);  // once per chunk, wherever it went
+  EXPECT_EQ(s->Counters().edits, 2u);
+}
+
+TEST(TieredStore, ConcurrentPutsGetsAndErasesStayConsistent) {
+  auto s = Chain(8, 32, 0.9, 0.6, PolicyKind::kS3Fifo);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < 300; ++i) {
+        const int k = (i * 13 + w * 7) % 60;
+        (void)s->Put(Obj(k));
+        auto lease = s->Get(Key(k));
+        if (lease.ok() && lease->chunk()->payload[kObj / 2] != (k & 0xFF)) ++bad;
+        if (i % 17 == 0) s->Erase(Key((k + 1) % 60));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  s->Flush();
+  EXPECT_EQ(bad.load(), 0);
+  for (const auto& l : s->Stats()) EXPECT_LE(l.used_bytes, l.capacity_bytes) << l.name;
+  EXPECT_EQ(s->Counters().leases_active, 0u);
+}
+
+}  // namespace
+}  // namespace kdn::store
