@@ -434,7 +434,10 @@ Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, ReadFailure* why)
     }
     return file.status();
   }
-  Result<ChunkRef> chunk = wire::DecodeEnvelope(file->data.get(), file->size, &key);
+  // The chunk keeps the read buffer: no copy of the payload.
+  std::shared_ptr<void> owner(file->data.release(), [](void* p) { std::free(p); });
+  Result<ChunkRef> chunk =
+      wire::DecodeEnvelope(static_cast<const std::uint8_t*>(owner.get()), file->size, &key, owner);
   *why = chunk.status().code() == Code::kNoMemory ? ReadFailure::kTransient : ReadFailure::kCorrupt;
   return chunk;
 }

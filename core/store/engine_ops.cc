@@ -198,7 +198,8 @@ Result<std::shared_ptr<SaveOp>> SaveOp::Start(KvStore& store, Executor& executor
   op->groups_ = std::move(groups);
   op->plan_ = std::move(plan).value();
   for (const auto& p : op->plan_) {
-    op->payloads_.emplace_back(p.present ? 0 : static_cast<size_t>(p.tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
+    op->payloads_.push_back(Payload::Uninitialized(
+        p.present ? 0 : static_cast<size_t>(p.tokens * static_cast<std::uint64_t>(model.bytes_per_token()))));
   }
   op->requested_.assign(static_cast<size_t>(model.shape.layers), false);
   for (const KvGroup& g : op->groups_) op->expected_ += static_cast<std::uint32_t>(g.layers.size());

@@ -266,7 +266,7 @@ Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys
 Status KvStore::PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key,
                          const kernels::KvView& view, std::uint64_t begin, std::uint64_t tokens,
                          std::int64_t first_position) {
-  Payload payload(static_cast<size_t>(tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
+  Payload payload = Payload::Uninitialized(static_cast<size_t>(tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
   kernels::view_gather_cpu(view, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), 0,
                            model.shape.layers, payload.data());
   return PutPayload(model, ns, key, tokens, first_position, std::move(payload));
@@ -321,7 +321,7 @@ Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, 
   for (const PlannedChunk& p : *plan) {
     Payload payload;
     if (!p.present) {
-      payload = Payload(static_cast<size_t>(p.tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
+      payload = Payload::Uninitialized(static_cast<size_t>(p.tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
       kernels::view_gather_cpu(view, static_cast<std::int64_t>(p.begin), static_cast<std::int64_t>(p.tokens), 0,
                                model.shape.layers, payload.data());
     }

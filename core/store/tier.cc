@@ -26,6 +26,12 @@ Payload::Payload(const std::uint8_t* data, size_t n) : size_(n), owner_(AllocHea
   if (n) std::memcpy(data_, data, n);
 }
 
+Payload Payload::Uninitialized(size_t n) {
+  std::shared_ptr<void> owner = AllocHeap(n);
+  auto* data = static_cast<std::uint8_t*>(owner.get());
+  return Adopt(data, n, std::move(owner));
+}
+
 Payload Payload::Adopt(std::uint8_t* data, size_t n, std::shared_ptr<void> owner) {
   Payload p;
   p.data_ = data;

@@ -26,6 +26,8 @@ class Payload {
   Payload() = default;
   // n bytes on the heap (64-byte aligned), zero-filled.
   explicit Payload(size_t n);
+  // n bytes on the heap, not initialised (for bytes about to be overwritten).
+  static Payload Uninitialized(size_t n);
   // A copy of [data, data + n) on the heap.
   Payload(const std::uint8_t* data, size_t n);
   // Memory that `owner`'s deleter returns where it came from.

@@ -239,10 +239,14 @@ Status CheckHeader(const EnvelopeHeader& h, std::uint64_t stored_header_checksum
   return Status::Ok();
 }
 
-store::ChunkRef MakeChunk(const store::ChunkMeta& meta, const Pieces& pieces, std::uint64_t payload_bytes) {
+store::ChunkRef MakeChunk(const store::ChunkMeta& meta, const Pieces& pieces, std::uint64_t payload_bytes,
+                          const std::shared_ptr<void>& owner) {
   auto chunk = std::make_shared<store::Chunk>();
   chunk->meta = meta;
-  if (pieces.size() == 1) {
+  if (pieces.size() == 1 && owner) {
+    // The payload stays where it was read: the chunk shares the buffer.
+    chunk->payload = store::Payload::Adopt(const_cast<std::uint8_t*>(pieces[0].begin()), pieces[0].size(), owner);
+  } else if (pieces.size() == 1) {
     chunk->payload = store::Payload(pieces[0].begin(), pieces[0].size());
   } else {
     chunk->payload = store::Payload(payload_bytes);
@@ -254,7 +258,8 @@ store::ChunkRef MakeChunk(const store::ChunkMeta& meta, const Pieces& pieces, st
 
 // DecodeEnvelope past the framing checks; may throw kj::Exception on a
 // malformed message (the caller turns it into kCorrupt).
-Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, const keys::Digest* expected_key) {
+Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, const keys::Digest* expected_key,
+                                      const std::shared_ptr<void>& owner) {
   capnp::ReaderOptions options;
   // Every word is read about once; twice bounds any amplification a
   // malicious message could attempt, and lets a 1 GiB payload through.
@@ -269,7 +274,7 @@ Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, con
   KDN_RETURN_IF_ERROR(CheckHeader(h, e.getHeaderChecksum(), expected_key));
   if (h.version_minor == kEnvelopeVersionMinor) KDN_RETURN_IF_ERROR(CheckExactV1(words, e, pieces, h.payload_bytes));
   if (PiecesChecksum(pieces) != h.checksum) return Corrupt("payload checksum mismatch");
-  return MakeChunk(h.meta, pieces, h.payload_bytes);
+  return MakeChunk(h.meta, pieces, h.payload_bytes, owner);
 }
 
 void FillEnvelope(const store::Chunk& chunk, ChunkEnvelope::Builder e) {
@@ -364,7 +369,8 @@ Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk) {
   }
 }
 
-Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, const keys::Digest* expected_key) {
+Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, const keys::Digest* expected_key,
+                                       std::shared_ptr<void> owner) {
   if (data == nullptr && size != 0) return Status::InvalidArgument("chunk envelope: null buffer");
   if (size < kSegmentTableBytes || size % sizeof(capnp::word) != 0) {
     return Corrupt("truncated: " + std::to_string(size) + " bytes is not a whole number of words");
@@ -378,8 +384,9 @@ Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, co
       aligned = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
       std::memcpy(aligned.begin(), data, size);
       words = kj::arrayPtr(static_cast<const capnp::word*>(aligned.begin()), aligned.size());
+      owner.reset();  // the pieces point into the aligned copy, which dies here
     }
-    return DecodeMessage(words, expected_key);
+    return DecodeMessage(words, expected_key, owner);
   } catch (const kj::Exception& e) {
     return Corrupt(std::string("does not parse: ") + e.getDescription().cStr());
   } catch (const std::bad_alloc&) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "keys/hash.h"
 #include "store/tier.h"
@@ -40,9 +41,11 @@ Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk);
 // Decodes and checks an envelope. `data` need not be aligned (an unaligned
 // buffer costs one copy). With `expected_key`, an envelope holding another
 // key is kCorrupt (a misplaced object). The payload is copied once into the
-// returned chunk.
+// returned chunk, unless `owner` (which keeps `data` alive) is given: then a
+// payload of one piece (up to 256 MiB) stays in `data`, shared by the chunk
+// (16-byte aligned when `data` is 64-byte aligned).
 Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size,
-                                       const keys::Digest* expected_key);
+                                       const keys::Digest* expected_key, std::shared_ptr<void> owner = nullptr);
 
 // The checked fields of an envelope besides the payload bytes, as stored.
 // Exposed so that tests and tools can build envelopes field by field

@@ -13,9 +13,44 @@ namespace {
 // within a run the largest contiguous pieces go through memcpy (the whole run,
 // a token's heads, a head's dims), anything else element by element. Every
 // piece's address comes from the shared view_offset / element_offset.
+// Joins pieces that continue each other on both sides into one memcpy: a
+// buffer laid out like the chunk then moves in a single call, which lets the
+// C library use its large-copy path (non-temporal stores).
+class Coalescer {
+ public:
+  explicit Coalescer(bool to_chunk) : to_chunk_(to_chunk) {}
+  ~Coalescer() { Flush(); }
+  void Add(unsigned char* view, unsigned char* chunk, std::size_t bytes) {
+    if (bytes_ != 0 && view == view_ + bytes_ && chunk == chunk_ + bytes_) {
+      bytes_ += bytes;
+      return;
+    }
+    Flush();
+    view_ = view;
+    chunk_ = chunk;
+    bytes_ = bytes;
+  }
+  void Flush() {
+    if (bytes_ == 0) return;
+    if (to_chunk_) {
+      std::memcpy(chunk_, view_, bytes_);
+    } else {
+      std::memcpy(view_, chunk_, bytes_);
+    }
+    bytes_ = 0;
+  }
+
+ private:
+  const bool to_chunk_;
+  unsigned char* view_ = nullptr;
+  unsigned char* chunk_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 void Copy(const KvView& v, std::int64_t token_begin, std::int64_t tokens, std::int64_t layer_begin,
           std::int64_t layer_end, unsigned char* chunk, bool to_chunk) {
   if (tokens <= 0 || layer_begin >= layer_end) return;
+  Coalescer out(to_chunk);
   const KvShape& s = v.shape;
   const std::int64_t eb = s.elem_bytes, heads = s.heads, dims = s.head_dim;
   const KvStrides cs = canonical_strides(s, tokens);
@@ -26,12 +61,7 @@ void Copy(const KvView& v, std::int64_t token_begin, std::int64_t tokens, std::i
       auto move = [&](std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t elems) {
         unsigned char* b = base + view_offset(v, kv, token_begin + t, h, d) * eb;
         unsigned char* c = chunk + element_offset(cs, {l, kv, t, h, d}) * eb;
-        const auto bytes = static_cast<std::size_t>(elems * eb);
-        if (to_chunk) {
-          std::memcpy(c, b, bytes);
-        } else {
-          std::memcpy(b, c, bytes);
-        }
+        out.Add(b, c, static_cast<std::size_t>(elems * eb));
       };
       const KvRunStrides rs = view_run_strides(v, kv);
       const bool dim_run = rs.dim == 1 || dims == 1;
