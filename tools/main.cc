@@ -1,4 +1,4 @@
-// The kdn command: generate, demo, bench, disk.
+// The kdn command: generate, demo, bench, disk, codec.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "codec_cmd.h"
 #include "demo.h"
 #include "disk_cmd.h"
 #include "foundation_bench.h"
@@ -124,9 +125,11 @@ int main(int argc, char** argv) {
   storeb->add_flag("--quick", so.quick, "small sizes and few repeats (a smoke test, not a measurement)");
 
   kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
+  kdn::tools::CodecCommand codec(app);  // `kdn codec eval`
 
   CLI11_PARSE(app, argc, argv);
   if (disk.chosen()) return disk.Run();
+  if (codec.chosen()) return codec.Run();
   if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
   if (*dm) return kdn::tools::RunDemo(demo);
   if (*found) return kdn::bench::RunFoundation(fo);

@@ -12,29 +12,18 @@
 #include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "test_models.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
+using kdn::testing::CliRun;
 
 // Runs the kdn command with `args` through the shell; stdout and stderr together.
 CliRun Kdn(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(KDN_CLI) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return kdn::testing::RunShell(env + (env.empty() ? "" : " ") + std::string(KDN_CLI) + " " + args + " 2>&1");
 }
 
 std::string ModelArgs() {

@@ -1,0 +1,66 @@
+// Codec quality on the reference model (issue 4, section 4): cut a token
+// stream into contexts, compute their KV with the reference transformer
+// (fp32), encode and decode it with a codec, and compare the model's
+// continuations from the original KV and from the decoded KV.
+//
+// Per context of N positions (BOS, then N-1 tokens of the text):
+//  - The KV of all N positions is encoded as ONE chunk (shape: layers,
+//    kv_heads, head_dim, N tokens, f32) and decoded back.
+//  - Both runs start from a cache holding the first N-1 positions' KV
+//    (original, resp. decoded), run the last context token again at position
+//    N-1 (its KV is computed fresh), and continue for K tokens; every
+//    continued position's KV is computed fresh in both runs.
+//  - Teacher-forced (KL, top-1): the original run decodes greedily (tokens
+//    g1..gK); the decoded run is fed g1..g(K-1), so both runs predict the same
+//    K positions. At each, KL(original || decoded) of softmax(logits) in nats
+//    (double), and whether the argmaxes agree.
+//  - Free-running (greedy): a second decoded run feeds its own greedy tokens;
+//    the fraction of positions where its token equals the original's.
+// Thread-safety: Evaluate is reentrant (each call builds its own transformer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codec/codec.h"
+#include "model/checkpoint.h"
+#include "model/tokenizer.h"
+#include "util/status.h"
+
+namespace kdn::codec {
+
+struct EvalOptions {
+  int context = 448;         // N: positions per context, BOS included
+  int continue_tokens = 64;  // K: continued positions compared per context
+};
+
+struct EvalResult {
+  std::string codec;  // the codec's spec
+  int contexts = 0;
+  double ratio_vs_fp16 = 0;  // (elements * 2) / encoded_bytes
+  double ratio_vs_fp32 = 0;  // (elements * 4) / encoded_bytes
+  double kl_mean = 0;        // nats, over every continued position of every context
+  double kl_p95 = 0;         // nearest-rank 95th percentile of the same values
+  double top1_agreement = 0;    // teacher-forced
+  double greedy_agreement = 0;  // free-running
+  std::uint64_t encoded_bytes = 0, fp16_bytes = 0, fp32_bytes = 0;
+};
+
+// The token stream of a text of stories, as llama2.c prepares TinyStories:
+// paragraphs (separated by blank lines) are trimmed and encoded one by one,
+// each with BOS first, and concatenated. (Encoding paragraph by paragraph also
+// keeps the tokenizer's quadratic merge loop short.)
+std::vector<int> TokenizeStories(const model::Tokenizer& tokenizer, std::string_view text);
+
+// `text_tokens` is the text's token stream (e.g. Tokenizer::Encode(text,
+// true)). It is cut into floor(size / N) windows of N tokens; context i is
+// window i with its first token replaced by BOS (so a stream that starts with
+// BOS keeps its first window as is). kInvalidArgument when N < 2, K < 1,
+// N + K > the model's seq_len, the stream is shorter than N or holds ids
+// outside the vocabulary; a codec's failure is returned as is.
+Result<EvalResult> Evaluate(const model::Checkpoint& weights, const std::vector<int>& text_tokens, const Codec& codec,
+                            const EvalOptions& options);
+
+}  // namespace kdn::codec

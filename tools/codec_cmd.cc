@@ -1,0 +1,79 @@
+#include "codec_cmd.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "codec/codec.h"
+#include "codec/eval.h"
+#include "ref_engine.h"
+
+namespace kdn::tools {
+
+int RunCodecEval(const CodecEvalOptions& o) {
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "kdn codec eval: %s\n", message.c_str());
+    return 2;
+  };
+  Result<codec::Spec> spec = codec::ParseSpec(o.codec);
+  if (!spec.ok()) return fail("bad codec spec '" + o.codec + "': " + spec.status().message());
+  Result<std::unique_ptr<codec::Codec>> made = codec::MakeCodec(*spec);
+  if (!made.ok()) return fail("codec '" + o.codec + "': " + made.status().message());
+
+  std::ifstream in(o.text, std::ios::binary);
+  if (!in) return fail("cannot read the text file '" + o.text + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return fail("cannot read the text file '" + o.text + "'");
+
+  auto loaded = LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  if (!loaded.ok()) return fail(loaded.status().message());
+
+  const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
+  codec::EvalOptions eo;
+  eo.context = o.context;
+  eo.continue_tokens = o.continue_tokens;
+  Result<codec::EvalResult> r = codec::Evaluate(*loaded->weights, tokens, **made, eo);
+  if (!r.ok()) return fail(r.status().message());
+
+  if (o.json) {
+    const nlohmann::ordered_json j = {{"codec", r->codec},
+                              {"contexts", r->contexts},
+                              {"ratio_vs_fp16", r->ratio_vs_fp16},
+                              {"ratio_vs_fp32", r->ratio_vs_fp32},
+                              {"kl_mean", r->kl_mean},
+                              {"kl_p95", r->kl_p95},
+                              {"top1_agreement", r->top1_agreement},
+                              {"greedy_agreement", r->greedy_agreement}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("codec %s on %s\n", r->codec.c_str(), o.text.c_str());
+  std::printf("  %d contexts of %d tokens (of %zu), %d continued tokens each\n", r->contexts, o.context,
+              tokens.size(), o.continue_tokens);
+  std::printf("  size      %llu bytes encoded; ratio vs fp16 %.3f (%llu bytes), vs fp32 %.3f (%llu bytes)\n",
+              static_cast<unsigned long long>(r->encoded_bytes), r->ratio_vs_fp16,
+              static_cast<unsigned long long>(r->fp16_bytes), r->ratio_vs_fp32,
+              static_cast<unsigned long long>(r->fp32_bytes));
+  std::printf("  KL        mean %.6g nats, p95 %.6g nats (teacher-forced)\n", r->kl_mean, r->kl_p95);
+  std::printf("  top-1     %.2f%% agreement (teacher-forced)\n", 100.0 * r->top1_agreement);
+  std::printf("  greedy    %.2f%% agreement (free-running)\n", 100.0 * r->greedy_agreement);
+  return 0;
+}
+
+CodecCommand::CodecCommand(CLI::App& app) {
+  CLI::App* codec = app.add_subcommand("codec", "KV codecs: quality on the reference model");
+  codec->require_subcommand(1);
+  eval_cmd_ = codec->add_subcommand("eval", "Encode real KV, continue from it, compare with the original");
+  eval_cmd_->add_option("--model", eval_.model, "llama2.c checkpoint")->required();
+  eval_cmd_->add_option("--tokenizer", eval_.tokenizer, "tokenizer file (tok512.bin format)")->required();
+  eval_cmd_->add_option("--codec", eval_.codec, "codec spec: NAME[:key=value,...] or NAME:preset")->required();
+  eval_cmd_->add_option("--text", eval_.text, "text file, cut into contexts")->required();
+  eval_cmd_->add_option("--context", eval_.context, "tokens per context, BOS included")->capture_default_str();
+  eval_cmd_->add_option("--continue", eval_.continue_tokens, "continued tokens compared per context")
+      ->capture_default_str();
+  eval_cmd_->add_flag("--json", eval_.json, "print one JSON object");
+}
+
+}  // namespace kdn::tools

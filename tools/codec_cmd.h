@@ -1,0 +1,39 @@
+// `kdn codec eval`: a codec's quality on the reference model (issue 4,
+// section 4; the measure itself is codec::Evaluate in core/codec/eval.h).
+// Thread-safety: single-threaded command code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace kdn::tools {
+
+struct CodecEvalOptions {
+  std::string model, tokenizer, codec, text;
+  int context = 448;
+  int continue_tokens = 64;
+  bool json = false;
+};
+
+// Prints one JSON object (with `json`) or a readable summary. Exit codes: 0
+// done, 2 bad arguments or an error (with a message on stderr).
+int RunCodecEval(const CodecEvalOptions& options);
+
+// Registers `codec eval` on a CLI11 app; after parsing, chosen() says
+// whether it was picked and Run() runs it.
+class CodecCommand {
+ public:
+  explicit CodecCommand(CLI::App& app);
+  // The parser writes into the options in place: the object must not move.
+  CodecCommand(const CodecCommand&) = delete;
+  CodecCommand& operator=(const CodecCommand&) = delete;
+  bool chosen() const { return static_cast<bool>(*eval_cmd_); }
+  int Run() const { return RunCodecEval(eval_); }
+
+ private:
+  CodecEvalOptions eval_;
+  CLI::App* eval_cmd_ = nullptr;
+};
+
+}  // namespace kdn::tools
