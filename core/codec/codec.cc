@@ -1,6 +1,6 @@
 // Spec parsing and printing, and the dispatch from a spec or a codec id to
-// a codec. Names: raw, fp8, int8, kivi2 (built here); cachegen and kdn are
-// pinned ids whose codecs are not built yet (kUnsupported).
+// a codec. Names: raw, fp8, int8, kivi2, cachegen (built here); kdn is a
+// pinned id whose codec is not built yet (kUnsupported).
 #include "codec/codec.h"
 
 #include <string>
@@ -84,10 +84,11 @@ Result<std::unique_ptr<Codec>> MakeCodec(const Spec& spec) {
   if (spec.name == "fp8") return internal::MakeFp8(spec);
   if (spec.name == "int8") return internal::MakeInt8(spec);
   if (spec.name == "kivi2") return internal::MakeKivi(spec);
-  if (spec.name == "cachegen" || spec.name == "kdn") {
+  if (spec.name == "cachegen") return internal::MakeCacheGen(spec);
+  if (spec.name == "kdn") {
     return Status::Unsupported("codec '" + spec.name + "' is not built yet");
   }
-  return Status::InvalidArgument("unknown codec '" + spec.name + "' (known: raw, fp8, int8, kivi2)");
+  return Status::InvalidArgument("unknown codec '" + spec.name + "' (known: raw, fp8, int8, kivi2, cachegen)");
 }
 
 Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
@@ -98,7 +99,7 @@ Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
     case CodecId::kFp8: return MakeCodec(Spec{"fp8", {}});
     case CodecId::kInt8: return MakeCodec(Spec{"int8", {}});
     case CodecId::kKivi2: return MakeCodec(Spec{"kivi2", {}});
-    case CodecId::kCacheGen:
+    case CodecId::kCacheGen: return MakeCodec(Spec{"cachegen", {}});
     case CodecId::kKdn: return Status::Unsupported("codec id " + std::to_string(static_cast<std::uint32_t>(id)) +
                                                    " is not built yet");
   }

@@ -74,5 +74,6 @@ Result<std::unique_ptr<Codec>> MakeRaw(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeFp8(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeInt8(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeKivi(const Spec& spec);
+Result<std::unique_ptr<Codec>> MakeCacheGen(const Spec& spec);
 
 }  // namespace kdn::codec::internal

@@ -13,6 +13,7 @@
 #include "codec/payload.h"
 #include "common/half.h"
 #include "common/quant.h"
+#include "codec_test_util.h"
 #include "test_models.h"
 
 namespace kdn::codec {
@@ -204,48 +205,8 @@ TEST(QuantTest, AsymmetricWithinHalfAScaleAndPacks) {
 
 // ---------------------------------------------------------------- the reference KV
 
-constexpr std::uint32_t kLayers = 5, kHeads = 4, kDim = 8, kTokens = 48;
+using namespace test;  // NOLINT: the shared helpers
 constexpr std::uint64_t kHeaderBytes = internal::kHeaderBytes;
-
-Shape RefShape(std::uint32_t dtype) { return Shape{kLayers, kHeads, kDim, kTokens, dtype}; }
-
-// The canonical chunk ([layer][k|v][token][kv_head][head_dim]) of the
-// reference run's 48 positions, as float; empty when the files are missing.
-std::vector<float> ReferenceKv() {
-  const std::vector<float> k = testing::ReadFloats(testing::ReferencePath("kv260k.k.f32"));
-  const std::vector<float> v = testing::ReadFloats(testing::ReferencePath("kv260k.v.f32"));
-  const size_t per = size_t{kLayers} * kTokens * kHeads * kDim;
-  if (k.size() != per || v.size() != per) return {};
-  std::vector<float> out(2 * per);
-  const size_t row = size_t{kHeads} * kDim;
-  for (size_t l = 0; l < kLayers; ++l) {
-    for (size_t t = 0; t < kTokens; ++t) {
-      std::memcpy(&out[((l * 2 + 0) * kTokens + t) * row], &k[(l * kTokens + t) * row], row * 4);
-      std::memcpy(&out[((l * 2 + 1) * kTokens + t) * row], &v[(l * kTokens + t) * row], row * 4);
-    }
-  }
-  return out;
-}
-
-// The chunk in `dtype`'s bytes.
-std::vector<std::uint8_t> ToBytes(const std::vector<float>& kv, std::uint32_t dtype) {
-  std::vector<std::uint8_t> out(kv.size() * (dtype == 0 ? 4 : 2));
-  for (size_t i = 0; i < kv.size(); ++i) internal::StoreElement(dtype, out.data(), i, kv[i]);
-  return out;
-}
-std::vector<float> ToFloats(const std::vector<std::uint8_t>& bytes, std::uint32_t dtype) {
-  std::vector<float> out(bytes.size() / (dtype == 0 ? 4 : 2));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = internal::LoadElement(dtype, bytes.data(), i);
-  return out;
-}
-
-std::unique_ptr<Codec> Make(const std::string& text) {
-  Result<Spec> spec = ParseSpec(text);
-  EXPECT_TRUE(spec.ok()) << spec.status().message();
-  Result<std::unique_ptr<Codec>> c = MakeCodec(*spec);
-  EXPECT_TRUE(c.ok()) << c.status().message();
-  return std::move(c).value();
-}
 
 // Encodes the reference KV in `dtype`, decodes it; returns (input, decoded)
 // as floats and the payload.
@@ -492,7 +453,7 @@ TEST(CodecSpecTest, MakeCodecChecksNamesAndParams) {
                         Case{"kivi2:group=x", Code::kInvalidArgument, "group"},
                         Case{"kivi2:group=99999999999", Code::kInvalidArgument, "group"},
                         Case{"kivi2:groups=4", Code::kInvalidArgument, "groups"},
-                        Case{"cachegen", Code::kUnsupported, "cachegen"},
+                        Case{"cachegen:bins=1", Code::kInvalidArgument, "bins"},
                         Case{"kdn:balanced", Code::kUnsupported, "kdn"}}) {
     Result<Spec> spec = ParseSpec(c.spec);
     ASSERT_TRUE(spec.ok()) << c.spec;
@@ -507,12 +468,12 @@ TEST(CodecSpecTest, MakeCodecChecksNamesAndParams) {
   EXPECT_EQ(Make("int8")->id(), CodecId::kInt8);
   EXPECT_EQ(Make("kivi2")->id(), CodecId::kKivi2);
   EXPECT_EQ(Make("kivi2")->spec().ToString(), "kivi2:bits=2,group=32");
-  for (CodecId id : {CodecId::kRaw, CodecId::kFp8, CodecId::kInt8, CodecId::kKivi2}) {
+  EXPECT_EQ(Make("cachegen")->id(), CodecId::kCacheGen);
+  for (CodecId id : {CodecId::kRaw, CodecId::kFp8, CodecId::kInt8, CodecId::kKivi2, CodecId::kCacheGen}) {
     Result<std::unique_ptr<Codec>> d = DecoderFor(id);
     ASSERT_TRUE(d.ok());
     EXPECT_EQ((*d)->id(), id);
   }
-  EXPECT_EQ(DecoderFor(CodecId::kCacheGen).status().code(), Code::kUnsupported);
   EXPECT_EQ(DecoderFor(static_cast<CodecId>(99)).status().code(), Code::kUnsupported);
 }
 
