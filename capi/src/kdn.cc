@@ -124,6 +124,19 @@ kdn_status CheckDocId(const char* doc_id, size_t len) {
   return KDN_OK;
 }
 
+// Whether a caller's output struct has a usable struct_size.
+bool OutSizeOk(uint32_t size) { return size >= 2 * sizeof(uint32_t) && size <= 65536; }
+
+// Copies `full` into the caller's struct as far as its struct_size reaches
+// (an older caller's shorter struct gets the fields it knows); keeps its
+// struct_size.
+template <typename T>
+void WriteOut(const T& full, T* out) {
+  const size_t size = std::min<size_t>(out->struct_size, sizeof(T));
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
+              size - sizeof(uint32_t));
+}
+
 int64_t DtypeBytes(kdn_dtype d) {
   switch (d) {
     case KDN_DTYPE_F32: return 4;
@@ -533,7 +546,7 @@ kdn_status kdn_runtime_stats(kdn_runtime* runtime, kdn_stats* out) {
   if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   const uint32_t size = out->struct_size;
-  if (size < 2 * sizeof(uint32_t) || size > 65536) {
+  if (!OutSizeOk(size)) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_stats: struct_size " + std::to_string(size) +
                                               " is wrong (initialise it with KDN_STATS_INIT)");
   }
@@ -564,9 +577,7 @@ kdn_status kdn_runtime_stats(kdn_runtime* runtime, kdn_stats* out) {
   full.lookup = Latency(t.lookup_us);
   full.load = Latency(t.load_us);
   full.store = Latency(t.store_us);
-  // Write only what the caller's struct has room for; keep its struct_size.
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
-              std::min<size_t>(size, sizeof(kdn_stats)) - sizeof(uint32_t));
+  WriteOut(full, out);
   return KDN_OK;
   KDN_END
 }
@@ -592,7 +603,7 @@ kdn_status kdn_runtime_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_tier
   if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   const uint32_t size = out->struct_size;
-  if (size < 2 * sizeof(uint32_t) || size > 65536) {
+  if (!OutSizeOk(size)) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_tier_stats: struct_size " + std::to_string(size) + " is wrong");
   }
   const auto levels = runtime->rep->chain().Stats();
@@ -616,8 +627,7 @@ kdn_status kdn_runtime_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_tier
   full.used_bytes = l.used_bytes;
   full.capacity_bytes = l.capacity_bytes;
   full.corrupt_detected = l.corrupt_detected;
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
-              std::min<size_t>(size, sizeof(kdn_tier_stats)) - sizeof(uint32_t));
+  WriteOut(full, out);
   return KDN_OK;
   KDN_END
 }
@@ -630,7 +640,7 @@ kdn_status kdn_lookup_batch(kdn_runtime* runtime, const kdn_model* model, const 
   if (requests == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "requests is NULL");
   if (results == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "results is NULL");
   for (size_t i = 0; i < num_requests; ++i) {
-    if (results[i].struct_size < 2 * sizeof(uint32_t) || results[i].struct_size > 65536) {
+    if (!OutSizeOk(results[i].struct_size)) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, "results[" + std::to_string(i) + "]: struct_size is wrong (use KDN_LOOKUP_RESULT_INIT)");
     }
   }
@@ -644,9 +654,7 @@ kdn_status kdn_lookup_batch(kdn_runtime* runtime, const kdn_model* model, const 
       r.num_tiers = static_cast<uint32_t>(std::min<size_t>(found.tier_tokens.size(), KDN_MAX_TIERS));
       for (uint32_t t = 0; t < r.num_tiers; ++t) r.tier_tokens[t] = found.tier_tokens[t];
     }
-    const uint32_t size = results[i].struct_size;
-    std::memcpy(reinterpret_cast<char*>(&results[i]) + sizeof(uint32_t), reinterpret_cast<const char*>(&r) + sizeof(uint32_t),
-                std::min<size_t>(size, sizeof r) - sizeof(uint32_t));
+    WriteOut(r, &results[i]);
   }
   g_last_error.clear();  // the batch succeeded; each result carries its request's status
   return KDN_OK;
@@ -712,7 +720,7 @@ kdn_status kdn_op_result_get(kdn_op* op, kdn_op_result* out) {
   if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   const uint32_t size = out->struct_size;
-  if (size < 2 * sizeof(uint32_t) || size > 65536) {
+  if (!OutSizeOk(size)) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_op_result: struct_size is wrong (use KDN_OP_RESULT_INIT)");
   }
   const kdn::store::OpResult r = op->rep->Outcome();
@@ -722,8 +730,7 @@ kdn_status kdn_op_result_get(kdn_op* op, kdn_op_result* out) {
   full.tokens = r.tokens;
   full.covered = r.covered;
   full.num_failed = r.failed.size();
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
-              std::min<size_t>(size, sizeof full) - sizeof(uint32_t));
+  WriteOut(full, out);
   return KDN_OK;
   KDN_END
 }
@@ -777,7 +784,7 @@ kdn_status kdn_knowledge_list(kdn_runtime* runtime, const kdn_model* model, cons
   const int64_t now = runtime->rep->chain().clock().NowNs();
   for (size_t i = 0; i < std::min(capacity, docs.size()); ++i) {
     const uint32_t size = out[i].struct_size;
-    if (size < 2 * sizeof(uint32_t) || size > 65536) {
+    if (!OutSizeOk(size)) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, "out[" + std::to_string(i) + "]: struct_size is wrong (use KDN_DOCUMENT_INFO_INIT)");
     }
     const kdn::store::DocumentInfo& d = docs[i];
@@ -790,8 +797,7 @@ kdn_status kdn_knowledge_list(kdn_runtime* runtime, const kdn_model* model, cons
     info.chunks_present = d.chunks_present;
     info.pinned = d.pinned ? 1u : 0u;
     info.expires_in_ms = d.expires_at_ns == 0 ? -1 : std::max<int64_t>(0, (d.expires_at_ns - now) / 1000000);
-    std::memcpy(reinterpret_cast<char*>(&out[i]) + sizeof(uint32_t), reinterpret_cast<const char*>(&info) + sizeof(uint32_t),
-                std::min<size_t>(size, sizeof info) - sizeof(uint32_t));
+    WriteOut(info, &out[i]);
   }
   return KDN_OK;
   KDN_END

@@ -143,24 +143,6 @@ static kdn_runtime *new_runtime(uint32_t chunk_tokens, uint64_t capacity) {
   return runtime;
 }
 
-static kdn_model_spec stories260k_spec(const char *fingerprint) {
-  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
-  spec.num_layers = LAYERS;
-  spec.num_kv_heads = HEADS;
-  spec.head_dim = HEAD_DIM;
-  spec.dtype = KDN_DTYPE_F32;
-  spec.fingerprint = fingerprint;
-  spec.fingerprint_len = strlen(fingerprint);
-  return spec;
-}
-
-static kdn_model *new_model(kdn_runtime *runtime, const char *fingerprint) {
-  const kdn_model_spec spec = stories260k_spec(fingerprint);
-  kdn_model *model = NULL;
-  CHECK_OK(kdn_model_create(runtime, &spec, &model));
-  return model;
-}
-
 static kdn_stats get_stats(kdn_runtime *runtime) {
   kdn_stats stats = KDN_STATS_INIT;
   CHECK_OK(kdn_runtime_stats(runtime, &stats));

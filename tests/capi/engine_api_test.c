@@ -311,24 +311,6 @@ static void make_hashes(uint8_t *out, size_t num_blocks, unsigned seed) {
 
 /* ---- Runtimes ------------------------------------------------------------ */
 
-static kdn_model_spec stories260k_spec(const char *fingerprint) {
-  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
-  spec.num_layers = LAYERS;
-  spec.num_kv_heads = HEADS;
-  spec.head_dim = HEAD_DIM;
-  spec.dtype = KDN_DTYPE_F32;
-  spec.fingerprint = fingerprint;
-  spec.fingerprint_len = strlen(fingerprint);
-  return spec;
-}
-
-static kdn_model *new_model(kdn_runtime *runtime, const char *fingerprint) {
-  const kdn_model_spec spec = stories260k_spec(fingerprint);
-  kdn_model *model = NULL;
-  CHECK_OK(kdn_model_create(runtime, &spec, &model));
-  return model;
-}
-
 /* One host tier of 1 GiB (nothing is ever evicted). */
 static kdn_runtime *new_big_runtime(uint32_t chunk_tokens) {
   kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;

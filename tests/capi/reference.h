@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <kdn/kdn.h>
 
 #ifndef KDN_MODELS_DIR
 #define KDN_MODELS_DIR "../shared/models"
@@ -76,6 +79,26 @@ static int load_reference(void) {
     if (r != 1) return r;
   }
   return 1;
+}
+
+/* The reference model's spec, and a model registered with it (check.h's
+ * CHECK_OK must be included first). */
+static kdn_model_spec stories260k_spec(const char *fingerprint) {
+  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
+  spec.num_layers = LAYERS;
+  spec.num_kv_heads = HEADS;
+  spec.head_dim = HEAD_DIM;
+  spec.dtype = KDN_DTYPE_F32;
+  spec.fingerprint = fingerprint;
+  spec.fingerprint_len = strlen(fingerprint);
+  return spec;
+}
+
+static kdn_model *new_model(kdn_runtime *runtime, const char *fingerprint) {
+  const kdn_model_spec spec = stories260k_spec(fingerprint);
+  kdn_model *model = NULL;
+  CHECK_OK(kdn_model_create(runtime, &spec, &model));
+  return model;
 }
 
 #endif /* KDN_TESTS_CAPI_REFERENCE_H */
