@@ -253,6 +253,7 @@ int HitRates(const fs::path& dir, bool quick, Records& out) {
       disk.path = tdir.string();
       disk.policy = policy;
       disk.fsync = false;  // hit rates do not depend on durability
+      disk.codec = "raw";  // capacity counted in raw chunks, as the cache simulation does
       const std::uint64_t file_bytes = 512 + 512;  // payload plus envelope, generously
       disk.capacity_bytes = static_cast<std::uint64_t>(std::min(1.0, 2 * fraction) * static_cast<double>(objects)) * file_bytes;
       o.tiers = {host, disk};

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "codec/calibrate.h"
 #include "codec/codec.h"
 #include "codec/eval.h"
 #include "ref_engine.h"
@@ -62,6 +63,51 @@ int RunCodecEval(const CodecEvalOptions& o) {
   return 0;
 }
 
+int RunCodecCalibrate(const CodecCalibrateOptions& o) {
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "kdn codec calibrate: %s\n", message.c_str());
+    return 2;
+  };
+  std::ifstream in(o.text, std::ios::binary);
+  if (!in) return fail("cannot read the text file '" + o.text + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto loaded = LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  if (!loaded.ok()) return fail(loaded.status().message());
+  const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
+  codec::CalibrateOptions co;
+  co.eval.context = o.context;
+  co.eval.continue_tokens = o.continue_tokens;
+  co.max_contexts = o.max_contexts;
+  Result<codec::Calibration> c = codec::Calibrate(*loaded->weights, tokens, co);
+  if (!c.ok()) return fail(c.status().message());
+  const std::string profile = codec::ProfileText(*c, co, "model " + o.model + ", text " + o.text);
+  if (!o.out.empty()) {
+    std::ofstream f(o.out, std::ios::binary | std::ios::trunc);
+    f << profile;
+    if (!f.flush()) return fail("cannot write the profile '" + o.out + "'");
+  }
+  if (o.json) {
+    nlohmann::ordered_json j = {{"contexts", c->contexts},
+                                {"evaluations", c->evaluations},
+                                {"baseline_kl", c->baseline_kl},
+                                {"plane_kl", c->plane_kl},
+                                {"plane_weight", c->plane_weight},
+                                {"cachegen", {{"ratio_vs_fp16", c->cachegen.ratio_vs_fp16}, {"kl_mean", c->cachegen.kl_mean}}}};
+    for (const codec::PresetFit& f : c->presets) {
+      j["presets"][f.name] = {{"spec", codec::PresetSpec(*c, f, co)},
+                              {"target_kl", f.target_kl},
+                              {"ratio_vs_fp16", f.result.ratio_vs_fp16},
+                              {"kl_mean", f.result.kl_mean},
+                              {"kl_p95", f.result.kl_p95},
+                              {"top1_agreement", f.result.top1_agreement}};
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s", profile.c_str());
+  }
+  return 0;
+}
+
 CodecCommand::CodecCommand(CLI::App& app) {
   CLI::App* codec = app.add_subcommand("codec", "KV codecs: quality on the reference model");
   codec->require_subcommand(1);
@@ -74,6 +120,19 @@ CodecCommand::CodecCommand(CLI::App& app) {
   eval_cmd_->add_option("--continue", eval_.continue_tokens, "continued tokens compared per context")
       ->capture_default_str();
   eval_cmd_->add_flag("--json", eval_.json, "print one JSON object");
+
+  calibrate_cmd_ = codec->add_subcommand(
+      "calibrate", "Measure each layer's sensitivity and fit kdn's presets to a model: prints a codec profile");
+  calibrate_cmd_->add_option("--model", calibrate_.model, "llama2.c checkpoint")->required();
+  calibrate_cmd_->add_option("--tokenizer", calibrate_.tokenizer, "tokenizer file (tok512.bin format)")->required();
+  calibrate_cmd_->add_option("--text", calibrate_.text, "calibration text (hold it out of evaluations)")->required();
+  calibrate_cmd_->add_option("--out", calibrate_.out, "write the profile here (use: --codec kdn:balanced,profile=FILE)");
+  calibrate_cmd_->add_option("--context", calibrate_.context, "tokens per context, BOS included")->capture_default_str();
+  calibrate_cmd_->add_option("--continue", calibrate_.continue_tokens, "continued tokens compared per context")
+      ->capture_default_str();
+  calibrate_cmd_->add_option("--max-contexts", calibrate_.max_contexts, "use at most this many contexts (0: all)")
+      ->capture_default_str();
+  calibrate_cmd_->add_flag("--json", calibrate_.json, "print one JSON object");
 }
 
 }  // namespace kdn::tools

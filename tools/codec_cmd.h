@@ -1,4 +1,4 @@
-// `kdn codec eval`: a codec's quality on the reference model (issue 4,
+// `kdn codec eval` and `kdn codec calibrate`: a codec's quality on the reference model (issue 4,
 // section 4; the measure itself is codec::Evaluate in core/codec/eval.h).
 // Thread-safety: single-threaded command code.
 #pragma once
@@ -20,7 +20,20 @@ struct CodecEvalOptions {
 // done, 2 bad arguments or an error (with a message on stderr).
 int RunCodecEval(const CodecEvalOptions& options);
 
-// Registers `codec eval` on a CLI11 app; after parsing, chosen() says
+struct CodecCalibrateOptions {
+  std::string model, tokenizer, text, out;
+  int context = 448;
+  int continue_tokens = 64;
+  int max_contexts = 0;
+  bool json = false;
+};
+
+// Measures kdn's codec on a model (core/codec/calibrate.h), prints the
+// profile (or one JSON object), and writes it to `out` when given. Exit
+// codes as RunCodecEval.
+int RunCodecCalibrate(const CodecCalibrateOptions& options);
+
+// Registers `codec eval` and `codec calibrate` on a CLI11 app; after parsing, chosen() says
 // whether it was picked and Run() runs it.
 class CodecCommand {
  public:
@@ -28,12 +41,14 @@ class CodecCommand {
   // The parser writes into the options in place: the object must not move.
   CodecCommand(const CodecCommand&) = delete;
   CodecCommand& operator=(const CodecCommand&) = delete;
-  bool chosen() const { return static_cast<bool>(*eval_cmd_); }
-  int Run() const { return RunCodecEval(eval_); }
+  bool chosen() const { return static_cast<bool>(*eval_cmd_) || static_cast<bool>(*calibrate_cmd_); }
+  int Run() const { return *eval_cmd_ ? RunCodecEval(eval_) : RunCodecCalibrate(calibrate_); }
 
  private:
   CodecEvalOptions eval_;
+  CodecCalibrateOptions calibrate_;
   CLI::App* eval_cmd_ = nullptr;
+  CLI::App* calibrate_cmd_ = nullptr;
 };
 
 }  // namespace kdn::tools

@@ -11,7 +11,9 @@
 #include <memory>
 #include <vector>
 
+#include "codec/codec.h"
 #include "keys/hash.h"
+#include "store/chunk_codec.h"
 #include "store/disk_tier.h"
 
 namespace kdn::tools {
@@ -45,8 +47,10 @@ keys::Digest NamedDigest(const char* name) {
 // Chunk `index` of a fill with `seed`: f32, one layer, one KV head, one
 // token, head_dim = bytes / 8 (K and V of 4 bytes each), so the payload is
 // exactly `bytes`. The index is stored as first_position, so that verify can
-// recompute what an object must hold.
-ChunkRef FillChunk(std::uint64_t seed, std::uint64_t index, std::uint64_t bytes) {
+// recompute what an object must hold. `finite`: every 4 bytes a float in
+// [-1, 1) from the same stream (for codecs, which refuse NaN and infinity);
+// otherwise the stream's bytes as they are.
+ChunkRef FillChunk(std::uint64_t seed, std::uint64_t index, std::uint64_t bytes, bool finite) {
   auto c = std::make_shared<Chunk>();
   c->meta.key = FillKey(seed, index);
   c->meta.model = NamedDigest("kdn-disk-fill-model");
@@ -61,9 +65,40 @@ ChunkRef FillChunk(std::uint64_t seed, std::uint64_t index, std::uint64_t bytes)
   std::uint64_t state = seed * 0xD1B54A32D192ED03ull ^ index;
   for (std::uint64_t off = 0; off < bytes; off += 8) {
     const std::uint64_t word = SplitMix64(state);
-    std::memcpy(c->payload.data() + off, &word, 8);
+    if (finite) {
+      const float pair[2] = {static_cast<float>(static_cast<std::int32_t>(word)) * 0x1p-31f,
+                             static_cast<float>(static_cast<std::int32_t>(word >> 32)) * 0x1p-31f};
+      std::memcpy(c->payload.data() + off, pair, 8);
+    } else {
+      std::memcpy(c->payload.data() + off, &word, 8);
+    }
   }
   return c;
+}
+
+using CodecRef = std::shared_ptr<const codec::Codec>;
+
+// The tier's codec; null for raw.
+Result<CodecRef> ParseCodec(const std::string& spec) {
+  Result<CodecRef> c = store::MakeTierCodec(spec);
+  if (!c.ok()) return c.status();
+  if ((*c)->id() == codec::CodecId::kRaw) return CodecRef();
+  return c;
+}
+
+// A fill chunk as the tier stores it: encoded by `codec` (raw if it does
+// not encode, as the chain does).
+ChunkRef StoredForm(const ChunkRef& chunk, const CodecRef& codec) {
+  if (!codec) return chunk;
+  Result<ChunkRef> encoded = store::EncodeChunk(*codec, *chunk);
+  return encoded.ok() ? std::move(encoded).value() : chunk;
+}
+
+// What a read of a fill chunk must give back: its bytes through the codec
+// and back.
+ChunkRef ExpectedRead(const ChunkRef& chunk, const CodecRef& codec) {
+  Result<ChunkRef> decoded = store::DecodeChunk(StoredForm(chunk, codec));
+  return decoded.ok() ? std::move(decoded).value() : nullptr;
 }
 
 Status CheckChunkBytes(std::uint64_t bytes) {
@@ -136,23 +171,38 @@ struct VerifyReport {
   std::uint64_t usage_bytes = 0, capacity_bytes = 0;
 };
 
-// Whether a chunk the tier returned holds exactly what fill wrote for it.
-bool MatchesFill(const Chunk& got, const keys::Digest& listed_key, std::uint64_t seed) {
+// Whether a chunk the tier returned (decoded) holds exactly what fill wrote
+// for it, through the codec and back.
+bool MatchesFill(const Chunk& got, const keys::Digest& listed_key, std::uint64_t seed, const CodecRef& codec) {
   if (got.meta.first_position < 0 || !CheckChunkBytes(got.payload.size()).ok()) return false;
-  const ChunkRef want = FillChunk(seed, static_cast<std::uint64_t>(got.meta.first_position), got.payload.size());
+  const ChunkRef want = ExpectedRead(
+      FillChunk(seed, static_cast<std::uint64_t>(got.meta.first_position), got.payload.size(), codec != nullptr), codec);
+  if (!want) return false;
   return got.meta == want->meta && listed_key == want->meta.key &&
          std::memcmp(got.payload.data(), want->payload.data(), want->payload.size()) == 0;
 }
 
-VerifyReport Verify(DiskTier& tier, std::uint64_t seed) {
+VerifyReport Verify(DiskTier& tier, std::uint64_t seed, const CodecRef& codec) {
   VerifyReport r;
   r.usage_bytes = tier.used_bytes();  // as the restart found it
   r.capacity_bytes = tier.capacity_bytes();
   const std::vector<store::ObjectInfo> objects = tier.List();
   r.objects = objects.size();
+  std::uint64_t undecodable = 0;
   for (const store::ObjectInfo& o : objects) {
     Result<ChunkRef> got = tier.Get(o.key);
-    if (got.ok() && MatchesFill(**got, o.key, seed)) {
+    if (got.ok()) {
+      Result<ChunkRef> decoded = store::DecodeChunk(*got);
+      if (!decoded.ok()) {
+        // Whole and checksummed, yet not a payload of its codec: detected,
+        // removed (as the chain does), never returned.
+        ++undecodable;
+        tier.Erase(o.key);
+        continue;
+      }
+      got = std::move(decoded).value();
+    }
+    if (got.ok() && MatchesFill(**got, o.key, seed, codec)) {
       ++r.intact;
     } else if (got.ok()) {
       ++r.returned_corrupt;
@@ -161,7 +211,7 @@ VerifyReport Verify(DiskTier& tier, std::uint64_t seed) {
       std::fprintf(stderr, "kdn disk verify: %s\n", got.status().message().c_str());
     }
   }
-  r.corrupt_detected = tier.counters().corrupt_detected;
+  r.corrupt_detected = tier.counters().corrupt_detected + undecodable;
   return r;
 }
 
@@ -177,11 +227,16 @@ int RunDiskFill(const DiskFillOptions& options) {
     std::fprintf(stderr, "kdn disk fill: %s\n", tier.status().message().c_str());
     return 2;
   }
+  Result<CodecRef> codec = ParseCodec(options.codec);
+  if (!codec.ok()) {
+    std::fprintf(stderr, "kdn disk fill: %s\n", codec.status().message().c_str());
+    return 2;
+  }
   DiskTier& t = **tier;
   std::deque<keys::Digest> oldest = OldestFirst(t);
   const Progress progress(options.chunks);
   for (std::uint64_t i = 0; i < options.chunks; ++i) {
-    const ChunkRef chunk = FillChunk(options.seed, i, options.chunk_bytes);
+    const ChunkRef chunk = StoredForm(FillChunk(options.seed, i, options.chunk_bytes, *codec != nullptr), *codec);
     if (Status s = PutEvicting(t, chunk, oldest); !s.ok()) {
       std::fprintf(stderr, "kdn disk fill: chunk %llu: %s\n", static_cast<unsigned long long>(i), s.message().c_str());
       return 2;
@@ -193,12 +248,17 @@ int RunDiskFill(const DiskFillOptions& options) {
 }
 
 int RunDiskVerify(const DiskVerifyOptions& options) {
+  Result<CodecRef> codec = ParseCodec(options.codec);
+  if (!codec.ok()) {
+    std::fprintf(stderr, "kdn disk verify: %s\n", codec.status().message().c_str());
+    return 2;
+  }
   Result<std::unique_ptr<DiskTier>> tier = OpenTier(options.dir, options.capacity, store::FsyncPolicy::kData);
   if (!tier.ok()) {
     std::fprintf(stderr, "kdn disk verify: %s\n", tier.status().message().c_str());
     return 2;
   }
-  const VerifyReport r = Verify(**tier, options.seed);
+  const VerifyReport r = Verify(**tier, options.seed, *codec);
   if (options.json) {
     const nlohmann::json j = {{"objects", r.objects},
                               {"intact", r.intact},
@@ -235,6 +295,8 @@ DiskCommand::DiskCommand(CLI::App& app) {
   fill_cmd_->add_option("--fsync", fill_.fsync, "fsync policy: none, data or full")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "data", "full"}));
+  fill_cmd_->add_option("--codec", fill_.codec, "store chunks encoded with this codec (e.g. int8, kdn)")
+      ->capture_default_str();
 
   verify_cmd_ = disk->add_subcommand("verify", "Reopen a tier directory and check every object in it");
   verify_cmd_->add_option("--dir", verify_.dir, "tier directory")->required();
@@ -243,6 +305,7 @@ DiskCommand::DiskCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   verify_cmd_->add_flag("--json", verify_.json, "print one JSON object");
+  verify_cmd_->add_option("--codec", verify_.codec, "the codec fill used")->capture_default_str();
 }
 
 }  // namespace kdn::tools

@@ -2,7 +2,11 @@
 // way a crash test needs. `fill` writes chunks whose every byte follows from
 // (seed, chunk index) and may be killed at any moment; `verify` reopens the
 // directory as a restart would and checks every object it holds against
-// those bytes, reporting JSON.
+// those bytes, reporting JSON. With --codec (not raw), fill stores each
+// chunk encoded, as a chain would for a disk tier with that codec (the
+// chunks then hold finite f32 values, which every codec takes), and verify,
+// given the same --codec, checks that each object decodes to exactly what
+// the fill chunk encodes and decodes to (codecs are deterministic).
 // Thread-safety: single-threaded command code.
 #pragma once
 
@@ -20,6 +24,7 @@ struct DiskFillOptions {
   std::uint64_t seed = 0;
   std::uint64_t capacity = std::uint64_t{1} << 30;
   std::string fsync = "data";         // none | data | full
+  std::string codec = "raw";          // a codec spec (codec/codec.h)
 };
 
 struct DiskVerifyOptions {
@@ -27,6 +32,7 @@ struct DiskVerifyOptions {
   std::uint64_t seed = 0;
   std::uint64_t capacity = std::uint64_t{1} << 30;
   bool json = false;
+  std::string codec = "raw";          // the codec fill used
 };
 
 // Exit codes: 0 done, 2 bad arguments or an error.

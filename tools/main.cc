@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "codec_bench.h"
 #include "codec_cmd.h"
 #include "demo.h"
 #include "disk_cmd.h"
@@ -123,6 +124,23 @@ int main(int argc, char** argv) {
   storeb->add_option("--dir", so.dir, "scratch directory for the disk measures (default: the temp dir)");
   storeb->add_option("--repeats", so.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
   storeb->add_flag("--quick", so.quick, "small sizes and few repeats (a smoke test, not a measurement)");
+  kdn::bench::CodecBenchOptions cbo;
+  auto* codecb = bench->add_subcommand("codec", "KV codecs on the reference model: ratio, KL, GB/s vs zstd; a PNG");
+  codecb->add_option("--json", cbo.json_path, "output file")->required();
+  codecb->add_option("--png", cbo.png_path, "ratio-against-KL plot (default: the JSON file with .png)");
+  codecb->add_option("--model", cbo.model, "llama2.c checkpoint (default: the reference model)");
+  codecb->add_option("--tokenizer", cbo.tokenizer, "tokenizer file");
+  codecb->add_option("--text", cbo.text, "text cut into contexts (default: bench/texts/stories.txt)");
+  codecb->add_option("--context", cbo.context, "tokens per quality context, BOS included (default 448; 128 quick)")
+      ->check(CLI::Range(2, 1 << 20));
+  codecb->add_option("--continue", cbo.continue_tokens, "continued tokens per context (default 64; 16 with --quick)")
+      ->check(CLI::Range(1, 1 << 20));
+  codecb->add_option("--contexts", cbo.contexts, "at most this many contexts (default: all; 3 with --quick)")
+      ->check(CLI::Range(1, 1 << 20));
+  codecb->add_option("--repeats", cbo.repeats, "timed runs per speed measure, at least")->check(CLI::Range(1, 100000));
+  codecb->add_option("--threads", cbo.threads, "threads for the quality evaluations (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  codecb->add_flag("--quick", cbo.quick, "few contexts and repeats (a smoke test, not a measurement)");
 
   kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
   kdn::tools::CodecCommand codec(app);  // `kdn codec eval`
@@ -134,5 +152,6 @@ int main(int argc, char** argv) {
   if (*dm) return kdn::tools::RunDemo(demo);
   if (*found) return kdn::bench::RunFoundation(fo);
   if (*storeb) return kdn::bench::RunStoreBench(so);
+  if (*codecb) return kdn::bench::RunCodecBench(cbo);
   return 1;
 }

@@ -2,6 +2,7 @@
 // which turn any exception into a status and the thread's last-error message.
 #include "kdn/kdn.h"
 
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -71,6 +72,8 @@ kdn_status ReadStruct(const T* in, size_t min_size, const char* name, T* out) {
 
 // The size of kdn_runtime_options in version 0.1 (before tiers were appended).
 constexpr size_t kRuntimeOptionsV1 = offsetof(kdn_runtime_options, tiers);
+// The size of kdn_tier_config before the codec was appended.
+constexpr size_t kTierConfigV1 = offsetof(kdn_tier_config, codec);
 
 // An editor callback as the store's ChunkEditor.
 class CallbackEditor final : public kdn::store::ChunkEditor {
@@ -378,7 +381,7 @@ kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** 
   for (size_t i = 0; i < o.num_tiers; ++i) {
     kdn_tier_config c = KDN_TIER_CONFIG_INIT;
     const std::string what = "tier " + std::to_string(i);
-    if (kdn_status s = ReadStruct(&o.tiers[i], sizeof(kdn_tier_config), what.c_str(), &c); s != KDN_OK) return s;
+    if (kdn_status s = ReadStruct(&o.tiers[i], kTierConfigV1, what.c_str(), &c); s != KDN_OK) return s;
     kdn::store::TierSpec t;
     switch (c.kind) {
       case KDN_TIER_HOST: t.kind = kdn::store::TierSpec::Kind::kHost; break;
@@ -403,6 +406,9 @@ kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** 
       return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": watermarks must satisfy 0 < low <= high <= 1");
     }
     t.write_through = c.write_through != 0;
+    if (c.codec == nullptr && c.codec_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": codec is NULL");
+    if (c.codec_len > 256) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": codec spec longer than 256 bytes");
+    if (c.codec != nullptr) t.codec.assign(c.codec, c.codec_len);  // empty: the kind's default
     so.tiers.push_back(t);
     rt->tier_kinds.push_back(c.kind);
   }
@@ -627,6 +633,12 @@ kdn_status kdn_runtime_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_tier
   full.used_bytes = l.used_bytes;
   full.capacity_bytes = l.capacity_bytes;
   full.corrupt_detected = l.corrupt_detected;
+  std::snprintf(full.codec, sizeof full.codec, "%s", l.codec.c_str());
+  full.encoded_chunks = l.encoded_chunks;
+  full.bytes_before_encoding = l.bytes_before_encoding;
+  full.bytes_after_encoding = l.bytes_after_encoding;
+  full.encode_failures = l.encode_failures;
+  full.decode_failures = l.decode_failures;
   WriteOut(full, out);
   return KDN_OK;
   KDN_END
@@ -859,5 +871,6 @@ kdn_status kdn_knowledge_fetch(kdn_runtime* runtime, const kdn_model* model, con
   return KDN_OK;
   KDN_END
 }
+
 
 }  // extern "C"

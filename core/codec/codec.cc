@@ -1,6 +1,5 @@
 // Spec parsing and printing, and the dispatch from a spec or a codec id to
-// a codec. Names: raw, fp8, int8, kivi2, cachegen (built here); kdn is a
-// pinned id whose codec is not built yet (kUnsupported).
+// a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn.
 #include "codec/codec.h"
 
 #include <string>
@@ -21,6 +20,14 @@ bool IsWord(std::string_view s) {
   if (s.empty()) return false;
   for (char c : s) {
     if (!IsWordChar(c)) return false;
+  }
+  return true;
+}
+// A value may also be a path ("profile=dir/file").
+bool IsValue(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!IsWordChar(c) && c != '/') return false;
   }
   return true;
 }
@@ -67,7 +74,7 @@ Result<Spec> ParseSpec(std::string_view text) {
       key = std::string(item.substr(0, eq));
       value = std::string(item.substr(eq + 1));
       if (!IsWord(key)) return Status::InvalidArgument(shown + "bad parameter name in '" + std::string(item) + "'");
-      if (!IsWord(value)) return Status::InvalidArgument(shown + "bad value in '" + std::string(item) + "'");
+      if (!IsValue(value)) return Status::InvalidArgument(shown + "bad value in '" + std::string(item) + "'");
     }
     if (!spec.params.emplace(key, value).second) {
       return Status::InvalidArgument(shown + (key == kPresetKey ? "more than one preset" : "parameter '" + key +
@@ -85,10 +92,8 @@ Result<std::unique_ptr<Codec>> MakeCodec(const Spec& spec) {
   if (spec.name == "int8") return internal::MakeInt8(spec);
   if (spec.name == "kivi2") return internal::MakeKivi(spec);
   if (spec.name == "cachegen") return internal::MakeCacheGen(spec);
-  if (spec.name == "kdn") {
-    return Status::Unsupported("codec '" + spec.name + "' is not built yet");
-  }
-  return Status::InvalidArgument("unknown codec '" + spec.name + "' (known: raw, fp8, int8, kivi2, cachegen)");
+  if (spec.name == "kdn") return internal::MakeKdn(spec);
+  return Status::InvalidArgument("unknown codec '" + spec.name + "' (known: raw, fp8, int8, kivi2, cachegen, kdn)");
 }
 
 Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
@@ -100,8 +105,7 @@ Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
     case CodecId::kInt8: return MakeCodec(Spec{"int8", {}});
     case CodecId::kKivi2: return MakeCodec(Spec{"kivi2", {}});
     case CodecId::kCacheGen: return MakeCodec(Spec{"cachegen", {}});
-    case CodecId::kKdn: return Status::Unsupported("codec id " + std::to_string(static_cast<std::uint32_t>(id)) +
-                                                   " is not built yet");
+    case CodecId::kKdn: return MakeCodec(Spec{"kdn", {}});
   }
   return Status::Unsupported("unknown codec id " + std::to_string(static_cast<std::uint32_t>(id)) +
                              " (written by a newer kdn?)");

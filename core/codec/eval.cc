@@ -9,9 +9,24 @@
 #include "model/transformer.h"
 
 namespace kdn::codec {
-namespace {
+Status Continue(model::Transformer& t, model::KvCache& cache, int last_token, int n, int k,
+                const std::vector<int>* forced, std::vector<float>* all_logits, std::vector<int>* greedy) {
+  const size_t vocab = static_cast<size_t>(t.config().vocab_size);
+  all_logits->assign(static_cast<size_t>(k) * vocab, 0.0f);
+  greedy->clear();
+  std::vector<float> logits;
+  int in = last_token;
+  for (int j = 0; j < k; ++j) {
+    const int pos = n - 1 + j;
+    KDN_RETURN_IF_ERROR(t.Forward(std::span<const int>(&in, 1), pos, cache, &logits));
+    std::copy(logits.begin(), logits.end(), all_logits->begin() + static_cast<std::ptrdiff_t>(j * vocab));
+    const int next = model::Argmax(logits);
+    greedy->push_back(next);
+    if (j + 1 < k) in = forced ? (*forced)[static_cast<size_t>(j)] : next;
+  }
+  return Status::Ok();
+}
 
-// KL(p || q) in nats of p = softmax(a), q = softmax(b), in double.
 double KlDivergence(std::span<const float> a, std::span<const float> b) {
   const size_t n = a.size();
   double max_a = -INFINITY, max_b = -INFINITY;
@@ -33,31 +48,6 @@ double KlDivergence(std::span<const float> a, std::span<const float> b) {
   }
   return std::max(kl, 0.0);  // rounding can leave a tiny negative
 }
-
-// One run from a cache whose positions [0, n-1) hold the context's KV: runs
-// the last context token at n-1, then continues for k positions. With
-// `forced` (k-1 tokens) it feeds those; otherwise its own greedy tokens.
-// Returns the logits of the k predicted positions ([k][vocab]) and its greedy
-// tokens.
-Status Continue(model::Transformer& t, model::KvCache& cache, int last_token, int n, int k,
-                const std::vector<int>* forced, std::vector<float>* all_logits, std::vector<int>* greedy) {
-  const size_t vocab = static_cast<size_t>(t.config().vocab_size);
-  all_logits->assign(static_cast<size_t>(k) * vocab, 0.0f);
-  greedy->clear();
-  std::vector<float> logits;
-  int in = last_token;
-  for (int j = 0; j < k; ++j) {
-    const int pos = n - 1 + j;
-    KDN_RETURN_IF_ERROR(t.Forward(std::span<const int>(&in, 1), pos, cache, &logits));
-    std::copy(logits.begin(), logits.end(), all_logits->begin() + static_cast<std::ptrdiff_t>(j * vocab));
-    const int next = model::Argmax(logits);
-    greedy->push_back(next);
-    if (j + 1 < k) in = forced ? (*forced)[static_cast<size_t>(j)] : next;
-  }
-  return Status::Ok();
-}
-
-}  // namespace
 
 std::vector<int> TokenizeStories(const model::Tokenizer& tokenizer, std::string_view text) {
   std::vector<int> out;

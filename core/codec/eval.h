@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "codec/codec.h"
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
+#include "model/transformer.h"
 #include "util/status.h"
 
 namespace kdn::codec {
@@ -47,6 +49,18 @@ struct EvalResult {
   double greedy_agreement = 0;  // free-running
   std::uint64_t encoded_bytes = 0, fp16_bytes = 0, fp32_bytes = 0;
 };
+
+// One run from a cache whose positions [0, n-1) hold a context's KV: runs
+// `last_token` at n-1, then continues for k positions. With `forced` (k-1
+// tokens) it feeds those (teacher forcing); otherwise its own greedy tokens.
+// Returns the logits of the k predicted positions ([k][vocab]) and its
+// greedy tokens.
+Status Continue(model::Transformer& t, model::KvCache& cache, int last_token, int n, int k,
+                const std::vector<int>* forced, std::vector<float>* all_logits, std::vector<int>* greedy);
+
+// KL(softmax(a) || softmax(b)) in nats, in double (also used by the blend
+// evaluation).
+double KlDivergence(std::span<const float> a, std::span<const float> b);
 
 // The token stream of a text of stories, as llama2.c prepares TinyStories:
 // paragraphs (separated by blank lines) are trimmed and encoded one by one,

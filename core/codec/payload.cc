@@ -151,4 +151,15 @@ Result<std::uint32_t> ParseUint(const std::string& name, const std::string& valu
   return v;
 }
 
+Result<double> ParseFloat(const std::string& name, const std::string& value, double lo, double hi) {
+  double v = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, v);
+  if (value.empty() || ec != std::errc() || ptr != end || !(v >= lo && v <= hi)) {
+    return Status::InvalidArgument("codec parameter " + name + "=" + value + ": expected a number in [" +
+                                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return v;
+}
+
 }  // namespace kdn::codec::internal

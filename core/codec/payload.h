@@ -70,10 +70,14 @@ Status RejectUnknownParams(const Spec& spec, std::initializer_list<std::string_v
 Result<std::uint32_t> ParseUint(const std::string& name, const std::string& value, std::uint32_t lo,
                                 std::uint32_t hi);
 
+// Reads a decimal floating-point parameter in [lo, hi].
+Result<double> ParseFloat(const std::string& name, const std::string& value, double lo, double hi);
+
 Result<std::unique_ptr<Codec>> MakeRaw(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeFp8(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeInt8(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeKivi(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeCacheGen(const Spec& spec);
+Result<std::unique_ptr<Codec>> MakeKdn(const Spec& spec);
 
 }  // namespace kdn::codec::internal

@@ -3,6 +3,8 @@
 #include "codec/rans.h"
 
 #include <cmath>
+#include <queue>
+#include <utility>
 #include <string>
 
 #include "common/rans.h"
@@ -99,28 +101,36 @@ Result<FreqTable> BuildTable(std::span<const std::uint64_t> counts, std::uint32_
       f[s] = static_cast<std::uint32_t>(x);
       sum += f[s];
     }
-    // Fix the sum one unit at a time where it costs the fewest coded bits.
-    while (sum < static_cast<std::int64_t>(total_slots)) {
-      std::size_t best = n;
-      double best_gain = -1;
+    // Fix the sum one unit at a time where it costs the fewest coded bits
+    // (ties: the lowest symbol), keeping candidates in a heap: O(n log n).
+    using Entry = std::pair<double, std::size_t>;  // (priority, symbol)
+    auto worse = [](const Entry& a, const Entry& b) {
+      return a.first < b.first || (a.first == b.first && a.second > b.second);
+    };
+    if (sum < static_cast<std::int64_t>(total_slots)) {
+      std::priority_queue<Entry, std::vector<Entry>, decltype(worse)> up(worse);
       for (std::size_t s = 0; s < n; ++s) {
-        if (counts[s] == 0) continue;
-        const double g = GainUp(counts[s], f[s]);
-        if (g > best_gain) best_gain = g, best = s;
+        if (counts[s] != 0) up.emplace(GainUp(counts[s], f[s]), s);
       }
-      ++f[best];
-      ++sum;
-    }
-    while (sum > static_cast<std::int64_t>(total_slots)) {
-      std::size_t best = n;
-      double best_cost = 0;
+      for (; sum < static_cast<std::int64_t>(total_slots); ++sum) {
+        const std::size_t s = up.top().second;
+        up.pop();
+        ++f[s];
+        up.emplace(GainUp(counts[s], f[s]), s);
+      }
+    } else if (sum > static_cast<std::int64_t>(total_slots)) {
+      // Least cost first: the priority is the negated cost.
+      std::priority_queue<Entry, std::vector<Entry>, decltype(worse)> down(worse);
       for (std::size_t s = 0; s < n; ++s) {
-        if (f[s] <= 1) continue;
-        const double c = CostDown(counts[s], f[s]);
-        if (best == n || c < best_cost) best_cost = c, best = s;
+        if (f[s] > 1) down.emplace(-CostDown(counts[s], f[s]), s);
       }
-      --f[best];  // present <= total_slots < sum guarantees some f > 1
-      --sum;
+      for (; sum > static_cast<std::int64_t>(total_slots); --sum) {
+        // present <= total_slots < sum guarantees some f > 1.
+        const std::size_t s = down.top().second;
+        down.pop();
+        --f[s];
+        if (f[s] > 1) down.emplace(-CostDown(counts[s], f[s]), s);
+      }
     }
     for (std::size_t s = 0; s < n; ++s) t.freq[s] = static_cast<std::uint16_t>(f[s]);
   }

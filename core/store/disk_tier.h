@@ -1,6 +1,12 @@
 // The disk tier: one file per object, in the chunk envelope format
 // (wire/envelope.h), under a byte capacity, surviving restarts and crashes.
 //
+// Objects are stored as they are put: raw, or encoded by the chain for this
+// tier's codec (ChunkMeta::codec, recorded in the envelope), and Get returns
+// them in that form; capacity and usage count the file sizes, so encoded
+// chunks cost their encoded bytes. A raw object's payload is handed out in
+// the read buffer itself (no copy).
+//
 // Layout of the directory:
 //   DIR/objects/<first 2 hex of key>/<64 hex of key>.kdn   one object each
 //   DIR/tmp/<pid>-<n>.tmp                                   writes in progress

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "ref/kv_view_ref.h"
+#include "store/chunk_codec.h"
 #include "store/disk_tier.h"
 #include "store/memory_tier.h"
 
@@ -43,6 +44,15 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
 }
 
 }  // namespace
+
+std::string_view DefaultTierCodec(TierSpec::Kind kind) {
+  switch (kind) {
+    case TierSpec::Kind::kHost:
+    case TierSpec::Kind::kDevice: return kDefaultHotCodec;
+    case TierSpec::Kind::kDisk: return kDefaultColdCodec;
+  }
+  return kDefaultHotCodec;
+}
 
 // ---- Buffers (C ABI v1) -------------------------------------------------------
 
@@ -119,10 +129,16 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
   }
   TieredStoreOptions to;
   for (size_t i = 0; i < specs.size(); ++i) {
+    // The codec first: a bad spec fails before any directory is touched.
+    if (specs[i].codec.empty()) specs[i].codec = std::string(DefaultTierCodec(specs[i].kind));
+    auto codec = MakeTierCodec(specs[i].codec);
+    if (!codec.ok()) return Status::InvalidArgument("tier " + std::to_string(i) + ": " + codec.status().message());
+    specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
     auto tier = MakeTier(specs[i], i);
     if (!tier.ok()) return tier.status();
     LevelOptions lo;
     lo.tier = std::move(tier).value();
+    lo.codec = std::move(codec).value();
     lo.policy = specs[i].policy;
     lo.high_watermark = specs[i].high_watermark;
     lo.low_watermark = specs[i].low_watermark;

@@ -84,7 +84,17 @@ struct TierSpec {
   double high_watermark = 0.95, low_watermark = 0.85;
   bool write_through = false;
   bool fsync = true;  // disk: fsync each object before it becomes visible (off: faster, not crash-safe)
+  // How the tier stores chunks: a codec spec (codec/codec.h: "raw", "int8",
+  // "cachegen:bins=16", "kdn:hifi", ...). Empty: the kind's default, raw for
+  // host and device tiers (kDefaultHotCodec), kdn's codec for disk tiers
+  // (kDefaultColdCodec, store/chunk_codec.h). A spec that does not parse or
+  // names an unknown codec fails KvStore::Create with kInvalidArgument.
+  // KvStore::options() reports the codec each tier actually uses.
+  std::string codec;
 };
+
+// The codec spec a tier of `kind` uses when its TierSpec::codec is empty.
+std::string_view DefaultTierCodec(TierSpec::Kind kind);
 
 struct StoreOptions {
   std::uint32_t chunk_tokens = 256;

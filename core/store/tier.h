@@ -1,7 +1,9 @@
 // What the tiers of a store exchange, and the interface every tier
 // implements. A tier only stores: it never evicts on its own; the chain
 // (store/tiered_store.h) decides what to evict, where to demote and what to
-// promote, and enforces capacity before it puts.
+// promote, and enforces capacity before it puts. A tier stores a chunk's
+// payload as it is given, raw or encoded (ChunkMeta::codec): the chain
+// encodes for the tiers that have a codec, and decodes what it reads back.
 // Thread-safety: every Tier implementation must allow concurrent calls.
 #pragma once
 
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "keys/hash.h"
 #include "util/status.h"
 
@@ -63,13 +66,19 @@ struct ChunkMeta {
   std::uint32_t layers = 0, kv_heads = 0, head_dim = 0, tokens = 0;
   std::int64_t first_position = -1;  // position of the first token; -1 = position-free
   bool edited = false;             // rewritten by an editor stage after it was stored
+  // How the payload holds the KV: kRaw, the canonical bytes themselves; any
+  // other codec, that codec's self-describing payload (codec/codec.h), which
+  // the chain decodes before anyone reads the KV (store/chunk_codec.h).
+  codec::CodecId codec = codec::CodecId::kRaw;
+  // The size of the canonical KV (the payload's size only when raw).
   std::uint64_t payload_bytes() const {
     return std::uint64_t{layers} * 2 * tokens * kv_heads * head_dim * (dtype == 0 ? 4 : 2);
   }
   bool operator==(const ChunkMeta&) const = default;
 };
 
-// An immutable chunk: the canonical KV bytes ([layer][k|v][token][kv_head][head_dim]).
+// An immutable chunk: the canonical KV bytes ([layer][k|v][token][kv_head][head_dim]),
+// or, in a tier whose codec is not raw, their encoding (meta.codec).
 struct Chunk {
   ChunkMeta meta;
   Payload payload;
@@ -94,7 +103,8 @@ class Tier {
   virtual ~Tier() = default;
 
   virtual const std::string& name() const = 0;
-  // What an object costs in this tier's capacity (payload plus any header).
+  // What an object costs in this tier's capacity (payload as stored, encoded
+  // or not, plus any header).
   virtual std::uint64_t Cost(const Chunk& chunk) const = 0;
   // Stores a chunk, all or nothing: no reader ever sees a partial object.
   // Putting a present key is a no-op returning Ok. Fails with kRetryLater

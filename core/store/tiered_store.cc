@@ -1,9 +1,20 @@
 #include "store/tiered_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
+#include "store/chunk_codec.h"
+
 namespace kdn::store {
+namespace {
+
+std::uint64_t NsSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace
 
 // ---- Lease ------------------------------------------------------------------
 
@@ -47,6 +58,7 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(TieredStoreOptions opti
     level->high = lo.high_watermark;
     level->low = lo.low_watermark;
     level->write_through = lo.write_through;
+    if (lo.codec && lo.codec->id() != codec::CodecId::kRaw) level->codec = std::move(lo.codec);
     // Objects the tier already holds (a disk tier after a restart), oldest first.
     std::vector<ObjectInfo> held = lo.tier->List();
     std::sort(held.begin(), held.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.last_use_ns < b.last_use_ns; });
@@ -172,6 +184,24 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
 Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, JobKind why) {
   Level& L = *levels_[li];
   const keys::Digest& key = chunk->meta.key;
+  ChunkRef stored = chunk;
+  if (chunk->meta.codec != L.codec_id()) {
+    {
+      // Present already: not worth an encode.
+      std::lock_guard<std::mutex> lock(L.mu);
+      if (L.tier->Contains(key)) {
+        L.policy->OnAccess(key);
+        return Status::Ok();
+      }
+    }
+    // Outside the level's lock: encoding is the slow part of a put.
+    Result<ChunkRef> form = StoredForm(li, chunk);
+    if (!form.ok()) {
+      ++L.put_refusals;
+      return form.status();
+    }
+    stored = std::move(form).value();
+  }
   std::vector<ChunkRef> victims;
   Status st;
   bool inserted = false;
@@ -181,17 +211,17 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       L.policy->OnAccess(key);
       return Status::Ok();
     }
-    const std::uint64_t cost = L.tier->Cost(*chunk);
+    const std::uint64_t cost = L.tier->Cost(*stored);
     if (cost > L.tier->capacity_bytes()) {
       ++L.put_refusals;
       return Status(Code::kRetryLater, L.tier->name() + ": object larger than the tier");
     }
     victims = MakeRoom(li, cost, /*hard=*/false);
-    st = L.tier->Put(chunk);
+    st = L.tier->Put(stored);
     if (st.code() == Code::kRetryLater) {  // full after all: evict to the capacity and retry once
       auto more = MakeRoom(li, cost, /*hard=*/true);
       victims.insert(victims.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
-      st = L.tier->Put(chunk);
+      st = L.tier->Put(stored);
     }
     if (st.ok()) {
       L.policy->OnInsert(key, cost);
@@ -219,13 +249,70 @@ void TieredStore::Demote(size_t from, std::vector<ChunkRef> victims, bool from_m
   if (from + 1 >= levels_.size()) return;
   for (ChunkRef& v : victims) {
     if (from_mover) {
-      ChunkRef c = ApplyEdit(v);
-      (void)PutAt(from + 1, c, true, JobKind::kDemote);
-      EndTransit(v);
+      DemoteNow(from, v);
     } else {
       Enqueue(Job{JobKind::kDemote, std::move(v), from + 1}, /*wait=*/true);
     }
   }
+}
+
+void TieredStore::DemoteNow(size_t from, const ChunkRef& victim) {
+  ChunkRef c = victim;
+  // An encoded victim goes down as it is when the next level has the same
+  // codec (no second lossy pass); it is decoded first for another codec,
+  // or when the editor may still have to see its KV.
+  const bool editable = editor_ && !c->meta.edited;
+  if (c->meta.codec != codec::CodecId::kRaw && (c->meta.codec != levels_[from + 1]->codec_id() || editable)) {
+    Result<ChunkRef> raw = Canonical(from, c);
+    if (!raw.ok()) {  // unreadable: dropped, as a corrupt object would be
+      EndTransit(victim);
+      return;
+    }
+    c = std::move(raw).value();
+  }
+  c = ApplyEdit(c);  // edits land before lower tiers see the chunk
+  (void)PutAt(from + 1, c, /*from_mover=*/true, JobKind::kDemote);
+  EndTransit(victim);
+}
+
+Result<ChunkRef> TieredStore::StoredForm(size_t li, const ChunkRef& chunk) {
+  Level& L = *levels_[li];
+  if (chunk->meta.codec == L.codec_id()) return chunk;
+  ChunkRef raw = chunk;
+  if (chunk->meta.codec != codec::CodecId::kRaw) {
+    // In another level's codec (the callers pass canonical chunks or this
+    // level's own form; kept correct for any input all the same).
+    Result<ChunkRef> decoded = Canonical(li, chunk);
+    if (!decoded.ok()) return decoded.status();
+    raw = std::move(decoded).value();
+  }
+  if (!L.codec) return raw;
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<ChunkRef> encoded = EncodeChunk(*L.codec, *raw);
+  L.encode_ns += NsSince(t0);
+  if (!encoded.ok()) {
+    // Stored raw: a cold tier holding canonical bytes beats a lost chunk.
+    ++L.encode_failures;
+    return raw;
+  }
+  ++L.encoded;
+  L.encode_in += raw->payload.size();
+  L.encode_out += (*encoded)->payload.size();
+  return encoded;
+}
+
+Result<ChunkRef> TieredStore::Canonical(size_t li, const ChunkRef& stored) {
+  if (stored->meta.codec == codec::CodecId::kRaw) return stored;
+  Level& L = *levels_[li];
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<ChunkRef> raw = DecodeChunk(stored);
+  L.decode_ns += NsSince(t0);
+  if (raw.ok()) {
+    ++L.decoded;
+  } else if (raw.status().code() != Code::kNoMemory) {
+    ++L.decode_failures;
+  }
+  return raw;
 }
 
 Status TieredStore::Put(ChunkRef chunk) {
@@ -263,6 +350,18 @@ Result<Lease> TieredStore::Get(const keys::Digest& key) {
       if (!L.tier->Contains(key)) L.policy->OnRemove(key);
       continue;
     }
+    Result<ChunkRef> raw = Canonical(i, *got);
+    if (!raw.ok()) {
+      ++L.misses;
+      if (raw.status().code() == Code::kCorrupt) {
+        // A payload that does not decode stays unreadable: removed, as the
+        // tier removes objects that fail its own checks (counted in Canonical).
+        std::lock_guard<std::mutex> lock(L.mu);
+        L.tier->Erase(key);
+        L.policy->OnRemove(key);
+      }
+      continue;
+    }
     Lease lease;
     {
       std::lock_guard<std::mutex> lock(lease_mu_);
@@ -270,7 +369,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key) {
     }
     ++leases_total_;
     lease.store_ = this;
-    lease.chunk_ = std::move(got).value();
+    lease.chunk_ = std::move(raw).value();
     lease.level_ = static_cast<int>(i);
     {
       std::lock_guard<std::mutex> lock(L.mu);
@@ -286,6 +385,10 @@ Result<Lease> TieredStore::Get(const keys::Digest& key) {
   }
   size_t target = 0;
   if (ChunkRef moving = InTransit(key, &target)) {  // evicted, on its way down
+    // In the stored form of the level it left.
+    Result<ChunkRef> raw = Canonical(target - 1, moving);
+    if (!raw.ok()) return Status::NotFound("the chunk on its way down does not decode: " + raw.status().message());
+    moving = std::move(raw).value();
     Lease lease;
     {
       std::lock_guard<std::mutex> lock(lease_mu_);
@@ -412,13 +515,19 @@ ChunkRef TieredStore::ApplyEdit(const ChunkRef& chunk) {
   return RunEditor(chunk);
 }
 
-bool TieredStore::ReplaceEverywhere(const ChunkRef& edited) {
+bool TieredStore::ReplaceEverywhere(const ChunkRef& edited, const std::vector<ChunkRef>& forms) {
   bool placed = false;
-  for (auto& level : levels_) {
+  for (size_t li = 0; li < levels_.size(); ++li) {
+    auto& level = levels_[li];
     std::lock_guard<std::mutex> lock(level->mu);
     if (!level->tier->Contains(edited->meta.key)) continue;
+    ChunkRef form = li < forms.size() ? forms[li] : nullptr;
+    if (!form) {  // reached this level after the forms were made: encode here
+      Result<ChunkRef> made = StoredForm(li, edited);
+      if (made.ok()) form = std::move(made).value();
+    }
     level->tier->Erase(edited->meta.key);
-    if (level->tier->Put(edited).ok()) {
+    if (form && level->tier->Put(form).ok()) {
       placed = true;
     } else {
       level->policy->OnRemove(edited->meta.key);
@@ -436,10 +545,18 @@ void TieredStore::RunJob(Job& job) {
         if (it == pending_edits_.end() || it->second) return;  // erased, or edited on its way down already
       }
       ChunkRef edited = RunEditor(job.chunk);
+      // The edited chunk in the form of each level holding it, encoded here,
+      // before any lock is taken.
+      std::vector<ChunkRef> forms(levels_.size());
+      for (size_t li = 0; edited != job.chunk && li < levels_.size(); ++li) {
+        if (!levels_[li]->tier->Contains(edited->meta.key)) continue;
+        Result<ChunkRef> form = StoredForm(li, edited);
+        if (form.ok()) forms[li] = std::move(form).value();
+      }
       std::lock_guard<std::mutex> lock(queue_mu_);
       auto it = pending_edits_.find(job.chunk->meta.key);
       if (it == pending_edits_.end()) return;  // erased meanwhile
-      if (edited == job.chunk || ReplaceEverywhere(edited)) {
+      if (edited == job.chunk || ReplaceEverywhere(edited, forms)) {
         pending_edits_.erase(it);
       } else {
         it->second = edited;  // no tier holds it now: its queued demotion takes the edit
@@ -451,10 +568,11 @@ void TieredStore::RunJob(Job& job) {
       (void)PutAt(job.target, job.chunk, /*from_mover=*/true, JobKind::kPromote);
       return;
     case JobKind::kDemote:
+      DemoteNow(job.target - 1, job.chunk);
+      return;
     case JobKind::kCopy: {
       ChunkRef c = ApplyEdit(job.chunk);  // edits land before lower tiers see the chunk
       (void)PutAt(job.target, c, /*from_mover=*/true, job.kind);
-      if (job.kind == JobKind::kDemote) EndTransit(job.chunk);
       return;
     }
   }
@@ -484,7 +602,16 @@ std::vector<LevelStats> TieredStore::Stats() const {
     s.objects = l->tier->objects();
     s.used_bytes = l->tier->used_bytes();
     s.capacity_bytes = l->tier->capacity_bytes();
-    s.corrupt_detected = l->tier->counters().corrupt_detected;
+    s.corrupt_detected = l->tier->counters().corrupt_detected + l->decode_failures;
+    s.codec = l->codec ? l->codec->spec().ToString() : "raw";
+    s.encoded_chunks = l->encoded;
+    s.bytes_before_encoding = l->encode_in;
+    s.bytes_after_encoding = l->encode_out;
+    s.encode_failures = l->encode_failures;
+    s.decoded_chunks = l->decoded;
+    s.decode_failures = l->decode_failures;
+    s.encode_ns = l->encode_ns;
+    s.decode_ns = l->decode_ns;
     out.push_back(s);
   }
   return out;

@@ -10,6 +10,21 @@
 // evicted the put moves on to the next tier, and only fails when no tier
 // can take it. An optional editor rewrites new chunks in the background,
 // before they are demoted to lower tiers.
+//
+// Codecs: each level may store its chunks encoded (LevelOptions::codec; a
+// disk tier typically does, to hold more chunks). The chain encodes a chunk
+// for such a level before it puts it there, outside the level's lock: on the
+// mover thread for demotions, write-through copies and promotions, and on the
+// putting thread only for a Put that lands in that level directly (the
+// engine API's saves put from worker threads, so never an engine's own
+// thread). The level's capacity then counts the encoded bytes. A chunk
+// already in the level's codec (demoted from a level with the same codec)
+// is not encoded again; one that fails to encode (e.g. non-finite KV) is
+// stored raw, and counted. Every read decodes what it got before anyone
+// sees it: leases, promotions and the editor only ever see canonical KV. A
+// payload that fails to decode is a miss: counted (decode_failures and
+// corrupt_detected of its level) and erased from that level. Raw chunks
+// pass through without a copy.
 // Thread-safety: every public member may be called from any thread. Leases
 // must be released before the store is destroyed.
 #pragma once
@@ -26,6 +41,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "codec/codec.h"
 #include "store/policy.h"
 #include "store/tier.h"
 #include "util/clock.h"
@@ -48,6 +64,9 @@ struct LevelOptions {
   double high_watermark = 0.95;  // a put that would cross this fraction of capacity evicts first...
   double low_watermark = 0.85;   // ...down to this fraction
   bool write_through = false;    // also copy new objects to the next tier (in the background)
+  // How this level stores chunks: null or raw, the canonical KV as it is;
+  // any other codec, encoded by it (see the file comment).
+  std::shared_ptr<const codec::Codec> codec;
 };
 
 struct TieredStoreOptions {
@@ -62,7 +81,21 @@ struct LevelStats {
   std::string name;
   std::uint64_t hits = 0, misses = 0, puts = 0, put_refusals = 0, evictions = 0;
   std::uint64_t demotions_in = 0, promotions_in = 0, bytes_in = 0, bytes_out = 0;
-  std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0, corrupt_detected = 0;
+  std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0;
+  // Objects that failed a check on read and were removed: the tier's own
+  // checks (checksums) plus payloads that failed to decode.
+  std::uint64_t corrupt_detected = 0;
+  // The level's codec, as a spec ("raw", "int8", "kdn:balanced", ...).
+  std::string codec = "raw";
+  // Chunks encoded for this level, their canonical bytes and their encoded
+  // bytes (the compression ratio is before / after), and encodes that
+  // failed (those chunks were stored raw).
+  std::uint64_t encoded_chunks = 0, bytes_before_encoding = 0, bytes_after_encoding = 0, encode_failures = 0;
+  // Chunks read from this level and decoded, and those whose payload failed
+  // to decode (misses, removed).
+  std::uint64_t decoded_chunks = 0, decode_failures = 0;
+  // Time spent encoding for this level and decoding what it returned.
+  std::uint64_t encode_ns = 0, decode_ns = 0;
 };
 
 struct StoreCounters {
@@ -129,12 +162,16 @@ class TieredStore {
  private:
   struct Level {
     std::unique_ptr<Tier> tier;
+    std::shared_ptr<const codec::Codec> codec;  // null: raw
     std::unique_ptr<EvictionPolicy> policy;  // guarded by mu
     double high = 0.95, low = 0.85;
     bool write_through = false;
     mutable std::mutex mu;  // serializes puts, evictions and policy updates of this level
     std::atomic<std::uint64_t> hits{0}, misses{0}, puts{0}, put_refusals{0}, evictions{0};
     std::atomic<std::uint64_t> demotions_in{0}, promotions_in{0}, bytes_in{0}, bytes_out{0};
+    std::atomic<std::uint64_t> encoded{0}, encode_in{0}, encode_out{0}, encode_failures{0}, encode_ns{0};
+    std::atomic<std::uint64_t> decoded{0}, decode_failures{0}, decode_ns{0};
+    codec::CodecId codec_id() const { return codec ? codec->id() : codec::CodecId::kRaw; }
   };
   enum class JobKind { kDemote, kPromote, kCopy, kEdit };
   struct Job {
@@ -152,13 +189,27 @@ class TieredStore {
   std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard);
   bool Evictable(const keys::Digest& key);
   void Demote(size_t from_level, std::vector<ChunkRef> victims, bool from_mover);
+  // Puts a victim of `from_level` (in that level's stored form) into the
+  // next level; on the mover. Ends its transit.
+  void DemoteNow(size_t from_level, const ChunkRef& victim);
+  // The form level `level` stores `chunk` in: the chunk itself when it is in
+  // the level's codec already (raw included), otherwise encoded by it (a
+  // chunk in another codec is decoded first). Counts in the level's
+  // telemetry; an encode failure yields the canonical chunk.
+  Result<ChunkRef> StoredForm(size_t level, const ChunkRef& chunk);
+  // The canonical KV of a chunk read from `level` (itself when raw), the
+  // decode counted at that level; kCorrupt when its payload does not decode.
+  Result<ChunkRef> Canonical(size_t level, const ChunkRef& stored);
   bool Enqueue(Job job, bool wait);
   void MoverLoop();
   void RunJob(Job& job);
   // The edited chunk (editing it now if it is pending), or chunk unchanged.
   ChunkRef ApplyEdit(const ChunkRef& chunk);
   ChunkRef RunEditor(const ChunkRef& chunk);
-  bool ReplaceEverywhere(const ChunkRef& edited);
+  // Puts `edited` in place of the chunk in every level holding it, in each
+  // level's stored form: forms[level] when given (encoded beforehand,
+  // outside the locks), else made here.
+  bool ReplaceEverywhere(const ChunkRef& edited, const std::vector<ChunkRef>& forms);
   void ReleaseLease(const keys::Digest& key);
 
   const Clock* clock_;

@@ -28,8 +28,25 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("kdn::wire::schema");
 
 # How the payload encodes the canonical KV ([layer][k|v][token][kv_head][head_dim]).
+# The values are codec::CodecId's (core/codec/codec.h), pinned forever.
+# Every codec but raw stores its own self-describing payload (a header that
+# repeats the codec id, the shape and the dtype, then the encoded KV); the
+# reader decodes it against this envelope's shape and dtype and refuses a
+# payload whose header says anything else.
+#
+# Adding an enumerant (a new codec) does not change versionMinor: the
+# message is still an exact 1.0 message, its codec covered by the header
+# checksum, and a reader that does not know the value refuses the object as
+# unsupported (the disk tier counts it as unreadable and removes it); it can
+# never mistake it for raw KV. Envelopes of raw chunks stay byte for byte
+# what 1.0 writers wrote.
 enum Codec {
-  raw @0;  # the canonical bytes themselves
+  raw @0;       # the canonical bytes themselves (no codec header)
+  fp8 @1;       # e4m3 with per-token or per-head scales
+  int8 @2;      # symmetric int8, one scale per (layer, k|v, token)
+  kivi2 @3;     # 2-bit, keys per channel, values per token
+  cachegen @4;  # LMCache's CacheGen, range-coded
+  kdn @5;       # kdn's compressing codec
 }
 
 # Element type of the KV (mirrors kdn_dtype).

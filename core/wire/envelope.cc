@@ -17,12 +17,28 @@
 #include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "wire/chunk.capnp.h"
 
 namespace kdn::wire {
 namespace {
 
 using schema::ChunkEnvelope;
+
+// One numbering of codecs, three spellings: the codec library's ids, this
+// header's enum and the schema's enumerants must never drift apart.
+#define KDN_SAME_CODEC(ours, lib, capnp)                                                                   \
+  static_assert(static_cast<std::uint32_t>(Codec::ours) == static_cast<std::uint32_t>(codec::CodecId::lib) && \
+                static_cast<std::uint32_t>(Codec::ours) == static_cast<std::uint32_t>(schema::Codec::capnp))
+KDN_SAME_CODEC(kRaw, kRaw, RAW);
+KDN_SAME_CODEC(kFp8, kFp8, FP8);
+KDN_SAME_CODEC(kInt8, kInt8, INT8);
+KDN_SAME_CODEC(kKivi2, kKivi2, KIVI2);
+KDN_SAME_CODEC(kCacheGen, kCacheGen, CACHEGEN);
+KDN_SAME_CODEC(kKdn, kKdn, KDN);
+#undef KDN_SAME_CODEC
+
+bool KnownCodec(std::uint16_t codec) { return codec <= kLastKnownCodec; }
 
 static_assert(std::endian::native == std::endian::little,
               "the segment table and the canonical header encoding are written as the memory image");
@@ -223,15 +239,21 @@ Status ReadFields(ChunkEnvelope::Reader e, EnvelopeHeader* h, Pieces* pieces) {
 // the payload fits the shape and is the object asked for.
 Status CheckHeader(const EnvelopeHeader& h, std::uint64_t stored_header_checksum, const keys::Digest* expected_key) {
   if (HeaderChecksum(h) != stored_header_checksum) return Corrupt("header checksum mismatch");
-  if (h.codec != static_cast<std::uint16_t>(Codec::kRaw)) {
+  if (!KnownCodec(h.codec)) {
     return Status::Unsupported("chunk envelope: unknown codec " + std::to_string(h.codec));
   }
   if (!ElementBytes(h.meta.dtype)) {
     return Status::Unsupported("chunk envelope: unknown dtype " + std::to_string(h.meta.dtype));
   }
   const std::optional<std::uint64_t> shape_bytes = ShapeBytes(h.meta);
-  if (!shape_bytes || *shape_bytes != h.payload_bytes) {
+  if (!shape_bytes) return Corrupt("shape overflows");
+  if (h.codec == static_cast<std::uint16_t>(Codec::kRaw) && *shape_bytes != h.payload_bytes) {
     return Corrupt("payload of " + std::to_string(h.payload_bytes) + " bytes does not match its shape and dtype");
+  }
+  // An encoded payload's size is the codec's to check (it starts with a
+  // header naming the codec and the shape): here, only that there is one.
+  if (h.codec != static_cast<std::uint16_t>(Codec::kRaw) && h.payload_bytes == 0) {
+    return Corrupt("an encoded payload is empty");
   }
   if (expected_key && h.meta.key != *expected_key) {
     return Corrupt("holds key " + keys::ToHex(h.meta.key) + ", expected " + keys::ToHex(*expected_key));
@@ -239,10 +261,11 @@ Status CheckHeader(const EnvelopeHeader& h, std::uint64_t stored_header_checksum
   return Status::Ok();
 }
 
-store::ChunkRef MakeChunk(const store::ChunkMeta& meta, const Pieces& pieces, std::uint64_t payload_bytes,
-                          const std::shared_ptr<void>& owner) {
+store::ChunkRef MakeChunk(const EnvelopeHeader& h, const Pieces& pieces, const std::shared_ptr<void>& owner) {
+  const std::uint64_t payload_bytes = h.payload_bytes;
   auto chunk = std::make_shared<store::Chunk>();
-  chunk->meta = meta;
+  chunk->meta = h.meta;
+  chunk->meta.codec = static_cast<codec::CodecId>(h.codec);
   if (pieces.size() == 1 && owner) {
     // The payload stays where it was read: the chunk shares the buffer.
     chunk->payload = store::Payload::Adopt(const_cast<std::uint8_t*>(pieces[0].begin()), pieces[0].size(), owner);
@@ -274,13 +297,14 @@ Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, con
   KDN_RETURN_IF_ERROR(CheckHeader(h, e.getHeaderChecksum(), expected_key));
   if (h.version_minor == kEnvelopeVersionMinor) KDN_RETURN_IF_ERROR(CheckExactV1(words, e, pieces, h.payload_bytes));
   if (PiecesChecksum(pieces) != h.checksum) return Corrupt("payload checksum mismatch");
-  return MakeChunk(h.meta, pieces, h.payload_bytes, owner);
+  return MakeChunk(h, pieces, owner);
 }
 
 void FillEnvelope(const store::Chunk& chunk, ChunkEnvelope::Builder e) {
   const store::ChunkMeta& m = chunk.meta;
   EnvelopeHeader h;
   h.meta = m;
+  h.codec = static_cast<std::uint16_t>(m.codec);
   h.payload_bytes = chunk.payload.size();
   h.checksum = PayloadChecksum(chunk.payload.data(), chunk.payload.size());
   e.setVersionMajor(h.version_major);
@@ -288,7 +312,7 @@ void FillEnvelope(const store::Chunk& chunk, ChunkEnvelope::Builder e) {
   e.setModel(capnp::Data::Reader(m.model.data(), m.model.size()));
   e.setNamespaceHash(capnp::Data::Reader(m.ns_hash.data(), m.ns_hash.size()));
   e.setKey(capnp::Data::Reader(m.key.data(), m.key.size()));
-  e.setCodec(schema::Codec::RAW);
+  e.setCodec(static_cast<schema::Codec>(h.codec));
   e.setDtype(static_cast<schema::DType>(m.dtype));
   e.getShape().setLayers(m.layers);
   e.getShape().setKvHeads(m.kv_heads);
@@ -341,9 +365,16 @@ std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes) {
 Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk) {
   const std::optional<std::uint64_t> shape_bytes = ShapeBytes(chunk.meta);
   if (!shape_bytes) return Status::InvalidArgument("chunk envelope: unknown dtype or a shape that overflows");
-  if (*shape_bytes != chunk.payload.size()) {
+  const auto codec = static_cast<std::uint32_t>(chunk.meta.codec);
+  if (codec > kLastKnownCodec) {
+    return Status::InvalidArgument("chunk envelope: unknown codec " + std::to_string(codec));
+  }
+  if (chunk.meta.codec == codec::CodecId::kRaw && *shape_bytes != chunk.payload.size()) {
     return Status::InvalidArgument("chunk envelope: payload of " + std::to_string(chunk.payload.size()) +
                                    " bytes, the shape and dtype say " + std::to_string(*shape_bytes));
+  }
+  if (chunk.meta.codec != codec::CodecId::kRaw && chunk.payload.empty()) {
+    return Status::InvalidArgument("chunk envelope: an encoded payload is empty");
   }
   try {
     const std::uint64_t total = EncodedEnvelopeSize(chunk.payload.size());

@@ -3,6 +3,13 @@
 // (format version, both checksums, the payload size against the shape and
 // dtype, the key, the codec) and never throws: a malformed buffer is a
 // kCorrupt status, a newer format or an unknown codec kUnsupported.
+//
+// The envelope carries the payload as stored: the canonical KV for the raw
+// codec, a codec's payload otherwise (ChunkMeta::codec). A raw payload's size
+// is checked against the shape and dtype here; an encoded payload is checked
+// here by its checksum only, and against the shape, dtype and codec by the
+// codec when it is decoded (store::DecodeChunk, which every read through the
+// chain does): an envelope never turns into KV of another shape.
 // Thread-safety: pure functions; no shared mutable state.
 #pragma once
 
@@ -24,7 +31,9 @@ inline constexpr std::uint16_t kEnvelopeVersionMinor = 0;
 // Proto Data holds less than 512 MiB.
 inline constexpr std::uint64_t kPayloadPieceBytes = std::uint64_t{1} << 28;
 
-enum class Codec : std::uint16_t { kRaw = 0 };
+// The schema's Codec; equal to codec::CodecId (asserted in envelope.cc).
+enum class Codec : std::uint16_t { kRaw = 0, kFp8 = 1, kInt8 = 2, kKivi2 = 3, kCacheGen = 4, kKdn = 5 };
+inline constexpr std::uint16_t kLastKnownCodec = static_cast<std::uint16_t>(Codec::kKdn);
 enum class ChecksumAlgorithm : std::uint16_t { kXxh3 = 0 };
 
 // The bytes EncodeEnvelope produces for a payload of `payload_bytes`: a pure
@@ -32,13 +41,16 @@ enum class ChecksumAlgorithm : std::uint16_t { kXxh3 = 0 };
 // whole words), so a tier can account for an object without encoding it.
 std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes);
 
-// Encodes a chunk with the raw codec. The payload is copied once, straight
-// into the output (the message is built in place in a buffer of the exact
-// size). kInvalidArgument when the payload does not match the meta's shape
-// and dtype, or the dtype is unknown.
+// Frames a chunk as it is stored (meta.codec says how its payload encodes
+// the KV; this does no encoding). The payload is copied once, straight into
+// the output (the message is built in place in a buffer of the exact size).
+// kInvalidArgument when the dtype or the codec is unknown, the shape
+// overflows, a raw payload does not match the shape and dtype, or an encoded
+// payload is empty.
 Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk);
 
-// Decodes and checks an envelope. `data` need not be aligned (an unaligned
+// Decodes and checks an envelope, returning the chunk as stored (its payload
+// still encoded when meta.codec is not raw). `data` need not be aligned (an unaligned
 // buffer costs one copy). With `expected_key`, an envelope holding another
 // key is kCorrupt (a misplaced object). The payload is copied once into the
 // returned chunk, unless `owner` (which keeps `data` alive) is given: then a
@@ -53,7 +65,7 @@ Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size,
 struct EnvelopeHeader {
   std::uint16_t version_major = kEnvelopeVersionMajor;
   std::uint16_t version_minor = kEnvelopeVersionMinor;
-  std::uint16_t codec = 0;               // a Codec, possibly unknown to this reader
+  std::uint16_t codec = 0;               // a Codec, possibly unknown to this reader (meta.codec is not read)
   std::uint16_t checksum_algorithm = 0;  // a ChecksumAlgorithm
   store::ChunkMeta meta;
   std::uint64_t payload_bytes = 0;       // the payload's stored length

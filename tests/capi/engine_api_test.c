@@ -320,12 +320,16 @@ static kdn_runtime *new_big_runtime(uint32_t chunk_tokens) {
   return runtime;
 }
 
+/* A disk tier storing raw KV: the groups using it compare loaded KV bit for
+ * bit (a disk tier's default codec is lossy; group 1 tests the codecs). */
 static kdn_tier_config disk_tier(const char *path) {
   kdn_tier_config c = KDN_TIER_CONFIG_INIT;
   c.kind = KDN_TIER_DISK;
   c.capacity_bytes = DISK_CAPACITY;
   c.path = path;
   c.path_len = strlen(path);
+  c.codec = "raw";
+  c.codec_len = 3;
   return c;
 }
 
@@ -528,7 +532,7 @@ static void test_tiers(void) {
     kdn_tier_config_init(&b);
     CHECK(a.struct_size == b.struct_size && a.kind == b.kind && a.capacity_bytes == b.capacity_bytes &&
           b.path == NULL && b.path_len == 0 && b.policy == KDN_EVICT_LRU && b.high_watermark == 0.0f &&
-          b.low_watermark == 0.0f && b.write_through == 0);
+          b.low_watermark == 0.0f && b.write_through == 0 && b.codec == NULL && b.codec_len == 0);
     kdn_tier_config_init(NULL);
   }
   {
@@ -576,6 +580,143 @@ static kdn_op_result load_whole_at(kdn_runtime *rt, const kdn_model *m, const ch
     sleep_ms(20);
   }
   return res;
+}
+
+/* Whether every layer holds the reference KV of its first `count` tokens
+ * within int8's error bound (half a quantization step, absmax / 127 / 2 of
+ * the (layer, k|v, token) block, plus float rounding) and no element is
+ * off by nothing at all everywhere (it was encoded, not copied). */
+static int ekv_near_ref_int8(const engine_kv *e, int count, int *exact_everywhere) {
+  int l, kv, t, h, d, ok = 1, exact = 1;
+  for (l = 0; l < LAYERS; ++l)
+    for (kv = 0; kv < 2; ++kv)
+      for (t = 0; t < count; ++t) {
+        float absmax = 0.0f;
+        for (h = 0; h < HEADS; ++h)
+          for (d = 0; d < HEAD_DIM; ++d) {
+            const float x = ref_at(l, kv, t, h, d);
+            absmax = x > absmax ? x : (-x > absmax ? -x : absmax);
+          }
+        for (h = 0; h < HEADS; ++h)
+          for (d = 0; d < HEAD_DIM; ++d) {
+            const float want = ref_at(l, kv, t, h, d);
+            const float got = (kv == 0 ? e->k[l] : e->v[l])[ekv_offset(e, kv, t, h, d)];
+            const float err = got > want ? got - want : want - got;
+            if (!(err <= absmax / 127.0f / 2.0f + absmax * 1e-6f)) ok = 0;
+            if (got != want) exact = 0;
+          }
+      }
+  *exact_everywhere = exact;
+  return ok;
+}
+
+static void test_tier_codecs(void) {
+  static const char ns[] = "codecs";
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  kdn_tier_config tiers[2];
+  kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_runtime *rt = NULL;
+  kdn_model *m;
+  char dir[300];
+  kdn_tier_stats host, disk;
+
+  group_begin("1. tiers: codecs (defaults, an older caller's config)");
+  subdir(dir, sizeof dir, "codec-default");
+  tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
+  tiers[1] = disk_tier(dir);
+  tiers[1].codec = NULL; /* the kind's default */
+  tiers[1].codec_len = 0;
+  options.tiers = tiers;
+  options.num_tiers = 2;
+  CHECK_OK(kdn_runtime_create(&options, &rt));
+  if (rt != NULL) {
+    host = tier_stats(rt, 0);
+    disk = tier_stats(rt, 1);
+    CHECK(strcmp(host.codec, "raw") == 0);
+    /* kdn's codec, or int8 standing in for it until that codec is built. */
+    CHECK(strncmp(disk.codec, "kdn", 3) == 0 || strcmp(disk.codec, "int8") == 0);
+    CHECK(disk.encoded_chunks == 0 && disk.bytes_before_encoding == 0 && disk.decode_failures == 0);
+    kdn_runtime_destroy(rt);
+    rt = NULL;
+  }
+  /* A caller built before the codec was appended: its struct ends at
+   * write_through, and its disk tier gets the default codec. */
+  tiers[1].struct_size = (uint32_t)offsetof(kdn_tier_config, codec);
+  tiers[1].codec = "raw"; /* beyond its struct_size: never read */
+  tiers[1].codec_len = 3;
+  CHECK_OK(kdn_runtime_create(&options, &rt));
+  if (rt != NULL) {
+    disk = tier_stats(rt, 1);
+    CHECK(strcmp(disk.codec, "raw") != 0);
+    kdn_runtime_destroy(rt);
+    rt = NULL;
+  }
+  {
+    /* An older caller's kdn_tier_stats ending before `codec`: nothing of
+     * the appended fields is written. */
+    kdn_tier_stats old;
+    CHECK_OK(kdn_runtime_create(&options, &rt));
+    memset(&old, 0xEE, sizeof old);
+    old.struct_size = (uint32_t)offsetof(kdn_tier_stats, codec);
+    if (rt != NULL) CHECK_OK(kdn_runtime_tier_stats(rt, 1, &old));
+    CHECK_EQ(old.capacity_bytes, DISK_CAPACITY);
+    CHECK_EQ((unsigned char)old.codec[0], 0xEE);
+    CHECK_EQ(old.encoded_chunks, 0xEEEEEEEEEEEEEEEEull);
+    kdn_runtime_destroy(rt);
+    rt = NULL;
+  }
+  group_end();
+
+  group_begin("1. tiers: an int8 disk tier encodes on demotion, decodes on load");
+  subdir(dir, sizeof dir, "codec-int8");
+  tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
+  tiers[0].capacity_bytes = HOST_CAPACITY; /* two chunks */
+  tiers[0].high_watermark = 1.0f;
+  tiers[0].low_watermark = 1.0f;
+  tiers[1] = disk_tier(dir);
+  tiers[1].codec = "int8";
+  tiers[1].codec_len = 4;
+  options.chunk_tokens = CHUNK;
+  CHECK_OK(kdn_runtime_create(&options, &rt));
+  if (rt == NULL) {
+    group_end();
+    return;
+  }
+  m = new_model(rt, FINGERPRINT);
+  {
+    engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+    engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+    group_buf gsrc, gdst;
+    kdn_request req = token_request(kTokens, POSITIONS);
+    kdn_op_result res;
+    int exact = 1;
+    ekv_write_ref(src, POSITIONS);
+    res = SAVE(rt, m, ns, &req, whole_group(&gsrc, src), 1);
+    CHECK_EQ(res.tokens, POSITIONS);
+    /* Three chunks, room for two: the first goes down to disk, encoded. */
+    CHECK(wait_tier_objects(rt, 1, 1));
+    host = tier_stats(rt, 0);
+    disk = tier_stats(rt, 1);
+    CHECK(strcmp(host.codec, "raw") == 0 && host.encoded_chunks == 0);
+    CHECK(strcmp(disk.codec, "int8") == 0);
+    CHECK_EQ(disk.encoded_chunks, 1);
+    CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
+    /* f32 to int8 codes plus one f32 scale per (layer, k|v, token). */
+    CHECK(disk.bytes_after_encoding > CHUNK_BYTES / 4 && disk.bytes_after_encoding < CHUNK_BYTES / 3);
+    CHECK(disk.used_bytes < CHUNK_BYTES / 2); /* capacity counts encoded bytes */
+    CHECK_EQ(disk.encode_failures, 0);
+    res = load_whole_at(rt, m, ns, &req, whole_group(&gdst, dst), 1, dst, __LINE__);
+    CHECK_EQ(res.tokens, POSITIONS);
+    CHECK(ekv_near_ref_int8(dst, POSITIONS, &exact));
+    CHECK(!exact); /* the first chunk came back decoded, not copied */
+    disk = tier_stats(rt, 1);
+    CHECK_EQ(disk.decode_failures, 0);
+    ekv_free(src);
+    ekv_free(dst);
+  }
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  group_end();
 }
 
 static void test_paged_and_lookup_batch(void) {
@@ -1893,6 +2034,24 @@ static void test_bad_runtime_options(void) {
   t[0].struct_size = (uint32_t)offsetof(kdn_tier_config, write_through); /* too small */
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
   RESET_TIERS();
+  t[1].codec = "zip"; /* an unknown codec */
+  t[1].codec_len = 3;
+  /* The message names the spec. */
+  CHECK(kdn_runtime_create(&o, &rt) == KDN_ERR_INVALID_ARGUMENT && strstr(kdn_last_error_message(), "zip") != NULL);
+  CHECK(rt == NULL);
+  RESET_TIERS();
+  t[0].codec = "cachegen:bins=1"; /* a parameter out of range */
+  t[0].codec_len = strlen(t[0].codec);
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
+  RESET_TIERS();
+  t[1].codec = "int8:"; /* does not parse */
+  t[1].codec_len = 5;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
+  RESET_TIERS();
+  t[1].codec = NULL; /* with a length */
+  t[1].codec_len = 4;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
+  RESET_TIERS();
   o.tiers = NULL; /* with num_tiers 2 */
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
   RESET_TIERS();
@@ -2345,6 +2504,7 @@ int main(void) {
   g_big_model = g_big != NULL ? new_model(g_big, FINGERPRINT) : NULL;
 
   test_tiers();
+  test_tier_codecs();
   test_paged_and_lookup_batch();
   if (g_big_model != NULL) {
     test_groups();

@@ -454,7 +454,11 @@ TEST(CodecSpecTest, MakeCodecChecksNamesAndParams) {
                         Case{"kivi2:group=99999999999", Code::kInvalidArgument, "group"},
                         Case{"kivi2:groups=4", Code::kInvalidArgument, "groups"},
                         Case{"cachegen:bins=1", Code::kInvalidArgument, "bins"},
-                        Case{"kdn:balanced", Code::kUnsupported, "kdn"}}) {
+                        Case{"kdn:fast", Code::kInvalidArgument, "fast"},
+                        Case{"kdn:lanes=33", Code::kInvalidArgument, "lanes"},
+                        Case{"kdn:step=0", Code::kInvalidArgument, "step"},
+                        Case{"kdn:pw=1_x", Code::kInvalidArgument, "pw"},
+                        Case{"kdn:bins=16", Code::kInvalidArgument, "bins"}}) {
     Result<Spec> spec = ParseSpec(c.spec);
     ASSERT_TRUE(spec.ok()) << c.spec;
     Result<std::unique_ptr<Codec>> codec = MakeCodec(*spec);
@@ -479,7 +483,8 @@ TEST(CodecSpecTest, MakeCodecChecksNamesAndParams) {
 
 // ---------------------------------------------------------------- rejection
 
-const char* const kSpecs[] = {"raw", "fp8", "fp8:scale=head", "int8", "kivi2", "kivi2:bits=4,group=5"};
+const char* const kSpecs[] = {"raw",   "fp8", "fp8:scale=head", "int8", "kivi2", "kivi2:bits=4,group=5",
+                              "kdn",   "kdn:hifi", "kdn:group=5,lanes=3,sink=2"};
 
 // A smooth synthetic chunk (so these tests run without the model files).
 std::vector<std::uint8_t> Synthetic(const Shape& s) {

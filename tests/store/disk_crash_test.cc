@@ -13,8 +13,10 @@
 // exactly one corrupt object then, and zero otherwise would be fine too (a
 // kill cannot produce a partial object).
 // Every iteration uses one seed, so objects of earlier runs stay verifiable.
+// With CODEC (a codec spec), fill stores its chunks encoded and verify
+// decodes them (kdn disk fill/verify --codec).
 //
-// Usage: disk_crash_test PATH_TO_KDN [ITERATIONS]
+// Usage: disk_crash_test PATH_TO_KDN [ITERATIONS [CODEC]]
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -44,7 +46,7 @@ constexpr std::uint64_t kCapacity = 3 << 20;   // ~47 objects of 64 KiB; a run w
 constexpr double kBudgetSeconds = 50;          // stop early (past 50 iterations) to stay near a minute
 
 // Starts `kdn disk fill` in the background; its progress lines go to /dev/null.
-pid_t StartFill(const std::string& kdn, const std::string& dir, const char* fsync) {
+pid_t StartFill(const std::string& kdn, const std::string& dir, const char* fsync, const std::string& codec) {
   const std::string capacity = std::to_string(kCapacity);
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -53,7 +55,7 @@ pid_t StartFill(const std::string& kdn, const std::string& dir, const char* fsyn
     const char* argv[] = {kdn.c_str(),   "disk",       "fill",         "--dir",   dir.c_str(),
                           "--chunks",    kChunks,      "--chunk-bytes", kChunkBytes, "--seed",
                           kSeed,         "--capacity", capacity.c_str(), "--fsync", fsync,
-                          nullptr};
+                          "--codec",     codec.c_str(), nullptr};
     ::execv(kdn.c_str(), const_cast<char* const*>(argv));
     std::_Exit(127);
   }
@@ -65,9 +67,9 @@ struct Verified {
   nlohmann::json report;
 };
 
-Verified RunVerify(const std::string& kdn, const std::string& dir) {
+Verified RunVerify(const std::string& kdn, const std::string& dir, const std::string& codec) {
   const std::string cmd = kdn + " disk verify --dir " + dir + " --seed " + kSeed + " --capacity " +
-                          std::to_string(kCapacity) + " --json";
+                          std::to_string(kCapacity) + " --codec " + codec + " --json";
   Verified v;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return v;
@@ -120,18 +122,19 @@ size_t FilesIn(const fs::path& dir) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s PATH_TO_KDN [ITERATIONS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s PATH_TO_KDN [ITERATIONS [CODEC]]\n", argv[0]);
     return 2;
   }
   const std::string kdn = argv[1];
   const int iterations = argc > 2 ? std::atoi(argv[2]) : 100;
+  const std::string codec = argc > 3 ? argv[3] : "raw";
   const int min_iterations = std::min(iterations, 50);
   char tmpl[] = "/tmp/kdn-disk-crash-XXXXXX";
   if (!::mkdtemp(tmpl)) return 2;
   const std::string dir = tmpl;
 
   const unsigned rng_seed = std::random_device{}();
-  std::printf("disk_crash: %s, rng seed %u\n", dir.c_str(), rng_seed);
+  std::printf("disk_crash: %s, codec %s, rng seed %u\n", dir.c_str(), codec.c_str(), rng_seed);
   std::mt19937 rng(rng_seed);
   const char* policies[] = {"none", "data", "full"};
   const auto start = Clock::now();
@@ -143,7 +146,7 @@ int main(int argc, char** argv) {
     // trimming), the rest anywhere in the run.
     const int delay_ms = i % 4 == 0 ? 1 + static_cast<int>(rng() % 15) : 15 + static_cast<int>(rng() % 186);
     const char* policy = policies[i % 3];
-    const pid_t pid = StartFill(kdn, dir, policy);
+    const pid_t pid = StartFill(kdn, dir, policy, codec);
     if (pid < 0) return 2;
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     ::kill(pid, SIGKILL);
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
     const bool damaged = i % 5 == 4 && DamageOneObject(dir, rng);
     damaged_total += damaged ? 1 : 0;
 
-    const Verified v = RunVerify(kdn, dir);
+    const Verified v = RunVerify(kdn, dir, codec);
     const nlohmann::json& r = v.report;
     bool ok = v.exit_code == 0 && r.is_object();
     if (ok) {

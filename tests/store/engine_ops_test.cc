@@ -198,6 +198,7 @@ TEST(EngineOps, ACorruptChunkIsReportedAsFailedAndTheRestLoads) {
   disk.kind = TierSpec::Kind::kDisk;
   disk.path = dir.string();
   disk.capacity_bytes = 1 << 20;
+  disk.codec = "raw";  // the loaded KV is compared bit for bit
   auto store = KvStore::Create(Options(8, {disk})).value();
   Executor ex(2);
   const ModelKv m = SmallModel();
@@ -272,6 +273,7 @@ TEST(EngineOps, LookupReportsEachTiersPrefix) {
   disk.kind = TierSpec::Kind::kDisk;
   disk.path = dir.string();
   disk.capacity_bytes = 1 << 20;
+  disk.codec = "raw";  // the loaded KV is compared bit for bit
   auto store = KvStore::Create(Options(16, {host, disk})).value();
   Executor ex(2);
   const ModelKv m = SmallModel();

@@ -8,6 +8,11 @@ $Cxx.namespace("kdn::wire::next");
 
 enum Codec {
   raw @0;
+  fp8 @1;
+  int8 @2;
+  kivi2 @3;
+  cachegen @4;
+  kdn @5;
 }
 
 enum DType {

@@ -310,6 +310,73 @@ TEST(Envelope, UnknownCodecIsUnsupported) {
   EXPECT_NE(r.status().message().find("codec 7"), std::string::npos) << r.status().message();
 }
 
+// ---- Encoded payloads (codecs) ------------------------------------------------
+
+TEST(Envelope, CodecValuesArePinnedToTheCodecLibrarysIds) {
+  EXPECT_EQ(static_cast<int>(schema::Codec::RAW), 0);
+  EXPECT_EQ(static_cast<int>(schema::Codec::FP8), static_cast<int>(codec::CodecId::kFp8));
+  EXPECT_EQ(static_cast<int>(schema::Codec::INT8), static_cast<int>(codec::CodecId::kInt8));
+  EXPECT_EQ(static_cast<int>(schema::Codec::KIVI2), static_cast<int>(codec::CodecId::kKivi2));
+  EXPECT_EQ(static_cast<int>(schema::Codec::CACHEGEN), static_cast<int>(codec::CodecId::kCacheGen));
+  EXPECT_EQ(static_cast<int>(schema::Codec::KDN), static_cast<int>(codec::CodecId::kKdn));
+  EXPECT_EQ(kLastKnownCodec, 5);
+}
+
+// An encoded chunk: the reference shape's meta, and an opaque payload of
+// `n` bytes (the envelope does not read codec payloads; the codec does).
+Chunk EncodedChunk(codec::CodecId id, size_t n) {
+  Chunk c;
+  c.meta = Meta(/*f16*/ 1, 2, 4, 8, 16);
+  c.meta.codec = id;
+  c.payload = store::Payload(n);
+  std::mt19937 rng(static_cast<std::uint32_t>(n));
+  for (auto& b : c.payload) b = static_cast<std::uint8_t>(rng());
+  return c;
+}
+
+TEST(Envelope, EncodedPayloadsRoundTripWithTheirCodec) {
+  for (std::uint32_t id = 1; id <= 5; ++id) {
+    for (size_t n : {size_t{1}, size_t{77}, size_t{4096}}) {
+      const Chunk c = EncodedChunk(static_cast<codec::CodecId>(id), n);
+      const Bytes b = Encode(c);
+      EXPECT_EQ(b.size(), EncodedEnvelopeSize(n)) << id;
+      Result<store::ChunkRef> r = Decode(b, &c.meta.key);
+      ASSERT_TRUE(r.ok()) << id << ": " << r.status().message();
+      EXPECT_EQ((*r)->meta.codec, c.meta.codec);
+      ExpectSameChunk(**r, c);
+    }
+  }
+  // A raw chunk's envelope is byte for byte what a 1.0 writer made: the
+  // codec field stays 0, checked by the same exactness rules.
+  const Chunk raw = SmallChunk();
+  EXPECT_EQ(Encode(raw), Build(HeaderOf(raw), Span(raw.payload)));
+}
+
+TEST(Envelope, EncodedPayloadsAreCheckedForWhatTheEnvelopeCanCheck) {
+  // The checksums cover an encoded payload and its codec as any other.
+  const Chunk c = EncodedChunk(codec::CodecId::kInt8, 300);
+  Bytes b = Encode(c);
+  b[b.size() - 8 - 10] ^= 0x10;  // in the payload
+  EXPECT_EQ(Decode(b).status().code(), Code::kCorrupt);
+  // An empty encoded payload (a codec payload starts with a header).
+  EnvelopeHeader h = HeaderOf(c);
+  h.codec = 2;
+  EXPECT_EQ(Decode(Build(h, {})).status().code(), Code::kCorrupt);
+  // Written by a newer kdn: a codec value this reader does not know.
+  h.codec = static_cast<std::uint16_t>(kLastKnownCodec + 1);
+  Result<store::ChunkRef> r = Decode(Build(h, Span(c.payload)));
+  EXPECT_EQ(r.status().code(), Code::kUnsupported);
+  // The writer refuses the same.
+  Chunk bad = EncodedChunk(codec::CodecId::kInt8, 0);
+  EXPECT_EQ(EncodeEnvelope(bad).status().code(), Code::kInvalidArgument);
+  bad = EncodedChunk(static_cast<codec::CodecId>(6), 10);
+  EXPECT_EQ(EncodeEnvelope(bad).status().code(), Code::kInvalidArgument);
+  // A raw envelope still must match its shape exactly.
+  h = HeaderOf(c);
+  h.codec = 0;
+  EXPECT_EQ(Decode(Build(h, Span(c.payload))).status().code(), Code::kCorrupt);
+}
+
 TEST(Envelope, UnknownDtypeAndChecksumAlgorithmAreUnsupported) {
   const Chunk c = SmallChunk();
   EnvelopeHeader h = HeaderOf(c);

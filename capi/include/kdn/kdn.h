@@ -122,10 +122,21 @@ typedef struct kdn_tier_config {
   float high_watermark;      /* a put that would cross it evicts first; 0 = 0.95 */
   float low_watermark;       /* ...down to this fraction of capacity; 0 = 0.85 */
   uint32_t write_through;    /* 1: new chunks are copied to the next tier too */
+  /* --- appended in 0.2 (tier codecs) --- */
+  /* How the tier stores chunks: a codec spec, e.g. "raw", "fp8", "int8",
+   * "kivi2", "cachegen", "cachegen:bins=16", "kdn", "kdn:hifi". NULL or
+   * empty (and older callers): raw for host and device tiers, kdn's
+   * compressing codec for disk tiers. Chunks are encoded off the engine's
+   * threads (on demotion, or by the worker that runs a save; a synchronous
+   * kdn_store that lands in such a tier encodes in the call) and decoded
+   * on load; the tier's capacity counts encoded bytes. An unknown codec or
+   * parameter is KDN_ERR_INVALID_ARGUMENT. */
+  const char *codec;
+  size_t codec_len;
 } kdn_tier_config;
 
 #define KDN_TIER_CONFIG_INIT \
-  { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u }
+  { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, NULL, 0u }
 KDN_API void kdn_tier_config_init(kdn_tier_config *config);
 
 /* Information about a stored chunk, for editor callbacks. */
@@ -355,10 +366,19 @@ typedef struct kdn_tier_stats {
   char name[16];             /* NUL-terminated */
   uint64_t hits, misses, puts, put_refusals, evictions;
   uint64_t demotions_in, promotions_in, bytes_in, bytes_out;
-  uint64_t objects, used_bytes, capacity_bytes, corrupt_detected;
+  uint64_t objects, used_bytes, capacity_bytes;
+  uint64_t corrupt_detected; /* objects that failed a check or did not decode (removed) */
+  /* --- appended in 0.2 (tier codecs) --- */
+  char codec[32];            /* the tier's codec spec, NUL-terminated (cut if longer) */
+  uint64_t encoded_chunks;   /* chunks encoded for this tier */
+  uint64_t bytes_before_encoding, bytes_after_encoding; /* their KV bytes, and encoded:
+                                the compression ratio is before / after */
+  uint64_t encode_failures;  /* chunks that did not encode (stored raw) */
+  uint64_t decode_failures;  /* chunks read back that did not decode (misses, removed) */
 } kdn_tier_stats;
 #define KDN_TIER_STATS_INIT                                                                  \
-  { sizeof(kdn_tier_stats), KDN_TIER_HOST, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+  { sizeof(kdn_tier_stats), KDN_TIER_HOST, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
+    {0}, 0u, 0u, 0u, 0u, 0u }
 
 KDN_API kdn_status kdn_runtime_tier_count(kdn_runtime *runtime, uint32_t *out);
 /* Fills the fields of *out below out->struct_size for tier `index` (0 = highest). */

@@ -1,0 +1,452 @@
+// The directory parsers mirror the CPU decoders' checks (kdn.cc's and
+// cachegen.cc's Decode, in the same order; their constants are restated
+// here): a payload is accepted here iff the CPU codec accepts it, which
+// tests/kernels/codec_device_test.cc checks on mutated payloads.
+#include "codec/device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <string>
+
+#include "codec/payload.h"
+#include "codec/rans.h"
+#include "common/half.h"
+#include "common/kdn_quant.h"
+#include "ref/codec_ref.h"
+
+#ifdef KDN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "codec.cuh"
+#endif
+
+namespace kdn::codec {
+namespace {
+
+using internal::FitsDtype;
+using internal::kHeaderBytes;
+
+// As core/codec/kdn.cc.
+constexpr std::uint32_t kKdnMaxSinks = 1024;
+// As core/codec/cachegen.cc.
+constexpr std::uint32_t kCacheGenStreamTokens = 256;
+constexpr std::uint32_t kCacheGenMinBins = 3, kCacheGenMaxBins = 256;
+
+std::uint32_t CacheGenScheduleBins(std::uint32_t forced, std::uint32_t layers, std::uint32_t layer, std::uint32_t kv) {
+  if (forced != 0) return forced;
+  if (layers < 10) return 32;
+  if (kv == 0) return layer < 10 ? 32 : 16;
+  return layer < 2 ? 32 : 16;
+}
+
+std::uint32_t GetU32(const std::uint8_t* p) { return kernels::kdn_read_u32(p); }
+std::uint16_t GetU16(const std::uint8_t* p) { return static_cast<std::uint16_t>(kernels::codec_read_u16(p)); }
+bool HalfFinite(std::uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
+
+// The kernels count planes and channels in 32 bits (CheckShape allows more
+// for degenerate shapes, e.g. one token of 2^33 channels).
+Status CheckKernelRanges(std::uint64_t layers, std::uint64_t channels) {
+  if (2 * layers > 0xFFFFFFFFull || channels > 0xFFFFFFFFull) {
+    return Status::Unsupported("codec on a device: more than 2^32 planes or channels");
+  }
+  return Status::Ok();
+}
+
+// "stream g of plane p" of a failing kdn stream index.
+std::string KdnStreamName(const KdnDirectory& d, std::uint32_t i) {
+  return "stream " + std::to_string(i % d.groups) + " of plane " + std::to_string(i / d.groups);
+}
+
+kernels::KdnDecodeArgs KdnArgs(const Shape& shape, const KdnDirectory& d) {
+  kernels::KdnDecodeArgs a;
+  a.n_planes = static_cast<std::uint32_t>(d.planes.size());
+  a.channels = shape.kv_heads * shape.head_dim;
+  a.tokens = shape.tokens;
+  a.sinks = d.sinks;
+  a.group = d.group;
+  a.groups = d.groups;
+  a.lanes = d.lanes;
+  a.dtype = shape.dtype;
+  return a;
+}
+
+kernels::CacheGenDecodeArgs CacheGenArgs(const Shape& shape, const CacheGenDirectory& d) {
+  kernels::CacheGenDecodeArgs a;
+  a.bins_at = d.bins_at;
+  a.scales_at = d.scales_at;
+  a.n_planes = 2 * shape.layers;
+  a.channels = shape.kv_heads * shape.head_dim;
+  a.tokens = shape.tokens;
+  a.stream_tokens = d.stream_tokens;
+  a.groups = d.groups;
+  a.dtype = shape.dtype;
+  return a;
+}
+
+}  // namespace
+
+Result<KdnDirectory> ParseKdnDirectory(const Shape& shape, const std::uint8_t* data, size_t size) {
+  KDN_RETURN_IF_ERROR(internal::CheckShape(shape));
+  Result<internal::Header> h = internal::ReadHeader(CodecId::kKdn, shape, data, size);
+  if (!h.ok()) return h.status();
+  const std::uint32_t sinks = h->param0, group = h->param1 & 0xFFFFu, lanes = h->param1 >> 16;
+  if (sinks > kKdnMaxSinks || group < 1 || lanes < 1 || lanes > kernels::kKdnMaxLanes) {
+    return Status::Corrupt("kdn payload: bad parameters (sinks " + std::to_string(sinks) + ", group " +
+                           std::to_string(group) + ", lanes " + std::to_string(lanes) + ")");
+  }
+  const std::uint64_t L = shape.layers, T = shape.tokens, C = std::uint64_t{shape.kv_heads} * shape.head_dim;
+  KDN_RETURN_IF_ERROR(CheckKernelRanges(L, C));
+  const std::uint64_t S = std::min<std::uint64_t>(sinks, T);
+  const std::uint64_t G = (C + group - 1) / group;
+  KdnDirectory d;
+  d.sinks = static_cast<std::uint32_t>(S);
+  d.group = group;
+  d.groups = static_cast<std::uint32_t>(G);
+  d.lanes = lanes;
+  d.planes.resize(2 * L);
+  d.streams.reserve(2 * L * G);
+  std::uint64_t pos = kHeaderBytes;
+  auto need = [&](std::uint64_t n, const char* what) -> Status {
+    if (n > size - pos) return Status::Corrupt(std::string("kdn payload: truncated in the ") + what);
+    return Status::Ok();
+  };
+  std::vector<float> off(C), step(C);
+  for (std::uint64_t plane = 0; plane < 2 * L; ++plane) {
+    kernels::KdnPlaneDir& pd = d.planes[plane];
+    KDN_RETURN_IF_ERROR(need(1 + 4 * C + 2 * S * C, "plane header"));
+    const std::int32_t min_code = static_cast<std::int8_t>(data[pos]);
+    if (min_code < -kernels::kKdnMaxCode) return Status::Corrupt("kdn payload: min code -128");
+    pd.min_code = min_code;
+    pd.halves = pos + 1;
+    pd.sinks = pos + 1 + 4 * C;
+    const std::uint8_t* halves = data + pos + 1;
+    for (std::uint64_t c = 0; c < C; ++c) {
+      const std::uint16_t ho = GetU16(halves + 2 * c), hs = GetU16(halves + 2 * C + 2 * c);
+      if (!HalfFinite(ho) || !HalfFinite(hs) || (hs & 0x8000u) != 0) {
+        return Status::Corrupt("kdn payload: a non-finite offset or a bad step in plane " + std::to_string(plane));
+      }
+      off[c] = kernels::half_to_float(ho);
+      step[c] = kernels::half_to_float(hs);
+    }
+    const std::uint8_t* sink = halves + 4 * C;
+    for (std::uint64_t i = 0; i < S * C; ++i) {
+      const std::uint16_t hv = GetU16(sink + 2 * i);
+      if (!HalfFinite(hv)) return Status::Corrupt("kdn payload: a non-finite sink value");
+      if (!FitsDtype(shape.dtype, std::fabs(kernels::half_to_float(hv)))) {
+        return Status::Corrupt("kdn payload: a sink value overflows");
+      }
+    }
+    pos += 1 + 4 * C + 2 * S * C;
+    size_t consumed = 0;
+    Result<rans::FreqTable> table = rans::ParseTable(std::span<const std::uint8_t>(data + pos, size - pos), &consumed);
+    if (!table.ok()) return Status::Corrupt("kdn payload: " + table.status().message());
+    pos += consumed;
+    const std::uint32_t n = static_cast<std::uint32_t>(table->freq.size());
+    if (table->scale_bits != kernels::kKdnScaleBits || min_code + static_cast<std::int32_t>(n) - 1 > kernels::kKdnMaxCode) {
+      return Status::Corrupt("kdn payload: a table does not fit the codes of plane " + std::to_string(plane));
+    }
+    if (d.cum.size() + n + 1 > 0xFFFFFFFFull) return Status::Unsupported("kdn decode on a device: tables too large");
+    pd.n = n;
+    pd.cum = static_cast<std::uint32_t>(d.cum.size());
+    d.cum.insert(d.cum.end(), table->cum.begin(), table->cum.end());
+    KDN_RETURN_IF_ERROR(need(4 * G, "stream lengths"));
+    const std::uint8_t* lengths = data + pos;
+    pos += 4 * G;
+    for (std::uint64_t g = 0; g < G; ++g) {
+      const std::uint64_t c0 = g * group, c1 = std::min(C, c0 + group);
+      // Every value a stream can decode to fits the dtype (values are linear
+      // in the code: the two ends bound the rest).
+      for (std::uint64_t c = c0; c < c1; ++c) {
+        const float lo = kernels::kdn_dequantize(min_code, off[c], step[c]);
+        const float hi = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(n) - 1, off[c], step[c]);
+        if (!FitsDtype(shape.dtype, std::fmax(std::fabs(lo), std::fabs(hi)))) {
+          return Status::Corrupt("kdn payload: a decoded value overflows the dtype in plane " + std::to_string(plane));
+        }
+      }
+      const std::uint32_t len = GetU32(lengths + 4 * g);
+      KDN_RETURN_IF_ERROR(need(len, "streams"));
+      d.streams.push_back({pos, len});
+      pos += len;
+    }
+  }
+  if (pos != size) {
+    return Status::Corrupt("kdn payload: " + std::to_string(size - pos) + " bytes after the last stream");
+  }
+  return d;
+}
+
+Result<CacheGenDirectory> ParseCacheGenDirectory(const Shape& shape, const std::uint8_t* data, size_t size) {
+  KDN_RETURN_IF_ERROR(internal::CheckShape(shape));
+  Result<internal::Header> h = internal::ReadHeader(CodecId::kCacheGen, shape, data, size);
+  if (!h.ok()) return h.status();
+  // The payload states its stream length; cachegen.cc writes and reads 256
+  // only, and this mirrors it (the kernel itself takes any).
+  if (h->param1 != kCacheGenStreamTokens) {
+    return Status::Corrupt("cachegen payload: stream cap " + std::to_string(h->param1) + ", expected 256");
+  }
+  if (h->param0 != 0 && (h->param0 < kCacheGenMinBins || h->param0 > kCacheGenMaxBins)) {
+    return Status::Corrupt("cachegen payload: bins " + std::to_string(h->param0));
+  }
+  const std::uint64_t L = shape.layers, T = shape.tokens, C = std::uint64_t{shape.kv_heads} * shape.head_dim;
+  KDN_RETURN_IF_ERROR(CheckKernelRanges(L, C));
+  const std::uint64_t n_scales = L * 2 * T, groups = (T + h->param1 - 1) / h->param1;
+  const std::uint64_t n_streams = L * 2 * C * groups;
+  CacheGenDirectory d;
+  d.stream_tokens = h->param1;
+  d.groups = static_cast<std::uint32_t>(groups);
+  std::uint64_t pos = kHeaderBytes;
+  auto need = [&](std::uint64_t n, const char* what) -> Status {
+    if (n > size - pos) return Status::Corrupt(std::string("cachegen payload: truncated in the ") + what);
+    return Status::Ok();
+  };
+  KDN_RETURN_IF_ERROR(need(2 * L + 4 * n_scales, "bins and scales"));
+  const std::uint8_t* bins = data + pos;
+  d.bins_at = pos;
+  for (std::uint64_t lk = 0; lk < L * 2; ++lk) {
+    const std::uint32_t b = bins[lk] + 1u;
+    if (b < kCacheGenMinBins || b != CacheGenScheduleBins(h->param0, shape.layers, static_cast<std::uint32_t>(lk / 2),
+                                                          static_cast<std::uint32_t>(lk % 2))) {
+      return Status::Corrupt("cachegen payload: bins " + std::to_string(b) + " at " + std::to_string(lk) +
+                             " do not match the schedule");
+    }
+  }
+  pos += 2 * L;
+  d.scales_at = pos;
+  const std::uint8_t* scales = data + pos;
+  for (std::uint64_t b = 0; b < n_scales; ++b) {
+    const float scale = kernels::codec_read_f32(scales + 4 * b);
+    const float qmax = static_cast<float>(kernels::cachegen_qmax(bins[b / T]));
+    if (!(scale >= 0.0f) || !FitsDtype(shape.dtype, scale * qmax)) {
+      return Status::Corrupt("cachegen payload: invalid scale " + std::to_string(scale) + " at " + std::to_string(b));
+    }
+  }
+  pos += 4 * n_scales;
+  d.cum_at.resize(L * 2 * C);
+  for (std::uint64_t lk = 0; lk < L * 2; ++lk) {
+    const std::uint32_t A = kernels::cachegen_alphabet(bins[lk]);
+    for (std::uint64_t c = 0; c < C; ++c) {
+      KDN_RETURN_IF_ERROR(need((A + 7) / 8, "tables"));
+      const std::uint8_t* bitmap = data + pos;
+      pos += (A + 7) / 8;
+      if (A % 8 != 0 && (bitmap[A / 8] >> (A % 8)) != 0) {
+        return Status::Corrupt("cachegen payload: a table marks symbols beyond its alphabet");
+      }
+      if (d.cum.size() + A + 1 > 0xFFFFFFFFull) {
+        return Status::Unsupported("cachegen decode on a device: tables too large");
+      }
+      d.cum_at[lk * C + c] = static_cast<std::uint32_t>(d.cum.size());
+      std::uint32_t sum = 0;
+      d.cum.push_back(0);
+      for (std::uint32_t s = 0; s < A; ++s) {
+        if ((bitmap[s / 8] >> (s % 8)) & 1u) {
+          KDN_RETURN_IF_ERROR(need(2, "tables"));
+          sum += kernels::codec_read_u16(data + pos) + 1u;
+          pos += 2;
+          if (sum > kernels::kRcTotal) return Status::Corrupt("cachegen payload: a table sums beyond 2^16");
+        }
+        d.cum.push_back(sum);
+      }
+      if (sum != (T == 0 ? 0u : kernels::kRcTotal)) {
+        return Status::Corrupt("cachegen payload: a table sums to " + std::to_string(sum) + ", not 2^16");
+      }
+    }
+  }
+  KDN_RETURN_IF_ERROR(need(4 * n_streams, "stream lengths"));
+  const std::uint8_t* lengths = data + pos;
+  pos += 4 * n_streams;
+  std::uint64_t total = 0;
+  d.streams.resize(n_streams);
+  for (std::uint64_t s = 0; s < n_streams; ++s) {
+    const std::uint32_t len = GetU32(lengths + 4 * s);
+    d.streams[s] = {pos + total, len};
+    total += len;
+  }
+  if (total != size - pos) {
+    return Status::Corrupt("cachegen payload: streams hold " + std::to_string(size - pos) + " bytes, lengths say " +
+                           std::to_string(total));
+  }
+  return d;
+}
+
+Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) {
+  Result<KdnDirectory> d = ParseKdnDirectory(shape, data, size);
+  if (!d.ok()) return d.status();
+  kernels::KdnDecodeArgs a = KdnArgs(shape, *d);
+  std::vector<std::uint32_t> slots(std::uint64_t{a.n_planes} << kernels::kKdnScaleBits);
+  std::vector<std::uint8_t> lut(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride *
+                                (shape.dtype == 0 ? 4 : 2));
+  a.payload = data;
+  a.planes = d->planes.data();
+  a.cum = d->cum.data();
+  a.streams = d->streams.data();
+  a.slots = slots.data();
+  a.lut = lut.data();
+  a.out = out;
+  const std::uint32_t failed = kernels::kdn_decode_ref(a);
+  if (failed != ~0u) return Status::Corrupt("kdn payload: " + KdnStreamName(*d, failed) + " does not decode");
+  return Status::Ok();
+}
+
+Status CacheGenDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) {
+  Result<CacheGenDirectory> d = ParseCacheGenDirectory(shape, data, size);
+  if (!d.ok()) return d.status();
+  kernels::CacheGenDecodeArgs a = CacheGenArgs(shape, *d);
+  a.payload = data;
+  a.cum = d->cum.data();
+  a.cum_at = d->cum_at.data();
+  a.streams = d->streams.data();
+  a.out = out;
+  const std::uint32_t failed = kernels::cachegen_decode_ref(a);
+  if (failed != ~0u) return Status::Corrupt("cachegen payload: stream " + std::to_string(failed) + " does not decode");
+  return Status::Ok();
+}
+
+#ifndef KDN_HAVE_CUDA
+
+bool DeviceCodecsBuilt() { return false; }
+
+Status KdnDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*) {
+  return Status::Unsupported("kdn decode on a device: this build has no CUDA kernels");
+}
+Status CacheGenDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*) {
+  return Status::Unsupported("cachegen decode on a device: this build has no CUDA kernels");
+}
+
+#else
+
+namespace {
+
+Status CudaError(cudaError_t e, const char* what) {
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    return Status::Unsupported(std::string(what) + ": no usable CUDA device (" + cudaGetErrorString(e) + ")");
+  }
+  return Status::Internal(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+#define KDN_CUDA_RETURN(expr, what)                     \
+  do {                                                  \
+    const cudaError_t kdn_cuda_err_ = (expr);           \
+    if (kdn_cuda_err_ != cudaSuccess) return CudaError(kdn_cuda_err_, what); \
+  } while (0)
+
+// One device allocation carved into aligned pieces, freed on the stream
+// when it goes out of scope (after the work queued before it).
+class Arena {
+ public:
+  explicit Arena(cudaStream_t stream) : stream_(stream) {}
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    if (base_ != nullptr) (void)cudaFreeAsync(base_, stream_);
+  }
+  // Reserves n bytes (before Allocate); returns the piece's offset.
+  std::uint64_t Reserve(std::uint64_t n) {
+    const std::uint64_t at = size_;
+    size_ += (n + 255) / 256 * 256;
+    return at;
+  }
+  cudaError_t Allocate() { return size_ == 0 ? cudaSuccess : cudaMallocAsync(&base_, size_, stream_); }
+  template <typename T>
+  T* At(std::uint64_t offset) const {
+    return reinterpret_cast<T*>(static_cast<std::uint8_t*>(base_) + offset);
+  }
+
+ private:
+  cudaStream_t stream_;
+  void* base_ = nullptr;
+  std::uint64_t size_ = 0;
+};
+
+template <typename T>
+cudaError_t Upload(const std::vector<T>& v, T* to, cudaStream_t stream) {
+  if (v.empty()) return cudaSuccess;
+  return cudaMemcpyAsync(to, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream);
+}
+
+}  // namespace
+
+bool DeviceCodecsBuilt() { return true; }
+
+Status KdnDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
+                         void* cuda_stream) {
+  Result<KdnDirectory> d = ParseKdnDirectory(shape, payload_host, size);
+  if (!d.ok()) return d.status();
+  if (out_device == nullptr && shape.bytes() > 0) return Status::InvalidArgument("kdn decode on a device: null output");
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  kernels::KdnDecodeArgs a = KdnArgs(shape, *d);
+  Arena arena(stream);
+  const std::uint64_t payload_at = arena.Reserve(size);
+  const std::uint64_t planes_at = arena.Reserve(d->planes.size() * sizeof(kernels::KdnPlaneDir));
+  const std::uint64_t cum_at = arena.Reserve(d->cum.size() * 4);
+  const std::uint64_t streams_at = arena.Reserve(d->streams.size() * sizeof(kernels::CodecStreamDir));
+  const std::uint64_t slots_at = arena.Reserve((std::uint64_t{a.n_planes} << kernels::kKdnScaleBits) * 4);
+  const std::uint64_t lut_at =
+      arena.Reserve(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride * (shape.dtype == 0 ? 4 : 2));
+  const std::uint64_t failed_at = arena.Reserve(4);
+  KDN_CUDA_RETURN(arena.Allocate(), "kdn decode on a device: allocating scratch");
+  a.payload = arena.At<std::uint8_t>(payload_at);
+  a.planes = arena.At<kernels::KdnPlaneDir>(planes_at);
+  a.cum = arena.At<std::uint32_t>(cum_at);
+  a.streams = arena.At<kernels::CodecStreamDir>(streams_at);
+  a.slots = arena.At<std::uint32_t>(slots_at);
+  a.lut = arena.At<void>(lut_at);
+  a.failed = arena.At<std::uint32_t>(failed_at);
+  a.out = out_device;
+  KDN_CUDA_RETURN(cudaMemcpyAsync(arena.At<std::uint8_t>(payload_at), payload_host, size, cudaMemcpyHostToDevice, stream),
+                  "kdn decode on a device: uploading the payload");
+  KDN_CUDA_RETURN(Upload(d->planes, arena.At<kernels::KdnPlaneDir>(planes_at), stream), "kdn decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->cum, arena.At<std::uint32_t>(cum_at), stream), "kdn decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->streams, arena.At<kernels::CodecStreamDir>(streams_at), stream), "kdn decode: uploading");
+  KDN_CUDA_RETURN(cudaMemsetAsync(a.failed, 0xFF, 4, stream), "kdn decode on a device");
+  KDN_CUDA_RETURN(kernels::launch_kdn_decode(a, stream), "kdn decode on a device: launching");
+  std::uint32_t failed = 0;
+  KDN_CUDA_RETURN(cudaMemcpyAsync(&failed, a.failed, 4, cudaMemcpyDeviceToHost, stream), "kdn decode on a device");
+  KDN_CUDA_RETURN(cudaStreamSynchronize(stream), "kdn decode on a device");
+  if (failed != ~0u) return Status::Corrupt("kdn payload: " + KdnStreamName(*d, failed) + " does not decode");
+  return Status::Ok();
+}
+
+Status CacheGenDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
+                              void* cuda_stream) {
+  Result<CacheGenDirectory> d = ParseCacheGenDirectory(shape, payload_host, size);
+  if (!d.ok()) return d.status();
+  if (out_device == nullptr && shape.bytes() > 0) {
+    return Status::InvalidArgument("cachegen decode on a device: null output");
+  }
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  kernels::CacheGenDecodeArgs a = CacheGenArgs(shape, *d);
+  Arena arena(stream);
+  const std::uint64_t payload_at = arena.Reserve(size);
+  const std::uint64_t cum_at = arena.Reserve(d->cum.size() * 4);
+  const std::uint64_t cum_index_at = arena.Reserve(d->cum_at.size() * 4);
+  const std::uint64_t streams_at = arena.Reserve(d->streams.size() * sizeof(kernels::CodecStreamDir));
+  const std::uint64_t failed_at = arena.Reserve(4);
+  KDN_CUDA_RETURN(arena.Allocate(), "cachegen decode on a device: allocating scratch");
+  a.payload = arena.At<std::uint8_t>(payload_at);
+  a.cum = arena.At<std::uint32_t>(cum_at);
+  a.cum_at = arena.At<std::uint32_t>(cum_index_at);
+  a.streams = arena.At<kernels::CodecStreamDir>(streams_at);
+  a.failed = arena.At<std::uint32_t>(failed_at);
+  a.out = out_device;
+  KDN_CUDA_RETURN(cudaMemcpyAsync(arena.At<std::uint8_t>(payload_at), payload_host, size, cudaMemcpyHostToDevice, stream),
+                  "cachegen decode on a device: uploading the payload");
+  KDN_CUDA_RETURN(Upload(d->cum, arena.At<std::uint32_t>(cum_at), stream), "cachegen decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->cum_at, arena.At<std::uint32_t>(cum_index_at), stream), "cachegen decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->streams, arena.At<kernels::CodecStreamDir>(streams_at), stream),
+                  "cachegen decode: uploading");
+  KDN_CUDA_RETURN(cudaMemsetAsync(a.failed, 0xFF, 4, stream), "cachegen decode on a device");
+  KDN_CUDA_RETURN(kernels::launch_cachegen_decode(a, stream), "cachegen decode on a device: launching");
+  std::uint32_t failed = 0;
+  KDN_CUDA_RETURN(cudaMemcpyAsync(&failed, a.failed, 4, cudaMemcpyDeviceToHost, stream),
+                  "cachegen decode on a device");
+  KDN_CUDA_RETURN(cudaStreamSynchronize(stream), "cachegen decode on a device");
+  if (failed != ~0u) return Status::Corrupt("cachegen payload: stream " + std::to_string(failed) + " does not decode");
+  return Status::Ok();
+}
+
+#undef KDN_CUDA_RETURN
+
+#endif  // KDN_HAVE_CUDA
+
+}  // namespace kdn::codec

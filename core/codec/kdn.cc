@@ -1,0 +1,541 @@
+// kdn: kdn's own compressing codec. Uniform scalar quantization with a step
+// per (layer, k|v, channel), followed by static-model rANS with interleaved
+// states; the first few tokens of the chunk (attention sinks) travel as half
+// floats. What was measured to choose this design is in
+// docs/codecs.md.
+//
+// Quantization (kernels/common/kdn_quant.h). A plane is one layer's keys or
+// values of the chunk: tokens x C channels (C = kv_heads * head_dim). Sink
+// tokens [0, S) are stored as half floats; the others are quantized per
+// channel c: off_c = the channel's mean (as a half), code = rint((x - off_c)
+// / step_c) in [-127, 127], x' = code * step_c + off_c (rounded once). The step is
+//   step_c = step * mul(layer, k|v) * sigma_c^alpha * sigma_plane^(1 - alpha)
+// where sigma_c is the channel's RMS deviation from off_c, sigma_plane the
+// RMS over the plane; mul is `vmul` for values (1 for keys) times the
+// layer's weight from `lw`; then raised to at least max|x - off_c| / 127
+// (so no value clips) and kKdnMinStep, and rounded up to a half. The error
+// of every quantized element is at most step_c / 2 (plus a few ulps).
+//
+// Entropy coding: one static rANS model (12-bit, core/codec/rans.h's table
+// format) per plane over symbols code - min_code; the plane's channels are
+// cut into groups of `group` channels (the last may be smaller), and each
+// group is one independent stream (kernels/common/kdn_quant.h:
+// kdn_decode_stream) with `lanes` interleaved states, so a decoder (one GPU
+// thread, or one CPU core) runs streams in parallel and lanes in flight.
+//
+// Payload: header (param0 = S, the sink tokens requested; param1 = group |
+// lanes << 16), then per plane, in order (layer, k|v):
+//   min_code        i8, in [-127, 127]
+//   off             C x f16
+//   step            C x f16
+//   sinks           min(S, tokens) x C x f16, token-major
+//   table           rans::SerializeTable (scale 12, n <= 255 symbols,
+//                   min_code + n - 1 <= 127)
+//   lengths         G x u32, G = ceil(C / group)
+//   streams         G streams, their bytes back to back
+// Decode requires every byte to be consumed and rejects (kCorrupt) any
+// inconsistency: bad codes range, non-finite halves, negative steps, values
+// that overflow the output dtype, tables, lengths or streams that do not
+// decode exactly.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "codec/calibrate.h"
+#include "codec/payload.h"
+#include "codec/rans.h"
+#include "common/half.h"
+#include "common/kdn_quant.h"
+
+namespace kdn::codec::internal {
+namespace {
+
+using kernels::kKdnMaxCode;
+
+constexpr std::uint32_t kMaxSinks = 1024, kMaxGroup = 0xFFFF;
+
+struct Params {
+  double step = 0.5;   // relative step (in units of the plane's RMS deviation)
+  double alpha = 0.5;  // 0: one step per plane; 1: steps proportional to each channel's RMS
+  double vmul = 1.0;   // values' step relative to keys'
+  std::uint32_t sinks = 4;
+  std::uint32_t group = 32;
+  std::uint32_t lanes = 8;
+  std::vector<double> plane_weight;  // empty: 1 for every plane (layer, k|v)
+};
+
+void PutU16At(Bytes& out, size_t at, std::uint16_t v) {
+  out[at] = static_cast<std::uint8_t>(v);
+  out[at + 1] = static_cast<std::uint8_t>(v >> 8);
+}
+std::uint16_t GetU16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | p[1] << 8); }
+void PutU32At(std::uint8_t* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
+}
+std::uint32_t GetU32(const std::uint8_t* p) {
+  return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
+}
+
+// How the encoder codes a quantized value: indexed by code + kKdnMaxCode.
+struct Coding {
+  std::uint32_t start = 0, freq = 0;
+  std::uint64_t rcp = 0;
+};
+
+// Codes the symbols of one stream (kernels/common/kdn_quant.h): tokens
+// [0, tokens) x channels [c0, c0 + width) of `codes` (code + kKdnMaxCode
+// per element, rows of `row` bytes), token-major, with `lanes` interleaved
+// states, into the tail of *words (resized to fit). Returns the stream's
+// size in bytes: the last size / 2 words (the states first, as u32 halves).
+// The states' 2 * lanes words sit below the symbols' words, so the put's
+// word of room below `ptr` always exists.
+std::uint64_t EncodeStream(const std::uint8_t* codes, std::uint64_t row, std::uint64_t c0, std::uint64_t width,
+                           std::uint64_t tokens, const Coding* coding, std::uint32_t lanes,
+                           std::vector<std::uint16_t>* words) {
+  const std::uint64_t count = tokens * width;
+  words->resize(2 * std::uint64_t{lanes} + count);
+  std::uint16_t* const end = words->data() + words->size();
+  std::uint16_t* ptr = end;
+  std::uint32_t state[kernels::kKdnMaxLanes];
+  for (std::uint32_t l = 0; l < lanes; ++l) state[l] = kernels::kKdnRansLow;
+  auto put = [&ptr](std::uint32_t x, const Coding& k) { return kernels::kdn_rans_put(x, k.start, k.freq, k.rcp, ptr); };
+  if (lanes == 8 && width % 8 == 0) {
+    // Every row starts at lane 0: walk rows and blocks of 8 backwards, lanes
+    // 7..0, with the states in registers.
+    std::uint32_t x0 = state[0], x1 = state[1], x2 = state[2], x3 = state[3], x4 = state[4], x5 = state[5],
+                  x6 = state[6], x7 = state[7];
+    for (std::uint64_t t = tokens; t-- > 0;) {
+      const std::uint8_t* r = codes + t * row + c0;
+      for (std::uint64_t c = width; c > 0; c -= 8) {
+        const std::uint8_t* b = r + c - 8;
+        x7 = put(x7, coding[b[7]]);
+        x6 = put(x6, coding[b[6]]);
+        x5 = put(x5, coding[b[5]]);
+        x4 = put(x4, coding[b[4]]);
+        x3 = put(x3, coding[b[3]]);
+        x2 = put(x2, coding[b[2]]);
+        x1 = put(x1, coding[b[1]]);
+        x0 = put(x0, coding[b[0]]);
+      }
+    }
+    state[0] = x0, state[1] = x1, state[2] = x2, state[3] = x3, state[4] = x4, state[5] = x5, state[6] = x6,
+    state[7] = x7;
+  } else {
+    std::uint32_t lane = static_cast<std::uint32_t>((count + lanes - 1) % lanes);
+    for (std::uint64_t t = tokens; t-- > 0;) {
+      const std::uint8_t* r = codes + t * row + c0;
+      for (std::uint64_t c = width; c-- > 0;) {
+        state[lane] = put(state[lane], coding[r[c]]);
+        lane = lane == 0 ? lanes - 1 : lane - 1;
+      }
+    }
+  }
+  for (std::uint32_t l = lanes; l-- > 0;) {
+    *--ptr = static_cast<std::uint16_t>(state[l] >> 16);
+    *--ptr = static_cast<std::uint16_t>(state[l] & 0xFFFFu);
+  }
+  static_assert(std::endian::native == std::endian::little, "streams are written as the memory image");
+  return 2 * static_cast<std::uint64_t>(end - ptr);
+}
+
+#if defined(__x86_64__)
+// Halves to floats with the F16C instructions (exact, like half_to_float).
+__attribute__((target("avx,f16c"))) void HalvesToFloatsF16c(const std::uint8_t* p, std::uint64_t n, float* out) {
+  std::uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = kernels::half_to_float(static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8));
+}
+// Floats to halves with the F16C instructions (round to nearest even, like
+// float_to_half).
+__attribute__((target("avx,f16c"))) void FloatsToHalvesF16c(const float* in, std::uint32_t n, std::uint16_t* out) {
+  std::uint32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = kernels::float_to_half(in[i]);
+}
+const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+#endif
+
+// n floats as 16-bit elements of `dtype` (1 f16, 2 bf16).
+void FloatsToElements(std::uint32_t dtype, const float* in, std::uint32_t n, std::uint16_t* out) {
+#if defined(__x86_64__)
+  if (dtype == 1 && kHaveF16c) {
+    FloatsToHalvesF16c(in, n, out);
+    return;
+  }
+#endif
+  for (std::uint32_t i = 0; i < n; ++i) out[i] = dtype == 1 ? kernels::float_to_half(in[i]) : kernels::float_to_bf16(in[i]);
+}
+
+// Elements [first, first + n) of a KV buffer of `dtype` as floats.
+void LoadPlane(std::uint32_t dtype, const std::uint8_t* kv, std::uint64_t first, std::uint64_t n, float* out) {
+  if (dtype == 0) {
+    std::memcpy(out, kv + 4 * first, 4 * n);
+    return;
+  }
+  const std::uint8_t* p = kv + 2 * first;
+#if defined(__x86_64__)
+  if (dtype == 1 && kHaveF16c) {
+    HalvesToFloatsF16c(p, n, out);
+    return;
+  }
+#endif
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint16_t h = static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
+    out[i] = dtype == 1 ? kernels::half_to_float(h) : kernels::bf16_to_float(h);
+  }
+}
+
+bool HalfFinite(std::uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
+
+// The dtype's bytes of a float (a float for f32, else the 16-bit pattern).
+template <typename E>
+E ToElement(std::uint32_t dtype, float v) {
+  if constexpr (sizeof(E) == 4) {
+    (void)dtype;
+    return v;
+  } else {
+    return dtype == 1 ? kernels::float_to_half(v) : kernels::float_to_bf16(v);
+  }
+}
+
+class KdnCodec final : public Codec {
+ public:
+  KdnCodec(Spec spec, Params p) : spec_(std::move(spec)), p_(std::move(p)) {}
+  CodecId id() const override { return CodecId::kKdn; }
+  const Spec& spec() const override { return spec_; }
+
+  Result<Bytes> Encode(const Shape& shape, const std::uint8_t* kv) const override {
+    KDN_RETURN_IF_ERROR(CheckShape(shape));
+    if (!p_.plane_weight.empty() && p_.plane_weight.size() != 2 * std::uint64_t{shape.layers}) {
+      return Status::InvalidArgument("kdn codec: pw gives " + std::to_string(p_.plane_weight.size()) +
+                                     " plane weights for a model of " + std::to_string(shape.layers) +
+                                     " layers (expected 2 per layer: keys, values)");
+    }
+    const std::uint64_t L = shape.layers, T = shape.tokens, C = std::uint64_t{shape.kv_heads} * shape.head_dim;
+    const std::uint64_t S = std::min<std::uint64_t>(p_.sinks, T), Tn = T - S;
+    const std::uint64_t G = (C + p_.group - 1) / p_.group;
+    Bytes out(kHeaderBytes);
+    WriteHeader(Header{CodecId::kKdn, shape, p_.sinks, p_.group | p_.lanes << 16}, out.data());
+    std::vector<float> x(T * C);
+    std::vector<float> off(C), step(C);
+    std::vector<std::uint8_t> code(Tn * C);  // code + kKdnMaxCode
+    std::vector<std::uint16_t> words;
+    for (std::uint64_t plane = 0; plane < L * 2; ++plane) {
+      const std::uint64_t kv_index = plane % 2;
+      LoadPlane(shape.dtype, kv, plane * T * C, T * C, x.data());
+      // Offsets and spreads per channel, over the non-sink tokens (a
+      // non-finite value makes its channel's sum non-finite; sinks are
+      // checked as they are written).
+      std::vector<double> sum(C, 0.0), var(C, 0.0);
+      std::vector<float> maxdev(C, 0.0f);
+      for (std::uint64_t t = S; t < T; ++t) {
+        for (std::uint64_t c = 0; c < C; ++c) sum[c] += x[t * C + c];
+      }
+      for (std::uint64_t c = 0; c < C; ++c) {
+        if (!std::isfinite(sum[c])) return Status::InvalidArgument("kdn codec: the KV holds a non-finite value");
+        const double mean = Tn == 0 ? 0.0 : sum[c] / static_cast<double>(Tn);
+        const double clamped = std::clamp(mean, -double{kernels::kKdnMaxHalf}, double{kernels::kKdnMaxHalf});
+        off[c] = kernels::half_to_float(kernels::float_to_half(static_cast<float>(clamped)));
+      }
+      for (std::uint64_t t = S; t < T; ++t) {
+        for (std::uint64_t c = 0; c < C; ++c) {
+          const float d = x[t * C + c] - off[c];
+          var[c] += static_cast<double>(d) * d;
+          maxdev[c] = std::max(maxdev[c], std::fabs(d));
+        }
+      }
+      double plane_var = 0;
+      for (std::uint64_t c = 0; c < C; ++c) {
+        var[c] = Tn == 0 ? 0.0 : var[c] / static_cast<double>(Tn);
+        plane_var += var[c];
+      }
+      const double plane_sigma = std::sqrt(plane_var / static_cast<double>(std::max<std::uint64_t>(C, 1)));
+      double mul = p_.step * (kv_index == 1 ? p_.vmul : 1.0);
+      if (!p_.plane_weight.empty()) mul *= p_.plane_weight[plane];
+      const size_t head_at = out.size();
+      out.resize(out.size() + 1 + 4 * C + 2 * S * C);
+      for (std::uint64_t c = 0; c < C; ++c) {
+        const double sigma_c = std::sqrt(var[c]);
+        double s = mul * std::pow(sigma_c, p_.alpha) * std::pow(plane_sigma, 1.0 - p_.alpha);
+        // No clipping: every value within kKdnMaxCode steps (a hair of slack
+        // for the division's rounding).
+        s = std::max({s, double{maxdev[c]} / (kKdnMaxCode - 0.5), double{kernels::kKdnMinStep}});
+        if (!(s <= kernels::kKdnMaxHalf)) {
+          return Status::InvalidArgument("kdn codec: KV values too large for half-float steps (spread " +
+                                         std::to_string(maxdev[c]) + ")");
+        }
+        const std::uint16_t h = kernels::kdn_step_to_half(static_cast<float>(s));
+        step[c] = kernels::half_to_float(h);
+        PutU16At(out, head_at + 1 + 2 * c, kernels::float_to_half(off[c]));
+        PutU16At(out, head_at + 1 + 2 * C + 2 * c, h);
+      }
+      for (std::uint64_t t = 0; t < S; ++t) {
+        for (std::uint64_t c = 0; c < C; ++c) {
+          const float v = x[t * C + c];
+          if (!std::isfinite(v)) return Status::InvalidArgument("kdn codec: the KV holds a non-finite value");
+          if (!FitsDtype(1, std::fabs(v))) {
+            return Status::InvalidArgument("kdn codec: a sink token's value does not fit a half float");
+          }
+          PutU16At(out, head_at + 1 + 4 * C + 2 * (t * C + c), kernels::float_to_half(v));
+        }
+      }
+      std::uint64_t hist[2 * kKdnMaxCode + 1] = {};
+      for (std::uint64_t t = 0; t < Tn; ++t) {
+        const float* xt = x.data() + (S + t) * C;
+        std::uint8_t* ct = code.data() + t * C;
+        for (std::uint64_t c = 0; c < C; ++c) {
+          ct[c] = static_cast<std::uint8_t>(kernels::kdn_quantize(xt[c], off[c], step[c]) + kKdnMaxCode);
+          ++hist[ct[c]];
+        }
+      }
+      std::int32_t lo = 0, hi = 0;  // the smallest and largest code + kKdnMaxCode
+      if (Tn > 0) {
+        while (hist[lo] == 0) ++lo;
+        hi = 2 * kKdnMaxCode;
+        while (hist[hi] == 0) --hi;
+      } else {
+        lo = hi = kKdnMaxCode;
+      }
+      out[head_at] = static_cast<std::uint8_t>(static_cast<std::int8_t>(lo - kKdnMaxCode));
+      Result<rans::FreqTable> table =
+          rans::BuildTable(std::span<const std::uint64_t>(hist + lo, static_cast<size_t>(hi - lo + 1)),
+                           kernels::kKdnScaleBits);
+      if (!table.ok()) return table.status();
+      rans::SerializeTable(*table, &out);
+      Coding coding[2 * kKdnMaxCode + 1];
+      for (size_t k = 0; k < table->freq.size(); ++k) {
+        const std::uint32_t f = table->freq[k];
+        coding[lo + k] = Coding{table->cum[k], f, f == 0 ? 0 : kernels::kdn_rcp(f)};
+      }
+      const size_t lengths_at = out.size();
+      out.resize(out.size() + 4 * G);
+      for (std::uint64_t g = 0; g < G; ++g) {
+        const std::uint64_t c0 = g * p_.group, width = std::min(C, c0 + p_.group) - c0;
+        const std::uint64_t bytes = EncodeStream(code.data(), C, c0, width, Tn, coding, p_.lanes, &words);
+        if (bytes > 0xFFFFFFFFull) return Status::InvalidArgument("kdn codec: a stream exceeds 4 GiB");
+        PutU32At(out.data() + lengths_at + 4 * g, static_cast<std::uint32_t>(bytes));
+        const size_t at = out.size();
+        out.resize(at + bytes);
+        std::memcpy(out.data() + at, words.data() + words.size() - bytes / 2, bytes);
+      }
+    }
+    return out;
+  }
+
+  Status Decode(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) const override {
+    KDN_RETURN_IF_ERROR(CheckShape(shape));
+    Result<Header> h = ReadHeader(CodecId::kKdn, shape, data, size);
+    if (!h.ok()) return h.status();
+    const std::uint32_t sinks = h->param0, group = h->param1 & 0xFFFFu, lanes = h->param1 >> 16;
+    if (sinks > kMaxSinks || group < 1 || lanes < 1 || lanes > kernels::kKdnMaxLanes) {
+      return Status::Corrupt("kdn payload: bad parameters (sinks " + std::to_string(sinks) + ", group " +
+                             std::to_string(group) + ", lanes " + std::to_string(lanes) + ")");
+    }
+    switch (shape.dtype) {
+      case 0: return DecodeAs<float>(shape, sinks, group, lanes, data, size, out);
+      default: return DecodeAs<std::uint16_t>(shape, sinks, group, lanes, data, size, out);
+    }
+  }
+
+ private:
+  template <typename E>
+  static Status DecodeAs(const Shape& shape, std::uint32_t sinks, std::uint32_t group, std::uint32_t lanes,
+                         const std::uint8_t* data, size_t size, std::uint8_t* out_bytes) {
+    const std::uint64_t L = shape.layers, T = shape.tokens, C = std::uint64_t{shape.kv_heads} * shape.head_dim;
+    const std::uint64_t S = std::min<std::uint64_t>(sinks, T), Tn = T - S;
+    const std::uint64_t G = (C + group - 1) / group;
+    std::uint64_t pos = kHeaderBytes;
+    auto need = [&](std::uint64_t n, const char* what) -> Status {
+      if (n > size - pos) return Status::Corrupt(std::string("kdn payload: truncated in the ") + what);
+      return Status::Ok();
+    };
+    std::vector<std::uint32_t> slots(std::size_t{1} << kernels::kKdnScaleBits);
+    std::vector<E> lut;
+    std::vector<float> off(C), step(C);
+    E* out = reinterpret_cast<E*>(out_bytes);
+    for (std::uint64_t plane = 0; plane < L * 2; ++plane) {
+      KDN_RETURN_IF_ERROR(need(1 + 4 * C + 2 * S * C, "plane header"));
+      const std::int32_t min_code = static_cast<std::int8_t>(data[pos]);
+      if (min_code < -kKdnMaxCode) return Status::Corrupt("kdn payload: min code -128");
+      const std::uint8_t* halves = data + pos + 1;
+      for (std::uint64_t c = 0; c < C; ++c) {
+        const std::uint16_t ho = GetU16(halves + 2 * c), hs = GetU16(halves + 2 * C + 2 * c);
+        if (!HalfFinite(ho) || !HalfFinite(hs) || (hs & 0x8000u) != 0) {
+          return Status::Corrupt("kdn payload: a non-finite offset or a bad step in plane " + std::to_string(plane));
+        }
+        off[c] = kernels::half_to_float(ho);
+        step[c] = kernels::half_to_float(hs);
+      }
+      const std::uint8_t* sink = halves + 4 * C;
+      for (std::uint64_t t = 0; t < S; ++t) {
+        for (std::uint64_t c = 0; c < C; ++c) {
+          const std::uint16_t hv = GetU16(sink + 2 * (t * C + c));
+          if (!HalfFinite(hv)) return Status::Corrupt("kdn payload: a non-finite sink value");
+          const float v = kernels::half_to_float(hv);
+          if (!FitsDtype(shape.dtype, std::fabs(v))) return Status::Corrupt("kdn payload: a sink value overflows");
+          out[(plane * T + t) * C + c] = ToElement<E>(shape.dtype, v);
+        }
+      }
+      pos += 1 + 4 * C + 2 * S * C;
+      size_t consumed = 0;
+      Result<rans::FreqTable> table = rans::ParseTable(std::span<const std::uint8_t>(data + pos, size - pos), &consumed);
+      if (!table.ok()) return Status::Corrupt("kdn payload: " + table.status().message());
+      pos += consumed;
+      const std::uint32_t n = static_cast<std::uint32_t>(table->freq.size());
+      if (table->scale_bits != kernels::kKdnScaleBits || min_code + static_cast<std::int32_t>(n) - 1 > kKdnMaxCode) {
+        return Status::Corrupt("kdn payload: a table does not fit the codes of plane " + std::to_string(plane));
+      }
+      for (std::uint32_t s = 0; s < n; ++s) {  // every slot of a symbol holds the same entry
+        std::fill(slots.begin() + table->cum[s], slots.begin() + table->cum[s + 1],
+                  kernels::kdn_slot_pack(s, table->cum[s], table->freq[s]));
+      }
+      KDN_RETURN_IF_ERROR(need(4 * G, "stream lengths"));
+      const std::uint8_t* lengths = data + pos;
+      pos += 4 * G;
+      for (std::uint64_t g = 0; g < G; ++g) {
+        const std::uint64_t c0 = g * group, c1 = std::min(C, c0 + group), width = c1 - c0;
+        // The group's dequantization table: every (channel, symbol) value
+        // (values are linear in the code: the two ends bound the rest).
+        lut.resize(width * kernels::kKdnLutStride);
+        for (std::uint64_t c = c0; c < c1; ++c) {
+          const float lo = kernels::kdn_dequantize(min_code, off[c], step[c]);
+          const float hi = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(n) - 1, off[c], step[c]);
+          if (!FitsDtype(shape.dtype, std::fmax(std::fabs(lo), std::fabs(hi)))) {
+            return Status::Corrupt("kdn payload: a decoded value overflows the dtype in plane " +
+                                   std::to_string(plane));
+          }
+          E* row = lut.data() + (c - c0) * kernels::kKdnLutStride;
+          if constexpr (sizeof(E) == 2) {
+            float values[kernels::kKdnLutStride];
+            for (std::uint32_t s = 0; s < n; ++s) {
+              values[s] = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(s), off[c], step[c]);
+            }
+            FloatsToElements(shape.dtype, values, n, row);
+          } else {
+            for (std::uint32_t s = 0; s < n; ++s) {
+              row[s] = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(s), off[c], step[c]);
+            }
+          }
+        }
+        const std::uint32_t len = GetU32(lengths + 4 * g);
+        KDN_RETURN_IF_ERROR(need(len, "streams"));
+        if (!kernels::kdn_decode_stream<E>(data + pos, len, slots.data(), lanes, static_cast<std::uint32_t>(width),
+                                           Tn, lut.data(), out + (plane * T + S) * C + c0, C)) {
+          return Status::Corrupt("kdn payload: stream " + std::to_string(g) + " of plane " + std::to_string(plane) +
+                                 " does not decode");
+        }
+        pos += len;
+      }
+    }
+    if (pos != size) {
+      return Status::Corrupt("kdn payload: " + std::to_string(size - pos) + " bytes after the last stream");
+    }
+    return Status::Ok();
+  }
+
+  Spec spec_;
+  Params p_;
+};
+
+// Splits "a_b_c" into numbers.
+Result<std::vector<double>> ParseList(const std::string& name, const std::string& value) {
+  std::vector<double> out;
+  size_t start = 0;
+  while (true) {
+    const size_t sep = value.find('_', start);
+    Result<double> v = ParseFloat(name, value.substr(start, sep - start), 1e-3, 1e3);
+    if (!v.ok()) return v.status();
+    out.push_back(*v);
+    if (sep == std::string::npos) break;
+    start = sep + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Codec>> MakeKdn(const Spec& spec) {
+  auto reject_unknown = [](const Spec& s) {
+    return RejectUnknownParams(s, {"preset", "profile", "step", "alpha", "vmul", "sink", "group", "lanes", "pw"});
+  };
+  KDN_RETURN_IF_ERROR(reject_unknown(spec));
+  const auto preset = spec.params.find("preset");
+  const std::string name = preset == spec.params.end() ? "balanced" : preset->second;
+  Params p;
+  // The presets without a profile: steps measured on the reference model,
+  // values coarser than keys (keys steer attention; see docs/codecs.md).
+  if (name == "balanced") {
+    p.step = 0.33;
+  } else if (name == "hifi") {
+    p.step = 0.10;
+  } else {
+    return Status::InvalidArgument("codec 'kdn': unknown preset '" + name + "' (known: balanced, hifi)");
+  }
+  // A profile (kdn codec calibrate) gives the preset's parameters for one
+  // model; parameters given in the spec override it.
+  std::map<std::string, std::string> params;
+  if (auto it = spec.params.find("profile"); it != spec.params.end()) {
+    Result<std::string> line = ReadProfile(it->second, name);
+    if (!line.ok()) return line.status();
+    Result<Spec> from = ParseSpec(*line);
+    if (!from.ok()) return Status::InvalidArgument("codec profile '" + it->second + "': " + from.status().message());
+    if (from->name != "kdn" || from->params.count("profile") || from->params.count("preset")) {
+      return Status::InvalidArgument("codec profile '" + it->second + "': preset " + name +
+                                     " must be a kdn spec without preset or profile");
+    }
+    KDN_RETURN_IF_ERROR(reject_unknown(*from));
+    params = from->params;
+  }
+  for (const auto& [key, value] : spec.params) params[key] = value;
+  p.vmul = params.count("pw") ? 1.0 : 2.5;
+  for (const auto& [key, value] : params) {
+    if (key == "step") {
+      Result<double> v = ParseFloat(key, value, 1e-3, 64);
+      if (!v.ok()) return v.status();
+      p.step = *v;
+    } else if (key == "alpha") {
+      Result<double> v = ParseFloat(key, value, 0, 1);
+      if (!v.ok()) return v.status();
+      p.alpha = *v;
+    } else if (key == "vmul") {
+      Result<double> v = ParseFloat(key, value, 1e-2, 1e2);
+      if (!v.ok()) return v.status();
+      p.vmul = *v;
+    } else if (key == "sink") {
+      Result<std::uint32_t> v = ParseUint(key, value, 0, kMaxSinks);
+      if (!v.ok()) return v.status();
+      p.sinks = *v;
+    } else if (key == "group") {
+      Result<std::uint32_t> v = ParseUint(key, value, 1, kMaxGroup);
+      if (!v.ok()) return v.status();
+      p.group = *v;
+    } else if (key == "lanes") {
+      Result<std::uint32_t> v = ParseUint(key, value, 1, kernels::kKdnMaxLanes);
+      if (!v.ok()) return v.status();
+      p.lanes = *v;
+    } else if (key == "pw") {
+      Result<std::vector<double>> v = ParseList(key, value);
+      if (!v.ok()) return v.status();
+      p.plane_weight = *v;
+    }
+  }
+  // The spec as given (a preset stays named; explicit parameters override it).
+  Spec normalized{"kdn", spec.params};
+  if (preset == spec.params.end()) normalized.params["preset"] = "balanced";
+  return std::unique_ptr<Codec>(new KdnCodec(std::move(normalized), std::move(p)));
+}
+
+}  // namespace kdn::codec::internal

@@ -1,0 +1,89 @@
+#include "store/chunk_codec.h"
+
+#include <new>
+#include <optional>
+#include <utility>
+
+namespace kdn::store {
+namespace {
+
+codec::Shape ShapeOf(const ChunkMeta& m) { return codec::Shape{m.layers, m.kv_heads, m.head_dim, m.tokens, m.dtype}; }
+
+// The canonical size of a chunk's KV; nullopt for an unknown dtype or a
+// shape whose size overflows (a hostile header).
+std::optional<std::uint64_t> CanonicalBytes(const ChunkMeta& m) {
+  if (m.dtype > 2) return std::nullopt;
+  std::uint64_t n = m.dtype == 0 ? 4 : 2;
+  for (std::uint64_t f : {std::uint64_t{m.layers}, std::uint64_t{2}, std::uint64_t{m.tokens},
+                          std::uint64_t{m.kv_heads}, std::uint64_t{m.head_dim}}) {
+    if (__builtin_mul_overflow(n, f, &n)) return std::nullopt;
+  }
+  return n;
+}
+
+std::string CodecName(codec::CodecId id) { return "codec " + std::to_string(static_cast<std::uint32_t>(id)); }
+
+}  // namespace
+
+Result<std::shared_ptr<const codec::Codec>> MakeTierCodec(std::string_view text) {
+  Result<codec::Spec> spec = codec::ParseSpec(text);
+  if (!spec.ok()) return Status::InvalidArgument(spec.status().message());
+  Result<std::unique_ptr<codec::Codec>> made = codec::MakeCodec(*spec);
+  if (!made.ok()) {
+    return Status::InvalidArgument("codec '" + std::string(text) + "': " + made.status().message());
+  }
+  return std::shared_ptr<const codec::Codec>(std::move(made).value());
+}
+
+Result<ChunkRef> EncodeChunk(const codec::Codec& codec, const Chunk& chunk) {
+  if (chunk.meta.codec != codec::CodecId::kRaw) {
+    return Status::InvalidArgument("encode: the chunk is encoded already (" + CodecName(chunk.meta.codec) + ")");
+  }
+  const std::optional<std::uint64_t> bytes = CanonicalBytes(chunk.meta);
+  if (!bytes || *bytes != chunk.payload.size()) {
+    return Status::InvalidArgument("encode: a payload of " + std::to_string(chunk.payload.size()) +
+                                   " bytes does not match the chunk's shape and dtype");
+  }
+  try {
+    Result<codec::Bytes> encoded = codec.Encode(ShapeOf(chunk.meta), chunk.payload.data());
+    if (!encoded.ok()) return encoded.status();
+    // The chunk adopts the encoder's buffer: no copy.
+    auto buffer = std::make_shared<codec::Bytes>(std::move(encoded).value());
+    auto out = std::make_shared<Chunk>();
+    out->meta = chunk.meta;
+    out->meta.codec = codec.id();
+    out->payload = Payload::Adopt(buffer->data(), buffer->size(), buffer);
+    return ChunkRef(std::move(out));
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "encode: out of memory");
+  }
+}
+
+Result<ChunkRef> DecodeChunk(const ChunkRef& stored) {
+  if (!stored) return Status::InvalidArgument("decode: null chunk");
+  if (stored->meta.codec == codec::CodecId::kRaw) return stored;
+  const std::optional<std::uint64_t> bytes = CanonicalBytes(stored->meta);
+  if (!bytes) return Status::Corrupt("decode: unknown dtype or a shape that overflows");
+  Result<std::unique_ptr<codec::Codec>> decoder = codec::DecoderFor(stored->meta.codec);
+  if (!decoder.ok()) {
+    // Unknown to this build (a newer writer) or not built: unreadable here.
+    return Status::Corrupt("decode: " + CodecName(stored->meta.codec) + ": " + decoder.status().message());
+  }
+  try {
+    auto out = std::make_shared<Chunk>();
+    out->meta = stored->meta;
+    out->meta.codec = codec::CodecId::kRaw;
+    out->payload = Payload::Uninitialized(static_cast<size_t>(*bytes));
+    // The codec checks its payload's header against this shape, dtype and
+    // its own id, then the body; any failure makes the chunk unreadable.
+    const Status st =
+        (*decoder)->Decode(ShapeOf(stored->meta), stored->payload.data(), stored->payload.size(), out->payload.data());
+    if (st.code() == Code::kNoMemory) return st;
+    if (!st.ok()) return Status::Corrupt("decode: " + CodecName(stored->meta.codec) + ": " + st.message());
+    return ChunkRef(std::move(out));
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "decode: out of memory for " + std::to_string(*bytes) + " bytes");
+  }
+}
+
+}  // namespace kdn::store

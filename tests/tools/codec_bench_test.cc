@@ -1,0 +1,148 @@
+// `kdn bench codec --quick`, run as a user runs it: the records it writes and
+// their plausibility. Timings are only checked to be positive, never against
+// a threshold.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_runner.h"
+#include "test_models.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using kdn::testing::CliRun;
+
+CliRun Kdn(const std::string& args) {
+  return kdn::testing::RunShell("KDN_MODELS=" + kdn::testing::ModelsDir() + " " + std::string(KDN_CLI) + " " + args +
+                                " 2>&1");
+}
+
+// The codecs every build has (kdn's own codec is checked when it is there).
+constexpr const char* kCodecs[] = {"raw", "fp8", "int8", "kivi2", "cachegen"};
+
+TEST(CodecBench, QuickWritesPlausibleRecords) {
+  KDN_REQUIRE_MODEL();
+  const fs::path dir = fs::temp_directory_path() / ("kdn_codec_bench_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path json = dir / "codec.json";
+  const CliRun r = Kdn("bench codec --quick --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  ASSERT_TRUE(records.is_array());
+
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& rec : records) {
+    const std::string name = rec.at("name").get<std::string>();
+    EXPECT_EQ(by_name.count(name), 0u) << "duplicate record " << name;
+    by_name[name] = rec;
+    EXPECT_TRUE(rec.at("value").is_number()) << rec.dump();
+    EXPECT_TRUE(rec.at("unit").is_string()) << rec.dump();
+    EXPECT_TRUE(rec.at("params").is_object()) << rec.dump();
+    if (rec.contains("baseline")) {
+      // The baseline is another record of the same run, with its value.
+      const std::string base = rec.at("baseline").get<std::string>();
+      ASSERT_TRUE(by_name.count(base)) << name << ": baseline " << base << " is not an earlier record";
+      EXPECT_EQ(rec.at("baseline_value").get<double>(), by_name[base].at("value").get<double>()) << name;
+      EXPECT_NEAR(rec.at("ratio").get<double>(),
+                  rec.at("value").get<double>() / rec.at("baseline_value").get<double>(), 1e-9) << name;
+    }
+  }
+  auto value = [&](const std::string& name) {
+    EXPECT_TRUE(by_name.count(name)) << "missing record " << name << "\n" << r.out;
+    return by_name.count(name) ? by_name[name].at("value").get<double>() : -1.0;
+  };
+
+  // The baselines: zstd -1 (the reference), zstd -3 and lz4, lossless.
+  for (const char* b : {"zstd1", "zstd3", "lz4"}) {
+    EXPECT_GE(value(std::string("codec_ratio_") + b), 1.0) << b;
+    for (const char* m : {"codec_encode_gbps_", "codec_decode_gbps_", "codec_encode_f32_gbps_",
+                          "codec_decode_f32_gbps_"}) {
+      EXPECT_GT(value(m + std::string(b)), 0.0) << m << b;
+    }
+  }
+
+  for (const char* c : kCodecs) {
+    const std::string n = c;
+    EXPECT_EQ(by_name["codec_ratio_" + n].value("baseline", ""), "codec_ratio_zstd1") << n;
+    EXPECT_EQ(by_name["codec_encode_gbps_" + n].value("baseline", ""), "codec_encode_gbps_zstd1") << n;
+    EXPECT_EQ(by_name["codec_decode_gbps_" + n].value("baseline", ""), "codec_decode_gbps_zstd1") << n;
+    for (const char* m : {"codec_encode_gbps_", "codec_decode_gbps_", "codec_encode_f32_gbps_",
+                          "codec_decode_f32_gbps_"}) {
+      EXPECT_GT(value(m + n), 0.0) << m << n;
+    }
+    EXPECT_GE(value("codec_kl_" + n), 0.0) << n;
+    EXPECT_GE(value("codec_kl_p95_" + n), 0.0) << n;
+    const double top1 = value("codec_top1_" + n);
+    EXPECT_GE(top1, 0.0) << n;
+    EXPECT_LE(top1, 1.0) << n;
+  }
+  // raw: lossless, and as large as fp16 but for its header.
+  EXPECT_GT(value("codec_ratio_raw"), 0.99);
+  EXPECT_LE(value("codec_ratio_raw"), 1.0);
+  EXPECT_EQ(value("codec_kl_raw"), 0.0);
+  EXPECT_EQ(value("codec_kl_p95_raw"), 0.0);
+  EXPECT_EQ(value("codec_top1_raw"), 1.0);
+  // int8 and fp8: one byte per element plus a float32 scale per (layer,
+  // k|v, token) over 32 elements: 2 * 32 / 36 = 1.78x.
+  EXPECT_NEAR(value("codec_ratio_int8"), 1.78, 0.05);
+  EXPECT_NEAR(value("codec_ratio_fp8"), 1.78, 0.05);
+  EXPECT_GT(value("codec_kl_int8"), 0.0);
+  EXPECT_GT(value("codec_ratio_cachegen"), 1.5);
+
+  // The sweeps: cachegen loses quality and size together as its bins shrink.
+  for (int bins : {8, 12, 16, 24, 32, 48, 64}) value("codec_curve_cachegen_bins_" + std::to_string(bins));
+  for (int group : {16, 32, 64}) value("codec_curve_kivi2_group_" + std::to_string(group));
+  value("codec_curve_fp8_scale_token");
+  value("codec_curve_fp8_scale_head");
+  value("codec_curve_int8");
+  EXPECT_GT(value("codec_curve_cachegen_bins_8"), value("codec_curve_cachegen_bins_64"));
+  EXPECT_GT(by_name["codec_curve_cachegen_bins_8"].at("params").at("kl_mean").get<double>(),
+            by_name["codec_curve_cachegen_bins_64"].at("params").at("kl_mean").get<double>());
+  // The default cachegen is LMCache's schedule: 32 bins everywhere for a model
+  // under 10 layers.
+  EXPECT_EQ(value("codec_ratio_cachegen"), value("codec_curve_cachegen_bins_32"));
+
+  // kdn's own codec, when it is built: its summary records agree with its others.
+  if (by_name.count("codec_ratio_kdn")) {
+    EXPECT_NEAR(value("codec_ratio_vs_cachegen"), value("codec_ratio_kdn") / value("codec_ratio_cachegen"), 1e-9);
+    const auto& p = by_name["codec_ratio_vs_cachegen"].at("params");
+    EXPECT_EQ(p.at("kl_no_higher").get<bool>(), value("codec_kl_kdn") <= value("codec_kl_cachegen"));
+    EXPECT_NEAR(value("codec_kl_vs_cachegen"), value("codec_kl_kdn") / value("codec_kl_cachegen"), 1e-9);
+    EXPECT_GT(value("codec_decode_gbps_kdn"), 0.0);
+    EXPECT_GT(value("codec_encode_gbps_kdn"), 0.0);
+  }
+  if (by_name.count("codec_ratio_kdn_hifi")) {
+    EXPECT_EQ(value("codec_ratio_hifi_kdn"), value("codec_ratio_kdn_hifi"));
+    EXPECT_EQ(by_name["codec_ratio_hifi_kdn"].at("params").at("kl_mean").get<double>(), value("codec_kl_kdn_hifi"));
+  }
+
+  // The plot, next to the JSON, unless gnuplot is missing (then it says so).
+  const fs::path png = dir / "codec.png";
+  if (r.out.find("gnuplot not found") == std::string::npos) {
+    std::ifstream p(png, std::ios::binary);
+    char magic[8] = {};
+    p.read(magic, sizeof magic);
+    EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << r.out;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CodecBench, AMissingTextIsAnError) {
+  KDN_REQUIRE_MODEL();
+  const fs::path json = fs::temp_directory_path() / ("kdn_codec_bench_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench codec --quick --text /nonexistent/stories.txt --json " + json.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/stories.txt"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(json));
+}
+
+}  // namespace
