@@ -109,8 +109,9 @@ Result<Calibration> Calibrate(const model::Checkpoint& weights, const std::vecto
     if (!probe.ok()) return probe.status();
     double lo = 0, hi = 0;  // lo meets the target, hi misses; 0 = unknown
     EvalResult best;
+    const double target_kl = target;  // (a lambda may not capture a structured binding before C++20 in clang 14)
     auto consider = [&](double step, const EvalResult& r) {
-      if (r.kl_mean <= target) {
+      if (r.kl_mean <= target_kl) {
         if (step > lo) lo = step, best = r;
       } else if (hi == 0 || step < hi) {
         hi = step;

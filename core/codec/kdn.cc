@@ -45,6 +45,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -165,7 +166,18 @@ __attribute__((target("avx,f16c"))) void FloatsToHalvesF16c(const float* in, std
   }
   for (; i < n; ++i) out[i] = kernels::float_to_half(in[i]);
 }
-const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+// F16C and AVX (with the OS saving the AVX state), from cpuid: clang 14's
+// __builtin_cpu_supports does not know "f16c".
+bool HaveF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool f16c = (c & bit_F16C) != 0, avx = (c & bit_AVX) != 0, osxsave = (c & bit_OSXSAVE) != 0;
+  if (!(f16c && avx && osxsave)) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0x6u) == 0x6u;  // XMM and YMM state enabled
+}
+const bool kHaveF16c = HaveF16c();
 #endif
 
 // n floats as 16-bit elements of `dtype` (1 f16, 2 bf16).
@@ -182,7 +194,7 @@ void FloatsToElements(std::uint32_t dtype, const float* in, std::uint32_t n, std
 // Elements [first, first + n) of a KV buffer of `dtype` as floats.
 void LoadPlane(std::uint32_t dtype, const std::uint8_t* kv, std::uint64_t first, std::uint64_t n, float* out) {
   if (dtype == 0) {
-    std::memcpy(out, kv + 4 * first, 4 * n);
+    if (n > 0) std::memcpy(out, kv + 4 * first, 4 * n);
     return;
   }
   const std::uint8_t* p = kv + 2 * first;
@@ -302,7 +314,7 @@ class KdnCodec final : public Codec {
         }
       }
       std::int32_t lo = 0, hi = 0;  // the smallest and largest code + kKdnMaxCode
-      if (Tn > 0) {
+      if (Tn > 0 && C > 0) {
         while (hist[lo] == 0) ++lo;
         hi = 2 * kKdnMaxCode;
         while (hist[hi] == 0) --hi;
@@ -310,6 +322,16 @@ class KdnCodec final : public Codec {
         lo = hi = kKdnMaxCode;
       }
       out[head_at] = static_cast<std::uint8_t>(static_cast<std::int8_t>(lo - kKdnMaxCode));
+      // The decoder checks that every channel's values over the plane's code
+      // range fit the dtype (so its output is never inf): refuse KV that
+      // close to the dtype's limit rather than write what cannot decode.
+      for (std::uint64_t c = 0; c < C; ++c) {
+        const float a = kernels::kdn_dequantize(lo - kKdnMaxCode, off[c], step[c]);
+        const float b = kernels::kdn_dequantize(hi - kKdnMaxCode, off[c], step[c]);
+        if (!FitsDtype(shape.dtype, std::fmax(std::fabs(a), std::fabs(b)))) {
+          return Status::InvalidArgument("kdn codec: KV values too close to the dtype's largest value");
+        }
+      }
       Result<rans::FreqTable> table =
           rans::BuildTable(std::span<const std::uint64_t>(hist + lo, static_cast<size_t>(hi - lo + 1)),
                            kernels::kKdnScaleBits);

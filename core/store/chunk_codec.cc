@@ -64,6 +64,13 @@ Result<ChunkRef> DecodeChunk(const ChunkRef& stored) {
   if (stored->meta.codec == codec::CodecId::kRaw) return stored;
   const std::optional<std::uint64_t> bytes = CanonicalBytes(stored->meta);
   if (!bytes) return Status::Corrupt("decode: unknown dtype or a shape that overflows");
+  // A chunk's KV is at most a few hundred MiB (a 405B model's 256 tokens:
+  // 126 MiB); a larger claim comes from damaged or hostile bytes, and
+  // allocating for it is not worth trying.
+  constexpr std::uint64_t kMaxDecodedBytes = std::uint64_t{4} << 30;
+  if (*bytes > kMaxDecodedBytes) {
+    return Status::Corrupt("decode: the chunk claims " + std::to_string(*bytes) + " bytes of KV, over the 4 GiB limit");
+  }
   Result<std::unique_ptr<codec::Codec>> decoder = codec::DecoderFor(stored->meta.codec);
   if (!decoder.ok()) {
     // Unknown to this build (a newer writer) or not built: unreadable here.

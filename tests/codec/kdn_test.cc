@@ -193,6 +193,27 @@ TEST(KdnCodecTest, EncodeRejectsWhatItCannotCarry) {
   EXPECT_TRUE(Make("kdn:sink=0")->Encode(s, reinterpret_cast<const std::uint8_t*>(f.data())).ok());
   EXPECT_EQ(Make("kdn:sink=6")->Encode(s, reinterpret_cast<const std::uint8_t*>(f.data())).status().code(),
             Code::kInvalidArgument);
+  // Found by the fuzzer: f16 KV near the largest half either round-trips or
+  // is refused at encode; what Encode writes, Decode always reads.
+  const Shape h{1, 1, 8, 20, 1};
+  for (float big : {65000.0f, 65504.0f, -65504.0f, 60000.0f}) {
+    std::vector<float> g(h.elements());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = i % 3 == 0 ? big : big * 0.25f * static_cast<float>(i % 5);
+    const std::vector<std::uint8_t> bytes = ToBytes(g, 1);
+    Result<Bytes> p = Make("kdn:sink=0")->Encode(h, bytes.data());
+    if (!p.ok()) {
+      EXPECT_EQ(p.status().code(), Code::kInvalidArgument) << big;
+      continue;
+    }
+    std::vector<std::uint8_t> out(h.bytes());
+    EXPECT_TRUE(Make("kdn")->Decode(h, p->data(), p->size(), out.data()).ok()) << big;
+  }
+  // Found by the fuzzer: planes without channels or tokens.
+  for (const Shape& empty : {Shape{2, 0, 8, 5, 0}, Shape{2, 3, 0, 5, 1}, Shape{1, 2, 8, 0, 0}}) {
+    Result<Bytes> p = Make("kdn")->Encode(empty, nullptr);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    EXPECT_TRUE(Make("kdn")->Decode(empty, p->data(), p->size(), nullptr).ok());
+  }
 }
 
 // Targeted corruptions of each part of a plane are kCorrupt.
