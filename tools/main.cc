@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "blend_bench.h"
 #include "codec_bench.h"
+#include "blend_cmd.h"
 #include "codec_cmd.h"
 #include "demo.h"
 #include "disk_cmd.h"
@@ -142,16 +144,29 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   codecb->add_flag("--quick", cbo.quick, "few contexts and repeats (a smoke test, not a measurement)");
 
+  kdn::bench::BlendBenchOptions bbo;
+  auto* blendb = bench->add_subcommand("blend", "Blending at ratios 0..100%: KL, top-1, TTFT vs full prefill; a PNG");
+  blendb->add_option("--json", bbo.json_path, "output file")->required();
+  blendb->add_option("--png", bbo.png_path, "KL-against-ratio plot (default: the JSON file with .png)");
+  blendb->add_option("--model", bbo.model, "llama2.c checkpoint (default: the reference model)");
+  blendb->add_option("--tokenizer", bbo.tokenizer, "tokenizer file");
+  blendb->add_option("--text", bbo.text, "text cut into chunks (default: bench/texts/stories.txt)");
+  blendb->add_option("--contexts", bbo.contexts, "at most this many contexts (default: all; 4 with --quick)");
+  blendb->add_flag("--quick", bbo.quick, "few contexts (a smoke test, not a measurement)");
+
   kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
   kdn::tools::CodecCommand codec(app);  // `kdn codec eval`
+  kdn::tools::BlendCommand blend(app);  // `kdn blend eval`
 
   CLI11_PARSE(app, argc, argv);
   if (disk.chosen()) return disk.Run();
   if (codec.chosen()) return codec.Run();
+  if (blend.chosen()) return blend.Run();
   if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
   if (*dm) return kdn::tools::RunDemo(demo);
   if (*found) return kdn::bench::RunFoundation(fo);
   if (*storeb) return kdn::bench::RunStoreBench(so);
   if (*codecb) return kdn::bench::RunCodecBench(cbo);
+  if (*blendb) return kdn::bench::RunBlendBench(bbo);
   return 1;
 }

@@ -170,4 +170,85 @@ Result<Answer> RefEngine::Warm(const std::string& ns, const std::vector<int>& to
   return a;
 }
 
+Status RefEngine::PutDocument(const std::string& ns, const std::string& doc_id, const std::vector<int>& tokens) {
+  model::KvCache cache = transformer_.NewCache();
+  KDN_RETURN_IF_ERROR(transformer_.Forward(tokens, 0, cache, nullptr));
+  const kdn_kv_buffer view = View(cache);
+  return FromKdn(kdn_knowledge_put(runtime_, model_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), 1, "", 0,
+                                   tokens.data(), tokens.size(), &view),
+                 "kdn_knowledge_put");
+}
+
+namespace {
+
+// The blend callback: the transformer's layer over the blender's KV.
+kdn_status BlendLayer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                      float* hidden, uint32_t /*hidden_dim*/, float* k, float* v, size_t total) {
+  auto* t = static_cast<model::Transformer*>(user);
+  const std::vector<int> pos(positions, positions + count);
+  std::vector<int> ids;
+  if (tokens != nullptr) ids.assign(tokens, tokens + count);
+  const Status s = t->ForwardLayer(static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
+  return s.ok() ? KDN_OK : KDN_ERR_INTERNAL;
+}
+
+}  // namespace
+
+Result<Answer> RefEngine::Blended(const std::string& ns, const std::vector<std::string>& doc_ids,
+                                  const std::vector<int>& question, double ratio, int steps, std::vector<int>* prompt,
+                                  kdn_blend_report* report) {
+  if (question.empty()) return Status::InvalidArgument("empty question");
+  model::KvCache cache = transformer_.NewCache();
+  const kdn_kv_buffer view = View(cache);
+  Answer a;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::int32_t> bos = {1};
+  const std::vector<std::int32_t> head(question.begin(), question.end() - 1);
+  std::vector<kdn_blend_segment> segs;
+  kdn_blend_segment s = KDN_BLEND_SEGMENT_INIT;
+  s.tokens = bos.data();
+  s.num_tokens = 1;
+  segs.push_back(s);
+  for (const std::string& id : doc_ids) {
+    s = KDN_BLEND_SEGMENT_INIT;
+    s.kind = KDN_SEGMENT_DOCUMENT;
+    s.doc_id = id.data();
+    s.doc_id_len = id.size();
+    segs.push_back(s);
+  }
+  if (!head.empty()) {
+    s = KDN_BLEND_SEGMENT_INIT;
+    s.tokens = head.data();
+    s.num_tokens = head.size();
+    segs.push_back(s);
+  }
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  o.ratio = static_cast<float>(ratio);
+  o.hidden_dim = static_cast<uint32_t>(transformer_.config().dim);
+  o.layer_fn = BlendLayer;
+  o.user = &transformer_;
+  *report = KDN_BLEND_REPORT_INIT;
+  KDN_RETURN_IF_ERROR(
+      FromKdn(kdn_blend(runtime_, model_, ns.data(), ns.size(), segs.data(), segs.size(), &o, &view, report), "kdn_blend"));
+  const int n = static_cast<int>(report->positions);
+  const int last = question.back();
+  KDN_RETURN_IF_ERROR(transformer_.Forward(std::span<const int>(&last, 1), n, cache, &logits_));
+  a.first_token = model::Argmax(logits_);
+  a.ttft_ms = MsSince(t0);
+  a.reused_tokens = report->cached_positions;
+  KDN_RETURN_IF_ERROR(Decode(cache, n + 1, steps, &a));
+  // The prompt the blend stood for, for a cold run of the same.
+  prompt->assign(1, 1);
+  for (const std::string& id : doc_ids) {
+    std::vector<std::int32_t> tokens(4096);
+    std::uint64_t num = 0;
+    KDN_RETURN_IF_ERROR(FromKdn(kdn_knowledge_fetch(runtime_, model_, ns.data(), ns.size(), id.data(), id.size(),
+                                                    nullptr, tokens.data(), tokens.size(), &num),
+                                "kdn_knowledge_fetch"));
+    prompt->insert(prompt->end(), tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(num, tokens.size())));
+  }
+  prompt->insert(prompt->end(), question.begin(), question.end());
+  return a;
+}
+
 }  // namespace kdn::tools

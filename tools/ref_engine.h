@@ -63,6 +63,18 @@ class RefEngine {
   // kdn lookup + retrieve, prefill of the rest, then greedy decoding.
   Result<Answer> Warm(const std::string& ns, const std::vector<int>& tokens, int steps);
 
+  // Prefills `tokens` alone (from position 0) and puts them as a knowledge
+  // item `doc_id` (kdn_knowledge_put).
+  Status PutDocument(const std::string& ns, const std::string& doc_id, const std::vector<int>& tokens);
+  // A RAG prompt: BOS, the documents in this order, then `question`:
+  // kdn_blend (the transformer recomputes the selected tokens through the
+  // callback) for every position but the last, which is run to get the
+  // first token; then greedy decoding. `prompt` receives the whole prompt's
+  // tokens (for a cold run of the same), `report` what was recomputed.
+  Result<Answer> Blended(const std::string& ns, const std::vector<std::string>& doc_ids,
+                         const std::vector<int>& question, double ratio, int steps, std::vector<int>* prompt,
+                         kdn_blend_report* report);
+
  private:
   RefEngine(const LoadedModel& model, kdn_runtime* runtime, int threads);
   kdn_kv_buffer View(model::KvCache& cache) const;

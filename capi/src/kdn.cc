@@ -2,6 +2,9 @@
 // which turn any exception into a status and the thread's last-error message.
 #include "kdn/kdn.h"
 
+#include "blend/blend.h"
+#include "common/half.h"
+#include "ref/kv_view_ref.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +39,7 @@ struct kdn_model {
   const kdn_runtime* runtime;
   kdn_dtype dtype;
   kdn::store::ModelKv kv;
+  kdn::kernels::RopeSpec rope;  // theta, style, rotary_dim of the spec (blending re-positions keys)
 };
 
 namespace {
@@ -473,6 +477,10 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
   m->kv.shape = {s.num_layers, s.num_kv_heads, s.head_dim, elem};
   m->kv.dtype = static_cast<uint32_t>(s.dtype);
+  m->rope.head_dim = static_cast<int>(s.head_dim);
+  m->rope.rotary_dim = static_cast<int>(rotary);
+  m->rope.theta = s.rope_theta;
+  m->rope.style = s.rope_style == KDN_ROPE_NEOX ? kdn::kernels::RopeStyle::kNeox : kdn::kernels::RopeStyle::kInterleaved;
   *out = m.release();
   return KDN_OK;
   KDN_END
@@ -872,5 +880,159 @@ kdn_status kdn_knowledge_fetch(kdn_runtime* runtime, const kdn_model* model, con
   KDN_END
 }
 
+
+void kdn_blend_options_init(kdn_blend_options* options) {
+  if (options) *options = KDN_BLEND_OPTIONS_INIT;
+}
+
+namespace {
+
+// The caller's callback as the blender's engine.
+class CallbackEngine final : public kdn::blend::LayerEngine {
+ public:
+  CallbackEngine(const kdn_blend_options& o) : o_(o) {}
+  kdn::Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                    float* k_layer, float* v_layer, int total) override {
+    std::vector<int32_t> ids(positions.size(), 0);
+    for (size_t i = 0; i < tokens.size(); ++i) ids[i] = tokens[i];
+    std::vector<int32_t> pos(positions.begin(), positions.end());
+    const kdn_status st = o_.layer_fn(o_.user, static_cast<uint32_t>(layer), pos.data(), layer == 0 ? ids.data() : nullptr,
+                                      positions.size(), hidden, o_.hidden_dim, k_layer, v_layer,
+                                      static_cast<size_t>(total));
+    if (st == KDN_OK) return kdn::Status::Ok();
+    const int code = static_cast<int>(st);
+    if (code > 0 || code < static_cast<int>(KDN_ERR_INTERNAL)) {
+      return kdn::Status::Internal("the blend callback returned an unknown status " + std::to_string(code) +
+                                   " at layer " + std::to_string(layer));
+    }
+    return kdn::Status(static_cast<kdn::Code>(code), "the blend callback failed at layer " + std::to_string(layer) +
+                                                         " (" + kdn_status_str(st) + ")");
+  }
+  int hidden_dim() const override { return static_cast<int>(o_.hidden_dim); }
+
+ private:
+  const kdn_blend_options& o_;
+};
+
+float LoadAs(kdn_dtype d, const std::uint8_t* p, size_t i) {
+  if (d == KDN_DTYPE_F32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return d == KDN_DTYPE_F16 ? kdn::kernels::half_to_float(h) : kdn::kernels::bf16_to_float(h);
+}
+void StoreAs(kdn_dtype d, std::uint8_t* p, size_t i, float f) {
+  if (d == KDN_DTYPE_F32) {
+    std::memcpy(p + 4 * i, &f, 4);
+    return;
+  }
+  const std::uint16_t h = d == KDN_DTYPE_F16 ? kdn::kernels::float_to_half(f) : kdn::kernels::float_to_bf16(f);
+  std::memcpy(p + 2 * i, &h, 2);
+}
+
+}  // namespace
+
+kdn_status kdn_blend(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
+                     const kdn_blend_segment* segments, size_t num_segments, const kdn_blend_options* options,
+                     const kdn_kv_buffer* kv, kdn_blend_report* report) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (report != nullptr && !OutSizeOk(report->struct_size)) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_blend_report: struct_size " + std::to_string(report->struct_size) +
+                                              " is wrong (initialise it with KDN_BLEND_REPORT_INIT)");
+  }
+  if (options == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options are NULL (they carry the callback)");
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  if (kdn_status s = ReadStruct(options, sizeof(kdn_blend_options), "kdn_blend_options", &o); s != KDN_OK) return s;
+  if (o.layer_fn == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: layer_fn is NULL");
+  if (o.hidden_dim == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: hidden_dim is 0");
+  if (num_segments == 0 || segments == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "no segments");
+  if (kv == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "kv is NULL");
+  const kdn::store::ModelKv& m = model->kv;
+  const int layers = static_cast<int>(m.shape.layers);
+  kdn::blend::BlendOptions bo;
+  bo.ratio = o.ratio;
+  bo.threshold = o.threshold;
+  if (o.check_layers != nullptr) {
+    bo.check_layers.assign(o.check_layers, o.check_layers + o.num_check_layers);
+  } else if (o.num_check_layers != 0) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: check_layers is NULL with num_check_layers > 0");
+  } else {
+    bo.check_layers = {layers > 1 ? 1 : 0};
+  }
+  bo.rope = model->rope;
+  if (o.rope_scaling != KDN_ROPE_SCALING_NONE && o.rope_scaling != KDN_ROPE_SCALING_LINEAR &&
+      o.rope_scaling != KDN_ROPE_SCALING_NTK) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: unknown rope_scaling " + std::to_string(o.rope_scaling));
+  }
+  bo.rope.scaling = static_cast<kdn::kernels::RopeScaling>(o.rope_scaling);
+  bo.rope.factor = o.rope_factor;
+
+  // The pieces: documents fetched at their own positions, tokens as given.
+  const std::string_view n(ns, ns_len);
+  std::vector<kdn::blend::Piece> pieces;
+  size_t total = 0;
+  for (size_t i = 0; i < num_segments; ++i) {
+    kdn_blend_segment seg = KDN_BLEND_SEGMENT_INIT;
+    if (kdn_status s = ReadStruct(&segments[i], sizeof(kdn_blend_segment), "kdn_blend_segment", &seg); s != KDN_OK) {
+      return s;
+    }
+    kdn::blend::Piece p;
+    if (seg.kind == KDN_SEGMENT_TOKENS) {
+      if (seg.num_tokens > 0 && seg.tokens == nullptr) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, "segment " + std::to_string(i) + ": tokens is NULL");
+      }
+      p.tokens.assign(seg.tokens, seg.tokens + seg.num_tokens);
+    } else if (seg.kind == KDN_SEGMENT_DOCUMENT) {
+      if (kdn_status s = CheckDocId(seg.doc_id, seg.doc_id_len); s != KDN_OK) return s;
+      const std::string id(seg.doc_id, seg.doc_id_len);
+      auto tokens = runtime->knowledge->Fetch(m, n, id, nullptr);
+      if (!tokens.ok()) return FromStatus(tokens.status());
+      const size_t T = tokens->size();
+      std::vector<std::uint8_t> raw(T * static_cast<size_t>(m.bytes_per_token()));
+      kdn::store::KvBufferView buffer{raw.data(), raw.size(), T, {}};
+      auto resolved = kdn::store::ResolveBuffer(m, buffer, T);
+      if (!resolved.ok()) return FromStatus(resolved.status());
+      const kdn::store::BufferAsView view(m, *resolved);
+      auto fetched = runtime->knowledge->Fetch(m, n, id, &view.view());
+      if (!fetched.ok()) return FromStatus(fetched.status());
+      p.tokens = std::move(fetched).value();
+      p.kv.resize(raw.size() / static_cast<size_t>(m.shape.elem_bytes));
+      for (size_t e = 0; e < p.kv.size(); ++e) p.kv[e] = LoadAs(model->dtype, raw.data(), e);
+    } else {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, "segment " + std::to_string(i) + ": unknown kind " +
+                                                std::to_string(seg.kind));
+    }
+    total += p.tokens.size();
+    pieces.push_back(std::move(p));
+  }
+  kdn::store::KvBufferView out_buffer;
+  if (kdn_status s = ResolveKv(model, kv, total, &out_buffer); s != KDN_OK) return s;
+
+  CallbackEngine engine(o);
+  std::vector<float> composed;
+  const kdn::blend::ModelShape shape{layers, static_cast<int>(m.shape.heads), static_cast<int>(m.shape.head_dim)};
+  auto r = kdn::blend::Compose(shape, pieces, bo, engine, &composed);
+  if (!r.ok()) return FromStatus(r.status());
+  // Into the caller's buffer, in the model's dtype.
+  std::vector<std::uint8_t> canonical(composed.size() * static_cast<size_t>(m.shape.elem_bytes));
+  for (size_t e = 0; e < composed.size(); ++e) StoreAs(model->dtype, canonical.data(), e, composed[e]);
+  const kdn::store::BufferAsView view(m, out_buffer);
+  kdn::kernels::view_scatter_cpu(canonical.data(), view.view(), 0, static_cast<std::int64_t>(total), 0, layers);
+  if (report != nullptr) {
+    kdn_blend_report full = KDN_BLEND_REPORT_INIT;
+    full.positions = static_cast<uint32_t>(r->positions);
+    full.cached_positions = static_cast<uint32_t>(r->cached_positions);
+    full.fresh_positions = static_cast<uint32_t>(r->fresh_positions);
+    full.selected = static_cast<uint32_t>(r->selected);
+    full.recompute_fraction = r->recompute_fraction;
+    WriteOut(full, report);
+  }
+  return KDN_OK;
+  KDN_END
+}
 
 }  // extern "C"

@@ -157,24 +157,25 @@ void Transformer::MatMul(const float* x, const float* w, float* out, int n, int 
   }
 }
 
-void Transformer::Attention(int layer, int start, int n, KvCache& cache) {
+void Transformer::Attention(const int* positions, int n, const float* k_layer, const float* v_layer) {
   const ModelConfig& c = config();
-  const int hd = c.head_dim(), heads = c.n_heads, group = c.n_heads / c.n_kv_heads;
+  const int hd = c.head_dim(), heads = c.n_heads, group = c.n_heads / c.n_kv_heads, kvd = c.kv_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t units = static_cast<size_t>(n) * heads;
-  const size_t macs = units * static_cast<size_t>(start + n) * hd * 2;
+  const int last = n > 0 ? positions[n - 1] : 0;
+  const size_t macs = units * static_cast<size_t>(last + 1) * hd * 2;
   pool_->ParallelFor(units, macs < kParallelMacs ? units : 8, [&](size_t b, size_t e) {
-    std::vector<float> score(static_cast<size_t>(start + n));
+    std::vector<float> score(static_cast<size_t>(last + 1));
     for (size_t u = b; u < e; ++u) {
       // Rows alternate from both ends (0, n-1, 1, n-2, ...), so that under
       // the causal mask every contiguous range of units has as much work.
       const int r = static_cast<int>(u / heads), h = static_cast<int>(u % heads);
       const int i = r % 2 == 0 ? r / 2 : n - 1 - r / 2;
-      const int pos = start + i, g = h / group;
+      const int pos = positions[i], g = h / group;
       const float* q = q_.data() + static_cast<size_t>(i) * c.dim + static_cast<size_t>(h) * hd;
       float mx = -INFINITY;
       for (int t = 0; t <= pos; ++t) {
-        score[t] = Dot(q, cache.k(layer, t) + g * hd, hd) * scale;
+        score[t] = Dot(q, k_layer + static_cast<size_t>(t) * kvd + g * hd, hd) * scale;
         mx = std::max(mx, score[t]);
       }
       float sum = 0.0f;
@@ -187,11 +188,118 @@ void Transformer::Attention(int layer, int start, int n, KvCache& cache) {
       std::fill(o, o + hd, 0.0f);
       for (int t = 0; t <= pos; ++t) {
         const float a = score[t] * inv;
-        const float* vt = cache.v(layer, t) + g * hd;
+        const float* vt = v_layer + static_cast<size_t>(t) * kvd + g * hd;
         for (int d = 0; d < hd; ++d) o[d] += a * vt[d];
       }
     }
   });
+}
+
+void Transformer::Prepare(std::span<const int> positions) {
+  const ModelConfig& c = config();
+  const int dim = c.dim, kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim();
+  const size_t N = positions.size();
+  xb_.resize(N * dim);
+  q_.resize(N * dim);
+  k_.resize(N * kvd);
+  v_.resize(N * kvd);
+  att_.resize(N * dim);
+  h1_.resize(N * hid);
+  h3_.resize(N * hid);
+  tmp_.resize(N * dim);
+  // cos/sin of every (row, pair), shared by all heads and layers.
+  const int pairs = hd / 2;
+  cs_.resize(N * pairs);
+  sn_.resize(N * pairs);
+  for (size_t i = 0; i < N; ++i) {
+    for (int j = 0; j < pairs; ++j) {
+      const double angle = static_cast<double>(positions[i]) * inv_freq_[static_cast<size_t>(j)];
+      cs_[i * pairs + j] = static_cast<float>(std::cos(angle));
+      sn_[i * pairs + j] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+void Transformer::Layer(int l, std::span<const int> positions, float* x, float* k_layer, float* v_layer) {
+  const ModelConfig& c = config();
+  const int dim = c.dim, kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim(), pairs = hd / 2;
+  const int n = static_cast<int>(positions.size());
+  const size_t N = positions.size();
+  auto rope = [&](float* rows, int width) {
+    for (int i = 0; i < n; ++i) {
+      float* r = rows + static_cast<size_t>(i) * width;
+      for (int h = 0; h < width / hd; ++h) {
+        for (int j = 0; j < pairs; ++j) {
+          float* e = r + h * hd;
+          kernels::rope_rotate(e[kernels::rope_first(j, false)], e[kernels::rope_second(j, hd, false)],
+                               cs_[static_cast<size_t>(i) * pairs + j], sn_[static_cast<size_t>(i) * pairs + j]);
+        }
+      }
+    }
+  };
+  const Checkpoint::Layer& L = w_.layer(l);
+  for (int i = 0; i < n; ++i) RmsNorm(&x[static_cast<size_t>(i) * dim], L.rms_att, &xb_[static_cast<size_t>(i) * dim], dim);
+  MatMul(xb_.data(), L.wq, q_.data(), n, dim, dim);
+  MatMul(xb_.data(), L.wk, k_.data(), n, dim, kvd);
+  MatMul(xb_.data(), L.wv, v_.data(), n, dim, kvd);
+  rope(q_.data(), dim);
+  rope(k_.data(), kvd);
+  for (int i = 0; i < n; ++i) {
+    const size_t at = static_cast<size_t>(positions[i]) * kvd;
+    std::memcpy(k_layer + at, k_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
+    std::memcpy(v_layer + at, v_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
+  }
+  Attention(positions.data(), n, k_layer, v_layer);
+  MatMul(att_.data(), L.wo, tmp_.data(), n, dim, dim);
+  for (size_t e = 0; e < N * dim; ++e) x[e] += tmp_[e];
+  for (int i = 0; i < n; ++i) {
+    RmsNorm(&x[static_cast<size_t>(i) * dim], L.rms_ffn, &xb_[static_cast<size_t>(i) * dim], dim);
+  }
+  MatMul(xb_.data(), L.w1, h1_.data(), n, dim, hid);
+  MatMul(xb_.data(), L.w3, h3_.data(), n, dim, hid);
+  for (size_t e = 0; e < N * hid; ++e) {
+    const float a = h1_[e];
+    h1_[e] = a / (1.0f + std::exp(-a)) * h3_[e];
+  }
+  MatMul(h1_.data(), L.w2, tmp_.data(), n, hid, dim);
+  for (size_t e = 0; e < N * dim; ++e) x[e] += tmp_[e];
+}
+
+Status Transformer::ForwardLayer(int layer, std::span<const int> positions, std::span<const int> tokens,
+                                 float* hidden, float* k_layer, float* v_layer, int total_positions) {
+  const ModelConfig& c = config();
+  if (layer < 0 || layer >= c.n_layers) return Status::InvalidArgument("forward layer: no layer " + std::to_string(layer));
+  if (positions.empty()) return Status::Ok();
+  if (layer == 0 && tokens.size() != positions.size()) {
+    return Status::InvalidArgument("forward layer: layer 0 needs one token per position");
+  }
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] < 0 || positions[i] >= total_positions || (i > 0 && positions[i] <= positions[i - 1])) {
+      return Status::InvalidArgument("forward layer: positions must ascend within [0, " +
+                                     std::to_string(total_positions) + ")");
+    }
+    if (layer == 0 && (tokens[i] < 0 || tokens[i] >= c.vocab_size)) {
+      return Status::InvalidArgument("forward layer: token id " + std::to_string(tokens[i]) + " outside the vocabulary");
+    }
+  }
+  const size_t dim = static_cast<size_t>(c.dim);
+  if (layer == 0) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::memcpy(hidden + i * dim, w_.tok_emb() + static_cast<size_t>(tokens[i]) * dim, dim * sizeof(float));
+    }
+  }
+  Prepare(positions);
+  Layer(layer, positions, hidden, k_layer, v_layer);
+  return Status::Ok();
+}
+
+void Transformer::Logits(const float* hidden, int rows, std::vector<float>* logits) {
+  const ModelConfig& c = config();
+  const size_t dim = static_cast<size_t>(c.dim);
+  xb_.resize(static_cast<size_t>(rows) * dim);
+  for (int i = 0; i < rows; ++i) RmsNorm(hidden + static_cast<size_t>(i) * dim, w_.rms_final(), &xb_[static_cast<size_t>(i) * dim], c.dim);
+  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  MatMul(xb_.data(), w_.classifier(), logits->data(), rows, c.dim, c.vocab_size);
 }
 
 Status Transformer::Forward(std::span<const int> tokens, int start, KvCache& cache, std::vector<float>* logits,
@@ -213,71 +321,16 @@ Status Transformer::Forward(std::span<const int> tokens, int start, KvCache& cac
                                      std::to_string(c.vocab_size));
     }
   }
-  const int dim = c.dim, kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim();
-  const size_t N = static_cast<size_t>(n);
-  x_.resize(N * dim);
-  xb_.resize(N * dim);
-  q_.resize(N * dim);
-  k_.resize(N * kvd);
-  v_.resize(N * kvd);
-  att_.resize(N * dim);
-  h1_.resize(N * hid);
-  h3_.resize(N * hid);
-  tmp_.resize(N * dim);
+  const int dim = c.dim;
+  x_.resize(static_cast<size_t>(n) * dim);
   for (int i = 0; i < n; ++i) {
     std::memcpy(x_.data() + static_cast<size_t>(i) * dim, w_.tok_emb() + static_cast<size_t>(tokens[i]) * dim,
                 dim * sizeof(float));
   }
-  // cos/sin of every (position, pair), shared by all heads and layers.
-  const int pairs = hd / 2;
-  std::vector<float> cs(N * pairs), sn(N * pairs);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < pairs; ++j) {
-      const double angle = static_cast<double>(start + i) * inv_freq_[static_cast<size_t>(j)];
-      cs[static_cast<size_t>(i) * pairs + j] = static_cast<float>(std::cos(angle));
-      sn[static_cast<size_t>(i) * pairs + j] = static_cast<float>(std::sin(angle));
-    }
-  }
-  auto rope = [&](float* rows, int width) {
-    for (int i = 0; i < n; ++i) {
-      float* r = rows + static_cast<size_t>(i) * width;
-      for (int h = 0; h < width / hd; ++h) {
-        for (int j = 0; j < pairs; ++j) {
-          float* e = r + h * hd;
-          kernels::rope_rotate(e[kernels::rope_first(j, false)], e[kernels::rope_second(j, hd, false)],
-                               cs[static_cast<size_t>(i) * pairs + j], sn[static_cast<size_t>(i) * pairs + j]);
-        }
-      }
-    }
-  };
-
-  for (int l = 0; l < c.n_layers; ++l) {
-    const Checkpoint::Layer& L = w_.layer(l);
-    for (int i = 0; i < n; ++i) RmsNorm(&x_[static_cast<size_t>(i) * dim], L.rms_att, &xb_[static_cast<size_t>(i) * dim], dim);
-    MatMul(xb_.data(), L.wq, q_.data(), n, dim, dim);
-    MatMul(xb_.data(), L.wk, k_.data(), n, dim, kvd);
-    MatMul(xb_.data(), L.wv, v_.data(), n, dim, kvd);
-    rope(q_.data(), dim);
-    rope(k_.data(), kvd);
-    for (int i = 0; i < n; ++i) {
-      std::memcpy(cache.k(l, start + i), k_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
-      std::memcpy(cache.v(l, start + i), v_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
-    }
-    Attention(l, start, n, cache);
-    MatMul(att_.data(), L.wo, tmp_.data(), n, dim, dim);
-    for (size_t e = 0; e < N * dim; ++e) x_[e] += tmp_[e];
-    for (int i = 0; i < n; ++i) {
-      RmsNorm(&x_[static_cast<size_t>(i) * dim], L.rms_ffn, &xb_[static_cast<size_t>(i) * dim], dim);
-    }
-    MatMul(xb_.data(), L.w1, h1_.data(), n, dim, hid);
-    MatMul(xb_.data(), L.w3, h3_.data(), n, dim, hid);
-    for (size_t e = 0; e < N * hid; ++e) {
-      const float a = h1_[e];
-      h1_[e] = a / (1.0f + std::exp(-a)) * h3_[e];
-    }
-    MatMul(h1_.data(), L.w2, tmp_.data(), n, hid, dim);
-    for (size_t e = 0; e < N * dim; ++e) x_[e] += tmp_[e];
-  }
+  std::vector<int> positions(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = start + i;
+  Prepare(positions);
+  for (int l = 0; l < c.n_layers; ++l) Layer(l, positions, x_.data(), cache.k(l, 0), cache.v(l, 0));
   if (logits) {
     const int first = all_logits ? 0 : n - 1;
     const int rows = n - first;

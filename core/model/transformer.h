@@ -65,16 +65,34 @@ class Transformer {
   Status Forward(std::span<const int> tokens, int start, KvCache& cache, std::vector<float>* logits,
                  bool all_logits = false);
 
+  // One layer for some positions, over KV held elsewhere (the blender's
+  // recompute, core/blend). `positions` ascend within [0, total_positions);
+  // `hidden` holds one row of config().dim floats per position: the layer's
+  // input (at layer 0 the rows are filled from `tokens`' embeddings instead)
+  // and, on return, its output. The rows' K (after RoPE at their positions)
+  // and V are written into k_layer / v_layer ([position][kv_dim], this
+  // layer's), then each row attends causally over positions [0, its own].
+  // Computed exactly as Forward computes the same rows, so running every
+  // position through every layer reproduces Forward's KV bit for bit.
+  Status ForwardLayer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                      float* k_layer, float* v_layer, int total_positions);
+  // The logits ([rows][vocab]) of final hidden rows (after the last layer).
+  void Logits(const float* hidden, int rows, std::vector<float>* logits);
+
  private:
   // out[n][m] = x[n][k] . w[m][k]^T
   void MatMul(const float* x, const float* w, float* out, int n, int k, int m);
-  void Attention(int layer, int start, int n, KvCache& cache);
+  // Scratch sizes and the rotary cos/sin for these rows' positions.
+  void Prepare(std::span<const int> positions);
+  // Layer l for rows x (one per position; Prepare first), KV of the layer.
+  void Layer(int l, std::span<const int> positions, float* x, float* k_layer, float* v_layer);
+  void Attention(const int* positions, int n, const float* k_layer, const float* v_layer);
 
   const Checkpoint& w_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<double> inv_freq_;  // per rotary pair
   // Scratch, sized per call.
-  std::vector<float> x_, xb_, q_, k_, v_, att_, h1_, h3_, tmp_;
+  std::vector<float> x_, xb_, q_, k_, v_, att_, h1_, h3_, tmp_, cs_, sn_;
 };
 
 // Index of the largest logit (the first on ties).

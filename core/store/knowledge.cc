@@ -20,6 +20,7 @@ void KnowledgeIndex::DropLocked(const DocKey& key) {
     store_.chain().Erase(k);
   }
   docs_.erase(it);
+  generation_.fetch_add(1, std::memory_order_release);
 }
 
 void KnowledgeIndex::SweepLocked() {
@@ -65,6 +66,7 @@ Status KnowledgeIndex::Put(const ModelKv& model, std::string_view ns, const std:
   for (const keys::Digest& k : doc.chunk_keys) ++refs_[k];
   DropLocked(key);
   docs_.emplace(key, std::move(doc));
+  generation_.fetch_add(1, std::memory_order_release);
   return Status::Ok();
 }
 
@@ -121,6 +123,25 @@ Status KnowledgeIndex::Delete(const ModelKv& model, std::string_view ns, const s
   if (!Find(model, ns, doc_id)) return Status::NotFound("knowledge: no document '" + doc_id + "'");
   DropLocked(DocKey{model.fingerprint, std::string(ns), doc_id});
   return Status::Ok();
+}
+
+Result<std::vector<ChunkInfo>> KnowledgeIndex::Chunks(const ModelKv& model, std::string_view ns,
+                                                      const std::string& doc_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Doc* doc = Find(model, ns, doc_id);
+  if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  const std::uint64_t C = store_.options().chunk_tokens;  // Put's split
+  std::vector<ChunkInfo> out(doc->chunk_keys.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::uint64_t begin = i * C;
+    const std::uint64_t len = std::min<std::uint64_t>(C, doc->tokens.size() - begin);
+    out[i].index = static_cast<std::uint32_t>(i);
+    out[i].begin = begin;
+    out[i].tokens.assign(doc->tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+                         doc->tokens.begin() + static_cast<std::ptrdiff_t>(begin + len));
+    out[i].key = doc->chunk_keys[i];
+  }
+  return out;
 }
 
 Result<std::vector<std::int32_t>> KnowledgeIndex::Fetch(const ModelKv& model, std::string_view ns,

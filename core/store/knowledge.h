@@ -9,6 +9,7 @@
 // Thread-safety: every member function may be called concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -33,6 +34,14 @@ struct DocumentInfo {
   std::uint32_t chunks_present = 0;  // chunks some tier holds now
 };
 
+// One chunk of a document, as Put split and keyed it.
+struct ChunkInfo {
+  std::uint32_t index = 0;           // chunk `index` of the document
+  std::uint64_t begin = 0;           // its first token's position in the document
+  std::vector<std::int32_t> tokens;  // chunk_tokens of them; fewer for the last chunk only
+  keys::Digest key{};                // its content key: KvStore::ContentKey(model, ns, tokens)
+};
+
 class KnowledgeIndex {
  public:
   explicit KnowledgeIndex(KvStore& store) : store_(store) {}
@@ -55,6 +64,16 @@ class KnowledgeIndex {
                                           const kernels::KvView* view);
   // Deletes expired documents; returns how many.
   size_t Sweep();
+  // The document's chunks in order (each one's tokens and content key);
+  // kNotFound when there is no such document. Chunks evicted from every tier
+  // are listed too: this describes the document, not what tiers hold.
+  Result<std::vector<ChunkInfo>> Chunks(const ModelKv& model, std::string_view ns, const std::string& doc_id);
+  // Counts changes to the set of documents (puts, deletes, expiries): a
+  // reader that saw generation g and sees g again saw no change in between.
+  // Expired documents count once swept (any call here sweeps; Sweep() forces it).
+  std::uint64_t Generation() const { return generation_.load(std::memory_order_acquire); }
+  // The store this index keeps its chunks in (its seed keys the chunks).
+  KvStore& store() const { return store_; }
 
  private:
   struct Doc {
@@ -72,6 +91,7 @@ class KnowledgeIndex {
   std::mutex mu_;
   std::map<DocKey, Doc> docs_;                                                 // guarded by mu_
   std::unordered_map<keys::Digest, std::uint32_t, keys::DigestHash> refs_;    // chunk -> documents; guarded by mu_
+  std::atomic<std::uint64_t> generation_{0};                                   // written under mu_
 };
 
 }  // namespace kdn::store

@@ -578,6 +578,88 @@ KDN_API kdn_status kdn_knowledge_fetch(kdn_runtime *runtime, const kdn_model *mo
                                        const kdn_kv_buffer *kv, int32_t *tokens, size_t tokens_capacity,
                                        uint64_t *out_num_tokens);
 
+/* ---- Blending ------------------------------------------------------------- */
+
+/* Composes a context from pieces whose KV was computed alone (RAG chunks in
+ * any order, CacheBlend): cached documents are placed and their keys rotated
+ * to their new positions; at the check layers the cached tokens whose keys
+ * deviate most from a fresh computation are selected, and only those (and
+ * the tokens computed now) are recomputed in the later layers, by the
+ * engine, through a callback. */
+
+typedef enum kdn_segment_kind {
+  KDN_SEGMENT_DOCUMENT = 0, /* a knowledge item by doc_id (kdn_knowledge_put) */
+  KDN_SEGMENT_TOKENS = 1,   /* tokens computed now (the query, anything not cached) */
+  KDN_SEGMENT_KIND_FORCE32_ = 0x7FFFFFFF
+} kdn_segment_kind;
+
+typedef struct kdn_blend_segment {
+  uint32_t struct_size;
+  kdn_segment_kind kind;
+  const char *doc_id;      /* DOCUMENT */
+  size_t doc_id_len;
+  const int32_t *tokens;   /* TOKENS */
+  size_t num_tokens;
+} kdn_blend_segment;
+#define KDN_BLEND_SEGMENT_INIT { sizeof(kdn_blend_segment), KDN_SEGMENT_TOKENS, NULL, 0u, NULL, 0u }
+
+/* The engine's recompute of layer `layer` for `count` positions (ascending)
+ * of the composed context. hidden holds count rows of hidden_dim floats: the
+ * layer's input (at layer 0 unset: the engine embeds tokens[i]) and, on
+ * return, the layer's output. k and v hold this layer's float32 KV of all
+ * `total` positions ([position][num_kv_heads * head_dim]): the engine writes
+ * the positions' K (after RoPE at their positions) and V there, and attends
+ * each position causally over positions [0, its own] of k and v.
+ * Return KDN_OK, or an error status: kdn_blend then stops and returns it.
+ * Called on the thread that called kdn_blend, layer by layer, in order. */
+typedef kdn_status (*kdn_blend_layer_fn)(void *user, uint32_t layer, const int32_t *positions,
+                                         const int32_t *tokens, size_t count, float *hidden, uint32_t hidden_dim,
+                                         float *k, float *v, size_t total);
+
+typedef enum kdn_rope_scaling {
+  KDN_ROPE_SCALING_NONE = 0,
+  KDN_ROPE_SCALING_LINEAR = 1, /* positions divided by rope_factor */
+  KDN_ROPE_SCALING_NTK = 2,    /* theta * rope_factor^(r / (r - 2)) */
+  KDN_ROPE_SCALING_FORCE32_ = 0x7FFFFFFF
+} kdn_rope_scaling;
+
+typedef struct kdn_blend_options {
+  uint32_t struct_size;
+  float ratio;                    /* fraction of cached tokens recomputed, in [0, 1]; default 0.15 */
+  float threshold;                /* >= 0: select by key deviation >= threshold instead; default -1 */
+  const uint32_t *check_layers;   /* ascending; NULL: { 1 } (or { 0 } for a 1-layer model) */
+  size_t num_check_layers;
+  uint32_t hidden_dim;            /* the engine's hidden width (rows of `hidden`) */
+  kdn_rope_scaling rope_scaling;  /* the model spec gives theta, style and rotary_dim */
+  float rope_factor;              /* default 1 */
+  kdn_blend_layer_fn layer_fn;
+  void *user;
+} kdn_blend_options;
+#define KDN_BLEND_OPTIONS_INIT \
+  { sizeof(kdn_blend_options), 0.15f, -1.0f, NULL, 0u, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL }
+KDN_API void kdn_blend_options_init(kdn_blend_options *options);
+
+typedef struct kdn_blend_report {
+  uint32_t struct_size;
+  uint32_t positions;           /* of the composed context */
+  uint32_t cached_positions;    /* placed from documents */
+  uint32_t fresh_positions;     /* computed now */
+  uint32_t selected;            /* cached positions recomputed past the last check layer */
+  uint32_t reserved_;
+  double recompute_fraction;    /* layer x position work recomputed / a full prefill's */
+} kdn_blend_report;
+#define KDN_BLEND_REPORT_INIT { sizeof(kdn_blend_report), 0u, 0u, 0u, 0u, 0u, 0.0 }
+
+/* Blends the segments, in order, into `kv` (the whole context: the sum of
+ * the segments' tokens, in the model's dtype; canonical or strided). Fills
+ * the fields of *report below its struct_size (report may be NULL).
+ * KDN_ERR_NOT_FOUND when a document is unknown or a chunk of it is gone
+ * from every tier (put it again); the callback's status when it fails. */
+KDN_API kdn_status kdn_blend(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
+                             const kdn_blend_segment *segments, size_t num_segments,
+                             const kdn_blend_options *options, const kdn_kv_buffer *kv,
+                             kdn_blend_report *report);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,122 @@
+#include "blend_bench.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "blend/eval.h"
+#include "codec/eval.h"
+#include "plot.h"
+#include "ref_engine.h"
+
+namespace kdn::bench {
+namespace {
+
+constexpr const char* kTool = "kdn bench blend";
+constexpr const char* kSuffix = " Question: What happened in the story? Answer:";
+
+std::string DefaultBlendText() {
+  const std::string built = std::string(KDN_BENCH_TEXTS_DIR) + "/stories.txt";
+  std::error_code ec;
+  if (std::filesystem::exists(built, ec)) return built;
+  return "bench/texts/stories.txt";
+}
+
+}  // namespace
+
+int RunBlendBench(const BlendBenchOptions& o) {
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "%s: %s\n", kTool, m.c_str());
+    return 2;
+  };
+  const std::string text_path = o.text.empty() ? DefaultBlendText() : o.text;
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) return fail("cannot read the text file '" + text_path + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto loaded = tools::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  if (!loaded.ok()) return fail(loaded.status().message());
+  const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
+  const std::vector<int> suffix = loaded->tokenizer->Encode(kSuffix, /*bos=*/false);
+  const int layers = loaded->weights->config().n_layers;
+
+  Records rec;
+  struct Point {
+    double ratio;
+    blend::BlendEvalResult r;
+  };
+  std::vector<Point> points;
+  auto run = [&](double ratio, const std::vector<int>& checks) -> Result<blend::BlendEvalResult> {
+    blend::BlendEvalOptions eo;
+    eo.ratio = ratio;
+    eo.check_layers = checks;
+    eo.max_contexts = o.contexts > 0 ? o.contexts : (o.quick ? 4 : 0);
+    return blend::EvaluateBlend(*loaded->weights, tokens, suffix, eo);
+  };
+  std::printf("%s: %s, chunks of 64 tokens, 4 per context\n", kTool, text_path.c_str());
+  for (int pct : {0, 5, 10, 15, 20, 30, 100}) {
+    Result<blend::BlendEvalResult> r = run(pct / 100.0, {1});
+    if (!r.ok()) return fail(r.status().message());
+    points.push_back({pct / 100.0, *r});
+    const std::string s = "_r" + std::to_string(pct);
+    const nlohmann::json params = {{"ratio", pct / 100.0}, {"contexts", r->contexts}, {"check_layers", {1}},
+                                   {"context_tokens", r->context_tokens}};
+    rec.Add("blend_kl" + s, r->kl_blend_mean, "nats", params, "naive", r->kl_naive_mean);
+    rec.Add("blend_top1" + s, r->top1_blend, "frac", params, "naive", r->top1_naive);
+    rec.Add("blend_recompute_fraction" + s, r->recompute_fraction, "frac", params);
+    rec.Add("blend_ttft" + s, r->ttft_blend_ms, "ms", params, "full_prefill", r->ttft_full_ms);
+    rec.Add("blend_ttft_naive" + s, r->ttft_naive_ms, "ms", params, "full_prefill", r->ttft_full_ms);
+    if (pct == 15) {
+      rec.Add("blend_kl_ratio_vs_naive", r->kl_blend_mean / r->kl_naive_mean, "x",
+              {{"ratio", 0.15}, {"goal", "<= 0.2"}});
+      const double budget = r->recompute_fraction * r->ttft_full_ms;
+      rec.Add("blend_ttft_vs_work", r->ttft_blend_ms / budget, "x",
+              {{"ratio", 0.15}, {"goal", "<= 1.25"}, {"f", r->recompute_fraction}, {"ttft_full_ms", r->ttft_full_ms}});
+      // A 32-layer model of the same kind: layers 0 and 1 in full, then 15%
+      // (plus the fresh suffix and the last token, as measured here).
+      const double fresh = 1.0 - (r->context_tokens - 1 - static_cast<double>(suffix.size())) / r->context_tokens;
+      const double f32 = (2.0 + 30.0 * (0.15 + (1 - 0.15) * fresh)) / 32.0;
+      rec.Add("blend_projected_f_32_layers", f32, "frac", {{"ratio", 0.15}, {"layers_here", layers}});
+      rec.Add("blend_projected_ttft_ratio_32_layers", f32 * (r->ttft_blend_ms / budget), "x",
+              {{"ratio", 0.15}, {"note", "f x (measured machinery factor) = TTFT blend / TTFT full"}});
+    }
+  }
+  Result<blend::BlendEvalResult> gradual = run(0.15, {1, layers - 1});
+  if (!gradual.ok()) return fail(gradual.status().message());
+  const nlohmann::json gp = {{"ratio", 0.15}, {"check_layers", {1, layers - 1}}};
+  rec.Add("blend_gradual_kl_r15", gradual->kl_blend_mean, "nats", gp, "naive", gradual->kl_naive_mean);
+  rec.Add("blend_gradual_recompute_fraction_r15", gradual->recompute_fraction, "frac", gp);
+  rec.Add("blend_gradual_ttft_r15", gradual->ttft_blend_ms, "ms", gp, "full_prefill", gradual->ttft_full_ms);
+  if (!rec.Write(o.json_path)) return fail("cannot write " + o.json_path);
+
+  // KL against ratio (log y; ratio 100% has KL 0 and is left out).
+  std::string data = "$b << EOD\n", naive = "$n << EOD\n";
+  for (const Point& p : points) {
+    char row[96];
+    if (p.r.kl_blend_mean > 0) {
+      std::snprintf(row, sizeof row, "%.4g %.6g\n", 100 * p.ratio, p.r.kl_blend_mean);
+      data += row;
+    }
+    std::snprintf(row, sizeof row, "%.4g %.6g\n", 100 * p.ratio, p.r.kl_naive_mean);
+    naive += row;
+  }
+  data += "EOD\n";
+  naive += "EOD\n";
+  const std::string body =
+      data + naive + "set title " + GnuplotQuote("Blending on the reference model: KL(full prefill || blended)") +
+      "\nset logscale y\nset xlabel 'recomputed cached tokens (%)'\nset ylabel 'KL mean (nats, log scale)'\n"
+      "set grid\nset key top right\n"
+      "plot $b using 1:2 with linespoints lw 2 pt 7 title 'blend (check layer 1)', "
+      "$n using 1:2 with lines dt 2 lw 2 title 'naive reuse (no recompute)'\n";
+  std::string png = o.png_path;
+  if (png.empty()) png = std::filesystem::path(o.json_path).replace_extension(".png").string();
+  DrawPng(png, body, kTool);
+  std::printf("wrote %s\n", o.json_path.c_str());
+  return 0;
+}
+
+}  // namespace kdn::bench

@@ -1,0 +1,275 @@
+// The blender (core/blend/blend.h) on the reference model: ratio 100%
+// reproduces full prefill's KV, ratio 0% is naive reuse (placed, re-positioned
+// KV; only fresh tokens computed), selection follows the options, a failing
+// engine stops the blend with its status, and bad input is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "blend/blend.h"
+#include "blend/eval.h"
+#include "blend/transformer_engine.h"
+#include "model/checkpoint.h"
+#include "model/transformer.h"
+#include "ref/rope_ref.h"
+#include "test_models.h"
+
+namespace kdn::blend {
+namespace {
+
+constexpr int kBos = 1;
+
+struct Fixture {
+  std::unique_ptr<model::Checkpoint> weights;
+  std::unique_ptr<model::Transformer> t;
+};
+
+Fixture Load() {
+  Fixture f;
+  auto w = model::Checkpoint::Load(kdn::testing::ModelPath());
+  if (!w.ok()) return f;
+  f.weights = std::make_unique<model::Checkpoint>(std::move(*w));
+  f.t = std::make_unique<model::Transformer>(*f.weights, 1);
+  return f;
+}
+
+// Chunks of the reference ids (no BOS).
+std::vector<std::int32_t> Chunk(int i, int n) {
+  std::vector<std::int32_t> out;
+  for (int k = 0; k < n; ++k) {
+    out.push_back(kdn::testing::kReferenceIds[static_cast<size_t>((i * 13 + k) % kdn::testing::kReferenceIds.size())]);
+  }
+  return out;
+}
+
+// A chunk's KV computed alone after a BOS (positions 1..n, cached_first 1).
+Piece Cached(model::Transformer& t, const std::vector<std::int32_t>& tokens) {
+  std::vector<int> seq = {kBos};
+  seq.insert(seq.end(), tokens.begin(), tokens.end());
+  model::KvCache cache = t.NewCache();
+  EXPECT_TRUE(t.Forward(seq, 0, cache, nullptr).ok());
+  return Piece{tokens, cache.Export(1, 1 + static_cast<int>(tokens.size())), 1};
+}
+
+BlendOptions Options(const model::ModelConfig& c, double ratio) {
+  BlendOptions o;
+  o.ratio = ratio;
+  o.rope = Llama2cRope(c);
+  return o;
+}
+
+TEST(BlendTest, FullRatioReproducesPrefill) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  const std::vector<std::int32_t> a = Chunk(0, 20), b = Chunk(1, 17), q = Chunk(2, 6);
+  std::vector<Piece> pieces = {Piece{{kBos}, {}, 0}, Cached(*f.t, b), Cached(*f.t, a), Piece{q, {}, 0}};
+  TransformerEngine engine(*f.t);
+  std::vector<float> kv;
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, Options(c, 1.0), engine, &kv);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->recompute_fraction, 1.0);
+  EXPECT_EQ(r->selected, 37);
+  // Full prefill of the same context.
+  std::vector<int> ctx = {kBos};
+  ctx.insert(ctx.end(), b.begin(), b.end());
+  ctx.insert(ctx.end(), a.begin(), a.end());
+  ctx.insert(ctx.end(), q.begin(), q.end());
+  model::KvCache full = f.t->NewCache();
+  ASSERT_TRUE(f.t->Forward(ctx, 0, full, nullptr).ok());
+  const std::vector<float> want = full.Export(0, static_cast<int>(ctx.size()));
+  ASSERT_EQ(kv.size(), want.size());
+  // The same arithmetic row by row: equal to the bit (the tolerance is
+  // only there to report a difference readably).
+  for (size_t i = 0; i < kv.size(); ++i) ASSERT_NEAR(kv[i], want[i], 0.0f) << i;
+}
+
+TEST(BlendTest, ZeroRatioIsNaiveReuse) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  const std::vector<std::int32_t> a = Chunk(3, 24), b = Chunk(4, 11), q = Chunk(5, 5);
+  const Piece pa = Cached(*f.t, a), pb = Cached(*f.t, b);
+  std::vector<Piece> pieces = {pa, pb, Piece{q, {}, 0}};
+  TransformerEngine engine(*f.t);
+  std::vector<float> kv;
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, Options(c, 0.0), engine, &kv);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->selected, 0);
+  EXPECT_EQ(r->cached_positions, 35);
+  EXPECT_EQ(r->fresh_positions, 5);
+  for (int n : r->recomputed_per_layer) EXPECT_EQ(n, 5);
+  // Naive by hand: the cached KV re-positioned (a from 1 to 0, b from 1 to
+  // 24), then the query computed over it.
+  model::KvCache cache = f.t->NewCache();
+  const int kvd = c.kv_dim();
+  for (const auto& [piece, at] : {std::pair<const Piece*, int>{&pa, 0}, std::pair<const Piece*, int>{&pb, 24}}) {
+    std::vector<float> moved = piece->kv;
+    const int n = static_cast<int>(piece->tokens.size());
+    for (int l = 0; l < c.n_layers; ++l) {
+      ASSERT_TRUE(kernels::rope_shift_cpu(Llama2cRope(c), kernels::KeyType::kF32,
+                                          moved.data() + static_cast<size_t>(l) * 2 * n * kvd, kvd, n, c.n_kv_heads,
+                                          at - 1));
+    }
+    ASSERT_TRUE(cache.Import(at, n, moved).ok());
+  }
+  ASSERT_TRUE(f.t->Forward(std::vector<int>(q.begin(), q.end()), 35, cache, nullptr).ok());
+  const std::vector<float> want = cache.Export(0, 40);
+  ASSERT_EQ(kv.size(), want.size());
+  for (size_t i = 0; i < kv.size(); ++i) ASSERT_NEAR(kv[i], want[i], 0.0f) << i;
+}
+
+TEST(BlendTest, SelectsTheRatioAndGradually) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  std::vector<Piece> pieces = {Piece{{kBos}, {}, 0}, Cached(*f.t, Chunk(6, 30)), Cached(*f.t, Chunk(7, 30)),
+                               Piece{Chunk(8, 4), {}, 0}};
+  TransformerEngine engine(*f.t);
+  std::vector<float> kv;
+  BlendOptions o = Options(c, 0.2);
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, o, engine, &kv);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->selected, 12);  // 20% of 60
+  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>{65, 65, 17, 17, 17}));
+  EXPECT_NEAR(r->recompute_fraction, (65.0 * 2 + 17 * 3) / (5 * 65.0), 1e-12);
+  // Gradual: 60 * 0.2^(1/2) = 27 after layer 1, 12 after layer 3.
+  o.check_layers = {1, 3};
+  r = Compose(ShapeOf(c), pieces, o, engine, &kv);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>{65, 65, 32, 32, 17}));
+  // A threshold instead of a ratio: 0 keeps every cached position.
+  o.threshold = 0;
+  r = Compose(ShapeOf(c), pieces, o, engine, &kv);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->selected, 60);
+  // The selection follows the keys' deviation: recomputing more moves the
+  // composed KV closer to full prefill's. (The first chunk sits where it was
+  // computed, right after the BOS: its KV is already exact, it deviates by
+  // 0 and is picked last; half the cached tokens recomputed is exact.)
+  std::vector<int> ctx;
+  for (const Piece& p : pieces) ctx.insert(ctx.end(), p.tokens.begin(), p.tokens.end());
+  model::KvCache full = f.t->NewCache();
+  ASSERT_TRUE(f.t->Forward(ctx, 0, full, nullptr).ok());
+  const std::vector<float> want = full.Export(0, static_cast<int>(ctx.size()));
+  double prev = INFINITY;
+  for (double ratio : {0.0, 0.1, 0.3, 0.5}) {
+    ASSERT_TRUE(Compose(ShapeOf(c), pieces, Options(c, ratio), engine, &kv).ok());
+    double err = 0;
+    for (size_t i = 0; i < kv.size(); ++i) err += (kv[i] - want[i]) * (kv[i] - want[i]);
+    if (ratio < 0.5) {
+      EXPECT_LT(err, prev) << ratio;
+    }
+    prev = err;
+  }
+  EXPECT_EQ(prev, 0.0);
+}
+
+// An engine that fails at one layer.
+class FailingEngine final : public LayerEngine {
+ public:
+  FailingEngine(LayerEngine& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden, float* k,
+               float* v, int total) override {
+    ++calls;
+    if (layer == fail_at_) return Status(Code::kUnavailable, "engine: device lost at layer " + std::to_string(layer));
+    return inner_.Layer(layer, positions, tokens, hidden, k, v, total);
+  }
+  int hidden_dim() const override { return inner_.hidden_dim(); }
+  int calls = 0;
+
+ private:
+  LayerEngine& inner_;
+  int fail_at_;
+};
+
+TEST(BlendTest, AFailingEngineStopsTheBlendWithItsStatus) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  std::vector<Piece> pieces = {Cached(*f.t, Chunk(9, 10)), Piece{Chunk(10, 3), {}, 0}};
+  TransformerEngine inner(*f.t);
+  FailingEngine engine(inner, 2);
+  std::vector<float> kv;
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, Options(c, 0.5), engine, &kv);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_NE(r.status().message().find("layer 2"), std::string::npos);
+  EXPECT_EQ(engine.calls, 3);  // layers 0, 1, 2: nothing after the failure
+}
+
+TEST(BlendTest, RefusesBadInput) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  TransformerEngine engine(*f.t);
+  std::vector<float> kv;
+  const std::vector<Piece> good = {Cached(*f.t, Chunk(11, 8)), Piece{Chunk(12, 2), {}, 0}};
+  auto code = [&](const std::vector<Piece>& pieces, const BlendOptions& o) {
+    return Compose(ShapeOf(c), pieces, o, engine, &kv).status().code();
+  };
+  EXPECT_EQ(code(good, Options(c, 0.15)), Code::kOk);
+  EXPECT_EQ(code({}, Options(c, 0.15)), Code::kInvalidArgument);
+  EXPECT_EQ(code(good, Options(c, 1.5)), Code::kInvalidArgument);
+  BlendOptions o = Options(c, 0.15);
+  o.check_layers = {3, 1};
+  EXPECT_EQ(code(good, o), Code::kInvalidArgument);
+  o.check_layers = {5};
+  EXPECT_EQ(code(good, o), Code::kInvalidArgument);
+  o = Options(c, 0.15);
+  o.rope.head_dim = 16;
+  EXPECT_EQ(code(good, o), Code::kInvalidArgument);
+  std::vector<Piece> short_kv = good;
+  short_kv[0].kv.resize(short_kv[0].kv.size() - 1);
+  EXPECT_EQ(code(short_kv, Options(c, 0.15)), Code::kInvalidArgument);
+  std::vector<Piece> bad_token = good;
+  bad_token[1].tokens[0] = 100000;
+  EXPECT_EQ(code(bad_token, Options(c, 0.15)), Code::kInvalidArgument);  // the engine refuses it
+}
+
+// The evaluation end to end, small: blending beats naive reuse, ratio 1 is
+// exact, and the recompute fraction is what the layers did.
+TEST(BlendEvalTest, SmallRunOnTheReferenceModel) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.weights);
+  std::vector<int> text;
+  for (int rep = 0; rep < 6; ++rep) {
+    for (size_t i = 0; i < kdn::testing::kReferenceIds.size(); ++i) {
+      text.push_back(kdn::testing::kReferenceIds[(i * 7 + rep * 5) % kdn::testing::kReferenceIds.size()]);
+    }
+  }
+  BlendEvalOptions o;
+  o.chunk_tokens = 24;
+  o.chunks = 3;
+  o.continue_tokens = 7;
+  o.threads = 1;
+  const std::vector<int> suffix = {kdn::testing::kReferenceIds[0], kdn::testing::kReferenceIds[1]};
+  o.ratio = 1.0;
+  Result<BlendEvalResult> full = EvaluateBlend(*f.weights, text, suffix, o);
+  ASSERT_TRUE(full.ok()) << full.status().message();
+  EXPECT_EQ(full->contexts, 4);
+  EXPECT_EQ(full->kl_blend_mean, 0.0);
+  EXPECT_EQ(full->top1_blend, 1.0);
+  EXPECT_DOUBLE_EQ(full->recompute_fraction, 1.0);
+  EXPECT_GT(full->kl_naive_mean, 0.0);
+  o.ratio = 0.3;
+  Result<BlendEvalResult> part = EvaluateBlend(*f.weights, text, suffix, o);
+  ASSERT_TRUE(part.ok());
+  EXPECT_LT(part->kl_blend_mean, part->kl_naive_mean);
+  EXPECT_EQ(part->kl_naive_mean, full->kl_naive_mean);
+  EXPECT_LT(part->recompute_fraction, 1.0);
+  EXPECT_GT(part->recompute_fraction, 0.3);
+  o.chunks = 100;
+  EXPECT_EQ(EvaluateBlend(*f.weights, text, suffix, o).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kdn::blend

@@ -1,0 +1,172 @@
+// kdn_blend through the C ABI: documents put as knowledge items, blended by
+// the reference transformer behind the callback, compared with the C++
+// blender; a failing callback's status comes back; bad arguments are refused.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "blend/blend.h"
+#include "blend/transformer_engine.h"
+#include "kdn/kdn.h"
+#include "model/checkpoint.h"
+#include "model/transformer.h"
+#include "test_models.h"
+
+namespace {
+
+constexpr int kBos = 1;
+
+struct Engine {
+  kdn::model::Transformer* t = nullptr;
+  int fail_at = -1;
+  int calls = 0;
+};
+
+kdn_status Layer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                 float* hidden, uint32_t hidden_dim, float* k, float* v, size_t total) {
+  Engine* e = static_cast<Engine*>(user);
+  ++e->calls;
+  if (static_cast<int>(layer) == e->fail_at) return KDN_ERR_UNAVAILABLE;
+  if (hidden_dim != static_cast<uint32_t>(e->t->config().dim)) return KDN_ERR_INVALID_ARGUMENT;
+  std::vector<int> pos(positions, positions + count), ids;
+  if (tokens != nullptr) ids.assign(tokens, tokens + count);
+  const kdn::Status s = e->t->ForwardLayer(static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
+  return s.ok() ? KDN_OK : KDN_ERR_INTERNAL;
+}
+
+class BlendApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KDN_REQUIRE_MODEL();
+    auto w = kdn::model::Checkpoint::Load(kdn::testing::ModelPath());
+    ASSERT_TRUE(w.ok());
+    weights_ = std::make_unique<kdn::model::Checkpoint>(std::move(*w));
+    t_ = std::make_unique<kdn::model::Transformer>(*weights_, 1);
+    const auto& c = t_->config();
+    kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;
+    ASSERT_EQ(kdn_runtime_create(&ro, &rt_), KDN_OK);
+    kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
+    spec.num_layers = static_cast<uint32_t>(c.n_layers);
+    spec.num_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
+    spec.head_dim = static_cast<uint32_t>(c.head_dim());
+    spec.dtype = KDN_DTYPE_F32;
+    spec.fingerprint = "stories260K";
+    spec.fingerprint_len = std::strlen(spec.fingerprint);
+    ASSERT_EQ(kdn_model_create(rt_, &spec, &model_), KDN_OK);
+  }
+  void TearDown() override {
+    kdn_model_destroy(model_);
+    kdn_runtime_destroy(rt_);
+  }
+
+  // Puts `tokens` as a document (its KV computed alone from position 0, as
+  // kdn_knowledge_put takes it); returns the same as a library piece.
+  kdn::blend::Piece Put(const std::string& id, const std::vector<int32_t>& tokens) {
+    kdn::model::KvCache alone = t_->NewCache();
+    EXPECT_TRUE(t_->Forward(std::vector<int>(tokens.begin(), tokens.end()), 0, alone, nullptr).ok());
+    std::vector<float> kv0 = alone.Export(0, static_cast<int>(tokens.size()));
+    kdn_kv_buffer kv = KDN_KV_BUFFER_INIT;
+    kv.data = kv0.data();
+    kv.size_bytes = kv0.size() * sizeof(float);
+    kv.num_tokens = tokens.size();
+    EXPECT_EQ(kdn_knowledge_put(rt_, model_, "t", 1, id.data(), id.size(), 1, "", 0, tokens.data(), tokens.size(), &kv),
+              KDN_OK)
+        << kdn_last_error_message();
+    return kdn::blend::Piece{tokens, kv0, 0};
+  }
+
+  std::vector<int32_t> Ids(int salt, int n) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(kdn::testing::kReferenceIds[static_cast<size_t>(salt * 7 + i) % kdn::testing::kReferenceIds.size()]);
+    }
+    return out;
+  }
+
+  std::unique_ptr<kdn::model::Checkpoint> weights_;
+  std::unique_ptr<kdn::model::Transformer> t_;
+  kdn_runtime* rt_ = nullptr;
+  kdn_model* model_ = nullptr;
+};
+
+TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
+  const auto& c = t_->config();
+  const kdn::blend::Piece a = Put("doc-a", Ids(1, 19)), b = Put("doc-b", Ids(2, 23));
+  const std::vector<int32_t> bos = {kBos}, query = Ids(3, 5);
+  kdn_blend_segment seg[4] = {KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT,
+                              KDN_BLEND_SEGMENT_INIT};
+  seg[0].tokens = bos.data();
+  seg[0].num_tokens = 1;
+  seg[1].kind = KDN_SEGMENT_DOCUMENT;
+  seg[1].doc_id = "doc-b";
+  seg[1].doc_id_len = 5;
+  seg[2].kind = KDN_SEGMENT_DOCUMENT;
+  seg[2].doc_id = "doc-a";
+  seg[2].doc_id_len = 5;
+  seg[3].tokens = query.data();
+  seg[3].num_tokens = query.size();
+  const size_t total = 1 + 23 + 19 + 5;
+  std::vector<float> out(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f);
+  kdn_kv_buffer kv = KDN_KV_BUFFER_INIT;
+  kv.data = out.data();
+  kv.size_bytes = out.size() * sizeof(float);
+  kv.num_tokens = total;
+  Engine e{t_.get()};
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  o.ratio = 0.25f;
+  o.hidden_dim = static_cast<uint32_t>(c.dim);
+  o.layer_fn = Layer;
+  o.user = &e;
+  kdn_blend_report rep = KDN_BLEND_REPORT_INIT;
+  ASSERT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(rep.positions, total);
+  EXPECT_EQ(rep.cached_positions, 42u);
+  EXPECT_EQ(rep.fresh_positions, 6u);
+  EXPECT_EQ(rep.selected, 11u);  // 25% of 42, rounded
+  EXPECT_GT(rep.recompute_fraction, 0.25);
+  EXPECT_LT(rep.recompute_fraction, 1.0);
+  // The library on the same pieces.
+  kdn::blend::TransformerEngine engine(*t_);
+  kdn::blend::BlendOptions bo;
+  bo.ratio = 0.25;
+  bo.rope = kdn::blend::Llama2cRope(c);
+  std::vector<kdn::blend::Piece> pieces = {kdn::blend::Piece{bos, {}, 0}, b, a, kdn::blend::Piece{query, {}, 0}};
+  std::vector<float> want;
+  ASSERT_TRUE(kdn::blend::Compose(kdn::blend::ShapeOf(c), pieces, bo, engine, &want).ok());
+  ASSERT_EQ(want.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], want[i]) << i;
+
+  // The callback's failure stops the blend with its status.
+  Engine failing{t_.get(), 2};
+  o.user = &failing;
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_UNAVAILABLE);
+  EXPECT_NE(std::string(kdn_last_error_message()).find("layer 2"), std::string::npos);
+  EXPECT_EQ(failing.calls, 3);
+
+  // Unknown documents, bad options and arguments.
+  o.user = &e;
+  seg[2].doc_id = "doc-x";
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_NOT_FOUND);
+  seg[2].doc_id = "doc-a";
+  EXPECT_EQ(kdn_blend(rt_, model_, "other", 5, seg, 4, &o, &kv, &rep), KDN_ERR_NOT_FOUND);  // another tenant
+  kdn_blend_options bad = o;
+  bad.layer_fn = nullptr;
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &bad, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  bad = o;
+  bad.ratio = 2.0f;
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &bad, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  bad = o;
+  bad.struct_size = 3;
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &bad, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, nullptr, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 0, &o, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  kv.num_tokens = total - 1;  // too small for the context
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  kv.num_tokens = total;
+  seg[1].kind = static_cast<kdn_segment_kind>(7);
+  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace
