@@ -133,7 +133,8 @@ struct KeyBuffer {
   }
   // Bitwise (NaNs included).
   bool SameBytes(const KeyBuffer& o) const {
-    return f.size() == o.f.size() && h == o.h && std::memcmp(f.data(), o.f.data(), f.size() * sizeof(float)) == 0;
+    return f.size() == o.f.size() && h == o.h &&
+           (f.empty() || std::memcmp(f.data(), o.f.data(), f.size() * sizeof(float)) == 0);
   }
   // Whether the padding and the non-rotary elements equal `o`'s, bit for bit.
   bool UnrotatedEqual(const KeyBuffer& o, int rotary_dim) const {
