@@ -1,0 +1,111 @@
+// `kdn blend eval` and `kdn bench blend`, run as a user runs them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <unistd.h>
+
+#include "cli_runner.h"
+#include "test_models.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+kdn::testing::CliRun Kdn(const std::string& args, const std::string& redirect = "2>&1") {
+  return kdn::testing::RunShell(std::string(KDN_CLI) + " " + args + " " + redirect);
+}
+
+std::string EvalArgs() {
+  return "blend eval --model " + kdn::testing::ModelPath() + " --tokenizer " + kdn::testing::TokenizerPath() +
+         " --text " + KDN_STORIES;
+}
+
+TEST(BlendEvalCli, PrintsTheIssuesJsonObject) {
+  KDN_REQUIRE_MODEL();
+  const auto r = Kdn(EvalArgs() + " --chunks 3 --ratio 0.2 --contexts 3 --json", "2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.size(), 10u) << r.out;
+  size_t at = 0;  // the fields in the issue's order
+  for (const char* key : {"contexts", "ratio", "recompute_fraction", "kl_blend_mean", "kl_naive_mean", "top1_blend",
+                          "top1_naive", "ttft_full_ms", "ttft_blend_ms", "ttft_naive_ms"}) {
+    const size_t found = r.out.find('"' + std::string(key) + '"');
+    ASSERT_NE(found, std::string::npos) << key;
+    EXPECT_GE(found, at) << key << " out of order: " << r.out;
+    at = found;
+  }
+  EXPECT_EQ(j.at("contexts").get<int>(), 3);
+  EXPECT_DOUBLE_EQ(j.at("ratio").get<double>(), 0.2);
+  EXPECT_GT(j.at("recompute_fraction").get<double>(), 0.2);
+  EXPECT_LT(j.at("recompute_fraction").get<double>(), 1.0);
+  EXPECT_LT(j.at("kl_blend_mean").get<double>(), j.at("kl_naive_mean").get<double>());
+  EXPECT_GT(j.at("ttft_full_ms").get<double>(), 0.0);
+  // Ratio 1 is full prefill: no divergence at all.
+  const auto full = Kdn(EvalArgs() + " --ratio 1 --contexts 2 --json", "2>/dev/null");
+  ASSERT_EQ(full.code, 0) << full.out;
+  const nlohmann::json f = nlohmann::json::parse(full.out);
+  EXPECT_EQ(f.at("kl_blend_mean").get<double>(), 0.0);
+  EXPECT_EQ(f.at("top1_blend").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(f.at("recompute_fraction").get<double>(), 1.0);
+}
+
+TEST(BlendEvalCli, BadInputsFailWithAMessage) {
+  KDN_REQUIRE_MODEL();
+  auto r = Kdn("blend eval --model " + kdn::testing::ModelPath() + " --tokenizer " + kdn::testing::TokenizerPath() +
+               " --text /nonexistent/stories.txt --json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cannot read"), std::string::npos) << r.out;
+  r = Kdn(EvalArgs() + " --ratio 1.5 --json");
+  EXPECT_NE(r.code, 0);
+  r = Kdn(EvalArgs() + " --chunks 64 --chunk-tokens 4096 --json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("blend eval"), std::string::npos) << r.out;
+}
+
+TEST(BlendBenchCli, QuickWritesTheRecordsAndAPlot) {
+  KDN_REQUIRE_MODEL();
+  const fs::path json = fs::temp_directory_path() / ("kdn_bench_blend_" + std::to_string(getpid()) + ".json");
+  const fs::path png = fs::path(json).replace_extension(".png");
+  const auto r = kdn::testing::RunShell("KDN_MODELS=" + kdn::testing::ModelsDir() + " " + std::string(KDN_CLI) +
+                                        " bench blend --quick --json " + json.string() + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  std::set<std::string> names;
+  for (const auto& rec : records) {
+    names.insert(rec.at("name").get<std::string>());
+    EXPECT_TRUE(rec.contains("value") && rec.contains("unit") && rec.contains("params")) << rec.dump();
+  }
+  for (int pct : {0, 5, 10, 15, 20, 30, 100}) {
+    for (const char* m : {"blend_kl_r", "blend_top1_r", "blend_recompute_fraction_r", "blend_ttft_r"}) {
+      EXPECT_TRUE(names.count(m + std::to_string(pct))) << m << pct;
+    }
+  }
+  for (const char* m : {"blend_kl_ratio_vs_naive", "blend_ttft_vs_work", "blend_projected_f_32_layers",
+                        "blend_gradual_kl_r15"}) {
+    EXPECT_TRUE(names.count(m)) << m;
+  }
+  for (const auto& rec : records) {
+    if (rec.at("name") == "blend_kl_r100") {
+      EXPECT_EQ(rec.at("value").get<double>(), 0.0);
+    }
+    if (rec.at("name") == "blend_ttft_r15") {
+      EXPECT_EQ(rec.at("baseline").get<std::string>(), "full_prefill");
+    }
+  }
+  if (r.out.find("gnuplot not found") == std::string::npos) {
+    std::ifstream p(png, std::ios::binary);
+    char sig[8] = {};
+    p.read(sig, 8);
+    EXPECT_EQ(std::string(sig + 1, 3), "PNG");
+  }
+  fs::remove(json);
+  fs::remove(png);
+}
+
+}  // namespace
