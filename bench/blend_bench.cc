@@ -12,7 +12,7 @@
 #include "blend/eval.h"
 #include "codec/eval.h"
 #include "plot.h"
-#include "ref_engine.h"
+#include "model_loader.h"
 
 namespace kdn::bench {
 namespace {
@@ -38,7 +38,7 @@ int RunBlendBench(const BlendBenchOptions& o) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return fail("cannot read the text file '" + text_path + "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto loaded = tools::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  auto loaded = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!loaded.ok()) return fail(loaded.status().message());
   const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
   const std::vector<int> suffix = loaded->tokenizer->Encode(kSuffix, /*bos=*/false);

@@ -33,7 +33,7 @@
 #include "codec/eval.h"
 #include "common/half.h"
 #include "model/transformer.h"
-#include "ref_engine.h"
+#include "model_loader.h"
 #include "util/thread_pool.h"
 
 #ifndef KDN_BENCH_TEXTS_DIR
@@ -430,7 +430,7 @@ int RunCodecBench(const CodecBenchOptions& o) {
 
   // The model (real KV only: a random stand-in would make the quality
   // measures meaningless) and the text.
-  auto m = tools::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  auto m = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!m.ok()) return fail(m.status().message());
   const model::ModelConfig& cfg = m->weights->config();
   const std::string text_path = o.text.empty() ? DefaultText() : o.text;

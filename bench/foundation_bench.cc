@@ -11,7 +11,7 @@
 namespace kdn::bench {
 namespace {
 
-using tools::RefEngine;
+using refengine::RefEngine;
 
 struct RuntimeDeleter {
   void operator()(kdn_runtime* r) const { kdn_runtime_destroy(r); }
@@ -33,7 +33,7 @@ RuntimePtr NewRuntime(std::uint64_t capacity) {
 std::vector<int> Prompt(const model::Tokenizer& tok, size_t n) {
   std::vector<int> t = {model::kBos};
   while (t.size() < n) {
-    for (const auto& s : tools::kStories) {
+    for (const auto& s : refengine::kStories) {
       const std::vector<int> more = tok.Encode(s.text, false);
       t.insert(t.end(), more.begin(), more.end());
     }
@@ -42,7 +42,7 @@ std::vector<int> Prompt(const model::Tokenizer& tok, size_t n) {
   return t;
 }
 
-int Ttft(const tools::LoadedModel& m, int repeats, Records& out) {
+int Ttft(const refengine::LoadedModel& m, int repeats, Records& out) {
   RuntimePtr rt = NewRuntime(std::uint64_t{256} << 20);
   auto engine_or = RefEngine::Create(m, rt.get());
   if (!rt || !engine_or.ok()) {
@@ -85,7 +85,8 @@ int Ttft(const tools::LoadedModel& m, int repeats, Records& out) {
 }
 
 // Retrieve of one chunk of `tokens` tokens from the host tier into a
-// canonical buffer, against memcpy of the same bytes.
+// canonical view (kdn_kv_view with `data` and all strides 0), against
+// memcpy of the same bytes.
 int HostRetrieve(const std::string& name, const kdn_model_spec& spec, std::uint32_t tokens, int repeats,
                  Records& out) {
   RuntimePtr rt = NewRuntime(std::uint64_t{1} << 30);
@@ -96,32 +97,36 @@ int HostRetrieve(const std::string& name, const kdn_model_spec& spec, std::uint3
   }
   ModelPtr model(mp);
   std::uint64_t per_token = 0;
-  kdn_model_kv_bytes_per_token(model.get(), &per_token);
+  if (kdn_model_get_kv_bytes_per_token(model.get(), &per_token) != KDN_OK) {
+    std::fprintf(stderr, "bench: %s\n", kdn_last_error_message());
+    return 2;
+  }
   const size_t bytes = per_token * tokens;
   // Throughput does not depend on the values; fill them deterministically.
   std::vector<std::uint8_t> src(bytes), dst(bytes, 0), dst2(bytes, 0);
   for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<std::uint8_t>(i * 2654435761u >> 13);
   std::vector<std::int32_t> ids(tokens);
   for (std::uint32_t i = 0; i < tokens; ++i) ids[i] = static_cast<std::int32_t>(i % 500 + 3);
-  kdn_kv_buffer in = KDN_KV_BUFFER_INIT;
+  kdn_request req = KDN_REQUEST_INIT;
+  req.tokens = ids.data();
+  req.num_tokens = ids.size();
+  kdn_kv_view in = KDN_KV_VIEW_INIT;
   in.data = src.data();
   in.size_bytes = bytes;
   in.num_tokens = tokens;
   in.dtype = spec.dtype;
-  kdn_kv_buffer outbuf = in;
-  outbuf.data = dst.data();
+  kdn_kv_view outv = in;
+  outv.data = dst.data();
   const char ns[] = "bench";
-  std::uint64_t n = 0;
-  if (kdn_store(rt.get(), model.get(), ns, sizeof ns - 1, ids.data(), ids.size(), &in, nullptr, &n) != KDN_OK ||
-      n != tokens) {
+  kdn_kv_result stored = KDN_KV_RESULT_INIT;
+  if (kdn_kv_store(model.get(), ns, sizeof ns - 1, &req, &in, 1, &stored) != KDN_OK || stored.tokens != tokens) {
     std::fprintf(stderr, "bench: store failed: %s\n", kdn_last_error_message());
     return 2;
   }
   bool ok = true;
   const double retrieve_ms = MedianMs(repeats, [&] {
-    std::uint64_t filled = 0;
-    ok &= kdn_retrieve(rt.get(), model.get(), ns, sizeof ns - 1, ids.data(), ids.size(), &outbuf, &filled) == KDN_OK &&
-          filled == tokens;
+    kdn_kv_result filled = KDN_KV_RESULT_INIT;
+    ok &= kdn_kv_retrieve(model.get(), ns, sizeof ns - 1, &req, &outv, 1, &filled) == KDN_OK && filled.tokens == tokens;
   });
   const double memcpy_ms = MedianMs(repeats, [&] {
     std::memcpy(dst2.data(), src.data(), bytes);
@@ -143,7 +148,7 @@ int HostRetrieve(const std::string& name, const kdn_model_spec& spec, std::uint3
 
 int RunFoundation(const FoundationOptions& o) {
   const int repeats = o.repeats > 0 ? o.repeats : (o.quick ? 5 : 30);
-  auto m = tools::LoadModel(o.model, o.tokenizer, /*allow_random=*/true);
+  auto m = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/true);
   if (!m.ok()) {
     std::fprintf(stderr, "kdn bench foundation: %s\n", m.status().message().c_str());
     return 2;

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codec/eval.h"
-#include "ref_engine.h"
+#include "model_loader.h"
 
 namespace kdn::tools {
 
@@ -14,7 +14,7 @@ Result<blend::BlendEvalResult> EvaluateBlendFiles(const BlendEvalCliOptions& o) 
   std::ifstream in(o.text, std::ios::binary);
   if (!in) return Status::InvalidArgument("cannot read the text file '" + o.text + "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto loaded = LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  auto loaded = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!loaded.ok()) return loaded.status();
   const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
   const std::vector<int> suffix = loaded->tokenizer->Encode(" " + o.suffix, /*bos=*/false);

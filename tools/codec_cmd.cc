@@ -9,7 +9,7 @@
 #include "codec/calibrate.h"
 #include "codec/codec.h"
 #include "codec/eval.h"
-#include "ref_engine.h"
+#include "model_loader.h"
 
 namespace kdn::tools {
 
@@ -28,7 +28,7 @@ int RunCodecEval(const CodecEvalOptions& o) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return fail("cannot read the text file '" + o.text + "'");
 
-  auto loaded = LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  auto loaded = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!loaded.ok()) return fail(loaded.status().message());
 
   const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
@@ -71,7 +71,7 @@ int RunCodecCalibrate(const CodecCalibrateOptions& o) {
   std::ifstream in(o.text, std::ios::binary);
   if (!in) return fail("cannot read the text file '" + o.text + "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto loaded = LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
+  auto loaded = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!loaded.ok()) return fail(loaded.status().message());
   const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
   codec::CalibrateOptions co;

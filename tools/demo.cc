@@ -1,3 +1,5 @@
+// The RAG scene uses the experimental blending calls (kdn_kv_blend).
+#define KDN_EXPERIMENTAL
 #include "demo.h"
 
 #include <algorithm>
@@ -10,6 +12,13 @@
 
 namespace kdn::tools {
 namespace {
+
+using refengine::Answer;
+using refengine::FromKdn;
+using refengine::kStories;
+using refengine::LoadedModel;
+using refengine::LoadModel;
+using refengine::RefEngine;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -36,11 +45,11 @@ std::string Clip(std::string s, size_t n) {
 // Scene 4: RAG. Passages are put once as knowledge items; prompts retrieve
 // them in different orders, which no prefix cache can reuse; kdn blends them
 // (CacheBlend: re-positioned keys, 15% of the cached tokens recomputed by the
-// engine through the kdn_blend callback).
+// engine through the kdn_kv_blend callback).
 int RagScene(const LoadedModel& m, RefEngine& engine, const DemoOptions& o) {
   const std::string ns = "demo-rag";
   constexpr size_t kPassageTokens = 96;
-  std::printf("\n[4/4] RAG: %zu passages put once as knowledge items, blended in any order (kdn_blend, 15%%)\n",
+  std::printf("\n[4/4] RAG: %zu passages put once as knowledge items, blended in any order (kdn_kv_blend, 15%%)\n",
               std::size(kStories));
   std::vector<std::string> ids;
   for (size_t i = 0; i < std::size(kStories); ++i) {
@@ -132,7 +141,7 @@ int RunDemo(const DemoOptions& o) {
     const std::string ns = "demo";
     const int ctx = engine.config().seq_len;
 
-    std::printf("\n[1/4] ingesting %zu documents (prefill, then kdn_store through the C ABI; %u-token chunks)\n",
+    std::printf("\n[1/4] ingesting %zu documents (prefill, then kdn_kv_store through the C ABI; %u-token chunks)\n",
                 std::size(kStories), o.chunk_tokens);
     std::vector<std::vector<int>> docs;
     for (size_t i = 0; i < std::size(kStories); ++i) {
@@ -223,7 +232,7 @@ int RunDemo(const DemoOptions& o) {
         same += r.identical;
       }
       kdn_stats st = KDN_STATS_INIT;
-      if (kdn_runtime_stats(rt, &st) == KDN_OK) {
+      if (kdn_runtime_get_stats(rt, &st) == KDN_OK) {
         std::printf("  total TTFT: cold %.3f ms, with kdn %.3f ms (%.1fx); identical continuations %d/%zu\n",
                     cold_sum, warm_sum, cold_sum / warm_sum, same, rows.size());
         std::printf("  store: %llu chunks, %.1f KiB held; %llu retrieves served %llu tokens (%llu chunk hits)\n",

@@ -138,14 +138,14 @@ std::deque<keys::Digest> OldestFirst(const DiskTier& tier) {
 Status PutEvicting(DiskTier& tier, const ChunkRef& chunk, std::deque<keys::Digest>& oldest) {
   for (;;) {
     const Status s = tier.Put(chunk);
-    if (s.code() != Code::kRetryLater) return s;
+    if (s.code() != Code::kBusy) return s;
     // Erase returns false for a key already gone (listed twice): try the next.
     bool evicted = false;
     while (!evicted && !oldest.empty()) {
       evicted = tier.Erase(oldest.front());
       oldest.pop_front();
     }
-    if (!evicted) return Status(Code::kRetryLater, "a chunk does not fit even in the empty tier");
+    if (!evicted) return Status(Code::kBusy, "a chunk does not fit even in the empty tier");
   }
 }
 

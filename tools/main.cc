@@ -13,9 +13,10 @@
 #include "demo.h"
 #include "disk_cmd.h"
 #include "foundation_bench.h"
-#include "store_bench.h"
+#include "kdn/kdn.h"
 #include "model/transformer.h"
-#include "ref_engine.h"
+#include "model_loader.h"
+#include "store_bench.h"
 
 namespace {
 
@@ -24,7 +25,7 @@ using namespace kdn;
 // `kdn generate`: greedy decoding with the reference transformer.
 int Generate(const std::string& model_path, const std::string& tok_path, const std::string& prompt, int steps,
              bool ids, const std::string& dump_prefix) {
-  auto loaded = tools::LoadModel(model_path, tok_path, /*allow_random=*/false);
+  auto loaded = refengine::LoadModel(model_path, tok_path, /*allow_random=*/false);
   if (!loaded.ok()) {
     std::fprintf(stderr, "kdn generate: %s\n", loaded.status().message().c_str());
     return 2;

@@ -1,10 +1,11 @@
-// extern "C" shims over kdn::core. Each body runs inside KDN_BEGIN/KDN_END,
-// which turn any exception into a status and the thread's last-error message.
+// extern "C" shims over kdn::core: they translate C structs to core types,
+// check what only the C side can get wrong (NULL pointers, struct sizes,
+// enum values), and forward. Logic that C++ callers need too lives in core/
+// (store/runtime.h, store/kv_views.h, blend/documents.h). Each body runs
+// inside KDN_BEGIN/KDN_END, which turn any exception into a status and the
+// thread's last-error message.
+#define KDN_EXPERIMENTAL
 #include "kdn/kdn.h"
-
-#include "blend/blend.h"
-#include "common/half.h"
-#include "ref/kv_view_ref.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,36 +16,62 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
+#include <vector>
 
+#include "blend/documents.h"
 #include "keys/hash.h"
-#include "store/engine_ops.h"
-#include "store/knowledge.h"
-#include "store/kv_store.h"
-#include "util/executor.h"
+#include "store/runtime.h"
+#include "util/dtype.h"
 
 struct kdn_runtime {
-  std::unique_ptr<kdn::store::KvStore> rep;
-  std::unique_ptr<kdn::store::KnowledgeIndex> knowledge;
-  std::unique_ptr<kdn::Executor> executor;  // destroyed first: finishes queued loads and saves
-  std::vector<kdn_tier_kind> tier_kinds;
+  std::shared_ptr<kdn::store::Runtime> rep;
+};
+
+struct kdn_model {
+  std::shared_ptr<kdn::store::Runtime> runtime;  // keeps the store alive
+  kdn::store::ModelKv kv;
+  kdn::kernels::RopeSpec rope;  // theta, style, rotary_dim of the spec (blending re-positions keys)
 };
 
 struct kdn_op {
+  std::shared_ptr<kdn::store::Runtime> runtime;  // first: released last
   std::shared_ptr<kdn::store::EngineOp> rep;
   kdn::store::LoadOp* load = nullptr;  // set for loads
   kdn::store::SaveOp* save = nullptr;  // set for saves
 };
 
-struct kdn_model {
-  const kdn_runtime* runtime;
-  kdn_dtype dtype;
-  kdn::store::ModelKv kv;
-  kdn::kernels::RopeSpec rope;  // theta, style, rotary_dim of the spec (blending re-positions keys)
-};
-
 namespace {
 
+using kdn::store::ViewSpec;
+
+// The shims cast these C values to core ones: the numbers must agree.
+static_assert(static_cast<int>(kdn::kernels::RopeScaling::kNone) == KDN_ROPE_SCALING_NONE);
+static_assert(static_cast<int>(kdn::kernels::RopeScaling::kLinear) == KDN_ROPE_SCALING_LINEAR);
+static_assert(static_cast<int>(kdn::kernels::RopeScaling::kNtk) == KDN_ROPE_SCALING_NTK);
+static_assert(static_cast<int>(kdn::store::ViewLayout::kContiguous) == KDN_LAYOUT_CONTIGUOUS);
+static_assert(static_cast<int>(kdn::store::ViewLayout::kPagedNhd) == KDN_LAYOUT_PAGED_NHD);
+static_assert(static_cast<int>(kdn::store::ViewLayout::kPagedHnd) == KDN_LAYOUT_PAGED_HND);
+static_assert(static_cast<int>(kdn::Code::kInvalidArgument) == KDN_ERR_INVALID_ARGUMENT);
+static_assert(static_cast<int>(kdn::Code::kNotFound) == KDN_ERR_NOT_FOUND);
+static_assert(static_cast<int>(kdn::Code::kBusy) == KDN_ERR_BUSY);
+static_assert(static_cast<int>(kdn::Code::kUnavailable) == KDN_ERR_UNAVAILABLE);
+static_assert(static_cast<int>(kdn::Code::kCorrupt) == KDN_ERR_CORRUPT);
+static_assert(static_cast<int>(kdn::Code::kUnsupported) == KDN_ERR_UNSUPPORTED);
+static_assert(static_cast<int>(kdn::Code::kNoMemory) == KDN_ERR_NO_MEMORY);
+static_assert(static_cast<int>(kdn::Code::kInternal) == KDN_ERR_INTERNAL);
+static_assert(static_cast<int>(kdn::Code::kTimeout) == KDN_ERR_TIMEOUT);
+static_assert(static_cast<int>(kdn::Code::kCancelled) == KDN_ERR_CANCELLED);
+static_assert(static_cast<int>(kdn::Code::kVersion) == KDN_ERR_VERSION);
+static_assert(static_cast<int>(kdn::Code::kBufferTooSmall) == KDN_ERR_BUFFER_TOO_SMALL);
+
 thread_local std::string g_last_error;
+// Set while this thread runs an editor callback (the runtime's mover
+// thread): calls that could wait for that thread are refused there.
+thread_local bool t_in_editor = false;
+
+// Struct sizes above this are not a struct.
+constexpr uint32_t kMaxStructSize = 65536;
 
 kdn_status Fail(kdn_status status, std::string message) {
   g_last_error = std::move(message);
@@ -56,37 +83,146 @@ kdn_status FromStatus(const kdn::Status& s) {
   return Fail(static_cast<kdn_status>(static_cast<int>(s.code())), s.message());
 }
 
-// Copies a caller's options struct over defaults, honouring struct_size:
-// fields below it are read, the rest keep their defaults. `min_size` is the
-// size of the struct's first version.
-template <typename T>
-kdn_status ReadStruct(const T* in, size_t min_size, const char* name, T* out) {
-  if (in == nullptr) return KDN_OK;  // defaults
-  const uint32_t size = in->struct_size;
-  if (size < min_size || size > 65536) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, std::string(name) + ": struct_size " + std::to_string(size) +
-                                              " is wrong (expected " + std::to_string(sizeof(T)) +
-                                              "; initialise it with its _INIT macro or _init function)");
+std::string VersionString() {
+  return std::to_string(KDN_VERSION_MAJOR) + "." + std::to_string(KDN_VERSION_MINOR) + "." +
+         std::to_string(KDN_VERSION_PATCH);
+}
+
+// Checks a struct_size against the struct's first published size and, for
+// a caller built with a larger struct, that every byte this library does not
+// know is zero (a field set there asks for a feature this library lacks).
+kdn_status CheckSize(const void* p, uint32_t size, size_t known, uint32_t v1, const char* name) {
+  if (size < v1) {
+    return Fail(KDN_ERR_VERSION, std::string(name) + ": struct_size " + std::to_string(size) +
+                                     " is below its first published size " + std::to_string(v1) +
+                                     " (initialise it with " + name + "_init(&s, sizeof s))");
   }
-  std::memcpy(out, in, std::min<size_t>(size, sizeof(T)));
+  if (size > kMaxStructSize) {
+    return Fail(KDN_ERR_VERSION, std::string(name) + ": struct_size " + std::to_string(size) + " is not a struct size");
+  }
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  for (size_t i = known; i < size; ++i) {
+    if (bytes[i] != 0) {
+      return Fail(KDN_ERR_VERSION, std::string(name) + ": the caller's struct (" + std::to_string(size) +
+                                       " bytes) sets a field at byte " + std::to_string(i) + " that kdn " +
+                                       VersionString() + " does not know (it knows " + std::to_string(known) +
+                                       " bytes): it needs a newer library");
+    }
+  }
+  return KDN_OK;
+}
+
+// Reads a caller's input struct over the defaults in *out.
+template <typename T>
+kdn_status ReadIn(const T* in, uint32_t v1, const char* name, T* out) {
+  if (kdn_status s = CheckSize(in, in->struct_size, sizeof(T), v1, name); s != KDN_OK) return s;
+  std::memcpy(out, in, std::min<size_t>(in->struct_size, sizeof(T)));
   out->struct_size = static_cast<uint32_t>(sizeof(T));
   return KDN_OK;
 }
 
+kdn_status CheckReserved(uint32_t reserved, const std::string& name) {
+  if (reserved == 0) return KDN_OK;
+  return Fail(KDN_ERR_VERSION, name + ": reserved0 is set; it is reserved for later versions and must be 0");
+}
 
-// The size of kdn_runtime_options in version 0.1 (before tiers were appended).
-constexpr size_t kRuntimeOptionsV1 = offsetof(kdn_runtime_options, tiers);
-// The size of kdn_tier_config before the codec was appended.
-constexpr size_t kTierConfigV1 = offsetof(kdn_tier_config, codec);
+// The C name of a struct that travels in arrays, for messages.
+template <typename T>
+const char* StructName() {
+  if constexpr (std::is_same_v<T, const kdn_tier_config>) return "kdn_tier_config";
+  if constexpr (std::is_same_v<T, const kdn_request>) return "kdn_request";
+  if constexpr (std::is_same_v<T, const kdn_kv_view>) return "kdn_kv_view";
+  if constexpr (std::is_same_v<T, kdn_lookup_result>) return "kdn_lookup_result";
+  if constexpr (std::is_same_v<T, kdn_document_info>) return "kdn_document_info";
+  if constexpr (std::is_same_v<T, const kdn_blend_segment>) return "kdn_blend_segment";
+  return "struct";
+}
+
+// Element i of an array of versioned structs, at the caller's stride.
+template <typename T>
+T* At(T* array, size_t stride, size_t i) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(array) + i * stride);
+}
+
+// The stride of an array of versioned structs: its first element's
+// struct_size, which every element must carry.
+template <typename T>
+kdn_status ArrayStride(const T* array, size_t count, uint32_t v1, const char* name, size_t* stride) {
+  const uint32_t size = array[0].struct_size;
+  if (size < v1 || size > kMaxStructSize || size % alignof(T) != 0) {
+    return Fail(KDN_ERR_VERSION, std::string(name) + "[0] (" + StructName<T>() + "): struct_size " +
+                                     std::to_string(size) + " is not a size of this struct (its first published size is " +
+                                     std::to_string(v1) + "; initialise it with " + StructName<T>() +
+                                     "_init(&s, sizeof s))");
+  }
+  for (size_t i = 1; i < count; ++i) {
+    const uint32_t s = At(array, size, i)->struct_size;
+    if (s != size) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, std::string(name) + "[" + std::to_string(i) + "]: struct_size " +
+                                                std::to_string(s) + " differs from element 0's " +
+                                                std::to_string(size) + " (an array has one element size)");
+    }
+  }
+  *stride = size;
+  return KDN_OK;
+}
+
+// Checks a caller's output struct before anything is written.
+template <typename T>
+kdn_status CheckOut(const T* out, uint32_t v1, const char* name) {
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, std::string(name) + " output is NULL");
+  const uint32_t size = out->struct_size;
+  if (size < v1 || size > kMaxStructSize) {
+    return Fail(KDN_ERR_VERSION, std::string(name) + ": struct_size " + std::to_string(size) +
+                                     " is not a size of this struct (initialise it with " + name +
+                                     "_init(&s, sizeof s))");
+  }
+  return KDN_OK;
+}
+
+// Copies `full` into the caller's struct as far as its struct_size reaches,
+// zeroes the tail this library does not know, and says how much it filled.
+template <typename T>
+void WriteOut(const T& full, T* out) {
+  const size_t size = out->struct_size;
+  const size_t n = std::min(size, sizeof(T));
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
+              n - sizeof(uint32_t));
+  if (size > sizeof(T)) std::memset(reinterpret_cast<char*>(out) + sizeof(T), 0, size - sizeof(T));
+  out->filled_size = static_cast<uint32_t>(n);
+}
+
+// Writes a struct's defaults into a caller's struct of `size` bytes.
+template <typename T>
+kdn_status InitStruct(T* p, size_t size, uint32_t v1, const T& defaults, const char* name) {
+  g_last_error.clear();
+  if (p == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, std::string(name) + "_init: the struct is NULL");
+  if (size < v1 || size > kMaxStructSize) {
+    return Fail(KDN_ERR_VERSION, std::string(name) + "_init: size " + std::to_string(size) +
+                                     " is not a size of this struct (its first published size is " +
+                                     std::to_string(v1) + ")");
+  }
+  std::memset(static_cast<void*>(p), 0, size);
+  std::memcpy(static_cast<void*>(p), &defaults, std::min(size, sizeof(T)));
+  p->struct_size = static_cast<uint32_t>(size);
+  return KDN_OK;
+}
+
+kdn_status NotInEditor() {
+  if (!t_in_editor) return KDN_OK;
+  return Fail(KDN_ERR_INVALID_ARGUMENT,
+              "called from inside an editor callback: the editor runs on the runtime's mover thread, which this call "
+              "could wait for; only calls that take no runtime, model or op are allowed there");
+}
 
 // An editor callback as the store's ChunkEditor.
 class CallbackEditor final : public kdn::store::ChunkEditor {
  public:
   CallbackEditor(kdn_edit_fn fn, void* user) : fn_(fn), user_(user) {}
   kdn::Result<bool> Edit(kdn::store::Chunk& chunk) override {
-    kdn_chunk_info info;
-    std::memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
+    kdn_chunk_info info = KDN_CHUNK_INFO_INIT;
+    info.filled_size = sizeof info;
     info.num_layers = chunk.meta.layers;
     info.num_kv_heads = chunk.meta.kv_heads;
     info.head_dim = chunk.meta.head_dim;
@@ -95,8 +231,10 @@ class CallbackEditor final : public kdn::store::ChunkEditor {
     info.first_position = chunk.meta.first_position;
     std::memcpy(info.model_fingerprint, chunk.meta.model.data(), 32);
     int changed = 0;
+    t_in_editor = true;
     const kdn_status s = fn_(user_, &info, chunk.payload.data(), chunk.payload.size(), &changed);
-    if (s != KDN_OK) return kdn::Status(static_cast<kdn::Code>(static_cast<int>(s)), "editor callback failed");
+    t_in_editor = false;
+    if (s != KDN_OK) return kdn::Status(kdn::Code::kInternal, "editor callback failed with status " + std::to_string(s));
     return changed != 0;
   }
 
@@ -104,16 +242,6 @@ class CallbackEditor final : public kdn::store::ChunkEditor {
   kdn_edit_fn fn_;
   void* user_;
 };
-
-kdn::store::TokenKeys TokenKeysOf(const int32_t* tokens, size_t n) {
-  kdn::store::TokenKeys k;
-  k.tokens = {tokens, n};
-  return k;
-}
-
-kdn_latency Latency(const kdn::telemetry::HistogramSnapshot& h) {
-  return kdn_latency{h.count, h.mean(), h.p50, h.p90, h.p99, h.max};
-}
 
 kdn_op_state StateOf(kdn::store::OpState s) {
   switch (s) {
@@ -131,172 +259,157 @@ kdn_status CheckDocId(const char* doc_id, size_t len) {
   return KDN_OK;
 }
 
-// Whether a caller's output struct has a usable struct_size.
-bool OutSizeOk(uint32_t size) { return size >= 2 * sizeof(uint32_t) && size <= 65536; }
-
-// Copies `full` into the caller's struct as far as its struct_size reaches
-// (an older caller's shorter struct gets the fields it knows); keeps its
-// struct_size.
-template <typename T>
-void WriteOut(const T& full, T* out) {
-  const size_t size = std::min<size_t>(out->struct_size, sizeof(T));
-  std::memcpy(reinterpret_cast<char*>(out) + sizeof(uint32_t), reinterpret_cast<const char*>(&full) + sizeof(uint32_t),
-              size - sizeof(uint32_t));
-}
-
-int64_t DtypeBytes(kdn_dtype d) {
-  switch (d) {
-    case KDN_DTYPE_F32: return 4;
-    case KDN_DTYPE_F16:
-    case KDN_DTYPE_BF16: return 2;
-    default: return 0;
-  }
-}
-
-kdn_status CheckTarget(const kdn_runtime* rt, const kdn_model* model, const char* ns, size_t ns_len) {
-  if (rt == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
+kdn_status CheckTarget(const kdn_model* model, const char* ns, size_t ns_len) {
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
   if (model == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "model is NULL");
-  if (model->runtime != rt) return Fail(KDN_ERR_INVALID_ARGUMENT, "model was registered with another runtime");
   if (ns == nullptr || ns_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "namespace is empty: every call names its tenant");
   if (ns_len > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, "namespace longer than 4096 bytes");
   return KDN_OK;
 }
 
-kdn_status CheckTokens(const int32_t* tokens, size_t num_tokens) {
-  if (num_tokens == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no tokens (num_tokens is 0)");
-  if (tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tokens is NULL");
-  if (num_tokens > (size_t{1} << 32)) return Fail(KDN_ERR_INVALID_ARGUMENT, "more than 2^32 tokens");
-  for (size_t i = 0; i < num_tokens; ++i) {
-    if (tokens[i] < 0) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, "token " + std::to_string(i) + " has negative id " + std::to_string(tokens[i]));
-    }
-  }
+kdn_status CheckRuntime(const kdn_runtime* rt) {
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
+  if (rt == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
   return KDN_OK;
 }
 
-kdn_status CheckCall(const kdn_runtime* rt, const kdn_model* model, const char* ns, size_t ns_len,
-                     const int32_t* tokens, size_t num_tokens) {
-  if (kdn_status s = CheckTarget(rt, model, ns, ns_len); s != KDN_OK) return s;
-  return CheckTokens(tokens, num_tokens);
+kdn_status CheckOp(const kdn_op* op) {
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
+  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  return KDN_OK;
+}
+
+kdn_status CheckTokens(const int32_t* tokens, size_t num_tokens, const std::string& what) {
+  if (num_tokens == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": no tokens (num_tokens is 0)");
+  if (tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": tokens is NULL");
+  if (num_tokens > (size_t{1} << 32)) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": more than 2^32 tokens");
+  for (size_t i = 0; i < num_tokens; ++i) {
+    if (tokens[i] < 0) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": token " + std::to_string(i) + " has negative id " +
+                                                std::to_string(tokens[i]));
+    }
+  }
+  return KDN_OK;
 }
 
 // A request's keys, copied (asynchronous ops outlive the caller's arrays).
-kdn_status RequestKeys(const kdn_runtime* rt, const kdn_request* in, kdn::store::OwnedKeys* out) {
-  if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "request is NULL");
+kdn_status ReadRequest(const kdn::store::KvStore& store, const kdn_request* in, const std::string& what,
+                       kdn::store::OwnedKeys* out) {
+  if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + " is NULL");
   kdn_request r = KDN_REQUEST_INIT;
-  if (kdn_status s = ReadStruct(in, sizeof(kdn_request), "kdn_request", &r); s != KDN_OK) return s;
+  if (kdn_status s = ReadIn(in, KDN_REQUEST_SIZE_V1, "kdn_request", &r); s != KDN_OK) return s;
+  if (kdn_status s = CheckReserved(r.reserved0, what); s != KDN_OK) return s;
   if (r.hash_bytes == 0) {
-    if (kdn_status s = CheckTokens(r.tokens, r.num_tokens); s != KDN_OK) return s;
+    if (kdn_status s = CheckTokens(r.tokens, r.num_tokens, what); s != KDN_OK) return s;
     out->tokens.assign(r.tokens, r.tokens + r.num_tokens);
     return KDN_OK;
   }
-  if (r.hash_bytes > 64) return Fail(KDN_ERR_INVALID_ARGUMENT, "hash_bytes must be 1..64");
-  if (r.num_blocks == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no blocks (num_blocks is 0)");
-  if (r.block_hashes == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "block_hashes is NULL");
-  if (r.block_tokens == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "block_tokens is 0");
-  if (r.num_blocks > (size_t{1} << 28)) return Fail(KDN_ERR_INVALID_ARGUMENT, "too many blocks");
+  if (r.hash_bytes > 64) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": hash_bytes must be 1..64");
+  if (r.num_blocks == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": no blocks (num_blocks is 0)");
+  if (r.block_hashes == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_hashes is NULL");
+  if (r.block_tokens == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_tokens is 0");
+  if (r.num_blocks > (size_t{1} << 28)) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": too many blocks");
   out->hashes.assign(r.block_hashes, r.block_hashes + r.num_blocks * r.hash_bytes);
   out->hash_bytes = r.hash_bytes;
   out->block_tokens = r.block_tokens;
-  return FromStatus(rt->rep->CheckKeys(out->keys()));
+  if (kdn::Status s = store.CheckKeys(out->keys()); !s.ok()) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": " + s.message());
+  return KDN_OK;
 }
 
-// The C groups as core groups (their arrays still the caller's: the ops copy them).
-kdn_status ReadGroups(const kdn_model* model, const kdn_kv_group* in, size_t n, std::vector<kdn::store::KvGroup>* out) {
-  if (n == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV groups (num_groups is 0)");
-  if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "groups is NULL");
-  for (size_t i = 0; i < n; ++i) {
-    const std::string what = "KV group " + std::to_string(i);
-    kdn_kv_group g = KDN_KV_GROUP_INIT;
-    if (kdn_status s = ReadStruct(&in[i], sizeof(kdn_kv_group), what.c_str(), &g); s != KDN_OK) return s;
+// The caller's views as core view specs (their arrays still the caller's).
+kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views, std::vector<ViewSpec>* out) {
+  if (num_views == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV views (num_views is 0)");
+  if (views == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "views is NULL");
+  if (num_views > static_cast<size_t>(model->kv.shape.layers)) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "num_views " + std::to_string(num_views) + " exceeds the model's " +
+                                              std::to_string(model->kv.shape.layers) + " layers");
+  }
+  size_t stride = 0;
+  if (kdn_status s = ArrayStride(views, num_views, KDN_KV_VIEW_SIZE_V1, "views", &stride); s != KDN_OK) return s;
+  for (size_t i = 0; i < num_views; ++i) {
+    const std::string what = "views[" + std::to_string(i) + "]";
     kdn_kv_view v = KDN_KV_VIEW_INIT;
-    if (kdn_status s = ReadStruct(&g.view, sizeof(kdn_kv_view), (what + " view").c_str(), &v); s != KDN_OK) return s;
-    if (g.layers == nullptr || g.num_layers == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": no layers");
-    if (v.num_layers != g.num_layers) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": the view has " + std::to_string(v.num_layers) + " layers, the group " +
-                                                std::to_string(g.num_layers));
-    }
+    if (kdn_status s = ReadIn(At(views, stride, i), KDN_KV_VIEW_SIZE_V1, "kdn_kv_view", &v); s != KDN_OK) return s;
+    if (kdn_status s = CheckReserved(v.reserved0, what); s != KDN_OK) return s;
     if (v.memory != KDN_MEMORY_HOST) {
-      return Fail(KDN_ERR_UNSUPPORTED, what + ": only host memory views are supported by this version");
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown memory kind " + std::to_string(v.memory) +
+                                                " (this version reads and writes host memory only)");
     }
-    if (v.dtype != model->dtype) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": the view's dtype differs from the model's");
-    if (v.k_layers == nullptr || v.v_layers == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": k_layers or v_layers is NULL");
-    kdn::store::KvGroup cg;
-    cg.layers.assign(g.layers, g.layers + g.num_layers);
-    kdn::kernels::KvView& kv = cg.view;
-    kv.shape = model->kv.shape;
-    kv.shape.layers = static_cast<int64_t>(g.num_layers);
-    kv.k_base = v.k_layers;
-    kv.v_base = v.v_layers;
-    switch (v.layout) {
-      case KDN_LAYOUT_CONTIGUOUS:
-        kv.paged = false;
-        break;
-      case KDN_LAYOUT_PAGED_NHD:
-      case KDN_LAYOUT_PAGED_HND:
-        kv.paged = true;
-        kv.order = v.layout == KDN_LAYOUT_PAGED_NHD ? kdn::kernels::PageOrder::kNHD : kdn::kernels::PageOrder::kHND;
-        if (v.block_table == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_table is NULL");
-        break;
-      default:
-        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown layout " + std::to_string(v.layout));
+    if (v.layout != KDN_LAYOUT_CONTIGUOUS && v.layout != KDN_LAYOUT_PAGED_NHD && v.layout != KDN_LAYOUT_PAGED_HND) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown layout " + std::to_string(v.layout));
     }
-    kv.stride_token = v.stride_token;
-    kv.stride_head = v.stride_head;
-    kv.stride_dim = v.stride_dim;
-    kv.v_stride_token = v.v_stride_token;
-    kv.v_stride_head = v.v_stride_head;
-    kv.v_stride_dim = v.v_stride_dim;
-    kv.layer_elements = static_cast<int64_t>(v.layer_elements);
-    kv.block_size = v.block_size;
-    kv.block_table = v.block_table;
-    kv.table_len = static_cast<int64_t>(v.block_table_len);
-    kv.num_blocks = static_cast<int64_t>(v.num_blocks);
-    kv.block_stride = v.block_stride;
-    out->push_back(std::move(cg));
+    if (v.num_layers > static_cast<size_t>(model->kv.shape.layers)) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": num_layers " + std::to_string(v.num_layers) +
+                                                " exceeds the model's " + std::to_string(model->kv.shape.layers));
+    }
+    if (v.layers != nullptr && v.num_layers == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": layers given, num_layers is 0");
+    if (v.block_table == nullptr && v.block_table_len != 0) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_table is NULL with block_table_len > 0");
+    }
+    if (v.block_table_len > (size_t{1} << 31)) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_table_len is absurd");
+    ViewSpec s;
+    s.memory = static_cast<std::uint32_t>(v.memory);
+    s.dtype = static_cast<std::uint32_t>(v.dtype);
+    s.layout = static_cast<kdn::store::ViewLayout>(v.layout);
+    if (v.layers != nullptr) s.layers = {v.layers, v.num_layers};
+    s.num_layers = v.num_layers;
+    s.k_layers = v.k_layers;
+    s.v_layers = v.v_layers;
+    s.data = v.data;
+    s.size_bytes = v.size_bytes;
+    s.stride_layer = v.stride_layer;
+    s.stride_kv = v.stride_kv;
+    s.stride_token = v.stride_token;
+    s.stride_head = v.stride_head;
+    s.stride_dim = v.stride_dim;
+    s.v_stride_token = v.v_stride_token;
+    s.v_stride_head = v.v_stride_head;
+    s.v_stride_dim = v.v_stride_dim;
+    s.num_tokens = v.num_tokens;
+    s.layer_elements = v.layer_elements;
+    s.block_size = v.block_size;
+    if (v.block_table != nullptr) s.block_table = {v.block_table, v.block_table_len};
+    s.num_blocks = v.num_blocks;
+    s.block_stride = v.block_stride;
+    out->push_back(s);
   }
   return KDN_OK;
 }
 
-kdn_status ResolveKv(const kdn_model* model, const kdn_kv_buffer* in, size_t num_tokens,
-                     kdn::store::KvBufferView* out) {
-  if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "KV buffer is NULL");
-  kdn_kv_buffer b = KDN_KV_BUFFER_INIT;
-  if (kdn_status s = ReadStruct(in, sizeof(kdn_kv_buffer), "kdn_kv_buffer", &b); s != KDN_OK) return s;
-  if (b.memory != KDN_MEMORY_HOST) {
-    return Fail(KDN_ERR_UNSUPPORTED, "KV buffer memory kind " + std::to_string(b.memory) + " is not supported");
-  }
-  if (b.dtype != model->dtype) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "KV buffer dtype " + std::to_string(b.dtype) +
-                                              " differs from the model's " + std::to_string(model->dtype));
-  }
-  kdn::store::KvBufferView v;
-  v.data = b.data;
-  v.size_bytes = b.size_bytes;
-  v.num_tokens = b.num_tokens;
-  v.strides = {b.stride_layer, b.stride_kv, b.stride_token, b.stride_head, b.stride_dim};
-  auto r = kdn::store::ResolveBuffer(model->kv, v, num_tokens);
+// Views checked against the model for `tokens` tokens (nullopt: their room).
+kdn_status ResolveViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views,
+                        std::optional<std::uint64_t> tokens, kdn::store::ResolvedViews* out) {
+  std::vector<ViewSpec> specs;
+  if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
+  auto r = kdn::store::ResolvedViews::Resolve(model->kv, specs, tokens);
   if (!r.ok()) return FromStatus(r.status());
-  *out = *r;
+  *out = std::move(r).value();
   return KDN_OK;
 }
 
-// Starts a load or save op (OpT::Start) and wraps it in a handle, whose
-// `member` points at it.
-template <typename OpT>
-kdn_status StartOp(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                   const kdn_request* request, const kdn_kv_group* groups, size_t num_groups, kdn_op** out,
-                   OpT* kdn_op::*member) {
+// What every KV call of a request checks first: the model and namespace,
+// the request's keys (copied), and the views resolved for its length.
+kdn_status ReadKvCall(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
+                      const kdn_kv_view* views, size_t num_views, kdn::store::OwnedKeys* keys,
+                      kdn::store::ResolvedViews* resolved) {
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = ReadRequest(model->runtime->store(), request, "request", keys); s != KDN_OK) return s;
+  return ResolveViews(model, views, num_views, keys->keys().size(), resolved);
+}
+
+// Starts a load or save op and wraps it in a handle.
+template <typename OpT, typename StartFn>
+kdn_status StartOp(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
+                   const kdn_kv_view* views, size_t num_views, kdn_op** out, OpT* kdn_op::*member, StartFn start) {
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = nullptr;
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
   kdn::store::OwnedKeys keys;
-  if (kdn_status s = RequestKeys(runtime, request, &keys); s != KDN_OK) return s;
-  std::vector<kdn::store::KvGroup> g;
-  if (kdn_status s = ReadGroups(model, groups, num_groups, &g); s != KDN_OK) return s;
-  auto op = OpT::Start(*runtime->rep, *runtime->executor, model->kv, std::string(ns, ns_len), std::move(keys), std::move(g));
+  kdn::store::ResolvedViews resolved;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved); s != KDN_OK) return s;
+  auto op = start(*model->runtime, model->kv, std::string(ns, ns_len), std::move(keys), resolved);
   if (!op.ok()) return FromStatus(op.status());
   auto handle = std::make_unique<kdn_op>();
+  handle->runtime = model->runtime;
   handle.get()->*member = op->get();
   handle->rep = std::move(op).value();
   *out = handle.release();
@@ -305,8 +418,8 @@ kdn_status StartOp(kdn_runtime* runtime, const kdn_model* model, const char* ns,
 
 }  // namespace
 
-#define KDN_BEGIN  \
-  g_last_error.clear(); \
+#define KDN_BEGIN         \
+  g_last_error.clear();   \
   try {
 #define KDN_END                                                                  \
   }                                                                              \
@@ -330,62 +443,83 @@ const char* kdn_version(void) {
   return KDN_STR(KDN_VERSION_MAJOR) "." KDN_STR(KDN_VERSION_MINOR) "." KDN_STR(KDN_VERSION_PATCH);
 }
 
-const char* kdn_status_str(kdn_status status) {
+const char* kdn_status_string(kdn_status status) {
   switch (status) {
     case KDN_OK: return "KDN_OK";
     case KDN_ERR_INVALID_ARGUMENT: return "KDN_ERR_INVALID_ARGUMENT";
     case KDN_ERR_NOT_FOUND: return "KDN_ERR_NOT_FOUND";
-    case KDN_ERR_RETRY_LATER: return "KDN_ERR_RETRY_LATER";
+    case KDN_ERR_BUSY: return "KDN_ERR_BUSY";
     case KDN_ERR_UNAVAILABLE: return "KDN_ERR_UNAVAILABLE";
     case KDN_ERR_CORRUPT: return "KDN_ERR_CORRUPT";
     case KDN_ERR_UNSUPPORTED: return "KDN_ERR_UNSUPPORTED";
     case KDN_ERR_NO_MEMORY: return "KDN_ERR_NO_MEMORY";
     case KDN_ERR_INTERNAL: return "KDN_ERR_INTERNAL";
-    default: return "KDN_STATUS_UNKNOWN";
+    case KDN_ERR_TIMEOUT: return "KDN_ERR_TIMEOUT";
+    case KDN_ERR_CANCELLED: return "KDN_ERR_CANCELLED";
+    case KDN_ERR_VERSION: return "KDN_ERR_VERSION";
+    case KDN_ERR_BUFFER_TOO_SMALL: return "KDN_ERR_BUFFER_TOO_SMALL";
+    default: return "KDN_ERR_UNKNOWN";
   }
 }
 
 const char* kdn_last_error_message(void) { return g_last_error.c_str(); }
 
-void kdn_runtime_options_init(kdn_runtime_options* options) {
-  if (options) *options = KDN_RUNTIME_OPTIONS_INIT;
-}
-void kdn_model_spec_init(kdn_model_spec* spec) {
-  if (spec) *spec = KDN_MODEL_SPEC_INIT;
-}
-void kdn_kv_buffer_init(kdn_kv_buffer* buffer) {
-  if (buffer) *buffer = KDN_KV_BUFFER_INIT;
-}
-void kdn_store_options_init(kdn_store_options* options) {
-  if (options) *options = KDN_STORE_OPTIONS_INIT;
-}
-void kdn_stats_init(kdn_stats* stats) {
-  if (stats) *stats = KDN_STATS_INIT;
-}
+/* ---- init functions ---- */
 
-kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** out) {
-  KDN_BEGIN
+#define KDN_DEFINE_INIT(type, size_v1, init_macro)                      \
+  kdn_status type##_init(type* p, size_t struct_size) {                 \
+    static const type defaults = init_macro;                            \
+    return InitStruct(p, struct_size, size_v1, defaults, #type);        \
+  }
+
+KDN_DEFINE_INIT(kdn_tier_config, KDN_TIER_CONFIG_SIZE_V1, KDN_TIER_CONFIG_INIT)
+KDN_DEFINE_INIT(kdn_runtime_options, KDN_RUNTIME_OPTIONS_SIZE_V1, KDN_RUNTIME_OPTIONS_INIT)
+KDN_DEFINE_INIT(kdn_model_spec, KDN_MODEL_SPEC_SIZE_V1, KDN_MODEL_SPEC_INIT)
+KDN_DEFINE_INIT(kdn_request, KDN_REQUEST_SIZE_V1, KDN_REQUEST_INIT)
+KDN_DEFINE_INIT(kdn_kv_view, KDN_KV_VIEW_SIZE_V1, KDN_KV_VIEW_INIT)
+KDN_DEFINE_INIT(kdn_lookup_result, KDN_LOOKUP_RESULT_SIZE_V1, KDN_LOOKUP_RESULT_INIT)
+KDN_DEFINE_INIT(kdn_kv_result, KDN_KV_RESULT_SIZE_V1, KDN_KV_RESULT_INIT)
+KDN_DEFINE_INIT(kdn_document_info, KDN_DOCUMENT_INFO_SIZE_V1, KDN_DOCUMENT_INFO_INIT)
+KDN_DEFINE_INIT(kdn_stats, KDN_STATS_SIZE_V1, KDN_STATS_INIT)
+KDN_DEFINE_INIT(kdn_latency, KDN_LATENCY_SIZE_V1, KDN_LATENCY_INIT)
+KDN_DEFINE_INIT(kdn_tier_stats, KDN_TIER_STATS_SIZE_V1, KDN_TIER_STATS_INIT)
+// Experimental structs: their first size is their size today.
+KDN_DEFINE_INIT(kdn_chunk_info, sizeof(kdn_chunk_info), KDN_CHUNK_INFO_INIT)
+KDN_DEFINE_INIT(kdn_blend_segment, sizeof(kdn_blend_segment), KDN_BLEND_SEGMENT_INIT)
+KDN_DEFINE_INIT(kdn_blend_options, sizeof(kdn_blend_options), KDN_BLEND_OPTIONS_INIT)
+KDN_DEFINE_INIT(kdn_blend_report, sizeof(kdn_blend_report), KDN_BLEND_REPORT_INIT)
+
+/* ---- runtime ---- */
+
+static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn editor, void* editor_user,
+                                kdn_runtime** out) {
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = nullptr;
   kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
-  if (kdn_status s = ReadStruct(options, kRuntimeOptionsV1, "kdn_runtime_options", &o); s != KDN_OK) return s;
+  if (options != nullptr) {
+    if (kdn_status s = ReadIn(options, KDN_RUNTIME_OPTIONS_SIZE_V1, "kdn_runtime_options", &o); s != KDN_OK) return s;
+    if (kdn_status s = CheckReserved(o.reserved0, "kdn_runtime_options"); s != KDN_OK) return s;
+  }
   if (o.chunk_tokens == 0 || o.chunk_tokens > 65536) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "chunk_tokens " + std::to_string(o.chunk_tokens) + " out of range 1..65536");
   }
   if (o.host_capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "host_capacity_bytes is 0");
-  if (o.num_tiers > KDN_MAX_TIERS) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "at most " + std::to_string(KDN_MAX_TIERS) + " tiers");
-  }
+  if (o.num_tiers > KDN_MAX_TIERS) return Fail(KDN_ERR_INVALID_ARGUMENT, "at most " + std::to_string(KDN_MAX_TIERS) + " tiers");
   if (o.num_tiers > 0 && o.tiers == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tiers is NULL");
+  if (o.worker_threads > 64) return Fail(KDN_ERR_INVALID_ARGUMENT, "worker_threads " + std::to_string(o.worker_threads) + " above 64");
   kdn::store::StoreOptions so;
   so.chunk_tokens = o.chunk_tokens;
   so.host_capacity_bytes = o.host_capacity_bytes;
   so.hash_seed = o.hash_seed;
-  auto rt = std::make_unique<kdn_runtime>();
+  size_t stride = 0;
+  if (o.num_tiers > 0) {
+    if (kdn_status s = ArrayStride(o.tiers, o.num_tiers, KDN_TIER_CONFIG_SIZE_V1, "tiers", &stride); s != KDN_OK) return s;
+  }
   for (size_t i = 0; i < o.num_tiers; ++i) {
     kdn_tier_config c = KDN_TIER_CONFIG_INIT;
-    const std::string what = "tier " + std::to_string(i);
-    if (kdn_status s = ReadStruct(&o.tiers[i], kTierConfigV1, what.c_str(), &c); s != KDN_OK) return s;
+    const std::string what = "tiers[" + std::to_string(i) + "]";
+    if (kdn_status s = ReadIn(At(o.tiers, stride, i), KDN_TIER_CONFIG_SIZE_V1, "kdn_tier_config", &c); s != KDN_OK) return s;
     kdn::store::TierSpec t;
     switch (c.kind) {
       case KDN_TIER_HOST: t.kind = kdn::store::TierSpec::Kind::kHost; break;
@@ -395,6 +529,8 @@ kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** 
     }
     if (c.capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": capacity_bytes is 0");
     t.capacity_bytes = c.capacity_bytes;
+    if (c.path == nullptr && c.path_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": path is NULL");
+    if (c.path_len > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": path longer than 4096 bytes");
     if (c.kind == KDN_TIER_DISK) {
       if (c.path == nullptr || c.path_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a disk tier needs a path");
       t.path.assign(c.path, c.path_len);
@@ -414,39 +550,163 @@ kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** 
     if (c.codec_len > 256) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": codec spec longer than 256 bytes");
     if (c.codec != nullptr) t.codec.assign(c.codec, c.codec_len);  // empty: the kind's default
     so.tiers.push_back(t);
-    rt->tier_kinds.push_back(c.kind);
   }
-  if (so.tiers.empty()) rt->tier_kinds.push_back(KDN_TIER_HOST);
-  if (o.editor) so.editor = std::make_shared<CallbackEditor>(o.editor, o.editor_user);
-  auto store = kdn::store::KvStore::Create(so);
-  if (!store.ok()) return FromStatus(store.status());
-  rt->rep = std::move(store).value();
-  rt->knowledge = std::make_unique<kdn::store::KnowledgeIndex>(*rt->rep);
-  rt->executor = std::make_unique<kdn::Executor>(o.worker_threads == 0 ? 2 : static_cast<int>(std::min(o.worker_threads, 64u)));
-  *out = rt.release();
+  if (editor) so.editor = std::make_shared<CallbackEditor>(editor, editor_user);
+  auto rt = kdn::store::Runtime::Create(so, o.worker_threads == 0 ? 2 : static_cast<int>(o.worker_threads));
+  if (!rt.ok()) return FromStatus(rt.status());
+  auto handle = std::make_unique<kdn_runtime>();
+  handle->rep = std::move(rt).value();
+  *out = handle.release();
   return KDN_OK;
+}
+
+kdn_status kdn_runtime_create(const kdn_runtime_options* options, kdn_runtime** out) {
+  KDN_BEGIN
+  return CreateRuntime(options, nullptr, nullptr, out);
+  KDN_END
+}
+
+kdn_status kdn_runtime_create_with_editor(const kdn_runtime_options* options, kdn_edit_fn editor, void* user,
+                                          kdn_runtime** out) {
+  KDN_BEGIN
+  if (out != nullptr) *out = nullptr;
+  if (editor == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "editor is NULL (use kdn_runtime_create)");
+  return CreateRuntime(options, editor, user, out);
   KDN_END
 }
 
 void kdn_runtime_destroy(kdn_runtime* runtime) {
-  if (!runtime) return;
-  runtime->executor.reset();  // runs queued loads and saves to the end first
+  // The last reference (this one, or a model's or op's later) finishes the
+  // queued loads and saves and frees the store.
   delete runtime;
 }
+
+kdn_status kdn_runtime_get_stats(kdn_runtime* runtime, kdn_stats* out) {
+  KDN_BEGIN
+  if (kdn_status s = CheckOut(out, KDN_STATS_SIZE_V1, "kdn_stats"); s != KDN_OK) return s;
+  WriteOut(kdn_stats(KDN_STATS_INIT), out);
+  if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
+  kdn::store::KvStore& store = runtime->rep->store();
+  const kdn::store::Telemetry t = store.Stats();
+  const kdn::store::StoreCounters c = store.chain().Counters();
+  kdn_stats full = KDN_STATS_INIT;
+  full.lookups = t.lookups;
+  full.retrieves = t.retrieves;
+  full.stores = t.stores;
+  full.hits = t.hits;
+  full.misses = t.misses;
+  full.tokens_served = t.tokens_served;
+  full.tokens_stored = t.tokens_stored;
+  full.bytes_served = t.bytes_served;
+  full.bytes_stored = t.bytes_stored;
+  for (const kdn::store::LevelStats& l : store.chain().Stats()) {
+    full.chunks += l.objects;
+    full.used_bytes += l.used_bytes;
+    full.capacity_bytes += l.capacity_bytes;
+    full.evictions += l.evictions;
+    full.corrupt_detected += l.corrupt_detected;
+  }
+  full.edited_served = t.edited_served;
+  full.leases_active = c.leases_active;
+  full.pins_active = c.pins_active;
+  full.pins_forced_unpin = c.pins_forced_unpin;
+  full.edits = c.edits;
+  WriteOut(full, out);
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_runtime_get_latency(kdn_runtime* runtime, kdn_latency_kind kind, kdn_latency* out) {
+  KDN_BEGIN
+  if (kdn_status s = CheckOut(out, KDN_LATENCY_SIZE_V1, "kdn_latency"); s != KDN_OK) return s;
+  WriteOut(kdn_latency(KDN_LATENCY_INIT), out);
+  if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
+  const kdn::store::Telemetry t = runtime->rep->store().Stats();
+  const kdn::telemetry::HistogramSnapshot* h = nullptr;
+  switch (kind) {
+    case KDN_LATENCY_LOOKUP: h = &t.lookup_us; break;
+    case KDN_LATENCY_LOAD: h = &t.load_us; break;
+    case KDN_LATENCY_STORE: h = &t.store_us; break;
+    default: return Fail(KDN_ERR_INVALID_ARGUMENT, "unknown latency kind " + std::to_string(kind));
+  }
+  kdn_latency full = KDN_LATENCY_INIT;
+  full.count = h->count;
+  full.mean_us = h->mean();
+  full.p50_us = h->p50;
+  full.p90_us = h->p90;
+  full.p99_us = h->p99;
+  full.max_us = h->max;
+  WriteOut(full, out);
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_runtime_get_tier_count(kdn_runtime* runtime, uint32_t* out) {
+  KDN_BEGIN
+  if (out != nullptr) *out = 0;
+  if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
+  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  *out = static_cast<uint32_t>(runtime->rep->store().chain().levels());
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_tier_stats* out) {
+  KDN_BEGIN
+  if (kdn_status s = CheckOut(out, KDN_TIER_STATS_SIZE_V1, "kdn_tier_stats"); s != KDN_OK) return s;
+  WriteOut(kdn_tier_stats(KDN_TIER_STATS_INIT), out);
+  if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
+  const auto levels = runtime->rep->store().chain().Stats();
+  if (index >= levels.size()) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "tier " + std::to_string(index) + " of " + std::to_string(levels.size()));
+  }
+  const kdn::store::LevelStats& l = levels[index];
+  kdn_tier_stats full = KDN_TIER_STATS_INIT;
+  switch (runtime->rep->tier_kind(index)) {
+    case kdn::store::TierSpec::Kind::kHost: full.kind = KDN_TIER_HOST; break;
+    case kdn::store::TierSpec::Kind::kDevice: full.kind = KDN_TIER_DEVICE; break;
+    case kdn::store::TierSpec::Kind::kDisk: full.kind = KDN_TIER_DISK; break;
+  }
+  std::snprintf(full.name, sizeof full.name, "%s", l.name.c_str());
+  std::snprintf(full.codec, sizeof full.codec, "%s", l.codec.c_str());
+  full.hits = l.hits;
+  full.misses = l.misses;
+  full.puts = l.puts;
+  full.put_refusals = l.put_refusals;
+  full.evictions = l.evictions;
+  full.demotions_in = l.demotions_in;
+  full.promotions_in = l.promotions_in;
+  full.bytes_in = l.bytes_in;
+  full.bytes_out = l.bytes_out;
+  full.objects = l.objects;
+  full.used_bytes = l.used_bytes;
+  full.capacity_bytes = l.capacity_bytes;
+  full.corrupt_detected = l.corrupt_detected;
+  full.encoded_chunks = l.encoded_chunks;
+  full.bytes_before_encoding = l.bytes_before_encoding;
+  full.bytes_after_encoding = l.bytes_after_encoding;
+  full.encode_failures = l.encode_failures;
+  full.decode_failures = l.decode_failures;
+  WriteOut(full, out);
+  return KDN_OK;
+  KDN_END
+}
+
+/* ---- models ---- */
 
 kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kdn_model** out) {
   KDN_BEGIN
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = nullptr;
-  if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
+  if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
   if (spec == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "model spec is NULL");
   kdn_model_spec s = KDN_MODEL_SPEC_INIT;
-  if (kdn_status st = ReadStruct(spec, sizeof(kdn_model_spec), "kdn_model_spec", &s); st != KDN_OK) return st;
+  if (kdn_status st = ReadIn(spec, KDN_MODEL_SPEC_SIZE_V1, "kdn_model_spec", &s); st != KDN_OK) return st;
   auto bad = [](const std::string& m) { return Fail(KDN_ERR_INVALID_ARGUMENT, "model spec: " + m); };
   if (s.num_layers == 0 || s.num_layers > 4096) return bad("num_layers " + std::to_string(s.num_layers) + " out of range 1..4096");
   if (s.num_kv_heads == 0 || s.num_kv_heads > 4096) return bad("num_kv_heads " + std::to_string(s.num_kv_heads) + " out of range 1..4096");
   if (s.head_dim == 0 || s.head_dim > 65536) return bad("head_dim " + std::to_string(s.head_dim) + " out of range 1..65536");
-  const int64_t elem = DtypeBytes(s.dtype);
+  const auto elem = static_cast<int64_t>(kdn::DtypeBytes(static_cast<uint32_t>(s.dtype)));
   if (elem == 0) return bad("unknown dtype " + std::to_string(s.dtype));
   if (s.rope_style != KDN_ROPE_INTERLEAVED && s.rope_style != KDN_ROPE_NEOX) {
     return bad("unknown rope_style " + std::to_string(s.rope_style));
@@ -472,8 +732,7 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   id.rotary_dim = rotary;
   id.fingerprint.assign(s.fingerprint, s.fingerprint_len);
   auto m = std::make_unique<kdn_model>();
-  m->runtime = runtime;
-  m->dtype = s.dtype;
+  m->runtime = runtime->rep;
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
   m->kv.shape = {s.num_layers, s.num_kv_heads, s.head_dim, elem};
   m->kv.dtype = static_cast<uint32_t>(s.dtype);
@@ -488,8 +747,10 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
 
 void kdn_model_destroy(kdn_model* model) { delete model; }
 
-kdn_status kdn_model_fingerprint(const kdn_model* model, uint8_t out[32]) {
+kdn_status kdn_model_get_fingerprint(const kdn_model* model, uint8_t out[32]) {
   KDN_BEGIN
+  if (out != nullptr) std::memset(out, 0, 32);
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
   if (model == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "model is NULL");
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   std::memcpy(out, model->kv.fingerprint.data(), 32);
@@ -497,8 +758,10 @@ kdn_status kdn_model_fingerprint(const kdn_model* model, uint8_t out[32]) {
   KDN_END
 }
 
-kdn_status kdn_model_kv_bytes_per_token(const kdn_model* model, uint64_t* out) {
+kdn_status kdn_model_get_kv_bytes_per_token(const kdn_model* model, uint64_t* out) {
   KDN_BEGIN
+  if (out != nullptr) *out = 0;
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
   if (model == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "model is NULL");
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = static_cast<uint64_t>(model->kv.bytes_per_token());
@@ -506,221 +769,127 @@ kdn_status kdn_model_kv_bytes_per_token(const kdn_model* model, uint64_t* out) {
   KDN_END
 }
 
-kdn_status kdn_lookup(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                      const int32_t* tokens, size_t num_tokens, uint64_t* out_cached_tokens) {
-  KDN_BEGIN
-  if (out_cached_tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_cached_tokens is NULL");
-  *out_cached_tokens = 0;
-  if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
-  *out_cached_tokens = runtime->rep->Lookup(model->kv, std::string_view(ns, ns_len), TokenKeysOf(tokens, num_tokens)).tokens;
-  return KDN_OK;
-  KDN_END
-}
+/* ---- KV ---- */
 
-kdn_status kdn_store(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                     const int32_t* tokens, size_t num_tokens, const kdn_kv_buffer* kv,
-                     const kdn_store_options* options, uint64_t* out_stored_tokens) {
+kdn_status kdn_kv_lookup(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* requests,
+                         size_t num_requests, kdn_lookup_result* results) {
   KDN_BEGIN
-  if (out_stored_tokens) *out_stored_tokens = 0;
-  if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
-  kdn_store_options o = KDN_STORE_OPTIONS_INIT;
-  if (kdn_status s = ReadStruct(options, sizeof(kdn_store_options), "kdn_store_options", &o); s != KDN_OK) return s;
-  kdn::store::KvBufferView buffer;
-  if (kdn_status s = ResolveKv(model, kv, num_tokens, &buffer); s != KDN_OK) return s;
-  const kdn::store::BufferAsView view(model->kv, buffer);
-  auto stored = runtime->rep->Store(model->kv, std::string_view(ns, ns_len), TokenKeysOf(tokens, num_tokens), view.view());
-  if (!stored.ok()) return FromStatus(stored.status());
-  if (out_stored_tokens) *out_stored_tokens = *stored;
-  return KDN_OK;
-  KDN_END
-}
-
-kdn_status kdn_retrieve(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                        const int32_t* tokens, size_t num_tokens, const kdn_kv_buffer* kv,
-                        uint64_t* out_filled_tokens) {
-  KDN_BEGIN
-  if (out_filled_tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_filled_tokens is NULL");
-  *out_filled_tokens = 0;
-  if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
-  kdn::store::KvBufferView buffer;
-  if (kdn_status s = ResolveKv(model, kv, num_tokens, &buffer); s != KDN_OK) return s;
-  const kdn::store::BufferAsView view(model->kv, buffer);
-  const uint64_t filled =
-      runtime->rep->Retrieve(model->kv, std::string_view(ns, ns_len), TokenKeysOf(tokens, num_tokens), view.view());
-  *out_filled_tokens = filled;
-  if (filled == 0) {
-    return Fail(KDN_ERR_NOT_FOUND, "no cached KV for these tokens under this model fingerprint and namespace");
-  }
-  return KDN_OK;
-  KDN_END
-}
-
-kdn_status kdn_runtime_stats(kdn_runtime* runtime, kdn_stats* out) {
-  KDN_BEGIN
-  if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
-  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
-  const uint32_t size = out->struct_size;
-  if (!OutSizeOk(size)) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_stats: struct_size " + std::to_string(size) +
-                                              " is wrong (initialise it with KDN_STATS_INIT)");
-  }
-  const kdn::store::Telemetry t = runtime->rep->Stats();
-  const kdn::store::StoreCounters c = runtime->rep->chain().Counters();
-  kdn_stats full = KDN_STATS_INIT;
-  full.lookups = t.lookups;
-  full.retrieves = t.retrieves;
-  full.stores = t.stores;
-  full.hits = t.hits;
-  full.misses = t.misses;
-  full.tokens_served = t.tokens_served;
-  full.tokens_stored = t.tokens_stored;
-  full.bytes_served = t.bytes_served;
-  full.bytes_stored = t.bytes_stored;
-  for (const kdn::store::LevelStats& l : runtime->rep->chain().Stats()) {
-    full.chunks += l.objects;
-    full.used_bytes += l.used_bytes;
-    full.capacity_bytes += l.capacity_bytes;
-    full.evictions += l.evictions;
-    full.corrupt_detected += l.corrupt_detected;
-  }
-  full.edited_served = t.edited_served;
-  full.leases_active = c.leases_active;
-  full.pins_active = c.pins_active;
-  full.pins_forced_unpin = c.pins_forced_unpin;
-  full.edits = c.edits;
-  full.lookup = Latency(t.lookup_us);
-  full.load = Latency(t.load_us);
-  full.store = Latency(t.store_us);
-  WriteOut(full, out);
-  return KDN_OK;
-  KDN_END
-}
-
-void kdn_tier_config_init(kdn_tier_config* config) {
-  if (config) *config = KDN_TIER_CONFIG_INIT;
-}
-void kdn_kv_view_init(kdn_kv_view* view) {
-  if (view) *view = KDN_KV_VIEW_INIT;
-}
-
-kdn_status kdn_runtime_tier_count(kdn_runtime* runtime, uint32_t* out) {
-  KDN_BEGIN
-  if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
-  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
-  *out = static_cast<uint32_t>(runtime->rep->chain().levels());
-  return KDN_OK;
-  KDN_END
-}
-
-kdn_status kdn_runtime_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_tier_stats* out) {
-  KDN_BEGIN
-  if (runtime == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "runtime is NULL");
-  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
-  const uint32_t size = out->struct_size;
-  if (!OutSizeOk(size)) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_tier_stats: struct_size " + std::to_string(size) + " is wrong");
-  }
-  const auto levels = runtime->rep->chain().Stats();
-  if (index >= levels.size()) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "tier " + std::to_string(index) + " of " + std::to_string(levels.size()));
-  }
-  const kdn::store::LevelStats& l = levels[index];
-  kdn_tier_stats full = KDN_TIER_STATS_INIT;
-  full.kind = runtime->tier_kinds[index];
-  std::snprintf(full.name, sizeof full.name, "%s", l.name.c_str());
-  full.hits = l.hits;
-  full.misses = l.misses;
-  full.puts = l.puts;
-  full.put_refusals = l.put_refusals;
-  full.evictions = l.evictions;
-  full.demotions_in = l.demotions_in;
-  full.promotions_in = l.promotions_in;
-  full.bytes_in = l.bytes_in;
-  full.bytes_out = l.bytes_out;
-  full.objects = l.objects;
-  full.used_bytes = l.used_bytes;
-  full.capacity_bytes = l.capacity_bytes;
-  full.corrupt_detected = l.corrupt_detected;
-  std::snprintf(full.codec, sizeof full.codec, "%s", l.codec.c_str());
-  full.encoded_chunks = l.encoded_chunks;
-  full.bytes_before_encoding = l.bytes_before_encoding;
-  full.bytes_after_encoding = l.bytes_after_encoding;
-  full.encode_failures = l.encode_failures;
-  full.decode_failures = l.decode_failures;
-  WriteOut(full, out);
-  return KDN_OK;
-  KDN_END
-}
-
-kdn_status kdn_lookup_batch(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                            const kdn_request* requests, size_t num_requests, kdn_lookup_result* results) {
-  KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (num_requests == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no requests (num_requests is 0)");
   if (requests == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "requests is NULL");
   if (results == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "results is NULL");
-  for (size_t i = 0; i < num_requests; ++i) {
-    if (!OutSizeOk(results[i].struct_size)) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, "results[" + std::to_string(i) + "]: struct_size is wrong (use KDN_LOOKUP_RESULT_INIT)");
-    }
+  size_t in_stride = 0, out_stride = 0;
+  if (kdn_status s = ArrayStride(requests, num_requests, KDN_REQUEST_SIZE_V1, "requests", &in_stride); s != KDN_OK) return s;
+  if (kdn_status s = ArrayStride(results, num_requests, KDN_LOOKUP_RESULT_SIZE_V1, "results", &out_stride); s != KDN_OK) {
+    return s;
   }
+  kdn::store::KvStore& store = model->runtime->store();
   for (size_t i = 0; i < num_requests; ++i) {
     kdn_lookup_result r = KDN_LOOKUP_RESULT_INIT;
     kdn::store::OwnedKeys keys;
-    r.status = RequestKeys(runtime, &requests[i], &keys);
+    r.status = ReadRequest(store, At(requests, in_stride, i), "requests[" + std::to_string(i) + "]", &keys);
     if (r.status == KDN_OK) {
-      const auto found = runtime->rep->Lookup(model->kv, std::string_view(ns, ns_len), keys.keys());
+      const auto found = store.Lookup(model->kv, std::string_view(ns, ns_len), keys.keys());
       r.cached_tokens = found.tokens;
       r.num_tiers = static_cast<uint32_t>(std::min<size_t>(found.tier_tokens.size(), KDN_MAX_TIERS));
       for (uint32_t t = 0; t < r.num_tiers; ++t) r.tier_tokens[t] = found.tier_tokens[t];
     }
-    WriteOut(r, &results[i]);
+    WriteOut(r, At(results, out_stride, i));
   }
   g_last_error.clear();  // the batch succeeded; each result carries its request's status
   return KDN_OK;
   KDN_END
 }
 
-kdn_status kdn_load_begin(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                          const kdn_request* request, const kdn_kv_group* groups, size_t num_groups, kdn_op** out) {
+kdn_status kdn_kv_store(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
+                        const kdn_kv_view* views, size_t num_views, kdn_kv_result* out) {
   KDN_BEGIN
-  return StartOp<kdn::store::LoadOp>(runtime, model, ns, ns_len, request, groups, num_groups, out, &kdn_op::load);
+  if (out != nullptr) {
+    if (kdn_status s = CheckOut(out, KDN_KV_RESULT_SIZE_V1, "kdn_kv_result"); s != KDN_OK) return s;
+    WriteOut(kdn_kv_result(KDN_KV_RESULT_INIT), out);
+  }
+  kdn::store::OwnedKeys keys;
+  kdn::store::ResolvedViews resolved;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved); s != KDN_OK) return s;
+  auto stored = model->runtime->Store(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved);
+  if (!stored.ok()) return FromStatus(stored.status());
+  if (out != nullptr) {
+    kdn_kv_result r = KDN_KV_RESULT_INIT;
+    r.state = KDN_OP_DONE;
+    r.tokens = *stored;
+    WriteOut(r, out);
+  }
+  return KDN_OK;
   KDN_END
 }
 
-kdn_status kdn_op_wait_layer(kdn_op* op, uint32_t layer, int64_t timeout_ms) {
+kdn_status kdn_kv_retrieve(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
+                           const kdn_kv_view* views, size_t num_views, kdn_kv_result* out) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
-  if (op->load == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is not a load");
-  return FromStatus(op->load->WaitLayer(layer, timeout_ms));
+  if (kdn_status s = CheckOut(out, KDN_KV_RESULT_SIZE_V1, "kdn_kv_result"); s != KDN_OK) return s;
+  WriteOut(kdn_kv_result(KDN_KV_RESULT_INIT), out);
+  kdn::store::OwnedKeys keys;
+  kdn::store::ResolvedViews resolved;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved); s != KDN_OK) return s;
+  auto filled = model->runtime->Retrieve(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved);
+  if (!filled.ok()) return FromStatus(filled.status());
+  kdn_kv_result r = KDN_KV_RESULT_INIT;
+  r.state = KDN_OP_DONE;
+  r.tokens = filled->tokens;
+  r.covered = filled->covered;
+  r.flags = filled->lossy ? KDN_RESULT_LOSSY : 0u;
+  WriteOut(r, out);
+  return KDN_OK;
   KDN_END
 }
 
-kdn_status kdn_save_begin(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                          const kdn_request* request, const kdn_kv_group* groups, size_t num_groups, kdn_op** out) {
+kdn_status kdn_kv_load_async(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
+                             const kdn_kv_view* views, size_t num_views, kdn_op** out) {
   KDN_BEGIN
-  return StartOp<kdn::store::SaveOp>(runtime, model, ns, ns_len, request, groups, num_groups, out, &kdn_op::save);
+  return StartOp(model, ns, ns_len, request, views, num_views, out, &kdn_op::load,
+                 [](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
+                    const kdn::store::ResolvedViews& v) { return rt.Load(m, std::move(n), std::move(k), v); });
   KDN_END
 }
 
-kdn_status kdn_save_layer(kdn_op* op, uint32_t layer) {
+kdn_status kdn_kv_save_async(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
+                             const kdn_kv_view* views, size_t num_views, kdn_op** out) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  return StartOp(model, ns, ns_len, request, views, num_views, out, &kdn_op::save,
+                 [](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
+                    const kdn::store::ResolvedViews& v) { return rt.Save(m, std::move(n), std::move(k), v); });
+  KDN_END
+}
+
+/* ---- ops ---- */
+
+kdn_status kdn_op_layer_ready(kdn_op* op, uint32_t layer) {
+  KDN_BEGIN
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
   if (op->save == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is not a save");
   return FromStatus(op->save->SaveLayer(layer));
   KDN_END
 }
 
+kdn_status kdn_op_wait_layer(kdn_op* op, uint32_t layer, int64_t timeout_ms) {
+  KDN_BEGIN
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
+  if (op->load == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is not a load");
+  return FromStatus(op->load->WaitLayer(layer, timeout_ms));
+  KDN_END
+}
+
 kdn_status kdn_op_wait(kdn_op* op, int64_t timeout_ms) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
   return FromStatus(op->rep->Wait(timeout_ms));
   KDN_END
 }
 
 kdn_status kdn_op_poll(kdn_op* op, kdn_op_state* out) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (out != nullptr) *out = KDN_OP_PENDING;
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = StateOf(op->rep->Poll());
   return KDN_OK;
@@ -729,35 +898,34 @@ kdn_status kdn_op_poll(kdn_op* op, kdn_op_state* out) {
 
 kdn_status kdn_op_cancel(kdn_op* op) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
   op->rep->Cancel();
   return KDN_OK;
   KDN_END
 }
 
-kdn_status kdn_op_result_get(kdn_op* op, kdn_op_result* out) {
+kdn_status kdn_op_get_result(kdn_op* op, kdn_kv_result* out) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
-  if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
-  const uint32_t size = out->struct_size;
-  if (!OutSizeOk(size)) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_op_result: struct_size is wrong (use KDN_OP_RESULT_INIT)");
-  }
+  if (kdn_status s = CheckOut(out, KDN_KV_RESULT_SIZE_V1, "kdn_kv_result"); s != KDN_OK) return s;
+  WriteOut(kdn_kv_result(KDN_KV_RESULT_INIT), out);
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
   const kdn::store::OpResult r = op->rep->Outcome();
-  kdn_op_result full = KDN_OP_RESULT_INIT;
+  kdn_kv_result full = KDN_KV_RESULT_INIT;
   full.state = StateOf(r.state);
   full.status = static_cast<kdn_status>(static_cast<int>(r.status.code()));
   full.tokens = r.tokens;
   full.covered = r.covered;
   full.num_failed = r.failed.size();
+  full.flags = r.lossy ? KDN_RESULT_LOSSY : 0u;
   WriteOut(full, out);
   return KDN_OK;
   KDN_END
 }
 
-kdn_status kdn_op_failed_ranges(kdn_op* op, kdn_token_range* out, size_t capacity, size_t* out_count) {
+kdn_status kdn_op_get_failed_ranges(kdn_op* op, kdn_token_range* out, size_t capacity, size_t* out_count) {
   KDN_BEGIN
-  if (op == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "op is NULL");
+  if (out_count != nullptr) *out_count = 0;
+  if (kdn_status s = CheckOp(op); s != KDN_OK) return s;
   if (out_count == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_count is NULL");
   if (capacity > 0 && out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   const kdn::store::OpResult r = op->rep->Outcome();
@@ -770,193 +938,226 @@ kdn_status kdn_op_failed_ranges(kdn_op* op, kdn_token_range* out, size_t capacit
 void kdn_op_destroy(kdn_op* op) {
   if (!op) return;
   op->rep->Cancel();
-  // Nothing may read the caller's KV after this returns: a load runs to its
-  // cancel point, a save's queued layer copies finish.
+  // Nothing may read or write the caller's KV after this returns: a load
+  // runs to its cancel point, a save's queued layer copies finish.
   if (op->load) (void)op->rep->Wait(-1);
   if (op->save) op->save->Drain();
-  delete op;
+  delete op;  // the runtime reference goes last (member order)
 }
 
-kdn_status kdn_knowledge_put(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                             const char* doc_id, size_t doc_id_len, uint64_t version, const char* metadata,
-                             size_t metadata_len, const int32_t* tokens, size_t num_tokens, const kdn_kv_buffer* kv) {
+/* ---- knowledge ---- */
+
+kdn_status kdn_knowledge_put(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                             size_t doc_id_len, uint64_t version, const char* metadata, size_t metadata_len,
+                             const int32_t* tokens, size_t num_tokens, const kdn_kv_view* views, size_t num_views) {
   KDN_BEGIN
-  if (kdn_status s = CheckCall(runtime, model, ns, ns_len, tokens, num_tokens); s != KDN_OK) return s;
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckTokens(tokens, num_tokens, "document"); s != KDN_OK) return s;
   if (metadata == nullptr && metadata_len > 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "metadata is NULL");
-  kdn::store::KvBufferView buffer;
-  if (kdn_status s = ResolveKv(model, kv, num_tokens, &buffer); s != KDN_OK) return s;
-  const kdn::store::BufferAsView view(model->kv, buffer);
-  return FromStatus(runtime->knowledge->Put(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len),
-                                            version, std::string(metadata ? metadata : "", metadata_len),
-                                            {tokens, num_tokens}, view.view()));
+  if (metadata_len > (size_t{1} << 20)) return Fail(KDN_ERR_INVALID_ARGUMENT, "metadata longer than 1 MiB");
+  kdn::store::ResolvedViews resolved;
+  if (kdn_status s = ResolveViews(model, views, num_views, num_tokens, &resolved); s != KDN_OK) return s;
+  return FromStatus(model->runtime->knowledge().Put(model->kv, std::string_view(ns, ns_len),
+                                                   std::string(doc_id, doc_id_len), version,
+                                                   std::string(metadata ? metadata : "", metadata_len),
+                                                   {tokens, num_tokens}, resolved));
   KDN_END
 }
 
-kdn_status kdn_knowledge_list(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                              kdn_document_info* out, size_t capacity, size_t* out_count) {
+static void InfoOf(const kdn::store::DocumentInfo& d, int64_t now_ns, kdn_document_info* info) {
+  info->doc_id_len = static_cast<uint32_t>(d.doc_id.size());
+  std::snprintf(info->doc_id, sizeof info->doc_id, "%s", d.doc_id.c_str());
+  info->version = d.version;
+  info->num_tokens = d.tokens;
+  info->chunks = d.chunks;
+  info->chunks_present = d.chunks_present;
+  info->pinned = d.pinned ? 1u : 0u;
+  info->expires_in_ms = d.expires_at_ns == 0 ? -1 : std::max<int64_t>(0, (d.expires_at_ns - now_ns) / 1000000);
+}
+
+kdn_status kdn_knowledge_get_info(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                                  size_t doc_id_len, kdn_document_info* out) {
   KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckOut(out, KDN_DOCUMENT_INFO_SIZE_V1, "kdn_document_info"); s != KDN_OK) return s;
+  WriteOut(kdn_document_info(KDN_DOCUMENT_INFO_INIT), out);
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  auto d = model->runtime->knowledge().Info(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len));
+  if (!d.ok()) return FromStatus(d.status());
+  kdn_document_info info = KDN_DOCUMENT_INFO_INIT;
+  InfoOf(*d, model->runtime->store().chain().clock().NowNs(), &info);
+  WriteOut(info, out);
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_knowledge_list(const kdn_model* model, const char* ns, size_t ns_len, kdn_document_info* out,
+                              size_t capacity, size_t* out_count) {
+  KDN_BEGIN
+  if (out_count != nullptr) *out_count = 0;
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (out_count == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_count is NULL");
   if (capacity > 0 && out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
-  const auto docs = runtime->knowledge->List(model->kv, std::string_view(ns, ns_len));
-  *out_count = docs.size();
-  const int64_t now = runtime->rep->chain().clock().NowNs();
+  size_t stride = 0;
+  if (capacity > 0) {
+    if (kdn_status s = ArrayStride(out, capacity, KDN_DOCUMENT_INFO_SIZE_V1, "out", &stride); s != KDN_OK) return s;
+  }
+  const auto docs = model->runtime->knowledge().List(model->kv, std::string_view(ns, ns_len));
+  const int64_t now = model->runtime->store().chain().clock().NowNs();
   for (size_t i = 0; i < std::min(capacity, docs.size()); ++i) {
-    const uint32_t size = out[i].struct_size;
-    if (!OutSizeOk(size)) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, "out[" + std::to_string(i) + "]: struct_size is wrong (use KDN_DOCUMENT_INFO_INIT)");
-    }
-    const kdn::store::DocumentInfo& d = docs[i];
     kdn_document_info info = KDN_DOCUMENT_INFO_INIT;
-    info.doc_id_len = static_cast<uint32_t>(d.doc_id.size());
-    std::memcpy(info.doc_id, d.doc_id.data(), d.doc_id.size());
-    info.version = d.version;
-    info.num_tokens = d.tokens;
-    info.chunks = d.chunks;
-    info.chunks_present = d.chunks_present;
-    info.pinned = d.pinned ? 1u : 0u;
-    info.expires_in_ms = d.expires_at_ns == 0 ? -1 : std::max<int64_t>(0, (d.expires_at_ns - now) / 1000000);
-    WriteOut(info, &out[i]);
+    InfoOf(docs[i], now, &info);
+    WriteOut(info, At(out, stride, i));
   }
+  *out_count = docs.size();
   return KDN_OK;
   KDN_END
 }
 
-kdn_status kdn_knowledge_pin(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                             const char* doc_id, size_t doc_id_len, int pin, int64_t ttl_ms) {
+kdn_status kdn_knowledge_pin(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                             size_t doc_id_len, int64_t ttl_ms) {
   KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
   if (ttl_ms < 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "ttl_ms must not be negative");
-  return FromStatus(runtime->knowledge->Pin(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len),
-                                            pin != 0, ttl_ms * 1000000));
+  if (ttl_ms > (int64_t{1} << 43)) return Fail(KDN_ERR_INVALID_ARGUMENT, "ttl_ms above 2^43 (278 years)");
+  return FromStatus(model->runtime->knowledge().Pin(model->kv, std::string_view(ns, ns_len),
+                                                   std::string(doc_id, doc_id_len), true, ttl_ms * 1000000));
   KDN_END
 }
 
-kdn_status kdn_knowledge_expire(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                                const char* doc_id, size_t doc_id_len, int64_t ttl_ms) {
+kdn_status kdn_knowledge_unpin(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                               size_t doc_id_len) {
   KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
+  return FromStatus(model->runtime->knowledge().Pin(model->kv, std::string_view(ns, ns_len),
+                                                   std::string(doc_id, doc_id_len), false, 0));
+  KDN_END
+}
+
+kdn_status kdn_knowledge_expire(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                                size_t doc_id_len, int64_t ttl_ms) {
+  KDN_BEGIN
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
   if (ttl_ms < 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "ttl_ms must not be negative");
-  return FromStatus(runtime->knowledge->Expire(model->kv, std::string_view(ns, ns_len),
-                                               std::string(doc_id, doc_id_len), ttl_ms * 1000000));
+  if (ttl_ms > (int64_t{1} << 43)) return Fail(KDN_ERR_INVALID_ARGUMENT, "ttl_ms above 2^43 (278 years)");
+  return FromStatus(model->runtime->knowledge().Expire(model->kv, std::string_view(ns, ns_len),
+                                                      std::string(doc_id, doc_id_len), ttl_ms * 1000000));
   KDN_END
 }
 
-kdn_status kdn_knowledge_delete(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                                const char* doc_id, size_t doc_id_len) {
+kdn_status kdn_knowledge_delete(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                                size_t doc_id_len) {
   KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
-  return FromStatus(runtime->knowledge->Delete(model->kv, std::string_view(ns, ns_len), std::string(doc_id, doc_id_len)));
+  return FromStatus(model->runtime->knowledge().Delete(model->kv, std::string_view(ns, ns_len),
+                                                      std::string(doc_id, doc_id_len)));
   KDN_END
 }
 
-kdn_status kdn_knowledge_fetch(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                               const char* doc_id, size_t doc_id_len, const kdn_kv_buffer* kv, int32_t* tokens,
-                               size_t tokens_capacity, uint64_t* out_num_tokens) {
+kdn_status kdn_knowledge_fetch(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,
+                               size_t doc_id_len, const kdn_kv_view* views, size_t num_views, int32_t* tokens,
+                               size_t tokens_capacity, kdn_kv_result* out) {
   KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
+  if (kdn_status s = CheckOut(out, KDN_KV_RESULT_SIZE_V1, "kdn_kv_result"); s != KDN_OK) return s;
+  WriteOut(kdn_kv_result(KDN_KV_RESULT_INIT), out);
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = CheckDocId(doc_id, doc_id_len); s != KDN_OK) return s;
-  if (out_num_tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_num_tokens is NULL");
   if (tokens_capacity > 0 && tokens == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tokens is NULL");
-  *out_num_tokens = 0;
-  const std::string id(doc_id, doc_id_len);
-  const std::string_view n(ns, ns_len);
-  auto doc_tokens = runtime->knowledge->Fetch(model->kv, n, id, nullptr);
-  if (!doc_tokens.ok()) return FromStatus(doc_tokens.status());
-  if (kv != nullptr) {
-    kdn::store::KvBufferView buffer;
-    if (kdn_status s = ResolveKv(model, kv, doc_tokens->size(), &buffer); s != KDN_OK) return s;
-    const kdn::store::BufferAsView view(model->kv, buffer);
-    doc_tokens = runtime->knowledge->Fetch(model->kv, n, id, &view.view());
-    if (!doc_tokens.ok()) return FromStatus(doc_tokens.status());
+  if (num_views > 0 && views == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "views is NULL");
+  std::uint64_t room = UINT64_MAX;
+  if (tokens != nullptr) room = tokens_capacity;
+  kdn::store::ResolvedViews resolved;
+  const bool with_kv = num_views > 0;
+  if (with_kv) {
+    if (kdn_status s = ResolveViews(model, views, num_views, std::nullopt, &resolved); s != KDN_OK) return s;
+    room = std::min(room, resolved.room());
   }
-  *out_num_tokens = doc_tokens->size();
-  std::copy_n(doc_tokens->begin(), std::min(tokens_capacity, doc_tokens->size()), tokens);
+  std::vector<int32_t> doc_tokens;
+  bool lossy = false;
+  const kdn::Status st = model->runtime->knowledge().Fetch(model->kv, std::string_view(ns, ns_len),
+                                                           std::string(doc_id, doc_id_len), with_kv ? &resolved : nullptr,
+                                                           room, &doc_tokens, &lossy);
+  if (st.ok() || st.code() == kdn::Code::kBufferTooSmall) {
+    kdn_kv_result r = KDN_KV_RESULT_INIT;
+    r.state = st.ok() ? KDN_OP_DONE : KDN_OP_FAILED;
+    r.status = static_cast<kdn_status>(static_cast<int>(st.code()));
+    r.tokens = doc_tokens.size();
+    r.flags = lossy ? KDN_RESULT_LOSSY : 0u;
+    WriteOut(r, out);
+  }
+  if (!st.ok()) return FromStatus(st);
+  if (tokens != nullptr) std::copy(doc_tokens.begin(), doc_tokens.end(), tokens);
   return KDN_OK;
   KDN_END
 }
 
+}  // extern "C"
 
-void kdn_blend_options_init(kdn_blend_options* options) {
-  if (options) *options = KDN_BLEND_OPTIONS_INIT;
-}
+/* ---- blending (experimental) ---- */
 
 namespace {
 
 // The caller's callback as the blender's engine.
 class CallbackEngine final : public kdn::blend::LayerEngine {
  public:
-  CallbackEngine(const kdn_blend_options& o) : o_(o) {}
+  CallbackEngine(const kdn_blend_options& o, int kv_dim) : o_(o), kv_dim_(kv_dim) {}
   kdn::Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
                     float* k_layer, float* v_layer, int total) override {
-    std::vector<int32_t> ids(positions.size(), 0);
-    for (size_t i = 0; i < tokens.size(); ++i) ids[i] = tokens[i];
+    std::vector<int32_t> ids(tokens.begin(), tokens.end());
     std::vector<int32_t> pos(positions.begin(), positions.end());
-    const kdn_status st = o_.layer_fn(o_.user, static_cast<uint32_t>(layer), pos.data(), layer == 0 ? ids.data() : nullptr,
-                                      positions.size(), hidden, o_.hidden_dim, k_layer, v_layer,
-                                      static_cast<size_t>(total));
+    const size_t count = positions.size();
+    const kdn_status st =
+        o_.layer_fn(o_.user, static_cast<uint32_t>(layer), pos.data(), layer == 0 ? ids.data() : nullptr, count, hidden,
+                    count * o_.hidden_dim, o_.hidden_dim, k_layer, v_layer,
+                    static_cast<size_t>(total) * static_cast<size_t>(kv_dim_), static_cast<size_t>(total));
     if (st == KDN_OK) return kdn::Status::Ok();
-    const int code = static_cast<int>(st);
-    if (code > 0 || code < static_cast<int>(KDN_ERR_INTERNAL)) {
-      return kdn::Status::Internal("the blend callback returned an unknown status " + std::to_string(code) +
+    if (st > 0 || st < KDN_ERR_BUFFER_TOO_SMALL) {
+      return kdn::Status::Internal("the blend callback returned an unknown status " + std::to_string(st) +
                                    " at layer " + std::to_string(layer));
     }
-    return kdn::Status(static_cast<kdn::Code>(code), "the blend callback failed at layer " + std::to_string(layer) +
-                                                         " (" + kdn_status_str(st) + ")");
+    return kdn::Status(static_cast<kdn::Code>(st), "the blend callback failed at layer " + std::to_string(layer) +
+                                                       " (" + kdn_status_string(st) + ")");
   }
   int hidden_dim() const override { return static_cast<int>(o_.hidden_dim); }
 
  private:
   const kdn_blend_options& o_;
+  int kv_dim_;
 };
-
-float LoadAs(kdn_dtype d, const std::uint8_t* p, size_t i) {
-  if (d == KDN_DTYPE_F32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  }
-  std::uint16_t h;
-  std::memcpy(&h, p + 2 * i, 2);
-  return d == KDN_DTYPE_F16 ? kdn::kernels::half_to_float(h) : kdn::kernels::bf16_to_float(h);
-}
-void StoreAs(kdn_dtype d, std::uint8_t* p, size_t i, float f) {
-  if (d == KDN_DTYPE_F32) {
-    std::memcpy(p + 4 * i, &f, 4);
-    return;
-  }
-  const std::uint16_t h = d == KDN_DTYPE_F16 ? kdn::kernels::float_to_half(f) : kdn::kernels::float_to_bf16(f);
-  std::memcpy(p + 2 * i, &h, 2);
-}
 
 }  // namespace
 
-kdn_status kdn_blend(kdn_runtime* runtime, const kdn_model* model, const char* ns, size_t ns_len,
-                     const kdn_blend_segment* segments, size_t num_segments, const kdn_blend_options* options,
-                     const kdn_kv_buffer* kv, kdn_blend_report* report) {
+extern "C" kdn_status kdn_kv_blend(const kdn_model* model, const char* ns, size_t ns_len,
+                                   const kdn_blend_segment* segments, size_t num_segments,
+                                   const kdn_blend_options* options, const kdn_kv_view* views, size_t num_views,
+                                   kdn_blend_report* report) {
   KDN_BEGIN
-  if (kdn_status s = CheckTarget(runtime, model, ns, ns_len); s != KDN_OK) return s;
-  if (report != nullptr && !OutSizeOk(report->struct_size)) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "kdn_blend_report: struct_size " + std::to_string(report->struct_size) +
-                                              " is wrong (initialise it with KDN_BLEND_REPORT_INIT)");
+  if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
+  if (report != nullptr) {
+    if (kdn_status s = CheckOut(report, sizeof(kdn_blend_report), "kdn_blend_report"); s != KDN_OK) return s;
   }
   if (options == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options are NULL (they carry the callback)");
   kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
-  if (kdn_status s = ReadStruct(options, sizeof(kdn_blend_options), "kdn_blend_options", &o); s != KDN_OK) return s;
+  if (kdn_status s = ReadIn(options, sizeof(kdn_blend_options), "kdn_blend_options", &o); s != KDN_OK) return s;
   if (o.layer_fn == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: layer_fn is NULL");
-  if (o.hidden_dim == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: hidden_dim is 0");
+  if (o.hidden_dim == 0 || o.hidden_dim > (1u << 20)) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: hidden_dim must be 1..2^20");
+  }
   if (num_segments == 0 || segments == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "no segments");
-  if (kv == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "kv is NULL");
-  const kdn::store::ModelKv& m = model->kv;
-  const int layers = static_cast<int>(m.shape.layers);
+  if (num_views == 0 || views == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV views");
+  const int layers = static_cast<int>(model->kv.shape.layers);
   kdn::blend::BlendOptions bo;
   bo.ratio = o.ratio;
   bo.threshold = o.threshold;
   if (o.check_layers != nullptr) {
+    if (o.num_check_layers > static_cast<size_t>(layers)) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: more check layers than model layers");
+    }
     bo.check_layers.assign(o.check_layers, o.check_layers + o.num_check_layers);
   } else if (o.num_check_layers != 0) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: check_layers is NULL with num_check_layers > 0");
@@ -971,57 +1172,38 @@ kdn_status kdn_blend(kdn_runtime* runtime, const kdn_model* model, const char* n
   bo.rope.scaling = static_cast<kdn::kernels::RopeScaling>(o.rope_scaling);
   bo.rope.factor = o.rope_factor;
 
-  // The pieces: documents fetched at their own positions, tokens as given.
-  const std::string_view n(ns, ns_len);
-  std::vector<kdn::blend::Piece> pieces;
-  size_t total = 0;
+  size_t stride = 0;
+  if (kdn_status s = ArrayStride(segments, num_segments, sizeof(kdn_blend_segment), "segments", &stride); s != KDN_OK) {
+    return s;
+  }
+  std::vector<kdn::blend::Segment> segs;
   for (size_t i = 0; i < num_segments; ++i) {
+    const std::string what = "segments[" + std::to_string(i) + "]";
     kdn_blend_segment seg = KDN_BLEND_SEGMENT_INIT;
-    if (kdn_status s = ReadStruct(&segments[i], sizeof(kdn_blend_segment), "kdn_blend_segment", &seg); s != KDN_OK) {
+    if (kdn_status s = ReadIn(At(segments, stride, i), sizeof(kdn_blend_segment), "kdn_blend_segment", &seg); s != KDN_OK) {
       return s;
     }
-    kdn::blend::Piece p;
+    kdn::blend::Segment out;
     if (seg.kind == KDN_SEGMENT_TOKENS) {
-      if (seg.num_tokens > 0 && seg.tokens == nullptr) {
-        return Fail(KDN_ERR_INVALID_ARGUMENT, "segment " + std::to_string(i) + ": tokens is NULL");
+      if (seg.num_tokens > 0) {
+        if (kdn_status s = CheckTokens(seg.tokens, seg.num_tokens, what); s != KDN_OK) return s;
+        out.tokens.assign(seg.tokens, seg.tokens + seg.num_tokens);
       }
-      p.tokens.assign(seg.tokens, seg.tokens + seg.num_tokens);
     } else if (seg.kind == KDN_SEGMENT_DOCUMENT) {
       if (kdn_status s = CheckDocId(seg.doc_id, seg.doc_id_len); s != KDN_OK) return s;
-      const std::string id(seg.doc_id, seg.doc_id_len);
-      auto tokens = runtime->knowledge->Fetch(m, n, id, nullptr);
-      if (!tokens.ok()) return FromStatus(tokens.status());
-      const size_t T = tokens->size();
-      std::vector<std::uint8_t> raw(T * static_cast<size_t>(m.bytes_per_token()));
-      kdn::store::KvBufferView buffer{raw.data(), raw.size(), T, {}};
-      auto resolved = kdn::store::ResolveBuffer(m, buffer, T);
-      if (!resolved.ok()) return FromStatus(resolved.status());
-      const kdn::store::BufferAsView view(m, *resolved);
-      auto fetched = runtime->knowledge->Fetch(m, n, id, &view.view());
-      if (!fetched.ok()) return FromStatus(fetched.status());
-      p.tokens = std::move(fetched).value();
-      p.kv.resize(raw.size() / static_cast<size_t>(m.shape.elem_bytes));
-      for (size_t e = 0; e < p.kv.size(); ++e) p.kv[e] = LoadAs(model->dtype, raw.data(), e);
+      out.document = true;
+      out.doc_id.assign(seg.doc_id, seg.doc_id_len);
     } else {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, "segment " + std::to_string(i) + ": unknown kind " +
-                                                std::to_string(seg.kind));
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(seg.kind));
     }
-    total += p.tokens.size();
-    pieces.push_back(std::move(p));
+    segs.push_back(std::move(out));
   }
-  kdn::store::KvBufferView out_buffer;
-  if (kdn_status s = ResolveKv(model, kv, total, &out_buffer); s != KDN_OK) return s;
-
-  CallbackEngine engine(o);
-  std::vector<float> composed;
-  const kdn::blend::ModelShape shape{layers, static_cast<int>(m.shape.heads), static_cast<int>(m.shape.head_dim)};
-  auto r = kdn::blend::Compose(shape, pieces, bo, engine, &composed);
+  std::vector<ViewSpec> specs;
+  if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
+  CallbackEngine engine(o, static_cast<int>(model->kv.shape.heads * model->kv.shape.head_dim));
+  auto r = kdn::blend::BlendDocuments(model->runtime->knowledge(), model->kv, std::string_view(ns, ns_len), segs, bo,
+                                      engine, specs);
   if (!r.ok()) return FromStatus(r.status());
-  // Into the caller's buffer, in the model's dtype.
-  std::vector<std::uint8_t> canonical(composed.size() * static_cast<size_t>(m.shape.elem_bytes));
-  for (size_t e = 0; e < composed.size(); ++e) StoreAs(model->dtype, canonical.data(), e, composed[e]);
-  const kdn::store::BufferAsView view(m, out_buffer);
-  kdn::kernels::view_scatter_cpu(canonical.data(), view.view(), 0, static_cast<std::int64_t>(total), 0, layers);
   if (report != nullptr) {
     kdn_blend_report full = KDN_BLEND_REPORT_INIT;
     full.positions = static_cast<uint32_t>(r->positions);
@@ -1034,5 +1216,3 @@ kdn_status kdn_blend(kdn_runtime* runtime, const kdn_model* model, const char* n
   return KDN_OK;
   KDN_END
 }
-
-}  // extern "C"

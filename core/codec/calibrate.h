@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "codec/eval.h"
+#include "codec/profile.h"
 
 namespace kdn::codec {
 
@@ -66,9 +67,5 @@ std::string PresetSpec(const Calibration& c, const PresetFit& fit, const Calibra
 
 // The profile file: comment lines ('#') and one "PRESET SPEC" line per preset.
 std::string ProfileText(const Calibration& c, const CalibrateOptions& options, const std::string& about);
-
-// The spec a profile gives `preset`: kNotFound if it has no such line,
-// kInvalidArgument if the file cannot be read or a line is malformed.
-Result<std::string> ReadProfile(const std::string& path, const std::string& preset);
 
 }  // namespace kdn::codec

@@ -49,7 +49,7 @@
 #include <immintrin.h>
 #endif
 
-#include "codec/calibrate.h"
+#include "codec/profile.h"
 #include "codec/payload.h"
 #include "codec/rans.h"
 #include "common/half.h"

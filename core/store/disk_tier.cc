@@ -46,7 +46,7 @@ std::string ErrnoText(int err) { return std::error_code(err, std::generic_catego
 // itself or a saved copy, and `op` and `path` are never temporaries.
 Status IoStatus(std::string_view op, const std::string& path, int err) {
   const std::string message = "disk tier: " + std::string(op) + " " + path + ": " + ErrnoText(err);
-  if (err == ENOSPC || err == EDQUOT) return Status(Code::kRetryLater, message);
+  if (err == ENOSPC || err == EDQUOT) return Status(Code::kBusy, message);
   if (err == ENOENT) return Status::NotFound(message);
   return Status(Code::kUnavailable, message);
 }
@@ -316,7 +316,7 @@ Status DiskTier::Put(const ChunkRef& chunk) {
     put_done_.wait(lock, [&] { return !pending_.contains(key); });
     if (index_.contains(key)) return Status::Ok();
     if (cost > options_.capacity_bytes - std::min(used_, options_.capacity_bytes)) {
-      return Status(Code::kRetryLater, "full");
+      return Status(Code::kBusy, "full");
     }
     used_ += cost;  // reserved while the file is written
     pending_.insert(key);

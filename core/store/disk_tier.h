@@ -47,7 +47,7 @@
 // mtime (the recency a restart sees) stays the time it was written. Touching
 // the mtime on every hit would turn each read into a metadata write.
 //
-// The tier never evicts at run time: Put refuses with kRetryLater ("full")
+// The tier never evicts at run time: Put refuses with kBusy ("full")
 // an object that does not fit, and the caller evicts (store/tier.h).
 //
 // Thread-safety: every member function may be called concurrently. A mutex

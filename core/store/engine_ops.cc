@@ -11,6 +11,8 @@ double MicrosSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
+}  // namespace
+
 // A full-model view of a group: view layer l is model layer l for the
 // group's layers; the other layers' pointers are null and never touched.
 kernels::KvView ModelView(const ModelKv& model, const KvGroup& g, std::vector<void*>& k, std::vector<void*>& v) {
@@ -26,8 +28,6 @@ kernels::KvView ModelView(const ModelKv& model, const KvGroup& g, std::vector<vo
   mv.v_base = v.data();
   return mv;
 }
-
-}  // namespace
 
 Status AdoptGroups(const ModelKv& model, std::uint64_t tokens, std::vector<KvGroup>& groups,
                    std::vector<std::vector<void*>>& pointers, std::vector<std::vector<std::int32_t>>& tables) {
@@ -76,7 +76,7 @@ Status EngineOp::Wait(std::int64_t timeout_ms) {
   if (timeout_ms < 0) {
     cv_.wait(lock, ended);
   } else if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ended)) {
-    return Status(Code::kRetryLater, "operation still running after " + std::to_string(timeout_ms) + " ms");
+    return Status(Code::kTimeout, "operation still running after " + std::to_string(timeout_ms) + " ms");
   }
   return result_.status;
 }
@@ -142,11 +142,12 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
     result_.covered = fetch.covered;
     result_.failed = fetch.failed;
     result_.tokens = loaded;
+    result_.lossy = fetch.lossy_chunks > 0;
   }
   for (std::int64_t l = 0; l < model.shape.layers; ++l) {
     if (cancelled()) {
       fetch.chunks.clear();
-      Finish(OpState::kCancelled, Status(Code::kRetryLater, "load cancelled"));
+      Finish(OpState::kCancelled, Status(Code::kCancelled, "load cancelled"));
       return;
     }
     if (const int g = group_of[static_cast<size_t>(l)]; g >= 0) {
@@ -173,7 +174,7 @@ Status LoadOp::WaitLayer(std::uint32_t layer, std::int64_t timeout_ms) {
   if (timeout_ms < 0) {
     cv_.wait(lock, ready);
   } else if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
-    return Status(Code::kRetryLater, "layer " + std::to_string(layer) + " not loaded after " +
+    return Status(Code::kTimeout, "layer " + std::to_string(layer) + " not loaded after " +
                                          std::to_string(timeout_ms) + " ms");
   }
   if (layers_done_ > layer) return Status::Ok();
@@ -259,7 +260,7 @@ void SaveOp::Drain() {
 
 void SaveOp::Commit() {
   if (cancelled()) {
-    Finish(OpState::kCancelled, Status(Code::kRetryLater, "save cancelled"));
+    Finish(OpState::kCancelled, Status(Code::kCancelled, "save cancelled"));
     return;
   }
   std::uint64_t stored = 0;

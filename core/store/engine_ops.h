@@ -41,6 +41,14 @@ struct OwnedKeys {
   std::vector<std::uint8_t> hashes;
   std::uint32_t hash_bytes = 0, block_tokens = 0;
   TokenKeys keys() const { return TokenKeys{tokens, hashes, hash_bytes, block_tokens}; }
+  static OwnedKeys Of(const TokenKeys& k) {
+    OwnedKeys o;
+    o.tokens.assign(k.tokens.begin(), k.tokens.end());
+    o.hashes.assign(k.hashes.begin(), k.hashes.end());
+    o.hash_bytes = k.hash_bytes;
+    o.block_tokens = k.block_tokens;
+    return o;
+  }
 };
 
 enum class OpState { kPending, kDone, kFailed, kCancelled };
@@ -51,12 +59,14 @@ struct OpResult {
   std::uint64_t tokens = 0;    // load: tokens written (all chunks that loaded); save: tokens cached afterwards
   std::uint64_t covered = 0;   // load: the cached prefix found
   std::vector<TokenRange> failed;  // load: ranges of the prefix that could not be read (recompute them)
+  bool lossy = false;              // load: some KV written was decoded from a lossy codec
 };
 
 class EngineOp : public std::enable_shared_from_this<EngineOp> {
  public:
   virtual ~EngineOp() = default;
-  // Until the op ends or timeout_ms passes (< 0: no limit): kRetryLater on timeout.
+  // Until the op ends or timeout_ms passes (< 0: no limit): kTimeout on timeout;
+  // the op's own status after (kCancelled when cancelled).
   Status Wait(std::int64_t timeout_ms);
   OpState Poll() const;
   void Cancel();
@@ -124,6 +134,10 @@ class SaveOp final : public EngineOp {
   std::uint32_t expected_ = 0;
   std::chrono::steady_clock::time_point started_;
 };
+
+// A model-wide view of a group: view layer l is model layer l for the
+// group's layers; the other layers' pointers (in k / v) are null.
+kernels::KvView ModelView(const ModelKv& model, const KvGroup& g, std::vector<void*>& k, std::vector<void*>& v);
 
 // Checks groups against a model and request length and copies their arrays
 // into `pointers` / `tables` so the views no longer borrow caller arrays.

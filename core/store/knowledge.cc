@@ -42,6 +42,23 @@ size_t KnowledgeIndex::Sweep() {
 Status KnowledgeIndex::Put(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                            std::uint64_t version, const std::string& metadata, std::span<const std::int32_t> tokens,
                            const kernels::KvView& view) {
+  return PutWith(model, ns, doc_id, version, metadata, tokens,
+                 [&](std::uint64_t begin, std::uint64_t len, std::uint8_t* out) {
+                   kernels::view_gather_cpu(view, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(len), 0,
+                                            model.shape.layers, out);
+                 });
+}
+
+Status KnowledgeIndex::Put(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                           std::uint64_t version, const std::string& metadata, std::span<const std::int32_t> tokens,
+                           const ResolvedViews& views) {
+  return PutWith(model, ns, doc_id, version, metadata, tokens,
+                 [&](std::uint64_t begin, std::uint64_t len, std::uint8_t* out) { views.Gather(model, begin, len, out); });
+}
+
+Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                               std::uint64_t version, const std::string& metadata,
+                               std::span<const std::int32_t> tokens, const GatherFn& gather) {
   if (doc_id.empty()) return Status::InvalidArgument("knowledge: doc_id is empty");
   if (tokens.empty()) return Status::InvalidArgument("knowledge: a document needs tokens");
   const std::uint64_t C = store_.options().chunk_tokens;
@@ -55,7 +72,10 @@ Status KnowledgeIndex::Put(const ModelKv& model, std::string_view ns, const std:
     const std::uint64_t len = std::min<std::uint64_t>(C, tokens.size() - pos);
     const keys::Digest key = store_.ContentKey(model, ns, tokens.subspan(pos, len));
     if (store_.chain().Locate(key) < 0) {
-      KDN_RETURN_IF_ERROR(store_.PutChunk(model, ns, key, view, pos, len, static_cast<std::int64_t>(pos)));
+      Payload payload =
+          Payload::Uninitialized(static_cast<size_t>(len * static_cast<std::uint64_t>(model.bytes_per_token())));
+      gather(pos, len, payload.data());
+      KDN_RETURN_IF_ERROR(store_.PutPayload(model, ns, key, len, static_cast<std::int64_t>(pos), std::move(payload)));
     }
     doc.chunk_keys.push_back(key);
   }
@@ -146,18 +166,44 @@ Result<std::vector<ChunkInfo>> KnowledgeIndex::Chunks(const ModelKv& model, std:
 
 Result<std::vector<std::int32_t>> KnowledgeIndex::Fetch(const ModelKv& model, std::string_view ns,
                                                         const std::string& doc_id, const kernels::KvView* view) {
-  std::vector<keys::Digest> chunk_keys;
   std::vector<std::int32_t> tokens;
+  const ScatterFn scatter = [&](const std::uint8_t* canonical, std::uint64_t begin, std::uint64_t len) {
+    kernels::view_scatter_cpu(canonical, *view, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(len), 0,
+                              model.shape.layers);
+  };
+  KDN_RETURN_IF_ERROR(FetchWith(model, ns, doc_id, UINT64_MAX, view ? &scatter : nullptr, &tokens));
+  return tokens;
+}
+
+Status KnowledgeIndex::Fetch(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                             const ResolvedViews* views, std::uint64_t room, std::vector<std::int32_t>* tokens,
+                             bool* lossy) {
+  const ScatterFn scatter = [&](const std::uint8_t* canonical, std::uint64_t begin, std::uint64_t len) {
+    views->Scatter(model, canonical, begin, len);
+  };
+  return FetchWith(model, ns, doc_id, room, views ? &scatter : nullptr, tokens, lossy);
+}
+
+Status KnowledgeIndex::FetchWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
+                                 std::uint64_t room, const ScatterFn* scatter, std::vector<std::int32_t>* tokens,
+                                 bool* lossy) {
+  if (lossy) *lossy = false;
+  std::vector<keys::Digest> chunk_keys;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Doc* doc = Find(model, ns, doc_id);
     if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
     chunk_keys = doc->chunk_keys;
-    tokens = doc->tokens;
+    *tokens = doc->tokens;
   }
-  if (!view) return tokens;
-  const std::uint64_t C = store_.options().chunk_tokens;
-  // Lease every chunk first, so the view is written all or nothing.
+  if (tokens->size() > room) {
+    return Status(Code::kBufferTooSmall, "knowledge: document '" + doc_id + "' has " + std::to_string(tokens->size()) +
+                                             " tokens, the buffers hold " + std::to_string(room));
+  }
+  if (!scatter) return Status::Ok();
+  // Lease every chunk first, so the views are written all or nothing. The
+  // keys are content keys of this snapshot's tokens: whatever a chunk holds
+  // is the KV of exactly these tokens, whatever version is current now.
   std::vector<Lease> leases;
   for (size_t i = 0; i < chunk_keys.size(); ++i) {
     auto lease = store_.chain().Get(chunk_keys[i]);
@@ -167,12 +213,19 @@ Result<std::vector<std::int32_t>> KnowledgeIndex::Fetch(const ModelKv& model, st
     }
     leases.push_back(std::move(lease).value());
   }
+  const std::uint64_t C = store_.options().chunk_tokens;
   for (size_t i = 0; i < leases.size(); ++i) {
+    const std::uint64_t len = std::min<std::uint64_t>(C, tokens->size() - i * C);
     const ChunkRef& c = leases[i].chunk();
-    kernels::view_scatter_cpu(c->payload.data(), *view, static_cast<std::int64_t>(i * C), c->meta.tokens, 0,
-                              model.shape.layers);
+    if (c->meta.tokens != len || c->payload.size() != len * static_cast<std::uint64_t>(model.bytes_per_token())) {
+      return Status::Corrupt("knowledge: chunk " + std::to_string(i) + " of '" + doc_id + "' has the wrong shape");
+    }
   }
-  return tokens;
+  for (size_t i = 0; i < leases.size(); ++i) {
+    (*scatter)(leases[i].chunk()->payload.data(), i * C, leases[i].chunk()->meta.tokens);
+    if (lossy && leases[i].chunk()->meta.lossy) *lossy = true;
+  }
+  return Status::Ok();
 }
 
 }  // namespace kdn::store

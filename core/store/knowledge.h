@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "store/kv_store.h"
+#include "store/kv_views.h"
 
 namespace kdn::store {
 
@@ -50,6 +52,9 @@ class KnowledgeIndex {
   // 0) under content keys; replaces an older version of the same doc_id.
   Status Put(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t version,
              const std::string& metadata, std::span<const std::int32_t> tokens, const kernels::KvView& view);
+  // The same from a caller's views (resolved for tokens.size() tokens).
+  Status Put(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t version,
+             const std::string& metadata, std::span<const std::int32_t> tokens, const ResolvedViews& views);
   std::vector<DocumentInfo> List(const ModelKv& model, std::string_view ns);
   Result<DocumentInfo> Info(const ModelKv& model, std::string_view ns, const std::string& doc_id);
   // Pins (or unpins) every chunk; ttl_ns 0 pins until unpinned.
@@ -62,6 +67,20 @@ class KnowledgeIndex {
   // when a chunk is gone from every tier (the document must be re-ingested).
   Result<std::vector<std::int32_t>> Fetch(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                                           const kernels::KvView* view);
+  // One snapshot of the document: *tokens gets its tokens (whenever it
+  // exists); its KV goes into `views` (may be null) unless the document is
+  // longer than `room` tokens: then kBufferTooSmall and nothing is written.
+  // A concurrent put of another version never mixes into what is written.
+  Status Fetch(const ModelKv& model, std::string_view ns, const std::string& doc_id, const ResolvedViews* views,
+               std::uint64_t room, std::vector<std::int32_t>* tokens, bool* lossy = nullptr);
+  // One snapshot of the document: *tokens gets its tokens, then each chunk's
+  // canonical KV is handed to `scatter` in order (begin = the chunk's first
+  // token), after every chunk was leased and checked.
+  using ScatterFn = std::function<void(const std::uint8_t* canonical, std::uint64_t begin, std::uint64_t tokens)>;
+  Status FetchScattered(const ModelKv& model, std::string_view ns, const std::string& doc_id, const ScatterFn& scatter,
+                        std::vector<std::int32_t>* tokens) {
+    return FetchWith(model, ns, doc_id, UINT64_MAX, &scatter, tokens);
+  }
   // Deletes expired documents; returns how many.
   size_t Sweep();
   // The document's chunks in order (each one's tokens and content key);
@@ -83,6 +102,12 @@ class KnowledgeIndex {
   };
   using DocKey = std::tuple<keys::Digest, std::string, std::string>;  // model, ns, doc_id
 
+  using GatherFn = std::function<void(std::uint64_t begin, std::uint64_t tokens, std::uint8_t* out)>;
+  Status PutWith(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t version,
+                 const std::string& metadata, std::span<const std::int32_t> tokens, const GatherFn& gather);
+  // Snapshot, room check, then leases and scatter (null: tokens only).
+  Status FetchWith(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t room,
+                   const ScatterFn* scatter, std::vector<std::int32_t>* tokens, bool* lossy = nullptr);
   Doc* Find(const ModelKv& model, std::string_view ns, const std::string& doc_id);  // mu_ held
   void DropLocked(const DocKey& key);  // mu_ held: releases chunk references, erases unshared chunks
   void SweepLocked();

@@ -375,6 +375,7 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
       continue;
     }
     if (lease->chunk()->meta.edited) ++f.edited_chunks;
+    if (lease->chunk()->meta.lossy) ++f.lossy_chunks;
     f.chunks.push_back({std::move(lease).value(), begin, len});
   }
   return f;
@@ -400,6 +401,11 @@ void KvStore::CountLoad(const Fetch& f, std::uint64_t requested, std::uint64_t t
 
 std::uint64_t KvStore::Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                 const kernels::KvView& view) {
+  return RetrieveInto(model, ns, keys, view).tokens;
+}
+
+KvStore::Retrieved KvStore::RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                         const kernels::KvView& view) {
   const auto t0 = std::chrono::steady_clock::now();
   Fetch f = FetchPrefix(model, ns, keys);
   // As a prefix: chunks past the first failure are dropped.
@@ -407,7 +413,11 @@ std::uint64_t KvStore::Retrieve(const ModelKv& model, std::string_view ns, const
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });
   Scatter(f, view, 0, model.shape.layers);
   CountLoad(f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
-  return prefix;
+  Retrieved r;
+  r.tokens = prefix;
+  r.covered = f.covered;
+  for (const FetchedChunk& c : f.chunks) r.lossy = r.lossy || c.lease.chunk()->meta.lossy;
+  return r;
 }
 
 Telemetry KvStore::Stats() const {

@@ -127,6 +127,7 @@ struct Fetch {
   std::uint64_t covered = 0;          // tokens the cached prefix covers (lookup)
   std::vector<TokenRange> failed;     // chunks of it that could not be read
   std::uint64_t edited_chunks = 0;    // chunks an editor rewrote
+  std::uint64_t lossy_chunks = 0;     // chunks decoded from a lossy codec
   // Tokens loadable as a prefix: up to the first failure.
   std::uint64_t prefix() const { return failed.empty() ? covered : failed.front().begin; }
 };
@@ -176,6 +177,12 @@ class KvStore {
   static void Scatter(const Fetch& fetch, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end);
   // Fetch + scatter of every layer, as a prefix: returns the tokens filled.
   std::uint64_t Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
+  struct Retrieved {
+    std::uint64_t tokens = 0;   // the prefix written
+    std::uint64_t covered = 0;  // the cached prefix found
+    bool lossy = false;         // some of it was decoded from a lossy codec
+  };
+  Retrieved RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
   // Records a finished load of `requested` tokens in the statistics.
   void CountLoad(const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens, std::uint64_t bytes, double micros);
 

@@ -44,17 +44,17 @@ Status MemoryTier::Put(const ChunkRef& chunk) {
   const std::uint64_t cost = Cost(*chunk);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (used_ + cost > capacity_) return Status(Code::kRetryLater, name_ + " tier full");
+    if (used_ + cost > capacity_) return Status(Code::kBusy, name_ + " tier full");
   }
   Payload block = pool_->Allocate(chunk->payload.size());
-  if (block.empty() && !chunk->payload.empty()) return Status(Code::kRetryLater, name_ + " tier: pool full");
+  if (block.empty() && !chunk->payload.empty()) return Status(Code::kBusy, name_ + " tier: pool full");
   CopyIn(block.data(), chunk->payload.data(), chunk->payload.size());
   auto stored = std::make_shared<Chunk>();
   stored->meta = chunk->meta;
   stored->payload = std::move(block);
   std::lock_guard<std::mutex> lock(mu_);
   if (map_.count(chunk->meta.key)) return Status::Ok();  // a concurrent put won
-  if (used_ + cost > capacity_) return Status(Code::kRetryLater, name_ + " tier full");
+  if (used_ + cost > capacity_) return Status(Code::kBusy, name_ + " tier full");
   map_.emplace(chunk->meta.key, std::move(stored));
   used_ += cost;
   return Status::Ok();

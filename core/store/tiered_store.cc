@@ -214,11 +214,11 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
     const std::uint64_t cost = L.tier->Cost(*stored);
     if (cost > L.tier->capacity_bytes()) {
       ++L.put_refusals;
-      return Status(Code::kRetryLater, L.tier->name() + ": object larger than the tier");
+      return Status(Code::kBusy, L.tier->name() + ": object larger than the tier");
     }
     victims = MakeRoom(li, cost, /*hard=*/false);
     st = L.tier->Put(stored);
-    if (st.code() == Code::kRetryLater) {  // full after all: evict to the capacity and retry once
+    if (st.code() == Code::kBusy) {  // full after all: evict to the capacity and retry once
       auto more = MakeRoom(li, cost, /*hard=*/true);
       victims.insert(victims.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
       st = L.tier->Put(stored);
@@ -331,7 +331,7 @@ Status TieredStore::Put(ChunkRef chunk) {
       return last;
     }
   }
-  return Status(Code::kRetryLater, "no tier could take the chunk: " + last.message());
+  return Status(Code::kBusy, "no tier could take the chunk: " + last.message());
 }
 
 // ---- Get --------------------------------------------------------------------

@@ -13,12 +13,16 @@ enum class Code : int {
   kOk = 0,
   kInvalidArgument = -1,
   kNotFound = -2,
-  kRetryLater = -3,
+  kBusy = -3,  // overloaded or full for now: retry later
   kUnavailable = -4,
   kCorrupt = -5,
   kUnsupported = -6,
   kNoMemory = -7,
   kInternal = -8,
+  kTimeout = -9,         // a wait ran out of time; the operation goes on
+  kCancelled = -10,      // the operation was cancelled
+  kVersion = -11,        // a struct of a caller built against another version
+  kBufferTooSmall = -12, // an output buffer is too small (the call says how much is needed)
 };
 
 class [[nodiscard]] Status {

@@ -62,7 +62,7 @@ std::optional<std::uint64_t> ElementBytes(std::uint32_t dtype) {
 
 // layers x 2 (K and V) x tokens x kv_heads x head_dim x element size, or
 // nullopt when the dtype is unknown or the product overflows (a hostile header).
-std::optional<std::uint64_t> ShapeBytes(const store::ChunkMeta& m) {
+std::optional<std::uint64_t> ShapeBytes(const chunk::ChunkMeta& m) {
   const std::optional<std::uint64_t> element = ElementBytes(m.dtype);
   if (!element) return std::nullopt;
   std::uint64_t n = *element;
@@ -261,18 +261,18 @@ Status CheckHeader(const EnvelopeHeader& h, std::uint64_t stored_header_checksum
   return Status::Ok();
 }
 
-store::ChunkRef MakeChunk(const EnvelopeHeader& h, const Pieces& pieces, const std::shared_ptr<void>& owner) {
+chunk::ChunkRef MakeChunk(const EnvelopeHeader& h, const Pieces& pieces, const std::shared_ptr<void>& owner) {
   const std::uint64_t payload_bytes = h.payload_bytes;
-  auto chunk = std::make_shared<store::Chunk>();
+  auto chunk = std::make_shared<chunk::Chunk>();
   chunk->meta = h.meta;
   chunk->meta.codec = static_cast<codec::CodecId>(h.codec);
   if (pieces.size() == 1 && owner) {
     // The payload stays where it was read: the chunk shares the buffer.
-    chunk->payload = store::Payload::Adopt(const_cast<std::uint8_t*>(pieces[0].begin()), pieces[0].size(), owner);
+    chunk->payload = chunk::Payload::Adopt(const_cast<std::uint8_t*>(pieces[0].begin()), pieces[0].size(), owner);
   } else if (pieces.size() == 1) {
-    chunk->payload = store::Payload(pieces[0].begin(), pieces[0].size());
+    chunk->payload = chunk::Payload(pieces[0].begin(), pieces[0].size());
   } else {
-    chunk->payload = store::Payload(payload_bytes);
+    chunk->payload = chunk::Payload(payload_bytes);
     std::uint8_t* out = chunk->payload.data();
     for (const capnp::Data::Reader& p : pieces) out = std::copy(p.begin(), p.end(), out);
   }
@@ -281,7 +281,7 @@ store::ChunkRef MakeChunk(const EnvelopeHeader& h, const Pieces& pieces, const s
 
 // DecodeEnvelope past the framing checks; may throw kj::Exception on a
 // malformed message (the caller turns it into kCorrupt).
-Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, const keys::Digest* expected_key,
+Result<chunk::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, const keys::Digest* expected_key,
                                       const std::shared_ptr<void>& owner) {
   capnp::ReaderOptions options;
   // Every word is read about once; twice bounds any amplification a
@@ -300,8 +300,8 @@ Result<store::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, con
   return MakeChunk(h, pieces, owner);
 }
 
-void FillEnvelope(const store::Chunk& chunk, ChunkEnvelope::Builder e) {
-  const store::ChunkMeta& m = chunk.meta;
+void FillEnvelope(const chunk::Chunk& chunk, ChunkEnvelope::Builder e) {
+  const chunk::ChunkMeta& m = chunk.meta;
   EnvelopeHeader h;
   h.meta = m;
   h.codec = static_cast<std::uint16_t>(m.codec);
@@ -362,7 +362,7 @@ std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes) {
          RoundUpToWord(payload_bytes);
 }
 
-Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk) {
+Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk) {
   const std::optional<std::uint64_t> shape_bytes = ShapeBytes(chunk.meta);
   if (!shape_bytes) return Status::InvalidArgument("chunk envelope: unknown dtype or a shape that overflows");
   const auto codec = static_cast<std::uint32_t>(chunk.meta.codec);
@@ -379,7 +379,7 @@ Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk) {
   try {
     const std::uint64_t total = EncodedEnvelopeSize(chunk.payload.size());
     // Zero-filled, as a message builder requires; operator new aligns it for words.
-    store::Bytes out(total);
+    chunk::Bytes out(total);
     const std::uint64_t words = (total - kSegmentTableBytes) / sizeof(capnp::word);
     if (words > UINT32_MAX) return Status::InvalidArgument("chunk envelope: payload too large");
     // The message is built in place, right after its segment table: the size
@@ -400,7 +400,7 @@ Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk) {
   }
 }
 
-Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, const keys::Digest* expected_key,
+Result<chunk::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, const keys::Digest* expected_key,
                                        std::shared_ptr<void> owner) {
   if (data == nullptr && size != 0) return Status::InvalidArgument("chunk envelope: null buffer");
   if (size < kSegmentTableBytes || size % sizeof(capnp::word) != 0) {

@@ -8,7 +8,7 @@
 // codec, a codec's payload otherwise (ChunkMeta::codec). A raw payload's size
 // is checked against the shape and dtype here; an encoded payload is checked
 // here by its checksum only, and against the shape, dtype and codec by the
-// codec when it is decoded (store::DecodeChunk, which every read through the
+// codec when it is decoded (chunk::DecodeChunk, which every read through the
 // chain does): an envelope never turns into KV of another shape.
 // Thread-safety: pure functions; no shared mutable state.
 #pragma once
@@ -18,7 +18,7 @@
 #include <memory>
 
 #include "keys/hash.h"
-#include "store/tier.h"
+#include "chunk/chunk.h"
 #include "util/status.h"
 
 namespace kdn::wire {
@@ -47,7 +47,7 @@ std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes);
 // kInvalidArgument when the dtype or the codec is unknown, the shape
 // overflows, a raw payload does not match the shape and dtype, or an encoded
 // payload is empty.
-Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk);
+Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk);
 
 // Decodes and checks an envelope, returning the chunk as stored (its payload
 // still encoded when meta.codec is not raw). `data` need not be aligned (an unaligned
@@ -56,7 +56,7 @@ Result<store::Bytes> EncodeEnvelope(const store::Chunk& chunk);
 // returned chunk, unless `owner` (which keeps `data` alive) is given: then a
 // payload of one piece (up to 256 MiB) stays in `data`, shared by the chunk
 // (16-byte aligned when `data` is 64-byte aligned).
-Result<store::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size,
+Result<chunk::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size,
                                        const keys::Digest* expected_key, std::shared_ptr<void> owner = nullptr);
 
 // The checked fields of an envelope besides the payload bytes, as stored.
@@ -67,7 +67,7 @@ struct EnvelopeHeader {
   std::uint16_t version_minor = kEnvelopeVersionMinor;
   std::uint16_t codec = 0;               // a Codec, possibly unknown to this reader (meta.codec is not read)
   std::uint16_t checksum_algorithm = 0;  // a ChecksumAlgorithm
-  store::ChunkMeta meta;
+  chunk::ChunkMeta meta;
   std::uint64_t payload_bytes = 0;       // the payload's stored length
   std::uint64_t checksum = 0;            // PayloadChecksum of the payload
 };

@@ -37,7 +37,9 @@
 
 namespace kdn::kernels {
 
-// Pair layout. The values equal kdn_rope_style in capi/include/kdn/kdn.h.
+// Pair layout. The kernels know nothing of the layers above them: a front
+// end with its own numbering of styles and scalings (an API's enums)
+// converts to these where it reads them, and checks that conversion there.
 enum class RopeStyle : std::int32_t {
   kInterleaved = 0,  // pairs (2j, 2j + 1): llama2.c, GPT-J, Meta's Llama
   kNeox = 1,         // pairs (j, j + rotary_dim / 2): GPT-NeoX, HF Llama

@@ -1,6 +1,9 @@
-// kdn_blend through the C ABI: documents put as knowledge items, blended by
-// the reference transformer behind the callback, compared with the C++
-// blender; a failing callback's status comes back; bad arguments are refused.
+// kdn_kv_blend through the C ABI: documents put as knowledge items, blended
+// by the reference transformer behind the callback, compared with the C++
+// blender; the callback's buffers have the lengths it is told; a failing
+// callback's status comes back; bad arguments are refused.
+// Blending is in the header's experimental section.
+#define KDN_EXPERIMENTAL
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -22,18 +25,42 @@ struct Engine {
   kdn::model::Transformer* t = nullptr;
   int fail_at = -1;
   int calls = 0;
+  // Calls whose buffer lengths disagreed with count, total and the shapes.
+  int bad_lengths = 0;
 };
 
 kdn_status Layer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
-                 float* hidden, uint32_t hidden_dim, float* k, float* v, size_t total) {
+                 float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
+                 size_t total) {
   Engine* e = static_cast<Engine*>(user);
   ++e->calls;
   if (static_cast<int>(layer) == e->fail_at) return KDN_ERR_UNAVAILABLE;
-  if (hidden_dim != static_cast<uint32_t>(e->t->config().dim)) return KDN_ERR_INVALID_ARGUMENT;
+  const kdn::model::ModelConfig& c = e->t->config();
+  if (hidden_dim != static_cast<uint32_t>(c.dim)) return KDN_ERR_INVALID_ARGUMENT;
+  // The header: hidden holds count rows of hidden_dim floats; k and v one
+  // row of kv_heads * head_dim floats per position of the whole context.
+  if (hidden_len != count * hidden_dim || kv_len != total * static_cast<size_t>(c.kv_dim())) {
+    ++e->bad_lengths;
+    return KDN_ERR_INVALID_ARGUMENT;
+  }
+  if ((layer == 0) != (tokens != nullptr)) {
+    ++e->bad_lengths;
+    return KDN_ERR_INVALID_ARGUMENT;
+  }
   std::vector<int> pos(positions, positions + count), ids;
   if (tokens != nullptr) ids.assign(tokens, tokens + count);
   const kdn::Status s = e->t->ForwardLayer(static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
   return s.ok() ? KDN_OK : KDN_ERR_INTERNAL;
+}
+
+// A canonical view ([layer][k|v][token][kv_head][head_dim]) of `kv`.
+kdn_kv_view Canonical(std::vector<float>& kv, size_t num_tokens) {
+  kdn_kv_view view = KDN_KV_VIEW_INIT;
+  view.dtype = KDN_DTYPE_F32;
+  view.data = kv.data();
+  view.size_bytes = kv.size() * sizeof(float);
+  view.num_tokens = num_tokens;
+  return view;
 }
 
 class BlendApiTest : public ::testing::Test {
@@ -67,12 +94,10 @@ class BlendApiTest : public ::testing::Test {
     kdn::model::KvCache alone = t_->NewCache();
     EXPECT_TRUE(t_->Forward(std::vector<int>(tokens.begin(), tokens.end()), 0, alone, nullptr).ok());
     std::vector<float> kv0 = alone.Export(0, static_cast<int>(tokens.size()));
-    kdn_kv_buffer kv = KDN_KV_BUFFER_INIT;
-    kv.data = kv0.data();
-    kv.size_bytes = kv0.size() * sizeof(float);
-    kv.num_tokens = tokens.size();
-    EXPECT_EQ(kdn_knowledge_put(rt_, model_, "t", 1, id.data(), id.size(), 1, "", 0, tokens.data(), tokens.size(), &kv),
-              KDN_OK)
+    const kdn_kv_view kv = Canonical(kv0, tokens.size());
+    EXPECT_EQ(
+        kdn_knowledge_put(model_, "t", 1, id.data(), id.size(), 1, "", 0, tokens.data(), tokens.size(), &kv, 1),
+        KDN_OK)
         << kdn_last_error_message();
     return kdn::blend::Piece{tokens, kv0, 0};
   }
@@ -109,10 +134,7 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   seg[3].num_tokens = query.size();
   const size_t total = 1 + 23 + 19 + 5;
   std::vector<float> out(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f);
-  kdn_kv_buffer kv = KDN_KV_BUFFER_INIT;
-  kv.data = out.data();
-  kv.size_bytes = out.size() * sizeof(float);
-  kv.num_tokens = total;
+  kdn_kv_view kv = Canonical(out, total);
   Engine e{t_.get()};
   kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
   o.ratio = 0.25f;
@@ -120,7 +142,10 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   o.layer_fn = Layer;
   o.user = &e;
   kdn_blend_report rep = KDN_BLEND_REPORT_INIT;
-  ASSERT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_OK) << kdn_last_error_message();
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(e.bad_lengths, 0);
+  EXPECT_EQ(e.calls, c.n_layers);  // one call per layer, in order
+  EXPECT_EQ(rep.filled_size, rep.struct_size);
   EXPECT_EQ(rep.positions, total);
   EXPECT_EQ(rep.cached_positions, 42u);
   EXPECT_EQ(rep.fresh_positions, 6u);
@@ -141,32 +166,43 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   // The callback's failure stops the blend with its status.
   Engine failing{t_.get(), 2};
   o.user = &failing;
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_UNAVAILABLE);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_UNAVAILABLE);
   EXPECT_NE(std::string(kdn_last_error_message()).find("layer 2"), std::string::npos);
   EXPECT_EQ(failing.calls, 3);
 
   // Unknown documents, bad options and arguments.
   o.user = &e;
   seg[2].doc_id = "doc-x";
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_NOT_FOUND);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_NOT_FOUND);
   seg[2].doc_id = "doc-a";
-  EXPECT_EQ(kdn_blend(rt_, model_, "other", 5, seg, 4, &o, &kv, &rep), KDN_ERR_NOT_FOUND);  // another tenant
+  EXPECT_EQ(kdn_kv_blend(model_, "other", 5, seg, 4, &o, &kv, 1, &rep), KDN_ERR_NOT_FOUND);  // another tenant
   kdn_blend_options bad = o;
   bad.layer_fn = nullptr;
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &bad, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &bad, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
   bad = o;
   bad.ratio = 2.0f;
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &bad, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &bad, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
   bad = o;
-  bad.struct_size = 3;
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &bad, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, nullptr, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 0, &o, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  bad.struct_size = 3;  // below the struct's first size
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &bad, &kv, 1, &rep), KDN_ERR_VERSION);
+  // A caller built with a larger struct: fine while the field this library
+  // does not know is zero, refused once it is set.
+  struct Newer {
+    kdn_blend_options o;
+    uint64_t unknown;
+  } newer{o, 0};
+  newer.o.struct_size = sizeof newer;
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &newer.o, &kv, 1, &rep), KDN_OK) << kdn_last_error_message();
+  newer.unknown = 1;
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &newer.o, &kv, 1, &rep), KDN_ERR_VERSION);
+  EXPECT_NE(std::string(kdn_last_error_message()).find("kdn_blend_options"), std::string::npos);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, nullptr, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 0, &o, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
   kv.num_tokens = total - 1;  // too small for the context
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
   kv.num_tokens = total;
   seg[1].kind = static_cast<kdn_segment_kind>(7);
-  EXPECT_EQ(kdn_blend(rt_, model_, "t", 1, seg, 4, &o, &kv, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -17,8 +17,8 @@ if(NOT nm_rc EQUAL 0)
   message(FATAL_ERROR "${NM} -D --defined-only ${LIB} failed (${nm_rc}): ${nm_err}")
 endif()
 
-# Lines look like "0000000000003450 T kdn_version_number@@KDN_0"; the version
-# node itself is "0000000000000000 A KDN_0".
+# Lines look like "0000000000003450 T kdn_version_number@@KDN_1"; the version
+# node itself is "0000000000000000 A KDN_1".
 set(exported "")
 set(foreign "")
 string(REPLACE "\n" ";" lines "${nm_out}")

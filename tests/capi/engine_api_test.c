@@ -1,14 +1,17 @@
-/* The engine API of the C ABI (0.2) from a plain C99 program, with the real
- * KV of the reference model (stories260K): tiers (host over disk), batched
+/* The engine API of the C ABI from a plain C99 program, with the real KV of
+ * the reference model (stories260K): tiers (host over disk), batched
  * lookups, asynchronous layer-by-layer saves and loads through vLLM-like
- * paged views and llama.cpp's contiguous layout, KV groups, engine block
- * hashes, the op life cycle, knowledge items, the editor callback, the
- * appended statistics, and every bad argument of the new functions.
+ * paged views and llama.cpp's contiguous layout, several views each holding
+ * some of the layers, engine block hashes, the op life cycle, knowledge
+ * items, the editor callback (experimental), statistics, and every bad
+ * argument of these functions.
  *
- * Prints a line per group of checks and ends with "N passed, M failed".
- * Exit status: 0 all passed, 1 a check failed, 77 the reference model is
- * missing (skipped; a failure instead when KDN_REQUIRE_MODELS=1). */
+ * One case per ctest test: `capi_engine_api_test <case>` (see check.h; no
+ * argument runs them all). Exit status: 0 passed, 1 a check failed, 2 an
+ * unknown case, 77 the reference model is missing (skipped; a failure
+ * instead when KDN_REQUIRE_MODELS=1). */
 #define _XOPEN_SOURCE 700 /* mkdtemp, nftw, nanosleep, fork */
+#define KDN_EXPERIMENTAL  /* the editor callback */
 
 #include <kdn/kdn.h>
 
@@ -19,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
 
 #include "check.h"
 
@@ -62,16 +65,12 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Background work (demotions, write-through copies, edits) lands on the
  * store's mover thread: poll for it, a bounded number of times. */
 enum { POLL_MS = 2, POLL_LIMIT_MS = 5000 };
 
+/* The program's temporary directory: made by setup, emptied after each
+ * case, removed at the end. */
 static char g_tmpdir[256];
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
@@ -227,13 +226,45 @@ static int ekv_holds_ref(const engine_kv *e, int count) {
 
 static int ekv_untouched(const engine_kv *e) { return ekv_holds_ref(e, 0); }
 
-/* A view over n of the engine's layers, whose K and V base pointers the
- * caller put in k[] and v[]. */
-static kdn_kv_view ekv_view(const engine_kv *e, void **k, void **v, uint32_t n) {
+static void ekv_reset(engine_kv *e) {
+  int l;
+  for (l = 0; l < LAYERS; ++l) {
+    memset(e->k[l], kSentinel, e->layer_elems * sizeof(float));
+    memset(e->v[l], kSentinel, e->layer_elems * sizeof(float));
+  }
+}
+
+/* Overwrites layer l of an engine with bytes that are not KV. */
+static void scramble_layer(engine_kv *e, int l) {
+  memset(e->k[l], 0x3C, e->layer_elems * sizeof(float));
+  memset(e->v[l], 0x3C, e->layer_elems * sizeof(float));
+}
+
+/* A view of some of an engine's layers, and the arrays it points to (so:
+ * never copy a view_buf; copying its `view` is fine while it lives). */
+typedef struct view_buf {
+  uint32_t layers[LAYERS];
+  void *k[LAYERS], *v[LAYERS];
+  kdn_kv_view view;
+} view_buf;
+
+/* The view of the given model layers of an engine: view layer j is model
+ * layer layers[j], at the engine's allocations of that layer. layers NULL:
+ * every layer (num_layers n). */
+static const kdn_kv_view *make_view(view_buf *vb, const engine_kv *e, const uint32_t *layers, size_t n) {
   kdn_kv_view view = KDN_KV_VIEW_INIT;
+  size_t j;
+  for (j = 0; j < n; ++j) {
+    const uint32_t model_layer = layers != NULL ? layers[j] : (uint32_t)j;
+    const uint32_t l = model_layer < LAYERS ? model_layer : 0; /* a layer beyond the model: any memory */
+    vb->layers[j] = model_layer;
+    vb->k[j] = e->kp[l];
+    vb->v[j] = e->vp[l];
+  }
+  view.layers = layers != NULL ? vb->layers : NULL;
   view.num_layers = n;
-  view.k_layers = k;
-  view.v_layers = v;
+  view.k_layers = vb->k;
+  view.v_layers = vb->v;
   if (e->kind == EKV_LLAMA) {
     view.layout = KDN_LAYOUT_CONTIGUOUS;
     view.stride_token = TOKEN_ELEMS;
@@ -243,46 +274,21 @@ static kdn_kv_view ekv_view(const engine_kv *e, void **k, void **v, uint32_t n) 
     view.v_stride_head = (int64_t)HEAD_DIM * e->n_ctx;
     view.v_stride_dim = e->n_ctx;
     view.layer_elements = e->layer_elems;
+    view.num_tokens = (uint64_t)e->n_ctx;
   } else {
     view.layout = e->kind == EKV_NHD ? KDN_LAYOUT_PAGED_NHD : KDN_LAYOUT_PAGED_HND;
     view.block_size = BLOCK;
     view.block_table = e->table;
     view.block_table_len = e->table_len;
     view.num_blocks = e->num_blocks;
+    view.num_tokens = (uint64_t)e->table_len * BLOCK;
   }
-  return view;
+  vb->view = view;
+  return &vb->view;
 }
 
-/* A KV group and the arrays it points to (so: never copy a group_buf). */
-typedef struct group_buf {
-  uint32_t layers[LAYERS];
-  void *k[LAYERS], *v[LAYERS];
-  kdn_kv_group g;
-} group_buf;
-
-/* The group of the given model layers of an engine (view layer j = model
- * layer layers[j]). */
-static const kdn_kv_group *make_group(group_buf *gb, const engine_kv *e, const uint32_t *layers, size_t n) {
-  size_t j;
-  kdn_kv_group g = KDN_KV_GROUP_INIT;
-  for (j = 0; j < n; ++j) {
-    const uint32_t l = layers[j] < LAYERS ? layers[j] : 0; /* a layer beyond the model: any memory */
-    gb->layers[j] = layers[j];
-    gb->k[j] = e->kp[l];
-    gb->v[j] = e->vp[l];
-  }
-  g.layers = gb->layers;
-  g.num_layers = n;
-  g.view = ekv_view(e, gb->k, gb->v, (uint32_t)n);
-  gb->g = g;
-  return &gb->g;
-}
-
-static const uint32_t kAllLayers[LAYERS] = {0, 1, 2, 3, 4};
-
-static const kdn_kv_group *whole_group(group_buf *gb, const engine_kv *e) {
-  return make_group(gb, e, kAllLayers, LAYERS);
-}
+/* One view of every layer of an engine (layers NULL). */
+static const kdn_kv_view *whole_view(view_buf *vb, const engine_kv *e) { return make_view(vb, e, NULL, LAYERS); }
 
 /* ---- Requests ------------------------------------------------------------ */
 
@@ -320,8 +326,8 @@ static kdn_runtime *new_big_runtime(uint32_t chunk_tokens) {
   return runtime;
 }
 
-/* A disk tier storing raw KV: the groups using it compare loaded KV bit for
- * bit (a disk tier's default codec is lossy; group 1 tests the codecs). */
+/* A disk tier storing raw KV: the cases using it compare loaded KV bit for
+ * bit (a disk tier's default codec is lossy; the codec cases test those). */
 static kdn_tier_config disk_tier(const char *path) {
   kdn_tier_config c = KDN_TIER_CONFIG_INIT;
   c.kind = KDN_TIER_DISK;
@@ -335,13 +341,19 @@ static kdn_tier_config disk_tier(const char *path) {
 
 static kdn_stats get_stats(kdn_runtime *runtime) {
   kdn_stats stats = KDN_STATS_INIT;
-  CHECK_OK(kdn_runtime_stats(runtime, &stats));
+  CHECK_OK(kdn_runtime_get_stats(runtime, &stats));
   return stats;
+}
+
+static kdn_latency get_latency(kdn_runtime *runtime, kdn_latency_kind kind) {
+  kdn_latency latency = KDN_LATENCY_INIT;
+  CHECK_OK(kdn_runtime_get_latency(runtime, kind, &latency));
+  return latency;
 }
 
 static kdn_tier_stats tier_stats(kdn_runtime *runtime, uint32_t index) {
   kdn_tier_stats s = KDN_TIER_STATS_INIT;
-  CHECK_OK(kdn_runtime_tier_stats(runtime, index, &s));
+  CHECK_OK(kdn_runtime_get_tier_stats(runtime, index, &s));
   return s;
 }
 
@@ -350,7 +362,7 @@ static int wait_tier_objects(kdn_runtime *rt, uint32_t index, uint64_t objects) 
   int waited;
   for (waited = 0; waited <= POLL_LIMIT_MS; waited += POLL_MS) {
     kdn_tier_stats s = KDN_TIER_STATS_INIT;
-    if (kdn_runtime_tier_stats(rt, index, &s) == KDN_OK && s.objects == objects) return 1;
+    if (kdn_runtime_get_tier_stats(rt, index, &s) == KDN_OK && s.objects == objects) return 1;
     sleep_ms(POLL_MS);
   }
   return 0;
@@ -361,86 +373,88 @@ static int wait_no_leases(kdn_runtime *rt) {
   int waited;
   for (waited = 0; waited <= POLL_LIMIT_MS; waited += POLL_MS) {
     kdn_stats s = KDN_STATS_INIT;
-    if (kdn_runtime_stats(rt, &s) == KDN_OK && s.leases_active == 0) return 1;
+    if (kdn_runtime_get_stats(rt, &s) == KDN_OK && s.leases_active == 0) return 1;
     sleep_ms(POLL_MS);
   }
   return 0;
 }
 
-static uint64_t lookup_one(kdn_runtime *rt, const kdn_model *m, const char *ns, const kdn_request *req) {
+static uint64_t lookup_one(const kdn_model *m, const char *ns, const kdn_request *req) {
   kdn_lookup_result r = KDN_LOOKUP_RESULT_INIT;
   r.cached_tokens = 12345;
-  CHECK_OK(kdn_lookup_batch(rt, m, ns, strlen(ns), req, 1, &r));
+  CHECK_OK(kdn_kv_lookup(m, ns, strlen(ns), req, 1, &r));
   CHECK_EQ(r.status, KDN_OK);
   return r.cached_tokens;
 }
 
 /* ---- Synchronous wrappers of the asynchronous ops ------------------------ */
 
-/* Saves with save_begin + save_layer for every layer (in `order`, or 0..4)
- * + wait; returns the op's result (state FAILED if it did not start). */
-static kdn_op_result save_at(kdn_runtime *rt, const kdn_model *m, const char *ns, const kdn_request *req,
-                             const kdn_kv_group *groups, size_t num_groups, const uint32_t *order, int line) {
-  kdn_op_result res = KDN_OP_RESULT_INIT;
+/* Saves with kdn_kv_save_async + kdn_op_layer_ready for every layer (in
+ * `order`, or 0..4) + wait; returns the op's result (state FAILED if it did
+ * not start). */
+static kdn_kv_result save_at(const kdn_model *m, const char *ns, const kdn_request *req, const kdn_kv_view *views,
+                             size_t num_views, const uint32_t *order, int line) {
+  kdn_kv_result res = KDN_KV_RESULT_INIT;
   kdn_op *op = NULL;
   int l;
   res.state = KDN_OP_FAILED;
-  check_status_at(kdn_save_begin(rt, m, ns, strlen(ns), req, groups, num_groups, &op), KDN_OK, "kdn_save_begin",
-                  line);
+  check_status_at(kdn_kv_save_async(m, ns, strlen(ns), req, views, num_views, &op), KDN_OK, "kdn_kv_save_async", line);
   if (op == NULL) return res;
   for (l = 0; l < LAYERS; ++l) {
-    check_status_at(kdn_save_layer(op, order != NULL ? order[l] : (uint32_t)l), KDN_OK, "kdn_save_layer", line);
+    check_status_at(kdn_op_layer_ready(op, order != NULL ? order[l] : (uint32_t)l), KDN_OK, "kdn_op_layer_ready",
+                    line);
   }
   check_status_at(kdn_op_wait(op, -1), KDN_OK, "kdn_op_wait (save)", line);
-  check_status_at(kdn_op_result_get(op, &res), KDN_OK, "kdn_op_result_get (save)", line);
+  check_status_at(kdn_op_get_result(op, &res), KDN_OK, "kdn_op_get_result (save)", line);
   check_eq_at(res.state, KDN_OP_DONE, "save state", line);
   check_eq_at((unsigned long long)res.status, KDN_OK, "save status", line);
   kdn_op_destroy(op);
   return res;
 }
-#define SAVE(rt, m, ns, req, groups, n) save_at(rt, m, ns, req, groups, n, NULL, __LINE__)
+#define SAVE(m, ns, req, views, n) save_at(m, ns, req, views, n, NULL, __LINE__)
 
-/* Loads with load_begin + wait_layer for every layer in order + wait;
- * returns the op's result and checks kdn_op_failed_ranges agrees. */
-static kdn_op_result load_at(kdn_runtime *rt, const kdn_model *m, const char *ns, const kdn_request *req,
-                             const kdn_kv_group *groups, size_t num_groups, int line) {
-  kdn_op_result res = KDN_OP_RESULT_INIT;
+/* Loads with kdn_kv_load_async + wait_layer for every layer in order +
+ * wait; returns the op's result and checks kdn_op_get_failed_ranges agrees. */
+static kdn_kv_result load_at(const kdn_model *m, const char *ns, const kdn_request *req, const kdn_kv_view *views,
+                             size_t num_views, int line) {
+  kdn_kv_result res = KDN_KV_RESULT_INIT;
   kdn_op *op = NULL;
   kdn_op_state state = KDN_OP_FAILED;
   size_t failed = 12345;
   uint32_t l;
   res.state = KDN_OP_FAILED;
-  check_status_at(kdn_load_begin(rt, m, ns, strlen(ns), req, groups, num_groups, &op), KDN_OK, "kdn_load_begin",
-                  line);
+  check_status_at(kdn_kv_load_async(m, ns, strlen(ns), req, views, num_views, &op), KDN_OK, "kdn_kv_load_async", line);
   if (op == NULL) return res;
   for (l = 0; l < LAYERS; ++l) check_status_at(kdn_op_wait_layer(op, l, -1), KDN_OK, "kdn_op_wait_layer", line);
   check_status_at(kdn_op_wait(op, -1), KDN_OK, "kdn_op_wait (load)", line);
   check_status_at(kdn_op_poll(op, &state), KDN_OK, "kdn_op_poll (load)", line);
   check_eq_at(state, KDN_OP_DONE, "load state after wait", line);
-  check_status_at(kdn_op_result_get(op, &res), KDN_OK, "kdn_op_result_get (load)", line);
-  check_status_at(kdn_op_failed_ranges(op, NULL, 0, &failed), KDN_OK, "kdn_op_failed_ranges", line);
-  check_eq_at(failed, res.num_failed, "kdn_op_failed_ranges count == num_failed", line);
+  check_status_at(kdn_op_get_result(op, &res), KDN_OK, "kdn_op_get_result (load)", line);
+  check_eq_at(res.filled_size, sizeof res, "kdn_kv_result.filled_size", line);
+  check_status_at(kdn_op_get_failed_ranges(op, NULL, 0, &failed), KDN_OK, "kdn_op_get_failed_ranges", line);
+  check_eq_at(failed, res.num_failed, "kdn_op_get_failed_ranges count == num_failed", line);
   kdn_op_destroy(op);
   return res;
 }
-#define LOAD(rt, m, ns, req, groups, n) load_at(rt, m, ns, req, groups, n, __LINE__)
+#define LOAD(m, ns, req, views, n) load_at(m, ns, req, views, n, __LINE__)
 
-/* ---- 1. Tiers ------------------------------------------------------------ */
+/* ---- Fixtures -------------------------------------------------------------
+ * Each case builds what it needs; after_case() releases all of it, so a case
+ * runs the same alone (as ctest runs it) or after the others. */
 
-/* The runtime of groups 1, 2 and 8: a host tier with room for two 16-token
- * chunks, evicting exactly at its capacity (watermarks 1.0), over a disk tier. */
+/* A host tier with room for two 16-token chunks, evicting exactly at its
+ * capacity (watermarks 1.0), over a raw disk tier. */
 static kdn_runtime *g_tiered;
 static kdn_model *g_tiered_model;
 static char g_tiered_dir[300];
 
-static void test_tiers(void) {
+/* One 1 GiB host tier: nothing is ever evicted. */
+static kdn_runtime *g_big;
+static kdn_model *g_big_model;
+
+static int open_tiered(void) {
   kdn_tier_config tiers[2];
   kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
-  kdn_tier_stats host, disk, bad;
-  kdn_stats s;
-  uint32_t count = 0;
-
-  group_begin("1. tiers: host over disk");
   subdir(g_tiered_dir, sizeof g_tiered_dir, "tiered");
   tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
   tiers[0].kind = KDN_TIER_HOST;
@@ -452,17 +466,173 @@ static void test_tiers(void) {
   options.tiers = tiers;
   options.num_tiers = 2;
   CHECK_OK(kdn_runtime_create(&options, &g_tiered));
-  if (g_tiered == NULL) {
+  if (g_tiered == NULL) return 0;
+  g_tiered_model = new_model(g_tiered, FINGERPRINT);
+  return g_tiered_model != NULL;
+}
+
+static int open_big(void) {
+  g_big = new_big_runtime(CHUNK);
+  g_big_model = g_big != NULL ? new_model(g_big, FINGERPRINT) : NULL;
+  return g_big_model != NULL;
+}
+
+/* The tiered runtime holding the reference sequence under "paged", saved
+ * from a vLLM paged view (NHD): three chunks into a host tier with room for
+ * two, so the least recently used (the first) is demoted to disk. */
+static const char kPagedNs[] = "paged";
+
+static int open_tiered_saved(void) {
+  static const int32_t src_table[SEQ_BLOCKS] = {5, 2, 7, 0, 3, 6};
+  engine_kv *src;
+  view_buf vb;
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  kdn_kv_result res;
+  int ok;
+  if (!open_tiered()) return 0;
+  src = ekv_paged(EKV_NHD, 8, src_table, SEQ_BLOCKS);
+  ekv_write_ref(src, POSITIONS);
+  res = SAVE(g_tiered_model, kPagedNs, &req, whole_view(&vb, src), 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  CHECK(ekv_holds_ref(src, POSITIONS)); /* the save only reads */
+  ok = wait_tier_objects(g_tiered, 1, 1); /* the demotion runs in the background */
+  CHECK(ok);
+  ekv_free(src);
+  return ok && res.tokens == POSITIONS;
+}
+
+/* The big runtime holding the reference sequence under `ns`. */
+static int open_big_saved(const char *ns) {
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  engine_kv *src;
+  view_buf vb;
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  kdn_kv_result res;
+  if (!open_big()) return 0;
+  src = ekv_paged(EKV_NHD, 6, table, SEQ_BLOCKS);
+  ekv_write_ref(src, POSITIONS);
+  res = SAVE(g_big_model, ns, &req, whole_view(&vb, src), 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  ekv_free(src);
+  return res.tokens == POSITIONS;
+}
+
+static void after_case(void) {
+  kdn_model_destroy(g_big_model);
+  kdn_runtime_destroy(g_big);
+  kdn_model_destroy(g_tiered_model);
+  kdn_runtime_destroy(g_tiered);
+  g_big_model = NULL;
+  g_big = NULL;
+  g_tiered_model = NULL;
+  g_tiered = NULL;
+  /* Empty the temporary directory for the next case. */
+  remove_tree(g_tmpdir);
+  mkdir(g_tmpdir, 0700);
+}
+
+static int setup(void) {
+  const int s = reference_setup();
+  if (s != 0) return s;
+  snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/kdn_engine_api_XXXXXX");
+  if (mkdtemp(g_tmpdir) == NULL) {
+    printf("FAILED: cannot create a temporary directory under /tmp\n");
+    g_tmpdir[0] = '\0';
+    return 1;
+  }
+  return 0;
+}
+
+static void teardown(void) {
+  remove_tree(g_tmpdir);
+  reference_free();
+}
+
+/* ---- Ops outliving the caller's memory (forked) --------------------------- */
+
+/* kdn_op_destroy "cancels the op if it still runs, waits until nothing reads
+ * or writes the views any more, and frees it": once it returns, the caller
+ * may unmap the KV. Run in a child process, forked before this process
+ * starts any runtime thread; the child's cache is mapped (from /dev/zero)
+ * and unmapped, so that any read after kdn_op_destroy returned is a SIGSEGV. */
+static void test_destroy_waits_for_save(void) {
+  enum { N_CTX = 4096, ROUNDS = 5 };
+  pid_t pid;
+  int status = 0;
+  group_begin("kdn_op_destroy waits for a save (forked)");
+  fflush(stdout);
+  pid = fork();
+  if (pid == 0) {
+    const size_t layer_bytes = (size_t)N_CTX * TOKEN_ELEMS * sizeof(float);
+    const size_t bytes = 2 * LAYERS * layer_bytes;
+    const kdn_model_spec spec = stories260k_spec(FINGERPRINT);
+    kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+    kdn_runtime *rt = NULL;
+    kdn_model *m = NULL;
+    int32_t *tokens = xmalloc(N_CTX * sizeof *tokens);
+    const int zero = open("/dev/zero", O_RDWR);
+    int i, round, failures = 0;
+    for (i = 0; i < N_CTX; ++i) tokens[i] = kTokens[i % POSITIONS] + i / POSITIONS;
+    o.chunk_tokens = CHUNK;
+    if (zero < 0 || kdn_runtime_create(&o, &rt) != KDN_OK || kdn_model_create(rt, &spec, &m) != KDN_OK) _exit(3);
+    for (round = 0; round < ROUNDS; ++round) {
+      unsigned char *kv = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, zero, 0);
+      engine_kv cache; /* llama.cpp's layout over the mapping */
+      view_buf vb;
+      kdn_request req = token_request(tokens, N_CTX);
+      kdn_op *op = NULL;
+      char ns[32];
+      uint32_t l;
+      if (kv == MAP_FAILED) _exit(3);
+      memset(&cache, 0, sizeof cache);
+      cache.kind = EKV_LLAMA;
+      cache.n_ctx = N_CTX;
+      cache.layer_elems = (size_t)N_CTX * TOKEN_ELEMS;
+      for (l = 0; l < LAYERS; ++l) {
+        cache.kp[l] = kv + (2 * l) * layer_bytes;
+        cache.vp[l] = kv + (2 * l + 1) * layer_bytes;
+      }
+      snprintf(ns, sizeof ns, "destroyed-%d", round);
+      if (kdn_kv_save_async(m, ns, strlen(ns), &req, whole_view(&vb, &cache), 1, &op) != KDN_OK) _exit(4);
+      for (l = 0; l < LAYERS; ++l) failures += kdn_op_layer_ready(op, l) != KDN_OK;
+      kdn_op_destroy(op);
+      munmap(kv, bytes); /* the op has ended: its KV is the caller's again */
+    }
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+    close(zero);
+    free(tokens);
+    _exit(failures == 0 ? 0 : 4);
+  }
+  CHECK(pid > 0);
+  if (pid > 0) {
+    CHECK(waitpid(pid, &status, 0) == pid);
+    if (WIFSIGNALED(status)) {
+      printf("  the child died of signal %d: the save read its KV after kdn_op_destroy returned\n", WTERMSIG(status));
+    }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  group_end();
+}
+
+/* ---- Tiers ---------------------------------------------------------------- */
+
+static void test_tiers_host_over_disk(void) {
+  kdn_tier_stats host, disk, bad;
+  kdn_stats s;
+  uint32_t count = 0;
+
+  group_begin("tiers: host over disk");
+  if (!open_tiered()) {
     group_end();
     return;
   }
-  g_tiered_model = new_model(g_tiered, FINGERPRINT);
-
-  CHECK_OK(kdn_runtime_tier_count(g_tiered, &count));
+  CHECK_OK(kdn_runtime_get_tier_count(g_tiered, &count));
   CHECK_EQ(count, 2);
   host = tier_stats(g_tiered, 0);
   disk = tier_stats(g_tiered, 1);
   CHECK_EQ(host.struct_size, sizeof(kdn_tier_stats));
+  CHECK_EQ(host.filled_size, sizeof(kdn_tier_stats));
   CHECK_EQ(host.kind, KDN_TIER_HOST);
   CHECK(strcmp(host.name, "host") == 0);
   CHECK_EQ(host.capacity_bytes, HOST_CAPACITY);
@@ -475,34 +645,34 @@ static void test_tiers(void) {
   CHECK_EQ(s.capacity_bytes, HOST_CAPACITY + DISK_CAPACITY);
   CHECK(s.chunks == 0 && s.used_bytes == 0);
 
-  /* Out of range: the message names the tier count; *out is left alone. */
-  memset(&bad, 0xEE, sizeof bad);
-  bad.struct_size = sizeof bad;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(g_tiered, 2, &bad));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(g_tiered, 0xFFFFFFFFu, &bad));
-  CHECK_EQ(bad.objects, 0xEEEEEEEEEEEEEEEEull);
+  /* Out of range: the message names the tier count. */
+  bad = (kdn_tier_stats)KDN_TIER_STATS_INIT;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_stats(g_tiered, 2, &bad));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_stats(g_tiered, 0xFFFFFFFFu, &bad));
   {
-    /* An older caller's kdn_tier_stats ending after `name`: nothing beyond
-     * it is written, and its struct_size is kept. */
+    /* A struct_size below the first published size: KDN_ERR_VERSION, and
+     * nothing written beyond it. */
     kdn_tier_stats old;
     memset(&old, 0xEE, sizeof old);
     old.struct_size = (uint32_t)offsetof(kdn_tier_stats, hits);
-    CHECK_OK(kdn_runtime_tier_stats(g_tiered, 1, &old));
-    CHECK_EQ(old.struct_size, offsetof(kdn_tier_stats, hits));
-    CHECK(old.kind == KDN_TIER_DISK && strcmp(old.name, "disk") == 0);
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_get_tier_stats(g_tiered, 1, &old));
     CHECK_EQ(old.hits, 0xEEEEEEEEEEEEEEEEull);
-    CHECK_EQ(old.capacity_bytes, 0xEEEEEEEEEEEEEEEEull);
+    CHECK_EQ(old.decode_failures, 0xEEEEEEEEEEEEEEEEull);
   }
   group_end();
+}
 
-  group_begin("1. tiers: defaults, a device tier, one directory");
+static void test_tiers_defaults(void) {
+  uint32_t count = 0;
+  kdn_tier_stats host;
+  group_begin("tiers: defaults, a device tier, init");
   {
     /* Without tiers: one host tier of host_capacity_bytes. */
     kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
     kdn_runtime *rt = NULL;
     o.host_capacity_bytes = (uint64_t)3 << 20;
     CHECK_OK(kdn_runtime_create(&o, &rt));
-    CHECK_OK(kdn_runtime_tier_count(rt, &count));
+    CHECK_OK(kdn_runtime_get_tier_count(rt, &count));
     CHECK_EQ(count, 1);
     host = tier_stats(rt, 0);
     CHECK(host.kind == KDN_TIER_HOST && strcmp(host.name, "host") == 0);
@@ -519,7 +689,7 @@ static void test_tiers(void) {
     o.tiers = &t;
     o.num_tiers = 1;
     CHECK_OK(kdn_runtime_create(&o, &rt));
-    CHECK_OK(kdn_runtime_tier_count(rt, &count));
+    CHECK_OK(kdn_runtime_get_tier_count(rt, &count));
     CHECK_EQ(count, 1);
     host = tier_stats(rt, 0);
     CHECK(host.kind == KDN_TIER_DEVICE && strcmp(host.name, "device") == 0);
@@ -529,15 +699,21 @@ static void test_tiers(void) {
     /* kdn_tier_config_init matches the macro. */
     kdn_tier_config a = KDN_TIER_CONFIG_INIT, b;
     memset(&b, 0x5A, sizeof b);
-    kdn_tier_config_init(&b);
-    CHECK(a.struct_size == b.struct_size && a.kind == b.kind && a.capacity_bytes == b.capacity_bytes &&
+    CHECK_OK(kdn_tier_config_init(&b, sizeof b));
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    CHECK(b.struct_size == sizeof b && b.kind == KDN_TIER_HOST && b.capacity_bytes == ((uint64_t)1 << 30) &&
           b.path == NULL && b.path_len == 0 && b.policy == KDN_EVICT_LRU && b.high_watermark == 0.0f &&
           b.low_watermark == 0.0f && b.write_through == 0 && b.codec == NULL && b.codec_len == 0);
-    kdn_tier_config_init(NULL);
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_tier_config_init(NULL, sizeof b));
   }
-  {
-    /* One process, one runtime per disk directory: a second runtime on the
-     * directory the first holds fails (the header names no status). */
+  group_end();
+}
+
+static void test_tiers_one_directory(void) {
+  group_begin("tiers: one runtime per disk directory");
+  if (open_tiered()) {
+    /* A second runtime on the directory the first holds fails (the header
+     * names no status); once the first is gone, the directory is free. */
     kdn_tier_config t = disk_tier(g_tiered_dir);
     kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
     kdn_runtime *rt = NULL;
@@ -548,44 +724,20 @@ static void test_tiers(void) {
     CHECK(st != KDN_OK && rt == NULL);
     CHECK(kdn_last_error_message()[0] != '\0');
     kdn_runtime_destroy(rt);
+    kdn_model_destroy(g_tiered_model);
+    kdn_runtime_destroy(g_tiered);
+    g_tiered_model = NULL;
+    g_tiered = NULL;
+    CHECK_OK(kdn_runtime_create(&o, &rt));
+    kdn_runtime_destroy(rt);
   }
   group_end();
 }
 
-/* ---- 2. Paged views, batched lookups, llama.cpp's layout ----------------- */
-
-/* A load in the tiered runtime, retried while a chunk is between tiers. A
- * load promotes what it reads from disk to the host tier, in the background;
- * that evicts another chunk from the full host tier, and an evicted chunk is
- * in no tier until its demotion to disk lands. A load that plans in that
- * window covers a shorter prefix; one that reads in it reports a failed
- * range ("ranges of the prefix that could not be read"). Known limitation,
- * reported: chunks being demoted are invisible (store/tiered_store.cc,
- * MakeRoom erases before the mover puts the copy below). Returns the first
- * whole load, and prints a note per retry. */
-static kdn_op_result load_whole_at(kdn_runtime *rt, const kdn_model *m, const char *ns, const kdn_request *req,
-                                   const kdn_kv_group *groups, size_t n, engine_kv *dst, int line) {
-  kdn_op_result res = KDN_OP_RESULT_INIT;
-  int attempt;
-  for (attempt = 0; attempt < 20; ++attempt) {
-    int l;
-    res = load_at(rt, m, ns, req, groups, n, line);
-    if (res.num_failed == 0 && res.covered == POSITIONS) break;
-    printf("  note (line %d): load attempt %d covered %llu tokens with %lu failed ranges; retrying\n", line,
-           attempt + 1, (unsigned long long)res.covered, (unsigned long)res.num_failed);
-    for (l = 0; l < LAYERS; ++l) {
-      memset(dst->k[l], kSentinel, dst->layer_elems * sizeof(float));
-      memset(dst->v[l], kSentinel, dst->layer_elems * sizeof(float));
-    }
-    sleep_ms(20);
-  }
-  return res;
-}
-
 /* Whether every layer holds the reference KV of its first `count` tokens
  * within int8's error bound (half a quantization step, absmax / 127 / 2 of
- * the (layer, k|v, token) block, plus float rounding) and no element is
- * off by nothing at all everywhere (it was encoded, not copied). */
+ * the (layer, k|v, token) block, plus float rounding), and whether every
+ * element is exactly the reference (it was copied, not encoded). */
 static int ekv_near_ref_int8(const engine_kv *e, int count, int *exact_everywhere) {
   int l, kv, t, h, d, ok = 1, exact = 1;
   for (l = 0; l < LAYERS; ++l)
@@ -610,17 +762,14 @@ static int ekv_near_ref_int8(const engine_kv *e, int count, int *exact_everywher
   return ok;
 }
 
-static void test_tier_codecs(void) {
-  static const char ns[] = "codecs";
-  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+static void test_tier_codec_defaults(void) {
   kdn_tier_config tiers[2];
   kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
   kdn_runtime *rt = NULL;
-  kdn_model *m;
   char dir[300];
   kdn_tier_stats host, disk;
 
-  group_begin("1. tiers: codecs (defaults, an older caller's config)");
+  group_begin("tier codecs: the defaults");
   subdir(dir, sizeof dir, "codec-default");
   tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
   tiers[1] = disk_tier(dir);
@@ -639,35 +788,28 @@ static void test_tier_codecs(void) {
     kdn_runtime_destroy(rt);
     rt = NULL;
   }
-  /* A caller built before the codec was appended: its struct ends at
-   * write_through, and its disk tier gets the default codec. */
-  tiers[1].struct_size = (uint32_t)offsetof(kdn_tier_config, codec);
-  tiers[1].codec = "raw"; /* beyond its struct_size: never read */
-  tiers[1].codec_len = 3;
+  /* An empty spec with a pointer is the default too. */
+  tiers[1].codec = "";
   CHECK_OK(kdn_runtime_create(&options, &rt));
   if (rt != NULL) {
     disk = tier_stats(rt, 1);
-    CHECK(strcmp(disk.codec, "raw") != 0);
+    CHECK(strcmp(disk.codec, "raw") != 0 && disk.codec[0] != '\0');
     kdn_runtime_destroy(rt);
-    rt = NULL;
-  }
-  {
-    /* An older caller's kdn_tier_stats ending before `codec`: nothing of
-     * the appended fields is written. */
-    kdn_tier_stats old;
-    CHECK_OK(kdn_runtime_create(&options, &rt));
-    memset(&old, 0xEE, sizeof old);
-    old.struct_size = (uint32_t)offsetof(kdn_tier_stats, codec);
-    if (rt != NULL) CHECK_OK(kdn_runtime_tier_stats(rt, 1, &old));
-    CHECK_EQ(old.capacity_bytes, DISK_CAPACITY);
-    CHECK_EQ((unsigned char)old.codec[0], 0xEE);
-    CHECK_EQ(old.encoded_chunks, 0xEEEEEEEEEEEEEEEEull);
-    kdn_runtime_destroy(rt);
-    rt = NULL;
   }
   group_end();
+}
 
-  group_begin("1. tiers: an int8 disk tier encodes on demotion, decodes on load");
+static void test_tier_codec_int8(void) {
+  static const char ns[] = "codecs";
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  kdn_tier_config tiers[2];
+  kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_runtime *rt = NULL;
+  kdn_model *m;
+  char dir[300];
+  kdn_tier_stats host, disk;
+
+  group_begin("tier codecs: an int8 disk tier encodes on demotion, decodes on load");
   subdir(dir, sizeof dir, "codec-int8");
   tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
   tiers[0].capacity_bytes = HOST_CAPACITY; /* two chunks */
@@ -677,6 +819,8 @@ static void test_tier_codecs(void) {
   tiers[1].codec = "int8";
   tiers[1].codec_len = 4;
   options.chunk_tokens = CHUNK;
+  options.tiers = tiers;
+  options.num_tiers = 2;
   CHECK_OK(kdn_runtime_create(&options, &rt));
   if (rt == NULL) {
     group_end();
@@ -686,12 +830,12 @@ static void test_tier_codecs(void) {
   {
     engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
     engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    group_buf gsrc, gdst;
+    view_buf vsrc, vdst;
     kdn_request req = token_request(kTokens, POSITIONS);
-    kdn_op_result res;
-    int exact = 1;
+    kdn_kv_result res;
+    int exact = 1, attempt;
     ekv_write_ref(src, POSITIONS);
-    res = SAVE(rt, m, ns, &req, whole_group(&gsrc, src), 1);
+    res = SAVE(m, ns, &req, whole_view(&vsrc, src), 1);
     CHECK_EQ(res.tokens, POSITIONS);
     /* Three chunks, room for two: the first goes down to disk, encoded. */
     CHECK(wait_tier_objects(rt, 1, 1));
@@ -705,10 +849,18 @@ static void test_tier_codecs(void) {
     CHECK(disk.bytes_after_encoding > CHUNK_BYTES / 4 && disk.bytes_after_encoding < CHUNK_BYTES / 3);
     CHECK(disk.used_bytes < CHUNK_BYTES / 2); /* capacity counts encoded bytes */
     CHECK_EQ(disk.encode_failures, 0);
-    res = load_whole_at(rt, m, ns, &req, whole_group(&gdst, dst), 1, dst, __LINE__);
+    /* A load promotes the chunk it reads from disk, evicting another: a
+     * load planned while a chunk is between tiers covers less; retry. */
+    for (attempt = 0; attempt < 20; ++attempt) {
+      res = LOAD(m, ns, &req, whole_view(&vdst, dst), 1);
+      if (res.num_failed == 0 && res.covered == POSITIONS) break;
+      ekv_reset(dst);
+      sleep_ms(20);
+    }
     CHECK_EQ(res.tokens, POSITIONS);
     CHECK(ekv_near_ref_int8(dst, POSITIONS, &exact));
     CHECK(!exact); /* the first chunk came back decoded, not copied */
+    CHECK((res.flags & KDN_RESULT_LOSSY) != 0); /* and the load says so */
     disk = tier_stats(rt, 1);
     CHECK_EQ(disk.decode_failures, 0);
     ekv_free(src);
@@ -719,37 +871,37 @@ static void test_tier_codecs(void) {
   group_end();
 }
 
-static void test_paged_and_lookup_batch(void) {
-  static const char ns[] = "paged";
-  static const int32_t src_table[SEQ_BLOCKS] = {5, 2, 7, 0, 3, 6};
-  static const int32_t dst_table[SEQ_BLOCKS] = {1, 6, 4, 0, 7, 2};
-  kdn_runtime *rt = g_tiered;
-  kdn_model *m = g_tiered_model;
-  engine_kv *src;
-  group_buf gsrc;
-  kdn_request req = token_request(kTokens, POSITIONS);
-  kdn_op_result res;
-  int32_t other_start[POSITIONS];
-  int32_t longer[POSITIONS + 8];
+/* ---- Paged views, batched lookups, llama.cpp's layout ----------------- */
 
-  if (rt == NULL || m == NULL) return;
-  memcpy(other_start, kTokens, sizeof kTokens);
-  other_start[0] = 2;
-  memcpy(longer, kTokens, sizeof kTokens);
-  memcpy(longer + POSITIONS, kTokens, 8 * sizeof *longer);
+/* A load in the tiered runtime, retried while a chunk is between tiers. A
+ * load promotes what it reads from disk to the host tier, in the background;
+ * that evicts another chunk from the full host tier, and an evicted chunk is
+ * in no tier until its demotion to disk lands. A load that plans in that
+ * window covers a shorter prefix; one that reads in it reports a failed
+ * range ("ranges of the prefix that could not be read"). Known limitation,
+ * reported: chunks being demoted are invisible (store/tiered_store.cc,
+ * MakeRoom erases before the mover puts the copy below). Returns the first
+ * whole load, and prints a note per retry. */
+static kdn_kv_result load_whole_at(const kdn_model *m, const char *ns, const kdn_request *req,
+                                   const kdn_kv_view *views, size_t n, engine_kv *dst, uint64_t want, int line) {
+  kdn_kv_result res = KDN_KV_RESULT_INIT;
+  int attempt;
+  for (attempt = 0; attempt < 20; ++attempt) {
+    res = load_at(m, ns, req, views, n, line);
+    if (res.num_failed == 0 && res.covered == want) break;
+    printf("  note (line %d): load attempt %d covered %llu tokens with %lu failed ranges; retrying\n", line,
+           attempt + 1, (unsigned long long)res.covered, (unsigned long)res.num_failed);
+    ekv_reset(dst);
+    sleep_ms(20);
+  }
+  return res;
+}
 
-  group_begin("2. save from a vLLM paged view (NHD)");
-  src = ekv_paged(EKV_NHD, 8, src_table, SEQ_BLOCKS);
-  ekv_write_ref(src, POSITIONS);
-  res = SAVE(rt, m, ns, &req, whole_group(&gsrc, src), 1);
-  CHECK_EQ(res.tokens, POSITIONS);
-  CHECK(ekv_holds_ref(src, POSITIONS)); /* the save only reads */
-  /* Three chunks into a host tier with room for two: the least recently
-   * used (the first) is demoted to disk, in the background. */
-  CHECK(wait_tier_objects(rt, 1, 1));
-  {
-    const kdn_tier_stats host = tier_stats(rt, 0), disk = tier_stats(rt, 1);
-    const kdn_stats s = get_stats(rt);
+static void test_paged_save_nhd(void) {
+  group_begin("save from a vLLM paged view (NHD) into host over disk");
+  if (open_tiered_saved()) {
+    const kdn_tier_stats host = tier_stats(g_tiered, 0), disk = tier_stats(g_tiered, 1);
+    const kdn_stats s = get_stats(g_tiered);
     CHECK_EQ(host.objects, 2);
     CHECK_EQ(host.used_bytes, 2 * CHUNK_HELD);
     CHECK_EQ(host.puts, 3);
@@ -765,117 +917,127 @@ static void test_paged_and_lookup_batch(void) {
     CHECK_EQ(s.bytes_stored, KV_BYTES);
   }
   group_end();
+}
 
-  group_begin("2. kdn_lookup_batch: per request, per tier");
-  {
-    /* Chunks: c0 [0,16) on disk, c1 [16,32) and c2 [32,48) in the host tier.
-     * tier_tokens[i] counts the leading tokens tier i alone holds: the host
-     * misses c0, so 0; the disk holds c0 only, so 16. */
-    enum { N = 9 };
-    kdn_request r[N];
-    kdn_lookup_result out[N];
-    uint8_t hashes[SEQ_BLOCKS * HASH_BYTES];
-    int i;
-    make_hashes(hashes, SEQ_BLOCKS, 1);
-    r[0] = token_request(kTokens, POSITIONS);    /* the stored one */
-    r[1] = token_request(kTokens, 32);           /* a prefix of whole chunks */
-    r[2] = token_request(kTokens, 40);           /* ends inside c2: c2 does not count */
-    r[3] = token_request(other_start, POSITIONS);/* another first token */
-    r[4] = token_request(kTokens, 0);            /* invalid: no tokens */
-    r[5] = token_request(longer, POSITIONS + 8); /* 8 more tokens than stored */
-    r[6] = hash_request(hashes, SEQ_BLOCKS);     /* invalid here: 16 % 5 != 0 */
-    r[6].block_tokens = 5;
-    r[7] = token_request(kTokens, POSITIONS);    /* invalid: struct_size too small */
-    r[7].struct_size = (uint32_t)offsetof(kdn_request, reserved_);
-    r[8] = token_request(kTokens, 16);           /* just c0 */
-    for (i = 0; i < N; ++i) {
-      out[i] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
-      out[i].cached_tokens = 12345;
-    }
-    {
-      const kdn_stats before = get_stats(rt);
-      CHECK_OK(kdn_lookup_batch(rt, m, ns, sizeof ns - 1, r, N, out));
-      CHECK(strcmp(kdn_last_error_message(), "") == 0); /* the call succeeded */
-      /* Each valid request counts as a lookup. */
-      CHECK_EQ(get_stats(rt).lookups - before.lookups, 6);
-    }
-    CHECK_EQ(out[0].status, KDN_OK);
-    CHECK_EQ(out[0].cached_tokens, POSITIONS);
-    CHECK_EQ(out[0].num_tiers, 2);
-    CHECK_EQ(out[0].tier_tokens[0], 0);
-    CHECK_EQ(out[0].tier_tokens[1], CHUNK);
-    CHECK(out[0].tier_tokens[0] < out[0].cached_tokens); /* the host overflowed to disk */
-    CHECK_EQ(out[1].status, KDN_OK);
-    CHECK_EQ(out[1].cached_tokens, 32);
-    CHECK(out[1].num_tiers == 2 && out[1].tier_tokens[0] == 0 && out[1].tier_tokens[1] == CHUNK);
-    CHECK_EQ(out[2].status, KDN_OK);
-    CHECK_EQ(out[2].cached_tokens, 32);
-    CHECK_EQ(out[3].status, KDN_OK);
-    CHECK_EQ(out[3].cached_tokens, 0);
-    CHECK(out[3].num_tiers == 2 && out[3].tier_tokens[0] == 0 && out[3].tier_tokens[1] == 0);
-    CHECK_EQ(out[4].status, KDN_ERR_INVALID_ARGUMENT);
-    CHECK_EQ(out[4].cached_tokens, 0);
-    CHECK_EQ(out[5].status, KDN_OK);
-    CHECK_EQ(out[5].cached_tokens, POSITIONS);
-    CHECK_EQ(out[6].status, KDN_ERR_INVALID_ARGUMENT);
-    CHECK_EQ(out[7].status, KDN_ERR_INVALID_ARGUMENT);
-    CHECK_EQ(out[8].status, KDN_OK);
-    CHECK_EQ(out[8].cached_tokens, CHUNK);
-    CHECK(out[8].tier_tokens[0] == 0 && out[8].tier_tokens[1] == CHUNK);
-    for (i = 0; i < N; ++i) CHECK_EQ(out[i].struct_size, sizeof(kdn_lookup_result));
+static void test_lookup_batch(void) {
+  /* Chunks: c0 [0,16) on disk, c1 [16,32) and c2 [32,48) in the host tier.
+   * tier_tokens[i] counts the leading tokens tier i alone holds: the host
+   * misses c0, so 0; the disk holds c0 only, so 16. */
+  enum { N = 8 };
+  kdn_request r[N];
+  kdn_lookup_result out[N];
+  uint8_t hashes[SEQ_BLOCKS * HASH_BYTES];
+  int32_t other_start[POSITIONS];
+  int32_t longer[POSITIONS + 8];
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  kdn_model *m;
+  int i;
+
+  group_begin("kdn_kv_lookup: a batch, per request, per tier");
+  if (!open_tiered_saved()) {
+    group_end();
+    return;
+  }
+  m = g_tiered_model;
+  memcpy(other_start, kTokens, sizeof kTokens);
+  other_start[0] = 2;
+  memcpy(longer, kTokens, sizeof kTokens);
+  memcpy(longer + POSITIONS, kTokens, 8 * sizeof *longer);
+  make_hashes(hashes, SEQ_BLOCKS, 1);
+  r[0] = token_request(kTokens, POSITIONS);    /* the stored one */
+  r[1] = token_request(kTokens, 32);           /* a prefix of whole chunks */
+  r[2] = token_request(kTokens, 40);           /* ends inside c2: c2 does not count */
+  r[3] = token_request(other_start, POSITIONS);/* another first token */
+  r[4] = token_request(kTokens, 0);            /* invalid: no tokens */
+  r[5] = token_request(longer, POSITIONS + 8); /* 8 more tokens than stored */
+  r[6] = hash_request(hashes, SEQ_BLOCKS);     /* invalid here: 16 % 5 != 0 */
+  r[6].block_tokens = 5;
+  r[7] = token_request(kTokens, 16);           /* just c0 */
+  for (i = 0; i < N; ++i) {
+    out[i] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
+    out[i].cached_tokens = 12345;
   }
   {
-    /* An older caller's result ending before num_tiers: nothing beyond it is
-     * written; and a lookup has no side effects on the tiers. */
-    kdn_lookup_result old;
-    const kdn_tier_stats host = tier_stats(rt, 0), disk = tier_stats(rt, 1);
-    memset(&old, 0xEE, sizeof old);
-    old.struct_size = (uint32_t)offsetof(kdn_lookup_result, num_tiers);
-    CHECK_OK(kdn_lookup_batch(rt, m, ns, sizeof ns - 1, &req, 1, &old));
-    CHECK_EQ(old.struct_size, offsetof(kdn_lookup_result, num_tiers));
-    CHECK_EQ(old.status, KDN_OK);
-    CHECK_EQ(old.cached_tokens, POSITIONS);
-    CHECK_EQ(old.num_tiers, 0xEEEEEEEEu);
-    CHECK_EQ(old.tier_tokens[0], 0xEEEEEEEEEEEEEEEEull);
-    {
-      const kdn_tier_stats host2 = tier_stats(rt, 0), disk2 = tier_stats(rt, 1);
-      CHECK(host2.hits == host.hits && host2.misses == host.misses && host2.objects == host.objects);
-      CHECK(disk2.hits == disk.hits && disk2.misses == disk.misses && disk2.objects == disk.objects);
-    }
+    const kdn_stats before = get_stats(g_tiered);
+    const kdn_tier_stats host = tier_stats(g_tiered, 0), disk = tier_stats(g_tiered, 1);
+    kdn_tier_stats host2, disk2;
+    CHECK_OK(kdn_kv_lookup(m, kPagedNs, sizeof kPagedNs - 1, r, N, out));
+    CHECK(strcmp(kdn_last_error_message(), "") == 0); /* the call succeeded */
+    /* Each valid request counts as a lookup. */
+    CHECK_EQ(get_stats(g_tiered).lookups - before.lookups, 6);
+    /* A lookup has no side effects on the tiers. */
+    host2 = tier_stats(g_tiered, 0);
+    disk2 = tier_stats(g_tiered, 1);
+    CHECK(host2.hits == host.hits && host2.misses == host.misses && host2.objects == host.objects);
+    CHECK(disk2.hits == disk.hits && disk2.misses == disk.misses && disk2.objects == disk.objects);
   }
-  {
-    /* The batch agrees with kdn_lookup. */
-    uint64_t cached = 12345;
-    CHECK_OK(kdn_lookup(rt, m, ns, sizeof ns - 1, kTokens, POSITIONS, &cached));
-    CHECK_EQ(cached, POSITIONS);
-    CHECK_EQ(lookup_one(rt, m, "another-tenant", &req), 0);
+  CHECK_EQ(out[0].status, KDN_OK);
+  CHECK_EQ(out[0].cached_tokens, POSITIONS);
+  CHECK_EQ(out[0].num_tiers, 2);
+  CHECK_EQ(out[0].tier_tokens[0], 0);
+  CHECK_EQ(out[0].tier_tokens[1], CHUNK);
+  CHECK(out[0].tier_tokens[0] < out[0].cached_tokens); /* the host overflowed to disk */
+  CHECK_EQ(out[1].status, KDN_OK);
+  CHECK_EQ(out[1].cached_tokens, 32);
+  CHECK(out[1].num_tiers == 2 && out[1].tier_tokens[0] == 0 && out[1].tier_tokens[1] == CHUNK);
+  CHECK_EQ(out[2].status, KDN_OK);
+  CHECK_EQ(out[2].cached_tokens, 32);
+  CHECK_EQ(out[3].status, KDN_OK);
+  CHECK_EQ(out[3].cached_tokens, 0);
+  CHECK(out[3].num_tiers == 2 && out[3].tier_tokens[0] == 0 && out[3].tier_tokens[1] == 0);
+  CHECK_EQ(out[4].status, KDN_ERR_INVALID_ARGUMENT);
+  CHECK_EQ(out[4].cached_tokens, 0);
+  CHECK_EQ(out[5].status, KDN_OK);
+  CHECK_EQ(out[5].cached_tokens, POSITIONS);
+  CHECK_EQ(out[6].status, KDN_ERR_INVALID_ARGUMENT);
+  CHECK_EQ(out[7].status, KDN_OK);
+  CHECK_EQ(out[7].cached_tokens, CHUNK);
+  CHECK(out[7].tier_tokens[0] == 0 && out[7].tier_tokens[1] == CHUNK);
+  for (i = 0; i < N; ++i) {
+    check_eq_at(out[i].struct_size, sizeof(kdn_lookup_result), "result struct_size kept", __LINE__);
+    check_eq_at(out[i].filled_size, sizeof(kdn_lookup_result), "result filled_size", __LINE__);
   }
+  /* The batch agrees with single lookups; namespaces are apart. */
+  CHECK_EQ(lookup_one(m, kPagedNs, &req), POSITIONS);
+  CHECK_EQ(lookup_one(m, "another-tenant", &req), 0);
   group_end();
+}
 
-  group_begin("2. load into another paged layout (HND)");
-  {
+static void test_load_paged_hnd(void) {
+  static const int32_t dst_table[SEQ_BLOCKS] = {1, 6, 4, 0, 7, 2};
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("load into another paged layout (HND)");
+  if (open_tiered_saved()) {
     engine_kv *dst = ekv_paged(EKV_HND, 8, dst_table, SEQ_BLOCKS);
-    group_buf g;
-    const kdn_tier_stats disk = tier_stats(rt, 1);
-    res = load_whole_at(rt, m, ns, &req, whole_group(&g, dst), 1, dst, __LINE__);
-    CHECK_EQ(res.struct_size, sizeof(kdn_op_result));
+    view_buf vb;
+    const kdn_tier_stats disk = tier_stats(g_tiered, 1);
+    const kdn_kv_result res = load_whole_at(g_tiered_model, kPagedNs, &req, whole_view(&vb, dst), 1, dst, POSITIONS,
+                                            __LINE__);
+    CHECK_EQ(res.struct_size, sizeof(kdn_kv_result));
     CHECK_EQ(res.state, KDN_OP_DONE);
     CHECK_EQ(res.status, KDN_OK);
     CHECK_EQ(res.tokens, POSITIONS);
     CHECK_EQ(res.covered, POSITIONS);
     CHECK_EQ(res.num_failed, 0);
+    CHECK_EQ(res.flags, 0); /* a raw disk tier: nothing lossy */
     /* Every element of the six blocks; blocks 3 and 5 are in no table entry. */
     CHECK(ekv_holds_ref(dst, POSITIONS));
-    CHECK(tier_stats(rt, 1).hits > disk.hits); /* c0 was read from disk */
+    CHECK(tier_stats(g_tiered, 1).hits > disk.hits); /* c0 was read from disk */
     ekv_free(dst);
   }
   group_end();
+}
 
-  group_begin("2. load into llama.cpp's layout (V transposed)");
-  {
+static void test_load_llama(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("load into llama.cpp's layout (V transposed)");
+  if (open_tiered_saved()) {
     engine_kv *dst = ekv_llama(64);
-    group_buf g;
-    res = load_whole_at(rt, m, ns, &req, whole_group(&g, dst), 1, dst, __LINE__);
+    view_buf vb;
+    kdn_kv_view view = *whole_view(&vb, dst);
+    kdn_kv_result res;
+    view.num_layers = 0; /* layers NULL, num_layers 0: every layer too */
+    res = load_whole_at(g_tiered_model, kPagedNs, &req, &view, 1, dst, POSITIONS, __LINE__);
     CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK);
     CHECK_EQ(res.tokens, POSITIONS);
     CHECK_EQ(res.covered, POSITIONS);
@@ -883,63 +1045,72 @@ static void test_paged_and_lookup_batch(void) {
     CHECK(ekv_holds_ref(dst, POSITIONS)); /* cells 48..63 untouched */
     ekv_free(dst);
   }
-  {
-    /* A request 8 tokens longer than what is cached: the cached 48 load, the
-     * cells of the 8 others stay untouched. */
-    engine_kv *dst = ekv_llama(64);
-    group_buf g;
-    kdn_request longer_req = token_request(longer, POSITIONS + 8);
-    res = load_whole_at(rt, m, ns, &longer_req, whole_group(&g, dst), 1, dst, __LINE__);
-    CHECK_EQ(res.state, KDN_OP_DONE);
-    CHECK_EQ(res.tokens, POSITIONS);
-    CHECK_EQ(res.covered, POSITIONS);
-    CHECK(ekv_holds_ref(dst, POSITIONS));
-    ekv_free(dst);
-  }
-  {
-    /* Nothing cached: the load ends DONE with nothing written. */
-    engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf g;
-    kdn_request miss = token_request(other_start, POSITIONS);
-    res = LOAD(rt, m, ns, &miss, whole_group(&g, dst), 1);
-    CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK);
-    CHECK(res.tokens == 0 && res.covered == 0 && res.num_failed == 0);
-    CHECK(ekv_untouched(dst));
-    ekv_free(dst);
+  group_end();
+}
+
+static void test_load_longer_and_miss(void) {
+  int32_t other_start[POSITIONS];
+  int32_t longer[POSITIONS + 8];
+  memcpy(other_start, kTokens, sizeof kTokens);
+  other_start[0] = 2;
+  memcpy(longer, kTokens, sizeof kTokens);
+  memcpy(longer + POSITIONS, kTokens, 8 * sizeof *longer);
+  group_begin("load a longer request, and a miss");
+  if (open_tiered_saved()) {
+    {
+      /* A request 8 tokens longer than what is cached: the cached 48 load,
+       * the cells of the 8 others stay untouched. */
+      engine_kv *dst = ekv_llama(64);
+      view_buf vb;
+      kdn_request longer_req = token_request(longer, POSITIONS + 8);
+      const kdn_kv_result res = load_whole_at(g_tiered_model, kPagedNs, &longer_req, whole_view(&vb, dst), 1, dst,
+                                              POSITIONS, __LINE__);
+      CHECK_EQ(res.state, KDN_OP_DONE);
+      CHECK_EQ(res.tokens, POSITIONS);
+      CHECK_EQ(res.covered, POSITIONS);
+      CHECK(ekv_holds_ref(dst, POSITIONS));
+      ekv_free(dst);
+    }
+    {
+      /* Nothing cached: a miss is a load of 0 tokens, DONE, nothing written. */
+      engine_kv *dst = ekv_llama(POSITIONS);
+      view_buf vb;
+      kdn_request miss = token_request(other_start, POSITIONS);
+      const kdn_kv_result res = LOAD(g_tiered_model, kPagedNs, &miss, whole_view(&vb, dst), 1);
+      CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK);
+      CHECK(res.tokens == 0 && res.covered == 0 && res.num_failed == 0);
+      CHECK(ekv_untouched(dst));
+      ekv_free(dst);
+    }
   }
   group_end();
-  ekv_free(src);
 }
 
-/* ---- 3. KV groups -------------------------------------------------------- */
+/* ---- Several views, each with some of the layers ------------------------- */
 
-static kdn_runtime *g_big;   /* one 1 GiB host tier: nothing is ever evicted */
-static kdn_model *g_big_model;
+static const char kViewsNs[] = "views";
 
-/* Overwrites layer l of an engine with bytes that are not KV. */
-static void scramble_layer(engine_kv *e, int l) {
-  memset(e->k[l], 0x3C, e->layer_elems * sizeof(float));
-  memset(e->v[l], 0x3C, e->layer_elems * sizeof(float));
-}
-
-static void test_groups(void) {
-  static const char ns[] = "groups";
+/* Saves the reference under kViewsNs through two views: layers {0,2,4} of a
+ * paged NHD cache (full attention) and {1,3} of a paged HND one (sliding
+ * window), layers made final last to first. Each cache holds the real KV
+ * of its own layers only: the others are garbage, so a view mapped to the
+ * wrong layers shows. */
+static int save_two_views(void) {
   static const int32_t table_a[SEQ_BLOCKS] = {3, 0, 5, 1, 4, 2};
   static const int32_t table_b[SEQ_BLOCKS] = {9, 8, 7, 6, 5, 4};
   static const uint32_t even[3] = {0, 2, 4}, odd[2] = {1, 3};
   static const uint32_t save_order[LAYERS] = {4, 3, 2, 1, 0};
-  kdn_runtime *rt = g_big;
-  kdn_model *m = g_big_model;
-  kdn_request req = token_request(kTokens, POSITIONS);
-  engine_kv *a = ekv_paged(EKV_NHD, 6, table_a, SEQ_BLOCKS);  /* full attention: layers 0, 2, 4 */
-  engine_kv *b = ekv_paged(EKV_HND, 10, table_b, SEQ_BLOCKS); /* sliding window: layers 1, 3 */
-  group_buf ga, gb;
-  kdn_kv_group two[2];
-  kdn_op_result res;
-  kdn_op *op = NULL;
-
-  /* Each engine holds the real KV of its group's layers only: the others
-   * are garbage, so a group mapped to the wrong layers shows. */
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  engine_kv *a = ekv_paged(EKV_NHD, 6, table_a, SEQ_BLOCKS);
+  engine_kv *b = ekv_paged(EKV_HND, 10, table_b, SEQ_BLOCKS);
+  view_buf va, vb;
+  kdn_kv_view two[2];
+  kdn_kv_result res;
+  if (!open_big()) {
+    ekv_free(a);
+    ekv_free(b);
+    return 0;
+  }
   ekv_write_ref(a, POSITIONS);
   ekv_write_ref(b, POSITIONS);
   scramble_layer(a, 1);
@@ -947,269 +1118,360 @@ static void test_groups(void) {
   scramble_layer(b, 0);
   scramble_layer(b, 2);
   scramble_layer(b, 4);
-  two[0] = *make_group(&ga, a, even, 3);
-  two[1] = *make_group(&gb, b, odd, 2);
-
-  group_begin("3. save two groups ({0,2,4} NHD, {1,3} HND)");
-  res = save_at(rt, m, ns, &req, two, 2, save_order, __LINE__); /* layers saved last to first */
+  two[0] = *make_view(&va, a, even, 3);
+  two[1] = *make_view(&vb, b, odd, 2);
+  res = save_at(g_big_model, kViewsNs, &req, two, 2, save_order, __LINE__);
   CHECK_EQ(res.tokens, POSITIONS);
-  CHECK_EQ(lookup_one(rt, m, ns, &req), POSITIONS);
-  group_end();
+  ekv_free(a);
+  ekv_free(b);
+  return res.tokens == POSITIONS;
+}
 
-  group_begin("3. load with one group, and with groups out of order");
-  {
+static void test_views_save_two(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("save through two views ({0,2,4} NHD, {1,3} HND)");
+  if (save_two_views()) {
     engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf g;
-    res = LOAD(rt, m, ns, &req, whole_group(&g, dst), 1);
+    view_buf v;
+    kdn_kv_result res;
+    CHECK_EQ(lookup_one(g_big_model, kViewsNs, &req), POSITIONS);
+    /* Loaded back through one view: every layer is the reference. */
+    res = LOAD(g_big_model, kViewsNs, &req, whole_view(&v, dst), 1);
     CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS && res.covered == POSITIONS && res.num_failed == 0);
     CHECK(ekv_holds_ref(dst, POSITIONS));
     ekv_free(dst);
   }
-  {
-    /* Two groups listing their layers out of order: view layer j is model
-     * layer layers[j], whatever the order. */
+  group_end();
+}
+
+static void test_views_load_regrouped(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("load through two views listing their layers out of order");
+  if (save_two_views()) {
+    /* View layer j is model layer layers[j], whatever the order. */
     static const uint32_t g0[2] = {3, 0}, g1[3] = {4, 1, 2};
     static const int32_t t0[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
     engine_kv *d0 = ekv_paged(EKV_NHD, 6, t0, SEQ_BLOCKS);
     engine_kv *d1 = ekv_llama(POSITIONS);
-    group_buf h0, h1;
-    kdn_kv_group gs[2];
+    view_buf h0, h1;
+    kdn_kv_view vs[2];
+    kdn_kv_result res;
     int l;
-    gs[0] = *make_group(&h0, d0, g0, 2);
-    gs[1] = *make_group(&h1, d1, g1, 3);
-    res = LOAD(rt, m, ns, &req, gs, 2);
+    vs[0] = *make_view(&h0, d0, g0, 2);
+    vs[1] = *make_view(&h1, d1, g1, 3);
+    res = LOAD(g_big_model, kViewsNs, &req, vs, 2);
     CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS);
     for (l = 0; l < LAYERS; ++l) {
       const int in0 = l == 0 || l == 3;
-      CHECK(ekv_layer_ref(d0, l, in0 ? POSITIONS : 0)); /* each layer in its own group's view only */
+      CHECK(ekv_layer_ref(d0, l, in0 ? POSITIONS : 0)); /* each layer in its own view only */
       CHECK(ekv_layer_ref(d1, l, in0 ? 0 : POSITIONS));
+    }
+    /* The synchronous calls take the same views. */
+    ekv_reset(d0);
+    ekv_reset(d1);
+    {
+      kdn_kv_result tokens = KDN_KV_RESULT_INIT;
+      CHECK_OK(kdn_kv_retrieve(g_big_model, kViewsNs, sizeof kViewsNs - 1, &req, vs, 2, &tokens));
+      CHECK_EQ(tokens.tokens, POSITIONS);
+      for (l = 0; l < LAYERS; ++l) {
+        const int in0 = l == 0 || l == 3;
+        CHECK(ekv_layer_ref(d0, l, in0 ? POSITIONS : 0));
+        CHECK(ekv_layer_ref(d1, l, in0 ? 0 : POSITIONS));
+      }
     }
     ekv_free(d0);
     ekv_free(d1);
   }
   group_end();
-
-  group_begin("3. groups that miss or repeat a layer");
-  {
-    static const uint32_t repeat[2] = {1, 2}, beyond[2] = {1, 5}, twice[3] = {1, 3, 3};
-    group_buf x;
-    kdn_kv_group bad[2];
-    bad[0] = two[0];
-    /* Layers 1 and 3 in no group. */
-    op = (kdn_op *)&x; /* not NULL: a failure must set it to NULL */
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, ns, sizeof ns - 1, &req, bad, 1, &op));
-    CHECK(op == NULL);
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, bad, 1, &op));
-    CHECK(op == NULL);
-    /* Layer 2 in both groups. */
-    bad[1] = *make_group(&x, b, repeat, 2);
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    /* Layer 3 twice in one group (and 0, 2, 4 in the other: all covered). */
-    bad[1] = *make_group(&x, b, twice, 3);
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    /* A layer beyond the model's five. */
-    bad[1] = *make_group(&x, b, beyond, 2);
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    /* The whole model twice. */
-    bad[0] = *whole_group(&x, a);
-    bad[1] = bad[0];
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, ns, sizeof ns - 1, &req, bad, 2, &op));
-    CHECK(op == NULL);
-  }
-  group_end();
-  ekv_free(a);
-  ekv_free(b);
 }
 
-/* ---- 4. Engine block hashes ---------------------------------------------- */
-
-static void test_block_hashes(void) {
-  static const char ns[] = "hashes";
-  static const int32_t table[SEQ_BLOCKS + 1] = {6, 4, 2, 0, 1, 3, 5};
-  kdn_runtime *rt = g_big;
-  kdn_model *m = g_big_model;
-  uint8_t hashes[(SEQ_BLOCKS + 1) * HASH_BYTES];
-  uint8_t changed[SEQ_BLOCKS * HASH_BYTES];
-  engine_kv *src = ekv_paged(EKV_NHD, 7, table, SEQ_BLOCKS);
-  group_buf g;
-  kdn_request req;
-  kdn_op_result res;
-
-  make_hashes(hashes, SEQ_BLOCKS + 1, 7);
-  req = hash_request(hashes, SEQ_BLOCKS); /* 6 blocks of 8 tokens: 48 tokens, 3 chunks of 16 */
-  ekv_write_ref(src, POSITIONS);
-
-  group_begin("4. block hashes: save, lookup, load");
-  res = SAVE(rt, m, ns, &req, whole_group(&g, src), 1);
-  CHECK_EQ(res.tokens, POSITIONS);
-  CHECK_EQ(lookup_one(rt, m, ns, &req), POSITIONS);
-  {
-    engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf gd;
-    res = LOAD(rt, m, ns, &req, whole_group(&gd, dst), 1);
-    CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS && res.covered == POSITIONS && res.num_failed == 0);
-    CHECK(ekv_holds_ref(dst, POSITIONS));
-    ekv_free(dst);
+static void test_views_missing_or_repeated_layer(void) {
+  static const int32_t table_a[SEQ_BLOCKS] = {3, 0, 5, 1, 4, 2};
+  static const uint32_t even[3] = {0, 2, 4};
+  static const uint32_t repeat[2] = {1, 2}, beyond[2] = {1, 5}, twice[3] = {1, 3, 3};
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  engine_kv *a = ekv_paged(EKV_NHD, 6, table_a, SEQ_BLOCKS);
+  view_buf va, x;
+  kdn_kv_view bad[2];
+  kdn_op *op;
+  kdn_kv_result tokens = KDN_KV_RESULT_INIT;
+  kdn_model *m;
+  group_begin("views that miss or repeat a layer");
+  if (!open_big()) {
+    ekv_free(a);
+    group_end();
+    return;
   }
-  {
-    /* One block more than stored (7 blocks = 56 tokens): the 48 load. */
-    engine_kv *dst = ekv_paged(EKV_HND, 7, table, SEQ_BLOCKS + 1);
-    group_buf gd;
-    kdn_request longer = hash_request(hashes, SEQ_BLOCKS + 1);
-    const uint64_t misses = get_stats(rt).misses;
-    res = LOAD(rt, m, ns, &longer, whole_group(&gd, dst), 1);
-    CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS && res.covered == POSITIONS);
-    CHECK(ekv_holds_ref(dst, POSITIONS));
-    /* kdn_stats.misses: "loads that stopped short of the request". This one
-     * did (48 of 56 tokens), as a kdn_retrieve of 56 tokens counts. */
-    CHECK_EQ(get_stats(rt).misses - misses, 1);
-    ekv_free(dst);
+  m = g_big_model;
+  ekv_write_ref(a, POSITIONS);
+  bad[0] = *make_view(&va, a, even, 3);
+#define CHECK_BAD_VIEWS(n)                                                                          \
+  do {                                                                                              \
+    op = (kdn_op *)&x; /* not NULL: a failure must set it to NULL */                                \
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_save_async(m, kViewsNs, 5, &req, bad, (n), &op));  \
+    CHECK(op == NULL);                                                                              \
+    op = (kdn_op *)&x;                                                                              \
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_load_async(m, kViewsNs, 5, &req, bad, (n), &op));  \
+    CHECK(op == NULL);                                                                              \
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_store(m, kViewsNs, 5, &req, bad, (n), &tokens));   \
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_retrieve(m, kViewsNs, 5, &req, bad, (n), &tokens)); \
+  } while (0)
+  /* Layers 1 and 3 in no view. */
+  CHECK_BAD_VIEWS(1);
+  /* Layer 2 in both views. */
+  bad[1] = *make_view(&x, a, repeat, 2);
+  CHECK_BAD_VIEWS(2);
+  /* Layer 3 twice in one view (and 0, 2, 4 in the other: all covered). */
+  bad[1] = *make_view(&x, a, twice, 3);
+  CHECK_BAD_VIEWS(2);
+  /* A layer beyond the model's five. */
+  bad[1] = *make_view(&x, a, beyond, 2);
+  CHECK_BAD_VIEWS(2);
+  /* The whole model twice. */
+  bad[0] = *whole_view(&x, a);
+  bad[1] = bad[0];
+  CHECK_BAD_VIEWS(2);
+#undef CHECK_BAD_VIEWS
+  /* Nothing was stored. */
+  CHECK_EQ(lookup_one(m, kViewsNs, &req), 0);
+  CHECK_EQ(get_stats(g_big).stores, 0);
+  ekv_free(a);
+  group_end();
+}
+
+/* ---- Engine block hashes -------------------------------------------------- */
+
+static const char kHashNs[] = "hashes";
+static uint8_t g_hashes[(SEQ_BLOCKS + 1) * HASH_BYTES];
+
+/* The big runtime holding 6 blocks of 8 tokens (48 tokens, 3 chunks of 16)
+ * saved under their block hashes. */
+static int save_by_hashes(void) {
+  static const int32_t table[SEQ_BLOCKS] = {6, 4, 2, 0, 1, 3};
+  engine_kv *src = ekv_paged(EKV_NHD, 7, table, SEQ_BLOCKS);
+  view_buf v;
+  kdn_request req;
+  kdn_kv_result res;
+  make_hashes(g_hashes, SEQ_BLOCKS + 1, 7);
+  req = hash_request(g_hashes, SEQ_BLOCKS);
+  ekv_write_ref(src, POSITIONS);
+  if (!open_big()) {
+    ekv_free(src);
+    return 0;
+  }
+  res = SAVE(g_big_model, kHashNs, &req, whole_view(&v, src), 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  ekv_free(src);
+  return res.tokens == POSITIONS;
+}
+
+static void test_block_hashes_save_load(void) {
+  static const int32_t table[SEQ_BLOCKS + 1] = {6, 4, 2, 0, 1, 3, 5};
+  group_begin("block hashes: save, lookup, load");
+  if (save_by_hashes()) {
+    const kdn_request req = hash_request(g_hashes, SEQ_BLOCKS);
+    kdn_kv_result res;
+    CHECK_EQ(lookup_one(g_big_model, kHashNs, &req), POSITIONS);
+    {
+      engine_kv *dst = ekv_llama(POSITIONS);
+      view_buf vd;
+      res = LOAD(g_big_model, kHashNs, &req, whole_view(&vd, dst), 1);
+      CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS && res.covered == POSITIONS && res.num_failed == 0);
+      CHECK(ekv_holds_ref(dst, POSITIONS));
+      ekv_free(dst);
+    }
+    {
+      /* One block more than stored (7 blocks = 56 tokens): the 48 load. */
+      engine_kv *dst = ekv_paged(EKV_HND, 7, table, SEQ_BLOCKS + 1);
+      view_buf vd;
+      const kdn_request longer = hash_request(g_hashes, SEQ_BLOCKS + 1);
+      const uint64_t misses = get_stats(g_big).misses;
+      res = LOAD(g_big_model, kHashNs, &longer, whole_view(&vd, dst), 1);
+      CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS && res.covered == POSITIONS);
+      CHECK(ekv_holds_ref(dst, POSITIONS));
+      /* kdn_stats.misses: "loads that stopped short of the request". This
+       * one did (48 of 56 tokens). */
+      CHECK_EQ(get_stats(g_big).misses - misses, 1);
+      ekv_free(dst);
+    }
+    {
+      /* The synchronous retrieve takes hashes too. */
+      engine_kv *dst = ekv_llama(POSITIONS);
+      view_buf vd;
+      kdn_kv_result tokens = KDN_KV_RESULT_INIT;
+      CHECK_OK(kdn_kv_retrieve(g_big_model, kHashNs, sizeof kHashNs - 1, &req, whole_view(&vd, dst), 1, &tokens));
+      CHECK_EQ(tokens.tokens, POSITIONS);
+      CHECK(ekv_holds_ref(dst, POSITIONS));
+      ekv_free(dst);
+    }
   }
   group_end();
+}
 
-  group_begin("4. block hashes: a changed hash cuts the prefix");
-  {
+static void test_block_hashes_changed(void) {
+  uint8_t changed[SEQ_BLOCKS * HASH_BYTES];
+  group_begin("block hashes: a changed hash cuts the prefix");
+  if (save_by_hashes()) {
+    kdn_model *m = g_big_model;
     kdn_request r;
     int b;
     /* A chunk is 2 blocks: changing block b cuts the prefix at b's chunk. */
     static const uint64_t want[SEQ_BLOCKS] = {0, 0, 16, 16, 32, 32};
     for (b = 0; b < SEQ_BLOCKS; ++b) {
-      memcpy(changed, hashes, sizeof changed);
+      memcpy(changed, g_hashes, sizeof changed);
       changed[b * HASH_BYTES + 5] ^= 0x40;
       r = hash_request(changed, SEQ_BLOCKS);
-      check_eq_at(lookup_one(rt, m, ns, &r), want[b], "cached tokens with block b's hash changed", __LINE__);
+      check_eq_at(lookup_one(m, kHashNs, &r), want[b], "cached tokens with block b's hash changed", __LINE__);
     }
     /* Fewer blocks: whole chunks only. */
-    r = hash_request(hashes, 5);
-    CHECK_EQ(lookup_one(rt, m, ns, &r), 32);
-    r = hash_request(hashes, 4);
-    CHECK_EQ(lookup_one(rt, m, ns, &r), 32);
-    r = hash_request(hashes, 1);
-    CHECK_EQ(lookup_one(rt, m, ns, &r), 0);
+    r = hash_request(g_hashes, 5);
+    CHECK_EQ(lookup_one(m, kHashNs, &r), 32);
+    r = hash_request(g_hashes, 4);
+    CHECK_EQ(lookup_one(m, kHashNs, &r), 32);
+    r = hash_request(g_hashes, 1);
+    CHECK_EQ(lookup_one(m, kHashNs, &r), 0);
     /* A hash of other bytes per block (hash_bytes 8: the first halves of
      * the same bytes) is another key. */
-    r = hash_request(hashes, SEQ_BLOCKS);
+    r = hash_request(g_hashes, SEQ_BLOCKS);
     r.hash_bytes = 8;
-    r.num_blocks = SEQ_BLOCKS;
-    CHECK_EQ(lookup_one(rt, m, ns, &r), 0);
+    CHECK_EQ(lookup_one(m, kHashNs, &r), 0);
     /* Another namespace. */
-    r = hash_request(hashes, SEQ_BLOCKS);
-    CHECK_EQ(lookup_one(rt, m, "hashes-other", &r), 0);
-  }
-  {
-    /* A load of a request whose second chunk changed: only the first loads. */
-    engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf gd;
-    kdn_request r;
-    uint64_t misses;
-    memcpy(changed, hashes, sizeof changed);
-    changed[2 * HASH_BYTES] ^= 1;
-    r = hash_request(changed, SEQ_BLOCKS);
-    misses = get_stats(rt).misses;
-    res = LOAD(rt, m, ns, &r, whole_group(&gd, dst), 1);
-    CHECK(res.state == KDN_OP_DONE && res.tokens == CHUNK && res.covered == CHUNK && res.num_failed == 0);
-    CHECK(ekv_holds_ref(dst, CHUNK));
-    CHECK_EQ(get_stats(rt).misses - misses, 1); /* stopped short: 16 of 48 */
-    ekv_free(dst);
+    r = hash_request(g_hashes, SEQ_BLOCKS);
+    CHECK_EQ(lookup_one(m, "hashes-other", &r), 0);
+    {
+      /* A load of a request whose second chunk changed: only the first loads. */
+      engine_kv *dst = ekv_llama(POSITIONS);
+      view_buf vd;
+      uint64_t misses;
+      kdn_kv_result res;
+      memcpy(changed, g_hashes, sizeof changed);
+      changed[2 * HASH_BYTES] ^= 1;
+      r = hash_request(changed, SEQ_BLOCKS);
+      misses = get_stats(g_big).misses;
+      res = LOAD(m, kHashNs, &r, whole_view(&vd, dst), 1);
+      CHECK(res.state == KDN_OP_DONE && res.tokens == CHUNK && res.covered == CHUNK && res.num_failed == 0);
+      CHECK(ekv_holds_ref(dst, CHUNK));
+      CHECK_EQ(get_stats(g_big).misses - misses, 1); /* stopped short: 16 of 48 */
+      ekv_free(dst);
+    }
   }
   group_end();
+}
 
-  group_begin("4. block hashes: a trailing partial chunk");
-  {
+static void test_block_hashes_partial(void) {
+  static const int32_t table[SEQ_BLOCKS] = {6, 4, 2, 0, 1, 3};
+  group_begin("block hashes: a trailing partial chunk");
+  if (open_big()) {
     /* 5 blocks = 40 tokens: chunks [0,16) [16,32) and a partial [32,40). */
     static const char ns2[] = "hashes-partial";
-    kdn_request r5 = hash_request(hashes, 5), r6 = hash_request(hashes, SEQ_BLOCKS);
-    res = SAVE(rt, m, ns2, &r5, whole_group(&g, src), 1);
+    engine_kv *src = ekv_paged(EKV_NHD, 7, table, SEQ_BLOCKS);
+    view_buf v;
+    kdn_request r5, r6;
+    kdn_kv_result res;
+    make_hashes(g_hashes, SEQ_BLOCKS + 1, 7);
+    r5 = hash_request(g_hashes, 5);
+    r6 = hash_request(g_hashes, SEQ_BLOCKS);
+    ekv_write_ref(src, POSITIONS);
+    res = SAVE(g_big_model, ns2, &r5, whole_view(&v, src), 1);
     CHECK_EQ(res.tokens, 40);
-    CHECK_EQ(lookup_one(rt, m, ns2, &r5), 40);
-    CHECK_EQ(lookup_one(rt, m, ns2, &r6), 40); /* a longer request reuses the partial chunk */
+    CHECK_EQ(lookup_one(g_big_model, ns2, &r5), 40);
+    CHECK_EQ(lookup_one(g_big_model, ns2, &r6), 40); /* a longer request reuses the partial chunk */
     {
       engine_kv *dst = ekv_llama(POSITIONS);
-      group_buf gd;
-      res = LOAD(rt, m, ns2, &r6, whole_group(&gd, dst), 1);
+      view_buf vd;
+      res = LOAD(g_big_model, ns2, &r6, whole_view(&vd, dst), 1);
       CHECK(res.state == KDN_OP_DONE && res.tokens == 40 && res.covered == 40);
       CHECK(ekv_holds_ref(dst, 40));
       ekv_free(dst);
     }
+    ekv_free(src);
+  }
+  group_end();
+}
+
+/* ---- Ops -------------------------------------------------------------------- */
+
+static const char kOpsNs[] = "ops";
+static const int32_t kOpsTable[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+
+static void test_op_save_steps(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  engine_kv *src = ekv_paged(EKV_NHD, 6, kOpsTable, SEQ_BLOCKS);
+  view_buf v;
+  kdn_op *op = NULL;
+  kdn_op_state state = KDN_OP_FAILED;
+  kdn_kv_result res;
+  kdn_model *m;
+  uint32_t l;
+
+  ekv_write_ref(src, POSITIONS);
+  whole_view(&v, src);
+  group_begin("a save, step by step");
+  kdn_op_destroy(NULL); /* a no-op */
+  if (!open_big()) {
+    ekv_free(src);
+    group_end();
+    return;
+  }
+  m = g_big_model;
+  CHECK_OK(kdn_kv_save_async(m, kOpsNs, sizeof kOpsNs - 1, &req, &v.view, 1, &op));
+  if (op != NULL) {
+    CHECK_OK(kdn_op_poll(op, &state));
+    CHECK_EQ(state, KDN_OP_PENDING); /* no layer yet: nothing can run */
+    res = (kdn_kv_result)KDN_KV_RESULT_INIT;
+    CHECK_OK(kdn_op_get_result(op, &res));
+    CHECK(res.state == KDN_OP_PENDING && res.tokens == 0);
+    /* A wait that runs out of time is KDN_ERR_TIMEOUT; the op goes on. */
+    CHECK_ERROR(KDN_ERR_TIMEOUT, kdn_op_wait(op, 20));
+    CHECK_ERROR(KDN_ERR_TIMEOUT, kdn_op_wait(op, 0));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait_layer(op, 0, 0));    /* not a load */
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_layer_ready(op, LAYERS)); /* beyond the model */
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_layer_ready(op, 0xFFFFFFFFu));
+    CHECK_OK(kdn_op_layer_ready(op, 0));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_layer_ready(op, 0)); /* twice */
+    CHECK_EQ(lookup_one(m, kOpsNs, &req), 0);                        /* not committed before the last layer */
+    for (l = 1; l < LAYERS; ++l) CHECK_OK(kdn_op_layer_ready(op, l));
+    CHECK_OK(kdn_op_wait(op, 10000));
+    CHECK_OK(kdn_op_poll(op, &state));
+    CHECK_EQ(state, KDN_OP_DONE);
+    CHECK_OK(kdn_op_get_result(op, &res));
+    CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK && res.tokens == POSITIONS && res.num_failed == 0);
+    CHECK_EQ(res.filled_size, sizeof res);
+    {
+      size_t count = 12345;
+      kdn_token_range ranges[2];
+      CHECK_OK(kdn_op_get_failed_ranges(op, ranges, 2, &count));
+      CHECK_EQ(count, 0);
+    }
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_layer_ready(op, 1)); /* the save is over */
+    CHECK_OK(kdn_op_wait(op, 0));                                     /* ended: no waiting, its status */
+    CHECK_OK(kdn_op_cancel(op));                                      /* too late: changes nothing */
+    CHECK_OK(kdn_op_poll(op, &state));
+    CHECK_EQ(state, KDN_OP_DONE);
+    kdn_op_destroy(op);
+  }
+  CHECK_EQ(lookup_one(m, kOpsNs, &req), POSITIONS);
+  {
+    /* Saving it again: every chunk is there, the save still reports them. */
+    res = SAVE(m, kOpsNs, &req, &v.view, 1);
+    CHECK_EQ(res.tokens, POSITIONS);
   }
   group_end();
   ekv_free(src);
 }
 
-/* ---- 5. Ops -------------------------------------------------------------- */
-
-static void test_ops(void) {
-  static const char ns[] = "ops";
-  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
-  kdn_runtime *rt = g_big;
-  kdn_model *m = g_big_model;
-  kdn_request req = token_request(kTokens, POSITIONS);
-  engine_kv *src = ekv_paged(EKV_NHD, 6, table, SEQ_BLOCKS);
-  group_buf g;
+static void test_op_load_steps(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
   kdn_op *op = NULL;
   kdn_op_state state = KDN_OP_FAILED;
-  kdn_op_result res;
-  uint32_t l;
-
-  ekv_write_ref(src, POSITIONS);
-  whole_group(&g, src);
-
-  group_begin("5. a save, step by step");
-  kdn_op_destroy(NULL); /* a no-op */
-  CHECK_OK(kdn_save_begin(rt, m, ns, sizeof ns - 1, &req, &g.g, 1, &op));
-  if (op != NULL) {
-    CHECK_OK(kdn_op_poll(op, &state));
-    CHECK_EQ(state, KDN_OP_PENDING); /* no layer yet: nothing can run */
-    res = (kdn_op_result)KDN_OP_RESULT_INIT;
-    CHECK_OK(kdn_op_result_get(op, &res));
-    CHECK(res.state == KDN_OP_PENDING && res.tokens == 0);
-    CHECK_ERROR(KDN_ERR_RETRY_LATER, kdn_op_wait(op, 20));
-    CHECK_ERROR(KDN_ERR_RETRY_LATER, kdn_op_wait(op, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait_layer(op, 0, 0)); /* not a load */
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_layer(op, LAYERS));  /* beyond the model */
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_layer(op, 0xFFFFFFFFu));
-    CHECK_OK(kdn_save_layer(op, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_layer(op, 0)); /* twice */
-    CHECK_EQ(lookup_one(rt, m, ns, &req), 0);                      /* not committed before the last layer */
-    for (l = 1; l < LAYERS; ++l) CHECK_OK(kdn_save_layer(op, l));
-    CHECK_OK(kdn_op_wait(op, 10000));
-    CHECK_OK(kdn_op_poll(op, &state));
-    CHECK_EQ(state, KDN_OP_DONE);
-    CHECK_OK(kdn_op_result_get(op, &res));
-    CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK && res.tokens == POSITIONS && res.num_failed == 0);
-    {
-      size_t count = 12345;
-      kdn_token_range ranges[2];
-      CHECK_OK(kdn_op_failed_ranges(op, ranges, 2, &count));
-      CHECK_EQ(count, 0);
-    }
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_layer(op, 1)); /* the save is over */
-    CHECK_OK(kdn_op_wait(op, 0));                                 /* ended: no waiting, its status */
-    CHECK_OK(kdn_op_cancel(op));                                  /* too late: changes nothing */
-    CHECK_OK(kdn_op_poll(op, &state));
-    CHECK_EQ(state, KDN_OP_DONE);
-    kdn_op_destroy(op);
-  }
-  CHECK_EQ(lookup_one(rt, m, ns, &req), POSITIONS);
-  {
-    /* Saving it again: every chunk is there, the save still reports them. */
-    res = SAVE(rt, m, ns, &req, &g.g, 1);
-    CHECK_EQ(res.tokens, POSITIONS);
-  }
-  group_end();
-
-  group_begin("5. a load, step by step");
-  {
+  group_begin("a load, step by step");
+  if (open_big_saved(kOpsNs)) {
     engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf gd;
-    kdn_op_result r2 = KDN_OP_RESULT_INIT;
-    op = NULL;
-    CHECK_OK(kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, whole_group(&gd, dst), 1, &op));
+    view_buf vd;
+    kdn_kv_result r2 = KDN_KV_RESULT_INIT;
+    CHECK_OK(kdn_kv_load_async(g_big_model, kOpsNs, sizeof kOpsNs - 1, &req, whole_view(&vd, dst), 1, &op));
     if (op != NULL) {
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_layer(op, 0)); /* not a save */
+      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_layer_ready(op, 0)); /* not a save */
       CHECK_OK(kdn_op_wait_layer(op, 0, 10000));
       CHECK(ekv_layer_ref(dst, 0, POSITIONS));
       CHECK_OK(kdn_op_wait_layer(op, LAYERS - 1, -1));
@@ -1219,14 +1481,13 @@ static void test_ops(void) {
       CHECK_EQ(state, KDN_OP_DONE);
       CHECK_OK(kdn_op_wait_layer(op, 2, 0)); /* written long ago */
       {
-        /* A layer the model does not have. The header does not say which
-         * status this is; the library waits for the op to end, then
-         * returns KDN_ERR_NOT_FOUND. It must not be KDN_OK. */
+        /* A layer the model does not have: an error, never a wait that
+         * runs out of time. */
         const kdn_status st = kdn_op_wait_layer(op, LAYERS, 1000);
-        CHECK(st != KDN_OK && st != KDN_ERR_RETRY_LATER);
+        CHECK(st != KDN_OK && st != KDN_ERR_TIMEOUT);
         CHECK(kdn_last_error_message()[0] != '\0');
       }
-      CHECK_OK(kdn_op_result_get(op, &r2));
+      CHECK_OK(kdn_op_get_result(op, &r2));
       CHECK(r2.state == KDN_OP_DONE && r2.tokens == POSITIONS && r2.covered == POSITIONS);
       CHECK_OK(kdn_op_cancel(op)); /* ended: changes nothing */
       CHECK_OK(kdn_op_poll(op, &state));
@@ -1235,180 +1496,169 @@ static void test_ops(void) {
     }
     ekv_free(dst);
   }
-  {
-    /* An older caller's kdn_op_result ending before `tokens`. */
-    kdn_op_result old;
-    engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf gd;
-    op = NULL;
-    CHECK_OK(kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, whole_group(&gd, dst), 1, &op));
-    CHECK_OK(kdn_op_wait(op, -1));
-    memset(&old, 0xEE, sizeof old);
-    old.struct_size = (uint32_t)offsetof(kdn_op_result, tokens);
-    CHECK_OK(kdn_op_result_get(op, &old));
-    CHECK_EQ(old.struct_size, offsetof(kdn_op_result, tokens));
-    CHECK(old.state == KDN_OP_DONE && old.status == KDN_OK);
-    CHECK_EQ(old.tokens, 0xEEEEEEEEEEEEEEEEull);
-    kdn_op_destroy(op);
-    ekv_free(dst);
-  }
   group_end();
+}
 
-  group_begin("5. cancel and destroy");
-  {
-    /* A save cancelled before its last layer ends CANCELLED, storing nothing. */
-    static const char ns2[] = "ops-cancel";
-    op = NULL;
-    CHECK_OK(kdn_save_begin(rt, m, ns2, sizeof ns2 - 1, &req, &g.g, 1, &op));
+static void test_op_cancel_save(void) {
+  static const char ns2[] = "ops-cancel";
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  engine_kv *src = ekv_paged(EKV_NHD, 6, kOpsTable, SEQ_BLOCKS);
+  view_buf v;
+  kdn_op *op = NULL;
+  kdn_op_state state = KDN_OP_FAILED;
+  uint32_t l;
+  ekv_write_ref(src, POSITIONS);
+  group_begin("a save cancelled before its last layer");
+  if (open_big()) {
+    /* It ends CANCELLED, storing nothing; its wait is KDN_ERR_CANCELLED. */
+    CHECK_OK(kdn_kv_save_async(g_big_model, ns2, sizeof ns2 - 1, &req, whole_view(&v, src), 1, &op));
     if (op != NULL) {
-      for (l = 0; l + 1 < LAYERS; ++l) CHECK_OK(kdn_save_layer(op, l));
+      kdn_kv_result res = KDN_KV_RESULT_INIT;
+      for (l = 0; l + 1 < LAYERS; ++l) CHECK_OK(kdn_op_layer_ready(op, l));
       CHECK_OK(kdn_op_cancel(op));
       CHECK_OK(kdn_op_cancel(op)); /* twice is fine */
-      CHECK_OK(kdn_save_layer(op, LAYERS - 1));
-      CHECK_ERROR(KDN_ERR_RETRY_LATER, kdn_op_wait(op, 10000)); /* the op's own status: cancelled */
+      CHECK_OK(kdn_op_layer_ready(op, LAYERS - 1));
+      CHECK_ERROR(KDN_ERR_CANCELLED, kdn_op_wait(op, 10000)); /* the op's own status */
+      CHECK_ERROR(KDN_ERR_CANCELLED, kdn_op_wait(op, 0));     /* ended: the same, at once */
       CHECK_OK(kdn_op_poll(op, &state));
       CHECK_EQ(state, KDN_OP_CANCELLED);
-      res = (kdn_op_result)KDN_OP_RESULT_INIT;
-      CHECK_OK(kdn_op_result_get(op, &res));
+      CHECK_OK(kdn_op_get_result(op, &res));
       CHECK_EQ(res.state, KDN_OP_CANCELLED);
-      CHECK_EQ(res.status, KDN_ERR_RETRY_LATER);
+      CHECK_EQ(res.status, KDN_ERR_CANCELLED);
       CHECK_EQ(res.tokens, 0);
       kdn_op_destroy(op);
     }
-    CHECK_EQ(lookup_one(rt, m, ns2, &req), 0);
+    CHECK_EQ(lookup_one(g_big_model, ns2, &req), 0);
+    CHECK_EQ(get_stats(g_big).chunks, 0);
   }
-  {
-    /* A save destroyed before any layer (or after some): nothing stored. */
-    static const char ns3[] = "ops-destroyed";
-    op = NULL;
-    CHECK_OK(kdn_save_begin(rt, m, ns3, sizeof ns3 - 1, &req, &g.g, 1, &op));
+  group_end();
+  ekv_free(src);
+}
+
+static void test_op_destroy_save(void) {
+  static const char ns3[] = "ops-destroyed";
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  engine_kv *src = ekv_paged(EKV_NHD, 6, kOpsTable, SEQ_BLOCKS);
+  view_buf v;
+  kdn_op *op = NULL;
+  ekv_write_ref(src, POSITIONS);
+  whole_view(&v, src);
+  group_begin("a save destroyed before its last layer stores nothing");
+  if (open_big()) {
+    CHECK_OK(kdn_kv_save_async(g_big_model, ns3, sizeof ns3 - 1, &req, &v.view, 1, &op));
     kdn_op_destroy(op);
     op = NULL;
-    CHECK_OK(kdn_save_begin(rt, m, ns3, sizeof ns3 - 1, &req, &g.g, 1, &op));
-    CHECK_OK(kdn_save_layer(op, 0));
-    CHECK_OK(kdn_save_layer(op, 3));
+    CHECK_OK(kdn_kv_save_async(g_big_model, ns3, sizeof ns3 - 1, &req, &v.view, 1, &op));
+    CHECK_OK(kdn_op_layer_ready(op, 0));
+    CHECK_OK(kdn_op_layer_ready(op, 3));
     kdn_op_destroy(op);
-    CHECK_EQ(lookup_one(rt, m, ns3, &req), 0);
+    CHECK_EQ(lookup_one(g_big_model, ns3, &req), 0);
+    CHECK_EQ(get_stats(g_big).chunks, 0);
   }
-  {
-    /* A load cancelled at once ends CANCELLED (or DONE, when it finished
-     * first); a cancelled load's wait returns its status, RETRY_LATER. */
+  group_end();
+  ekv_free(src);
+}
+
+static void test_op_cancel_load(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("a load cancelled at once");
+  if (open_big_saved(kOpsNs)) {
+    /* It ends CANCELLED (or DONE, when it finished first); a cancelled
+     * load's wait is KDN_ERR_CANCELLED. */
     engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf gd;
+    view_buf vd;
     kdn_status wait_status;
-    op = NULL;
-    CHECK_OK(kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, whole_group(&gd, dst), 1, &op));
+    kdn_op *op = NULL;
+    kdn_op_state state = KDN_OP_FAILED;
+    CHECK_OK(kdn_kv_load_async(g_big_model, kOpsNs, sizeof kOpsNs - 1, &req, whole_view(&vd, dst), 1, &op));
     CHECK_OK(kdn_op_cancel(op));
     wait_status = kdn_op_wait(op, -1);
     CHECK_OK(kdn_op_poll(op, &state));
     CHECK(state == KDN_OP_CANCELLED || state == KDN_OP_DONE);
-    CHECK(state == KDN_OP_CANCELLED ? wait_status == KDN_ERR_RETRY_LATER : wait_status == KDN_OK);
+    CHECK(state == KDN_OP_CANCELLED ? wait_status == KDN_ERR_CANCELLED : wait_status == KDN_OK);
     if (state == KDN_OP_CANCELLED) {
-      CHECK(kdn_op_wait_layer(op, LAYERS - 1, -1) != KDN_OK || ekv_layer_holds(dst, LAYERS - 1, 0, POSITIONS, 0.0f));
+      /* A layer it did not write: the wait says cancelled. */
+      const kdn_status st = kdn_op_wait_layer(op, LAYERS - 1, -1);
+      CHECK(st == KDN_ERR_CANCELLED || (st == KDN_OK && ekv_layer_ref(dst, LAYERS - 1, POSITIONS)));
     } else {
       CHECK(ekv_holds_ref(dst, POSITIONS));
     }
     kdn_op_destroy(op);
     ekv_free(dst);
   }
-  {
-    /* destroy "cancels the op if still running, waits for it": a load
-     * destroyed at once, its buffers freed right after. */
+  group_end();
+}
+
+static void test_op_destroy_load(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("a load destroyed at once, its buffers freed right after");
+  if (open_big_saved(kOpsNs)) {
     int i;
     for (i = 0; i < 8; ++i) {
       engine_kv *dst = ekv_llama(POSITIONS);
-      group_buf gd;
-      op = NULL;
-      CHECK_OK(kdn_load_begin(rt, m, ns, sizeof ns - 1, &req, whole_group(&gd, dst), 1, &op));
+      view_buf vd;
+      kdn_op *op = NULL;
+      CHECK_OK(kdn_kv_load_async(g_big_model, kOpsNs, sizeof kOpsNs - 1, &req, whole_view(&vd, dst), 1, &op));
       kdn_op_destroy(op);
       ekv_free(dst);
     }
-  }
-  group_end();
-  ekv_free(src);
-}
-
-/* kdn_op_destroy "cancels the op if still running, waits for it, and frees
- * it": once it returns, the save no longer reads the caller's KV, which the
- * caller may then unmap. Run in a child process (a late read faults),
- * forked before this process starts any runtime thread; the child's cache
- * is mapped (from /dev/zero) and unmapped, so that any read after
- * kdn_op_destroy returned is a SIGSEGV. */
-static void test_destroy_waits_for_save(void) {
-  enum { N_CTX = 4096, ROUNDS = 5 };
-  pid_t pid;
-  int status = 0;
-  group_begin("5. kdn_op_destroy waits for a save (forked, first)");
-  fflush(stdout);
-  pid = fork();
-  if (pid == 0) {
-    const size_t layer_bytes = (size_t)N_CTX * TOKEN_ELEMS * sizeof(float);
-    const size_t bytes = 2 * LAYERS * layer_bytes;
-    const kdn_model_spec spec = stories260k_spec(FINGERPRINT);
-    kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
-    kdn_runtime *rt = NULL;
-    kdn_model *m = NULL;
-    int32_t *tokens = xmalloc(N_CTX * sizeof *tokens);
-    const int zero = open("/dev/zero", O_RDWR);
-    int i, round, failures = 0;
-    for (i = 0; i < N_CTX; ++i) tokens[i] = kTokens[i % POSITIONS] + i / POSITIONS;
-    o.chunk_tokens = CHUNK;
-    if (zero < 0 || kdn_runtime_create(&o, &rt) != KDN_OK || kdn_model_create(rt, &spec, &m) != KDN_OK) _exit(3);
-    for (round = 0; round < ROUNDS; ++round) {
-      unsigned char *kv = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, zero, 0);
-      engine_kv view; /* llama.cpp's layout over the mapping */
-      group_buf g;
-      kdn_request req = token_request(tokens, N_CTX);
-      kdn_op *op = NULL;
-      char ns[32];
-      uint32_t l;
-      if (kv == MAP_FAILED) _exit(3);
-      memset(&view, 0, sizeof view);
-      view.kind = EKV_LLAMA;
-      view.n_ctx = N_CTX;
-      view.layer_elems = (size_t)N_CTX * TOKEN_ELEMS;
-      for (l = 0; l < LAYERS; ++l) {
-        view.kp[l] = kv + (2 * l) * layer_bytes;
-        view.vp[l] = kv + (2 * l + 1) * layer_bytes;
-      }
-      snprintf(ns, sizeof ns, "destroyed-%d", round);
-      if (kdn_save_begin(rt, m, ns, strlen(ns), &req, whole_group(&g, &view), 1, &op) != KDN_OK) _exit(4);
-      for (l = 0; l < LAYERS; ++l) failures += kdn_save_layer(op, l) != KDN_OK;
-      kdn_op_destroy(op);
-      munmap(kv, bytes); /* the op has ended: its KV is the caller's again */
-    }
-    kdn_model_destroy(m);
-    kdn_runtime_destroy(rt);
-    close(zero);
-    free(tokens);
-    _exit(failures == 0 ? 0 : 4);
-  }
-  CHECK(pid > 0);
-  if (pid > 0) {
-    CHECK(waitpid(pid, &status, 0) == pid);
-    if (WIFSIGNALED(status)) {
-      printf("  the child died of signal %d: the save read its KV after kdn_op_destroy returned\n", WTERMSIG(status));
-    }
-    /* Known bug: kdn_op_destroy does not wait for a save's background
-     * gathers (capi/src/kdn.cc, kdn_op_destroy). */
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(wait_no_leases(g_big));
   }
   group_end();
 }
 
-/* ---- 6. Knowledge items -------------------------------------------------- */
+/* Ops hold a reference on their runtime: the runtime and model may go
+ * first, and the op still runs to its end. */
+static void test_op_outlives_runtime(void) {
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  group_begin("ops outlive their runtime and model");
+  if (open_big_saved(kOpsNs)) {
+    engine_kv *dst = ekv_llama(POSITIONS);
+    engine_kv *src = ekv_paged(EKV_NHD, 6, kOpsTable, SEQ_BLOCKS);
+    view_buf vd, vs;
+    kdn_op *load = NULL, *save = NULL;
+    kdn_kv_result res = KDN_KV_RESULT_INIT;
+    uint32_t l;
+    ekv_write_ref(src, POSITIONS);
+    CHECK_OK(kdn_kv_load_async(g_big_model, kOpsNs, sizeof kOpsNs - 1, &req, whole_view(&vd, dst), 1, &load));
+    CHECK_OK(kdn_kv_save_async(g_big_model, "ops-later", 9, &req, whole_view(&vs, src), 1, &save));
+    kdn_runtime_destroy(g_big);
+    kdn_model_destroy(g_big_model);
+    g_big = NULL;
+    g_big_model = NULL;
+    if (load != NULL) {
+      CHECK_OK(kdn_op_wait(load, -1));
+      CHECK_OK(kdn_op_get_result(load, &res));
+      CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS);
+      CHECK(ekv_holds_ref(dst, POSITIONS));
+    }
+    if (save != NULL) {
+      for (l = 0; l < LAYERS; ++l) CHECK_OK(kdn_op_layer_ready(save, l));
+      CHECK_OK(kdn_op_wait(save, -1));
+      CHECK_OK(kdn_op_get_result(save, &res));
+      CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK && res.tokens == POSITIONS);
+    }
+    kdn_op_destroy(load);
+    kdn_op_destroy(save); /* the last reference: the store goes now */
+    ekv_free(dst);
+    ekv_free(src);
+  }
+  group_end();
+}
 
-/* A canonical KV buffer of `tokens` tokens ([layer][k|v][token][head][dim],
- * all strides 0) holding the reference KV of its first `filled` tokens. */
+/* ---- Knowledge items ------------------------------------------------------- */
+
+/* A canonical KV view of `tokens` tokens ([layer][k|v][token][head][dim],
+ * `data` and all strides 0) holding the reference KV of its first `filled`. */
 typedef struct canon_buf {
   float *data;
   size_t elems;
-  kdn_kv_buffer kv;
+  kdn_kv_view view;
 } canon_buf;
 
 static canon_buf canon_new(uint64_t tokens, int filled) {
   canon_buf b;
-  kdn_kv_buffer kv = KDN_KV_BUFFER_INIT;
+  kdn_kv_view view = KDN_KV_VIEW_INIT;
   int l, k, t, h, d;
   b.elems = (size_t)tokens * ELEMS_PER_TOKEN;
   b.data = xmalloc(b.elems * sizeof(float));
@@ -1419,16 +1669,16 @@ static canon_buf canon_new(uint64_t tokens, int filled) {
         for (h = 0; h < HEADS; ++h)
           for (d = 0; d < HEAD_DIM; ++d)
             b.data[(((size_t)l * 2 + k) * tokens + t) * TOKEN_ELEMS + h * HEAD_DIM + d] = ref_at(l, k, t, h, d);
-  kv.data = b.data;
-  kv.size_bytes = b.elems * sizeof(float);
-  kv.num_tokens = tokens;
-  b.kv = kv;
+  view.data = b.data;
+  view.size_bytes = b.elems * sizeof(float);
+  view.num_tokens = tokens;
+  b.view = view;
   return b;
 }
 
 /* Whether a canonical buffer holds what canon_new(tokens, filled) would. */
 static int canon_holds(const canon_buf *b, int filled) {
-  canon_buf want = canon_new(b->kv.num_tokens, filled);
+  canon_buf want = canon_new(b->view.num_tokens, filled);
   const int same = memcmp(b->data, want.data, b->elems * sizeof(float)) == 0;
   free(want.data);
   return same;
@@ -1448,270 +1698,401 @@ static const kdn_document_info *find_doc(const kdn_document_info *docs, size_t n
   return NULL;
 }
 
-static size_t list_docs(kdn_runtime *rt, const kdn_model *m, const char *ns, kdn_document_info *out, size_t cap) {
+static size_t list_docs(const kdn_model *m, const char *ns, kdn_document_info *out, size_t cap) {
   size_t i, count = 12345;
   for (i = 0; i < cap; ++i) out[i] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
-  CHECK_OK(kdn_knowledge_list(rt, m, ns, strlen(ns), out, cap, &count));
+  CHECK_OK(kdn_knowledge_list(m, ns, strlen(ns), out, cap, &count));
   return count;
 }
 
-static void test_knowledge(void) {
-  static const char ns[] = "knowledge";
-  static const char meta_a[] = "{\"title\":\"doc a\"}";
+static kdn_document_info doc_info(const kdn_model *m, const char *ns, const char *id) {
+  kdn_document_info info = KDN_DOCUMENT_INFO_INIT;
+  CHECK_OK(kdn_knowledge_get_info(m, ns, strlen(ns), id, strlen(id), &info));
+  return info;
+}
+
+static const char kKnowNs[] = "knowledge";
+#define KNOW_NS_LEN (sizeof kKnowNs - 1)
+
+/* A host tier that copies every new chunk to the disk tier below
+ * (write-through): each chunk ends up in both. doc-a: the 48 tokens (chunks
+ * a0 a1 a2), version 1, with metadata; doc-b: the first 24 (a0, shared by
+ * content, and a partial chunk b1 of 8 tokens), version 7. */
+typedef struct knowledge {
+  kdn_runtime *rt;
+  kdn_model *m;
   char dir[300];
+  canon_buf kv48, kv24, kv32;
+} knowledge;
+
+static int knowledge_open(knowledge *k) {
+  static const char meta_a[] = "{\"title\":\"doc a\"}";
   kdn_tier_config tiers[2];
   kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
-  kdn_runtime *rt = NULL;
-  kdn_model *m;
-  canon_buf kv48 = canon_new(POSITIONS, POSITIONS);
-  canon_buf kv24 = canon_new(24, 24);
-  canon_buf kv32 = canon_new(32, 32);
-  kdn_document_info docs[4];
-  const kdn_document_info *d;
-  size_t n;
-
-  /* A host tier that copies every new chunk to the disk tier below
-   * (write-through): each chunk ends up in both. */
-  subdir(dir, sizeof dir, "knowledge");
+  k->rt = NULL;
+  k->m = NULL;
+  k->kv48 = canon_new(POSITIONS, POSITIONS);
+  k->kv24 = canon_new(24, 24);
+  k->kv32 = canon_new(32, 32);
+  subdir(k->dir, sizeof k->dir, "knowledge");
   tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
   tiers[0].capacity_bytes = (uint64_t)1 << 20;
   tiers[0].write_through = 1;
-  tiers[1] = disk_tier(dir);
+  tiers[1] = disk_tier(k->dir);
   options.chunk_tokens = CHUNK;
   options.tiers = tiers;
   options.num_tiers = 2;
-
-  group_begin("6. knowledge: put, list, fetch");
-  CHECK_OK(kdn_runtime_create(&options, &rt));
-  if (rt == NULL) {
-    group_end();
-    canon_free(&kv48);
-    canon_free(&kv24);
-    canon_free(&kv32);
-    return;
-  }
-  m = new_model(rt, FINGERPRINT);
-  /* doc-a: the 48 tokens (chunks a0 a1 a2); doc-b: the first 24 (a0, shared
-   * by content, and a partial chunk b1 of 8 tokens). */
-  CHECK_OK(kdn_knowledge_put(rt, m, ns, sizeof ns - 1, "doc-a", 5, 1, meta_a, sizeof meta_a - 1, kTokens, POSITIONS,
-                             &kv48.kv));
-  CHECK_OK(kdn_knowledge_put(rt, m, ns, sizeof ns - 1, "doc-b", 5, 7, NULL, 0, kTokens, 24, &kv24.kv));
-  CHECK(canon_holds(&kv48, POSITIONS) && canon_holds(&kv24, 24)); /* inputs untouched */
-  n = list_docs(rt, m, ns, docs, 4);
-  CHECK_EQ(n, 2);
-  d = find_doc(docs, n < 4 ? n : 4, "doc-a");
-  CHECK(d != NULL);
-  if (d != NULL) {
-    CHECK_EQ(d->struct_size, sizeof(kdn_document_info));
-    CHECK_EQ(d->version, 1);
-    CHECK_EQ(d->num_tokens, POSITIONS);
-    CHECK_EQ(d->chunks, 3);
-    CHECK_EQ(d->chunks_present, 3);
-    CHECK_EQ(d->pinned, 0);
-    CHECK_EQ((unsigned long long)d->expires_in_ms, (unsigned long long)-1);
-  }
-  d = find_doc(docs, n < 4 ? n : 4, "doc-b");
-  CHECK(d != NULL);
-  if (d != NULL) {
-    CHECK_EQ(d->version, 7);
-    CHECK_EQ(d->num_tokens, 24);
-    CHECK_EQ(d->chunks, 2);
-    CHECK_EQ(d->chunks_present, 2);
-  }
-  {
-    /* Capacity 1: one document written, the count of all. */
-    size_t count = 0;
-    kdn_document_info one[2];
-    one[0] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
-    memset(&one[1], 0xEE, sizeof one[1]);
-    CHECK_OK(kdn_knowledge_list(rt, m, ns, sizeof ns - 1, one, 1, &count));
-    CHECK_EQ(count, 2);
-    CHECK(one[0].doc_id_len == 5 && strlen(one[0].doc_id) == 5);
-    CHECK_EQ(one[1].version, 0xEEEEEEEEEEEEEEEEull);
-    /* Capacity 0, out NULL: just the count. */
-    count = 0;
-    CHECK_OK(kdn_knowledge_list(rt, m, ns, sizeof ns - 1, NULL, 0, &count));
-    CHECK_EQ(count, 2);
-  }
-  /* Four distinct chunks (a0 is shared), all in the host tier (1 MiB, 69,632
-   * bytes used); write-through copies them to disk. Known bug: the host
-   * tier's pool gives its first size class (20,480-byte blocks) a slab of
-   * the whole pool, so b1 (8 tokens: a 12,288-byte block) is refused and
-   * lands on disk only (store/host_pool.cc, HostPool::Allocate). */
-  CHECK_EQ(tier_stats(rt, 0).objects, 4);
-  CHECK(wait_tier_objects(rt, 1, 4));
-  CHECK_EQ(count_kdn_files(dir), 4);
-  {
-    canon_buf out = canon_new(POSITIONS, 0);
-    int32_t tokens[POSITIONS + 4];
-    uint64_t num = 0;
-    memset(tokens, 0x7F, sizeof tokens);
-    CHECK_OK(kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-a", 5, &out.kv, tokens, POSITIONS + 4, &num));
-    CHECK_EQ(num, POSITIONS);
-    CHECK(memcmp(tokens, kTokens, sizeof kTokens) == 0);
-    CHECK_EQ(tokens[POSITIONS], 0x7F7F7F7F); /* beyond the document: untouched */
-    CHECK(canon_holds(&out, POSITIONS));
-    canon_free(&out);
-  }
-  {
-    /* doc-b into a 32-token buffer: its 24 tokens, the rest untouched. */
-    canon_buf out = canon_new(32, 0);
-    uint64_t num = 0;
-    CHECK_OK(kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-b", 5, &out.kv, NULL, 0, &num));
-    CHECK_EQ(num, 24);
-    CHECK(canon_holds(&out, 24));
-    canon_free(&out);
-  }
-  {
-    /* kv NULL: the length, and as many tokens as there is room for. */
-    int32_t tokens[10];
-    uint64_t num = 0;
-    CHECK_OK(kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-a", 5, NULL, tokens, 10, &num));
-    CHECK_EQ(num, POSITIONS);
-    CHECK(memcmp(tokens, kTokens, sizeof tokens) == 0);
-    CHECK_OK(kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-a", 5, NULL, NULL, 0, &num));
-    CHECK_EQ(num, POSITIONS);
-  }
-  {
-    /* A buffer too small for the document. */
-    canon_buf small = canon_new(24, 0);
-    uint64_t num = 12345;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT,
-                kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-a", 5, &small.kv, NULL, 0, &num));
-    CHECK(canon_holds(&small, 0));
-    canon_free(&small);
-  }
-  group_end();
-
-  group_begin("6. knowledge: versions, pins, expiry");
-  /* doc-b version 8: the first 32 tokens (a0 a1, both shared with doc-a).
-   * The old version's own chunk b1 goes, from both tiers. */
-  CHECK_OK(kdn_knowledge_put(rt, m, ns, sizeof ns - 1, "doc-b", 5, 8, "v8", 2, kTokens, 32, &kv32.kv));
-  n = list_docs(rt, m, ns, docs, 4);
-  CHECK_EQ(n, 2);
-  d = find_doc(docs, n < 4 ? n : 4, "doc-b");
-  CHECK(d != NULL && d->version == 8 && d->num_tokens == 32 && d->chunks == 2 && d->chunks_present == 2);
-  CHECK_EQ(tier_stats(rt, 0).objects, 3);
-  CHECK_EQ(tier_stats(rt, 1).objects, 3);
-  CHECK_EQ(count_kdn_files(dir), 3);
-  {
-    canon_buf out = canon_new(32, 0);
-    uint64_t num = 0;
-    CHECK_OK(kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-b", 5, &out.kv, NULL, 0, &num));
-    CHECK_EQ(num, 32);
-    CHECK(canon_holds(&out, 32));
-    canon_free(&out);
-  }
-  /* Pins: every chunk of doc-a, until unpinned. */
-  CHECK_OK(kdn_knowledge_pin(rt, m, ns, sizeof ns - 1, "doc-a", 5, 1, 0));
-  n = list_docs(rt, m, ns, docs, 4);
-  d = find_doc(docs, n < 4 ? n : 4, "doc-a");
-  CHECK(d != NULL && d->pinned == 1);
-  CHECK_EQ(get_stats(rt).pins_active, 3);
-  CHECK_OK(kdn_knowledge_pin(rt, m, ns, sizeof ns - 1, "doc-a", 5, 0, 0));
-  n = list_docs(rt, m, ns, docs, 4);
-  d = find_doc(docs, n < 4 ? n : 4, "doc-a");
-  CHECK(d != NULL && d->pinned == 0);
-  CHECK_EQ(get_stats(rt).pins_active, 0);
-  CHECK_OK(kdn_knowledge_pin(rt, m, ns, sizeof ns - 1, "doc-a", 5, 1, 60000)); /* for a minute */
-  CHECK_EQ(get_stats(rt).pins_active, 3);
-  CHECK_OK(kdn_knowledge_pin(rt, m, ns, sizeof ns - 1, "doc-a", 5, 0, 0));
-  CHECK_EQ(get_stats(rt).pins_active, 0);
-  CHECK_EQ(get_stats(rt).pins_forced_unpin, 0);
-  /* Expiry: in a minute (listed with its time left), then now (deleted). */
-  CHECK_OK(kdn_knowledge_expire(rt, m, ns, sizeof ns - 1, "doc-b", 5, 60000));
-  n = list_docs(rt, m, ns, docs, 4);
-  d = find_doc(docs, n < 4 ? n : 4, "doc-b");
-  CHECK(d != NULL && d->expires_in_ms > 50000 && d->expires_in_ms <= 60000);
-  CHECK_OK(kdn_knowledge_expire(rt, m, ns, sizeof ns - 1, "doc-b", 5, 0));
-  n = list_docs(rt, m, ns, docs, 4);
-  CHECK_EQ(n, 1);
-  CHECK(find_doc(docs, 1, "doc-a") != NULL && find_doc(docs, 1, "doc-b") == NULL);
-  {
-    uint64_t num = 12345;
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-b", 5, NULL, NULL, 0, &num));
-    CHECK_EQ(num, 0);
-  }
-  /* doc-b's chunks were doc-a's too: they stay. */
-  CHECK_EQ(tier_stats(rt, 0).objects, 3);
-  group_end();
-
-  group_begin("6. knowledge: tenants, delete from every tier");
-  {
-    uint64_t num = 12345;
-    kdn_model *other = new_model(rt, "another model");
-    CHECK_EQ(list_docs(rt, m, "another-tenant", docs, 4), 0);
-    CHECK_EQ(list_docs(rt, other, ns, docs, 4), 0);
-    CHECK_ERROR(KDN_ERR_NOT_FOUND,
-                kdn_knowledge_fetch(rt, m, "another-tenant", 14, "doc-a", 5, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(rt, other, ns, sizeof ns - 1, "doc-a", 5, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_delete(rt, m, "another-tenant", 14, "doc-a", 5));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_pin(rt, m, "another-tenant", 14, "doc-a", 5, 1, 0));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_expire(rt, m, "another-tenant", 14, "doc-a", 5, 0));
-    CHECK_EQ(list_docs(rt, m, ns, docs, 4), 1); /* none of that touched doc-a */
-    kdn_model_destroy(other);
-  }
-  {
-    const size_t files_before = count_kdn_files(dir);
-    const kdn_tier_stats host = tier_stats(rt, 0), disk = tier_stats(rt, 1);
-    uint64_t num = 12345;
-    CHECK_EQ(files_before, 3);
-    CHECK_EQ(host.objects, 3);
-    CHECK_EQ(disk.objects, 3);
-    CHECK_OK(kdn_knowledge_delete(rt, m, ns, sizeof ns - 1, "doc-a", 5));
-    CHECK_EQ(tier_stats(rt, 0).objects, 0);
-    CHECK_EQ(tier_stats(rt, 0).used_bytes, 0);
-    CHECK_EQ(tier_stats(rt, 1).objects, 0);
-    CHECK_EQ(count_kdn_files(dir), 0);
-    CHECK_EQ(list_docs(rt, m, ns, docs, 4), 0);
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, "doc-a", 5, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_delete(rt, m, ns, sizeof ns - 1, "doc-a", 5)); /* gone already */
-  }
-  group_end();
-
-  group_begin("6. knowledge: doc ids");
-  {
-    char id[257];
-    uint64_t num = 0;
-    memset(id, 'd', sizeof id);
-    /* 255 bytes is the longest id; (pointer, length): no NUL needed. */
-    CHECK_OK(kdn_knowledge_put(rt, m, ns, sizeof ns - 1, id, 255, 1, NULL, 0, kTokens, CHUNK, &kv48.kv));
-    n = list_docs(rt, m, ns, docs, 4);
-    CHECK_EQ(n, 1);
-    CHECK_EQ(docs[0].doc_id_len, 255);
-    CHECK(strlen(docs[0].doc_id) == 255 && memcmp(docs[0].doc_id, id, 255) == 0);
-    CHECK_OK(kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, id, 255, NULL, NULL, 0, &num));
-    CHECK_EQ(num, CHUNK);
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT,
-                kdn_knowledge_put(rt, m, ns, sizeof ns - 1, id, 256, 1, NULL, 0, kTokens, CHUNK, &kv48.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT,
-                kdn_knowledge_put(rt, m, ns, sizeof ns - 1, id, 0, 1, NULL, 0, kTokens, CHUNK, &kv48.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT,
-                kdn_knowledge_put(rt, m, ns, sizeof ns - 1, NULL, 5, 1, NULL, 0, kTokens, CHUNK, &kv48.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, id, 256, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, m, ns, sizeof ns - 1, id, 0, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(rt, m, ns, sizeof ns - 1, id, 256, 1, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(rt, m, ns, sizeof ns - 1, "", 0, 1, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(rt, m, ns, sizeof ns - 1, id, 256, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(rt, m, ns, sizeof ns - 1, NULL, 0, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(rt, m, ns, sizeof ns - 1, id, 256));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(rt, m, ns, sizeof ns - 1, id, 0));
-    CHECK_EQ(list_docs(rt, m, ns, docs, 4), 1);
-    CHECK_OK(kdn_knowledge_delete(rt, m, ns, sizeof ns - 1, id, 255));
-    CHECK_EQ(list_docs(rt, m, ns, docs, 4), 0);
-  }
-  group_end();
-
-  kdn_model_destroy(m);
-  kdn_runtime_destroy(rt);
-  canon_free(&kv48);
-  canon_free(&kv24);
-  canon_free(&kv32);
+  CHECK_OK(kdn_runtime_create(&options, &k->rt));
+  if (k->rt == NULL) return 0;
+  k->m = new_model(k->rt, FINGERPRINT);
+  if (k->m == NULL) return 0;
+  CHECK_OK(kdn_knowledge_put(k->m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, 1, meta_a, sizeof meta_a - 1, kTokens,
+                             POSITIONS, &k->kv48.view, 1));
+  CHECK_OK(kdn_knowledge_put(k->m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, 7, NULL, 0, kTokens, 24, &k->kv24.view, 1));
+  /* Four distinct chunks (a0 is shared); write-through copies them to disk. */
+  CHECK(wait_tier_objects(k->rt, 1, 4));
+  return 1;
 }
 
-/* ---- 7. The editor callback ---------------------------------------------- */
+static void knowledge_close(knowledge *k) {
+  kdn_model_destroy(k->m);
+  kdn_runtime_destroy(k->rt);
+  canon_free(&k->kv48);
+  canon_free(&k->kv24);
+  canon_free(&k->kv32);
+}
 
-typedef enum edit_mode { EDIT_ADD_ONE, EDIT_FAIL, EDIT_UNCHANGED } edit_mode;
+static void test_knowledge_put_list_fetch(void) {
+  knowledge k;
+  kdn_document_info docs[4];
+  const kdn_document_info *d;
+  size_t n;
+  group_begin("knowledge: put, list, fetch");
+  if (knowledge_open(&k)) {
+    CHECK(canon_holds(&k.kv48, POSITIONS) && canon_holds(&k.kv24, 24)); /* inputs untouched */
+    n = list_docs(k.m, kKnowNs, docs, 4);
+    CHECK_EQ(n, 2);
+    d = find_doc(docs, n < 4 ? n : 4, "doc-a");
+    CHECK(d != NULL);
+    if (d != NULL) {
+      CHECK_EQ(d->struct_size, sizeof(kdn_document_info));
+      CHECK_EQ(d->filled_size, sizeof(kdn_document_info));
+      CHECK_EQ(d->version, 1);
+      CHECK_EQ(d->num_tokens, POSITIONS);
+      CHECK_EQ(d->chunks, 3);
+      CHECK_EQ(d->chunks_present, 3);
+      CHECK_EQ(d->pinned, 0);
+      CHECK_EQ((unsigned long long)d->expires_in_ms, (unsigned long long)-1);
+    }
+    d = find_doc(docs, n < 4 ? n : 4, "doc-b");
+    CHECK(d != NULL);
+    if (d != NULL) {
+      CHECK_EQ(d->version, 7);
+      CHECK_EQ(d->num_tokens, 24);
+      CHECK_EQ(d->chunks, 2);
+      CHECK_EQ(d->chunks_present, 2);
+    }
+    CHECK(strcmp(docs[0].doc_id, "doc-a") == 0 && strcmp(docs[1].doc_id, "doc-b") == 0); /* doc_id order */
+    {
+      /* Capacity 1: one document written, the count of all. */
+      size_t count = 0;
+      kdn_document_info one[2];
+      one[0] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
+      memset(&one[1], 0xEE, sizeof one[1]);
+      CHECK_OK(kdn_knowledge_list(k.m, kKnowNs, KNOW_NS_LEN, one, 1, &count));
+      CHECK_EQ(count, 2);
+      CHECK(one[0].doc_id_len == 5 && strlen(one[0].doc_id) == 5);
+      CHECK_EQ(one[1].version, 0xEEEEEEEEEEEEEEEEull);
+      /* Capacity 0, out NULL: just the count. */
+      count = 0;
+      CHECK_OK(kdn_knowledge_list(k.m, kKnowNs, KNOW_NS_LEN, NULL, 0, &count));
+      CHECK_EQ(count, 2);
+    }
+    /* Four distinct chunks, in both tiers. */
+    CHECK_EQ(tier_stats(k.rt, 0).objects, 4);
+    CHECK_EQ(tier_stats(k.rt, 1).objects, 4);
+    CHECK_EQ(count_kdn_files(k.dir), 4);
+    {
+      canon_buf out = canon_new(POSITIONS, 0);
+      int32_t tokens[POSITIONS + 4];
+      kdn_kv_result num = KDN_KV_RESULT_INIT;
+      memset(tokens, 0x7F, sizeof tokens);
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, &out.view, 1, tokens, POSITIONS + 4, &num));
+      CHECK_EQ(num.tokens, POSITIONS);
+      CHECK(memcmp(tokens, kTokens, sizeof kTokens) == 0);
+      CHECK_EQ(tokens[POSITIONS], 0x7F7F7F7F); /* beyond the document: untouched */
+      CHECK(canon_holds(&out, POSITIONS));
+      canon_free(&out);
+    }
+    {
+      /* doc-b into a 32-token view: its 24 tokens, the rest untouched. */
+      canon_buf out = canon_new(32, 0);
+      kdn_kv_result num = KDN_KV_RESULT_INIT;
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, &out.view, 1, NULL, 0, &num));
+      CHECK_EQ(num.tokens, 24);
+      CHECK(canon_holds(&out, 24));
+      canon_free(&out);
+    }
+    {
+      /* No views, no tokens: the length. Tokens only: the tokens. */
+      int32_t tokens[POSITIONS];
+      kdn_kv_result num = KDN_KV_RESULT_INIT;
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, NULL, 0, NULL, 0, &num));
+      CHECK_EQ(num.tokens, POSITIONS);
+      num.tokens = 0;
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, NULL, 0, tokens, POSITIONS, &num));
+      CHECK_EQ(num.tokens, POSITIONS);
+      CHECK(memcmp(tokens, kTokens, sizeof tokens) == 0);
+    }
+    {
+      /* Into two views (layers {0,2,4} and {1,3}) of llama.cpp's layout. */
+      static const uint32_t even[3] = {0, 2, 4}, odd[2] = {1, 3};
+      engine_kv *dst = ekv_llama(POSITIONS);
+      view_buf ve, vo;
+      kdn_kv_view two[2];
+      kdn_kv_result num = KDN_KV_RESULT_INIT;
+      two[0] = *make_view(&ve, dst, even, 3);
+      two[1] = *make_view(&vo, dst, odd, 2);
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, two, 2, NULL, 0, &num));
+      CHECK_EQ(num.tokens, POSITIONS);
+      CHECK(ekv_holds_ref(dst, POSITIONS));
+      ekv_free(dst);
+    }
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_fetch_too_small(void) {
+  knowledge k;
+  group_begin("knowledge: fetch into too small a buffer");
+  if (knowledge_open(&k)) {
+    /* KDN_ERR_BUFFER_TOO_SMALL with the length needed, nothing written. */
+    canon_buf small = canon_new(24, 0);
+    canon_buf whole = canon_new(POSITIONS, 0);
+    int32_t tokens[POSITIONS];
+    kdn_kv_result num = KDN_KV_RESULT_INIT;
+    num.tokens = 12345;
+    memset(tokens, 0x7F, sizeof tokens);
+    CHECK_ERROR(KDN_ERR_BUFFER_TOO_SMALL,
+                kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, &small.view, 1, NULL, 0, &num));
+    CHECK_EQ(num.tokens, POSITIONS);
+    CHECK(canon_holds(&small, 0));
+    num.tokens = 12345;
+    CHECK_ERROR(KDN_ERR_BUFFER_TOO_SMALL,
+                kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, NULL, 0, tokens, 10, &num));
+    CHECK_EQ(num.tokens, POSITIONS);
+    CHECK_EQ(tokens[0], 0x7F7F7F7F);
+    /* Room for the KV, not the tokens: neither is written. */
+    num.tokens = 12345;
+    CHECK_ERROR(KDN_ERR_BUFFER_TOO_SMALL, kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, &whole.view, 1,
+                                                              tokens, POSITIONS - 1, &num));
+    CHECK_EQ(num.tokens, POSITIONS);
+    CHECK(canon_holds(&whole, 0));
+    CHECK_EQ(tokens[0], 0x7F7F7F7F);
+    /* Call again with the length it said: the document. */
+    CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, &whole.view, 1, tokens, (size_t)num.tokens, &num));
+    CHECK(canon_holds(&whole, POSITIONS));
+    CHECK(memcmp(tokens, kTokens, sizeof tokens) == 0);
+    /* doc-b (24 tokens) fits the small one exactly. */
+    CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, &small.view, 1, NULL, 0, &num));
+    CHECK_EQ(num.tokens, 24);
+    CHECK(canon_holds(&small, 24));
+    canon_free(&small);
+    canon_free(&whole);
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_get_info(void) {
+  knowledge k;
+  group_begin("knowledge: one document's information");
+  if (knowledge_open(&k)) {
+    kdn_document_info info = doc_info(k.m, kKnowNs, "doc-a");
+    CHECK_EQ(info.struct_size, sizeof info);
+    CHECK_EQ(info.filled_size, sizeof info);
+    CHECK(info.doc_id_len == 5 && strcmp(info.doc_id, "doc-a") == 0);
+    CHECK(info.version == 1 && info.num_tokens == POSITIONS && info.chunks == 3 && info.chunks_present == 3);
+    CHECK(info.pinned == 0 && info.expires_in_ms == -1);
+    info = doc_info(k.m, kKnowNs, "doc-b");
+    CHECK(info.version == 7 && info.num_tokens == 24 && info.chunks == 2);
+    info = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_get_info(k.m, kKnowNs, KNOW_NS_LEN, "doc-c", 5, &info));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_get_info(k.m, "other", 5, "doc-a", 5, &info));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_get_info(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 4, &info)); /* "doc-" */
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_versions(void) {
+  knowledge k;
+  group_begin("knowledge: a new version replaces the old one");
+  if (knowledge_open(&k)) {
+    kdn_document_info docs[4];
+    const kdn_document_info *d;
+    size_t n;
+    /* doc-b version 8: the first 32 tokens (a0 a1, both shared with doc-a).
+     * The old version's own chunk b1 goes, from both tiers. */
+    CHECK_OK(kdn_knowledge_put(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, 8, "v8", 2, kTokens, 32, &k.kv32.view, 1));
+    n = list_docs(k.m, kKnowNs, docs, 4);
+    CHECK_EQ(n, 2);
+    d = find_doc(docs, n < 4 ? n : 4, "doc-b");
+    CHECK(d != NULL && d->version == 8 && d->num_tokens == 32 && d->chunks == 2 && d->chunks_present == 2);
+    CHECK_EQ(tier_stats(k.rt, 0).objects, 3);
+    CHECK(wait_tier_objects(k.rt, 1, 3));
+    CHECK_EQ(count_kdn_files(k.dir), 3);
+    {
+      canon_buf out = canon_new(32, 0);
+      int32_t tokens[32];
+      kdn_kv_result num = KDN_KV_RESULT_INIT;
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, &out.view, 1, tokens, 32, &num));
+      CHECK_EQ(num.tokens, 32);
+      CHECK(canon_holds(&out, 32));
+      CHECK(memcmp(tokens, kTokens, sizeof tokens) == 0);
+      canon_free(&out);
+    }
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_pins_expiry(void) {
+  knowledge k;
+  group_begin("knowledge: pins, expiry");
+  if (knowledge_open(&k)) {
+    kdn_document_info docs[4];
+    size_t n;
+    kdn_kv_result num = KDN_KV_RESULT_INIT;
+    num.tokens = 12345;
+    /* Pins: every chunk of doc-a, until unpinned. */
+    CHECK_OK(kdn_knowledge_pin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, 0));
+    CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").pinned, 1);
+    CHECK_EQ(get_stats(k.rt).pins_active, 3);
+    CHECK_OK(kdn_knowledge_unpin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5));
+    CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").pinned, 0);
+    CHECK_EQ(get_stats(k.rt).pins_active, 0);
+    CHECK_OK(kdn_knowledge_pin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, 60000)); /* for a minute */
+    CHECK_EQ(get_stats(k.rt).pins_active, 3);
+    CHECK_OK(kdn_knowledge_unpin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5));
+    CHECK_EQ(get_stats(k.rt).pins_active, 0);
+    CHECK_EQ(get_stats(k.rt).pins_forced_unpin, 0);
+    /* Expiry: in a minute (listed with its time left), then now (deleted). */
+    CHECK_OK(kdn_knowledge_expire(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, 60000));
+    {
+      const kdn_document_info d = doc_info(k.m, kKnowNs, "doc-b");
+      CHECK(d.expires_in_ms > 50000 && d.expires_in_ms <= 60000);
+    }
+    CHECK_OK(kdn_knowledge_expire(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, 0));
+    n = list_docs(k.m, kKnowNs, docs, 4);
+    CHECK_EQ(n, 1);
+    CHECK(find_doc(docs, 1, "doc-a") != NULL && find_doc(docs, 1, "doc-b") == NULL);
+    CHECK_ERROR(KDN_ERR_NOT_FOUND,
+                kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5, NULL, 0, NULL, 0, &num));
+    CHECK_EQ(num.tokens, 0);
+    /* doc-b's own chunk b1 went; a0 is doc-a's too: it stays. */
+    CHECK_EQ(tier_stats(k.rt, 0).objects, 3);
+    CHECK(wait_tier_objects(k.rt, 1, 3));
+    CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").chunks_present, 3);
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_tenants(void) {
+  knowledge k;
+  group_begin("knowledge: tenants and models are apart");
+  if (knowledge_open(&k)) {
+    kdn_document_info docs[4];
+    kdn_kv_result num = KDN_KV_RESULT_INIT;
+    num.tokens = 12345;
+    kdn_model *other = new_model(k.rt, "another model");
+    CHECK_EQ(list_docs(k.m, "another-tenant", docs, 4), 0);
+    CHECK_EQ(list_docs(other, kKnowNs, docs, 4), 0);
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(k.m, "another-tenant", 14, "doc-a", 5, NULL, 0, NULL, 0, &num));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(other, kKnowNs, KNOW_NS_LEN, "doc-a", 5, NULL, 0, NULL, 0, &num));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_delete(k.m, "another-tenant", 14, "doc-a", 5));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_pin(k.m, "another-tenant", 14, "doc-a", 5, 0));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_unpin(k.m, "another-tenant", 14, "doc-a", 5));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_expire(k.m, "another-tenant", 14, "doc-a", 5, 0));
+    CHECK_EQ(list_docs(k.m, kKnowNs, docs, 4), 2); /* none of that touched the documents */
+    CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").pinned, 0);
+    kdn_model_destroy(other);
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_delete(void) {
+  knowledge k;
+  group_begin("knowledge: delete removes a document from every tier");
+  if (knowledge_open(&k)) {
+    kdn_document_info docs[4];
+    kdn_kv_result num = KDN_KV_RESULT_INIT;
+    num.tokens = 12345;
+    CHECK_EQ(count_kdn_files(k.dir), 4);
+    CHECK_OK(kdn_knowledge_delete(k.m, kKnowNs, KNOW_NS_LEN, "doc-b", 5));
+    CHECK_EQ(tier_stats(k.rt, 0).objects, 3); /* b1 went, a0 is doc-a's too */
+    CHECK_OK(kdn_knowledge_delete(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5));
+    CHECK_EQ(tier_stats(k.rt, 0).objects, 0);
+    CHECK_EQ(tier_stats(k.rt, 0).used_bytes, 0);
+    CHECK_EQ(tier_stats(k.rt, 1).objects, 0);
+    CHECK_EQ(count_kdn_files(k.dir), 0);
+    CHECK_EQ(list_docs(k.m, kKnowNs, docs, 4), 0);
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, NULL, 0, NULL, 0, &num));
+    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_delete(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5)); /* gone already */
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+static void test_knowledge_doc_ids(void) {
+  knowledge k;
+  group_begin("knowledge: doc ids of 1..255 bytes");
+  if (knowledge_open(&k)) {
+    static const char ns[] = "ids";
+    kdn_document_info docs[4];
+    char id[257];
+    kdn_kv_result num = KDN_KV_RESULT_INIT;
+    kdn_model *m = k.m;
+    const kdn_kv_view *kv = &k.kv48.view;
+    memset(id, 'd', sizeof id);
+    /* 255 bytes is the longest id; (pointer, length): no NUL needed. */
+    CHECK_OK(kdn_knowledge_put(m, ns, 3, id, 255, 1, NULL, 0, kTokens, CHUNK, kv, 1));
+    CHECK_EQ(list_docs(m, ns, docs, 4), 1);
+    CHECK_EQ(docs[0].doc_id_len, 255);
+    CHECK(strlen(docs[0].doc_id) == 255 && memcmp(docs[0].doc_id, id, 255) == 0);
+    CHECK_OK(kdn_knowledge_fetch(m, ns, 3, id, 255, NULL, 0, NULL, 0, &num));
+    CHECK_EQ(num.tokens, CHUNK);
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_put(m, ns, 3, id, 256, 1, NULL, 0, kTokens, CHUNK, kv, 1));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_put(m, ns, 3, id, 0, 1, NULL, 0, kTokens, CHUNK, kv, 1));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_put(m, ns, 3, NULL, 5, 1, NULL, 0, kTokens, CHUNK, kv, 1));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(m, ns, 3, id, 256, NULL, 0, NULL, 0, &num));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(m, ns, 3, id, 0, NULL, 0, NULL, 0, &num));
+    {
+      kdn_document_info info = KDN_DOCUMENT_INFO_INIT;
+      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_get_info(m, ns, 3, id, 256, &info));
+      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_get_info(m, ns, 3, NULL, 3, &info));
+    }
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(m, ns, 3, id, 256, 0));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(m, ns, 3, "", 0, 0));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_unpin(m, ns, 3, id, 256));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(m, ns, 3, id, 256, 0));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(m, ns, 3, NULL, 0, 0));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(m, ns, 3, id, 256));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(m, ns, 3, id, 0));
+    CHECK_EQ(list_docs(m, ns, docs, 4), 1);
+    CHECK_OK(kdn_knowledge_delete(m, ns, 3, id, 255));
+    CHECK_EQ(list_docs(m, ns, docs, 4), 0);
+  }
+  group_end();
+  knowledge_close(&k);
+}
+
+/* ---- The editor callback (experimental) -------------------------------------- */
+
+typedef enum edit_mode { EDIT_ADD_ONE, EDIT_FAIL, EDIT_UNCHANGED, EDIT_REENTER } edit_mode;
 
 /* What an editor saw. Written on the runtime's background thread: `calls`
  * is published with a release store after the rest. */
@@ -1720,18 +2101,47 @@ typedef struct edit_state {
   int calls;
   kdn_chunk_info info;
   size_t kv_bytes;
+  /* EDIT_REENTER: the handles it calls back with, and what it got. */
+  kdn_runtime *rt;
+  const kdn_model *model;
+  kdn_status store_status, lookup_status, stats_status, fingerprint_status;
+  int store_message, stored_tokens_zero;
 } edit_state;
 
 static int load_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
+/* Calls back into kdn from the editor's thread: functions taking a runtime
+ * or model are refused there with KDN_ERR_INVALID_ARGUMENT (they could wait
+ * for the thread that runs the editor), never hung. */
+static void reenter(edit_state *st, const kdn_chunk_info *info, void *kv, size_t kv_bytes) {
+  kdn_request req = KDN_REQUEST_INIT;
+  kdn_kv_view view = KDN_KV_VIEW_INIT;
+  kdn_lookup_result result = KDN_LOOKUP_RESULT_INIT;
+  kdn_stats stats = KDN_STATS_INIT;
+  kdn_kv_result stored = KDN_KV_RESULT_INIT;
+  uint8_t fp[32];
+  req.tokens = kTokens;
+  req.num_tokens = info->num_tokens <= POSITIONS ? info->num_tokens : POSITIONS;
+  view.data = kv;
+  view.size_bytes = kv_bytes;
+  view.num_tokens = info->num_tokens;
+  st->store_status = kdn_kv_store(st->model, "inner", 5, &req, &view, 1, &stored);
+  st->store_message = kdn_last_error_message()[0] != '\0';
+  st->stored_tokens_zero = stored.tokens == 0;
+  st->lookup_status = kdn_kv_lookup(st->model, "inner", 5, &req, 1, &result);
+  st->stats_status = kdn_runtime_get_stats(st->rt, &stats);
+  st->fingerprint_status = kdn_model_get_fingerprint(st->model, fp);
+}
+
 /* Adds 1.0f to every element of V in layer 0 (EDIT_ADD_ONE); scribbles on
  * the KV and fails (EDIT_FAIL); scribbles and says it changed nothing
- * (EDIT_UNCHANGED). */
+ * (EDIT_UNCHANGED); calls back into kdn and changes nothing (EDIT_REENTER). */
 static kdn_status test_editor(void *user, const kdn_chunk_info *info, void *kv, size_t kv_bytes, int *out_changed) {
   edit_state *st = user;
   float *f = kv;
   const size_t row = (size_t)info->num_kv_heads * info->head_dim;
   const size_t v0 = (size_t)info->num_tokens * row; /* canonical: layer 0 K, then layer 0 V */
+  kdn_status status = KDN_OK;
   size_t i;
   st->info = *info;
   st->kv_bytes = kv_bytes;
@@ -1739,20 +2149,24 @@ static kdn_status test_editor(void *user, const kdn_chunk_info *info, void *kv, 
     case EDIT_ADD_ONE:
       for (i = 0; i < (size_t)info->num_tokens * row; ++i) f[v0 + i] += 1.0f;
       *out_changed = 1;
-      __atomic_add_fetch(&st->calls, 1, __ATOMIC_RELEASE);
-      return KDN_OK;
+      break;
     case EDIT_FAIL:
       memset(kv, 0, kv_bytes);
       *out_changed = 1;
-      __atomic_add_fetch(&st->calls, 1, __ATOMIC_RELEASE);
-      return KDN_ERR_INTERNAL;
+      status = KDN_ERR_INTERNAL;
+      break;
+    case EDIT_REENTER:
+      reenter(st, info, kv, kv_bytes);
+      *out_changed = 0;
+      break;
     case EDIT_UNCHANGED:
     default:
       memset(kv, 0, kv_bytes);
       *out_changed = 0;
-      __atomic_add_fetch(&st->calls, 1, __ATOMIC_RELEASE);
-      return KDN_OK;
+      break;
   }
+  __atomic_add_fetch(&st->calls, 1, __ATOMIC_RELEASE);
+  return status;
 }
 
 /* A runtime whose chunks are 48 tokens, with the editor in `mode`. */
@@ -1762,9 +2176,7 @@ static kdn_runtime *editor_runtime(edit_state *st, edit_mode mode) {
   memset(st, 0, sizeof *st);
   st->mode = mode;
   o.chunk_tokens = POSITIONS; /* one chunk: one edit */
-  o.editor = test_editor;
-  o.editor_user = st;
-  CHECK_OK(kdn_runtime_create(&o, &rt));
+  CHECK_OK(kdn_runtime_create_with_editor(&o, test_editor, st, &rt));
   return rt;
 }
 
@@ -1789,35 +2201,37 @@ static int canon_holds_edited(const canon_buf *b, float v0_add) {
   return same;
 }
 
-static void test_editor_callback(void) {
+static void test_editor_add_one(void) {
   static const char ns[] = "edited";
+  const kdn_request req = token_request(kTokens, POSITIONS);
   canon_buf in = canon_new(POSITIONS, POSITIONS);
   edit_state st;
   kdn_runtime *rt;
   kdn_model *m;
 
-  group_begin("7. editor: V of layer 0 plus one");
+  group_begin("editor: V of layer 0 plus one");
   rt = editor_runtime(&st, EDIT_ADD_ONE);
   m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
   if (m != NULL) {
-    uint64_t stored = 0, filled = 0;
+    kdn_kv_result stored = KDN_KV_RESULT_INIT, filled = KDN_KV_RESULT_INIT;
     uint8_t fp[32];
     int waited;
     kdn_stats s;
-    CHECK_OK(kdn_store(rt, m, ns, sizeof ns - 1, kTokens, POSITIONS, &in.kv, NULL, &stored));
-    CHECK_EQ(stored, POSITIONS);
+    CHECK_OK(kdn_kv_store(m, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
+    CHECK_EQ(stored.tokens, POSITIONS);
     for (waited = 0; waited <= POLL_LIMIT_MS && get_stats(rt).edits < 1; waited += POLL_MS) sleep_ms(POLL_MS);
     s = get_stats(rt);
     CHECK_EQ(s.edits, 1);
     CHECK(wait_calls(&st, 1));
     CHECK_EQ(load_acquire(&st.calls), 1);
     CHECK_EQ(st.info.struct_size, sizeof(kdn_chunk_info));
+    CHECK_EQ(st.info.filled_size, sizeof(kdn_chunk_info));
     CHECK(st.info.num_layers == LAYERS && st.info.num_kv_heads == HEADS && st.info.head_dim == HEAD_DIM);
     CHECK_EQ(st.info.num_tokens, POSITIONS);
     CHECK_EQ(st.info.dtype, KDN_DTYPE_F32);
     CHECK_EQ(st.info.first_position, 0);
     CHECK_EQ(st.kv_bytes, KV_BYTES);
-    CHECK_OK(kdn_model_fingerprint(m, fp));
+    CHECK_OK(kdn_model_get_fingerprint(m, fp));
     CHECK(memcmp(st.info.model_fingerprint, fp, 32) == 0);
     CHECK(canon_holds(&in, POSITIONS)); /* the caller's buffer is not edited */
     {
@@ -1828,12 +2242,12 @@ static void test_editor_callback(void) {
       canon_buf out = canon_new(POSITIONS, 0);
       int attempt;
       for (attempt = 1; attempt <= 100; ++attempt) {
-        CHECK_OK(kdn_retrieve(rt, m, ns, sizeof ns - 1, kTokens, POSITIONS, &out.kv, &filled));
+        CHECK_OK(kdn_kv_retrieve(m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
         if (canon_holds_edited(&out, 1.0f)) break;
         sleep_ms(10);
       }
       if (attempt > 1) printf("  note: the edited chunk was served from retrieve %d on\n", attempt);
-      CHECK_EQ(filled, POSITIONS);
+      CHECK_EQ(filled.tokens, POSITIONS);
       CHECK(canon_holds_edited(&out, 1.0f));
       canon_free(&out);
     }
@@ -1841,9 +2255,8 @@ static void test_editor_callback(void) {
     {
       /* An asynchronous load serves the edited chunk too. */
       engine_kv *dst = ekv_llama(POSITIONS);
-      group_buf g;
-      kdn_request req = token_request(kTokens, POSITIONS);
-      const kdn_op_result res = LOAD(rt, m, ns, &req, whole_group(&g, dst), 1);
+      view_buf v;
+      const kdn_kv_result res = LOAD(m, ns, &req, whole_view(&v, dst), 1);
       int l;
       CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS);
       CHECK(ekv_layer_holds(dst, 0, 0, POSITIONS, 0.0f) && ekv_layer_holds(dst, 0, 1, POSITIONS, 1.0f));
@@ -1855,59 +2268,132 @@ static void test_editor_callback(void) {
     CHECK_EQ(s.edits, 1); /* served twice, edited once */
     CHECK_EQ(load_acquire(&st.calls), 1);
   }
-  kdn_model_destroy(m);
+  /* The runtime first, then the model: `st` must live until the last. */
   kdn_runtime_destroy(rt);
+  kdn_model_destroy(m);
   group_end();
+  canon_free(&in);
+}
 
-  group_begin("7. editor: a failure, or no change, keeps the KV");
-  {
-    static const edit_mode modes[2] = {EDIT_FAIL, EDIT_UNCHANGED};
-    int i;
-    for (i = 0; i < 2; ++i) {
-      rt = editor_runtime(&st, modes[i]);
-      m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
-      if (m != NULL) {
-        uint64_t stored = 0, filled = 0;
-        canon_buf out = canon_new(POSITIONS, 0);
-        kdn_stats s;
-        CHECK_OK(kdn_store(rt, m, ns, sizeof ns - 1, kTokens, POSITIONS, &in.kv, NULL, &stored));
-        CHECK_EQ(stored, POSITIONS);
-        CHECK(wait_calls(&st, 1));
-        sleep_ms(20);
-        CHECK_OK(kdn_retrieve(rt, m, ns, sizeof ns - 1, kTokens, POSITIONS, &out.kv, &filled));
-        CHECK_EQ(filled, POSITIONS);
-        CHECK(canon_holds(&out, POSITIONS));
-        s = get_stats(rt);
-        CHECK_EQ(s.edits, 0);
-        CHECK_EQ(s.edited_served, 0);
-        CHECK_EQ(load_acquire(&st.calls), 1);
-        canon_free(&out);
-      }
-      kdn_model_destroy(m);
-      kdn_runtime_destroy(rt);
+static void test_editor_fail_or_unchanged(void) {
+  static const char ns[] = "edited";
+  static const edit_mode modes[2] = {EDIT_FAIL, EDIT_UNCHANGED};
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  canon_buf in = canon_new(POSITIONS, POSITIONS);
+  edit_state st;
+  int i;
+  group_begin("editor: a failure, or no change, keeps the KV");
+  for (i = 0; i < 2; ++i) {
+    kdn_runtime *rt = editor_runtime(&st, modes[i]);
+    kdn_model *m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
+    if (m != NULL) {
+      kdn_kv_result stored = KDN_KV_RESULT_INIT, filled = KDN_KV_RESULT_INIT;
+      canon_buf out = canon_new(POSITIONS, 0);
+      kdn_stats s;
+      CHECK_OK(kdn_kv_store(m, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
+      CHECK_EQ(stored.tokens, POSITIONS);
+      CHECK(wait_calls(&st, 1));
+      sleep_ms(20);
+      CHECK_OK(kdn_kv_retrieve(m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
+      CHECK_EQ(filled.tokens, POSITIONS);
+      CHECK(canon_holds(&out, POSITIONS));
+      s = get_stats(rt);
+      CHECK_EQ(s.edits, 0);
+      CHECK_EQ(s.edited_served, 0);
+      CHECK_EQ(load_acquire(&st.calls), 1);
+      canon_free(&out);
     }
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
   }
   group_end();
   canon_free(&in);
 }
 
-/* ---- 8. Statistics ------------------------------------------------------- */
+static void test_editor_reentry(void) {
+  static const char ns[] = "edited";
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  canon_buf in = canon_new(POSITIONS, POSITIONS);
+  edit_state st;
+  kdn_runtime *rt;
+  kdn_model *m;
+  group_begin("editor: calls back into kdn are refused, not hung");
+  rt = editor_runtime(&st, EDIT_REENTER);
+  m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
+  if (m != NULL) {
+    kdn_kv_result stored = KDN_KV_RESULT_INIT, filled = KDN_KV_RESULT_INIT;
+    canon_buf out = canon_new(POSITIONS, 0);
+    st.rt = rt; /* before the store that runs the editor */
+    st.model = m;
+    CHECK_OK(kdn_kv_store(m, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
+    CHECK_EQ(stored.tokens, POSITIONS);
+    CHECK(wait_calls(&st, 1));
+    CHECK_EQ(st.store_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK(st.store_message);
+    CHECK(st.stored_tokens_zero);
+    CHECK_EQ(st.lookup_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(st.stats_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(st.fingerprint_status, KDN_ERR_INVALID_ARGUMENT);
+    /* The runtime goes on: nothing was stored from inside, the KV is as
+     * stored, and this thread's calls work. */
+    CHECK_EQ(lookup_one(m, "inner", &req), 0);
+    CHECK_OK(kdn_kv_retrieve(m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
+    CHECK_EQ(filled.tokens, POSITIONS);
+    CHECK(canon_holds(&out, POSITIONS));
+    CHECK_EQ(get_stats(rt).edits, 0);
+    canon_free(&out);
+  }
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  group_end();
+  canon_free(&in);
+}
+
+/* ---- Statistics -------------------------------------------------------------- */
 
 static int latency_sane(const kdn_latency *l) {
   return l->count > 0 && l->mean_us > 0.0 && l->p50_us <= l->p90_us && l->p90_us <= l->p99_us &&
          l->p99_us <= l->max_us && l->mean_us <= l->max_us;
 }
 
-static void test_statistics(void) {
-  group_begin("8. statistics: latencies, leases, older callers");
-  {
+/* Some of everything: lookups (a batch of two), a store, two loads. */
+static void stats_workload(const kdn_model *m, const char *ns) {
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  engine_kv *dst = ekv_llama(POSITIONS);
+  engine_kv *src = ekv_paged(EKV_NHD, 6, table, SEQ_BLOCKS);
+  view_buf vd, vs;
+  kdn_request two[2];
+  kdn_lookup_result res[2];
+  kdn_kv_result stored = KDN_KV_RESULT_INIT;
+  two[0] = token_request(kTokens, POSITIONS);
+  two[1] = token_request(kTokens, 20);
+  res[0] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
+  res[1] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
+  ekv_write_ref(src, POSITIONS);
+  CHECK_OK(kdn_kv_lookup(m, ns, strlen(ns), two, 2, res));
+  CHECK_OK(kdn_kv_store(m, ns, strlen(ns), &two[0], whole_view(&vs, src), 1, &stored));
+  /* (In the tiered runtime a load may cover less while a chunk moves
+   * between tiers: only the counts matter here.) */
+  CHECK(LOAD(m, ns, &two[0], whole_view(&vd, dst), 1).state == KDN_OP_DONE);
+  CHECK_OK(kdn_kv_retrieve(m, ns, strlen(ns), &two[1], whole_view(&vd, dst), 1, &stored));
+  ekv_free(dst);
+  ekv_free(src);
+}
+
+static void test_statistics_latencies(void) {
+  group_begin("statistics: counters and latencies agree");
+  if (open_tiered_saved() && open_big()) {
     kdn_runtime *rts[2];
+    kdn_model *models[2];
     int i;
     rts[0] = g_tiered;
     rts[1] = g_big;
+    models[0] = g_tiered_model;
+    models[1] = g_big_model;
     for (i = 0; i < 2; ++i) {
       kdn_stats s;
-      if (rts[i] == NULL) continue;
+      kdn_latency lookup, load, store;
+      stats_workload(models[i], "stats");
       /* "chunks held by loads in progress": none once every load ended. */
       CHECK(wait_no_leases(rts[i]));
       s = get_stats(rts[i]);
@@ -1917,76 +2403,64 @@ static void test_statistics(void) {
       CHECK_EQ(s.corrupt_detected, 0);
       CHECK_EQ(s.edits, 0);
       CHECK_EQ(s.edited_served, 0);
-      CHECK(latency_sane(&s.lookup));
-      CHECK(latency_sane(&s.load));
-      CHECK(latency_sane(&s.store));
-      /* One sample per lookup (each request of a batch), per load and per
-       * save or store. */
-      CHECK_EQ(s.lookup.count, s.lookups);
-      CHECK_EQ(s.load.count, s.retrieves);
-      CHECK_EQ(s.store.count, s.stores);
-      CHECK(s.retrieves > 0 && s.stores > 0 && s.lookups > 0);
+      lookup = get_latency(rts[i], KDN_LATENCY_LOOKUP);
+      load = get_latency(rts[i], KDN_LATENCY_LOAD);
+      store = get_latency(rts[i], KDN_LATENCY_STORE);
+      CHECK(latency_sane(&lookup));
+      CHECK(latency_sane(&load));
+      CHECK(latency_sane(&store));
+      /* One sample per looked-up request (each of a batch), per load and
+       * per save or store. */
+      CHECK_EQ(lookup.count, s.lookups);
+      CHECK_EQ(load.count, s.retrieves);
+      CHECK_EQ(store.count, s.stores);
+      CHECK_EQ(s.lookups, 2);
+      CHECK_EQ(s.retrieves, 2);
+      CHECK_EQ(s.stores, i == 0 ? 2 : 1);
       CHECK(s.hits > 0 && s.tokens_served > 0 && s.bytes_served == s.tokens_served * BYTES_PER_TOKEN);
     }
   }
-  if (g_big != NULL) {
-    /* Leases end with their loads: right after kdn_op_wait returned, the
-     * load is over and holds no chunk ("chunks held by loads in progress").
-     * Known bug: the load's leases are released after it reports DONE
-     * (store/engine_ops.cc, LoadOp::Run: Finish() before the Fetch goes). */
+  group_end();
+}
+
+static void test_statistics_leases(void) {
+  group_begin("statistics: leases end with their loads");
+  if (open_big_saved(kOpsNs)) {
+    /* Right after kdn_op_wait returned, the load is over and holds no chunk
+     * ("chunks held by loads in progress"). */
     enum { LOADS = 1000 };
     engine_kv *dst = ekv_llama(POSITIONS);
-    group_buf g;
+    view_buf v;
     kdn_request req = token_request(kTokens, POSITIONS);
     int i, held = 0, done = 0;
-    whole_group(&g, dst);
+    whole_view(&v, dst);
     for (i = 0; i < LOADS; ++i) {
       kdn_op *op = NULL;
       kdn_stats s = KDN_STATS_INIT;
-      if (kdn_load_begin(g_big, g_big_model, "ops", 3, &req, &g.g, 1, &op) != KDN_OK) break;
+      if (kdn_kv_load_async(g_big_model, kOpsNs, sizeof kOpsNs - 1, &req, &v.view, 1, &op) != KDN_OK) break;
       done += kdn_op_wait(op, -1) == KDN_OK;
-      if (kdn_runtime_stats(g_big, &s) == KDN_OK && s.leases_active != 0) ++held;
+      if (kdn_runtime_get_stats(g_big, &s) == KDN_OK && s.leases_active != 0) ++held;
       kdn_op_destroy(op);
     }
     CHECK_EQ(done, LOADS);
     check_eq_at((unsigned long long)held, 0, "loads still holding leases right after kdn_op_wait", __LINE__);
     CHECK(ekv_holds_ref(dst, POSITIONS));
+    CHECK_EQ(get_stats(g_big).retrieves, LOADS);
     ekv_free(dst);
-  }
-  {
-    /* A 0.1 caller's kdn_stats (ends at evictions): nothing appended is
-     * written. */
-    kdn_stats old;
-    memset(&old, 0xEE, sizeof old);
-    old.struct_size = (uint32_t)offsetof(kdn_stats, edited_served);
-    CHECK_OK(kdn_runtime_stats(g_big, &old));
-    CHECK_EQ(old.struct_size, offsetof(kdn_stats, edited_served));
-    CHECK(old.lookups > 0 && old.lookups != 0xEEEEEEEEEEEEEEEEull);
-    CHECK_EQ(old.edited_served, 0xEEEEEEEEEEEEEEEEull);
-    CHECK_EQ(old.store.count, 0xEEEEEEEEEEEEEEEEull);
-  }
-  {
-    /* A fresh runtime: every latency is empty. */
-    kdn_runtime *rt = new_big_runtime(CHUNK);
-    const kdn_stats s = get_stats(rt);
-    CHECK(s.lookup.count == 0 && s.load.count == 0 && s.store.count == 0);
-    CHECK(s.lookup.p99_us == 0.0 && s.load.max_us == 0.0);
-    CHECK(s.leases_active == 0 && s.pins_active == 0 && s.edits == 0);
-    kdn_runtime_destroy(rt);
   }
   group_end();
 }
 
-/* ---- 9. Bad arguments ---------------------------------------------------- */
+/* ---- Bad arguments ----------------------------------------------------------- */
 
-static void test_bad_runtime_options(void) {
+static void test_bad_tier_options(void) {
   kdn_runtime_options o;
   kdn_tier_config t[KDN_MAX_TIERS + 1];
   kdn_runtime *rt;
   char path[300];
   size_t i;
 
-  group_begin("9. bad arguments: tiers of kdn_runtime_options");
+  group_begin("bad arguments: the tiers of kdn_runtime_options");
   subdir(path, sizeof path, "bad-tier");
 #define RESET_TIERS()                                               \
   do {                                                              \
@@ -2028,16 +2502,19 @@ static void test_bad_runtime_options(void) {
   t[0].policy = (kdn_eviction_policy)5;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
   RESET_TIERS();
-  t[1].struct_size = 0;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
+  t[0].struct_size = 0; /* the array's element size: below the first version */
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_create(&o, &rt));
   RESET_TIERS();
-  t[0].struct_size = (uint32_t)offsetof(kdn_tier_config, write_through); /* too small */
+  t[0].struct_size = (uint32_t)offsetof(kdn_tier_config, codec); /* older than any version */
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_create(&o, &rt));
+  RESET_TIERS();
+  t[1].struct_size = sizeof(kdn_tier_config) + 8; /* elements of different sizes */
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&o, &rt));
   RESET_TIERS();
   t[1].codec = "zip"; /* an unknown codec */
   t[1].codec_len = 3;
   /* The message names the spec. */
-  CHECK(kdn_runtime_create(&o, &rt) == KDN_ERR_INVALID_ARGUMENT && strstr(kdn_last_error_message(), "zip") != NULL);
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "zip", kdn_runtime_create(&o, &rt));
   CHECK(rt == NULL);
   RESET_TIERS();
   t[0].codec = "cachegen:bins=1"; /* a parameter out of range */
@@ -2073,459 +2550,585 @@ static void test_bad_runtime_options(void) {
     subdir(path, sizeof path, "bad-tier");
   }
   {
-    /* A 0.1 caller's options (ending before `tiers`) still work; S3-FIFO
-     * and write-through are accepted. */
-    RESET_TIERS();
-    o.struct_size = (uint32_t)offsetof(kdn_runtime_options, tiers);
-    CHECK_OK(kdn_runtime_create(&o, &rt));
-    if (rt != NULL) {
-      uint32_t count = 0;
-      CHECK_OK(kdn_runtime_tier_count(rt, &count));
-      CHECK_EQ(count, 1); /* tiers unread: one host tier */
-    }
-    kdn_runtime_destroy(rt);
+    /* S3-FIFO, write-through and one worker are accepted. */
     RESET_TIERS();
     t[0].policy = KDN_EVICT_S3FIFO;
     t[0].write_through = 1;
     o.worker_threads = 1;
     CHECK_OK(kdn_runtime_create(&o, &rt));
+    if (rt != NULL) {
+      uint32_t count = 0;
+      CHECK_OK(kdn_runtime_get_tier_count(rt, &count));
+      CHECK_EQ(count, 2);
+    }
     kdn_runtime_destroy(rt);
   }
 #undef RESET_TIERS
   group_end();
 }
 
-static void test_bad_call_arguments(void) {
-  static const char ns[] = "bad";
-  const size_t ns_len = sizeof ns - 1;
-  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
-  kdn_runtime *rt = g_big;
-  kdn_model *m = g_big_model;
-  kdn_runtime *rt_b = new_big_runtime(CHUNK);
-  kdn_model *m_b = new_model(rt_b, FINGERPRINT); /* registered with rt_b */
-  engine_kv *paged = ekv_paged(EKV_NHD, 6, table, SEQ_BLOCKS);
-  engine_kv *llama = ekv_llama(POSITIONS);
-  group_buf gp, gl;
-  kdn_kv_group g, gv;
-  kdn_request req = token_request(kTokens, POSITIONS), r;
-  kdn_lookup_result res[2];
+static void test_bad_tier_queries(void) {
+  uint32_t count = 12345;
+  kdn_tier_stats ts = KDN_TIER_STATS_INIT;
+  group_begin("bad arguments: tier count and tier statistics");
+  if (open_big()) {
+    kdn_runtime *rt = g_big;
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_count(NULL, &count));
+    CHECK_EQ(count, 0);
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_count(rt, NULL));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_stats(NULL, 0, &ts));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_stats(rt, 0, NULL));
+    ts.struct_size = 0;
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_get_tier_stats(rt, 0, &ts));
+    ts.struct_size = 4; /* not even the header */
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_get_tier_stats(rt, 0, &ts));
+    ts.struct_size = sizeof ts;
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_tier_stats(rt, 1, &ts)); /* one tier only */
+    CHECK_OK(kdn_runtime_get_tier_stats(rt, 0, &ts));
+  }
+  group_end();
+}
+
+/* The fixture of the bad-call cases: the big runtime, the reference KV in a
+ * paged cache and an empty llama.cpp cache, and their views. */
+static const char kBadNs[] = "bad";
+#define BAD_NS_LEN (sizeof kBadNs - 1)
+
+typedef struct bad_fixture {
+  kdn_model *m;
+  engine_kv *paged, *llama;
+  view_buf vp, vl;
+  kdn_request req;
   int32_t negative[POSITIONS];
   uint8_t hashes[SEQ_BLOCKS * HASH_BYTES];
-  kdn_op *op;
-  kdn_op *done_op = NULL;
-  uint32_t count = 0;
-  kdn_tier_stats ts = KDN_TIER_STATS_INIT;
-  kdn_status st;
+} bad_fixture;
 
-  memcpy(negative, kTokens, sizeof kTokens);
-  negative[7] = -3;
-  make_hashes(hashes, SEQ_BLOCKS, 3);
-  ekv_write_ref(paged, POSITIONS);
-  whole_group(&gp, paged);
-  whole_group(&gl, llama);
+static const int32_t kBadTable[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
 
-  group_begin("9. bad arguments: tier count and stats");
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_count(NULL, &count));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_count(rt, NULL));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(NULL, 0, &ts));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(rt, 0, NULL));
-  ts.struct_size = 0;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(rt, 0, &ts));
-  ts.struct_size = 4; /* not even the header */
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(rt, 0, &ts));
-  ts.struct_size = sizeof ts;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_tier_stats(rt, 1, &ts)); /* one tier only */
-  group_end();
+static int bad_open(bad_fixture *f) {
+  if (!open_big()) return 0;
+  f->m = g_big_model;
+  f->paged = ekv_paged(EKV_NHD, 6, kBadTable, SEQ_BLOCKS);
+  f->llama = ekv_llama(POSITIONS);
+  ekv_write_ref(f->paged, POSITIONS);
+  whole_view(&f->vp, f->paged);
+  whole_view(&f->vl, f->llama);
+  f->req = token_request(kTokens, POSITIONS);
+  memcpy(f->negative, kTokens, sizeof kTokens);
+  f->negative[7] = -3;
+  make_hashes(f->hashes, SEQ_BLOCKS, 3);
+  return 1;
+}
 
-  group_begin("9. bad arguments: kdn_lookup_batch");
+/* No failed call stored, loaded or looked up anything (when `counted`: the
+ * case made no successful call that counts), or wrote to the llama.cpp
+ * cache; the corrected calls work. */
+static void bad_close(bad_fixture *f, int counted) {
+  const kdn_stats s = get_stats(g_big);
+  kdn_kv_result res;
+  if (counted) CHECK(s.stores == 0 && s.retrieves == 0 && s.lookups == 0);
+  CHECK_EQ(s.chunks, 0);
+  CHECK(ekv_untouched(f->llama));
+  res = SAVE(f->m, kBadNs, &f->req, &f->vp.view, 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  res = LOAD(f->m, kBadNs, &f->req, &f->vl.view, 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  CHECK(ekv_holds_ref(f->llama, POSITIONS));
+  ekv_free(f->paged);
+  ekv_free(f->llama);
+}
+
+static void test_bad_lookup_batch(void) {
+  bad_fixture f;
+  kdn_lookup_result res[2];
+  group_begin("bad arguments: kdn_kv_lookup (batches)");
+  if (!bad_open(&f)) {
+    group_end();
+    return;
+  }
   res[0] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
   res[1] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(NULL, m, ns, ns_len, &req, 1, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, NULL, ns, ns_len, &req, 1, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m_b, ns, ns_len, &req, 1, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, NULL, ns_len, &req, 1, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, ns, 0, &req, 1, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, ns, ns_len, NULL, 1, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, ns, ns_len, &req, 0, res));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, ns, ns_len, &req, 1, NULL));
-  res[1].struct_size = 0; /* one result without its struct_size: the whole call fails */
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(NULL, kBadNs, BAD_NS_LEN, &f.req, 1, res));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, NULL, BAD_NS_LEN, &f.req, 1, res));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, kBadNs, 0, &f.req, 1, res));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, NULL, 1, res));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, &f.req, 0, res));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, &f.req, 1, NULL));
   {
+    /* Every element of an array carries the array's struct_size: one that
+     * does not fails the whole call. */
     kdn_request two[2];
-    two[0] = req;
-    two[1] = req;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, ns, ns_len, two, 2, res));
-    res[1].struct_size = 4;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_lookup_batch(rt, m, ns, ns_len, two, 2, res));
+    two[0] = f.req;
+    two[1] = f.req;
+    res[1].struct_size = sizeof res[1] + 8;
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, two, 2, res));
+    res[1] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
+    two[1].struct_size = sizeof two[1] + 8;
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, two, 2, res));
+    /* The first element's size below the first version: KDN_ERR_VERSION. */
+    two[0].struct_size = 0;
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, two, 2, res));
+    res[0].struct_size = KDN_LOOKUP_RESULT_SIZE_V1 - 8;
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, &f.req, 1, res));
   }
   {
-    /* Bad requests fail alone, each with its status. */
-    kdn_request bad[8];
-    kdn_lookup_result out[8];
-    static const kdn_status want[8] = {KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT,
+    /* Bad requests fail alone, each with its status; none counts. */
+    enum { N = 8 };
+    kdn_request bad[N];
+    kdn_lookup_result out[N];
+    static const kdn_status want[N] = {KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT,
                                        KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT,
-                                       KDN_ERR_INVALID_ARGUMENT, KDN_OK};
+                                       KDN_ERR_VERSION, KDN_OK};
     int i;
-    bad[0] = token_request(NULL, POSITIONS);      /* tokens NULL */
-    bad[1] = token_request(negative, POSITIONS);  /* a negative token */
-    bad[2] = hash_request(hashes, SEQ_BLOCKS);
-    bad[2].hash_bytes = 65;                       /* 1..64 */
-    bad[3] = hash_request(hashes, 0);             /* no blocks */
-    bad[4] = hash_request(NULL, SEQ_BLOCKS);      /* block_hashes NULL */
-    bad[5] = hash_request(hashes, SEQ_BLOCKS);
+    bad[0] = token_request(NULL, POSITIONS);       /* tokens NULL */
+    bad[1] = token_request(f.negative, POSITIONS); /* a negative token */
+    bad[2] = hash_request(f.hashes, SEQ_BLOCKS);
+    bad[2].hash_bytes = 65;                        /* 1..64 */
+    bad[3] = hash_request(f.hashes, 0);            /* no blocks */
+    bad[4] = hash_request(NULL, SEQ_BLOCKS);       /* block_hashes NULL */
+    bad[5] = hash_request(f.hashes, SEQ_BLOCKS);
     bad[5].block_tokens = 0;
-    bad[6] = req;
-    bad[6].struct_size = 0;
-    bad[7] = hash_request(hashes, SEQ_BLOCKS);    /* fine: block_tokens 16 divides chunk_tokens 16 */
+    bad[6] = f.req;
+    bad[6].reserved0 = 7;                          /* must be 0: a later version's field, set */
+    bad[7] = hash_request(f.hashes, SEQ_BLOCKS);   /* fine: block_tokens 16 divides chunk_tokens 16 */
     bad[7].block_tokens = 16;
-    for (i = 0; i < 8; ++i) out[i] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
-    CHECK_OK(kdn_lookup_batch(rt, m, ns, ns_len, bad, 8, out));
-    for (i = 0; i < 8; ++i) {
+    for (i = 0; i < N; ++i) out[i] = (kdn_lookup_result)KDN_LOOKUP_RESULT_INIT;
+    CHECK_OK(kdn_kv_lookup(f.m, kBadNs, BAD_NS_LEN, bad, N, out));
+    for (i = 0; i < N; ++i) {
       check_eq_at((unsigned long long)out[i].status, (unsigned long long)want[i], "request status", __LINE__);
+      check_eq_at(out[i].cached_tokens, 0, "cached tokens", __LINE__);
     }
+    /* The one good request was a lookup. */
+    CHECK_EQ(get_stats(g_big).lookups, 1);
+    CHECK_EQ(get_latency(g_big, KDN_LATENCY_LOOKUP).count, 1);
   }
   group_end();
+  /* bad_close checks no lookups were counted: start it from a runtime
+   * without that good one. */
+  kdn_model_destroy(g_big_model);
+  kdn_runtime_destroy(g_big);
+  g_big = NULL;
+  g_big_model = NULL;
+  ekv_free(f.paged);
+  ekv_free(f.llama);
+}
 
-  group_begin("9. bad arguments: load_begin, save_begin (calls)");
-  /* Each call: the documented status, a message, *out set to NULL. */
-#define CHECK_BOTH(want, request, groups, n)                                                             \
-  do {                                                                                                 \
-    op = (kdn_op *)&st;                                                                                \
-    CHECK_ERROR(want, kdn_save_begin(rt, m, ns, ns_len, (request), (groups), (n), &op));              \
-    CHECK(op == NULL);                                                                                 \
-    op = (kdn_op *)&st;                                                                                \
-    CHECK_ERROR(want, kdn_load_begin(rt, m, ns, ns_len, (request), (groups), (n), &op));              \
-    CHECK(op == NULL);                                                                                 \
+/* Each async call: the documented status, a message, *out set to NULL. */
+#define CHECK_BOTH(want, request, views, n)                                                    \
+  do {                                                                                         \
+    op = (kdn_op *)&f;                                                                         \
+    CHECK_ERROR(want, kdn_kv_save_async(f.m, kBadNs, BAD_NS_LEN, (request), (views), (n), &op)); \
+    CHECK(op == NULL);                                                                         \
+    op = (kdn_op *)&f;                                                                         \
+    CHECK_ERROR(want, kdn_kv_load_async(f.m, kBadNs, BAD_NS_LEN, (request), (views), (n), &op)); \
+    CHECK(op == NULL);                                                                         \
   } while (0)
-  op = NULL;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, ns, ns_len, &req, &gp.g, 1, NULL));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m, ns, ns_len, &req, &gp.g, 1, NULL));
-  op = (kdn_op *)&st;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(NULL, m, ns, ns_len, &req, &gp.g, 1, &op));
-  CHECK(op == NULL);
-  op = (kdn_op *)&st;
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(NULL, m, ns, ns_len, &req, &gp.g, 1, &op));
-  CHECK(op == NULL);
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, NULL, ns, ns_len, &req, &gp.g, 1, &op));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, NULL, ns, ns_len, &req, &gp.g, 1, &op));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m_b, ns, ns_len, &req, &gp.g, 1, &op));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m_b, ns, ns_len, &req, &gp.g, 1, &op));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_begin(rt, m, NULL, ns_len, &req, &gp.g, 1, &op));
-  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_load_begin(rt, m, ns, 0, &req, &gp.g, 1, &op));
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, NULL, &gp.g, 1);       /* request NULL */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, NULL, 1);        /* groups NULL */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &gp.g, 0);       /* no groups */
-  group_end();
 
-  group_begin("9. bad arguments: load_begin, save_begin (requests)");
-  r = req;
+static void test_bad_async_calls(void) {
+  bad_fixture f;
+  kdn_op *op;
+  group_begin("bad arguments: kdn_kv_load_async, kdn_kv_save_async (calls)");
+  if (!bad_open(&f)) {
+    group_end();
+    return;
+  }
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_save_async(f.m, kBadNs, BAD_NS_LEN, &f.req, &f.vp.view, 1, NULL));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_load_async(f.m, kBadNs, BAD_NS_LEN, &f.req, &f.vl.view, 1, NULL));
+  op = (kdn_op *)&f;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_save_async(NULL, kBadNs, BAD_NS_LEN, &f.req, &f.vp.view, 1, &op));
+  CHECK(op == NULL);
+  op = (kdn_op *)&f;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_load_async(NULL, kBadNs, BAD_NS_LEN, &f.req, &f.vl.view, 1, &op));
+  CHECK(op == NULL);
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_save_async(f.m, NULL, BAD_NS_LEN, &f.req, &f.vp.view, 1, &op));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_load_async(f.m, kBadNs, 0, &f.req, &f.vl.view, 1, &op));
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, NULL, &f.vp.view, 1); /* request NULL */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, NULL, 1);     /* views NULL */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &f.vp.view, 0); /* no views */
+  group_end();
+  bad_close(&f, 1);
+}
+
+static void test_bad_async_requests(void) {
+  bad_fixture f;
+  kdn_op *op;
+  kdn_request r;
+  group_begin("bad arguments: kdn_kv_load_async, kdn_kv_save_async (requests)");
+  if (!bad_open(&f)) {
+    group_end();
+    return;
+  }
+  r = f.req;
   r.struct_size = 0;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
-  r.struct_size = (uint32_t)offsetof(kdn_request, block_tokens); /* too small */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
+  CHECK_BOTH(KDN_ERR_VERSION, &r, &f.vp.view, 1);
+  r.struct_size = (uint32_t)offsetof(kdn_request, block_tokens); /* older than any version */
+  CHECK_BOTH(KDN_ERR_VERSION, &r, &f.vp.view, 1);
+  r = f.req;
+  r.reserved0 = 1; /* a later version's field, set */
+  CHECK_BOTH(KDN_ERR_VERSION, &r, &f.vp.view, 1);
   r = token_request(kTokens, 0);
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
   r = token_request(NULL, POSITIONS);
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
-  r = token_request(negative, POSITIONS);
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
-  r = hash_request(hashes, SEQ_BLOCKS);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
+  r = token_request(f.negative, POSITIONS);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
+  r = hash_request(f.hashes, SEQ_BLOCKS);
   r.hash_bytes = 65;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
-  r = hash_request(hashes, 0);
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
+  r = hash_request(f.hashes, 0);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
   r = hash_request(NULL, SEQ_BLOCKS);
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
-  r = hash_request(hashes, SEQ_BLOCKS);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
+  r = hash_request(f.hashes, SEQ_BLOCKS);
   r.block_tokens = 0;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
-  r = hash_request(hashes, SEQ_BLOCKS);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
+  r = hash_request(f.hashes, SEQ_BLOCKS);
   r.block_tokens = 6; /* chunk_tokens 16 is not a multiple of 6 */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gp.g, 1);
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
   {
     int32_t longer[POSITIONS + 1];
     memcpy(longer, kTokens, sizeof kTokens);
     longer[POSITIONS] = 5;
     r = token_request(longer, POSITIONS + 1); /* the views hold 48 tokens */
-    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &gl.g, 1);
+    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vl.view, 1);
+    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &r, &f.vp.view, 1);
   }
   group_end();
+  bad_close(&f, 1);
+}
 
-  group_begin("9. bad arguments: load_begin, save_begin (groups, views)");
-  g = gp.g;
-  g.struct_size = 0;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g.struct_size = (uint32_t)offsetof(kdn_kv_group, view); /* too small */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.layers = NULL;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.num_layers = 0;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.num_layers = 4; /* the group has 5 */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.struct_size = 0;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g.view.struct_size = (uint32_t)offsetof(kdn_kv_view, block_stride); /* too small */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.layout = (kdn_kv_layout)7; /* unknown layout */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.dtype = KDN_DTYPE_F16; /* the model is F32 */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.memory = KDN_MEMORY_DEVICE;
-  CHECK_BOTH(KDN_ERR_UNSUPPORTED, &req, &g, 1);
-  g.view.memory = (kdn_memory_kind)7;
-  CHECK_BOTH(KDN_ERR_UNSUPPORTED, &req, &g, 1);
-  g = gp.g;
-  g.view.k_layers = NULL;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.v_layers = NULL;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
+static void test_bad_async_views(void) {
+  bad_fixture f;
+  kdn_op *op;
+  kdn_kv_view v;
+  group_begin("bad arguments: kdn_kv_load_async, kdn_kv_save_async (views)");
+  if (!bad_open(&f)) {
+    group_end();
+    return;
+  }
+  v = f.vp.view;
+  v.struct_size = 0;
+  CHECK_BOTH(KDN_ERR_VERSION, &f.req, &v, 1);
+  v.struct_size = (uint32_t)offsetof(kdn_kv_view, block_stride); /* older than any version */
+  CHECK_BOTH(KDN_ERR_VERSION, &f.req, &v, 1);
+  v = f.vp.view;
+  v.num_layers = 3; /* layers NULL: 0 or all 5 */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  {
+    /* layers {0..4} listed, num_layers 4: layer 4 is in no view. */
+    static const uint32_t all[LAYERS] = {0, 1, 2, 3, 4};
+    view_buf x;
+    v = *make_view(&x, f.paged, all, LAYERS);
+    v.num_layers = 4;
+    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  }
+  v = f.vp.view;
+  v.layout = (kdn_kv_layout)7; /* unknown layout */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.dtype = KDN_DTYPE_F16; /* the model is F32 */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.memory = (kdn_memory_kind)1; /* host memory only in 1.0: an unknown value */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v.memory = (kdn_memory_kind)7;
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.reserved0 = 1; /* a later version's field, set */
+  CHECK_BOTH(KDN_ERR_VERSION, &f.req, &v, 1);
+  v = f.vp.view;
+  v.k_layers = NULL;
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.v_layers = NULL;
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vl.view;
+  v.data = f.llama->k[0]; /* per-layer pointers and one allocation at once */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   {
     /* One layer's V base pointer NULL. */
-    void *v[LAYERS];
-    memcpy(v, paged->vp, sizeof v);
-    v[3] = NULL;
-    g = gp.g;
-    g.view.v_layers = v;
-    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
+    void *vptr[LAYERS];
+    memcpy(vptr, f.paged->vp, sizeof vptr);
+    vptr[3] = NULL;
+    v = f.vp.view;
+    v.v_layers = vptr;
+    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   }
   /* Paged views. */
-  g = gp.g;
-  g.view.block_table = NULL;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.block_table_len = SEQ_BLOCKS - 1; /* 48 tokens need 6 blocks of 8 */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.block_size = 0;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
-  g = gp.g;
-  g.view.block_stride = BLOCK * TOKEN_ELEMS - 1; /* smaller than a block */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
+  v = f.vp.view;
+  v.block_table = NULL;
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.block_table_len = SEQ_BLOCKS - 1; /* 48 tokens need 6 blocks of 8 */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.block_size = 0;
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.block_stride = BLOCK * TOKEN_ELEMS - 1; /* smaller than a block */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   {
     /* A block id at num_blocks, and a negative one. */
     int32_t t[SEQ_BLOCKS];
-    memcpy(t, table, sizeof t);
+    memcpy(t, kBadTable, sizeof t);
     t[4] = 6; /* the allocation has blocks 0..5 */
-    g = gp.g;
-    g.view.block_table = t;
-    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
+    v = f.vp.view;
+    v.block_table = t;
+    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
     t[4] = -1;
-    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
+    CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   }
-  g = gp.g;
-  g.view.num_blocks = 5; /* the table uses block 5 */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &g, 1);
+  v = f.vp.view;
+  v.num_blocks = 5; /* the table uses block 5 */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vp.view;
+  v.num_tokens = POSITIONS - 1; /* less room than the request */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   /* Contiguous views. */
-  gv = gl.g;
-  gv.view.layer_elements = (uint64_t)POSITIONS * TOKEN_ELEMS - 1; /* one element short */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &gv, 1);
-  gv = gl.g;
-  gv.view.stride_token = -TOKEN_ELEMS;
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &gv, 1);
-  gv = gl.g;
-  gv.view.stride_token = 0; /* every token on the same elements */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &gv, 1);
-  gv = gl.g;
-  gv.view.v_stride_dim = 1; /* V's dims overlap its tokens */
-  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &req, &gv, 1);
-#undef CHECK_BOTH
-  {
-    /* No failed call stored anything or counted. */
-    CHECK_EQ(lookup_one(rt, m, ns, &req), 0);
-  }
+  v = f.vl.view;
+  v.layer_elements = (uint64_t)POSITIONS * TOKEN_ELEMS - 1; /* one element short */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vl.view;
+  v.stride_token = -TOKEN_ELEMS;
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vl.view;
+  v.stride_token = 0; /* every token on the same elements */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
+  v = f.vl.view;
+  v.v_stride_dim = 1; /* V's dims overlap its tokens */
+  CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   group_end();
-
-  group_begin("9. bad arguments: ops");
-  {
-    kdn_op_state state;
-    kdn_op_result result = KDN_OP_RESULT_INIT;
-    kdn_token_range ranges[2];
-    size_t n = 0;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait_layer(NULL, 0, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_save_layer(NULL, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait(NULL, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait(NULL, -1));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_poll(NULL, &state));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_cancel(NULL));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_result_get(NULL, &result));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_failed_ranges(NULL, ranges, 2, &n));
-    CHECK_OK(kdn_load_begin(rt, m, ns, ns_len, &req, &gl.g, 1, &done_op));
-    if (done_op != NULL) {
-      CHECK_OK(kdn_op_wait(done_op, -1));
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_poll(done_op, NULL));
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_result_get(done_op, NULL));
-      result.struct_size = 0;
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_result_get(done_op, &result));
-      result.struct_size = 4;
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_result_get(done_op, &result));
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_failed_ranges(done_op, ranges, 2, NULL));
-      CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_failed_ranges(done_op, NULL, 2, &n));
-      CHECK_OK(kdn_op_failed_ranges(done_op, NULL, 0, &n));
-      CHECK_EQ(n, 0);
-      kdn_op_destroy(done_op);
-    }
-  }
-  group_end();
-
-  group_begin("9. bad arguments: knowledge");
-  {
-    canon_buf kv = canon_new(POSITIONS, POSITIONS);
-    kdn_kv_buffer b;
-    kdn_document_info info[2];
-    size_t n = 0;
-    uint64_t num = 0;
-    int32_t toks[4];
-    static const char id[] = "doc";
-#define PUT(rt_, m_, ns_, nl_, tokens_, n_, kv_) \
-  kdn_knowledge_put(rt_, m_, ns_, nl_, id, 3, 1, NULL, 0, tokens_, n_, kv_)
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(NULL, m, ns, ns_len, kTokens, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, NULL, ns, ns_len, kTokens, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m_b, ns, ns_len, kTokens, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, NULL, ns_len, kTokens, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, 0, kTokens, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, NULL, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, kTokens, 0, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, negative, POSITIONS, &kv.kv));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, kTokens, POSITIONS, NULL));
-    b = kv.kv;
-    b.num_tokens = POSITIONS - 1;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, kTokens, POSITIONS, &b));
-    b = kv.kv;
-    b.size_bytes = KV_BYTES - 1;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, kTokens, POSITIONS, &b));
-    b = kv.kv;
-    b.dtype = KDN_DTYPE_BF16;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, kTokens, POSITIONS, &b));
-    b = kv.kv;
-    b.memory = KDN_MEMORY_DEVICE;
-    CHECK_ERROR(KDN_ERR_UNSUPPORTED, PUT(rt, m, ns, ns_len, kTokens, POSITIONS, &b));
-    b = kv.kv;
-    b.struct_size = 0;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(rt, m, ns, ns_len, kTokens, POSITIONS, &b));
-    /* metadata NULL with a length */
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT,
-                kdn_knowledge_put(rt, m, ns, ns_len, id, 3, 1, NULL, 4, kTokens, POSITIONS, &kv.kv));
-#undef PUT
-    /* Nothing was stored by a failed put. */
-    CHECK_OK(kdn_knowledge_list(rt, m, ns, ns_len, NULL, 0, &n));
-    CHECK_EQ(n, 0);
-
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(NULL, m, ns, ns_len, info, 2, &n));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(rt, NULL, ns, ns_len, info, 2, &n));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(rt, m_b, ns, ns_len, info, 2, &n));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(rt, m, ns, 0, info, 2, &n));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(rt, m, ns, ns_len, info, 2, NULL));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(rt, m, ns, ns_len, NULL, 2, &n));
-    CHECK_OK(kdn_knowledge_put(rt, m, ns, ns_len, id, 3, 1, NULL, 0, kTokens, POSITIONS, &kv.kv));
-    info[0] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
-    info[0].struct_size = 0; /* a document to write, no struct_size */
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(rt, m, ns, ns_len, info, 2, &n));
-
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(NULL, m, ns, ns_len, id, 3, 1, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(rt, NULL, ns, ns_len, id, 3, 1, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(rt, m, ns, 0, id, 3, 1, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(rt, m, ns, ns_len, id, 3, 1, -1));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_pin(rt, m, ns, ns_len, "nope", 4, 1, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(NULL, m, ns, ns_len, id, 3, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(rt, NULL, ns, ns_len, id, 3, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(rt, m, NULL, 0, id, 3, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(rt, m, ns, ns_len, id, 3, -5));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_expire(rt, m, ns, ns_len, "nope", 4, 0));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(NULL, m, ns, ns_len, id, 3));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(rt, NULL, ns, ns_len, id, 3));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(rt, m_b, ns, ns_len, id, 3));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(rt, m, ns, 0, id, 3));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_delete(rt, m, ns, ns_len, "nope", 4));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(NULL, m, ns, ns_len, id, 3, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, NULL, ns, ns_len, id, 3, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, m, ns, 0, id, 3, NULL, NULL, 0, &num));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, m, ns, ns_len, id, 3, NULL, NULL, 0, NULL));
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, m, ns, ns_len, id, 3, NULL, NULL, 4, &num));
-    CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(rt, m, ns, ns_len, "nope", 4, NULL, toks, 4, &num));
-    b = kv.kv;
-    b.dtype = KDN_DTYPE_F16;
-    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(rt, m, ns, ns_len, id, 3, &b, NULL, 0, &num));
-    b = kv.kv;
-    b.memory = KDN_MEMORY_DEVICE;
-    CHECK_ERROR(KDN_ERR_UNSUPPORTED, kdn_knowledge_fetch(rt, m, ns, ns_len, id, 3, &b, NULL, 0, &num));
-    CHECK_OK(kdn_knowledge_delete(rt, m, ns, ns_len, id, 3));
-    canon_free(&kv);
-  }
-  group_end();
-
-  ekv_free(paged);
-  ekv_free(llama);
-  kdn_model_destroy(m_b);
-  kdn_runtime_destroy(rt_b);
+  bad_close(&f, 1);
 }
+#undef CHECK_BOTH
 
-/* ---- main ---------------------------------------------------------------- */
-
-int main(void) {
-  const kdn_model_spec probe_spec = stories260k_spec("probe");
-  const double t0 = now_s();
-  int loaded;
-  setvbuf(stdout, NULL, _IOLBF, 0); /* every line out, even before a crash */
-  loaded = load_reference();
-  if (loaded != 1) {
-    const char *require = getenv("KDN_REQUIRE_MODELS");
-    free(g_ref);
-    if (loaded == 0 && (require == NULL || strcmp(require, "1") != 0)) {
-      printf("skipped: the reference model is missing (set KDN_MODELS, or KDN_REQUIRE_MODELS=1 to fail)\n");
-      return 77;
-    }
-    printf("FAILED: the reference KV is %s\n", loaded == 0 ? "missing and KDN_REQUIRE_MODELS=1" : "unreadable");
-    return 1;
+static void test_bad_ops(void) {
+  bad_fixture f;
+  kdn_op_state state;
+  kdn_kv_result result = KDN_KV_RESULT_INIT;
+  kdn_token_range ranges[2];
+  size_t n = 12345;
+  kdn_op *done_op = NULL;
+  group_begin("bad arguments: ops");
+  if (!bad_open(&f)) {
+    group_end();
+    return;
   }
-
-  snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/kdn_engine_api_XXXXXX");
-  if (mkdtemp(g_tmpdir) == NULL) {
-    printf("FAILED: cannot create a temporary directory under /tmp\n");
-    free(g_ref);
-    return 1;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait_layer(NULL, 0, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_layer_ready(NULL, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait(NULL, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_wait(NULL, -1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_poll(NULL, &state));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_cancel(NULL));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_get_result(NULL, &result));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_get_failed_ranges(NULL, ranges, 2, &n));
+  CHECK_EQ(n, 0);
+  /* A load of nothing cached: it ends at once, DONE with 0 tokens. */
+  CHECK_OK(kdn_kv_load_async(f.m, kBadNs, BAD_NS_LEN, &f.req, &f.vl.view, 1, &done_op));
+  if (done_op != NULL) {
+    CHECK_OK(kdn_op_wait(done_op, -1));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_poll(done_op, NULL));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_get_result(done_op, NULL));
+    result.struct_size = 0;
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_op_get_result(done_op, &result));
+    result.struct_size = 4;
+    CHECK_ERROR(KDN_ERR_VERSION, kdn_op_get_result(done_op, &result));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_get_failed_ranges(done_op, ranges, 2, NULL));
+    CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_op_get_failed_ranges(done_op, NULL, 2, &n));
+    CHECK_OK(kdn_op_get_failed_ranges(done_op, NULL, 0, &n));
+    CHECK_EQ(n, 0);
+    result = (kdn_kv_result)KDN_KV_RESULT_INIT;
+    CHECK_OK(kdn_op_get_result(done_op, &result));
+    CHECK(result.state == KDN_OP_DONE && result.status == KDN_OK && result.tokens == 0);
+    kdn_op_destroy(done_op);
   }
-  /* First: it forks, before this process has started any runtime thread. */
-  test_destroy_waits_for_save();
-  if (kdn_runtime_create(NULL, &g_probe_runtime) != KDN_OK ||
-      kdn_model_create(g_probe_runtime, &probe_spec, &g_probe_model) != KDN_OK) {
-    printf("FAILED: cannot create a runtime and a model: %s\n", kdn_last_error_message());
-    remove_tree(g_tmpdir);
-    return 1;
-  }
-  g_big = new_big_runtime(CHUNK);
-  g_big_model = g_big != NULL ? new_model(g_big, FINGERPRINT) : NULL;
-
-  test_tiers();
-  test_tier_codecs();
-  test_paged_and_lookup_batch();
-  if (g_big_model != NULL) {
-    test_groups();
-    test_block_hashes();
-    test_ops();
-  }
-  test_knowledge();
-  test_editor_callback();
-  test_statistics();
-  test_bad_runtime_options();
-  if (g_big_model != NULL) test_bad_call_arguments();
-
+  group_end();
+  /* That load of nothing counted: bad_close wants none. */
   kdn_model_destroy(g_big_model);
   kdn_runtime_destroy(g_big);
-  kdn_model_destroy(g_tiered_model);
-  kdn_runtime_destroy(g_tiered);
-  kdn_model_destroy(g_probe_model);
-  kdn_runtime_destroy(g_probe_runtime);
-  remove_tree(g_tmpdir);
-  free(g_ref);
-  printf("run time %.2f s\n", now_s() - t0);
-  printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  g_big = NULL;
+  g_big_model = NULL;
+  ekv_free(f.paged);
+  ekv_free(f.llama);
+}
+
+static void test_bad_knowledge_put(void) {
+  bad_fixture f;
+  canon_buf kv = canon_new(POSITIONS, POSITIONS);
+  kdn_kv_view b;
+  size_t n = 12345;
+  static const char id[] = "doc";
+  group_begin("bad arguments: kdn_knowledge_put");
+  if (!bad_open(&f)) {
+    canon_free(&kv);
+    group_end();
+    return;
+  }
+#define PUT(m_, ns_, nl_, tokens_, n_, views_, nv_) \
+  kdn_knowledge_put(m_, ns_, nl_, id, 3, 1, NULL, 0, tokens_, n_, views_, nv_)
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(NULL, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &kv.view, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, NULL, BAD_NS_LEN, kTokens, POSITIONS, &kv.view, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, 0, kTokens, POSITIONS, &kv.view, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, NULL, POSITIONS, &kv.view, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, 0, &kv.view, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, f.negative, POSITIONS, &kv.view, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, NULL, 1));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &kv.view, 0));
+  b = kv.view;
+  b.num_tokens = POSITIONS - 1;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
+  b = kv.view;
+  b.size_bytes = KV_BYTES - 1;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
+  b = kv.view;
+  b.dtype = KDN_DTYPE_BF16;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
+  b = kv.view;
+  b.memory = (kdn_memory_kind)1;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
+  b = kv.view;
+  b.struct_size = 0;
+  CHECK_ERROR(KDN_ERR_VERSION, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
+  /* metadata NULL with a length */
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT,
+              kdn_knowledge_put(f.m, kBadNs, BAD_NS_LEN, id, 3, 1, NULL, 4, kTokens, POSITIONS, &kv.view, 1));
+#undef PUT
+  /* Nothing was stored by a failed put. */
+  CHECK_OK(kdn_knowledge_list(f.m, kBadNs, BAD_NS_LEN, NULL, 0, &n));
+  CHECK_EQ(n, 0);
+  group_end();
+  canon_free(&kv);
+  bad_close(&f, 1);
+}
+
+static void test_bad_knowledge_queries(void) {
+  bad_fixture f;
+  canon_buf kv = canon_new(POSITIONS, POSITIONS);
+  kdn_kv_view b;
+  kdn_document_info info[2];
+  size_t n = 0;
+  kdn_kv_result num = KDN_KV_RESULT_INIT;
+  int32_t toks[4];
+  static const char id[] = "doc";
+  static const char ns[] = "bad-knowledge"; /* documents do not count as stores */
+  const size_t ns_len = sizeof ns - 1;
+  group_begin("bad arguments: list, info, pin, unpin, expire, delete, fetch");
+  if (!bad_open(&f)) {
+    canon_free(&kv);
+    group_end();
+    return;
+  }
+  CHECK_OK(kdn_knowledge_put(f.m, ns, ns_len, id, 3, 1, NULL, 0, kTokens, POSITIONS, &kv.view, 1));
+  info[0] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
+  info[1] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(NULL, ns, ns_len, info, 2, &n));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(f.m, ns, 0, info, 2, &n));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(f.m, ns, ns_len, info, 2, NULL));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_list(f.m, ns, ns_len, NULL, 2, &n));
+  info[0].struct_size = 0; /* a document to write, no struct_size */
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_knowledge_list(f.m, ns, ns_len, info, 2, &n));
+  info[0] = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_get_info(NULL, ns, ns_len, id, 3, info));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_get_info(f.m, ns, ns_len, id, 3, NULL));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_get_info(f.m, NULL, ns_len, id, 3, info));
+  info[0].struct_size = KDN_DOCUMENT_INFO_SIZE_V1 - 8;
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_knowledge_get_info(f.m, ns, ns_len, id, 3, info));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(NULL, ns, ns_len, id, 3, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(f.m, ns, 0, id, 3, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_pin(f.m, ns, ns_len, id, 3, -1));
+  CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_pin(f.m, ns, ns_len, "nope", 4, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_unpin(NULL, ns, ns_len, id, 3));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_unpin(f.m, NULL, 0, id, 3));
+  CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_unpin(f.m, ns, ns_len, "nope", 4));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(NULL, ns, ns_len, id, 3, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(f.m, NULL, 0, id, 3, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_expire(f.m, ns, ns_len, id, 3, -5));
+  CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_expire(f.m, ns, ns_len, "nope", 4, 0));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(NULL, ns, ns_len, id, 3));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_delete(f.m, ns, 0, id, 3));
+  CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_delete(f.m, ns, ns_len, "nope", 4));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(NULL, ns, ns_len, id, 3, NULL, 0, NULL, 0, &num));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, 0, id, 3, NULL, 0, NULL, 0, &num));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, NULL, 0, NULL, 0, NULL));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, NULL, 0, NULL, 4, &num));
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, NULL, 1, NULL, 0, &num));
+  CHECK_ERROR(KDN_ERR_NOT_FOUND, kdn_knowledge_fetch(f.m, ns, ns_len, "nope", 4, NULL, 0, toks, 4, &num));
+  b = kv.view;
+  b.dtype = KDN_DTYPE_F16;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
+  b = kv.view;
+  b.memory = (kdn_memory_kind)1;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
+  b = kv.view;
+  b.num_tokens = 0; /* a fetch needs the room set: the length is not the caller's to know */
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
+  b = kv.view;
+  b.struct_size = 0;
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
+  CHECK(canon_holds(&kv, POSITIONS)); /* no failed fetch wrote to it */
+  CHECK_OK(kdn_knowledge_delete(f.m, ns, ns_len, id, 3));
+  group_end();
+  canon_free(&kv);
+  bad_close(&f, 0);
+}
+
+/* ---- main ----------------------------------------------------------------------- */
+
+static const test_case kCases[] = {
+  CASE(destroy_waits_for_save),
+  CASE(tiers_host_over_disk),
+  CASE(tiers_defaults),
+  CASE(tiers_one_directory),
+  CASE(tier_codec_defaults),
+  CASE(tier_codec_int8),
+  CASE(paged_save_nhd),
+  CASE(lookup_batch),
+  CASE(load_paged_hnd),
+  CASE(load_llama),
+  CASE(load_longer_and_miss),
+  CASE(views_save_two),
+  CASE(views_load_regrouped),
+  CASE(views_missing_or_repeated_layer),
+  CASE(block_hashes_save_load),
+  CASE(block_hashes_changed),
+  CASE(block_hashes_partial),
+  CASE(op_save_steps),
+  CASE(op_load_steps),
+  CASE(op_cancel_save),
+  CASE(op_destroy_save),
+  CASE(op_cancel_load),
+  CASE(op_destroy_load),
+  CASE(op_outlives_runtime),
+  CASE(knowledge_put_list_fetch),
+  CASE(knowledge_fetch_too_small),
+  CASE(knowledge_get_info),
+  CASE(knowledge_versions),
+  CASE(knowledge_pins_expiry),
+  CASE(knowledge_tenants),
+  CASE(knowledge_delete),
+  CASE(knowledge_doc_ids),
+  CASE(editor_add_one),
+  CASE(editor_fail_or_unchanged),
+  CASE(editor_reentry),
+  CASE(statistics_latencies),
+  CASE(statistics_leases),
+  CASE(bad_tier_options),
+  CASE(bad_tier_queries),
+  CASE(bad_lookup_batch),
+  CASE(bad_async_calls),
+  CASE(bad_async_requests),
+  CASE(bad_async_views),
+  CASE(bad_ops),
+  CASE(bad_knowledge_put),
+  CASE(bad_knowledge_queries),
+};
+
+int main(int argc, char **argv) {
+  test_program p;
+  p.cases = kCases;
+  p.num_cases = sizeof kCases / sizeof kCases[0];
+  p.setup = setup;
+  p.after_case = after_case;
+  p.teardown = teardown;
+  return run_cases(&p, argc, argv);
 }

@@ -81,6 +81,29 @@ static int load_reference(void) {
   return 1;
 }
 
+/* A test program's setup: loads the reference KV. 0: loaded; 77: missing
+ * (a skip, unless KDN_REQUIRE_MODELS=1 makes it a failure); 1: unreadable. */
+static int reference_setup(void) {
+  const int loaded = load_reference();
+  if (loaded != 1) {
+    const char *require = getenv("KDN_REQUIRE_MODELS");
+    free(g_ref);
+    g_ref = NULL;
+    if (loaded == 0 && (require == NULL || strcmp(require, "1") != 0)) {
+      printf("skipped: the reference model is missing (set KDN_MODELS, or KDN_REQUIRE_MODELS=1 to fail)\n");
+      return 77;
+    }
+    printf("FAILED: the reference KV is %s\n", loaded == 0 ? "missing and KDN_REQUIRE_MODELS=1" : "unreadable");
+    return 1;
+  }
+  return 0;
+}
+
+static void reference_free(void) {
+  free(g_ref);
+  g_ref = NULL;
+}
+
 /* The reference model's spec, and a model registered with it (check.h's
  * CHECK_OK must be included first). */
 static kdn_model_spec stories260k_spec(const char *fingerprint) {

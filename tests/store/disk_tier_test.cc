@@ -263,7 +263,7 @@ TEST_F(DiskTierTest, PutRefusesWhatDoesNotFitAndTheCallerEvicts) {
   auto t = Open(3 * cost);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
   const Status full = t->Put(MakeChunk(3));
-  EXPECT_EQ(full.code(), Code::kRetryLater);
+  EXPECT_EQ(full.code(), Code::kBusy);
   EXPECT_EQ(full.message(), "full");
   EXPECT_FALSE(fs::exists(ObjectFile(3)));
   EXPECT_EQ(FilesIn(Tmp()), 0u);
@@ -272,7 +272,7 @@ TEST_F(DiskTierTest, PutRefusesWhatDoesNotFitAndTheCallerEvicts) {
   ASSERT_TRUE(t->Put(MakeChunk(3)).ok());
   EXPECT_EQ(t->used_bytes(), 3 * cost);
   // An object bigger than the whole tier never fits.
-  EXPECT_EQ(t->Put(MakeChunk(9, 1000)).code(), Code::kRetryLater);
+  EXPECT_EQ(t->Put(MakeChunk(9, 1000)).code(), Code::kBusy);
 }
 
 TEST_F(DiskTierTest, EveryFsyncPolicyStoresAndRestarts) {
@@ -413,7 +413,7 @@ TEST_F(DiskTierTest, ConcurrentPutsGetsErasesAndListsStayConsistent) {
           case 0:
           case 1: {
             const Status s = t->Put(chunks[static_cast<size_t>(k)]);
-            if (s.code() == Code::kRetryLater) ++refused;
+            if (s.code() == Code::kBusy) ++refused;
             else if (!s.ok()) ++wrong;
             break;
           }

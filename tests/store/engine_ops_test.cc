@@ -255,8 +255,8 @@ TEST(EngineOps, CancelStopsALoadAndWaitsTimeOut) {
     blocked.Submit([&] { std::lock_guard<std::mutex> wait(gate); });  // keeps the worker busy
     op = LoadOp::Start(*store, blocked, m, "t", Tokens(kTok), {dst.Group()}).value();
     EXPECT_EQ(op->Poll(), OpState::kPending);
-    EXPECT_EQ(op->Wait(10).code(), Code::kRetryLater);
-    EXPECT_EQ(op->WaitLayer(0, 10).code(), Code::kRetryLater);
+    EXPECT_EQ(op->Wait(10).code(), Code::kTimeout);
+    EXPECT_EQ(op->WaitLayer(0, 10).code(), Code::kTimeout);
     op->Cancel();
     hold.unlock();
   }  // the executor ran the load: it saw the cancel

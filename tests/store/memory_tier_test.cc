@@ -106,7 +106,7 @@ TEST(MemoryTier, RefusesWhatDoesNotFitWithoutEvicting) {
   ASSERT_TRUE(t->Put(Obj(2, 4096, 2)).ok());
   ASSERT_TRUE(t->Put(Obj(3, 4096, 3)).ok());
   const Status s = t->Put(Obj(4, 4096, 4));
-  EXPECT_EQ(s.code(), Code::kRetryLater);
+  EXPECT_EQ(s.code(), Code::kBusy);
   EXPECT_TRUE(t->Contains(Key(1)));
   EXPECT_EQ(t->objects(), 3u);
 }

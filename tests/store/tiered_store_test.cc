@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "store/memory_tier.h"
@@ -127,7 +130,7 @@ TEST(TieredStore, LeasedAndPinnedObjectsAreNotEvicted) {
   // tier cannot take more, and says so instead of evicting them.
   auto lease3 = s->Get(Key(3));
   const Status full = s->Put(Obj(4));
-  EXPECT_EQ(full.code(), Code::kRetryLater);
+  EXPECT_EQ(full.code(), Code::kBusy);
   EXPECT_EQ(s->Stats()[0].put_refusals, 1u);
   lease.value().Release();
   EXPECT_EQ(s->Counters().leases_active, 1u);
@@ -178,6 +181,29 @@ TEST(TieredStore, EraseRemovesFromEveryTierWithPendingMoves) {
   EXPECT_FALSE(s->Erase(Key(0)));
 }
 
+// Holds the mover thread inside its first edit until released, so the
+// demotion queue fills whatever the scheduler does.
+class GateEditor final : public ChunkEditor {
+ public:
+  Result<bool> Edit(Chunk&) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+    return false;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
 TEST(TieredStore, DemotionQueueAppliesBackpressureAndLosesNothing) {
   TieredStoreOptions o;
   LevelOptions a;
@@ -189,11 +215,22 @@ TEST(TieredStore, DemotionQueueAppliesBackpressureAndLosesNothing) {
   b.high_watermark = b.low_watermark = 1.0;
   o.levels.push_back(std::move(b));
   o.mover_queue_objects = 2;  // tiny: writers must wait for the mover
+  auto gate = std::make_shared<GateEditor>();
+  o.editor = gate;
   auto s = TieredStore::Create(std::move(o)).value();
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  std::thread writer([&] {
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  });
+  // The mover is held in its first edit: the writer must come to wait.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (s->Counters().mover_backpressure_waits == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(s->Counters().mover_backpressure_waits, 0u);
+  gate->Open();
+  writer.join();
   s->Flush();
   for (int i = 0; i < 100; ++i) EXPECT_GE(s->Locate(Key(i)), 0) << i;
-  EXPECT_GT(s->Counters().mover_backpressure_waits, 0u);
 }
 
 class XorEditor final : public ChunkEditor {

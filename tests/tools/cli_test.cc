@@ -3,6 +3,8 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <sys/wait.h>
@@ -104,6 +106,18 @@ TEST(Cli, DemoReusesKvWithIdenticalContinuations) {
   EXPECT_NE(r.out.find("identical continuations 7/7"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("DIFFERENT"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("reused  312"), std::string::npos) << r.out;
+  // The RAG scene: every prompt blended (kdn_kv_blend, the transformer
+  // behind the callback), a part of the work recomputed.
+  EXPECT_NE(r.out.find("[4/4] RAG"), std::string::npos) << r.out;
+  size_t blended = 0;
+  for (size_t at = r.out.find("recomputed "); at != std::string::npos; at = r.out.find("recomputed ", at + 1)) {
+    const double pct = std::atof(r.out.c_str() + at + std::strlen("recomputed "));
+    EXPECT_GT(pct, 0.0) << r.out.substr(at, 40);
+    EXPECT_LT(pct, 100.0) << r.out.substr(at, 40);
+    ++blended;
+  }
+  EXPECT_EQ(blended, 4u) << r.out;
+  EXPECT_NE(r.out.find("total TTFT over the RAG prompts"), std::string::npos) << r.out;
 }
 
 TEST(Cli, DemoRunsWithoutTheModelOnARandomOne) {

@@ -16,9 +16,9 @@
 namespace kdn::wire {
 namespace {
 
-using store::Bytes;
-using store::Chunk;
-using store::ChunkMeta;
+using chunk::Bytes;
+using chunk::Chunk;
+using chunk::ChunkMeta;
 
 keys::Digest Digest(std::uint8_t seed) {
   keys::Digest d;
@@ -45,7 +45,7 @@ ChunkMeta Meta(std::uint32_t dtype, std::uint32_t layers, std::uint32_t kv_heads
 Chunk MakeChunk(const ChunkMeta& meta, std::uint32_t seed = 7) {
   Chunk c;
   c.meta = meta;
-  c.payload = store::Payload(meta.payload_bytes());
+  c.payload = chunk::Payload(meta.payload_bytes());
   std::mt19937 rng(seed);
   for (auto& b : c.payload) b = static_cast<std::uint8_t>(rng());
   return c;
@@ -60,7 +60,7 @@ Bytes Encode(const Chunk& c) {
   return r.ok() ? std::move(r).value() : Bytes{};
 }
 
-Result<store::ChunkRef> Decode(const Bytes& b, const keys::Digest* key = nullptr) {
+Result<chunk::ChunkRef> Decode(const Bytes& b, const keys::Digest* key = nullptr) {
   return DecodeEnvelope(b.data(), b.size(), key);
 }
 
@@ -105,7 +105,7 @@ Bytes Build(const EnvelopeHeader& h, std::span<const std::uint8_t> payload) {
   return Build<schema::ChunkEnvelope>(h, payload, [](auto&) {});
 }
 
-std::span<const std::uint8_t> Span(const store::Payload& p) { return {p.data(), p.size()}; }
+std::span<const std::uint8_t> Span(const chunk::Payload& p) { return {p.data(), p.size()}; }
 
 EnvelopeHeader HeaderOf(const Chunk& c) {
   EnvelopeHeader h;
@@ -125,12 +125,12 @@ TEST(Envelope, RoundTripsEveryField) {
     c.meta.first_position = -1;
     c.meta.edited = false;
     const Bytes b = Encode(c);
-    Result<store::ChunkRef> r = Decode(b, &c.meta.key);
+    Result<chunk::ChunkRef> r = Decode(b, &c.meta.key);
     ASSERT_TRUE(r.ok()) << r.status().message();
     ExpectSameChunk(**r, c);
   }
   const Chunk c = SmallChunk();  // first_position 512, edited
-  Result<store::ChunkRef> r = Decode(Encode(c));
+  Result<chunk::ChunkRef> r = Decode(Encode(c));
   ASSERT_TRUE(r.ok()) << r.status().message();
   ExpectSameChunk(**r, c);
 }
@@ -140,7 +140,7 @@ TEST(Envelope, EmptyPayloadRoundTrips) {
   ASSERT_TRUE(c.payload.empty());
   const Bytes b = Encode(c);
   EXPECT_EQ(b.size(), EncodedEnvelopeSize(0));
-  Result<store::ChunkRef> r = Decode(b);
+  Result<chunk::ChunkRef> r = Decode(b);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ExpectSameChunk(**r, c);
 }
@@ -159,7 +159,7 @@ TEST(Envelope, DecodesUnalignedBuffers) {
   const Bytes b = Encode(c);
   Bytes shifted(b.size() + 1);
   std::memcpy(shifted.data() + 1, b.data(), b.size());
-  Result<store::ChunkRef> r = DecodeEnvelope(shifted.data() + 1, b.size(), &c.meta.key);
+  Result<chunk::ChunkRef> r = DecodeEnvelope(shifted.data() + 1, b.size(), &c.meta.key);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ExpectSameChunk(**r, c);
 }
@@ -169,19 +169,19 @@ TEST(Envelope, DecodesUnalignedBuffers) {
 TEST(Envelope, OneGibPayloadRoundTrips) {
   Chunk c;
   c.meta = Meta(0, 1, 1, 1u << 27, 1);  // 2 x 2^27 x 4 bytes = 1 GiB
-  c.payload = store::Payload(c.meta.payload_bytes());
+  c.payload = chunk::Payload(c.meta.payload_bytes());
   ASSERT_EQ(c.payload.size(), std::uint64_t{1} << 30);
   for (size_t i = 0; i < c.payload.size(); i += 4093) c.payload[i] = static_cast<std::uint8_t>(i >> 12);
   c.payload[c.payload.size() - 1] = 0x5A;
   Bytes b = Encode(c);
   ASSERT_EQ(b.size(), EncodedEnvelopeSize(c.payload.size()));
   {
-    Result<store::ChunkRef> r = Decode(b, &c.meta.key);
+    Result<chunk::ChunkRef> r = Decode(b, &c.meta.key);
     ASSERT_TRUE(r.ok()) << r.status().message();
     ExpectSameChunk(**r, c);
   }
   b[b.size() - 8] ^= 1;  // inside the last piece
-  Result<store::ChunkRef> r = Decode(b, &c.meta.key);
+  Result<chunk::ChunkRef> r = Decode(b, &c.meta.key);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
 }
@@ -190,7 +190,7 @@ TEST(Envelope, NewerMajorVersionIsUnsupported) {
   const Chunk c = SmallChunk();
   EnvelopeHeader h = HeaderOf(c);
   h.version_major = 2;
-  Result<store::ChunkRef> r = Decode(Build(h, Span(c.payload)));
+  Result<chunk::ChunkRef> r = Decode(Build(h, Span(c.payload)));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kUnsupported);
   EXPECT_NE(r.status().message().find("format version 2.0 is newer"), std::string::npos) << r.status().message();
@@ -218,7 +218,7 @@ TEST(Envelope, NewerMinorVersionWithUnknownFieldsDecodes) {
   });
   // Sanity: the message does carry the new fields, and is bigger.
   ASSERT_GT(b.size(), EncodedEnvelopeSize(c.payload.size()));
-  Result<store::ChunkRef> r = Decode(b, &c.meta.key);
+  Result<chunk::ChunkRef> r = Decode(b, &c.meta.key);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ExpectSameChunk(**r, c);
 }
@@ -236,7 +236,7 @@ TEST(Envelope, WriterBuiltMessagesMatchTheEncoder) {
   // Build() and EncodeEnvelope agree on a 1.0 message, so the tests below
   // change exactly the field they mean to.
   const Chunk c = SmallChunk();
-  Result<store::ChunkRef> r = Decode(Build(HeaderOf(c), Span(c.payload)), &c.meta.key);
+  Result<chunk::ChunkRef> r = Decode(Build(HeaderOf(c), Span(c.payload)), &c.meta.key);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ExpectSameChunk(**r, c);
 }
@@ -245,7 +245,7 @@ TEST(Envelope, BadPayloadChecksumIsCorrupt) {
   const Chunk c = SmallChunk();
   Bytes b = Encode(c);
   b[b.size() - 8] ^= 0x10;  // last payload word (36 bytes: 4 of payload then 4 of padding)
-  Result<store::ChunkRef> r = Decode(b);
+  Result<chunk::ChunkRef> r = Decode(b);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("payload checksum"), std::string::npos) << r.status().message();
 }
@@ -261,7 +261,7 @@ TEST(Envelope, StoredChecksumMismatchIsCorrupt) {
     e.setChecksum(h.checksum);
     e.setHeaderChecksum(HeaderChecksum(h));
   });
-  Result<store::ChunkRef> r = Decode(b);
+  Result<chunk::ChunkRef> r = Decode(b);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("payload checksum"), std::string::npos) << r.status().message();
 }
@@ -271,7 +271,7 @@ TEST(Envelope, BadHeaderChecksumIsCorrupt) {
   const Bytes b = Build<schema::ChunkEnvelope>(HeaderOf(c), Span(c.payload), [](schema::ChunkEnvelope::Builder& e) {
     e.setHeaderChecksum(e.getHeaderChecksum() ^ 1);
   });
-  Result<store::ChunkRef> r = Decode(b);
+  Result<chunk::ChunkRef> r = Decode(b);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("header checksum"), std::string::npos) << r.status().message();
 }
@@ -279,7 +279,7 @@ TEST(Envelope, BadHeaderChecksumIsCorrupt) {
 TEST(Envelope, WrongKeyIsCorrupt) {
   const Chunk c = SmallChunk();
   const keys::Digest other = Digest(99);
-  Result<store::ChunkRef> r = Decode(Encode(c), &other);
+  Result<chunk::ChunkRef> r = Decode(Encode(c), &other);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
   EXPECT_NE(r.status().message().find("expected"), std::string::npos) << r.status().message();
 }
@@ -296,7 +296,7 @@ TEST(Envelope, ShapeThatDoesNotMatchThePayloadIsCorrupt) {
       case 4: h.meta.layers = h.meta.kv_heads = h.meta.head_dim = h.meta.tokens = 0xFFFFFFFF; break;  // overflows
     }
     // Build a consistent message around a payload that does not fit the shape.
-    Result<store::ChunkRef> r = Decode(Build(h, Span(c.payload)));
+    Result<chunk::ChunkRef> r = Decode(Build(h, Span(c.payload)));
     EXPECT_EQ(r.status().code(), Code::kCorrupt) << which << ": " << r.status().message();
   }
 }
@@ -305,7 +305,7 @@ TEST(Envelope, UnknownCodecIsUnsupported) {
   const Chunk c = SmallChunk();
   EnvelopeHeader h = HeaderOf(c);
   h.codec = 7;
-  Result<store::ChunkRef> r = Decode(Build(h, Span(c.payload)));
+  Result<chunk::ChunkRef> r = Decode(Build(h, Span(c.payload)));
   EXPECT_EQ(r.status().code(), Code::kUnsupported);
   EXPECT_NE(r.status().message().find("codec 7"), std::string::npos) << r.status().message();
 }
@@ -328,7 +328,7 @@ Chunk EncodedChunk(codec::CodecId id, size_t n) {
   Chunk c;
   c.meta = Meta(/*f16*/ 1, 2, 4, 8, 16);
   c.meta.codec = id;
-  c.payload = store::Payload(n);
+  c.payload = chunk::Payload(n);
   std::mt19937 rng(static_cast<std::uint32_t>(n));
   for (auto& b : c.payload) b = static_cast<std::uint8_t>(rng());
   return c;
@@ -340,7 +340,7 @@ TEST(Envelope, EncodedPayloadsRoundTripWithTheirCodec) {
       const Chunk c = EncodedChunk(static_cast<codec::CodecId>(id), n);
       const Bytes b = Encode(c);
       EXPECT_EQ(b.size(), EncodedEnvelopeSize(n)) << id;
-      Result<store::ChunkRef> r = Decode(b, &c.meta.key);
+      Result<chunk::ChunkRef> r = Decode(b, &c.meta.key);
       ASSERT_TRUE(r.ok()) << id << ": " << r.status().message();
       EXPECT_EQ((*r)->meta.codec, c.meta.codec);
       ExpectSameChunk(**r, c);
@@ -364,7 +364,7 @@ TEST(Envelope, EncodedPayloadsAreCheckedForWhatTheEnvelopeCanCheck) {
   EXPECT_EQ(Decode(Build(h, {})).status().code(), Code::kCorrupt);
   // Written by a newer kdn: a codec value this reader does not know.
   h.codec = static_cast<std::uint16_t>(kLastKnownCodec + 1);
-  Result<store::ChunkRef> r = Decode(Build(h, Span(c.payload)));
+  Result<chunk::ChunkRef> r = Decode(Build(h, Span(c.payload)));
   EXPECT_EQ(r.status().code(), Code::kUnsupported);
   // The writer refuses the same.
   Chunk bad = EncodedChunk(codec::CodecId::kInt8, 0);
@@ -389,7 +389,7 @@ TEST(Envelope, UnknownDtypeAndChecksumAlgorithmAreUnsupported) {
 
 TEST(Envelope, EncodeRejectsAPayloadThatDoesNotMatchItsMeta) {
   Chunk c = SmallChunk();
-  c.payload = store::Payload(c.payload.data(), c.payload.size() - 1);
+  c.payload = chunk::Payload(c.payload.data(), c.payload.size() - 1);
   EXPECT_EQ(EncodeEnvelope(c).status().code(), Code::kInvalidArgument);
   c = SmallChunk();
   c.meta.dtype = 5;
@@ -400,7 +400,7 @@ TEST(Envelope, EveryTruncationIsCorrupt) {
   const Chunk c = SmallChunk();
   const Bytes b = Encode(c);
   for (size_t n = 0; n < b.size(); ++n) {
-    Result<store::ChunkRef> r = DecodeEnvelope(n ? b.data() : nullptr, n, nullptr);
+    Result<chunk::ChunkRef> r = DecodeEnvelope(n ? b.data() : nullptr, n, nullptr);
     EXPECT_EQ(r.status().code(), Code::kCorrupt) << n;
   }
   Bytes longer = b;
@@ -415,7 +415,7 @@ TEST(Envelope, EverySingleByteChangeIsDetected) {
     for (std::uint8_t x : {0x01, 0x02, 0x10, 0x80, 0xFF}) {
       Bytes m = b;
       m[i] ^= x;
-      Result<store::ChunkRef> r = Decode(m, &c.meta.key);
+      Result<chunk::ChunkRef> r = Decode(m, &c.meta.key);
       EXPECT_FALSE(r.ok()) << "byte " << i << " ^ " << int{x} << " went unnoticed";
     }
   }
@@ -432,7 +432,7 @@ TEST(Envelope, RandomGarbageIsRejected) {
       std::memcpy(g.data(), table, sizeof table);
       g.resize(g.size() / 8 * 8);
     }
-    Result<store::ChunkRef> r = Decode(g);
+    Result<chunk::ChunkRef> r = Decode(g);
     EXPECT_FALSE(r.ok());
     EXPECT_TRUE(r.status().code() == Code::kCorrupt || r.status().code() == Code::kUnsupported)
         << r.status().message();
@@ -462,7 +462,7 @@ TEST(Envelope, RandomMutationsNeverCrashOrLie) {
         case 3: m.resize(std::max<size_t>(8, m.size() - 8 * (1 + rng() % 3))); break;
       }
     }
-    Result<store::ChunkRef> r = Decode(m, &c.meta.key);
+    Result<chunk::ChunkRef> r = Decode(m, &c.meta.key);
     if (r.ok()) {
       ExpectSameChunk(**r, c);  // only a mutation that changed nothing may pass
       EXPECT_TRUE(m == b);

@@ -1,17 +1,74 @@
-/* kdn: Knowledge Delivery Network runtime, C ABI.
+/* kdn: Knowledge Delivery Network runtime, C ABI, version 1.
  *
- * This is the only installed header. It is C99 and C++ clean. Conventions:
- * - Every fallible call returns a kdn_status (KDN_OK = 0, errors negative; the
- *   values are pinned forever). On error, kdn_last_error_message() says why.
- * - Results come back through out-parameters, placed last.
- * - Options structs start with `struct_size`; initialise them with their
- *   _INIT macro or _init() function. The library reads only the fields below
- *   struct_size and defaults the rest, so an older caller keeps working. A
- *   NULL options pointer means defaults.
- * - Strings are (pointer, length) pairs and need not be NUL-terminated.
- * - Handles are opaque: kdn_x_create(..., kdn_x **out) / kdn_x_destroy(x);
- *   destroying NULL is a no-op.
+ * This is the only installed header. It is C99 and C++ clean.
+ *
+ * ---- Stability --------------------------------------------------------------
+ * Everything outside the KDN_EXPERIMENTAL section is stable from 1.0 on: no
+ * function, type, field, constant or value is removed, renamed, reordered or
+ * given another meaning before version 2 (a new SONAME, libkdn.so.2). The
+ * experimental section is compiled only with KDN_EXPERIMENTAL defined; it may
+ * change in any minor release, and its symbols are left out of the ABI check.
+ *
+ * ---- How structs grow -------------------------------------------------------
+ * - Every struct that may grow starts with `uint32_t struct_size`: the size
+ *   of the struct as the CALLER was compiled. New fields are only appended;
+ *   no struct has implicit padding (every size is a multiple of 8), and no
+ *   versioned struct is ever embedded in another by value (pointers only).
+ * - KDN_<STRUCT>_SIZE_V1 is the size each struct had when first published
+ *   (1.0); the library refuses a struct_size below it (KDN_ERR_VERSION).
+ * - Input structs: the library reads the fields below struct_size and takes
+ *   defaults for the rest, so an older caller keeps working. A NEWER caller
+ *   (struct_size above what this library knows) is accepted only when every
+ *   byte the library does not know is zero; otherwise the call fails with
+ *   KDN_ERR_VERSION and a message naming the struct, so a feature the caller
+ *   asked for is never silently ignored. A `reserved0` field that is not 0
+ *   is refused the same way (KDN_ERR_VERSION): a later version may use it.
+ *   In a batched call (kdn_kv_lookup) such a request fails alone, in its
+ *   own result's status.
+ * - Output structs: the caller sets struct_size; the library writes the
+ *   fields below it, zeroes any tail it does not know, and sets
+ *   `filled_size` (the second field) to the bytes it filled.
+ * - Initialise a struct with kdn_<struct>_init(&s, sizeof s): it writes the
+ *   defaults into exactly sizeof s bytes (zeroing any tail it does not know)
+ *   and sets struct_size. C callers may use the KDN_<STRUCT>_INIT macro
+ *   instead (same result).
+ * - Arrays of structs: element i is at byte offset i * array[0].struct_size,
+ *   and every element must carry the same struct_size. So a caller built
+ *   with an older or newer header is indexed by its own layout.
+ * - Detecting a feature at run time: kdn_version_number() (a feature added
+ *   in 1.N is there when it is >= 10000 + 100 * N), and, for struct fields,
+ *   an output's filled_size.
+ *
+ * ---- Errors -----------------------------------------------------------------
+ * - Every fallible call returns a kdn_status: 0 (KDN_OK) or a negative code.
+ *   The list of codes is OPEN: a newer library may return codes this header
+ *   does not name; treat any unknown negative code as an error.
+ * - On failure, kdn_last_error_message() says why (for humans, never parse
+ *   it). Out-parameters are set to a neutral value on failure: NULL, 0, and
+ *   an output struct its defaults (as its _init writes them), once the
+ *   struct itself is valid. Output arrays are written only by a call that
+ *   succeeds.
+ * - An enum value this library does not know (a newer caller's, or garbage)
+ *   is KDN_ERR_INVALID_ARGUMENT, like any other bad value.
+ * - A cache miss is not an error: lookups, retrieves and loads succeed with
+ *   zero tokens. KDN_ERR_NOT_FOUND is only for a named object (a document)
+ *   that does not exist, or whose KV is gone from every tier.
  * - No C++ exception ever crosses this boundary.
+ *
+ * ---- Conventions ------------------------------------------------------------
+ * - Names are kdn_<object>_<verb>. Handles are opaque: kdn_x_create(...,
+ *   kdn_x **out) / kdn_x_destroy(x); destroying NULL is a no-op; destroying a
+ *   handle twice, or using it after destroy, is undefined behaviour.
+ * - Strings are (pointer, length) pairs and need not be NUL-terminated.
+ * - Every pointer argument is borrowed for the call only, unless its
+ *   comment says otherwise.
+ * - Lifetimes: a runtime is reference-counted by its models and ops. After
+ *   kdn_runtime_destroy, models and ops made from it stay usable; the
+ *   store, its tiers and threads are freed when the last of them goes.
+ * - Callbacks name the thread that calls them and whether they may call
+ *   back into kdn; a call into kdn that would deadlock there is refused with
+ *   KDN_ERR_INVALID_ARGUMENT, never hung.
+ * - Each handle's comment has a Thread-safety line.
  */
 #ifndef KDN_KDN_H
 #define KDN_KDN_H
@@ -37,8 +94,9 @@ extern "C" {
 
 /* ---- Versions ----------------------------------------------------------- */
 
-#define KDN_VERSION_MAJOR 0
-#define KDN_VERSION_MINOR 1
+/* The CMake project version is read from these three lines. */
+#define KDN_VERSION_MAJOR 1
+#define KDN_VERSION_MINOR 0
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -50,19 +108,23 @@ KDN_API const char *kdn_version(void);
 
 /* ---- Status ------------------------------------------------------------- */
 
-/* What the caller can do about a failure. Values are pinned forever. */
-typedef enum kdn_status {
+/* A status: KDN_OK or one of the negative codes below. Open: new codes may
+ * appear in later versions; treat unknown negative values as errors. */
+typedef int32_t kdn_status;
+
+/* The codes, and what the caller can do. Values are pinned forever. */
+enum kdn_status_code {
   KDN_OK = 0,
-  /* A NULL handle or pointer, a bad size or count, a wrong struct_size, a
-   * buffer too small, a handle of another runtime: fix the call. */
+  /* A NULL handle or pointer, a bad size, count or value: fix the call. */
   KDN_ERR_INVALID_ARGUMENT = -1,
-  /* Nothing is cached for these tokens under this model and namespace. */
+  /* A named object (a document) does not exist, or its KV is gone from
+   * every tier: put it again. Never used for a cache miss. */
   KDN_ERR_NOT_FOUND = -2,
-  /* Temporarily unable (overloaded, full, timed out): retry later. */
-  KDN_ERR_RETRY_LATER = -3,
+  /* Overloaded or full for now: retry later. */
+  KDN_ERR_BUSY = -3,
   /* A remote peer is unreachable: reconnect. */
   KDN_ERR_UNAVAILABLE = -4,
-  /* Stored or received bytes failed a check: treat as a miss. */
+  /* Stored or received bytes failed a check. */
   KDN_ERR_CORRUPT = -5,
   /* Valid, but not supported by this build or version. */
   KDN_ERR_UNSUPPORTED = -6,
@@ -70,15 +132,25 @@ typedef enum kdn_status {
   KDN_ERR_NO_MEMORY = -7,
   /* A bug in kdn: please report it with the message. */
   KDN_ERR_INTERNAL = -8,
-  KDN_STATUS_FORCE32_ = 0x7FFFFFFF
-} kdn_status;
+  /* A wait ran out of time; the operation goes on: wait again or cancel. */
+  KDN_ERR_TIMEOUT = -9,
+  /* The operation was cancelled (kdn_op_cancel): do not retry it. */
+  KDN_ERR_CANCELLED = -10,
+  /* A struct_size this library cannot accept: below the struct's first
+   * published size, or larger with fields set that this library does not
+   * know (the caller needs a newer library). */
+  KDN_ERR_VERSION = -11,
+  /* An output buffer is too small: the call says how much is needed (for
+   * example kdn_kv_result.tokens); call again with a larger one. */
+  KDN_ERR_BUFFER_TOO_SMALL = -12
+};
 
-/* A static, human-readable name for a status ("KDN_ERR_NOT_FOUND"). Never NULL. */
-KDN_API const char *kdn_status_str(kdn_status status);
+/* A static name for a status ("KDN_ERR_NOT_FOUND"; "KDN_ERR_UNKNOWN" for a
+ * code this library does not know). Never NULL. */
+KDN_API const char *kdn_status_string(kdn_status status);
 
 /* The message of the last failed call on this thread, or "" when the last
- * call succeeded. Never NULL; valid until the next kdn call on this thread.
- * For humans only: never parse it. */
+ * call succeeded. Never NULL; valid until the next kdn call on this thread. */
 KDN_API const char *kdn_last_error_message(void);
 
 /* ---- Element types ------------------------------------------------------ */
@@ -92,10 +164,10 @@ typedef enum kdn_dtype {
 
 /* ---- Runtime ------------------------------------------------------------ */
 
-/* A runtime: the store and its tiers. Everything else hangs off it.
- * Thread-safety: all functions taking a kdn_runtime may be called from any
- * number of threads at once, except kdn_runtime_destroy, which must be the
- * last call on it (and on its models). */
+/* A runtime: the store and its tiers. Models and ops hang off it.
+ * Thread-safety: every function taking a kdn_runtime may be called from any
+ * number of threads at once; kdn_runtime_destroy must be the last call on
+ * the handle (models and ops made from it remain usable). */
 typedef struct kdn_runtime kdn_runtime;
 
 /* The tiers of a runtime's store, highest (fastest) first. */
@@ -112,78 +184,54 @@ typedef enum kdn_eviction_policy {
   KDN_EVICT_FORCE32_ = 0x7FFFFFFF
 } kdn_eviction_policy;
 
+/* One tier of a runtime (input). */
 typedef struct kdn_tier_config {
   uint32_t struct_size;
-  kdn_tier_kind kind;
-  uint64_t capacity_bytes;
+  kdn_tier_kind kind;        /* default KDN_TIER_HOST */
+  uint64_t capacity_bytes;   /* default 1 GiB; must not be 0 */
   const char *path;          /* disk: the directory (created if absent) */
   size_t path_len;
   kdn_eviction_policy policy;
   float high_watermark;      /* a put that would cross it evicts first; 0 = 0.95 */
   float low_watermark;       /* ...down to this fraction of capacity; 0 = 0.85 */
   uint32_t write_through;    /* 1: new chunks are copied to the next tier too */
-  /* --- appended in 0.2 (tier codecs) --- */
-  /* How the tier stores chunks: a codec spec, e.g. "raw", "fp8", "int8",
-   * "kivi2", "cachegen", "cachegen:bins=16", "kdn", "kdn:hifi". NULL or
-   * empty (and older callers): raw for host and device tiers, kdn's
-   * compressing codec for disk tiers. Chunks are encoded off the engine's
-   * threads (on demotion, or by the worker that runs a save; a synchronous
-   * kdn_store that lands in such a tier encodes in the call) and decoded
-   * on load; the tier's capacity counts encoded bytes. An unknown codec or
+  /* How the tier stores chunks: a codec spec ("raw", "fp8", "int8", "kivi2",
+   * "cachegen", "kdn", "kdn:hifi", ...). Empty: raw for host and device
+   * tiers, kdn's compressing codec for disk tiers. An unknown codec or
    * parameter is KDN_ERR_INVALID_ARGUMENT. */
   const char *codec;
   size_t codec_len;
 } kdn_tier_config;
-
+#define KDN_TIER_CONFIG_SIZE_V1 64u
 #define KDN_TIER_CONFIG_INIT \
   { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, NULL, 0u }
-KDN_API void kdn_tier_config_init(kdn_tier_config *config);
+KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
-/* Information about a stored chunk, for editor callbacks. */
-typedef struct kdn_chunk_info {
-  uint32_t struct_size;
-  uint32_t num_layers, num_kv_heads, head_dim, num_tokens;
-  kdn_dtype dtype;           /* the model's dtype */
-  int64_t first_position;    /* position of the chunk's first token; -1 = position-free */
-  uint8_t model_fingerprint[32];
-} kdn_chunk_info;
-
-/* An editor rewrites a chunk's KV after it is stored, before it reaches the
- * lower tiers (offline KV editing). kv holds the canonical layout
- * [layer][k|v][token][kv_head][head_dim]; write the new KV in place and set
- * *out_changed to 1. Called on the runtime's background thread, one chunk at
- * a time; every argument is borrowed for the call. A failure leaves the
- * chunk as it was. */
-typedef kdn_status (*kdn_edit_fn)(void *user, const kdn_chunk_info *info, void *kv, size_t kv_bytes,
-                                  int *out_changed);
-
+/* How to create a runtime (input). */
 typedef struct kdn_runtime_options {
   uint32_t struct_size;
   uint32_t chunk_tokens;        /* tokens per stored chunk; default 256 */
-  uint64_t host_capacity_bytes; /* host tier capacity when tiers is NULL; default 1 GiB */
+  uint64_t host_capacity_bytes; /* host tier capacity when num_tiers is 0; default 1 GiB */
   uint64_t hash_seed;           /* seed of every key hash; default 0. Runtimes
                                    that share KV must share the seed. */
-  /* --- appended in 0.2 --- */
-  const kdn_tier_config *tiers; /* NULL: one host tier of host_capacity_bytes,
-                                   evicting exactly at capacity */
-  size_t num_tiers;
-  kdn_edit_fn editor;           /* NULL: no editing */
-  void *editor_user;
-  uint32_t worker_threads;      /* background loads and saves; 0 = 2 */
-  uint32_t reserved_;
+  const kdn_tier_config *tiers; /* num_tiers configs, highest first (an array of
+                                   versioned structs: see the header's top) */
+  size_t num_tiers;             /* 0: one host tier of host_capacity_bytes */
+  uint32_t worker_threads;      /* background loads and saves; 0 = 2, at most 64 */
+  uint32_t reserved0;           /* must be 0 */
 } kdn_runtime_options;
-
-#define KDN_RUNTIME_OPTIONS_INIT \
-  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, NULL, NULL, 0u, 0u }
-KDN_API void kdn_runtime_options_init(kdn_runtime_options *options);
+#define KDN_RUNTIME_OPTIONS_SIZE_V1 48u
+#define KDN_RUNTIME_OPTIONS_INIT { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u }
+KDN_API kdn_status kdn_runtime_options_init(kdn_runtime_options *options, size_t struct_size);
 
 /* Creates a runtime. options may be NULL (defaults). */
-KDN_API kdn_status kdn_runtime_create(const kdn_runtime_options *options,
-                                      kdn_runtime **out);
+KDN_API kdn_status kdn_runtime_create(const kdn_runtime_options *options, kdn_runtime **out);
+/* Releases the caller's reference: the runtime lives on while models or ops
+ * made from it do, and is freed (its threads joined, queued saves finished)
+ * when the last of them is destroyed. */
 KDN_API void kdn_runtime_destroy(kdn_runtime *runtime);
 
 /* ---- Models ------------------------------------------------------------- */
-
 
 typedef enum kdn_rope_style {
   KDN_ROPE_INTERLEAVED = 0, /* pairs (2j, 2j+1): llama2.c, GPT-J, Meta Llama */
@@ -191,13 +239,13 @@ typedef enum kdn_rope_style {
   KDN_ROPE_STYLE_FORCE32_ = 0x7FFFFFFF
 } kdn_rope_style;
 
-/* The shape of a model's KV and what identifies its weights. KV is only ever
- * returned to a model with the same spec and fingerprint. */
+/* The shape of a model's KV and what identifies its weights (input). KV is
+ * only ever returned to a model with the same spec and fingerprint. */
 typedef struct kdn_model_spec {
   uint32_t struct_size;
-  uint32_t num_layers;
-  uint32_t num_kv_heads;
-  uint32_t head_dim;
+  uint32_t num_layers;         /* 1..4096 */
+  uint32_t num_kv_heads;       /* 1..4096 */
+  uint32_t head_dim;           /* 1..65536 */
   kdn_dtype dtype;
   float rope_theta;            /* default 10000 */
   kdn_rope_style rope_style;   /* default interleaved */
@@ -207,275 +255,126 @@ typedef struct kdn_model_spec {
   const char *fingerprint;
   size_t fingerprint_len;
 } kdn_model_spec;
+#define KDN_MODEL_SPEC_SIZE_V1 48u
+#define KDN_MODEL_SPEC_INIT \
+  { sizeof(kdn_model_spec), 0u, 0u, 0u, KDN_DTYPE_F32, 10000.0f, KDN_ROPE_INTERLEAVED, 0u, NULL, 0u }
+KDN_API kdn_status kdn_model_spec_init(kdn_model_spec *spec, size_t struct_size);
 
-#define KDN_MODEL_SPEC_INIT                                                  \
-  { sizeof(kdn_model_spec), 0u, 0u, 0u, KDN_DTYPE_F32, 10000.0f,           \
-    KDN_ROPE_INTERLEAVED, 0u, NULL, 0u }
-KDN_API void kdn_model_spec_init(kdn_model_spec *spec);
-
-/* A registered model.
- * Thread-safety: immutable once created; usable from any thread. Destroy it
- * after its last use and before its runtime. */
+/* A model registered with a runtime; every KV call goes through one.
+ * Thread-safety: immutable once created; usable from any thread at once.
+ * kdn_model_destroy must be the last call on it. It holds a reference on its
+ * runtime. */
 typedef struct kdn_model kdn_model;
 
-/* Registers a model with a runtime. The spec and its strings are copied. */
-KDN_API kdn_status kdn_model_create(kdn_runtime *runtime,
-                                    const kdn_model_spec *spec,
-                                    kdn_model **out);
+/* Registers a model. The spec and its strings are copied. */
+KDN_API kdn_status kdn_model_create(kdn_runtime *runtime, const kdn_model_spec *spec, kdn_model **out);
 KDN_API void kdn_model_destroy(kdn_model *model);
 
 /* The 32-byte identity kdn derived from the spec (shape + fingerprint). */
-KDN_API kdn_status kdn_model_fingerprint(const kdn_model *model,
-                                         uint8_t out[32]);
+KDN_API kdn_status kdn_model_get_fingerprint(const kdn_model *model, uint8_t out[32]);
+/* Bytes of KV per token: layers x 2 x kv_heads x head_dim x dtype size. */
+KDN_API kdn_status kdn_model_get_kv_bytes_per_token(const kdn_model *model, uint64_t *out);
 
-/* ---- KV buffers --------------------------------------------------------- */
+/* ---- Requests ------------------------------------------------------------ */
 
-typedef enum kdn_memory_kind {
-  KDN_MEMORY_HOST = 0,
-  KDN_MEMORY_DEVICE = 1, /* CUDA device memory (builds with CUDA, on a machine with a GPU) */
-  KDN_MEMORY_FORCE32_ = 0x7FFFFFFF
-} kdn_memory_kind;
-
-/* Where a caller's KV lives: one base pointer, and the stride in ELEMENTS of
- * each index of the element (layer, kv: 0 = K / 1 = V, token, kv_head, dim).
- * All strides 0 means the canonical layout for num_tokens tokens:
- * [layer][k|v][token][kv_head][head_dim], contiguous. Token index 0 is the
- * first token of the call's token list. Strides must be non-negative.
- * The buffer is borrowed for the duration of the call only. */
-typedef struct kdn_kv_buffer {
-  uint32_t struct_size;
-  kdn_memory_kind memory;
-  void *data;
-  size_t size_bytes;    /* bytes reachable from data: checked against strides */
-  uint64_t num_tokens;  /* tokens the buffer holds */
-  kdn_dtype dtype;      /* must equal the model's dtype */
-  int64_t stride_layer;
-  int64_t stride_kv;
-  int64_t stride_token;
-  int64_t stride_head;
-  int64_t stride_dim;
-} kdn_kv_buffer;
-
-#define KDN_KV_BUFFER_INIT                                                    \
-  { sizeof(kdn_kv_buffer), KDN_MEMORY_HOST, NULL, 0u, 0u,                    \
-    KDN_DTYPE_F32, 0, 0, 0, 0, 0 }
-KDN_API void kdn_kv_buffer_init(kdn_kv_buffer *buffer);
-
-/* Bytes of KV per token for a model: layers x 2 x kv_heads x head_dim x dtype. */
-KDN_API kdn_status kdn_model_kv_bytes_per_token(const kdn_model *model,
-                                                uint64_t *out);
-
-/* ---- Store, lookup, retrieve ------------------------------------------- */
-
-/* Every call names a tenant namespace (non-empty bytes): KV stored under one
- * namespace is never visible under another. Tokens are the ids the model
- * read, in order, from the start of its context. */
-
-/* How many leading tokens of `tokens` have KV cached, without side effects
- * (no statistics of hits, no promotion, no change of eviction order). KV is
- * kept in whole stored chunks: a stored chunk counts only when the request
- * contains all of its tokens (the first 16 tokens of a stored 20-token chunk
- * count as 0). */
-KDN_API kdn_status kdn_lookup(kdn_runtime *runtime, const kdn_model *model,
-                              const char *ns, size_t ns_len,
-                              const int32_t *tokens, size_t num_tokens,
-                              uint64_t *out_cached_tokens);
-
-typedef struct kdn_store_options {
-  uint32_t struct_size;
-  uint32_t reserved_;   /* 0 */
-} kdn_store_options;
-#define KDN_STORE_OPTIONS_INIT { sizeof(kdn_store_options), 0u }
-KDN_API void kdn_store_options_init(kdn_store_options *options);
-
-/* Stores the KV of `tokens` (buffer token i = tokens[i]), split into chunks
- * of the runtime's chunk_tokens; a trailing partial chunk is stored too.
- * Chunks already cached are skipped. When the tokens do not all fit the
- * store, the longest prefix that fits is kept (a store never evicts its own
- * earlier chunks) and the call still succeeds. *out_stored_tokens (optional)
- * gets the number of leading tokens whose KV is cached after the call.
- * options may be NULL. */
-KDN_API kdn_status kdn_store(kdn_runtime *runtime, const kdn_model *model,
-                             const char *ns, size_t ns_len,
-                             const int32_t *tokens, size_t num_tokens,
-                             const kdn_kv_buffer *kv,
-                             const kdn_store_options *options,
-                             uint64_t *out_stored_tokens);
-
-/* Writes the cached KV of the longest cached prefix of `tokens` into `kv`
- * (buffer token i = tokens[i]); *out_filled_tokens gets its length. The
- * buffer must hold num_tokens tokens. Returns KDN_ERR_NOT_FOUND, with
- * *out_filled_tokens = 0, when no leading token is cached. */
-KDN_API kdn_status kdn_retrieve(kdn_runtime *runtime, const kdn_model *model,
-                                const char *ns, size_t ns_len,
-                                const int32_t *tokens, size_t num_tokens,
-                                const kdn_kv_buffer *kv,
-                                uint64_t *out_filled_tokens);
-
-/* ---- Statistics --------------------------------------------------------- */
-
-/* A latency distribution in microseconds. */
-typedef struct kdn_latency {
-  uint64_t count;
-  double mean_us, p50_us, p90_us, p99_us, max_us;
-} kdn_latency;
-
-typedef struct kdn_stats {
-  uint32_t struct_size;
-  uint32_t reserved_;
-  uint64_t lookups;          /* lookup calls (each request of a batch counts) */
-  uint64_t retrieves;        /* loads: kdn_retrieve calls and finished load ops */
-  uint64_t stores;           /* stores: kdn_store calls and finished save ops */
-  uint64_t hits;             /* chunks served by loads */
-  uint64_t misses;           /* loads that stopped short of the request */
-  uint64_t tokens_served;    /* tokens written by loads */
-  uint64_t tokens_stored;    /* tokens newly stored */
-  uint64_t bytes_served;     /* KV bytes written by loads */
-  uint64_t bytes_stored;     /* KV bytes newly stored */
-  uint64_t chunks;           /* chunks held now, all tiers */
-  uint64_t used_bytes;       /* bytes held now, all tiers (memory tiers count
-                                whole blocks: chunks rounded up to 4 KiB pages) */
-  uint64_t capacity_bytes;   /* capacity, all tiers */
-  uint64_t evictions;        /* chunks evicted from a tier (demoted or dropped) */
-  /* --- appended in 0.2 --- */
-  uint64_t edited_served;    /* chunks served that an editor had rewritten */
-  uint64_t leases_active;    /* chunks held by loads in progress */
-  uint64_t pins_active;
-  uint64_t pins_forced_unpin; /* pins that ran out of TTL and were dropped by force */
-  uint64_t corrupt_detected; /* objects that failed a check on read (and were dropped) */
-  uint64_t edits;            /* chunks rewritten by the editor */
-  kdn_latency lookup;
-  kdn_latency load;
-  kdn_latency store;
-} kdn_stats;
-
-#define KDN_LATENCY_ZERO_ { 0u, 0.0, 0.0, 0.0, 0.0, 0.0 }
-#define KDN_STATS_INIT                                                                     \
-  { sizeof(kdn_stats), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    0u, 0u, 0u, KDN_LATENCY_ZERO_, KDN_LATENCY_ZERO_, KDN_LATENCY_ZERO_ }
-KDN_API void kdn_stats_init(kdn_stats *stats);
-
-/* Fills the fields of *out below out->struct_size (set it first). */
-KDN_API kdn_status kdn_runtime_stats(kdn_runtime *runtime, kdn_stats *out);
-
-/* ---- Tier statistics ---------------------------------------------------- */
-
-typedef struct kdn_tier_stats {
-  uint32_t struct_size;
-  kdn_tier_kind kind;
-  char name[16];             /* NUL-terminated */
-  uint64_t hits, misses, puts, put_refusals, evictions;
-  uint64_t demotions_in, promotions_in, bytes_in, bytes_out;
-  uint64_t objects, used_bytes, capacity_bytes;
-  uint64_t corrupt_detected; /* objects that failed a check or did not decode (removed) */
-  /* --- appended in 0.2 (tier codecs) --- */
-  char codec[32];            /* the tier's codec spec, NUL-terminated (cut if longer) */
-  uint64_t encoded_chunks;   /* chunks encoded for this tier */
-  uint64_t bytes_before_encoding, bytes_after_encoding; /* their KV bytes, and encoded:
-                                the compression ratio is before / after */
-  uint64_t encode_failures;  /* chunks that did not encode (stored raw) */
-  uint64_t decode_failures;  /* chunks read back that did not decode (misses, removed) */
-} kdn_tier_stats;
-#define KDN_TIER_STATS_INIT                                                                  \
-  { sizeof(kdn_tier_stats), KDN_TIER_HOST, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    {0}, 0u, 0u, 0u, 0u, 0u }
-
-KDN_API kdn_status kdn_runtime_tier_count(kdn_runtime *runtime, uint32_t *out);
-/* Fills the fields of *out below out->struct_size for tier `index` (0 = highest). */
-KDN_API kdn_status kdn_runtime_tier_stats(kdn_runtime *runtime, uint32_t index, kdn_tier_stats *out);
-
-/* ---- Requests and batched lookups ---------------------------------------- */
-
-/* What identifies a request's tokens: their ids, or the engine's own chained
- * block hashes (engines that already hash their blocks). With hashes, a chunk
- * is chunk_tokens / block_tokens engine blocks and the request covers
- * num_blocks * block_tokens tokens. Arrays are borrowed for the call (for an
- * asynchronous op: they are copied when it starts). */
+/* The tokens a KV call is about: their ids (from the start of the context,
+ * in order), or the engine's own chained block hashes (engines that hash
+ * their blocks, as vLLM does). With hashes, a chunk is chunk_tokens /
+ * block_tokens engine blocks, and the request covers num_blocks *
+ * block_tokens tokens. Input; its arrays are borrowed for the call (an
+ * asynchronous op copies them before it returns). */
 typedef struct kdn_request {
   uint32_t struct_size;
   uint32_t hash_bytes;          /* 0: token ids; else bytes per block hash (1..64) */
-  const int32_t *tokens;
+  const int32_t *tokens;        /* num_tokens ids, each >= 0 */
   size_t num_tokens;
   const uint8_t *block_hashes;  /* num_blocks * hash_bytes bytes */
   size_t num_blocks;
-  uint32_t block_tokens;        /* tokens per engine block */
-  uint32_t reserved_;
+  uint32_t block_tokens;        /* tokens per engine block; chunk_tokens must be a multiple */
+  uint32_t reserved0;           /* must be 0 */
 } kdn_request;
+#define KDN_REQUEST_SIZE_V1 48u
 #define KDN_REQUEST_INIT { sizeof(kdn_request), 0u, NULL, 0u, NULL, 0u, 0u, 0u }
+KDN_API kdn_status kdn_request_init(kdn_request *request, size_t struct_size);
 
-#define KDN_MAX_TIERS 8
-typedef struct kdn_lookup_result {
-  uint32_t struct_size;
-  kdn_status status;               /* this request's own status */
-  uint64_t cached_tokens;          /* leading tokens cached in some tier */
-  uint32_t num_tiers;
-  uint32_t reserved_;
-  uint64_t tier_tokens[KDN_MAX_TIERS]; /* per tier: leading tokens that tier alone holds */
-} kdn_lookup_result;
-#define KDN_LOOKUP_RESULT_INIT { sizeof(kdn_lookup_result), KDN_OK, 0u, 0u, 0u, {0} }
+/* ---- KV views ------------------------------------------------------------- */
 
-/* Looks up many requests at once, without side effects. results[i] gets
- * request i's outcome (its struct_size must be set): one bad request fails
- * alone. Returns KDN_OK when the call itself was well formed. */
-KDN_API kdn_status kdn_lookup_batch(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                                    const kdn_request *requests, size_t num_requests,
-                                    kdn_lookup_result *results);
-
-/* ---- KV views and groups -------------------------------------------------- */
+typedef enum kdn_memory_kind {
+  KDN_MEMORY_HOST = 0, /* host memory; the only kind in 1.0 */
+  KDN_MEMORY_FORCE32_ = 0x7FFFFFFF
+} kdn_memory_kind;
 
 typedef enum kdn_kv_layout {
-  KDN_LAYOUT_CONTIGUOUS = 0, /* per layer: element (token, head, dim) at the strides below (llama.cpp) */
+  KDN_LAYOUT_CONTIGUOUS = 0, /* element (token, head, dim) at the strides below (llama.cpp, canonical) */
   KDN_LAYOUT_PAGED_NHD = 1,  /* per layer: [num_blocks][block_size][kv_heads][head_dim] (vLLM) */
   KDN_LAYOUT_PAGED_HND = 2,  /* per layer: [num_blocks][kv_heads][block_size][head_dim] */
   KDN_LAYOUT_FORCE32_ = 0x7FFFFFFF
 } kdn_kv_layout;
 
-/* Where an engine's KV lives, for the layers of one group: per-layer base
- * pointers of K and V, and either strides (contiguous) or a block table
- * (paged: logical block i of the request is physical block block_table[i]).
- * Token i of the view is token i of the request. All counts in elements. */
+/* Where a caller's KV lives: the one KV descriptor of every KV call (input).
+ * A call takes an array of views that together hold every model layer once
+ * (one view for most engines; several for, e.g., full-attention and
+ * sliding-window layers with their own block tables).
+ *
+ * Layers: view layer j is model layer layers[j]; layers NULL means every
+ * model layer in order (num_layers then 0 or the model's layer count).
+ *
+ * Where each layer's K and V start, one of:
+ * - per layer: k_layers[j] / v_layers[j] (arrays of num_layers pointers);
+ * - one allocation (k_layers and v_layers NULL, CONTIGUOUS only): layer j's
+ *   K at data + j * stride_layer, its V stride_kv further (elements).
+ * Within a layer (all counts in ELEMENTS, never negative):
+ * - CONTIGUOUS: element (token, head, dim) at token * stride_token + head *
+ *   stride_head + dim * stride_dim; V uses v_stride_* where they are not
+ *   all 0 (llama.cpp's transposed V). With `data` and all five strides 0,
+ *   the canonical layout [layer][k|v][token][kv_head][head_dim] for
+ *   num_tokens tokens.
+ * - PAGED_*: token t lives in block block_table[t / block_size], at slot
+ *   t % block_size; blocks are block_stride elements apart (0 = dense).
+ * Token i of the view is token i of the request.
+ * Bounds, checked before anything is touched: num_tokens is the room the
+ * view has (0: exactly the request's tokens; calls that write a length the
+ * caller does not know yet, kdn_knowledge_fetch, need it set); size_bytes
+ * (one allocation) bounds the memory; layer_elements / num_blocks (per
+ * layer) bound it when not 0.
+ * The memory is borrowed for the call (an asynchronous op: until it ends);
+ * the arrays (layers, k_layers, v_layers, block_table) for the call only. */
 typedef struct kdn_kv_view {
   uint32_t struct_size;
   kdn_memory_kind memory;
-  kdn_dtype dtype;
+  kdn_dtype dtype;                  /* must equal the model's */
   kdn_kv_layout layout;
-  uint32_t num_layers;              /* entries of k_layers and v_layers */
-  uint32_t block_size;              /* paged */
-  void *const *k_layers;
+  const uint32_t *layers;           /* NULL: all model layers */
+  size_t num_layers;
+  void *const *k_layers;            /* per layer, or NULL with data */
   void *const *v_layers;
-  int64_t stride_token, stride_head, stride_dim;        /* contiguous */
-  int64_t v_stride_token, v_stride_head, v_stride_dim;  /* contiguous V when unlike K; 0 = K's */
-  uint64_t layer_elements;          /* contiguous: elements per layer allocation; 0 = unchecked */
+  void *data;                       /* one allocation */
+  uint64_t size_bytes;              /* one allocation: bytes reachable from data (required, checked) */
+  int64_t stride_layer, stride_kv;  /* one allocation */
+  int64_t stride_token, stride_head, stride_dim;
+  int64_t v_stride_token, v_stride_head, v_stride_dim;  /* 0, 0, 0: as K */
+  uint64_t num_tokens;              /* room, in tokens; 0 = the request's */
+  uint64_t layer_elements;          /* per layer, contiguous: elements per layer allocation; 0 = unchecked */
+  uint32_t block_size;              /* paged */
+  uint32_t reserved0;               /* must be 0 */
   const int32_t *block_table;       /* paged */
   size_t block_table_len;
   uint64_t num_blocks;              /* paged: blocks per layer allocation; 0 = unchecked */
   int64_t block_stride;             /* paged: elements between blocks; 0 = dense */
 } kdn_kv_view;
-#define KDN_KV_VIEW_INIT \
-  { sizeof(kdn_kv_view), KDN_MEMORY_HOST, KDN_DTYPE_F32, KDN_LAYOUT_CONTIGUOUS, 0u, 0u, NULL, NULL, \
-    0, 0, 0, 0, 0, 0, 0u, NULL, 0u, 0u, 0 }
-KDN_API void kdn_kv_view_init(kdn_kv_view *view);
+#define KDN_KV_VIEW_SIZE_V1 184u
+#define KDN_KV_VIEW_INIT                                                                       \
+  { sizeof(kdn_kv_view), KDN_MEMORY_HOST, KDN_DTYPE_F32, KDN_LAYOUT_CONTIGUOUS, NULL, 0u, NULL, \
+    NULL, NULL, 0u, 0, 0, 0, 0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, NULL, 0u, 0u, 0 }
+KDN_API kdn_status kdn_kv_view_init(kdn_kv_view *view, size_t struct_size);
 
-/* A KV group: the model layers it holds (view layer j = model layer
- * layers[j]) and their view. Groups of one request cover every layer once
- * (for example full-attention and sliding-window layers, each with its own
- * block table). */
-typedef struct kdn_kv_group {
-  uint32_t struct_size;
-  uint32_t reserved_;
-  const uint32_t *layers;
-  size_t num_layers;
-  kdn_kv_view view;
-} kdn_kv_group;
-#define KDN_KV_GROUP_INIT { sizeof(kdn_kv_group), 0u, NULL, 0u, KDN_KV_VIEW_INIT }
+/* ---- Lookup, store, retrieve ------------------------------------------- */
 
-/* ---- Asynchronous, layer-by-layer loads and saves ------------------------- */
+/* Every KV call names a tenant namespace (1..4096 bytes): KV stored under
+ * one namespace is never visible under another. KV is kept in whole chunks:
+ * a stored chunk counts only when the request contains all of its tokens. */
 
-/* A load or save in progress.
- * Thread-safety: every function taking a kdn_op may be called from any
- * thread, except kdn_op_destroy, which must be the last call on it. */
-typedef struct kdn_op kdn_op;
-
+/* Where an operation is (kdn_kv_result.state, kdn_op_poll). */
 typedef enum kdn_op_state {
   KDN_OP_PENDING = 0,
   KDN_OP_DONE = 1,
@@ -484,108 +383,300 @@ typedef enum kdn_op_state {
   KDN_OP_STATE_FORCE32_ = 0x7FFFFFFF
 } kdn_op_state;
 
-/* Starts loading the cached prefix of `request` into the groups' views, layer
- * by layer in the background. The KV memory must stay valid until the op
- * ends; the views' arrays are copied. */
-KDN_API kdn_status kdn_load_begin(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                                  const kdn_request *request, const kdn_kv_group *groups, size_t num_groups,
-                                  kdn_op **out);
-/* Until model layer `layer` is written (timeout_ms < 0: no limit).
- * KDN_ERR_RETRY_LATER on timeout. */
+/* What a KV call did (output): kdn_kv_store, kdn_kv_retrieve,
+ * kdn_knowledge_fetch, and an op's kdn_op_get_result. */
+typedef struct kdn_kv_result {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  kdn_op_state state;    /* KDN_OP_DONE after a synchronous call that succeeded */
+  kdn_status status;     /* KDN_OK, KDN_ERR_CANCELLED, or why it failed */
+  uint64_t tokens;       /* store/save: leading tokens cached after it; retrieve/load: tokens
+                            written (retrieve: the prefix); fetch: the document's length */
+  uint64_t covered;      /* retrieve/load: the cached prefix found at the start */
+  uint64_t num_failed;   /* load: ranges of the prefix that could not be read */
+  uint32_t flags;        /* KDN_RESULT_* bits */
+  uint32_t reserved0;
+} kdn_kv_result;
+#define KDN_KV_RESULT_SIZE_V1 48u
+#define KDN_KV_RESULT_INIT { sizeof(kdn_kv_result), 0u, KDN_OP_PENDING, KDN_OK, 0u, 0u, 0u, 0u, 0u }
+KDN_API kdn_status kdn_kv_result_init(kdn_kv_result *result, size_t struct_size);
+
+/* kdn_kv_result.flags: */
+/* Some of the KV written was decoded from a lossy codec (a tier whose codec
+ * is not "raw"): it is close to, not equal to, the KV stored. */
+#define KDN_RESULT_LOSSY 0x1u
+
+#define KDN_MAX_TIERS 8
+
+/* One request's lookup (output). */
+typedef struct kdn_lookup_result {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  kdn_status status;                   /* this request's own status */
+  uint32_t num_tiers;                  /* entries of tier_tokens in use */
+  uint64_t cached_tokens;              /* leading tokens cached in some tier */
+  uint64_t tier_tokens[KDN_MAX_TIERS]; /* per tier: leading tokens that tier alone holds */
+} kdn_lookup_result;
+#define KDN_LOOKUP_RESULT_SIZE_V1 88u
+#define KDN_LOOKUP_RESULT_INIT { sizeof(kdn_lookup_result), 0u, KDN_OK, 0u, 0u, {0} }
+KDN_API kdn_status kdn_lookup_result_init(kdn_lookup_result *result, size_t struct_size);
+
+/* How many leading tokens of each request are cached, without side effects
+ * (no hit statistics, no promotion, no change of eviction order). results[i]
+ * gets request i's outcome; one bad request fails alone (its status), and
+ * the call returns KDN_OK when it was well formed. Both are arrays of
+ * versioned structs. */
+KDN_API kdn_status kdn_kv_lookup(const kdn_model *model, const char *ns, size_t ns_len,
+                                 const kdn_request *requests, size_t num_requests, kdn_lookup_result *results);
+
+/* Stores the request's KV from the views, split into chunks of the
+ * runtime's chunk_tokens (a trailing partial chunk too); chunks already
+ * cached are skipped. When not all fit, the longest prefix that fits is kept
+ * and the call still succeeds. out (optional): tokens = the leading tokens
+ * cached after the call. */
+KDN_API kdn_status kdn_kv_store(const kdn_model *model, const char *ns, size_t ns_len, const kdn_request *request,
+                                const kdn_kv_view *views, size_t num_views, kdn_kv_result *out);
+
+/* Writes the KV of the longest cached prefix of the request into the views.
+ * out (required): tokens = its length, 0 on a miss (which is KDN_OK);
+ * covered = the cached prefix found (tokens is shorter when a chunk of it
+ * could not be read: evicted meanwhile, or corrupt); flags. */
+KDN_API kdn_status kdn_kv_retrieve(const kdn_model *model, const char *ns, size_t ns_len, const kdn_request *request,
+                                   const kdn_kv_view *views, size_t num_views, kdn_kv_result *out);
+
+/* ---- Asynchronous, layer-by-layer loads and saves ------------------------- */
+
+/* A load or save in progress (vLLM's start_load_kv / wait_for_layer_load and
+ * save_kv_layer / wait_for_save). It holds a reference on its runtime.
+ * Thread-safety: every function taking a kdn_op may be called from any
+ * thread at once, except kdn_op_destroy, which must be the last call on it. */
+typedef struct kdn_op kdn_op;
+
+
+/* Starts loading the cached prefix of the request into the views, layer by
+ * layer in the background. The views' memory must stay valid until the op
+ * ends (kdn_op_wait, or kdn_op_destroy). A miss is a load of 0 tokens. */
+KDN_API kdn_status kdn_kv_load_async(const kdn_model *model, const char *ns, size_t ns_len,
+                                     const kdn_request *request, const kdn_kv_view *views, size_t num_views,
+                                     kdn_op **out);
+/* Starts a save of the request's KV from the views: call kdn_op_layer_ready
+ * once per model layer as it becomes final, then kdn_op_wait. */
+KDN_API kdn_status kdn_kv_save_async(const kdn_model *model, const char *ns, size_t ns_len,
+                                     const kdn_request *request, const kdn_kv_view *views, size_t num_views,
+                                     kdn_op **out);
+
+/* Save: model layer `layer` is final in the views; it is copied in the
+ * background (the caller never waits for disk or encoding work). */
+KDN_API kdn_status kdn_op_layer_ready(kdn_op *op, uint32_t layer);
+/* Load: until model layer `layer` is written. timeout_ms < 0: no limit.
+ * KDN_ERR_TIMEOUT when the time ran out (the load goes on);
+ * KDN_ERR_CANCELLED, or the op's error, when it ended without the layer. */
 KDN_API kdn_status kdn_op_wait_layer(kdn_op *op, uint32_t layer, int64_t timeout_ms);
-
-/* Starts a save of `request`'s KV from the groups' views. Call
- * kdn_save_layer once per layer as it becomes ready, then kdn_op_wait. */
-KDN_API kdn_status kdn_save_begin(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                                  const kdn_request *request, const kdn_kv_group *groups, size_t num_groups,
-                                  kdn_op **out);
-/* Model layer `layer` is final in the views: it is copied in the background.
- * The caller never waits for disk or encoding work. */
-KDN_API kdn_status kdn_save_layer(kdn_op *op, uint32_t layer);
-
-/* Until the op ends (timeout_ms < 0: no limit); the op's own status after.
- * KDN_ERR_RETRY_LATER on timeout. */
+/* Until the op ends; then its own status (KDN_ERR_CANCELLED if cancelled).
+ * KDN_ERR_TIMEOUT when the time ran out first (the op goes on). */
 KDN_API kdn_status kdn_op_wait(kdn_op *op, int64_t timeout_ms);
 KDN_API kdn_status kdn_op_poll(kdn_op *op, kdn_op_state *out);
-/* Asks the op to stop; it ends KDN_OP_CANCELLED at its next layer. */
+/* Asks the op to stop; it ends KDN_OP_CANCELLED at its next layer, unless it
+ * has ended already. */
 KDN_API kdn_status kdn_op_cancel(kdn_op *op);
 
+/* A range of tokens [begin, end). A plain struct, frozen as it is. */
 typedef struct kdn_token_range {
-  uint64_t begin, end;   /* tokens [begin, end) */
+  uint64_t begin, end;
 } kdn_token_range;
 
-typedef struct kdn_op_result {
-  uint32_t struct_size;
-  kdn_op_state state;
-  kdn_status status;
-  uint32_t reserved_;
-  uint64_t tokens;       /* load: tokens written; save: leading tokens cached after it */
-  uint64_t covered;      /* load: the cached prefix found at the start */
-  size_t num_failed;     /* load: ranges of the prefix that could not be read */
-} kdn_op_result;
-#define KDN_OP_RESULT_INIT { sizeof(kdn_op_result), KDN_OP_PENDING, KDN_OK, 0u, 0u, 0u, 0u }
-
-KDN_API kdn_status kdn_op_result_get(kdn_op *op, kdn_op_result *out);
-/* The failed ranges of a load (recompute only those): up to `capacity`
- * into out; *out_count gets how many there are. */
-KDN_API kdn_status kdn_op_failed_ranges(kdn_op *op, kdn_token_range *out, size_t capacity, size_t *out_count);
-/* Cancels the op if still running, waits for it, and frees it. NULL is fine. */
+/* The op's outcome so far (state KDN_OP_PENDING while it runs). */
+KDN_API kdn_status kdn_op_get_result(kdn_op *op, kdn_kv_result *out);
+/* The failed ranges of a load (recompute only those): up to `capacity` into
+ * out; *out_count gets how many there are. */
+KDN_API kdn_status kdn_op_get_failed_ranges(kdn_op *op, kdn_token_range *out, size_t capacity, size_t *out_count);
+/* Cancels the op if it still runs, waits until nothing reads or writes the
+ * views any more, and frees it. NULL is fine. */
 KDN_API void kdn_op_destroy(kdn_op *op);
 
 /* ---- Knowledge items ------------------------------------------------------ */
 
 /* Named documents whose KV is kept under position-free content keys. */
 
-/* Stores a document (doc_id, version, metadata, tokens and their KV computed
- * from position 0); replaces an older version of the same doc_id. */
-KDN_API kdn_status kdn_knowledge_put(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                                     const char *doc_id, size_t doc_id_len, uint64_t version,
-                                     const char *metadata, size_t metadata_len, const int32_t *tokens,
-                                     size_t num_tokens, const kdn_kv_buffer *kv);
+/* Stores a document (doc_id of 1..255 bytes, version, metadata, tokens and
+ * their KV computed from position 0); replaces an older version of the same
+ * doc_id. */
+KDN_API kdn_status kdn_knowledge_put(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                     size_t doc_id_len, uint64_t version, const char *metadata, size_t metadata_len,
+                                     const int32_t *tokens, size_t num_tokens, const kdn_kv_view *views,
+                                     size_t num_views);
 
+/* A document (output). */
 typedef struct kdn_document_info {
   uint32_t struct_size;
+  uint32_t filled_size;
   uint32_t doc_id_len;
-  char doc_id[256];          /* NUL-terminated; doc ids are at most 255 bytes */
+  uint32_t pinned;           /* 1: pinned */
+  char doc_id[256];          /* NUL-terminated */
   uint64_t version;
   uint64_t num_tokens;
   uint32_t chunks;
   uint32_t chunks_present;   /* chunks some tier holds now */
-  uint32_t pinned;
-  uint32_t reserved_;
   int64_t expires_in_ms;     /* -1: never */
 } kdn_document_info;
-#define KDN_DOCUMENT_INFO_INIT { sizeof(kdn_document_info), 0u, {0}, 0u, 0u, 0u, 0u, 0u, 0u, -1 }
+#define KDN_DOCUMENT_INFO_SIZE_V1 304u
+#define KDN_DOCUMENT_INFO_INIT { sizeof(kdn_document_info), 0u, 0u, 0u, {0}, 0u, 0u, 0u, 0u, -1 }
+KDN_API kdn_status kdn_document_info_init(kdn_document_info *info, size_t struct_size);
 
-/* Up to `capacity` documents of this model and namespace (out[i].struct_size
- * must be set); *out_count gets how many there are. */
-KDN_API kdn_status kdn_knowledge_list(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                                      kdn_document_info *out, size_t capacity, size_t *out_count);
-/* pin 1 pins every chunk for ttl_ms (0: until unpinned); pin 0 unpins. */
-KDN_API kdn_status kdn_knowledge_pin(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                                     const char *doc_id, size_t doc_id_len, int pin, int64_t ttl_ms);
+/* One document's information. KDN_ERR_NOT_FOUND: no such document. */
+KDN_API kdn_status kdn_knowledge_get_info(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                          size_t doc_id_len, kdn_document_info *out);
+/* Up to `capacity` documents of this model and namespace, in doc_id order
+ * (out is an array of versioned structs); *out_count gets how many there are. */
+KDN_API kdn_status kdn_knowledge_list(const kdn_model *model, const char *ns, size_t ns_len, kdn_document_info *out,
+                                      size_t capacity, size_t *out_count);
+/* Pins every chunk of the document for ttl_ms (0: until unpinned). */
+KDN_API kdn_status kdn_knowledge_pin(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                     size_t doc_id_len, int64_t ttl_ms);
+KDN_API kdn_status kdn_knowledge_unpin(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                       size_t doc_id_len);
 /* The document is deleted ttl_ms from now (0: now). */
-KDN_API kdn_status kdn_knowledge_expire(kdn_runtime *runtime, const kdn_model *model, const char *ns,
-                                        size_t ns_len, const char *doc_id, size_t doc_id_len, int64_t ttl_ms);
-/* Removes the document's chunks from every tier. */
-KDN_API kdn_status kdn_knowledge_delete(kdn_runtime *runtime, const kdn_model *model, const char *ns,
-                                        size_t ns_len, const char *doc_id, size_t doc_id_len);
-/* The document's KV, at its own positions (token i of kv = its token i), and
- * optionally its tokens (up to tokens_capacity). *out_num_tokens gets its
- * length. kv may be NULL to ask for the length and tokens only. */
-KDN_API kdn_status kdn_knowledge_fetch(kdn_runtime *runtime, const kdn_model *model, const char *ns,
-                                       size_t ns_len, const char *doc_id, size_t doc_id_len,
-                                       const kdn_kv_buffer *kv, int32_t *tokens, size_t tokens_capacity,
-                                       uint64_t *out_num_tokens);
+KDN_API kdn_status kdn_knowledge_expire(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                        size_t doc_id_len, int64_t ttl_ms);
+/* Removes the document's chunks from every tier (chunks another document
+ * shares stay). */
+KDN_API kdn_status kdn_knowledge_delete(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                        size_t doc_id_len);
+/* The document's tokens and KV, read under one snapshot of the document:
+ * its KV at its own positions into the views (token i = its token i;
+ * num_views 0: none), its tokens into `tokens` (NULL: none). out
+ * (required): tokens = the document's length, also on
+ * KDN_ERR_BUFFER_TOO_SMALL, which is returned, with nothing written, when
+ * the views' num_tokens or tokens_capacity is smaller than the document (a
+ * concurrent put may have made it longer: then state is KDN_OP_FAILED and
+ * status KDN_ERR_BUFFER_TOO_SMALL); flags. */
+KDN_API kdn_status kdn_knowledge_fetch(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
+                                       size_t doc_id_len, const kdn_kv_view *views, size_t num_views, int32_t *tokens,
+                                       size_t tokens_capacity, kdn_kv_result *out);
 
-/* ---- Blending ------------------------------------------------------------- */
+/* ---- Statistics ----------------------------------------------------------- */
 
-/* Composes a context from pieces whose KV was computed alone (RAG chunks in
- * any order, CacheBlend): cached documents are placed and their keys rotated
- * to their new positions; at the check layers the cached tokens whose keys
- * deviate most from a fresh computation are selected, and only those (and
- * the tokens computed now) are recomputed in the later layers, by the
- * engine, through a callback. */
+/* A runtime's counters (output). */
+typedef struct kdn_stats {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  uint64_t lookups;          /* requests looked up */
+  uint64_t retrieves;        /* loads: kdn_kv_retrieve calls and finished load ops */
+  uint64_t stores;           /* stores: kdn_kv_store calls and finished save ops */
+  uint64_t hits;             /* chunks served by loads */
+  uint64_t misses;           /* loads that stopped short of the request */
+  uint64_t tokens_served;    /* tokens written by loads */
+  uint64_t tokens_stored;    /* tokens newly stored */
+  uint64_t bytes_served;     /* KV bytes written by loads */
+  uint64_t bytes_stored;     /* KV bytes newly stored */
+  uint64_t chunks;           /* chunks held now, all tiers */
+  uint64_t used_bytes;       /* bytes held now, all tiers (memory tiers count whole 4 KiB pages) */
+  uint64_t capacity_bytes;   /* capacity, all tiers */
+  uint64_t evictions;        /* chunks evicted from a tier (demoted or dropped) */
+  uint64_t edited_served;    /* chunks served that an editor had rewritten */
+  uint64_t leases_active;    /* chunks held by loads in progress */
+  uint64_t pins_active;
+  uint64_t pins_forced_unpin; /* pins that ran out of TTL and were dropped */
+  uint64_t corrupt_detected; /* objects that failed a check on read (and were dropped) */
+  uint64_t edits;            /* chunks rewritten by an editor */
+} kdn_stats;
+#define KDN_STATS_SIZE_V1 160u
+#define KDN_STATS_INIT \
+  { sizeof(kdn_stats), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+KDN_API kdn_status kdn_stats_init(kdn_stats *stats, size_t struct_size);
+KDN_API kdn_status kdn_runtime_get_stats(kdn_runtime *runtime, kdn_stats *out);
+
+typedef enum kdn_latency_kind {
+  KDN_LATENCY_LOOKUP = 0, /* per looked-up request */
+  KDN_LATENCY_LOAD = 1,   /* retrieves and load ops */
+  KDN_LATENCY_STORE = 2,  /* stores and save ops */
+  KDN_LATENCY_KIND_FORCE32_ = 0x7FFFFFFF
+} kdn_latency_kind;
+
+/* A latency distribution in microseconds (output). */
+typedef struct kdn_latency {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  uint64_t count;
+  double mean_us, p50_us, p90_us, p99_us, max_us;
+} kdn_latency;
+#define KDN_LATENCY_SIZE_V1 56u
+#define KDN_LATENCY_INIT { sizeof(kdn_latency), 0u, 0u, 0.0, 0.0, 0.0, 0.0, 0.0 }
+KDN_API kdn_status kdn_latency_init(kdn_latency *latency, size_t struct_size);
+KDN_API kdn_status kdn_runtime_get_latency(kdn_runtime *runtime, kdn_latency_kind kind, kdn_latency *out);
+
+/* One tier's counters (output). */
+typedef struct kdn_tier_stats {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  kdn_tier_kind kind;
+  uint32_t reserved0;
+  char name[16];             /* NUL-terminated */
+  char codec[32];            /* the tier's codec spec, NUL-terminated (cut if longer) */
+  uint64_t hits, misses, puts, put_refusals, evictions;
+  uint64_t demotions_in, promotions_in, bytes_in, bytes_out;
+  uint64_t objects, used_bytes, capacity_bytes;
+  uint64_t corrupt_detected; /* objects that failed a check or did not decode (removed) */
+  uint64_t encoded_chunks;   /* chunks encoded for this tier */
+  uint64_t bytes_before_encoding, bytes_after_encoding; /* compression ratio: before / after */
+  uint64_t encode_failures;  /* chunks that did not encode (stored raw) */
+  uint64_t decode_failures;  /* chunks read back that did not decode (misses, removed) */
+} kdn_tier_stats;
+#define KDN_TIER_STATS_SIZE_V1 208u
+#define KDN_TIER_STATS_INIT                                                                          \
+  { sizeof(kdn_tier_stats), 0u, KDN_TIER_HOST, 0u, {0}, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+KDN_API kdn_status kdn_tier_stats_init(kdn_tier_stats *stats, size_t struct_size);
+
+KDN_API kdn_status kdn_runtime_get_tier_count(kdn_runtime *runtime, uint32_t *out);
+/* Tier `index` (0 = highest). */
+KDN_API kdn_status kdn_runtime_get_tier_stats(kdn_runtime *runtime, uint32_t index, kdn_tier_stats *out);
+
+/* ========================================================================== */
+/* ---- Experimental ---------------------------------------------------------
+ * Not frozen: may change in any minor release; not covered by the ABI check.
+ * Define KDN_EXPERIMENTAL before including this header to use it. Why each
+ * part is here: the editor's contract (what it may change, when it runs) and
+ * the blender's callback (how an engine exposes one layer's recompute) have
+ * one user each so far; both will change once llama.cpp and a second engine
+ * use them. */
+#ifdef KDN_EXPERIMENTAL
+
+/* A stored chunk, as an editor sees it (output). */
+typedef struct kdn_chunk_info {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  uint32_t num_layers, num_kv_heads, head_dim, num_tokens;
+  kdn_dtype dtype;           /* the model's dtype */
+  uint32_t reserved0;
+  int64_t first_position;    /* position of the chunk's first token; -1 = position-free */
+  uint8_t model_fingerprint[32];
+} kdn_chunk_info;
+#define KDN_CHUNK_INFO_INIT { sizeof(kdn_chunk_info), 0u, 0u, 0u, 0u, 0u, KDN_DTYPE_F32, 0u, 0, {0} }
+KDN_API kdn_status kdn_chunk_info_init(kdn_chunk_info *info, size_t struct_size);
+
+/* An editor rewrites a chunk's KV after it is stored, before it reaches the
+ * lower tiers (offline KV editing). kv holds kv_bytes bytes in the canonical
+ * layout [layer][k|v][token][kv_head][head_dim]: write the new KV in place
+ * and set *out_changed to 1. A non-OK return leaves the chunk as it was.
+ * Thread: the runtime's background mover thread, one chunk at a time; every
+ * argument is borrowed for the call. It must not call kdn functions that
+ * take a runtime, model or op: they fail with KDN_ERR_INVALID_ARGUMENT
+ * there (they could wait for the thread that runs the editor). */
+typedef kdn_status (*kdn_edit_fn)(void *user, const kdn_chunk_info *info, void *kv, size_t kv_bytes,
+                                  int *out_changed);
+
+/* kdn_runtime_create with an editor. `user` must stay valid until the
+ * runtime is freed (the last of the runtime, its models and ops destroyed). */
+KDN_API kdn_status kdn_runtime_create_with_editor(const kdn_runtime_options *options, kdn_edit_fn editor,
+                                                  void *user, kdn_runtime **out);
+
+/* Blending (CacheBlend): composes a context from pieces whose KV was
+ * computed alone (RAG chunks in any order): cached documents are placed and
+ * their keys rotated to their new positions; at the check layers the cached
+ * tokens whose keys deviate most from a fresh computation are selected, and
+ * only those (and the tokens computed now) are recomputed in the later
+ * layers, by the engine, through a callback. */
 
 typedef enum kdn_segment_kind {
   KDN_SEGMENT_DOCUMENT = 0, /* a knowledge item by doc_id (kdn_knowledge_put) */
@@ -593,6 +684,7 @@ typedef enum kdn_segment_kind {
   KDN_SEGMENT_KIND_FORCE32_ = 0x7FFFFFFF
 } kdn_segment_kind;
 
+/* One piece of the context (input). */
 typedef struct kdn_blend_segment {
   uint32_t struct_size;
   kdn_segment_kind kind;
@@ -602,19 +694,24 @@ typedef struct kdn_blend_segment {
   size_t num_tokens;
 } kdn_blend_segment;
 #define KDN_BLEND_SEGMENT_INIT { sizeof(kdn_blend_segment), KDN_SEGMENT_TOKENS, NULL, 0u, NULL, 0u }
+KDN_API kdn_status kdn_blend_segment_init(kdn_blend_segment *segment, size_t struct_size);
 
 /* The engine's recompute of layer `layer` for `count` positions (ascending)
- * of the composed context. hidden holds count rows of hidden_dim floats: the
- * layer's input (at layer 0 unset: the engine embeds tokens[i]) and, on
- * return, the layer's output. k and v hold this layer's float32 KV of all
- * `total` positions ([position][num_kv_heads * head_dim]): the engine writes
- * the positions' K (after RoPE at their positions) and V there, and attends
- * each position causally over positions [0, its own] of k and v.
- * Return KDN_OK, or an error status: kdn_blend then stops and returns it.
- * Called on the thread that called kdn_blend, layer by layer, in order. */
-typedef kdn_status (*kdn_blend_layer_fn)(void *user, uint32_t layer, const int32_t *positions,
-                                         const int32_t *tokens, size_t count, float *hidden, uint32_t hidden_dim,
-                                         float *k, float *v, size_t total);
+ * of the composed context of `total` positions.
+ * - tokens: count ids at layer 0 (the engine embeds them); NULL after.
+ * - hidden: count * hidden_dim floats (hidden_len): the layer's input (unset
+ *   at layer 0) and, on return, the layer's output.
+ * - k, v: this layer's float32 KV of all positions, [position][kv_heads *
+ *   head_dim], kv_len floats each: write the positions' K (after RoPE at
+ *   their positions) and V, and attend each position causally over [0, its
+ *   own] of k and v.
+ * Return KDN_OK, or an error status: kdn_kv_blend then stops and returns it.
+ * Thread: the one that called kdn_kv_blend, layer by layer in order; every
+ * buffer is borrowed for the call. It may call kdn functions (no kdn lock is
+ * held while it runs). */
+typedef kdn_status (*kdn_blend_layer_fn)(void *user, uint32_t layer, const int32_t *positions, const int32_t *tokens,
+                                         size_t count, float *hidden, size_t hidden_len, uint32_t hidden_dim,
+                                         float *k, float *v, size_t kv_len, size_t total);
 
 typedef enum kdn_rope_scaling {
   KDN_ROPE_SCALING_NONE = 0,
@@ -623,42 +720,47 @@ typedef enum kdn_rope_scaling {
   KDN_ROPE_SCALING_FORCE32_ = 0x7FFFFFFF
 } kdn_rope_scaling;
 
+/* How to blend (input). */
 typedef struct kdn_blend_options {
   uint32_t struct_size;
   float ratio;                    /* fraction of cached tokens recomputed, in [0, 1]; default 0.15 */
   float threshold;                /* >= 0: select by key deviation >= threshold instead; default -1 */
+  uint32_t hidden_dim;            /* the engine's hidden width (rows of `hidden`); must be set */
   const uint32_t *check_layers;   /* ascending; NULL: { 1 } (or { 0 } for a 1-layer model) */
   size_t num_check_layers;
-  uint32_t hidden_dim;            /* the engine's hidden width (rows of `hidden`) */
   kdn_rope_scaling rope_scaling;  /* the model spec gives theta, style and rotary_dim */
   float rope_factor;              /* default 1 */
-  kdn_blend_layer_fn layer_fn;
-  void *user;
+  kdn_blend_layer_fn layer_fn;    /* must be set */
+  void *user;                     /* passed to layer_fn; borrowed for the call */
 } kdn_blend_options;
 #define KDN_BLEND_OPTIONS_INIT \
-  { sizeof(kdn_blend_options), 0.15f, -1.0f, NULL, 0u, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL }
-KDN_API void kdn_blend_options_init(kdn_blend_options *options);
+  { sizeof(kdn_blend_options), 0.15f, -1.0f, 0u, NULL, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL }
+KDN_API kdn_status kdn_blend_options_init(kdn_blend_options *options, size_t struct_size);
 
+/* What a blend did (output). */
 typedef struct kdn_blend_report {
   uint32_t struct_size;
+  uint32_t filled_size;
   uint32_t positions;           /* of the composed context */
   uint32_t cached_positions;    /* placed from documents */
   uint32_t fresh_positions;     /* computed now */
   uint32_t selected;            /* cached positions recomputed past the last check layer */
-  uint32_t reserved_;
   double recompute_fraction;    /* layer x position work recomputed / a full prefill's */
 } kdn_blend_report;
 #define KDN_BLEND_REPORT_INIT { sizeof(kdn_blend_report), 0u, 0u, 0u, 0u, 0u, 0.0 }
+KDN_API kdn_status kdn_blend_report_init(kdn_blend_report *report, size_t struct_size);
 
-/* Blends the segments, in order, into `kv` (the whole context: the sum of
- * the segments' tokens, in the model's dtype; canonical or strided). Fills
- * the fields of *report below its struct_size (report may be NULL).
- * KDN_ERR_NOT_FOUND when a document is unknown or a chunk of it is gone
- * from every tier (put it again); the callback's status when it fails. */
-KDN_API kdn_status kdn_blend(kdn_runtime *runtime, const kdn_model *model, const char *ns, size_t ns_len,
-                             const kdn_blend_segment *segments, size_t num_segments,
-                             const kdn_blend_options *options, const kdn_kv_buffer *kv,
-                             kdn_blend_report *report);
+/* Blends the segments (an array of versioned structs), in order, into the
+ * views (the whole context: the sum of the segments' tokens, in the model's
+ * dtype). Each document is read under one snapshot. Fills *report (may be
+ * NULL). KDN_ERR_NOT_FOUND when a document is unknown or a chunk of it is
+ * gone from every tier (put it again); the callback's status when it fails. */
+KDN_API kdn_status kdn_kv_blend(const kdn_model *model, const char *ns, size_t ns_len,
+                                const kdn_blend_segment *segments, size_t num_segments,
+                                const kdn_blend_options *options, const kdn_kv_view *views, size_t num_views,
+                                kdn_blend_report *report);
+
+#endif /* KDN_EXPERIMENTAL */
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -2,7 +2,7 @@
 // such text), written for kdn's demo and benchmarks.
 #pragma once
 
-namespace kdn::tools {
+namespace kdn::refengine {
 
 struct Story {
   const char* title;
@@ -38,4 +38,4 @@ inline constexpr Story kStories[] = {
      {" Ben and Sue", " That night, Sue"}},
 };
 
-}  // namespace kdn::tools
+}  // namespace kdn::refengine

@@ -1,10 +1,10 @@
-#include "store/tier.h"
+#include "chunk/chunk.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
-namespace kdn::store {
+namespace kdn::chunk {
 namespace {
 
 std::shared_ptr<void> AllocHeap(size_t n) {
@@ -40,4 +40,4 @@ Payload Payload::Adopt(std::uint8_t* data, size_t n, std::shared_ptr<void> owner
   return p;
 }
 
-}  // namespace kdn::store
+}  // namespace kdn::chunk

@@ -1,0 +1,57 @@
+#include "blend/documents.h"
+
+#include <cstring>
+
+#include "util/dtype.h"
+
+namespace kdn::blend {
+
+Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::ModelKv& model, std::string_view ns,
+                                   std::span<const Segment> segments, const BlendOptions& options,
+                                   LayerEngine& engine, std::span<const store::ViewSpec> views) {
+  if (segments.empty()) return Status::InvalidArgument("blend: no segments");
+  const auto L = static_cast<size_t>(model.shape.layers);
+  const auto row = static_cast<size_t>(model.shape.heads * model.shape.head_dim);
+  const auto eb = static_cast<size_t>(model.shape.elem_bytes);
+  std::vector<Piece> pieces;
+  std::uint64_t total = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    Piece p;
+    if (!s.document) {
+      p.tokens = s.tokens;
+    } else {
+      // One snapshot: the chunks arrive in order, each scattered into the
+      // piece's float KV ([layer][k|v][token][row]) as it is read.
+      const store::KnowledgeIndex::ScatterFn scatter = [&](const std::uint8_t* chunk, std::uint64_t begin,
+                                                           std::uint64_t len) {
+        const size_t T = p.tokens.size();
+        if (p.kv.empty()) p.kv.resize(L * 2 * T * row);
+        for (size_t l = 0; l < L; ++l) {
+          for (size_t kv = 0; kv < 2; ++kv) {
+            const std::uint8_t* src = chunk + ((l * 2 + kv) * len) * row * eb;
+            float* dst = p.kv.data() + ((l * 2 + kv) * T + begin) * row;
+            ToFloat(model.dtype, src, len * row, dst);
+          }
+        }
+      };
+      KDN_RETURN_IF_ERROR(index.FetchScattered(model, ns, s.doc_id, scatter, &p.tokens));
+    }
+    total += p.tokens.size();
+    pieces.push_back(std::move(p));
+  }
+  if (total == 0) return Status::InvalidArgument("blend: the segments hold no tokens");
+  if (total > (std::uint64_t{1} << 31)) return Status::InvalidArgument("blend: more than 2^31 positions");
+  auto out = store::ResolvedViews::Resolve(model, views, total);
+  if (!out.ok()) return out.status();
+  std::vector<float> composed;
+  const ModelShape shape{static_cast<int>(L), static_cast<int>(model.shape.heads), static_cast<int>(model.shape.head_dim)};
+  auto report = Compose(shape, pieces, options, engine, &composed);
+  if (!report.ok()) return report.status();
+  std::vector<std::uint8_t> canonical(composed.size() * eb);
+  FromFloat(model.dtype, composed.data(), composed.size(), canonical.data());
+  out->Scatter(model, canonical.data(), 0, total);
+  return report;
+}
+
+}  // namespace kdn::blend
