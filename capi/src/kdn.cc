@@ -70,6 +70,17 @@ thread_local std::string g_last_error;
 // thread): calls that could wait for that thread are refused there.
 thread_local bool t_in_editor = false;
 
+// The value of an enum field or argument from a C caller, as an integer: C
+// lets any int through, and loading a value outside a C++ enum's range is
+// undefined behaviour, so the shims never read a caller's enum as an enum.
+template <typename E>
+int32_t Raw(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t));
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 // Struct sizes above this are not a struct.
 constexpr uint32_t kMaxStructSize = 65536;
 
@@ -331,12 +342,12 @@ kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t nu
     kdn_kv_view v = KDN_KV_VIEW_INIT;
     if (kdn_status s = ReadIn(At(views, stride, i), KDN_KV_VIEW_SIZE_V1, "kdn_kv_view", &v); s != KDN_OK) return s;
     if (kdn_status s = CheckReserved(v.reserved0, what); s != KDN_OK) return s;
-    if (v.memory != KDN_MEMORY_HOST) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown memory kind " + std::to_string(v.memory) +
+    if (Raw(v.memory) != KDN_MEMORY_HOST) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown memory kind " + std::to_string(Raw(v.memory)) +
                                                 " (this version reads and writes host memory only)");
     }
-    if (v.layout != KDN_LAYOUT_CONTIGUOUS && v.layout != KDN_LAYOUT_PAGED_NHD && v.layout != KDN_LAYOUT_PAGED_HND) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown layout " + std::to_string(v.layout));
+    if (const int32_t l = Raw(v.layout); l != KDN_LAYOUT_CONTIGUOUS && l != KDN_LAYOUT_PAGED_NHD && l != KDN_LAYOUT_PAGED_HND) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown layout " + std::to_string(l));
     }
     if (v.num_layers > static_cast<size_t>(model->kv.shape.layers)) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": num_layers " + std::to_string(v.num_layers) +
@@ -348,9 +359,9 @@ kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t nu
     }
     if (v.block_table_len > (size_t{1} << 31)) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": block_table_len is absurd");
     ViewSpec s;
-    s.memory = static_cast<std::uint32_t>(v.memory);
-    s.dtype = static_cast<std::uint32_t>(v.dtype);
-    s.layout = static_cast<kdn::store::ViewLayout>(v.layout);
+    s.memory = static_cast<std::uint32_t>(Raw(v.memory));
+    s.dtype = static_cast<std::uint32_t>(Raw(v.dtype));
+    s.layout = static_cast<kdn::store::ViewLayout>(Raw(v.layout));
     if (v.layers != nullptr) s.layers = {v.layers, v.num_layers};
     s.num_layers = v.num_layers;
     s.k_layers = v.k_layers;
@@ -521,24 +532,24 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     const std::string what = "tiers[" + std::to_string(i) + "]";
     if (kdn_status s = ReadIn(At(o.tiers, stride, i), KDN_TIER_CONFIG_SIZE_V1, "kdn_tier_config", &c); s != KDN_OK) return s;
     kdn::store::TierSpec t;
-    switch (c.kind) {
+    switch (Raw(c.kind)) {
       case KDN_TIER_HOST: t.kind = kdn::store::TierSpec::Kind::kHost; break;
       case KDN_TIER_DEVICE: t.kind = kdn::store::TierSpec::Kind::kDevice; break;
       case KDN_TIER_DISK: t.kind = kdn::store::TierSpec::Kind::kDisk; break;
-      default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(c.kind));
+      default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(Raw(c.kind)));
     }
     if (c.capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": capacity_bytes is 0");
     t.capacity_bytes = c.capacity_bytes;
     if (c.path == nullptr && c.path_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": path is NULL");
     if (c.path_len > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": path longer than 4096 bytes");
-    if (c.kind == KDN_TIER_DISK) {
+    if (Raw(c.kind) == KDN_TIER_DISK) {
       if (c.path == nullptr || c.path_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a disk tier needs a path");
       t.path.assign(c.path, c.path_len);
     }
-    switch (c.policy) {
+    switch (Raw(c.policy)) {
       case KDN_EVICT_LRU: t.policy = kdn::store::PolicyKind::kLru; break;
       case KDN_EVICT_S3FIFO: t.policy = kdn::store::PolicyKind::kS3Fifo; break;
-      default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown eviction policy " + std::to_string(c.policy));
+      default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown eviction policy " + std::to_string(Raw(c.policy)));
     }
     t.high_watermark = c.high_watermark == 0.0f ? 0.95 : c.high_watermark;
     t.low_watermark = c.low_watermark == 0.0f ? std::min(0.85, t.high_watermark) : c.low_watermark;
@@ -623,11 +634,11 @@ kdn_status kdn_runtime_get_latency(kdn_runtime* runtime, kdn_latency_kind kind, 
   if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
   const kdn::store::Telemetry t = runtime->rep->store().Stats();
   const kdn::telemetry::HistogramSnapshot* h = nullptr;
-  switch (kind) {
+  switch (Raw(kind)) {
     case KDN_LATENCY_LOOKUP: h = &t.lookup_us; break;
     case KDN_LATENCY_LOAD: h = &t.load_us; break;
     case KDN_LATENCY_STORE: h = &t.store_us; break;
-    default: return Fail(KDN_ERR_INVALID_ARGUMENT, "unknown latency kind " + std::to_string(kind));
+    default: return Fail(KDN_ERR_INVALID_ARGUMENT, "unknown latency kind " + std::to_string(Raw(kind)));
   }
   kdn_latency full = KDN_LATENCY_INIT;
   full.count = h->count;
@@ -706,10 +717,11 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   if (s.num_layers == 0 || s.num_layers > 4096) return bad("num_layers " + std::to_string(s.num_layers) + " out of range 1..4096");
   if (s.num_kv_heads == 0 || s.num_kv_heads > 4096) return bad("num_kv_heads " + std::to_string(s.num_kv_heads) + " out of range 1..4096");
   if (s.head_dim == 0 || s.head_dim > 65536) return bad("head_dim " + std::to_string(s.head_dim) + " out of range 1..65536");
-  const auto elem = static_cast<int64_t>(kdn::DtypeBytes(static_cast<uint32_t>(s.dtype)));
-  if (elem == 0) return bad("unknown dtype " + std::to_string(s.dtype));
-  if (s.rope_style != KDN_ROPE_INTERLEAVED && s.rope_style != KDN_ROPE_NEOX) {
-    return bad("unknown rope_style " + std::to_string(s.rope_style));
+  const int32_t dtype = Raw(s.dtype), rope_style = Raw(s.rope_style);
+  const auto elem = static_cast<int64_t>(dtype < 0 ? 0 : kdn::DtypeBytes(static_cast<uint32_t>(dtype)));
+  if (elem == 0) return bad("unknown dtype " + std::to_string(dtype));
+  if (rope_style != KDN_ROPE_INTERLEAVED && rope_style != KDN_ROPE_NEOX) {
+    return bad("unknown rope_style " + std::to_string(rope_style));
   }
   if (!(s.rope_theta > 0.0f) || !std::isfinite(s.rope_theta)) return bad("rope_theta must be positive and finite");
   const uint32_t rotary = s.rotary_dim == 0 ? s.head_dim : s.rotary_dim;
@@ -726,20 +738,20 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   id.layers = s.num_layers;
   id.kv_heads = s.num_kv_heads;
   id.head_dim = s.head_dim;
-  id.dtype = static_cast<uint32_t>(s.dtype);
+  id.dtype = static_cast<uint32_t>(dtype);
   id.rope_theta = s.rope_theta;
-  id.rope_style = static_cast<uint32_t>(s.rope_style);
+  id.rope_style = static_cast<uint32_t>(rope_style);
   id.rotary_dim = rotary;
   id.fingerprint.assign(s.fingerprint, s.fingerprint_len);
   auto m = std::make_unique<kdn_model>();
   m->runtime = runtime->rep;
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
   m->kv.shape = {s.num_layers, s.num_kv_heads, s.head_dim, elem};
-  m->kv.dtype = static_cast<uint32_t>(s.dtype);
+  m->kv.dtype = static_cast<uint32_t>(dtype);
   m->rope.head_dim = static_cast<int>(s.head_dim);
   m->rope.rotary_dim = static_cast<int>(rotary);
   m->rope.theta = s.rope_theta;
-  m->rope.style = s.rope_style == KDN_ROPE_NEOX ? kdn::kernels::RopeStyle::kNeox : kdn::kernels::RopeStyle::kInterleaved;
+  m->rope.style = rope_style == KDN_ROPE_NEOX ? kdn::kernels::RopeStyle::kNeox : kdn::kernels::RopeStyle::kInterleaved;
   *out = m.release();
   return KDN_OK;
   KDN_END
@@ -1165,11 +1177,11 @@ extern "C" kdn_status kdn_kv_blend(const kdn_model* model, const char* ns, size_
     bo.check_layers = {layers > 1 ? 1 : 0};
   }
   bo.rope = model->rope;
-  if (o.rope_scaling != KDN_ROPE_SCALING_NONE && o.rope_scaling != KDN_ROPE_SCALING_LINEAR &&
-      o.rope_scaling != KDN_ROPE_SCALING_NTK) {
-    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: unknown rope_scaling " + std::to_string(o.rope_scaling));
+  const int32_t scaling = Raw(o.rope_scaling);
+  if (scaling != KDN_ROPE_SCALING_NONE && scaling != KDN_ROPE_SCALING_LINEAR && scaling != KDN_ROPE_SCALING_NTK) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: unknown rope_scaling " + std::to_string(scaling));
   }
-  bo.rope.scaling = static_cast<kdn::kernels::RopeScaling>(o.rope_scaling);
+  bo.rope.scaling = static_cast<kdn::kernels::RopeScaling>(scaling);
   bo.rope.factor = o.rope_factor;
 
   size_t stride = 0;
@@ -1184,17 +1196,17 @@ extern "C" kdn_status kdn_kv_blend(const kdn_model* model, const char* ns, size_
       return s;
     }
     kdn::blend::Segment out;
-    if (seg.kind == KDN_SEGMENT_TOKENS) {
+    if (Raw(seg.kind) == KDN_SEGMENT_TOKENS) {
       if (seg.num_tokens > 0) {
         if (kdn_status s = CheckTokens(seg.tokens, seg.num_tokens, what); s != KDN_OK) return s;
         out.tokens.assign(seg.tokens, seg.tokens + seg.num_tokens);
       }
-    } else if (seg.kind == KDN_SEGMENT_DOCUMENT) {
+    } else if (Raw(seg.kind) == KDN_SEGMENT_DOCUMENT) {
       if (kdn_status s = CheckDocId(seg.doc_id, seg.doc_id_len); s != KDN_OK) return s;
       out.document = true;
       out.doc_id.assign(seg.doc_id, seg.doc_id_len);
     } else {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(seg.kind));
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(Raw(seg.kind)));
     }
     segs.push_back(std::move(out));
   }
