@@ -267,6 +267,7 @@ kdn_op_state StateOf(kdn::store::OpState s) {
 kdn_status CheckDocId(const char* doc_id, size_t len) {
   if (doc_id == nullptr || len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "doc_id is empty");
   if (len > 255) return Fail(KDN_ERR_INVALID_ARGUMENT, "doc_id longer than 255 bytes");
+  if (std::memchr(doc_id, '\0', len) != nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "doc_id contains a NUL byte");
   return KDN_OK;
 }
 
@@ -544,6 +545,10 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     if (c.path_len > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": path longer than 4096 bytes");
     if (Raw(c.kind) == KDN_TIER_DISK) {
       if (c.path == nullptr || c.path_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a disk tier needs a path");
+      // The file system would see only the part before it.
+      if (std::memchr(c.path, '\0', c.path_len) != nullptr) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": path contains a NUL byte");
+      }
       t.path.assign(c.path, c.path_len);
     }
     switch (Raw(c.policy)) {

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -30,6 +33,12 @@ namespace fs = std::filesystem;
 constexpr size_t kDirectAlignment = 4096;
 constexpr std::string_view kObjectSuffix = ".kdn";
 constexpr std::string_view kTempSuffix = ".tmp";
+// How object files are opened for reading: never waiting (a FIFO in an
+// object's place would wait for a writer forever), never following a link,
+// never becoming a controlling terminal.
+constexpr int kObjectReadFlags = O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC;
+// Cap'n Proto's own bound on a message's segment count (ReaderOptions).
+constexpr std::uint64_t kMaxSegments = 512;
 
 std::int64_t NowNs() {
   // Wall-clock time, so that it orders with the mtimes a restart reads.
@@ -157,6 +166,104 @@ std::optional<keys::Digest> ParseObjectName(std::string_view name) {
   }
   return key;
 }
+
+// "<digits>-<digits>.tmp": the names WriteObject gives its temp files, the
+// only files Open deletes from tmp/.
+bool IsTempName(std::string_view name) {
+  if (!name.ends_with(kTempSuffix)) return false;
+  name.remove_suffix(kTempSuffix.size());
+  const size_t dash = name.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == name.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (i != dash && (name[i] < '0' || name[i] > '9')) return false;
+  }
+  return true;
+}
+
+// The size of the message whose first `n` bytes are `p`, as its segment
+// table says (a count, then each segment's length in words); nullopt when
+// the table is not whole in those bytes or is not one a writer makes.
+std::optional<std::uint64_t> MessageBytes(const std::uint8_t* p, size_t n) {
+  auto u32 = [p](size_t i) {
+    std::uint32_t v;
+    std::memcpy(&v, p + 4 * i, sizeof v);
+    return v;
+  };
+  if (n < 8) return std::nullopt;
+  const std::uint64_t segments = std::uint64_t{u32(0)} + 1;
+  if (segments > kMaxSegments) return std::nullopt;
+  const std::uint64_t table_bytes = (4 * (1 + segments) + 7) / 8 * 8;
+  if (table_bytes > n) return std::nullopt;
+  std::uint64_t bytes = table_bytes;
+  for (std::uint64_t i = 0; i < segments; ++i) bytes += std::uint64_t{u32(1 + i)} * 8;
+  return bytes;
+}
+
+// Why an object file is not one: "" when its header (first `n` bytes) and
+// `st` agree with an object of `expected` bytes, at most `max` bytes.
+std::string ObjectFileProblem(const struct stat& st, std::uint64_t expected, std::uint64_t max, const std::uint8_t* p,
+                              size_t n) {
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size != expected) return "its size changed: " + std::to_string(size) + " bytes, " + std::to_string(expected) + " written";
+  if (size > max) return "larger than the largest object (" + std::to_string(max) + " bytes)";
+  if (n < std::min<std::uint64_t>(size, kDirectAlignment)) return "shorter than its size";
+  const std::optional<std::uint64_t> said = MessageBytes(p, n);
+  if (!said) return "no valid header";
+  if (*said != size) return "its header says " + std::to_string(*said) + " bytes, the file has " + std::to_string(size);
+  return "";
+}
+
+// The lock descriptors of the tiers open in this process. A child made by
+// fork() shares its parent's open files, and a flock belongs to the open
+// file: a child that never calls kdn would hold every directory's lock for
+// as long as it lives (exec closes them, O_CLOEXEC; a child that does not
+// exec keeps them). The child handler points each of those descriptors at
+// /dev/null: the child lets go of the locks (the parent keeps them), and a
+// destructor that runs in the child later closes /dev/null, not a
+// descriptor the child reused. Process-wide because fork is: this is the
+// one registry pthread_atfork leaves no way around.
+class LockFds {
+ public:
+  static void Add(int fd) {
+    LockFds& r = Instance();
+    std::lock_guard<std::mutex> lock(r.mu_);
+    r.fds_.insert(fd);
+  }
+  static void Remove(int fd) {
+    LockFds& r = Instance();
+    std::lock_guard<std::mutex> lock(r.mu_);
+    r.fds_.erase(fd);
+  }
+
+ private:
+  LockFds() = default;
+  static LockFds& Instance() {
+    // Never destroyed: the fork handlers outlive static destruction.
+    static LockFds* const instance = [] {
+      auto* r = new LockFds;
+      ::pthread_atfork(&Prepare, &Parent, &Child);
+      return r;
+    }();
+    return *instance;
+  }
+  // No Add or Remove runs while fork copies the set.
+  static void Prepare() { Instance().mu_.lock(); }
+  static void Parent() { Instance().mu_.unlock(); }
+  // Async-signal-safe calls only (the child of a threaded process).
+  static void Child() {
+    LockFds& r = Instance();
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    for (const int fd : r.fds_) {
+      if (null_fd < 0 || ::dup3(null_fd, fd, O_CLOEXEC) < 0) ::close(fd);
+    }
+    if (null_fd >= 0) ::close(null_fd);
+    r.mu_.unlock();
+  }
+
+  std::mutex mu_;
+  std::set<int> fds_;  // guarded by mu_
+};
 }  // namespace
 
 struct DiskTier::FileBytes {
@@ -164,51 +271,96 @@ struct DiskTier::FileBytes {
   size_t size = 0;
 };
 
-// Reads an open file whole. With O_DIRECT every request is block-aligned
-// (the buffer is sized up to a block multiple); the last read comes back
-// short. `*err` is the errno of a failed call (0 on success).
-Result<DiskTier::FileBytes> DiskTier::ReadWhole(int fd, const std::string& path, int* err) {
+// Reads an open object file whole, once its type, its size (`bytes`, as
+// the index holds it) and its header are checked: only the first block is
+// read before, and the buffer is allocated after. With O_DIRECT every
+// request is block-aligned (the buffer is sized up to a block multiple);
+// the last read comes back short. `*err` is the errno of a failed call (0
+// on success, and on a failed check: kCorrupt).
+Result<DiskTier::FileBytes> DiskTier::ReadWhole(int fd, const std::string& path, std::uint64_t bytes,
+                                                int* err) const {
   *err = 0;
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     *err = errno;
     return IoStatus("fstat", path, *err);
   }
-  const size_t size = static_cast<size_t>(st.st_size);
-  const size_t capacity =
-      std::max(kDirectAlignment, (size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment);
-  FileBytes file;
-  file.data.reset(static_cast<std::uint8_t*>(std::aligned_alloc(kDirectAlignment, capacity)));
-  if (!file.data) return Status(Code::kNoMemory, "disk tier: no memory for a read of " + std::to_string(size) + " bytes");
-  while (file.size < capacity) {
-    const ssize_t r = ::read(fd, file.data.get() + file.size, capacity - file.size);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      *err = errno;
-      return IoStatus("read", path, *err);
+  auto read_some = [&](std::uint8_t* to, size_t want, size_t* got) -> Status {
+    while (*got < want) {
+      const ssize_t r = ::read(fd, to + *got, want - *got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        *err = errno;
+        return IoStatus("read", path, *err);
+      }
+      if (r == 0) break;
+      *got += static_cast<size_t>(r);
     }
-    if (r == 0) break;
-    file.size += static_cast<size_t>(r);
+    return Status::Ok();
+  };
+  FileBytes file;
+  auto allocate = [&](size_t n) -> Status {
+    file.data.reset(static_cast<std::uint8_t*>(std::aligned_alloc(kDirectAlignment, n)));
+    if (!file.data) return Status(Code::kNoMemory, "disk tier: no memory for a read of " + std::to_string(n) + " bytes");
+    return Status::Ok();
+  };
+  if (!S_ISREG(st.st_mode)) return Status::Corrupt("disk tier: " + path + ": not a regular file");
+  KDN_RETURN_IF_ERROR(allocate(kDirectAlignment));
+  KDN_RETURN_IF_ERROR(read_some(file.data.get(), kDirectAlignment, &file.size));
+  if (const std::string problem = ObjectFileProblem(st, bytes, MaxObjectBytes(), file.data.get(), file.size);
+      !problem.empty()) {
+    return Status::Corrupt("disk tier: " + path + ": " + problem);
   }
+  const size_t size = static_cast<size_t>(bytes);  // at most MaxObjectBytes()
+  if (size <= kDirectAlignment) return file;
+  const size_t capacity = (size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  AlignedBytes first = std::move(file.data);
+  KDN_RETURN_IF_ERROR(allocate(capacity));
+  std::memcpy(file.data.get(), first.get(), file.size);
+  first.reset();
+  KDN_RETURN_IF_ERROR(read_some(file.data.get(), capacity, &file.size));
   return file;
 }
 
-DiskTier::DiskTier(DiskTierOptions options, int lock_fd)
-    : options_(std::move(options)), lock_fd_(lock_fd), odirect_(options_.use_odirect) {}
+DiskTier::DiskTier(DiskTierOptions options, int lock_fd, int tmp_fd)
+    : options_(std::move(options)), lock_fd_(lock_fd), tmp_fd_(tmp_fd), odirect_(options_.use_odirect) {}
 
 DiskTier::~DiskTier() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the directory's flock
+  if (tmp_fd_ >= 0) ::close(tmp_fd_);
+  if (lock_fd_ >= 0) {
+    LockFds::Remove(lock_fd_);
+    ::close(lock_fd_);  // releases the directory's flock
+  }
 }
+
+std::uint64_t DiskTier::MaxObjectBytes() const { return std::min(options_.max_object_bytes, options_.capacity_bytes); }
 
 Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
   if (options.directory.empty()) return Status::InvalidArgument("disk tier: no directory");
+  // The system calls would see only the part before it.
+  if (options.directory.find('\0') != std::string::npos) {
+    return Status::InvalidArgument("disk tier: the directory's path contains a NUL byte");
+  }
   if (options.capacity_bytes == 0) return Status::InvalidArgument("disk tier: capacity must be > 0");
+  if (options.max_object_bytes == 0) return Status::InvalidArgument("disk tier: max_object_bytes must be > 0");
   std::error_code ec;
   fs::create_directories(fs::path(options.directory) / "objects", ec);
-  if (!ec) fs::create_directories(fs::path(options.directory) / "tmp", ec);
   if (ec) return Status(Code::kUnavailable, "disk tier: cannot create " + options.directory + ": " + ec.message());
+  // Open deletes files in tmp/: through a link it would delete them elsewhere.
+  const std::string tmp = options.directory + "/tmp";
+  const Status tmp_is_link = Status::InvalidArgument(
+      "disk tier: " + tmp + " is a symbolic link; refusing to use it (the tier deletes files there): "
+      "remove it, or point the tier at another directory");
+  struct stat st;
+  if (::lstat(tmp.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) return tmp_is_link;
+  } else if (errno == ENOENT) {
+    KDN_RETURN_IF_ERROR(MakeDir(tmp));
+  } else {
+    return IoStatus("lstat", tmp, errno);
+  }
   const std::string lock_path = options.directory + "/LOCK";
-  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (lock_fd < 0) return IoStatus("open", lock_path, errno);
   // Open deletes temp files and trims objects: a second process on the same
   // directory would have its writes in progress deleted under it.
@@ -220,7 +372,18 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options)
     }
     return IoStatus("flock", lock_path, err);
   }
-  std::unique_ptr<DiskTier> tier(new DiskTier(options, lock_fd));
+  LockFds::Add(lock_fd);
+  // O_NOFOLLOW: a tmp made a link since the check above is refused too.
+  const int tmp_fd = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (tmp_fd < 0) {
+    const int err = errno;
+    LockFds::Remove(lock_fd);
+    ::close(lock_fd);
+    if (err == ELOOP) return tmp_is_link;
+    if (err == ENOTDIR) return Status::InvalidArgument("disk tier: " + tmp + " is not a directory");
+    return IoStatus("open directory", tmp, err);
+  }
+  std::unique_ptr<DiskTier> tier(new DiskTier(options, lock_fd, tmp_fd));
   KDN_RETURN_IF_ERROR(tier->Prepare());
   return tier;
 }
@@ -230,20 +393,47 @@ Status DiskTier::Prepare() {
     KDN_RETURN_IF_ERROR(SyncDir(options_.directory + "/objects"));
     KDN_RETURN_IF_ERROR(SyncDir(options_.directory));
   }
-  // Whatever is in tmp/ is a write a crash interrupted: never renamed, so
-  // never an object.
-  const std::string tmp = options_.directory + "/tmp";
-  Result<std::vector<std::string>> stale = ListDir(tmp);
-  if (!stale.ok()) return stale.status();
-  for (const std::string& name : *stale) {
-    if (::unlink((tmp + "/" + name).c_str()) == 0) ++stale_temps_removed_;
-  }
+  KDN_RETURN_IF_ERROR(RemoveStaleTemps());
   KDN_RETURN_IF_ERROR(RebuildIndex());
   TrimToCapacity();
   if (options_.use_odirect) {
     // Probed on a file of this directory: O_DIRECT support is per filesystem.
     Fd probe(OpenFile(options_.directory + "/LOCK", O_RDONLY | O_DIRECT | O_CLOEXEC));
     if (!probe.ok() && errno == EINVAL) odirect_.store(false);
+  }
+  return Status::Ok();
+}
+
+// A temp file is a write a crash interrupted: never renamed, so never an
+// object. Only regular files with the names WriteObject gives are ours;
+// everything is reached through tmp_fd_ and nothing is followed.
+Status DiskTier::RemoveStaleTemps() {
+  const std::string tmp = options_.directory + "/tmp";
+  const int list_fd = ::openat(tmp_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (list_fd < 0) return IoStatus("open directory", tmp, errno);
+  DIR* d = ::fdopendir(list_fd);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(list_fd);
+    return IoStatus("opendir", tmp, err);
+  }
+  std::vector<std::string> names;
+  int err = 0;
+  for (;;) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      err = errno;
+      break;
+    }
+    if (IsTempName(e->d_name)) names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  if (err != 0) return IoStatus("readdir", tmp, err);
+  for (const std::string& name : names) {
+    struct stat st;
+    if (::fstatat(tmp_fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::unlinkat(tmp_fd_, name.c_str(), 0) == 0) ++stale_temps_removed_;
   }
   return Status::Ok();
 }
@@ -267,8 +457,15 @@ Status DiskTier::RebuildIndex() {
       const std::optional<keys::Digest> key = ParseObjectName(file);
       // Not an object of this shard: not ours to count or delete.
       if (!key || (*key)[0] != b) continue;
+      const std::string path = shard + "/" + file;
       struct stat st;
-      if (::stat((shard + "/" + file).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (::lstat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+      // Named as ours and no object can be this: a FIFO, a link, a file
+      // larger than the largest object. Removed (a link, not its target).
+      if (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) > MaxObjectBytes()) {
+        if (::unlink(path.c_str()) == 0) ++counters_.corrupt_detected;
+        continue;
+      }
       const std::int64_t mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
       index_[*key] = Entry{static_cast<std::uint64_t>(st.st_size), mtime_ns, ++generation_};
       used_ += static_cast<std::uint64_t>(st.st_size);
@@ -280,6 +477,12 @@ Status DiskTier::RebuildIndex() {
 void DiskTier::TrimToCapacity() {
   std::lock_guard<std::mutex> lock(mu_);
   if (used_ <= options_.capacity_bytes) return;
+  // Over capacity: files grown (or replaced) behind the tier's back go
+  // first, before any valid object is trimmed for them.
+  std::vector<keys::Digest> keys;
+  keys.reserve(index_.size());
+  for (const auto& [key, e] : index_) keys.push_back(key);
+  for (const keys::Digest& key : keys) DropIfInvalidLocked(key);
   std::vector<std::pair<std::int64_t, keys::Digest>> by_age;
   by_age.reserve(index_.size());
   for (const auto& [key, e] : index_) by_age.emplace_back(e.last_use_ns, key);
@@ -288,6 +491,34 @@ void DiskTier::TrimToCapacity() {
     if (used_ <= options_.capacity_bytes) break;
     RemoveLocked(key);
     ++trimmed_at_open_;
+  }
+}
+
+void DiskTier::DropIfInvalidLocked(const keys::Digest& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  const std::string path = ObjectPath(key);
+  Fd fd(OpenFile(path, kObjectReadFlags));
+  if (!fd.ok()) {
+    if (errno == ELOOP || errno == ENXIO) {  // a link or a device put there since the listing
+      RemoveLocked(key);
+      ++counters_.corrupt_detected;
+    }
+    return;  // gone, or a passing shortage: Get decides
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return;
+  std::uint8_t head[kDirectAlignment];
+  ssize_t n = 0;
+  if (S_ISREG(st.st_mode)) {
+    do {
+      n = ::pread(fd.get(), head, sizeof head, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return;  // unreadable: Get decides
+  }
+  if (!ObjectFileProblem(st, it->second.bytes, MaxObjectBytes(), head, static_cast<size_t>(n)).empty()) {
+    RemoveLocked(key);
+    ++counters_.corrupt_detected;
   }
 }
 
@@ -309,6 +540,11 @@ Status DiskTier::Put(const ChunkRef& chunk) {
   if (!chunk) return Status::InvalidArgument("disk tier: null chunk");
   const keys::Digest& key = chunk->meta.key;
   const std::uint64_t cost = Cost(*chunk);
+  if (cost > options_.max_object_bytes) {
+    return Status::InvalidArgument("disk tier: an object of " + std::to_string(cost) +
+                                   " bytes is larger than max_object_bytes (" +
+                                   std::to_string(options_.max_object_bytes) + ")");
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     // A second Put of a key being written waits for the first: it then sees
@@ -361,12 +597,15 @@ Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
   if (encoded->size() != cost) return Status::Internal("disk tier: envelope size differs from Cost()");
   // Unique per process (pid) and per write (sequence); only one process
   // uses the directory (LOCK), so no two writers ever share a temp file.
-  std::string tmp;
+  // The name matches IsTempName: the next Open removes it after a crash.
+  // Created and renamed through tmp_fd_ (tmp/ is never reached by a path).
+  std::string name, tmp;
   Fd fd;
   for (int attempt = 0; attempt < 8 && !fd.ok(); ++attempt) {
-    tmp = options_.directory + "/tmp/" + std::to_string(::getpid()) + "-" +
-          std::to_string(temp_seq_.fetch_add(1, std::memory_order_relaxed)) + std::string(kTempSuffix);
-    fd.Reset(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    name = std::to_string(::getpid()) + "-" + std::to_string(temp_seq_.fetch_add(1, std::memory_order_relaxed)) +
+           std::string(kTempSuffix);
+    tmp = options_.directory + "/tmp/" + name;
+    fd.Reset(::openat(tmp_fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.ok() && errno != EEXIST) break;
   }
   if (!fd.ok()) return IoStatus("create", tmp, errno);
@@ -376,9 +615,9 @@ Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
   if (fd.Close() != 0 && st.ok()) st = IoStatus("close", tmp, errno);
   const std::string path = ObjectPath(chunk.meta.key);
   if (st.ok()) st = EnsureShard(chunk.meta.key[0]);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = IoStatus("rename to", path, errno);
+  if (st.ok() && ::renameat(tmp_fd_, name.c_str(), AT_FDCWD, path.c_str()) != 0) st = IoStatus("rename to", path, errno);
   if (!st.ok()) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(tmp_fd_, name.c_str(), 0);
     return st;
   }
   if (options_.fsync == FsyncPolicy::kFull) {
@@ -392,15 +631,16 @@ Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
 }
 
 Result<ChunkRef> DiskTier::Get(const keys::Digest& key) {
-  std::uint64_t generation;
+  std::uint64_t generation, bytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(key);
     if (it == index_.end()) return Status::NotFound("disk tier: no object " + keys::ToHex(key));
     generation = it->second.generation;
+    bytes = it->second.bytes;
   }
   ReadFailure why = ReadFailure::kCorrupt;
-  Result<ChunkRef> chunk = ReadObject(key, &why);
+  Result<ChunkRef> chunk = ReadObject(key, bytes, &why);
   if (!chunk.ok()) {
     if (why == ReadFailure::kTransient) {
       // Out of memory or file descriptors: the object may well be fine.
@@ -420,13 +660,17 @@ Result<ChunkRef> DiskTier::Get(const keys::Digest& key) {
   return chunk;
 }
 
-Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, ReadFailure* why) {
+Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, std::uint64_t bytes, ReadFailure* why) {
   const std::string path = ObjectPath(key);
   int err = 0;
-  Result<FileBytes> file = ReadFile(path, &err);
+  Result<FileBytes> file = ReadFile(path, bytes, &err);
   if (!file.ok()) {
-    if (err == ENOENT) {
-      *why = ReadFailure::kCorrupt;  // a file the index lists is gone: a lost object
+    if (file.status().code() == Code::kCorrupt) {
+      *why = ReadFailure::kCorrupt;  // not a regular file, another size, a header that disagrees
+    } else if (err == ENOENT || err == ELOOP || err == ENXIO || err == ENODEV) {
+      // A file the index lists is gone (a lost object), or replaced by a
+      // link, a socket or a device node.
+      *why = ReadFailure::kCorrupt;
     } else if (err == EIO || err == EBADMSG || err == ENODATA) {
       *why = ReadFailure::kBadMedia;  // unreadable blocks; it will not get better
     } else {
@@ -442,28 +686,34 @@ Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, ReadFailure* why)
   return chunk;
 }
 
-Result<DiskTier::FileBytes> DiskTier::ReadFile(const std::string& path, int* errno_out) {
+Result<DiskTier::FileBytes> DiskTier::ReadFile(const std::string& path, std::uint64_t bytes, int* errno_out) {
   int& err = *errno_out;
   err = 0;
   if (odirect_.load(std::memory_order_relaxed)) {
-    Fd fd(OpenFile(path, O_RDONLY | O_DIRECT | O_CLOEXEC));
+    Fd fd(OpenFile(path, kObjectReadFlags | O_DIRECT));
     if (!fd.ok()) {
       err = errno;
       if (err != EINVAL) return IoStatus("open", path, err);
     } else {
-      Result<FileBytes> file = ReadWhole(fd.get(), path, &err);
+      Result<FileBytes> file = ReadWhole(fd.get(), path, bytes, &err);
+      // EINVAL from a read: ReadWhole reads only regular files.
       if (file.ok() || err != EINVAL) return file;
+      odirect_.store(false, std::memory_order_relaxed);
     }
-    // EINVAL: this filesystem refuses O_DIRECT (at open, or at the first
-    // read on some filesystems): read buffered from now on.
-    odirect_.store(false, std::memory_order_relaxed);
   }
-  Fd fd(OpenFile(path, O_RDONLY | O_CLOEXEC));
+  Fd fd(OpenFile(path, kObjectReadFlags));
   if (!fd.ok()) {
     err = errno;
     return IoStatus("open", path, err);
   }
-  return ReadWhole(fd.get(), path, &err);
+  if (odirect_.load(std::memory_order_relaxed)) {
+    // The O_DIRECT open was refused (EINVAL). For a regular file, this
+    // filesystem refuses O_DIRECT: read buffered from now on. Not for a
+    // FIFO or a directory in an object's place (refused for what it is).
+    struct stat st;
+    if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) odirect_.store(false, std::memory_order_relaxed);
+  }
+  return ReadWhole(fd.get(), path, bytes, &err);
 }
 
 void DiskTier::DropFailed(const keys::Digest& key, std::uint64_t generation, ReadFailure why) {

@@ -11,13 +11,23 @@
 //   DIR/objects/<first 2 hex of key>/<64 hex of key>.kdn   one object each
 //   DIR/tmp/<pid>-<n>.tmp                                   writes in progress
 //   DIR/LOCK                                                held (flock) while open
+// DIR/tmp must be a directory, never a symbolic link (Open refuses one: the
+// tier deletes files there); the tier reaches it through a descriptor held
+// open (openat), so a tmp swapped for a link later is not followed either.
 //
 // Writes are atomic: an object is written to DIR/tmp, synced per the fsync
 // policy, then renamed into place. A reader, or the next process after a
 // crash, sees a whole object or none. Open() removes what a crash left in
-// DIR/tmp, rebuilds the index from the file names, sizes and mtimes (it reads
-// no object) and, if the objects found exceed the capacity, removes the
-// oldest (by mtime) until they fit.
+// DIR/tmp (regular files named <digits>-<digits>.tmp, nothing else: the
+// directory may hold files that are not ours), rebuilds the index from the
+// file names, sizes and mtimes (it reads no object) and, if the objects found
+// exceed the capacity, first checks each one's size against its header (the
+// message's segment table, its first bytes) and removes those that disagree,
+// then removes the oldest valid ones (by mtime) until they fit: a few files
+// grown behind the tier's back never cost the valid objects their place.
+// Files named as objects that cannot be objects (not regular files, larger
+// than the largest object) are removed at Open, never indexed; other files,
+// and directories, are left alone.
 //
 // Fsync policy (what survives a power loss, not just a process crash; a
 // process crash loses nothing that was renamed into place, whatever the policy):
@@ -35,8 +45,14 @@
 // network filesystems refuse O_DIRECT with EINVAL) and falls back to
 // buffered reads, as does a read that gets EINVAL later.
 //
-// Get checks every object it reads (wire::DecodeEnvelope with the expected
-// key); an object that fails any check (truncated, flipped bits, another
+// Get opens object files without blocking (O_NONBLOCK: a FIFO in an
+// object's place is not waited on) and without following a symbolic link,
+// and checks, before reading past the first block, that the file is a
+// regular file of the size the index holds (at most max_object_bytes) and
+// that its header says that size: a read never allocates more than a valid
+// object of the tier needs. It then checks every object it reads
+// (wire::DecodeEnvelope with the expected key); an object that fails any
+// check (not a regular file, another size, truncated, flipped bits, another
 // key, a format this build cannot read, a file gone missing) is counted in
 // corrupt_detected, removed, and reported as kNotFound; so is one on
 // unreadable media (EIO), counted in io_errors. Get never returns wrong
@@ -54,7 +70,9 @@
 // guards the index; file reads and writes happen outside it (unlinks, which
 // are short, happen under it so that they cannot race a rename of the same
 // key). One process at a time uses a directory: Open fails with kUnavailable
-// while another holds DIR/LOCK.
+// while another holds DIR/LOCK. A child made by fork() does not hold it
+// (exec or not: a fork handler points the child's copy of the lock's
+// descriptor at /dev/null), and must not use a tier it inherited.
 #pragma once
 
 #include <array>
@@ -81,6 +99,10 @@ struct DiskTierOptions {
   std::uint64_t capacity_bytes = 0; // total size of the object files; > 0
   FsyncPolicy fsync = FsyncPolicy::kData;
   bool use_odirect = true;          // read with O_DIRECT where the filesystem allows it
+  // The largest object file (encoded envelope) the tier writes or reads: a
+  // Put of a larger one is kInvalidArgument, a larger file on disk is
+  // invalid. With the capacity, it bounds what a read allocates.
+  std::uint64_t max_object_bytes = std::uint64_t{1} << 30;
   std::string name = "disk";
   // How object files are opened for reading: ::open(path, flags) when empty.
   // A seam for tests, which inject a filesystem that refuses O_DIRECT (as
@@ -131,24 +153,32 @@ class DiskTier final : public Tier {
   enum class ReadFailure { kCorrupt, kBadMedia, kTransient };
   struct FileBytes;  // a whole file in an O_DIRECT-aligned buffer
 
-  DiskTier(DiskTierOptions options, int lock_fd);
+  DiskTier(DiskTierOptions options, int lock_fd, int tmp_fd);
   Status Prepare();          // shard dirs, temp cleanup, index, trim, O_DIRECT probe
+  Status RemoveStaleTemps();
   Status RebuildIndex();
   void TrimToCapacity();
+  // Removes an indexed object whose file is not a regular file whose size
+  // matches the index and its header (reads the header only). Requires mu_;
+  // used at Open only.
+  void DropIfInvalidLocked(const keys::Digest& key);
+  // The largest object file this tier accepts: max_object_bytes, capacity.
+  std::uint64_t MaxObjectBytes() const;
   int OpenFile(const std::string& path, int flags) const;
   std::string ObjectPath(const keys::Digest& key) const;
   std::string ShardDir(const keys::Digest& key) const;
   Status EnsureShard(std::uint8_t first_key_byte);  // creates objects/<xx> once
   Status WriteObject(const Chunk& chunk, std::uint64_t cost);
-  Result<ChunkRef> ReadObject(const keys::Digest& key, ReadFailure* why);
-  Result<FileBytes> ReadFile(const std::string& path, int* errno_out);
-  static Result<FileBytes> ReadWhole(int fd, const std::string& path, int* err);
+  Result<ChunkRef> ReadObject(const keys::Digest& key, std::uint64_t bytes, ReadFailure* why);
+  Result<FileBytes> ReadFile(const std::string& path, std::uint64_t bytes, int* errno_out);
+  Result<FileBytes> ReadWhole(int fd, const std::string& path, std::uint64_t bytes, int* err) const;
   // Removes `key` if the index still holds the generation a reader saw.
   void DropFailed(const keys::Digest& key, std::uint64_t generation, ReadFailure why);
   void RemoveLocked(const keys::Digest& key);  // requires mu_
 
   const DiskTierOptions options_;
   const int lock_fd_;
+  const int tmp_fd_;  // DIR/tmp, opened without following a link
   std::atomic<bool> odirect_;
   std::atomic<std::uint64_t> temp_seq_{0};
   std::array<std::atomic<bool>, 256> shard_ready_{};  // objects/<xx> exists

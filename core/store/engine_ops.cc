@@ -269,6 +269,8 @@ void SaveOp::Commit() {
     stored = plan_[i].begin + plan_[i].tokens;
   }
   store_->CountStore(MicrosSince(started_));
+  // What the tiers hold now: a later chunk's put may have evicted an earlier one.
+  stored = store_->HeldPrefix(plan_, stored);
   {
     std::lock_guard<std::mutex> lock(mu_);
     result_.tokens = stored;

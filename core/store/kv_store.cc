@@ -6,6 +6,7 @@
 #include "ref/kv_view_ref.h"
 #include "store/chunk_codec.h"
 #include "store/disk_tier.h"
+#include "store/host_pool.h"
 #include "store/memory_tier.h"
 
 namespace kdn::store {
@@ -113,9 +114,7 @@ BufferAsView::BufferAsView(const ModelKv& model, const KvBufferView& b) {
 // ---- Construction -------------------------------------------------------------
 
 KvStore::KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain)
-    : options_(options), chain_(std::move(chain)) {
-  for (size_t i = 0; i < chain_->levels(); ++i) total_capacity_ += chain_->tier(i).capacity_bytes();
-}
+    : options_(options), chain_(std::move(chain)) {}
 
 Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
   if (options.chunk_tokens == 0) return Status::InvalidArgument("chunk_tokens must be positive");
@@ -299,12 +298,36 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
   std::uint64_t pos = 0;
   // This call's chunks are the most recently used: once they add up to more
   // than all tiers hold, the next put would push out this call's own first
-  // chunks, which are useless without them. Stop there.
-  std::uint64_t call_bytes = 0;
+  // chunks, which are useless without them. Stop there. Each tier is counted
+  // by what a chunk costs there (a memory tier's whole pages, not its bytes:
+  // a chunk that is not page-sized costs more than its KV), the last one up
+  // to its high watermark (crossing it evicts, and a last tier's victims are
+  // gone); the chunks fill the tiers top down, as demotion would.
+  std::vector<std::uint64_t> room(chain_->levels());
+  for (size_t i = 0; i < room.size(); ++i) {
+    const std::uint64_t cap = chain_->tier(i).capacity_bytes();
+    room[i] = i + 1 < room.size() ? cap
+                                  : static_cast<std::uint64_t>(std::min(1.0, options_.tiers[i].high_watermark) *
+                                                               static_cast<double>(cap));
+  }
+  const auto cost_in = [&](size_t tier, std::uint64_t bytes) -> std::uint64_t {
+    const TierSpec::Kind kind = options_.tiers[tier].kind;
+    return kind == TierSpec::Kind::kDisk ? bytes : HostPool::ClassSize(bytes);  // disk: encoded, about the bytes
+  };
   while (pos < n) {
     std::uint64_t len = std::min(C, n - pos);
     if (k.by_hash()) len -= len % k.block_tokens;
-    if (len == 0 || call_bytes + len * per_token > total_capacity_) break;
+    if (len == 0) break;
+    const std::uint64_t bytes = len * per_token;
+    bool fits = false;
+    for (size_t i = 0; i < room.size() && !fits; ++i) {
+      const std::uint64_t cost = cost_in(i, bytes);
+      if (cost <= room[i]) {
+        room[i] -= cost;
+        fits = true;
+      }
+    }
+    if (!fits) break;
     PlannedChunk p;
     p.key = KeyOf(model, ns, k, prev, pos, len);
     p.parent = pos == 0 ? root : prev;
@@ -313,11 +336,19 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
     p.partial = len < C;
     p.present = chain_->Locate(p.key) >= 0;
     plan.push_back(p);
-    call_bytes += len * per_token;
     prev = p.key;
     pos += len;
   }
   return plan;
+}
+
+std::uint64_t KvStore::HeldPrefix(std::span<const PlannedChunk> plan, std::uint64_t committed) const {
+  std::uint64_t held = 0;
+  for (const PlannedChunk& p : plan) {
+    if (p.begin + p.tokens > committed || chain_->Locate(p.key) < 0) break;
+    held = p.begin + p.tokens;
+  }
+  return held;
 }
 
 Status KvStore::CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& p, Payload payload) {
@@ -345,7 +376,9 @@ Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, 
     stored = p.begin + p.tokens;
   }
   CountStore(MicrosSince(t0));
-  return stored;
+  // What the tiers hold now: a put may have evicted an earlier chunk of this
+  // very call (one planned as present is the least recently used).
+  return HeldPrefix(*plan, stored);
 }
 
 Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k) {

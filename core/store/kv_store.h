@@ -166,6 +166,10 @@ class KvStore {
   Result<std::vector<PlannedChunk>> PlanStore(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
   // Puts a planned chunk whose payload holds its canonical KV.
   Status CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& planned, Payload payload);
+  // The leading tokens of a plan, up to `committed`, that some tier holds
+  // now: what a store reports, since a put can evict an earlier chunk of
+  // the same store (one planned as present, least recently used).
+  std::uint64_t HeldPrefix(std::span<const PlannedChunk> plan, std::uint64_t committed) const;
   void CountStore(double micros) {
     ++stores_;
     store_us_.Record(micros);
@@ -216,7 +220,6 @@ class KvStore {
 
   const StoreOptions options_;
   std::unique_ptr<TieredStore> chain_;
-  std::uint64_t total_capacity_ = 0;
   mutable std::mutex partial_mu_;
   // parent -> (length -> partial chunks of that length stored under it)
   std::unordered_map<keys::Digest, std::map<std::uint32_t, std::uint32_t>, keys::DigestHash> partials_;  // guarded

@@ -131,10 +131,18 @@ bool TieredStore::Evictable(const keys::Digest& key) {
 Status TieredStore::Pin(const keys::Digest& key, std::int64_t ttl_ns) {
   if (ttl_ns < 0) return Status::InvalidArgument("pin TTL must not be negative");
   if (Locate(key) < 0) return Status::NotFound("pin: no such chunk in any tier");
-  const std::int64_t deadline = ttl_ns == 0 ? 0 : clock_->NowNs() + ttl_ns;
+  const std::int64_t deadline = ttl_ns == 0 ? 0 : DeadlineAfter(clock_->NowNs(), ttl_ns);
   std::lock_guard<std::mutex> lock(pin_mu_);
   auto [it, fresh] = pins_.emplace(key, deadline);
   if (!fresh && it->second != 0) it->second = deadline == 0 ? 0 : std::max(it->second, deadline);
+  return Status::Ok();
+}
+
+Status TieredStore::PinUntil(const keys::Digest& key, std::int64_t deadline_ns) {
+  if (deadline_ns < 0) return Status::InvalidArgument("pin deadline must not be negative");
+  if (Locate(key) < 0) return Status::NotFound("pin: no such chunk in any tier");
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  pins_[key] = deadline_ns;
   return Status::Ok();
 }
 

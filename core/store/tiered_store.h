@@ -58,6 +58,13 @@ class ChunkEditor {
   virtual Result<bool> Edit(Chunk& chunk) = 0;
 };
 
+// now_ns + ttl_ns, saturated at INT64_MAX (a TTL of centuries never wraps
+// into the past). ttl_ns must not be negative.
+inline std::int64_t DeadlineAfter(std::int64_t now_ns, std::int64_t ttl_ns) {
+  std::int64_t deadline = 0;
+  return __builtin_add_overflow(now_ns, ttl_ns, &deadline) ? INT64_MAX : deadline;
+}
+
 struct LevelOptions {
   std::unique_ptr<Tier> tier;
   PolicyKind policy = PolicyKind::kLru;
@@ -150,7 +157,13 @@ class TieredStore {
   // Removes the chunk from every tier, with its pin and pending moves.
   bool Erase(const keys::Digest& key);
   // Pins a present chunk for ttl_ns (0: until unpinned): no tier evicts it.
+  // A second pin keeps the later deadline. A TTL too large for the clock
+  // saturates (DeadlineAfter).
   Status Pin(const keys::Digest& key, std::int64_t ttl_ns);
+  // Sets a present chunk's pin to end at deadline_ns on the store's clock (0:
+  // until unpinned), replacing any deadline it had: for owners that count
+  // pins themselves (knowledge items, one pin per document).
+  Status PinUntil(const keys::Digest& key, std::int64_t deadline_ns);
   bool Unpin(const keys::Digest& key);
   // Waits until the mover has nothing queued or in flight.
   void Flush();

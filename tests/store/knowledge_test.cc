@@ -1,11 +1,18 @@
 // Knowledge items: put, list, fetch, versions, pins, expiry, deletion from
-// every tier, tenant isolation, chunks shared between documents.
+// every tier, tenant isolation, chunks shared between documents (only where
+// their bytes are the same), pins counted per document, TTLs that saturate.
 #include "store/knowledge.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <unistd.h>
+
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "test_models.h"
 
 namespace kdn::store {
 namespace {
@@ -179,6 +186,196 @@ TEST_F(KnowledgeTest, ExpiredDocumentsAreDeleted) {
   EXPECT_TRUE(index_->List(m_, "ns").empty());
   EXPECT_EQ(store_->chain().Locate(store_->ContentKey(m_, "ns", Tokens(8, 6))), -1);
   EXPECT_EQ(index_->Expire(m_, "ns", "short-lived", 0).code(), Code::kNotFound);
+}
+
+// Pins are counted per document: unpinning (or deleting) one document leaves
+// a chunk it shares with a still-pinned document pinned.
+TEST_F(KnowledgeTest, UnpinningOneDocumentKeepsTheChunksAnotherStillPins) {
+  Kv kv(16);
+  auto a = Tokens(16, 7), b = a;
+  for (size_t i = 8; i < 16; ++i) b[i] = 299 - static_cast<std::int32_t>(i);  // the first chunk is shared
+  ASSERT_TRUE(index_->Put(m_, "ns", "a", 1, "", a, kv.view).ok());
+  ASSERT_TRUE(index_->Put(m_, "ns", "b", 1, "", b, kv.view).ok());
+  const auto shared = store_->ContentKey(m_, "ns", std::span<const std::int32_t>(a).first(8));
+  ASSERT_TRUE(index_->Pin(m_, "ns", "a", true, 0).ok());
+  ASSERT_TRUE(index_->Pin(m_, "ns", "b", true, 0).ok());
+  ASSERT_TRUE(index_->Pin(m_, "ns", "a", false, 0).ok());
+  const auto flood = [&](int salt) {
+    for (int d = 0; d < 12; ++d) {  // floods the 8-chunk host tier
+      ASSERT_TRUE(index_->Put(m_, "ns", "flood" + std::to_string(salt + d), 1, "", Tokens(8, salt + d), kv.view).ok());
+    }
+  };
+  flood(100);
+  EXPECT_TRUE(store_->chain().ContainsAt(0, shared)) << "b still pins the shared chunk";
+  EXPECT_FALSE(index_->Info(m_, "ns", "a")->pinned);
+  EXPECT_TRUE(index_->Info(m_, "ns", "b")->pinned);
+  // Pinning twice counts once: one unpin releases it.
+  ASSERT_TRUE(index_->Pin(m_, "ns", "a", true, 0).ok());
+  ASSERT_TRUE(index_->Pin(m_, "ns", "a", true, 0).ok());
+  ASSERT_TRUE(index_->Pin(m_, "ns", "a", false, 0).ok());
+  // Deleting the last pinning document releases its pins: the chunk (still
+  // a's) can be evicted from the host tier again.
+  ASSERT_TRUE(index_->Delete(m_, "ns", "b").ok());
+  flood(200);
+  EXPECT_FALSE(store_->chain().ContainsAt(0, shared));
+  store_->chain().Flush();
+  EXPECT_TRUE(store_->chain().ContainsAt(1, shared));
+  EXPECT_EQ(store_->chain().Counters().pins_active, 0u);
+}
+
+// TTLs near INT64_MAX saturate (the clock is not at 0): no overflow into the
+// past, so expire does not delete the document now and pin pins.
+TEST_F(KnowledgeTest, HugeTtlsSaturateInsteadOfOverflowing) {
+  Kv kv(8);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  clock_.Advance(std::chrono::hours(1));
+  ASSERT_TRUE(index_->Put(m_, "ns", "forever", 1, "", Tokens(8, 8), kv.view).ok());
+  ASSERT_TRUE(index_->Expire(m_, "ns", "forever", kMax).ok());
+  ASSERT_TRUE(index_->Expire(m_, "ns", "forever", kMax - 1).ok());
+  EXPECT_EQ(index_->List(m_, "ns").size(), 1u);
+  clock_.Advance(std::chrono::hours(24 * 365 * 100));
+  EXPECT_EQ(index_->List(m_, "ns").size(), 1u) << "expired 100 years into a 292-year TTL";
+  const auto k = store_->ContentKey(m_, "ns", Tokens(8, 8));
+  for (std::int64_t ttl : {kMax, kMax - 1, kMax / 2 + 1}) {
+    ASSERT_TRUE(index_->Pin(m_, "ns", "forever", false, 0).ok());
+    ASSERT_TRUE(index_->Pin(m_, "ns", "forever", true, ttl).ok());
+    for (int d = 0; d < 12; ++d) {
+      ASSERT_TRUE(index_->Put(m_, "ns", "flood" + std::to_string(d), 1, "", Tokens(8, 300 + d + static_cast<int>(ttl % 7) * 20), kv.view).ok());
+    }
+    EXPECT_TRUE(store_->chain().ContainsAt(0, k)) << "ttl " << ttl;
+    EXPECT_EQ(store_->chain().Counters().pins_active, 1u) << "ttl " << ttl;
+  }
+  EXPECT_EQ(index_->Expire(m_, "ns", "forever", -1).code(), Code::kInvalidArgument);
+  EXPECT_EQ(index_->Pin(m_, "ns", "forever", true, -1).code(), Code::kInvalidArgument);
+}
+
+// The reference model's KV of `tokens`, prefilled from position 0, canonical
+// ([layer][k|v][token][head][dim]).
+struct RealKv {
+  ModelKv m;
+  std::vector<float> kv;
+};
+RealKv Prefill(model::Transformer& t, const std::vector<int>& tokens) {
+  RealKv r;
+  const auto& c = t.config();
+  model::KvCache cache = t.NewCache();
+  EXPECT_TRUE(t.Forward(tokens, 0, cache, nullptr).ok());
+  r.m.fingerprint = keys::ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "stories260K"});
+  r.m.shape = {c.n_layers, c.n_kv_heads, c.head_dim(), 4};
+  const size_t T = tokens.size(), row = static_cast<size_t>(c.kv_dim());
+  r.kv.resize(static_cast<size_t>(c.n_layers) * 2 * T * row);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (size_t i = 0; i < T; ++i) {
+      std::memcpy(&r.kv[((static_cast<size_t>(l) * 2 + 0) * T + i) * row], cache.k(l, static_cast<int>(i)), row * 4);
+      std::memcpy(&r.kv[((static_cast<size_t>(l) * 2 + 1) * T + i) * row], cache.v(l, static_cast<int>(i)), row * 4);
+    }
+  }
+  return r;
+}
+
+// A host tier that holds every chunk of these tests, raw: fetches are bit exact.
+struct RealStore {
+  RealStore() {
+    StoreOptions o;
+    o.chunk_tokens = 8;
+    o.host_capacity_bytes = 1 << 20;
+    store = KvStore::Create(o).value();
+    index = std::make_unique<KnowledgeIndex>(*store);
+  }
+  std::unique_ptr<KvStore> store;
+  std::unique_ptr<KnowledgeIndex> index;
+};
+
+ViewSpec CanonicalSpec(std::vector<float>& kv) {
+  ViewSpec s;
+  s.data = kv.data();
+  s.size_bytes = kv.size() * 4;
+  return s;
+}
+
+// Two documents whose tokens differ only in token 0: their later chunks have
+// the same tokens (the same content key) but other KV, since attention saw a
+// different first token. Each fetch returns the KV put for that document,
+// bit for bit; documents with the same bytes still share chunks.
+TEST_F(KnowledgeTest, FetchReturnsTheKvPutForThatDocumentEvenWhereTextIsShared) {
+  KDN_REQUIRE_MODEL();
+  RealStore rs;
+  KvStore* const store_ = rs.store.get();
+  KnowledgeIndex* const index_ = rs.index.get();
+  auto weights = model::Checkpoint::Load(testing::ModelPath()).value();
+  auto tok = model::Tokenizer::Load(testing::TokenizerPath(), 512).value();
+  model::Transformer t(weights, 1);
+  const std::vector<int> a =
+      tok.Encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.", true);
+  ASSERT_GE(a.size(), 17u);
+  std::vector<int> b = a;
+  b[0] = a[1];  // differs in token 0 only
+  const RealKv ka = Prefill(t, a), kb = Prefill(t, b);
+  const size_t T = a.size();
+  ASSERT_NE(0, std::memcmp(&ka.kv[2 * T * 32 + 8 * 32], &kb.kv[2 * T * 32 + 8 * 32], 32 * 4))
+      << "layer 1's KV at token 8 should depend on token 0";
+  const ModelKv& m = ka.m;
+  const std::vector<std::int32_t> ta(a.begin(), a.end()), tb(b.begin(), b.end());
+  std::vector<float> in_a = ka.kv, in_b = kb.kv;
+  auto va = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_a)}, T).value();
+  auto vb = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_b)}, T).value();
+  ASSERT_TRUE(index_->Put(m, "ns", "a", 1, "", ta, va).ok());
+  ASSERT_TRUE(index_->Put(m, "ns", "b", 1, "", tb, vb).ok());
+  ASSERT_TRUE(index_->Put(m, "ns", "a-again", 1, "", ta, va).ok());  // the same bytes as a: shares a's chunks
+  const auto fetch = [&](const std::string& id) {
+    std::vector<float> out(ka.kv.size(), -7.0f);
+    auto view = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(out)}, T).value();
+    std::vector<std::int32_t> tokens;
+    const Status st = index_->Fetch(m, "ns", id, &view, T, &tokens);
+    EXPECT_TRUE(st.ok()) << id << ": " << st.message();
+    return out;
+  };
+  EXPECT_EQ(fetch("a"), ka.kv);
+  EXPECT_EQ(fetch("b"), kb.kv);
+  EXPECT_EQ(fetch("a-again"), ka.kv);
+  // The content keys (what the matcher finds a chunk by) are the text's.
+  const auto ca = index_->Chunks(m, "ns", "a").value(), cb = index_->Chunks(m, "ns", "b").value();
+  for (size_t i = 1; i < ca.size(); ++i) EXPECT_EQ(ca[i].key, cb[i].key) << i;
+  // a's chunks and b's (token 0 differs, so none of theirs match); a-again shares a's.
+  EXPECT_EQ(store_->chain().Stats()[0].objects, ca.size() + cb.size());
+  // Deleting a keeps b's KV, and a-again's (shared with a).
+  ASSERT_TRUE(index_->Delete(m, "ns", "a").ok());
+  EXPECT_EQ(fetch("b"), kb.kv);
+  EXPECT_EQ(fetch("a-again"), ka.kv);
+}
+
+// A document whose chunk was evicted from every tier is not served another
+// document's KV for the same text put since: its fetch says it is gone.
+TEST_F(KnowledgeTest, AnEvictedChunkIsNotReplacedByAnotherDocumentsKv) {
+  KDN_REQUIRE_MODEL();
+  RealStore rs;
+  KvStore* const store_ = rs.store.get();
+  KnowledgeIndex* const index_ = rs.index.get();
+  auto weights = model::Checkpoint::Load(testing::ModelPath()).value();
+  auto tok = model::Tokenizer::Load(testing::TokenizerPath(), 512).value();
+  model::Transformer t(weights, 1);
+  const std::vector<int> a = tok.Encode("The cat sat on the mat and looked at the big red ball in the garden.", true);
+  ASSERT_GE(a.size(), 17u);
+  std::vector<int> b = a;
+  b[0] = a[2];
+  const RealKv ka = Prefill(t, a), kb = Prefill(t, b);
+  const size_t T = a.size();
+  const ModelKv& m = ka.m;
+  const std::vector<std::int32_t> ta(a.begin(), a.end()), tb(b.begin(), b.end());
+  std::vector<float> in_a = ka.kv, in_b = kb.kv;
+  ASSERT_TRUE(index_->Put(m, "ns", "a", 1, "", ta,
+                          ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_a)}, T).value()).ok());
+  const auto k1 = store_->ContentKey(m, "ns", std::span<const std::int32_t>(ta).subspan(8, 8));
+  ASSERT_TRUE(store_->chain().Erase(k1));  // a's chunk 1 is gone from every tier
+  ASSERT_TRUE(index_->Put(m, "ns", "b", 1, "", tb,
+                          ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_b)}, T).value()).ok());
+  std::vector<float> out(ka.kv.size(), -7.0f);
+  auto view = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(out)}, T).value();
+  std::vector<std::int32_t> tokens;
+  EXPECT_EQ(index_->Fetch(m, "ns", "a", &view, T, &tokens).code(), Code::kNotFound);
+  out.assign(out.size(), -7.0f);
+  ASSERT_TRUE(index_->Fetch(m, "ns", "b", &view, T, &tokens).ok());
+  EXPECT_EQ(out, kb.kv);
 }
 
 }  // namespace

@@ -191,6 +191,40 @@ TEST_F(KvStoreTest, FullTierEvictsAndNeverFails) {
   EXPECT_EQ(Count(tiny).host.objects, 0u);
 }
 
+// Chunks that are not page-sized cost a whole number of pages in a host
+// tier: a store must not evict its own first chunks to make room for its
+// last ones, and what it reports stored is what lookups then find.
+TEST_F(KvStoreTest, AStoreReportsWhatTheTiersHoldWhenChunksRoundUpToPages) {
+  // 3-token chunks of 3840 bytes cost 4096 each; 15 pages hold 15 of them,
+  // though 16 x 3840 bytes is exactly the capacity.
+  auto s_owner = Make(Options(3, 15 * 4096)); KvStore& s = *s_owner;
+  const std::uint64_t stored = Store(s, "t", Tokens(48), View(kv_, 48));
+  EXPECT_EQ(stored, 45u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), stored);
+  EXPECT_EQ(Count(s).host.evictions, 0u);
+  std::vector<float> out(kv_.size(), -1.0f);
+  EXPECT_EQ(Retrieve(s, "t", Tokens(48), View(out, 48)), stored);
+  const std::vector<float> want = Expected(45, 48);
+  for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
+    ASSERT_EQ(0, std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], 45 * kKvDim * 4)) << lk;
+  }
+}
+
+// A chunk the plan counts as present can still be evicted by the store's own
+// new chunks (it is the least recently used): the result says so.
+TEST_F(KvStoreTest, AStoreDoesNotReportAPresentChunkItsOwnPutsEvicted) {
+  std::vector<float> out(kv_.size(), -1.0f);
+  auto t_owner = Make(Options(3, 4 * 4096)); KvStore& t = *t_owner;
+  std::vector<float> first3 = Expected(3, 3);
+  ASSERT_EQ(Store(t, "t", Tokens(3), View(first3, 3)), 3u);  // chunk 0, then...
+  std::vector<std::int32_t> other(kTokens.begin(), kTokens.begin() + 3);
+  other[0] = 2;
+  ASSERT_EQ(Store(t, "t", other, View(first3, 3)), 3u);       // ...a newer one: chunk 0 goes first
+  const std::uint64_t reported = Store(t, "t", Tokens(48), View(kv_, 48));
+  EXPECT_EQ(reported, Lookup(t, "t", Tokens(48)));
+  EXPECT_EQ(Retrieve(t, "t", Tokens(48), View(out, 48)), reported);
+}
+
 TEST_F(KvStoreTest, LookupHasNoSideEffectOnEvictionOrder) {
   std::vector<float> a = Expected(16, 16);
   for (bool touch_with_retrieve : {false, true}) {

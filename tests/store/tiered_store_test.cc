@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -153,6 +154,22 @@ TEST(TieredStore, APinRunsOutAfterItsTtlAndTheForcedUnpinIsCounted) {
   EXPECT_EQ(s->Counters().pins_forced_unpin, 1u);
   EXPECT_EQ(s->Pin(Key(77), 0).code(), Code::kNotFound);
   EXPECT_EQ(s->Pin(Key(3), -1).code(), Code::kInvalidArgument);
+}
+
+// A TTL near INT64_MAX saturates: the deadline does not wrap into the past.
+TEST(TieredStore, APinWithAHugeTtlSaturates) {
+  ManualClock clock;  // not at 0: now + INT64_MAX overflows
+  auto s = Chain(2, 0, 1.0, 1.0, PolicyKind::kLru, &clock);
+  ASSERT_TRUE(s->Put(Obj(0)).ok());
+  ASSERT_TRUE(s->Put(Obj(1)).ok());
+  ASSERT_TRUE(s->Pin(Key(0), std::numeric_limits<std::int64_t>::max()).ok());
+  ASSERT_TRUE(s->Put(Obj(2)).ok());  // evicts 1, not the pinned 0
+  EXPECT_TRUE(s->ContainsAt(0, Key(0)));
+  clock.Advance(std::chrono::hours(24 * 365 * 200));
+  ASSERT_TRUE(s->Put(Obj(3)).ok());
+  EXPECT_TRUE(s->ContainsAt(0, Key(0)));
+  EXPECT_EQ(s->Counters().pins_active, 1u);
+  EXPECT_EQ(s->Counters().pins_forced_unpin, 0u);
 }
 
 TEST(TieredStore, AFullTierPassesThePutDownInsteadOfFailing) {
