@@ -55,7 +55,7 @@ struct Named {
 };
 constexpr Named kDefaults[] = {{"raw", "raw"},           {"fp8", "fp8"},           {"int8", "int8"},
                                {"kivi2", "kivi2"},       {"cachegen", "cachegen"}, {"kdn", "kdn:balanced"},
-                               {"kdn_hifi", "kdn:hifi"}};
+                               {"kdn_hifi", "kdn:hifi"}, {"zstd", "zstd"}};
 
 // One codec's settings sweep: one line of the plot, in the order drawn.
 struct Sweep {
@@ -169,7 +169,7 @@ struct Coder {
 Coder CodecCoder(const std::string& name, const codec::Codec& codec, const codec::Shape& shape) {
   Coder c;
   c.name = name;
-  c.lossless = codec.id() == codec::CodecId::kRaw;
+  c.lossless = !codec::IsLossy(codec.id());  // raw and zstd: checked bit for bit
   c.encode = [&codec, shape](const Bytes& in, Encoded* out, std::string* error) {
     Result<Bytes> r = codec.Encode(shape, in.data());
     if (!r.ok()) {

@@ -21,8 +21,9 @@ struct CodecBenchOptions {
   bool quick = false;     // a smoke test, not a measurement
 };
 
-// For raw, fp8, int8, kivi2, cachegen, kdn (= kdn:balanced) and kdn:hifi at
-// their default settings:
+// For raw, fp8, int8, kivi2, cachegen, kdn (= kdn:balanced), kdn:hifi and
+// zstd (the lossless codec, = zstd:level=3,shuffle=1) at their default
+// settings:
 //  - quality (codec::Evaluate: KL mean and p95, top-1 agreement) on contexts
 //    of the text, and size (ratio vs fp16) on the same contexts' KV held as
 //    fp16, one chunk per context, against zstd -1 on the same bytes;

@@ -10,8 +10,8 @@
 //   for a bad dtype); on Ok every element of `out` was written and is finite
 //   (`out` starts as NaN bytes, so an element left unwritten fails too), and
 //   a second decode into zeroed memory gives the same bytes.
-//   raw is exempt from finiteness by design: it returns the stored bytes as
-//   they are, which is checked instead;
+//   raw and zstd (lossless) are exempt from finiteness by design: they
+//   return the stored bytes as they are (checked for raw);
 // - Encode's own output always decodes (when no mutation was applied);
 // - rANS: a parsed table is valid and re-serializes to the bytes it was read
 //   from; a stream that decodes re-encodes to exactly its bytes; a table
@@ -85,7 +85,7 @@ using codec::CodecId;
 using codec::Shape;
 using codec::Spec;
 
-constexpr std::uint32_t kCodecIds = 6;  // CodecId 0..5
+constexpr std::uint32_t kCodecIds = 7;  // CodecId 0..6
 constexpr std::size_t kMaxEdits = 64;
 constexpr std::size_t kMaxRansCount = 4096;
 
@@ -248,7 +248,7 @@ std::vector<std::uint8_t> MakeKv(const Shape& s, std::uint8_t profile, std::uint
 
 // The encoder specs kMutate draws from; `param` varies the parameterized ones.
 Spec EncoderSpec(std::uint8_t which, std::uint8_t param) {
-  switch (which % 11) {
+  switch (which % 13) {
     case 0: return Spec{"raw", {}};
     case 1: return Spec{"fp8", {}};
     case 2: return Spec{"fp8", {{"scale", "head"}}};
@@ -259,10 +259,12 @@ Spec EncoderSpec(std::uint8_t which, std::uint8_t param) {
     case 7: return Spec{"cachegen", {}};
     case 8: return Spec{"cachegen", {{"bins", "16"}}};
     case 9: return Spec{"cachegen", {{"bins", std::to_string(3 + param % 254)}}};
+    case 11: return Spec{"zstd", {}};
+    case 12: return Spec{"zstd", {{"level", std::to_string(1 + param % 19)}, {"shuffle", std::to_string(param & 1)}}};
     default: return Spec{"kdn", {}};  // skipped while MakeCodec(kdn) fails
   }
 }
-constexpr std::uint8_t kEncoderSpecs = 11;
+constexpr std::uint8_t kEncoderSpecs = 13;
 
 // A buffer of exactly n bytes on the heap, so that ASan reports any access
 // past it (a std::vector's spare capacity would hide one).
@@ -313,6 +315,9 @@ std::optional<Status> DecodeAndCheck(std::uint32_t id, const Shape& shape, std::
             where + "raw did not return its stored bytes");
     return st;
   }
+  // zstd is lossless: it returns whatever bytes were encoded, finite or not
+  // (its checksum makes a damaged frame kCorrupt).
+  if (!codec::IsLossy(static_cast<CodecId>(id))) return st;
   const std::uint64_t n = shape.elements();
   for (std::uint64_t i = 0; i < n; ++i) {
     const float v = codec::internal::LoadElement(shape.dtype, out.get(), i);

@@ -1,5 +1,5 @@
 // Spec parsing and printing, and the dispatch from a spec or a codec id to
-// a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn.
+// a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn, zstd.
 #include "codec/codec.h"
 
 #include <string>
@@ -93,8 +93,12 @@ Result<std::unique_ptr<Codec>> MakeCodec(const Spec& spec) {
   if (spec.name == "kivi2") return internal::MakeKivi(spec);
   if (spec.name == "cachegen") return internal::MakeCacheGen(spec);
   if (spec.name == "kdn") return internal::MakeKdn(spec);
-  return Status::InvalidArgument("unknown codec '" + spec.name + "' (known: raw, fp8, int8, kivi2, cachegen, kdn)");
+  if (spec.name == "zstd") return internal::MakeZstd(spec);
+  return Status::InvalidArgument("unknown codec '" + spec.name +
+                                 "' (known: raw, fp8, int8, kivi2, cachegen, kdn, zstd)");
 }
+
+bool IsLossy(CodecId id) { return id != CodecId::kRaw && id != CodecId::kZstd; }
 
 Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
   // Decoders take every parameter from the payload; the default spec only
@@ -106,6 +110,7 @@ Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
     case CodecId::kKivi2: return MakeCodec(Spec{"kivi2", {}});
     case CodecId::kCacheGen: return MakeCodec(Spec{"cachegen", {}});
     case CodecId::kKdn: return MakeCodec(Spec{"kdn", {}});
+    case CodecId::kZstd: return MakeCodec(Spec{"zstd", {}});
   }
   return Status::Unsupported("unknown codec id " + std::to_string(static_cast<std::uint32_t>(id)) +
                              " (written by a newer kdn?)");

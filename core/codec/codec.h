@@ -20,7 +20,8 @@ namespace kdn::codec {
 using Bytes = std::vector<std::uint8_t>;
 
 // A codec and its settings, as written on command lines: "int8",
-// "kivi2:group=32", "cachegen:bins=16", "kdn:balanced" (a preset).
+// "kivi2:group=32", "cachegen:bins=16", "kdn:balanced" (a preset),
+// "zstd:level=3,shuffle=1".
 struct Spec {
   std::string name;
   std::map<std::string, std::string> params;
@@ -38,8 +39,14 @@ struct Shape {
   bool operator==(const Shape&) const = default;
 };
 
-// Codec ids as the chunk envelope records them. Pinned forever.
-enum class CodecId : std::uint32_t { kRaw = 0, kFp8 = 1, kInt8 = 2, kKivi2 = 3, kCacheGen = 4, kKdn = 5 };
+// Codec ids as the chunk envelope records them. Pinned forever: only
+// appended.
+enum class CodecId : std::uint32_t { kRaw = 0, kFp8 = 1, kInt8 = 2, kKivi2 = 3, kCacheGen = 4, kKdn = 5, kZstd = 6 };
+
+// Whether decoding a payload of `id` may give other bytes than were encoded
+// (the codec quantizes). raw and zstd are lossless; every other codec is
+// lossy, and so is an id this build does not know.
+bool IsLossy(CodecId id);
 
 class Codec {
  public:

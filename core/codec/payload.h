@@ -79,5 +79,6 @@ Result<std::unique_ptr<Codec>> MakeInt8(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeKivi(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeCacheGen(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeKdn(const Spec& spec);
+Result<std::unique_ptr<Codec>> MakeZstd(const Spec& spec);
 
 }  // namespace kdn::codec::internal

@@ -80,7 +80,8 @@ Result<ChunkRef> DecodeChunk(const ChunkRef& stored) {
     auto out = std::make_shared<Chunk>();
     out->meta = stored->meta;
     out->meta.codec = codec::CodecId::kRaw;
-    out->meta.lossy = true;  // every codec but raw quantizes
+    // Only a codec that quantizes makes the KV other than what was stored.
+    out->meta.lossy = codec::IsLossy(stored->meta.codec);
     out->payload = Payload::Uninitialized(static_cast<size_t>(*bytes));
     // The codec checks its payload's header against this shape, dtype and
     // its own id, then the body; any failure makes the chunk unreadable.

@@ -25,9 +25,12 @@ namespace kdn::store {
 // The codec of host and device tiers unless configured: the engine reads
 // them, and they hold what is hot.
 inline constexpr std::string_view kDefaultHotCodec = "raw";
-// The codec of disk (and later remote) tiers unless configured: kdn's
-// compressing codec ("kdn" = "kdn:balanced"), so that more chunks fit.
-inline constexpr std::string_view kDefaultColdCodec = "kdn";
+// The codec of disk (and later remote) tiers unless configured: lossless
+// zstd ("zstd" = "zstd:level=3,shuffle=1"), so that a retrieve returns the
+// bytes stored. kdn's compressing codec ("kdn") fits more chunks but is
+// lossy: only a tier that names it (or another lossy codec) uses it, and
+// loads report KV it served (ChunkMeta::lossy, KDN_RESULT_LOSSY).
+inline constexpr std::string_view kDefaultColdCodec = "zstd";
 
 // A tier's codec from its spec ("raw", "int8", "cachegen:bins=16",
 // "kdn:hifi"); kInvalidArgument, naming the problem, for a spec that does
@@ -41,7 +44,8 @@ Result<std::shared_ptr<const codec::Codec>> MakeTierCodec(std::string_view spec)
 Result<ChunkRef> EncodeChunk(const codec::Codec& codec, const Chunk& chunk);
 
 // `stored` with its canonical KV: `stored` itself when raw, else a new chunk
-// decoded from it (meta.codec = kRaw). kCorrupt when the codec is one this
+// decoded from it (meta.codec = kRaw; meta.lossy when its codec is lossy,
+// codec::IsLossy: zstd's chunks come back exact and unmarked). kCorrupt when the codec is one this
 // build cannot decode, or the payload's own header disagrees with the
 // chunk's shape, dtype or codec, or the payload fails to decode: such a
 // chunk must be treated as unreadable (a miss), never as KV.

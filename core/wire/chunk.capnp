@@ -47,6 +47,7 @@ enum Codec {
   kivi2 @3;     # 2-bit, keys per channel, values per token
   cachegen @4;  # LMCache's CacheGen, range-coded
   kdn @5;       # kdn's compressing codec
+  zstd @6;      # lossless: byte planes compressed by zstd
 }
 
 # Element type of the KV (mirrors kdn_dtype).

@@ -36,6 +36,7 @@ KDN_SAME_CODEC(kInt8, kInt8, INT8);
 KDN_SAME_CODEC(kKivi2, kKivi2, KIVI2);
 KDN_SAME_CODEC(kCacheGen, kCacheGen, CACHEGEN);
 KDN_SAME_CODEC(kKdn, kKdn, KDN);
+KDN_SAME_CODEC(kZstd, kZstd, ZSTD);
 #undef KDN_SAME_CODEC
 
 bool KnownCodec(std::uint16_t codec) { return codec <= kLastKnownCodec; }

@@ -327,7 +327,8 @@ static kdn_runtime *new_big_runtime(uint32_t chunk_tokens) {
 }
 
 /* A disk tier storing raw KV: the cases using it compare loaded KV bit for
- * bit (a disk tier's default codec is lossy; the codec cases test those). */
+ * bit and count raw bytes (the codec cases test the default, lossless zstd,
+ * and lossy codecs). */
 static kdn_tier_config disk_tier(const char *path) {
   kdn_tier_config c = KDN_TIER_CONFIG_INIT;
   c.kind = KDN_TIER_DISK;
@@ -782,8 +783,8 @@ static void test_tier_codec_defaults(void) {
     host = tier_stats(rt, 0);
     disk = tier_stats(rt, 1);
     CHECK(strcmp(host.codec, "raw") == 0);
-    /* kdn's codec, or int8 standing in for it until that codec is built. */
-    CHECK(strncmp(disk.codec, "kdn", 3) == 0 || strcmp(disk.codec, "int8") == 0);
+    /* Lossless zstd at its defaults. */
+    CHECK(strcmp(disk.codec, "zstd:level=3,shuffle=1") == 0);
     CHECK(disk.encoded_chunks == 0 && disk.bytes_before_encoding == 0 && disk.decode_failures == 0);
     kdn_runtime_destroy(rt);
     rt = NULL;
@@ -793,85 +794,34 @@ static void test_tier_codec_defaults(void) {
   CHECK_OK(kdn_runtime_create(&options, &rt));
   if (rt != NULL) {
     disk = tier_stats(rt, 1);
-    CHECK(strcmp(disk.codec, "raw") != 0 && disk.codec[0] != '\0');
+    CHECK(strcmp(disk.codec, "zstd:level=3,shuffle=1") == 0);
     kdn_runtime_destroy(rt);
   }
   group_end();
 }
 
-static void test_tier_codec_int8(void) {
-  static const char ns[] = "codecs";
-  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+/* A runtime of a host tier holding two chunks over a disk tier in
+ * subdirectory `subdir_name` storing with `codec` (NULL: the kind's
+ * default); NULL (and a failed check) when it cannot be made. */
+static kdn_runtime *host_over_disk(const char *subdir_name, const char *codec) {
   kdn_tier_config tiers[2];
   kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
   kdn_runtime *rt = NULL;
-  kdn_model *m;
   char dir[300];
-  kdn_tier_stats host, disk;
-
-  group_begin("tier codecs: an int8 disk tier encodes on demotion, decodes on load");
-  subdir(dir, sizeof dir, "codec-int8");
+  subdir(dir, sizeof dir, subdir_name);
   tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
   tiers[0].capacity_bytes = HOST_CAPACITY; /* two chunks */
   tiers[0].high_watermark = 1.0f;
   tiers[0].low_watermark = 1.0f;
   tiers[1] = disk_tier(dir);
-  tiers[1].codec = "int8";
-  tiers[1].codec_len = 4;
+  tiers[1].codec = codec;
+  tiers[1].codec_len = codec == NULL ? 0 : strlen(codec);
   options.chunk_tokens = CHUNK;
   options.tiers = tiers;
   options.num_tiers = 2;
   CHECK_OK(kdn_runtime_create(&options, &rt));
-  if (rt == NULL) {
-    group_end();
-    return;
-  }
-  m = new_model(rt, FINGERPRINT);
-  {
-    engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    view_buf vsrc, vdst;
-    kdn_request req = token_request(kTokens, POSITIONS);
-    kdn_kv_result res;
-    int exact = 1, attempt;
-    ekv_write_ref(src, POSITIONS);
-    res = SAVE(m, ns, &req, whole_view(&vsrc, src), 1);
-    CHECK_EQ(res.tokens, POSITIONS);
-    /* Three chunks, room for two: the first goes down to disk, encoded. */
-    CHECK(wait_tier_objects(rt, 1, 1));
-    host = tier_stats(rt, 0);
-    disk = tier_stats(rt, 1);
-    CHECK(strcmp(host.codec, "raw") == 0 && host.encoded_chunks == 0);
-    CHECK(strcmp(disk.codec, "int8") == 0);
-    CHECK_EQ(disk.encoded_chunks, 1);
-    CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
-    /* f32 to int8 codes plus one f32 scale per (layer, k|v, token). */
-    CHECK(disk.bytes_after_encoding > CHUNK_BYTES / 4 && disk.bytes_after_encoding < CHUNK_BYTES / 3);
-    CHECK(disk.used_bytes < CHUNK_BYTES / 2); /* capacity counts encoded bytes */
-    CHECK_EQ(disk.encode_failures, 0);
-    /* A load promotes the chunk it reads from disk, evicting another: a
-     * load planned while a chunk is between tiers covers less; retry. */
-    for (attempt = 0; attempt < 20; ++attempt) {
-      res = LOAD(m, ns, &req, whole_view(&vdst, dst), 1);
-      if (res.num_failed == 0 && res.covered == POSITIONS) break;
-      ekv_reset(dst);
-      sleep_ms(20);
-    }
-    CHECK_EQ(res.tokens, POSITIONS);
-    CHECK(ekv_near_ref_int8(dst, POSITIONS, &exact));
-    CHECK(!exact); /* the first chunk came back decoded, not copied */
-    CHECK((res.flags & KDN_RESULT_LOSSY) != 0); /* and the load says so */
-    disk = tier_stats(rt, 1);
-    CHECK_EQ(disk.decode_failures, 0);
-    ekv_free(src);
-    ekv_free(dst);
-  }
-  kdn_model_destroy(m);
-  kdn_runtime_destroy(rt);
-  group_end();
+  return rt;
 }
-
-/* ---- Paged views, batched lookups, llama.cpp's layout ----------------- */
 
 /* A load in the tiered runtime, retried while a chunk is between tiers. A
  * load promotes what it reads from disk to the host tier, in the background;
@@ -896,6 +846,116 @@ static kdn_kv_result load_whole_at(const kdn_model *m, const char *ns, const kdn
   }
   return res;
 }
+
+/* Issue 10, item 12: a disk tier of the default codec gives back the KV
+ * stored, bit for bit, and no KDN_RESULT_LOSSY; a tier that names "kdn"
+ * gives back KV close to it, flagged. Three chunks in a host tier with room
+ * for two, over the disk: the first is demoted, encoded, and loaded back
+ * from the disk tier. */
+static void tier_codec_load_back(const char *codec, const char *subdir_name, int want_lossy) {
+  static const char ns[] = "codec-default";
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  kdn_runtime *rt = host_over_disk(subdir_name, codec);
+  kdn_model *m;
+  kdn_tier_stats disk;
+  if (rt == NULL) return;
+  m = new_model(rt, FINGERPRINT);
+  {
+    engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+    engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+    view_buf vsrc, vdst;
+    kdn_request req = token_request(kTokens, POSITIONS);
+    kdn_kv_result res;
+    ekv_write_ref(src, POSITIONS);
+    res = SAVE(m, ns, &req, whole_view(&vsrc, src), 1);
+    CHECK_EQ(res.tokens, POSITIONS);
+    CHECK(wait_tier_objects(rt, 1, 1));
+    disk = tier_stats(rt, 1);
+    CHECK_EQ(disk.encoded_chunks, 1);
+    CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
+    CHECK(disk.bytes_after_encoding < CHUNK_BYTES); /* both compress */
+    printf("  %s: the demoted chunk, %llu bytes -> %llu on disk\n", disk.codec,
+           (unsigned long long)disk.bytes_before_encoding, (unsigned long long)disk.bytes_after_encoding);
+    res = load_whole_at(m, ns, &req, whole_view(&vdst, dst), 1, dst, POSITIONS, __LINE__);
+    CHECK_EQ(res.tokens, POSITIONS);
+    disk = tier_stats(rt, 1);
+    CHECK(disk.hits >= 1); /* the first chunk was read from disk */
+    CHECK_EQ(disk.decode_failures, 0);
+    if (want_lossy) {
+      CHECK(!ekv_holds_ref(dst, POSITIONS)); /* the first chunk came back decoded, close */
+      CHECK((res.flags & KDN_RESULT_LOSSY) != 0);
+    } else {
+      CHECK(ekv_holds_ref(dst, POSITIONS)); /* every byte as stored */
+      CHECK((res.flags & KDN_RESULT_LOSSY) == 0);
+    }
+    ekv_free(src);
+    ekv_free(dst);
+  }
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+}
+
+static void test_tier_codec_default_lossless(void) {
+  group_begin("tier codecs: the disk default is lossless and unflagged; kdn, named, is flagged");
+  tier_codec_load_back(NULL, "codec-default-load", 0);
+  tier_codec_load_back("zstd:shuffle=0", "codec-zstd-load", 0);
+  tier_codec_load_back("kdn", "codec-kdn-load", 1);
+  group_end();
+}
+
+static void test_tier_codec_int8(void) {
+  static const char ns[] = "codecs";
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  kdn_runtime *rt;
+  kdn_model *m;
+  kdn_tier_stats host, disk;
+
+  group_begin("tier codecs: an int8 disk tier encodes on demotion, decodes on load");
+  rt = host_over_disk("codec-int8", "int8");
+  if (rt == NULL) {
+    group_end();
+    return;
+  }
+  m = new_model(rt, FINGERPRINT);
+  {
+    engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+    engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+    view_buf vsrc, vdst;
+    kdn_request req = token_request(kTokens, POSITIONS);
+    kdn_kv_result res;
+    int exact = 1;
+    ekv_write_ref(src, POSITIONS);
+    res = SAVE(m, ns, &req, whole_view(&vsrc, src), 1);
+    CHECK_EQ(res.tokens, POSITIONS);
+    /* Three chunks, room for two: the first goes down to disk, encoded. */
+    CHECK(wait_tier_objects(rt, 1, 1));
+    host = tier_stats(rt, 0);
+    disk = tier_stats(rt, 1);
+    CHECK(strcmp(host.codec, "raw") == 0 && host.encoded_chunks == 0);
+    CHECK(strcmp(disk.codec, "int8") == 0);
+    CHECK_EQ(disk.encoded_chunks, 1);
+    CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
+    /* f32 to int8 codes plus one f32 scale per (layer, k|v, token). */
+    CHECK(disk.bytes_after_encoding > CHUNK_BYTES / 4 && disk.bytes_after_encoding < CHUNK_BYTES / 3);
+    CHECK(disk.used_bytes < CHUNK_BYTES / 2); /* capacity counts encoded bytes */
+    CHECK_EQ(disk.encode_failures, 0);
+    res = load_whole_at(m, ns, &req, whole_view(&vdst, dst), 1, dst, POSITIONS, __LINE__);
+    CHECK_EQ(res.tokens, POSITIONS);
+    CHECK(ekv_near_ref_int8(dst, POSITIONS, &exact));
+    CHECK(!exact); /* the first chunk came back decoded, not copied */
+    CHECK((res.flags & KDN_RESULT_LOSSY) != 0); /* and the load says so */
+    disk = tier_stats(rt, 1);
+    CHECK_EQ(disk.decode_failures, 0);
+    ekv_free(src);
+    ekv_free(dst);
+  }
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  group_end();
+}
+
+/* ---- Paged views, batched lookups, llama.cpp's layout ----------------- */
+
 
 static void test_paged_save_nhd(void) {
   group_begin("save from a vLLM paged view (NHD) into host over disk");
@@ -3081,6 +3141,7 @@ static const test_case kCases[] = {
   CASE(tiers_one_directory),
   CASE(tier_codec_defaults),
   CASE(tier_codec_int8),
+  CASE(tier_codec_default_lossless),
   CASE(paged_save_nhd),
   CASE(lookup_batch),
   CASE(load_paged_hnd),

@@ -176,12 +176,13 @@ TEST(TierCodecSpec, DefaultsAndBadSpecs) {
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kHost), "raw");
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kDevice), "raw");
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kDisk), kDefaultColdCodec);
-  EXPECT_EQ(kDefaultColdCodec, "kdn");
-  // kdn's codec, or int8 standing in for it until it is built.
+  // Lossless: a disk tier is lossy only where its configuration says so.
+  EXPECT_EQ(kDefaultColdCodec, "zstd");
   Result<std::shared_ptr<const codec::Codec>> cold = MakeTierCodec(kDefaultColdCodec);
   ASSERT_TRUE(cold.ok()) << cold.status().message();
-  EXPECT_TRUE((*cold)->id() == CodecId::kKdn || (*cold)->id() == CodecId::kInt8);
-  for (const char* good : {"raw", "fp8", "int8", "kivi2", "cachegen", "cachegen:bins=16"}) {
+  EXPECT_EQ((*cold)->id(), CodecId::kZstd);
+  EXPECT_FALSE(codec::IsLossy((*cold)->id()));
+  for (const char* good : {"raw", "fp8", "int8", "kivi2", "cachegen", "cachegen:bins=16", "kdn", "zstd:level=1"}) {
     EXPECT_TRUE(MakeTierCodec(good).ok()) << good;
   }
   for (const char* bad : {"", "zip", "int8:", "int8:x=1", "cachegen:bins=1", "raw:fast", ":int8"}) {
@@ -282,11 +283,36 @@ TEST_F(TierCodecTest, CacheGenRoundTripIsWithinItsBound) {
   EXPECT_EQ(st.used_bytes, wire::EncodedEnvelopeSize(st.bytes_after_encoding));
 }
 
-TEST_F(TierCodecTest, TheDefaultColdCodecRoundTrips) {
-  // kdn's codec (int8 until it is built) states its own error bounds (its
-  // tests check them); here, only that the KV comes back decoded, smaller on
-  // disk, and close: an RMS error under a tenth of the KV's RMS.
+TEST_F(TierCodecTest, TheDefaultColdCodecRoundTripsBitExactAndUnmarked) {
+  // Issue 10, item 12: the disk default was kdn's lossy codec, and a read
+  // returned other bytes than were stored, unmarked by anything but
+  // meta.lossy. Now it is zstd: the bytes stored, smaller on disk, no mark.
   auto s = Chain(std::string(kDefaultColdCodec));
+  for (std::uint32_t dtype : {0u, 1u}) {
+    const ChunkRef c = RefChunk(2 + static_cast<int>(dtype), dtype);
+    ASSERT_TRUE(s->Put(c).ok());
+    EXPECT_EQ(StoredObject(c->meta.key)->meta.codec, CodecId::kZstd);
+    Result<Lease> got = s->Get(c->meta.key);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_FALSE(got->chunk()->meta.lossy) << dtype;
+    EXPECT_EQ(got->chunk()->meta, c->meta);
+    EXPECT_TRUE(SameBytes(*got->chunk(), *c)) << "dtype " << dtype << ": the default codec changed the KV";
+  }
+  const LevelStats st = s->Stats()[0];
+  EXPECT_EQ(st.codec, "zstd:level=3,shuffle=1");
+  EXPECT_EQ(st.encoded_chunks, 2u);
+  EXPECT_EQ(st.decoded_chunks, 2u);
+  EXPECT_LT(st.bytes_after_encoding, st.bytes_before_encoding);
+  std::printf("zstd on the reference chunks (f32 + f16): %.3fx smaller\n",
+              static_cast<double>(st.bytes_before_encoding) / static_cast<double>(st.bytes_after_encoding));
+  EXPECT_EQ(st.decode_failures, 0u);
+}
+
+TEST_F(TierCodecTest, KdnNamedExplicitlyRoundTripsCloseAndMarked) {
+  // kdn's codec states its own error bounds (its tests check them); here,
+  // only that the KV comes back decoded, smaller on disk, close (an RMS
+  // error under a tenth of the KV's RMS) and marked lossy.
+  auto s = Chain("kdn");
   const ChunkRef c = RefChunk(2, /*f16*/ 1);
   ASSERT_TRUE(s->Put(c).ok());
   Result<Lease> got = s->Get(c->meta.key);
@@ -578,8 +604,8 @@ TEST_F(TierCodecTest, KvStoreTiersTakeTheirKindsDefaultsAndRejectBadSpecs) {
     ASSERT_TRUE(store.ok()) << store.status().message();
     const std::vector<TierSpec>& tiers = (*store)->options().tiers;
     EXPECT_EQ(tiers[0].codec, "raw");
-    // What the disk tier resolved to: kdn's codec, or int8 until it is built.
-    EXPECT_TRUE(tiers[1].codec.starts_with("kdn") || tiers[1].codec == "int8") << tiers[1].codec;
+    // What the disk tier resolved to: lossless zstd at its defaults.
+    EXPECT_EQ(tiers[1].codec, "zstd:level=3,shuffle=1");
     EXPECT_EQ((*store)->chain().Stats()[1].codec, tiers[1].codec);
   }
   o.tiers[1].codec = "cachegen:bins=16";

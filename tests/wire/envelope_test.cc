@@ -319,7 +319,8 @@ TEST(Envelope, CodecValuesArePinnedToTheCodecLibrarysIds) {
   EXPECT_EQ(static_cast<int>(schema::Codec::KIVI2), static_cast<int>(codec::CodecId::kKivi2));
   EXPECT_EQ(static_cast<int>(schema::Codec::CACHEGEN), static_cast<int>(codec::CodecId::kCacheGen));
   EXPECT_EQ(static_cast<int>(schema::Codec::KDN), static_cast<int>(codec::CodecId::kKdn));
-  EXPECT_EQ(kLastKnownCodec, 5);
+  EXPECT_EQ(static_cast<int>(schema::Codec::ZSTD), static_cast<int>(codec::CodecId::kZstd));
+  EXPECT_EQ(kLastKnownCodec, 6);
 }
 
 // An encoded chunk: the reference shape's meta, and an opaque payload of
@@ -335,7 +336,7 @@ Chunk EncodedChunk(codec::CodecId id, size_t n) {
 }
 
 TEST(Envelope, EncodedPayloadsRoundTripWithTheirCodec) {
-  for (std::uint32_t id = 1; id <= 5; ++id) {
+  for (std::uint32_t id = 1; id <= 6; ++id) {
     for (size_t n : {size_t{1}, size_t{77}, size_t{4096}}) {
       const Chunk c = EncodedChunk(static_cast<codec::CodecId>(id), n);
       const Bytes b = Encode(c);
@@ -369,7 +370,7 @@ TEST(Envelope, EncodedPayloadsAreCheckedForWhatTheEnvelopeCanCheck) {
   // The writer refuses the same.
   Chunk bad = EncodedChunk(codec::CodecId::kInt8, 0);
   EXPECT_EQ(EncodeEnvelope(bad).status().code(), Code::kInvalidArgument);
-  bad = EncodedChunk(static_cast<codec::CodecId>(6), 10);
+  bad = EncodedChunk(static_cast<codec::CodecId>(7), 10);
   EXPECT_EQ(EncodeEnvelope(bad).status().code(), Code::kInvalidArgument);
   // A raw envelope still must match its shape exactly.
   h = HeaderOf(c);
