@@ -1,5 +1,6 @@
 #include "store/knowledge.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
@@ -13,18 +14,25 @@ KnowledgeIndex::Doc* KnowledgeIndex::Find(const ModelKv& model, std::string_view
   return it == docs_.end() ? nullptr : &it->second;
 }
 
-void KnowledgeIndex::DropLocked(const DocKey& key) {
-  auto it = docs_.find(key);
-  if (it == docs_.end()) return;
-  ReleasePinsLocked(it->second);
-  for (const keys::Digest& k : it->second.stored_keys) {
+void KnowledgeIndex::DropLocked(DocMap::iterator it) {
+  Doc& doc = it->second;
+  ReleasePinsLocked(doc);
+  for (const keys::Digest& k : doc.stored_keys) {
     auto r = refs_.find(k);
     if (r != refs_.end() && --r->second > 0) continue;  // another document shares it
     if (r != refs_.end()) refs_.erase(r);
     store_.chain().Erase(k);
   }
+  if (doc.info.expires_at_ns != 0) by_deadline_.erase({doc.info.expires_at_ns, doc.seq});
+  by_age_.erase(doc.seq);
+  charged_ -= doc.charge;
   docs_.erase(it);
   generation_.fetch_add(1, std::memory_order_release);
+}
+
+void KnowledgeIndex::DropLocked(const DocKey& key) {
+  auto it = docs_.find(key);
+  if (it != docs_.end()) DropLocked(it);
 }
 
 Status KnowledgeIndex::ApplyPinLocked(const keys::Digest& k) {
@@ -52,12 +60,24 @@ void KnowledgeIndex::ReleasePinsLocked(Doc& doc) {
 }
 
 void KnowledgeIndex::SweepLocked() {
+  if (by_deadline_.empty()) return;
   const std::int64_t now = store_.chain().clock().NowNs();
-  std::vector<DocKey> expired;
-  for (const auto& [key, doc] : docs_) {
-    if (doc.info.expires_at_ns != 0 && doc.info.expires_at_ns <= now) expired.push_back(key);
+  // Deadlines in order: only the documents whose deadline passed are looked at.
+  while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
+    ++scans_.sweep;
+    auto a = by_age_.find(by_deadline_.begin()->second);
+    if (a == by_age_.end()) {  // not reached: every entry names an indexed document
+      by_deadline_.erase(by_deadline_.begin());
+      continue;
+    }
+    DropLocked(a->second);
   }
-  for (const DocKey& k : expired) DropLocked(k);
+}
+
+void KnowledgeIndex::SetDeadlineLocked(Doc& doc, std::int64_t deadline) {
+  if (doc.info.expires_at_ns != 0) by_deadline_.erase({doc.info.expires_at_ns, doc.seq});
+  doc.info.expires_at_ns = deadline;
+  if (deadline != 0) by_deadline_.insert({deadline, doc.seq});
 }
 
 size_t KnowledgeIndex::Sweep() {
@@ -65,6 +85,110 @@ size_t KnowledgeIndex::Sweep() {
   const size_t before = docs_.size();
   SweepLocked();
   return before - docs_.size();
+}
+
+void KnowledgeIndex::SetOptions(const KnowledgeOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_ = options;
+}
+
+KnowledgeOptions KnowledgeIndex::options() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_;
+}
+
+std::uint64_t KnowledgeIndex::charged_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return charged_;
+}
+
+size_t KnowledgeIndex::documents() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return docs_.size();
+}
+
+KnowledgeIndex::ScanCounters KnowledgeIndex::Scans() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scans_;
+}
+
+namespace {
+
+// What glibc's malloc takes for a block of n bytes: n plus its 8-byte
+// header, rounded up to 16, at least 32.
+constexpr std::uint64_t Heap(std::uint64_t n) { return n == 0 ? 0 : std::max<std::uint64_t>(32, (n + 8 + 15) / 16 * 16); }
+// A string's heap block: none while it fits the 15-byte small-string buffer.
+constexpr std::uint64_t StrHeap(std::uint64_t n) { return n < 16 ? 0 : Heap(n + 1); }
+constexpr std::uint64_t kTreeNode = 32;    // a std::map/std::set node's colour and three links
+constexpr std::uint64_t kHashNode = 8 + 8;  // an unordered_map node's link and cached hash
+constexpr std::uint64_t kBuckets = 16;     // bucket pointers per element, at a load factor of 1 to 0.5
+
+}  // namespace
+
+std::uint64_t KnowledgeIndex::ChargeOf(size_t ns_bytes, size_t doc_id_bytes, size_t metadata_bytes, size_t tokens,
+                                       size_t chunks) {
+  // Per document: its docs_ node (key and Doc), its by_age_ node and a
+  // by_deadline_ node (charged always, so that an expire never needs room).
+  std::uint64_t bytes = Heap(kTreeNode + sizeof(DocMap::value_type)) +
+                        Heap(kTreeNode + sizeof(std::pair<const std::uint64_t, DocMap::iterator>)) +
+                        Heap(kTreeNode + sizeof(std::pair<std::int64_t, std::uint64_t>));
+  // Its strings: the namespace and doc_id in the key, the doc_id and metadata in its info.
+  bytes += StrHeap(ns_bytes) + 2 * StrHeap(doc_id_bytes) + StrHeap(metadata_bytes);
+  bytes += Heap(std::uint64_t{4} * tokens);                  // tokens
+  bytes += 2 * Heap(std::uint64_t{sizeof(keys::Digest)} * chunks);  // content and stored keys
+  // Per chunk: its refs_ entry and (charged always, so that a pin never needs
+  // room) its pins_ entry and one deadline in it, as if no other document shared them.
+  const std::uint64_t ref = Heap(kHashNode + sizeof(std::pair<const keys::Digest, std::uint32_t>)) + kBuckets;
+  const std::uint64_t pin =
+      Heap(kHashNode + sizeof(std::pair<const keys::Digest, std::multiset<std::int64_t>>)) + kBuckets +
+      Heap(kTreeNode + sizeof(std::int64_t));
+  return bytes + std::uint64_t{chunks} * (ref + pin);
+}
+
+bool KnowledgeIndex::DeadLocked(const Doc& doc) {
+  for (const keys::Digest& k : doc.stored_keys) {
+    if (store_.chain().Locate(k) < 0) return true;
+  }
+  return false;
+}
+
+Status KnowledgeIndex::MakeRoomLocked(const DocKey& key, std::uint64_t need) {
+  const std::uint64_t capacity = options_.capacity_bytes;
+  const std::string& doc_id = std::get<2>(key);
+  if (need > capacity) {
+    return Status(Code::kBusy, "knowledge: document '" + doc_id + "' needs " + std::to_string(need) +
+                                   " bytes of index, more than its whole capacity of " + std::to_string(capacity) +
+                                   " bytes (KnowledgeOptions::capacity_bytes); split it into smaller documents");
+  }
+  auto old = docs_.find(key);
+  const std::uint64_t freed = old == docs_.end() ? 0 : old->second.charge;  // a new version replaces it
+  const auto fits = [&] { return charged_ - freed + need <= capacity; };
+  if (fits()) return Status::Ok();
+  // Documents whose KV left every tier, in put order from where the last
+  // search stopped (so repeated puts cover every document), a bounded number
+  // of chunk lookups per put. Live and pinned documents stay.
+  constexpr size_t kMaxLookups = 4096;
+  size_t lookups = 0, visited = 0;
+  const size_t total = by_age_.size();
+  auto a = by_age_.lower_bound(reclaim_from_);
+  while (!fits() && visited < total && lookups < kMaxLookups) {
+    if (a == by_age_.end()) a = by_age_.begin();
+    const DocMap::iterator d = a->second;
+    ++a;  // before the drop erases d's entry
+    ++visited;
+    ++scans_.reclaim;
+    if (d == old || d->second.info.pinned) continue;
+    lookups += d->second.stored_keys.size();
+    if (DeadLocked(d->second)) DropLocked(d);
+  }
+  reclaim_from_ = a == by_age_.end() ? 0 : a->first;
+  if (fits()) return Status::Ok();
+  return Status(Code::kBusy, "knowledge: the index is full: " + std::to_string(docs_.size()) +
+                                 " documents are charged " + std::to_string(charged_) + " of its " +
+                                 std::to_string(capacity) + " bytes (KnowledgeOptions::capacity_bytes) and '" +
+                                 doc_id + "' needs " + std::to_string(need) +
+                                 "; delete documents or expire them to make room (documents whose KV left every "
+                                 "tier are dropped to make room)");
 }
 
 Status KnowledgeIndex::Put(const ModelKv& model, std::string_view ns, const std::string& doc_id,
@@ -102,6 +226,8 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
   if (doc_id.empty()) return Status::InvalidArgument("knowledge: doc_id is empty");
   if (tokens.empty()) return Status::InvalidArgument("knowledge: a document needs tokens");
   const std::uint64_t C = store_.options().chunk_tokens;
+  const size_t chunks = static_cast<size_t>((tokens.size() + C - 1) / C);
+  const std::uint64_t need = ChargeOf(ns.size(), doc_id.size(), metadata.size(), tokens.size(), chunks);
   Doc doc;
   doc.info.doc_id = doc_id;
   doc.info.version = version;
@@ -111,6 +237,16 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
   // Puts one at a time: which key holds which bytes is decided (compare,
   // then put) and recorded (references) with no other put in between.
   std::lock_guard<std::mutex> put_lock(put_mu_);
+  const DocKey key{model.fingerprint, std::string(ns), doc_id};
+  {
+    // Room first, so a refused put stores nothing. Only puts add charge,
+    // and they are serialized by put_mu_: the room stays until the insert.
+    std::lock_guard<std::mutex> lock(mu_);
+    SweepLocked();
+    KDN_RETURN_IF_ERROR(MakeRoomLocked(key, need));
+  }
+  doc.chunk_keys.reserve(chunks);
+  doc.stored_keys.reserve(chunks);
   std::unordered_set<keys::Digest, keys::DigestHash> mine;  // keys this put uses already
   for (std::uint64_t pos = 0; pos < tokens.size(); pos += C) {
     const std::uint64_t len = std::min<std::uint64_t>(C, tokens.size() - pos);
@@ -146,34 +282,45 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
   }
   doc.info.chunks = static_cast<std::uint32_t>(doc.chunk_keys.size());
   std::lock_guard<std::mutex> lock(mu_);
-  const DocKey key{model.fingerprint, std::string(ns), doc_id};
   // References first, then drop the old version: chunks both versions share survive.
   for (const keys::Digest& k : doc.stored_keys) ++refs_[k];
   DropLocked(key);
-  docs_.emplace(key, std::move(doc));
+  doc.seq = next_seq_++;
+  doc.charge = need;
+  charged_ += need;
+  const auto it = docs_.emplace(key, std::move(doc)).first;
+  by_age_.emplace(it->second.seq, it);
   generation_.fetch_add(1, std::memory_order_release);
   return Status::Ok();
+}
+
+DocumentInfo KnowledgeIndex::DescribeLocked(const Doc& doc) {
+  DocumentInfo info = doc.info;
+  info.chunks_present = 0;
+  for (const keys::Digest& k : doc.stored_keys) info.chunks_present += store_.chain().Locate(k) >= 0;
+  return info;
 }
 
 std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string_view ns) {
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked();
   std::vector<DocumentInfo> out;
-  for (const auto& [key, doc] : docs_) {
-    if (std::get<0>(key) != model.fingerprint || std::get<1>(key) != ns) continue;
-    DocumentInfo info = doc.info;
-    info.chunks_present = 0;
-    for (const keys::Digest& k : doc.stored_keys) info.chunks_present += store_.chain().Locate(k) >= 0;
-    out.push_back(info);
+  // docs_ is ordered by (model, ns, doc_id): this namespace's documents are
+  // one run, from its first doc_id ("" sorts first).
+  for (auto it = docs_.lower_bound(DocKey{model.fingerprint, std::string(ns), std::string()});
+       it != docs_.end() && std::get<0>(it->first) == model.fingerprint && std::get<1>(it->first) == ns; ++it) {
+    ++scans_.list;
+    out.push_back(DescribeLocked(it->second));
   }
   return out;
 }
 
 Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
-  for (DocumentInfo& d : List(model, ns)) {
-    if (d.doc_id == doc_id) return d;
-  }
-  return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  std::lock_guard<std::mutex> lock(mu_);
+  const Doc* doc = Find(model, ns, doc_id);
+  if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  ++scans_.list;
+  return DescribeLocked(*doc);
 }
 
 Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std::string& doc_id, bool pin,
@@ -212,8 +359,11 @@ Status KnowledgeIndex::Expire(const ModelKv& model, std::string_view ns, const s
   std::lock_guard<std::mutex> lock(mu_);
   Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
-  doc->info.expires_at_ns = DeadlineAfter(store_.chain().clock().NowNs(), ttl_ns);
-  if (ttl_ns == 0) SweepLocked();
+  if (ttl_ns == 0) {
+    DropLocked(DocKey{model.fingerprint, std::string(ns), doc_id});
+    return Status::Ok();
+  }
+  SetDeadlineLocked(*doc, DeadlineAfter(store_.chain().clock().NowNs(), ttl_ns));
   return Status::Ok();
 }
 

@@ -21,6 +21,30 @@
 // that holds it is pinned, until the latest of their deadlines.
 // The index lives in memory: documents are lost on restart while their
 // chunks stay in the persistent tiers until evicted.
+//
+// Bound: the index's own memory is charged against a capacity
+// (KnowledgeOptions::capacity_bytes, 64 MiB by default). Each document is
+// charged what it costs here (ChargeOf): its tokens, its two keys per chunk
+// and the chunk's reference and pin entries, its strings, and its map, age
+// and deadline entries: 4 bytes per token, 320 per chunk and ~460 per
+// document (more for strings over 15 bytes), ~5.3 bytes per token with
+// 256-token chunks. 64 MiB describes ~12M tokens of documents, far more KV
+// than the tiers of any real model hold (a 1B model's 12M tokens are
+// ~400 GB), so the bound binds only on documents whose KV has left the
+// tiers, or on abuse (a document per few tokens).
+// A put that would exceed it first drops documents whose KV left every tier
+// (a chunk in no tier: their fetch returns kNotFound anyway; pinned ones are
+// kept), oldest first, looking at a bounded number of chunks per put and
+// resuming where the last put stopped; if the document still does not fit,
+// it is refused with kBusy, naming the limit, and nothing is stored. A live
+// document is never dropped to make room, not even one with a TTL: it is
+// live until its deadline (the sweep drops it then, and every put sweeps
+// first), and dropping it early would silently shorten the TTL an operator
+// set. Room is made by deleting or expiring documents.
+// Cost: a call looks up its document by (model, namespace, doc_id) in an
+// ordered map; the sweep of expired documents walks an ordered index of
+// deadlines, so it looks at expired documents only; a list walks only its
+// own (model, namespace).
 // Thread-safety: every member function may be called concurrently.
 #pragma once
 
@@ -34,6 +58,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "store/kv_store.h"
@@ -61,9 +86,20 @@ struct ChunkInfo {
   keys::Digest stored_key{};         // where its KV is: `key`, or a variant when other bytes hold that
 };
 
+struct KnowledgeOptions {
+  // The memory the index may use for its documents, as charged by
+  // KnowledgeIndex (see the file comment); puts beyond it are refused with
+  // kBusy. UINT64_MAX: unbounded.
+  std::uint64_t capacity_bytes = std::uint64_t{64} << 20;
+};
+
 class KnowledgeIndex {
  public:
-  explicit KnowledgeIndex(KvStore& store) : store_(store) {}
+  explicit KnowledgeIndex(KvStore& store, KnowledgeOptions options = {}) : store_(store), options_(options) {}
+  // Applies to later puts: a smaller capacity drops nothing, it refuses
+  // puts until deletes and expiries bring the charge under it.
+  void SetOptions(const KnowledgeOptions& options);
+  KnowledgeOptions options() const;
 
   // Stores a document's KV (view token i = tokens[i], computed from position
   // 0) under content keys; replaces an older version of the same doc_id.
@@ -105,6 +141,20 @@ class KnowledgeIndex {
   }
   // Deletes expired documents; returns how many.
   size_t Sweep();
+  // The bytes charged for the documents indexed now (at most the capacity
+  // once a put was refused or made room), and how many there are.
+  std::uint64_t charged_bytes() const;
+  size_t documents() const;
+  // What one document of these sizes is charged (see the file comment).
+  static std::uint64_t ChargeOf(size_t ns_bytes, size_t doc_id_bytes, size_t metadata_bytes, size_t tokens,
+                                size_t chunks);
+  // Documents looked at, since the index was made: by the sweeps of expired
+  // documents, by lists and infos, and by puts making room (tests use them
+  // to check that no call walks every document).
+  struct ScanCounters {
+    std::uint64_t sweep = 0, list = 0, reclaim = 0;
+  };
+  ScanCounters Scans() const;
   // The document's chunks in order (each one's tokens and content key);
   // kNotFound when there is no such document. Chunks evicted from every tier
   // are listed too: this describes the document, not what tiers hold.
@@ -123,8 +173,11 @@ class KnowledgeIndex {
     std::vector<keys::Digest> chunk_keys;   // content keys
     std::vector<keys::Digest> stored_keys;  // where each chunk's KV is (see the file comment)
     std::int64_t pin_deadline = 0;          // while info.pinned: its pin's deadline (0: none)
+    std::uint64_t seq = 0;                  // put order: its key in by_age_
+    std::uint64_t charge = 0;               // bytes charged against the capacity (ChargeOf)
   };
   using DocKey = std::tuple<keys::Digest, std::string, std::string>;  // model, ns, doc_id
+  using DocMap = std::map<DocKey, Doc>;
 
   using GatherFn = std::function<void(std::uint64_t begin, std::uint64_t tokens, std::uint8_t* out)>;
   Status PutWith(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t version,
@@ -133,8 +186,21 @@ class KnowledgeIndex {
   Status FetchWith(const ModelKv& model, std::string_view ns, const std::string& doc_id, std::uint64_t room,
                    const ScatterFn* scatter, std::vector<std::int32_t>* tokens, bool* lossy = nullptr);
   Doc* Find(const ModelKv& model, std::string_view ns, const std::string& doc_id);  // mu_ held
-  void DropLocked(const DocKey& key);  // mu_ held: releases chunk references and pins, erases unshared chunks
+  // mu_ held: releases chunk references and pins, erases unshared chunks,
+  // and the document's entries in every index.
+  void DropLocked(DocMap::iterator it);
+  void DropLocked(const DocKey& key);
   void SweepLocked();
+  // mu_ held: sets (0: clears) the document's deadline, in by_deadline_ too.
+  void SetDeadlineLocked(Doc& doc, std::int64_t deadline);
+  // mu_ held: makes room for a document charged `need` that replaces the
+  // one at `key` (if any): drops documents whose KV left every tier, then
+  // kBusy if it still does not fit.
+  Status MakeRoomLocked(const DocKey& key, std::uint64_t need);
+  // mu_ held: true when a chunk of the document is in no tier.
+  bool DeadLocked(const Doc& doc);
+  // mu_ held: the document's info, with the chunks some tier holds now.
+  DocumentInfo DescribeLocked(const Doc& doc);
   // mu_ held: sets the store's pin of a chunk to what the documents pinning
   // it ask for (the latest deadline; none: unpinned).
   Status ApplyPinLocked(const keys::Digest& stored_key);
@@ -143,8 +209,15 @@ class KnowledgeIndex {
 
   KvStore& store_;
   std::mutex put_mu_;  // one put at a time decides which key holds which bytes; taken before mu_
-  std::mutex mu_;
-  std::map<DocKey, Doc> docs_;                                                 // guarded by mu_
+  mutable std::mutex mu_;
+  KnowledgeOptions options_;                                                   // guarded by mu_
+  DocMap docs_;                                                                // guarded by mu_
+  std::map<std::uint64_t, DocMap::iterator> by_age_;                           // seq -> document; guarded by mu_
+  std::set<std::pair<std::int64_t, std::uint64_t>> by_deadline_;               // (expires_at_ns, seq); guarded by mu_
+  std::uint64_t next_seq_ = 1;                                                 // guarded by mu_
+  std::uint64_t reclaim_from_ = 0;  // seq the next search for dead documents starts at; guarded by mu_
+  std::uint64_t charged_ = 0;                                                  // guarded by mu_
+  ScanCounters scans_;                                                         // guarded by mu_
   std::unordered_map<keys::Digest, std::uint32_t, keys::DigestHash> refs_;    // stored key -> documents; guarded by mu_
   // stored key -> deadlines of the pinned documents holding it (0: none),
   // one per document and chunk; guarded by mu_
