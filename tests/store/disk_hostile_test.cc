@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "disk_test_util.h"
 #include "kdn/kdn.h"
 
 namespace kdn::store {
@@ -32,33 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-keys::Digest KeyOf(int i) {
-  keys::Hasher h;
-  h.Str("disk-hostile-test").U64(static_cast<std::uint64_t>(i));
-  return h.Finish();
-}
-
-ChunkRef MakeChunk(int i) {
-  auto c = std::make_shared<Chunk>();
-  c->meta.key = KeyOf(i);
-  c->meta.model[0] = 0x4D;
-  c->meta.ns_hash[0] = 0x4E;
-  c->meta.dtype = 0;
-  c->meta.layers = 1;
-  c->meta.kv_heads = 1;
-  c->meta.head_dim = 100;
-  c->meta.tokens = 1;
-  c->meta.first_position = i;
-  c->payload = Payload(c->meta.payload_bytes());
-  std::mt19937 rng(static_cast<std::uint32_t>(i) * 2654435761u);
-  for (auto& b : c->payload) b = static_cast<std::uint8_t>(rng());
-  return c;
-}
-
-bool SameChunk(const Chunk& a, const Chunk& b) {
-  return a.meta == b.meta && a.payload.size() == b.payload.size() &&
-         std::equal(a.payload.begin(), a.payload.end(), b.payload.begin());
-}
+using namespace disk_test;
 
 // The process's virtual memory size in bytes (/proc/self/statm, first field).
 std::uint64_t VirtualBytes() {
@@ -68,7 +43,7 @@ std::uint64_t VirtualBytes() {
   return pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
-class DiskHostileTest : public ::testing::Test {
+class DiskHostileTest : public DiskTest {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/kdn-disk-hostile-XXXXXX";
@@ -77,30 +52,6 @@ class DiskHostileTest : public ::testing::Test {
     dir_ = root_ + "/cache";
   }
   void TearDown() override { fs::remove_all(root_); }
-
-  DiskTierOptions Options(std::uint64_t capacity = 1 << 30) const {
-    DiskTierOptions o;
-    o.directory = dir_;
-    o.capacity_bytes = capacity;
-    return o;
-  }
-  std::unique_ptr<DiskTier> Open(const DiskTierOptions& o) {
-    Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
-    EXPECT_TRUE(t.ok()) << t.status().message();
-    return t.ok() ? std::move(t).value() : nullptr;
-  }
-  std::unique_ptr<DiskTier> Open(std::uint64_t capacity = 1 << 30) { return Open(Options(capacity)); }
-  fs::path ObjectFile(int i) const {
-    const std::string hex = keys::ToHex(KeyOf(i));
-    return fs::path(dir_) / "objects" / hex.substr(0, 2) / (hex + ".kdn");
-  }
-  fs::path Tmp() const { return fs::path(dir_) / "tmp"; }
-
-  void ExpectIntact(DiskTier& t, int i) {
-    Result<ChunkRef> got = t.Get(KeyOf(i));
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
-    EXPECT_TRUE(SameChunk(**got, *MakeChunk(i))) << i;
-  }
 
   // Get(KeyOf(i)) in a thread, given `limit` to return; a Get still blocked
   // then is unblocked by opening `fifo` for writing (EOF for the reader) and
@@ -141,7 +92,7 @@ class DiskHostileTest : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
   }
 
-  std::string root_, dir_;
+  std::string root_;
 };
 
 // Item 4: a FIFO put in place of an object file made a read block forever

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "disk_test_util.h"
 #include "wire/envelope.h"
 
 namespace kdn::store {
@@ -26,35 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-keys::Digest KeyOf(int i) {
-  keys::Hasher h;
-  h.Str("disk-tier-test").U64(static_cast<std::uint64_t>(i));
-  return h.Finish();
-}
-
-// Chunk i: f32, `head_dim` wide (payload = 8 x head_dim bytes), bytes
-// derived from i so that a mix-up shows.
-ChunkRef MakeChunk(int i, std::uint32_t head_dim = 100) {
-  auto c = std::make_shared<Chunk>();
-  c->meta.key = KeyOf(i);
-  c->meta.model[0] = 0x4D;
-  c->meta.ns_hash[0] = 0x4E;
-  c->meta.dtype = 0;
-  c->meta.layers = 1;
-  c->meta.kv_heads = 1;
-  c->meta.head_dim = head_dim;
-  c->meta.tokens = 1;
-  c->meta.first_position = i;
-  c->payload = Payload(c->meta.payload_bytes());
-  std::mt19937 rng(static_cast<std::uint32_t>(i) * 2654435761u);
-  for (auto& b : c->payload) b = static_cast<std::uint8_t>(rng());
-  return c;
-}
-
-bool SameChunk(const Chunk& a, const Chunk& b) {
-  return a.meta == b.meta && a.payload.size() == b.payload.size() &&
-         std::equal(a.payload.begin(), a.payload.end(), b.payload.begin());
-}
+using namespace disk_test;
 
 size_t FilesIn(const fs::path& dir) {
   size_t n = 0;
@@ -68,7 +41,7 @@ std::uint64_t BytesIn(const fs::path& dir) {
   return n;
 }
 
-class DiskTierTest : public ::testing::Test {
+class DiskTierTest : public DiskTest {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/kdn-disk-tier-XXXXXX";
@@ -76,32 +49,6 @@ class DiskTierTest : public ::testing::Test {
     dir_ = tmpl;
   }
   void TearDown() override { fs::remove_all(dir_); }
-
-  DiskTierOptions Options(std::uint64_t capacity = 1 << 30) const {
-    DiskTierOptions o;
-    o.directory = dir_;
-    o.capacity_bytes = capacity;
-    return o;
-  }
-  std::unique_ptr<DiskTier> Open(const DiskTierOptions& o) {
-    Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
-    EXPECT_TRUE(t.ok()) << t.status().message();
-    return t.ok() ? std::move(t).value() : nullptr;
-  }
-  std::unique_ptr<DiskTier> Open(std::uint64_t capacity = 1 << 30) { return Open(Options(capacity)); }
-  fs::path ObjectFile(int i) const {
-    const std::string hex = keys::ToHex(KeyOf(i));
-    return fs::path(dir_) / "objects" / hex.substr(0, 2) / (hex + ".kdn");
-  }
-  fs::path Objects() const { return fs::path(dir_) / "objects"; }
-  fs::path Tmp() const { return fs::path(dir_) / "tmp"; }
-
-  // Reads object i back, expecting exactly the chunk that was put.
-  void ExpectIntact(DiskTier& t, int i, std::uint32_t head_dim = 100) {
-    Result<ChunkRef> got = t.Get(KeyOf(i));
-    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
-    EXPECT_TRUE(SameChunk(**got, *MakeChunk(i, head_dim))) << i;
-  }
 
   // A read of object i is a miss that removes it, counted as corrupt.
   void ExpectCorruptMiss(DiskTier& t, int i, const std::string& what) {
@@ -113,8 +60,6 @@ class DiskTierTest : public ::testing::Test {
     EXPECT_FALSE(t.Contains(KeyOf(i))) << what;
     EXPECT_FALSE(fs::exists(ObjectFile(i))) << what;
   }
-
-  std::string dir_;
 };
 
 TEST_F(DiskTierTest, PutGetRoundTripsAndAccountsTheFileSize) {
