@@ -23,7 +23,8 @@ using Bytes = std::vector<std::uint8_t>;
 class Payload {
  public:
   Payload() = default;
-  // n bytes on the heap (64-byte aligned), zero-filled.
+  // n bytes on the heap (64-byte aligned; above half a page, in pages of
+  // their own: see chunk.cc), zero-filled.
   explicit Payload(size_t n);
   // n bytes on the heap, not initialised (for bytes about to be overwritten).
   static Payload Uninitialized(size_t n);

@@ -1,5 +1,7 @@
 #include "store/host_pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -49,7 +51,7 @@ Result<std::shared_ptr<HostPool>> HostPool::Create(std::uint64_t capacity_bytes,
 
 HostPool::~HostPool() {
   // Every payload holds the pool, so no block is in use here.
-  for (auto& [base, slab] : slabs_) RawFree(base);
+  for (auto& [base, slab] : slabs_) RawFree(base, slab.bytes);
 }
 
 std::uint64_t HostPool::ClassSize(std::uint64_t n) {
@@ -70,10 +72,15 @@ std::uint8_t* HostPool::RawAlloc(std::uint64_t bytes) {
     return e == cudaSuccess ? static_cast<std::uint8_t*>(p) : nullptr;
   }
 #endif
-  return static_cast<std::uint8_t*>(std::aligned_alloc(kPage, bytes));
+  // Pages of their own, not malloc's: slabs are released and made again as
+  // size classes come and go, and in malloc's heap (where glibc puts blocks
+  // of this size once one was freed) they left holes that the heap never
+  // gave back (capi.memory).
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<std::uint8_t*>(p);
 }
 
-void HostPool::RawFree(std::uint8_t* p) {
+void HostPool::RawFree(std::uint8_t* p, std::uint64_t bytes) {
 #ifdef KDN_HAVE_CUDA
   if (kind_ == MemoryKind::kDevice) {
     cudaFree(p);
@@ -84,7 +91,7 @@ void HostPool::RawFree(std::uint8_t* p) {
     return;
   }
 #endif
-  std::free(p);
+  ::munmap(p, bytes);
 }
 
 bool HostPool::ReleaseEmptySlabs(std::uint64_t needed) {
@@ -99,7 +106,7 @@ bool HostPool::ReleaseEmptySlabs(std::uint64_t needed) {
                               [&](std::uint8_t* b) { return b >= s.base && b < s.base + s.bytes; }),
                list.end());
     reserved_ -= s.bytes;
-    RawFree(s.base);
+    RawFree(s.base, s.bytes);
     it = slabs_.erase(it);
   }
   return reserved_ + needed <= capacity_;

@@ -66,7 +66,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   HostPool(std::uint64_t capacity, MemoryKind kind) : capacity_(capacity), kind_(kind) {}
   void Free(std::uint8_t* data);
   std::uint8_t* RawAlloc(std::uint64_t bytes);
-  void RawFree(std::uint8_t* p);
+  void RawFree(std::uint8_t* p, std::uint64_t bytes);
   bool ReleaseEmptySlabs(std::uint64_t needed);  // mu_ held
 
   const std::uint64_t capacity_;

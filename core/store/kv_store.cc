@@ -1,6 +1,7 @@
 #include "store/kv_store.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 
 #include "ref/kv_view_ref.h"
@@ -171,11 +172,6 @@ Status KvStore::CheckKeys(const TokenKeys& k) const {
   return Status::Ok();
 }
 
-keys::Digest KvStore::Root(const ModelKv& model, std::string_view ns) const {
-  // The key of an empty chunk: distinct from every real chunk's key.
-  return keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, keys::Digest{}, {});
-}
-
 keys::Digest KvStore::KeyOf(const ModelKv& model, std::string_view ns, const TokenKeys& k, const keys::Digest& prev,
                             std::uint64_t begin, std::uint64_t len) const {
   if (!k.by_hash()) return keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, prev, k.tokens.subspan(begin, len));
@@ -188,51 +184,42 @@ keys::Digest KvStore::ContentKey(const ModelKv& model, std::string_view ns, std:
   return keys::ContentKey(options_.hash_seed, ns, model.fingerprint, tokens);
 }
 
-std::vector<std::uint32_t> KvStore::PartialLengths(const keys::Digest& parent) const {
-  std::lock_guard<std::mutex> lock(partial_mu_);
-  std::vector<std::uint32_t> lengths;
-  if (auto it = partials_.find(parent); it != partials_.end()) {
-    for (const auto& [len, count] : it->second) lengths.push_back(len);
-  }
-  return lengths;
-}
-
-void KvStore::RememberPartial(const keys::Digest& key, const keys::Digest& parent, std::uint32_t len) {
-  std::lock_guard<std::mutex> lock(partial_mu_);
-  if (!partial_parent_.emplace(key, std::make_pair(parent, len)).second) return;  // known already
-  ++partials_[parent][len];
+std::uint64_t KvStore::StoredLength(const TokenKeys& k, std::uint64_t pos, std::uint64_t n) const {
+  const std::uint64_t C = options_.chunk_tokens, left = n - pos;
+  if (left >= C) return C;
+  // A piece: the largest power of two of units (tokens, or the engine's
+  // blocks) that fits what is left.
+  const std::uint64_t unit = k.by_hash() ? k.block_tokens : 1;
+  const std::uint64_t units = left / unit;
+  return units == 0 ? 0 : std::bit_floor(units) * unit;
 }
 
 template <typename Probe>
 std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const TokenKeys& k, Probe&& probe) const {
   const std::uint64_t C = options_.chunk_tokens, n = k.size();
-  const keys::Digest root = Root(model, ns);
   keys::Digest prev{};
   std::uint64_t pos = 0;
-  while (pos < n) {
-    const std::uint64_t left = n - pos;
-    if (left >= C) {
-      const keys::Digest key = KeyOf(model, ns, k, prev, pos, C);
-      if (probe(key, pos, C)) {
-        prev = key;
-        pos += C;
-        continue;
-      }
-    }
-    // A stored partial chunk ends the chain; try the longest that fits. (A
-    // partial chunk evicted from every tier is simply not found: its length
-    // stays listed, which costs one hash.)
-    std::vector<std::uint32_t> lengths = PartialLengths(pos == 0 ? root : prev);
-    std::sort(lengths.rbegin(), lengths.rend());
-    for (std::uint32_t len : lengths) {
-      if (len > left || (k.by_hash() && len % k.block_tokens != 0)) continue;
-      const keys::Digest key = KeyOf(model, ns, k, prev, pos, len);
-      if (probe(key, pos, len)) {
-        pos += len;
-        break;
-      }
-    }
-    break;
+  while (n - pos >= C) {
+    const keys::Digest key = KeyOf(model, ns, k, prev, pos, C);
+    probes_.fetch_add(1, std::memory_order_relaxed);
+    if (!probe(key, pos, C)) break;
+    prev = key;
+    pos += C;
+  }
+  // Then the pieces (see the file comment): each power of two below a chunk
+  // once, largest first. Greedy is exact: pieces after a piece of s tokens
+  // add up to less than s, so a longer first piece always reaches further.
+  const std::uint64_t unit = k.by_hash() ? k.block_tokens : 1;
+  const std::uint64_t chunk_units = C / unit;
+  if (chunk_units < 2) return pos;
+  for (std::uint64_t units = std::bit_floor(chunk_units - 1); units >= 1; units /= 2) {
+    const std::uint64_t len = units * unit;
+    if (len > n - pos) continue;
+    const keys::Digest key = KeyOf(model, ns, k, prev, pos, len);
+    probes_.fetch_add(1, std::memory_order_relaxed);
+    if (!probe(key, pos, len)) continue;
+    prev = key;
+    pos += len;
   }
   return pos;
 }
@@ -290,9 +277,8 @@ Status KvStore::PutChunk(const ModelKv& model, std::string_view ns, const keys::
 Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& model, std::string_view ns,
                                                               const TokenKeys& k) {
   KDN_RETURN_IF_ERROR(CheckKeys(k));
-  const std::uint64_t C = options_.chunk_tokens, n = k.size();
+  const std::uint64_t n = k.size();
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
-  const keys::Digest root = Root(model, ns);
   std::vector<PlannedChunk> plan;
   keys::Digest prev{};
   std::uint64_t pos = 0;
@@ -315,8 +301,7 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
     return kind == TierSpec::Kind::kDisk ? bytes : HostPool::ClassSize(bytes);  // disk: encoded, about the bytes
   };
   while (pos < n) {
-    std::uint64_t len = std::min(C, n - pos);
-    if (k.by_hash()) len -= len % k.block_tokens;
+    const std::uint64_t len = StoredLength(k, pos, n);
     if (len == 0) break;
     const std::uint64_t bytes = len * per_token;
     bool fits = false;
@@ -330,10 +315,8 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
     if (!fits) break;
     PlannedChunk p;
     p.key = KeyOf(model, ns, k, prev, pos, len);
-    p.parent = pos == 0 ? root : prev;
     p.begin = pos;
     p.tokens = len;
-    p.partial = len < C;
     p.present = chain_->Locate(p.key) >= 0;
     plan.push_back(p);
     prev = p.key;
@@ -352,11 +335,8 @@ std::uint64_t KvStore::HeldPrefix(std::span<const PlannedChunk> plan, std::uint6
 }
 
 Status KvStore::CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& p, Payload payload) {
-  if (!p.present) {
-    KDN_RETURN_IF_ERROR(PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin), std::move(payload)));
-  }
-  if (p.partial) RememberPartial(p.key, p.parent, static_cast<std::uint32_t>(p.tokens));
-  return Status::Ok();
+  if (p.present) return Status::Ok();
+  return PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin), std::move(payload));
 }
 
 Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, const TokenKeys& k,
@@ -465,6 +445,7 @@ Telemetry KvStore::Stats() const {
   t.bytes_served = bytes_served_;
   t.bytes_stored = bytes_stored_;
   t.edited_served = edited_served_;
+  t.probes = probes_;
   t.lookup_us = lookup_us_.Snapshot();
   t.load_us = load_us_.Snapshot();
   t.store_us = store_us_.Snapshot();

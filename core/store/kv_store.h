@@ -3,21 +3,25 @@
 // hashes), keeps them in a chain of tiers (store/tiered_store.h), and moves
 // KV between engines' views (kernels/common/kv_view.h) and canonical chunks.
 //
-// A trailing partial chunk is stored too, and indexed under its parent (the
-// previous chunk's key, or the root of the namespace and model), so a later,
-// longer request that starts with the same tokens reuses it.
+// The tokens after the last whole chunk are stored too, as pieces of
+// decreasing powers of two (of tokens, or of the engine's blocks): 200
+// tokens past a chunk boundary are pieces of 128, 64 and 8, each keyed like
+// a chunk (chained on the one before). A later request finds them by trying
+// each power once, largest first: a request that shares any piece boundary
+// with a stored one reuses that prefix, and a lookup costs at most log2 of
+// chunk_tokens probes and one chunk's worth of hashing, however many
+// requests were stored. No index lives in memory: what the tiers hold is
+// what a lookup finds, before and after a restart, and pieces are evicted
+// like any chunk.
 // Thread-safety: every member function may be called concurrently.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "common/kv_copy.h"
@@ -86,9 +90,10 @@ struct TierSpec {
   bool fsync = true;  // disk: fsync each object before it becomes visible (off: faster, not crash-safe)
   // How the tier stores chunks: a codec spec (codec/codec.h: "raw", "int8",
   // "cachegen:bins=16", "kdn:hifi", ...). Empty: the kind's default, raw for
-  // host and device tiers (kDefaultHotCodec), kdn's codec for disk tiers
-  // (kDefaultColdCodec, store/chunk_codec.h). A spec that does not parse or
-  // names an unknown codec fails KvStore::Create with kInvalidArgument.
+  // host and device tiers (kDefaultHotCodec), lossless zstd for disk tiers
+  // (kDefaultColdCodec, store/chunk_codec.h); a lossy codec only if named.
+  // A spec that does not parse or names an unknown codec fails
+  // KvStore::Create with kInvalidArgument.
   // KvStore::options() reports the codec each tier actually uses.
   std::string codec;
 };
@@ -135,6 +140,7 @@ struct Fetch {
 struct Telemetry {
   std::uint64_t lookups = 0, retrieves = 0, stores = 0, hits = 0, misses = 0;
   std::uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0, edited_served = 0;
+  std::uint64_t probes = 0;  // keys probed by the walks of lookups, retrieves and loads
   telemetry::HistogramSnapshot lookup_us, load_us, store_us;
 };
 
@@ -158,9 +164,7 @@ class KvStore {
   // bytes. Store() is PlanStore + gather + CommitChunk.
   struct PlannedChunk {
     keys::Digest key{};
-    keys::Digest parent{};  // for partial chunks
     std::uint64_t begin = 0, tokens = 0;
-    bool partial = false;
     bool present = false;   // already held: nothing to write
   };
   Result<std::vector<PlannedChunk>> PlanStore(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
@@ -208,11 +212,11 @@ class KvStore {
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
-  keys::Digest Root(const ModelKv& model, std::string_view ns) const;
   keys::Digest KeyOf(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const keys::Digest& prev,
                      std::uint64_t begin, std::uint64_t len) const;
-  std::vector<std::uint32_t> PartialLengths(const keys::Digest& parent) const;
-  void RememberPartial(const keys::Digest& key, const keys::Digest& parent, std::uint32_t len);
+  // The tokens a chunk or piece starting at `pos` of an n-token request
+  // covers when stored: a whole chunk, else the largest piece that fits.
+  std::uint64_t StoredLength(const TokenKeys& keys, std::uint64_t pos, std::uint64_t n) const;
   // Walks the request's chunks while probe(key, begin, len) accepts them;
   // returns the tokens walked.
   template <typename Probe>
@@ -220,12 +224,9 @@ class KvStore {
 
   const StoreOptions options_;
   std::unique_ptr<TieredStore> chain_;
-  mutable std::mutex partial_mu_;
-  // parent -> (length -> partial chunks of that length stored under it)
-  std::unordered_map<keys::Digest, std::map<std::uint32_t, std::uint32_t>, keys::DigestHash> partials_;  // guarded
-  std::unordered_map<keys::Digest, std::pair<keys::Digest, std::uint32_t>, keys::DigestHash> partial_parent_;  // guarded
   std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
   std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
+  mutable std::atomic<std::uint64_t> probes_{0};
   telemetry::Histogram lookup_us_, load_us_, store_us_;
 };
 

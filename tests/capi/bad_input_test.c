@@ -1139,6 +1139,23 @@ static void case_view_negative_stride(void) {
   EXPECT_VIEWS(&v, 1, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT);
 }
 
+static void case_view_aliasing_strides(void) {
+  kdn_kv_view v = dst_view();
+  dst_reset();
+  /* explicit strides under which K and V, or two layers, are the same memory */
+  v.stride_dim = 1;
+  v.stride_head = HEAD_DIM;
+  v.stride_token = TOKEN_ELEMS;
+  v.stride_kv = 0;
+  v.stride_layer = (int64_t)POSITIONS * TOKEN_ELEMS;
+  printf("  stride_kv 0\n");
+  EXPECT_VIEWS(&v, 1, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT);
+  v.stride_kv = (int64_t)POSITIONS * TOKEN_ELEMS;
+  v.stride_layer = 0;
+  printf("  stride_layer 0 with %d layers\n", LAYERS);
+  EXPECT_VIEWS(&v, 1, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT);
+}
+
 static void case_view_reserved_nonzero(void) {
   kdn_kv_view v = dst_view();
   dst_reset();
@@ -2031,6 +2048,13 @@ static void case_blend_bad_segments(void) {
   printf("  a tokens segment with tokens NULL\n");
   EXPECT_BLEND(seg, 2, &opts, &view, KDN_ERR_INVALID_ARGUMENT);
   blend_setup(seg, &opts, &view);
+  {
+    static const int32_t negative[4] = {261, -378, 432, 383};
+    seg[1].tokens = negative; /* refused as a store refuses it */
+    printf("  a tokens segment with a negative token id\n");
+    EXPECT_BLEND(seg, 2, &opts, &view, KDN_ERR_INVALID_ARGUMENT);
+  }
+  blend_setup(seg, &opts, &view);
   view.num_tokens = POSITIONS + 3; /* one short of the context */
   view.size_bytes = canon_bytes(POSITIONS + 3);
   printf("  context views one token short\n");
@@ -2113,6 +2137,7 @@ static const bad_case kCases[] = {
     CASE(view_layout_unknown),
     CASE(view_no_memory),
     CASE(view_negative_stride),
+    CASE(view_aliasing_strides),
     CASE(view_reserved_nonzero),
     CASE(view_size_bytes_small),
     CASE(view_num_tokens_small),

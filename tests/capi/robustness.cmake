@@ -3,6 +3,8 @@
 #   capi.bad_input.list    capi_bad_input --list prints exactly KDN_BAD_INPUT_CASES
 #   capi.stress            threads store, retrieve, look up, load, save, put, fetch and
 #                          evict at once for KDN_STRESS_SECONDS (20) and check every byte
+#   capi.memory            distinct prompts, namespaces and documents for KDN_MEMORY_SECONDS
+#                          (15): resident memory stays under a stated bound
 #
 # Run as a script (cmake -DPROGRAM=<capi_bad_input> -P robustness.cmake), this
 # file is the check of capi.bad_input.list.
@@ -66,6 +68,7 @@ set(KDN_BAD_INPUT_CASES
     view_layout_unknown
     view_no_memory
     view_negative_stride
+    view_aliasing_strides
     view_reserved_nonzero
     view_size_bytes_small
     view_num_tokens_small
@@ -158,3 +161,15 @@ target_compile_definitions(capi_stress PRIVATE KDN_MODELS_DIR="${KDN_MODELS_DIR}
 target_link_libraries(capi_stress PRIVATE kdn Threads::Threads)
 add_test(NAME capi.stress COMMAND capi_stress)
 set_tests_properties(capi.stress PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
+
+# KDN_MEMORY_SECONDS (default 15) bounds the run. Sanitizer builds skip it:
+# their shadow memory and quarantine would be measured, not the library.
+if(NOT KDN_SANITIZE AND NOT KDN_TSAN)
+  add_executable(capi_memory memory_test.c)
+  set_target_properties(capi_memory PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+  target_compile_options(capi_memory PRIVATE ${KDN_CAPI_STRICT})
+  target_compile_definitions(capi_memory PRIVATE KDN_MODELS_DIR="${KDN_MODELS_DIR}")
+  target_link_libraries(capi_memory PRIVATE kdn)
+  add_test(NAME capi.memory COMMAND capi_memory)
+  set_tests_properties(capi.memory PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
+endif()

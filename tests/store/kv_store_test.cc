@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "test_models.h"
 
@@ -52,6 +55,16 @@ class KvStoreTest : public ::testing::Test {
       std::memcpy(&out[lk * cap * kKvDim], &kv_[lk * kPos * kKvDim], n * kKvDim * 4);
     }
     return out;
+  }
+  // A buffer of 48 tokens, filled with -1 before a retrieve, holds the KV of
+  // the first n tokens and nothing past them.
+  bool HoldsPrefix(const std::vector<float>& out, size_t n) const {
+    const std::vector<float> want = Expected(n, kPos);
+    for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
+      if (std::memcmp(&out[lk * kPos * kKvDim], &want[lk * kPos * kKvDim], n * kKvDim * 4) != 0) return false;
+      if (n < kPos && out[lk * kPos * kKvDim + n * kKvDim] != -1.0f) return false;
+    }
+    return true;
   }
   static std::unique_ptr<KvStore> Make(const StoreOptions& o) {
     auto s = KvStore::Create(o);
@@ -132,11 +145,7 @@ TEST_F(KvStoreTest, TrailingPartialChunkIsReusedByLongerRequests) {
   EXPECT_EQ(Lookup(s, "t", Tokens(10)), 0u);
   std::vector<float> out(kv_.size(), -1.0f);
   EXPECT_EQ(Retrieve(s, "t", Tokens(48), View(out, 48)), 40u);
-  const std::vector<float> want = Expected(40, 48);
-  for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
-    ASSERT_EQ(0, std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], 40 * kKvDim * 4)) << lk;
-    ASSERT_EQ(out[lk * 48 * kKvDim + 40 * kKvDim], -1.0f) << "wrote past the cached tokens";
-  }
+  EXPECT_TRUE(HoldsPrefix(out, 40));
   // A short first store: its partial chunk (5 tokens) is reused at the root too.
   auto s2_owner = Make(Options(16)); KvStore& s2 = *s2_owner;
   std::vector<float> first5 = Expected(5, 5);
@@ -204,10 +213,7 @@ TEST_F(KvStoreTest, AStoreReportsWhatTheTiersHoldWhenChunksRoundUpToPages) {
   EXPECT_EQ(Count(s).host.evictions, 0u);
   std::vector<float> out(kv_.size(), -1.0f);
   EXPECT_EQ(Retrieve(s, "t", Tokens(48), View(out, 48)), stored);
-  const std::vector<float> want = Expected(45, 48);
-  for (size_t lk = 0; lk < 2 * kLayers; ++lk) {
-    ASSERT_EQ(0, std::memcmp(&out[lk * 48 * kKvDim], &want[lk * 48 * kKvDim], 45 * kKvDim * 4)) << lk;
-  }
+  EXPECT_TRUE(HoldsPrefix(out, 45));
 }
 
 // A chunk the plan counts as present can still be evicted by the store's own
@@ -259,17 +265,112 @@ TEST_F(KvStoreTest, EvictedPartialChunksAreForgotten) {
   EXPECT_EQ(Lookup(s, "t", Tokens(48)), 8u);
 }
 
-TEST_F(KvStoreTest, EvictingOnePartialChunkKeepsItsSiblingsFindable) {
-  // Two partial chunks of the same length under the same parent (the root).
-  auto s_owner = Make(Options(16, 2 * 4096)); KvStore& s = *s_owner;  // two blocks of a page
+TEST_F(KvStoreTest, EvictingOneRequestsPiecesKeepsAnothersFindable) {
+  // Two 3-token tails under the same parent (the root), each stored as
+  // pieces of 2 and 1 tokens: one page each.
+  auto s_owner = Make(Options(16, 4 * 4096)); KvStore& s = *s_owner;  // four pages
   std::vector<float> kv3 = Expected(3, 3);
   const std::vector<std::int32_t> a = {1, 2, 3}, b = {1, 5, 6}, c = {7, 8};
   EXPECT_EQ(Store(s, "t", a, View(kv3, 3)), 3u);
   EXPECT_EQ(Store(s, "t", b, View(kv3, 3)), 3u);
-  EXPECT_EQ(Store(s, "t", c, View(kv3, 2)), 2u);  // evicts a
+  EXPECT_EQ(Count(s).host.objects, 4u);
+  EXPECT_EQ(Store(s, "t", c, View(kv3, 2)), 2u);  // one piece: evicts the least recently used, a's first
   EXPECT_EQ(Lookup(s, "t", a), 0u);
   EXPECT_EQ(Lookup(s, "t", b), 3u);
   EXPECT_EQ(Lookup(s, "t", c), 2u);
+}
+
+// The tokens after the last whole chunk are pieces of decreasing powers of
+// two: a request reuses any piece boundary a stored request had.
+TEST_F(KvStoreTest, TailPiecesAreReusedAtEveryPieceBoundary) {
+  auto s_owner = Make(Options(16)); KvStore& s = *s_owner;
+  std::vector<float> kv = Expected(47, 47);
+  EXPECT_EQ(Store(s, "t", Tokens(47), View(kv, 47)), 47u);  // chunks 16 + 16, pieces 8 + 4 + 2 + 1
+  EXPECT_EQ(Count(s).host.objects, 6u);
+  for (std::uint64_t n = 0; n <= 48; ++n) {
+    // The longest stored boundary at or below n.
+    std::uint64_t want = 0;
+    for (std::uint64_t b : {16, 32, 40, 44, 46, 47}) {
+      if (b <= n) want = b;
+    }
+    EXPECT_EQ(Lookup(s, "t", Tokens(n)), want) << n;
+  }
+  std::vector<float> out(kv_.size(), -1.0f);
+  EXPECT_EQ(Retrieve(s, "t", Tokens(45), View(out, 48)), 44u);
+  EXPECT_TRUE(HoldsPrefix(out, 44));
+  // Two stored tails under one parent: the walk takes the one that reaches
+  // further, whichever was stored first.
+  std::vector<std::int32_t> longer(kTokens.begin(), kTokens.begin() + 32 + 12);  // pieces 8 + 4
+  longer[32 + 9] = 9;                                                           // differs from the 47 in its 4-piece
+  std::vector<float> kv44 = Expected(44, 44);
+  EXPECT_EQ(Store(s, "t", longer, View(kv44, 44)), 44u);
+  EXPECT_EQ(Lookup(s, "t", longer), 44u);
+  EXPECT_EQ(Lookup(s, "t", Tokens(48)), 47u);
+}
+
+// Issue 10, item 15: a lookup's work does not grow with how many tails of
+// different lengths were stored under the same parent (it was one probe per
+// stored length: quadratic in chunk_tokens).
+TEST_F(KvStoreTest, LookupProbesStayLogarithmicWhateverTailsWereStored) {
+  constexpr std::uint32_t kChunk = 1024;
+  auto s_owner = Make(Options(kChunk, 1u << 30)); KvStore& s = *s_owner;
+  // 300 tails of lengths 1..300 under the root, each its own text.
+  std::vector<float> kv(static_cast<size_t>(kLayers) * 2 * 300 * kKvDim);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = kv_[i % kv_.size()];
+  for (std::int32_t len = 1; len <= 300; ++len) {
+    std::vector<std::int32_t> t(static_cast<size_t>(len));
+    for (std::int32_t i = 0; i < len; ++i) t[static_cast<size_t>(i)] = len * 1000 + i;
+    ASSERT_EQ(Store(s, "t", t, View(kv, static_cast<std::uint64_t>(len))), static_cast<std::uint64_t>(len));
+  }
+  std::vector<std::int32_t> t(1000);
+  for (std::int32_t i = 0; i < 1000; ++i) t[static_cast<size_t>(i)] = 257 * 1000 + i;  // tail 257's text, longer
+  const std::uint64_t before = s.Stats().probes;
+  EXPECT_EQ(Lookup(s, "t", t), 257u);
+  // One probe per power of two below the chunk: 512, 256, ..., 1.
+  EXPECT_EQ(s.Stats().probes - before, 10u);
+  t[0] = -5;  // a miss costs the same
+  const std::uint64_t before_miss = s.Stats().probes;
+  EXPECT_EQ(Lookup(s, "t", t), 0u);
+  EXPECT_EQ(s.Stats().probes - before_miss, 10u);
+}
+
+// Issue 10, item 11: the tail after the last whole chunk is found after a
+// restart (it was indexed in memory only: lost, and its files never found).
+TEST_F(KvStoreTest, TailsAreFoundAfterARestart) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kdn-kvstore-restart-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  StoreOptions o;
+  o.chunk_tokens = 16;
+  TierSpec disk;
+  disk.kind = TierSpec::Kind::kDisk;
+  disk.path = dir.string();
+  disk.capacity_bytes = 64u << 20;
+  disk.codec = "raw";
+  o.tiers.push_back(disk);
+  // 30 sequences of 17..46 tokens, each its own text (a different first token).
+  const auto sequence = [&](int i) {
+    std::vector<std::int32_t> t(kTokens.begin(), kTokens.begin() + 17 + i);
+    t[0] = 1000 + i;
+    return t;
+  };
+  {
+    auto s = Make(o);
+    for (int i = 0; i < 30; ++i) {
+      const auto t = sequence(i);
+      ASSERT_EQ(Store(*s, "t", t, View(kv_, 48)), t.size());
+    }
+  }
+  auto s = Make(o);
+  for (int i = 0; i < 30; ++i) {
+    const auto t = sequence(i);
+    EXPECT_EQ(Lookup(*s, "t", t), t.size()) << i;
+    std::vector<float> out(kv_.size(), -1.0f);
+    ASSERT_EQ(Retrieve(*s, "t", t, View(out, 48)), t.size()) << i;
+    EXPECT_TRUE(HoldsPrefix(out, t.size())) << i;
+  }
+  s.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(KvStoreTest, LayoutsReachingPast2To64BytesAreRefused) {

@@ -195,10 +195,12 @@ typedef struct kdn_tier_config {
   float high_watermark;      /* a put that would cross it evicts first; 0 = 0.95 */
   float low_watermark;       /* ...down to this fraction of capacity; 0 = 0.85 */
   uint32_t write_through;    /* 1: new chunks are copied to the next tier too */
-  /* How the tier stores chunks: a codec spec ("raw", "fp8", "int8", "kivi2",
-   * "cachegen", "kdn", "kdn:hifi", ...). Empty: raw for host and device
-   * tiers, kdn's compressing codec for disk tiers. An unknown codec or
-   * parameter is KDN_ERR_INVALID_ARGUMENT. */
+  /* How the tier stores chunks: a codec spec ("raw", "zstd", "fp8", "int8",
+   * "kivi2", "cachegen", "kdn", "kdn:hifi", ...). Empty: raw for host and
+   * device tiers, lossless "zstd" for disk tiers. "raw" and "zstd" are
+   * lossless; the others are lossy, used only where named, and loads of KV
+   * they served say so (KDN_RESULT_LOSSY). An unknown codec or parameter is
+   * KDN_ERR_INVALID_ARGUMENT. */
   const char *codec;
   size_t codec_len;
 } kdn_tier_config;
@@ -403,7 +405,7 @@ KDN_API kdn_status kdn_kv_result_init(kdn_kv_result *result, size_t struct_size)
 
 /* kdn_kv_result.flags: */
 /* Some of the KV written was decoded from a lossy codec (a tier whose codec
- * is not "raw"): it is close to, not equal to, the KV stored. */
+ * is neither "raw" nor "zstd"): it is close to, not equal to, the KV stored. */
 #define KDN_RESULT_LOSSY 0x1u
 
 #define KDN_MAX_TIERS 8
@@ -430,7 +432,8 @@ KDN_API kdn_status kdn_kv_lookup(const kdn_model *model, const char *ns, size_t 
                                  const kdn_request *requests, size_t num_requests, kdn_lookup_result *results);
 
 /* Stores the request's KV from the views, split into chunks of the
- * runtime's chunk_tokens (a trailing partial chunk too); chunks already
+ * runtime's chunk_tokens (the tokens after the last whole chunk as pieces of
+ * decreasing powers of two, found again by any longer request); chunks already
  * cached are skipped. When not all fit, the longest prefix that fits is kept
  * and the call still succeeds. out (optional): tokens = the leading tokens
  * cached after the call. */
@@ -500,7 +503,12 @@ KDN_API void kdn_op_destroy(kdn_op *op);
 
 /* Stores a document (doc_id of 1..255 bytes, version, metadata, tokens and
  * their KV computed from position 0); replaces an older version of the same
- * doc_id. */
+ * doc_id. The runtime's index of documents is bounded (64 MiB, charged 4
+ * bytes per token, 320 per chunk and ~460 per document): a put that would exceed it
+ * first drops documents whose KV left every tier (their fetch is
+ * KDN_ERR_NOT_FOUND anyway), oldest first; if there is still no room it
+ * stores nothing and returns KDN_ERR_BUSY. Live, pinned and expiring
+ * documents are never dropped to make room: delete or expire documents. */
 KDN_API kdn_status kdn_knowledge_put(const kdn_model *model, const char *ns, size_t ns_len, const char *doc_id,
                                      size_t doc_id_len, uint64_t version, const char *metadata, size_t metadata_len,
                                      const int32_t *tokens, size_t num_tokens, const kdn_kv_view *views,
