@@ -1,6 +1,8 @@
 #include "blend/documents.h"
 
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "util/dtype.h"
 
@@ -10,6 +12,18 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
                                    std::span<const Segment> segments, const BlendOptions& options,
                                    LayerEngine& engine, std::span<const store::ViewSpec> views) {
   if (segments.empty()) return Status::InvalidArgument("blend: no segments");
+  // A document's length is known only under the snapshot read below (a put
+  // may replace it with a longer version meanwhile): with documents, the
+  // views must state their room, and a context longer than it is
+  // kBufferTooSmall with nothing written, as a fetch says.
+  bool documents = false;
+  for (const Segment& s : segments) documents = documents || s.document;
+  std::uint64_t room = UINT64_MAX;
+  if (documents) {
+    auto stated = store::ResolvedViews::Resolve(model, views, std::nullopt);
+    if (!stated.ok()) return stated.status();
+    room = stated->room();
+  }
   const auto L = static_cast<size_t>(model.shape.layers);
   const auto row = static_cast<size_t>(model.shape.heads * model.shape.head_dim);
   const auto eb = static_cast<size_t>(model.shape.elem_bytes);
@@ -42,6 +56,11 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
   }
   if (total == 0) return Status::InvalidArgument("blend: the segments hold no tokens");
   if (total > (std::uint64_t{1} << 31)) return Status::InvalidArgument("blend: more than 2^31 positions");
+  if (total > room) {
+    return Status(Code::kBufferTooSmall, "blend: the context is " + std::to_string(total) +
+                                             " tokens (its documents as they are now); the views have room for " +
+                                             std::to_string(room));
+  }
   auto out = store::ResolvedViews::Resolve(model, views, total);
   if (!out.ok()) return out.status();
   std::vector<float> composed;

@@ -2058,6 +2058,10 @@ static void case_blend_bad_segments(void) {
   view.num_tokens = POSITIONS + 3; /* one short of the context */
   view.size_bytes = canon_bytes(POSITIONS + 3);
   printf("  context views one token short\n");
+  EXPECT_BLEND(seg, 2, &opts, &view, KDN_ERR_BUFFER_TOO_SMALL);
+  blend_setup(seg, &opts, &view);
+  view.num_tokens = 0; /* "exactly the context": unknowable while a document can change */
+  printf("  views without num_tokens, with a document segment\n");
   EXPECT_BLEND(seg, 2, &opts, &view, KDN_ERR_INVALID_ARGUMENT);
 }
 

@@ -198,7 +198,9 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   EXPECT_NE(std::string(kdn_last_error_message()).find("kdn_blend_options"), std::string::npos);
   EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, nullptr, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 0, &o, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
-  kv.num_tokens = total - 1;  // too small for the context
+  kv.num_tokens = total - 1;  // too small for the context: its documents' length is known only in the call
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_BUFFER_TOO_SMALL);
+  kv.num_tokens = 0;  // a view of "exactly the context" cannot be with documents in it
   EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
   kv.num_tokens = total;
   seg[1].kind = static_cast<kdn_segment_kind>(7);

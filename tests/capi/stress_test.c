@@ -1,4 +1,4 @@
-/* Concurrency stress of the C ABI: six threads use one runtime at once for
+/* Concurrency stress of the C ABI: seven threads use one runtime at once for
  * KDN_STRESS_SECONDS (default 20) or KDN_STRESS_OPS operations per thread
  * (default 1,000,000), whichever ends first. The host tier holds about a
  * dozen chunks, so chunks are evicted (to a disk tier in a temporary
@@ -20,11 +20,17 @@
  *   race-fetch    fetches it into buffers that end where an unmapped page begins:
  *                 a fetch fills exactly the length it reports, or says
  *                 KDN_ERR_BUFFER_TOO_SMALL and writes nothing; never past the end
+ *   race-blend    blends it and 4 query tokens (kdn_kv_blend, no recompute past
+ *                 the check layer) into a context that ends at an unmapped page:
+ *                 the context is one version's, its cached KV that version's
+ *                 (layers past the check layer), nothing written past it, or
+ *                 KDN_ERR_BUFFER_TOO_SMALL and nothing written at all
  * Every thread reads the statistics as it goes. Prints the counts; exits 1
  * on any mismatch or unexpected status, 77 if the reference model is missing.
  */
 #define _DEFAULT_SOURCE
 #define _XOPEN_SOURCE 700
+#define KDN_EXPERIMENTAL /* kdn_kv_blend */
 #include "robustness.h"
 
 #include <ftw.h>
@@ -39,7 +45,7 @@ enum {
   NUM_SEQS = 24,       /* token sequences of the KV threads */
   NUM_DOCS = 6,        /* documents of the documents thread */
   NUM_VERSIONS = 3,    /* of the race document */
-  NUM_THREADS = 6,
+  NUM_THREADS = 7,
   PAGED_BLOCKS = 4,    /* per layer, of which 3 hold the 48 tokens */
   PAGED_ELEMS = PAGED_BLOCKS * CHUNK * TOKEN_ELEMS,
   WAIT_MS = 60000,     /* no single wait may take this long */
@@ -54,6 +60,8 @@ static const char kRaceDoc[] = "race";
 #define RACE_DOC kRaceDoc, (sizeof kRaceDoc - 1)
 static const uint64_t kRaceLength[NUM_VERSIONS] = {20, 37, 48};
 static const uint64_t kFetchRoom[3] = {20, 37, 48};
+enum { QUERY = 4 };                                       /* blend: tokens after the race document */
+static const uint64_t kBlendRoom[3] = {20 + QUERY, 37 + QUERY, 48 + QUERY};
 static const int32_t kPagedTable[3] = {2, 0, 3}; /* block 1 is never used */
 
 /* ---- Contents: known functions of the tokens ----------------------------- */
@@ -739,6 +747,126 @@ static void *run_race_fetch(void *arg) {
   return NULL;
 }
 
+/* ---- race-blend ------------------------------------------------------------ */
+
+/* The engine's recompute, stood in for: every position it is asked for gets
+ * K = V = its position (the blend's checks here are about memory and
+ * snapshots, not about a transformer's numbers: those are blend_api_test's). */
+static kdn_status blend_layer(void *user, uint32_t layer, const int32_t *positions, const int32_t *tokens,
+                              size_t count, float *hidden, size_t hidden_len, uint32_t hidden_dim, float *k, float *v,
+                              size_t kv_len, size_t total) {
+  const size_t row = (size_t)HEADS * HEAD_DIM;
+  size_t i, j;
+  (void)user;
+  (void)tokens;
+  (void)hidden_dim;
+  (void)total;
+  if (layer == 0) memset(hidden, 0, hidden_len * sizeof *hidden);
+  for (i = 0; i < count; ++i) {
+    const size_t p = (size_t)positions[i];
+    if ((p + 1) * row > kv_len) return KDN_ERR_INTERNAL;
+    for (j = 0; j < row; ++j) k[p * row + j] = v[p * row + j] = (float)p;
+  }
+  return KDN_OK;
+}
+
+/* The elements of layers [2, LAYERS) of tokens [0, n) of a canonical buffer
+ * that do not hold the content's KV (layers 0 and 1 are the check layer's
+ * and below: recomputed by the blend). */
+static uint64_t cached_mismatches(const float *buf, uint64_t room, uint64_t n, float add) {
+  uint64_t bad = 0, t;
+  int l, kv, h, d;
+  for (l = 2; l < LAYERS; ++l)
+    for (kv = 0; kv < 2; ++kv)
+      for (t = 0; t < n; ++t)
+        for (h = 0; h < HEADS; ++h)
+          for (d = 0; d < HEAD_DIM; ++d) {
+            const float want = kv_value(l, kv, (int)t, h, d, add);
+            if (memcmp(&buf[canon_index(room, l, kv, t, h, d)], &want, sizeof want) != 0) ++bad;
+          }
+  return bad;
+}
+
+/* Whether tokens [from, room) of every layer of a canonical buffer are untouched. */
+static int canon_untouched_from(const float *buf, uint64_t room, uint64_t from) {
+  int l, kv;
+  for (l = 0; l < LAYERS; ++l)
+    for (kv = 0; kv < 2; ++kv)
+      if (!bytes_are(&buf[canon_index(room, l, kv, from, 0, 0)], (size_t)(room - from) * TOKEN_ELEMS * sizeof(float),
+                     SENTINEL))
+        return 0;
+  return 1;
+}
+
+static void blend_checked(worker *w, unsigned char *map, size_t map_bytes, uint64_t room) {
+  static const int32_t query[QUERY] = {261, 378, 432, 383};
+  float *kv = guarded_tail(map, map_bytes, canon_bytes(room));
+  const kdn_kv_view view = canon_view(kv, room);
+  kdn_blend_segment seg[2];
+  kdn_blend_options opts;
+  kdn_blend_report rep;
+  kdn_status s;
+  kdn_blend_segment_init(&seg[0], sizeof seg[0]);
+  seg[0].kind = KDN_SEGMENT_DOCUMENT;
+  seg[0].doc_id = kRaceDoc;
+  seg[0].doc_id_len = sizeof kRaceDoc - 1;
+  kdn_blend_segment_init(&seg[1], sizeof seg[1]);
+  seg[1].tokens = query;
+  seg[1].num_tokens = QUERY;
+  kdn_blend_options_init(&opts, sizeof opts);
+  opts.ratio = 0.0f; /* no cached position recomputed past the check layer */
+  opts.hidden_dim = 64;
+  opts.layer_fn = blend_layer;
+  kdn_blend_report_init(&rep, sizeof rep);
+  memset(kv, SENTINEL, canon_bytes(room));
+  s = kdn_kv_blend(g_m, DOC_NS, seg, 2, &opts, &view, 1, &rep);
+  if (s == KDN_OK) {
+    const content *c = NULL;
+    int k;
+    ++w->fetch_ok;
+    for (k = 0; k < NUM_VERSIONS; ++k)
+      if (rep.positions == kRaceLength[k] + QUERY) c = &g_race[k];
+    if (c == NULL || rep.positions > room || rep.cached_positions != rep.positions - QUERY) {
+      mismatch(w, 1, "blend: a context no version of the document makes, or longer than the room");
+      return;
+    }
+    if (!canon_untouched_from(kv, room, rep.positions)) mismatch(w, 1, "blend: KV written past the context");
+    if (rep.selected == 0) {
+      const uint64_t bad = cached_mismatches(kv, room, rep.cached_positions, c->add);
+      if (bad != 0) mismatch(w, bad, "blend: cached KV that is not the version's the context is (a torn snapshot)");
+    } else {
+      mismatch(w, 1, "blend: positions recomputed with ratio 0");
+    }
+    w->bytes_checked += canon_bytes(room);
+  } else if (s == KDN_ERR_BUFFER_TOO_SMALL) {
+    ++w->fetch_too_small;
+    if (room == kBlendRoom[NUM_VERSIONS - 1]) mismatch(w, 1, "blend: KDN_ERR_BUFFER_TOO_SMALL with room for every version");
+    if (!bytes_are(kv, canon_bytes(room), SENTINEL)) mismatch(w, 1, "blend: KDN_ERR_BUFFER_TOO_SMALL wrote KV");
+    w->bytes_checked += canon_bytes(room);
+  } else if (s == KDN_ERR_NOT_FOUND) {
+    ++w->fetch_not_found; /* deleted, or its KV evicted from every tier */
+    if (!bytes_are(kv, canon_bytes(room), SENTINEL)) mismatch(w, 1, "blend: KDN_ERR_NOT_FOUND wrote KV");
+  } else {
+    unexpected(w, s, "kdn_kv_blend");
+  }
+}
+
+static void *run_race_blend(void *arg) {
+  worker *w = arg;
+  size_t map_bytes = 0;
+  unsigned char *map = guarded_map(canon_bytes(POSITIONS + QUERY), &map_bytes);
+  if (map == NULL) {
+    ++w->errors;
+    return NULL;
+  }
+  while (keep_going(w)) {
+    blend_checked(w, map, map_bytes, kBlendRoom[rnd(w, 3)]);
+    if (++w->ops % 64 == 0) read_stats(w);
+  }
+  munmap(map, map_bytes);
+  return NULL;
+}
+
 /* ---- Setup, run, report ----------------------------------------------------------- */
 
 static char g_dir[256];
@@ -787,10 +915,10 @@ static kdn_runtime *make_runtime(void) {
 }
 
 int main(void) {
-  static void *(*const kRun[NUM_THREADS])(void *) = {run_kv_canonical, run_kv_paged, run_async,
-                                                     run_documents,    run_race_put, run_race_fetch};
-  static const char *const kName[NUM_THREADS] = {"kv-canonical", "kv-paged", "async",
-                                                 "documents",    "race-put", "race-fetch"};
+  static void *(*const kRun[NUM_THREADS])(void *) = {run_kv_canonical, run_kv_paged,   run_async,     run_documents,
+                                                     run_race_put,     run_race_fetch, run_race_blend};
+  static const char *const kName[NUM_THREADS] = {"kv-canonical", "kv-paged",   "async",     "documents",
+                                                 "race-put",     "race-fetch", "race-blend"};
   worker w[NUM_THREADS];
   pthread_t th[NUM_THREADS];
   worker total;

@@ -760,9 +760,14 @@ KDN_API kdn_status kdn_blend_report_init(kdn_blend_report *report, size_t struct
 
 /* Blends the segments (an array of versioned structs), in order, into the
  * views (the whole context: the sum of the segments' tokens, in the model's
- * dtype). Each document is read under one snapshot. Fills *report (may be
- * NULL). KDN_ERR_NOT_FOUND when a document is unknown or a chunk of it is
- * gone from every tier (put it again); the callback's status when it fails. */
+ * dtype). Each document is read under one snapshot, and its length is
+ * known only then (a put may replace it meanwhile): when a segment is a
+ * document, the views must state their room (num_tokens), and a context
+ * longer than it is KDN_ERR_BUFFER_TOO_SMALL with nothing written
+ * (report->positions is not filled: get_info tells the document's length).
+ * Fills *report (may be NULL). KDN_ERR_NOT_FOUND when a document is unknown
+ * or a chunk of it is gone from every tier (put it again); the callback's
+ * status when it fails. */
 KDN_API kdn_status kdn_kv_blend(const kdn_model *model, const char *ns, size_t ns_len,
                                 const kdn_blend_segment *segments, size_t num_segments,
                                 const kdn_blend_options *options, const kdn_kv_view *views, size_t num_views,
