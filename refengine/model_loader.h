@@ -15,7 +15,7 @@
 namespace kdn::refengine {
 
 // Where the reference model is looked for: $KDN_MODELS, the build's
-// configured folder, then ../shared/models.
+// configured folder (the repository's models/), then ../shared/models.
 std::string DefaultModelsDir();
 
 // A loaded model and tokenizer, or the randomly initialised stand-in.

@@ -13,7 +13,7 @@
 #include <kdn/kdn.h>
 
 #ifndef KDN_MODELS_DIR
-#define KDN_MODELS_DIR "../shared/models"
+#define KDN_MODELS_DIR "models"
 #endif
 
 enum {

@@ -1,4 +1,4 @@
-// Where tests find the reference model (../shared/models, or $KDN_MODELS).
+// Where tests find the reference model (the repository's models/, or $KDN_MODELS).
 // KDN_REQUIRE_MODEL() skips the test when it is absent, saying so, unless
 // KDN_REQUIRE_MODELS=1 is set (as CI does), when it fails the test instead.
 #pragma once
@@ -20,7 +20,7 @@ inline std::string ModelsDir() {
 inline std::string ModelPath() { return ModelsDir() + "/stories260K.bin"; }
 inline std::string TokenizerPath() { return ModelsDir() + "/tok512.bin"; }
 inline std::string ReferencePath(const std::string& name) { return ModelsDir() + "/reference/" + name; }
-// The reference run of ../shared/models/README.md: greedy from BOS, 48 steps.
+// The reference run of models/README.md: greedy from BOS, 48 steps.
 inline const std::vector<int> kReferenceIds = {
     403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292,
     411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267};

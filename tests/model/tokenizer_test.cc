@@ -10,7 +10,7 @@
 namespace kdn::model {
 namespace {
 
-// The reference greedy run of ../shared/models/README.md.
+// The reference greedy run of models/README.md.
 const char kReferenceText[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
     "big, red ball. She wanted to";

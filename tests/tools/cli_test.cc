@@ -120,6 +120,19 @@ TEST(Cli, DemoReusesKvWithIdenticalContinuations) {
   EXPECT_NE(r.out.find("total TTFT over the RAG prompts"), std::string::npos) << r.out;
 }
 
+// A fresh clone runs the real model with no settings: the repository
+// carries it (models/), and the tools find it from any directory.
+TEST(Cli, DemoFindsTheRealModelWithNoSettings) {
+  KDN_REQUIRE_MODEL();
+  const fs::path empty = fs::temp_directory_path() / ("kdn_no_settings_" + std::to_string(getpid()));
+  fs::create_directories(empty);
+  const CliRun r = Kdn("demo --repeats 1 --steps 8", "cd " + empty.string() + " && unset KDN_MODELS &&");
+  fs::remove_all(empty);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("RANDOM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stories260K.bin"), std::string::npos) << r.out;
+}
+
 TEST(Cli, DemoRunsWithoutTheModelOnARandomOne) {
   const fs::path empty = fs::temp_directory_path() / ("kdn_no_models_" + std::to_string(getpid()));
   fs::create_directories(empty);

@@ -45,7 +45,7 @@ enum { LAYERS = 5, HEADS = 4, HEAD_DIM = 8, POSITIONS = 48, CHUNK = 16, TOKEN_EL
 #define KV_BYTES ((size_t)2 * FILE_ELEMS * sizeof(float))
 #define BYTES_PER_TOKEN ((uint64_t)LAYERS * 2 * TOKEN_ELEMS * sizeof(float))
 #ifndef KDN_MODELS_DIR
-#define KDN_MODELS_DIR "../shared/models"
+#define KDN_MODELS_DIR "models"
 #endif
 
 static const int32_t kTokens[POSITIONS] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
