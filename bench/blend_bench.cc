@@ -27,6 +27,34 @@ std::string DefaultBlendText() {
   return "bench/texts/stories.txt";
 }
 
+// DESIGN.md's records, each with "projected": false when this run measured
+// it, true when it is extrapolated from what was measured (then params say
+// on what basis). Records prints them.
+class BlendRecords {
+ public:
+  void Add(const std::string& name, double value, const std::string& unit, nlohmann::json params, bool projected,
+           const std::string& baseline = "", double baseline_value = 0.0) {
+    nlohmann::json r = {{"name", name}, {"value", value}, {"unit", unit}, {"projected", projected}};
+    if (!baseline.empty()) {
+      r["baseline"] = baseline;
+      r["baseline_value"] = baseline_value;
+      r["ratio"] = baseline_value != 0.0 ? value / baseline_value : 0.0;
+    }
+    r["params"] = params;
+    printer_.Add(name, value, unit, std::move(params), baseline, baseline_value);
+    all_.push_back(std::move(r));
+  }
+  bool Write(const std::string& path) const {
+    std::ofstream f(path);
+    f << all_.dump(2) << "\n";
+    return static_cast<bool>(f);
+  }
+
+ private:
+  Records printer_;
+  nlohmann::json all_ = nlohmann::json::array();
+};
+
 }  // namespace
 
 int RunBlendBench(const BlendBenchOptions& o) {
@@ -44,53 +72,81 @@ int RunBlendBench(const BlendBenchOptions& o) {
   const std::vector<int> suffix = loaded->tokenizer->Encode(kSuffix, /*bos=*/false);
   const int layers = loaded->weights->config().n_layers;
 
-  Records rec;
+  // Every ratio, then gradual selection at 15%, in one pass: one full-prefill
+  // series for the whole run, a prefill timed before each blend.
+  const std::vector<int> pcts = {0, 5, 10, 15, 20, 30, 100};
+  std::vector<blend::BlendVariant> variants;
+  for (int pct : pcts) variants.push_back({pct / 100.0, {1}});
+  variants.push_back({0.15, {1, layers - 1}});
+  blend::BlendEvalOptions eo;
+  eo.max_contexts = o.contexts > 0 ? o.contexts : (o.quick ? 4 : 0);
+  std::printf("%s: %s, chunks of 64 tokens, 4 per context\n", kTool, text_path.c_str());
+  Result<std::vector<blend::BlendEvalResult>> all =
+      blend::EvaluateBlends(*loaded->weights, tokens, suffix, eo, variants);
+  if (!all.ok()) return fail(all.status().message());
+
+  BlendRecords rec;
+  const blend::BlendEvalResult& first = all->front();
+  const std::string full = "full_prefill";
+  const nlohmann::json series = {{"contexts", first.contexts},
+                                 {"samples", first.ttft_full_samples},
+                                 {"interleaved", "per context: prefill, naive, then prefill, blend for each setting"}};
+  rec.Add("blend_ttft_full", first.ttft_full_ms, "ms", series, false);
+  // What every TTFT ratio record adds to its params: the series it is against.
+  auto against_full = [&](nlohmann::json params, const blend::BlendEvalResult& r) {
+    params["baseline_series"] = "blend_ttft_full";
+    params["baseline_samples"] = r.ttft_full_samples;
+    return params;
+  };
+  rec.Add("blend_ttft_naive", first.ttft_naive_ms, "ms", against_full({{"contexts", first.contexts}}, first), false,
+          full, first.ttft_full_ms);
   struct Point {
     double ratio;
     blend::BlendEvalResult r;
   };
   std::vector<Point> points;
-  auto run = [&](double ratio, const std::vector<int>& checks) -> Result<blend::BlendEvalResult> {
-    blend::BlendEvalOptions eo;
-    eo.ratio = ratio;
-    eo.check_layers = checks;
-    eo.max_contexts = o.contexts > 0 ? o.contexts : (o.quick ? 4 : 0);
-    return blend::EvaluateBlend(*loaded->weights, tokens, suffix, eo);
-  };
-  std::printf("%s: %s, chunks of 64 tokens, 4 per context\n", kTool, text_path.c_str());
-  for (int pct : {0, 5, 10, 15, 20, 30, 100}) {
-    Result<blend::BlendEvalResult> r = run(pct / 100.0, {1});
-    if (!r.ok()) return fail(r.status().message());
-    points.push_back({pct / 100.0, *r});
-    const std::string s = "_r" + std::to_string(pct);
-    const nlohmann::json params = {{"ratio", pct / 100.0}, {"contexts", r->contexts}, {"check_layers", {1}},
-                                   {"context_tokens", r->context_tokens}};
-    rec.Add("blend_kl" + s, r->kl_blend_mean, "nats", params, "naive", r->kl_naive_mean);
-    rec.Add("blend_top1" + s, r->top1_blend, "frac", params, "naive", r->top1_naive);
-    rec.Add("blend_recompute_fraction" + s, r->recompute_fraction, "frac", params);
-    rec.Add("blend_ttft" + s, r->ttft_blend_ms, "ms", params, "full_prefill", r->ttft_full_ms);
-    rec.Add("blend_ttft_naive" + s, r->ttft_naive_ms, "ms", params, "full_prefill", r->ttft_full_ms);
-    if (pct == 15) {
-      rec.Add("blend_kl_ratio_vs_naive", r->kl_blend_mean / r->kl_naive_mean, "x",
-              {{"ratio", 0.15}, {"goal", "<= 0.2"}});
-      const double budget = r->recompute_fraction * r->ttft_full_ms;
-      rec.Add("blend_ttft_vs_work", r->ttft_blend_ms / budget, "x",
-              {{"ratio", 0.15}, {"goal", "<= 1.25"}, {"f", r->recompute_fraction}, {"ttft_full_ms", r->ttft_full_ms}});
+  for (size_t i = 0; i < pcts.size(); ++i) {
+    const blend::BlendEvalResult& r = (*all)[i];
+    points.push_back({r.ratio, r});
+    const std::string s = "_r" + std::to_string(pcts[i]);
+    nlohmann::json params = {{"ratio", r.ratio}, {"contexts", r.contexts}, {"check_layers", {1}},
+                             {"context_tokens", r.context_tokens}};
+    rec.Add("blend_kl" + s, r.kl_blend_mean, "nats", params, false, "naive", r.kl_naive_mean);
+    rec.Add("blend_top1" + s, r.top1_blend, "frac", params, false, "naive", r.top1_naive);
+    rec.Add("blend_recompute_fraction" + s, r.recompute_fraction, "frac", params, false);
+    rec.Add("blend_ttft" + s, r.ttft_blend_ms, "ms", against_full(params, r), false, full, r.ttft_full_ms);
+    if (pcts[i] == 15) {
+      rec.Add("blend_kl_ratio_vs_naive", r.kl_blend_mean / r.kl_naive_mean, "x",
+              {{"ratio", 0.15}, {"check_layers", {1}}, {"goal", "<= 0.2"}}, false);
+      const double budget = r.recompute_fraction * r.ttft_full_ms;
+      const double machinery = r.ttft_blend_ms / budget;
+      rec.Add("blend_ttft_vs_work", machinery, "x",
+              against_full({{"ratio", 0.15}, {"goal", "<= 1.25"}, {"f", r.recompute_fraction},
+                            {"ttft_full_ms", r.ttft_full_ms}},
+                           r),
+              false);
       // A 32-layer model of the same kind: layers 0 and 1 in full, then 15%
       // (plus the fresh suffix and the last token, as measured here).
-      const double fresh = 1.0 - (r->context_tokens - 1 - static_cast<double>(suffix.size())) / r->context_tokens;
+      const double fresh = 1.0 - (r.context_tokens - 1 - static_cast<double>(suffix.size())) / r.context_tokens;
       const double f32 = (2.0 + 30.0 * (0.15 + (1 - 0.15) * fresh)) / 32.0;
-      rec.Add("blend_projected_f_32_layers", f32, "frac", {{"ratio", 0.15}, {"layers_here", layers}});
-      rec.Add("blend_projected_ttft_ratio_32_layers", f32 * (r->ttft_blend_ms / budget), "x",
-              {{"ratio", 0.15}, {"note", "f x (measured machinery factor) = TTFT blend / TTFT full"}});
+      rec.Add("blend_projected_f_32_layers", f32, "frac",
+              {{"ratio", 0.15}, {"layers_here", layers}, {"fresh_fraction", fresh},
+               {"basis", "32 layers: 0 and 1 in full, then 15% of the cached tokens plus this run's fresh ones"}},
+              true);
+      rec.Add("blend_projected_ttft_ratio_32_layers", f32 * machinery, "x",
+              {{"ratio", 0.15}, {"machinery_factor", machinery},
+               {"basis", "projected f x blend_ttft_vs_work measured here = TTFT blend / TTFT full"}},
+              true);
     }
   }
-  Result<blend::BlendEvalResult> gradual = run(0.15, {1, layers - 1});
-  if (!gradual.ok()) return fail(gradual.status().message());
-  const nlohmann::json gp = {{"ratio", 0.15}, {"check_layers", {1, layers - 1}}};
-  rec.Add("blend_gradual_kl_r15", gradual->kl_blend_mean, "nats", gp, "naive", gradual->kl_naive_mean);
-  rec.Add("blend_gradual_recompute_fraction_r15", gradual->recompute_fraction, "frac", gp);
-  rec.Add("blend_gradual_ttft_r15", gradual->ttft_blend_ms, "ms", gp, "full_prefill", gradual->ttft_full_ms);
+  const blend::BlendEvalResult& gradual = all->back();
+  nlohmann::json gp = {{"ratio", 0.15}, {"contexts", gradual.contexts}, {"check_layers", {1, layers - 1}}};
+  rec.Add("blend_gradual_kl_r15", gradual.kl_blend_mean, "nats", gp, false, "naive", gradual.kl_naive_mean);
+  rec.Add("blend_gradual_kl_ratio_vs_naive", gradual.kl_blend_mean / gradual.kl_naive_mean, "x",
+          {{"ratio", 0.15}, {"check_layers", {1, layers - 1}}, {"goal", "<= 0.2"}}, false);
+  rec.Add("blend_gradual_recompute_fraction_r15", gradual.recompute_fraction, "frac", gp, false);
+  rec.Add("blend_gradual_ttft_r15", gradual.ttft_blend_ms, "ms", against_full(gp, gradual), false, full,
+          gradual.ttft_full_ms);
   if (!rec.Write(o.json_path)) return fail("cannot write " + o.json_path);
 
   // KL against ratio (log y; ratio 100% has KL 0 and is left out).

@@ -17,14 +17,19 @@ struct BlendBenchOptions {
   bool quick = false;
 };
 
-// Per ratio, blend::EvaluateBlend's results as records blend_<measure>_r<pct>
-// (KL blend and naive, top-1, recompute fraction, TTFT full / blend / naive,
-// with full prefill's TTFT as the TTFT baseline). At 15% also the goals:
-// blend_kl_ratio_vs_naive (KL blend / KL naive, goal <= 0.2) and
+// One pass of blend::EvaluateBlends over every ratio (check layer 1) and a
+// gradual selection (check layers 1 and the last) at 15%, so all of them are
+// timed against one full-prefill series (blend_ttft_full: a prefill timed
+// before each blend and naive run, interleaved; its median is every TTFT
+// record's baseline "full_prefill", baseline_samples its length). Per ratio
+// the records blend_<measure>_r<pct> (KL blend against naive, top-1, recompute
+// fraction, TTFT blend). At 15% also the goals: blend_kl_ratio_vs_naive and
+// blend_gradual_kl_ratio_vs_naive (KL blend / KL naive, goal <= 0.2) and
 // blend_ttft_vs_work (TTFT blend / (f x TTFT full), goal <= 1.25), and the
-// projection of f and of the TTFT ratio for a 32-layer model of the same
-// kind (the first two layers in full, then the ratio). Also a gradual
-// selection run (check layers 1 and 4) at 15%. Returns an exit code.
+// projection of f and of the TTFT ratio to a 32-layer model of the same kind
+// (the first two layers in full, then the ratio). Every record carries
+// "projected": true for those two, false for the measured ones. Returns an
+// exit code.
 int RunBlendBench(const BlendBenchOptions& options);
 
 }  // namespace kdn::bench

@@ -62,10 +62,21 @@ Status Score(model::Transformer& t, model::KvCache& cache, int last, int n, int 
 
 Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const std::vector<int>& text_tokens,
                                       const std::vector<int>& suffix, const BlendEvalOptions& o) {
+  Result<std::vector<BlendEvalResult>> r =
+      EvaluateBlends(weights, text_tokens, suffix, o, {BlendVariant{o.ratio, o.check_layers}});
+  if (!r.ok()) return r.status();
+  return std::move(r->front());
+}
+
+Result<std::vector<BlendEvalResult>> EvaluateBlends(const model::Checkpoint& weights,
+                                                    const std::vector<int>& text_tokens,
+                                                    const std::vector<int>& suffix, const BlendEvalOptions& o,
+                                                    const std::vector<BlendVariant>& variants) {
   const model::ModelConfig& c = weights.config();
   if (o.chunk_tokens < 1 || o.chunks < 1 || o.continue_tokens < 0) {
     return Status::InvalidArgument("blend eval: chunk tokens, chunks >= 1, continue >= 0");
   }
+  if (variants.empty()) return Status::InvalidArgument("blend eval: no blend setting to evaluate");
   if (suffix.empty()) return Status::InvalidArgument("blend eval: the suffix must hold at least one token");
   std::vector<int> stream;
   for (int t : text_tokens) {
@@ -105,7 +116,7 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
                                             static_cast<std::uint32_t>(c.head_dim()), 0, 10000.0f, 0,
                                             static_cast<std::uint32_t>(c.head_dim()), "blend-eval"});
   mkv.shape = {c.n_layers, c.n_kv_heads, c.head_dim(), 4};
-  const BlendOptions base{o.ratio, -1, o.check_layers, Llama2cRope(c)};
+  const kernels::RopeSpec rope = Llama2cRope(c);
   const int used = contexts * o.chunks;
   for (int i = 0; i < used; ++i) {
     std::vector<int> seq = {kBos};
@@ -116,7 +127,7 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
     std::vector<float> kv = cache.Export(1, 1 + o.chunk_tokens);
     for (int l = 0; l < c.n_layers; ++l) {
       float* keys = kv.data() + static_cast<size_t>(l) * 2 * o.chunk_tokens * kvd;
-      if (!kernels::rope_shift_cpu(base.rope, kernels::KeyType::kF32, keys, kvd, o.chunk_tokens, c.n_kv_heads, -1)) {
+      if (!kernels::rope_shift_cpu(rope, kernels::KeyType::kF32, keys, kvd, o.chunk_tokens, c.n_kv_heads, -1)) {
         return Status::Internal("blend eval: re-positioning failed");
       }
     }
@@ -130,14 +141,14 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
   const size_t vocab = static_cast<size_t>(c.vocab_size);
-  double kl_b = 0, kl_n = 0;
-  std::uint64_t top_b = 0, top_n = 0, compared = 0;
-  double work = 0, full_work = 0;
-  std::vector<double> t_full, t_blend, t_naive;
-  BlendEvalResult r;
-  r.contexts = contexts;
-  r.ratio = o.ratio;
-  r.context_tokens = N;
+  // Run 0 is naive reuse, run v + 1 is variants[v].
+  const size_t runs = variants.size() + 1;
+  std::vector<double> kl(runs, 0.0), work(runs, 0.0);
+  std::vector<std::uint64_t> top(runs, 0);
+  std::vector<std::vector<double>> t_run(runs);
+  std::vector<double> t_full;
+  std::uint64_t compared = 0;
+  double full_work = 0;
   for (int ci = 0; ci < contexts; ++ci) {
     std::vector<int> ids(order.begin() + static_cast<std::ptrdiff_t>(ci) * o.chunks,
                          order.begin() + static_cast<std::ptrdiff_t>(ci + 1) * o.chunks);
@@ -147,26 +158,32 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
                  stream.begin() + static_cast<std::ptrdiff_t>(id + 1) * o.chunk_tokens);
     }
     ctx.insert(ctx.end(), suffix.begin(), suffix.end());
-
-    // Full prefill: TTFT, then its greedy continuation and logits.
-    model::KvCache full = t.NewCache();
-    std::vector<float> logits;
-    auto t0 = std::chrono::steady_clock::now();
-    KDN_RETURN_IF_ERROR(t.Forward(ctx, 0, full, &logits));
-    t_full.push_back(Ms(std::chrono::steady_clock::now() - t0));
     full_work += static_cast<double>(c.n_layers) * N;
-    model::KvCache ref = t.NewCache();
-    KDN_RETURN_IF_ERROR(ref.Import(0, N - 1, full.Export(0, N - 1)));
-    std::vector<float> logits_f;
-    std::vector<int> greedy_f;
-    KDN_RETURN_IF_ERROR(codec::Continue(t, ref, ctx.back(), N, K, nullptr, &logits_f, &greedy_f));
-    const std::vector<int> forced(greedy_f.begin(), greedy_f.end() - 1);
 
-    for (int run = 0; run < 2; ++run) {
-      const bool naive = run == 1;
-      BlendOptions bo = base;
-      if (naive) bo.ratio = 0;
-      auto s0 = std::chrono::steady_clock::now();
+    std::vector<float> logits_f;
+    std::vector<int> forced;
+    for (size_t run = 0; run < runs; ++run) {
+      // Full prefill, timed before each run; the first one's greedy
+      // continuation and logits are the reference.
+      model::KvCache full = t.NewCache();
+      std::vector<float> logits;
+      const auto t0 = std::chrono::steady_clock::now();
+      KDN_RETURN_IF_ERROR(t.Forward(ctx, 0, full, &logits));
+      t_full.push_back(Ms(std::chrono::steady_clock::now() - t0));
+      if (run == 0) {
+        model::KvCache ref = t.NewCache();
+        KDN_RETURN_IF_ERROR(ref.Import(0, N - 1, full.Export(0, N - 1)));
+        std::vector<int> greedy_f;
+        KDN_RETURN_IF_ERROR(codec::Continue(t, ref, ctx.back(), N, K, nullptr, &logits_f, &greedy_f));
+        forced.assign(greedy_f.begin(), greedy_f.end() - 1);
+      }
+
+      BlendOptions bo{0.0, -1, {1}, rope};
+      if (run > 0) {
+        bo.ratio = variants[run - 1].ratio;
+        bo.check_layers = variants[run - 1].check_layers;
+      }
+      const auto s0 = std::chrono::steady_clock::now();
       std::vector<Piece> pieces;
       pieces.push_back(Piece{{kBos}, {}, 0});
       for (int id : ids) {
@@ -187,36 +204,42 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
       std::vector<float> first;
       const int last = ctx.back();
       KDN_RETURN_IF_ERROR(t.Forward(std::span<const int>(&last, 1), N - 1, cache, &first));
-      (naive ? t_naive : t_blend).push_back(Ms(std::chrono::steady_clock::now() - s0));
-      if (!naive) {
-        work += std::accumulate(rep->recomputed_per_layer.begin(), rep->recomputed_per_layer.end(), 0.0) +
-                c.n_layers;  // the last token
-      }
+      t_run[run].push_back(Ms(std::chrono::steady_clock::now() - s0));
+      work[run] += std::accumulate(rep->recomputed_per_layer.begin(), rep->recomputed_per_layer.end(), 0.0) +
+                   c.n_layers;  // the last token
       // Teacher-forced comparison (the cache now holds N positions; Score
       // re-runs the last token at N-1, as the full run's continuation did).
       std::vector<float> logits_r;
       KDN_RETURN_IF_ERROR(Score(t, cache, last, N, K, forced, &logits_r));
       for (int j = 0; j < K; ++j) {
         const size_t at = static_cast<size_t>(j) * vocab;
-        const double kl = codec::KlDivergence(std::span<const float>(logits_f).subspan(at, vocab),
-                                              std::span<const float>(logits_r).subspan(at, vocab));
-        const bool same = model::Argmax(std::span<const float>(logits_f).subspan(at, vocab)) ==
-                          model::Argmax(std::span<const float>(logits_r).subspan(at, vocab));
-        (naive ? kl_n : kl_b) += kl;
-        (naive ? top_n : top_b) += same;
+        kl[run] += codec::KlDivergence(std::span<const float>(logits_f).subspan(at, vocab),
+                                       std::span<const float>(logits_r).subspan(at, vocab));
+        top[run] += model::Argmax(std::span<const float>(logits_f).subspan(at, vocab)) ==
+                    model::Argmax(std::span<const float>(logits_r).subspan(at, vocab));
       }
     }
     compared += static_cast<std::uint64_t>(K);
   }
-  r.kl_blend_mean = kl_b / static_cast<double>(compared);
-  r.kl_naive_mean = kl_n / static_cast<double>(compared);
-  r.top1_blend = static_cast<double>(top_b) / static_cast<double>(compared);
-  r.top1_naive = static_cast<double>(top_n) / static_cast<double>(compared);
-  r.recompute_fraction = work / full_work;
-  r.ttft_full_ms = Median(t_full);
-  r.ttft_blend_ms = Median(t_blend);
-  r.ttft_naive_ms = Median(t_naive);
-  return r;
+  const double n = static_cast<double>(compared);
+  std::vector<BlendEvalResult> out;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    BlendEvalResult r;
+    r.contexts = contexts;
+    r.ratio = variants[v].ratio;
+    r.context_tokens = N;
+    r.kl_blend_mean = kl[v + 1] / n;
+    r.kl_naive_mean = kl[0] / n;
+    r.top1_blend = static_cast<double>(top[v + 1]) / n;
+    r.top1_naive = static_cast<double>(top[0]) / n;
+    r.recompute_fraction = work[v + 1] / full_work;
+    r.ttft_full_ms = Median(t_full);
+    r.ttft_full_samples = static_cast<int>(t_full.size());
+    r.ttft_blend_ms = Median(t_run[v + 1]);
+    r.ttft_naive_ms = Median(t_run[0]);
+    out.push_back(r);
+  }
+  return out;
 }
 
 }  // namespace kdn::blend

@@ -62,6 +62,7 @@ TEST(BlendEvalCli, BadInputsFailWithAMessage) {
   EXPECT_NE(r.out.find("cannot read"), std::string::npos) << r.out;
   r = Kdn(EvalArgs() + " --ratio 1.5 --json");
   EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--ratio: Value 1.5 not in range"), std::string::npos) << r.out;
   r = Kdn(EvalArgs() + " --chunks 64 --chunk-tokens 4096 --json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("blend eval"), std::string::npos) << r.out;
@@ -86,18 +87,44 @@ TEST(BlendBenchCli, QuickWritesTheRecordsAndAPlot) {
       EXPECT_TRUE(names.count(m + std::to_string(pct))) << m << pct;
     }
   }
-  for (const char* m : {"blend_kl_ratio_vs_naive", "blend_ttft_vs_work", "blend_projected_f_32_layers",
-                        "blend_gradual_kl_r15"}) {
+  for (const char* m : {"blend_ttft_full", "blend_kl_ratio_vs_naive", "blend_ttft_vs_work",
+                        "blend_projected_f_32_layers", "blend_projected_ttft_ratio_32_layers", "blend_gradual_kl_r15",
+                        "blend_gradual_kl_ratio_vs_naive"}) {
     EXPECT_TRUE(names.count(m)) << m;
   }
+  // One full-prefill series per run: every TTFT ratio is against it.
+  double full_ms = 0;
+  int samples = 0;
   for (const auto& rec : records) {
-    if (rec.at("name") == "blend_kl_r100") {
-      EXPECT_EQ(rec.at("value").get<double>(), 0.0);
-    }
-    if (rec.at("name") == "blend_ttft_r15") {
-      EXPECT_EQ(rec.at("baseline").get<std::string>(), "full_prefill");
+    if (rec.at("name") == "blend_ttft_full") {
+      full_ms = rec.at("value").get<double>();
+      samples = rec.at("params").at("samples").get<int>();
     }
   }
+  EXPECT_GT(full_ms, 0.0);
+  EXPECT_EQ(samples, 4 * 9);  // --quick: 4 contexts x (naive + 7 ratios + gradual)
+  int against_full = 0;
+  for (const auto& rec : records) {
+    const std::string name = rec.at("name").get<std::string>();
+    // Measured records say so; the 32-layer extrapolations say they are
+    // projected and on what basis.
+    ASSERT_TRUE(rec.contains("projected") && rec.at("projected").is_boolean()) << rec.dump();
+    const bool projected = name.rfind("blend_projected_", 0) == 0;
+    EXPECT_EQ(rec.at("projected").get<bool>(), projected) << rec.dump();
+    if (projected) {
+      EXPECT_TRUE(rec.at("params").contains("basis")) << rec.dump();
+    }
+    if (name == "blend_kl_r100") {
+      EXPECT_EQ(rec.at("value").get<double>(), 0.0);
+    }
+    if (rec.contains("baseline") && rec.at("baseline") == "full_prefill") {
+      ++against_full;
+      EXPECT_EQ(rec.at("baseline_value").get<double>(), full_ms) << rec.dump();
+      EXPECT_EQ(rec.at("params").at("baseline_series"), "blend_ttft_full") << rec.dump();
+      EXPECT_EQ(rec.at("params").at("baseline_samples").get<int>(), samples) << rec.dump();
+    }
+  }
+  EXPECT_EQ(against_full, 9);  // naive, 7 ratios, gradual
   if (r.out.find("gnuplot not found") == std::string::npos) {
     std::ifstream p(png, std::ios::binary);
     char sig[8] = {};
