@@ -9,12 +9,18 @@ struct StoreBenchOptions {
   std::string dir;   // scratch directory for the disk measures (default: the system's temp dir)
   int repeats = 0;   // 0: 10, or 3 with quick
   bool quick = false;
+  // Run even when `dir` is on a memory filesystem (tmpfs, ramfs, a RAM disk),
+  // which is refused otherwise; every record says so ("memory_fs": true).
+  bool allow_memory_fs = false;
 };
 
 // The storage module's measures, each against its baseline in the same run:
-// host get vs memcpy, disk write/read vs raw O_DIRECT, key hashing vs the raw
-// hash, lookup latency, and hit rates per tier and policy on a Zipf reuse
-// workload. Writes JSON records; returns an exit code.
+// host get vs memcpy, disk tier write/read vs the raw disk doing the same
+// per-object work under the same durability (each record states both sides'
+// policy and whether O_DIRECT was in effect), key hashing vs the raw hash,
+// lookup latency, and hit rates per tier and policy on a Zipf reuse
+// workload. Writes JSON records; returns an exit code (2, saying why, when
+// the scratch directory is on a memory filesystem and that is not allowed).
 int RunStoreBench(const StoreBenchOptions& options);
 
 }  // namespace kdn::bench

@@ -127,6 +127,8 @@ int main(int argc, char** argv) {
   storeb->add_option("--dir", so.dir, "scratch directory for the disk measures (default: the temp dir)");
   storeb->add_option("--repeats", so.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
   storeb->add_flag("--quick", so.quick, "small sizes and few repeats (a smoke test, not a measurement)");
+  storeb->add_flag("--allow-memory-fs", so.allow_memory_fs,
+                   "run even when the scratch directory is on tmpfs or another memory filesystem (refused otherwise)");
   kdn::bench::CodecBenchOptions cbo;
   auto* codecb = bench->add_subcommand("codec", "KV codecs on the reference model: ratio, KL, GB/s vs zstd; a PNG");
   codecb->add_option("--json", cbo.json_path, "output file")->required();
