@@ -69,6 +69,24 @@ Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, co
 Digest ChunkKeyFromBlocks(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
                           std::span<const std::uint8_t> block_hashes, std::uint32_t hash_bytes);
 
+// ChunkKey and ChunkKeyFromBlocks for one (seed, ns, model), as a walk over
+// a request's chunks computes them: the encoding's head (tag, seed, ns,
+// model) is absorbed once, and each key resumes from that state, so a key
+// hashes little more than its previous key and its tokens. Same values as
+// the functions above (tests/keys checks it). Thread-safety: const members
+// may be called concurrently.
+class ChunkKeyer {
+ public:
+  ChunkKeyer(std::uint64_t seed, std::string_view ns, const Digest& model);
+  Digest Key(const Digest& prev, std::span<const std::int32_t> tokens) const;
+  Digest KeyFromBlocks(const Digest& prev, std::span<const std::uint8_t> block_hashes, std::uint32_t hash_bytes) const;
+
+ private:
+  // SHA-256 states after each encoding's head (OpenSSL's SHA256_CTX, kept
+  // as bytes so that this header does not include OpenSSL's).
+  alignas(8) std::array<std::uint8_t, 112> tokens_head_{}, blocks_head_{};
+};
+
 // Position-free key of a chunk's tokens alone (knowledge items, blending):
 // H("kdn-content-v1", seed, ns, model, tokens).
 Digest ContentKey(std::uint64_t seed, std::string_view ns, const Digest& model, std::span<const std::int32_t> tokens);

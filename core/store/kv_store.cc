@@ -172,12 +172,11 @@ Status KvStore::CheckKeys(const TokenKeys& k) const {
   return Status::Ok();
 }
 
-keys::Digest KvStore::KeyOf(const ModelKv& model, std::string_view ns, const TokenKeys& k, const keys::Digest& prev,
-                            std::uint64_t begin, std::uint64_t len) const {
-  if (!k.by_hash()) return keys::ChunkKey(options_.hash_seed, ns, model.fingerprint, prev, k.tokens.subspan(begin, len));
+keys::Digest KvStore::KeyOf(const keys::ChunkKeyer& keyer, const TokenKeys& k, const keys::Digest& prev,
+                            std::uint64_t begin, std::uint64_t len) {
+  if (!k.by_hash()) return keyer.Key(prev, k.tokens.subspan(begin, len));
   const std::uint64_t b0 = begin / k.block_tokens, nb = len / k.block_tokens;
-  return keys::ChunkKeyFromBlocks(options_.hash_seed, ns, model.fingerprint, prev,
-                                  k.hashes.subspan(b0 * k.hash_bytes, nb * k.hash_bytes), k.hash_bytes);
+  return keyer.KeyFromBlocks(prev, k.hashes.subspan(b0 * k.hash_bytes, nb * k.hash_bytes), k.hash_bytes);
 }
 
 keys::Digest KvStore::ContentKey(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) const {
@@ -197,10 +196,11 @@ std::uint64_t KvStore::StoredLength(const TokenKeys& k, std::uint64_t pos, std::
 template <typename Probe>
 std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const TokenKeys& k, Probe&& probe) const {
   const std::uint64_t C = options_.chunk_tokens, n = k.size();
+  const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
   keys::Digest prev{};
   std::uint64_t pos = 0;
   while (n - pos >= C) {
-    const keys::Digest key = KeyOf(model, ns, k, prev, pos, C);
+    const keys::Digest key = KeyOf(keyer, k, prev, pos, C);
     probes_.fetch_add(1, std::memory_order_relaxed);
     if (!probe(key, pos, C)) break;
     prev = key;
@@ -215,7 +215,7 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const Tok
   for (std::uint64_t units = std::bit_floor(chunk_units - 1); units >= 1; units /= 2) {
     const std::uint64_t len = units * unit;
     if (len > n - pos) continue;
-    const keys::Digest key = KeyOf(model, ns, k, prev, pos, len);
+    const keys::Digest key = KeyOf(keyer, k, prev, pos, len);
     probes_.fetch_add(1, std::memory_order_relaxed);
     if (!probe(key, pos, len)) continue;
     prev = key;
@@ -279,6 +279,7 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
   KDN_RETURN_IF_ERROR(CheckKeys(k));
   const std::uint64_t n = k.size();
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
+  const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
   std::vector<PlannedChunk> plan;
   keys::Digest prev{};
   std::uint64_t pos = 0;
@@ -314,7 +315,7 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
     }
     if (!fits) break;
     PlannedChunk p;
-    p.key = KeyOf(model, ns, k, prev, pos, len);
+    p.key = KeyOf(keyer, k, prev, pos, len);
     p.begin = pos;
     p.tokens = len;
     p.present = chain_->Locate(p.key) >= 0;

@@ -212,8 +212,8 @@ class KvStore {
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
-  keys::Digest KeyOf(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const keys::Digest& prev,
-                     std::uint64_t begin, std::uint64_t len) const;
+  static keys::Digest KeyOf(const keys::ChunkKeyer& keyer, const TokenKeys& keys, const keys::Digest& prev,
+                            std::uint64_t begin, std::uint64_t len);
   // The tokens a chunk or piece starting at `pos` of an n-token request
   // covers when stored: a whole chunk, else the largest piece that fits.
   std::uint64_t StoredLength(const TokenKeys& keys, std::uint64_t pos, std::uint64_t n) const;

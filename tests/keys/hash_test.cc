@@ -60,6 +60,30 @@ TEST(Hash, EveryInputChangesTheKey) {
   EXPECT_EQ(ChunkKey(0, "a", model, Digest{}, tokens), ChunkKey(0, "a", model, Digest{}, tokens));
 }
 
+// A walk's keyer gives the very keys of the functions that define them, for
+// heads that end anywhere in a SHA-256 block and any number of tokens.
+TEST(Hash, ChunkKeyerGivesTheDefinedKeys) {
+  const Digest model = ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "keyer"});
+  std::vector<std::int32_t> tokens(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i * 37 % 512);
+  std::vector<std::uint8_t> blocks(40 * 16);
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<std::uint8_t>(i * 11);
+  for (size_t ns_len : {0u, 1u, 5u, 23u, 24u, 55u, 56u, 64u, 100u}) {
+    const std::string ns(ns_len, 'n');
+    for (std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{0x0123456789abcdef}}) {
+      const ChunkKeyer keyer(seed, ns, model);
+      Digest prev{};
+      for (size_t len : {0u, 1u, 7u, 16u, 255u, 256u, 300u}) {
+        const auto t = std::span<const std::int32_t>(tokens).first(len);
+        ASSERT_EQ(keyer.Key(prev, t), ChunkKey(seed, ns, model, prev, t)) << ns_len << " " << len;
+        const auto b = std::span<const std::uint8_t>(blocks).first(len / 8 * 16);
+        ASSERT_EQ(keyer.KeyFromBlocks(prev, b, 16), ChunkKeyFromBlocks(seed, ns, model, prev, b, 16)) << ns_len;
+        prev = keyer.Key(prev, t);
+      }
+    }
+  }
+}
+
 TEST(Hash, EncodingIsUnambiguous) {
   // Length-prefixed strings: ("ab", "c") and ("a", "bc") must differ.
   Hasher a, b;
