@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench_util.h"
@@ -103,11 +104,24 @@ std::string SafeName(std::string_view text) {
   return out;
 }
 
-std::string DefaultText() {
-  const std::string built = std::string(KDN_BENCH_TEXTS_DIR) + "/stories.txt";
+// The texts (bench/texts/README.md): the presets' parameters were chosen on
+// the tuning text; every figure is reported on the held-out one.
+constexpr const char* kHeldOutText = "heldout.txt";
+constexpr const char* kTuningText = "stories.txt";
+
+// bench/texts/NAME as built (an absolute path), else relative to the
+// working directory.
+std::string TextPath(const std::string& name) {
+  const std::string built = std::string(KDN_BENCH_TEXTS_DIR) + "/" + name;
   std::error_code ec;
   if (std::filesystem::exists(built, ec)) return built;
-  return "bench/texts/stories.txt";
+  return "bench/texts/" + name;
+}
+
+// Whether `path` names the same file as bench/texts/`name`.
+bool IsText(const std::string& path, const std::string& name) {
+  std::error_code ec;
+  return std::filesystem::equivalent(path, TextPath(name), ec);
 }
 
 // ---------------------------------------------------------------- real KV
@@ -333,7 +347,10 @@ Result<Speed> Measure(const Coder& coder, const std::vector<Bytes>& chunks, int 
 
 // ---------------------------------------------------------------- quality
 
-// One codec setting's quality and size on the quality contexts.
+// One codec setting's quality and size on the quality contexts, both from
+// one encoding of their KV held as f16 (codec::Evaluate): at the headline
+// context (one chunk of the store's 256 tokens per context) and, for the
+// defaults, at the long one (one chunk of 448 tokens).
 struct Point {
   std::string spec;  // as written in the sweep or the defaults
   std::unique_ptr<codec::Codec> codec;
@@ -341,8 +358,11 @@ struct Point {
   bool ok = false;
   std::string error;
   codec::EvalResult eval;
-  double ratio = 0;  // fp16 bytes over encoded bytes, contexts held as fp16
+  double ratio = 0;  // f16 bytes over encoded bytes (eval.ratio_vs_fp16)
   double seconds = 0;
+  bool wants_long = false;  // a default: measured at the long context too
+  bool ok_long = false;
+  codec::EvalResult eval_long;
 };
 
 // ---------------------------------------------------------------- the plot
@@ -419,7 +439,10 @@ int RunCodecBench(const CodecBenchOptions& o) {
     std::fprintf(stderr, "kdn bench codec: %s\n", message.c_str());
     return 2;
   };
-  const int n_ctx = o.context > 0 ? o.context : (o.quick ? 128 : 448);
+  // The headline context is one chunk of the store's size; the long one is
+  // the largest that leaves the continuation room in stories260K's 512.
+  const int n_ctx = o.context > 0 ? o.context : (o.quick ? 128 : 256);
+  constexpr int kLongContext = 448;
   const int k_cont = o.continue_tokens > 0 ? o.continue_tokens : (o.quick ? 16 : 64);
   const int max_contexts = o.contexts > 0 ? o.contexts : (o.quick ? 3 : 0);
   const int min_runs = o.repeats > 0 ? o.repeats : (o.quick ? 3 : 15);
@@ -433,28 +456,53 @@ int RunCodecBench(const CodecBenchOptions& o) {
   auto m = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!m.ok()) return fail(m.status().message());
   const model::ModelConfig& cfg = m->weights->config();
-  const std::string text_path = o.text.empty() ? DefaultText() : o.text;
+  const std::string text_path = o.text.empty() ? TextPath(kHeldOutText) : o.text;
+  // The text as records name it: bench/texts/NAME for ours, else as given.
+  const std::string ours = o.text.empty() || IsText(o.text, kHeldOutText) ? kHeldOutText
+                           : IsText(o.text, kTuningText)                  ? kTuningText
+                                                                          : "";
+  const std::string text_name = ours.empty() ? o.text : "bench/texts/" + ours;
+  const std::string tuning_name = std::string("bench/texts/") + kTuningText;
+  const bool held_out = !IsText(text_path, kTuningText);
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return fail("cannot read the text file '" + text_path + "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::vector<int> stream = codec::TokenizeStories(*m->tokenizer, text);
+  if (!held_out) {
+    std::fprintf(stderr,
+                 "kdn bench codec: warning: %s is the tuning text (kdn's presets were chosen on it): its "
+                 "figures are not held out (records say \"held_out\": false)\n",
+                 text_path.c_str());
+  }
   if (n_ctx < 2 || static_cast<std::int64_t>(n_ctx) + k_cont > cfg.seq_len) {
     return fail("--context " + std::to_string(n_ctx) + " and --continue " + std::to_string(k_cont) +
                 " must leave room in the model's context of " + std::to_string(cfg.seq_len) + " tokens");
   }
-  size_t contexts = stream.size() / static_cast<size_t>(n_ctx);
-  if (max_contexts > 0) contexts = std::min(contexts, static_cast<size_t>(max_contexts));
+  // The contexts of `n` tokens measured: all the text has, or max_contexts.
+  auto contexts_of = [&](int n) {
+    size_t c = stream.size() / static_cast<size_t>(n);
+    if (max_contexts > 0) c = std::min(c, static_cast<size_t>(max_contexts));
+    return c;
+  };
+  const size_t contexts = contexts_of(n_ctx);
   if (contexts == 0) {
     return fail("the text has " + std::to_string(stream.size()) + " tokens, fewer than one context of " +
                 std::to_string(n_ctx));
   }
-  const std::vector<int> quality_tokens(stream.begin(),
-                                        stream.begin() + static_cast<std::ptrdiff_t>(contexts * n_ctx));
+  const bool want_long = n_ctx != kLongContext && static_cast<std::int64_t>(kLongContext) + k_cont <= cfg.seq_len &&
+                         contexts_of(kLongContext) > 0;
+  if (!want_long && n_ctx != kLongContext) {
+    std::fprintf(stderr, "kdn bench codec: warning: no %d-token figures (the model or the text is too short)\n",
+                 kLongContext);
+  }
+  const size_t long_contexts = want_long ? contexts_of(kLongContext) : 0;
+  auto first_tokens = [&](size_t n) {
+    return std::vector<int>(stream.begin(), stream.begin() + static_cast<std::ptrdiff_t>(n));
+  };
+  const std::vector<int> quality_tokens = first_tokens(contexts * static_cast<size_t>(n_ctx));
+  const std::vector<int> long_tokens = first_tokens(long_contexts * kLongContext);
 
   const auto u32 = [](int v) { return static_cast<std::uint32_t>(v); };
-  // Quality contexts: one chunk of n_ctx tokens each, as codec::Evaluate
-  // encodes them; sizes are measured on their KV held as fp16.
-  const codec::Shape q_shape{u32(cfg.n_layers), u32(cfg.n_kv_heads), u32(cfg.head_dim()), u32(n_ctx), 1};
   // Speed chunks: chunk_tokens as an engine stores them, cut from windows of
   // the model's whole context.
   const int chunk_tokens = std::min(256, cfg.seq_len);
@@ -465,19 +513,24 @@ int RunCodecBench(const CodecBenchOptions& o) {
   codec::Shape s32 = s16;
   s32.dtype = 0;
 
-  std::vector<Bytes> q16, c16, c32;
+  // q16 / q16_long: the quality contexts' KV as f16, one chunk per context,
+  // as codec::Evaluate holds and encodes it (the lossless baselines' ratios
+  // are taken on these bytes).
+  std::vector<Bytes> q16, q16_long, c16, c32;
   {
     model::Transformer t(*m->weights);
     model::KvCache cache = t.NewCache();
     std::vector<std::vector<float>> kv;
-    for (size_t i = 0; i < contexts; ++i) {
-      if (Status s = PrefillChunks(t, cache, Window(stream, i, static_cast<size_t>(n_ctx)), {{0, n_ctx}}, &kv);
-          !s.ok()) {
-        return fail(s.message());
+    for (const auto& [n, count, out] :
+         {std::tuple{n_ctx, contexts, &q16}, std::tuple{kLongContext, long_contexts, &q16_long}}) {
+      for (size_t i = 0; i < count; ++i) {
+        if (Status s = PrefillChunks(t, cache, Window(stream, i, static_cast<size_t>(n)), {{0, n}}, &kv); !s.ok()) {
+          return fail(s.message());
+        }
       }
+      for (const auto& k : kv) out->push_back(AsF16Bytes(k));
+      kv.clear();
     }
-    for (const auto& k : kv) q16.push_back(AsF16Bytes(k));
-    kv.clear();
     std::vector<std::pair<int, int>> cuts;
     for (int b = 0; b + chunk_tokens <= static_cast<int>(window); b += chunk_tokens) {
       cuts.emplace_back(b, b + chunk_tokens);
@@ -490,10 +543,11 @@ int RunCodecBench(const CodecBenchOptions& o) {
       c32.push_back(AsF32Bytes(k));
     }
   }
-  std::printf("kdn bench codec: %s; text %s (%zu tokens)\n", m->description.c_str(), text_path.c_str(),
-              stream.size());
-  std::printf("  quality: %zu contexts of %d tokens, %d continued; speed: %zu chunks of %d tokens; %d threads\n",
-              contexts, n_ctx, k_cont, c16.size(), chunk_tokens, threads);
+  std::printf("kdn bench codec: %s; text %s (%zu tokens%s)\n", m->description.c_str(), text_path.c_str(),
+              stream.size(), held_out ? ", held out" : ", the TUNING text");
+  std::printf("  quality (f16 KV): %zu contexts of %d tokens and %zu of %d, %d continued; speed: %zu chunks of %d "
+              "tokens; %d threads\n",
+              contexts, n_ctx, long_contexts, kLongContext, k_cont, c16.size(), chunk_tokens, threads);
 
   // ---- quality and size of every setting (defaults first, then the sweeps)
   const std::vector<Sweep> sweeps = Sweeps();
@@ -523,35 +577,61 @@ int RunCodecBench(const CodecBenchOptions& o) {
   for (const Sweep& s : sweeps) {
     for (const std::string& spec : s.specs) add_point(spec);
   }
+  for (const Named& d : kDefaults) {
+    Point& p = points[static_cast<size_t>(index.at(d.spec))];
+    Point& first = p.same_as >= 0 ? points[static_cast<size_t>(p.same_as)] : p;
+    first.wants_long = want_long;
+  }
 
-  codec::EvalOptions eo;
+  codec::EvalOptions eo;  // dtype f16: the ratio and the KL from one encoding
   eo.context = n_ctx;
   eo.continue_tokens = k_cont;
+  codec::EvalOptions eo_long = eo;
+  eo_long.context = kLongContext;
   {
-    // Evaluations are independent: `threads` workers take the next point.
+    // Evaluations are independent: `threads` workers take the next one
+    // (the long ones after the headline ones).
+    std::vector<std::pair<size_t, bool>> jobs;  // (point, long)
+    for (bool long_ctx : {false, true}) {
+      for (size_t i = 0; i < points.size(); ++i) {
+        const Point& p = points[i];
+        if (p.codec && p.same_as < 0 && (!long_ctx || p.wants_long)) jobs.emplace_back(i, long_ctx);
+      }
+    }
     std::atomic<size_t> next{0};
     std::mutex print;
     ThreadPool pool(threads);
     pool.ParallelFor(static_cast<size_t>(threads), 1, [&](size_t, size_t) {
-      for (size_t i = next++; i < points.size(); i = next++) {
-        Point& p = points[i];
-        if (!p.codec || p.same_as >= 0) continue;
+      for (size_t j = next++; j < jobs.size(); j = next++) {
+        Point& p = points[jobs[j].first];
+        const bool long_ctx = jobs[j].second;
         const double t0 = NowMs();
-        Result<codec::EvalResult> r = codec::Evaluate(*m->weights, quality_tokens, *p.codec, eo);
-        Result<double> ratio = r.ok() ? SizeRatio(CodecCoder(p.spec, *p.codec, q_shape), q16)
-                                      : Result<double>(r.status());
-        p.seconds = (NowMs() - t0) / 1e3;
+        Result<codec::EvalResult> r =
+            codec::Evaluate(*m->weights, long_ctx ? long_tokens : quality_tokens, *p.codec, long_ctx ? eo_long : eo);
+        const double seconds = (NowMs() - t0) / 1e3;
         std::lock_guard<std::mutex> lock(print);
-        if (!ratio.ok()) {
-          p.error = ratio.status().message();
+        if (!r.ok()) {
+          if (long_ctx) {
+            std::fprintf(stderr, "kdn bench codec: warning: no %d-token figures for %s: %s\n", kLongContext,
+                         p.spec.c_str(), r.status().message().c_str());
+            continue;
+          }
+          p.error = r.status().message();
           std::fprintf(stderr, "kdn bench codec: warning: skipping %s: %s\n", p.spec.c_str(), p.error.c_str());
           continue;
         }
-        p.eval = *r;
-        p.ratio = *ratio;
-        p.ok = true;
-        std::printf("  eval %-22s ratio %7.3f  KL mean %-10.4g p95 %-10.4g top-1 %.4f  (%.1f s)\n", p.spec.c_str(),
-                    p.ratio, p.eval.kl_mean, p.eval.kl_p95, p.eval.top1_agreement, p.seconds);
+        if (long_ctx) {
+          p.eval_long = *r;
+          p.ok_long = true;
+        } else {
+          p.eval = *r;
+          p.ratio = r->ratio_vs_fp16;
+          p.seconds = seconds;
+          p.ok = true;
+        }
+        std::printf("  eval %-22s %3d tokens: ratio %7.3f  KL mean %-10.4g p95 %-10.4g top-1 %.4f  (%.1f s)\n",
+                    p.spec.c_str(), long_ctx ? kLongContext : n_ctx, r->ratio_vs_fp16, r->kl_mean, r->kl_p95,
+                    r->top1_agreement, seconds);
         std::fflush(stdout);
       }
     });
@@ -563,6 +643,8 @@ int RunCodecBench(const CodecBenchOptions& o) {
     p.error = first.error;
     p.eval = first.eval;
     p.ratio = first.ratio;
+    p.ok_long = first.ok_long;
+    p.eval_long = first.eval_long;
   }
   auto point = [&](const std::string& spec) -> const Point& { return points[static_cast<size_t>(index.at(spec))]; };
 
@@ -571,25 +653,40 @@ int RunCodecBench(const CodecBenchOptions& o) {
   std::vector<Coder> baselines32 = {ZstdCoder("zstd1", 1), ZstdCoder("zstd3", 3), Lz4Coder("lz4")};
   const char* kBaselineTitles[] = {"zstd -1", "zstd -3", "lz4 (default)"};
   Records records;
-  // Baselines: ratio on the quality contexts' fp16 bytes, speed on the chunks.
-  std::vector<double> base_ratio(3, 0.0);
+  // Baselines: ratio on the quality contexts' f16 bytes, speed on the chunks.
+  std::vector<double> base_ratio(3, 0.0), base_ratio_long(3, 0.0);
   std::vector<Speed> base16(3), base32(3);
   for (size_t b = 0; b < baselines16.size(); ++b) {
     Result<double> r = SizeRatio(baselines16[b], q16);
+    Result<double> rl = want_long ? SizeRatio(baselines16[b], q16_long) : Result<double>(0.0);
     Result<Speed> s16r = Measure(baselines16[b], c16, min_runs, min_ms);
     Result<Speed> s32r = Measure(baselines32[b], c32, min_runs, min_ms);
-    if (!r.ok() || !s16r.ok() || !s32r.ok()) {
-      return fail((!r.ok() ? r.status() : !s16r.ok() ? s16r.status() : s32r.status()).message());
+    if (!r.ok() || !rl.ok() || !s16r.ok() || !s32r.ok()) {
+      return fail((!r.ok() ? r.status() : !rl.ok() ? rl.status() : !s16r.ok() ? s16r.status() : s32r.status())
+                      .message());
     }
     base_ratio[b] = *r;
+    base_ratio_long[b] = *rl;
     base16[b] = *s16r;
     base32[b] = *s32r;
   }
   const std::string model_name =
       o.model.empty() ? std::string("stories260K") : std::filesystem::path(o.model).stem().string();
-  // Quality records' params; sizes add "dtype": "f16" (the KV they were
-  // measured on), KL and agreement come from codec::Evaluate on fp32 KV.
-  const nlohmann::json q_params = {{"contexts", contexts}, {"context_tokens", n_ctx}, {"model", model_name}};
+  // Every record says which text its figure came from; quality records also
+  // the KV they were measured on (f16, one chunk of context_tokens per
+  // context: size and KL from the same encoding).
+  const nlohmann::json text_params = {{"text", text_name}, {"held_out", held_out}};
+  auto quality_params = [&](bool long_ctx) {
+    nlohmann::json q = text_params;
+    q.update({{"contexts", long_ctx ? long_contexts : contexts},
+              {"context_tokens", long_ctx ? kLongContext : n_ctx},
+              {"chunk_tokens", long_ctx ? kLongContext : n_ctx},
+              {"dtype", "f16"},
+              {"continue_tokens", k_cont},
+              {"model", model_name}});
+    return q;
+  };
+  const std::string long_suffix = "_" + std::to_string(kLongContext);
   const std::uint64_t bytes16 = c16.size() * s16.bytes(), bytes32 = c32.size() * s32.bytes();
   // The four speed records of `n` (decode and encode, f16 and f32), against
   // zstd -1's on the same bytes (none for zstd -1 itself).
@@ -602,30 +699,38 @@ int RunCodecBench(const CodecBenchOptions& o) {
                          Row{"codec_decode_f32_gbps_", false, false}, Row{"codec_encode_f32_gbps_", false, true}}) {
       const Speed& s = r.half ? f16 : f32;
       const Speed& base = r.half ? base16[0] : base32[0];
-      const nlohmann::json params = {{"spec", spec},
-                                     {"dtype", r.half ? "f16" : "f32"},
-                                     {"chunk_tokens", chunk_tokens},
-                                     {"chunks", c16.size()},
-                                     {"bytes", r.half ? bytes16 : bytes32},
-                                     {"chunk_ratio", s.ratio},
-                                     {"runs", r.encode ? s.encode_runs : s.decode_runs},
-                                     {"threads", 1},
-                                     {"clock", "thread CPU time"},
-                                     {"wall_gbps", r.encode ? s.encode_wall_gbps : s.decode_wall_gbps}};
+      nlohmann::json params = text_params;
+      params.update({{"spec", spec},
+                     {"dtype", r.half ? "f16" : "f32"},
+                     {"chunk_tokens", chunk_tokens},
+                     {"chunks", c16.size()},
+                     {"bytes", r.half ? bytes16 : bytes32},
+                     {"chunk_ratio", s.ratio},
+                     {"runs", r.encode ? s.encode_runs : s.decode_runs},
+                     {"threads", 1},
+                     {"clock", "thread CPU time"},
+                     {"wall_gbps", r.encode ? s.encode_wall_gbps : s.decode_wall_gbps}});
       records.Add(r.measure + n, r.encode ? s.encode_gbps : s.decode_gbps, "GB/s", params,
                   n == "zstd1" ? "" : r.measure + std::string("zstd1"), r.encode ? base.encode_gbps : base.decode_gbps);
     }
   };
   for (size_t b = 0; b < baselines16.size(); ++b) {
     const std::string& n = baselines16[b].name;
-    nlohmann::json rp = q_params;
-    rp["spec"] = kBaselineTitles[b];
-    rp["dtype"] = "f16";
-    records.Add("codec_ratio_" + n, base_ratio[b], "x", rp, b == 0 ? "" : "codec_ratio_zstd1", base_ratio[0]);
+    for (bool long_ctx : {false, true}) {
+      if (long_ctx && !want_long) continue;
+      const std::string sfx = long_ctx ? long_suffix : "";
+      nlohmann::json rp = quality_params(long_ctx);
+      rp.erase("continue_tokens");
+      rp["spec"] = kBaselineTitles[b];
+      const std::vector<double>& ratios = long_ctx ? base_ratio_long : base_ratio;
+      records.Add("codec_ratio_" + n + sfx, ratios[b], "x", rp, b == 0 ? "" : "codec_ratio_zstd1" + sfx, ratios[0]);
+    }
     add_speeds(n, kBaselineTitles[b], base16[b], base32[b]);
   }
 
-  // Every codec at its default setting.
+  // Every codec at its default setting: kdn's presets also say the text
+  // their parameters were chosen on.
+  auto is_preset = [](const std::string& n) { return n.rfind("kdn", 0) == 0; };
   for (const Named& d : kDefaults) {
     const Point& p = point(d.spec);
     if (!p.ok) continue;  // warned about above
@@ -633,17 +738,21 @@ int RunCodecBench(const CodecBenchOptions& o) {
     const std::string n = d.name;
     Result<Speed> sp16 = Measure(CodecCoder(n, *p.codec, s16), c16, min_runs, min_ms);
     Result<Speed> sp32 = Measure(CodecCoder(n, *p.codec, s32), c32, min_runs, min_ms);
-    nlohmann::json qp = q_params;
-    qp["spec"] = spec;
-    qp["continue_tokens"] = k_cont;
-    nlohmann::json rp = qp;
-    rp["dtype"] = "f16";
-    records.Add("codec_ratio_" + n, p.ratio, "x", rp, "codec_ratio_zstd1", base_ratio[0]);
-    records.Add("codec_kl_" + n, p.eval.kl_mean, "nats", qp);
-    records.Add("codec_kl_p95_" + n, p.eval.kl_p95, "nats", qp);
-    nlohmann::json tp = qp;
-    tp["greedy_agreement"] = p.eval.greedy_agreement;
-    records.Add("codec_top1_" + n, p.eval.top1_agreement, "fraction", tp);
+    for (bool long_ctx : {false, true}) {
+      if (long_ctx && !p.ok_long) continue;
+      const codec::EvalResult& e = long_ctx ? p.eval_long : p.eval;
+      const std::string sfx = long_ctx ? long_suffix : "";
+      nlohmann::json qp = quality_params(long_ctx);
+      qp["spec"] = spec;
+      if (is_preset(n)) qp["tuned_on"] = tuning_name;
+      records.Add("codec_ratio_" + n + sfx, e.ratio_vs_fp16, "x", qp, "codec_ratio_zstd1" + sfx,
+                  (long_ctx ? base_ratio_long : base_ratio)[0]);
+      records.Add("codec_kl_" + n + sfx, e.kl_mean, "nats", qp);
+      records.Add("codec_kl_p95_" + n + sfx, e.kl_p95, "nats", qp);
+      nlohmann::json tp = qp;
+      tp["greedy_agreement"] = e.greedy_agreement;
+      records.Add("codec_top1_" + n + sfx, e.top1_agreement, "fraction", tp);
+    }
     if (!sp16.ok() || !sp32.ok()) {
       std::fprintf(stderr, "kdn bench codec: warning: no speed for %s: %s\n", spec.c_str(),
                    (!sp16.ok() ? sp16.status() : sp32.status()).message().c_str());
@@ -653,41 +762,51 @@ int RunCodecBench(const CodecBenchOptions& o) {
   }
 
   // kdn against cachegen (issue 4: >= 1.5x smaller at no more KL), and
-  // kdn:hifi at fp8 quality (KL mean <= 2e-3, >= 3x smaller than fp16).
+  // kdn:hifi at fp8 quality (KL mean <= 2e-3, >= 3x smaller than fp16): at
+  // the headline context, and at the long one beside it.
   const Point& kdn = point("kdn:balanced");
   const Point& cg = point("cachegen");
   const Point& hifi = point("kdn:hifi");
-  if (kdn.ok && cg.ok && cg.ratio > 0) {
-    const bool no_higher = kdn.eval.kl_mean <= cg.eval.kl_mean;
-    nlohmann::json vs = q_params;
-    vs.update({{"spec", kdn.codec->spec().ToString()},
-               {"dtype", "f16"},
-               {"against", cg.codec->spec().ToString()},
-               {"ratio_vs_fp16", kdn.ratio},
-               {"cachegen_ratio_vs_fp16", cg.ratio},
-               {"kl_mean", kdn.eval.kl_mean},
-               {"cachegen_kl_mean", cg.eval.kl_mean},
-               {"kl_no_higher", no_higher},
-               {"goal", ">= 1.5 with kl_no_higher"}});
-    records.Add("codec_ratio_vs_cachegen", kdn.ratio / cg.ratio, "x", vs);
-    if (cg.eval.kl_mean > 0) records.Add("codec_kl_vs_cachegen", kdn.eval.kl_mean / cg.eval.kl_mean, "x", vs);
-  } else {
-    std::fprintf(stderr, "kdn bench codec: warning: no codec_ratio_vs_cachegen (kdn:balanced or cachegen missing)\n");
-  }
-  if (hifi.ok) {
-    nlohmann::json hp = q_params;
-    hp.update({{"spec", hifi.codec->spec().ToString()},
-               {"dtype", "f16"},
-               {"kl_mean", hifi.eval.kl_mean},
-               {"kl_p95", hifi.eval.kl_p95},
-               {"kl_within_goal", hifi.eval.kl_mean <= 2e-3},
-               {"goal", ">= 3 with kl_mean <= 2e-3"}});
-    records.Add("codec_ratio_hifi_kdn", hifi.ratio, "x", hp);
-  } else {
-    std::fprintf(stderr, "kdn bench codec: warning: no codec_ratio_hifi_kdn (kdn:hifi missing)\n");
+  for (bool long_ctx : {false, true}) {
+    if (long_ctx && !want_long) continue;
+    const std::string sfx = long_ctx ? long_suffix : "";
+    const codec::EvalResult& ke = long_ctx ? kdn.eval_long : kdn.eval;
+    const codec::EvalResult& ce = long_ctx ? cg.eval_long : cg.eval;
+    const codec::EvalResult& he = long_ctx ? hifi.eval_long : hifi.eval;
+    if (kdn.ok && cg.ok && (!long_ctx || (kdn.ok_long && cg.ok_long)) && ce.ratio_vs_fp16 > 0) {
+      const bool no_higher = ke.kl_mean <= ce.kl_mean;
+      nlohmann::json vs = quality_params(long_ctx);
+      vs.update({{"spec", kdn.codec->spec().ToString()},
+                 {"tuned_on", tuning_name},
+                 {"against", cg.codec->spec().ToString()},
+                 {"ratio_vs_fp16", ke.ratio_vs_fp16},
+                 {"cachegen_ratio_vs_fp16", ce.ratio_vs_fp16},
+                 {"kl_mean", ke.kl_mean},
+                 {"cachegen_kl_mean", ce.kl_mean},
+                 {"kl_no_higher", no_higher},
+                 {"goal", ">= 1.5 with kl_no_higher"}});
+      records.Add("codec_ratio_vs_cachegen" + sfx, ke.ratio_vs_fp16 / ce.ratio_vs_fp16, "x", vs);
+      if (ce.kl_mean > 0) records.Add("codec_kl_vs_cachegen" + sfx, ke.kl_mean / ce.kl_mean, "x", vs);
+    } else {
+      std::fprintf(stderr,
+                   "kdn bench codec: warning: no codec_ratio_vs_cachegen%s (kdn:balanced or cachegen missing)\n",
+                   sfx.c_str());
+    }
+    if (hifi.ok && (!long_ctx || hifi.ok_long)) {
+      nlohmann::json hp = quality_params(long_ctx);
+      hp.update({{"spec", hifi.codec->spec().ToString()},
+                 {"tuned_on", tuning_name},
+                 {"kl_mean", he.kl_mean},
+                 {"kl_p95", he.kl_p95},
+                 {"kl_within_goal", he.kl_mean <= 2e-3},
+                 {"goal", ">= 3 with kl_mean <= 2e-3"}});
+      records.Add("codec_ratio_hifi_kdn" + sfx, he.ratio_vs_fp16, "x", hp);
+    } else {
+      std::fprintf(stderr, "kdn bench codec: warning: no codec_ratio_hifi_kdn%s (kdn:hifi missing)\n", sfx.c_str());
+    }
   }
 
-  // The sweeps: one record per setting.
+  // The sweeps: one record per setting, at the headline context.
   std::vector<Series> series;
   for (const Sweep& s : sweeps) {
     Series line{s.title, s.color, true, {}};
@@ -695,15 +814,13 @@ int RunCodecBench(const CodecBenchOptions& o) {
       const Point& p = point(spec);
       line.points.push_back(&p);
       if (!p.ok) continue;
-      nlohmann::json cp = q_params;
+      nlohmann::json cp = quality_params(false);
       cp.update({{"series", s.series},
-                 {"dtype", "f16"},
                  {"spec", p.codec->spec().ToString()},
                  {"kl_mean", p.eval.kl_mean},
                  {"kl_p95", p.eval.kl_p95},
                  {"top1_agreement", p.eval.top1_agreement},
-                 {"greedy_agreement", p.eval.greedy_agreement},
-                 {"continue_tokens", k_cont}});
+                 {"greedy_agreement", p.eval.greedy_agreement}});
       records.Add("codec_curve_" + SafeName(spec), p.ratio, "x", cp);
     }
     series.push_back(std::move(line));
@@ -714,9 +831,11 @@ int RunCodecBench(const CodecBenchOptions& o) {
   std::printf("wrote %s\n", o.json_path.c_str());
   const std::string png =
       o.png_path.empty() ? std::filesystem::path(o.json_path).replace_extension(".png").string() : o.png_path;
-  char subtitle[200];
-  std::snprintf(subtitle, sizeof subtitle, "%s, %zu contexts of %d tokens, %d continued; KL 0 (raw) not shown",
-                model_name.c_str(), contexts, n_ctx, k_cont);
+  char subtitle[300];
+  std::snprintf(subtitle, sizeof subtitle,
+                "%s, f16 KV, %s: %zu contexts of %d tokens (one chunk each), %d continued; KL 0 (raw) not shown",
+                model_name.c_str(), std::filesystem::path(text_name).filename().string().c_str(), contexts, n_ctx,
+                k_cont);
   Plot(png, subtitle, series, base_ratio[0]);
   std::printf("kdn bench codec: %.1f s\n", (NowMs() - t_start) / 1e3);
   return 0;

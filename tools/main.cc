@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
   codecb->add_option("--png", cbo.png_path, "ratio-against-KL plot (default: the JSON file with .png)");
   codecb->add_option("--model", cbo.model, "llama2.c checkpoint (default: the reference model)");
   codecb->add_option("--tokenizer", cbo.tokenizer, "tokenizer file");
-  codecb->add_option("--text", cbo.text, "text cut into contexts (default: bench/texts/stories.txt)");
-  codecb->add_option("--context", cbo.context, "tokens per quality context, BOS included (default 448; 128 quick)")
+  codecb->add_option("--text", cbo.text, "text cut into contexts (default: bench/texts/heldout.txt, held out from the presets' tuning)");
+  codecb->add_option("--context", cbo.context, "tokens per quality context, BOS included (default 256, the store's chunk; 128 quick; 448 figures are added beside)")
       ->check(CLI::Range(2, 1 << 20));
   codecb->add_option("--continue", cbo.continue_tokens, "continued tokens per context (default 64; 16 with --quick)")
       ->check(CLI::Range(1, 1 << 20));

@@ -5,10 +5,42 @@
 #include <cstring>
 #include <span>
 
+#include "common/half.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 
 namespace kdn::codec {
+namespace {
+
+// fp32 KV in `dtype` (0 f32, 1 f16: round to nearest even) as bytes.
+Bytes ToDtype(const std::vector<float>& kv, std::uint32_t dtype) {
+  Bytes out(kv.size() * (dtype == 1 ? 2 : 4));
+  if (dtype == 0) {
+    std::memcpy(out.data(), kv.data(), out.size());
+    return out;
+  }
+  for (size_t i = 0; i < kv.size(); ++i) {
+    const std::uint16_t h = kernels::float_to_half(kv[i]);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+  return out;
+}
+
+// The reverse of ToDtype (exact: every half is a float).
+void FromDtype(const Bytes& in, std::uint32_t dtype, std::vector<float>* kv) {
+  if (dtype == 0) {
+    std::memcpy(kv->data(), in.data(), kv->size() * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < kv->size(); ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, in.data() + 2 * i, 2);
+    (*kv)[i] = kernels::half_to_float(h);
+  }
+}
+
+}  // namespace
+
 Status Continue(model::Transformer& t, model::KvCache& cache, int last_token, int n, int k,
                 const std::vector<int>* forced, std::vector<float>* all_logits, std::vector<int>* greedy) {
   const size_t vocab = static_cast<size_t>(t.config().vocab_size);
@@ -80,6 +112,10 @@ Result<EvalResult> Evaluate(const model::Checkpoint& weights, const std::vector<
   if (n < 2) return Status::InvalidArgument("the context must hold at least 2 tokens (BOS and one more), got " +
                                             std::to_string(n));
   if (k < 1) return Status::InvalidArgument("at least 1 continued token is needed, got " + std::to_string(k));
+  if (options.dtype > 1) {
+    return Status::InvalidArgument("the KV is encoded as f32 (0) or f16 (1), got dtype " +
+                                   std::to_string(options.dtype));
+  }
   if (static_cast<std::int64_t>(n) + k > c.seq_len) {
     return Status::InvalidArgument("context " + std::to_string(n) + " + continue " + std::to_string(k) +
                                    " exceeds the model's context of " + std::to_string(c.seq_len) + " tokens");
@@ -98,17 +134,19 @@ Result<EvalResult> Evaluate(const model::Checkpoint& weights, const std::vector<
   const int contexts = static_cast<int>(text_tokens.size() / static_cast<size_t>(n));
   const size_t vocab = static_cast<size_t>(c.vocab_size);
   const Shape shape{static_cast<std::uint32_t>(c.n_layers), static_cast<std::uint32_t>(c.n_kv_heads),
-                    static_cast<std::uint32_t>(c.head_dim()), static_cast<std::uint32_t>(n), /*dtype=*/0};
+                    static_cast<std::uint32_t>(c.head_dim()), static_cast<std::uint32_t>(n), options.dtype};
 
   EvalResult r;
   r.codec = codec.spec().ToString();
+  r.dtype = options.dtype;
   r.contexts = contexts;
   model::Transformer t(weights);
   model::KvCache cache = t.NewCache();
   std::vector<double> kls;
   kls.reserve(static_cast<size_t>(contexts) * static_cast<size_t>(k));
   std::uint64_t top1 = 0, greedy = 0;
-  std::vector<float> decoded(static_cast<size_t>(shape.elements()));
+  std::vector<float> original(static_cast<size_t>(shape.elements())), decoded(original.size());
+  Bytes decoded_bytes(shape.bytes());
   std::vector<float> logits_o, logits_d, logits_f;
   std::vector<int> greedy_o, greedy_d, greedy_f;
 
@@ -117,13 +155,15 @@ Result<EvalResult> Evaluate(const model::Checkpoint& weights, const std::vector<
                          text_tokens.begin() + static_cast<std::ptrdiff_t>(ci + 1) * n);
     ctx[0] = model::kBos;
     KDN_RETURN_IF_ERROR(t.Forward(ctx, 0, cache, nullptr));
-    const std::vector<float> original = cache.Export(0, n);  // canonical [layer][k|v][token][kv_dim]
+    // The KV as held: canonical [layer][k|v][token][kv_dim] in the dtype.
+    const Bytes held = ToDtype(cache.Export(0, n), options.dtype);
+    FromDtype(held, options.dtype, &original);
 
-    Result<Bytes> encoded = codec.Encode(shape, reinterpret_cast<const std::uint8_t*>(original.data()));
+    Result<Bytes> encoded = codec.Encode(shape, held.data());
     if (!encoded.ok()) return encoded.status();
-    std::fill(decoded.begin(), decoded.end(), 0.0f);
-    KDN_RETURN_IF_ERROR(codec.Decode(shape, encoded->data(), encoded->size(),
-                                     reinterpret_cast<std::uint8_t*>(decoded.data())));
+    std::fill(decoded_bytes.begin(), decoded_bytes.end(), std::uint8_t{0});
+    KDN_RETURN_IF_ERROR(codec.Decode(shape, encoded->data(), encoded->size(), decoded_bytes.data()));
+    FromDtype(decoded_bytes, options.dtype, &decoded);
     r.encoded_bytes += encoded->size();
     r.fp16_bytes += shape.elements() * 2;
     r.fp32_bytes += shape.elements() * 4;
@@ -148,6 +188,7 @@ Result<EvalResult> Evaluate(const model::Checkpoint& weights, const std::vector<
         diverged = true;
       }
     }
+    if (!options.free_running) continue;
     if (diverged) {
       KDN_RETURN_IF_ERROR(cache.Import(0, n, decoded));
       KDN_RETURN_IF_ERROR(Continue(t, cache, ctx.back(), n, k, nullptr, &logits_f, &greedy_f));
@@ -165,7 +206,7 @@ Result<EvalResult> Evaluate(const model::Checkpoint& weights, const std::vector<
   const size_t rank = static_cast<size_t>(std::ceil(0.95 * positions));  // nearest rank, 1-based
   r.kl_p95 = kls[std::max<size_t>(rank, 1) - 1];
   r.top1_agreement = static_cast<double>(top1) / positions;
-  r.greedy_agreement = static_cast<double>(greedy) / positions;
+  r.greedy_agreement = options.free_running ? static_cast<double>(greedy) / positions : -1.0;
   r.ratio_vs_fp16 = r.encoded_bytes ? static_cast<double>(r.fp16_bytes) / static_cast<double>(r.encoded_bytes) : 0.0;
   r.ratio_vs_fp32 = r.encoded_bytes ? static_cast<double>(r.fp32_bytes) / static_cast<double>(r.encoded_bytes) : 0.0;
   return r;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "common/half.h"
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
 #include "test_models.h"
@@ -100,26 +101,62 @@ TEST(CodecEval, LosslessCodecIsExact) {
   KDN_REQUIRE_MODEL();
   ASSERT_TRUE(Loaded().weights);
   const std::vector<int> tokens = First(1000);
+  // 5 layers x 2 x 96 tokens x 32 elements per context; 16 header bytes each.
+  const std::uint64_t elements = 5ull * 2 * 96 * 32 * 10;
+  for (std::uint32_t dtype : {1u, 0u}) {  // f16 (the default, as stored), f32
+    codec::EvalOptions o;
+    o.context = 96;
+    o.continue_tokens = 12;
+    o.dtype = dtype;
+    const CopyCodec copy;
+    auto r = codec::Evaluate(*Loaded().weights, tokens, copy, o);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->codec, "test-copy");
+    EXPECT_EQ(r->dtype, dtype);
+    EXPECT_EQ(r->contexts, 1000 / 96);
+    EXPECT_EQ(r->kl_mean, 0.0) << dtype;
+    EXPECT_EQ(r->kl_p95, 0.0);
+    EXPECT_EQ(r->top1_agreement, 1.0);
+    EXPECT_EQ(r->greedy_agreement, 1.0);
+    EXPECT_EQ(r->fp32_bytes, elements * 4);
+    EXPECT_EQ(r->fp16_bytes, elements * 2);
+    EXPECT_EQ(r->encoded_bytes, elements * (dtype == 1 ? 2 : 4) + 16 * 10);
+    const double held = dtype == 1 ? r->ratio_vs_fp16 : r->ratio_vs_fp32;
+    EXPECT_LT(held, 1.0);
+    EXPECT_GT(held, 0.999);
+    EXPECT_DOUBLE_EQ(r->ratio_vs_fp16, r->ratio_vs_fp32 / 2);
+  }
+}
+
+// The f16 evaluation compares against the KV rounded to f16: a codec that
+// rounds f32 KV to f16 costs KL in an f32 evaluation and none in an f16 one.
+TEST(CodecEval, TheOriginalIsTheKvAsHeld) {
+  KDN_REQUIRE_MODEL();
+  ASSERT_TRUE(Loaded().weights);
+  // Rounding through f16 inside a "codec": its decode of f32 KV.
+  class HalfCodec : public CopyCodec {
+   public:
+    Status Decode(const codec::Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) const override {
+      KDN_RETURN_IF_ERROR(CopyCodec::Decode(shape, data, size, out));
+      if (shape.dtype == 0) {
+        float* f = reinterpret_cast<float*>(out);
+        for (std::uint64_t i = 0; i < shape.elements(); ++i) {
+          f[i] = kernels::half_to_float(kernels::float_to_half(f[i]));
+        }
+      }
+      return Status::Ok();
+    }
+  };
   codec::EvalOptions o;
   o.context = 96;
   o.continue_tokens = 12;
-  const CopyCodec copy;
-  auto r = codec::Evaluate(*Loaded().weights, tokens, copy, o);
-  ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_EQ(r->codec, "test-copy");
-  EXPECT_EQ(r->contexts, 1000 / 96);
-  EXPECT_EQ(r->kl_mean, 0.0);
-  EXPECT_EQ(r->kl_p95, 0.0);
-  EXPECT_EQ(r->top1_agreement, 1.0);
-  EXPECT_EQ(r->greedy_agreement, 1.0);
-  // 5 layers x 2 x 96 tokens x 32 floats per context; 16 header bytes each.
-  const std::uint64_t elements = 5ull * 2 * 96 * 32 * 10;
-  EXPECT_EQ(r->fp32_bytes, elements * 4);
-  EXPECT_EQ(r->fp16_bytes, elements * 2);
-  EXPECT_EQ(r->encoded_bytes, elements * 4 + 16 * 10);
-  EXPECT_LT(r->ratio_vs_fp32, 1.0);
-  EXPECT_GT(r->ratio_vs_fp32, 0.999);
-  EXPECT_DOUBLE_EQ(r->ratio_vs_fp16, r->ratio_vs_fp32 / 2);
+  o.dtype = 0;
+  auto f32 = codec::Evaluate(*Loaded().weights, First(500), HalfCodec(), o);
+  o.dtype = 1;
+  auto f16 = codec::Evaluate(*Loaded().weights, First(500), HalfCodec(), o);
+  ASSERT_TRUE(f32.ok() && f16.ok());
+  EXPECT_GT(f32->kl_mean, 0.0);
+  EXPECT_EQ(f16->kl_mean, 0.0);
 }
 
 TEST(CodecEval, RawCodecIsExact) {
@@ -139,8 +176,9 @@ TEST(CodecEval, RawCodecIsExact) {
   EXPECT_EQ(r->kl_p95, 0.0);
   EXPECT_EQ(r->top1_agreement, 1.0);
   EXPECT_EQ(r->greedy_agreement, 1.0);
-  EXPECT_LE(r->ratio_vs_fp32, 1.0);  // headers count
-  EXPECT_GT(r->ratio_vs_fp32, 0.99);
+  EXPECT_EQ(r->dtype, 1u);  // the KV as stored
+  EXPECT_LE(r->ratio_vs_fp16, 1.0);  // headers count
+  EXPECT_GT(r->ratio_vs_fp16, 0.99);
   EXPECT_NEAR(r->ratio_vs_fp16, r->ratio_vs_fp32 / 2, 1e-12);
 }
 
@@ -151,6 +189,7 @@ TEST(CodecEval, PerturbedKvDiverges) {
   codec::EvalOptions o;
   o.context = 96;
   o.continue_tokens = 12;
+  o.dtype = 0;  // the noise codec perturbs floats
   auto small = codec::Evaluate(*Loaded().weights, tokens, CopyCodec(0.02f), o);
   auto large = codec::Evaluate(*Loaded().weights, tokens, CopyCodec(0.5f), o);
   ASSERT_TRUE(small.ok()) << small.status().message();
@@ -166,6 +205,25 @@ TEST(CodecEval, PerturbedKvDiverges) {
   EXPECT_LT(large->top1_agreement, 1.0);
   EXPECT_LE(large->top1_agreement, small->top1_agreement);
   EXPECT_GE(large->kl_p95, large->kl_mean * 0.5);
+}
+
+TEST(CodecEval, FreeRunningRunsCanBeLeftOut) {
+  KDN_REQUIRE_MODEL();
+  ASSERT_TRUE(Loaded().weights);
+  codec::EvalOptions o;
+  o.context = 96;
+  o.continue_tokens = 12;
+  o.dtype = 0;
+  auto with = codec::Evaluate(*Loaded().weights, First(500), CopyCodec(0.3f), o);
+  o.free_running = false;
+  auto without = codec::Evaluate(*Loaded().weights, First(500), CopyCodec(0.3f), o);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_GE(with->greedy_agreement, 0.0);
+  EXPECT_EQ(without->greedy_agreement, -1.0);
+  // The teacher-forced measures are the same.
+  EXPECT_EQ(without->kl_mean, with->kl_mean);
+  EXPECT_EQ(without->kl_p95, with->kl_p95);
+  EXPECT_EQ(without->top1_agreement, with->top1_agreement);
 }
 
 TEST(CodecEval, ContextsAreWholeWindows) {
@@ -200,6 +258,8 @@ TEST(CodecEval, BadInputsAreRejected) {
   o.context = 8;
   EXPECT_EQ(codec::Evaluate(w, {1, 5, 9, 600, 7, 8, 9, 10}, copy, o).status().code(),
             Code::kInvalidArgument);
+  o.dtype = 2;  // bf16: not an evaluation dtype
+  EXPECT_EQ(codec::Evaluate(w, First(1000), copy, o).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -25,6 +25,11 @@ CliRun Kdn(const std::string& args) {
                                 " 2>&1");
 }
 
+// bench/texts in the source tree (this file is tests/tools/codec_bench_test.cc).
+std::string TextsDir() {
+  return (fs::path(__FILE__).parent_path().parent_path().parent_path() / "bench/texts").string();
+}
+
 // The codecs every build has (kdn's own codec is checked when it is there).
 constexpr const char* kCodecs[] = {"raw", "fp8", "int8", "kivi2", "cachegen"};
 
@@ -56,6 +61,24 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
                   rec.at("value").get<double>() / rec.at("baseline_value").get<double>(), 1e-9) << name;
     }
   }
+  // Every figure says the text it came from: the held-out text by default.
+  for (const auto& [name, rec] : by_name) {
+    const auto& p = rec.at("params");
+    EXPECT_EQ(p.value("text", ""), "bench/texts/heldout.txt") << name;
+    EXPECT_EQ(p.value("held_out", false), true) << name;
+    // Quality and size: one encoding of f16 KV, one chunk per context.
+    if (p.contains("context_tokens")) {
+      EXPECT_EQ(p.at("dtype").get<std::string>(), "f16") << name;
+      EXPECT_EQ(p.at("chunk_tokens"), p.at("context_tokens")) << name;
+      const bool long_ctx = name.size() > 4 && name.compare(name.size() - 4, 4, "_448") == 0;
+      EXPECT_EQ(p.at("context_tokens").get<int>(), long_ctx ? 448 : 128) << name;  // --quick: 128
+    }
+    if (name.find("kdn") != std::string::npos && name.find("zstd") == std::string::npos &&
+        (name.rfind("codec_ratio", 0) == 0 || name.rfind("codec_kl", 0) == 0)) {
+      EXPECT_EQ(p.value("tuned_on", ""), "bench/texts/stories.txt") << name;
+    }
+  }
+  EXPECT_EQ(r.out.find("tuning text"), std::string::npos) << r.out;
   auto value = [&](const std::string& name) {
     EXPECT_TRUE(by_name.count(name)) << "missing record " << name << "\n" << r.out;
     return by_name.count(name) ? by_name[name].at("value").get<double>() : -1.0;
@@ -73,6 +96,11 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
   for (const char* c : kCodecs) {
     const std::string n = c;
     EXPECT_EQ(by_name["codec_ratio_" + n].value("baseline", ""), "codec_ratio_zstd1") << n;
+    // The 448-token figures beside the headline, against zstd -1 at 448.
+    EXPECT_EQ(by_name["codec_ratio_" + n + "_448"].value("baseline", ""), "codec_ratio_zstd1_448") << n;
+    EXPECT_GE(value("codec_kl_" + n + "_448"), 0.0) << n;
+    EXPECT_GE(value("codec_kl_p95_" + n + "_448"), 0.0) << n;
+    EXPECT_GE(value("codec_top1_" + n + "_448"), 0.0) << n;
     EXPECT_EQ(by_name["codec_encode_gbps_" + n].value("baseline", ""), "codec_encode_gbps_zstd1") << n;
     EXPECT_EQ(by_name["codec_decode_gbps_" + n].value("baseline", ""), "codec_decode_gbps_zstd1") << n;
     for (const char* m : {"codec_encode_gbps_", "codec_decode_gbps_", "codec_encode_f32_gbps_",
@@ -85,9 +113,13 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
     EXPECT_GE(top1, 0.0) << n;
     EXPECT_LE(top1, 1.0) << n;
   }
-  // raw: lossless, and as large as fp16 but for its header.
-  EXPECT_GT(value("codec_ratio_raw"), 0.99);
-  EXPECT_LE(value("codec_ratio_raw"), 1.0);
+  // raw: lossless, and as large as fp16 but for its header (the ratio and
+  // the KL come from the same f16 encoding).
+  for (const std::string sfx : {"", "_448"}) {
+    EXPECT_GT(value("codec_ratio_raw" + sfx), 0.99) << sfx;
+    EXPECT_LE(value("codec_ratio_raw" + sfx), 1.0) << sfx;
+    EXPECT_EQ(value("codec_kl_raw" + sfx), 0.0) << sfx;
+  }
   EXPECT_EQ(value("codec_kl_raw"), 0.0);
   EXPECT_EQ(value("codec_kl_p95_raw"), 0.0);
   EXPECT_EQ(value("codec_top1_raw"), 1.0);
@@ -113,15 +145,21 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
 
   // kdn's own codec, when it is built: its summary records agree with its others.
   if (by_name.count("codec_ratio_kdn")) {
-    EXPECT_NEAR(value("codec_ratio_vs_cachegen"), value("codec_ratio_kdn") / value("codec_ratio_cachegen"), 1e-9);
-    const auto& p = by_name["codec_ratio_vs_cachegen"].at("params");
-    EXPECT_EQ(p.at("kl_no_higher").get<bool>(), value("codec_kl_kdn") <= value("codec_kl_cachegen"));
-    EXPECT_NEAR(value("codec_kl_vs_cachegen"), value("codec_kl_kdn") / value("codec_kl_cachegen"), 1e-9);
+    for (const std::string sfx : {"", "_448"}) {
+      EXPECT_NEAR(value("codec_ratio_vs_cachegen" + sfx),
+                  value("codec_ratio_kdn" + sfx) / value("codec_ratio_cachegen" + sfx), 1e-9);
+      const auto& p = by_name["codec_ratio_vs_cachegen" + sfx].at("params");
+      EXPECT_EQ(p.at("kl_no_higher").get<bool>(), value("codec_kl_kdn" + sfx) <= value("codec_kl_cachegen" + sfx));
+      EXPECT_NEAR(value("codec_kl_vs_cachegen" + sfx), value("codec_kl_kdn" + sfx) / value("codec_kl_cachegen" + sfx),
+                  1e-9);
+      EXPECT_EQ(p.at("tuned_on").get<std::string>(), "bench/texts/stories.txt");
+    }
     EXPECT_GT(value("codec_decode_gbps_kdn"), 0.0);
     EXPECT_GT(value("codec_encode_gbps_kdn"), 0.0);
   }
   if (by_name.count("codec_ratio_kdn_hifi")) {
     EXPECT_EQ(value("codec_ratio_hifi_kdn"), value("codec_ratio_kdn_hifi"));
+    EXPECT_EQ(value("codec_ratio_hifi_kdn_448"), value("codec_ratio_kdn_hifi_448"));
     EXPECT_EQ(by_name["codec_ratio_hifi_kdn"].at("params").at("kl_mean").get<double>(), value("codec_kl_kdn_hifi"));
   }
 
@@ -134,6 +172,25 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
     EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << r.out;
   }
   fs::remove_all(dir);
+}
+
+// The tuning text can be measured, but not as held out.
+TEST(CodecBench, TheTuningTextIsNotHeldOut) {
+  KDN_REQUIRE_MODEL();
+  const fs::path json = fs::temp_directory_path() / ("kdn_codec_bench_tuning_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench codec --quick --contexts 1 --repeats 1 --text " + TextsDir() +
+                       "/stories.txt --json " + json.string() + " --png " + json.string() + ".png");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tuning text"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  ASSERT_FALSE(records.empty());
+  for (const auto& rec : records) {
+    EXPECT_EQ(rec.at("params").value("text", ""), "bench/texts/stories.txt") << rec.dump();
+    EXPECT_EQ(rec.at("params").value("held_out", true), false) << rec.dump();
+  }
+  fs::remove(json);
+  fs::remove(json.string() + ".png");
 }
 
 TEST(CodecBench, AMissingTextIsAnError) {
