@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <new>
 #include <mutex>
 #include <optional>
@@ -592,9 +594,24 @@ Status DiskTier::EnsureShard(std::uint8_t b) {
 }
 
 Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
-  Result<Bytes> encoded = wire::EncodeEnvelope(chunk);
-  if (!encoded.ok()) return encoded.status();
-  if (encoded->size() != cost) return Status::Internal("disk tier: envelope size differs from Cost()");
+  // The envelope is built in pages mapped for this write (zero-filled, as
+  // the message builder requires, and aligned for O_DIRECT) and written
+  // whole blocks at a time with O_DIRECT where the filesystem takes it:
+  // through the page cache, a large object's fdatasync waited on the
+  // kernel's writeback (0.2-0.3x of the disk at 32 MiB, bench store). The
+  // file is then cut to the object's size before the sync; a crash before
+  // the rename leaves only a temp file, which the next Open removes.
+  const size_t padded = static_cast<size_t>((cost + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment);
+  void* mapped = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) return Status(Code::kNoMemory, "disk tier: no memory for a write of " + std::to_string(cost) + " bytes");
+  const std::unique_ptr<void, std::function<void(void*)>> unmap(mapped, [padded](void* p) { ::munmap(p, padded); });
+  auto* encoded = static_cast<std::uint8_t*>(mapped);
+  if (Status st = wire::EncodeEnvelopeInto(chunk, encoded, cost); !st.ok()) {
+    return st.code() == Code::kInvalidArgument && st.message().find("a buffer of") != std::string::npos
+               ? Status::Internal("disk tier: envelope size differs from Cost()")
+               : st;
+  }
+  const bool direct = odirect_.load(std::memory_order_relaxed);
   // Unique per process (pid) and per write (sequence); only one process
   // uses the directory (LOCK), so no two writers ever share a temp file.
   // The name matches IsTempName: the next Open removes it after a crash.
@@ -605,11 +622,21 @@ Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
     name = std::to_string(::getpid()) + "-" + std::to_string(temp_seq_.fetch_add(1, std::memory_order_relaxed)) +
            std::string(kTempSuffix);
     tmp = options_.directory + "/tmp/" + name;
-    fd.Reset(::openat(tmp_fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    fd.Reset(::openat(tmp_fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0),
+                      0644));
     if (!fd.ok() && errno != EEXIST) break;
   }
+  bool written_direct = direct;
+  if (!fd.ok() && direct && errno == EINVAL) {
+    // This filesystem refuses O_DIRECT (Open probed with a read): write through the page cache.
+    written_direct = false;
+    fd.Reset(::openat(tmp_fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  }
   if (!fd.ok()) return IoStatus("create", tmp, errno);
-  Status st = WriteAll(fd.get(), tmp, encoded->data(), encoded->size());
+  Status st = WriteAll(fd.get(), tmp, encoded, written_direct ? padded : static_cast<size_t>(cost));
+  if (st.ok() && written_direct && padded != cost && ::ftruncate(fd.get(), static_cast<off_t>(cost)) != 0) {
+    st = IoStatus("truncate", tmp, errno);
+  }
   // fdatasync suffices: a new file's size is the metadata a read needs.
   if (st.ok() && options_.fsync != FsyncPolicy::kNone && ::fdatasync(fd.get()) != 0) st = IoStatus("fdatasync", tmp, errno);
   if (fd.Close() != 0 && st.ok()) st = IoStatus("close", tmp, errno);

@@ -39,11 +39,14 @@
 //   kFull  kData, and the object's directory is synced after the rename (and
 //          after an Erase's unlink): a Put or Erase that returned is durable.
 //
-// Reads use O_DIRECT with aligned buffers (the tier is a cache below the page
-// cache's own; caching objects twice wastes memory) where the filesystem
-// allows it: Open probes it (tmpfs before Linux 6.6 and some FUSE and
-// network filesystems refuse O_DIRECT with EINVAL) and falls back to
-// buffered reads, as does a read that gets EINVAL later.
+// Writes and reads use O_DIRECT with aligned buffers (the tier is a cache
+// below the page cache's own; caching objects twice wastes memory, and a
+// large object's fdatasync after a buffered write waits on the kernel's
+// writeback) where the filesystem allows it: Open probes it (tmpfs before
+// Linux 6.6 and some FUSE and network filesystems refuse O_DIRECT with
+// EINVAL) and falls back to buffered I/O, as does a read or a temp file's
+// creation that gets EINVAL later. A direct write covers whole blocks; the
+// file is cut to the object's size before its sync.
 //
 // Get opens object files without blocking (O_NONBLOCK: a FIFO in an
 // object's place is not waited on) and without following a symbolic link,
@@ -98,7 +101,7 @@ struct DiskTierOptions {
   std::string directory;            // created if missing
   std::uint64_t capacity_bytes = 0; // total size of the object files; > 0
   FsyncPolicy fsync = FsyncPolicy::kData;
-  bool use_odirect = true;          // read with O_DIRECT where the filesystem allows it
+  bool use_odirect = true;          // write and read with O_DIRECT where the filesystem allows it
   // The largest object file (encoded envelope) the tier writes or reads: a
   // Put of a larger one is kInvalidArgument, a larger file on disk is
   // invalid. With the capacity, it bounds what a read allocates.
@@ -132,8 +135,8 @@ class DiskTier final : public Tier {
   std::uint64_t objects() const override;
   TierCounters counters() const override;
 
-  // Whether reads currently use O_DIRECT (false when disabled or when the
-  // filesystem refused it).
+  // Whether writes and reads currently use O_DIRECT (false when disabled or
+  // when the filesystem refused it).
   bool odirect_active() const { return odirect_.load(std::memory_order_relaxed); }
   // What Open found: temp files a crash left behind (removed), and objects
   // removed to honour the capacity.

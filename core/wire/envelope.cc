@@ -363,7 +363,7 @@ std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes) {
          RoundUpToWord(payload_bytes);
 }
 
-Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk) {
+Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size) {
   const std::optional<std::uint64_t> shape_bytes = ShapeBytes(chunk.meta);
   if (!shape_bytes) return Status::InvalidArgument("chunk envelope: unknown dtype or a shape that overflows");
   const auto codec = static_cast<std::uint32_t>(chunk.meta.codec);
@@ -377,24 +377,38 @@ Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk) {
   if (chunk.meta.codec != codec::CodecId::kRaw && chunk.payload.empty()) {
     return Status::InvalidArgument("chunk envelope: an encoded payload is empty");
   }
+  const std::uint64_t total = EncodedEnvelopeSize(chunk.payload.size());
+  if (size != total) {
+    return Status::InvalidArgument("chunk envelope: a buffer of " + std::to_string(size) + " bytes for an envelope of " +
+                                   std::to_string(total));
+  }
+  if (reinterpret_cast<std::uintptr_t>(out) % sizeof(capnp::word) != 0) {
+    return Status::InvalidArgument("chunk envelope: the buffer is not word-aligned");
+  }
   try {
-    const std::uint64_t total = EncodedEnvelopeSize(chunk.payload.size());
-    // Zero-filled, as a message builder requires; operator new aligns it for words.
-    chunk::Bytes out(total);
     const std::uint64_t words = (total - kSegmentTableBytes) / sizeof(capnp::word);
     if (words > UINT32_MAX) return Status::InvalidArgument("chunk envelope: payload too large");
     // The message is built in place, right after its segment table: the size
     // is known exactly, so one flat segment holds it and the payload is
     // copied once. requireFilled() proves the size was right.
     capnp::FlatMessageBuilder builder(
-        kj::arrayPtr(reinterpret_cast<capnp::word*>(out.data() + kSegmentTableBytes), words));
+        kj::arrayPtr(reinterpret_cast<capnp::word*>(out + kSegmentTableBytes), words));
     FillEnvelope(chunk, builder.initRoot<ChunkEnvelope>());
     builder.requireFilled();
     const std::uint32_t table[2] = {0, static_cast<std::uint32_t>(words)};
-    std::memcpy(out.data(), table, sizeof table);
-    return out;
+    std::memcpy(out, table, sizeof table);
+    return Status::Ok();
   } catch (const kj::Exception& e) {
     return Status::Internal(std::string("chunk envelope: encoding failed: ") + e.getDescription().cStr());
+  }
+}
+
+Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk) {
+  try {
+    // Zero-filled, as a message builder requires; operator new aligns it for words.
+    chunk::Bytes out(EncodedEnvelopeSize(chunk.payload.size()));
+    KDN_RETURN_IF_ERROR(EncodeEnvelopeInto(chunk, out.data(), out.size()));
+    return out;
   } catch (const std::bad_alloc&) {
     return Status(Code::kNoMemory, "chunk envelope: out of memory encoding " +
                                        std::to_string(chunk.payload.size()) + " bytes");

@@ -48,6 +48,10 @@ std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes);
 // overflows, a raw payload does not match the shape and dtype, or an encoded
 // payload is empty.
 Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk);
+// The same into `out`: `size` bytes, exactly EncodedEnvelopeSize(payload),
+// word-aligned and zero-filled (a message builder requires both), e.g. a
+// page-aligned buffer for an O_DIRECT write.
+Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size);
 
 // Decodes and checks an envelope, returning the chunk as stored (its payload
 // still encoded when meta.codec is not raw). `data` need not be aligned (an unaligned

@@ -1,6 +1,7 @@
 #include "store/disk_tier.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +62,30 @@ class DiskTierTest : public DiskTest {
     EXPECT_FALSE(fs::exists(ObjectFile(i))) << what;
   }
 };
+
+// Objects are written around the page cache (O_DIRECT) where the filesystem
+// takes it: none of a new object's pages is cached, and it reads back whole
+// at its exact size (the direct write covers whole blocks, then is cut).
+TEST_F(DiskTierTest, ObjectsAreWrittenAroundThePageCache) {
+  auto t = Open();
+  if (!t->odirect_active()) GTEST_SKIP() << dir_ << " refuses O_DIRECT";
+  const ChunkRef c = MakeChunk(7, 131072 + 3);  // 1 MiB and 24 bytes of payload: not a block multiple
+  ASSERT_TRUE(t->Put(c).ok());
+  const std::uint64_t size = fs::file_size(ObjectFile(7));
+  EXPECT_EQ(size, t->Cost(*c));
+  const int fd = ::open(ObjectFile(7).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  ASSERT_EQ(::mincore(map, size, resident.data()), 0);
+  const size_t cached = static_cast<size_t>(std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+  ::munmap(map, size);
+  ::close(fd);
+  EXPECT_EQ(cached, 0u) << "of " << resident.size() << " pages";
+  ExpectIntact(*t, 7, 131072 + 3);
+}
 
 TEST_F(DiskTierTest, PutGetRoundTripsAndAccountsTheFileSize) {
   auto t = Open();
