@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codec/payload.h"
@@ -42,19 +43,75 @@ struct DCtxFree {
   void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
 };
 
-// Byte planes of n elements of `width` bytes: out[b * n + i] = in[i * width + b].
+// Byte planes of n elements of `width` bytes (2 or 4): out[b * n + i] =
+// in[i * width + b], in one pass over the elements (the compiler vectorizes
+// the fixed-width loops).
 void Shuffle(const std::uint8_t* in, std::uint64_t n, std::uint32_t width, std::uint8_t* out) {
-  for (std::uint32_t b = 0; b < width; ++b) {
-    std::uint8_t* plane = out + b * n;
-    for (std::uint64_t i = 0; i < n; ++i) plane[i] = in[i * width + b];
+  if (width == 2) {
+    std::uint8_t *p0 = out, *p1 = out + n;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      p0[i] = in[2 * i];
+      p1[i] = in[2 * i + 1];
+    }
+    return;
+  }
+  std::uint8_t *p0 = out, *p1 = out + n, *p2 = out + 2 * n, *p3 = out + 3 * n;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    p0[i] = in[4 * i];
+    p1[i] = in[4 * i + 1];
+    p2[i] = in[4 * i + 2];
+    p3[i] = in[4 * i + 3];
   }
 }
 void Unshuffle(const std::uint8_t* in, std::uint64_t n, std::uint32_t width, std::uint8_t* out) {
-  for (std::uint32_t b = 0; b < width; ++b) {
-    const std::uint8_t* plane = in + b * n;
-    for (std::uint64_t i = 0; i < n; ++i) out[i * width + b] = plane[i];
+  if (width == 2) {
+    const std::uint8_t *p0 = in, *p1 = in + n;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      out[2 * i] = p0[i];
+      out[2 * i + 1] = p1[i];
+    }
+    return;
+  }
+  const std::uint8_t *p0 = in, *p1 = in + n, *p2 = in + 2 * n, *p3 = in + 3 * n;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    out[4 * i] = p0[i];
+    out[4 * i + 1] = p1[i];
+    out[4 * i + 2] = p2[i];
+    out[4 * i + 3] = p3[i];
   }
 }
+
+// What a thread keeps between calls: libzstd's contexts (a compression
+// context at level 3 allocates its tables on first use: made per call, that
+// cost more than compressing a chunk) and the byte-plane and output scratch,
+// never zero-filled, kept up to kKeptBytes each (larger chunks get buffers
+// of their own for the call: a thread does not hold tens of MiB between
+// them).
+constexpr size_t kKeptBytes = size_t{4} << 20;
+struct Scratch {
+  std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx;
+  std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx;
+  std::unique_ptr<std::uint8_t[]> planes, out;
+  size_t planes_size = 0, out_size = 0;
+  // `once` holds a buffer too large to keep, for the caller's call.
+  std::uint8_t* Planes(size_t n, std::unique_ptr<std::uint8_t[]>* once) { return Grow(planes, planes_size, n, once); }
+  std::uint8_t* Out(size_t n, std::unique_ptr<std::uint8_t[]>* once) { return Grow(out, out_size, n, once); }
+
+ private:
+  static std::uint8_t* Grow(std::unique_ptr<std::uint8_t[]>& buf, size_t& size, size_t n,
+                            std::unique_ptr<std::uint8_t[]>* once) {
+    if (n > kKeptBytes) {
+      once->reset(new std::uint8_t[n]);
+      return once->get();
+    }
+    if (n > size) {
+      buf.reset(new std::uint8_t[n]);
+      size = n;
+    }
+    return buf.get();
+  }
+};
+thread_local Scratch t_scratch;
 
 std::string ZstdError(size_t code) { return ZSTD_getErrorName(code); }
 
@@ -69,29 +126,31 @@ class ZstdCodec final : public Codec {
     KDN_RETURN_IF_ERROR(CheckShape(shape));
     const size_t bytes = static_cast<size_t>(shape.bytes());
     const std::uint32_t width = shape.dtype == 0 ? 4 : 2;
-    std::vector<std::uint8_t> planes;
+    Scratch& t = t_scratch;
+    std::unique_ptr<std::uint8_t[]> planes_once, frame_once;
     const std::uint8_t* src = kv;
     if (shuffle_ != 0 && bytes > 0) {
-      planes.resize(bytes);
-      Shuffle(kv, shape.elements(), width, planes.data());
-      src = planes.data();
+      std::uint8_t* planes = t.Planes(bytes, &planes_once);
+      Shuffle(kv, shape.elements(), width, planes);
+      src = planes;
     }
-    const std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
-    if (!cctx) return Status(Code::kNoMemory, "zstd: cannot create a compression context");
+    if (!t.cctx) t.cctx.reset(ZSTD_createCCtx());
+    if (!t.cctx) return Status(Code::kNoMemory, "zstd: cannot create a compression context");
+    ZSTD_CCtx_reset(t.cctx.get(), ZSTD_reset_session_and_parameters);
     for (auto [param, value] : {std::pair{ZSTD_c_compressionLevel, static_cast<int>(level_)},
                                 std::pair{ZSTD_c_checksumFlag, 1}, std::pair{ZSTD_c_contentSizeFlag, 1}}) {
-      const size_t r = ZSTD_CCtx_setParameter(cctx.get(), param, value);
+      const size_t r = ZSTD_CCtx_setParameter(t.cctx.get(), param, value);
       if (ZSTD_isError(r)) return Status::Internal("zstd: setting a parameter: " + ZstdError(r));
     }
-    Bytes out(kHeaderBytes + ZSTD_compressBound(bytes));
-    WriteHeader(Header{CodecId::kZstd, shape, level_, kFormat | (shuffle_ << 8)}, out.data());
+    const size_t bound = ZSTD_compressBound(bytes);
+    std::uint8_t* frame = t.Out(bound, &frame_once);
     // A zero-byte source still needs a valid pointer for libzstd.
     const std::uint8_t empty = 0;
-    const size_t n = ZSTD_compress2(cctx.get(), out.data() + kHeaderBytes, out.size() - kHeaderBytes,
-                                    bytes > 0 ? src : &empty, bytes);
+    const size_t n = ZSTD_compress2(t.cctx.get(), frame, bound, bytes > 0 ? src : &empty, bytes);
     if (ZSTD_isError(n)) return Status::Internal("zstd: compression failed: " + ZstdError(n));
-    out.resize(kHeaderBytes + n);
-    out.shrink_to_fit();
+    Bytes out(kHeaderBytes + n);
+    WriteHeader(Header{CodecId::kZstd, shape, level_, kFormat | (shuffle_ << 8)}, out.data());
+    std::memcpy(out.data() + kHeaderBytes, frame, n);
     return out;
   }
 
@@ -122,23 +181,22 @@ class ZstdCodec final : public Codec {
                              ", expected " + std::to_string(shape.bytes()));
     }
     const size_t bytes = static_cast<size_t>(shape.bytes());
-    const std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx(ZSTD_createDCtx());
-    if (!dctx) return Status(Code::kNoMemory, "zstd: cannot create a decompression context");
-    std::vector<std::uint8_t> planes;
+    Scratch& t = t_scratch;
+    std::unique_ptr<std::uint8_t[]> planes_once;
+    if (!t.dctx) t.dctx.reset(ZSTD_createDCtx());
+    if (!t.dctx) return Status(Code::kNoMemory, "zstd: cannot create a decompression context");
+    ZSTD_DCtx_reset(t.dctx.get(), ZSTD_reset_session_only);
     std::uint8_t empty = 0;
     std::uint8_t* dst = bytes == 0 ? &empty : out;
-    if (shuffle != 0 && bytes > 0) {
-      planes.resize(bytes);
-      dst = planes.data();
-    }
+    if (shuffle != 0 && bytes > 0) dst = t.Planes(bytes, &planes_once);
     // Exactly `bytes` of room: libzstd fails rather than write past it.
-    const size_t n = ZSTD_decompressDCtx(dctx.get(), dst, bytes, body, body_size);
+    const size_t n = ZSTD_decompressDCtx(t.dctx.get(), dst, bytes, body, body_size);
     if (ZSTD_isError(n)) return Status::Corrupt("zstd payload: " + ZstdError(n));
     if (n != bytes) {
       return Status::Corrupt("zstd payload: " + std::to_string(n) + " bytes decompressed, expected " +
                              std::to_string(bytes));
     }
-    if (shuffle != 0 && bytes > 0) Unshuffle(planes.data(), shape.elements(), shape.dtype == 0 ? 4 : 2, out);
+    if (shuffle != 0 && bytes > 0) Unshuffle(dst, shape.elements(), shape.dtype == 0 ? 4 : 2, out);
     return Status::Ok();
   }
 
