@@ -121,14 +121,7 @@ Result<KdnDirectory> ParseKdnDirectory(const Shape& shape, const std::uint8_t* d
     pd.halves = pos + 1;
     pd.sinks = pos + 1 + 4 * C;
     const std::uint8_t* halves = data + pos + 1;
-    for (std::uint64_t c = 0; c < C; ++c) {
-      const std::uint16_t ho = GetU16(halves + 2 * c), hs = GetU16(halves + 2 * C + 2 * c);
-      if (!HalfFinite(ho) || !HalfFinite(hs) || (hs & 0x8000u) != 0) {
-        return Status::Corrupt("kdn payload: a non-finite offset or a bad step in plane " + std::to_string(plane));
-      }
-      off[c] = kernels::half_to_float(ho);
-      step[c] = kernels::half_to_float(hs);
-    }
+    KDN_RETURN_IF_ERROR(internal::ReadKdnScales(halves, C, plane, off.data(), step.data()));
     const std::uint8_t* sink = halves + 4 * C;
     for (std::uint64_t i = 0; i < S * C; ++i) {
       const std::uint16_t hv = GetU16(sink + 2 * i);

@@ -49,8 +49,10 @@
 #include <immintrin.h>
 #endif
 
-#include "codec/profile.h"
+#include "codec/kdn_encode_avx2.h"
+#include "codec/kdn_simd.h"
 #include "codec/payload.h"
+#include "codec/profile.h"
 #include "codec/rans.h"
 #include "common/half.h"
 #include "common/kdn_quant.h"
@@ -93,16 +95,14 @@ struct Coding {
 // Codes the symbols of one stream (kernels/common/kdn_quant.h): tokens
 // [0, tokens) x channels [c0, c0 + width) of `codes` (code + kKdnMaxCode
 // per element, rows of `row` bytes), token-major, with `lanes` interleaved
-// states, into the tail of *words (resized to fit). Returns the stream's
-// size in bytes: the last size / 2 words (the states first, as u32 halves).
-// The states' 2 * lanes words sit below the symbols' words, so the put's
-// word of room below `ptr` always exists.
+// states, backwards into the words below `end` (2 * lanes + tokens * width
+// of them are free). Returns the stream's size in bytes: the size / 2 words
+// below `end` (the states first, as u32 halves). The states' 2 * lanes
+// words sit below the symbols' words, so the put's word of room below `ptr`
+// always exists.
 std::uint64_t EncodeStream(const std::uint8_t* codes, std::uint64_t row, std::uint64_t c0, std::uint64_t width,
-                           std::uint64_t tokens, const Coding* coding, std::uint32_t lanes,
-                           std::vector<std::uint16_t>* words) {
+                           std::uint64_t tokens, const Coding* coding, std::uint32_t lanes, std::uint16_t* end) {
   const std::uint64_t count = tokens * width;
-  words->resize(2 * std::uint64_t{lanes} + count);
-  std::uint16_t* const end = words->data() + words->size();
   std::uint16_t* ptr = end;
   std::uint32_t state[kernels::kKdnMaxLanes];
   for (std::uint32_t l = 0; l < lanes; ++l) state[l] = kernels::kKdnRansLow;
@@ -145,6 +145,29 @@ std::uint64_t EncodeStream(const std::uint8_t* codes, std::uint64_t row, std::ui
   static_assert(std::endian::native == std::endian::little, "streams are written as the memory image");
   return 2 * static_cast<std::uint64_t>(end - ptr);
 }
+
+// The encoder's buffers, kept per thread across calls (as zstd.cc keeps its
+// contexts): a plane's floats and statistics, and a batch of planes' heads,
+// codes, models and streams.
+struct EncodeScratch {
+  std::vector<float> x, off, step, maxdev;
+  std::vector<double> sum, var;
+  std::vector<std::uint8_t> code, heads;
+  std::vector<Coding> coding;
+  std::vector<std::uint32_t> packed;
+  std::vector<std::uint16_t> words;
+  std::vector<std::uint64_t> bytes;
+  std::vector<size_t> head_end;
+  // Releases the buffers a large chunk grew past a few MiB.
+  void Trim() {
+    constexpr size_t kKeep = size_t{8} << 20;
+    if (x.capacity() * sizeof(float) > kKeep) std::vector<float>().swap(x);
+    if (code.capacity() > kKeep) std::vector<std::uint8_t>().swap(code);
+    if (heads.capacity() > kKeep) std::vector<std::uint8_t>().swap(heads);
+    if (words.capacity() * sizeof(std::uint16_t) > kKeep) std::vector<std::uint16_t>().swap(words);
+  }
+};
+thread_local EncodeScratch t_encode_scratch;
 
 #if defined(__x86_64__)
 // Halves to floats with the F16C instructions (exact, like half_to_float).
@@ -212,6 +235,9 @@ void LoadPlane(std::uint32_t dtype, const std::uint8_t* kv, std::uint64_t first,
 
 bool HalfFinite(std::uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
 
+// A float held in a double (exactly).
+float F(double v) { return static_cast<float>(v); }
+
 // The dtype's bytes of a float (a float for f32, else the 16-bit pattern).
 template <typename E>
 E ToElement(std::uint32_t dtype, float v) {
@@ -241,27 +267,126 @@ class KdnCodec final : public Codec {
     const std::uint64_t G = (C + p_.group - 1) / p_.group;
     Bytes out(kHeaderBytes);
     WriteHeader(Header{CodecId::kKdn, shape, p_.sinks, p_.group | p_.lanes << 16}, out.data());
-    std::vector<float> x(T * C);
-    std::vector<float> off(C), step(C);
-    std::vector<std::uint8_t> code(Tn * C);  // code + kKdnMaxCode
-    std::vector<std::uint16_t> words;
-    for (std::uint64_t plane = 0; plane < L * 2; ++plane) {
-      const std::uint64_t kv_index = plane % 2;
-      LoadPlane(shape.dtype, kv, plane * T * C, T * C, x.data());
-      // Offsets and spreads per channel, over the non-sink tokens (a
-      // non-finite value makes its channel's sum non-finite; sinks are
-      // checked as they are written).
-      std::vector<double> sum(C, 0.0), var(C, 0.0);
-      std::vector<float> maxdev(C, 0.0f);
+    EncodeScratch& s = t_encode_scratch;
+    struct TrimOnExit {
+      EncodeScratch& s;
+      ~TrimOnExit() { s.Trim(); }
+    } trim{s};
+    const bool avx2 = KdnEncodeAvx2();
+    s.x.resize(T * C);
+    // Planes are prepared a batch at a time (enough streams to code
+    // kKdnEncodeStreams in lock-step), then their streams are coded and the
+    // batch appended: plane head, lengths, streams.
+    const std::uint64_t batch = G == 0 ? 2 * L : std::max<std::uint64_t>(1, (kKdnEncodeStreams + G - 1) / G);
+    const std::uint64_t region = 2 * std::uint64_t{p_.lanes} + Tn * std::min<std::uint64_t>(p_.group, C);
+    s.code.resize(std::min(batch, 2 * L) * Tn * C);
+    s.words.resize(std::min(batch, 2 * L) * G * region);
+    s.bytes.resize(std::min(batch, 2 * L) * G);
+    s.coding.resize(std::min(batch, 2 * L) * (2 * kKdnMaxCode + 1));
+    s.packed.resize(std::min(batch, 2 * L) * (2 * kKdnMaxCode + 1));
+    s.head_end.resize(std::min(batch, 2 * L));
+    for (std::uint64_t first = 0; first < 2 * L; first += batch) {
+      const std::uint64_t planes = std::min(batch, 2 * L - first);
+      s.heads.clear();
+      for (std::uint64_t i = 0; i < planes; ++i) {
+        KDN_RETURN_IF_ERROR(PreparePlane(shape, kv, first + i, s.code.data() + i * Tn * C,
+                                         s.coding.data() + i * (2 * kKdnMaxCode + 1),
+                                         s.packed.data() + i * (2 * kKdnMaxCode + 1), avx2, &s));
+        s.head_end[i] = s.heads.size();
+      }
+      // The streams: each codes backwards into its own region of words.
+      KdnEncodeJob jobs[kKdnEncodeStreams];
+      std::uint64_t job_index[kKdnEncodeStreams];
+      int n_jobs = 0;
+      auto flush = [&] {
+        if (n_jobs > 0) KdnEncodeStreamsAvx2(jobs, n_jobs);
+        for (int j = 0; j < n_jobs; ++j) s.bytes[job_index[j]] = jobs[j].bytes;
+        n_jobs = 0;
+      };
+      for (std::uint64_t i = 0; i < planes; ++i) {
+        for (std::uint64_t g = 0; g < G; ++g) {
+          const std::uint64_t c0 = g * p_.group, width = std::min(C, c0 + p_.group) - c0;
+          const std::uint8_t* codes = s.code.data() + i * Tn * C;
+          std::uint16_t* end = s.words.data() + (i * G + g + 1) * region;
+          if (avx2 && p_.lanes == 8 && width % 8 == 0 && width > 0) {
+            if (n_jobs > 0 && jobs[0].width != width) flush();
+            jobs[n_jobs] = KdnEncodeJob{codes + c0, C, width, Tn, s.packed.data() + i * (2 * kKdnMaxCode + 1), end};
+            job_index[n_jobs] = i * G + g;
+            if (++n_jobs == kKdnEncodeStreams) flush();
+          } else {
+            s.bytes[i * G + g] = EncodeStream(codes, C, c0, width, Tn, s.coding.data() + i * (2 * kKdnMaxCode + 1),
+                                              p_.lanes, end);
+          }
+        }
+      }
+      flush();
+      for (std::uint64_t i = 0; i < planes; ++i) {
+        const size_t head_begin = i == 0 ? 0 : s.head_end[i - 1];
+        std::uint64_t total = 0;
+        for (std::uint64_t g = 0; g < G; ++g) {
+          if (s.bytes[i * G + g] > 0xFFFFFFFFull) return Status::InvalidArgument("kdn codec: a stream exceeds 4 GiB");
+          total += s.bytes[i * G + g];
+        }
+        size_t at = out.size();
+        out.resize(at + (s.head_end[i] - head_begin) + 4 * G + total);
+        std::memcpy(out.data() + at, s.heads.data() + head_begin, s.head_end[i] - head_begin);
+        at += s.head_end[i] - head_begin;
+        for (std::uint64_t g = 0; g < G; ++g) {
+          PutU32At(out.data() + at + 4 * g, static_cast<std::uint32_t>(s.bytes[i * G + g]));
+        }
+        at += 4 * G;
+        for (std::uint64_t g = 0; g < G; ++g) {
+          const std::uint64_t bytes = s.bytes[i * G + g];
+          std::memcpy(out.data() + at, s.words.data() + (i * G + g + 1) * region - bytes / 2, bytes);
+          at += bytes;
+        }
+      }
+    }
+    return out;
+  }
+
+  // Prepares plane `plane` of the chunk for coding: appends its head (min
+  // code, offsets, steps, sinks, table) to s->heads, writes its codes (code
+  // + kKdnMaxCode, Tn x C) to `code` and its symbols' model, indexed by code
+  // + kKdnMaxCode, to `coding` (EncodeStream's) and `packed` (start | freq
+  // << 16, KdnEncodeStreamsAvx2's). With `avx2`, the statistics and the
+  // quantization run in kdn_encode_avx2.cc (the same results).
+  Status PreparePlane(const Shape& shape, const std::uint8_t* kv, std::uint64_t plane, std::uint8_t* code,
+                      Coding* coding, std::uint32_t* packed, bool avx2, EncodeScratch* s) const {
+    const std::uint64_t T = shape.tokens, C = std::uint64_t{shape.kv_heads} * shape.head_dim;
+    const std::uint64_t S = std::min<std::uint64_t>(p_.sinks, T), Tn = T - S;
+    const std::uint64_t kv_index = plane % 2;
+    float* const x = s->x.data();
+    LoadPlane(shape.dtype, kv, plane * T * C, T * C, x);
+    // Offsets and spreads per channel, over the non-sink tokens (a
+    // non-finite value makes its channel's sum non-finite; sinks are
+    // checked as they are written).
+    s->sum.assign(C, 0.0);
+    s->var.assign(C, 0.0);
+    s->maxdev.assign(C, 0.0f);
+    s->off.resize(C);
+    s->step.resize(C);
+    double* const sum = s->sum.data();
+    double* const var = s->var.data();
+    float* const maxdev = s->maxdev.data();
+    float* const off = s->off.data();
+    float* const step = s->step.data();
+    if (avx2) {
+      KdnSumAvx2(x, C, S, T, sum);
+    } else {
       for (std::uint64_t t = S; t < T; ++t) {
         for (std::uint64_t c = 0; c < C; ++c) sum[c] += x[t * C + c];
       }
-      for (std::uint64_t c = 0; c < C; ++c) {
-        if (!std::isfinite(sum[c])) return Status::InvalidArgument("kdn codec: the KV holds a non-finite value");
-        const double mean = Tn == 0 ? 0.0 : sum[c] / static_cast<double>(Tn);
-        const double clamped = std::clamp(mean, -double{kernels::kKdnMaxHalf}, double{kernels::kKdnMaxHalf});
-        off[c] = kernels::half_to_float(kernels::float_to_half(static_cast<float>(clamped)));
-      }
+    }
+    for (std::uint64_t c = 0; c < C; ++c) {
+      if (!std::isfinite(sum[c])) return Status::InvalidArgument("kdn codec: the KV holds a non-finite value");
+      const double mean = Tn == 0 ? 0.0 : sum[c] / static_cast<double>(Tn);
+      const double clamped = std::clamp(mean, -double{kernels::kKdnMaxHalf}, double{kernels::kKdnMaxHalf});
+      off[c] = kernels::half_to_float(kernels::float_to_half(static_cast<float>(clamped)));
+    }
+    if (avx2) {
+      KdnSpreadAvx2(x, C, S, T, off, var, maxdev);
+    } else {
       for (std::uint64_t t = S; t < T; ++t) {
         for (std::uint64_t c = 0; c < C; ++c) {
           const float d = x[t * C + c] - off[c];
@@ -269,92 +394,88 @@ class KdnCodec final : public Codec {
           maxdev[c] = std::max(maxdev[c], std::fabs(d));
         }
       }
-      double plane_var = 0;
+    }
+    double plane_var = 0;
+    for (std::uint64_t c = 0; c < C; ++c) {
+      var[c] = Tn == 0 ? 0.0 : var[c] / static_cast<double>(Tn);
+      plane_var += var[c];
+    }
+    const double plane_sigma = std::sqrt(plane_var / static_cast<double>(std::max<std::uint64_t>(C, 1)));
+    double mul = p_.step * (kv_index == 1 ? p_.vmul : 1.0);
+    if (!p_.plane_weight.empty()) mul *= p_.plane_weight[plane];
+    const double plane_part = std::pow(plane_sigma, 1.0 - p_.alpha);
+    Bytes& head = s->heads;
+    const size_t head_at = head.size();
+    head.resize(head.size() + 1 + 4 * C + 2 * S * C);
+    for (std::uint64_t c = 0; c < C; ++c) {
+      const double sigma_c = std::sqrt(var[c]);
+      double st = mul * std::pow(sigma_c, p_.alpha) * plane_part;
+      // No clipping: every value within kKdnMaxCode steps (a hair of slack
+      // for the division's rounding).
+      st = std::max({st, double{maxdev[c]} / (kKdnMaxCode - 0.5), double{kernels::kKdnMinStep}});
+      if (!(st <= kernels::kKdnMaxHalf)) {
+        return Status::InvalidArgument("kdn codec: KV values too large for half-float steps (spread " +
+                                       std::to_string(maxdev[c]) + ")");
+      }
+      const std::uint16_t h = kernels::kdn_step_to_half(static_cast<float>(st));
+      step[c] = kernels::half_to_float(h);
+      PutU16At(head, head_at + 1 + 2 * c, kernels::float_to_half(off[c]));
+      PutU16At(head, head_at + 1 + 2 * C + 2 * c, h);
+    }
+    for (std::uint64_t t = 0; t < S; ++t) {
       for (std::uint64_t c = 0; c < C; ++c) {
-        var[c] = Tn == 0 ? 0.0 : var[c] / static_cast<double>(Tn);
-        plane_var += var[c];
-      }
-      const double plane_sigma = std::sqrt(plane_var / static_cast<double>(std::max<std::uint64_t>(C, 1)));
-      double mul = p_.step * (kv_index == 1 ? p_.vmul : 1.0);
-      if (!p_.plane_weight.empty()) mul *= p_.plane_weight[plane];
-      const size_t head_at = out.size();
-      out.resize(out.size() + 1 + 4 * C + 2 * S * C);
-      for (std::uint64_t c = 0; c < C; ++c) {
-        const double sigma_c = std::sqrt(var[c]);
-        double s = mul * std::pow(sigma_c, p_.alpha) * std::pow(plane_sigma, 1.0 - p_.alpha);
-        // No clipping: every value within kKdnMaxCode steps (a hair of slack
-        // for the division's rounding).
-        s = std::max({s, double{maxdev[c]} / (kKdnMaxCode - 0.5), double{kernels::kKdnMinStep}});
-        if (!(s <= kernels::kKdnMaxHalf)) {
-          return Status::InvalidArgument("kdn codec: KV values too large for half-float steps (spread " +
-                                         std::to_string(maxdev[c]) + ")");
+        const float v = x[t * C + c];
+        if (!std::isfinite(v)) return Status::InvalidArgument("kdn codec: the KV holds a non-finite value");
+        if (!FitsDtype(1, std::fabs(v))) {
+          return Status::InvalidArgument("kdn codec: a sink token's value does not fit a half float");
         }
-        const std::uint16_t h = kernels::kdn_step_to_half(static_cast<float>(s));
-        step[c] = kernels::half_to_float(h);
-        PutU16At(out, head_at + 1 + 2 * c, kernels::float_to_half(off[c]));
-        PutU16At(out, head_at + 1 + 2 * C + 2 * c, h);
+        PutU16At(head, head_at + 1 + 4 * C + 2 * (t * C + c), kernels::float_to_half(v));
       }
-      for (std::uint64_t t = 0; t < S; ++t) {
-        for (std::uint64_t c = 0; c < C; ++c) {
-          const float v = x[t * C + c];
-          if (!std::isfinite(v)) return Status::InvalidArgument("kdn codec: the KV holds a non-finite value");
-          if (!FitsDtype(1, std::fabs(v))) {
-            return Status::InvalidArgument("kdn codec: a sink token's value does not fit a half float");
-          }
-          PutU16At(out, head_at + 1 + 4 * C + 2 * (t * C + c), kernels::float_to_half(v));
-        }
-      }
-      std::uint64_t hist[2 * kKdnMaxCode + 1] = {};
+    }
+    std::uint64_t hist[2 * kKdnMaxCode + 1] = {};
+    if (avx2) {
+      KdnQuantizeAvx2(x + S * C, C, Tn, off, step, code, hist);
+    } else {
       for (std::uint64_t t = 0; t < Tn; ++t) {
-        const float* xt = x.data() + (S + t) * C;
-        std::uint8_t* ct = code.data() + t * C;
+        const float* xt = x + (S + t) * C;
+        std::uint8_t* ct = code + t * C;
         for (std::uint64_t c = 0; c < C; ++c) {
           ct[c] = static_cast<std::uint8_t>(kernels::kdn_quantize(xt[c], off[c], step[c]) + kKdnMaxCode);
           ++hist[ct[c]];
         }
       }
-      std::int32_t lo = 0, hi = 0;  // the smallest and largest code + kKdnMaxCode
-      if (Tn > 0 && C > 0) {
-        while (hist[lo] == 0) ++lo;
-        hi = 2 * kKdnMaxCode;
-        while (hist[hi] == 0) --hi;
-      } else {
-        lo = hi = kKdnMaxCode;
-      }
-      out[head_at] = static_cast<std::uint8_t>(static_cast<std::int8_t>(lo - kKdnMaxCode));
-      // The decoder checks that every channel's values over the plane's code
-      // range fit the dtype (so its output is never inf): refuse KV that
-      // close to the dtype's limit rather than write what cannot decode.
-      for (std::uint64_t c = 0; c < C; ++c) {
-        const float a = kernels::kdn_dequantize(lo - kKdnMaxCode, off[c], step[c]);
-        const float b = kernels::kdn_dequantize(hi - kKdnMaxCode, off[c], step[c]);
-        if (!FitsDtype(shape.dtype, std::fmax(std::fabs(a), std::fabs(b)))) {
-          return Status::InvalidArgument("kdn codec: KV values too close to the dtype's largest value");
-        }
-      }
-      Result<rans::FreqTable> table =
-          rans::BuildTable(std::span<const std::uint64_t>(hist + lo, static_cast<size_t>(hi - lo + 1)),
-                           kernels::kKdnScaleBits);
-      if (!table.ok()) return table.status();
-      rans::SerializeTable(*table, &out);
-      Coding coding[2 * kKdnMaxCode + 1];
-      for (size_t k = 0; k < table->freq.size(); ++k) {
-        const std::uint32_t f = table->freq[k];
-        coding[lo + k] = Coding{table->cum[k], f, f == 0 ? 0 : kernels::kdn_rcp(f)};
-      }
-      const size_t lengths_at = out.size();
-      out.resize(out.size() + 4 * G);
-      for (std::uint64_t g = 0; g < G; ++g) {
-        const std::uint64_t c0 = g * p_.group, width = std::min(C, c0 + p_.group) - c0;
-        const std::uint64_t bytes = EncodeStream(code.data(), C, c0, width, Tn, coding, p_.lanes, &words);
-        if (bytes > 0xFFFFFFFFull) return Status::InvalidArgument("kdn codec: a stream exceeds 4 GiB");
-        PutU32At(out.data() + lengths_at + 4 * g, static_cast<std::uint32_t>(bytes));
-        const size_t at = out.size();
-        out.resize(at + bytes);
-        std::memcpy(out.data() + at, words.data() + words.size() - bytes / 2, bytes);
+    }
+    std::int32_t lo = 0, hi = 0;  // the smallest and largest code + kKdnMaxCode
+    if (Tn > 0 && C > 0) {
+      while (hist[lo] == 0) ++lo;
+      hi = 2 * kKdnMaxCode;
+      while (hist[hi] == 0) --hi;
+    } else {
+      lo = hi = kKdnMaxCode;
+    }
+    head[head_at] = static_cast<std::uint8_t>(static_cast<std::int8_t>(lo - kKdnMaxCode));
+    // The decoder checks that every channel's values over the plane's code
+    // range fit the dtype (so its output is never inf): refuse KV that
+    // close to the dtype's limit rather than write what cannot decode.
+    for (std::uint64_t c = 0; c < C; ++c) {
+      const float a = kernels::kdn_dequantize(lo - kKdnMaxCode, off[c], step[c]);
+      const float b = kernels::kdn_dequantize(hi - kKdnMaxCode, off[c], step[c]);
+      if (!FitsDtype(shape.dtype, std::fmax(std::fabs(a), std::fabs(b)))) {
+        return Status::InvalidArgument("kdn codec: KV values too close to the dtype's largest value");
       }
     }
-    return out;
+    Result<rans::FreqTable> table = rans::BuildTable(
+        std::span<const std::uint64_t>(hist + lo, static_cast<size_t>(hi - lo + 1)), kernels::kKdnScaleBits);
+    if (!table.ok()) return table.status();
+    rans::SerializeTable(*table, &head);
+    std::fill(coding, coding + 2 * kKdnMaxCode + 1, Coding{});
+    std::fill(packed, packed + 2 * kKdnMaxCode + 1, 0u);
+    for (size_t k = 0; k < table->freq.size(); ++k) {
+      const std::uint32_t f = table->freq[k];
+      coding[lo + k] = Coding{table->cum[k], f, f == 0 ? 0 : kernels::kdn_rcp(f)};
+      packed[lo + k] = table->cum[k] | f << 16;
+    }
+    return Status::Ok();
   }
 
   Status Decode(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) const override {
@@ -384,84 +505,132 @@ class KdnCodec final : public Codec {
       if (n > size - pos) return Status::Corrupt(std::string("kdn payload: truncated in the ") + what);
       return Status::Ok();
     };
-    std::vector<std::uint32_t> slots(std::size_t{1} << kernels::kKdnScaleBits);
-    std::vector<E> lut;
-    std::vector<float> off(C), step(C);
+    // Streams are parsed in order and decoded kKdnSimdStreams at a time
+    // (kdn_simd.h): the slot tables of the planes they come from (a ring:
+    // pending streams span at most kKdnSimdStreams planes) and their luts
+    // are kept per thread, across calls.
+    struct Scratch {
+      std::vector<std::uint32_t> slots[kKdnSimdStreams];
+      std::vector<double> off[kKdnSimdStreams], step[kKdnSimdStreams];
+      std::vector<E> lut[kKdnSimdStreams];
+    };
+    thread_local Scratch scratch;
+    KdnStream<E> pending[kKdnSimdStreams];
+    std::uint64_t pending_plane[kKdnSimdStreams] = {}, pending_group[kKdnSimdStreams] = {};
+    int n_pending = 0;
+    auto flush = [&]() -> Status {
+      const int bad = DecodeKdnStreams(pending, n_pending);
+      n_pending = 0;
+      if (bad < 0) return Status::Ok();
+      return Status::Corrupt("kdn payload: stream " + std::to_string(pending_group[bad]) + " of plane " +
+                             std::to_string(pending_plane[bad]) + " does not decode");
+    };
     E* out = reinterpret_cast<E*>(out_bytes);
-    for (std::uint64_t plane = 0; plane < L * 2; ++plane) {
-      KDN_RETURN_IF_ERROR(need(1 + 4 * C + 2 * S * C, "plane header"));
-      const std::int32_t min_code = static_cast<std::int8_t>(data[pos]);
-      if (min_code < -kKdnMaxCode) return Status::Corrupt("kdn payload: min code -128");
-      const std::uint8_t* halves = data + pos + 1;
-      for (std::uint64_t c = 0; c < C; ++c) {
-        const std::uint16_t ho = GetU16(halves + 2 * c), hs = GetU16(halves + 2 * C + 2 * c);
-        if (!HalfFinite(ho) || !HalfFinite(hs) || (hs & 0x8000u) != 0) {
-          return Status::Corrupt("kdn payload: a non-finite offset or a bad step in plane " + std::to_string(plane));
-        }
-        off[c] = kernels::half_to_float(ho);
-        step[c] = kernels::half_to_float(hs);
-      }
-      const std::uint8_t* sink = halves + 4 * C;
-      for (std::uint64_t t = 0; t < S; ++t) {
-        for (std::uint64_t c = 0; c < C; ++c) {
-          const std::uint16_t hv = GetU16(sink + 2 * (t * C + c));
-          if (!HalfFinite(hv)) return Status::Corrupt("kdn payload: a non-finite sink value");
-          const float v = kernels::half_to_float(hv);
-          if (!FitsDtype(shape.dtype, std::fabs(v))) return Status::Corrupt("kdn payload: a sink value overflows");
-          out[(plane * T + t) * C + c] = ToElement<E>(shape.dtype, v);
-        }
-      }
-      pos += 1 + 4 * C + 2 * S * C;
-      size_t consumed = 0;
-      Result<rans::FreqTable> table = rans::ParseTable(std::span<const std::uint8_t>(data + pos, size - pos), &consumed);
-      if (!table.ok()) return Status::Corrupt("kdn payload: " + table.status().message());
-      pos += consumed;
-      const std::uint32_t n = static_cast<std::uint32_t>(table->freq.size());
-      if (table->scale_bits != kernels::kKdnScaleBits || min_code + static_cast<std::int32_t>(n) - 1 > kKdnMaxCode) {
-        return Status::Corrupt("kdn payload: a table does not fit the codes of plane " + std::to_string(plane));
-      }
-      for (std::uint32_t s = 0; s < n; ++s) {  // every slot of a symbol holds the same entry
-        std::fill(slots.begin() + table->cum[s], slots.begin() + table->cum[s + 1],
-                  kernels::kdn_slot_pack(s, table->cum[s], table->freq[s]));
-      }
-      KDN_RETURN_IF_ERROR(need(4 * G, "stream lengths"));
-      const std::uint8_t* lengths = data + pos;
-      pos += 4 * G;
-      for (std::uint64_t g = 0; g < G; ++g) {
-        const std::uint64_t c0 = g * group, c1 = std::min(C, c0 + group), width = c1 - c0;
-        // The group's dequantization table: every (channel, symbol) value
-        // (values are linear in the code: the two ends bound the rest).
-        lut.resize(width * kernels::kKdnLutStride);
-        for (std::uint64_t c = c0; c < c1; ++c) {
-          const float lo = kernels::kdn_dequantize(min_code, off[c], step[c]);
-          const float hi = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(n) - 1, off[c], step[c]);
-          if (!FitsDtype(shape.dtype, std::fmax(std::fabs(lo), std::fabs(hi)))) {
-            return Status::Corrupt("kdn payload: a decoded value overflows the dtype in plane " +
-                                   std::to_string(plane));
-          }
-          E* row = lut.data() + (c - c0) * kernels::kKdnLutStride;
-          if constexpr (sizeof(E) == 2) {
-            float values[kernels::kKdnLutStride];
-            for (std::uint32_t s = 0; s < n; ++s) {
-              values[s] = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(s), off[c], step[c]);
-            }
-            FloatsToElements(shape.dtype, values, n, row);
-          } else {
-            for (std::uint32_t s = 0; s < n; ++s) {
-              row[s] = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(s), off[c], step[c]);
-            }
+    Status status = [&]() -> Status {
+      for (std::uint64_t plane = 0; plane < L * 2; ++plane) {
+        KDN_RETURN_IF_ERROR(need(1 + 4 * C + 2 * S * C, "plane header"));
+        const std::int32_t min_code = static_cast<std::int8_t>(data[pos]);
+        if (min_code < -kKdnMaxCode) return Status::Corrupt("kdn payload: min code -128");
+        const std::uint8_t* halves = data + pos + 1;
+        // No pending stream reads this plane's ring entries: they come from
+        // the last kKdnSimdStreams - 1 planes at most (a full batch is
+        // decoded at once).
+        std::vector<double>& off = scratch.off[plane % kKdnSimdStreams];
+        std::vector<double>& step = scratch.step[plane % kKdnSimdStreams];
+        off.resize(C);
+        step.resize(C);
+        KDN_RETURN_IF_ERROR(ReadKdnScales(halves, C, plane, off.data(), step.data()));
+        const std::uint8_t* sink = halves + 4 * C;
+        for (std::uint64_t t = 0; t < S; ++t) {
+          for (std::uint64_t c = 0; c < C; ++c) {
+            const std::uint16_t hv = GetU16(sink + 2 * (t * C + c));
+            if (!HalfFinite(hv)) return Status::Corrupt("kdn payload: a non-finite sink value");
+            const float v = kernels::half_to_float(hv);
+            if (!FitsDtype(shape.dtype, std::fabs(v))) return Status::Corrupt("kdn payload: a sink value overflows");
+            out[(plane * T + t) * C + c] = ToElement<E>(shape.dtype, v);
           }
         }
-        const std::uint32_t len = GetU32(lengths + 4 * g);
-        KDN_RETURN_IF_ERROR(need(len, "streams"));
-        if (!kernels::kdn_decode_stream<E>(data + pos, len, slots.data(), lanes, static_cast<std::uint32_t>(width),
-                                           Tn, lut.data(), out + (plane * T + S) * C + c0, C)) {
-          return Status::Corrupt("kdn payload: stream " + std::to_string(g) + " of plane " + std::to_string(plane) +
-                                 " does not decode");
+        pos += 1 + 4 * C + 2 * S * C;
+        size_t consumed = 0;
+        Result<rans::FreqTable> table =
+            rans::ParseTable(std::span<const std::uint8_t>(data + pos, size - pos), &consumed);
+        if (!table.ok()) return Status::Corrupt("kdn payload: " + table.status().message());
+        pos += consumed;
+        const std::uint32_t n = static_cast<std::uint32_t>(table->freq.size());
+        if (table->scale_bits != kernels::kKdnScaleBits || min_code + static_cast<std::int32_t>(n) - 1 > kKdnMaxCode) {
+          return Status::Corrupt("kdn payload: a table does not fit the codes of plane " + std::to_string(plane));
         }
-        pos += len;
+        std::vector<std::uint32_t>& slots = scratch.slots[plane % kKdnSimdStreams];
+        slots.resize(std::size_t{1} << kernels::kKdnScaleBits);
+        for (std::uint32_t s = 0; s < n; ++s) {  // every slot of a symbol holds the same entry
+          std::fill(slots.begin() + table->cum[s], slots.begin() + table->cum[s + 1],
+                    kernels::kdn_slot_pack(s, table->cum[s], table->freq[s]));
+        }
+        KDN_RETURN_IF_ERROR(need(4 * G, "stream lengths"));
+        const std::uint8_t* lengths = data + pos;
+        pos += 4 * G;
+        for (std::uint64_t g = 0; g < G; ++g) {
+          const std::uint64_t c0 = g * group, c1 = std::min(C, c0 + group), width = c1 - c0;
+          // Every value of the group must fit the dtype (values are linear in
+          // the code: the two ends bound the rest). The SIMD path computes
+          // them; the others take them from a table of every (channel,
+          // symbol) value.
+          for (std::uint64_t c = c0; c < c1; ++c) {
+            const float lo = kernels::kdn_dequantize(min_code, F(off[c]), F(step[c]));
+            const float hi =
+                kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(n) - 1, F(off[c]), F(step[c]));
+            if (!FitsDtype(shape.dtype, std::fmax(std::fabs(lo), std::fabs(hi)))) {
+              return Status::Corrupt("kdn payload: a decoded value overflows the dtype in plane " +
+                                     std::to_string(plane));
+            }
+          }
+          const bool computed = KdnSimdComputes(lanes, static_cast<std::uint32_t>(width));
+          std::vector<E>& lut = scratch.lut[n_pending];
+          if (!computed) {
+            lut.resize(width * kernels::kKdnLutStride);
+            for (std::uint64_t c = c0; c < c1; ++c) {
+              E* row = lut.data() + (c - c0) * kernels::kKdnLutStride;
+              float values[kernels::kKdnLutStride];
+              for (std::uint32_t s = 0; s < n; ++s) {
+                values[s] = kernels::kdn_dequantize(min_code + static_cast<std::int32_t>(s), F(off[c]), F(step[c]));
+              }
+              if constexpr (sizeof(E) == 2) {
+                FloatsToElements(shape.dtype, values, n, row);
+              } else {
+                std::copy(values, values + n, row);
+              }
+            }
+          }
+          const std::uint32_t len = GetU32(lengths + 4 * g);
+          KDN_RETURN_IF_ERROR(need(len, "streams"));
+          pending[n_pending] = KdnStream<E>{data + pos,
+                                            len,
+                                            slots.data(),
+                                            lanes,
+                                            static_cast<std::uint32_t>(width),
+                                            Tn,
+                                            computed ? nullptr : lut.data(),
+                                            out + (plane * T + S) * C + c0,
+                                            C,
+                                            computed ? step.data() + c0 : nullptr,
+                                            computed ? off.data() + c0 : nullptr,
+                                            min_code,
+                                            shape.dtype,
+                                            data + size};
+          pending_plane[n_pending] = plane;
+          pending_group[n_pending] = g;
+          if (++n_pending == kKdnSimdStreams) KDN_RETURN_IF_ERROR(flush());
+          pos += len;
+        }
       }
+      return flush();
+    }();
+    // Keep at most a few MiB per thread (a payload of huge groups may have
+    // grown the luts).
+    for (std::vector<E>& lut : scratch.lut) {
+      if (lut.capacity() * sizeof(E) > (std::size_t{1} << 20)) std::vector<E>().swap(lut);
     }
+    if (!status.ok()) return status;
     if (pos != size) {
       return Status::Corrupt("kdn payload: " + std::to_string(size - pos) + " bytes after the last stream");
     }

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "codec/codec.h"
+#include "common/half.h"
 #include "util/status.h"
 
 namespace kdn::codec::internal {
@@ -60,6 +61,24 @@ float GetF32(const std::uint8_t* p);
 inline std::uint64_t Index(const Shape& s, std::uint64_t layer, std::uint64_t kv, std::uint64_t token,
                            std::uint64_t head, std::uint64_t dim) {
   return (((layer * 2 + kv) * s.tokens + token) * s.kv_heads + head) * s.head_dim + dim;
+}
+
+// kdn's plane scales (core/codec/kdn.cc's payload): C offsets then C steps,
+// little-endian halves at `halves`, as T. kCorrupt (naming `plane`) if an
+// offset or a step is not finite or a step is negative.
+template <typename T>
+Status ReadKdnScales(const std::uint8_t* halves, std::uint64_t C, std::uint64_t plane, T* off, T* step) {
+  auto u16 = [](const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | p[1] << 8); };
+  auto finite = [](std::uint16_t h) { return (h & 0x7C00u) != 0x7C00u; };
+  for (std::uint64_t c = 0; c < C; ++c) {
+    const std::uint16_t ho = u16(halves + 2 * c), hs = u16(halves + 2 * C + 2 * c);
+    if (!finite(ho) || !finite(hs) || (hs & 0x8000u) != 0) {
+      return Status::Corrupt("kdn payload: a non-finite offset or a bad step in plane " + std::to_string(plane));
+    }
+    off[c] = kernels::half_to_float(ho);
+    step[c] = kernels::half_to_float(hs);
+  }
+  return Status::Ok();
 }
 
 // kInvalidArgument naming the first parameter of `spec` not in `known`

@@ -133,17 +133,68 @@ KDN_HD void kdn_decode_one(std::uint32_t& s, const std::uint32_t* slots, const E
   ptr += low ? 2 : 0;
 }
 
-// The same with a bounds check: false if a word is needed past `end`.
+// The value of symbol `sym` of channel c from a dequantization table (rows
+// of kKdnLutStride entries, one per channel).
 template <typename E>
-KDN_HD bool kdn_decode_one_checked(std::uint32_t& s, const std::uint32_t* slots, const E* lut_c, E* o,
-                                   const std::uint8_t*& ptr, const std::uint8_t* end) {
+struct KdnLutValues {
+  const E* lut;
+  KDN_HD E operator()(std::uint64_t c, std::uint32_t sym) const { return lut[c * kKdnLutStride + sym]; }
+};
+
+// kdn_decode_one with a bounds check (false if a word is needed past `end`)
+// and the value of channel c's symbol from `value` (a KdnLutValues, or any
+// callable giving the same values).
+template <typename E, typename Value>
+KDN_HD bool kdn_decode_one_checked(std::uint32_t& s, const std::uint32_t* slots, const Value& value,
+                                   std::uint64_t c, E* o, const std::uint8_t*& ptr, const std::uint8_t* end) {
   const std::uint32_t e = slots[s & ((1u << kKdnScaleBits) - 1u)];
-  *o = lut_c[e >> 24];
+  *o = value(c, e >> 24);
   s = ((e & 0xFFFu) + 1u) * (s >> kKdnScaleBits) + (s & ((1u << kKdnScaleBits) - 1u)) - ((e >> 12) & 0xFFFu);
   if (s < kKdnRansLow) {
     if (end - ptr < 2) return false;
     s = (s << 16) | static_cast<std::uint32_t>(ptr[0]) | (static_cast<std::uint32_t>(ptr[1]) << 8);
     ptr += 2;
+  }
+  return true;
+}
+
+// Reads the `lanes` initial states of a stream [p, p + len) into x and
+// points *ptr at its first word. False if the stream is too short for its
+// states or a state is out of range.
+KDN_HD bool kdn_stream_begin(const std::uint8_t* p, std::uint64_t len, std::uint32_t lanes, std::uint32_t* x,
+                             const std::uint8_t** ptr) {
+  if (lanes < 1 || lanes > kKdnMaxLanes || len < 4ull * lanes) return false;
+  for (std::uint32_t l = 0; l < lanes; ++l) {
+    x[l] = kdn_read_u32(p + 4 * l);
+    if (x[l] < kKdnRansLow) return false;
+  }
+  *ptr = p + 4ull * lanes;
+  return true;
+}
+
+// Decodes the rows [t, tokens) of a stream whose rows before t are decoded
+// (states x, next word at ptr; every row of `channels` symbols starts at
+// lane t * channels % lanes), checking bounds on every word, then checks
+// that the stream ends exactly: every word consumed, every state back at
+// kKdnRansLow. (A fast path decodes the rows far from the end, this one the
+// rest.) value(c, symbol) gives channel c's values (KdnLutValues).
+template <typename E, typename Value>
+KDN_HD bool kdn_stream_finish(std::uint32_t* x, const std::uint8_t* ptr, const std::uint8_t* end,
+                              const std::uint32_t* slots, std::uint32_t lanes, std::uint32_t channels,
+                              std::uint64_t t, std::uint64_t tokens, const Value& value, E* out, std::uint64_t row) {
+  std::uint32_t lane = static_cast<std::uint32_t>(t * channels % lanes);
+  for (; t < tokens; ++t) {
+    E* o = out + t * row;
+    for (std::uint32_t c = 0; c < channels; ++c) {
+      if (!kdn_decode_one_checked(x[lane], slots, value, c, o + c, ptr, end)) {
+        return false;
+      }
+      if (++lane == lanes) lane = 0;
+    }
+  }
+  if (ptr != end) return false;
+  for (std::uint32_t l = 0; l < lanes; ++l) {
+    if (x[l] != kKdnRansLow) return false;
   }
   return true;
 }
@@ -160,13 +211,9 @@ KDN_HD bool kdn_decode_stream(const std::uint8_t* p, std::uint64_t len, const st
                               std::uint32_t lanes, std::uint32_t channels, std::uint64_t tokens, const E* lut,
                               E* out, std::uint64_t row) {
   constexpr std::uint32_t n = kKdnLutStride;
-  if (lanes < 1 || lanes > kKdnMaxLanes || len < 4ull * lanes) return false;
   std::uint32_t x[kKdnMaxLanes];
-  for (std::uint32_t l = 0; l < lanes; ++l) {
-    x[l] = kdn_read_u32(p + 4 * l);
-    if (x[l] < kKdnRansLow) return false;
-  }
-  const std::uint8_t* ptr = p + 4ull * lanes;
+  const std::uint8_t* ptr = nullptr;
+  if (!kdn_stream_begin(p, len, lanes, x, &ptr)) return false;
   const std::uint8_t* const end = p + len;
   std::uint64_t t = 0;
   if (lanes == 8 && channels % 8 == 0) {
@@ -191,19 +238,7 @@ KDN_HD bool kdn_decode_stream(const std::uint8_t* p, std::uint64_t len, const st
     x[0] = x0, x[1] = x1, x[2] = x2, x[3] = x3, x[4] = x4, x[5] = x5, x[6] = x6, x[7] = x7;
   }
   // The general case, and the last rows near the end of the stream.
-  std::uint32_t lane = 0;
-  for (; t < tokens; ++t) {
-    E* o = out + t * row;
-    for (std::uint32_t c = 0; c < channels; ++c) {
-      if (!kdn_decode_one_checked(x[lane], slots, lut + std::uint64_t{c} * n, o + c, ptr, end)) return false;
-      if (++lane == lanes) lane = 0;
-    }
-  }
-  if (ptr != end) return false;
-  for (std::uint32_t l = 0; l < lanes; ++l) {
-    if (x[l] != kKdnRansLow) return false;
-  }
-  return true;
+  return kdn_stream_finish(x, ptr, end, slots, lanes, channels, t, tokens, KdnLutValues<E>{lut}, out, row);
 }
 
 }  // namespace kdn::kernels

@@ -7,7 +7,11 @@
 //   tokens sinks), for f32/f16/bf16; the encode-side work (quantization, the
 //   per-stream rANS and range coders) reproduces the payload's scales and
 //   streams byte for byte; and mutated payloads get the same verdict from
-//   both (the parse mirrors the CPU decoders' checks);
+//   both (the parse mirrors the CPU decoders' checks). The CPU codec decodes
+//   kdn streams of 8 lanes over channels in multiples of 8 with vectors
+//   (codec/kdn_simd.h): the shapes of 16, 24 and 32 channels and the
+//   reference KV take that path, with the instruction set the CPU has best
+//   and, run again by ctest under KDN_CPU_SIMD, with AVX2 and with none;
 // - on a GPU (skipped without one): the same decodes and encodes through the
 //   kernels.
 #include "codec/device.h"
@@ -15,12 +19,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../codec/codec_test_util.h"
+#include "codec/kdn_simd.h"
 #include "codec/payload.h"
 #include "common/codec_device_math.h"
 #include "ref/codec_ref.h"
@@ -88,7 +95,8 @@ void ExpectEmulationMatches(const std::string& spec, const Shape& shape, const F
 std::vector<Shape> SyntheticShapes(std::uint32_t dtype) {
   return {Shape{2, 3, 5, 300, dtype},   // 15 channels (not a multiple of 8 or 12), 2 cachegen groups
           Shape{1, 2, 8, 3, dtype},     // fewer tokens than the default sinks
-          Shape{3, 1, 16, 513, dtype}}; // 3 cachegen groups, the last of one token
+          Shape{3, 1, 16, 513, dtype},  // 3 cachegen groups, the last of one token
+          Shape{2, 3, 8, 260, dtype}};  // 24 channels: kdn's vector path, groups of 24, 16 + 8 or 8
 }
 
 TEST(CodecDeviceEmulation, KdnMatchesCodecOnReferenceKv) {
@@ -114,7 +122,8 @@ TEST(CodecDeviceEmulation, MatchesCodecOnSyntheticShapes) {
     for (const Shape& shape : SyntheticShapes(dtype)) {
       const Floats kv = SyntheticKv(shape, 7 + shape.tokens);
       for (const char* spec : {"kdn", "kdn:sink=0", "kdn:group=7,lanes=5", "kdn:sink=600,lanes=32",
-                               "kdn:hifi,group=1,lanes=1", "cachegen", "cachegen:bins=3", "cachegen:bins=256"}) {
+                               "kdn:hifi,group=1,lanes=1", "kdn:group=8", "kdn:group=16", "cachegen",
+                               "cachegen:bins=3", "cachegen:bins=256"}) {
         ExpectEmulationMatches(spec, shape, kv);
       }
     }
@@ -485,10 +494,37 @@ TEST(CodecDeviceEmulation, SameVerdictsOnDamagedPayloads) {
     ExpectSameVerdicts("kdn:group=7,lanes=5,sink=2", shape, kv, 200, 2);
     ExpectSameVerdicts("cachegen", shape, kv, 400, 3);
     ExpectSameVerdicts("cachegen:bins=7", shape, kv, 200, 4);
+    // 32 channels: kdn's vector path (a plane in one stream, or in four).
+    const Shape wide{2, 4, 8, 300, dtype};
+    const Floats wide_kv = SyntheticKv(wide, 7);
+    ExpectSameVerdicts("kdn", wide, wide_kv, 400, 8);
+    ExpectSameVerdicts("kdn:group=8,sink=1", wide, wide_kv, 200, 9);
   }
   // Planes of 32 and 16 bins (LMCache's schedule on a 12-layer chunk).
   const Shape deep{12, 1, 4, 20, 1};
   ExpectSameVerdicts("cachegen", deep, SyntheticKv(deep, 6), 100, 5);
+}
+
+// The vector decoder in use is the CPU's best unless KDN_CPU_SIMD lowers it
+// (ctest runs this file's emulation tests again with "avx2" and "none"), and
+// it takes exactly the streams of 8 lanes over channels in multiples of 8.
+TEST(CodecDeviceEmulation, TheEnvironmentChoosesTheVectorDecoder) {
+  using internal::KdnSimd;
+  const KdnSimd in_use = internal::KdnSimdInUse();
+  const char* env = std::getenv("KDN_CPU_SIMD");
+  const std::string asked = env == nullptr ? "" : env;
+  if (asked == "none") {
+    EXPECT_EQ(in_use, KdnSimd::kNone);
+  } else if (asked == "avx2") {
+    EXPECT_LE(in_use, KdnSimd::kAvx2);
+  }
+  std::printf("kdn vector decoder: %d (0 none, 1 AVX2, 2 AVX-512)\n", static_cast<int>(in_use));
+  const bool vector = in_use != KdnSimd::kNone;
+  EXPECT_EQ(internal::KdnSimdComputes(8, 32), vector);
+  EXPECT_EQ(internal::KdnSimdComputes(8, 8), vector);
+  EXPECT_FALSE(internal::KdnSimdComputes(8, 12));
+  EXPECT_FALSE(internal::KdnSimdComputes(8, 0));
+  EXPECT_FALSE(internal::KdnSimdComputes(4, 32));
 }
 
 TEST(CodecDeviceEmulation, RejectsBadStreamsAndMismatches) {

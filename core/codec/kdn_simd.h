@@ -1,0 +1,64 @@
+// kdn streams (kernels/common/kdn_quant.h) decoded with vector
+// instructions (AVX2 and F16C, or AVX-512), several streams at once: the
+// CPU's fast path for the kdn codec (x86-64; elsewhere, and on CPUs without
+// them, streams take the scalar path). The output is
+// the same, bit for bit, as kernels::kdn_decode_stream's (which the device
+// path runs), and so is the verdict on malformed streams; only the order of
+// the work differs. Rows far from a stream's end are decoded 8 lanes per
+// vector; the rest by kdn_stream_finish.
+//
+// Thread-safety: plain functions.
+#pragma once
+
+#include <cstdint>
+
+namespace kdn::codec::internal {
+
+// One stream to decode: kernels::kdn_decode_stream's arguments, with the
+// values of the symbols either from `lut` or, when `step` is set, computed
+// as the lut's entries are: element (t, c) = the dtype's value of
+// kdn_dequantize(min_code + symbol, off[c], step[c]) (off and step hold the
+// channels' floats; the dtype is E's: float, or `dtype` 1 f16 / 2 bf16).
+// Computed values need KdnSimdComputes(lanes, channels).
+template <typename E>
+struct KdnStream {
+  const std::uint8_t* p = nullptr;
+  std::uint64_t len = 0;
+  const std::uint32_t* slots = nullptr;
+  std::uint32_t lanes = 0, channels = 0;
+  std::uint64_t tokens = 0;
+  const E* lut = nullptr;
+  E* out = nullptr;
+  std::uint64_t row = 0;
+  const double* step = nullptr;
+  const double* off = nullptr;
+  std::int32_t min_code = 0;
+  std::uint32_t dtype = 0;
+  // The end of the readable bytes around the stream (at least p + len): the
+  // SIMD path reads words in blocks of 16 bytes and may read past the
+  // stream's end (into the next one) before it finds the stream malformed.
+  const std::uint8_t* limit = nullptr;
+};
+
+// The vector decoders, in order.
+enum class KdnSimd { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The vector code this process uses (the decoder here and the encoder,
+// kdn_encode_avx2.h): the best the CPU has, or less if the
+// environment variable KDN_CPU_SIMD says so ("none" or "avx2", for tests
+// and for comparing them), read once.
+KdnSimd KdnSimdInUse();
+
+// Whether streams of `lanes` lanes over `channels` channels take the vector
+// path in this process, with values computed (no lut needed).
+bool KdnSimdComputes(std::uint32_t lanes, std::uint32_t channels);
+
+// Decodes `count` streams (at most kKdnSimdStreams together, interleaved).
+// Returns the index of the first stream that is malformed, or -1 if all
+// decode. Streams with a lut (no `step`) go through
+// kernels::kdn_decode_stream.
+inline constexpr int kKdnSimdStreams = 4;
+int DecodeKdnStreams(const KdnStream<std::uint16_t>* streams, int count);
+int DecodeKdnStreams(const KdnStream<float>* streams, int count);
+
+}  // namespace kdn::codec::internal
