@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,18 @@ double MedianMs(int repeats, Fn&& fn) {
   return Median(t);
 }
 
+// Prints each record as it is added and writes them all as one JSON array.
+// `projected`, when given, becomes the record's "projected" field: false when
+// this run measured the value, true when it is extrapolated from what was
+// measured (then params say on what basis); left out, the record has no such
+// field.
 class Records {
  public:
   void Add(const std::string& name, double value, const std::string& unit, nlohmann::json params,
-           const std::string& baseline = "", double baseline_value = 0.0) {
+           const std::string& baseline = "", double baseline_value = 0.0,
+           std::optional<bool> projected = std::nullopt) {
     nlohmann::json r = {{"name", name}, {"value", value}, {"unit", unit}};
+    if (projected) r["projected"] = *projected;
     if (!baseline.empty()) {
       r["baseline"] = baseline;
       r["baseline_value"] = baseline_value;

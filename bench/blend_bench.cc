@@ -27,34 +27,6 @@ std::string DefaultBlendText() {
   return "bench/texts/stories.txt";
 }
 
-// DESIGN.md's records, each with "projected": false when this run measured
-// it, true when it is extrapolated from what was measured (then params say
-// on what basis). Records prints them.
-class BlendRecords {
- public:
-  void Add(const std::string& name, double value, const std::string& unit, nlohmann::json params, bool projected,
-           const std::string& baseline = "", double baseline_value = 0.0) {
-    nlohmann::json r = {{"name", name}, {"value", value}, {"unit", unit}, {"projected", projected}};
-    if (!baseline.empty()) {
-      r["baseline"] = baseline;
-      r["baseline_value"] = baseline_value;
-      r["ratio"] = baseline_value != 0.0 ? value / baseline_value : 0.0;
-    }
-    r["params"] = params;
-    printer_.Add(name, value, unit, std::move(params), baseline, baseline_value);
-    all_.push_back(std::move(r));
-  }
-  bool Write(const std::string& path) const {
-    std::ofstream f(path);
-    f << all_.dump(2) << "\n";
-    return static_cast<bool>(f);
-  }
-
- private:
-  Records printer_;
-  nlohmann::json all_ = nlohmann::json::array();
-};
-
 }  // namespace
 
 int RunBlendBench(const BlendBenchOptions& o) {
@@ -85,21 +57,23 @@ int RunBlendBench(const BlendBenchOptions& o) {
       blend::EvaluateBlends(*loaded->weights, tokens, suffix, eo, variants);
   if (!all.ok()) return fail(all.status().message());
 
-  BlendRecords rec;
+  // Every record says "projected": false when this run measured it, true when
+  // it is extrapolated from what was measured (then params say on what basis).
+  Records rec;
   const blend::BlendEvalResult& first = all->front();
   const std::string full = "full_prefill";
   const nlohmann::json series = {{"contexts", first.contexts},
                                  {"samples", first.ttft_full_samples},
                                  {"interleaved", "per context: prefill, naive, then prefill, blend for each setting"}};
-  rec.Add("blend_ttft_full", first.ttft_full_ms, "ms", series, false);
+  rec.Add("blend_ttft_full", first.ttft_full_ms, "ms", series, "", 0.0, false);
   // What every TTFT ratio record adds to its params: the series it is against.
   auto against_full = [&](nlohmann::json params, const blend::BlendEvalResult& r) {
     params["baseline_series"] = "blend_ttft_full";
     params["baseline_samples"] = r.ttft_full_samples;
     return params;
   };
-  rec.Add("blend_ttft_naive", first.ttft_naive_ms, "ms", against_full({{"contexts", first.contexts}}, first), false,
-          full, first.ttft_full_ms);
+  rec.Add("blend_ttft_naive", first.ttft_naive_ms, "ms", against_full({{"contexts", first.contexts}}, first), full,
+          first.ttft_full_ms, false);
   struct Point {
     double ratio;
     blend::BlendEvalResult r;
@@ -111,20 +85,20 @@ int RunBlendBench(const BlendBenchOptions& o) {
     const std::string s = "_r" + std::to_string(pcts[i]);
     nlohmann::json params = {{"ratio", r.ratio}, {"contexts", r.contexts}, {"check_layers", {1}},
                              {"context_tokens", r.context_tokens}};
-    rec.Add("blend_kl" + s, r.kl_blend_mean, "nats", params, false, "naive", r.kl_naive_mean);
-    rec.Add("blend_top1" + s, r.top1_blend, "frac", params, false, "naive", r.top1_naive);
-    rec.Add("blend_recompute_fraction" + s, r.recompute_fraction, "frac", params, false);
-    rec.Add("blend_ttft" + s, r.ttft_blend_ms, "ms", against_full(params, r), false, full, r.ttft_full_ms);
+    rec.Add("blend_kl" + s, r.kl_blend_mean, "nats", params, "naive", r.kl_naive_mean, false);
+    rec.Add("blend_top1" + s, r.top1_blend, "frac", params, "naive", r.top1_naive, false);
+    rec.Add("blend_recompute_fraction" + s, r.recompute_fraction, "frac", params, "", 0.0, false);
+    rec.Add("blend_ttft" + s, r.ttft_blend_ms, "ms", against_full(params, r), full, r.ttft_full_ms, false);
     if (pcts[i] == 15) {
       rec.Add("blend_kl_ratio_vs_naive", r.kl_blend_mean / r.kl_naive_mean, "x",
-              {{"ratio", 0.15}, {"check_layers", {1}}, {"goal", "<= 0.2"}}, false);
+              {{"ratio", 0.15}, {"check_layers", {1}}, {"goal", "<= 0.2"}}, "", 0.0, false);
       const double budget = r.recompute_fraction * r.ttft_full_ms;
       const double machinery = r.ttft_blend_ms / budget;
       rec.Add("blend_ttft_vs_work", machinery, "x",
               against_full({{"ratio", 0.15}, {"goal", "<= 1.25"}, {"f", r.recompute_fraction},
                             {"ttft_full_ms", r.ttft_full_ms}},
                            r),
-              false);
+              "", 0.0, false);
       // A 32-layer model of the same kind: layers 0 and 1 in full, then 15%
       // (plus the fresh suffix and the last token, as measured here).
       const double fresh = 1.0 - (r.context_tokens - 1 - static_cast<double>(suffix.size())) / r.context_tokens;
@@ -132,21 +106,21 @@ int RunBlendBench(const BlendBenchOptions& o) {
       rec.Add("blend_projected_f_32_layers", f32, "frac",
               {{"ratio", 0.15}, {"layers_here", layers}, {"fresh_fraction", fresh},
                {"basis", "32 layers: 0 and 1 in full, then 15% of the cached tokens plus this run's fresh ones"}},
-              true);
+              "", 0.0, true);
       rec.Add("blend_projected_ttft_ratio_32_layers", f32 * machinery, "x",
               {{"ratio", 0.15}, {"machinery_factor", machinery},
                {"basis", "projected f x blend_ttft_vs_work measured here = TTFT blend / TTFT full"}},
-              true);
+              "", 0.0, true);
     }
   }
   const blend::BlendEvalResult& gradual = all->back();
   nlohmann::json gp = {{"ratio", 0.15}, {"contexts", gradual.contexts}, {"check_layers", {1, layers - 1}}};
-  rec.Add("blend_gradual_kl_r15", gradual.kl_blend_mean, "nats", gp, false, "naive", gradual.kl_naive_mean);
+  rec.Add("blend_gradual_kl_r15", gradual.kl_blend_mean, "nats", gp, "naive", gradual.kl_naive_mean, false);
   rec.Add("blend_gradual_kl_ratio_vs_naive", gradual.kl_blend_mean / gradual.kl_naive_mean, "x",
-          {{"ratio", 0.15}, {"check_layers", {1, layers - 1}}, {"goal", "<= 0.2"}}, false);
-  rec.Add("blend_gradual_recompute_fraction_r15", gradual.recompute_fraction, "frac", gp, false);
-  rec.Add("blend_gradual_ttft_r15", gradual.ttft_blend_ms, "ms", against_full(gp, gradual), false, full,
-          gradual.ttft_full_ms);
+          {{"ratio", 0.15}, {"check_layers", {1, layers - 1}}, {"goal", "<= 0.2"}}, "", 0.0, false);
+  rec.Add("blend_gradual_recompute_fraction_r15", gradual.recompute_fraction, "frac", gp, "", 0.0, false);
+  rec.Add("blend_gradual_ttft_r15", gradual.ttft_blend_ms, "ms", against_full(gp, gradual), full,
+          gradual.ttft_full_ms, false);
   if (!rec.Write(o.json_path)) return fail("cannot write " + o.json_path);
 
   // KL against ratio (log y; ratio 100% has KL 0 and is left out).

@@ -847,6 +847,42 @@ static kdn_kv_result load_whole_at(const kdn_model *m, const char *ns, const kdn
   return res;
 }
 
+/* host_over_disk's runtime after a save of the reference KV (three chunks)
+ * from a paged cache (NHD), once the first chunk is on the disk tier; dst is
+ * an empty cache of the same shape to load into. */
+typedef struct {
+  kdn_runtime *rt;
+  kdn_model *m;
+  engine_kv *src, *dst;
+  kdn_request req;
+} demoted_kv;
+
+/* 0 when the runtime cannot be made (a failed check; nothing to end). */
+static int demoted_kv_begin(demoted_kv *d, const char *ns, const char *subdir_name, const char *codec) {
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  view_buf vsrc;
+  kdn_kv_result res;
+  d->rt = host_over_disk(subdir_name, codec);
+  if (d->rt == NULL) return 0;
+  d->m = new_model(d->rt, FINGERPRINT);
+  d->src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+  d->dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+  d->req = token_request(kTokens, POSITIONS);
+  ekv_write_ref(d->src, POSITIONS);
+  res = SAVE(d->m, ns, &d->req, whole_view(&vsrc, d->src), 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  /* Three chunks, room for two: the first goes down to disk. */
+  CHECK(wait_tier_objects(d->rt, 1, 1));
+  return 1;
+}
+
+static void demoted_kv_end(demoted_kv *d) {
+  ekv_free(d->src);
+  ekv_free(d->dst);
+  kdn_model_destroy(d->m);
+  kdn_runtime_destroy(d->rt);
+}
+
 /* Issue 10, item 12: a disk tier of the default codec gives back the KV
  * stored, bit for bit, and no KDN_RESULT_LOSSY; a tier that names "kdn"
  * gives back KV close to it, flagged. Three chunks in a host tier with room
@@ -854,45 +890,30 @@ static kdn_kv_result load_whole_at(const kdn_model *m, const char *ns, const kdn
  * from the disk tier. */
 static void tier_codec_load_back(const char *codec, const char *subdir_name, int want_lossy) {
   static const char ns[] = "codec-default";
-  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
-  kdn_runtime *rt = host_over_disk(subdir_name, codec);
-  kdn_model *m;
+  demoted_kv d;
   kdn_tier_stats disk;
-  if (rt == NULL) return;
-  m = new_model(rt, FINGERPRINT);
-  {
-    engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    view_buf vsrc, vdst;
-    kdn_request req = token_request(kTokens, POSITIONS);
-    kdn_kv_result res;
-    ekv_write_ref(src, POSITIONS);
-    res = SAVE(m, ns, &req, whole_view(&vsrc, src), 1);
-    CHECK_EQ(res.tokens, POSITIONS);
-    CHECK(wait_tier_objects(rt, 1, 1));
-    disk = tier_stats(rt, 1);
-    CHECK_EQ(disk.encoded_chunks, 1);
-    CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
-    CHECK(disk.bytes_after_encoding < CHUNK_BYTES); /* both compress */
-    printf("  %s: the demoted chunk, %llu bytes -> %llu on disk\n", disk.codec,
-           (unsigned long long)disk.bytes_before_encoding, (unsigned long long)disk.bytes_after_encoding);
-    res = load_whole_at(m, ns, &req, whole_view(&vdst, dst), 1, dst, POSITIONS, __LINE__);
-    CHECK_EQ(res.tokens, POSITIONS);
-    disk = tier_stats(rt, 1);
-    CHECK(disk.hits >= 1); /* the first chunk was read from disk */
-    CHECK_EQ(disk.decode_failures, 0);
-    if (want_lossy) {
-      CHECK(!ekv_holds_ref(dst, POSITIONS)); /* the first chunk came back decoded, close */
-      CHECK((res.flags & KDN_RESULT_LOSSY) != 0);
-    } else {
-      CHECK(ekv_holds_ref(dst, POSITIONS)); /* every byte as stored */
-      CHECK((res.flags & KDN_RESULT_LOSSY) == 0);
-    }
-    ekv_free(src);
-    ekv_free(dst);
+  view_buf vdst;
+  kdn_kv_result res;
+  if (!demoted_kv_begin(&d, ns, subdir_name, codec)) return;
+  disk = tier_stats(d.rt, 1);
+  CHECK_EQ(disk.encoded_chunks, 1);
+  CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
+  CHECK(disk.bytes_after_encoding < CHUNK_BYTES); /* both compress */
+  printf("  %s: the demoted chunk, %llu bytes -> %llu on disk\n", disk.codec,
+         (unsigned long long)disk.bytes_before_encoding, (unsigned long long)disk.bytes_after_encoding);
+  res = load_whole_at(d.m, ns, &d.req, whole_view(&vdst, d.dst), 1, d.dst, POSITIONS, __LINE__);
+  CHECK_EQ(res.tokens, POSITIONS);
+  disk = tier_stats(d.rt, 1);
+  CHECK(disk.hits >= 1); /* the first chunk was read from disk */
+  CHECK_EQ(disk.decode_failures, 0);
+  if (want_lossy) {
+    CHECK(!ekv_holds_ref(d.dst, POSITIONS)); /* the first chunk came back decoded, close */
+    CHECK((res.flags & KDN_RESULT_LOSSY) != 0);
+  } else {
+    CHECK(ekv_holds_ref(d.dst, POSITIONS)); /* every byte as stored */
+    CHECK((res.flags & KDN_RESULT_LOSSY) == 0);
   }
-  kdn_model_destroy(m);
-  kdn_runtime_destroy(rt);
+  demoted_kv_end(&d);
 }
 
 static void test_tier_codec_default_lossless(void) {
@@ -905,52 +926,36 @@ static void test_tier_codec_default_lossless(void) {
 
 static void test_tier_codec_int8(void) {
   static const char ns[] = "codecs";
-  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
-  kdn_runtime *rt;
-  kdn_model *m;
+  demoted_kv d;
   kdn_tier_stats host, disk;
+  view_buf vdst;
+  kdn_kv_result res;
+  int exact = 1;
 
   group_begin("tier codecs: an int8 disk tier encodes on demotion, decodes on load");
-  rt = host_over_disk("codec-int8", "int8");
-  if (rt == NULL) {
+  if (!demoted_kv_begin(&d, ns, "codec-int8", "int8")) {
     group_end();
     return;
   }
-  m = new_model(rt, FINGERPRINT);
-  {
-    engine_kv *src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    engine_kv *dst = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
-    view_buf vsrc, vdst;
-    kdn_request req = token_request(kTokens, POSITIONS);
-    kdn_kv_result res;
-    int exact = 1;
-    ekv_write_ref(src, POSITIONS);
-    res = SAVE(m, ns, &req, whole_view(&vsrc, src), 1);
-    CHECK_EQ(res.tokens, POSITIONS);
-    /* Three chunks, room for two: the first goes down to disk, encoded. */
-    CHECK(wait_tier_objects(rt, 1, 1));
-    host = tier_stats(rt, 0);
-    disk = tier_stats(rt, 1);
-    CHECK(strcmp(host.codec, "raw") == 0 && host.encoded_chunks == 0);
-    CHECK(strcmp(disk.codec, "int8") == 0);
-    CHECK_EQ(disk.encoded_chunks, 1);
-    CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
-    /* f32 to int8 codes plus one f32 scale per (layer, k|v, token). */
-    CHECK(disk.bytes_after_encoding > CHUNK_BYTES / 4 && disk.bytes_after_encoding < CHUNK_BYTES / 3);
-    CHECK(disk.used_bytes < CHUNK_BYTES / 2); /* capacity counts encoded bytes */
-    CHECK_EQ(disk.encode_failures, 0);
-    res = load_whole_at(m, ns, &req, whole_view(&vdst, dst), 1, dst, POSITIONS, __LINE__);
-    CHECK_EQ(res.tokens, POSITIONS);
-    CHECK(ekv_near_ref_int8(dst, POSITIONS, &exact));
-    CHECK(!exact); /* the first chunk came back decoded, not copied */
-    CHECK((res.flags & KDN_RESULT_LOSSY) != 0); /* and the load says so */
-    disk = tier_stats(rt, 1);
-    CHECK_EQ(disk.decode_failures, 0);
-    ekv_free(src);
-    ekv_free(dst);
-  }
-  kdn_model_destroy(m);
-  kdn_runtime_destroy(rt);
+  /* The demoted chunk is encoded. */
+  host = tier_stats(d.rt, 0);
+  disk = tier_stats(d.rt, 1);
+  CHECK(strcmp(host.codec, "raw") == 0 && host.encoded_chunks == 0);
+  CHECK(strcmp(disk.codec, "int8") == 0);
+  CHECK_EQ(disk.encoded_chunks, 1);
+  CHECK_EQ(disk.bytes_before_encoding, CHUNK_BYTES);
+  /* f32 to int8 codes plus one f32 scale per (layer, k|v, token). */
+  CHECK(disk.bytes_after_encoding > CHUNK_BYTES / 4 && disk.bytes_after_encoding < CHUNK_BYTES / 3);
+  CHECK(disk.used_bytes < CHUNK_BYTES / 2); /* capacity counts encoded bytes */
+  CHECK_EQ(disk.encode_failures, 0);
+  res = load_whole_at(d.m, ns, &d.req, whole_view(&vdst, d.dst), 1, d.dst, POSITIONS, __LINE__);
+  CHECK_EQ(res.tokens, POSITIONS);
+  CHECK(ekv_near_ref_int8(d.dst, POSITIONS, &exact));
+  CHECK(!exact); /* the first chunk came back decoded, not copied */
+  CHECK((res.flags & KDN_RESULT_LOSSY) != 0); /* and the load says so */
+  disk = tier_stats(d.rt, 1);
+  CHECK_EQ(disk.decode_failures, 0);
+  demoted_kv_end(&d);
   group_end();
 }
 
@@ -2261,38 +2266,59 @@ static int canon_holds_edited(const canon_buf *b, float v0_add) {
   return same;
 }
 
+/* A runtime with the editor in a mode (its state in `st`, which outlives
+ * the runtime) and a model in it. */
+typedef struct {
+  edit_state st;
+  kdn_runtime *rt;
+  kdn_model *m;
+} editor_case;
+
+/* Makes c's runtime and model, then stores `in` (one chunk) in `ns`: the
+ * editor runs on it in the background. The reentering editor is given the
+ * handles to call back with before that store. 0 when the runtime or the
+ * model cannot be made (a failed check). */
+static int editor_case_store(editor_case *c, edit_mode mode, const char *ns, const kdn_request *req,
+                             canon_buf *in) {
+  kdn_kv_result stored = KDN_KV_RESULT_INIT;
+  c->rt = editor_runtime(&c->st, mode);
+  c->m = c->rt != NULL ? new_model(c->rt, FINGERPRINT) : NULL;
+  if (c->m == NULL) return 0;
+  if (mode == EDIT_REENTER) {
+    c->st.rt = c->rt;
+    c->st.model = c->m;
+  }
+  CHECK_OK(kdn_kv_store(c->m, ns, strlen(ns), req, &in->view, 1, &stored));
+  CHECK_EQ(stored.tokens, POSITIONS);
+  return 1;
+}
+
 static void test_editor_add_one(void) {
   static const char ns[] = "edited";
   const kdn_request req = token_request(kTokens, POSITIONS);
   canon_buf in = canon_new(POSITIONS, POSITIONS);
-  edit_state st;
-  kdn_runtime *rt;
-  kdn_model *m;
+  editor_case c;
 
   group_begin("editor: V of layer 0 plus one");
-  rt = editor_runtime(&st, EDIT_ADD_ONE);
-  m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
-  if (m != NULL) {
-    kdn_kv_result stored = KDN_KV_RESULT_INIT, filled = KDN_KV_RESULT_INIT;
+  if (editor_case_store(&c, EDIT_ADD_ONE, ns, &req, &in)) {
+    kdn_kv_result filled = KDN_KV_RESULT_INIT;
     uint8_t fp[32];
     int waited;
     kdn_stats s;
-    CHECK_OK(kdn_kv_store(m, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
-    CHECK_EQ(stored.tokens, POSITIONS);
-    for (waited = 0; waited <= POLL_LIMIT_MS && get_stats(rt).edits < 1; waited += POLL_MS) sleep_ms(POLL_MS);
-    s = get_stats(rt);
+    for (waited = 0; waited <= POLL_LIMIT_MS && get_stats(c.rt).edits < 1; waited += POLL_MS) sleep_ms(POLL_MS);
+    s = get_stats(c.rt);
     CHECK_EQ(s.edits, 1);
-    CHECK(wait_calls(&st, 1));
-    CHECK_EQ(load_acquire(&st.calls), 1);
-    CHECK_EQ(st.info.struct_size, sizeof(kdn_chunk_info));
-    CHECK_EQ(st.info.filled_size, sizeof(kdn_chunk_info));
-    CHECK(st.info.num_layers == LAYERS && st.info.num_kv_heads == HEADS && st.info.head_dim == HEAD_DIM);
-    CHECK_EQ(st.info.num_tokens, POSITIONS);
-    CHECK_EQ(st.info.dtype, KDN_DTYPE_F32);
-    CHECK_EQ(st.info.first_position, 0);
-    CHECK_EQ(st.kv_bytes, KV_BYTES);
-    CHECK_OK(kdn_model_get_fingerprint(m, fp));
-    CHECK(memcmp(st.info.model_fingerprint, fp, 32) == 0);
+    CHECK(wait_calls(&c.st, 1));
+    CHECK_EQ(load_acquire(&c.st.calls), 1);
+    CHECK_EQ(c.st.info.struct_size, sizeof(kdn_chunk_info));
+    CHECK_EQ(c.st.info.filled_size, sizeof(kdn_chunk_info));
+    CHECK(c.st.info.num_layers == LAYERS && c.st.info.num_kv_heads == HEADS && c.st.info.head_dim == HEAD_DIM);
+    CHECK_EQ(c.st.info.num_tokens, POSITIONS);
+    CHECK_EQ(c.st.info.dtype, KDN_DTYPE_F32);
+    CHECK_EQ(c.st.info.first_position, 0);
+    CHECK_EQ(c.st.kv_bytes, KV_BYTES);
+    CHECK_OK(kdn_model_get_fingerprint(c.m, fp));
+    CHECK(memcmp(c.st.info.model_fingerprint, fp, 32) == 0);
     CHECK(canon_holds(&in, POSITIONS)); /* the caller's buffer is not edited */
     {
       /* kdn_stats.edits counts the edit as soon as the callback returned;
@@ -2302,7 +2328,7 @@ static void test_editor_add_one(void) {
       canon_buf out = canon_new(POSITIONS, 0);
       int attempt;
       for (attempt = 1; attempt <= 100; ++attempt) {
-        CHECK_OK(kdn_kv_retrieve(m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
+        CHECK_OK(kdn_kv_retrieve(c.m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
         if (canon_holds_edited(&out, 1.0f)) break;
         sleep_ms(10);
       }
@@ -2311,26 +2337,26 @@ static void test_editor_add_one(void) {
       CHECK(canon_holds_edited(&out, 1.0f));
       canon_free(&out);
     }
-    CHECK_EQ(get_stats(rt).edited_served, 1);
+    CHECK_EQ(get_stats(c.rt).edited_served, 1);
     {
       /* An asynchronous load serves the edited chunk too. */
       engine_kv *dst = ekv_llama(POSITIONS);
       view_buf v;
-      const kdn_kv_result res = LOAD(m, ns, &req, whole_view(&v, dst), 1);
+      const kdn_kv_result res = LOAD(c.m, ns, &req, whole_view(&v, dst), 1);
       int l;
       CHECK(res.state == KDN_OP_DONE && res.tokens == POSITIONS);
       CHECK(ekv_layer_holds(dst, 0, 0, POSITIONS, 0.0f) && ekv_layer_holds(dst, 0, 1, POSITIONS, 1.0f));
       for (l = 1; l < LAYERS; ++l) CHECK(ekv_layer_ref(dst, l, POSITIONS));
       ekv_free(dst);
     }
-    s = get_stats(rt);
+    s = get_stats(c.rt);
     CHECK_EQ(s.edited_served, 2);
     CHECK_EQ(s.edits, 1); /* served twice, edited once */
-    CHECK_EQ(load_acquire(&st.calls), 1);
+    CHECK_EQ(load_acquire(&c.st.calls), 1);
   }
   /* The runtime first, then the model: `st` must live until the last. */
-  kdn_runtime_destroy(rt);
-  kdn_model_destroy(m);
+  kdn_runtime_destroy(c.rt);
+  kdn_model_destroy(c.m);
   group_end();
   canon_free(&in);
 }
@@ -2340,31 +2366,27 @@ static void test_editor_fail_or_unchanged(void) {
   static const edit_mode modes[2] = {EDIT_FAIL, EDIT_UNCHANGED};
   const kdn_request req = token_request(kTokens, POSITIONS);
   canon_buf in = canon_new(POSITIONS, POSITIONS);
-  edit_state st;
+  editor_case c;
   int i;
   group_begin("editor: a failure, or no change, keeps the KV");
   for (i = 0; i < 2; ++i) {
-    kdn_runtime *rt = editor_runtime(&st, modes[i]);
-    kdn_model *m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
-    if (m != NULL) {
-      kdn_kv_result stored = KDN_KV_RESULT_INIT, filled = KDN_KV_RESULT_INIT;
+    if (editor_case_store(&c, modes[i], ns, &req, &in)) {
+      kdn_kv_result filled = KDN_KV_RESULT_INIT;
       canon_buf out = canon_new(POSITIONS, 0);
       kdn_stats s;
-      CHECK_OK(kdn_kv_store(m, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
-      CHECK_EQ(stored.tokens, POSITIONS);
-      CHECK(wait_calls(&st, 1));
+      CHECK(wait_calls(&c.st, 1));
       sleep_ms(20);
-      CHECK_OK(kdn_kv_retrieve(m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
+      CHECK_OK(kdn_kv_retrieve(c.m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
       CHECK_EQ(filled.tokens, POSITIONS);
       CHECK(canon_holds(&out, POSITIONS));
-      s = get_stats(rt);
+      s = get_stats(c.rt);
       CHECK_EQ(s.edits, 0);
       CHECK_EQ(s.edited_served, 0);
-      CHECK_EQ(load_acquire(&st.calls), 1);
+      CHECK_EQ(load_acquire(&c.st.calls), 1);
       canon_free(&out);
     }
-    kdn_model_destroy(m);
-    kdn_runtime_destroy(rt);
+    kdn_model_destroy(c.m);
+    kdn_runtime_destroy(c.rt);
   }
   group_end();
   canon_free(&in);
@@ -2374,37 +2396,29 @@ static void test_editor_reentry(void) {
   static const char ns[] = "edited";
   const kdn_request req = token_request(kTokens, POSITIONS);
   canon_buf in = canon_new(POSITIONS, POSITIONS);
-  edit_state st;
-  kdn_runtime *rt;
-  kdn_model *m;
+  editor_case c;
   group_begin("editor: calls back into kdn are refused, not hung");
-  rt = editor_runtime(&st, EDIT_REENTER);
-  m = rt != NULL ? new_model(rt, FINGERPRINT) : NULL;
-  if (m != NULL) {
-    kdn_kv_result stored = KDN_KV_RESULT_INIT, filled = KDN_KV_RESULT_INIT;
+  if (editor_case_store(&c, EDIT_REENTER, ns, &req, &in)) {
+    kdn_kv_result filled = KDN_KV_RESULT_INIT;
     canon_buf out = canon_new(POSITIONS, 0);
-    st.rt = rt; /* before the store that runs the editor */
-    st.model = m;
-    CHECK_OK(kdn_kv_store(m, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
-    CHECK_EQ(stored.tokens, POSITIONS);
-    CHECK(wait_calls(&st, 1));
-    CHECK_EQ(st.store_status, KDN_ERR_INVALID_ARGUMENT);
-    CHECK(st.store_message);
-    CHECK(st.stored_tokens_zero);
-    CHECK_EQ(st.lookup_status, KDN_ERR_INVALID_ARGUMENT);
-    CHECK_EQ(st.stats_status, KDN_ERR_INVALID_ARGUMENT);
-    CHECK_EQ(st.fingerprint_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK(wait_calls(&c.st, 1));
+    CHECK_EQ(c.st.store_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK(c.st.store_message);
+    CHECK(c.st.stored_tokens_zero);
+    CHECK_EQ(c.st.lookup_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(c.st.stats_status, KDN_ERR_INVALID_ARGUMENT);
+    CHECK_EQ(c.st.fingerprint_status, KDN_ERR_INVALID_ARGUMENT);
     /* The runtime goes on: nothing was stored from inside, the KV is as
      * stored, and this thread's calls work. */
-    CHECK_EQ(lookup_one(m, "inner", &req), 0);
-    CHECK_OK(kdn_kv_retrieve(m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
+    CHECK_EQ(lookup_one(c.m, "inner", &req), 0);
+    CHECK_OK(kdn_kv_retrieve(c.m, ns, sizeof ns - 1, &req, &out.view, 1, &filled));
     CHECK_EQ(filled.tokens, POSITIONS);
     CHECK(canon_holds(&out, POSITIONS));
-    CHECK_EQ(get_stats(rt).edits, 0);
+    CHECK_EQ(get_stats(c.rt).edits, 0);
     canon_free(&out);
   }
-  kdn_model_destroy(m);
-  kdn_runtime_destroy(rt);
+  kdn_model_destroy(c.m);
+  kdn_runtime_destroy(c.rt);
   group_end();
   canon_free(&in);
 }
@@ -2698,6 +2712,18 @@ static void bad_close(bad_fixture *f, int counted) {
   ekv_free(f->llama);
 }
 
+/* Ends a case whose good calls bad_close would count, without its checks:
+ * closes the big runtime (what comes next opens a fresh one) and frees the
+ * caches. */
+static void bad_drop(bad_fixture *f) {
+  kdn_model_destroy(g_big_model);
+  kdn_runtime_destroy(g_big);
+  g_big = NULL;
+  g_big_model = NULL;
+  ekv_free(f->paged);
+  ekv_free(f->llama);
+}
+
 static void test_bad_lookup_batch(void) {
   bad_fixture f;
   kdn_lookup_result res[2];
@@ -2765,12 +2791,7 @@ static void test_bad_lookup_batch(void) {
   group_end();
   /* bad_close checks no lookups were counted: start it from a runtime
    * without that good one. */
-  kdn_model_destroy(g_big_model);
-  kdn_runtime_destroy(g_big);
-  g_big = NULL;
-  g_big_model = NULL;
-  ekv_free(f.paged);
-  ekv_free(f.llama);
+  bad_drop(&f);
 }
 
 /* Each async call: the documented status, a message, *out set to NULL. */
@@ -3004,12 +3025,7 @@ static void test_bad_ops(void) {
   }
   group_end();
   /* That load of nothing counted: bad_close wants none. */
-  kdn_model_destroy(g_big_model);
-  kdn_runtime_destroy(g_big);
-  g_big = NULL;
-  g_big_model = NULL;
-  ekv_free(f.paged);
-  ekv_free(f.llama);
+  bad_drop(&f);
 }
 
 static void test_bad_knowledge_put(void) {

@@ -289,6 +289,35 @@ struct RealStore {
   std::unique_ptr<KnowledgeIndex> index;
 };
 
+// Two documents whose tokens differ only in token 0, their KV from the
+// reference model, and a RealStore to put them in.
+struct TwoDocuments {
+  // a is `text` encoded; b is a with token 0 replaced by a's token `b0`.
+  // Call under ASSERT_NO_FATAL_FAILURE.
+  void Make(const std::string& text, size_t b0) {
+    auto weights = model::Checkpoint::Load(testing::ModelPath()).value();
+    auto tok = model::Tokenizer::Load(testing::TokenizerPath(), 512).value();
+    model::Transformer t(weights, 1);
+    a = tok.Encode(text, true);
+    ASSERT_GE(a.size(), 17u);
+    b = a;
+    b[0] = a[b0];
+    ka = Prefill(t, a);
+    kb = Prefill(t, b);
+    T = a.size();
+    ta.assign(a.begin(), a.end());
+    tb.assign(b.begin(), b.end());
+    in_a = ka.kv;
+    in_b = kb.kv;
+  }
+  RealStore rs;
+  std::vector<int> a, b;
+  RealKv ka, kb;
+  size_t T = 0;
+  std::vector<std::int32_t> ta, tb;
+  std::vector<float> in_a, in_b;  // what the views put read
+};
+
 ViewSpec CanonicalSpec(std::vector<float>& kv) {
   ViewSpec s;
   s.data = kv.data();
@@ -302,29 +331,21 @@ ViewSpec CanonicalSpec(std::vector<float>& kv) {
 // bit for bit; documents with the same bytes still share chunks.
 TEST_F(KnowledgeTest, FetchReturnsTheKvPutForThatDocumentEvenWhereTextIsShared) {
   KDN_REQUIRE_MODEL();
-  RealStore rs;
-  KvStore* const store_ = rs.store.get();
-  KnowledgeIndex* const index_ = rs.index.get();
-  auto weights = model::Checkpoint::Load(testing::ModelPath()).value();
-  auto tok = model::Tokenizer::Load(testing::TokenizerPath(), 512).value();
-  model::Transformer t(weights, 1);
-  const std::vector<int> a =
-      tok.Encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.", true);
-  ASSERT_GE(a.size(), 17u);
-  std::vector<int> b = a;
-  b[0] = a[1];  // differs in token 0 only
-  const RealKv ka = Prefill(t, a), kb = Prefill(t, b);
-  const size_t T = a.size();
+  TwoDocuments d;
+  ASSERT_NO_FATAL_FAILURE(
+      d.Make("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.", 1));
+  KvStore* const store_ = d.rs.store.get();
+  KnowledgeIndex* const index_ = d.rs.index.get();
+  const RealKv &ka = d.ka, &kb = d.kb;
+  const size_t T = d.T;
   ASSERT_NE(0, std::memcmp(&ka.kv[2 * T * 32 + 8 * 32], &kb.kv[2 * T * 32 + 8 * 32], 32 * 4))
       << "layer 1's KV at token 8 should depend on token 0";
   const ModelKv& m = ka.m;
-  const std::vector<std::int32_t> ta(a.begin(), a.end()), tb(b.begin(), b.end());
-  std::vector<float> in_a = ka.kv, in_b = kb.kv;
-  auto va = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_a)}, T).value();
-  auto vb = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_b)}, T).value();
-  ASSERT_TRUE(index_->Put(m, "ns", "a", 1, "", ta, va).ok());
-  ASSERT_TRUE(index_->Put(m, "ns", "b", 1, "", tb, vb).ok());
-  ASSERT_TRUE(index_->Put(m, "ns", "a-again", 1, "", ta, va).ok());  // the same bytes as a: shares a's chunks
+  auto va = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(d.in_a)}, T).value();
+  auto vb = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(d.in_b)}, T).value();
+  ASSERT_TRUE(index_->Put(m, "ns", "a", 1, "", d.ta, va).ok());
+  ASSERT_TRUE(index_->Put(m, "ns", "b", 1, "", d.tb, vb).ok());
+  ASSERT_TRUE(index_->Put(m, "ns", "a-again", 1, "", d.ta, va).ok());  // the same bytes as a: shares a's chunks
   const auto fetch = [&](const std::string& id) {
     std::vector<float> out(ka.kv.size(), -7.0f);
     auto view = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(out)}, T).value();
@@ -351,34 +372,25 @@ TEST_F(KnowledgeTest, FetchReturnsTheKvPutForThatDocumentEvenWhereTextIsShared) 
 // document's KV for the same text put since: its fetch says it is gone.
 TEST_F(KnowledgeTest, AnEvictedChunkIsNotReplacedByAnotherDocumentsKv) {
   KDN_REQUIRE_MODEL();
-  RealStore rs;
-  KvStore* const store_ = rs.store.get();
-  KnowledgeIndex* const index_ = rs.index.get();
-  auto weights = model::Checkpoint::Load(testing::ModelPath()).value();
-  auto tok = model::Tokenizer::Load(testing::TokenizerPath(), 512).value();
-  model::Transformer t(weights, 1);
-  const std::vector<int> a = tok.Encode("The cat sat on the mat and looked at the big red ball in the garden.", true);
-  ASSERT_GE(a.size(), 17u);
-  std::vector<int> b = a;
-  b[0] = a[2];
-  const RealKv ka = Prefill(t, a), kb = Prefill(t, b);
-  const size_t T = a.size();
-  const ModelKv& m = ka.m;
-  const std::vector<std::int32_t> ta(a.begin(), a.end()), tb(b.begin(), b.end());
-  std::vector<float> in_a = ka.kv, in_b = kb.kv;
-  ASSERT_TRUE(index_->Put(m, "ns", "a", 1, "", ta,
-                          ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_a)}, T).value()).ok());
-  const auto k1 = store_->ContentKey(m, "ns", std::span<const std::int32_t>(ta).subspan(8, 8));
+  TwoDocuments d;
+  ASSERT_NO_FATAL_FAILURE(d.Make("The cat sat on the mat and looked at the big red ball in the garden.", 2));
+  KvStore* const store_ = d.rs.store.get();
+  KnowledgeIndex* const index_ = d.rs.index.get();
+  const size_t T = d.T;
+  const ModelKv& m = d.ka.m;
+  ASSERT_TRUE(index_->Put(m, "ns", "a", 1, "", d.ta,
+                          ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(d.in_a)}, T).value()).ok());
+  const auto k1 = store_->ContentKey(m, "ns", std::span<const std::int32_t>(d.ta).subspan(8, 8));
   ASSERT_TRUE(store_->chain().Erase(k1));  // a's chunk 1 is gone from every tier
-  ASSERT_TRUE(index_->Put(m, "ns", "b", 1, "", tb,
-                          ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(in_b)}, T).value()).ok());
-  std::vector<float> out(ka.kv.size(), -7.0f);
+  ASSERT_TRUE(index_->Put(m, "ns", "b", 1, "", d.tb,
+                          ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(d.in_b)}, T).value()).ok());
+  std::vector<float> out(d.ka.kv.size(), -7.0f);
   auto view = ResolvedViews::Resolve(m, std::vector<ViewSpec>{CanonicalSpec(out)}, T).value();
   std::vector<std::int32_t> tokens;
   EXPECT_EQ(index_->Fetch(m, "ns", "a", &view, T, &tokens).code(), Code::kNotFound);
   out.assign(out.size(), -7.0f);
   ASSERT_TRUE(index_->Fetch(m, "ns", "b", &view, T, &tokens).ok());
-  EXPECT_EQ(out, kb.kv);
+  EXPECT_EQ(out, d.kb.kv);
 }
 
 
