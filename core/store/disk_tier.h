@@ -46,14 +46,25 @@
 // Linux 6.6 and some FUSE and network filesystems refuse O_DIRECT with
 // EINVAL) and falls back to buffered I/O, as does a read or a temp file's
 // creation that gets EINVAL later. A direct write covers whole blocks; the
-// file is cut to the object's size before its sync.
+// file is cut to the object's size before its sync. The buffers are reused
+// (a pool of at most io_buffer_cache_bytes idle; a chunk Get returns keeps
+// its read buffer until it dies). An object of two write segments (4 MiB)
+// or more is written while it is being copied in: its blocks are allocated,
+// each segment is queued (Linux AIO) as soon as its bytes are final, and
+// the first segment, which holds the header and its checksums, goes last;
+// the file is synced and renamed only once every write is complete, so a
+// crash still leaves only a temp file. Such an object is read the same way,
+// its segments queued at once and its payload hashed as they land, so that
+// the checksum's check overlaps the read.
 //
 // Get opens object files without blocking (O_NONBLOCK: a FIFO in an
 // object's place is not waited on) and without following a symbolic link,
-// and checks, before reading past the first block, that the file is a
-// regular file of the size the index holds (at most max_object_bytes) and
-// that its header says that size: a read never allocates more than a valid
-// object of the tier needs. It then checks every object it reads
+// and checks, before reading, that the file is a regular file of the size
+// the index holds (at most max_object_bytes). A size the tier has not seen
+// in a valid object (one indexed at Open from a file's size) is also
+// checked against the file's header before the read goes past the first
+// block; a size it wrote or read back whole is read in one request. A read
+// never allocates more than a valid object of the tier needs. It then checks every object it reads
 // (wire::DecodeEnvelope with the expected key); an object that fails any
 // check (not a regular file, another size, truncated, flipped bits, another
 // key, a format this build cannot read, a file gone missing) is counted in
@@ -72,7 +83,8 @@
 // Thread-safety: every member function may be called concurrently. A mutex
 // guards the index; file reads and writes happen outside it (unlinks, which
 // are short, happen under it so that they cannot race a rename of the same
-// key). One process at a time uses a directory: Open fails with kUnavailable
+// key), as they do outside the locks of the buffer pool and of the idle AIO
+// contexts (held only to take or give one back). One process at a time uses a directory: Open fails with kUnavailable
 // while another holds DIR/LOCK. A child made by fork() does not hold it
 // (exec or not: a fork handler points the child's copy of the lock's
 // descriptor at /dev/null), and must not use a tier it inherited.
@@ -106,6 +118,10 @@ struct DiskTierOptions {
   // Put of a larger one is kInvalidArgument, a larger file on disk is
   // invalid. With the capacity, it bounds what a read allocates.
   std::uint64_t max_object_bytes = std::uint64_t{1} << 30;
+  // Aligned I/O buffers kept idle for the next write or read (a fresh one
+  // costs a page fault per page, more than the I/O's copy at 32 MiB): at
+  // most this many bytes; a larger buffer is freed after its use. 0 keeps none.
+  std::uint64_t io_buffer_cache_bytes = std::uint64_t{128} << 20;
   std::string name = "disk";
   // How object files are opened for reading: ::open(path, flags) when empty.
   // A seam for tests, which inject a filesystem that refuses O_DIRECT (as
@@ -148,13 +164,17 @@ class DiskTier final : public Tier {
     std::uint64_t bytes = 0;
     std::int64_t last_use_ns = 0;
     std::uint64_t generation = 0;  // tells a re-put object from the one a reader saw
+    // Whether `bytes` is known to be an object's size (written by this
+    // tier, or read whole and checked), not just a file's (indexed at Open).
+    bool size_known = false;
   };
   // Why a Get failed to return an object it found in the index: a failed
   // check or a lost file (removed, counted as corrupt), unreadable media
   // (removed, counted as an I/O error), or a passing shortage of memory or
   // file descriptors (kept, the error returned as is).
   enum class ReadFailure { kCorrupt, kBadMedia, kTransient };
-  struct FileBytes;  // a whole file in an O_DIRECT-aligned buffer
+  struct FileBytes;   // a whole file in an O_DIRECT-aligned buffer
+  class BufferPool;   // aligned buffers kept for reuse
 
   DiskTier(DiskTierOptions options, int lock_fd, int tmp_fd);
   Status Prepare();          // shard dirs, temp cleanup, index, trim, O_DIRECT probe
@@ -172,9 +192,12 @@ class DiskTier final : public Tier {
   std::string ShardDir(const keys::Digest& key) const;
   Status EnsureShard(std::uint8_t first_key_byte);  // creates objects/<xx> once
   Status WriteObject(const Chunk& chunk, std::uint64_t cost);
-  Result<ChunkRef> ReadObject(const keys::Digest& key, std::uint64_t bytes, ReadFailure* why);
-  Result<FileBytes> ReadFile(const std::string& path, std::uint64_t bytes, int* errno_out);
-  Result<FileBytes> ReadWhole(int fd, const std::string& path, std::uint64_t bytes, int* err) const;
+  // An AIO context for a pipelined write or read (0 when the kernel gives none), and back.
+  std::uint64_t TakeAioContext() const;
+  void GiveAioContext(std::uint64_t ctx, bool reusable) const;
+  Result<ChunkRef> ReadObject(const keys::Digest& key, std::uint64_t bytes, bool size_known, ReadFailure* why);
+  Result<FileBytes> ReadFile(const std::string& path, std::uint64_t bytes, bool size_known, int* errno_out);
+  Result<FileBytes> ReadWhole(int fd, const std::string& path, std::uint64_t bytes, bool size_known, int* err) const;
   // Removes `key` if the index still holds the generation a reader saw.
   void DropFailed(const keys::Digest& key, std::uint64_t generation, ReadFailure why);
   void RemoveLocked(const keys::Digest& key);  // requires mu_
@@ -183,10 +206,15 @@ class DiskTier final : public Tier {
   const int lock_fd_;
   const int tmp_fd_;  // DIR/tmp, opened without following a link
   std::atomic<bool> odirect_;
+  // Shared with the chunks Get returns, whose payloads live in its buffers.
+  const std::shared_ptr<BufferPool> pool_;
   std::atomic<std::uint64_t> temp_seq_{0};
   std::array<std::atomic<bool>, 256> shard_ready_{};  // objects/<xx> exists
   std::uint64_t stale_temps_removed_ = 0;  // set by Open only
   std::uint64_t trimmed_at_open_ = 0;      // set by Open only
+
+  mutable std::mutex aio_mu_;
+  mutable std::vector<std::uint64_t> aio_idle_;  // AIO contexts (aio_context_t) kept for reuse; guarded by aio_mu_
 
   mutable std::mutex mu_;
   std::condition_variable put_done_;  // signalled when a pending Put ends

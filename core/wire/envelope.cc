@@ -12,6 +12,7 @@
 #include <bit>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <new>
 #include <optional>
 #include <string>
@@ -283,7 +284,7 @@ chunk::ChunkRef MakeChunk(const EnvelopeHeader& h, const Pieces& pieces, const s
 // DecodeEnvelope past the framing checks; may throw kj::Exception on a
 // malformed message (the caller turns it into kCorrupt).
 Result<chunk::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, const keys::Digest* expected_key,
-                                      const std::shared_ptr<void>& owner) {
+                                      const std::shared_ptr<void>& owner, const PayloadChecksummer& checksum) {
   capnp::ReaderOptions options;
   // Every word is read about once; twice bounds any amplification a
   // malicious message could attempt, and lets a 1 GiB payload through.
@@ -297,17 +298,68 @@ Result<chunk::ChunkRef> DecodeMessage(kj::ArrayPtr<const capnp::word> words, con
   KDN_RETURN_IF_ERROR(ReadFields(e, &h, &pieces));
   KDN_RETURN_IF_ERROR(CheckHeader(h, e.getHeaderChecksum(), expected_key));
   if (h.version_minor == kEnvelopeVersionMinor) KDN_RETURN_IF_ERROR(CheckExactV1(words, e, pieces, h.payload_bytes));
-  if (PiecesChecksum(pieces) != h.checksum) return Corrupt("payload checksum mismatch");
+  const std::uint64_t sum = checksum && pieces.size() == 1 ? checksum(pieces[0].begin(), pieces[0].size())
+                                                           : PiecesChecksum(pieces);
+  if (sum != h.checksum) return Corrupt("payload checksum mismatch");
   return MakeChunk(h, pieces, owner);
 }
 
-void FillEnvelope(const chunk::Chunk& chunk, ChunkEnvelope::Builder e) {
+using CopyProgress = std::function<void(const std::uint8_t* end)>;
+
+// Copies `n` bytes to `to` and hashes them (XXH3-64, as PayloadChecksum)
+// in one pass: each block is hashed from the cache right after its copy,
+// so the payload is read from memory once, not twice.
+class CopyHasher {
+ public:
+  CopyHasher() : state_(XXH3_createState()) {
+    if (state_ == nullptr) throw std::bad_alloc();
+    XXH3_64bits_reset(state_);
+  }
+  ~CopyHasher() { XXH3_freeState(state_); }
+  CopyHasher(const CopyHasher&) = delete;
+  CopyHasher& operator=(const CopyHasher&) = delete;
+  // Calls `copied` with the end of what is copied so far after each block.
+  void Copy(std::uint8_t* to, const std::uint8_t* from, std::uint64_t n, const CopyProgress& copied) {
+    constexpr std::uint64_t kBlock = 64 << 10;  // stays in L2 between the copy and the hash
+    for (std::uint64_t off = 0; off < n; off += kBlock) {
+      const std::uint64_t len = std::min(kBlock, n - off);
+      std::memcpy(to + off, from + off, len);
+      XXH3_64bits_update(state_, to + off, len);
+      if (copied) copied(to + off + len);
+    }
+  }
+  std::uint64_t Digest() const { return XXH3_64bits_digest(state_); }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+// Where the pieces of a payload of `n` bytes start in its envelope (byte
+// offsets), as a flat message builder lays them out: right after the
+// header, one after the other, each padded to a word. A builder working
+// over a buffer that is not zero-filled relies on it (EncodeEnvelopeOver).
+std::vector<std::uint64_t> PieceOffsets(std::uint64_t n) {
+  std::vector<std::uint64_t> offsets;
+  // Pieces other than the last are whole words (kPayloadPieceBytes is), so
+  // the payload region is the last RoundUpToWord(n) bytes.
+  std::uint64_t at = EncodedEnvelopeSize(n) - RoundUpToWord(n);
+  for (std::uint64_t off = 0; off < n; off += kPayloadPieceBytes) {
+    offsets.push_back(at);
+    at += RoundUpToWord(std::min(kPayloadPieceBytes, n - off));
+  }
+  return offsets;
+}
+
+// Fills the envelope; with `expected` (PieceOffsets, relative to `base`),
+// fails before copying any of the payload when a piece would land
+// elsewhere (the caller zeroed only around them).
+bool FillEnvelope(const chunk::Chunk& chunk, ChunkEnvelope::Builder e, const std::uint8_t* base = nullptr,
+                  const std::vector<std::uint64_t>* expected = nullptr, const CopyProgress& copied = nullptr) {
   const chunk::ChunkMeta& m = chunk.meta;
   EnvelopeHeader h;
   h.meta = m;
   h.codec = static_cast<std::uint16_t>(m.codec);
   h.payload_bytes = chunk.payload.size();
-  h.checksum = PayloadChecksum(chunk.payload.data(), chunk.payload.size());
   e.setVersionMajor(h.version_major);
   e.setVersionMinor(h.version_minor);
   e.setModel(capnp::Data::Reader(m.model.data(), m.model.size()));
@@ -322,15 +374,24 @@ void FillEnvelope(const chunk::Chunk& chunk, ChunkEnvelope::Builder e) {
   e.setFirstPosition(m.first_position);
   e.setEdited(m.edited);
   const std::uint64_t n = chunk.payload.size();
-  capnp::List<capnp::Data>::Builder pieces = e.initPayload(static_cast<unsigned>(PieceCount(n)));
+  capnp::List<capnp::Data>::Builder list = e.initPayload(static_cast<unsigned>(PieceCount(n)));
+  std::vector<capnp::Data::Builder> pieces;
   for (std::uint64_t i = 0, off = 0; off < n; ++i, off += kPayloadPieceBytes) {
     const std::uint64_t len = std::min(kPayloadPieceBytes, n - off);
-    capnp::Data::Builder piece = pieces.init(static_cast<unsigned>(i), static_cast<unsigned>(len));
-    std::memcpy(piece.begin(), chunk.payload.data() + off, len);
+    pieces.push_back(list.init(static_cast<unsigned>(i), static_cast<unsigned>(len)));
+    if (expected && pieces.back().begin() != base + (*expected)[i]) return false;
   }
+  // The checksum is taken while copying; it and the header checksum are
+  // set after the pieces (scalars live in the struct, allocated first).
+  CopyHasher copier;
+  for (std::uint64_t i = 0; i < pieces.size(); ++i) {
+    copier.Copy(pieces[i].begin(), chunk.payload.data() + i * kPayloadPieceBytes, pieces[i].size(), copied);
+  }
+  h.checksum = copier.Digest();
   e.setChecksum(h.checksum);
   e.setChecksumAlgorithm(schema::ChecksumAlgorithm::XXH3);
   e.setHeaderChecksum(HeaderChecksum(h));
+  return true;
 }
 
 }  // namespace
@@ -363,7 +424,12 @@ std::uint64_t EncodedEnvelopeSize(std::uint64_t payload_bytes) {
          RoundUpToWord(payload_bytes);
 }
 
-Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size) {
+namespace {
+
+// EncodeEnvelopeInto and EncodeEnvelopeOver: `zeroed` says whether `out` is
+// zero-filled already.
+Status Encode(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size, bool zeroed,
+              const std::function<void(std::uint64_t end)>& copied) {
   const std::optional<std::uint64_t> shape_bytes = ShapeBytes(chunk.meta);
   if (!shape_bytes) return Status::InvalidArgument("chunk envelope: unknown dtype or a shape that overflows");
   const auto codec = static_cast<std::uint32_t>(chunk.meta.codec);
@@ -391,16 +457,50 @@ Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uin
     // The message is built in place, right after its segment table: the size
     // is known exactly, so one flat segment holds it and the payload is
     // copied once. requireFilled() proves the size was right.
-    capnp::FlatMessageBuilder builder(
-        kj::arrayPtr(reinterpret_cast<capnp::word*>(out + kSegmentTableBytes), words));
-    FillEnvelope(chunk, builder.initRoot<ChunkEnvelope>());
-    builder.requireFilled();
+    std::vector<std::uint64_t> offsets;
+    if (!zeroed) {
+      // A builder wants zeros where it writes; the payload copy overwrites
+      // the pieces, so only the header and each piece's last word (its
+      // padding) are cleared, not the whole buffer.
+      offsets = PieceOffsets(chunk.payload.size());
+      std::memset(out, 0, offsets.empty() ? total : offsets[0]);
+      for (std::uint64_t i = 0, off = 0; i < offsets.size(); ++i, off += kPayloadPieceBytes) {
+        const std::uint64_t padded = RoundUpToWord(std::min(kPayloadPieceBytes, chunk.payload.size() - off));
+        if (padded > 0) std::memset(out + offsets[i] + padded - sizeof(capnp::word), 0, sizeof(capnp::word));
+      }
+    }
+    bool laid_out;
+    {
+      capnp::FlatMessageBuilder builder(
+          kj::arrayPtr(reinterpret_cast<capnp::word*>(out + kSegmentTableBytes), words));
+      CopyProgress progress;
+      if (copied) progress = [&](const std::uint8_t* end) { copied(static_cast<std::uint64_t>(end - out)); };
+      laid_out = FillEnvelope(chunk, builder.initRoot<ChunkEnvelope>(), out, zeroed ? nullptr : &offsets, progress);
+      if (laid_out) builder.requireFilled();
+    }
+    if (!laid_out) {
+      // The builder placed a piece elsewhere than PieceOffsets says (another
+      // Cap'n Proto?): clear everything and build again.
+      std::memset(out, 0, total);
+      return Encode(chunk, out, size, true, copied);
+    }
     const std::uint32_t table[2] = {0, static_cast<std::uint32_t>(words)};
     std::memcpy(out, table, sizeof table);
     return Status::Ok();
   } catch (const kj::Exception& e) {
     return Status::Internal(std::string("chunk envelope: encoding failed: ") + e.getDescription().cStr());
   }
+}
+
+}  // namespace
+
+Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size) {
+  return Encode(chunk, out, size, true, nullptr);
+}
+
+Status EncodeEnvelopeOver(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size,
+                          const std::function<void(std::uint64_t end)>& copied) {
+  return Encode(chunk, out, size, false, copied);
 }
 
 Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk) {
@@ -415,8 +515,10 @@ Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk) {
   }
 }
 
+std::uint64_t OnePiecePayloadOffset() { return EncodedEnvelopeSize(1) - sizeof(capnp::word); }
+
 Result<chunk::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, const keys::Digest* expected_key,
-                                       std::shared_ptr<void> owner) {
+                                       std::shared_ptr<void> owner, const PayloadChecksummer& checksum) {
   if (data == nullptr && size != 0) return Status::InvalidArgument("chunk envelope: null buffer");
   if (size < kSegmentTableBytes || size % sizeof(capnp::word) != 0) {
     return Corrupt("truncated: " + std::to_string(size) + " bytes is not a whole number of words");
@@ -431,8 +533,9 @@ Result<chunk::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size, co
       std::memcpy(aligned.begin(), data, size);
       words = kj::arrayPtr(static_cast<const capnp::word*>(aligned.begin()), aligned.size());
       owner.reset();  // the pieces point into the aligned copy, which dies here
+      return DecodeMessage(words, expected_key, owner, nullptr);  // the caller's hash is not of the copy
     }
-    return DecodeMessage(words, expected_key, owner);
+    return DecodeMessage(words, expected_key, owner, checksum);
   } catch (const kj::Exception& e) {
     return Corrupt(std::string("does not parse: ") + e.getDescription().cStr());
   } catch (const std::bad_alloc&) {

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "keys/hash.h"
@@ -52,6 +53,15 @@ Result<chunk::Bytes> EncodeEnvelope(const chunk::Chunk& chunk);
 // word-aligned and zero-filled (a message builder requires both), e.g. a
 // page-aligned buffer for an O_DIRECT write.
 Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size);
+// The same into a word-aligned buffer that may hold old bytes (a reused
+// one): only what the payload copy does not overwrite (the header, each
+// piece's padding) is zeroed first, not the whole buffer. With `copied`,
+// calls it as the payload is copied in (every 64 KiB): the bytes of `out`
+// from the payload's start up to offset `end` are then final; the header
+// before the payload is final only when this returns. A writer can send the
+// payload on its way while the rest is still being copied.
+Status EncodeEnvelopeOver(const chunk::Chunk& chunk, std::uint8_t* out, std::uint64_t size,
+                          const std::function<void(std::uint64_t end)>& copied = nullptr);
 
 // Decodes and checks an envelope, returning the chunk as stored (its payload
 // still encoded when meta.codec is not raw). `data` need not be aligned (an unaligned
@@ -60,8 +70,19 @@ Status EncodeEnvelopeInto(const chunk::Chunk& chunk, std::uint8_t* out, std::uin
 // returned chunk, unless `owner` (which keeps `data` alive) is given: then a
 // payload of one piece (up to 256 MiB) stays in `data`, shared by the chunk
 // (16-byte aligned when `data` is 64-byte aligned).
+//
+// With `checksum`, a payload of one piece is checked against what it
+// returns for it (PayloadChecksum of those bytes, which it must compute):
+// a reader that hashed the payload while it arrived finishes its hash
+// there instead of reading the payload again (see OnePiecePayloadOffset).
+using PayloadChecksummer = std::function<std::uint64_t(const std::uint8_t* payload, size_t size)>;
 Result<chunk::ChunkRef> DecodeEnvelope(const std::uint8_t* data, size_t size,
-                                       const keys::Digest* expected_key, std::shared_ptr<void> owner = nullptr);
+                                       const keys::Digest* expected_key, std::shared_ptr<void> owner = nullptr,
+                                       const PayloadChecksummer& checksum = nullptr);
+
+// Where the payload of an envelope of one piece (up to kPayloadPieceBytes)
+// starts, as this code writes them: the size of everything before it.
+std::uint64_t OnePiecePayloadOffset();
 
 // The checked fields of an envelope besides the payload bytes, as stored.
 // Exposed so that tests and tools can build envelopes field by field

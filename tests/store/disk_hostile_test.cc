@@ -195,15 +195,7 @@ TEST_F(DiskHostileTest, ATmpSymlinkIsRefused) {
 // the invalid ones go.
 TEST_F(DiskHostileTest, GrownObjectsAreDroppedAtOpenNotTheValidOnes) {
   std::uint64_t cost = 0;
-  {
-    auto t = Open();
-    for (int i = 0; i < 10; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
-    cost = t->Cost(*MakeChunk(0));
-  }
-  for (int i = 0; i < 10; ++i) {
-    const timespec ts[2] = {{1'700'000'000 + i, 0}, {1'700'000'000 + i, 0}};
-    ASSERT_EQ(::utimensat(AT_FDCWD, ObjectFile(i).c_str(), ts, 0), 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(PutDatedObjects(10, &cost));
   for (int i : {7, 8, 9}) fs::resize_file(ObjectFile(i), std::uint64_t{1} << 30);
   auto t = Open((std::uint64_t{2} << 30) + 20 * cost);  // room for the valid ones, not for all
   EXPECT_EQ(t->objects(), 7u);

@@ -3,6 +3,9 @@
 // opens a tier on a fresh directory and names its files.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,6 +76,21 @@ class DiskTest : public ::testing::Test {
     Result<ChunkRef> got = t.Get(KeyOf(i));
     ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
     EXPECT_TRUE(SameChunk(**got, *MakeChunk(i, head_dim))) << i;
+  }
+
+  // Puts chunks 0 to n-1 through a tier that is then closed, and dates object
+  // i's last use t0 + i seconds (mtimes are what a restart sees); *cost is
+  // what one of them costs. Call under ASSERT_NO_FATAL_FAILURE.
+  void PutDatedObjects(int n, std::uint64_t* cost) {
+    {
+      auto t = Open();
+      for (int i = 0; i < n; ++i) ASSERT_TRUE(t->Put(MakeChunk(i)).ok());
+      *cost = t->Cost(*MakeChunk(0));
+    }
+    for (int i = 0; i < n; ++i) {
+      const timespec ts[2] = {{1'700'000'000 + i, 0}, {1'700'000'000 + i, 0}};
+      ASSERT_EQ(::utimensat(AT_FDCWD, ObjectFile(i).c_str(), ts, 0), 0);
+    }
   }
 
   std::string dir_;

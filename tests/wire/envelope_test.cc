@@ -186,6 +186,68 @@ TEST(Envelope, OneGibPayloadRoundTrips) {
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
 }
 
+// A writer that reuses its buffers encodes over old bytes: the result is
+// byte for byte what an encoding into zeros gives, for payloads that end
+// mid-word and ones that do not, and the progress it reports only ever
+// names bytes that are already final.
+TEST(Envelope, EncodingOverOldBytesMatchesEncodingIntoZeros) {
+  const Chunk chunks[] = {SmallChunk(), MakeChunk(Meta(0, 1, 1, 1, 1)), MakeChunk(Meta(1, 2, 3, 40001, 1), 9),
+                          MakeChunk(Meta(0, 3, 2, 64, 256), 11)};
+  for (const Chunk& c : chunks) {
+    const Bytes want = Encode(c);
+    const std::uint64_t n = c.payload.size();
+    const std::uint64_t payload_start = want.size() - ((n + 7) / 8 * 8);
+    for (const std::uint8_t old : {0x00, 0xA5, 0xFF}) {
+      std::vector<std::uint64_t> words((want.size() + 7) / 8);
+      auto* out = reinterpret_cast<std::uint8_t*>(words.data());
+      std::memset(out, old, want.size());
+      std::uint64_t last = payload_start;
+      int calls = 0;
+      bool final_bytes = true;
+      ASSERT_TRUE(EncodeEnvelopeOver(c, out, want.size(), [&](std::uint64_t end) {
+                    ++calls;
+                    EXPECT_GT(end, last);
+                    EXPECT_LE(end, payload_start + n);
+                    final_bytes &= std::equal(out + last, out + end, want.begin() + static_cast<std::ptrdiff_t>(last));
+                    last = end;
+                  }).ok());
+      EXPECT_TRUE(final_bytes) << n;
+      EXPECT_EQ(last, payload_start + n) << n;  // the whole payload reported
+      EXPECT_GE(calls, static_cast<int>(n / (64 << 10)));
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), out)) << n << " over " << int{old};
+      std::memset(out, old, want.size());
+      ASSERT_TRUE(EncodeEnvelopeOver(c, out, want.size()).ok());
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), out)) << n << " over " << int{old};
+    }
+  }
+}
+
+// A reader that hashed the payload while it arrived hands the decoder its
+// checksum: the decoder checks it like its own, and it knows where a
+// one-piece payload starts without parsing.
+TEST(Envelope, ACallersPayloadChecksumIsCheckedLikeItsOwn) {
+  const Chunk c = MakeChunk(Meta(1, 2, 3, 40001, 1), 9);
+  const Bytes b = Encode(c);
+  const std::uint64_t at = OnePiecePayloadOffset();
+  ASSERT_EQ(at + ((c.payload.size() + 7) / 8 * 8), b.size());
+  EXPECT_TRUE(std::equal(c.payload.begin(), c.payload.end(), b.begin() + static_cast<std::ptrdiff_t>(at)));
+  int calls = 0;
+  Result<chunk::ChunkRef> r = DecodeEnvelope(b.data(), b.size(), &c.meta.key, nullptr,
+                                             [&](const std::uint8_t* p, size_t n) {
+                                               ++calls;
+                                               EXPECT_EQ(p, b.data() + at);
+                                               EXPECT_EQ(n, c.payload.size());
+                                               return PayloadChecksum(p, n);
+                                             });
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(calls, 1);
+  ExpectSameChunk(**r, c);
+  r = DecodeEnvelope(b.data(), b.size(), &c.meta.key, nullptr,
+                     [](const std::uint8_t* p, size_t n) { return PayloadChecksum(p, n) ^ 1; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kCorrupt);
+}
+
 TEST(Envelope, NewerMajorVersionIsUnsupported) {
   const Chunk c = SmallChunk();
   EnvelopeHeader h = HeaderOf(c);
