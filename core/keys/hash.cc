@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 namespace kdn::keys {
@@ -181,20 +182,54 @@ void HeadState(std::string_view tag, std::uint64_t seed, std::string_view ns, co
   SHA256_Update(ctx, model.data(), model.size());
 }
 
+// The head states of the last (seed, ns, model) this thread made a keyer
+// for. A store's walks mostly repeat it (one namespace, one model), and
+// absorbing the two heads again cost a fifth of a 256-token chunk's key: a
+// fixed cost of every lookup, store and get. Plain bytes, without a
+// destructor, so that a keyer made during the thread's exit (a static
+// destructor that walks a store) still finds it valid; longer namespaces
+// are not kept.
+struct HeadMemo {
+  bool valid = false;
+  std::uint64_t seed = 0;
+  Digest model{};
+  size_t ns_size = 0;
+  char ns[128];
+  alignas(8) std::array<std::uint8_t, 112> tokens_head, blocks_head;
+};
+static_assert(std::is_trivially_destructible_v<HeadMemo>);
+thread_local HeadMemo t_heads;
+
 }  // namespace
 
 ChunkKeyer::ChunkKeyer(std::uint64_t seed, std::string_view ns, const Digest& model) {
-  HeadState("kdn-chunk-v1", seed, ns, model, tokens_head_.data());
-  HeadState("kdn-chunk-blocks-v1", seed, ns, model, blocks_head_.data());
+  HeadMemo& m = t_heads;
+  const bool kept = m.valid && m.seed == seed && m.model == model && std::string_view(m.ns, m.ns_size) == ns;
+  if (!kept) {
+    HeadState("kdn-chunk-v1", seed, ns, model, tokens_head_.data());
+    HeadState("kdn-chunk-blocks-v1", seed, ns, model, blocks_head_.data());
+    if (ns.size() > sizeof m.ns) return;
+    m.seed = seed;
+    m.model = model;
+    m.ns_size = ns.size();
+    if (!ns.empty()) std::memcpy(m.ns, ns.data(), ns.size());
+    m.tokens_head = tokens_head_;
+    m.blocks_head = blocks_head_;
+    m.valid = true;
+    return;
+  }
+  tokens_head_ = m.tokens_head;
+  blocks_head_ = m.blocks_head;
 }
 
 Digest ChunkKeyer::Key(const Digest& prev, std::span<const std::int32_t> tokens) const {
   SHA256_CTX ctx;
   std::memcpy(&ctx, tokens_head_.data(), sizeof ctx);
-  std::uint8_t n[8];
-  PutU64(n, tokens.size());
-  SHA256_Update(&ctx, prev.data(), prev.size());
-  SHA256_Update(&ctx, n, 8);
+  // The previous key and the token count in one update, then the tokens in place.
+  std::uint8_t pn[40];
+  std::memcpy(pn, prev.data(), 32);
+  PutU64(pn + 32, tokens.size());
+  SHA256_Update(&ctx, pn, sizeof pn);
   static_assert(std::endian::native == std::endian::little, "big-endian hosts need a byte swap here");
   SHA256_Update(&ctx, tokens.data(), tokens.size_bytes());
   Digest d{};
@@ -206,11 +241,11 @@ Digest ChunkKeyer::KeyFromBlocks(const Digest& prev, std::span<const std::uint8_
                                  std::uint32_t hash_bytes) const {
   SHA256_CTX ctx;
   std::memcpy(&ctx, blocks_head_.data(), sizeof ctx);
-  std::uint8_t n[12];
-  for (int i = 0; i < 4; ++i) n[i] = static_cast<std::uint8_t>(hash_bytes >> (8 * i));
-  PutU64(n + 4, block_hashes.size());
-  SHA256_Update(&ctx, prev.data(), prev.size());
-  SHA256_Update(&ctx, n, 12);
+  std::uint8_t pn[44];
+  std::memcpy(pn, prev.data(), 32);
+  for (int i = 0; i < 4; ++i) pn[32 + i] = static_cast<std::uint8_t>(hash_bytes >> (8 * i));
+  PutU64(pn + 36, block_hashes.size());
+  SHA256_Update(&ctx, pn, sizeof pn);
   SHA256_Update(&ctx, block_hashes.data(), block_hashes.size());
   Digest d{};
   SHA256_Final(d.data(), &ctx);

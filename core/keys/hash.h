@@ -72,9 +72,11 @@ Digest ChunkKeyFromBlocks(std::uint64_t seed, std::string_view ns, const Digest&
 // ChunkKey and ChunkKeyFromBlocks for one (seed, ns, model), as a walk over
 // a request's chunks computes them: the encoding's head (tag, seed, ns,
 // model) is absorbed once, and each key resumes from that state, so a key
-// hashes little more than its previous key and its tokens. Same values as
-// the functions above (tests/keys checks it). Thread-safety: const members
-// may be called concurrently.
+// hashes little more than its previous key and its tokens. Each thread keeps
+// the head states of the last (seed, ns, model) it made a keyer for, so that
+// a walk of a short prefix does not pay for absorbing them again. Same values
+// as the functions above (tests/keys checks it). Thread-safety: const members
+// may be called concurrently; keyers may be made on any thread.
 class ChunkKeyer {
  public:
   ChunkKeyer(std::uint64_t seed, std::string_view ns, const Digest& model);

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace kdn::keys {
@@ -82,6 +85,46 @@ TEST(Hash, ChunkKeyerGivesTheDefinedKeys) {
       }
     }
   }
+}
+
+// Keyers made one after another for different (seed, ns, model) on one
+// thread, and on several threads at once, each give their own triple's keys
+// (a thread reuses the head states of its last triple only for that triple,
+// and does not keep them for long namespaces).
+TEST(Hash, ChunkKeyersOfDifferentHeadsDoNotMix) {
+  const Digest m1 = ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "one"});
+  const Digest m2 = ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "two"});
+  struct Head {
+    std::uint64_t seed;
+    std::string ns;
+    Digest model;
+  };
+  // Same-length namespaces that differ in one byte, seeds, models, and back.
+  const std::vector<Head> heads = {{0, "tenant-a", m1}, {0, "tenant-b", m1}, {1, "tenant-b", m1}, {1, "tenant-b", m2},
+                                   {0, "tenant-a", m1}, {0, "", m1},         {0, "tenant-a", m2}, {0, "tenant-a", m1},
+                                   // Namespaces too long to be kept, and one that is kept.
+                                   {0, std::string(200, 'x'), m1}, {0, std::string(200, 'y'), m1},
+                                   {0, std::string(128, 'x'), m1}, {0, std::string(200, 'x'), m1}};
+  std::vector<std::int32_t> tokens(256);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i * 7919 % 32000);
+  std::vector<std::uint8_t> blocks(16 * 16, 5);
+  auto check = [&](size_t first) {
+    for (size_t r = 0; r < 3 * heads.size(); ++r) {
+      const Head& h = heads[(first + r) % heads.size()];
+      const ChunkKeyer keyer(h.seed, h.ns, h.model);
+      if (keyer.Key(Digest{}, tokens) != ChunkKey(h.seed, h.ns, h.model, Digest{}, tokens)) return false;
+      if (keyer.KeyFromBlocks(Digest{}, blocks, 16) != ChunkKeyFromBlocks(h.seed, h.ns, h.model, Digest{}, blocks, 16)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  EXPECT_TRUE(check(0));
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (size_t t = 0; t < 4; ++t) threads.emplace_back([&, t] { good += check(t) ? 1 : 0; });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(good.load(), 4);
 }
 
 TEST(Hash, EncodingIsUnambiguous) {
