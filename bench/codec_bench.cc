@@ -345,6 +345,71 @@ Result<Speed> Measure(const Coder& coder, const std::vector<Bytes>& chunks, int 
   return s;
 }
 
+// Decoding all the chunks on one thread, then the same chunks split over
+// two (each thread decodes its contiguous half into its chunks' own output
+// buffers), the two alternated run by run so that both see the same machine.
+// Wall-clock GB/s of uncompressed bytes over the median run of each; the
+// process's CPU time over the wall-clock time of the two-thread runs says
+// whether both threads had a core (2 when they did).
+struct Scaling {
+  double one_gbps = 0, two_gbps = 0;
+  double two_cpu_per_wall = 0;
+  int runs = 0;
+};
+
+double ProcessCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+Result<Scaling> MeasureTwoThreads(const Coder& coder, const std::vector<Bytes>& chunks, int min_runs, double min_ms) {
+  std::vector<Encoded> enc(chunks.size());
+  std::vector<Bytes> dec(chunks.size());
+  std::uint64_t raw = 0;
+  std::string error;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    dec[i].assign(chunks[i].size(), 0);
+    if (!coder.encode(chunks[i], &enc[i], &error)) return Status::Internal(coder.name + ": " + error);
+    raw += chunks[i].size();
+  }
+  const double gb = static_cast<double>(raw) / 1e9;
+  std::atomic<bool> ok{true};
+  std::mutex error_mu;
+  auto decode = [&](size_t begin, size_t end) {
+    std::string e;
+    for (size_t i = begin; i < end; ++i) {
+      if (!coder.decode(enc[i], &dec[i], &e)) {
+        ok = false;
+        std::lock_guard<std::mutex> lock(error_mu);
+        error = e;
+      }
+    }
+  };
+  ThreadPool pool(2);
+  decode(0, chunks.size());  // warm-up: the buffers touched, the pool's worker started
+  pool.ParallelFor(chunks.size(), 1, decode);
+  std::vector<double> one, two, two_cpu;
+  const double start = NowMs();
+  while (static_cast<int>(one.size()) < min_runs || (NowMs() - start < min_ms && one.size() < 1000)) {
+    double t0 = NowMs();
+    decode(0, chunks.size());
+    one.push_back(NowMs() - t0);
+    const double c0 = ProcessCpuMs();
+    t0 = NowMs();
+    pool.ParallelFor(chunks.size(), 1, decode);
+    two.push_back(NowMs() - t0);
+    two_cpu.push_back(ProcessCpuMs() - c0);
+  }
+  if (!ok) return Status::Internal(coder.name + ": " + error);
+  Scaling s;
+  s.runs = static_cast<int>(one.size());
+  s.one_gbps = gb / (std::max(Median(one), 1e-6) / 1e3);
+  s.two_gbps = gb / (std::max(Median(two), 1e-6) / 1e3);
+  s.two_cpu_per_wall = Median(two_cpu) / std::max(Median(two), 1e-6);
+  return s;
+}
+
 // ---------------------------------------------------------------- quality
 
 // One codec setting's quality and size on the quality contexts, both from
@@ -759,6 +824,42 @@ int RunCodecBench(const CodecBenchOptions& o) {
       continue;
     }
     add_speeds(n, spec, *sp16, *sp32);
+  }
+
+  // kdn:balanced decoding several chunks on two threads against one (issue
+  // 11: >= 1.8x), wall-clock, in the same run.
+  if (const Point& k = point("kdn:balanced"); k.ok) {
+    Result<Scaling> sc = MeasureTwoThreads(CodecCoder("kdn", *k.codec, s16), c16, min_runs, min_ms);
+    if (sc.ok()) {
+      const unsigned cores = std::thread::hardware_concurrency();
+      nlohmann::json params = text_params;
+      params.update({{"spec", k.codec->spec().ToString()},
+                     {"dtype", "f16"},
+                     {"chunk_tokens", chunk_tokens},
+                     {"chunks", c16.size()},
+                     {"bytes", bytes16},
+                     {"runs", sc->runs},
+                     {"clock", "wall-clock"},
+                     {"split", "contiguous halves of the chunks, one per thread, each into its own output buffers"},
+                     {"hardware_concurrency", cores}});
+      nlohmann::json one = params;
+      one["threads"] = 1;
+      records.Add("codec_decode_1thread_gbps_kdn", sc->one_gbps, "GB/s", one);
+      params["threads"] = 2;
+      params["cpu_per_wall"] = sc->two_cpu_per_wall;  // 2 when both threads had a core throughout
+      params["goal"] = ">= 1.8";
+      params["meaningful"] = cores >= 2;
+      if (cores < 2) {
+        params["note"] = "fewer than 2 cores (" + std::to_string(cores) + "): the measure is not meaningful";
+      }
+      records.Add("codec_decode_2threads_gbps_kdn", sc->two_gbps, "GB/s", params, "codec_decode_1thread_gbps_kdn",
+                  sc->one_gbps);
+    } else {
+      std::fprintf(stderr, "kdn bench codec: warning: no two-thread decode figure: %s\n",
+                   sc.status().message().c_str());
+    }
+  } else {
+    std::fprintf(stderr, "kdn bench codec: warning: no two-thread decode figure (kdn:balanced missing)\n");
   }
 
   // kdn against cachegen (issue 4: >= 1.5x smaller at no more KL), and

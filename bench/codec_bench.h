@@ -33,6 +33,9 @@ struct CodecBenchOptions {
 //  - single-threaded encode and decode GB/s of uncompressed KV on fp16 (and
 //    fp32) chunks of 256 tokens, against zstd -1 on the same bytes in the
 //    same run; zstd -3 and lz4 are measured beside it;
+//  - kdn:balanced decoding those f16 chunks on two threads against one
+//    (wall-clock, alternated in the same run; `codec_decode_2threads_gbps_kdn`
+//    against `codec_decode_1thread_gbps_kdn`), with the machine's core count;
 //  - kdn:balanced against cachegen, kdn:hifi's ratio at its KL;
 //  - a settings sweep per codec (headline context), written as records
 //    `codec_curve_<spec>` and drawn as a PNG of ratio against KL (gnuplot;

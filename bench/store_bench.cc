@@ -1,27 +1,44 @@
+// SHA256_Init and friends (the keyer's primitives, the chunkwise baseline)
+// are deprecated in OpenSSL 3 in favour of EVP.
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include "store_bench.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <openssl/evp.h>
+#include <openssl/sha.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <new>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "bench_util.h"
+#include "codec/eval.h"
+#include "common/half.h"
+#include "model/transformer.h"
+#include "model_loader.h"
 #include "store/cache_sim.h"
 #include "store/disk_tier.h"
 #include "store/kv_store.h"
 #include "wire/envelope.h"
+
+#ifndef KDN_BENCH_TEXTS_DIR
+#define KDN_BENCH_TEXTS_DIR "bench/texts"
+#endif
 
 namespace kdn::bench {
 namespace {
@@ -182,38 +199,75 @@ Scratch DescribeScratch(const fs::path& dir) {
   return s;
 }
 
-// Retrieve of one chunk from the host tier into a canonical buffer vs memcpy.
+// A buffer of `bytes` aligned to 64 bytes, as engines allocate theirs
+// (PyTorch's allocator; cudaHostAlloc aligns to pages).
+std::unique_ptr<std::uint8_t, decltype(&std::free)> AlignedBytes(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p == nullptr) throw std::bad_alloc();
+  return {static_cast<std::uint8_t*>(p), &std::free};
+}
+
+// Retrieve of one chunk from the host tier into a canonical buffer vs memcpy
+// of the same bytes. Both copy from a page-aligned source (the tier's pool
+// block; for memcpy, a page-aligned copy of the chunk) into a 64-byte
+// aligned destination, so neither gets a more favourable alignment; their
+// samples alternate, 20 per repeat (a copy of a few microseconds is noisy).
 int HostGet(const Shape& s, int repeats, const Scratch& scratch, Records& out) {
   store::StoreOptions o;
   o.host_capacity_bytes = std::uint64_t{1} << 30;
   auto kv = KvStore::Create(o).value();
   const store::ModelKv m = Model(s, "bench");
   const size_t bytes = s.bytes();
-  std::vector<std::uint8_t> src(bytes), dst(bytes, 1), dst2(bytes, 1);
-  for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<std::uint8_t>(i * 131 >> 7);
+  std::unique_ptr<std::uint8_t, decltype(&std::free)> page(nullptr, &std::free);
+  {
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, (bytes + 4095) / 4096 * 4096) != 0) throw std::bad_alloc();
+    page.reset(static_cast<std::uint8_t*>(p));
+  }
+  auto src = AlignedBytes(bytes), dst = AlignedBytes(bytes), dst2 = AlignedBytes(bytes);
+  for (size_t i = 0; i < bytes; ++i) src.get()[i] = static_cast<std::uint8_t>(i * 131 >> 7);
+  std::memcpy(page.get(), src.get(), bytes);
+  std::memset(dst.get(), 1, bytes);
+  std::memset(dst2.get(), 1, bytes);
   const auto ids = Ids(s.tokens, 1);
   store::KvBufferView b;
-  b.data = src.data();
+  b.data = src.get();
   b.size_bytes = bytes;
   b.num_tokens = s.tokens;
   const store::BufferAsView in(m, store::ResolveBuffer(m, b, s.tokens).value());
   if (kv->Store(m, "bench", Keys(ids), in.view()).value() != s.tokens) return 2;
-  b.data = dst.data();
+  b.data = dst.get();
   const store::BufferAsView outv(m, store::ResolveBuffer(m, b, s.tokens).value());
   bool ok = true;
-  const double get_ms = MedianMs(repeats, [&] { ok &= kv->Retrieve(m, "bench", Keys(ids), outv.view()) == s.tokens; });
-  const double memcpy_ms = MedianMs(repeats, [&] {
-    std::memcpy(dst2.data(), src.data(), bytes);
-    asm volatile("" : : "r"(dst2.data()) : "memory");
-  });
-  if (!ok || dst != src) {
+  auto get = [&] { ok &= kv->Retrieve(m, "bench", Keys(ids), outv.view()) == s.tokens; };
+  auto copy = [&] {
+    std::memcpy(dst2.get(), page.get(), bytes);
+    asm volatile("" : : "r"(dst2.get()) : "memory");
+  };
+  get();
+  copy();
+  const int samples = 20 * repeats;
+  std::vector<double> get_t, copy_t;
+  for (int i = 0; i < samples; ++i) {
+    double t0 = NowMs();
+    get();
+    get_t.push_back(NowMs() - t0);
+    t0 = NowMs();
+    copy();
+    copy_t.push_back(NowMs() - t0);
+  }
+  if (!ok || std::memcmp(dst.get(), src.get(), bytes) != 0) {
     std::fprintf(stderr, "bench: host get returned wrong bytes\n");
     return 1;
   }
   const double gb = static_cast<double>(bytes) / 1e9;
   nlohmann::json p = ShapeParams(s, repeats);
+  p["samples"] = samples;
+  p["buffers"] = "source page-aligned (the tier's pool block; a page-aligned copy for memcpy), destinations "
+                 "64-byte aligned; get and memcpy samples alternate";
   scratch.Describe(p);
-  out.Add(std::string("host_get_gbps_") + s.suffix, gb / (get_ms / 1e3), "GB/s", p, "memcpy_gbps", gb / (memcpy_ms / 1e3));
+  out.Add(std::string("host_get_gbps_") + s.suffix, gb / (Median(get_t) / 1e3), "GB/s", p, "memcpy_gbps",
+          gb / (Median(copy_t) / 1e3));
   return 0;
 }
 
@@ -513,6 +567,353 @@ int Disk(const Shape& s, int count, int repeats, const Scratch& scratch, Records
   return 0;
 }
 
+// ---------------------------------------------------------------- delivery
+
+// bench/texts/NAME as built (an absolute path), else relative to the
+// working directory.
+std::string TextPath(const std::string& name) {
+  const std::string built = std::string(KDN_BENCH_TEXTS_DIR) + "/" + name;
+  std::error_code ec;
+  if (fs::exists(built, ec)) return built;
+  return "bench/texts/" + name;
+}
+
+// The object files under a tier's directory.
+std::vector<fs::path> ObjectFiles(const fs::path& root) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(root / "objects", ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().extension() == ".kdn") files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Makes the page cache cold for `files`: each synced, then its cached pages
+// dropped (posix_fadvise DONTNEED; clean pages go, which is all of them
+// after the sync). False when a file could not be dropped.
+bool DropFromPageCache(const std::vector<fs::path>& files) {
+  bool ok = true;
+  for (const fs::path& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      ok = false;
+      continue;
+    }
+    ok &= ::fsync(fd) == 0 && ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+    ::close(fd);
+  }
+  return ok;
+}
+
+// Reads `files` whole, one open per file, as the disk tier reads an object
+// (O_DIRECT into an aligned buffer when `direct`): the disk's part of a
+// delivery alone. Returns seconds, or -1 when a read failed.
+double ReadFilesS(const std::vector<fs::path>& files, bool direct) {
+  constexpr size_t kAlign = 4096;
+  size_t largest = 0;
+  std::error_code ec;
+  for (const fs::path& f : files) largest = std::max<size_t>(largest, static_cast<size_t>(fs::file_size(f, ec)));
+  const size_t cap = (largest + kAlign - 1) / kAlign * kAlign + kAlign;
+  void* mem = nullptr;
+  if (posix_memalign(&mem, kAlign, cap) != 0) return -1;
+  const std::unique_ptr<std::uint8_t, decltype(&std::free)> buf(static_cast<std::uint8_t*>(mem), &std::free);
+  std::memset(buf.get(), 0, cap);
+  bool ok = true;
+  const double t0 = NowMs();
+  for (const fs::path& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    if (fd < 0) {
+      ok = false;
+      continue;
+    }
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.get(), cap);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) ok = false;
+      if (n <= 0 || static_cast<size_t>(n) < cap) break;
+    }
+    ::close(fd);
+  }
+  const double s = (NowMs() - t0) / 1e3;
+  return ok ? s : -1;
+}
+
+// Effective delivery from disk (issue 11): real KV of the reference model
+// (windows of its whole context prefilled from position 0, cut into 256-token
+// chunks, held as f16 as an engine holds it) stored in a disk-only store
+// whose tier keeps it raw, and in one whose tier keeps it as kdn:balanced;
+// then, with the page cache cold for the tiers' files, every window
+// retrieved into the caller's buffer the way an engine's synchronous load
+// does (KvStore::RetrieveInto: the tier's read, the decode, the scatter),
+// raw and kdn alternating, the median of a few runs each. Rate: uncompressed
+// KV bytes delivered per second. Beside it, what limits it: the tiers' files
+// read alone (as the tier reads them) and the decode's share of the kdn
+// retrieves (the chain's own decode time). Skipped, saying why, without the
+// reference model.
+int DiskDelivery(bool quick, const Scratch& scratch, Records& out) {
+  auto skip = [](const std::string& why) {
+    std::fprintf(stderr, "kdn bench store: warning: no disk_delivery records: %s\n", why.c_str());
+    return 0;
+  };
+  const double t_start = NowMs();
+  auto m = refengine::LoadModel("", "", /*allow_random=*/false);
+  if (!m.ok()) return skip(m.status().message());
+  const model::ModelConfig& cfg = m->weights->config();
+  const std::string text_name = "heldout.txt";
+  std::ifstream in(TextPath(text_name), std::ios::binary);
+  if (!in) return skip("cannot read the text " + TextPath(text_name));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int> stream = codec::TokenizeStories(*m->tokenizer, text);
+
+  constexpr int kChunkTokens = 256;
+  const int window = cfg.seq_len / kChunkTokens * kChunkTokens;  // the model's whole context, in chunks
+  if (window == 0) return skip("the model's context is shorter than a chunk");
+  const size_t per_window = static_cast<size_t>(window / kChunkTokens);
+  const size_t want_chunks = quick ? 16 : 240;
+  const size_t windows = (want_chunks + per_window - 1) / per_window;
+  // Windows as far apart as the text allows, at most a window apart (they
+  // overlap when the text is short: each is still its own prefill).
+  if (stream.size() < static_cast<size_t>(window) + windows) return skip("the text is too short");
+  const size_t stride =
+      std::min<size_t>(static_cast<size_t>(window), (stream.size() - static_cast<size_t>(window)) / std::max<size_t>(windows - 1, 1));
+  const size_t chunks = windows * per_window;
+
+  const std::uint32_t layers = static_cast<std::uint32_t>(cfg.n_layers), heads = static_cast<std::uint32_t>(cfg.n_kv_heads),
+                      head_dim = static_cast<std::uint32_t>(cfg.head_dim());
+  store::ModelKv mkv;
+  mkv.fingerprint = keys::ModelFingerprint({layers, heads, head_dim, 1u, 10000.0f, 0, head_dim, m->fingerprint});
+  mkv.shape = {layers, heads, head_dim, 2};
+  mkv.dtype = 1;  // f16
+  const std::uint64_t window_bytes = static_cast<std::uint64_t>(mkv.bytes_per_token()) * static_cast<std::uint64_t>(window);
+  const std::uint64_t kv_bytes = window_bytes * windows;
+
+  // The windows' tokens (the first replaced by BOS, as a fresh prompt) and
+  // their KV as f16, one canonical buffer per window.
+  std::vector<std::vector<std::int32_t>> ids(windows);
+  std::vector<std::uint8_t> src(kv_bytes);
+  {
+    const double t0 = NowMs();
+    model::Transformer t(*m->weights);
+    model::KvCache cache = t.NewCache();
+    for (size_t w = 0; w < windows; ++w) {
+      std::vector<int> tokens(stream.begin() + static_cast<std::ptrdiff_t>(w * stride),
+                              stream.begin() + static_cast<std::ptrdiff_t>(w * stride + static_cast<size_t>(window)));
+      tokens[0] = model::kBos;
+      if (Status st = t.Forward(tokens, 0, cache, nullptr); !st.ok()) return skip(st.message());
+      const std::vector<float> kv = cache.Export(0, window);
+      std::uint8_t* dst = src.data() + w * window_bytes;
+      for (size_t i = 0; i < kv.size(); ++i) {
+        const std::uint16_t h = kernels::float_to_half(kv[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      ids[w].assign(tokens.begin(), tokens.end());
+    }
+    std::printf("  disk delivery: %zu windows of %d tokens (stride %zu) prefilled in %.1f s\n", windows, window, stride,
+                (NowMs() - t0) / 1e3);
+  }
+  auto view_of = [&](std::uint8_t* base, size_t w) {
+    store::KvBufferView b;
+    b.data = base + w * window_bytes;
+    b.size_bytes = window_bytes;
+    b.num_tokens = static_cast<std::uint64_t>(window);
+    return std::make_unique<store::BufferAsView>(mkv, store::ResolveBuffer(mkv, b, b.num_tokens).value());
+  };
+
+  // The two stores: one disk tier each, as a user configures it but for the codec.
+  struct Side {
+    const char* name;
+    const char* codec;
+    fs::path dir;
+    std::unique_ptr<KvStore> kv;
+    std::vector<fs::path> files;
+    std::uint64_t file_bytes = 0;
+    bool read_odirect = false;
+    std::vector<double> deliver_s, read_s, decode_s, concurrent_s;
+    double resident_max = 0;  // the largest fraction of the files' pages cached before a timed read
+    bool dropped = true;
+  };
+  Side sides[2] = {{"raw", "raw", scratch.dir / "delivery-raw", nullptr, {}, 0, false, {}, {}, {}, {}, 0, true},
+                   {"kdn", "kdn:balanced", scratch.dir / "delivery-kdn", nullptr, {}, 0, false, {}, {}, {}, {}, 0, true}};
+  const store::TierSpec defaults;
+  for (Side& side : sides) {
+    fs::remove_all(side.dir);
+    store::StoreOptions o;
+    o.chunk_tokens = kChunkTokens;
+    store::TierSpec disk;
+    disk.kind = store::TierSpec::Kind::kDisk;
+    disk.path = side.dir.string();
+    disk.codec = side.codec;
+    disk.capacity_bytes = 2 * (kv_bytes + chunks * (std::uint64_t{1} << 16));
+    o.tiers = {disk};
+    auto kv = KvStore::Create(o);
+    if (!kv.ok()) {
+      std::fprintf(stderr, "bench: %s\n", kv.status().message().c_str());
+      return 2;
+    }
+    side.kv = std::move(*kv);
+    for (size_t w = 0; w < windows; ++w) {
+      const auto v = view_of(src.data(), w);
+      Result<std::uint64_t> stored = side.kv->Store(mkv, "bench", Keys(ids[w]), v->view());
+      if (!stored.ok() || *stored != static_cast<std::uint64_t>(window)) {
+        std::fprintf(stderr, "bench: disk delivery: store of window %zu (%s): %s\n", w, side.codec,
+                     stored.ok() ? "partial" : stored.status().message().c_str());
+        return 2;
+      }
+    }
+    side.kv->chain().Flush();
+    const auto* tier = dynamic_cast<const store::DiskTier*>(&side.kv->chain().tier(0));
+    side.read_odirect = tier && tier->odirect_active();
+    side.files = ObjectFiles(side.dir);
+    std::error_code ec;
+    for (const fs::path& f : side.files) side.file_bytes += fs::file_size(f, ec);
+    if (side.files.size() != chunks || side.kv->chain().Stats()[0].codec != side.codec) {
+      std::fprintf(stderr, "bench: disk delivery: the %s tier holds %zu objects in %s, not %zu in %s\n", side.name,
+                   side.files.size(), side.kv->chain().Stats()[0].codec.c_str(), chunks, side.codec);
+      return 2;
+    }
+  }
+
+  std::vector<std::uint8_t> dst(kv_bytes, 1);
+  std::vector<std::unique_ptr<store::BufferAsView>> views;
+  for (size_t w = 0; w < windows; ++w) views.push_back(view_of(dst.data(), w));
+  const int runs = quick ? 2 : 5;
+  // Every window retrieved by `callers` threads (window w by thread w %
+  // callers), the page cache cold first; checks what came back. Seconds and
+  // the chain's decode seconds (summed over threads), or -1.
+  auto deliver = [&](Side& side, int callers, double* decode_s) -> double {
+    side.dropped &= DropFromPageCache(side.files);
+    side.resident_max = std::max(side.resident_max, ResidentFraction(side.dir / "objects"));
+    const std::uint64_t decode0 = side.kv->chain().Stats()[0].decode_ns;
+    std::atomic<bool> lossy{false}, whole{true};
+    const double t0 = NowMs();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < callers; ++c) {
+      threads.emplace_back([&, c] {
+        for (size_t w = static_cast<size_t>(c); w < windows; w += static_cast<size_t>(callers)) {
+          const KvStore::Retrieved got = side.kv->RetrieveInto(mkv, "bench", Keys(ids[w]), views[w]->view());
+          if (got.tokens != static_cast<std::uint64_t>(window)) whole = false;
+          if (got.lossy) lossy = true;
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const double seconds = (NowMs() - t0) / 1e3;
+    *decode_s = static_cast<double>(side.kv->chain().Stats()[0].decode_ns - decode0) / 1e9;
+    // Raw delivers the stored bytes exactly; kdn:balanced says it is lossy.
+    const bool raw = std::string(side.codec) == "raw";
+    if (!whole || lossy == raw || (raw && dst != src)) {
+      std::fprintf(stderr, "bench: disk delivery: the %s tier returned %s\n", side.name,
+                   !whole ? "a partial prefix" : lossy ? "lossy KV" : raw ? "other bytes" : "KV not marked lossy");
+      return -1;
+    }
+    std::memset(dst.data(), 1, dst.size());
+    return seconds;
+  };
+  // Each run: raw then kdn delivered to one caller, then to kConcurrent
+  // callers at once, then raw's and kdn's files read alone.
+  constexpr int kConcurrent = 4;
+  for (int r = 0; r < runs; ++r) {
+    for (Side& side : sides) {
+      double decode_s = 0;
+      const double seconds = deliver(side, 1, &decode_s);
+      if (seconds < 0) return 1;
+      side.deliver_s.push_back(seconds);
+      side.decode_s.push_back(decode_s);
+    }
+    for (Side& side : sides) {
+      double decode_s = 0;
+      const double seconds = deliver(side, kConcurrent, &decode_s);
+      if (seconds < 0) return 1;
+      side.concurrent_s.push_back(seconds);
+    }
+    for (Side& side : sides) {
+      side.dropped &= DropFromPageCache(side.files);
+      const double s = ReadFilesS(side.files, side.read_odirect);
+      if (s < 0) {
+        std::fprintf(stderr, "bench: disk delivery: cannot read the %s tier's files\n", side.name);
+        return 2;
+      }
+      side.read_s.push_back(s);
+    }
+  }
+
+  const double gb = static_cast<double>(kv_bytes) / 1e9;
+  auto params = [&](const Side& side) {
+    nlohmann::json p = {{"codec", side.codec},
+                        {"model", "stories260K"},
+                        {"text", "bench/texts/" + text_name},
+                        {"dtype", "f16"},
+                        {"chunk_tokens", kChunkTokens},
+                        {"chunks", chunks},
+                        {"windows", windows},
+                        {"window_tokens", window},
+                        {"window_stride", stride},
+                        {"kv_bytes", kv_bytes},
+                        {"file_bytes", side.file_bytes},
+                        {"stored_ratio", static_cast<double>(kv_bytes) / static_cast<double>(side.file_bytes)},
+                        {"runs", runs},
+                        {"callers", 1},
+                        {"fetch_threads", side.kv->fetch_threads()},
+                        {"path", "KvStore::RetrieveInto per window into the caller's buffer (disk read, decode, "
+                                 "scatter), one window at a time; a window's chunks read and decoded on up to "
+                                 "fetch_threads threads"},
+                        {"tier", {{"fsync", FsyncName(defaults.fsync ? store::FsyncPolicy::kData : store::FsyncPolicy::kNone)},
+                                  {"read_odirect", side.read_odirect}}},
+                        {"page_cache",
+                         {{"cold_by", side.read_odirect
+                                          ? "O_DIRECT reads, and fsync + posix_fadvise(DONTNEED) of every object "
+                                            "file before each timed run"
+                                          : "fsync + posix_fadvise(DONTNEED) of every object file before each timed "
+                                            "run (the tier reads through the page cache here)"},
+                          {"dropped", side.dropped},
+                          {"resident_fraction_before_read_max", side.resident_max}}}};
+    scratch.Describe(p);
+    return p;
+  };
+  const double raw_gbps = gb / Median(sides[0].deliver_s), kdn_gbps = gb / Median(sides[1].deliver_s);
+  out.Add("disk_delivery_gbps_raw", raw_gbps, "GB/s", params(sides[0]));
+  nlohmann::json kp = params(sides[1]);
+  kp["goal"] = ">= 2";
+  // Decode seconds (summed over the threads that decode) per second of delivery.
+  kp["decode_s_per_delivery_s"] = Median(sides[1].decode_s) / Median(sides[1].deliver_s);
+  out.Add("disk_delivery_gbps_kdn", kdn_gbps, "GB/s", kp, "disk_delivery_gbps_raw", raw_gbps);
+  // The same windows to kConcurrent callers at once (as a server's requests
+  // arrive): the disk and the cores busy rather than waiting on one read.
+  auto concurrent = [&](const Side& side) {
+    nlohmann::json p = params(side);
+    p["callers"] = kConcurrent;
+    p["path"] = "KvStore::RetrieveInto per window into the caller's buffer, " + std::to_string(kConcurrent) +
+                " callers at once (window w by caller w % " + std::to_string(kConcurrent) + ")";
+    return p;
+  };
+  const double raw_c = gb / Median(sides[0].concurrent_s), kdn_c = gb / Median(sides[1].concurrent_s);
+  out.Add("disk_delivery_concurrent_gbps_raw", raw_c, "GB/s", concurrent(sides[0]));
+  nlohmann::json kc = concurrent(sides[1]);
+  kc["goal"] = ">= 2";
+  out.Add("disk_delivery_concurrent_gbps_kdn", kdn_c, "GB/s", kc, "disk_delivery_concurrent_gbps_raw", raw_c);
+  // What limits it: each tier's files read alone (GB/s of file bytes; beside
+  // it the KV rate that read alone would deliver), and kdn's decode alone
+  // (uncompressed GB/s over the decode time inside the timed retrieves).
+  for (const Side& side : sides) {
+    nlohmann::json p = params(side);
+    const double read_s = Median(side.read_s);
+    p["what"] = "the tier's object files read whole, one open per object, as the tier reads them (no decode, no scatter)";
+    p["kv_gbps_at_this_read_rate"] = gb / read_s;
+    out.Add(std::string("disk_delivery_file_read_gbps_") + side.name, static_cast<double>(side.file_bytes) / 1e9 / read_s,
+            "GB/s", p);
+  }
+  nlohmann::json dp = params(sides[1]);
+  dp["what"] = "uncompressed bytes over the chain's decode time (LevelStats::decode_ns) in the timed retrieves";
+  out.Add("disk_delivery_decode_gbps_kdn", gb / std::max(Median(sides[1].decode_s), 1e-9), "GB/s", dp);
+  for (Side& side : sides) {
+    side.kv.reset();
+    fs::remove_all(side.dir);
+  }
+  std::printf("  disk delivery: %.1f s in all\n", (NowMs() - t_start) / 1e3);
+  return 0;
+}
+
 // SHA-256 of a request's token bytes in one stream: the machine's limit for
 // hashing them (what key hashing and lookups are compared with). Returns ms.
 double RawTokenSha256Ms(int repeats, const std::vector<std::int32_t>& ids) {
@@ -527,10 +928,32 @@ double RawTokenSha256Ms(int repeats, const std::vector<std::int32_t>& ids) {
   return ms;
 }
 
+// SHA-256 of each chunk's token bytes, one digest per chunk (a chunk key is
+// one digest per chunk), with OpenSSL's SHA256_Init/Update/Final on a stack
+// context (the primitives the keyer uses). Returns ms.
+double RawChunkSha256Ms(int repeats, const std::vector<std::int32_t>& ids, size_t per) {
+  unsigned char sink = 0;
+  const double ms = MedianMs(repeats, [&] {
+    unsigned char d[SHA256_DIGEST_LENGTH];
+    for (size_t c = 0; c < ids.size() / per; ++c) {
+      SHA256_CTX ctx;
+      SHA256_Init(&ctx);
+      SHA256_Update(&ctx, ids.data() + c * per, per * 4);
+      SHA256_Final(d, &ctx);
+      sink ^= d[0];
+    }
+  });
+  asm volatile("" : : "r"(sink) : "memory");
+  return ms;
+}
+
 // The keys of a 512-chunk request, as the store's walks compute them (one
-// keyer per walk), against SHA-256 of the same token bytes in one stream.
-// The keys hash more than the tokens: per chunk the previous key (32 bytes),
-// the token count and what is left of the head after its first block.
+// keyer per walk), against SHA-256 of the same token bytes: in one stream
+// (the machine's limit for hashing the bytes) and one digest per chunk (the
+// same work as the keys: a digest each). The keys hash more than the
+// tokens: per chunk the previous key (32 bytes), the token count and what
+// is left of the head after its first block, 17 SHA-256 blocks where the
+// stream hashes 16 (a ceiling of 16/17 = 0.94 against the stream).
 void KeyHash(int repeats, const Scratch& scratch, Records& out) {
   const size_t chunks = 512, per = 256;
   const auto ids = Ids(chunks * per, 3);
@@ -550,11 +973,18 @@ void KeyHash(int repeats, const Scratch& scratch, Records& out) {
     std::fprintf(stderr, "bench: the keyer's keys differ from ChunkKey's\n");
   }
   const double raw_ms = RawTokenSha256Ms(repeats, ids);
+  const double chunk_ms = RawChunkSha256Ms(repeats, ids, per);
   const double gb = static_cast<double>(ids.size() * 4) / 1e9;
-  nlohmann::json p = {{"chunks", chunks}, {"chunk_tokens", per}, {"repeats", repeats}, {"hash", "sha256"},
-                      {"baseline", "SHA-256 of the same token bytes in one stream (EVP_Digest)"}};
+  nlohmann::json p = {{"chunks", chunks},  {"chunk_tokens", per}, {"repeats", repeats},
+                      {"hash", "sha256"},  {"goal", ">= 0.9"},
+                      {"baseline", "SHA-256 of the same token bytes in one stream (EVP_Digest)"},
+                      {"ceiling", "16/17 = 0.94: a key hashes 17 SHA-256 blocks per chunk, the stream 16"}};
   scratch.Describe(p);
   out.Add("key_hash_gbps", gb / (keys_ms / 1e3), "GB/s", p, "raw_sha256_gbps", gb / (raw_ms / 1e3));
+  p["baseline"] = "SHA-256 of each chunk's token bytes, one digest per chunk (SHA256_Init/Update/Final)";
+  p.erase("ceiling");
+  out.Add("key_hash_chunkwise_gbps", gb / (keys_ms / 1e3), "GB/s", p, "raw_sha256_chunkwise_gbps",
+          gb / (chunk_ms / 1e3));
 }
 
 // Lookup of a 512-chunk cached prefix (host tier), against hashing its
@@ -698,6 +1128,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
   }
   if (rc == 0) rc = Disk(k8b, o.quick ? 2 : 8, o.quick ? 1 : 3, scratch, records);
   if (rc == 0) rc = Disk(kRef, o.quick ? 16 : 256, o.quick ? 1 : 3, scratch, records);
+  if (rc == 0) rc = DiskDelivery(o.quick, scratch, records);
   if (rc == 0) KeyHash(repeats, scratch, records);
   if (rc == 0) Lookup(repeats, scratch, records);
   if (rc == 0) rc = HitRates(scratch, o.quick, records);

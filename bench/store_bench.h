@@ -18,8 +18,12 @@ struct StoreBenchOptions {
 // host get vs memcpy, disk tier write/read vs the raw disk doing the same
 // per-object work under the same durability (each record states both sides'
 // policy and whether O_DIRECT was in effect), key hashing vs the raw hash,
-// lookup latency, and hit rates per tier and policy on a Zipf reuse
-// workload. Writes JSON records; returns an exit code (2, saying why, when
+// lookup latency, hit rates per tier and policy on a Zipf reuse workload,
+// and the effective delivery from disk: the reference model's real KV (f16,
+// 256-token chunks; 240 of them, 16 with quick) retrieved from a cold page
+// cache out of a disk-only store that keeps it as kdn:balanced, against one
+// that keeps it raw, with the file reads and the decode alone beside it
+// (skipped, with a warning, without the reference model). Writes JSON records; returns an exit code (2, saying why, when
 // the scratch directory is on a memory filesystem and that is not allowed).
 int RunStoreBench(const StoreBenchOptions& options);
 

@@ -238,17 +238,6 @@ bool HalfFinite(std::uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
 // A float held in a double (exactly).
 float F(double v) { return static_cast<float>(v); }
 
-// The dtype's bytes of a float (a float for f32, else the 16-bit pattern).
-template <typename E>
-E ToElement(std::uint32_t dtype, float v) {
-  if constexpr (sizeof(E) == 4) {
-    (void)dtype;
-    return v;
-  } else {
-    return dtype == 1 ? kernels::float_to_half(v) : kernels::float_to_bf16(v);
-  }
-}
-
 class KdnCodec final : public Codec {
  public:
   KdnCodec(Spec spec, Params p) : spec_(std::move(spec)), p_(std::move(p)) {}
@@ -540,14 +529,16 @@ class KdnCodec final : public Codec {
         off.resize(C);
         step.resize(C);
         KDN_RETURN_IF_ERROR(ReadKdnScales(halves, C, plane, off.data(), step.data()));
+        // Sinks: a finite half fits every dtype (f32, f16 as it is, bf16).
         const std::uint8_t* sink = halves + 4 * C;
-        for (std::uint64_t t = 0; t < S; ++t) {
-          for (std::uint64_t c = 0; c < C; ++c) {
-            const std::uint16_t hv = GetU16(sink + 2 * (t * C + c));
-            if (!HalfFinite(hv)) return Status::Corrupt("kdn payload: a non-finite sink value");
-            const float v = kernels::half_to_float(hv);
-            if (!FitsDtype(shape.dtype, std::fabs(v))) return Status::Corrupt("kdn payload: a sink value overflows");
-            out[(plane * T + t) * C + c] = ToElement<E>(shape.dtype, v);
+        E* sink_out = out + plane * T * C;
+        for (std::uint64_t i = 0; i < S * C; ++i) {
+          const std::uint16_t hv = GetU16(sink + 2 * i);
+          if (!HalfFinite(hv)) return Status::Corrupt("kdn payload: a non-finite sink value");
+          if constexpr (sizeof(E) == 4) {
+            sink_out[i] = kernels::half_to_float(hv);
+          } else {
+            sink_out[i] = shape.dtype == 1 ? hv : kernels::float_to_bf16(kernels::half_to_float(hv));
           }
         }
         pos += 1 + 4 * C + 2 * S * C;

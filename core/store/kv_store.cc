@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <optional>
+#include <thread>
 
 #include "ref/kv_view_ref.h"
 #include "store/chunk_codec.h"
@@ -115,7 +117,15 @@ BufferAsView::BufferAsView(const ModelKv& model, const KvBufferView& b) {
 // ---- Construction -------------------------------------------------------------
 
 KvStore::KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain)
-    : options_(options), chain_(std::move(chain)) {}
+    : options_(options), chain_(std::move(chain)) {
+  std::uint32_t threads = options.fetch_threads;
+  if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  if (threads > 1) fetch_pool_ = std::make_unique<ThreadPool>(static_cast<int>(threads));
+  // A get costs a read or a decode unless the tier holds raw KV in memory.
+  for (const TierSpec& t : options_.tiers) {
+    costly_get_.push_back(t.kind == TierSpec::Kind::kDisk || t.codec != DefaultTierCodec(TierSpec::Kind::kHost));
+  }
+}
 
 Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
   if (options.chunk_tokens == 0) return Status::InvalidArgument("chunk_tokens must be positive");
@@ -368,16 +378,36 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   // and leased. A chunk that fails to read (evicted meanwhile, corrupt) is
   // reported, and the ones after it are still loaded: their keys, and so
   // their KV, do not depend on it.
-  std::vector<std::pair<keys::Digest, std::pair<std::uint64_t, std::uint64_t>>> plan;
+  struct Planned {
+    keys::Digest key;
+    std::uint64_t begin, len;
+    std::optional<Result<Lease>> lease;  // set by the read
+  };
+  std::vector<Planned> plan;
+  size_t costly = 0;  // chunks to read from disk or to decode
   f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
-    if (chain_->Locate(key) < 0) return false;
-    plan.push_back({key, {begin, len}});
+    const int level = chain_->Locate(key);
+    if (level < 0) return false;
+    costly += costly_get_[static_cast<size_t>(level)];
+    plan.push_back({key, begin, len, std::nullopt});
     return true;
   });
+  // Reading and decoding chunks costs: on several threads when they are
+  // free. A lease of raw KV in memory is cheap.
+  auto read = [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key));
+  };
+  std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
+  if (fetch_pool_ != nullptr && costly >= 2 && pool.try_lock()) {
+    fetch_pool_->ParallelFor(plan.size(), 1, read);
+    pool.unlock();
+  } else {
+    read(0, plan.size());
+  }
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
-  for (auto& [key, range] : plan) {
-    auto lease = chain_->Get(key);
-    const auto& [begin, len] = range;
+  for (Planned& p : plan) {
+    Result<Lease>& lease = *p.lease;
+    const std::uint64_t begin = p.begin, len = p.len;
     const bool ok = lease.ok() && lease->chunk()->payload.size() == len * per_token &&
                     lease->chunk()->meta.model == model.fingerprint;
     if (!ok) {

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +32,7 @@
 #include "store/tiered_store.h"
 #include "telemetry/histogram.h"
 #include "util/status.h"
+#include "util/thread_pool.h"
 
 namespace kdn::store {
 
@@ -110,6 +112,13 @@ struct StoreOptions {
   std::uint64_t mover_queue_bytes = std::uint64_t{1} << 30;
   const Clock* clock = nullptr;
   std::shared_ptr<ChunkEditor> editor;
+  // Threads that read and decode the chunks of one retrieve or load at once,
+  // the caller among them, when two or more of its chunks come from a disk
+  // tier or a tier with a codec (reading one while decoding another, and
+  // decoding on several cores): 0 = the machine's cores, at most 4; 1 = one
+  // chunk after another. One call at a time uses them; calls meanwhile read
+  // their chunks one after another.
+  std::uint32_t fetch_threads = 0;
 };
 
 struct LookupResult {
@@ -148,6 +157,9 @@ class KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> Create(const StoreOptions& options);
   const StoreOptions& options() const { return options_; }
+  // The threads a retrieve or load reads and decodes chunks on (the
+  // resolved StoreOptions::fetch_threads).
+  int fetch_threads() const { return fetch_pool_ ? fetch_pool_->threads() : 1; }
   TieredStore& chain() { return *chain_; }
   const TieredStore& chain() const { return *chain_; }
 
@@ -224,6 +236,9 @@ class KvStore {
 
   const StoreOptions options_;
   std::unique_ptr<TieredStore> chain_;
+  std::unique_ptr<ThreadPool> fetch_pool_;  // null: one thread; used under fetch_mu_
+  std::mutex fetch_mu_;
+  std::vector<bool> costly_get_;  // per level: a get reads from disk or decodes
   std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
   std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
   mutable std::atomic<std::uint64_t> probes_{0};

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -370,6 +372,77 @@ TEST_F(KvStoreTest, TailsAreFoundAfterARestart) {
     EXPECT_TRUE(HoldsPrefix(out, t.size())) << i;
   }
   s.reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Chunks read from a disk tier (and decoded) on several threads come back
+// as they do on one: the same bytes, the same failed chunk when an object is
+// lost, whichever thread read it; and callers that find the threads busy
+// read on their own.
+TEST_F(KvStoreTest, ChunksFromADiskTierAreReadOnSeveralThreadsAsOnOne) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kdn-kvstore-fetch-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  StoreOptions o;
+  o.chunk_tokens = 8;  // 6 chunks of the 48 tokens
+  TierSpec disk;
+  disk.kind = TierSpec::Kind::kDisk;
+  disk.path = dir.string();
+  disk.capacity_bytes = 64u << 20;
+  o.tiers.push_back(disk);  // the default codec: lossless zstd
+  {
+    auto s = Make(o);
+    ASSERT_EQ(Store(*s, "t", Tokens(48), View(kv_, 48)), 48u);
+  }
+  const TokenKeys keys = K(Tokens(48));
+  for (std::uint32_t threads : {1u, 3u}) {
+    SCOPED_TRACE("fetch_threads " + std::to_string(threads));
+    o.fetch_threads = threads;
+    auto s = Make(o);
+    std::vector<float> out(kv_.size(), -1.0f);
+    ASSERT_EQ(Retrieve(*s, "t", Tokens(48), View(out, 48)), 48u);
+    EXPECT_TRUE(HoldsPrefix(out, 48));
+    // Four callers at once: one may take the threads, the others read alone.
+    std::vector<std::thread> callers;
+    std::atomic<int> bad{0};
+    for (int c = 0; c < 4; ++c) {
+      callers.emplace_back([&] {
+        for (int i = 0; i < 10; ++i) {
+          std::vector<float> mine(kv_.size(), -1.0f);
+          if (Retrieve(*s, "t", Tokens(48), View(mine, 48)) != 48u || !HoldsPrefix(mine, 48)) ++bad;
+        }
+      });
+    }
+    for (auto& c : callers) c.join();
+    EXPECT_EQ(bad.load(), 0);
+  }
+  // Lose one object: the same chunk fails on one thread and on three, and the
+  // chunks after it are still read.
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> failed;
+  for (std::uint32_t threads : {1u, 3u}) {
+    SCOPED_TRACE("fetch_threads " + std::to_string(threads));
+    o.fetch_threads = threads;
+    auto s = Make(o);
+    ASSERT_EQ(Store(*s, "t", Tokens(48), View(kv_, 48)), 48u);  // puts back the object lost before
+    std::vector<std::filesystem::path> objects;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+      if (e.is_regular_file() && e.file_size() > 1024) objects.push_back(e.path());
+    }
+    ASSERT_EQ(objects.size(), 6u);
+    std::sort(objects.begin(), objects.end());  // named by key: the same object each time
+    std::filesystem::remove(objects[3]);
+    const Fetch f = s->FetchPrefix(model_, "t", keys);
+    EXPECT_EQ(f.covered, 48u);
+    ASSERT_EQ(f.failed.size(), 1u);
+    EXPECT_EQ(f.failed[0].end - f.failed[0].begin, 8u);
+    EXPECT_EQ(f.chunks.size(), 5u);
+    failed.push_back({{f.failed[0].begin, f.failed[0].end}});
+    std::vector<float> out(kv_.size(), -1.0f);
+    const std::uint64_t got = Retrieve(*s, "t", Tokens(48), View(out, 48));
+    EXPECT_EQ(got, f.failed[0].begin);
+    EXPECT_TRUE(HoldsPrefix(out, got));
+  }
+  EXPECT_EQ(failed[0], failed[1]);
   std::filesystem::remove_all(dir);
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "cli_runner.h"
 #include "test_models.h"
@@ -156,6 +157,26 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
     }
     EXPECT_GT(value("codec_decode_gbps_kdn"), 0.0);
     EXPECT_GT(value("codec_encode_gbps_kdn"), 0.0);
+    // Several chunks decoded on two threads against one, wall-clock, the
+    // same chunks in the same run; the record says how many cores there are.
+    EXPECT_GT(value("codec_decode_1thread_gbps_kdn"), 0.0);
+    EXPECT_GT(value("codec_decode_2threads_gbps_kdn"), 0.0);
+    const auto& two = by_name["codec_decode_2threads_gbps_kdn"];
+    EXPECT_EQ(two.value("baseline", ""), "codec_decode_1thread_gbps_kdn");
+    const auto& tp = two.at("params");
+    EXPECT_EQ(tp.at("threads").get<int>(), 2);
+    EXPECT_EQ(by_name["codec_decode_1thread_gbps_kdn"].at("params").at("threads").get<int>(), 1);
+    EXPECT_EQ(tp.at("spec").get<std::string>(), "kdn:balanced");
+    EXPECT_EQ(tp.at("dtype").get<std::string>(), "f16");
+    EXPECT_EQ(tp.at("chunk_tokens").get<int>(), 256);
+    EXPECT_GE(tp.at("chunks").get<int>(), 2);
+    EXPECT_EQ(tp.at("clock").get<std::string>(), "wall-clock");
+    EXPECT_EQ(tp.at("goal").get<std::string>(), ">= 1.8");
+    const unsigned cores = std::thread::hardware_concurrency();
+    EXPECT_EQ(tp.at("hardware_concurrency").get<unsigned>(), cores);
+    EXPECT_EQ(tp.at("meaningful").get<bool>(), cores >= 2);
+    EXPECT_EQ(tp.contains("note"), cores < 2);
+    EXPECT_GT(tp.at("cpu_per_wall").get<double>(), 0.0);
   }
   if (by_name.count("codec_ratio_kdn_hifi")) {
     EXPECT_EQ(value("codec_ratio_hifi_kdn"), value("codec_ratio_kdn_hifi"));
