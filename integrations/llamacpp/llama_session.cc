@@ -1,0 +1,109 @@
+// A llama.cpp session; the contract is in llama_session.h.
+#include "llama_session.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+namespace kdn::llamacpp {
+namespace {
+
+// llama.cpp's log: warnings and errors only, to stderr.
+void QuietLog(enum ggml_log_level level, const char* text, void*) {
+  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+}
+
+// The CPU backends are shared libraries found at run time: registered once
+// per process, before any model is loaded, or no backend is found.
+void InitBackends(const std::string& dir) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    llama_log_set(QuietLog, nullptr);
+    ggml_backend_load_all_from_path(dir.c_str());
+    llama_backend_init();
+  });
+}
+
+}  // namespace
+
+struct Session::Impl {
+  llama_model* model = nullptr;
+  llama_context* ctx = nullptr;
+  const llama_vocab* vocab = nullptr;
+  ~Impl() {
+    if (ctx != nullptr) llama_free(ctx);
+    if (model != nullptr) llama_model_free(model);
+  }
+};
+
+Result<std::unique_ptr<Session>> Session::Load(const SessionOptions& o) {
+  if (o.n_ctx == 0) return Status::InvalidArgument("llama session: n_ctx must be positive");
+  InitBackends(o.backend_dir);
+  std::unique_ptr<Session> s(new Session());
+  s->impl_ = std::make_unique<Impl>();
+  llama_model_params mp = llama_model_default_params();
+  s->impl_->model = llama_model_load_from_file(o.gguf.c_str(), mp);
+  if (s->impl_->model == nullptr) {
+    return Status::InvalidArgument("llama session: cannot load the model '" + o.gguf +
+                                   "' (is it a GGUF file, and are the CPU backends in '" + o.backend_dir + "'?)");
+  }
+  s->impl_->vocab = llama_model_get_vocab(s->impl_->model);
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = o.n_ctx;
+  cp.n_batch = o.n_ctx;
+  cp.n_ubatch = o.n_ctx;
+  cp.n_seq_max = 1;
+  cp.n_threads = cp.n_threads_batch = o.threads;
+  cp.flash_attn_type = o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.type_k = cp.type_v = o.f16_cache ? GGML_TYPE_F16 : GGML_TYPE_F32;
+  cp.no_perf = true;
+  s->impl_->ctx = llama_init_from_model(s->impl_->model, cp);
+  if (s->impl_->ctx == nullptr) return Status::Internal("llama session: cannot create a context for '" + o.gguf + "'");
+  return s;
+}
+
+Session::~Session() = default;
+
+Result<std::vector<std::int32_t>> Session::Tokenize(const std::string& text) const {
+  std::vector<llama_token> ids(text.size() + 2);
+  int n = llama_tokenize(impl_->vocab, text.data(), static_cast<std::int32_t>(text.size()), ids.data(),
+                         static_cast<std::int32_t>(ids.size()), /*add_special=*/true, /*parse_special=*/false);
+  if (n < 0) return Status::InvalidArgument("llama session: the text does not tokenize");
+  ids.resize(static_cast<size_t>(n));
+  return std::vector<std::int32_t>(ids.begin(), ids.end());
+}
+
+std::int32_t Session::vocab_size() const { return llama_vocab_n_tokens(impl_->vocab); }
+
+Status Session::Decode(const std::vector<std::int32_t>& tokens) {
+  if (tokens.empty()) return Status::InvalidArgument("llama session: nothing to decode");
+  std::vector<llama_token> t(tokens.begin(), tokens.end());
+  const int rc = llama_decode(impl_->ctx, llama_batch_get_one(t.data(), static_cast<std::int32_t>(t.size())));
+  if (rc != 0) return Status::Internal("llama session: llama_decode returned " + std::to_string(rc));
+  return Status::Ok();
+}
+
+std::int32_t Session::Argmax() const {
+  const float* l = llama_get_logits_ith(impl_->ctx, -1);
+  const std::int32_t n = vocab_size();
+  std::int32_t best = 0;
+  for (std::int32_t i = 1; i < n; ++i) {
+    if (l[i] > l[best]) best = i;
+  }
+  return best;
+}
+
+Result<std::vector<std::int32_t>> Session::Greedy(int steps) {
+  std::vector<std::int32_t> out;
+  for (int s = 0; s < steps; ++s) {
+    out.push_back(Argmax());
+    if (s + 1 < steps) KDN_RETURN_IF_ERROR(Decode({out.back()}));
+  }
+  return out;
+}
+
+void Session::Clear() { llama_memory_clear(llama_get_memory(impl_->ctx), /*data=*/true); }
+
+}  // namespace kdn::llamacpp

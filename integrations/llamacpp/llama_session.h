@@ -1,0 +1,56 @@
+// A llama.cpp model and one context over it, through the prebuilt libllama
+// that scripts/fetch-llamacpp fetches: what kdn's llama.cpp integration (the
+// connector, `kdn llama`, the tests) drives. Errors are Status values; no
+// llama.cpp type appears in this header.
+//
+// Thread-safety: a session is used by one thread at a time. Load() may be
+// called from several threads; the backends are registered once per process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace kdn::llamacpp {
+
+struct SessionOptions {
+  std::string gguf;            // the model file
+  std::string backend_dir;     // where libggml-cpu-*.so are (ggml_backend_load_all_from_path)
+  std::uint32_t n_ctx = 512;   // context length of the session (and its batch)
+  bool flash_attn = false;     // flash attention (V is then stored row-major, not transposed)
+  bool f16_cache = false;      // K and V cache as f16 (else f32)
+  int threads = 1;
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> Load(const SessionOptions& options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // llama.cpp's own tokenizer: BOS, then the text.
+  Result<std::vector<std::int32_t>> Tokenize(const std::string& text) const;
+  std::int32_t vocab_size() const;
+
+  // Decodes `tokens` at the end of sequence 0 (one batch). With `logits`,
+  // the last token's logits are kept for Argmax.
+  Status Decode(const std::vector<std::int32_t>& tokens);
+  // The id of the largest logit of the last decoded token.
+  std::int32_t Argmax() const;
+  // Greedy: `steps` ids after the tokens decoded so far, the first from the
+  // logits of the last decode.
+  Result<std::vector<std::int32_t>> Greedy(int steps);
+  // Forgets sequence 0.
+  void Clear();
+
+ private:
+  Session() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kdn::llamacpp
