@@ -29,6 +29,7 @@ void InitBackends(const std::string& dir) {
 }  // namespace
 
 struct Session::Impl {
+  SessionOptions options;
   llama_model* model = nullptr;
   llama_context* ctx = nullptr;
   const llama_vocab* vocab = nullptr;
@@ -43,6 +44,7 @@ Result<std::unique_ptr<Session>> Session::Load(const SessionOptions& o) {
   InitBackends(o.backend_dir);
   std::unique_ptr<Session> s(new Session());
   s->impl_ = std::make_unique<Impl>();
+  s->impl_->options = o;
   llama_model_params mp = llama_model_default_params();
   s->impl_->model = llama_model_load_from_file(o.gguf.c_str(), mp);
   if (s->impl_->model == nullptr) {
@@ -105,5 +107,29 @@ Result<std::vector<std::int32_t>> Session::Greedy(int steps) {
 }
 
 void Session::Clear() { llama_memory_clear(llama_get_memory(impl_->ctx), /*data=*/true); }
+
+Result<std::vector<std::uint8_t>> Session::SaveSequence() const {
+  std::vector<std::uint8_t> state(llama_state_seq_get_size(impl_->ctx, 0));
+  const std::size_t n = llama_state_seq_get_data(impl_->ctx, state.data(), state.size(), 0);
+  if (n == 0 || n > state.size()) return Status::Internal("llama session: llama_state_seq_get_data failed");
+  state.resize(n);
+  return state;
+}
+
+Status Session::RestoreSequence(const std::vector<std::uint8_t>& state) {
+  if (llama_state_seq_set_data(impl_->ctx, state.data(), state.size(), 0) == 0) {
+    return Status::InvalidArgument("llama session: llama.cpp refused the state (" + std::to_string(state.size()) +
+                                   " bytes)");
+  }
+  return Status::Ok();
+}
+
+const SessionOptions& Session::options() const { return impl_->options; }
+
+std::uint32_t Session::layers() const { return static_cast<std::uint32_t>(llama_model_n_layer(impl_->model)); }
+std::uint32_t Session::kv_heads() const { return static_cast<std::uint32_t>(llama_model_n_head_kv(impl_->model)); }
+std::uint32_t Session::head_dim() const {
+  return static_cast<std::uint32_t>(llama_model_n_embd(impl_->model) / llama_model_n_head(impl_->model));
+}
 
 }  // namespace kdn::llamacpp

@@ -46,6 +46,16 @@ class Session {
   Result<std::vector<std::int32_t>> Greedy(int steps);
   // Forgets sequence 0.
   void Clear();
+  // Sequence 0's saved state (llama_state_seq_get_data), and its restore
+  // (llama_state_seq_set_data, which replaces the sequence; the logits are
+  // not in the state: decode the next token after a restore).
+  Result<std::vector<std::uint8_t>> SaveSequence() const;
+  Status RestoreSequence(const std::vector<std::uint8_t>& state);
+  const SessionOptions& options() const;
+  // The model's KV shape: layers, KV heads, head dimension.
+  std::uint32_t layers() const;
+  std::uint32_t kv_heads() const;
+  std::uint32_t head_dim() const;
 
  private:
   Session() = default;

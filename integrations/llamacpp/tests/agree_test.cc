@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "llama_session.h"
+#include "llama_test_util.h"
 #include "model/transformer.h"
 #include "model_loader.h"
 #include "test_models.h"
@@ -41,16 +42,7 @@ std::vector<std::int32_t> ReferenceGreedy(const refengine::LoadedModel& m, const
   return out;
 }
 
-std::unique_ptr<Session> Open(bool flash_attn, bool f16) {
-  SessionOptions o;
-  o.gguf = KDN_GGUF_PATH;
-  o.backend_dir = KDN_LLAMACPP_LIBDIR;
-  o.flash_attn = flash_attn;
-  o.f16_cache = f16;
-  auto s = Session::Load(o);
-  EXPECT_TRUE(s.ok()) << s.status().message();
-  return s.ok() ? std::move(s).value() : nullptr;
-}
+std::unique_ptr<Session> Open(bool flash_attn, bool f16) { return OpenReference(flash_attn, f16); }
 
 TEST(LlamaCpp, GreedyIdsEqualTheReferenceModel) {
   KDN_REQUIRE_MODEL();

@@ -1,0 +1,185 @@
+// The llama.cpp connector through kdn's C ABI:
+// - a prompt prefilled and saved in one context is restored in a new one
+//   (a host tier; and a disk tier across a restart of the runtime), and the
+//   continuation is bit-identical to prefill, for f32 and f16 caches with
+//   flash attention on and off;
+// - a longer prompt sharing the prefix restores it and decodes only the rest;
+// - KV stored for another GGUF (another fingerprint) is never restored.
+#include "connector.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "llama_test_util.h"
+#include "test_models.h"
+
+namespace kdn::llamacpp {
+namespace {
+
+std::unique_ptr<Session> Open(bool flash_attn, bool f16) { return OpenReference(flash_attn, f16); }
+
+// A runtime of chunks of 64 tokens: one host tier, or one disk tier at `dir`.
+kdn_runtime* Runtime(const std::string& dir = "") {
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  o.chunk_tokens = 64;
+  kdn_tier_config disk = KDN_TIER_CONFIG_INIT;
+  if (!dir.empty()) {
+    disk.kind = KDN_TIER_DISK;
+    disk.path = dir.c_str();
+    disk.path_len = dir.size();
+    disk.capacity_bytes = 64u << 20;
+    o.tiers = &disk;
+    o.num_tiers = 1;
+  }
+  kdn_runtime* rt = nullptr;
+  EXPECT_EQ(kdn_runtime_create(&o, &rt), KDN_OK) << kdn_last_error_message();
+  return rt;
+}
+
+kdn_model* Model(kdn_runtime* rt, const Session& s, const std::string& gguf = KDN_GGUF_PATH) {
+  std::string fingerprint;
+  auto spec = ModelSpecFor(s, gguf, &fingerprint);
+  EXPECT_TRUE(spec.ok()) << spec.status().message();
+  kdn_model* m = nullptr;
+  EXPECT_EQ(kdn_model_create(rt, &*spec, &m), KDN_OK) << kdn_last_error_message();
+  return m;
+}
+
+// A real text of `n` tokens: BOS, the reference run's ids, then the model's
+// own greedy continuation.
+std::vector<std::int32_t> Text(std::size_t n) {
+  auto s = Open(false, false);
+  std::vector<std::int32_t> t = {1};
+  t.insert(t.end(), testing::kReferenceIds.begin(), testing::kReferenceIds.end());
+  EXPECT_TRUE(s->Decode(t).ok());
+  auto more = s->Greedy(static_cast<int>(n - t.size()));
+  t.insert(t.end(), more->begin(), more->end());
+  return t;
+}
+
+// Greedy ids after prefilling `prompt` in a fresh session.
+std::vector<std::int32_t> Cold(bool flash_attn, bool f16, const std::vector<std::int32_t>& prompt, int steps) {
+  auto s = Open(flash_attn, f16);
+  EXPECT_TRUE(s->Decode(prompt).ok());
+  return s->Greedy(steps).value();
+}
+
+// Restores `prompt` through `c` into its session, decodes the rest, and
+// returns the greedy ids and the tokens restored.
+std::pair<std::vector<std::int32_t>, std::uint64_t> Warm(Session& s, Connector& c,
+                                                         const std::vector<std::int32_t>& prompt, int steps) {
+  auto r = c.Restore(prompt);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  const std::uint64_t got = r.ok() ? r->tokens : 0;
+  if (got == 0) s.Clear();
+  EXPECT_TRUE(s.Decode(std::vector<std::int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(got), prompt.end())).ok());
+  return {s.Greedy(steps).value(), got};
+}
+
+TEST(Connector, RestoresWhatPrefillComputedAndContinuesIdentically) {
+  KDN_REQUIRE_MODEL();
+  const std::vector<std::int32_t> text = Text(300);
+  const std::vector<std::int32_t> prompt(text.begin(), text.begin() + 200);
+  for (bool flash_attn : {false, true}) {
+    for (bool f16 : {false, true}) {
+      SCOPED_TRACE(std::string("flash attention ") + (flash_attn ? "on" : "off") + ", " + (f16 ? "f16" : "f32"));
+      kdn_runtime* rt = Runtime();
+      auto first = Open(flash_attn, f16);
+      kdn_model* m = Model(rt, *first);
+      Connector save(*first, m, "tenant");
+      ASSERT_TRUE(first->Decode(prompt).ok());
+      auto cached = save.Save(prompt);
+      ASSERT_TRUE(cached.ok()) << cached.status().message();
+      EXPECT_EQ(*cached, prompt.size());
+
+      const std::vector<std::int32_t> want = Cold(flash_attn, f16, prompt, 16);
+      auto second = Open(flash_attn, f16);
+      Connector load(*second, m, "tenant");
+      const auto [ids, restored] = Warm(*second, load, prompt, 16);
+      EXPECT_EQ(restored, prompt.size() - 1);
+      EXPECT_EQ(ids, want);
+
+      // A longer prompt sharing the prefix: the cached part is restored, the
+      // rest decoded.
+      const std::vector<std::int32_t> longer(text.begin(), text.begin() + 280);
+      auto third = Open(flash_attn, f16);
+      Connector load3(*third, m, "tenant");
+      const auto [ids3, restored3] = Warm(*third, load3, longer, 16);
+      EXPECT_EQ(restored3, prompt.size());
+      EXPECT_EQ(ids3, Cold(flash_attn, f16, longer, 16));
+
+      // Another tenant sees nothing.
+      auto fourth = Open(flash_attn, f16);
+      Connector other(*fourth, m, "another tenant");
+      EXPECT_EQ(other.Restore(prompt)->tokens, 0u);
+      kdn_model_destroy(m);
+      kdn_runtime_destroy(rt);
+    }
+  }
+}
+
+TEST(Connector, RestoresFromADiskTierAfterARestart) {
+  KDN_REQUIRE_MODEL();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kdn-llamacpp-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  const std::vector<std::int32_t> prompt = Text(200);
+  {
+    kdn_runtime* rt = Runtime(dir);
+    auto s = Open(false, false);
+    kdn_model* m = Model(rt, *s);
+    Connector c(*s, m, "t");
+    ASSERT_TRUE(s->Decode(prompt).ok());
+    ASSERT_EQ(c.Save(prompt).value(), prompt.size());
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+  }
+  kdn_runtime* rt = Runtime(dir);
+  auto s = Open(false, false);
+  kdn_model* m = Model(rt, *s);
+  Connector c(*s, m, "t");
+  const auto [ids, restored] = Warm(*s, c, prompt, 16);
+  EXPECT_EQ(restored, prompt.size() - 1);
+  EXPECT_EQ(ids, Cold(false, false, prompt, 16));
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Connector, KvOfAnotherGgufIsNeverRestored) {
+  KDN_REQUIRE_MODEL();
+  // Another GGUF: the same weights but one byte of padding changed, so the
+  // same shape under another fingerprint.
+  const std::string other = (std::filesystem::temp_directory_path() /
+                             ("kdn-llamacpp-other-" + std::to_string(::getpid()) + ".gguf"))
+                                .string();
+  std::filesystem::copy_file(KDN_GGUF_PATH, other, std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream f(other, std::ios::in | std::ios::out | std::ios::binary | std::ios::ate);
+    f.seekp(-1, std::ios::end);
+    f.put('\x01');
+  }
+  const std::vector<std::int32_t> prompt = Text(150);
+  kdn_runtime* rt = Runtime();
+  auto s = Open(false, false);
+  kdn_model* mine = Model(rt, *s);
+  kdn_model* theirs = Model(rt, *s, other);
+  Connector save(*s, theirs, "t");
+  ASSERT_TRUE(s->Decode(prompt).ok());
+  ASSERT_EQ(save.Save(prompt).value(), prompt.size());
+  auto fresh = Open(false, false);
+  Connector load(*fresh, mine, "t");
+  EXPECT_EQ(load.Restore(prompt)->tokens, 0u);
+  kdn_model_destroy(mine);
+  kdn_model_destroy(theirs);
+  kdn_runtime_destroy(rt);
+  std::filesystem::remove(other);
+}
+
+}  // namespace
+}  // namespace kdn::llamacpp
