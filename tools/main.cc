@@ -9,6 +9,9 @@
 #include "blend_bench.h"
 #include "codec_bench.h"
 #include "blend_cmd.h"
+#ifdef KDN_WITH_LLAMACPP
+#include "llama_command.h"
+#endif
 #include "codec_cmd.h"
 #include "demo.h"
 #include "disk_cmd.h"
@@ -160,11 +163,25 @@ int main(int argc, char** argv) {
   kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
   kdn::tools::CodecCommand codec(app);  // `kdn codec eval`
   kdn::tools::BlendCommand blend(app);  // `kdn blend eval`
+#ifdef KDN_WITH_LLAMACPP
+  kdn::llamacpp::LlamaCommand llama(app);  // `kdn llama`
+#else
+  auto* llama = app.add_subcommand("llama", "A prompt on llama.cpp: not in this build (scripts/fetch-llamacpp)");
+  llama->allow_extras();
+#endif
 
   CLI11_PARSE(app, argc, argv);
   if (disk.chosen()) return disk.Run();
   if (codec.chosen()) return codec.Run();
   if (blend.chosen()) return blend.Run();
+#ifdef KDN_WITH_LLAMACPP
+  if (llama.chosen()) return llama.Run();
+#else
+  if (*llama) {
+    std::fprintf(stderr, "kdn llama: this kdn was built without llama.cpp: run scripts/fetch-llamacpp, then build again\n");
+    return 2;
+  }
+#endif
   if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
   if (*dm) return kdn::tools::RunDemo(demo);
   if (*found) return kdn::bench::RunFoundation(fo);

@@ -1,6 +1,7 @@
 // A llama.cpp session; the contract is in llama_session.h.
 #include "llama_session.h"
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -10,9 +11,10 @@
 namespace kdn::llamacpp {
 namespace {
 
-// llama.cpp's log: warnings and errors only, to stderr.
+// llama.cpp's log: warnings and errors only, to stderr (not the
+// continuations of its info lines: the model loader's progress dots).
 void QuietLog(enum ggml_log_level level, const char* text, void*) {
-  if (level >= GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+  if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
 }
 
 // The CPU backends are shared libraries found at run time: registered once
