@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
   kdn::tools::BlendCommand blend(app);  // `kdn blend eval`
 #ifdef KDN_WITH_LLAMACPP
   kdn::llamacpp::LlamaCommand llama(app);  // `kdn llama`
+  kdn::llamacpp::LlamaBenchCommand llamab(*bench);  // `kdn bench llama`
 #else
   auto* llama = app.add_subcommand("llama", "A prompt on llama.cpp: not in this build (scripts/fetch-llamacpp)");
   llama->allow_extras();
@@ -176,6 +177,7 @@ int main(int argc, char** argv) {
   if (blend.chosen()) return blend.Run();
 #ifdef KDN_WITH_LLAMACPP
   if (llama.chosen()) return llama.Run();
+  if (llamab.chosen()) return llamab.Run();
 #else
   if (*llama) {
     std::fprintf(stderr, "kdn llama: this kdn was built without llama.cpp: run scripts/fetch-llamacpp, then build again\n");

@@ -37,4 +37,26 @@ class LlamaCommand {
   CLI::App* cmd_ = nullptr;
 };
 
+struct LlamaBenchOptions {
+  std::string json;        // the records (a JSON array)
+  std::string dir;         // scratch for the disk tier (default: the temp dir)
+  bool quick = false;      // one run per point, 2 KL contexts (a smoke test)
+};
+
+int RunLlamaBench(const LlamaBenchOptions& options);
+
+// Registers `llama` under `kdn bench`.
+class LlamaBenchCommand {
+ public:
+  explicit LlamaBenchCommand(CLI::App& bench);
+  LlamaBenchCommand(const LlamaBenchCommand&) = delete;
+  LlamaBenchCommand& operator=(const LlamaBenchCommand&) = delete;
+  bool chosen() const { return static_cast<bool>(*cmd_); }
+  int Run() const { return RunLlamaBench(options_); }
+
+ private:
+  LlamaBenchOptions options_;
+  CLI::App* cmd_ = nullptr;
+};
+
 }  // namespace kdn::llamacpp

@@ -89,6 +89,31 @@ Status Session::Decode(const std::vector<std::int32_t>& tokens) {
   return Status::Ok();
 }
 
+Result<std::vector<float>> Session::DecodeWithLogits(const std::vector<std::int32_t>& tokens) {
+  if (tokens.empty()) return Status::InvalidArgument("llama session: nothing to decode");
+  const auto n = static_cast<std::int32_t>(tokens.size());
+  llama_batch b = llama_batch_init(n, 0, 1);
+  const llama_pos first = llama_memory_seq_pos_max(llama_get_memory(impl_->ctx), 0) + 1;
+  for (std::int32_t i = 0; i < n; ++i) {
+    b.token[i] = tokens[static_cast<std::size_t>(i)];
+    b.pos[i] = first + i;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = 0;
+    b.logits[i] = 1;
+  }
+  b.n_tokens = n;
+  const int rc = llama_decode(impl_->ctx, b);
+  llama_batch_free(b);
+  if (rc != 0) return Status::Internal("llama session: llama_decode returned " + std::to_string(rc));
+  const std::int32_t vocab = vocab_size();
+  std::vector<float> out(static_cast<std::size_t>(n) * static_cast<std::size_t>(vocab));
+  for (std::int32_t i = 0; i < n; ++i) {
+    std::memcpy(out.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(vocab),
+                llama_get_logits_ith(impl_->ctx, i), sizeof(float) * static_cast<std::size_t>(vocab));
+  }
+  return out;
+}
+
 std::int32_t Session::Argmax() const {
   const float* l = llama_get_logits_ith(impl_->ctx, -1);
   const std::int32_t n = vocab_size();

@@ -39,6 +39,9 @@ class Session {
   // Decodes `tokens` at the end of sequence 0 (one batch). With `logits`,
   // the last token's logits are kept for Argmax.
   Status Decode(const std::vector<std::int32_t>& tokens);
+  // Decodes `tokens` at the end of sequence 0 and returns the logits of
+  // every one of them ([tokens][vocab]).
+  Result<std::vector<float>> DecodeWithLogits(const std::vector<std::int32_t>& tokens);
   // The id of the largest logit of the last decoded token.
   std::int32_t Argmax() const;
   // Greedy: `steps` ids after the tokens decoded so far, the first from the
