@@ -4,7 +4,8 @@
 //   continuation is bit-identical to prefill, for f32 and f16 caches with
 //   flash attention on and off;
 // - a longer prompt sharing the prefix restores it and decodes only the rest;
-// - KV stored for another GGUF (another fingerprint) is never restored.
+// - KV stored for another GGUF (another fingerprint) is never restored, and
+//   chunks corrupted on disk are a miss and a recompute.
 #include "connector.h"
 
 #include <gtest/gtest.h>
@@ -81,6 +82,19 @@ std::pair<std::vector<std::int32_t>, std::uint64_t> Warm(Session& s, Connector& 
   return {s.Greedy(steps).value(), got};
 }
 
+// Prefills `prompt` and saves it through a runtime with a disk tier at
+// `dir`, then closes the runtime.
+void SaveOnDisk(const std::string& dir, const std::vector<std::int32_t>& prompt) {
+  kdn_runtime* rt = Runtime(dir);
+  auto s = Open(false, false);
+  kdn_model* m = Model(rt, *s);
+  Connector c(*s, m, "t");
+  ASSERT_TRUE(s->Decode(prompt).ok());
+  EXPECT_EQ(c.Save(prompt).value(), prompt.size());
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+}
+
 TEST(Connector, RestoresWhatPrefillComputedAndContinuesIdentically) {
   KDN_REQUIRE_MODEL();
   const std::vector<std::int32_t> text = Text(300);
@@ -129,16 +143,7 @@ TEST(Connector, RestoresFromADiskTierAfterARestart) {
       (std::filesystem::temp_directory_path() / ("kdn-llamacpp-" + std::to_string(::getpid()))).string();
   std::filesystem::remove_all(dir);
   const std::vector<std::int32_t> prompt = Text(200);
-  {
-    kdn_runtime* rt = Runtime(dir);
-    auto s = Open(false, false);
-    kdn_model* m = Model(rt, *s);
-    Connector c(*s, m, "t");
-    ASSERT_TRUE(s->Decode(prompt).ok());
-    ASSERT_EQ(c.Save(prompt).value(), prompt.size());
-    kdn_model_destroy(m);
-    kdn_runtime_destroy(rt);
-  }
+  ASSERT_NO_FATAL_FAILURE(SaveOnDisk(dir, prompt));
   kdn_runtime* rt = Runtime(dir);
   auto s = Open(false, false);
   kdn_model* m = Model(rt, *s);
@@ -146,6 +151,38 @@ TEST(Connector, RestoresFromADiskTierAfterARestart) {
   const auto [ids, restored] = Warm(*s, c, prompt, 16);
   EXPECT_EQ(restored, prompt.size() - 1);
   EXPECT_EQ(ids, Cold(false, false, prompt, 16));
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Connector, ACorruptedChunkOnDiskIsAMissAndARecompute) {
+  KDN_REQUIRE_MODEL();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kdn-llamacpp-bad-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  const std::vector<std::int32_t> prompt = Text(130);  // two chunks of 64 and a piece of 2
+  ASSERT_NO_FATAL_FAILURE(SaveOnDisk(dir, prompt));
+  // Flip a byte in the middle of every object: every chunk fails its checksum.
+  int damaged = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.path().extension() != ".kdn") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(e.file_size());
+    f.seekg(size / 2);
+    const char b = static_cast<char>(f.get());
+    f.seekp(size / 2);
+    f.put(static_cast<char>(b ^ 0x40));
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0);
+  kdn_runtime* rt = Runtime(dir);
+  auto fresh = Open(false, false);
+  kdn_model* m = Model(rt, *fresh);
+  Connector load(*fresh, m, "t");
+  const auto [ids, restored] = Warm(*fresh, load, prompt, 16);
+  EXPECT_EQ(restored, 0u);
+  EXPECT_EQ(ids, Cold(false, false, prompt, 16)) << "recomputed as prefill";
   kdn_model_destroy(m);
   kdn_runtime_destroy(rt);
   std::filesystem::remove_all(dir);
