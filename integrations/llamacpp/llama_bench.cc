@@ -180,6 +180,20 @@ int RunLlamaBench(const LlamaBenchOptions& o) {
                         {"reference_top1_agreement", ref->top1_agreement}};
     records.push_back(Record("llama_kl_" + name, llama->kl_mean, "nats", p, "reference_model_kl_" + name, ref->kl_mean));
   }
+  // Naive reuse of a document's KV after another prefix (llama_eval.h).
+  {
+    NaiveReuseOptions no;
+    no.trials = o.quick ? 1 : 4;
+    std::vector<int> longer = codec::TokenizeStories(*m->tokenizer, text);
+    auto naive = NaiveReuseKl(KDN_GGUF_PATH, std::vector<std::int32_t>(longer.begin(), longer.end()), no);
+    if (!naive.ok()) return Fail(naive.status().message());
+    nlohmann::json p = {{"prefix_tokens", no.prefix}, {"document_tokens", no.document},
+                        {"continue_tokens", no.continue_tokens}, {"trials", no.trials}, {"cache", "f32"},
+                        {"top1_agreement", naive->top1_agreement}, {"text", "bench/texts/heldout.txt"},
+                        {"what", "KL(full prefill || a document's KV computed alone, shifted after the prefix "
+                                 "with llama_memory_seq_add), no recompute"}};
+    records.push_back(Record("llama_naive_reuse_kl", naive->kl_mean, "nats", p));
+  }
   std::ofstream out(o.json);
   out << records.dump(2) << "\n";
   if (!out) return Fail("cannot write " + o.json);

@@ -36,4 +36,28 @@ struct LlamaKlResult {
 Result<LlamaKlResult> LlamaCodecKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
                                    const LlamaKlOptions& options);
 
+// Naive reuse of a document's KV at another offset (no selective
+// recompute): per trial, a prefix P (BOS first) and a document D from the
+// stream. The full run prefills P then D (all but D's last token); the naive
+// run prefills P alone, takes D's KV as computed alone (BOS, D; from
+// llama.cpp's own saved state), drops its BOS, shifts it to follow P
+// (llama_memory_seq_add: keys re-rotated) and copies it into the sequence
+// (through a second sequence of a unified cache). Both then decode D's last
+// token and the full run's greedy continuation; KL(full || naive) at each of
+// the K positions. f32 cache, flash attention off. With a prefix of BOS
+// alone the shift is 0 and the runs are the same computation.
+struct NaiveReuseOptions {
+  int prefix = 96;           // |P|, BOS included
+  int document = 128;        // |D|
+  int continue_tokens = 32;  // K
+  int trials = 2;
+};
+struct NaiveReuseResult {
+  int trials = 0;
+  double kl_mean = 0;
+  double top1_agreement = 0;
+};
+Result<NaiveReuseResult> NaiveReuseKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
+                                      const NaiveReuseOptions& options);
+
 }  // namespace kdn::llamacpp

@@ -1,6 +1,7 @@
 // A llama.cpp session; the contract is in llama_session.h.
 #include "llama_session.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -58,7 +59,8 @@ Result<std::unique_ptr<Session>> Session::Load(const SessionOptions& o) {
   cp.n_ctx = o.n_ctx;
   cp.n_batch = o.n_ctx;
   cp.n_ubatch = o.n_ctx;
-  cp.n_seq_max = 1;
+  cp.n_seq_max = std::max<std::uint32_t>(o.n_seq_max, 1);
+  cp.kv_unified = cp.n_seq_max > 1;
   cp.n_threads = cp.n_threads_batch = o.threads;
   cp.flash_attn_type = o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.type_k = cp.type_v = o.f16_cache ? GGML_TYPE_F16 : GGML_TYPE_F32;
@@ -143,8 +145,8 @@ Result<std::vector<std::uint8_t>> Session::SaveSequence() const {
   return state;
 }
 
-Status Session::RestoreSequence(const std::vector<std::uint8_t>& state) {
-  if (llama_state_seq_set_data(impl_->ctx, state.data(), state.size(), 0) == 0) {
+Status Session::RestoreSequence(const std::vector<std::uint8_t>& state, std::int32_t seq) {
+  if (llama_state_seq_set_data(impl_->ctx, state.data(), state.size(), seq) == 0) {
     return Status::InvalidArgument("llama session: llama.cpp refused the state (" + std::to_string(state.size()) +
                                    " bytes)");
   }
@@ -152,6 +154,16 @@ Status Session::RestoreSequence(const std::vector<std::uint8_t>& state) {
 }
 
 const SessionOptions& Session::options() const { return impl_->options; }
+
+void Session::SeqRemove(std::int32_t seq, std::int32_t p0, std::int32_t p1) {
+  llama_memory_seq_rm(llama_get_memory(impl_->ctx), seq, p0, p1);
+}
+void Session::SeqShift(std::int32_t seq, std::int32_t p0, std::int32_t p1, std::int32_t delta) {
+  llama_memory_seq_add(llama_get_memory(impl_->ctx), seq, p0, p1, delta);
+}
+void Session::SeqCopy(std::int32_t seq, std::int32_t dst, std::int32_t p0, std::int32_t p1) {
+  llama_memory_seq_cp(llama_get_memory(impl_->ctx), seq, dst, p0, p1);
+}
 
 std::uint32_t Session::layers() const { return static_cast<std::uint32_t>(llama_model_n_layer(impl_->model)); }
 std::uint32_t Session::kv_heads() const { return static_cast<std::uint32_t>(llama_model_n_head_kv(impl_->model)); }

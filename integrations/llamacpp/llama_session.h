@@ -23,6 +23,7 @@ struct SessionOptions {
   bool flash_attn = false;     // flash attention (V is then stored row-major, not transposed)
   bool f16_cache = false;      // K and V cache as f16 (else f32)
   int threads = 1;
+  std::uint32_t n_seq_max = 1;  // sequences (more than 1: one unified cache, for moving KV between them)
 };
 
 class Session {
@@ -53,7 +54,12 @@ class Session {
   // (llama_state_seq_set_data, which replaces the sequence; the logits are
   // not in the state: decode the next token after a restore).
   Result<std::vector<std::uint8_t>> SaveSequence() const;
-  Status RestoreSequence(const std::vector<std::uint8_t>& state);
+  Status RestoreSequence(const std::vector<std::uint8_t>& state, std::int32_t seq = 0);
+  // Cells of sequence `seq` at positions [p0, p1): removed; shifted by
+  // `delta` (keys re-rotated at the next decode); copied to sequence `dst`.
+  void SeqRemove(std::int32_t seq, std::int32_t p0, std::int32_t p1);
+  void SeqShift(std::int32_t seq, std::int32_t p0, std::int32_t p1, std::int32_t delta);
+  void SeqCopy(std::int32_t seq, std::int32_t dst, std::int32_t p0, std::int32_t p1);
   const SessionOptions& options() const;
   // The model's KV shape: layers, KV heads, head dimension.
   std::uint32_t layers() const;

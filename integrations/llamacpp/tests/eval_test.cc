@@ -77,5 +77,24 @@ TEST_F(LlamaEval, KdnBalancedCostsInsideLlamaCppWhatItCostsTheReferenceModel) {
   EXPECT_GT(llama->kl_mean, ref->kl_mean / 1.5);
 }
 
+// Naive reuse: with a prefix of BOS alone nothing moves and the KL is 0 (the
+// mechanics: a second sequence, the shift, the copy); after a real prefix
+// the document's KV lacks the prefix's attention and the KL is the naive
+// baseline kdn's blender improves on.
+TEST_F(LlamaEval, NaiveReuseAtAnotherOffset) {
+  const std::vector<std::int32_t> s(stream_.begin(), stream_.end());
+  NaiveReuseOptions o;
+  o.prefix = 1;
+  auto none = NaiveReuseKl(KDN_GGUF_PATH, s, o);
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_LT(none->kl_mean, 1e-6);
+  EXPECT_EQ(none->top1_agreement, 1.0);
+  o.prefix = 96;
+  auto moved = NaiveReuseKl(KDN_GGUF_PATH, s, o);
+  ASSERT_TRUE(moved.ok()) << moved.status().message();
+  std::printf("naive reuse after a prefix of 96 tokens: KL %.3g, top-1 %.3f\n", moved->kl_mean, moved->top1_agreement);
+  EXPECT_GT(moved->kl_mean, 1e-4);
+}
+
 }  // namespace
 }  // namespace kdn::llamacpp
