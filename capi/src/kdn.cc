@@ -537,7 +537,25 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
       case KDN_TIER_HOST: t.kind = kdn::store::TierSpec::Kind::kHost; break;
       case KDN_TIER_DEVICE: t.kind = kdn::store::TierSpec::Kind::kDevice; break;
       case KDN_TIER_DISK: t.kind = kdn::store::TierSpec::Kind::kDisk; break;
+      case KDN_TIER_REMOTE: t.kind = kdn::store::TierSpec::Kind::kRemote; break;
       default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(Raw(c.kind)));
+    }
+    if (c.reserved1 != 0) return Fail(KDN_ERR_VERSION, what + ": reserved1 is not 0");
+    if ((c.address == nullptr && c.address_len != 0) || (c.token == nullptr && c.token_len != 0)) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address or token is NULL with a length");
+    }
+    if (c.address_len > 4096 || c.token_len > 4096) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address or token longer than 4096 bytes");
+    }
+    if (Raw(c.kind) == KDN_TIER_REMOTE) {
+      if (c.address_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a remote tier needs an address");
+      if (c.token_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a remote tier needs a token");
+      t.address.assign(c.address, c.address_len);
+      t.token.assign(c.token, c.token_len);
+      if (t.address.find('\0') != std::string::npos || t.token.find('\0') != std::string::npos) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address or token contains a NUL byte");
+      }
+      t.timeout_ms = c.timeout_ms == 0 ? 2000 : c.timeout_ms;
     }
     if (c.capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": capacity_bytes is 0");
     t.capacity_bytes = c.capacity_bytes;
@@ -682,6 +700,7 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
     case kdn::store::TierSpec::Kind::kHost: full.kind = KDN_TIER_HOST; break;
     case kdn::store::TierSpec::Kind::kDevice: full.kind = KDN_TIER_DEVICE; break;
     case kdn::store::TierSpec::Kind::kDisk: full.kind = KDN_TIER_DISK; break;
+    case kdn::store::TierSpec::Kind::kRemote: full.kind = KDN_TIER_REMOTE; break;
   }
   std::snprintf(full.name, sizeof full.name, "%s", l.name.c_str());
   std::snprintf(full.codec, sizeof full.codec, "%s", l.codec.c_str());

@@ -270,7 +270,7 @@ void SaveOp::Commit() {
   }
   store_->CountStore(MicrosSince(started_));
   // What the tiers hold now: a later chunk's put may have evicted an earlier one.
-  stored = store_->HeldPrefix(plan_, stored);
+  stored = store_->HeldPrefix(ns_, plan_, stored);
   {
     std::lock_guard<std::mutex> lock(mu_);
     result_.tokens = stored;

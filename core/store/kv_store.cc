@@ -10,6 +10,7 @@
 #include "store/chunk_codec.h"
 #include "store/disk_tier.h"
 #include "store/host_pool.h"
+#include "store/remote_tier.h"
 #include "store/memory_tier.h"
 
 namespace kdn::store {
@@ -18,6 +19,8 @@ namespace {
 double MicrosSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
+
+}  // namespace
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
   switch (spec.kind) {
@@ -43,17 +46,35 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
       if (!t.ok()) return t.status();
       return std::unique_ptr<Tier>(std::move(t).value());
     }
+    case TierSpec::Kind::kRemote: {
+      RemoteTierOptions o;
+      o.address = spec.address;
+      o.token = spec.token;
+      o.timeout_ms = spec.timeout_ms;
+      auto t = RemoteTier::Create(o);
+      if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
+      return std::unique_ptr<Tier>(std::move(t).value());
+    }
   }
   return Status::InvalidArgument("unknown tier kind");
 }
 
-}  // namespace
+LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier) {
+  LevelOptions lo;
+  lo.tier = std::move(tier);
+  lo.policy = spec.policy;
+  lo.high_watermark = spec.high_watermark;
+  lo.low_watermark = spec.low_watermark;
+  lo.write_through = spec.write_through;
+  return lo;
+}
 
 std::string_view DefaultTierCodec(TierSpec::Kind kind) {
   switch (kind) {
     case TierSpec::Kind::kHost:
     case TierSpec::Kind::kDevice: return kDefaultHotCodec;
-    case TierSpec::Kind::kDisk: return kDefaultColdCodec;
+    case TierSpec::Kind::kDisk:
+    case TierSpec::Kind::kRemote: return kDefaultColdCodec;
   }
   return kDefaultHotCodec;
 }
@@ -123,7 +144,9 @@ KvStore::KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain
   if (threads > 1) fetch_pool_ = std::make_unique<ThreadPool>(static_cast<int>(threads));
   // A get costs a read or a decode unless the tier holds raw KV in memory.
   for (const TierSpec& t : options_.tiers) {
-    costly_get_.push_back(t.kind == TierSpec::Kind::kDisk || t.codec != DefaultTierCodec(TierSpec::Kind::kHost));
+    const bool remote = t.kind == TierSpec::Kind::kRemote;
+    costly_get_.push_back(t.kind == TierSpec::Kind::kDisk || remote || t.codec != DefaultTierCodec(TierSpec::Kind::kHost));
+    has_remote_ = has_remote_ || remote;
   }
 }
 
@@ -146,13 +169,8 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
     auto tier = MakeTier(specs[i], i);
     if (!tier.ok()) return tier.status();
-    LevelOptions lo;
-    lo.tier = std::move(tier).value();
+    LevelOptions lo = LevelFor(specs[i], std::move(tier).value());
     lo.codec = std::move(codec).value();
-    lo.policy = specs[i].policy;
-    lo.high_watermark = specs[i].high_watermark;
-    lo.low_watermark = specs[i].low_watermark;
-    lo.write_through = specs[i].write_through;
     to.levels.push_back(std::move(lo));
   }
   to.mover_queue_objects = options.mover_queue_objects;
@@ -236,9 +254,34 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const Tok
 
 // ---- Lookup, store, retrieve ----------------------------------------------------
 
+void KvStore::EnterNamespace(std::optional<NamespaceScope>& scope, std::string_view ns) const {
+  if (has_remote_) scope.emplace(keys::NamespaceHash(ns));
+}
+
+void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& k) const {
+  if (!has_remote_) return;
+  // The whole chunks' keys, as the walk computes them: one batched call per
+  // remote tier instead of a call per probe. Pieces are probed one by one.
+  const std::uint64_t C = options_.chunk_tokens, n = k.size();
+  const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
+  std::vector<keys::Digest> chain;
+  keys::Digest prev{};
+  for (std::uint64_t pos = 0; n - pos >= C; pos += C) {
+    prev = KeyOf(keyer, k, prev, pos, C);
+    chain.push_back(prev);
+  }
+  if (chain.size() < 2) return;
+  for (size_t i = 0; i < chain_->levels(); ++i) {
+    if (options_.tiers[i].kind == TierSpec::Kind::kRemote) chain_->tier(i).Prefetch(chain);
+  }
+}
+
 LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const TokenKeys& keys) {
   const auto t0 = std::chrono::steady_clock::now();
   ++lookups_;
+  std::optional<NamespaceScope> scope;
+  EnterNamespace(scope, ns);
+  PrefetchRemote(model, ns, keys);
   LookupResult r;
   r.tier_tokens.assign(chain_->levels(), 0);
   std::vector<bool> contiguous(chain_->levels(), true);
@@ -286,7 +329,10 @@ Status KvStore::PutChunk(const ModelKv& model, std::string_view ns, const keys::
 
 Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& model, std::string_view ns,
                                                               const TokenKeys& k) {
+  std::optional<NamespaceScope> scope;
+  EnterNamespace(scope, ns);
   KDN_RETURN_IF_ERROR(CheckKeys(k));
+  PrefetchRemote(model, ns, k);
   const std::uint64_t n = k.size();
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
   const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
@@ -309,7 +355,8 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
   }
   const auto cost_in = [&](size_t tier, std::uint64_t bytes) -> std::uint64_t {
     const TierSpec::Kind kind = options_.tiers[tier].kind;
-    return kind == TierSpec::Kind::kDisk ? bytes : HostPool::ClassSize(bytes);  // disk: encoded, about the bytes
+    // disk, remote: encoded, about the bytes
+    return kind == TierSpec::Kind::kDisk || kind == TierSpec::Kind::kRemote ? bytes : HostPool::ClassSize(bytes);
   };
   while (pos < n) {
     const std::uint64_t len = StoredLength(k, pos, n);
@@ -336,7 +383,10 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
   return plan;
 }
 
-std::uint64_t KvStore::HeldPrefix(std::span<const PlannedChunk> plan, std::uint64_t committed) const {
+std::uint64_t KvStore::HeldPrefix(std::string_view ns, std::span<const PlannedChunk> plan,
+                                  std::uint64_t committed) const {
+  std::optional<NamespaceScope> scope;
+  EnterNamespace(scope, ns);
   std::uint64_t held = 0;
   for (const PlannedChunk& p : plan) {
     if (p.begin + p.tokens > committed || chain_->Locate(p.key) < 0) break;
@@ -369,7 +419,7 @@ Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, 
   CountStore(MicrosSince(t0));
   // What the tiers hold now: a put may have evicted an earlier chunk of this
   // very call (one planned as present is the least recently used).
-  return HeldPrefix(*plan, stored);
+  return HeldPrefix(ns, *plan, stored);
 }
 
 Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k) {
@@ -385,6 +435,9 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   };
   std::vector<Planned> plan;
   size_t costly = 0;  // chunks to read from disk or to decode
+  std::optional<NamespaceScope> scope;
+  EnterNamespace(scope, ns);
+  PrefetchRemote(model, ns, k);
   f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
     const int level = chain_->Locate(key);
     if (level < 0) return false;
@@ -395,6 +448,8 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   // Reading and decoding chunks costs: on several threads when they are
   // free. A lease of raw KV in memory is cheap.
   auto read = [&](size_t b, size_t e) {
+    std::optional<NamespaceScope> here;  // on the pool's threads too
+    EnterNamespace(here, ns);
     for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key));
   };
   std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);

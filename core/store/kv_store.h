@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -82,10 +83,14 @@ struct TokenKeys {
 };
 
 struct TierSpec {
-  enum class Kind { kHost, kDevice, kDisk };
+  enum class Kind { kHost, kDevice, kDisk, kRemote };
   Kind kind = Kind::kHost;
   std::uint64_t capacity_bytes = std::uint64_t{1} << 30;
   std::string path;  // disk: the directory
+  // remote: a kdnd's address ("host:port", "unix:/path"), a bearer token it
+  // takes, and the deadline of each call (store/remote_tier.h).
+  std::string address, token;
+  std::uint32_t timeout_ms = 2000;
   PolicyKind policy = PolicyKind::kLru;
   double high_watermark = 0.95, low_watermark = 0.85;
   bool write_through = false;
@@ -99,6 +104,11 @@ struct TierSpec {
   // KvStore::options() reports the codec each tier actually uses.
   std::string codec;
 };
+
+// The tier a spec describes (index: its place in the chain, for errors).
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index);
+// The chain level of a spec's tier (policy, watermarks, write-through; no codec).
+LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier);
 
 // The codec spec a tier of `kind` uses when its TierSpec::codec is empty.
 std::string_view DefaultTierCodec(TierSpec::Kind kind);
@@ -185,7 +195,7 @@ class KvStore {
   // The leading tokens of a plan, up to `committed`, that some tier holds
   // now: what a store reports, since a put can evict an earlier chunk of
   // the same store (one planned as present, least recently used).
-  std::uint64_t HeldPrefix(std::span<const PlannedChunk> plan, std::uint64_t committed) const;
+  std::uint64_t HeldPrefix(std::string_view ns, std::span<const PlannedChunk> plan, std::uint64_t committed) const;
   void CountStore(double micros) {
     ++stores_;
     store_us_.Record(micros);
@@ -231,6 +241,10 @@ class KvStore {
   std::uint64_t StoredLength(const TokenKeys& keys, std::uint64_t pos, std::uint64_t n) const;
   // Walks the request's chunks while probe(key, begin, len) accepts them;
   // returns the tokens walked.
+  // A remote tier files keys per namespace: the request's, for its reads.
+  void EnterNamespace(std::optional<NamespaceScope>& scope, std::string_view ns) const;
+  // Tells remote tiers which keys the walk is about to probe (one call).
+  void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys) const;
   template <typename Probe>
   std::uint64_t Walk(const ModelKv& model, std::string_view ns, const TokenKeys& keys, Probe&& probe) const;
 
@@ -239,6 +253,7 @@ class KvStore {
   std::unique_ptr<ThreadPool> fetch_pool_;  // null: one thread; used under fetch_mu_
   std::mutex fetch_mu_;
   std::vector<bool> costly_get_;  // per level: a get reads from disk or decodes
+  bool has_remote_ = false;       // some tier is a remote node
   std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
   std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
   mutable std::atomic<std::uint64_t> probes_{0};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,38 @@ class Tier {
   virtual std::uint64_t used_bytes() const = 0;
   virtual std::uint64_t objects() const = 0;
   virtual TierCounters counters() const = 0;
+  // Waits until writes the tier accepted are where readers elsewhere see
+  // them (a write-back queue drained). Most tiers write through: no-op.
+  virtual void Flush() {}
+  // A hint: these chained keys of one request are about to be probed, in
+  // order. A tier whose probes are costly (a remote one) answers them with
+  // one batched call and serves the probes from that.
+  virtual void Prefetch(std::span<const keys::Digest> keys) const { (void)keys; }
+};
+
+// The namespace (its hash) of the request a thread is serving, for tiers
+// that file keys per namespace (a remote node): set by the store around
+// each request's probes and reads, on every thread that does them.
+class NamespaceScope {
+ public:
+  explicit NamespaceScope(const keys::Digest& ns_hash) : prev_(current_), had_(has_) {
+    current_ = ns_hash;
+    has_ = true;
+  }
+  ~NamespaceScope() {
+    current_ = prev_;
+    has_ = had_;
+  }
+  NamespaceScope(const NamespaceScope&) = delete;
+  NamespaceScope& operator=(const NamespaceScope&) = delete;
+  // The innermost scope's namespace hash, or null outside any.
+  static const keys::Digest* Current() { return has_ ? &current_ : nullptr; }
+
+ private:
+  static inline thread_local keys::Digest current_{};
+  static inline thread_local bool has_ = false;
+  keys::Digest prev_;
+  bool had_;
 };
 
 }  // namespace kdn::store

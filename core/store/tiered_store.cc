@@ -42,11 +42,13 @@ void Lease::Release() {
 TieredStore::TieredStore(TieredStoreOptions& o)
     : clock_(o.clock ? o.clock : SteadyClock::Get()),
       editor_(std::move(o.editor)),
+      pass_through_(o.pass_through),
       queue_objects_(std::max<size_t>(1, o.mover_queue_objects)),
       queue_bytes_(std::max<std::uint64_t>(1, o.mover_queue_bytes)) {}
 
 Result<std::unique_ptr<TieredStore>> TieredStore::Create(TieredStoreOptions options) {
   if (options.levels.empty()) return Status::InvalidArgument("a store needs at least one tier");
+  if (options.pass_through && options.editor) return Status::InvalidArgument("a pass-through store has no editor");
   std::unique_ptr<TieredStore> s(new TieredStore(options));
   for (LevelOptions& lo : options.levels) {
     if (!lo.tier) return Status::InvalidArgument("tier is null");
@@ -58,7 +60,10 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(TieredStoreOptions opti
     level->high = lo.high_watermark;
     level->low = lo.low_watermark;
     level->write_through = lo.write_through;
-    if (lo.codec && lo.codec->id() != codec::CodecId::kRaw) level->codec = std::move(lo.codec);
+    if (lo.codec && lo.codec->id() != codec::CodecId::kRaw) {
+      if (options.pass_through) return Status::InvalidArgument(lo.tier->name() + ": a pass-through store's tiers have no codec");
+      level->codec = std::move(lo.codec);
+    }
     // Objects the tier already holds (a disk tier after a restart), oldest first.
     std::vector<ObjectInfo> held = lo.tier->List();
     std::sort(held.begin(), held.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.last_use_ns < b.last_use_ns; });
@@ -193,7 +198,7 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
   Level& L = *levels_[li];
   const keys::Digest& key = chunk->meta.key;
   ChunkRef stored = chunk;
-  if (chunk->meta.codec != L.codec_id()) {
+  if (!pass_through_ && chunk->meta.codec != L.codec_id()) {
     {
       // Present already: not worth an encode.
       std::lock_guard<std::mutex> lock(L.mu);
@@ -270,7 +275,7 @@ void TieredStore::DemoteNow(size_t from, const ChunkRef& victim) {
   // codec (no second lossy pass); it is decoded first for another codec,
   // or when the editor may still have to see its KV.
   const bool editable = editor_ && !c->meta.edited;
-  if (c->meta.codec != codec::CodecId::kRaw && (c->meta.codec != levels_[from + 1]->codec_id() || editable)) {
+  if (!pass_through_ && c->meta.codec != codec::CodecId::kRaw && (c->meta.codec != levels_[from + 1]->codec_id() || editable)) {
     Result<ChunkRef> raw = Canonical(from, c);
     if (!raw.ok()) {  // unreadable: dropped, as a corrupt object would be
       EndTransit(victim);
@@ -310,7 +315,7 @@ Result<ChunkRef> TieredStore::StoredForm(size_t li, const ChunkRef& chunk) {
 }
 
 Result<ChunkRef> TieredStore::Canonical(size_t li, const ChunkRef& stored) {
-  if (stored->meta.codec == codec::CodecId::kRaw) return stored;
+  if (pass_through_ || stored->meta.codec == codec::CodecId::kRaw) return stored;
   Level& L = *levels_[li];
   const auto t0 = std::chrono::steady_clock::now();
   Result<ChunkRef> raw = DecodeChunk(stored);
@@ -587,8 +592,11 @@ void TieredStore::RunJob(Job& job) {
 }
 
 void TieredStore::Flush() {
-  std::unique_lock<std::mutex> lock(queue_mu_);
-  space_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
+  {
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    space_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
+  }
+  for (const auto& l : levels_) l->tier->Flush();  // write-back queues of the tiers themselves
 }
 
 // ---- Statistics -------------------------------------------------------------

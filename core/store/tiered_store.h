@@ -82,6 +82,11 @@ struct TieredStoreOptions {
   std::uint64_t mover_queue_bytes = std::uint64_t{1} << 30;
   const Clock* clock = nullptr;  // default: steady clock
   std::shared_ptr<ChunkEditor> editor;
+  // Stores chunks as they are given and returns them as stored: no level
+  // encodes or decodes (levels may not have codecs, nor the store an
+  // editor). For a node that keeps other runtimes' chunks in their own
+  // encoding and serves them so (kdnd): its clients decode.
+  bool pass_through = false;
 };
 
 struct LevelStats {
@@ -165,7 +170,8 @@ class TieredStore {
   // pins themselves (knowledge items, one pin per document).
   Status PinUntil(const keys::Digest& key, std::int64_t deadline_ns);
   bool Unpin(const keys::Digest& key);
-  // Waits until the mover has nothing queued or in flight.
+  // Waits until the mover has nothing queued or in flight, then until each
+  // tier has written what it accepted (Tier::Flush).
   void Flush();
 
   std::vector<LevelStats> Stats() const;
@@ -227,6 +233,7 @@ class TieredStore {
 
   const Clock* clock_;
   std::shared_ptr<ChunkEditor> editor_;
+  bool pass_through_ = false;
   std::vector<std::unique_ptr<Level>> levels_;
 
   mutable std::mutex lease_mu_;

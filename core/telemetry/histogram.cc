@@ -51,4 +51,12 @@ HistogramSnapshot Histogram::Snapshot() const {
   return s;
 }
 
+std::uint64_t Histogram::CountAtOrBelow(double bound) const {
+  std::uint64_t n = 0;
+  for (int i = 0; i < kBuckets && BucketLimit(i) <= bound; ++i) {
+    n += buckets_[static_cast<size_t>(i)].load(std::memory_order_relaxed);
+  }
+  return n;
+}
+
 }  // namespace kdn::telemetry

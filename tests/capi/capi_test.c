@@ -839,6 +839,45 @@ static void test_bad_runtime_options(void) {
   group_end();
 }
 
+/* A remote tier (1.1): checked like every tier; a node that is not there
+ * costs misses, never an error (tests/server has the node itself). */
+static void test_remote_tier(void) {
+  kdn_runtime *rt;
+  kdn_runtime_options ro;
+  kdn_tier_config tiers[2];
+  kdn_tier_stats ts;
+  static const char kAddress[] = "unix:/nonexistent/kdn-test/kdnd.sock";
+  static const char kToken[] = "token-for-tenant-a-0001";
+
+  group_begin("remote tier");
+  CHECK(kdn_version_number() >= 10100);
+  CHECK_OK(kdn_tier_config_init(&tiers[0], sizeof tiers[0]));
+  CHECK_OK(kdn_tier_config_init(&tiers[1], sizeof tiers[1]));
+  tiers[1].kind = KDN_TIER_REMOTE;
+  ro = (kdn_runtime_options)KDN_RUNTIME_OPTIONS_INIT;
+  ro.tiers = tiers;
+  ro.num_tiers = 2;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "address", kdn_runtime_create(&ro, &rt));
+  tiers[1].address = kAddress;
+  tiers[1].address_len = sizeof kAddress - 1;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "token", kdn_runtime_create(&ro, &rt));
+  tiers[1].token = kToken;
+  tiers[1].token_len = sizeof kToken - 1;
+  tiers[1].reserved1 = 1;
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_create(&ro, &rt));
+  tiers[1].reserved1 = 0;
+  tiers[1].address = NULL;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&ro, &rt));
+  tiers[1].address = kAddress;
+  tiers[1].timeout_ms = 200;
+  CHECK_OK(kdn_runtime_create(&ro, &rt));
+  CHECK_OK(kdn_tier_stats_init(&ts, sizeof ts));
+  CHECK_OK(kdn_runtime_get_tier_stats(rt, 1, &ts));
+  CHECK_EQ(ts.kind, KDN_TIER_REMOTE);
+  kdn_runtime_destroy(rt);
+  group_end();
+}
+
 static void test_bad_model_specs(void) {
   kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
   kdn_model *out_m;
@@ -1193,6 +1232,7 @@ static const test_case kCases[] = {
   CASE(capacity_prefix_fits),
   CASE(runtime_destroyed_first),
   CASE(bad_runtime_options),
+  CASE(remote_tier),
   CASE(bad_model_specs),
   CASE(bad_queries),
   CASE(bad_lookup),

@@ -13,40 +13,18 @@
 
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "reference_kv.h"
 #include "test_models.h"
 
 namespace kdn::store {
 namespace {
 
-struct Reference {
-  std::unique_ptr<model::Checkpoint> weights;
-  std::unique_ptr<model::Transformer> t;
-  ModelKv m;
-  std::vector<int> tokens;
-  std::vector<float> canonical;  // [layer][k|v][token][head][dim]
-};
+using Reference = testing::ReferenceKv;
 
 // The reference model's KV of a short story, canonical.
 Reference Prefill() {
-  Reference r;
-  r.weights = std::make_unique<model::Checkpoint>(model::Checkpoint::Load(testing::ModelPath()).value());
-  auto tok = model::Tokenizer::Load(testing::TokenizerPath(), 512).value();
-  r.t = std::make_unique<model::Transformer>(*r.weights);
-  const auto& c = r.t->config();
-  r.tokens = tok.Encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.", true);
-  model::KvCache cache = r.t->NewCache();
-  EXPECT_TRUE(r.t->Forward(r.tokens, 0, cache, nullptr).ok());
-  r.m.fingerprint = keys::ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "stories260K"});
-  r.m.shape = {c.n_layers, c.n_kv_heads, c.head_dim(), 4};
-  const size_t T = r.tokens.size(), row = static_cast<size_t>(c.kv_dim());
-  r.canonical.resize(static_cast<size_t>(c.n_layers) * 2 * T * row);
-  for (int l = 0; l < c.n_layers; ++l) {
-    for (size_t t = 0; t < T; ++t) {
-      std::memcpy(&r.canonical[((static_cast<size_t>(l) * 2 + 0) * T + t) * row], cache.k(l, static_cast<int>(t)), row * 4);
-      std::memcpy(&r.canonical[((static_cast<size_t>(l) * 2 + 1) * T + t) * row], cache.v(l, static_cast<int>(t)), row * 4);
-    }
-  }
-  return r;
+  return testing::PrefillReference(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.");
 }
 
 ViewSpec Canonical(std::vector<float>& kv) {

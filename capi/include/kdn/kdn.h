@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 0
+#define KDN_VERSION_MINOR 1
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -175,6 +175,7 @@ typedef enum kdn_tier_kind {
   KDN_TIER_HOST = 0,   /* host memory: pinned when a GPU is present */
   KDN_TIER_DEVICE = 1, /* GPU memory; host memory standing in for it without a GPU */
   KDN_TIER_DISK = 2,   /* one file per chunk, checksummed, crash-safe */
+  KDN_TIER_REMOTE = 3, /* since 1.1: a kdnd node shared with other engines (address, token) */
   KDN_TIER_KIND_FORCE32_ = 0x7FFFFFFF
 } kdn_tier_kind;
 
@@ -203,10 +204,24 @@ typedef struct kdn_tier_config {
    * KDN_ERR_INVALID_ARGUMENT. */
   const char *codec;
   size_t codec_len;
+  /* Since 1.1, for KDN_TIER_REMOTE: the kdnd to use, "host:port" or
+   * "unix:/path", and a bearer token it takes (its [[token]]), which must
+   * grant the namespaces the runtime's requests use. Reads that the node
+   * cannot answer within timeout_ms are misses, never errors; writes are
+   * queued and sent in the background. The codec applies on the wire: with
+   * "kdn" chunks travel compressed and the receiving runtime decodes them.
+   * capacity_bytes is not used (the node has its own). */
+  const char *address;
+  size_t address_len;
+  const char *token;
+  size_t token_len;
+  uint32_t timeout_ms;       /* deadline of each call to the node; 0 = 2000 */
+  uint32_t reserved1;        /* must be 0 */
 } kdn_tier_config;
 #define KDN_TIER_CONFIG_SIZE_V1 64u
-#define KDN_TIER_CONFIG_INIT \
-  { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, NULL, 0u }
+#define KDN_TIER_CONFIG_INIT                                                                   \
+  { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, \
+    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u }
 KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
 /* How to create a runtime (input). */

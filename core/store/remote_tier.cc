@@ -1,0 +1,455 @@
+#include "store/remote_tier.h"
+
+#include <capnp/rpc-twoparty.h>
+#include <capnp/rpc.h>
+#include <kj/async-io.h>
+#include <kj/debug.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+
+#include "wire/envelope.h"
+#include "wire/node.capnp.h"
+#include "wire/rpc.h"
+
+namespace kdn::store {
+
+namespace node = wire::node;
+
+namespace {
+
+std::int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+capnp::Data::Reader AsData(const keys::Digest& d) { return capnp::Data::Reader(d.data(), d.size()); }
+
+// A call that came back with an Error other than ok.
+kj::Exception CallError(node::Error::Reader e) {
+  return KJ_EXCEPTION(FAILED, "kdnd refused the call", static_cast<int>(e.getCode()), e.getMessage());
+}
+
+}  // namespace
+
+// ---- The event loop and its connection ------------------------------------------------
+
+struct RemoteTier::Impl {
+  struct Connection {
+    Connection(kj::Own<kj::AsyncIoStream>&& s)
+        : stream(kj::mv(s)), network(*stream, capnp::rpc::twoparty::Side::CLIENT, wire::RpcReaderOptions()),
+          rpc(capnp::makeRpcClient(network)) {}
+    kj::Own<kj::AsyncIoStream> stream;
+    capnp::TwoPartyVatNetwork network;
+    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+    kj::Maybe<node::Session::Client> session;
+    bool broken = false;
+  };
+
+  explicit Impl(const RemoteTierOptions& o) : options(o) {}
+
+  // Starts the loop thread; false (with `error`) when it cannot.
+  bool Start(std::string& error) {
+    std::promise<std::string> started;
+    auto ready = started.get_future();
+    thread = std::thread([this, &started] {
+      try {
+        auto io = kj::setupAsyncIo();
+        auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
+        timer = &io.provider->getTimer();
+        network = &io.provider->getNetwork();
+        stopper = kj::mv(stop.fulfiller);
+        executor = kj::getCurrentThreadExecutor().addRef();
+        started.set_value("");
+        stop.promise.wait(io.waitScope);
+        // Torn down here, on the loop's own thread.
+        connecting = nullptr;
+        connection = nullptr;
+        disconnect_watch = nullptr;
+      } catch (const std::exception& e) {
+        try {
+          started.set_value(e.what());
+        } catch (...) {
+        }
+      }
+    });
+    error = ready.get();
+    return error.empty();
+  }
+
+  void Stop() {
+    if (stopper) stopper->fulfill();
+    if (thread.joinable()) thread.join();
+  }
+
+  // On the loop thread: the session, connecting (and logging in) if needed.
+  kj::Promise<node::Session::Client> Session() {
+    KJ_IF_MAYBE(c, connection) {
+      if (!(*c)->broken) {
+        KJ_IF_MAYBE(s, (*c)->session) { return *s; }
+      }
+    }
+    KJ_IF_MAYBE(f, connecting) { return f->addBranch(); }
+    if (NowMs() < retry_after_ms) {
+      return KJ_EXCEPTION(DISCONNECTED, "kdnd unreachable; retrying later", options.address);
+    }
+    ++connects;
+    auto attempt = network->parseAddress(options.address)
+                       .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })
+                       .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
+                         auto conn = kj::heap<Connection>(kj::mv(stream));
+                         auto bootstrap = conn->rpc.bootstrap(capnp::MallocMessageBuilder().getRoot<capnp::rpc::twoparty::VatId>().asReader())
+                                              .castAs<node::KdnNode>();
+                         auto req = bootstrap.loginRequest();
+                         req.setToken(options.token);
+                         auto login = req.send();
+                         return login.then([conn = kj::mv(conn)](capnp::Response<node::KdnNode::LoginResults>&& r) mutable {
+                           if (r.getError().getCode() != node::ErrorCode::OK) {
+                             kj::throwFatalException(CallError(r.getError()));
+                           }
+                           conn->session = r.getSession();
+                           return kj::mv(conn);
+                         });
+                       })
+                       .then(
+                           [this](kj::Own<Connection>&& conn) -> node::Session::Client {
+                             node::Session::Client session = KJ_ASSERT_NONNULL(conn->session);
+                             Connection* raw = conn.get();
+                             // A dropped connection marks itself broken; the next call reconnects.
+                             disconnect_watch = conn->network.onDisconnect()
+                                                    .then([raw]() { raw->broken = true; })
+                                                    .eagerlyEvaluate([raw](kj::Exception&&) { raw->broken = true; });
+                             connection = kj::mv(conn);
+                             connecting = nullptr;
+                             return session;
+                           },
+                           [this](kj::Exception&& e) -> node::Session::Client {
+                             ++connect_failures;
+                             retry_after_ms = NowMs() + options.retry_ms;
+                             connecting = nullptr;
+                             kj::throwFatalException(kj::mv(e));
+                           });
+    auto forked = attempt.fork();
+    auto branch = forked.addBranch();
+    connecting = kj::mv(forked);
+    return branch;
+  }
+
+  // Runs `call` (given the session; returns a promise) on the loop thread
+  // with the tier's deadline; rethrows its failure on the caller's thread.
+  template <typename T, typename Call>
+  T Run(Call&& call) {
+    ++calls;
+    return executor->executeSync([this, &call]() -> kj::Promise<T> {
+      auto work = Session().then([&call](node::Session::Client&& s) { return call(s); });
+      return timer->timeoutAfter(options.timeout_ms * kj::MILLISECONDS, kj::mv(work))
+          .catch_([this](kj::Exception&& e) -> kj::Promise<T> {
+            // A call that failed or timed out may have left the connection
+            // in an unknown state: start afresh next time.
+            KJ_IF_MAYBE(c, connection) { (*c)->broken = true; }
+            if (e.getType() == kj::Exception::Type::OVERLOADED) ++timeouts;
+            return kj::mv(e);
+          });
+    });
+  }
+
+  const RemoteTierOptions& options;
+  std::thread thread;
+  kj::Own<const kj::Executor> executor;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopper;
+  // Loop thread only:
+  kj::Timer* timer = nullptr;
+  kj::Network* network = nullptr;
+  kj::Maybe<kj::Own<Connection>> connection;
+  kj::Maybe<kj::ForkedPromise<node::Session::Client>> connecting;
+  kj::Maybe<kj::Promise<void>> disconnect_watch;
+  std::int64_t retry_after_ms = 0;
+  // Counters (any thread).
+  std::atomic<std::uint64_t> calls{0}, timeouts{0}, connects{0}, connect_failures{0}, failed_calls{0};
+  // Presence learned from batched lookups (Prefetch), briefly.
+  struct Hint {
+    bool present;
+    std::int64_t until_ms;
+  };
+  std::mutex hints_mu;
+  std::unordered_map<keys::Digest, Hint, keys::DigestHash> hints;
+};
+
+// ---- The tier ----------------------------------------------------------------------------
+
+RemoteTier::RemoteTier(const RemoteTierOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& options) {
+  if (options.address.empty()) return Status::InvalidArgument("remote tier: no address");
+  if (options.token.empty()) return Status::InvalidArgument("remote tier: no token");
+  if (options.timeout_ms == 0) return Status::InvalidArgument("remote tier: timeout_ms must be positive");
+  std::unique_ptr<RemoteTier> t(new RemoteTier(options));
+  t->impl_ = std::make_unique<Impl>(t->options_);
+  std::string error;
+  if (!t->impl_->Start(error)) return Status(Code::kUnavailable, "remote tier: cannot start its event loop: " + error);
+  t->sender_ = std::thread([p = t.get()] { p->SenderLoop(); });
+  return t;
+}
+
+RemoteTier::~RemoteTier() {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    stopping_ = true;
+  }
+  qcv_.notify_all();
+  if (sender_.joinable()) sender_.join();
+  if (impl_) impl_->Stop();
+}
+
+std::uint64_t RemoteTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+
+Status RemoteTier::Put(const ChunkRef& chunk) {
+  if (!chunk) return Status::InvalidArgument("remote tier: null chunk");
+  const std::uint64_t cost = Cost(*chunk);
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (pending_.count(chunk->meta.key)) return Status::Ok();
+    if (queued_bytes_ + cost > options_.write_queue_bytes && queued_bytes_ != 0) {
+      ++queue_full_;
+      return Status(Code::kBusy, options_.name + ": write-back queue full");
+    }
+    pending_.emplace(chunk->meta.key, chunk);
+    queue_.push_back(chunk);
+    queued_bytes_ += cost;
+  }
+  qcv_.notify_one();
+  return Status::Ok();
+}
+
+void RemoteTier::SenderLoop() {
+  for (;;) {
+    std::vector<ChunkRef> batch;
+    {
+      std::unique_lock<std::mutex> lock(qmu_);
+      qcv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      std::uint64_t bytes = 0;
+      // One namespace per call: the batch is the queue's head and what
+      // follows it in the same namespace, up to batch_bytes.
+      const keys::Digest ns = queue_.front()->meta.ns_hash;
+      while (!queue_.empty() && queue_.front()->meta.ns_hash == ns &&
+             (batch.empty() || bytes + Cost(*queue_.front()) <= options_.batch_bytes)) {
+        bytes += Cost(*queue_.front());
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      in_flight_ = batch.size();
+    }
+    std::vector<bool> stored(batch.size(), false);
+    try {
+      impl_->Run<void>([&](node::Session::Client& s) {
+        std::uint64_t words = 64;
+        for (const ChunkRef& c : batch) words += Cost(*c) / 8 + 4;
+        auto req = s.putRequest(capnp::MessageSize{words, 0});
+        req.setNamespace(AsData(batch.front()->meta.ns_hash));
+        auto list = req.initEnvelopes(static_cast<unsigned>(batch.size()));
+        for (unsigned i = 0; i < batch.size(); ++i) {
+          const std::uint64_t size = Cost(*batch[i]);
+          auto data = list.init(i, static_cast<unsigned>(size));
+          // Straight into the request: one copy of the payload.
+          Status st = wire::EncodeEnvelopeInto(*batch[i], data.begin(), size);
+          if (!st.ok()) KJ_FAIL_REQUIRE("cannot frame a chunk", st.message());
+        }
+        return req.send().then([&](capnp::Response<node::Session::PutResults>&& r) {
+          if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+          auto results = r.getResults();
+          for (unsigned i = 0; i < results.size() && i < batch.size(); ++i) {
+            stored[i] = results[i].getCode() == node::ErrorCode::OK;
+          }
+        });
+      });
+    } catch (const kj::Exception&) {
+      ++impl_->failed_calls;
+      ++io_errors_;
+    }
+    std::uint64_t sent = 0, refused = 0;
+    for (bool ok : stored) (ok ? sent : refused) += 1;
+    puts_sent_ += sent;
+    puts_refused_ += refused;
+    {
+      std::lock_guard<std::mutex> lock(qmu_);
+      for (const ChunkRef& c : batch) {
+        pending_.erase(c->meta.key);
+        queued_bytes_ -= Cost(*c);
+      }
+      in_flight_ = 0;
+    }
+    drained_.notify_all();
+  }
+}
+
+void RemoteTier::Flush() {
+  std::unique_lock<std::mutex> lock(qmu_);
+  drained_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || stopping_; });
+}
+
+Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return it->second;
+  }
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns) {
+    ++no_namespace_;
+    return Status::NotFound(options_.name + ": no namespace for the read");
+  }
+  ChunkRef out;
+  bool corrupt = false;
+  try {
+    impl_->Run<void>([&](node::Session::Client& s) {
+      auto req = s.getRequest();
+      req.setNamespace(AsData(*ns));
+      req.initKeys(1).set(0, AsData(key));
+      return req.send().then([&](capnp::Response<node::Session::GetResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        auto chunks = r.getChunks();
+        if (chunks.size() != 1 || !chunks[0].isEnvelope()) return;
+        auto data = chunks[0].getEnvelope();
+        // Checked and copied out here, on the loop thread: the reply is the
+        // connection's and must not leave it.
+        Result<ChunkRef> c = wire::DecodeEnvelope(data.begin(), data.size(), &key);
+        if (c.ok()) {
+          out = std::move(c).value();
+        } else {
+          corrupt = true;
+        }
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+    return Status(Code::kUnavailable, options_.name + ": node unavailable");
+  }
+  if (corrupt) ++corrupt_;
+  if (!out) return Status::NotFound(options_.name + ": not held");
+  return out;
+}
+
+void RemoteTier::Prefetch(std::span<const keys::Digest> keys) const {
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns || keys.empty()) return;
+  std::uint32_t prefix = 0;
+  try {
+    impl_->Run<void>([&](node::Session::Client& s) {
+      auto req = s.lookupRequest();
+      req.setNamespace(AsData(*ns));
+      auto list = req.initRequests(1)[0].initKeys(static_cast<unsigned>(keys.size()));
+      for (unsigned i = 0; i < keys.size(); ++i) list.set(i, AsData(keys[i]));
+      return req.send().then([&](capnp::Response<node::Session::LookupResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        if (r.getResults().size() == 1) prefix = r.getResults()[0].getPrefix();
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+    return;
+  }
+  // The walk that follows asks for these keys in order, at once: what the
+  // node said holds for a moment (a later eviction there is a miss on get).
+  const std::int64_t until = NowMs() + 1000;
+  std::lock_guard<std::mutex> lock(impl_->hints_mu);
+  if (impl_->hints.size() > 65536) impl_->hints.clear();
+  for (size_t i = 0; i < keys.size() && i <= prefix; ++i) impl_->hints[keys[i]] = {i < prefix, until};
+}
+
+bool RemoteTier::Contains(const keys::Digest& key) const {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (pending_.count(key)) return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->hints_mu);
+    auto it = impl_->hints.find(key);
+    if (it != impl_->hints.end()) {
+      const Impl::Hint h = it->second;
+      impl_->hints.erase(it);  // one probe per hint: later probes ask again
+      if (h.until_ms >= NowMs()) return h.present;
+    }
+  }
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns) {
+    ++no_namespace_;
+    return false;
+  }
+  bool held = false;
+  try {
+    impl_->Run<void>([&](node::Session::Client& s) {
+      auto req = s.lookupRequest();
+      req.setNamespace(AsData(*ns));
+      req.initRequests(1)[0].initKeys(1).set(0, AsData(key));
+      return req.send().then([&](capnp::Response<node::Session::LookupResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        held = r.getResults().size() == 1 && r.getResults()[0].getPrefix() == 1;
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+    return false;
+  }
+  return held;
+}
+
+bool RemoteTier::Erase(const keys::Digest& key) {
+  bool was_pending = false;
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    was_pending = pending_.count(key) != 0;
+  }
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns) {
+    ++no_namespace_;
+    return was_pending;
+  }
+  std::uint32_t erased = 0;
+  try {
+    impl_->Run<void>([&](node::Session::Client& s) {
+      auto req = s.deleteRequest();
+      req.setNamespace(AsData(*ns));
+      req.initKeys(1).set(0, AsData(key));
+      return req.send().then([&](capnp::Response<node::Session::DeleteResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        erased = r.getErased();
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+  }
+  return erased != 0 || was_pending;
+}
+
+TierCounters RemoteTier::counters() const {
+  TierCounters c;
+  c.corrupt_detected = corrupt_;
+  c.io_errors = io_errors_;
+  return c;
+}
+
+RemoteCounters RemoteTier::remote_counters() const {
+  RemoteCounters c;
+  c.calls = impl_->calls;
+  c.failed_calls = impl_->failed_calls;
+  c.timeouts = impl_->timeouts;
+  c.connects = impl_->connects;
+  c.connect_failures = impl_->connect_failures;
+  c.puts_sent = puts_sent_;
+  c.puts_refused = puts_refused_;
+  c.queue_full = queue_full_;
+  c.no_namespace = no_namespace_;
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    c.queued_bytes = queued_bytes_;
+  }
+  return c;
+}
+
+}  // namespace kdn::store

@@ -1,0 +1,100 @@
+// A tier that is another node: a kdnd (server/), reached over Cap'n Proto
+// RPC (wire/node.capnp). Chunks travel as envelopes in the chain's form for
+// this tier (its codec: a compressing codec sends fewer bytes), and the chain
+// decodes what comes back, as for any tier with a codec.
+//
+// - Reads (Contains, Get) are synchronous calls with a deadline: a node that
+//   is down, slow or refusing costs a miss and a counter (io_errors) within
+//   RemoteTierOptions::timeout_ms, never an error and never a hang. After a
+//   failed connection, calls miss at once for retry_ms, then one of them
+//   reconnects; the tier heals by itself.
+// - Puts are write-back: queued (bounded by write_queue_bytes: beyond it a
+//   put is refused with kBusy, which the chain counts) and sent in batches
+//   by a sender thread. Until it is sent, a queued chunk is served from the
+//   queue (a runtime reads its own writes). Flush() waits for the queue.
+// - Namespaces: the node files keys per namespace and checks each call's
+//   namespace against the token. A put takes it from the chunk; a read takes
+//   it from the NamespaceScope of the calling thread (tier.h), which the
+//   store sets for the request it serves. A read outside any scope misses.
+// - Capacity is the node's business: this tier reports no usage, lists
+//   nothing, and the chain never evicts from it.
+// - Corrupt replies (checksums, another key) are misses, counted as
+//   corrupt_detected.
+// Thread-safety: every member may be called concurrently. All RPC runs on
+// the tier's own event loop thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "store/tier.h"
+
+namespace kdn::store {
+
+struct RemoteTierOptions {
+  std::string name = "remote";
+  std::string address;                  // "host:port" or "unix:/path"
+  std::string token;                    // bearer token (kdnd's [[token]])
+  std::uint32_t timeout_ms = 2000;      // per call, connecting included
+  std::uint32_t retry_ms = 1000;        // after a failed connect, miss at once this long
+  std::uint64_t write_queue_bytes = std::uint64_t{256} << 20;
+  std::uint64_t batch_bytes = std::uint64_t{16} << 20;  // one put call carries up to this much
+};
+
+// Counters beyond TierCounters.
+struct RemoteCounters {
+  std::uint64_t calls = 0, failed_calls = 0, timeouts = 0, connects = 0, connect_failures = 0;
+  std::uint64_t puts_sent = 0, puts_refused = 0, queue_full = 0, queued_bytes = 0;
+  std::uint64_t no_namespace = 0;  // reads outside a NamespaceScope (misses)
+};
+
+class RemoteTier final : public Tier {
+ public:
+  static Result<std::unique_ptr<RemoteTier>> Create(const RemoteTierOptions& options);
+  ~RemoteTier() override;
+
+  const std::string& name() const override { return options_.name; }
+  std::uint64_t Cost(const Chunk& chunk) const override;
+  Status Put(const ChunkRef& chunk) override;
+  Result<ChunkRef> Get(const keys::Digest& key) override;
+  bool Contains(const keys::Digest& key) const override;
+  bool Erase(const keys::Digest& key) override;
+  std::vector<ObjectInfo> List() const override { return {}; }
+  std::uint64_t capacity_bytes() const override { return std::uint64_t{1} << 62; }
+  std::uint64_t used_bytes() const override { return 0; }
+  std::uint64_t objects() const override { return 0; }
+  TierCounters counters() const override;
+  void Flush() override;
+  void Prefetch(std::span<const keys::Digest> keys) const override;
+
+  RemoteCounters remote_counters() const;
+
+  struct Impl;
+
+ private:
+  explicit RemoteTier(const RemoteTierOptions& options);
+  void SenderLoop();
+
+  const RemoteTierOptions options_;
+  std::unique_ptr<Impl> impl_;  // the event loop thread and its connection
+  // Write-back queue.
+  mutable std::mutex qmu_;
+  std::condition_variable qcv_, drained_;
+  std::deque<ChunkRef> queue_;
+  std::unordered_map<keys::Digest, ChunkRef, keys::DigestHash> pending_;  // queued or being sent
+  std::uint64_t queued_bytes_ = 0;
+  bool stopping_ = false;
+  size_t in_flight_ = 0;
+  std::thread sender_;
+  mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, no_namespace_{0}, queue_full_{0};
+  mutable std::atomic<std::uint64_t> puts_sent_{0}, puts_refused_{0};
+};
+
+}  // namespace kdn::store

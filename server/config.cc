@@ -1,0 +1,578 @@
+// kdnd's configuration loader (server/config.h): TOML through toml++, every
+// key checked against the keys the format knows and every value against its
+// type and range, so a typo stops the node instead of quietly changing what
+// it does. toml++ reports syntax errors by exception (Debian builds it with
+// exceptions); they are caught here and become Status, so nothing above this
+// file sees one.
+//
+// Secrets: the config file and every token file must be private to their
+// owner (no group or other bits), and no error message carries a token's
+// value, only where it came from.
+//
+// Token files are read while parsing, because a token's length and
+// uniqueness can only be checked on its value. A relative token_file is
+// relative to the config file's directory under LoadConfig, and to the
+// current directory under ParseConfig (which has only text, no file).
+// Thread-safety: plain functions over their arguments; LoadConfig and
+// ParseConfig read files but share no state.
+#include "server/config.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <toml++/toml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <utility>
+
+namespace kdn::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Bigger than any sane config; a larger file is a wrong path (a log, say).
+constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{1} << 20;
+// A token file holds one line; anything bigger is not a token file.
+constexpr std::uint64_t kMaxTokenFileBytes = std::uint64_t{64} << 10;
+// Short bearer tokens can be guessed; 16 characters is the least we take.
+constexpr size_t kMinTokenChars = 16;
+
+std::string OctalMode(mode_t mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+// Reads a file that only its owner may read. The checks run on the open
+// descriptor (fstat), so the file checked is the file read even if the path
+// is swapped in between. O_NONBLOCK keeps a FIFO at that path from hanging
+// the open; it is refused below as not a regular file.
+Result<std::string> ReadPrivateFile(const std::string& path, std::uint64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    int err = errno;
+    return Status(err == ENOENT ? Code::kNotFound : Code::kInvalidArgument,
+                  path + ": cannot open: " + std::strerror(err));
+  }
+  FdCloser closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::InvalidArgument(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path + ": not a regular file");
+  if ((st.st_mode & 077) != 0) {
+    return Status::InvalidArgument(path + ": mode " + OctalMode(st.st_mode) +
+                                   " lets group or others read it, and it holds tokens; chmod 600 " + path);
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    return Status::InvalidArgument(path + ": " + std::to_string(st.st_size) + " bytes is too large (at most " +
+                                   std::to_string(max_bytes) + ")");
+  }
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::InvalidArgument(path + ": cannot read: " + std::strerror(errno));
+    if (n == 0) break;  // shrank since fstat: take what is there
+    done += static_cast<size_t>(n);
+  }
+  data.resize(done);
+  return data;
+}
+
+// 0.85, not std::to_string's 0.850000.
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
+
+// A bearer token travels as one word: whitespace or control characters in
+// it are a broken file, never part of a secret.
+bool HasSpaceOrControl(std::string_view s) {
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f) return true;
+  }
+  return false;
+}
+
+std::string_view TypeName(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    case toml::node_type::none: break;
+  }
+  return "nothing";
+}
+
+std::string Join(std::string_view path, std::string_view key) {
+  if (path.empty()) return std::string(key);
+  std::string s(path);
+  s += '.';
+  s += key;
+  return s;
+}
+
+std::string Indexed(std::string_view name, size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
+
+// What one [[token]] came from, to name it when a later check fails.
+struct TokenSource {
+  toml::source_region where;
+  std::string key;  // "token[i].token" or "token[i].token_file"
+};
+
+class Parser {
+ public:
+  Parser(std::string_view origin, fs::path base_dir) : origin_(origin), base_dir_(std::move(base_dir)) {}
+
+  Result<ServerConfig> Parse(std::string_view text) {
+    toml::table root;
+    try {
+      root = toml::parse(text, std::string_view(origin_));
+    } catch (const toml::parse_error& e) {
+      const toml::source_position& at = e.source().begin;
+      std::string where = origin_;
+      if (at.line > 0) where += ":" + std::to_string(at.line) + ":" + std::to_string(at.column);
+      return Status::InvalidArgument(where + ": " + std::string(e.description()));
+    }
+
+    ServerConfig config;
+    KDN_RETURN_IF_ERROR(CheckKeys(root, "", {"server", "tier", "token"}));
+
+    auto server = GetTable(root, "", "server");
+    if (!server.ok()) return server.status();
+    if (*server != nullptr) KDN_RETURN_IF_ERROR(ParseServer(**server, &config));
+
+    auto tiers = GetTableArray(root, "tier");
+    if (!tiers.ok()) return tiers.status();
+    for (size_t i = 0; i < tiers->size(); ++i) {
+      store::TierSpec spec;
+      KDN_RETURN_IF_ERROR(ParseTier(*(*tiers)[i], Indexed("tier", i), &spec));
+      config.tiers.push_back(std::move(spec));
+    }
+
+    auto tokens = GetTableArray(root, "token");
+    if (!tokens.ok()) return tokens.status();
+    if (tokens->empty()) {
+      return Status::InvalidArgument(origin_ +
+                                     ": token: no [[token]] table; a node without tokens would serve nobody "
+                                     "(add [[token]] with token or token_file, and namespaces)");
+    }
+    std::vector<TokenSource> sources;
+    for (size_t i = 0; i < tokens->size(); ++i) {
+      TokenGrant grant;
+      TokenSource source;
+      KDN_RETURN_IF_ERROR(ParseToken(*(*tokens)[i], i, &grant, &source));
+      config.tokens.push_back(std::move(grant));
+      sources.push_back(std::move(source));
+    }
+    KDN_RETURN_IF_ERROR(CheckTokensUnique(config.tokens, sources, *tokens));
+    return config;
+  }
+
+ private:
+  std::string At(const toml::source_region& where) const {
+    std::string s = origin_;
+    if (where.begin.line > 0) s += ":" + std::to_string(where.begin.line);
+    return s;
+  }
+
+  Status Error(const toml::source_region& where, std::string_view key, std::string_view what,
+               Code code = Code::kInvalidArgument) const {
+    return Status(code, At(where) + ": " + std::string(key) + ": " + std::string(what));
+  }
+
+  Status TypeError(const toml::node& node, std::string_view key, std::string_view want) const {
+    return Error(node.source(), key, "must be " + std::string(want) + ", not " + std::string(TypeName(node.type())));
+  }
+
+  Status CheckKeys(const toml::table& table, std::string_view path, std::initializer_list<std::string_view> allowed) {
+    for (auto&& [key, value] : table) {
+      (void)value;
+      bool known = false;
+      for (std::string_view a : allowed) known = known || key.str() == a;
+      if (known) continue;
+      std::string list;
+      for (std::string_view a : allowed) {
+        if (!list.empty()) list += ", ";
+        list += a;
+      }
+      std::string owner = path.empty() ? "the top level" : "[" + std::string(path) + "]";
+      return Error(key.source(), Join(path, key.str()), "unknown key (" + owner + " takes " + list + ")");
+    }
+    return Status::Ok();
+  }
+
+  // The getters leave *out alone when the key is absent, so the struct's
+  // default stands.
+  Result<const toml::table*> GetTable(const toml::table& table, std::string_view path, std::string_view key) {
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return static_cast<const toml::table*>(nullptr);
+    if (!node->is_table()) return TypeError(*node, Join(path, key), "a table");
+    return node->as_table();
+  }
+
+  // [[name]] at the top level; absent gives none.
+  Result<std::vector<const toml::table*>> GetTableArray(const toml::table& root, std::string_view name) {
+    std::vector<const toml::table*> out;
+    const toml::node* node = root.get(name);
+    if (node == nullptr) return out;
+    const toml::array* array = node->as_array();
+    if (array == nullptr) {
+      return TypeError(*node, name, "an array of tables ([[" + std::string(name) + "]])");
+    }
+    for (size_t i = 0; i < array->size(); ++i) {
+      const toml::node& element = (*array)[i];
+      if (!element.is_table()) return TypeError(element, Indexed(name, i), "a table ([[" + std::string(name) + "]])");
+      out.push_back(element.as_table());
+    }
+    return out;
+  }
+
+  Status GetString(const toml::table& table, std::string_view path, std::string_view key, std::string* out) {
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return Status::Ok();
+    if (!node->is_string()) return TypeError(*node, Join(path, key), "a string");
+    *out = node->as_string()->get();
+    return Status::Ok();
+  }
+
+  Status GetBool(const toml::table& table, std::string_view path, std::string_view key, bool* out) {
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return Status::Ok();
+    if (!node->is_boolean()) return TypeError(*node, Join(path, key), "true or false");
+    *out = node->as_boolean()->get();
+    return Status::Ok();
+  }
+
+  // A number: TOML's 1 and 1.0 are different types, and writing one for the
+  // other is no mistake worth refusing.
+  Status GetNumber(const toml::table& table, std::string_view path, std::string_view key, double* out) {
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return Status::Ok();
+    double v;
+    if (node->is_floating_point()) {
+      v = node->as_floating_point()->get();
+    } else if (node->is_integer()) {
+      v = static_cast<double>(node->as_integer()->get());
+    } else {
+      return TypeError(*node, Join(path, key), "a number");
+    }
+    if (!std::isfinite(v)) return Error(node->source(), Join(path, key), "must be a finite number");
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status GetU32(const toml::table& table, std::string_view path, std::string_view key, std::uint32_t* out) {
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return Status::Ok();
+    if (!node->is_integer()) return TypeError(*node, Join(path, key), "an integer");
+    std::int64_t v = node->as_integer()->get();
+    if (v < 0 || v > std::int64_t{std::numeric_limits<std::uint32_t>::max()}) {
+      return Error(node->source(), Join(path, key),
+                   std::to_string(v) + " is out of range (0 to " +
+                       std::to_string(std::numeric_limits<std::uint32_t>::max()) + ")");
+    }
+    *out = static_cast<std::uint32_t>(v);
+    return Status::Ok();
+  }
+
+  // An array of non-empty strings; *present says whether the key was there.
+  Status GetStrings(const toml::table& table, std::string_view path, std::string_view key,
+                    std::vector<std::string>* out, bool* present) {
+    *present = false;
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return Status::Ok();
+    const toml::array* array = node->as_array();
+    if (array == nullptr) return TypeError(*node, Join(path, key), "an array of strings");
+    std::vector<std::string> values;
+    for (size_t i = 0; i < array->size(); ++i) {
+      const toml::node& element = (*array)[i];
+      std::string name = Indexed(Join(path, key), i);
+      if (!element.is_string()) return TypeError(element, name, "a string");
+      const std::string& s = element.as_string()->get();
+      if (s.empty()) return Error(element.source(), name, "must not be empty");
+      values.push_back(s);
+    }
+    *out = std::move(values);
+    *present = true;
+    return Status::Ok();
+  }
+
+  Status ParseServer(const toml::table& server, ServerConfig* config) {
+    const std::string_view path = "server";
+    KDN_RETURN_IF_ERROR(CheckKeys(server, path,
+                                  {"listen", "metrics", "kv_events", "kv_events_topic", "prefill_us_per_token",
+                                   "drain_timeout_ms", "tls"}));
+    bool present = false;
+    std::vector<std::string> listen;
+    KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
+    if (present) {
+      // A node that listens nowhere serves nobody, like one without tokens.
+      if (listen.empty()) {
+        return Error(server.get("listen")->source(), "server.listen", "needs at least one address");
+      }
+      config->listen = std::move(listen);
+    }
+    KDN_RETURN_IF_ERROR(GetString(server, path, "metrics", &config->metrics));
+    KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events", &config->kv_events));
+    KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events_topic", &config->kv_events_topic));
+    KDN_RETURN_IF_ERROR(GetNumber(server, path, "prefill_us_per_token", &config->prefill_us_per_token));
+    if (config->prefill_us_per_token < 0) {
+      return Error(server.get("prefill_us_per_token")->source(), "server.prefill_us_per_token",
+                   "must not be negative (0: not reported)");
+    }
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "drain_timeout_ms", &config->drain_timeout_ms));
+
+    auto tls = GetTable(server, path, "tls");
+    if (!tls.ok()) return tls.status();
+    if (*tls != nullptr) {
+      const toml::table& t = **tls;
+      KDN_RETURN_IF_ERROR(CheckKeys(t, "server.tls", {"cert", "key"}));
+      KDN_RETURN_IF_ERROR(GetString(t, "server.tls", "cert", &config->tls.cert_file));
+      KDN_RETURN_IF_ERROR(GetString(t, "server.tls", "key", &config->tls.key_file));
+      // One without the other would either serve plain text where TLS was
+      // meant or fail later, far from the cause.
+      if (config->tls.cert_file.empty() != config->tls.key_file.empty()) {
+        std::string_view missing = config->tls.cert_file.empty() ? "server.tls.cert" : "server.tls.key";
+        return Error(t.source(), missing, "missing: TLS needs both cert and key (PEM files), or neither");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status ParseTier(const toml::table& tier, const std::string& path, store::TierSpec* spec) {
+    KDN_RETURN_IF_ERROR(CheckKeys(tier, path,
+                                  {"kind", "capacity", "path", "policy", "high_watermark", "low_watermark",
+                                   "write_through", "fsync"}));
+    std::string kind = "host";
+    KDN_RETURN_IF_ERROR(GetString(tier, path, "kind", &kind));
+    if (kind == "host") {
+      spec->kind = store::TierSpec::Kind::kHost;
+    } else if (kind == "disk") {
+      spec->kind = store::TierSpec::Kind::kDisk;
+    } else {
+      return Error(tier.get("kind")->source(), Join(path, "kind"), "\"" + kind + "\" is not host or disk");
+    }
+    const bool disk = spec->kind == store::TierSpec::Kind::kDisk;
+
+    if (const toml::node* node = tier.get("capacity")) {
+      std::uint64_t bytes = 0;
+      if (node->is_string()) {
+        auto parsed = ParseBytes(node->as_string()->get());
+        if (!parsed.ok()) return Error(node->source(), Join(path, "capacity"), parsed.status().message());
+        bytes = *parsed;
+      } else if (node->is_integer()) {
+        std::int64_t v = node->as_integer()->get();
+        if (v < 0) return Error(node->source(), Join(path, "capacity"), "must not be negative");
+        bytes = static_cast<std::uint64_t>(v);
+      } else {
+        return TypeError(*node, Join(path, "capacity"), "bytes (an integer, or a string such as \"4GiB\")");
+      }
+      if (bytes == 0) return Error(node->source(), Join(path, "capacity"), "must be more than 0 bytes");
+      spec->capacity_bytes = bytes;
+    }
+
+    // Keys that mean nothing on a host tier are refused there: whoever
+    // wrote them expected them to do something.
+    if (const toml::node* node = tier.get("path"); node != nullptr && !disk) {
+      return Error(node->source(), Join(path, "path"), "only disk tiers take a path");
+    }
+    if (const toml::node* node = tier.get("fsync"); node != nullptr && !disk) {
+      return Error(node->source(), Join(path, "fsync"), "only disk tiers take fsync");
+    }
+    KDN_RETURN_IF_ERROR(GetString(tier, path, "path", &spec->path));
+    if (disk && spec->path.empty()) {
+      const toml::node* node = tier.get("path");
+      return Error(node != nullptr ? node->source() : tier.source(), Join(path, "path"),
+                   "a disk tier needs a path (the directory it keeps its objects in)");
+    }
+
+    std::string policy = "lru";
+    KDN_RETURN_IF_ERROR(GetString(tier, path, "policy", &policy));
+    if (policy == "lru") {
+      spec->policy = store::PolicyKind::kLru;
+    } else if (policy == "s3fifo") {
+      spec->policy = store::PolicyKind::kS3Fifo;
+    } else {
+      return Error(tier.get("policy")->source(), Join(path, "policy"), "\"" + policy + "\" is not lru or s3fifo");
+    }
+
+    KDN_RETURN_IF_ERROR(GetNumber(tier, path, "high_watermark", &spec->high_watermark));
+    KDN_RETURN_IF_ERROR(GetNumber(tier, path, "low_watermark", &spec->low_watermark));
+    for (auto [key, value] : {std::pair<std::string_view, double>{"high_watermark", spec->high_watermark},
+                              std::pair<std::string_view, double>{"low_watermark", spec->low_watermark}}) {
+      if (value > 0 && value <= 1) continue;
+      const toml::node* node = tier.get(key);
+      return Error(node != nullptr ? node->source() : tier.source(), Join(path, key),
+                   Num(value) + " is not in (0, 1] (a fraction of capacity)");
+    }
+    if (spec->low_watermark >= spec->high_watermark) {
+      const toml::node* node = tier.get("low_watermark");
+      if (node == nullptr) node = tier.get("high_watermark");
+      return Error(node != nullptr ? node->source() : tier.source(), Join(path, "low_watermark"),
+                   Num(spec->low_watermark) + " must be below high_watermark (" + Num(spec->high_watermark) + ")");
+    }
+    KDN_RETURN_IF_ERROR(GetBool(tier, path, "write_through", &spec->write_through));
+    KDN_RETURN_IF_ERROR(GetBool(tier, path, "fsync", &spec->fsync));
+    return Status::Ok();
+  }
+
+  Status ParseToken(const toml::table& table, size_t index, TokenGrant* grant, TokenSource* source) {
+    const std::string path = Indexed("token", index);
+    KDN_RETURN_IF_ERROR(CheckKeys(table, path, {"token", "token_file", "namespaces", "stats", "name"}));
+    const toml::node* inline_node = table.get("token");
+    const toml::node* file_node = table.get("token_file");
+    if (inline_node != nullptr && file_node != nullptr) {
+      return Error(table.source(), path, "has both token and token_file; give exactly one");
+    }
+    if (inline_node == nullptr && file_node == nullptr) {
+      return Error(table.source(), path, "needs token or token_file (the bearer token, or a file holding it)");
+    }
+
+    // From here on the secret is in hand: messages name where it came from,
+    // never what it is.
+    if (inline_node != nullptr) {
+      source->key = Join(path, "token");
+      source->where = inline_node->source();
+      if (!inline_node->is_string()) return TypeError(*inline_node, source->key, "a string");
+      grant->token = inline_node->as_string()->get();
+      KDN_RETURN_IF_ERROR(CheckSecret(grant->token, source->where, source->key, "the token"));
+    } else {
+      source->key = Join(path, "token_file");
+      source->where = file_node->source();
+      if (!file_node->is_string()) return TypeError(*file_node, source->key, "a string");
+      const std::string& name = file_node->as_string()->get();
+      if (name.empty()) return Error(source->where, source->key, "must not be empty");
+      fs::path file = name;
+      if (file.is_relative()) file = base_dir_ / file;
+      auto content = ReadPrivateFile(file.string(), kMaxTokenFileBytes);
+      if (!content.ok()) return Error(source->where, source->key, content.status().message(), content.status().code());
+      std::string secret = std::move(*content);
+      // Editors and `echo` end the file with a newline (maybe \r\n); it is
+      // not part of the token.
+      while (!secret.empty() && IsSpace(secret.back())) secret.pop_back();
+      KDN_RETURN_IF_ERROR(CheckSecret(secret, source->where, source->key, "the token in " + file.string()));
+      grant->token = std::move(secret);
+    }
+
+    bool present = false;
+    KDN_RETURN_IF_ERROR(GetStrings(table, path, "namespaces", &grant->namespaces, &present));
+    KDN_RETURN_IF_ERROR(GetBool(table, path, "stats", &grant->stats));
+    if (grant->namespaces.empty() && !grant->stats) {
+      const toml::node* node = table.get("namespaces");
+      return Error(node != nullptr ? node->source() : table.source(), Join(path, "namespaces"),
+                   "the token grants nothing: give it namespaces (\"*\" for all) or stats = true");
+    }
+    grant->name = "token" + std::to_string(index);
+    if (const toml::node* node = table.get("name")) {
+      KDN_RETURN_IF_ERROR(GetString(table, path, "name", &grant->name));
+      if (grant->name.empty()) return Error(node->source(), Join(path, "name"), "must not be empty");
+    }
+    return Status::Ok();
+  }
+
+  // `what` names the secret in messages ("the token", "the token in FILE").
+  Status CheckSecret(std::string_view secret, const toml::source_region& where, std::string_view key,
+                     const std::string& what) {
+    if (secret.empty()) return Error(where, key, what + " is empty");
+    if (HasSpaceOrControl(secret)) {
+      return Error(where, key, what + " contains whitespace or control characters");
+    }
+    if (secret.size() < kMinTokenChars) {
+      return Error(where, key,
+                   what + " is too short (" + std::to_string(secret.size()) + " characters; at least " +
+                       std::to_string(kMinTokenChars) + ")");
+    }
+    return Status::Ok();
+  }
+
+  // Two grants with one secret: the node could not tell whose call it is.
+  // Two with one name: the logs could not.
+  Status CheckTokensUnique(const std::vector<TokenGrant>& tokens, const std::vector<TokenSource>& sources,
+                           const std::vector<const toml::table*>& tables) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (tokens[i].token == tokens[j].token) {
+          return Error(sources[i].where, sources[i].key,
+                       "the same token as " + sources[j].key + " (each grant needs its own token)");
+        }
+        if (tokens[i].name == tokens[j].name) {
+          const toml::node* node = tables[i]->get("name");
+          return Error(node != nullptr ? node->source() : tables[i]->source(), Indexed("token", i) + ".name",
+                       "\"" + tokens[i].name + "\" is also the name of " + Indexed("token", j));
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  std::string origin_;
+  fs::path base_dir_;
+};
+
+}  // namespace
+
+Result<ServerConfig> ParseConfig(std::string_view toml_text, std::string_view origin) {
+  return Parser(origin, fs::path()).Parse(toml_text);
+}
+
+Result<ServerConfig> LoadConfig(const std::string& path) {
+  auto text = ReadPrivateFile(path, kMaxConfigBytes);
+  if (!text.ok()) return text.status();
+  fs::path dir = fs::path(path).parent_path();
+  return Parser(path, dir).Parse(*text);
+}
+
+Result<std::uint64_t> ParseBytes(std::string_view text) {
+  const std::string quoted = "\"" + std::string(text) + "\"";
+  if (text.empty()) return Status::InvalidArgument("an empty string is not a size");
+  size_t i = 0;
+  std::uint64_t n = 0;
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    auto digit = static_cast<std::uint64_t>(text[i] - '0');
+    if (n > (kMax - digit) / 10) return Status::InvalidArgument(quoted + " is too large (overflows 64 bits)");
+    n = n * 10 + digit;
+  }
+  if (i == 0) return Status::InvalidArgument(quoted + " is not a size (a whole number of bytes, e.g. \"4GiB\")");
+  std::string_view suffix = text.substr(i);
+  // "4 GiB" reads as well as "4GiB".
+  while (!suffix.empty() && suffix.front() == ' ') suffix.remove_prefix(1);
+  static constexpr std::pair<std::string_view, int> kSuffixes[] = {
+      {"", 0},     {"K", 10},   {"KiB", 10}, {"M", 20}, {"MiB", 20},
+      {"G", 30},   {"GiB", 30}, {"T", 40},   {"TiB", 40},
+  };
+  for (const auto& [name, shift] : kSuffixes) {
+    if (suffix != name) continue;
+    if (n > (kMax >> shift)) return Status::InvalidArgument(quoted + " is too large (overflows 64 bits)");
+    return n << shift;
+  }
+  // KB, MB and the like are refused rather than guessed: they mean powers of
+  // 1000 to some and of 1024 to others.
+  return Status::InvalidArgument(quoted + " has an unknown unit \"" + std::string(suffix) +
+                                 "\" (use KiB, MiB, GiB, TiB or K, M, G, T, all powers of 1024)");
+}
+
+}  // namespace kdn::server

@@ -1,0 +1,82 @@
+// kdnd's configuration: a TOML file (toml++), read once at start. It names
+// where the node listens, its tiers, the bearer tokens and what each grants,
+// TLS, metrics and KV events. A file that others can read (any group or
+// other permission bit) is refused: it holds tokens. Token files likewise.
+//
+//   [server]
+//   listen = ["127.0.0.1:7450", "unix:/run/kdn/kdnd.sock"]   # default ["127.0.0.1:7450"]
+//   metrics = "127.0.0.1:9450"          # /metrics and /healthz over HTTP; "" = off
+//   kv_events = "tcp://127.0.0.1:5557"  # ZeroMQ PUB of vLLM-style KV events; "" = off
+//   kv_events_topic = "kv-events"        # default ""
+//   prefill_us_per_token = 150.0         # for TTFT saved (hit tokens x this); 0 = not reported
+//   drain_timeout_ms = 5000
+//   [server.tls]                          # optional: both files, PEM
+//   cert = "/etc/kdn/cert.pem"
+//   key = "/etc/kdn/key.pem"
+//
+//   [[tier]]                              # highest first; default one host tier of 1 GiB
+//   kind = "host"                         # host | disk
+//   capacity = "4GiB"                     # bytes, or with KiB/MiB/GiB/TiB (or K/M/G/T) suffix
+//   path = "/var/lib/kdn"                 # disk only (required there)
+//   policy = "lru"                        # lru | s3fifo
+//   high_watermark = 0.95
+//   low_watermark = 0.85
+//   write_through = false
+//   fsync = true                          # disk only
+//
+//   [[token]]
+//   token = "..."                         # the bearer token itself, or:
+//   token_file = "/etc/kdn/tenant-a.token"  # a file holding it (trailing newline stripped)
+//   namespaces = ["tenant-a"]             # what it may read and write ("*" = every namespace)
+//   stats = true                          # may read the node's statistics (default false)
+//   name = "tenant-a"                     # for logs; default "token<N>"
+//
+// Unknown keys are errors (a typo must not silently change what the node
+// does). Every error names the file, the key and, where toml++ gives one,
+// the line.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/kv_store.h"
+#include "util/status.h"
+
+namespace kdn::server {
+
+struct TokenGrant {
+  std::string name;
+  std::string token;                    // the secret (never logged)
+  std::vector<std::string> namespaces;  // "*" grants every namespace
+  bool stats = false;
+};
+
+struct TlsConfig {
+  std::string cert_file, key_file;  // both empty: no TLS
+  bool enabled() const { return !cert_file.empty(); }
+};
+
+struct ServerConfig {
+  std::vector<std::string> listen = {"127.0.0.1:7450"};  // kj addresses: "host:port", "unix:/path"
+  std::string metrics = "";     // "host:port" for HTTP /metrics and /healthz; empty: off
+  std::string kv_events = "";   // ZeroMQ endpoint to bind a PUB socket; empty: off
+  std::string kv_events_topic;
+  double prefill_us_per_token = 0;
+  std::uint32_t drain_timeout_ms = 5000;
+  TlsConfig tls;
+  std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB
+  std::vector<TokenGrant> tokens;
+};
+
+// Parses TOML text; `origin` names it in errors.
+Result<ServerConfig> ParseConfig(std::string_view toml_text, std::string_view origin);
+// Reads and parses a file. A config or token file that group or others can
+// read is refused with kInvalidArgument, naming the file and its mode.
+Result<ServerConfig> LoadConfig(const std::string& path);
+// "4GiB", "512MiB", "1048576" -> bytes.
+Result<std::uint64_t> ParseBytes(std::string_view text);
+
+}  // namespace kdn::server

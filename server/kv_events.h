@@ -1,0 +1,204 @@
+// KV events from kdnd in vLLM's format, so a KV-aware router that subscribes
+// to vLLM engines (llm-d, Dynamo, AIBrix, ...) can subscribe to kdnd too.
+// The node tells the publisher what it stored and removed; the publisher
+// batches those events and sends them over a ZeroMQ PUB socket from its own
+// thread, so the request path never waits on the network.
+//
+// Wire format, as vLLM's ZmqEventPublisher sends it
+// (vllm/distributed/kv_events.py; checked against vLLM main, late 2026):
+//
+//   One ZeroMQ multipart message per batch, three frames:
+//     1. topic: the configured topic's bytes (may be empty; SUB filters on it)
+//     2. sequence: uint64, 8 bytes big-endian; 0 for the first message, +1 for
+//        each further message of this publisher (a gap tells a subscriber it
+//        missed messages)
+//     3. payload: one msgpack value, the EventBatch (msgspec's encoding of
+//        `class EventBatch(Struct, array_like=True, omit_defaults=True)`):
+//          [ts, events, data_parallel_rank]
+//        ts: float64, unix time in seconds when the batch was sent;
+//        events: array of events; data_parallel_rank: int (kdnd sends 0,
+//        as a vLLM engine without data parallelism does; vLLM always fills
+//        it in, and Dynamo's decoder reads a 3-element array). One stored
+//        copy of vLLM main shows EventBatch without array_like (it would
+//        then be a map {"ts", "events", "data_parallel_rank"}); the newer
+//        copies and every consumer we read (Dynamo, llm-d, SGLang's router,
+//        kthena, late 2026) have the batch as this array.
+//
+//   Events are msgspec tagged structs (tag=True: the tag is the class name).
+//   Since vLLM PR #42892 (merged June 2026; v0.22/v0.23 still used arrays,
+//   v0.26 sends maps) an event is a map whose first key is "type":
+//     {"type": "BlockStored", "block_hashes": [h...], "parent_block_hash": h|nil,
+//      "token_ids": [int...], "block_size": int, "lora_id": nil,
+//      "medium": str, "lora_name": nil}
+//     {"type": "BlockRemoved", "block_hashes": [h...], "medium": str}
+//     {"type": "AllBlocksCleared"}
+//   Keys come in declaration order. msgspec's omit_defaults drops fields
+//   whose value is their default; vLLM's later BlockStored fields
+//   (extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
+//   event_version, locality, ownership) all have defaults and kdnd leaves
+//   them out, as vLLM does when they are at their default. The fields up to
+//   lora_name have no default and are always sent, nil or not.
+//
+//   Before PR #42892 (array_like=True on the events too) an event was an
+//   array whose first element is the tag, then the fields in order:
+//     ["BlockStored", [h...], parent|nil, [tokens...], block_size, nil, medium, nil]
+//     ["BlockRemoved", [h...], medium]
+//     ["AllBlocksCleared"]
+//   KvEventEncoding::kTaggedArray sends that, for routers that only read
+//   the old form (msgspec ignores trailing elements a reader does not know,
+//   so readers of the older, shorter forms, before medium or lora_name were
+//   added, read it too).
+//
+// Block hashes: vLLM's ExternalBlockHash is `bytes | int`. A vLLM block hash
+// is a 32-byte SHA-256 digest; by default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+// =1) vLLM sends its low 64 bits as an unsigned int (int.from_bytes(digest,
+// "big") masked to 64 bits: the last 8 bytes, big-endian), with =0 the whole
+// digest as msgpack bin. kdn keys are 32-byte SHA-256 digests too, and kdnd
+// sends them whole, as bin (KvBlockHashForm::kBytes): a key is then the one
+// name a store and a router share, with no chance of two keys meeting in 64
+// bits. Routers that read only ints (Dynamo's BlockHashValue is i64|u64) get
+// KvBlockHashForm::kUint64, vLLM's int form of the same digest.
+//
+// token_ids: the schema requires the field (list[int], no default), so it is
+// always sent; an empty list decodes. vLLM itself always sends
+// block_size tokens per block. kdnd stores chunks by key and often does not
+// know their tokens: it then sends []. A router that keys blocks by the hashes
+// in the event can use that; a router that recomputes its own hashes from
+// token_ids (Dynamo computes its block hashes from them) cannot index such a
+// block and will not route by it.
+//
+// medium: vLLM names where a block lives ("GPU" for its own cache; "CPU" and
+// "STORAGE" for offloaded tiers). kdnd's blocks are outside the engine, in
+// host memory or on disk: the default is "CPU".
+//
+// Left out: vLLM's optional replay socket (a ROUTER that resends buffered
+// batches from a sequence number on request). A subscriber that sees a gap
+// in the sequence cannot ask kdnd to resend; it can only resynchronise as
+// on a restart. Also left out: vLLM's rule of connecting (not binding) when
+// the endpoint has no wildcard; kdnd always binds.
+//
+// Thread-safety: BlockStored, BlockRemoved, AllBlocksCleared, Flush and
+// stats may be called from any thread at once; none of them waits on the
+// socket (Flush waits for the publisher's thread by design). No call may
+// race the destructor.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "util/status.h"
+
+namespace kdn::server {
+
+enum class KvEventEncoding {
+  kTaggedMap,    // vLLM after PR #42892: {"type": "BlockStored", ...}
+  kTaggedArray,  // vLLM before it: ["BlockStored", ...]
+};
+
+enum class KvBlockHashForm {
+  kBytes,   // msgpack bin, the key as given (32 bytes for a kdn key)
+  kUint64,  // vLLM's int form: the last 8 bytes, big-endian, as an unsigned int
+};
+
+struct KvEventOptions {
+  KvEventEncoding encoding = KvEventEncoding::kTaggedMap;
+  KvBlockHashForm hash_form = KvBlockHashForm::kBytes;
+  std::string medium = "CPU";
+  std::int64_t data_parallel_rank = 0;
+  // Events waiting to be sent; past this the oldest is dropped (and counted),
+  // so a stalled thread never grows memory without bound.
+  std::size_t max_pending = 65536;
+  // A batch is sent when this many events wait, or after batch_interval.
+  std::size_t batch_events = 64;
+  std::chrono::milliseconds batch_interval{10};
+  // ZeroMQ's send high-water mark (messages queued per subscriber); past it
+  // the PUB socket drops messages for that subscriber, as vLLM's does.
+  int send_hwm = 100000;
+  // The batch timestamp, unix seconds. Null: the system clock.
+  std::function<double()> now;
+};
+
+class KvEventPublisher {
+ public:
+  struct Stats {
+    std::uint64_t events_queued = 0;
+    std::uint64_t events_dropped = 0;  // dropped from a full queue
+    std::uint64_t batches_sent = 0;
+    std::uint64_t send_errors = 0;     // batches the socket refused
+  };
+
+  // Binds a PUB socket to `endpoint` (e.g. "tcp://127.0.0.1:5557",
+  // "tcp://*:5557", "ipc:///run/kdnd/events"; a port of "*" picks a free
+  // one, see endpoint()) and starts the publishing thread.
+  static Result<std::unique_ptr<KvEventPublisher>> Create(std::string endpoint, std::string topic);
+  static Result<std::unique_ptr<KvEventPublisher>> Create(std::string endpoint, std::string topic,
+                                                          KvEventOptions options);
+  // Sends what is still queued (see Flush), then stops the thread and closes
+  // the socket, lingering at most 250 ms for subscribers to take the rest.
+  ~KvEventPublisher();
+  KvEventPublisher(const KvEventPublisher&) = delete;
+  KvEventPublisher& operator=(const KvEventPublisher&) = delete;
+
+  // Queue one event; they return at once.
+  // block_hashes: one key per block, in sequence order; parent: the key of
+  // the block before the first (nullopt: the blocks start a sequence);
+  // token_ids: the blocks' tokens, or empty when unknown.
+  void BlockStored(std::vector<std::vector<std::uint8_t>> block_hashes, std::optional<std::vector<std::uint8_t>> parent,
+                   std::vector<std::int32_t> token_ids, std::uint32_t block_size);
+  void BlockRemoved(std::vector<std::vector<std::uint8_t>> hashes);
+  void AllBlocksCleared();
+
+  // Returns once every event queued before the call has been handed to the
+  // socket (or dropped): for tests, and before shutting down.
+  void Flush();
+
+  Stats stats() const;
+  // The endpoint bound, with the port chosen when it was "*".
+  const std::string& endpoint() const { return bound_endpoint_; }
+
+ private:
+  enum class Kind : std::uint8_t { kStored, kRemoved, kCleared };
+  struct Event {
+    Kind kind;
+    std::vector<std::vector<std::uint8_t>> hashes;
+    std::optional<std::vector<std::uint8_t>> parent;
+    std::vector<std::int32_t> token_ids;
+    std::uint32_t block_size = 0;
+  };
+
+  KvEventPublisher(void* ctx, void* socket, std::string endpoint, std::string topic, KvEventOptions options);
+  void Enqueue(Event e);
+  void Run();
+  std::string Encode(const std::vector<Event>& events, double ts) const;
+  bool Send(const std::string& payload);
+
+  void* ctx_;     // zmq context, owned
+  void* socket_;  // PUB socket, owned; used only by thread_ once it runs
+  const std::string bound_endpoint_;
+  const std::string topic_;
+  const KvEventOptions options_;
+  std::uint64_t next_seq_ = 0;  // thread_ only
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;  // for thread_: events, a flush, or stop
+  std::condition_variable done_;  // for Flush: events left the queue
+  std::deque<Event> pending_;     // guarded by mu_
+  std::uint64_t enqueued_ = 0;    // guarded by mu_: events ever queued
+  std::uint64_t finished_ = 0;    // guarded by mu_: events sent or dropped
+  int flush_waiters_ = 0;         // guarded by mu_
+  bool stop_ = false;             // guarded by mu_
+  Stats stats_;                   // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace kdn::server

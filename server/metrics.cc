@@ -1,0 +1,248 @@
+// kdnd's Prometheus text: NodeStats -> prometheus-cpp MetricFamily values ->
+// TextSerializer. The names, and which LMCache names alias which kdn
+// series, are listed in metrics.h.
+// Thread-safety: pure functions; no shared state.
+#include "server/metrics.h"
+
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/metric_type.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kdn::server {
+namespace {
+
+namespace pm = prometheus;
+using Labels = std::vector<pm::ClientMetric::Label>;
+
+constexpr double kMicrosPerSecond = 1e6;
+
+// Collects the page's families. Each name is added once: the text format
+// forbids a second HELP/TYPE block for a family.
+class Page {
+ public:
+  void Counter(std::string name, std::string help, double value, Labels labels = {}) {
+    pm::ClientMetric m;
+    m.label = std::move(labels);
+    m.counter.value = value;
+    Add(std::move(name), std::move(help), pm::MetricType::Counter, std::move(m));
+  }
+
+  void Gauge(std::string name, std::string help, double value, Labels labels = {}) {
+    pm::ClientMetric m;
+    m.label = std::move(labels);
+    m.gauge.value = value;
+    Add(std::move(name), std::move(help), pm::MetricType::Gauge, std::move(m));
+  }
+
+  // A latency snapshot in µs as a histogram in seconds. The serializer
+  // appends the +Inf bucket itself, equal to sample_count.
+  void Histogram(std::string name, std::string help, const LatencySnapshot& lat) {
+    pm::ClientMetric m;
+    m.histogram.sample_count = lat.summary.count;
+    m.histogram.sample_sum = lat.summary.sum / kMicrosPerSecond;
+    // A snapshot from an older peer may carry fewer buckets than we know
+    // bounds for; the buckets it has are still right.
+    const std::size_t n = std::min(lat.buckets.size(), std::size(kLatencyBoundsUs));
+    // The bucket counts and the total are read from live atomics one after
+    // another, so a value recorded meanwhile can make a bucket exceed a
+    // later one or the count. Prometheus requires cumulative buckets that
+    // never decrease and end at the count (histogram_quantile misbehaves
+    // otherwise), so each is clamped between its predecessor and the count.
+    std::uint64_t prev = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t c = std::min(std::max(lat.buckets[i], prev), lat.summary.count);
+      m.histogram.bucket.push_back({c, kLatencyBoundsUs[i] / kMicrosPerSecond});
+      prev = c;
+    }
+    Add(std::move(name), std::move(help), pm::MetricType::Histogram, std::move(m));
+  }
+
+  // A family with one series per tier, labelled tier="<name>".
+  template <typename Value>
+  void PerTier(const std::vector<TierStatsSnapshot>& tiers, std::string name, std::string help, pm::MetricType type,
+               Value value) {
+    if (tiers.empty()) return;  // a HELP/TYPE block with no samples says nothing
+    pm::MetricFamily f{std::move(name), std::move(help), type, {}};
+    for (const TierStatsSnapshot& t : tiers) {
+      pm::ClientMetric m;
+      m.label = {{"tier", t.name}};
+      if (type == pm::MetricType::Counter) {
+        m.counter.value = value(t);
+      } else {
+        m.gauge.value = value(t);
+      }
+      f.metric.push_back(std::move(m));
+    }
+    families_.push_back(std::move(f));
+  }
+
+  // The tier's kind and codec as labels of a constant 1 (the "info"
+  // pattern), so they are not repeated on every per-tier series; a query
+  // joins them in with `* on(tier) group_left(kind, codec) kdn_tier_info`.
+  void TierInfo(const std::vector<TierStatsSnapshot>& tiers) {
+    if (tiers.empty()) return;
+    pm::MetricFamily f{"kdn_tier_info", "The tier's kind and codec, as labels; the value is always 1.",
+                       pm::MetricType::Gauge, {}};
+    for (const TierStatsSnapshot& t : tiers) {
+      pm::ClientMetric m;
+      m.label = {{"tier", t.name}, {"kind", t.kind}, {"codec", t.codec}};
+      m.gauge.value = 1.0;
+      f.metric.push_back(std::move(m));
+    }
+    families_.push_back(std::move(f));
+  }
+
+  std::string Serialize() const {
+    std::ostringstream out;
+    pm::TextSerializer().Serialize(out, families_);
+    return out.str();
+  }
+
+ private:
+  void Add(std::string name, std::string help, pm::MetricType type, pm::ClientMetric m) {
+    families_.push_back(pm::MetricFamily{std::move(name), std::move(help), type, {std::move(m)}});
+  }
+
+  std::vector<pm::MetricFamily> families_;
+};
+
+double AsDouble(std::uint64_t v) { return static_cast<double>(v); }
+
+// part / whole, 0 when there is no whole yet (never NaN: a scrape before
+// the first lookup must still parse), and at most 1: gets may serve tokens
+// of requests whose lookup did not declare them, which would otherwise
+// push a fraction above 1.
+double Ratio(std::uint64_t part, std::uint64_t whole) {
+  if (whole == 0) return 0.0;
+  return std::min(1.0, AsDouble(part) / AsDouble(whole));
+}
+
+// The per-tier counters: name, help, field.
+struct TierCounter {
+  const char* name;
+  const char* help;
+  std::uint64_t TierStatsSnapshot::*field;
+};
+constexpr TierCounter kTierCounters[] = {
+    {"kdn_tier_hits_total", "Reads the tier served.", &TierStatsSnapshot::hits},
+    {"kdn_tier_misses_total", "Reads the tier did not hold.", &TierStatsSnapshot::misses},
+    {"kdn_tier_puts_total", "Objects stored into the tier (new, demoted or promoted).", &TierStatsSnapshot::puts},
+    {"kdn_tier_evictions_total", "Objects evicted from the tier to make room.", &TierStatsSnapshot::evictions},
+    {"kdn_tier_demotions_in_total", "Objects the tier received, evicted from the tier above.",
+     &TierStatsSnapshot::demotions_in},
+    {"kdn_tier_promotions_in_total", "Objects the tier received, promoted from a tier below.",
+     &TierStatsSnapshot::promotions_in},
+    {"kdn_tier_corrupt_objects_total", "Objects that failed a check on read and were removed from the tier.",
+     &TierStatsSnapshot::corrupt_detected},
+    {"kdn_tier_written_bytes_total", "Bytes stored into the tier.", &TierStatsSnapshot::bytes_in},
+    {"kdn_tier_read_bytes_total", "Bytes the tier served.", &TierStatsSnapshot::bytes_out},
+};
+
+std::uint64_t SumOfKind(const std::vector<TierStatsSnapshot>& tiers, const std::string& kind,
+                        std::uint64_t TierStatsSnapshot::*field) {
+  std::uint64_t sum = 0;
+  for (const TierStatsSnapshot& t : tiers) {
+    if (t.kind == kind) sum += t.*field;
+  }
+  return sum;
+}
+
+void AddNode(const NodeStats& s, Page& p) {
+  p.Counter("kdn_lookups_total", "Prefix lookups answered (one per request in a lookup call).", AsDouble(s.lookups));
+  p.Counter("kdn_requested_tokens_total", "Tokens covered by the lookups that gave their token count.",
+            AsDouble(s.requested_tokens));
+  p.Counter("kdn_hit_tokens_total", "Tokens of the chunks served by get.", AsDouble(s.hit_tokens));
+  p.Counter("kdn_lookup_hit_tokens_total", "Tokens of the prefixes lookups found.", AsDouble(s.lookup_hit_tokens));
+  p.Gauge("kdn_retrieve_hit_ratio", "Hit tokens over requested tokens since start (at most 1).",
+          Ratio(s.hit_tokens, s.requested_tokens));
+  p.Gauge("kdn_lookup_hit_ratio", "Lookup hit tokens over requested tokens since start (at most 1).",
+          Ratio(s.lookup_hit_tokens, s.requested_tokens));
+  p.Counter("kdn_get_chunks_total", "Chunks served by get.", AsDouble(s.get_chunks));
+  p.Counter("kdn_get_misses_total", "Chunks asked of get that no tier held.", AsDouble(s.get_misses));
+  p.Counter("kdn_get_bytes_total", "Bytes served by get.", AsDouble(s.get_bytes));
+  p.Counter("kdn_put_chunks_total", "Chunks stored by put.", AsDouble(s.put_chunks));
+  p.Counter("kdn_put_bytes_total", "Bytes stored by put.", AsDouble(s.put_bytes));
+  p.Counter("kdn_put_refused_total", "Chunks put refused (bad envelope, wrong namespace, or no room).",
+            AsDouble(s.put_refused));
+  p.Counter("kdn_deletes_total", "Chunks deleted.", AsDouble(s.deletes));
+  p.Counter("kdn_auth_failures_total", "Calls refused: unknown token, or outside the token's grant.",
+            AsDouble(s.auth_failures));
+  p.Gauge("kdn_sessions", "Client sessions open now.", AsDouble(s.sessions));
+  p.Gauge("kdn_uptime_seconds", "Seconds since the node started.", AsDouble(s.uptime_ms) / 1000.0);
+  p.Counter("kdn_ttft_saved_seconds_total",
+            "Prefill time saved: hit tokens times the configured prefill time per token.", s.ttft_saved_ms / 1000.0);
+  p.Histogram("kdn_lookup_duration_seconds", "Time to answer a lookup call.", s.lookup_us);
+  p.Histogram("kdn_get_duration_seconds", "Time to answer a get call.", s.get_us);
+  p.Histogram("kdn_put_duration_seconds", "Time to answer a put call.", s.put_us);
+}
+
+void AddTiers(const NodeStats& s, Page& p) {
+  const auto& tiers = s.tiers;
+  p.TierInfo(tiers);
+  p.PerTier(tiers, "kdn_tier_objects", "Objects the tier holds.", pm::MetricType::Gauge,
+            [](const TierStatsSnapshot& t) { return AsDouble(t.objects); });
+  p.PerTier(tiers, "kdn_tier_used_bytes", "Bytes the tier holds.", pm::MetricType::Gauge,
+            [](const TierStatsSnapshot& t) { return AsDouble(t.used_bytes); });
+  p.PerTier(tiers, "kdn_tier_capacity_bytes", "Bytes the tier may hold.", pm::MetricType::Gauge,
+            [](const TierStatsSnapshot& t) { return AsDouble(t.capacity_bytes); });
+  p.PerTier(tiers, "kdn_tier_high_watermark_ratio", "Fraction of capacity a put may not cross without evicting first.",
+            pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.high_watermark; });
+  p.PerTier(tiers, "kdn_tier_low_watermark_ratio", "Fraction of capacity eviction brings the tier down to.",
+            pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.low_watermark; });
+  for (const TierCounter& c : kTierCounters) {
+    p.PerTier(tiers, c.name, c.help, pm::MetricType::Counter,
+              [&c](const TierStatsSnapshot& t) { return AsDouble(t.*c.field); });
+  }
+}
+
+// LMCache's names for the same values (see the table in metrics.h).
+void AddLmcacheAliases(const NodeStats& s, Page& p) {
+  p.Counter("lmcache:num_lookup_requests_total", "Alias of kdn_lookups_total, under LMCache's name.",
+            AsDouble(s.lookups));
+  p.Counter("lmcache:num_requested_tokens_total", "Alias of kdn_requested_tokens_total, under LMCache's name.",
+            AsDouble(s.requested_tokens));
+  p.Counter("lmcache:num_lookup_tokens_total", "Alias of kdn_requested_tokens_total, under LMCache's name.",
+            AsDouble(s.requested_tokens));
+  p.Counter("lmcache:num_hit_tokens_total", "Alias of kdn_hit_tokens_total, under LMCache's name.",
+            AsDouble(s.hit_tokens));
+  p.Counter("lmcache:num_lookup_hits_total", "Alias of kdn_lookup_hit_tokens_total, under LMCache's name.",
+            AsDouble(s.lookup_hit_tokens));
+  p.Gauge("lmcache:retrieve_hit_rate", "Alias of kdn_retrieve_hit_ratio, under LMCache's name.",
+          Ratio(s.hit_tokens, s.requested_tokens));
+  p.Gauge("lmcache:lookup_hit_rate", "Alias of kdn_lookup_hit_ratio, under LMCache's name.",
+          Ratio(s.lookup_hit_tokens, s.requested_tokens));
+  p.Gauge("lmcache:local_cache_usage", "Bytes held by the host tiers (sum of kdn_tier_used_bytes of kind host).",
+          AsDouble(SumOfKind(s.tiers, "host", &TierStatsSnapshot::used_bytes)));
+  p.Gauge("lmcache:local_storage_usage", "Bytes held by the disk tiers (sum of kdn_tier_used_bytes of kind disk).",
+          AsDouble(SumOfKind(s.tiers, "disk", &TierStatsSnapshot::used_bytes)));
+  p.Counter("lmcache:local_cpu_evict_keys_count_total",
+            "Objects evicted from the host tiers (sum of kdn_tier_evictions_total of kind host).",
+            AsDouble(SumOfKind(s.tiers, "host", &TierStatsSnapshot::evictions)));
+  p.Histogram("lmcache:time_to_retrieve", "Alias of kdn_get_duration_seconds, under LMCache's name.", s.get_us);
+  p.Histogram("lmcache:time_to_store", "Alias of kdn_put_duration_seconds, under LMCache's name.", s.put_us);
+  p.Histogram("lmcache:time_to_lookup", "Alias of kdn_lookup_duration_seconds, under LMCache's name.", s.lookup_us);
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const NodeStats& s, const PrometheusOptions& options) {
+  Page page;
+  AddNode(s, page);
+  AddTiers(s, page);
+  if (options.lmcache_names) AddLmcacheAliases(s, page);
+  return page.Serialize();
+}
+
+std::string RenderHealth(bool serving) { return serving ? "serving\n" : "draining\n"; }
+
+}  // namespace kdn::server

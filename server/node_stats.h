@@ -1,0 +1,48 @@
+// What a node reports about itself: the C++ form of wire/node.capnp's Stats,
+// filled by the node service and rendered as Cap'n Proto (the stats call and
+// its subscription) and as Prometheus text (/metrics).
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "telemetry/histogram.h"
+
+namespace kdn::server {
+
+struct TierStatsSnapshot {
+  std::string name;   // e.g. "host", "disk"
+  std::string kind;   // "host" or "disk"
+  std::string codec;  // the tier's codec spec ("raw", "zstd", ...)
+  std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0;
+  std::uint64_t hits = 0, misses = 0, puts = 0, evictions = 0;
+  std::uint64_t demotions_in = 0, promotions_in = 0, corrupt_detected = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;
+  double high_watermark = 0.95, low_watermark = 0.85;
+};
+
+// A latency distribution in microseconds: the summary, plus cumulative
+// counts at fixed bounds (for Prometheus histograms): buckets[i] counts the
+// values <= kLatencyBoundsUs[i].
+inline constexpr double kLatencyBoundsUs[] = {50,    100,    250,    500,     1000,    2500,   5000,
+                                              10000, 25000,  50000,  100000,  250000,  500000, 1000000,
+                                              2500000, 5000000, 10000000};
+struct LatencySnapshot {
+  telemetry::HistogramSnapshot summary;
+  std::vector<std::uint64_t> buckets;  // one per kLatencyBoundsUs entry
+};
+
+struct NodeStats {
+  std::uint64_t time_ms = 0, uptime_ms = 0;
+  std::vector<TierStatsSnapshot> tiers;
+  std::uint64_t lookups = 0, requested_tokens = 0, hit_tokens = 0, lookup_hit_tokens = 0;
+  std::uint64_t get_chunks = 0, get_misses = 0, get_bytes = 0;
+  std::uint64_t put_chunks = 0, put_bytes = 0, put_refused = 0, deletes = 0;
+  std::uint64_t auth_failures = 0, sessions = 0;
+  LatencySnapshot lookup_us, get_us, put_us;
+  double ttft_saved_ms = 0;
+};
+
+}  // namespace kdn::server

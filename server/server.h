@@ -1,0 +1,67 @@
+// kdnd's server: the node service (server/node.h) on Cap'n Proto RPC over
+// every configured listen address (TCP, Unix sockets; TLS when configured),
+// /metrics and /healthz over HTTP, and KV events over ZeroMQ, all on one
+// event loop thread (the one that calls Run).
+//
+// Shutdown (SIGTERM or SIGINT when Run handles signals, or Shutdown() from
+// any thread): the node stops accepting connections, answers data calls with
+// `unavailable`, waits for the tiers' queued moves (write-back to disk), and
+// Run returns. A disk tier then holds everything it was given, and the next
+// kdnd on the same directory serves it.
+// Thread-safety: Run on one thread; Shutdown and the accessors from any.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <kj/async.h>
+
+#include "server/config.h"
+#include "server/node.h"
+
+namespace kdn::server {
+
+class KvEventPublisher;
+
+// Where a running server listens (the ports the OS chose for ":0").
+struct BoundAddresses {
+  std::vector<std::string> rpc;  // "127.0.0.1:7450", "unix:/path"
+  std::string metrics;           // "127.0.0.1:9450", or empty
+};
+
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> Create(const ServerConfig& config);
+  ~Server();
+
+  // Blocks SIGTERM and SIGINT for the loop to take them: call first thing in
+  // main, before any thread starts (threads inherit the mask).
+  static void CaptureSignals();
+  // Serves until a shutdown; `ready` is called once every address is bound.
+  // With handle_signals (after CaptureSignals), SIGTERM and SIGINT shut it down.
+  Status Run(const std::function<void(const BoundAddresses&)>& ready, bool handle_signals);
+  // Asks Run to shut down (from any thread); returns at once.
+  void Shutdown();
+  // Waits until Run has bound its addresses (for tests running it on a thread).
+  BoundAddresses WaitReady();
+
+  NodeService& service() { return *service_; }
+
+ private:
+  Server() = default;
+  ServerConfig config_;
+  std::unique_ptr<NodeService> service_;
+  std::unique_ptr<KvEventPublisher> events_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool ready_ = false, stop_requested_ = false, finished_ = false;
+  BoundAddresses bound_;
+  const kj::Executor* executor_ = nullptr;  // the loop's, while Run runs
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop_;
+};
+
+}  // namespace kdn::server

@@ -1,0 +1,501 @@
+// kdnd's configuration (server/config.h): a full file parses to the values
+// it says, an empty-but-valid one to the documented defaults, every kind of
+// mistake is refused with a message naming the key (and never the secret),
+// files that group or others can read are refused, token files are read
+// relative to the config, and sizes parse with their units.
+#include "server/config.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace kdn::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kSecretA[] = "tenant-a-0123456789abcdef";
+constexpr char kSecretB[] = "tenant-b-fedcba9876543210";
+
+// A valid [[token]] to append to texts that test something else.
+const std::string kOneToken = std::string("[[token]]\ntoken = \"") + kSecretA + "\"\nnamespaces = [\"a\"]\n";
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Parses `text` and expects an InvalidArgument that names `key` and the
+// origin, and does not leak either test secret.
+void ExpectRefused(const std::string& text, const std::string& key) {
+  SCOPED_TRACE(text);
+  auto r = ParseConfig(text, "test.toml");
+  ASSERT_FALSE(r.ok()) << "accepted; expected an error naming " << key;
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().message();
+  const std::string& m = r.status().message();
+  EXPECT_TRUE(Contains(m, key)) << "message does not name " << key << ": " << m;
+  EXPECT_TRUE(Contains(m, "test.toml")) << m;
+  EXPECT_FALSE(Contains(m, kSecretA)) << m;
+  EXPECT_FALSE(Contains(m, kSecretB)) << m;
+}
+
+TEST(ServerConfigParse, FullExampleGivesItsValues) {
+  const std::string text = std::string(R"(
+[server]
+listen = ["127.0.0.1:7450", "unix:/run/kdn/kdnd.sock"]
+metrics = "127.0.0.1:9450"
+kv_events = "tcp://127.0.0.1:5557"
+kv_events_topic = "kv-events"
+prefill_us_per_token = 150.0
+drain_timeout_ms = 2500
+
+[server.tls]
+cert = "/etc/kdn/cert.pem"
+key = "/etc/kdn/key.pem"
+
+[[tier]]
+kind = "host"
+capacity = "4GiB"
+policy = "s3fifo"
+high_watermark = 0.9
+low_watermark = 0.8
+write_through = true
+
+[[tier]]
+kind = "disk"
+capacity = 1099511627776
+path = "/var/lib/kdn"
+policy = "lru"
+fsync = false
+
+[[token]]
+token = ")") + kSecretA + R"("
+namespaces = ["tenant-a", "shared"]
+name = "tenant-a"
+
+[[token]]
+token = ")" + kSecretB + R"("
+namespaces = ["*"]
+stats = true
+)";
+  auto r = ParseConfig(text, "full.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const ServerConfig& c = *r;
+  EXPECT_EQ(c.listen, (std::vector<std::string>{"127.0.0.1:7450", "unix:/run/kdn/kdnd.sock"}));
+  EXPECT_EQ(c.metrics, "127.0.0.1:9450");
+  EXPECT_EQ(c.kv_events, "tcp://127.0.0.1:5557");
+  EXPECT_EQ(c.kv_events_topic, "kv-events");
+  EXPECT_DOUBLE_EQ(c.prefill_us_per_token, 150.0);
+  EXPECT_EQ(c.drain_timeout_ms, 2500u);
+  EXPECT_TRUE(c.tls.enabled());
+  EXPECT_EQ(c.tls.cert_file, "/etc/kdn/cert.pem");
+  EXPECT_EQ(c.tls.key_file, "/etc/kdn/key.pem");
+
+  ASSERT_EQ(c.tiers.size(), 2u);
+  EXPECT_EQ(c.tiers[0].kind, store::TierSpec::Kind::kHost);
+  EXPECT_EQ(c.tiers[0].capacity_bytes, std::uint64_t{4} << 30);
+  EXPECT_EQ(c.tiers[0].policy, store::PolicyKind::kS3Fifo);
+  EXPECT_DOUBLE_EQ(c.tiers[0].high_watermark, 0.9);
+  EXPECT_DOUBLE_EQ(c.tiers[0].low_watermark, 0.8);
+  EXPECT_TRUE(c.tiers[0].write_through);
+  EXPECT_EQ(c.tiers[1].kind, store::TierSpec::Kind::kDisk);
+  EXPECT_EQ(c.tiers[1].capacity_bytes, std::uint64_t{1} << 40);
+  EXPECT_EQ(c.tiers[1].path, "/var/lib/kdn");
+  EXPECT_EQ(c.tiers[1].policy, store::PolicyKind::kLru);
+  EXPECT_FALSE(c.tiers[1].fsync);
+  EXPECT_FALSE(c.tiers[1].write_through);
+  EXPECT_DOUBLE_EQ(c.tiers[1].high_watermark, 0.95);
+  EXPECT_DOUBLE_EQ(c.tiers[1].low_watermark, 0.85);
+
+  ASSERT_EQ(c.tokens.size(), 2u);
+  EXPECT_EQ(c.tokens[0].name, "tenant-a");
+  EXPECT_EQ(c.tokens[0].token, kSecretA);
+  EXPECT_EQ(c.tokens[0].namespaces, (std::vector<std::string>{"tenant-a", "shared"}));
+  EXPECT_FALSE(c.tokens[0].stats);
+  EXPECT_EQ(c.tokens[1].name, "token1");  // default: token<index>
+  EXPECT_EQ(c.tokens[1].token, kSecretB);
+  EXPECT_EQ(c.tokens[1].namespaces, (std::vector<std::string>{"*"}));
+  EXPECT_TRUE(c.tokens[1].stats);
+}
+
+TEST(ServerConfigParse, OnlyATokenGivesTheDefaults) {
+  auto r = ParseConfig(kOneToken, "min.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const ServerConfig& c = *r;
+  EXPECT_EQ(c.listen, (std::vector<std::string>{"127.0.0.1:7450"}));
+  EXPECT_EQ(c.metrics, "");
+  EXPECT_EQ(c.kv_events, "");
+  EXPECT_EQ(c.kv_events_topic, "");
+  EXPECT_EQ(c.prefill_us_per_token, 0.0);
+  EXPECT_EQ(c.drain_timeout_ms, 5000u);
+  EXPECT_FALSE(c.tls.enabled());
+  EXPECT_TRUE(c.tiers.empty());  // the store's default: one host tier of 1 GiB
+  ASSERT_EQ(c.tokens.size(), 1u);
+  EXPECT_EQ(c.tokens[0].name, "token0");
+  EXPECT_FALSE(c.tokens[0].stats);
+}
+
+TEST(ServerConfigParse, TierDefaultsAreTheStoresDefaults) {
+  auto r = ParseConfig("[[tier]]\n" + kOneToken, "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->tiers.size(), 1u);
+  const store::TierSpec& t = r->tiers[0];
+  EXPECT_EQ(t.kind, store::TierSpec::Kind::kHost);
+  EXPECT_EQ(t.capacity_bytes, std::uint64_t{1} << 30);
+  EXPECT_EQ(t.policy, store::PolicyKind::kLru);
+  EXPECT_DOUBLE_EQ(t.high_watermark, 0.95);
+  EXPECT_DOUBLE_EQ(t.low_watermark, 0.85);
+  EXPECT_FALSE(t.write_through);
+  EXPECT_TRUE(t.fsync);
+}
+
+TEST(ServerConfigParse, IntegersStandForFloatsAndStatsOnlyTokensAreFine) {
+  auto r = ParseConfig(std::string("[server]\nprefill_us_per_token = 120\n[[tier]]\nhigh_watermark = 1\n"
+                                   "low_watermark = 0.5\n[[token]]\ntoken = \"") +
+                           kSecretA + "\"\nstats = true\n",
+                       "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->prefill_us_per_token, 120.0);
+  EXPECT_DOUBLE_EQ(r->tiers[0].high_watermark, 1.0);
+  EXPECT_TRUE(r->tokens[0].namespaces.empty());
+  EXPECT_TRUE(r->tokens[0].stats);
+}
+
+TEST(ServerConfigErrors, SyntaxErrorNamesOriginAndLine) {
+  auto r = ParseConfig("[server]\nlisten = [\"a\"\nmetrics = \"x\"\n", "bad.toml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(r.status().message(), "bad.toml:")) << r.status().message();
+  // toml++ places the error on line 2 or 3 depending on how far it reads;
+  // either is a line, not the start of the file.
+  EXPECT_TRUE(Contains(r.status().message(), "bad.toml:2:") || Contains(r.status().message(), "bad.toml:3:"))
+      << r.status().message();
+}
+
+TEST(ServerConfigErrors, ErrorsCarryTheLineOfTheKey) {
+  auto r = ParseConfig("[server]\nmetrics = \"\"\ndrain_timeout_ms = -1\n" + kOneToken, "l.toml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "l.toml:3: server.drain_timeout_ms")) << r.status().message();
+}
+
+TEST(ServerConfigErrors, UnknownKeysAnywhereAreRefused) {
+  ExpectRefused("severs = 1\n" + kOneToken, "severs");
+  ExpectRefused("[serve]\nlisten = []\n" + kOneToken, "serve");
+  ExpectRefused("[server]\nlistne = [\"127.0.0.1:1\"]\n" + kOneToken, "server.listne");
+  ExpectRefused("[server.tls]\ncert = \"c\"\nkey = \"k\"\nca = \"x\"\n" + kOneToken, "server.tls.ca");
+  ExpectRefused("[[tier]]\ncapacty = \"1GiB\"\n" + kOneToken, "tier[0].capacty");
+  ExpectRefused("[[tier]]\n[[tier]]\nkind = \"disk\"\npath = \"/x\"\ncodec = \"raw\"\n" + kOneToken,
+                "tier[1].codec");
+  ExpectRefused(kOneToken + "namespace = [\"b\"]\n", "token[0].namespace");
+}
+
+TEST(ServerConfigErrors, WrongTypesAreRefused) {
+  ExpectRefused("server = 1\n" + kOneToken, "server");
+  ExpectRefused("[server]\nlisten = \"127.0.0.1:7450\"\n" + kOneToken, "server.listen");
+  ExpectRefused("[server]\nlisten = [7450]\n" + kOneToken, "server.listen[0]");
+  ExpectRefused("[server]\nmetrics = 9450\n" + kOneToken, "server.metrics");
+  ExpectRefused("[server]\nkv_events = true\n" + kOneToken, "server.kv_events");
+  ExpectRefused("[server]\nkv_events_topic = []\n" + kOneToken, "server.kv_events_topic");
+  ExpectRefused("[server]\nprefill_us_per_token = \"150\"\n" + kOneToken, "server.prefill_us_per_token");
+  ExpectRefused("[server]\ndrain_timeout_ms = 1.5\n" + kOneToken, "server.drain_timeout_ms");
+  ExpectRefused("[server]\ntls = \"on\"\n" + kOneToken, "server.tls");
+  ExpectRefused("[server.tls]\ncert = 1\nkey = \"k\"\n" + kOneToken, "server.tls.cert");
+  ExpectRefused("[tier]\nkind = \"host\"\n" + kOneToken, "tier");
+  ExpectRefused("[[tier]]\nkind = 1\n" + kOneToken, "tier[0].kind");
+  ExpectRefused("[[tier]]\ncapacity = 1.5\n" + kOneToken, "tier[0].capacity");
+  ExpectRefused("[[tier]]\npolicy = true\n" + kOneToken, "tier[0].policy");
+  ExpectRefused("[[tier]]\nhigh_watermark = \"0.9\"\n" + kOneToken, "tier[0].high_watermark");
+  ExpectRefused("[[tier]]\nwrite_through = 1\n" + kOneToken, "tier[0].write_through");
+  ExpectRefused("[[tier]]\nkind = \"disk\"\npath = \"/x\"\nfsync = \"yes\"\n" + kOneToken, "tier[0].fsync");
+  ExpectRefused("[[tier]]\nkind = \"disk\"\npath = 5\n" + kOneToken, "tier[0].path");
+  ExpectRefused("token = \"x\"\n", "token");
+  ExpectRefused(kOneToken + "stats = \"yes\"\n", "token[0].stats");
+  ExpectRefused(kOneToken + "name = 3\n", "token[0].name");
+  ExpectRefused("[[token]]\ntoken = 12345678901234567\nnamespaces = [\"a\"]\n", "token[0].token");
+  ExpectRefused("[[token]]\ntoken_file = 1\nnamespaces = [\"a\"]\n", "token[0].token_file");
+  ExpectRefused(std::string("[[token]]\ntoken = \"") + kSecretA + "\"\nnamespaces = \"a\"\n", "token[0].namespaces");
+  ExpectRefused(std::string("[[token]]\ntoken = \"") + kSecretA + "\"\nnamespaces = [1]\n", "token[0].namespaces[0]");
+}
+
+TEST(ServerConfigErrors, ServerValuesOutOfRange) {
+  ExpectRefused("[server]\nlisten = []\n" + kOneToken, "server.listen");
+  ExpectRefused("[server]\nlisten = [\"127.0.0.1:1\", \"\"]\n" + kOneToken, "server.listen[1]");
+  ExpectRefused("[server]\nprefill_us_per_token = -1.0\n" + kOneToken, "server.prefill_us_per_token");
+  ExpectRefused("[server]\nprefill_us_per_token = nan\n" + kOneToken, "server.prefill_us_per_token");
+  ExpectRefused("[server]\ndrain_timeout_ms = 4294967296\n" + kOneToken, "server.drain_timeout_ms");
+}
+
+TEST(ServerConfigErrors, TlsNeedsBothFilesOrNeither) {
+  ExpectRefused("[server.tls]\ncert = \"/c.pem\"\n" + kOneToken, "server.tls.key");
+  ExpectRefused("[server.tls]\nkey = \"/k.pem\"\n" + kOneToken, "server.tls.cert");
+  auto none = ParseConfig("[server.tls]\n" + kOneToken, "t.toml");
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_FALSE(none->tls.enabled());
+}
+
+TEST(ServerConfigErrors, CapacityMustBeAPositiveSize) {
+  ExpectRefused("[[tier]]\ncapacity = \"4GB\"\n" + kOneToken, "tier[0].capacity");
+  ExpectRefused("[[tier]]\ncapacity = \"lots\"\n" + kOneToken, "tier[0].capacity");
+  ExpectRefused("[[tier]]\ncapacity = \"99999999TiB\"\n" + kOneToken, "tier[0].capacity");
+  ExpectRefused("[[tier]]\ncapacity = -5\n" + kOneToken, "tier[0].capacity");
+  ExpectRefused("[[tier]]\ncapacity = 0\n" + kOneToken, "tier[0].capacity");
+  ExpectRefused("[[tier]]\ncapacity = \"0MiB\"\n" + kOneToken, "tier[0].capacity");
+}
+
+TEST(ServerConfigErrors, KindPolicyAndPath) {
+  ExpectRefused("[[tier]]\nkind = \"ssd\"\n" + kOneToken, "tier[0].kind");
+  ExpectRefused("[[tier]]\nkind = \"remote\"\n" + kOneToken, "tier[0].kind");
+  ExpectRefused("[[tier]]\npolicy = \"lfu\"\n" + kOneToken, "tier[0].policy");
+  ExpectRefused("[[tier]]\nkind = \"disk\"\n" + kOneToken, "tier[0].path");
+  ExpectRefused("[[tier]]\nkind = \"disk\"\npath = \"\"\n" + kOneToken, "tier[0].path");
+  // Keys that would do nothing on a host tier are refused, not ignored.
+  ExpectRefused("[[tier]]\npath = \"/var/lib/kdn\"\n" + kOneToken, "tier[0].path");
+  ExpectRefused("[[tier]]\nfsync = false\n" + kOneToken, "tier[0].fsync");
+}
+
+TEST(ServerConfigErrors, WatermarksAreFractionsWithLowBelowHigh) {
+  ExpectRefused("[[tier]]\nhigh_watermark = 0.0\n" + kOneToken, "tier[0].high_watermark");
+  ExpectRefused("[[tier]]\nhigh_watermark = 1.5\n" + kOneToken, "tier[0].high_watermark");
+  ExpectRefused("[[tier]]\nlow_watermark = -0.1\n" + kOneToken, "tier[0].low_watermark");
+  ExpectRefused("[[tier]]\nhigh_watermark = 0.8\nlow_watermark = 0.8\n" + kOneToken, "tier[0].low_watermark");
+  ExpectRefused("[[tier]]\nhigh_watermark = 0.7\nlow_watermark = 0.9\n" + kOneToken, "tier[0].low_watermark");
+  // Only high given, below the default low (0.85): still a conflict.
+  ExpectRefused("[[tier]]\nhigh_watermark = 0.8\n" + kOneToken, "low_watermark");
+}
+
+TEST(ServerConfigErrors, ANodeWithoutTokensIsRefused) {
+  auto r = ParseConfig("[server]\nlisten = [\"127.0.0.1:7450\"]\n", "none.toml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(r.status().message(), "none.toml")) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "token")) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "serve nobody")) << r.status().message();
+  ExpectRefused("", "token");
+  ExpectRefused("token = []\n", "token");
+}
+
+TEST(ServerConfigErrors, EachTokenNeedsExactlyOneValidSecret) {
+  const std::string a = std::string("token = \"") + kSecretA + "\"\n";
+  ExpectRefused("[[token]]\nnamespaces = [\"a\"]\n", "token[0]");
+  ExpectRefused("[[token]]\n" + a + "token_file = \"/etc/kdn/a.token\"\nnamespaces = [\"a\"]\n", "token_file");
+  ExpectRefused("[[token]]\ntoken = \"\"\nnamespaces = [\"a\"]\n", "token[0].token");
+  ExpectRefused("[[token]]\ntoken_file = \"\"\nnamespaces = [\"a\"]\n", "token[0].token_file");
+  ExpectRefused("[[token]]\ntoken = \"short-secret-15\"\nnamespaces = [\"a\"]\n", "token[0].token");
+  ExpectRefused("[[token]]\ntoken = \"has a space in the middle\"\nnamespaces = [\"a\"]\n", "token[0].token");
+  // The second grant reuses the first one's secret.
+  ExpectRefused(kOneToken + "[[token]]\n" + a + "namespaces = [\"b\"]\n", "token[1].token");
+  ExpectRefused("[[token]]\n" + a + "namespaces = [\"\"]\n", "token[0].namespaces[0]");
+  ExpectRefused("[[token]]\n" + a + "namespaces = []\n", "token[0].namespaces");
+  ExpectRefused("[[token]]\n" + a, "token[0].namespaces");  // grants nothing
+  ExpectRefused("[[token]]\n" + a + "namespaces = [\"a\"]\nname = \"\"\n", "token[0].name");
+  ExpectRefused("[[token]]\n" + a + "namespaces = [\"a\"]\nname = \"x\"\n[[token]]\ntoken = \"" + kSecretB +
+                    "\"\nnamespaces = [\"b\"]\nname = \"x\"\n",
+                "token[1].name");
+  // Exactly 16 characters is enough.
+  auto r = ParseConfig("[[token]]\ntoken = \"0123456789abcdef\"\nnamespaces = [\"a\"]\n", "t.toml");
+  EXPECT_TRUE(r.ok()) << r.status().message();
+}
+
+TEST(ServerConfigErrors, MessagesNeverCarryTheSecret) {
+  // A too-short secret is still a secret someone meant to use.
+  const std::string short_secret = "Sh0rtS3cret";
+  auto r = ParseConfig("[[token]]\ntoken = \"" + short_secret + "\"\nnamespaces = [\"a\"]\n", "t.toml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_FALSE(Contains(r.status().message(), short_secret)) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "11 characters")) << r.status().message();
+}
+
+// Real files in a private temporary directory.
+class ServerConfigFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "kdn-config-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string Write(const std::string& name, const std::string& content, mode_t mode) {
+    std::string path = (dir_ / name).string();
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out << content;
+    }
+    EXPECT_EQ(::chmod(path.c_str(), mode), 0);
+    return path;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ServerConfigFiles, PrivateFileIsLoaded) {
+  std::string path = Write("kdnd.toml", "[server]\nmetrics = \"127.0.0.1:9450\"\n" + kOneToken, 0600);
+  auto r = LoadConfig(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->metrics, "127.0.0.1:9450");
+  EXPECT_EQ(r->tokens.at(0).token, kSecretA);
+}
+
+TEST_F(ServerConfigFiles, FileOthersCanReadIsRefused) {
+  for (mode_t mode : {0644, 0640, 0604, 0660}) {
+    std::string path = Write("kdnd.toml", kOneToken, mode);
+    auto r = LoadConfig(path);
+    ASSERT_FALSE(r.ok()) << std::oct << mode;
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    const std::string& m = r.status().message();
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
+    EXPECT_TRUE(Contains(m, path)) << m;
+    EXPECT_TRUE(Contains(m, octal)) << m;
+    EXPECT_TRUE(Contains(m, "chmod 600")) << m;
+    EXPECT_FALSE(Contains(m, kSecretA)) << m;
+  }
+}
+
+TEST_F(ServerConfigFiles, MissingFileIsNotFound) {
+  auto r = LoadConfig((dir_ / "absent.toml").string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotFound);
+  EXPECT_TRUE(Contains(r.status().message(), "absent.toml")) << r.status().message();
+}
+
+TEST_F(ServerConfigFiles, ErrorsInsideAFileNameIt) {
+  std::string path = Write("kdnd.toml", "[server]\nlisten = 1\n" + kOneToken, 0600);
+  auto r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), path + ":2: server.listen")) << r.status().message();
+}
+
+TEST_F(ServerConfigFiles, TokenFileIsReadRelativeToTheConfigAndItsNewlineStripped) {
+  Write("a.token", std::string(kSecretA) + "\n", 0600);
+  Write("b.token", std::string(kSecretB) + "\r\n", 0400);
+  std::string path = Write("kdnd.toml",
+                           "[[token]]\ntoken_file = \"a.token\"\nnamespaces = [\"a\"]\n"
+                           "[[token]]\ntoken_file = \"" +
+                               (dir_ / "b.token").string() + "\"\nnamespaces = [\"b\"]\n",
+                           0600);
+  // From another directory, so "a.token" can only be found next to the config.
+  auto r = LoadConfig(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->tokens.size(), 2u);
+  EXPECT_EQ(r->tokens[0].token, kSecretA);
+  EXPECT_EQ(r->tokens[1].token, kSecretB);
+}
+
+TEST_F(ServerConfigFiles, TokenFileOthersCanReadIsRefused) {
+  std::string token = Write("a.token", std::string(kSecretA) + "\n", 0640);
+  std::string path = Write("kdnd.toml", "[[token]]\ntoken_file = \"a.token\"\nnamespaces = [\"a\"]\n", 0600);
+  auto r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  const std::string& m = r.status().message();
+  EXPECT_TRUE(Contains(m, "token[0].token_file")) << m;
+  EXPECT_TRUE(Contains(m, token)) << m;
+  EXPECT_TRUE(Contains(m, "0640")) << m;
+  EXPECT_TRUE(Contains(m, "chmod 600")) << m;
+  EXPECT_FALSE(Contains(m, kSecretA)) << m;
+}
+
+TEST_F(ServerConfigFiles, BadTokenFilesAreRefused) {
+  std::string path = Write("kdnd.toml", "[[token]]\ntoken_file = \"t.token\"\nnamespaces = [\"a\"]\n", 0600);
+  // Missing.
+  auto r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotFound);
+  EXPECT_TRUE(Contains(r.status().message(), "token[0].token_file")) << r.status().message();
+  // Only a newline.
+  Write("t.token", "\n", 0600);
+  r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "empty")) << r.status().message();
+  // Too short, and not echoed.
+  Write("t.token", "tiny-secret\n", 0600);
+  r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "too short")) << r.status().message();
+  EXPECT_FALSE(Contains(r.status().message(), "tiny-secret")) << r.status().message();
+  // Two lines: not one token.
+  Write("t.token", std::string(kSecretA) + "\n" + kSecretB + "\n", 0600);
+  r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "token[0].token_file")) << r.status().message();
+  EXPECT_FALSE(Contains(r.status().message(), kSecretA)) << r.status().message();
+  // A directory.
+  fs::create_directory(dir_ / "t.token.d");
+  std::string dir_path = Write("dir.toml", "[[token]]\ntoken_file = \"t.token.d\"\nnamespaces = [\"a\"]\n", 0600);
+  r = LoadConfig(dir_path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "token[0].token_file")) << r.status().message();
+}
+
+TEST_F(ServerConfigFiles, TokenFileAndInlineTokenMayNotShareASecret) {
+  Write("a.token", std::string(kSecretA) + "\n", 0600);
+  std::string path =
+      Write("kdnd.toml", kOneToken + "[[token]]\ntoken_file = \"a.token\"\nnamespaces = [\"b\"]\n", 0600);
+  auto r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "token[1].token_file")) << r.status().message();
+  EXPECT_FALSE(Contains(r.status().message(), kSecretA)) << r.status().message();
+}
+
+TEST_F(ServerConfigFiles, ParseConfigReadsAbsoluteTokenFiles) {
+  std::string token = Write("a.token", std::string(kSecretA) + "\n", 0600);
+  auto r = ParseConfig("[[token]]\ntoken_file = \"" + token + "\"\nnamespaces = [\"a\"]\n", "text");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->tokens.at(0).token, kSecretA);
+}
+
+TEST(ServerConfigBytes, PlainNumbersAndEveryUnit) {
+  struct Case {
+    const char* text;
+    std::uint64_t bytes;
+  };
+  const Case cases[] = {
+      {"0", 0},
+      {"1048576", 1048576},
+      {"1K", 1024},
+      {"1KiB", 1024},
+      {"512MiB", std::uint64_t{512} << 20},
+      {"3M", std::uint64_t{3} << 20},
+      {"4GiB", std::uint64_t{4} << 30},
+      {"4G", std::uint64_t{4} << 30},
+      {"2TiB", std::uint64_t{2} << 40},
+      {"7T", std::uint64_t{7} << 40},
+      {"4 GiB", std::uint64_t{4} << 30},
+      {"18446744073709551615", UINT64_MAX},
+      {"16777215TiB", std::uint64_t{16777215} << 40},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseBytes(c.text);
+    ASSERT_TRUE(r.ok()) << c.text << ": " << r.status().message();
+    EXPECT_EQ(*r, c.bytes) << c.text;
+  }
+}
+
+TEST(ServerConfigBytes, MalformedAndOverflowingSizesAreRefused) {
+  for (const char* text : {"", "GiB", "-1", "4.5GiB", "4GB", "4KB", "4gib", "4 GiBs", " 4GiB", "4Gi", "0x10",
+                           "18446744073709551616", "16777216TiB", "17179869184G", "99999999999999999999999"}) {
+    auto r = ParseBytes(text);
+    EXPECT_FALSE(r.ok()) << '"' << text << "\" parsed as " << (r.ok() ? *r : 0);
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << text;
+      EXPECT_FALSE(r.status().message().empty()) << text;
+    }
+  }
+  auto over = ParseBytes("16777216TiB");
+  ASSERT_FALSE(over.ok());
+  EXPECT_TRUE(Contains(over.status().message(), "too large")) << over.status().message();
+}
+
+}  // namespace
+}  // namespace kdn::server

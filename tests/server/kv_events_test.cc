@@ -1,0 +1,601 @@
+// KvEventPublisher against real ZeroMQ subscribers: a SUB socket of the test
+// (libzmq's C API) that decodes each message with msgpack-cxx and checks
+// every frame, tag, field, order and value; and a Python subscriber
+// (pyzmq + msgpack, as a router's consumer reads vLLM's events) whose view
+// of a message the test compares with the one vLLM's schema gives.
+//
+// ZeroMQ's PUB drops messages until a subscriber's connection is up (the
+// "slow joiner"), so each test first sends probe messages until one arrives,
+// then skips every message numbered below the count of probes sent.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <msgpack.hpp>
+#include <zmq.h>
+
+#include "cli_runner.h"
+#include "server/kv_events.h"
+
+namespace kdn::server {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+// A 32-byte key whose bytes are first, first+1, ...
+Bytes Key(std::uint8_t first) {
+  Bytes k(32);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::uint8_t>(first + i);
+  return k;
+}
+
+std::uint64_t Low64BigEndian(const Bytes& k) {
+  std::uint64_t v = 0;
+  for (std::size_t i = k.size() - 8; i < k.size(); ++i) v = (v << 8) | k[i];
+  return v;
+}
+
+std::string Hex(const Bytes& b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (std::uint8_t c : b) {
+    s += d[c >> 4];
+    s += d[c & 15];
+  }
+  return s;
+}
+
+struct Message {
+  std::string topic;
+  std::string seq_frame;
+  std::string payload;
+  std::uint64_t seq() const {
+    std::uint64_t v = 0;
+    for (unsigned char c : seq_frame) v = (v << 8) | c;
+    return v;
+  }
+};
+
+// A SUB socket of the test's own.
+class Subscriber {
+ public:
+  Subscriber(const std::string& endpoint, const std::string& topic) {
+    ctx_ = zmq_ctx_new();
+    sock_ = zmq_socket(ctx_, ZMQ_SUB);
+    const int linger = 0;
+    zmq_setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sock_, ZMQ_SUBSCRIBE, topic.data(), topic.size());
+    EXPECT_EQ(zmq_connect(sock_, endpoint.c_str()), 0) << zmq_strerror(zmq_errno());
+  }
+  ~Subscriber() {
+    zmq_close(sock_);
+    zmq_ctx_term(ctx_);
+  }
+
+  // Every frame of the next message, or nothing within timeout_ms.
+  std::optional<std::vector<std::string>> Receive(int timeout_ms) {
+    zmq_pollitem_t item{sock_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, timeout_ms) <= 0) return std::nullopt;
+    std::vector<std::string> frames;
+    int more = 0;
+    do {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, sock_, 0) < 0) {
+        zmq_msg_close(&m);
+        return std::nullopt;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    } while (more);
+    return frames;
+  }
+
+  // Probes until one arrives (at most ~5 s); returns how many were sent, so
+  // that messages numbered from there on are the test's own.
+  std::uint64_t Handshake(KvEventPublisher& pub) {
+    for (std::uint64_t sent = 1; sent <= 50; ++sent) {
+      pub.AllBlocksCleared();
+      pub.Flush();
+      if (Receive(100)) return sent;
+    }
+    ADD_FAILURE() << "no probe arrived";
+    return 0;
+  }
+
+  // The next message numbered `first` or later, checked to be three frames.
+  std::optional<Message> Next(std::uint64_t first, int timeout_ms = 5000) {
+    for (;;) {
+      auto frames = Receive(timeout_ms);
+      if (!frames) return std::nullopt;
+      EXPECT_EQ(frames->size(), 3u);
+      if (frames->size() != 3) return std::nullopt;
+      Message m{(*frames)[0], (*frames)[1], (*frames)[2]};
+      EXPECT_EQ(m.seq_frame.size(), 8u);
+      if (m.seq() >= first) return m;
+    }
+  }
+
+ private:
+  void* ctx_;
+  void* sock_;
+};
+
+// msgpack-cxx object checks.
+std::string Str(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::STR);
+  if (o.type != msgpack::type::STR) return "";
+  return std::string(o.via.str.ptr, o.via.str.size);
+}
+Bytes Bin(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::BIN);
+  if (o.type != msgpack::type::BIN) return {};
+  return Bytes(o.via.bin.ptr, o.via.bin.ptr + o.via.bin.size);
+}
+const msgpack::object_array& Arr(const msgpack::object& o) {
+  static const msgpack::object_array kEmpty{0, nullptr};
+  EXPECT_EQ(o.type, msgpack::type::ARRAY);
+  return o.type == msgpack::type::ARRAY ? o.via.array : kEmpty;
+}
+// A map's keys in wire order, and its values.
+std::vector<std::string> Keys(const msgpack::object& o) {
+  std::vector<std::string> keys;
+  EXPECT_EQ(o.type, msgpack::type::MAP);
+  if (o.type != msgpack::type::MAP) return keys;
+  for (std::uint32_t i = 0; i < o.via.map.size; ++i) keys.push_back(Str(o.via.map.ptr[i].key));
+  return keys;
+}
+const msgpack::object& Val(const msgpack::object& o, std::uint32_t i) { return o.via.map.ptr[i].val; }
+
+// The EventBatch of a payload: [ts, events, data_parallel_rank].
+struct Batch {
+  msgpack::object_handle handle;
+  double ts = 0;
+  std::vector<msgpack::object> events;
+  std::int64_t dp_rank = -1;
+};
+Batch Decode(const std::string& payload) {
+  Batch b;
+  std::size_t off = 0;
+  b.handle = msgpack::unpack(payload.data(), payload.size(), off);
+  EXPECT_EQ(off, payload.size()) << "bytes after the batch";
+  const msgpack::object& o = b.handle.get();
+  const auto& top = Arr(o);
+  EXPECT_EQ(top.size, 3u);
+  if (top.size != 3) return b;
+  EXPECT_EQ(top.ptr[0].type, msgpack::type::FLOAT64);
+  b.ts = top.ptr[0].as<double>();
+  const auto& ev = Arr(top.ptr[1]);
+  b.events.assign(ev.ptr, ev.ptr + ev.size);
+  EXPECT_EQ(top.ptr[2].type, msgpack::type::POSITIVE_INTEGER);
+  b.dp_rank = top.ptr[2].as<std::int64_t>();
+  return b;
+}
+
+KvEventOptions Fixed(KvEventOptions o = {}) {
+  o.now = [] { return 1234.5; };
+  return o;
+}
+
+std::unique_ptr<KvEventPublisher> Make(KvEventOptions o, const std::string& topic = "kv-events") {
+  auto r = KvEventPublisher::Create("tcp://127.0.0.1:*", topic, std::move(o));
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+TEST(ServerKvEvents, EachKindIsATaggedMapInVllmFieldOrder) {
+  auto pub = Make(Fixed());
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+
+  pub->BlockStored({Key(0), Key(100)}, Key(200), {1, 2, 3, 151644, 5, 6, 7, 8}, 4);
+  pub->Flush();
+  auto m = sub.Next(k);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->topic, "kv-events");
+  EXPECT_EQ(m->seq(), k);  // probes were 0..k-1: numbering starts at 0, +1 a message
+  {
+    Batch b = Decode(m->payload);
+    EXPECT_EQ(b.ts, 1234.5);
+    EXPECT_EQ(b.dp_rank, 0);
+    ASSERT_EQ(b.events.size(), 1u);
+    const msgpack::object& e = b.events[0];
+    ASSERT_EQ(Keys(e), (std::vector<std::string>{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                                                 "lora_id", "medium", "lora_name"}));
+    EXPECT_EQ(Str(Val(e, 0)), "BlockStored");
+    const auto& hashes = Arr(Val(e, 1));
+    ASSERT_EQ(hashes.size, 2u);
+    EXPECT_EQ(Bin(hashes.ptr[0]), Key(0));
+    EXPECT_EQ(Bin(hashes.ptr[1]), Key(100));
+    EXPECT_EQ(Bin(Val(e, 2)), Key(200));
+    EXPECT_EQ(Val(e, 3).as<std::vector<std::int64_t>>(), (std::vector<std::int64_t>{1, 2, 3, 151644, 5, 6, 7, 8}));
+    EXPECT_EQ(Val(e, 4).as<std::uint32_t>(), 4u);
+    EXPECT_EQ(Val(e, 5).type, msgpack::type::NIL);
+    EXPECT_EQ(Str(Val(e, 6)), "CPU");
+    EXPECT_EQ(Val(e, 7).type, msgpack::type::NIL);
+  }
+
+  // What kdnd sends when it stores by key: no parent, no tokens.
+  pub->BlockStored({Key(9)}, std::nullopt, {}, 256);
+  pub->Flush();
+  m = sub.Next(k);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->seq(), k + 1);
+  {
+    Batch b = Decode(m->payload);
+    ASSERT_EQ(b.events.size(), 1u);
+    const msgpack::object& e = b.events[0];
+    ASSERT_EQ(Keys(e).size(), 8u);
+    EXPECT_EQ(Val(e, 2).type, msgpack::type::NIL);
+    EXPECT_EQ(Arr(Val(e, 3)).size, 0u);
+    EXPECT_EQ(Val(e, 4).as<std::uint32_t>(), 256u);
+  }
+
+  pub->BlockRemoved({Key(0), Key(100)});
+  pub->Flush();
+  m = sub.Next(k);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->topic, "kv-events");
+  EXPECT_EQ(m->seq(), k + 2);
+  {
+    Batch b = Decode(m->payload);
+    ASSERT_EQ(b.events.size(), 1u);
+    const msgpack::object& e = b.events[0];
+    ASSERT_EQ(Keys(e), (std::vector<std::string>{"type", "block_hashes", "medium"}));
+    EXPECT_EQ(Str(Val(e, 0)), "BlockRemoved");
+    const auto& hashes = Arr(Val(e, 1));
+    ASSERT_EQ(hashes.size, 2u);
+    EXPECT_EQ(Bin(hashes.ptr[0]), Key(0));
+    EXPECT_EQ(Bin(hashes.ptr[1]), Key(100));
+    EXPECT_EQ(Str(Val(e, 2)), "CPU");
+  }
+
+  pub->AllBlocksCleared();
+  pub->Flush();
+  m = sub.Next(k);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->seq(), k + 3);
+  {
+    Batch b = Decode(m->payload);
+    ASSERT_EQ(b.events.size(), 1u);
+    ASSERT_EQ(Keys(b.events[0]), (std::vector<std::string>{"type"}));
+    EXPECT_EQ(Str(Val(b.events[0], 0)), "AllBlocksCleared");
+  }
+  const KvEventPublisher::Stats s = pub->stats();
+  EXPECT_EQ(s.events_queued, k + 4);
+  EXPECT_EQ(s.batches_sent, k + 4);
+  EXPECT_EQ(s.events_dropped, 0u);
+  EXPECT_EQ(s.send_errors, 0u);
+}
+
+TEST(ServerKvEvents, LegacyArrayEncodingWithIntHashes) {
+  KvEventOptions o = Fixed();
+  o.encoding = KvEventEncoding::kTaggedArray;
+  o.hash_form = KvBlockHashForm::kUint64;
+  o.medium = "STORAGE";
+  o.data_parallel_rank = 3;
+  auto pub = Make(o, "");
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+
+  pub->BlockStored({Key(0x70), Key(1)}, Key(50), {7, 8}, 2);
+  pub->BlockRemoved({Key(0x70)});
+  pub->AllBlocksCleared();
+  pub->Flush();
+  auto m = sub.Next(k);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->topic, "");
+  EXPECT_EQ(m->seq(), k);
+  Batch b = Decode(m->payload);
+  EXPECT_EQ(b.dp_rank, 3);
+  ASSERT_EQ(b.events.size(), 3u);
+
+  // ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, lora_name]
+  const auto& st = Arr(b.events[0]);
+  ASSERT_EQ(st.size, 8u);
+  EXPECT_EQ(Str(st.ptr[0]), "BlockStored");
+  const auto& hashes = Arr(st.ptr[1]);
+  ASSERT_EQ(hashes.size, 2u);
+  // Key(0x70) ends in bytes 0x88..0x8f, above 2^63: sent as msgpack uint64.
+  ASSERT_EQ(hashes.ptr[0].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(hashes.ptr[0].as<std::uint64_t>(), Low64BigEndian(Key(0x70)));
+  EXPECT_EQ(hashes.ptr[1].as<std::uint64_t>(), Low64BigEndian(Key(1)));
+  EXPECT_EQ(hashes.ptr[1].as<std::uint64_t>(), 0x191a1b1c1d1e1f20ull);
+  EXPECT_EQ(st.ptr[2].as<std::uint64_t>(), Low64BigEndian(Key(50)));
+  EXPECT_EQ(st.ptr[3].as<std::vector<int>>(), (std::vector<int>{7, 8}));
+  EXPECT_EQ(st.ptr[4].as<int>(), 2);
+  EXPECT_EQ(st.ptr[5].type, msgpack::type::NIL);
+  EXPECT_EQ(Str(st.ptr[6]), "STORAGE");
+  EXPECT_EQ(st.ptr[7].type, msgpack::type::NIL);
+
+  const auto& rm = Arr(b.events[1]);  // ["BlockRemoved", hashes, medium]
+  ASSERT_EQ(rm.size, 3u);
+  EXPECT_EQ(Str(rm.ptr[0]), "BlockRemoved");
+  ASSERT_EQ(Arr(rm.ptr[1]).size, 1u);
+  EXPECT_EQ(Arr(rm.ptr[1]).ptr[0].as<std::uint64_t>(), 0x88898a8b8c8d8e8full);
+  EXPECT_EQ(Str(rm.ptr[2]), "STORAGE");
+
+  const auto& cl = Arr(b.events[2]);  // ["AllBlocksCleared"]
+  ASSERT_EQ(cl.size, 1u);
+  EXPECT_EQ(Str(cl.ptr[0]), "AllBlocksCleared");
+}
+
+TEST(ServerKvEvents, EventsQueuedBeforeAFlushGoInOneBatchInOrder) {
+  KvEventOptions o = Fixed();
+  o.batch_interval = std::chrono::hours(1);  // only a flush or a full batch sends
+  auto pub = Make(o);
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+
+  pub->BlockStored({Key(1)}, std::nullopt, {}, 16);
+  pub->BlockRemoved({Key(1)});
+  pub->BlockStored({Key(2)}, Key(1), {}, 16);
+  pub->Flush();
+  auto m = sub.Next(k);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->seq(), k);
+  Batch b = Decode(m->payload);
+  ASSERT_EQ(b.events.size(), 3u);
+  EXPECT_EQ(Str(Val(b.events[0], 0)), "BlockStored");
+  EXPECT_EQ(Bin(Arr(Val(b.events[0], 1)).ptr[0]), Key(1));
+  EXPECT_EQ(Str(Val(b.events[1], 0)), "BlockRemoved");
+  EXPECT_EQ(Str(Val(b.events[2], 0)), "BlockStored");
+  EXPECT_EQ(Bin(Val(b.events[2], 2)), Key(1));
+  EXPECT_FALSE(sub.Receive(100)) << "one flush, one message";
+}
+
+TEST(ServerKvEvents, AFullBatchIsSentWithoutAFlush) {
+  KvEventOptions o = Fixed();
+  o.batch_events = 4;
+  o.batch_interval = std::chrono::hours(1);
+  auto pub = Make(o);
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+
+  for (std::uint8_t i = 0; i < 6; ++i) pub->BlockRemoved({Key(i)});
+  auto m = sub.Next(k);  // the first four, sent because four waited
+  ASSERT_TRUE(m);
+  Batch b = Decode(m->payload);
+  ASSERT_EQ(b.events.size(), 4u);
+  for (std::uint8_t i = 0; i < 4; ++i) EXPECT_EQ(Bin(Arr(Val(b.events[i], 1)).ptr[0]), Key(i));
+  pub->Flush();  // the other two
+  m = sub.Next(k + 1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->seq(), k + 1);
+  EXPECT_EQ(Decode(m->payload).events.size(), 2u);
+}
+
+TEST(ServerKvEvents, QueuedEventsAreSentAfterTheIntervalWithoutAFlush) {
+  auto pub = Make(Fixed());  // the default interval, ~10 ms
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+  pub->BlockRemoved({Key(5)});
+  auto m = sub.Next(k);
+  ASSERT_TRUE(m);
+  Batch b = Decode(m->payload);
+  ASSERT_EQ(b.events.size(), 1u);
+  EXPECT_EQ(Bin(Arr(Val(b.events[0], 1)).ptr[0]), Key(5));
+}
+
+TEST(ServerKvEvents, AFullQueueDropsTheOldestAndCountsIt) {
+  KvEventOptions o = Fixed();
+  o.max_pending = 2;
+  o.batch_interval = std::chrono::hours(1);
+  auto pub = Make(o);
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+
+  pub->BlockRemoved({Key(1)});
+  pub->BlockRemoved({Key(2)});
+  pub->BlockRemoved({Key(3)});
+  EXPECT_EQ(pub->stats().events_dropped, 1u);
+  pub->Flush();
+  auto m = sub.Next(k);
+  ASSERT_TRUE(m);
+  Batch b = Decode(m->payload);
+  ASSERT_EQ(b.events.size(), 2u);
+  EXPECT_EQ(Bin(Arr(Val(b.events[0], 1)).ptr[0]), Key(2));
+  EXPECT_EQ(Bin(Arr(Val(b.events[1], 1)).ptr[0]), Key(3));
+  const KvEventPublisher::Stats s = pub->stats();
+  EXPECT_EQ(s.events_queued, k + 3);
+  EXPECT_EQ(s.events_dropped, 1u);
+}
+
+TEST(ServerKvEvents, CallsFromManyThreadsAllArrive) {
+  KvEventOptions o = Fixed();
+  o.batch_events = 7;  // batches cut mid-stream
+  auto pub = Make(o);
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+
+  constexpr int kThreads = 4, kEach = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&pub, t] {
+      for (int i = 0; i < kEach; ++i) pub->BlockRemoved({Key(static_cast<std::uint8_t>(t * kEach + i))});
+    });
+  }
+  for (auto& t : threads) t.join();
+  pub->Flush();
+  std::vector<int> seen(kThreads * kEach, 0);
+  std::uint64_t next = k;
+  std::size_t got = 0;
+  while (got < seen.size()) {
+    auto m = sub.Next(k);
+    ASSERT_TRUE(m) << "after " << got << " events";
+    EXPECT_EQ(m->seq(), next++);
+    Batch b = Decode(m->payload);
+    EXPECT_LE(b.events.size(), 7u);
+    for (const auto& e : b.events) {
+      ++seen[Bin(Arr(Val(e, 1)).ptr[0])[0]];
+      ++got;
+    }
+  }
+  for (int n : seen) EXPECT_EQ(n, 1);
+  EXPECT_EQ(pub->stats().events_dropped, 0u);
+}
+
+TEST(ServerKvEvents, DestructorSendsWhatIsStillQueued) {
+  KvEventOptions o = Fixed();
+  o.batch_interval = std::chrono::hours(1);
+  auto pub = Make(o);
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+  pub->BlockRemoved({Key(42)});
+  pub.reset();
+  auto m = sub.Next(k);
+  ASSERT_TRUE(m);
+  Batch b = Decode(m->payload);
+  ASSERT_EQ(b.events.size(), 1u);
+  EXPECT_EQ(Bin(Arr(Val(b.events[0], 1)).ptr[0]), Key(42));
+}
+
+TEST(ServerKvEvents, CreateRejectsBadEndpoints) {
+  auto empty = KvEventPublisher::Create("", "t");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), Code::kInvalidArgument);
+
+  auto bogus = KvEventPublisher::Create("bogus://nowhere", "t");
+  ASSERT_FALSE(bogus.ok());
+  EXPECT_EQ(bogus.status().code(), Code::kInvalidArgument) << bogus.status().message();
+
+  auto first = KvEventPublisher::Create("tcp://127.0.0.1:*", "t");
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  const std::string taken = first.value()->endpoint();
+  EXPECT_NE(taken.find("tcp://127.0.0.1:"), std::string::npos) << taken;
+  EXPECT_EQ(taken.find('*'), std::string::npos) << "the port chosen is reported: " << taken;
+  auto second = KvEventPublisher::Create(taken, "t");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kUnavailable) << second.status().message();
+}
+
+// A consumer as routers write them for vLLM: pyzmq's recv_multipart, then
+// msgpack.unpackb to plain lists and dicts, then dispatch on the tag and read
+// the fields vLLM's schema requires (those without a default). It prints
+// what it read as JSON and exits; a required field missing is exit code 4.
+constexpr const char* kPySubscriber = R"PY(
+import json, sys
+import msgpack, zmq
+
+endpoint, topic = sys.argv[1], sys.argv[2]
+REQUIRED = {
+    "BlockStored": ["block_hashes", "parent_block_hash", "token_ids",
+                    "block_size", "lora_id", "medium", "lora_name"],
+    "BlockRemoved": ["block_hashes", "medium"],
+    "AllBlocksCleared": [],
+}
+
+def plain(v):
+    if isinstance(v, bytes):
+        return {"bin": v.hex()}
+    if isinstance(v, list):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    return v
+
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB)
+sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+sub.connect(endpoint)
+if not sub.poll(10000):
+    sys.exit(3)
+topic_b, seq_b, payload = sub.recv_multipart()
+seq = int.from_bytes(seq_b, "big")
+ts, events, dp_rank = msgpack.unpackb(payload, raw=False)
+for e in events:
+    if e["type"] not in REQUIRED:
+        print("unknown tag", e["type"]); sys.exit(4)
+    for f in REQUIRED[e["type"]]:
+        if f not in e:
+            print("missing", e["type"], f); sys.exit(4)
+    if e["type"] == "BlockStored":
+        assert all(isinstance(t, int) for t in e["token_ids"])
+        assert isinstance(e["block_size"], int)
+    for h in e.get("block_hashes", []):
+        assert isinstance(h, (bytes, int))
+print(json.dumps({"topic": topic_b.decode("utf-8"), "seq_frame": len(seq_b),
+                  "ts": ts, "events": plain(events), "data_parallel_rank": dp_rank},
+                 separators=(",", ":")))
+)PY";
+
+TEST(ServerKvEvents, PythonSubscriberReadsThemAsVllmsEvents) {
+  const bool have = std::system("/usr/bin/python3 -c 'import zmq, msgpack' >/dev/null 2>&1") == 0;
+  if (!have) {
+    if (std::getenv("KDN_REQUIRE_PYZMQ") == nullptr) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
+    FAIL() << "KDN_REQUIRE_PYZMQ is set but /usr/bin/python3 cannot import zmq and msgpack";
+  }
+  char dir_template[] = "/tmp/kdn-kv-events-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string script = dir + "/sub.py";
+  std::ofstream(script) << kPySubscriber;
+
+  // Over ipc:// this time: the transport vLLM's docs suggest on one host.
+  auto r = KvEventPublisher::Create("ipc://" + dir + "/events", "kv-events", Fixed());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto pub = std::move(r).value();
+
+  std::atomic<bool> done{false};
+  testing::CliRun run;
+  std::thread py([&] {
+    run = testing::RunShell("/usr/bin/python3 " + script + " " + pub->endpoint() + " kv-events 2>&1");
+    done = true;
+  });
+  // Until the subscriber has its first message (it may join late), send the
+  // same batch again and again; it reads one and exits.
+  for (int i = 0; i < 100 && !done; ++i) {
+    pub->BlockStored({Key(0), Key(32)}, Key(64), {1, 2, 151644, 4}, 2);
+    pub->BlockRemoved({Key(0)});
+    pub->AllBlocksCleared();
+    pub->Flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  py.join();
+  ASSERT_EQ(run.code, 0) << run.out;
+
+  const std::string expected =
+      std::string(R"({"topic":"kv-events","seq_frame":8,"ts":1234.5,"events":[)") +
+      R"({"type":"BlockStored","block_hashes":[{"bin":")" + Hex(Key(0)) + R"("},{"bin":")" + Hex(Key(32)) +
+      R"("}],"parent_block_hash":{"bin":")" + Hex(Key(64)) +
+      R"("},"token_ids":[1,2,151644,4],"block_size":2,"lora_id":null,"medium":"CPU","lora_name":null},)" +
+      R"({"type":"BlockRemoved","block_hashes":[{"bin":")" + Hex(Key(0)) + R"("}],"medium":"CPU"},)" +
+      R"({"type":"AllBlocksCleared"}],"data_parallel_rank":0})" + "\n";
+  EXPECT_EQ(run.out, expected);
+
+  pub.reset();
+  std::remove(script.c_str());
+  std::remove((dir + "/events").c_str());
+  rmdir(dir.c_str());
+}
+
+}  // namespace
+}  // namespace kdn::server

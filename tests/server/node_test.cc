@@ -1,0 +1,536 @@
+// The node over real Cap'n Proto RPC on loopback (a Server on a thread of
+// this process, clients on the test's thread), the remote tier of a runtime
+// against it, and /metrics over HTTP. KV comes from the reference model.
+#include <gtest/gtest.h>
+
+#include <capnp/message.h>
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <kj/compat/http.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "reference_kv.h"
+#include "server/server.h"
+#include "store/remote_tier.h"
+#include "store/runtime.h"
+#include "wire/envelope.h"
+#include "wire/node.capnp.h"
+
+namespace kdn::server {
+namespace {
+
+namespace fs = std::filesystem;
+using wire::node::ErrorCode;
+using wire::node::KdnNode;
+using wire::node::Session;
+
+constexpr const char* kTokenA = "token-for-tenant-a-0001";
+constexpr const char* kTokenB = "token-for-tenant-b-0002";
+constexpr const char* kTokenOps = "token-for-operator-0003";
+
+ServerConfig TestConfig(const fs::path& dir) {
+  ServerConfig c;
+  c.listen = {"127.0.0.1:0", "unix:" + (dir / "kdnd.sock").string()};
+  c.metrics = "127.0.0.1:0";
+  c.prefill_us_per_token = 100;
+  store::TierSpec host;
+  host.capacity_bytes = 64 << 20;
+  c.tiers = {host};
+  c.tokens = {{"a", kTokenA, {"tenant-a"}, false}, {"b", kTokenB, {"tenant-b"}, false}, {"ops", kTokenOps, {"*"}, true}};
+  return c;
+}
+
+// A kdnd on a thread of this process.
+class RunningServer {
+ public:
+  explicit RunningServer(const ServerConfig& config) {
+    auto s = Server::Create(config);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(s).value();
+    thread_ = std::thread([this] { status_ = server_->Run(nullptr, false); });
+    bound_ = server_->WaitReady();
+  }
+  ~RunningServer() { Stop(); }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    server_->Shutdown();
+    thread_.join();
+  }
+  const BoundAddresses& bound() const { return bound_; }
+  Server& server() { return *server_; }
+
+ private:
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  BoundAddresses bound_;
+  Status status_;
+};
+
+// The test thread's event loop (one per thread), shared by its clients.
+kj::AsyncIoContext& ThreadIo() {
+  static thread_local kj::AsyncIoContext io = kj::setupAsyncIo();
+  return io;
+}
+
+// A client on the test's thread.
+struct Client {
+  explicit Client(const std::string& address)
+      : io(ThreadIo()),
+        stream(io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope)),
+        rpc(kj::heap<capnp::TwoPartyClient>(*stream)),
+        node(rpc->bootstrap().castAs<KdnNode>()) {}
+
+  // A session, or null with the error's code.
+  kj::Maybe<Session::Client> Login(const std::string& token, ErrorCode* code = nullptr) {
+    auto req = node.loginRequest();
+    req.setToken(token);
+    auto r = req.send().wait(io.waitScope);
+    if (code) *code = r.getError().getCode();
+    if (r.getError().getCode() != ErrorCode::OK) return nullptr;
+    return r.getSession();
+  }
+  Session::Client MustLogin(const std::string& token) {
+    ErrorCode code;
+    auto s = Login(token, &code);
+    EXPECT_EQ(code, ErrorCode::OK);
+    return KJ_ASSERT_NONNULL(s);
+  }
+
+  kj::AsyncIoContext& io;
+  kj::Own<kj::AsyncIoStream> stream;
+  kj::Own<capnp::TwoPartyClient> rpc;
+  KdnNode::Client node;
+};
+
+capnp::Data::Reader AsData(const keys::Digest& d) { return {d.data(), d.size()}; }
+
+// One chunk of real KV as an envelope: tokens [begin, begin + n) of `r`.
+struct Envelope {
+  keys::Digest key;
+  chunk::Bytes bytes;
+};
+Envelope MakeEnvelope(const testing::ReferenceKv& r, const std::string& ns, std::uint32_t begin, std::uint32_t n,
+                      const keys::Digest& prev = {}) {
+  keys::ChunkKeyer keyer(0, ns, r.m.fingerprint);
+  const keys::Digest key =
+      keyer.Key(prev, std::span<const std::int32_t>(reinterpret_cast<const std::int32_t*>(r.tokens.data()) + begin, n));
+  auto c = std::make_shared<chunk::Chunk>();
+  c->meta.key = key;
+  c->meta.model = r.m.fingerprint;
+  c->meta.ns_hash = keys::NamespaceHash(ns);
+  c->meta.dtype = 0;
+  c->meta.layers = 5;
+  c->meta.kv_heads = 4;
+  c->meta.head_dim = 8;
+  c->meta.tokens = n;
+  c->meta.first_position = begin;
+  // Canonical bytes of the slice: per layer and k|v, tokens [begin, begin + n).
+  const size_t T = r.tokens.size(), row = 32;
+  std::vector<float> slice;
+  for (size_t lk = 0; lk < 10; ++lk) {
+    slice.insert(slice.end(), r.canonical.begin() + static_cast<std::ptrdiff_t>((lk * T + begin) * row),
+                 r.canonical.begin() + static_cast<std::ptrdiff_t>((lk * T + begin + n) * row));
+  }
+  c->payload = chunk::Payload(reinterpret_cast<const std::uint8_t*>(slice.data()), slice.size() * 4);
+  auto bytes = wire::EncodeEnvelope(*c);
+  EXPECT_TRUE(bytes.ok());
+  return {key, std::move(bytes).value()};
+}
+
+class KdnNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KDN_REQUIRE_MODEL();
+    dir_ = fs::temp_directory_path() / ("kdn-node-test-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ref_ = testing::PrefillReference(
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog.");
+    server_ = std::make_unique<RunningServer>(TestConfig(dir_));
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  ErrorCode Put(Client& c, Session::Client& s, const std::string& ns, const Envelope& e) {
+    auto req = s.putRequest();
+    const keys::Digest h = keys::NamespaceHash(ns);
+    req.setNamespace(AsData(h));
+    req.initEnvelopes(1).set(0, capnp::Data::Reader(e.bytes.data(), e.bytes.size()));
+    auto r = req.send().wait(c.io.waitScope);
+    if (r.getError().getCode() != ErrorCode::OK) return r.getError().getCode();
+    return r.getResults()[0].getCode();
+  }
+  // The lookup's prefix, or -1 - the error code.
+  int Lookup(Client& c, Session::Client& s, const std::string& ns, const std::vector<keys::Digest>& keys) {
+    auto req = s.lookupRequest();
+    const keys::Digest h = keys::NamespaceHash(ns);
+    req.setNamespace(AsData(h));
+    auto request = req.initRequests(1)[0];
+    auto list = request.initKeys(static_cast<unsigned>(keys.size()));
+    for (unsigned i = 0; i < keys.size(); ++i) list.set(i, AsData(keys[i]));
+    request.setTokens(keys.size() * 8);
+    auto r = req.send().wait(c.io.waitScope);
+    if (r.getError().getCode() != ErrorCode::OK) return -1 - static_cast<int>(r.getError().getCode());
+    return static_cast<int>(r.getResults()[0].getPrefix());
+  }
+
+  fs::path dir_;
+  testing::ReferenceKv ref_;
+  std::unique_ptr<RunningServer> server_;
+};
+
+TEST_F(KdnNodeTest, HealthNeedsNoTokenAndAnUnknownTokenGetsATypedError) {
+  Client c(server_->bound().rpc[0]);
+  auto h = c.node.healthRequest().send().wait(c.io.waitScope);
+  EXPECT_TRUE(h.getHealth().getServing());
+  EXPECT_EQ(h.getHealth().getProtocol(), wire::node::PROTOCOL_VERSION);
+  ErrorCode code;
+  EXPECT_TRUE(c.Login("not-a-token-of-this-node", &code) == nullptr);
+  EXPECT_EQ(code, ErrorCode::UNAUTHENTICATED);
+  // The connection still serves.
+  EXPECT_TRUE(c.node.healthRequest().send().wait(c.io.waitScope).getHealth().getServing());
+  EXPECT_GE(server_->server().service().Stats().auth_failures, 1u);
+}
+
+TEST_F(KdnNodeTest, PutLookupGetDeleteOverTcpAndUnixSocket) {
+  Envelope e0 = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  Envelope e1 = MakeEnvelope(ref_, "tenant-a", 8, 8, e0.key);
+  Client c(server_->bound().rpc[0]);
+  Session::Client s = c.MustLogin(kTokenA);
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e0.key, e1.key}), 0);
+  EXPECT_EQ(Put(c, s, "tenant-a", e0), ErrorCode::OK);
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e0.key, e1.key}), 1);
+  EXPECT_EQ(Put(c, s, "tenant-a", e1), ErrorCode::OK);
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e0.key, e1.key}), 2);
+
+  // Read back over the Unix socket: the same envelope bytes.
+  Client u(server_->bound().rpc[1]);
+  Session::Client su = u.MustLogin(kTokenA);
+  auto req = su.getRequest();
+  const keys::Digest ns = keys::NamespaceHash("tenant-a");
+  req.setNamespace(AsData(ns));
+  auto keys = req.initKeys(3);
+  keys.set(0, AsData(e1.key));
+  keys.set(1, AsData(keys::Digest{}));  // never stored
+  keys.set(2, AsData(e0.key));
+  auto got = req.send().wait(u.io.waitScope);
+  ASSERT_EQ(got.getError().getCode(), ErrorCode::OK);
+  ASSERT_EQ(got.getChunks().size(), 3u);
+  ASSERT_TRUE(got.getChunks()[0].isEnvelope());
+  EXPECT_TRUE(got.getChunks()[1].isMissing());
+  auto d1 = got.getChunks()[0].getEnvelope();
+  EXPECT_EQ(std::vector<std::uint8_t>(d1.begin(), d1.end()), std::vector<std::uint8_t>(e1.bytes.begin(), e1.bytes.end()));
+  auto d0 = got.getChunks()[2].getEnvelope();
+  auto chunk0 = wire::DecodeEnvelope(d0.begin(), d0.size(), &e0.key);
+  ASSERT_TRUE(chunk0.ok()) << chunk0.status().message();
+  EXPECT_EQ(0, std::memcmp((*chunk0)->payload.data(), ref_.canonical.data(), 8 * 32 * 4));  // layer 0, K, tokens 0..8
+
+  auto del = su.deleteRequest();
+  del.setNamespace(AsData(ns));
+  del.initKeys(1).set(0, AsData(e0.key));
+  EXPECT_EQ(del.send().wait(u.io.waitScope).getErased(), 1u);
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e0.key, e1.key}), 0);
+  const NodeStats st = server_->server().service().Stats();
+  EXPECT_EQ(st.put_chunks, 2u);
+  EXPECT_EQ(st.get_chunks, 2u);
+  EXPECT_EQ(st.get_misses, 1u);
+  EXPECT_EQ(st.hit_tokens, 16u);
+  EXPECT_EQ(st.deletes, 1u);
+}
+
+TEST_F(KdnNodeTest, ATenantCanNeitherReadNorProbeAnotherTenantsKeys) {
+  Envelope a = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  Client c(server_->bound().rpc[0]);
+  Session::Client sa = c.MustLogin(kTokenA);
+  Session::Client sb = c.MustLogin(kTokenB);
+  ASSERT_EQ(Put(c, sa, "tenant-a", a), ErrorCode::OK);
+  // B may not name A's namespace, for any call.
+  EXPECT_EQ(Lookup(c, sb, "tenant-a", {a.key}), -1 - static_cast<int>(ErrorCode::PERMISSION_DENIED));
+  {
+    auto req = sb.getRequest();
+    const keys::Digest ns = keys::NamespaceHash("tenant-a");
+    req.setNamespace(AsData(ns));
+    req.initKeys(1).set(0, AsData(a.key));
+    auto r = req.send().wait(c.io.waitScope);
+    EXPECT_EQ(r.getError().getCode(), ErrorCode::PERMISSION_DENIED);
+    EXPECT_EQ(r.getChunks().size(), 0u);
+  }
+  // In its own namespace the same key names another object: not there.
+  EXPECT_EQ(Lookup(c, sb, "tenant-b", {a.key}), 0);
+  // B cannot write an envelope of A's namespace, even calling it its own.
+  EXPECT_EQ(Put(c, sb, "tenant-b", a), ErrorCode::PERMISSION_DENIED);
+  EXPECT_EQ(Put(c, sb, "tenant-a", a), ErrorCode::PERMISSION_DENIED);
+  // Statistics need a grant.
+  auto st = sa.statsRequest().send().wait(c.io.waitScope);
+  EXPECT_EQ(st.getError().getCode(), ErrorCode::PERMISSION_DENIED);
+  Session::Client ops = c.MustLogin(kTokenOps);
+  auto st2 = ops.statsRequest().send().wait(c.io.waitScope);
+  ASSERT_EQ(st2.getError().getCode(), ErrorCode::OK);
+  EXPECT_EQ(st2.getStats().getPutChunks(), 1u);
+  EXPECT_EQ(st2.getStats().getTiers()[0].getObjects(), 1u);
+  // The operator's "*" token reaches A's objects.
+  EXPECT_EQ(Lookup(c, ops, "tenant-a", {a.key}), 1);
+}
+
+TEST_F(KdnNodeTest, BadInputGetsTypedErrorsAndTheNodeKeepsServing) {
+  Envelope e = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  Client c(server_->bound().rpc[0]);
+  Session::Client s = c.MustLogin(kTokenA);
+  // A flipped bit in the payload: corrupt, refused.
+  Envelope bad = e;
+  bad.bytes[bad.bytes.size() - 100] ^= 0x10;
+  EXPECT_EQ(Put(c, s, "tenant-a", bad), ErrorCode::CORRUPT);
+  // Truncated; garbage; empty.
+  Envelope cut = e;
+  cut.bytes.resize(cut.bytes.size() / 2);
+  EXPECT_EQ(Put(c, s, "tenant-a", cut), ErrorCode::CORRUPT);
+  Envelope junk{e.key, chunk::Bytes(64, 0xAB)};
+  EXPECT_NE(Put(c, s, "tenant-a", junk), ErrorCode::OK);
+  Envelope empty{e.key, chunk::Bytes()};
+  EXPECT_NE(Put(c, s, "tenant-a", empty), ErrorCode::OK);
+  // A key that is not 32 bytes; a namespace that is not a hash.
+  {
+    auto req = s.lookupRequest();
+    const keys::Digest ns = keys::NamespaceHash("tenant-a");
+    req.setNamespace(AsData(ns));
+    std::uint8_t short_key[5] = {1, 2, 3, 4, 5};
+    req.initRequests(1)[0].initKeys(1).set(0, capnp::Data::Reader(short_key, 5));
+    EXPECT_EQ(req.send().wait(c.io.waitScope).getError().getCode(), ErrorCode::INVALID_ARGUMENT);
+  }
+  {
+    auto req = s.getRequest();
+    std::uint8_t ns[3] = {1, 2, 3};
+    req.setNamespace(capnp::Data::Reader(ns, 3));
+    req.initKeys(1).set(0, AsData(e.key));
+    EXPECT_EQ(req.send().wait(c.io.waitScope).getError().getCode(), ErrorCode::INVALID_ARGUMENT);
+  }
+  // Too many keys in one call.
+  {
+    auto req = s.lookupRequest();
+    const keys::Digest ns = keys::NamespaceHash("tenant-a");
+    req.setNamespace(AsData(ns));
+    auto list = req.initRequests(1)[0].initKeys(wire::node::MAX_KEYS_PER_CALL + 1);
+    for (unsigned i = 0; i < list.size(); ++i) list.set(i, AsData(e.key));
+    EXPECT_EQ(req.send().wait(c.io.waitScope).getError().getCode(), ErrorCode::TOO_LARGE);
+  }
+  // Nothing was stored, and the node still serves a good put.
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 0);
+  EXPECT_EQ(Put(c, s, "tenant-a", e), ErrorCode::OK);
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 1);
+  EXPECT_GE(server_->server().service().Stats().put_refused, 4u);
+}
+
+// Receives pushed statistics.
+class Sink final : public wire::node::StatsSink::Server {
+ public:
+  explicit Sink(std::vector<NodeStats>& got) : got_(got) {}
+
+ protected:
+  kj::Promise<void> push(PushContext context) override {
+    got_.push_back(FromWire(context.getParams().getStats()));
+    return kj::READY_NOW;
+  }
+
+ private:
+  std::vector<NodeStats>& got_;
+};
+
+TEST_F(KdnNodeTest, StatisticsArePushedToASubscriberUntilItLetsGo) {
+  Client c(server_->bound().rpc[0]);
+  Session::Client ops = c.MustLogin(kTokenOps);
+  std::vector<NodeStats> got;
+  auto req = ops.subscribeStatsRequest();
+  req.setIntervalMs(50);
+  req.setSink(kj::heap<Sink>(got));
+  kj::Maybe<wire::node::Subscription::Client> subscription;
+  {
+    auto r = req.send().wait(c.io.waitScope);
+    ASSERT_EQ(r.getError().getCode(), ErrorCode::OK);
+    subscription = r.getSubscription();
+  }
+  // Put something meanwhile: a later push shows it.
+  Session::Client sa = c.MustLogin(kTokenA);
+  ASSERT_EQ(Put(c, sa, "tenant-a", MakeEnvelope(ref_, "tenant-a", 0, 8)), ErrorCode::OK);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((got.size() < 3 || got.back().put_chunks == 0) && std::chrono::steady_clock::now() < deadline) {
+    c.io.provider->getTimer().afterDelay(20 * kj::MILLISECONDS).wait(c.io.waitScope);
+  }
+  ASSERT_GE(got.size(), 3u);
+  EXPECT_EQ(got.back().put_chunks, 1u);
+  EXPECT_EQ(got.back().tiers.size(), 1u);
+  EXPECT_GE(got.back().sessions, 2u);
+  // Dropped: the pushes stop.
+  subscription = nullptr;
+  c.io.provider->getTimer().afterDelay(100 * kj::MILLISECONDS).wait(c.io.waitScope);
+  const size_t after = got.size();
+  c.io.provider->getTimer().afterDelay(300 * kj::MILLISECONDS).wait(c.io.waitScope);
+  EXPECT_EQ(got.size(), after);
+  // A token without the stats grant cannot subscribe.
+  auto denied = sa.subscribeStatsRequest();
+  denied.setIntervalMs(50);
+  std::vector<NodeStats> none;
+  denied.setSink(kj::heap<Sink>(none));
+  EXPECT_EQ(denied.send().wait(c.io.waitScope).getError().getCode(), ErrorCode::PERMISSION_DENIED);
+}
+
+TEST_F(KdnNodeTest, MetricsAndHealthOverHttp) {
+  Client c(server_->bound().rpc[0]);
+  Session::Client sa = c.MustLogin(kTokenA);
+  ASSERT_EQ(Put(c, sa, "tenant-a", MakeEnvelope(ref_, "tenant-a", 0, 8)), ErrorCode::OK);
+  kj::HttpHeaderTable table;
+  auto http = kj::newHttpClient(c.io.provider->getTimer(), table, c.io.provider->getNetwork(), nullptr);
+  auto get = [&](const std::string& path, unsigned& status) {
+    kj::HttpHeaders headers(table);
+    auto url = kj::str("http://", server_->bound().metrics.c_str(), path.c_str());
+    auto resp = http->request(kj::HttpMethod::GET, url, headers).response.wait(c.io.waitScope);
+    status = resp.statusCode;
+    return std::string(resp.body->readAllText().wait(c.io.waitScope).cStr());
+  };
+  unsigned status = 0;
+  const std::string metrics = get("/metrics", status);
+  EXPECT_EQ(status, 200u);
+  EXPECT_NE(metrics.find("kdn_"), std::string::npos);
+  EXPECT_NE(metrics.find("lmcache:"), std::string::npos);
+  EXPECT_EQ(get("/healthz", status).empty(), false);
+  EXPECT_EQ(status, 200u);
+  get("/nothing", status);
+  EXPECT_EQ(status, 404u);
+}
+
+// ---- The remote tier of a runtime ------------------------------------------------
+
+std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const std::string& token,
+                                              const std::string& codec = "", std::uint32_t timeout_ms = 2000) {
+  store::StoreOptions o;
+  o.chunk_tokens = 8;
+  store::TierSpec remote;
+  remote.kind = store::TierSpec::Kind::kRemote;
+  remote.address = address;
+  remote.token = token;
+  remote.codec = codec;
+  remote.timeout_ms = timeout_ms;
+  o.tiers = {remote};
+  auto rt = store::Runtime::Create(o, 2);
+  EXPECT_TRUE(rt.ok()) << rt.status().message();
+  return rt.ok() ? std::move(rt).value() : nullptr;
+}
+
+store::ViewSpec Canonical(std::vector<float>& kv) {
+  store::ViewSpec s;
+  s.data = kv.data();
+  s.size_bytes = kv.size() * 4;
+  return s;
+}
+
+TEST_F(KdnNodeTest, TwoRuntimesShareKvThroughTheNode) {
+  const size_t T = ref_.tokens.size();
+  const std::uint64_t whole = T / 8 * 8;  // the whole chunks; the tail is pieces
+  auto writer = RemoteRuntime(server_->bound().rpc[0], kTokenA);
+  std::vector<float> in = ref_.canonical;
+  auto views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+  auto stored = writer->Store(ref_.m, "tenant-a", ref_.Keys(), views);
+  ASSERT_TRUE(stored.ok()) << stored.status().message();
+  EXPECT_EQ(*stored, T);
+  writer->store().chain().Flush();  // the write-back queue sent
+
+  // Another runtime (as another engine would be) finds and reads all of it.
+  auto reader = RemoteRuntime(server_->bound().rpc[1], kTokenA);
+  const store::LookupResult found = reader->store().Lookup(ref_.m, "tenant-a", ref_.Keys());
+  EXPECT_EQ(found.tokens, T);
+  std::vector<float> out(ref_.canonical.size(), -7.0f);
+  auto out_views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(out)}, T).value();
+  const store::KvStore::Retrieved got = reader->Retrieve(ref_.m, "tenant-a", ref_.Keys(), out_views).value();
+  EXPECT_EQ(got.tokens, T);
+  EXPECT_FALSE(got.lossy);  // the remote tier's default codec is lossless
+  EXPECT_EQ(out, ref_.canonical);
+  EXPECT_GE(whole, 8u);
+
+  // Another tenant's runtime sees none of it.
+  auto other = RemoteRuntime(server_->bound().rpc[0], kTokenB);
+  EXPECT_EQ(other->store().Lookup(ref_.m, "tenant-b", ref_.Keys()).tokens, 0u);
+  // A namespace its token does not grant: misses, not errors.
+  EXPECT_EQ(other->store().Lookup(ref_.m, "tenant-a", ref_.Keys()).tokens, 0u);
+}
+
+TEST_F(KdnNodeTest, ACompressingRemoteTierSendsEncodedChunksAndTheReaderDecodes) {
+  const size_t T = ref_.tokens.size();
+  auto writer = RemoteRuntime(server_->bound().rpc[0], kTokenA, "kdn:balanced");
+  std::vector<float> in = ref_.canonical;
+  auto views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+  ASSERT_EQ(writer->Store(ref_.m, "tenant-a", ref_.Keys(), views).value(), T);
+  writer->store().chain().Flush();
+  const NodeStats st = server_->server().service().Stats();
+  // The node was sent, and keeps, fewer bytes than the canonical KV: the
+  // encoding travels as it is (8-token chunks: the codec's per-chunk
+  // tables weigh more than at the usual 256).
+  EXPECT_LT(st.put_bytes, ref_.canonical.size() * 4 * 3 / 4);
+
+  auto reader = RemoteRuntime(server_->bound().rpc[0], kTokenA, "kdn:balanced");
+  std::vector<float> out(ref_.canonical.size(), 0.0f);
+  auto out_views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(out)}, T).value();
+  const store::KvStore::Retrieved got = reader->Retrieve(ref_.m, "tenant-a", ref_.Keys(), out_views).value();
+  EXPECT_EQ(got.tokens, T);
+  EXPECT_TRUE(got.lossy);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    err += (out[i] - ref_.canonical[i]) * (out[i] - ref_.canonical[i]);
+    norm += ref_.canonical[i] * ref_.canonical[i];
+  }
+  EXPECT_LT(err / norm, 1e-2);  // close, not equal
+}
+
+TEST(RemoteTier, ANodeThatIsDownCostsMissesWithinTheTimeoutThenHealsWhenItComes) {
+  KDN_REQUIRE_MODEL();
+  const fs::path dir = fs::temp_directory_path() / ("kdn-remote-down-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  testing::ReferenceKv ref = testing::PrefillReference("Tom had a red ball. He threw it to his friend Sam every day.");
+  const std::string address = "unix:" + (dir / "kdnd.sock").string();
+  auto rt = RemoteRuntime(address, kTokenA, "", 500);
+  ASSERT_NE(rt, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rt->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, 0u);
+  std::vector<float> in = ref.canonical;
+  const size_t T = ref.tokens.size();
+  auto views = store::ResolvedViews::Resolve(ref.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+  auto stored = rt->Store(ref.m, "tenant-a", ref.Keys(), views);  // queued; the sends fail
+  EXPECT_TRUE(stored.ok());
+  rt->store().chain().Flush();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  const auto& tier = dynamic_cast<const store::RemoteTier&>(rt->store().chain().tier(0));
+  EXPECT_GT(tier.counters().io_errors, 0u);
+  EXPECT_GT(tier.remote_counters().connect_failures, 0u);
+
+  // The node comes up at that address: after the retry delay, the tier
+  // connects by itself, stores and finds.
+  ServerConfig config = TestConfig(dir);
+  config.listen = {address};
+  config.metrics = "";
+  RunningServer server(config);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::uint64_t found = 0;
+  while (found != T && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    (void)rt->Store(ref.m, "tenant-a", ref.Keys(), views);
+    rt->store().chain().Flush();
+    found = rt->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens;
+  }
+  EXPECT_EQ(found, T);
+  // Down again: misses within the timeout, no hang.
+  server.Stop();
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<float> out(ref.canonical.size());
+  auto out_views = store::ResolvedViews::Resolve(ref.m, std::vector<store::ViewSpec>{Canonical(out)}, T).value();
+  EXPECT_EQ(rt->Retrieve(ref.m, "tenant-a", ref.Keys(), out_views).value().tokens, 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kdn::server
