@@ -66,6 +66,15 @@ class Records {
     f << all_.dump(2) << "\n";
     return static_cast<bool>(f);
   }
+  // Writes the records as `command`'s last step: 0, or 2 saying why not.
+  int Finish(const std::string& path, const char* command) const {
+    if (!Write(path)) {
+      std::fprintf(stderr, "%s: cannot write %s\n", command, path.c_str());
+      return 2;
+    }
+    std::printf("wrote %s\n", path.c_str());
+    return 0;
+  }
 
  private:
   nlohmann::json all_ = nlohmann::json::array();

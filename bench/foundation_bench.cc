@@ -178,12 +178,7 @@ int RunFoundation(const FoundationOptions& o) {
   ref.fingerprint_len = std::strlen(ref.fingerprint);
   if (int rc = HostRetrieve("host_retrieve_gbps_ref", ref, 256, repeats, records); rc != 0) return rc;
 
-  if (!records.Write(o.json_path)) {
-    std::fprintf(stderr, "kdn bench foundation: cannot write %s\n", o.json_path.c_str());
-    return 2;
-  }
-  std::printf("wrote %s\n", o.json_path.c_str());
-  return 0;
+  return records.Finish(o.json_path, "kdn bench foundation");
 }
 
 }  // namespace kdn::bench

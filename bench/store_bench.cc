@@ -1134,12 +1134,7 @@ int RunStoreBench(const StoreBenchOptions& o) {
   if (rc == 0) rc = HitRates(scratch, o.quick, records);
   fs::remove_all(dir, ec);
   if (rc != 0) return rc;
-  if (!records.Write(o.json_path)) {
-    std::fprintf(stderr, "kdn bench store: cannot write %s\n", o.json_path.c_str());
-    return 2;
-  }
-  std::printf("wrote %s\n", o.json_path.c_str());
-  return 0;
+  return records.Finish(o.json_path, "kdn bench store");
 }
 
 }  // namespace kdn::bench

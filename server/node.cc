@@ -687,4 +687,8 @@ capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& tim
   return kj::heap<NodeImpl>(service, timer, version);
 }
 
+wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant) {
+  return kj::heap<SessionImpl>(service, timer, grant);
+}
+
 }  // namespace kdn::server

@@ -127,5 +127,8 @@ NodeStats FromWire(wire::node::Stats::Reader in);
 // The bootstrap capability of a connection (KdnNode). `timer` paces the
 // statistics pushes; both must outlive every connection.
 capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version);
+// A session for a grant, as login makes it (tests and the fuzz target call
+// its methods as local capabilities, through the same handlers).
+wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant);
 
 }  // namespace kdn::server

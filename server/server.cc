@@ -7,7 +7,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include <capnp/rpc-twoparty.h>
 #include <capnp/rpc.h>
@@ -251,7 +254,27 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
     }
     stopped.wait(ws);
 
-    // Drain: no new connections, data calls refused, queued moves finished.
+    // Drain: no new connections, data calls refused, queued moves finished,
+    // all within drain_timeout_ms: past it, kdnd exits anyway (what the disk
+    // tier holds is crash-safe; a write-through copy still queued is lost).
+    std::mutex drain_mu;
+    std::condition_variable drain_cv;
+    bool drained = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(drain_mu);
+      if (!drain_cv.wait_for(lock, std::chrono::milliseconds(config_.drain_timeout_ms), [&] { return drained; })) {
+        std::fprintf(stderr, "kdnd: drain took longer than %u ms; exiting without it\n", config_.drain_timeout_ms);
+        std::_Exit(3);
+      }
+    });
+    KJ_DEFER({
+      {
+        std::lock_guard<std::mutex> lock(drain_mu);
+        drained = true;
+      }
+      drain_cv.notify_all();
+      watchdog.join();
+    });
     service_->SetDraining();
     all_accepting = kj::READY_NOW;
     http_loop = kj::READY_NOW;

@@ -6,7 +6,8 @@
 // Shutdown (SIGTERM or SIGINT when Run handles signals, or Shutdown() from
 // any thread): the node stops accepting connections, answers data calls with
 // `unavailable`, waits for the tiers' queued moves (write-back to disk), and
-// Run returns. A disk tier then holds everything it was given, and the next
+// Run returns; if that takes longer than drain_timeout_ms, the process exits
+// (status 3) without waiting further. A disk tier then holds everything it was given, and the next
 // kdnd on the same directory serves it.
 // Thread-safety: Run on one thread; Shutdown and the accessors from any.
 #pragma once

@@ -10,11 +10,18 @@ struct DemoOptions {
   unsigned chunk_tokens = 256;
   int steps = 24;          // continuation tokens compared per query
   int repeats = 5;         // timed runs per query (the median is shown)
+  bool remote = false;     // --remote: two engines in two processes share a kdnd
+  std::string join_address, token_file;  // --remote-join: the second engine's side
 };
 
 // Ingests the stories as documents through the C ABI, then answers
 // follow-up queries cold and with kdn. Returns a process exit code: 0 when
 // every continuation with kdn is identical to the cold one.
 int RunDemo(const DemoOptions& options);
+// --remote (tools/demo_remote.cc): starts a kdnd, ingests the stories through
+// a runtime that shares it, then runs `self demo --remote-join` as a second
+// engine in another process. 0 when its continuations with kdn are identical.
+int RunRemoteDemo(const DemoOptions& options, const std::string& argv0);
+int RunRemoteJoin(const DemoOptions& options);
 
 }  // namespace kdn::tools

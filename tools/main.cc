@@ -19,6 +19,7 @@
 #include "kdn/kdn.h"
 #include "model/transformer.h"
 #include "model_loader.h"
+#include "remote_bench.h"
 #include "store_bench.h"
 
 namespace {
@@ -114,6 +115,10 @@ int main(int argc, char** argv) {
   dm->add_option("--chunk-tokens", demo.chunk_tokens, "tokens per stored chunk")->check(CLI::Range(1, 65536));
   dm->add_option("--steps", demo.steps, "continuation tokens compared per query")->check(CLI::Range(1, 256));
   dm->add_option("--repeats", demo.repeats, "timed runs per query")->check(CLI::Range(1, 1000));
+  dm->add_flag("--remote", demo.remote, "two engines in two processes share the KV through a kdnd this starts");
+  dm->add_option("--remote-join", demo.join_address, "(internal) the second engine of --remote: the kdnd's address")
+      ->group("");
+  dm->add_option("--token-file", demo.token_file, "(internal) the token file of --remote-join")->group("");
 
   auto* bench = app.add_subcommand("bench", "Benchmarks (JSON records)");
   bench->require_subcommand(1);
@@ -132,6 +137,11 @@ int main(int argc, char** argv) {
   storeb->add_flag("--quick", so.quick, "small sizes and few repeats (a smoke test, not a measurement)");
   storeb->add_flag("--allow-memory-fs", so.allow_memory_fs,
                    "run even when the scratch directory is on tmpfs or another memory filesystem (refused otherwise)");
+  kdn::bench::RemoteBenchOptions rbo;
+  auto* remoteb = bench->add_subcommand("remote", "Remote tier vs raw TCP: put/get, delivery over a shaped link, TTFT");
+  remoteb->add_option("--json", rbo.json_path, "output file")->required();
+  remoteb->add_option("--repeats", rbo.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
+  remoteb->add_flag("--quick", rbo.quick, "few chunks and repeats (a smoke test, not a measurement)");
   kdn::bench::CodecBenchOptions cbo;
   auto* codecb = bench->add_subcommand("codec", "KV codecs on the reference model: ratio, KL, GB/s vs zstd; a PNG");
   codecb->add_option("--json", cbo.json_path, "output file")->required();
@@ -185,9 +195,12 @@ int main(int argc, char** argv) {
   }
 #endif
   if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
+  if (*dm && !demo.join_address.empty()) return kdn::tools::RunRemoteJoin(demo);
+  if (*dm && demo.remote) return kdn::tools::RunRemoteDemo(demo, argv[0]);
   if (*dm) return kdn::tools::RunDemo(demo);
   if (*found) return kdn::bench::RunFoundation(fo);
   if (*storeb) return kdn::bench::RunStoreBench(so);
+  if (*remoteb) return kdn::bench::RunRemoteBench(rbo);
   if (*codecb) return kdn::bench::RunCodecBench(cbo);
   if (*blendb) return kdn::bench::RunBlendBench(bbo);
   return 1;

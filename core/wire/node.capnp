@@ -14,8 +14,9 @@
 # check. A put is atomic per chunk: a reader sees the whole chunk or none.
 #
 # Keys are the runtime's chunk keys (SHA-256 digests, 32 bytes). Calls name
-# their namespace by its hash (`namespace`: SHA-256 of the namespace's name,
-# the envelope's namespaceHash), which the session's token must grant. The
+# their namespace by its hash (`namespace`: the envelope's namespaceHash,
+# SHA-256 over "kdn-namespace-v1" and the name, each length-prefixed as in
+# keys/hash.h), which the session's token must grant. The
 # node files each key under its namespace (its objects are keyed by
 # SHA-256("kdnd/1", namespace hash, key)): the same key in two namespaces
 # names two objects, and a session granted namespace A can neither read,

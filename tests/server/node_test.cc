@@ -8,11 +8,18 @@
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <thread>
 
 #include "reference_kv.h"
+#include "rpc_client.h"
 #include "server/server.h"
 #include "store/remote_tier.h"
 #include "store/runtime.h"
@@ -23,6 +30,7 @@ namespace kdn::server {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace testing_support;
 using wire::node::ErrorCode;
 using wire::node::KdnNode;
 using wire::node::Session;
@@ -68,77 +76,6 @@ class RunningServer {
   BoundAddresses bound_;
   Status status_;
 };
-
-// The test thread's event loop (one per thread), shared by its clients.
-kj::AsyncIoContext& ThreadIo() {
-  static thread_local kj::AsyncIoContext io = kj::setupAsyncIo();
-  return io;
-}
-
-// A client on the test's thread.
-struct Client {
-  explicit Client(const std::string& address)
-      : io(ThreadIo()),
-        stream(io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope)),
-        rpc(kj::heap<capnp::TwoPartyClient>(*stream)),
-        node(rpc->bootstrap().castAs<KdnNode>()) {}
-
-  // A session, or null with the error's code.
-  kj::Maybe<Session::Client> Login(const std::string& token, ErrorCode* code = nullptr) {
-    auto req = node.loginRequest();
-    req.setToken(token);
-    auto r = req.send().wait(io.waitScope);
-    if (code) *code = r.getError().getCode();
-    if (r.getError().getCode() != ErrorCode::OK) return nullptr;
-    return r.getSession();
-  }
-  Session::Client MustLogin(const std::string& token) {
-    ErrorCode code;
-    auto s = Login(token, &code);
-    EXPECT_EQ(code, ErrorCode::OK);
-    return KJ_ASSERT_NONNULL(s);
-  }
-
-  kj::AsyncIoContext& io;
-  kj::Own<kj::AsyncIoStream> stream;
-  kj::Own<capnp::TwoPartyClient> rpc;
-  KdnNode::Client node;
-};
-
-capnp::Data::Reader AsData(const keys::Digest& d) { return {d.data(), d.size()}; }
-
-// One chunk of real KV as an envelope: tokens [begin, begin + n) of `r`.
-struct Envelope {
-  keys::Digest key;
-  chunk::Bytes bytes;
-};
-Envelope MakeEnvelope(const testing::ReferenceKv& r, const std::string& ns, std::uint32_t begin, std::uint32_t n,
-                      const keys::Digest& prev = {}) {
-  keys::ChunkKeyer keyer(0, ns, r.m.fingerprint);
-  const keys::Digest key =
-      keyer.Key(prev, std::span<const std::int32_t>(reinterpret_cast<const std::int32_t*>(r.tokens.data()) + begin, n));
-  auto c = std::make_shared<chunk::Chunk>();
-  c->meta.key = key;
-  c->meta.model = r.m.fingerprint;
-  c->meta.ns_hash = keys::NamespaceHash(ns);
-  c->meta.dtype = 0;
-  c->meta.layers = 5;
-  c->meta.kv_heads = 4;
-  c->meta.head_dim = 8;
-  c->meta.tokens = n;
-  c->meta.first_position = begin;
-  // Canonical bytes of the slice: per layer and k|v, tokens [begin, begin + n).
-  const size_t T = r.tokens.size(), row = 32;
-  std::vector<float> slice;
-  for (size_t lk = 0; lk < 10; ++lk) {
-    slice.insert(slice.end(), r.canonical.begin() + static_cast<std::ptrdiff_t>((lk * T + begin) * row),
-                 r.canonical.begin() + static_cast<std::ptrdiff_t>((lk * T + begin + n) * row));
-  }
-  c->payload = chunk::Payload(reinterpret_cast<const std::uint8_t*>(slice.data()), slice.size() * 4);
-  auto bytes = wire::EncodeEnvelope(*c);
-  EXPECT_TRUE(bytes.ok());
-  return {key, std::move(bytes).value()};
-}
 
 class KdnNodeTest : public ::testing::Test {
  protected:
@@ -324,6 +261,75 @@ TEST_F(KdnNodeTest, BadInputGetsTypedErrorsAndTheNodeKeepsServing) {
   EXPECT_EQ(Put(c, s, "tenant-a", e), ErrorCode::OK);
   EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 1);
   EXPECT_GE(server_->server().service().Stats().put_refused, 4u);
+}
+
+// A raw connection to an address "host:port" (TCP); -1 on failure.
+int RawConnect(const std::string& address) {
+  const auto colon = address.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))));
+  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the peer closed `fd` within `ms` (reads what it sends meanwhile).
+bool ClosedWithin(int fd, int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return true;
+    }
+  }
+  return false;
+}
+
+TEST_F(KdnNodeTest, GarbageStalledAndOversizedConnectionsDoNotDisturbOthers) {
+  const std::string tcp = server_->bound().rpc[0];
+  // Garbage: the node drops that connection.
+  const int garbage = RawConnect(tcp);
+  ASSERT_GE(garbage, 0);
+  std::vector<std::uint8_t> junk(4096);
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  ASSERT_EQ(::send(garbage, junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
+  // Oversized: a frame announcing a 4 GiB segment is refused before anything is allocated.
+  const int oversized = RawConnect(tcp);
+  ASSERT_GE(oversized, 0);
+  const std::uint32_t frame[2] = {0, 0x1FFFFFFF};  // one segment of 2^29 words
+  ASSERT_EQ(::send(oversized, frame, sizeof frame, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof frame));
+  // Stalled: half a frame, then nothing; and one that never says a word.
+  const int stalled = RawConnect(tcp);
+  const int silent = RawConnect(tcp);
+  ASSERT_GE(stalled, 0);
+  ASSERT_GE(silent, 0);
+  ASSERT_EQ(::send(stalled, frame, 4, MSG_NOSIGNAL), 4);
+
+  // Meanwhile a well-behaved client is served as usual.
+  Envelope e = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  Client c(tcp);
+  Session::Client s = c.MustLogin(kTokenA);
+  EXPECT_EQ(Put(c, s, "tenant-a", e), ErrorCode::OK);
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 1);
+  EXPECT_TRUE(ClosedWithin(garbage, 5000));
+  EXPECT_TRUE(ClosedWithin(oversized, 5000));
+  // An unknown method gets Cap'n Proto's `unimplemented`, and the session goes on.
+  auto unknown = s.typelessRequest(capnp::typeId<Session>(), 60, nullptr);
+  try {
+    unknown.send().wait(c.io.waitScope);
+    ADD_FAILURE() << "an unknown method answered";
+  } catch (const kj::Exception& ex) {
+    EXPECT_EQ(ex.getType(), kj::Exception::Type::UNIMPLEMENTED) << ex.getDescription().cStr();
+  }
+  EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 1);
+  for (int fd : {garbage, oversized, stalled, silent}) ::close(fd);
 }
 
 // Receives pushed statistics.

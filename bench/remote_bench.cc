@@ -1,0 +1,1114 @@
+// `kdn bench remote`: a runtime's remote tier (store/remote_tier.h) against
+// a kdnd (server/server.h) run on a thread of this process on loopback. Each
+// measure has a baseline doing the same work under the same guarantee in the
+// same run: raw TCP between two threads of this process for puts and gets,
+// a raw stream through the same shaping proxy for delivery, and the
+// transformer's own prefill for TTFT.
+// Thread-safety: RunRemoteBench runs on one thread; the node, the proxy and
+// the raw peers run on threads it starts and joins.
+#include "remote_bench.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "codec/eval.h"
+#include "common/half.h"
+#include "model/transformer.h"
+#include "model_loader.h"
+#include "server/server.h"
+#include "store/chunk_codec.h"
+#include "store/kv_views.h"
+#include "store/remote_tier.h"
+#include "store/runtime.h"
+#include "wire/envelope.h"
+
+#ifndef KDN_BENCH_TEXTS_DIR
+#define KDN_BENCH_TEXTS_DIR "bench/texts"
+#endif
+
+namespace kdn::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using chunk::Bytes;
+using chunk::ChunkRef;
+
+constexpr const char* kToken = "kdn-bench-remote-token-0001";
+constexpr std::uint32_t kChunkTokens = 256;
+
+// ---------------------------------------------------------------- sockets
+
+void NoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// A socket listening on 127.0.0.1 at a port the OS picks; -1 on failure.
+int ListenLoopback(std::uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int ConnectLoopback(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  NoDelay(fd);
+  return fd;
+}
+
+// MSG_NOSIGNAL: a peer gone is an error here, not a SIGPIPE.
+bool SendAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool RecvAll(int fd, void* data, size_t n) {
+  auto* p = static_cast<std::uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- raw peer
+
+// The other end of the raw TCP baselines: serves one connection at a time
+// on its own thread. Every exchange starts with a header of three uint64
+// {op, a, b} from the client:
+//   'P' (bytes, count): reads `count` messages of `bytes` each, each fully
+//       into one buffer, then writes one byte: "I hold them all".
+//   'G' (count, 0): `count` times, reads a 32-byte key and writes back the
+//       chunk it names (its index in the key's first four bytes), whole.
+//   'S' (total, piece): writes `total` bytes, `piece` per write (a stream).
+class RawPeer {
+ public:
+  explicit RawPeer(const std::vector<Bytes>* chunks) : chunks_(chunks) {
+    listen_fd_ = ListenLoopback(&port_);
+    if (listen_fd_ >= 0) thread_ = std::thread([this] { Serve(); });
+  }
+  ~RawPeer() {
+    if (listen_fd_ < 0) return;
+    ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      if (conn_fd_ >= 0) ::shutdown(conn_fd_, SHUT_RDWR);  // wakes a read
+    }
+    thread_.join();
+    ::close(listen_fd_);
+  }
+  bool ok() const { return listen_fd_ >= 0; }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;
+      }
+      NoDelay(fd);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) {
+          ::close(fd);
+          return;
+        }
+        conn_fd_ = fd;
+      }
+      Session(fd);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        conn_fd_ = -1;
+      }
+      ::close(fd);
+    }
+  }
+  void Session(int fd) {
+    std::vector<std::uint8_t> buf;
+    for (std::uint64_t h[3]; RecvAll(fd, h, sizeof h);) {
+      if (h[0] == 'P') {
+        buf.resize(h[1]);
+        for (std::uint64_t i = 0; i < h[2]; ++i) {
+          if (!RecvAll(fd, buf.data(), buf.size())) return;
+        }
+        const std::uint8_t ack = 1;
+        if (!SendAll(fd, &ack, 1)) return;
+      } else if (h[0] == 'G') {
+        for (std::uint64_t i = 0; i < h[1]; ++i) {
+          std::uint8_t key[32];
+          if (!RecvAll(fd, key, sizeof key)) return;
+          std::uint32_t index = 0;
+          std::memcpy(&index, key, sizeof index);
+          if (!chunks_ || index >= chunks_->size()) return;
+          const Bytes& c = (*chunks_)[index];
+          if (!SendAll(fd, c.data(), c.size())) return;
+        }
+      } else if (h[0] == 'S') {
+        buf.assign(h[2], 0x5a);
+        for (std::uint64_t sent = 0; sent < h[1];) {
+          const size_t n = static_cast<size_t>(std::min<std::uint64_t>(h[2], h[1] - sent));
+          if (!SendAll(fd, buf.data(), n)) return;
+          sent += n;
+        }
+      } else {
+        return;
+      }
+    }
+  }
+
+  const std::vector<Bytes>* chunks_;
+  int listen_fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  bool stop_ = false;
+  int conn_fd_ = -1;
+};
+
+// A client connection to a port, closed with the object.
+struct Conn {
+  int fd = -1;
+  explicit Conn(std::uint16_t port) : fd(ConnectLoopback(port)) {}
+  ~Conn() {
+    if (fd >= 0) ::close(fd);
+  }
+  bool Header(std::uint64_t op, std::uint64_t a, std::uint64_t b) const {
+    const std::uint64_t h[3] = {op, a, b};
+    return SendAll(fd, h, sizeof h);
+  }
+};
+
+// ---------------------------------------------------------------- proxy
+
+// A bandwidth-limited link in the bench (never in kdnd): a TCP proxy on
+// loopback that forwards each accepted connection to `target_port`, client
+// to server as fast as it comes, server to client paced to `bits_per_second`
+// by a token bucket that holds at most burst_bytes(): 250 us at the rate (at
+// least 16 KiB), enough to absorb a sleep's overshoot without lowering the
+// mean rate, and little enough that bytes arriving after an idle moment get
+// at most 250 us ahead of a real link (a request's first bytes would
+// otherwise ride a large bucket filled while idle). Two threads per
+// connection, one per direction.
+class ShapingProxy {
+ public:
+  ShapingProxy(std::uint16_t target_port, double bits_per_second)
+      : target_(target_port),
+        rate_(bits_per_second / 8.0),
+        burst_(std::max<size_t>(16 << 10, static_cast<size_t>(rate_ * 250e-6))) {
+    listen_fd_ = ListenLoopback(&port_);
+    if (listen_fd_ >= 0) accept_ = std::thread([this] { Accept(); });
+  }
+  ~ShapingProxy() {
+    if (listen_fd_ < 0) return;
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    accept_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (std::thread& t : pipes_) t.join();
+    for (int fd : fds_) ::close(fd);
+    ::close(listen_fd_);
+  }
+  bool ok() const { return listen_fd_ >= 0; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::uint16_t port() const { return port_; }
+  size_t burst_bytes() const { return burst_; }
+
+ private:
+  void Accept() {
+    for (;;) {
+      const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;
+      }
+      NoDelay(client);
+      const int server = ConnectLoopback(target_);
+      if (server < 0) {
+        ::close(client);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      fds_.push_back(client);
+      fds_.push_back(server);
+      pipes_.emplace_back([=, this] { Forward(client, server, 0.0); });
+      pipes_.emplace_back([=, this] { Forward(server, client, rate_); });
+    }
+  }
+  // Copies `from` to `to` until either side closes; paced when rate > 0.
+  void Forward(int from, int to, double rate) const {
+    std::vector<std::uint8_t> buf(std::max<size_t>(burst_, 256 << 10));
+    double tokens = static_cast<double>(burst_);
+    auto last = std::chrono::steady_clock::now();
+    for (;;) {
+      const ssize_t n = ::recv(from, buf.data(), rate > 0 ? burst_ : buf.size(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      bool ok = true;
+      for (size_t off = 0; ok && off < static_cast<size_t>(n);) {
+        size_t piece = static_cast<size_t>(n) - off;
+        if (rate > 0) {
+          const auto now = std::chrono::steady_clock::now();
+          tokens = std::min(static_cast<double>(burst_),
+                            tokens + std::chrono::duration<double>(now - last).count() * rate);
+          last = now;
+          // Send what the bucket holds, but not in slivers: wait for an
+          // eighth of the bucket (at least 4 KiB, or the rest) to accrue.
+          const size_t least = std::min<size_t>(piece, std::max<size_t>(4096, burst_ / 8));
+          if (tokens < static_cast<double>(least)) {
+            std::this_thread::sleep_for(std::chrono::duration<double>((static_cast<double>(least) - tokens) / rate));
+            continue;
+          }
+          piece = std::min(piece, static_cast<size_t>(tokens));
+          tokens -= static_cast<double>(piece);
+        }
+        ok = SendAll(to, buf.data() + off, piece);
+        off += piece;
+      }
+      if (!ok) break;
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  const std::uint16_t target_;
+  const double rate_;  // bytes per second
+  const size_t burst_;
+  int listen_fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread accept_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> pipes_;
+};
+
+// ---------------------------------------------------------------- node
+
+// A kdnd on a thread of this process: one host tier, one token for every
+// namespace, RPC on an OS-chosen loopback port, no metrics or events.
+class Node {
+ public:
+  Status Start() {
+    server::ServerConfig c;
+    c.listen = {"127.0.0.1:0"};
+    store::TierSpec host;
+    host.capacity_bytes = std::uint64_t{3} << 30;
+    c.tiers = {host};
+    c.tokens = {{"bench", kToken, {"*"}, false}};
+    auto s = server::Server::Create(c);
+    if (!s.ok()) return s.status();
+    server_ = std::move(s).value();
+    thread_ = std::thread([this] { status_ = server_->Run(nullptr, false); });
+    const server::BoundAddresses b = server_->WaitReady();
+    if (b.rpc.empty()) {  // Run failed before it bound: it has returned, saying why
+      thread_.join();
+      return status_.ok() ? Status::Internal("kdnd bound no address") : status_;
+    }
+    address_ = b.rpc.front();
+    port_ = static_cast<std::uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));
+    return Status::Ok();
+  }
+  ~Node() {
+    if (!thread_.joinable()) return;
+    server_->Shutdown();
+    thread_.join();
+  }
+  const std::string& address() const { return address_; }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  std::unique_ptr<server::Server> server_;
+  std::thread thread_;
+  Status status_;
+  std::string address_;
+  std::uint16_t port_ = 0;
+};
+
+// ---------------------------------------------------------------- chunks
+
+struct Shape {
+  const char* suffix;
+  std::uint32_t layers, heads, head_dim, dtype;  // dtype: 0 f32, 1 f16
+  std::uint64_t elem_bytes() const { return dtype == 0 ? 4 : 2; }
+  std::uint64_t row_bytes() const { return std::uint64_t{heads} * head_dim * elem_bytes(); }
+  std::uint64_t chunk_bytes() const { return std::uint64_t{layers} * 2 * kChunkTokens * row_bytes(); }
+};
+// The reference model's 256-token chunk at f32 (5 x 2 x 4 x 8 x 256 x 4 =
+// 327680 B) and a Llama-3-8B-shaped one at f16 (32 MiB).
+constexpr Shape kRef{"ref", 5, 4, 8, 0};
+constexpr Shape k8b{"32mib", 32, 8, 128, 1};
+
+// The reference model's KV: windows of its whole context prefilled from
+// position 0 (the first token BOS, as a fresh prompt), canonical f32.
+struct RealKv {
+  std::optional<refengine::LoadedModel> model;
+  std::string text_name;
+  int window = 0;  // tokens per window
+  size_t stride = 0;
+  std::vector<std::vector<std::int32_t>> ids;
+  std::vector<std::vector<float>> kv;  // [layer][k|v][token][head][dim]
+  std::uint32_t layers = 0, heads = 0, head_dim = 0;
+  std::string why_not;  // when absent
+};
+
+std::string TextPath(const std::string& name) {
+  const std::string built = std::string(KDN_BENCH_TEXTS_DIR) + "/" + name;
+  std::error_code ec;
+  if (fs::exists(built, ec)) return built;
+  return "bench/texts/" + name;
+}
+
+RealKv Prefill(size_t windows) {
+  RealKv r;
+  auto m = refengine::LoadModel("", "", /*allow_random=*/false);
+  if (!m.ok()) {
+    r.why_not = m.status().message();
+    return r;
+  }
+  const model::ModelConfig& cfg = m->weights->config();
+  r.text_name = "heldout.txt";
+  std::ifstream in(TextPath(r.text_name), std::ios::binary);
+  if (!in) {
+    r.why_not = "cannot read the text " + TextPath(r.text_name);
+    return r;
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int> stream = codec::TokenizeStories(*m->tokenizer, text);
+  r.window = cfg.seq_len / static_cast<int>(kChunkTokens) * static_cast<int>(kChunkTokens);
+  if (r.window == 0) {
+    r.why_not = "the model's context is shorter than a chunk";
+    return r;
+  }
+  const size_t w = static_cast<size_t>(r.window);
+  if (stream.size() < w + windows) {
+    r.why_not = "the text is too short";
+    return r;
+  }
+  r.stride = std::min<size_t>(w, (stream.size() - w) / std::max<size_t>(windows - 1, 1));
+  r.layers = static_cast<std::uint32_t>(cfg.n_layers);
+  r.heads = static_cast<std::uint32_t>(cfg.n_kv_heads);
+  r.head_dim = static_cast<std::uint32_t>(cfg.head_dim());
+  const double t0 = NowMs();
+  model::Transformer t(*m->weights);
+  model::KvCache cache = t.NewCache();
+  for (size_t i = 0; i < windows; ++i) {
+    std::vector<int> tokens(stream.begin() + static_cast<std::ptrdiff_t>(i * r.stride),
+                            stream.begin() + static_cast<std::ptrdiff_t>(i * r.stride + w));
+    tokens[0] = model::kBos;
+    if (Status st = t.Forward(tokens, 0, cache, nullptr); !st.ok()) {
+      r.why_not = st.message();
+      return r;
+    }
+    r.kv.push_back(cache.Export(0, r.window));
+    r.ids.emplace_back(tokens.begin(), tokens.end());
+  }
+  std::printf("  %zu windows of %d tokens of %s (stride %zu) prefilled in %.1f s\n", windows, r.window,
+              r.text_name.c_str(), r.stride, (NowMs() - t0) / 1e3);
+  r.model = std::move(*m);
+  return r;
+}
+
+// Tokens [begin, begin + n) of a canonical window of `window` tokens, as a
+// canonical chunk payload (per layer and k|v, those tokens' rows).
+template <typename T>
+chunk::Payload Slice(const std::vector<T>& kv, std::uint32_t layers, size_t row_elems, size_t window, size_t begin,
+                     size_t n) {
+  chunk::Payload p = chunk::Payload::Uninitialized(std::size_t{layers} * 2 * n * row_elems * sizeof(T));
+  auto* out = reinterpret_cast<T*>(p.data());
+  for (size_t lk = 0; lk < std::size_t{layers} * 2; ++lk) {
+    std::memcpy(out + lk * n * row_elems, kv.data() + (lk * window + begin) * row_elems, n * row_elems * sizeof(T));
+  }
+  return p;
+}
+
+std::vector<std::uint16_t> ToHalf(const std::vector<float>& v) {
+  std::vector<std::uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = kernels::float_to_half(v[i]);
+  return h;
+}
+
+// Chunks of one shape, as the tier and the raw baseline move them.
+struct ChunkSet {
+  Shape shape;
+  std::string content;
+  std::vector<ChunkRef> chunks;
+  std::vector<Bytes> envelopes;  // what travels: each chunk framed
+  keys::Digest ns{};
+  std::uint64_t envelope_bytes() const { return envelopes.empty() ? 0 : envelopes.front().size(); }
+};
+
+ChunkSet MakeChunks(const Shape& s, size_t count, const RealKv& real) {
+  ChunkSet set;
+  set.shape = s;
+  set.ns = keys::NamespaceHash("bench");
+  const bool use_real = s.dtype == 0 && real.model && s.layers == real.layers && s.heads == real.heads &&
+                        s.head_dim == real.head_dim && real.kv.size() * static_cast<size_t>(real.window) / kChunkTokens >= count;
+  set.content = use_real ? "the reference model's KV (stories260K, f32) of bench/texts/" + real.text_name
+                         : "deterministic pattern (not model KV)";
+  const keys::Digest model = keys::ModelFingerprint({s.layers, s.heads, s.head_dim, s.dtype, 10000.0f, 0, s.head_dim,
+                                                     std::string("bench-") + s.suffix});
+  const size_t per_window = use_real ? static_cast<size_t>(real.window) / kChunkTokens : 1;
+  for (size_t i = 0; i < count; ++i) {
+    auto c = std::make_shared<chunk::Chunk>();
+    c->meta.key = keys::ChunkKey(i, "bench", model, keys::Digest{}, {});
+    c->meta.model = model;
+    c->meta.ns_hash = set.ns;
+    c->meta.dtype = s.dtype;
+    c->meta.layers = s.layers;
+    c->meta.kv_heads = s.heads;
+    c->meta.head_dim = s.head_dim;
+    c->meta.tokens = kChunkTokens;
+    if (use_real) {
+      c->payload = Slice(real.kv[i / per_window], s.layers, s.heads * s.head_dim, static_cast<size_t>(real.window),
+                         (i % per_window) * kChunkTokens, kChunkTokens);
+    } else {
+      c->payload = chunk::Payload::Uninitialized(s.chunk_bytes());
+      std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(i + 1);
+      for (size_t b = 0; b + 4 <= c->payload.size(); b += 4) {
+        x = x * 1664525u + 1013904223u;
+        std::memcpy(c->payload.data() + b, &x, 4);
+      }
+    }
+    auto env = wire::EncodeEnvelope(*c);
+    if (!env.ok()) throw std::runtime_error("bench: cannot frame a chunk: " + env.status().message());
+    set.envelopes.push_back(std::move(env).value());
+    set.chunks.push_back(std::move(c));
+  }
+  return set;
+}
+
+nlohmann::json ShapeParams(const ChunkSet& s, int repeats) {
+  const Shape& sh = s.shape;
+  return {{"chunk_bytes", sh.chunk_bytes()},
+          {"envelope_bytes", s.envelope_bytes()},
+          {"chunks", s.chunks.size()},
+          {"tokens", kChunkTokens},
+          {"layers", sh.layers},
+          {"kv_heads", sh.heads},
+          {"head_dim", sh.head_dim},
+          {"dtype", sh.dtype == 0 ? "f32" : "f16"},
+          {"content", s.content},
+          {"repeats", repeats},
+          {"cores", std::thread::hardware_concurrency()},
+          {"transport", "TCP on loopback (127.0.0.1), TCP_NODELAY on the raw sockets; kdnd in this process"}};
+}
+
+// ---------------------------------------------------------------- put / get
+
+// Puts and gets of `set` through a RemoteTier made with RemoteTierOptions
+// (as a user gets them but for address and token), against raw TCP doing
+// the same transfers. Runs alternate which side goes first; one warm-up
+// run each (connections made, buffers grown).
+int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
+  store::RemoteTierOptions o;
+  o.address = node.address();
+  o.token = kToken;
+  auto tier_or = store::RemoteTier::Create(o);
+  if (!tier_or.ok()) {
+    std::fprintf(stderr, "bench: remote tier: %s\n", tier_or.status().message().c_str());
+    return 2;
+  }
+  store::RemoteTier& tier = **tier_or;
+  RawPeer peer(&set.envelopes);
+  Conn conn(peer.port());
+  if (!peer.ok() || conn.fd < 0) {
+    std::fprintf(stderr, "bench: cannot set up the raw TCP peer\n");
+    return 2;
+  }
+  const size_t n = set.chunks.size();
+  const std::uint64_t env = set.envelope_bytes();
+  bool ok = true;
+  auto erase_all = [&] {
+    const store::NamespaceScope scope(set.ns);
+    for (const ChunkRef& c : set.chunks) tier.Erase(c->meta.key);
+  };
+  // Put every chunk (waiting out a full write-back queue, as the chain
+  // would retry), then Flush: back once the node has answered every put.
+  auto tier_put = [&]() -> double {
+    const store::RemoteCounters before = tier.remote_counters();
+    const double t0 = NowMs();
+    for (const ChunkRef& c : set.chunks) {
+      for (;;) {
+        const Status st = tier.Put(c);
+        if (st.ok()) break;
+        if (st.code() != Code::kBusy) {
+          std::fprintf(stderr, "bench: remote put: %s\n", st.message().c_str());
+          ok = false;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    tier.Flush();
+    const double ms = NowMs() - t0;
+    const store::RemoteCounters after = tier.remote_counters();
+    if (after.puts_sent - before.puts_sent != n || after.puts_refused != before.puts_refused) {
+      std::fprintf(stderr, "bench: remote put: %llu of %zu chunks stored\n",
+                   static_cast<unsigned long long>(after.puts_sent - before.puts_sent), n);
+      ok = false;
+    }
+    return ms;
+  };
+  auto raw_put = [&]() -> double {
+    const double t0 = NowMs();
+    bool sent = conn.Header('P', env, n);
+    for (size_t i = 0; sent && i < n; ++i) sent = SendAll(conn.fd, set.envelopes[i].data(), env);
+    std::uint8_t ack = 0;
+    sent = sent && RecvAll(conn.fd, &ack, 1);
+    const double ms = NowMs() - t0;
+    ok &= sent && ack == 1;
+    return ms;
+  };
+  std::vector<ChunkRef> got(n);
+  auto tier_get = [&]() -> double {
+    const store::NamespaceScope scope(set.ns);
+    const double t0 = NowMs();
+    for (size_t i = 0; i < n; ++i) {
+      Result<ChunkRef> r = tier.Get(set.chunks[i]->meta.key);
+      if (!r.ok()) {
+        ok = false;
+        break;
+      }
+      got[i] = std::move(r).value();
+    }
+    const double ms = NowMs() - t0;
+    for (size_t i = 0; ok && i < n; ++i) {
+      ok = got[i] && got[i]->meta == set.chunks[i]->meta &&
+           std::memcmp(got[i]->payload.data(), set.chunks[i]->payload.data(), set.chunks[i]->payload.size()) == 0;
+    }
+    std::fill(got.begin(), got.end(), nullptr);
+    return ms;
+  };
+  std::vector<std::uint8_t> rbuf(env);
+  auto raw_get = [&]() -> double {
+    const double t0 = NowMs();
+    bool fine = conn.Header('G', n, 0);
+    for (size_t i = 0; fine && i < n; ++i) {
+      std::uint8_t key[32] = {};
+      const auto index = static_cast<std::uint32_t>(i);
+      std::memcpy(key, &index, sizeof index);
+      fine = SendAll(conn.fd, key, sizeof key) && RecvAll(conn.fd, rbuf.data(), rbuf.size());
+    }
+    const double ms = NowMs() - t0;
+    ok &= fine && std::memcmp(rbuf.data(), set.envelopes.back().data(), env) == 0;
+    return ms;
+  };
+
+  std::vector<double> tp, rp, tg, rg;
+  for (int r = -1; r < repeats; ++r) {  // r = -1 warms up
+    double t = 0, w = 0;
+    if (r % 2 == 0) {
+      t = tier_put();
+      erase_all();
+      w = raw_put();
+    } else {
+      w = raw_put();
+      t = tier_put();
+      erase_all();
+    }
+    if (!ok) return 1;
+    if (r >= 0) {
+      tp.push_back(t);
+      rp.push_back(w);
+    }
+  }
+  (void)tier_put();  // what the gets read
+  for (int r = -1; r < repeats; ++r) {
+    const bool tier_first = r % 2 == 0;
+    const double a = tier_first ? tier_get() : raw_get();
+    const double b = tier_first ? raw_get() : tier_get();
+    if (!ok) {
+      std::fprintf(stderr, "bench: remote get returned a miss or other bytes (%s)\n", set.shape.suffix);
+      return 1;
+    }
+    if (r >= 0) {
+      tg.push_back(tier_first ? a : b);
+      rg.push_back(tier_first ? b : a);
+    }
+  }
+  erase_all();
+  const double gb = static_cast<double>(env) * static_cast<double>(n) / 1e9;
+  nlohmann::json p = ShapeParams(set, repeats);
+  p["tier"] = {{"batch_bytes", o.batch_bytes}, {"write_queue_bytes", o.write_queue_bytes}, {"timeout_ms", o.timeout_ms}};
+  p["guarantee"] = "tier: Put of every chunk then Flush, which returns once the node has answered every put call "
+                   "(stored in its host tier); raw: one write per chunk to a receiver that reads each whole into a "
+                   "buffer, then its 1-byte acknowledgement once it has every byte";
+  p["bytes"] = "envelope bytes (the chunk framed, as both sides send it)";
+  out.Add(std::string("remote_put_gbps_") + set.shape.suffix, gb / (Median(tp) / 1e3), "GB/s", p, "raw_tcp_put_gbps",
+          gb / (Median(rp) / 1e3));
+  p.erase("guarantee");
+  p["path"] = "tier: RemoteTier::Get of each chunk in turn inside a NamespaceScope (one get call each, the envelope "
+              "checked and decoded); raw: per chunk a 32-byte key written, the chunk read back whole: one round trip "
+              "per chunk on both sides";
+  out.Add(std::string("remote_get_gbps_") + set.shape.suffix, gb / (Median(tg) / 1e3), "GB/s", p, "raw_tcp_get_gbps",
+          gb / (Median(rg) / 1e3));
+  return 0;
+}
+
+// ---------------------------------------------------------------- delivery
+
+// A runtime whose only tier is the node, reached at `address`.
+Result<std::shared_ptr<store::Runtime>> RemoteRuntime(const std::string& address, const std::string& codec) {
+  store::StoreOptions o;
+  o.chunk_tokens = kChunkTokens;
+  store::TierSpec remote;
+  remote.kind = store::TierSpec::Kind::kRemote;
+  remote.address = address;
+  remote.token = kToken;
+  remote.codec = codec;
+  o.tiers = {remote};
+  return store::Runtime::Create(o, 1);
+}
+
+store::ModelKv ModelOf(const RealKv& real, std::uint32_t dtype) {
+  store::ModelKv m;
+  m.fingerprint = keys::ModelFingerprint(
+      {real.layers, real.heads, real.head_dim, dtype, 10000.0f, 0, real.head_dim, real.model->fingerprint});
+  m.shape = {real.layers, real.heads, real.head_dim, dtype == 0 ? 4 : 2};
+  m.dtype = dtype;
+  return m;
+}
+
+// One view over a canonical buffer of `tokens` tokens.
+Result<store::ResolvedViews> CanonicalViews(const store::ModelKv& m, void* data, std::uint64_t tokens) {
+  store::ViewSpec v;
+  v.dtype = m.dtype;
+  v.data = data;
+  v.size_bytes = static_cast<std::uint64_t>(m.bytes_per_token()) * tokens;
+  v.num_tokens = tokens;
+  return store::ResolvedViews::Resolve(m, std::span<const store::ViewSpec>(&v, 1), tokens);
+}
+
+store::TokenKeys Keys(const std::vector<std::int32_t>& t) {
+  store::TokenKeys k;
+  k.tokens = t;
+  return k;
+}
+
+// The raw stream through a link: `bytes` from a raw peer, read whole. ms.
+double LinkStreamMs(const Conn& c, std::vector<std::uint8_t>& buf) {
+  const double t0 = NowMs();
+  const bool ok = c.Header('S', buf.size(), 1 << 20) && RecvAll(c.fd, buf.data(), buf.size());
+  const double ms = NowMs() - t0;
+  return ok ? ms : -1;
+}
+
+// Delivery over a shaped link (1 and 10 Gbit/s) of the reference model's
+// real KV (f16, as an engine holds it), kept by the node as kdn:balanced and
+// as raw, and TTFT over the 1 Gbit/s link. Skipped without the model.
+int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
+  const size_t per_window = static_cast<size_t>(real.window) / kChunkTokens;
+  const size_t windows = real.kv.size();
+  const size_t chunks = windows * per_window;
+  const store::ModelKv m16 = ModelOf(real, 1);
+  const std::uint64_t window_bytes = static_cast<std::uint64_t>(m16.bytes_per_token()) * static_cast<std::uint64_t>(real.window);
+  const std::uint64_t kv_bytes = window_bytes * windows;
+  std::vector<std::vector<std::uint16_t>> src(windows);
+  for (size_t w = 0; w < windows; ++w) src[w] = ToHalf(real.kv[w]);
+  const size_t row = std::size_t{real.heads} * real.head_dim;
+
+  // The codec alone: every chunk encoded as the chain encodes it for the
+  // tier; ratio = canonical bytes / envelope bytes (what travels), and the
+  // decode of all of them on as many threads as a retrieve decodes on.
+  auto codec = store::MakeTierCodec("kdn:balanced");
+  if (!codec.ok()) {
+    std::fprintf(stderr, "bench: %s\n", codec.status().message().c_str());
+    return 2;
+  }
+  std::vector<ChunkRef> encoded;
+  std::uint64_t envelope_total = 0, raw_envelope_total = 0;
+  for (size_t w = 0; w < windows; ++w) {
+    for (size_t h = 0; h < per_window; ++h) {
+      chunk::Chunk c;
+      c.meta.dtype = 1;
+      c.meta.layers = real.layers;
+      c.meta.kv_heads = real.heads;
+      c.meta.head_dim = real.head_dim;
+      c.meta.tokens = kChunkTokens;
+      c.payload = Slice(src[w], real.layers, row, static_cast<size_t>(real.window), h * kChunkTokens, kChunkTokens);
+      raw_envelope_total += wire::EncodedEnvelopeSize(c.payload.size());
+      auto e = store::EncodeChunk(**codec, c);
+      if (!e.ok()) {
+        std::fprintf(stderr, "bench: kdn:balanced encode: %s\n", e.status().message().c_str());
+        return 2;
+      }
+      envelope_total += wire::EncodedEnvelopeSize((*e)->payload.size());
+      encoded.push_back(std::move(e).value());
+    }
+  }
+  const double codec_ratio = static_cast<double>(kv_bytes) / static_cast<double>(envelope_total);
+  const double gb = static_cast<double>(kv_bytes) / 1e9;
+  const int runs = repeats;
+
+  struct Side {
+    const char* name;
+    const char* codec;
+    std::string ns;
+    std::shared_ptr<store::Runtime> rt;
+    std::vector<double> ms;
+  };
+  struct Link {
+    double gbit;
+    std::unique_ptr<ShapingProxy> proxy, stream_proxy;
+    std::vector<double> stream_ms;
+    Side sides[2];
+  };
+  RawPeer stream_peer(nullptr);
+  std::vector<Link> links;
+  for (double gbit : {1.0, 10.0}) {
+    Link l;
+    l.gbit = gbit;
+    l.proxy = std::make_unique<ShapingProxy>(node.port(), gbit * 1e9);
+    l.stream_proxy = std::make_unique<ShapingProxy>(stream_peer.port(), gbit * 1e9);
+    if (!l.proxy->ok() || !l.stream_proxy->ok() || !stream_peer.ok()) {
+      std::fprintf(stderr, "bench: cannot start the shaping proxy\n");
+      return 2;
+    }
+    l.sides[0] = {"raw", "raw", "bench-raw", nullptr, {}};
+    l.sides[1] = {"kdn", "kdn:balanced", "bench-kdn", nullptr, {}};
+    for (Side& s : l.sides) {
+      auto rt = RemoteRuntime(l.proxy->address(), s.codec);
+      if (!rt.ok()) {
+        std::fprintf(stderr, "bench: runtime: %s\n", rt.status().message().c_str());
+        return 2;
+      }
+      s.rt = std::move(rt).value();
+    }
+    links.push_back(std::move(l));
+  }
+  // Stored once per codec (each namespace its own objects on the node);
+  // the runtimes of the other link read the same objects.
+  for (Side& s : links[0].sides) {
+    for (size_t w = 0; w < windows; ++w) {
+      auto views = CanonicalViews(m16, src[w].data(), static_cast<std::uint64_t>(real.window));
+      Result<std::uint64_t> stored =
+          views.ok() ? s.rt->Store(m16, s.ns, Keys(real.ids[w]), *views) : Result<std::uint64_t>(views.status());
+      if (!stored.ok() || *stored != static_cast<std::uint64_t>(real.window)) {
+        std::fprintf(stderr, "bench: delivery: store of window %zu (%s): %s\n", w, s.codec,
+                     stored.ok() ? "partial" : stored.status().message().c_str());
+        return 2;
+      }
+    }
+    s.rt->store().chain().Flush();
+  }
+
+  std::vector<std::uint16_t> dst(static_cast<size_t>(kv_bytes / 2), 1);
+  std::vector<store::ResolvedViews> dviews;
+  for (size_t w = 0; w < windows; ++w) {
+    auto v = CanonicalViews(m16, dst.data() + w * window_bytes / 2, static_cast<std::uint64_t>(real.window));
+    if (!v.ok()) return 2;
+    dviews.push_back(std::move(v).value());
+  }
+  // Every window retrieved in turn by one caller; checks what came back. ms, or -1.
+  auto deliver = [&](Side& s) -> double {
+    bool whole = true, lossy = false;
+    const double t0 = NowMs();
+    for (size_t w = 0; w < windows; ++w) {
+      auto got = s.rt->Retrieve(m16, s.ns, Keys(real.ids[w]), dviews[w]);
+      whole &= got.ok() && got->tokens == static_cast<std::uint64_t>(real.window);
+      lossy |= got.ok() && got->lossy;
+    }
+    const double ms = NowMs() - t0;
+    const bool raw = std::string(s.codec) == "raw";
+    bool same = true;
+    for (size_t w = 0; raw && same && w < windows; ++w) {
+      same = std::memcmp(dst.data() + w * window_bytes / 2, src[w].data(), window_bytes) == 0;
+    }
+    if (!whole || lossy == raw || !same) {
+      std::fprintf(stderr, "bench: delivery: the %s side returned %s\n", s.name,
+                   !whole ? "a partial prefix" : lossy ? "lossy KV" : raw ? "other bytes" : "KV not marked lossy");
+      return -1;
+    }
+    std::fill(dst.begin(), dst.end(), std::uint16_t{1});
+    return ms;
+  };
+  std::vector<std::uint8_t> sbuf(kv_bytes);
+  for (Link& l : links) {
+    Conn sc(l.stream_proxy->port());
+    for (int r = -1; r < runs; ++r) {  // r = -1 warms up
+      for (Side& s : l.sides) {
+        const double ms = deliver(s);
+        if (ms < 0) return 1;
+        if (r >= 0) s.ms.push_back(ms);
+      }
+      const double ms = LinkStreamMs(sc, sbuf);
+      if (ms < 0) {
+        std::fprintf(stderr, "bench: delivery: the raw stream through the proxy failed\n");
+        return 2;
+      }
+      if (r >= 0) l.stream_ms.push_back(ms);
+    }
+  }
+  // The decode alone, on the threads a retrieve decodes on.
+  const int threads = links[0].sides[1].rt->store().fetch_threads();
+  std::vector<double> dec_ms;
+  for (int r = -1; r < runs; ++r) {
+    std::atomic<bool> bad{false};
+    const double t0 = NowMs();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        for (size_t i = static_cast<size_t>(t); i < encoded.size(); i += static_cast<size_t>(threads)) {
+          auto d = store::DecodeChunk(encoded[i]);
+          if (!d.ok() || (*d)->payload.size() != (*d)->meta.payload_bytes()) bad = true;
+        }
+      });
+    }
+    for (std::thread& t : ts) t.join();
+    if (bad) {
+      std::fprintf(stderr, "bench: delivery: kdn:balanced failed to decode\n");
+      return 1;
+    }
+    if (r >= 0) dec_ms.push_back(NowMs() - t0);
+  }
+  const double decode_gbps = gb / (Median(dec_ms) / 1e3);
+
+  auto base_params = [&](const Link& l, const Side& s) {
+    return nlohmann::json{
+        {"codec", s.codec},
+        {"model", "stories260K"},
+        {"text", "bench/texts/" + real.text_name},
+        {"dtype", "f16"},
+        {"chunk_tokens", kChunkTokens},
+        {"chunks", chunks},
+        {"windows", windows},
+        {"window_tokens", real.window},
+        {"window_stride", real.stride},
+        {"kv_bytes", kv_bytes},
+        {"runs", runs},
+        {"callers", 1},
+        {"cores", std::thread::hardware_concurrency()},
+        {"fetch_threads", s.rt->store().fetch_threads()},
+        {"link_gbit", l.gbit},
+        {"link_gbps_configured", l.gbit / 8.0},
+        {"link",
+         "a TCP proxy in the bench between the runtime and kdnd (both on loopback): node-to-client bytes paced by a "
+         "token bucket of " +
+             std::to_string(l.proxy->burst_bytes()) + " bytes at the link rate, client-to-node unpaced"},
+        {"path", "store::Runtime::Retrieve per window into the caller's canonical buffer: lookup and one get call "
+                 "per chunk through the proxy, decode, scatter; one window at a time"},
+        {"baseline_is", "the same number of KV bytes streamed raw through the same proxy (one TCP stream from a "
+                        "raw peer): what the link carries"}};
+  };
+  for (const Link& l : links) {
+    const std::string suffix = l.gbit == 1.0 ? "1gbit" : "10gbit";
+    const double link_gbps = gb / (Median(l.stream_ms) / 1e3);
+    const double raw_gbps = gb / (Median(l.sides[0].ms) / 1e3);
+    const double kdn_gbps = gb / (Median(l.sides[1].ms) / 1e3);
+    nlohmann::json rp = base_params(l, l.sides[0]);
+    rp["envelope_bytes"] = raw_envelope_total;
+    out.Add("remote_delivery_gbps_raw_" + suffix, raw_gbps, "GB/s", rp, "link_stream_gbps", link_gbps);
+    nlohmann::json kp = base_params(l, l.sides[1]);
+    const double by_link = 0.8 * codec_ratio * l.gbit / 8.0;
+    kp["envelope_bytes"] = envelope_total;
+    kp["codec_ratio"] = codec_ratio;
+    kp["codec_ratio_is"] = "canonical KV bytes / envelope bytes of the kdn:balanced chunks (what travels)";
+    kp["decode_alone_gbps"] = decode_gbps;
+    kp["raw_delivery_gbps"] = raw_gbps;
+    kp["over_raw"] = kdn_gbps / raw_gbps;
+    kp["goal"] = ">= 0.8 x codec_ratio x link rate (configured), where decoding keeps up; else the decode rate alone";
+    kp["goal_gbps"] = std::min(by_link, decode_gbps);
+    kp["goal_limited_by"] = by_link <= decode_gbps ? "link" : "decode";
+    kp["goal_met"] = kdn_gbps >= std::min(by_link, decode_gbps);
+    out.Add("remote_delivery_gbps_kdn_" + suffix, kdn_gbps, "GB/s", kp, "link_stream_gbps", link_gbps);
+  }
+  nlohmann::json dp = base_params(links[0], links[0].sides[1]);
+  for (const char* k : {"link_gbit", "link_gbps_configured", "link", "path", "baseline_is", "callers"}) dp.erase(k);
+  dp["threads"] = threads;
+  dp["what"] = "store::DecodeChunk of every kdn:balanced chunk, spread over fetch_threads threads, no I/O: canonical "
+               "GB/s";
+  out.Add("remote_delivery_decode_gbps_kdn", decode_gbps, "GB/s", dp);
+
+  // ---- TTFT of the longest request the model takes, over the 1 Gbit/s link.
+  // The engine's own cache is f32: the KV is stored and delivered as f32,
+  // straight into it, and the last token is run for its logits (as an
+  // engine with a prefix cache does), against the prefill of every token.
+  const store::ModelKv m32 = ModelOf(real, 0);
+  const std::vector<std::int32_t>& ids = real.ids[0];
+  const std::vector<int> tokens(ids.begin(), ids.end());
+  const size_t T = tokens.size();
+  Link& l1 = links[0];
+  for (Side& s : l1.sides) {
+    std::vector<float> kv = real.kv[0];
+    auto views = CanonicalViews(m32, kv.data(), T);
+    Result<std::uint64_t> stored = views.ok() ? s.rt->Store(m32, s.ns, Keys(ids), *views) : Result<std::uint64_t>(views.status());
+    if (!stored.ok() || *stored != T) {
+      std::fprintf(stderr, "bench: ttft: store (%s) failed\n", s.codec);
+      return 2;
+    }
+    s.rt->store().chain().Flush();
+  }
+  model::Transformer t(*real.model->weights);
+  model::KvCache cache = t.NewCache();
+  store::ViewSpec cv;
+  cv.dtype = 0;
+  cv.data = cache.data();
+  cv.size_bytes = cache.size_floats() * sizeof(float);
+  cv.num_tokens = static_cast<std::uint64_t>(cache.max_seq());
+  cv.stride_layer = cache.stride_layer();
+  cv.stride_kv = cache.stride_kv();
+  cv.stride_token = cache.kv_dim();
+  cv.stride_head = real.head_dim;
+  cv.stride_dim = 1;
+  auto cache_views = store::ResolvedViews::Resolve(m32, std::span<const store::ViewSpec>(&cv, 1), T);
+  if (!cache_views.ok()) {
+    std::fprintf(stderr, "bench: ttft: %s\n", cache_views.status().message().c_str());
+    return 2;
+  }
+  std::vector<float> logits;
+  std::vector<double> ttft[3];  // raw, kdn, recompute
+  int first[3] = {-1, -1, -1};
+  std::uint64_t reused[2] = {0, 0};
+  for (int r = -1; r < repeats; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      Side& s = l1.sides[k];
+      std::fill(cache.data(), cache.data() + cache.size_floats(), 0.0f);
+      const double t0 = NowMs();
+      auto got = s.rt->Retrieve(m32, s.ns, Keys(ids), *cache_views);
+      const std::uint64_t filled = got.ok() ? got->tokens : 0;
+      const size_t start = std::min<size_t>(filled, T - 1);
+      const Status st = t.Forward(std::span<const int>(tokens).subspan(start), static_cast<int>(start), cache, &logits);
+      const double ms = NowMs() - t0;
+      if (!st.ok() || filled != T) {
+        std::fprintf(stderr, "bench: ttft (%s): %s\n", s.codec, st.ok() ? "the KV was not all delivered" : st.message().c_str());
+        return 1;
+      }
+      first[k] = model::Argmax(logits);
+      reused[k] = filled;
+      if (r >= 0) ttft[k].push_back(ms);
+    }
+    std::fill(cache.data(), cache.data() + cache.size_floats(), 0.0f);
+    const double t0 = NowMs();
+    const Status st = t.Forward(tokens, 0, cache, &logits);
+    const double ms = NowMs() - t0;
+    if (!st.ok()) return 1;
+    first[2] = model::Argmax(logits);
+    if (r >= 0) ttft[2].push_back(ms);
+  }
+  if (first[0] != first[2]) {
+    std::fprintf(stderr, "bench: ttft: the first token differs with raw KV delivered and recomputed\n");
+    return 1;
+  }
+  const std::uint64_t kv32_bytes = static_cast<std::uint64_t>(m32.bytes_per_token()) * T;
+  auto ttft_params = [&](const char* what) {
+    return nlohmann::json{
+        {"tokens", T},
+        {"tokens_note", "the reference model's seq_len (512) is the longest request it takes; the issue asks 2K "
+                        "tokens, which this model cannot hold"},
+        {"model", "stories260K"},
+        {"text", "bench/texts/" + real.text_name},
+        {"dtype", "f32 (the reference transformer's own KV cache)"},
+        {"kv_bytes", kv32_bytes},
+        {"repeats", repeats},
+        {"cores", std::thread::hardware_concurrency()},
+        {"path", what}};
+  };
+  const double recompute = Median(ttft[2]);
+  const char* delivered = "store::Runtime::Retrieve into the transformer's KV cache over the 1 Gbit/s link (lookup, "
+                          "one get call per chunk, decode, scatter), then Transformer::Forward of the last token for "
+                          "its logits";
+  for (int k = 0; k < 2; ++k) {
+    nlohmann::json p = ttft_params(delivered);
+    p["codec"] = l1.sides[k].codec;
+    p["link_gbit"] = 1;
+    p["reused_tokens"] = reused[k];
+    p["first_token_matches_recompute"] = first[k] == first[2];
+    out.Add(std::string("remote_ttft_ms_") + l1.sides[k].name, Median(ttft[k]), "ms", p, "remote_ttft_ms_recompute",
+            recompute);
+  }
+  nlohmann::json p = ttft_params("Transformer::Forward of every token (prefill), logits of the last");
+  p["threads"] = "all cores (the transformer's default)";
+  out.Add("remote_ttft_ms_recompute", recompute, "ms", p);
+  return 0;
+}
+
+}  // namespace
+
+int RunRemoteBench(const RemoteBenchOptions& o) {
+  const int repeats = o.repeats > 0 ? o.repeats : (o.quick ? 2 : 5);
+  std::printf("kdn bench remote: %d repeats per measure (medians), kdnd in this process on loopback, %u cores\n",
+              repeats, std::thread::hardware_concurrency());
+  Node node;
+  if (Status st = node.Start(); !st.ok()) {
+    std::fprintf(stderr, "kdn bench remote: cannot start kdnd: %s\n", st.message().c_str());
+    return 2;
+  }
+  // The reference model's KV: 2 chunks per 512-token window; 240 chunks for
+  // delivery (16 with quick), of which the first serve as the ref chunks.
+  const RealKv real = Prefill(o.quick ? 8 : 120);
+  if (!real.model) {
+    std::fprintf(stderr, "kdn bench remote: warning: no remote_delivery or remote_ttft records, and the ref chunks "
+                         "are a pattern: %s\n",
+                 real.why_not.c_str());
+  }
+  Records records;
+  int rc = 0;
+  try {
+    const ChunkSet ref = MakeChunks(kRef, o.quick ? 8 : 64, real);
+    rc = PutGet(ref, node, repeats, records);
+    if (rc == 0) {
+      const ChunkSet big = MakeChunks(k8b, o.quick ? 2 : 16, real);
+      rc = PutGet(big, node, repeats, records);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kdn bench remote: %s\n", e.what());
+    return 2;
+  }
+  if (rc == 0 && real.model) rc = Delivery(real, node, repeats, records);
+  if (rc != 0) return rc;
+  return records.Finish(o.json_path, "kdn bench remote");
+}
+
+}  // namespace kdn::bench
