@@ -72,7 +72,7 @@ Result<std::string> ReadPrivateFile(const std::string& path, std::uint64_t max_b
   if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path + ": not a regular file");
   if ((st.st_mode & 077) != 0) {
     return Status::InvalidArgument(path + ": mode " + OctalMode(st.st_mode) +
-                                   " lets group or others read it, and it holds tokens; chmod 600 " + path);
+                                   " lets group or others read it, and it holds secrets; chmod 600 " + path);
   }
   if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
     return Status::InvalidArgument(path + ": " + std::to_string(st.st_size) + " bytes is too large (at most " +
@@ -542,7 +542,16 @@ Result<ServerConfig> LoadConfig(const std::string& path) {
   auto text = ReadPrivateFile(path, kMaxConfigBytes);
   if (!text.ok()) return text.status();
   fs::path dir = fs::path(path).parent_path();
-  return Parser(path, dir).Parse(*text);
+  auto config = Parser(path, dir).Parse(*text);
+  if (!config.ok() || !config->tls.enabled()) return config;
+  // TLS files relative to the configuration's folder; the private key must
+  // be the owner's alone, as the file itself.
+  for (std::string* f : {&config->tls.cert_file, &config->tls.key_file}) {
+    if (fs::path(*f).is_relative()) *f = (dir / *f).string();
+  }
+  auto key = ReadPrivateFile(config->tls.key_file, kMaxConfigBytes);
+  if (!key.ok()) return Status(key.status().code(), "server.tls.key: " + key.status().message());
+  return config;
 }
 
 Result<std::uint64_t> ParseBytes(std::string_view text) {

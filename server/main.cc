@@ -2,7 +2,8 @@
 //
 //   kdnd --config /etc/kdn/kdnd.toml [--ready-file F] [--check]
 //
-// The file must not be readable by group or others (it holds tokens).
+// The file must not be readable by group or others (it holds tokens), nor
+// the TLS key it names.
 // --ready-file: once every address is bound, writes them there (one per line:
 // "rpc <address>", "metrics <address>"), atomically; for scripts and tests
 // that start kdnd on port 0. --check: validates the configuration and exits.

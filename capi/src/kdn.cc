@@ -544,8 +544,11 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     if ((c.address == nullptr && c.address_len != 0) || (c.token == nullptr && c.token_len != 0)) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address or token is NULL with a length");
     }
-    if (c.address_len > 4096 || c.token_len > 4096) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address or token longer than 4096 bytes");
+    if ((c.tls_ca_file == nullptr && c.tls_ca_file_len != 0) || (c.tls_server_name == nullptr && c.tls_server_name_len != 0)) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": tls_ca_file or tls_server_name is NULL with a length");
+    }
+    if (c.address_len > 4096 || c.token_len > 4096 || c.tls_ca_file_len > 4096 || c.tls_server_name_len > 4096) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address, token or a TLS field longer than 4096 bytes");
     }
     if (Raw(c.kind) == KDN_TIER_REMOTE) {
       if (c.address_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a remote tier needs an address");
@@ -556,6 +559,11 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
         return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address or token contains a NUL byte");
       }
       t.timeout_ms = c.timeout_ms == 0 ? 2000 : c.timeout_ms;
+      if (c.tls_ca_file_len != 0) t.tls_ca_file.assign(c.tls_ca_file, c.tls_ca_file_len);
+      if (c.tls_server_name_len != 0) t.tls_server_name.assign(c.tls_server_name, c.tls_server_name_len);
+      if (t.tls_ca_file.find('\0') != std::string::npos || t.tls_server_name.find('\0') != std::string::npos) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a TLS field contains a NUL byte");
+      }
     }
     if (c.capacity_bytes == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": capacity_bytes is 0");
     t.capacity_bytes = c.capacity_bytes;

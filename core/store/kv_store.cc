@@ -51,6 +51,8 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
       o.address = spec.address;
       o.token = spec.token;
       o.timeout_ms = spec.timeout_ms;
+      o.tls_ca_file = spec.tls_ca_file;
+      o.tls_server_name = spec.tls_server_name;
       auto t = RemoteTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return std::unique_ptr<Tier>(std::move(t).value());

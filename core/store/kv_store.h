@@ -91,6 +91,9 @@ struct TierSpec {
   // takes, and the deadline of each call (store/remote_tier.h).
   std::string address, token;
   std::uint32_t timeout_ms = 2000;
+  // remote over TLS: the PEM certificate(s) to trust, and the name the
+  // node's certificate must carry (empty: the address's host).
+  std::string tls_ca_file, tls_server_name;
   PolicyKind policy = PolicyKind::kLru;
   double high_watermark = 0.95, low_watermark = 0.85;
   bool write_through = false;

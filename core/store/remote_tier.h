@@ -46,6 +46,10 @@ struct RemoteTierOptions {
   std::uint32_t retry_ms = 1000;        // after a failed connect, miss at once this long
   std::uint64_t write_queue_bytes = std::uint64_t{256} << 20;
   std::uint64_t batch_bytes = std::uint64_t{16} << 20;  // one put call carries up to this much
+  // TLS (kdnd's [server.tls]): the certificate(s) to trust, PEM, and the
+  // name the node's certificate must carry (default: the address's host).
+  // Empty: plain TCP.
+  std::string tls_ca_file, tls_server_name;
 };
 
 // Counters beyond TierCounters.

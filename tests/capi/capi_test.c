@@ -869,6 +869,13 @@ static void test_remote_tier(void) {
   tiers[1].address = NULL;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&ro, &rt));
   tiers[1].address = kAddress;
+  tiers[1].tls_ca_file_len = 5; /* a length without a file */
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "tls_ca_file", kdn_runtime_create(&ro, &rt));
+  tiers[1].tls_ca_file = "/nonexistent/kdn-test/ca.pem";
+  tiers[1].tls_ca_file_len = strlen(tiers[1].tls_ca_file);
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&ro, &rt)); /* cannot read it */
+  tiers[1].tls_ca_file = NULL;
+  tiers[1].tls_ca_file_len = 0;
   tiers[1].timeout_ms = 200;
   CHECK_OK(kdn_runtime_create(&ro, &rt));
   CHECK_OK(kdn_tier_stats_init(&ts, sizeof ts));

@@ -362,6 +362,22 @@ TEST_F(ServerConfigFiles, FileOthersCanReadIsRefused) {
   }
 }
 
+TEST_F(ServerConfigFiles, TlsKeyOthersCanReadIsRefusedAndPathsAreTheConfigsFolders) {
+  Write("cert.pem", "not checked here", 0644);
+  Write("key.pem", "a private key", 0644);
+  const std::string path =
+      Write("kdnd.toml", "[server.tls]\ncert = \"cert.pem\"\nkey = \"key.pem\"\n" + kOneToken, 0600);
+  auto r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "server.tls.key")) << r.status().message();
+  EXPECT_TRUE(Contains(r.status().message(), "chmod 600")) << r.status().message();
+  ASSERT_EQ(::chmod((dir_ / "key.pem").c_str(), 0600), 0);
+  auto ok = LoadConfig(path);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->tls.key_file, (dir_ / "key.pem").string());
+  EXPECT_EQ(ok->tls.cert_file, (dir_ / "cert.pem").string());
+}
+
 TEST_F(ServerConfigFiles, MissingFileIsNotFound) {
   auto r = LoadConfig((dir_ / "absent.toml").string());
   ASSERT_FALSE(r.ok());

@@ -14,7 +14,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -489,6 +492,56 @@ TEST_F(KdnNodeTest, ACompressingRemoteTierSendsEncodedChunksAndTheReaderDecodes)
     norm += ref_.canonical[i] * ref_.canonical[i];
   }
   EXPECT_LT(err / norm, 1e-2);  // close, not equal
+}
+
+// A runtime reaches a kdnd that serves TLS when it trusts the node's
+// certificate and names it; a plain client, or one expecting another name,
+// gets misses, not errors.
+TEST(RemoteTier, OverTlsWithTheNodesCertificateAndName) {
+  KDN_REQUIRE_MODEL();
+  const fs::path dir = fs::temp_directory_path() / ("kdn-remote-tls-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=kdnd.test "
+                          "-addext subjectAltName=DNS:kdnd.test -keyout " + key + " -out " + cert + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a certificate";
+  ::chmod(key.c_str(), 0600);
+  testing::ReferenceKv ref = testing::PrefillReference("Sam found a blue shell by the sea and gave it to his sister.");
+  ServerConfig config = TestConfig(dir);
+  config.listen = {"127.0.0.1:0"};
+  config.metrics = "";
+  config.tls.cert_file = cert;
+  config.tls.key_file = key;
+  RunningServer server(config);
+  const std::string address = server.bound().rpc[0];
+
+  auto tls_runtime = [&](const std::string& name) {
+    store::StoreOptions o;
+    o.chunk_tokens = 8;
+    store::TierSpec remote;
+    remote.kind = store::TierSpec::Kind::kRemote;
+    remote.address = address;
+    remote.token = kTokenA;
+    remote.timeout_ms = 1000;
+    remote.tls_ca_file = cert;
+    remote.tls_server_name = name;
+    o.tiers = {remote};
+    return store::Runtime::Create(o, 2).value();
+  };
+  const size_t T = ref.tokens.size();
+  std::vector<float> in = ref.canonical;
+  auto views = store::ResolvedViews::Resolve(ref.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+  auto writer = tls_runtime("kdnd.test");
+  ASSERT_EQ(writer->Store(ref.m, "tenant-a", ref.Keys(), views).value(), T);
+  writer->store().chain().Flush();
+  EXPECT_EQ(tls_runtime("kdnd.test")->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, T);
+  EXPECT_EQ(server.server().service().Stats().put_chunks, writer->store().chain().Stats()[0].puts);
+  // The wrong name, or no TLS at all: misses.
+  EXPECT_EQ(tls_runtime("other.test")->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, 0u);
+  EXPECT_EQ(RemoteRuntime(address, kTokenA, "", 1000)->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, 0u);
+  server.Stop();
+  fs::remove_all(dir);
 }
 
 TEST(RemoteTier, ANodeThatIsDownCostsMissesWithinTheTimeoutThenHealsWhenItComes) {

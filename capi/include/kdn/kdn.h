@@ -217,11 +217,19 @@ typedef struct kdn_tier_config {
   size_t token_len;
   uint32_t timeout_ms;       /* deadline of each call to the node; 0 = 2000 */
   uint32_t reserved1;        /* must be 0 */
+  /* Since 1.1, for KDN_TIER_REMOTE over TLS (a kdnd with [server.tls]): a
+   * PEM file of the certificate(s) to trust, and the name the node's
+   * certificate must carry (empty: the host part of address). No file:
+   * plain TCP. */
+  const char *tls_ca_file;
+  size_t tls_ca_file_len;
+  const char *tls_server_name;
+  size_t tls_server_name_len;
 } kdn_tier_config;
 #define KDN_TIER_CONFIG_SIZE_V1 64u
 #define KDN_TIER_CONFIG_INIT                                                                   \
   { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, \
-    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u }
+    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u }
 KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
 /* How to create a runtime (input). */
