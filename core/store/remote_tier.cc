@@ -172,6 +172,7 @@ struct RemoteTier::Impl {
   void Run(Call&& call) {
     ++calls;
     TsanRelease(this);
+    KJ_DEFER(TsanAcquire(this));  // also when executeSync rethrows the call's failure
     executor->executeSync([this, &call]() -> kj::Promise<void> {
       TsanAcquire(this);
       auto work = Session().then([&call](node::Session::Client&& s) { return call(s); });
@@ -189,7 +190,6 @@ struct RemoteTier::Impl {
                   return kj::mv(e);
                 });
     });
-    TsanAcquire(this);
   }
 
   const RemoteTierOptions& options;

@@ -415,7 +415,8 @@ TEST_F(KdnNodeTest, MetricsAndHealthOverHttp) {
 // ---- The remote tier of a runtime ------------------------------------------------
 
 std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const std::string& token,
-                                              const std::string& codec = "", std::uint32_t timeout_ms = 2000) {
+                                              const std::string& codec = "", std::uint32_t timeout_ms = 2000,
+                                              const std::string& tls_ca_file = "", const std::string& tls_name = "") {
   store::StoreOptions o;
   o.chunk_tokens = 8;
   store::TierSpec remote;
@@ -424,6 +425,8 @@ std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const 
   remote.token = token;
   remote.codec = codec;
   remote.timeout_ms = timeout_ms;
+  remote.tls_ca_file = tls_ca_file;
+  remote.tls_server_name = tls_name;
   o.tiers = {remote};
   auto rt = store::Runtime::Create(o, 2);
   EXPECT_TRUE(rt.ok()) << rt.status().message();
@@ -516,19 +519,7 @@ TEST(RemoteTier, OverTlsWithTheNodesCertificateAndName) {
   RunningServer server(config);
   const std::string address = server.bound().rpc[0];
 
-  auto tls_runtime = [&](const std::string& name) {
-    store::StoreOptions o;
-    o.chunk_tokens = 8;
-    store::TierSpec remote;
-    remote.kind = store::TierSpec::Kind::kRemote;
-    remote.address = address;
-    remote.token = kTokenA;
-    remote.timeout_ms = 1000;
-    remote.tls_ca_file = cert;
-    remote.tls_server_name = name;
-    o.tiers = {remote};
-    return store::Runtime::Create(o, 2).value();
-  };
+  auto tls_runtime = [&](const std::string& name) { return RemoteRuntime(address, kTokenA, "", 1000, cert, name); };
   const size_t T = ref.tokens.size();
   std::vector<float> in = ref.canonical;
   auto views = store::ResolvedViews::Resolve(ref.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
