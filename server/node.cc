@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <kj/async.h>
+#include <kj/debug.h>
 #include <kj/timer.h>
 
 #include "server/kv_events.h"
@@ -477,168 +478,189 @@ class SessionImpl final : public Session::Server {
   ~SessionImpl() noexcept(false) { service_.SessionClosed(); }
 
  protected:
+  // Runs a handler; a message that turns out malformed while it is read
+  // (a pointer of the wrong kind, out of bounds: Cap'n Proto throws) gets a
+  // typed invalidArgument, like any other bad request, not an exception.
+  template <typename Context, typename Body>
+  kj::Promise<void> Guard(Context& context, Body&& body) {
+    kj::Maybe<kj::Promise<void>> done;
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { done = body(); })) {
+      SetError(context.initResults().initError(),
+               {ErrorCode::INVALID_ARGUMENT, std::string("malformed request: ") + e->getDescription().cStr()});
+      return kj::READY_NOW;
+    }
+    return kj::mv(KJ_ASSERT_NONNULL(done));
+  }
+
   kj::Promise<void> lookup(LookupContext context) override {
-    auto params = context.getParams();
-    auto requests = params.getRequests();
-    NodeError error;
-    std::vector<std::vector<keys::Digest>> keys(requests.size());
-    std::vector<std::uint64_t> tokens(requests.size());
-    std::uint64_t total = 0;
-    for (unsigned r = 0; r < requests.size() && error.ok(); ++r) {
-      total += requests[r].getKeys().size();
-      if (total > wire::node::MAX_KEYS_PER_CALL) {
-        error = {ErrorCode::TOO_LARGE, "more than " + std::to_string(wire::node::MAX_KEYS_PER_CALL) + " keys in one call"};
-        break;
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      auto requests = params.getRequests();
+      NodeError error;
+      std::vector<std::vector<keys::Digest>> keys(requests.size());
+      std::vector<std::uint64_t> tokens(requests.size());
+      std::uint64_t total = 0;
+      for (unsigned r = 0; r < requests.size() && error.ok(); ++r) {
+        total += requests[r].getKeys().size();
+        if (total > wire::node::MAX_KEYS_PER_CALL) {
+          error = {ErrorCode::TOO_LARGE, "more than " + std::to_string(wire::node::MAX_KEYS_PER_CALL) + " keys in one call"};
+          break;
+        }
+        ReadKeys(requests[r].getKeys(), keys[r], error);
+        tokens[r] = requests[r].getTokens();
       }
-      ReadKeys(requests[r].getKeys(), keys[r], error);
-      tokens[r] = requests[r].getTokens();
-    }
-    auto results = context.getResults();
-    std::vector<std::uint32_t> prefixes;
-    if (error.ok()) {
-      auto ns = params.getNamespace();
-      error = service_.Lookup(grant_, {ns.begin(), ns.size()}, keys, tokens, prefixes);
-    }
-    SetError(results.initError(), error);
-    if (error.ok()) {
-      auto list = results.initResults(static_cast<unsigned>(prefixes.size()));
-      for (unsigned i = 0; i < prefixes.size(); ++i) list[i].setPrefix(prefixes[i]);
-    }
-    return kj::READY_NOW;
+      auto results = context.getResults();
+      std::vector<std::uint32_t> prefixes;
+      if (error.ok()) {
+        auto ns = params.getNamespace();
+        error = service_.Lookup(grant_, {ns.begin(), ns.size()}, keys, tokens, prefixes);
+      }
+      SetError(results.initError(), error);
+      if (error.ok()) {
+        auto list = results.initResults(static_cast<unsigned>(prefixes.size()));
+        for (unsigned i = 0; i < prefixes.size(); ++i) list[i].setPrefix(prefixes[i]);
+      }
+      return kj::READY_NOW;
+    });
   }
 
   kj::Promise<void> get(GetContext context) override {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto params = context.getParams();
-    keys::Digest ns{};
-    std::vector<keys::Digest> keys;
-    NodeError error = NamespaceAndKeys(params, ns, keys);
-    std::vector<store::ChunkRef> chunks;
-    std::uint64_t words = 16, misses = 0, bytes = 0, tokens = 0;
-    if (error.ok()) {
-      chunks.reserve(keys.size());
-      for (const keys::Digest& k : keys) {
-        chunks.push_back(service_.Get(ns, k));
-        if (chunks.back()) {
-          const std::uint64_t size = wire::EncodedEnvelopeSize(chunks.back()->payload.size());
-          words += size / 8 + 4;
-          bytes += size;
-          tokens += chunks.back()->meta.tokens;
-        } else {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto params = context.getParams();
+      keys::Digest ns{};
+      std::vector<keys::Digest> keys;
+      NodeError error = NamespaceAndKeys(params, ns, keys);
+      std::vector<store::ChunkRef> chunks;
+      std::uint64_t words = 16, misses = 0, bytes = 0, tokens = 0;
+      if (error.ok()) {
+        chunks.reserve(keys.size());
+        for (const keys::Digest& k : keys) {
+          chunks.push_back(service_.Get(ns, k));
+          if (chunks.back()) {
+            const std::uint64_t size = wire::EncodedEnvelopeSize(chunks.back()->payload.size());
+            words += size / 8 + 4;
+            bytes += size;
+            tokens += chunks.back()->meta.tokens;
+          } else {
+            ++misses;
+          }
+        }
+      }
+      // One segment sized for every envelope: each is encoded straight into
+      // the reply (a word-aligned, zeroed Data), one copy of its payload.
+      auto results = context.initResults(capnp::MessageSize{words + 4 * keys.size(), 0});
+      if (!error.ok()) {
+        SetError(results.initError(), error);
+        return kj::READY_NOW;
+      }
+      SetError(results.initError(), error);
+      auto list = results.initChunks(static_cast<unsigned>(chunks.size()));
+      for (unsigned i = 0; i < chunks.size(); ++i) {
+        if (!chunks[i]) {
+          list[i].setMissing();
+          continue;
+        }
+        const std::uint64_t size = wire::EncodedEnvelopeSize(chunks[i]->payload.size());
+        auto data = list[i].initEnvelope(static_cast<unsigned>(size));
+        Status st = wire::EncodeEnvelopeInto(*chunks[i], data.begin(), size);
+        if (!st.ok()) {  // cannot happen for a chunk that decoded on put; a miss all the same
+          list[i].setMissing();
           ++misses;
         }
       }
-    }
-    // One segment sized for every envelope: each is encoded straight into
-    // the reply (a word-aligned, zeroed Data), one copy of its payload.
-    auto results = context.initResults(capnp::MessageSize{words + 4 * keys.size(), 0});
-    if (!error.ok()) {
-      SetError(results.initError(), error);
+      service_.CountGet(keys.size(), misses, bytes, tokens, MicrosSince(t0));
       return kj::READY_NOW;
-    }
-    SetError(results.initError(), error);
-    auto list = results.initChunks(static_cast<unsigned>(chunks.size()));
-    for (unsigned i = 0; i < chunks.size(); ++i) {
-      if (!chunks[i]) {
-        list[i].setMissing();
-        continue;
-      }
-      const std::uint64_t size = wire::EncodedEnvelopeSize(chunks[i]->payload.size());
-      auto data = list[i].initEnvelope(static_cast<unsigned>(size));
-      Status st = wire::EncodeEnvelopeInto(*chunks[i], data.begin(), size);
-      if (!st.ok()) {  // cannot happen for a chunk that decoded on put; a miss all the same
-        list[i].setMissing();
-        ++misses;
-      }
-    }
-    service_.CountGet(keys.size(), misses, bytes, tokens, MicrosSince(t0));
-    return kj::READY_NOW;
+    });
   }
 
   kj::Promise<void> put(PutContext context) override {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto params = context.getParams();
-    auto envelopes = params.getEnvelopes();
-    auto results = context.getResults();
-    NodeError error;
-    keys::Digest ns{};
-    auto nsb = params.getNamespace();
-    if (envelopes.size() > wire::node::MAX_KEYS_PER_CALL) {
-      error = {ErrorCode::TOO_LARGE, "too many envelopes in one call"};
-    } else {
-      error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
-    }
-    SetError(results.initError(), error);
-    if (!error.ok()) return kj::READY_NOW;
-    auto list = results.initResults(envelopes.size());
-    for (unsigned i = 0; i < envelopes.size(); ++i) {
-      auto e = envelopes[i];
-      NodeError r = e.size() > wire::node::MAX_ENVELOPE_BYTES
-                        ? NodeError{ErrorCode::TOO_LARGE, "envelope larger than the node takes"}
-                        : service_.Put(ns, {e.begin(), e.size()});
-      SetError(list[i], r);
-    }
-    service_.CountPut(MicrosSince(t0));
-    return kj::READY_NOW;
+    return Guard(context, [&]() -> kj::Promise<void> {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto params = context.getParams();
+      auto envelopes = params.getEnvelopes();
+      auto results = context.getResults();
+      NodeError error;
+      keys::Digest ns{};
+      auto nsb = params.getNamespace();
+      if (envelopes.size() > wire::node::MAX_KEYS_PER_CALL) {
+        error = {ErrorCode::TOO_LARGE, "too many envelopes in one call"};
+      } else {
+        error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
+      }
+      SetError(results.initError(), error);
+      if (!error.ok()) return kj::READY_NOW;
+      auto list = results.initResults(envelopes.size());
+      for (unsigned i = 0; i < envelopes.size(); ++i) {
+        auto e = envelopes[i];
+        NodeError r = e.size() > wire::node::MAX_ENVELOPE_BYTES
+                          ? NodeError{ErrorCode::TOO_LARGE, "envelope larger than the node takes"}
+                          : service_.Put(ns, {e.begin(), e.size()});
+        SetError(list[i], r);
+      }
+      service_.CountPut(MicrosSince(t0));
+      return kj::READY_NOW;
+    });
+  }
+
+  // A call on keys of a namespace (delete, pin, unpin): checked, then `act`.
+  template <typename Context, typename Act>
+  kj::Promise<void> KeyedCall(Context& context, Act&& act) {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      keys::Digest ns{};
+      std::vector<keys::Digest> keys;
+      NodeError error = NamespaceAndKeys(params, ns, keys);
+      auto results = context.getResults();
+      SetError(results.initError(), error);
+      if (error.ok()) act(ns, keys, params, results);
+      return kj::READY_NOW;
+    });
   }
 
   kj::Promise<void> delete_(DeleteContext context) override {
-    auto params = context.getParams();
-    keys::Digest ns{};
-    std::vector<keys::Digest> keys;
-    NodeError error = NamespaceAndKeys(params, ns, keys);
-    auto results = context.getResults();
-    SetError(results.initError(), error);
-    if (error.ok()) results.setErased(service_.Delete(ns, keys));
-    return kj::READY_NOW;
+    return KeyedCall(context, [&](const keys::Digest& ns, const std::vector<keys::Digest>& keys, auto, auto results) {
+      results.setErased(service_.Delete(ns, keys));
+    });
   }
 
   kj::Promise<void> pin(PinContext context) override {
-    auto params = context.getParams();
-    keys::Digest ns{};
-    std::vector<keys::Digest> keys;
-    NodeError error = NamespaceAndKeys(params, ns, keys);
-    auto results = context.getResults();
-    SetError(results.initError(), error);
-    if (error.ok()) results.setPinned(service_.Pin(ns, keys, params.getTtlMs()));
-    return kj::READY_NOW;
+    return KeyedCall(context, [&](const keys::Digest& ns, const std::vector<keys::Digest>& keys, auto params, auto results) {
+      results.setPinned(service_.Pin(ns, keys, params.getTtlMs()));
+    });
   }
 
   kj::Promise<void> unpin(UnpinContext context) override {
-    auto params = context.getParams();
-    keys::Digest ns{};
-    std::vector<keys::Digest> keys;
-    NodeError error = NamespaceAndKeys(params, ns, keys);
-    auto results = context.getResults();
-    SetError(results.initError(), error);
-    if (error.ok()) results.setUnpinned(service_.Unpin(ns, keys));
-    return kj::READY_NOW;
+    return KeyedCall(context, [&](const keys::Digest& ns, const std::vector<keys::Digest>& keys, auto, auto results) {
+      results.setUnpinned(service_.Unpin(ns, keys));
+    });
+  }
+
+  // A statistics call: refused without the grant, else `act`.
+  template <typename Context, typename Act>
+  kj::Promise<void> StatsCall(Context& context, Act&& act) {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto results = context.getResults();
+      if (!grant_.stats) {
+        service_.CountAuthFailure();
+        SetError(results.initError(), {ErrorCode::PERMISSION_DENIED, "this token does not grant statistics"});
+        return kj::READY_NOW;
+      }
+      SetError(results.initError(), {});
+      act(context.getParams(), results);
+      return kj::READY_NOW;
+    });
   }
 
   kj::Promise<void> stats(StatsContext context) override {
-    auto results = context.getResults();
-    if (!grant_.stats) {
-      service_.CountAuthFailure();
-      SetError(results.initError(), {ErrorCode::PERMISSION_DENIED, "this token does not grant statistics"});
-      return kj::READY_NOW;
-    }
-    SetError(results.initError(), {});
-    ToWire(service_.Stats(), results.initStats());
-    return kj::READY_NOW;
+    return StatsCall(context, [&](auto, auto results) { ToWire(service_.Stats(), results.initStats()); });
   }
 
   kj::Promise<void> subscribeStats(SubscribeStatsContext context) override {
-    auto params = context.getParams();
-    auto results = context.getResults();
-    if (!grant_.stats) {
-      service_.CountAuthFailure();
-      SetError(results.initError(), {ErrorCode::PERMISSION_DENIED, "this token does not grant statistics"});
-      return kj::READY_NOW;
-    }
-    SetError(results.initError(), {});
-    const std::uint32_t interval = std::max<std::uint32_t>(50, params.getIntervalMs());
-    results.setSubscription(kj::heap<SubscriptionImpl>(service_, timer_, params.getSink(), interval));
-    return kj::READY_NOW;
+    return StatsCall(context, [&](auto params, auto results) {
+      const std::uint32_t interval = std::max<std::uint32_t>(50, params.getIntervalMs());
+      results.setSubscription(kj::heap<SubscriptionImpl>(service_, timer_, params.getSink(), interval));
+    });
   }
 
  private:
