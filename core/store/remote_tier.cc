@@ -42,9 +42,11 @@ std::int64_t NowMs() {
 capnp::Data::Reader AsData(const keys::Digest& d) { return capnp::Data::Reader(d.data(), d.size()); }
 
 // A call that came back with an Error other than ok.
+constexpr char kRefused[] = "kdnd refused the call";
 kj::Exception CallError(node::Error::Reader e) {
-  return KJ_EXCEPTION(FAILED, "kdnd refused the call", static_cast<int>(e.getCode()), e.getMessage());
+  return KJ_EXCEPTION(FAILED, kRefused, static_cast<int>(e.getCode()), e.getMessage());
 }
+bool IsRefusal(const kj::Exception& e) { return std::strstr(e.getDescription().cStr(), kRefused) != nullptr; }
 
 }  // namespace
 
@@ -295,6 +297,7 @@ void RemoteTier::SenderLoop() {
       in_flight_ = batch.size();
     }
     std::vector<bool> stored(batch.size(), false);
+    bool unreachable = false;  // the node did not answer (down, timed out): worth another try
     try {
       impl_->Run([&](node::Session::Client& s) {
         std::uint64_t words = 64;
@@ -317,9 +320,29 @@ void RemoteTier::SenderLoop() {
           }
         });
       });
-    } catch (const kj::Exception&) {
+    } catch (const kj::Exception& e) {
       ++impl_->failed_calls;
       ++io_errors_;
+      // Anything but the node's own typed refusal (CallError) means it did
+      // not answer: not there, not reachable, too slow.
+      unreachable = !IsRefusal(e);
+    }
+    {
+      std::unique_lock<std::mutex> lock(qmu_);
+      ++send_attempts_;
+      if (unreachable && !stopping_) {
+        // Back to the head of the queue, still served to readers from it;
+        // sent again once the node answers (after retry_ms). A refusal
+        // (typed error) is not retried.
+        ++send_failures_;
+        for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(std::move(*it));
+        in_flight_ = 0;
+        lock.unlock();
+        drained_.notify_all();
+        lock.lock();
+        qcv_.wait_for(lock, std::chrono::milliseconds(options_.retry_ms), [&] { return stopping_; });
+        continue;
+      }
     }
     std::uint64_t sent = 0, refused = 0;
     for (bool ok : stored) (ok ? sent : refused) += 1;
@@ -338,8 +361,12 @@ void RemoteTier::SenderLoop() {
 }
 
 void RemoteTier::Flush() {
+  // Until the queue is sent, or a send fails after this call began (the
+  // node is unreachable now: what is queued waits for it, and a flush does
+  // not).
   std::unique_lock<std::mutex> lock(qmu_);
-  drained_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || stopping_; });
+  const std::uint64_t failures = send_failures_;
+  drained_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || stopping_ || send_failures_ != failures; });
 }
 
 Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {

@@ -11,7 +11,11 @@
 // - Puts are write-back: queued (bounded by write_queue_bytes: beyond it a
 //   put is refused with kBusy, which the chain counts) and sent in batches
 //   by a sender thread. Until it is sent, a queued chunk is served from the
-//   queue (a runtime reads its own writes). Flush() waits for the queue.
+//   queue (a runtime reads its own writes). A batch the node did not answer
+//   (down, timed out) goes back to the queue and is sent again after
+//   retry_ms; one it refused (a typed error) is dropped and counted. At
+//   destruction what is queued is tried once more, then dropped. Flush()
+//   waits for the queue, or until a send fails (the node is unreachable).
 // - Namespaces: the node files keys per namespace and checks each call's
 //   namespace against the token. A put takes it from the chunk; a read takes
 //   it from the NamespaceScope of the calling thread (tier.h), which the
@@ -96,6 +100,7 @@ class RemoteTier final : public Tier {
   std::uint64_t queued_bytes_ = 0;
   bool stopping_ = false;
   size_t in_flight_ = 0;
+  std::uint64_t send_attempts_ = 0, send_failures_ = 0;  // under qmu_
   std::thread sender_;
   mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, no_namespace_{0}, queue_full_{0};
   mutable std::atomic<std::uint64_t> puts_sent_{0}, puts_refused_{0};
