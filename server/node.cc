@@ -60,6 +60,7 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   if (specs.empty()) specs.push_back(store::TierSpec{});
   store::TieredStoreOptions to;
   to.pass_through = true;
+  to.on_drop = [p = s.get()](const keys::Digest& object) { p->Dropped(object); };
   to.clock = options.clock;
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!specs[i].codec.empty() && specs[i].codec != "raw") {
@@ -94,7 +95,9 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   return s;
 }
 
-NodeService::~NodeService() = default;
+NodeService::~NodeService() {
+  chain_.reset();  // first: its mover may still report drops to the members below it
+}
 
 const Grant* NodeService::Authenticate(std::string_view token) {
   // Every token is compared, in constant time, over digests of equal size:
@@ -203,21 +206,44 @@ NodeError NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t>
   }
   ++put_chunks_;
   put_bytes_ += envelope.size();
-  if (events_) events_->BlockStored({std::vector<std::uint8_t>(key.begin(), key.end())}, std::nullopt, {}, c->meta.tokens);
+  if (KvEventPublisher* events = events_.load()) {
+    {
+      std::lock_guard<std::mutex> lock(client_keys_mu_);
+      client_keys_[filed->meta.key] = key;
+    }
+    events->BlockStored({std::vector<std::uint8_t>(key.begin(), key.end())}, std::nullopt, {}, c->meta.tokens);
+  }
   return {};
+}
+
+void NodeService::Dropped(const keys::Digest& object) {
+  KvEventPublisher* events = events_.load();
+  if (!events) return;
+  keys::Digest key;
+  {
+    std::lock_guard<std::mutex> lock(client_keys_mu_);
+    auto it = client_keys_.find(object);
+    if (it == client_keys_.end()) return;
+    key = it->second;
+    client_keys_.erase(it);
+  }
+  events->BlockRemoved({std::vector<std::uint8_t>(key.begin(), key.end())});
 }
 
 std::uint32_t NodeService::Delete(const keys::Digest& ns, std::span<const keys::Digest> keys) {
   std::uint32_t n = 0;
   std::vector<std::vector<std::uint8_t>> removed;
   for (const keys::Digest& k : keys) {
-    if (chain_->Erase(ObjectKey(ns, k))) {
+    const keys::Digest object = ObjectKey(ns, k);
+    if (chain_->Erase(object)) {
       ++n;
       removed.emplace_back(k.begin(), k.end());
+      std::lock_guard<std::mutex> lock(client_keys_mu_);
+      client_keys_.erase(object);
     }
   }
   deletes_ += n;
-  if (events_ && !removed.empty()) events_->BlockRemoved(std::move(removed));
+  if (KvEventPublisher* events = events_.load(); events && !removed.empty()) events->BlockRemoved(std::move(removed));
   return n;
 }
 

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <optional>
 #include <span>
 #include <string>
@@ -111,7 +113,13 @@ class NodeService {
   double prefill_us_per_token_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<bool> draining_{false};
-  KvEventPublisher* events_ = nullptr;
+  std::atomic<KvEventPublisher*> events_{nullptr};
+  // The client's key of each object the node filed since it started, for
+  // KV events about evictions (objects a restart found on disk are not in
+  // it: their evictions are not announced).
+  void Dropped(const keys::Digest& object);
+  std::mutex client_keys_mu_;
+  std::unordered_map<keys::Digest, keys::Digest, keys::DigestHash> client_keys_;
   std::atomic<std::uint64_t> lookups_{0}, requested_tokens_{0}, hit_tokens_{0}, lookup_hit_tokens_{0};
   std::atomic<std::uint64_t> get_chunks_{0}, get_misses_{0}, get_bytes_{0};
   std::atomic<std::uint64_t> put_chunks_{0}, put_bytes_{0}, put_refused_{0}, deletes_{0};

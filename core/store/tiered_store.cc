@@ -43,6 +43,7 @@ TieredStore::TieredStore(TieredStoreOptions& o)
     : clock_(o.clock ? o.clock : SteadyClock::Get()),
       editor_(std::move(o.editor)),
       pass_through_(o.pass_through),
+      on_drop_(std::move(o.on_drop)),
       queue_objects_(std::max<size_t>(1, o.mover_queue_objects)),
       queue_bytes_(std::max<std::uint64_t>(1, o.mover_queue_bytes)) {}
 
@@ -158,7 +159,8 @@ bool TieredStore::Unpin(const keys::Digest& key) {
 
 // ---- Put and eviction -------------------------------------------------------
 
-std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool hard) {
+std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool hard,
+                                            std::vector<keys::Digest>& dropped) {
   Level& L = *levels_[li];
   const auto cap = static_cast<double>(L.tier->capacity_bytes());
   std::vector<ChunkRef> victims;
@@ -188,6 +190,7 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
     L.tier->Erase(*victim);
     L.policy->OnRemove(*victim);
     ++L.evictions;
+    if (!next_exists) dropped.push_back(*victim);
     if (ref) victims.push_back(std::move(ref));
     used = L.tier->used_bytes();
   }
@@ -216,6 +219,7 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
     stored = std::move(form).value();
   }
   std::vector<ChunkRef> victims;
+  std::vector<keys::Digest> dropped;
   Status st;
   bool inserted = false;
   {
@@ -229,10 +233,10 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       ++L.put_refusals;
       return Status(Code::kBusy, L.tier->name() + ": object larger than the tier");
     }
-    victims = MakeRoom(li, cost, /*hard=*/false);
+    victims = MakeRoom(li, cost, /*hard=*/false, dropped);
     st = L.tier->Put(stored);
     if (st.code() == Code::kBusy) {  // full after all: evict to the capacity and retry once
-      auto more = MakeRoom(li, cost, /*hard=*/true);
+      auto more = MakeRoom(li, cost, /*hard=*/true, dropped);
       victims.insert(victims.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
       st = L.tier->Put(stored);
     }
@@ -245,6 +249,11 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       if (why == JobKind::kPromote) ++L.promotions_in;
     } else {
       ++L.put_refusals;
+    }
+  }
+  if (on_drop_) {
+    for (const keys::Digest& k : dropped) {
+      if (Locate(k) < 0) on_drop_(k);  // a higher level may still hold a copy
     }
   }
   Demote(li, std::move(victims), from_mover);
@@ -284,8 +293,10 @@ void TieredStore::DemoteNow(size_t from, const ChunkRef& victim) {
     c = std::move(raw).value();
   }
   c = ApplyEdit(c);  // edits land before lower tiers see the chunk
-  (void)PutAt(from + 1, c, /*from_mover=*/true, JobKind::kDemote);
+  const Status st = PutAt(from + 1, c, /*from_mover=*/true, JobKind::kDemote);
   EndTransit(victim);
+  // No lower level took it (and none holds it): it is gone.
+  if (!st.ok() && on_drop_ && Locate(victim->meta.key) < 0) on_drop_(victim->meta.key);
 }
 
 Result<ChunkRef> TieredStore::StoredForm(size_t li, const ChunkRef& chunk) {

@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -87,6 +88,10 @@ struct TieredStoreOptions {
   // editor). For a node that keeps other runtimes' chunks in their own
   // encoding and serves them so (kdnd): its clients decode.
   bool pass_through = false;
+  // Told of each object that leaves the store for good without being asked
+  // to (evicted from the last level, or a demotion no lower level took),
+  // outside the store's locks. Erase does not call it.
+  std::function<void(const keys::Digest&)> on_drop;
 };
 
 struct LevelStats {
@@ -205,7 +210,8 @@ class TieredStore {
   Status PutAt(size_t level, const ChunkRef& chunk, bool from_mover, JobKind why);
   // Evicts from a level (its mu held) until `cost` more bytes fit under the
   // watermark (or, `hard`, under the capacity); returns chunks to demote.
-  std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard);
+  // (`dropped`: the keys of victims that leave the store, the last level's.)
+  std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard, std::vector<keys::Digest>& dropped);
   bool Evictable(const keys::Digest& key);
   void Demote(size_t from_level, std::vector<ChunkRef> victims, bool from_mover);
   // Puts a victim of `from_level` (in that level's stored form) into the
@@ -234,6 +240,7 @@ class TieredStore {
   const Clock* clock_;
   std::shared_ptr<ChunkEditor> editor_;
   bool pass_through_ = false;
+  std::function<void(const keys::Digest&)> on_drop_;
   std::vector<std::unique_ptr<Level>> levels_;
 
   mutable std::mutex lease_mu_;

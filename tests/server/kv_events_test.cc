@@ -27,6 +27,8 @@
 
 #include "cli_runner.h"
 #include "server/kv_events.h"
+#include "server/node.h"
+#include "wire/envelope.h"
 
 namespace kdn::server {
 namespace {
@@ -476,6 +478,60 @@ TEST(ServerKvEvents, DestructorSendsWhatIsStillQueued) {
   Batch b = Decode(m->payload);
   ASSERT_EQ(b.events.size(), 1u);
   EXPECT_EQ(Bin(Arr(Val(b.events[0], 1)).ptr[0]), Key(42));
+}
+
+// A node announces what it stores, what is deleted, and what its last tier
+// evicts, each under the client's own key (the node files it under another).
+TEST(ServerKvEvents, ANodeAnnouncesStoredDeletedAndEvictedChunks) {
+  auto pub = Make(Fixed());
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+  NodeOptions no;
+  store::TierSpec host;
+  host.capacity_bytes = 40 << 10;  // two of the chunks below (16 KiB each), not three
+  no.tiers = {host};
+  auto service = NodeService::Create(no);
+  ASSERT_TRUE(service.ok()) << service.status().message();
+  (*service)->SetEventPublisher(pub.get());
+  const keys::Digest ns = keys::NamespaceHash("tenant-a");
+  std::vector<keys::Digest> keys(3);
+  for (std::uint8_t i = 0; i < 3; ++i) {
+    auto c = std::make_shared<chunk::Chunk>();
+    keys[i][0] = static_cast<std::uint8_t>(0xA0 + i);
+    c->meta.key = keys[i];
+    c->meta.ns_hash = ns;
+    c->meta.layers = 2;
+    c->meta.kv_heads = 4;
+    c->meta.head_dim = 8;
+    c->meta.tokens = 32;  // 16 KiB of f32
+    std::vector<std::uint8_t> kv(c->meta.payload_bytes(), static_cast<std::uint8_t>(i));
+    c->payload = chunk::Payload(kv.data(), kv.size());
+    auto bytes = wire::EncodeEnvelope(*c);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_TRUE((*service)->Put(ns, {bytes->data(), bytes->size()}).ok());
+  }
+  EXPECT_EQ((*service)->Delete(ns, std::vector<keys::Digest>{keys[2]}), 1u);
+  (*service)->chain().Flush();
+  pub->Flush();
+  std::vector<std::pair<std::string, Bytes>> seen;  // (type, key)
+  for (std::uint64_t next = k; seen.size() < 5;) {
+    auto m = sub.Next(next, 5000);
+    if (!m) break;
+    next = m->seq() + 1;
+    for (const msgpack::object& e : Decode(m->payload).events) {
+      const std::string type = Str(Val(e, 0));
+      if (type == "AllBlocksCleared") continue;
+      for (std::uint32_t i = 0; i < Arr(Val(e, 1)).size; ++i) seen.emplace_back(type, Bin(Arr(Val(e, 1)).ptr[i]));
+    }
+  }
+  auto K = [&](int i) { return Bytes(keys[static_cast<size_t>(i)].begin(), keys[static_cast<size_t>(i)].end()); };
+  const std::vector<std::pair<std::string, Bytes>> want = {
+      {"BlockStored", K(0)}, {"BlockStored", K(1)}, {"BlockRemoved", K(0)},  // evicted by the third
+      {"BlockStored", K(2)}, {"BlockRemoved", K(2)}};                        // deleted
+  EXPECT_EQ(seen, want);
+  (*service)->SetEventPublisher(nullptr);
 }
 
 TEST(ServerKvEvents, CreateRejectsBadEndpoints) {
