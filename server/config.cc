@@ -323,7 +323,8 @@ class Parser {
   Status ParseServer(const toml::table& server, ServerConfig* config) {
     const std::string_view path = "server";
     KDN_RETURN_IF_ERROR(CheckKeys(server, path,
-                                  {"listen", "metrics", "kv_events", "kv_events_topic", "prefill_us_per_token",
+                                  {"listen", "metrics", "kv_events", "kv_events_topic", "kv_events_format",
+                                   "kv_events_hashes", "lmcache_metric_names", "prefill_us_per_token",
                                    "drain_timeout_ms", "tls"}));
     bool present = false;
     std::vector<std::string> listen;
@@ -338,6 +339,17 @@ class Parser {
     KDN_RETURN_IF_ERROR(GetString(server, path, "metrics", &config->metrics));
     KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events", &config->kv_events));
     KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events_topic", &config->kv_events_topic));
+    KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events_format", &config->kv_events_format));
+    if (config->kv_events_format != "map" && config->kv_events_format != "array") {
+      return Error(server.get("kv_events_format")->source(), "server.kv_events_format",
+                   "must be \"map\" (vLLM's current events) or \"array\" (vLLM's older ones)");
+    }
+    KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events_hashes", &config->kv_events_hashes));
+    if (config->kv_events_hashes != "bytes" && config->kv_events_hashes != "uint64") {
+      return Error(server.get("kv_events_hashes")->source(), "server.kv_events_hashes",
+                   "must be \"bytes\" (the 32-byte keys) or \"uint64\" (their last 8 bytes, as vLLM's default)");
+    }
+    KDN_RETURN_IF_ERROR(GetBool(server, path, "lmcache_metric_names", &config->lmcache_metric_names));
     KDN_RETURN_IF_ERROR(GetNumber(server, path, "prefill_us_per_token", &config->prefill_us_per_token));
     if (config->prefill_us_per_token < 0) {
       return Error(server.get("prefill_us_per_token")->source(), "server.prefill_us_per_token",

@@ -8,6 +8,9 @@
 //   metrics = "127.0.0.1:9450"          # /metrics and /healthz over HTTP; "" = off
 //   kv_events = "tcp://127.0.0.1:5557"  # ZeroMQ PUB of vLLM-style KV events; "" = off
 //   kv_events_topic = "kv-events"        # default ""
+//   kv_events_format = "map"             # map (vLLM now) | array (vLLM before PR #42892)
+//   kv_events_hashes = "bytes"           # bytes (32-byte keys) | uint64 (their last 8 bytes)
+//   lmcache_metric_names = true          # /metrics also under LMCache's names
 //   prefill_us_per_token = 150.0         # for TTFT saved (hit tokens x this); 0 = not reported
 //   drain_timeout_ms = 5000
 //   [server.tls]                          # optional: both files, PEM
@@ -64,6 +67,9 @@ struct ServerConfig {
   std::string metrics = "";     // "host:port" for HTTP /metrics and /healthz; empty: off
   std::string kv_events = "";   // ZeroMQ endpoint to bind a PUB socket; empty: off
   std::string kv_events_topic;
+  std::string kv_events_format = "map";     // "map" or "array"
+  std::string kv_events_hashes = "bytes";   // "bytes" or "uint64"
+  bool lmcache_metric_names = true;
   double prefill_us_per_token = 0;
   std::uint32_t drain_timeout_ms = 5000;
   TlsConfig tls;

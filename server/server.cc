@@ -54,7 +54,10 @@ struct Connection {
 
 class MetricsHttp final : public kj::HttpService {
  public:
-  MetricsHttp(NodeService& service, kj::HttpHeaderTable& table) : service_(service), table_(table) {}
+  MetricsHttp(NodeService& service, kj::HttpHeaderTable& table, bool lmcache_names)
+      : service_(service), table_(table) {
+    options_.lmcache_names = lmcache_names;
+  }
 
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders&,
                             kj::AsyncInputStream&, Response& response) override {
@@ -68,7 +71,7 @@ class MetricsHttp final : public kj::HttpService {
       body = "only GET\n";
     } else if (url == "/metrics") {
       headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
-      body = RenderPrometheus(service_.Stats());
+      body = RenderPrometheus(service_.Stats(), options_);
     } else if (url == "/healthz") {
       const bool serving = !service_.draining();
       status = serving ? 200 : 503;
@@ -89,6 +92,7 @@ class MetricsHttp final : public kj::HttpService {
  private:
   NodeService& service_;
   kj::HttpHeaderTable& table_;
+  PrometheusOptions options_;
 };
 
 struct LogErrors final : kj::TaskSet::ErrorHandler {
@@ -144,7 +148,10 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   if (!service.ok()) return service.status();
   s->service_ = std::move(service).value();
   if (!config.kv_events.empty()) {
-    auto events = KvEventPublisher::Create(config.kv_events, config.kv_events_topic);
+    KvEventOptions eo;
+    eo.encoding = config.kv_events_format == "array" ? KvEventEncoding::kTaggedArray : KvEventEncoding::kTaggedMap;
+    eo.hash_form = config.kv_events_hashes == "uint64" ? KvBlockHashForm::kUint64 : KvBlockHashForm::kBytes;
+    auto events = KvEventPublisher::Create(config.kv_events, config.kv_events_topic, eo);
     if (!events.ok()) return events.status();
     s->events_ = std::move(events).value();
     s->service_->SetEventPublisher(s->events_.get());
@@ -224,7 +231,7 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
     kj::Promise<void> http_loop = kj::READY_NOW;
     if (!config_.metrics.empty()) {
       table = kj::heap<kj::HttpHeaderTable>();
-      http_service = kj::heap<MetricsHttp>(*service_, *table);
+      http_service = kj::heap<MetricsHttp>(*service_, *table, config_.lmcache_metric_names);
       http = kj::heap<kj::HttpServer>(io.provider->getTimer(), *table, *http_service);
       auto parsed = io.provider->getNetwork().parseAddress(config_.metrics, 9450).wait(ws);
       http_listener = parsed->listen();

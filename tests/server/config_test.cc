@@ -378,6 +378,22 @@ TEST_F(ServerConfigFiles, TlsKeyOthersCanReadIsRefusedAndPathsAreTheConfigsFolde
   EXPECT_EQ(ok->tls.cert_file, (dir_ / "cert.pem").string());
 }
 
+TEST(ServerConfigParse, KvEventFormsAndMetricNames) {
+  auto d = ParseConfig(kOneToken, "d.toml");
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->kv_events_format, "map");
+  EXPECT_EQ(d->kv_events_hashes, "bytes");
+  EXPECT_TRUE(d->lmcache_metric_names);
+  auto r = ParseConfig("[server]\nkv_events_format = \"array\"\nkv_events_hashes = \"uint64\"\n"
+                       "lmcache_metric_names = false\n" + kOneToken, "e.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->kv_events_format, "array");
+  EXPECT_EQ(r->kv_events_hashes, "uint64");
+  EXPECT_FALSE(r->lmcache_metric_names);
+  EXPECT_FALSE(ParseConfig("[server]\nkv_events_format = \"json\"\n" + kOneToken, "f.toml").ok());
+  EXPECT_FALSE(ParseConfig("[server]\nkv_events_hashes = \"int\"\n" + kOneToken, "g.toml").ok());
+}
+
 TEST_F(ServerConfigFiles, MissingFileIsNotFound) {
   auto r = LoadConfig((dir_ / "absent.toml").string());
   ASSERT_FALSE(r.ok());
