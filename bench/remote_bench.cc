@@ -614,10 +614,14 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   std::vector<ChunkRef> got(n);
   auto tier_get = [&]() -> double {
     const store::NamespaceScope scope(set.ns);
+    std::vector<keys::Digest> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = set.chunks[i]->meta.key;
     const double t0 = NowMs();
+    tier.Prefetch(keys, /*will_read=*/true);  // as the store's retrieve does
     for (size_t i = 0; i < n; ++i) {
       Result<ChunkRef> r = tier.Get(set.chunks[i]->meta.key);
       if (!r.ok()) {
+        std::fprintf(stderr, "bench: remote get of chunk %zu: %s\n", i, r.status().message().c_str());
         ok = false;
         break;
       }
@@ -631,18 +635,25 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
     std::fill(got.begin(), got.end(), nullptr);
     return ms;
   };
-  std::vector<std::uint8_t> rbuf(env);
+  std::vector<std::unique_ptr<std::uint8_t[]>> rbufs(n);
   auto raw_get = [&]() -> double {
     const double t0 = NowMs();
+    // Every key at once, then each chunk read whole into a buffer of its
+    // own, held to the end (as the tier's chunks are).
     bool fine = conn.Header('G', n, 0);
-    for (size_t i = 0; fine && i < n; ++i) {
-      std::uint8_t key[32] = {};
+    std::vector<std::uint8_t> keys(32 * n, 0);
+    for (size_t i = 0; i < n; ++i) {
       const auto index = static_cast<std::uint32_t>(i);
-      std::memcpy(key, &index, sizeof index);
-      fine = SendAll(conn.fd, key, sizeof key) && RecvAll(conn.fd, rbuf.data(), rbuf.size());
+      std::memcpy(&keys[32 * i], &index, sizeof index);
+    }
+    fine = fine && SendAll(conn.fd, keys.data(), keys.size());
+    for (size_t i = 0; fine && i < n; ++i) {
+      rbufs[i].reset(new std::uint8_t[env]);
+      fine = RecvAll(conn.fd, rbufs[i].get(), env);
     }
     const double ms = NowMs() - t0;
-    ok &= fine && std::memcmp(rbuf.data(), set.envelopes.back().data(), env) == 0;
+    ok &= fine && std::memcmp(rbufs[n - 1].get(), set.envelopes.back().data(), env) == 0;
+    for (auto& b : rbufs) b.reset();
     return ms;
   };
 
@@ -689,9 +700,11 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   out.Add(std::string("remote_put_gbps_") + set.shape.suffix, gb / (Median(tp) / 1e3), "GB/s", p, "raw_tcp_put_gbps",
           gb / (Median(rp) / 1e3));
   p.erase("guarantee");
-  p["path"] = "tier: RemoteTier::Get of each chunk in turn inside a NamespaceScope (one get call each, the envelope "
-              "checked and decoded); raw: per chunk a 32-byte key written, the chunk read back whole: one round trip "
-              "per chunk on both sides";
+  p["path"] = "tier: RemoteTier::Prefetch of every key with will_read (as a retrieve does: the lookup and one get "
+              "call per key sent at once), then RemoteTier::Get of each chunk in turn inside a NamespaceScope (each "
+              "envelope checked, both checksums, and copied into a chunk of its own); raw: every 32-byte key written "
+              "at once, then each chunk read whole into a new buffer of its own, held to the end of the run (no "
+              "checksum)";
   out.Add(std::string("remote_get_gbps_") + set.shape.suffix, gb / (Median(tg) / 1e3), "GB/s", p, "raw_tcp_get_gbps",
           gb / (Median(rg) / 1e3));
   return 0;
@@ -748,6 +761,10 @@ double LinkStreamMs(const Conn& c, std::vector<std::uint8_t>& buf) {
 // Delivery over a shaped link (1 and 10 Gbit/s) of the reference model's
 // real KV (f16, as an engine holds it), kept by the node as kdn:balanced and
 // as raw, and TTFT over the 1 Gbit/s link. Skipped without the model.
+// Callers retrieving at once: one (a single request's latency bounds it)
+// and four (an engine serving several requests keeps the link busy).
+constexpr int kCallers[] = {1, 4};
+
 int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
   const size_t per_window = static_cast<size_t>(real.window) / kChunkTokens;
   const size_t windows = real.kv.size();
@@ -797,7 +814,7 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
     const char* codec;
     std::string ns;
     std::shared_ptr<store::Runtime> rt;
-    std::vector<double> ms;
+    std::vector<double> ms[2];  // per entry of kCallers
   };
   struct Link {
     double gbit;
@@ -851,15 +868,23 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
     if (!v.ok()) return 2;
     dviews.push_back(std::move(v).value());
   }
-  // Every window retrieved in turn by one caller; checks what came back. ms, or -1.
-  auto deliver = [&](Side& s) -> double {
-    bool whole = true, lossy = false;
+  // Every window retrieved once, by `callers` threads at once (an engine
+  // serving that many requests), each window in turn on its thread; checks
+  // what came back. ms, or -1.
+  auto deliver = [&](Side& s, int callers) -> double {
+    std::atomic<bool> whole{true}, lossy{false};
     const double t0 = NowMs();
-    for (size_t w = 0; w < windows; ++w) {
-      auto got = s.rt->Retrieve(m16, s.ns, Keys(real.ids[w]), dviews[w]);
-      whole &= got.ok() && got->tokens == static_cast<std::uint64_t>(real.window);
-      lossy |= got.ok() && got->lossy;
+    std::vector<std::thread> ts;
+    for (int t = 0; t < callers; ++t) {
+      ts.emplace_back([&, t] {
+        for (size_t w = static_cast<size_t>(t); w < windows; w += static_cast<size_t>(callers)) {
+          auto got = s.rt->Retrieve(m16, s.ns, Keys(real.ids[w]), dviews[w]);
+          if (!got.ok() || got->tokens != static_cast<std::uint64_t>(real.window)) whole = false;
+          if (got.ok() && got->lossy) lossy = true;
+        }
+      });
     }
+    for (std::thread& t : ts) t.join();
     const double ms = NowMs() - t0;
     const bool raw = std::string(s.codec) == "raw";
     bool same = true;
@@ -879,9 +904,11 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
     Conn sc(l.stream_proxy->port());
     for (int r = -1; r < runs; ++r) {  // r = -1 warms up
       for (Side& s : l.sides) {
-        const double ms = deliver(s);
-        if (ms < 0) return 1;
-        if (r >= 0) s.ms.push_back(ms);
+        for (size_t c = 0; c < std::size(kCallers); ++c) {
+          const double ms = deliver(s, kCallers[c]);
+          if (ms < 0) return 1;
+          if (r >= 0) s.ms[c].push_back(ms);
+        }
       }
       const double ms = LinkStreamMs(sc, sbuf);
       if (ms < 0) {
@@ -915,7 +942,7 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
   }
   const double decode_gbps = gb / (Median(dec_ms) / 1e3);
 
-  auto base_params = [&](const Link& l, const Side& s) {
+  auto base_params = [&](const Link& l, const Side& s, int callers) {
     return nlohmann::json{
         {"codec", s.codec},
         {"model", "stories260K"},
@@ -928,7 +955,7 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
         {"window_stride", real.stride},
         {"kv_bytes", kv_bytes},
         {"runs", runs},
-        {"callers", 1},
+        {"callers", callers},
         {"cores", std::thread::hardware_concurrency()},
         {"fetch_threads", s.rt->store().fetch_threads()},
         {"link_gbit", l.gbit},
@@ -937,20 +964,23 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
          "a TCP proxy in the bench between the runtime and kdnd (both on loopback): node-to-client bytes paced by a "
          "token bucket of " +
              std::to_string(l.proxy->burst_bytes()) + " bytes at the link rate, client-to-node unpaced"},
-        {"path", "store::Runtime::Retrieve per window into the caller's canonical buffer: lookup and one get call "
-                 "per chunk through the proxy, decode, scatter; one window at a time"},
+        {"path", "store::Runtime::Retrieve per window into the caller's canonical buffer: the lookup and a get "
+                 "per chunk sent at once through the proxy, each chunk decoded as it arrives, scattered; each caller "
+                 "(a thread) one window at a time"},
         {"baseline_is", "the same number of KV bytes streamed raw through the same proxy (one TCP stream from a "
                         "raw peer): what the link carries"}};
   };
   for (const Link& l : links) {
-    const std::string suffix = l.gbit == 1.0 ? "1gbit" : "10gbit";
+   for (size_t c = 0; c < std::size(kCallers); ++c) {
+    const std::string suffix =
+        std::string(l.gbit == 1.0 ? "1gbit" : "10gbit") + (kCallers[c] == 1 ? "" : "_" + std::to_string(kCallers[c]) + "callers");
     const double link_gbps = gb / (Median(l.stream_ms) / 1e3);
-    const double raw_gbps = gb / (Median(l.sides[0].ms) / 1e3);
-    const double kdn_gbps = gb / (Median(l.sides[1].ms) / 1e3);
-    nlohmann::json rp = base_params(l, l.sides[0]);
+    const double raw_gbps = gb / (Median(l.sides[0].ms[c]) / 1e3);
+    const double kdn_gbps = gb / (Median(l.sides[1].ms[c]) / 1e3);
+    nlohmann::json rp = base_params(l, l.sides[0], kCallers[c]);
     rp["envelope_bytes"] = raw_envelope_total;
     out.Add("remote_delivery_gbps_raw_" + suffix, raw_gbps, "GB/s", rp, "link_stream_gbps", link_gbps);
-    nlohmann::json kp = base_params(l, l.sides[1]);
+    nlohmann::json kp = base_params(l, l.sides[1], kCallers[c]);
     const double by_link = 0.8 * codec_ratio * l.gbit / 8.0;
     kp["envelope_bytes"] = envelope_total;
     kp["codec_ratio"] = codec_ratio;
@@ -963,8 +993,9 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
     kp["goal_limited_by"] = by_link <= decode_gbps ? "link" : "decode";
     kp["goal_met"] = kdn_gbps >= std::min(by_link, decode_gbps);
     out.Add("remote_delivery_gbps_kdn_" + suffix, kdn_gbps, "GB/s", kp, "link_stream_gbps", link_gbps);
+   }
   }
-  nlohmann::json dp = base_params(links[0], links[0].sides[1]);
+  nlohmann::json dp = base_params(links[0], links[0].sides[1], 1);
   for (const char* k : {"link_gbit", "link_gbps_configured", "link", "path", "baseline_is", "callers"}) dp.erase(k);
   dp["threads"] = threads;
   dp["what"] = "store::DecodeChunk of every kdn:balanced chunk, spread over fetch_threads threads, no I/O: canonical "

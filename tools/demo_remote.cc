@@ -8,7 +8,7 @@
 // drops to retrieval time and its continuations are the cold ones.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,8 +25,6 @@
 #include "demo.h"
 #include "ref_engine.h"
 #include "stories.h"
-
-extern char** environ;
 
 namespace kdn::tools {
 namespace {
@@ -72,8 +70,15 @@ pid_t Spawn(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Dies with the demo (Ctrl-C, a crash): no kdnd or engine is left behind.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
   return pid;
 }
 

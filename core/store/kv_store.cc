@@ -260,7 +260,7 @@ void KvStore::EnterNamespace(std::optional<NamespaceScope>& scope, std::string_v
   if (has_remote_) scope.emplace(keys::NamespaceHash(ns));
 }
 
-void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& k) const {
+void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& k, bool will_read) const {
   if (!has_remote_) return;
   // The whole chunks' keys, as the walk computes them: one batched call per
   // remote tier instead of a call per probe. Pieces are probed one by one.
@@ -272,9 +272,26 @@ void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const To
     prev = KeyOf(keyer, k, prev, pos, C);
     chain.push_back(prev);
   }
-  if (chain.size() < 2) return;
+  // A single probe costs what the batched call costs; a read ahead pays
+  // from one chunk on (the lookup and the get travel together).
+  if (chain.size() < (will_read ? 1u : 2u)) return;
+  std::vector<keys::Digest> wanted;
   for (size_t i = 0; i < chain_->levels(); ++i) {
-    if (options_.tiers[i].kind == TierSpec::Kind::kRemote) chain_->tier(i).Prefetch(chain);
+    if (options_.tiers[i].kind != TierSpec::Kind::kRemote) continue;
+    if (!will_read) {
+      chain_->tier(i).Prefetch(chain, false);
+      continue;
+    }
+    // Only what no tier above holds is probed here and read from here (the
+    // walk stops at the first key no tier holds, so the leading run of
+    // these that the node holds is what it reads).
+    wanted.clear();
+    for (const keys::Digest& key : chain) {
+      bool above = false;
+      for (size_t j = 0; j < i && !above; ++j) above = chain_->ContainsAt(j, key);
+      if (!above) wanted.push_back(key);
+    }
+    if (!wanted.empty()) chain_->tier(i).Prefetch(wanted, true);
   }
 }
 
@@ -439,7 +456,7 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   size_t costly = 0;  // chunks to read from disk or to decode
   std::optional<NamespaceScope> scope;
   EnterNamespace(scope, ns);
-  PrefetchRemote(model, ns, k);
+  PrefetchRemote(model, ns, k, /*will_read=*/true);
   f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
     const int level = chain_->Locate(key);
     if (level < 0) return false;

@@ -246,8 +246,10 @@ class KvStore {
   // returns the tokens walked.
   // A remote tier files keys per namespace: the request's, for its reads.
   void EnterNamespace(std::optional<NamespaceScope>& scope, std::string_view ns) const;
-  // Tells remote tiers which keys the walk is about to probe (one call).
-  void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys) const;
+  // Tells remote tiers which keys the walk is about to probe (one call);
+  // with will_read, that the ones no tier above holds are then read (the
+  // remote reads start at once and stream).
+  void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys, bool will_read = false) const;
   template <typename Probe>
   std::uint64_t Walk(const ModelKv& model, std::string_view ns, const TokenKeys& keys, Probe&& probe) const;
 

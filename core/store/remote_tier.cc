@@ -6,6 +6,7 @@
 #include <kj/compat/tls.h>
 #include <kj/debug.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -52,7 +53,7 @@ bool IsRefusal(const kj::Exception& e) { return std::strstr(e.getDescription().c
 
 // ---- The event loop and its connection ------------------------------------------------
 
-struct RemoteTier::Impl {
+struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   struct Connection {
     Connection(kj::Own<kj::AsyncIoStream>&& s)
         : stream(kj::mv(s)), network(*stream, capnp::rpc::twoparty::Side::CLIENT, wire::RpcReaderOptions()),
@@ -84,11 +85,13 @@ struct RemoteTier::Impl {
           o.trustedCertificates = kj::arrayPtr(&KJ_ASSERT_NONNULL(trusted), 1);
           tls = kj::heap<kj::TlsContext>(kj::mv(o));
         }
+        reads = kj::heap<kj::TaskSet>(*this);
         stopper = kj::mv(stop.fulfiller);
         executor = kj::getCurrentThreadExecutor().addRef();
         started.set_value("");
         stop.promise.wait(io.waitScope);
         // Torn down here, on the loop's own thread.
+        reads = nullptr;
         connecting = nullptr;
         connection = nullptr;
         disconnect_watch = nullptr;
@@ -193,6 +196,111 @@ struct RemoteTier::Impl {
                 });
     });
   }
+
+  // ---- Read-ahead (Prefetch with will_read) ----
+  struct Arrival {
+    std::int64_t deadline_ms = 0;  // the read's own deadline; a Get waits no longer
+    bool done = false;             // answered, failed, timed out or cancelled
+    bool failed = false, corrupt = false;
+    bool overflow = false;         // arrived while read_ahead_bytes were held: not kept
+    bool counted = false;          // its bytes are in arrival_bytes
+    ChunkRef chunk;                // the chunk, when held
+    std::uint64_t bytes = 0;
+  };
+  // On the loop thread: a get's reply.
+  void Fill(Arrival& a, const keys::Digest& key, node::Session::GetResults::Reader r) {
+    ChunkRef chunk;
+    bool corrupt = false, failed = false;
+    std::uint64_t bytes = 0;
+    if (r.getError().getCode() != node::ErrorCode::OK) {
+      failed = true;
+    } else if (r.getChunks().size() == 1 && r.getChunks()[0].isEnvelope()) {
+      auto data = r.getChunks()[0].getEnvelope();
+      bytes = data.size();
+      bool keep = true;
+      {
+        std::lock_guard<std::mutex> lock(arrivals_mu);
+        auto it = arrivals.find(key);
+        // Still waiting for its Get in the map: bounded by read_ahead_bytes.
+        keep = it == arrivals.end() || it->second.get() != &a || arrival_bytes + bytes <= options.read_ahead_bytes;
+      }
+      if (keep) {
+        // Checked and copied out here: the reply is the connection's.
+        Result<ChunkRef> c = wire::DecodeEnvelope(data.begin(), data.size(), &key);
+        if (c.ok()) {
+          chunk = std::move(c).value();
+        } else {
+          corrupt = true;
+        }
+      } else {
+        std::lock_guard<std::mutex> lock(arrivals_mu);
+        a.overflow = true;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mu);
+      if (!a.done) {
+        a.done = true;
+        a.chunk = std::move(chunk);
+        a.corrupt = corrupt;
+        a.failed = failed;
+        auto it = arrivals.find(key);
+        if (a.chunk && it != arrivals.end() && it->second.get() == &a) {
+          a.bytes = bytes;
+          a.counted = true;
+          arrival_bytes += bytes;
+        }
+      }
+    }
+    arrivals_cv.notify_all();
+  }
+  // On the loop thread: the read ended without a reply (failed: an error or
+  // its deadline; otherwise cancelled, past the node's prefix).
+  void Finish(Arrival& a, bool failed) {
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mu);
+      if (!a.done) {
+        a.done = true;
+        a.failed = failed;
+      }
+    }
+    arrivals_cv.notify_all();
+  }
+  // arrivals_mu held: takes the key's arrival out of the map (null: none).
+  std::shared_ptr<Arrival> TakeLocked(const keys::Digest& key) {
+    auto it = arrivals.find(key);
+    if (it == arrivals.end()) return nullptr;
+    std::shared_ptr<Arrival> a = std::move(it->second);
+    arrivals.erase(it);
+    if (a->counted) {
+      arrival_bytes -= a->bytes;
+      a->counted = false;
+    }
+    return a;
+  }
+  // arrivals_mu held: drops arrivals no Get took long after their deadline
+  // (the walk that asked for them stopped earlier).
+  void SweepLocked(std::int64_t now) {
+    const std::int64_t grace = std::max<std::int64_t>(options.timeout_ms, 10000);
+    for (auto it = arrivals.begin(); it != arrivals.end();) {
+      if (now > it->second->deadline_ms + grace) {
+        if (it->second->counted) arrival_bytes -= it->second->bytes;
+        it->second->counted = false;
+        ++reads_ahead_dropped;
+        it = arrivals.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  void taskFailed(kj::Exception&&) override {}  // every read handles its own failure
+
+  std::mutex arrivals_mu;
+  std::condition_variable arrivals_cv;
+  std::unordered_map<keys::Digest, std::shared_ptr<Arrival>, keys::DigestHash> arrivals;
+  std::uint64_t arrival_bytes = 0;  // held by arrivals in the map
+  std::atomic<std::uint64_t> reads_ahead{0}, reads_ahead_used{0}, reads_ahead_dropped{0};
+  kj::Maybe<kj::Own<kj::TaskSet>> reads;  // loop thread: the reads in flight
 
   const RemoteTierOptions& options;
   std::string tls_ca_pem;   // read at Create
@@ -375,6 +483,33 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
     auto it = pending_.find(key);
     if (it != pending_.end()) return it->second;
   }
+  std::shared_ptr<Impl::Arrival> ahead;
+  {
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    ahead = impl_->TakeLocked(key);
+  }
+  if (ahead) {
+    std::unique_lock<std::mutex> lock(impl_->arrivals_mu);
+    // The read has its own deadline and ends by it; the wait is bounded
+    // again in case the loop cannot run it.
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(std::max<std::int64_t>(ahead->deadline_ms - NowMs(), 0) + 2 * options_.timeout_ms);
+    impl_->arrivals_cv.wait_until(lock, until, [&] { return ahead->done; });
+    if (!ahead->done || ahead->failed) {
+      ++io_errors_;
+      return Status(Code::kUnavailable, options_.name + ": node unavailable");
+    }
+    if (!ahead->overflow) {
+      ++impl_->reads_ahead_used;
+      if (ahead->corrupt) {
+        ++corrupt_;
+        return Status::NotFound(options_.name + ": not held");
+      }
+      if (!ahead->chunk) return Status::NotFound(options_.name + ": not held");
+      return std::move(ahead->chunk);
+    }
+    // Not kept (read_ahead_bytes were held): asked for again below.
+  }
   const keys::Digest* ns = NamespaceScope::Current();
   if (!ns) {
     ++no_namespace_;
@@ -412,24 +547,86 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
   return out;
 }
 
-void RemoteTier::Prefetch(std::span<const keys::Digest> keys) const {
+void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
   const keys::Digest* ns = NamespaceScope::Current();
   if (!ns || keys.empty()) return;
+  // The reads to start ahead: keys neither queued here (served from the
+  // queue) nor already on their way, while arrivals hold less than
+  // read_ahead_bytes.
+  std::vector<std::shared_ptr<Impl::Arrival>> ahead(keys.size());
+  if (will_read) {
+    std::vector<bool> queued(keys.size());
+    {
+      std::lock_guard<std::mutex> lock(qmu_);
+      for (size_t i = 0; i < keys.size(); ++i) queued[i] = pending_.count(keys[i]) != 0;
+    }
+    const std::int64_t now = NowMs();
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    if (!impl_->arrivals.empty()) impl_->SweepLocked(now);
+    std::uint32_t started = 0;
+    for (size_t i = 0; i < keys.size() && started < options_.read_ahead_keys &&
+                       impl_->arrival_bytes < options_.read_ahead_bytes;
+         ++i) {
+      if (queued[i] || impl_->arrivals.count(keys[i])) continue;
+      auto a = std::make_shared<Impl::Arrival>();
+      a->deadline_ms = now + options_.timeout_ms;
+      impl_->arrivals.emplace(keys[i], a);
+      ahead[i] = std::move(a);
+      ++started;
+    }
+    impl_->reads_ahead += started;
+  }
   std::uint32_t prefix = 0;
+  bool sent = false;
   try {
     impl_->Run([&](node::Session::Client& s) {
       auto req = s.lookupRequest();
       req.setNamespace(AsData(*ns));
       auto list = req.initRequests(1)[0].initKeys(static_cast<unsigned>(keys.size()));
       for (unsigned i = 0; i < keys.size(); ++i) list.set(i, AsData(keys[i]));
-      return req.send().then([&](capnp::Response<node::Session::LookupResults>&& r) {
+      auto lookup = req.send();  // first on the wire: its answer comes first
+      // Every read at once, each a get of one key (its chunk its own reply),
+      // cancelled when the lookup says the node's prefix ends before it.
+      auto cancels = kj::heapArrayBuilder<kj::Own<kj::PromiseFulfiller<void>>>(keys.size());
+      Impl* impl = impl_.get();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto cancel = kj::newPromiseAndFulfiller<void>();
+        cancels.add(kj::mv(cancel.fulfiller));
+        if (!ahead[i]) continue;
+        auto g = s.getRequest();
+        g.setNamespace(AsData(*ns));
+        g.initKeys(1).set(0, AsData(keys[i]));
+        std::shared_ptr<Impl::Arrival> a = ahead[i];
+        const keys::Digest key = keys[i];
+        auto got = g.send().then([impl, a, key](capnp::Response<node::Session::GetResults>&& r) {
+          impl->Fill(*a, key, r);
+        });
+        KJ_ASSERT_NONNULL(impl->reads)
+            ->add(impl->timer->timeoutAfter(options_.timeout_ms * kj::MILLISECONDS, kj::mv(got))
+                      .exclusiveJoin(cancel.promise.then([]() -> kj::Promise<void> { return kj::READY_NOW; },
+                                                         // Fulfiller dropped, not fulfilled: no cancel.
+                                                         [](kj::Exception&&) -> kj::Promise<void> {
+                                                           return kj::NEVER_DONE;
+                                                         }))
+                      .then([impl, a]() { impl->Finish(*a, false); },
+                            [impl, a](kj::Exception&&) { impl->Finish(*a, true); }));
+      }
+      sent = true;
+      return lookup.then([&prefix, cancels = cancels.finish()](capnp::Response<node::Session::LookupResults>&& r) mutable {
         if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
         if (r.getResults().size() == 1) prefix = r.getResults()[0].getPrefix();
+        for (size_t i = prefix; i < cancels.size(); ++i) cancels[i]->fulfill();
       });
     });
   } catch (const kj::Exception&) {
     ++impl_->failed_calls;
     ++io_errors_;
+    if (!sent) {
+      // Never sent (no connection): the reads end here, as failed.
+      for (auto& a : ahead) {
+        if (a) impl_->Finish(*a, true);
+      }
+    }
     return;
   }
   // The walk that follows asks for these keys in order, at once: what the
@@ -479,6 +676,10 @@ bool RemoteTier::Contains(const keys::Digest& key) const {
 }
 
 bool RemoteTier::Erase(const keys::Digest& key) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    impl_->TakeLocked(key);  // read ahead before the erase: not served after it
+  }
   bool was_pending = false;
   {
     std::lock_guard<std::mutex> lock(qmu_);
@@ -525,6 +726,9 @@ RemoteCounters RemoteTier::remote_counters() const {
   c.puts_refused = puts_refused_;
   c.queue_full = queue_full_;
   c.no_namespace = no_namespace_;
+  c.reads_ahead = impl_->reads_ahead;
+  c.reads_ahead_used = impl_->reads_ahead_used;
+  c.reads_ahead_dropped = impl_->reads_ahead_dropped;
   {
     std::lock_guard<std::mutex> lock(qmu_);
     c.queued_bytes = queued_bytes_;

@@ -20,6 +20,13 @@
 //   namespace against the token. A put takes it from the chunk; a read takes
 //   it from the NamespaceScope of the calling thread (tier.h), which the
 //   store sets for the request it serves. A read outside any scope misses.
+// - Read-ahead: Prefetch(keys, will_read) sends the batched lookup and a get
+//   per key at once (one round trip for all of them; each chunk comes back
+//   in its own reply). Each reply is checked on the loop thread as it
+//   arrives and waits, bounded by read_ahead_bytes, for the Get of its key,
+//   which takes it (or, when it is late, waits for it until the deadline).
+//   Gets of keys past the node's prefix are cancelled when the lookup's
+//   answer comes back. Arrivals no Get takes are dropped after a deadline.
 // - Capacity is the node's business: this tier reports no usage, lists
 //   nothing, and the chain never evicts from it.
 // - Corrupt replies (checksums, another key) are misses, counted as
@@ -50,6 +57,12 @@ struct RemoteTierOptions {
   std::uint32_t retry_ms = 1000;        // after a failed connect, miss at once this long
   std::uint64_t write_queue_bytes = std::uint64_t{256} << 20;
   std::uint64_t batch_bytes = std::uint64_t{16} << 20;  // one put call carries up to this much
+  // Read-ahead (Prefetch with will_read): chunks that arrived and no Get has
+  // taken yet are held up to this many bytes; beyond it reads are not
+  // started ahead (Get then asks for its chunk itself). At most
+  // read_ahead_keys reads are started per Prefetch.
+  std::uint64_t read_ahead_bytes = std::uint64_t{256} << 20;
+  std::uint32_t read_ahead_keys = 1024;
   // TLS (kdnd's [server.tls]): the certificate(s) to trust, PEM, and the
   // name the node's certificate must carry (default: the address's host).
   // Empty: plain TCP.
@@ -61,6 +74,10 @@ struct RemoteCounters {
   std::uint64_t calls = 0, failed_calls = 0, timeouts = 0, connects = 0, connect_failures = 0;
   std::uint64_t puts_sent = 0, puts_refused = 0, queue_full = 0, queued_bytes = 0;
   std::uint64_t no_namespace = 0;  // reads outside a NamespaceScope (misses)
+  // Read-ahead: reads started by Prefetch, Gets served from them, and
+  // arrivals dropped unread (the walk stopped before them, or they waited
+  // past their deadline).
+  std::uint64_t reads_ahead = 0, reads_ahead_used = 0, reads_ahead_dropped = 0;
 };
 
 class RemoteTier final : public Tier {
@@ -80,7 +97,7 @@ class RemoteTier final : public Tier {
   std::uint64_t objects() const override { return 0; }
   TierCounters counters() const override;
   void Flush() override;
-  void Prefetch(std::span<const keys::Digest> keys) const override;
+  void Prefetch(std::span<const keys::Digest> keys, bool will_read) const override;
 
   RemoteCounters remote_counters() const;
 

@@ -72,8 +72,14 @@ class Tier {
   virtual void Flush() {}
   // A hint: these chained keys of one request are about to be probed, in
   // order. A tier whose probes are costly (a remote one) answers them with
-  // one batched call and serves the probes from that.
-  virtual void Prefetch(std::span<const keys::Digest> keys) const { (void)keys; }
+  // one batched call and serves the probes from that. With `will_read`, the
+  // held ones are also about to be read (Get), in order: such a tier starts
+  // every read at once and serves each Get as its chunk arrives (the reads
+  // stream: chunk i is decoded while chunk i+1 is on the wire).
+  virtual void Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
+    (void)keys;
+    (void)will_read;
+  }
 };
 
 // The namespace (its hash) of the request a thread is serving, for tiers

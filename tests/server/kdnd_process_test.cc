@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,6 +39,8 @@ class Kdnd {
     fs::remove(ready_);
     pid_ = ::fork();
     if (pid_ == 0) {
+      // Dies with the test: a test binary that aborts leaves no kdnd behind.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       const std::string log = config.string() + ".log";
       FILE* f = std::freopen(log.c_str(), "a", stdout);
       (void)f;

@@ -23,6 +23,7 @@
 
 #include "reference_kv.h"
 #include "rpc_client.h"
+#include "running_server.h"
 #include "server/server.h"
 #include "store/remote_tier.h"
 #include "store/runtime.h"
@@ -53,32 +54,6 @@ ServerConfig TestConfig(const fs::path& dir) {
   c.tokens = {{"a", kTokenA, {"tenant-a"}, false}, {"b", kTokenB, {"tenant-b"}, false}, {"ops", kTokenOps, {"*"}, true}};
   return c;
 }
-
-// A kdnd on a thread of this process.
-class RunningServer {
- public:
-  explicit RunningServer(const ServerConfig& config) {
-    auto s = Server::Create(config);
-    EXPECT_TRUE(s.ok()) << s.status().message();
-    server_ = std::move(s).value();
-    thread_ = std::thread([this] { status_ = server_->Run(nullptr, false); });
-    bound_ = server_->WaitReady();
-  }
-  ~RunningServer() { Stop(); }
-  void Stop() {
-    if (!thread_.joinable()) return;
-    server_->Shutdown();
-    thread_.join();
-  }
-  const BoundAddresses& bound() const { return bound_; }
-  Server& server() { return *server_; }
-
- private:
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  BoundAddresses bound_;
-  Status status_;
-};
 
 class KdnNodeTest : public ::testing::Test {
  protected:

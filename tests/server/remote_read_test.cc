@@ -1,0 +1,189 @@
+// The remote tier's streamed reads (Prefetch with will_read): the lookup and
+// a get per key leave at once, each Get takes its chunk as it arrives, reads
+// past the node's prefix are cancelled, a bounded read-ahead falls back to
+// plain gets, an erase is not undone by a chunk read ahead, and a node that
+// goes away mid-read costs misses within the deadline. Real kdnd on a thread
+// of this process, real KV of the reference model.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <vector>
+
+#include "reference_kv.h"
+#include "rpc_client.h"
+#include "running_server.h"
+#include "store/remote_tier.h"
+#include "wire/envelope.h"
+
+namespace kdn::server {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace testing_support;
+
+constexpr const char* kToken = "token-for-tenant-a-0001";
+constexpr const char* kNs = "tenant-a";
+
+class RemoteReadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KDN_REQUIRE_MODEL();
+    dir_ = fs::temp_directory_path() / ("kdn-remote-read-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ref_ = testing::PrefillReference(
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog.");
+    ServerConfig c;
+    c.listen = {"127.0.0.1:0"};
+    store::TierSpec host;
+    host.capacity_bytes = 64 << 20;
+    c.tiers = {host};
+    c.tokens = {{"a", kToken, {kNs}, false}};
+    server_ = std::make_unique<RunningServer>(c);
+    // Chained 8-token chunks of the text, as chunks the tier puts.
+    keys::Digest prev{};
+    for (std::uint32_t b = 0; b + 8 <= ref_.tokens.size(); b += 8) {
+      Envelope e = MakeEnvelope(ref_, kNs, b, 8, prev);
+      prev = e.key;
+      auto c = wire::DecodeEnvelope(e.bytes.data(), e.bytes.size(), &e.key);
+      ASSERT_TRUE(c.ok());
+      chunks_.push_back(std::move(c).value());
+      keys_.push_back(e.key);
+    }
+    ASSERT_GE(chunks_.size(), 4u);
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  std::unique_ptr<store::RemoteTier> Tier(std::uint64_t read_ahead_bytes = std::uint64_t{256} << 20,
+                                          std::uint32_t timeout_ms = 2000) {
+    store::RemoteTierOptions o;
+    o.address = server_->bound().rpc[0];
+    o.token = kToken;
+    o.timeout_ms = timeout_ms;
+    o.retry_ms = 100;
+    o.read_ahead_bytes = read_ahead_bytes;
+    auto t = store::RemoteTier::Create(o);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return std::move(t).value();
+  }
+  // Stores chunks [0, n) through a tier of their own, sent before it returns.
+  void Store(size_t n) {
+    auto writer = Tier();
+    for (size_t i = 0; i < n; ++i) ASSERT_TRUE(writer->Put(chunks_[i]).ok());
+    writer->Flush();
+    ASSERT_EQ(writer->remote_counters().puts_sent, n);
+  }
+  static bool Same(const store::ChunkRef& a, const store::ChunkRef& b) {
+    return a && b && a->meta == b->meta && a->payload.size() == b->payload.size() &&
+           std::memcmp(a->payload.data(), b->payload.data(), a->payload.size()) == 0;
+  }
+
+  fs::path dir_;
+  testing::ReferenceKv ref_;
+  std::unique_ptr<RunningServer> server_;
+  std::vector<store::ChunkRef> chunks_;
+  std::vector<keys::Digest> keys_;
+};
+
+TEST_F(RemoteReadTest, EveryChunkIsReadAheadAndEachGetTakesItsOwn) {
+  Store(chunks_.size());
+  auto tier = Tier();
+  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  const std::uint64_t calls_before = tier->remote_counters().calls;
+  tier->Prefetch(keys_, /*will_read=*/true);
+  // One synchronous call (the lookup; the gets went with it), and the
+  // probes are answered from it.
+  EXPECT_EQ(tier->remote_counters().calls, calls_before + 1);
+  for (size_t i = 0; i < keys_.size(); ++i) EXPECT_TRUE(tier->Contains(keys_[i])) << i;
+  EXPECT_EQ(tier->remote_counters().calls, calls_before + 1);
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+    EXPECT_TRUE(Same(*got, chunks_[i])) << i;
+  }
+  const store::RemoteCounters c = tier->remote_counters();
+  EXPECT_EQ(c.reads_ahead, keys_.size());
+  EXPECT_EQ(c.reads_ahead_used, keys_.size());
+  EXPECT_EQ(c.calls, calls_before + 1);  // no Get made a call of its own
+  EXPECT_EQ(tier->counters().io_errors, 0u);
+  // Taken: a second Get of a key asks the node again, and still gets it.
+  auto again = tier->Get(keys_[0]);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(Same(*again, chunks_[0]));
+  EXPECT_EQ(tier->remote_counters().calls, calls_before + 2);
+}
+
+TEST_F(RemoteReadTest, ReadsPastTheNodesPrefixEndAsMissesNotErrors) {
+  const size_t held = chunks_.size() / 2;
+  Store(held);
+  auto tier = Tier();
+  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  tier->Prefetch(keys_, true);
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    auto got = tier->Get(keys_[i]);
+    if (i < held) {
+      ASSERT_TRUE(got.ok()) << i;
+      EXPECT_TRUE(Same(*got, chunks_[i]));
+    } else {
+      EXPECT_EQ(got.status().code(), Code::kNotFound) << i << ": " << got.status().message();
+    }
+  }
+  EXPECT_EQ(tier->counters().io_errors, 0u);
+  EXPECT_EQ(tier->remote_counters().failed_calls, 0u);
+}
+
+TEST_F(RemoteReadTest, ABoundedReadAheadFallsBackToPlainGets) {
+  Store(chunks_.size());
+  // Room for about one chunk: the others are not kept when they arrive and
+  // each Get asks for its own.
+  auto tier = Tier(chunks_[0]->payload.size() + 512);
+  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  const std::uint64_t calls_before = tier->remote_counters().calls;
+  tier->Prefetch(keys_, true);
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i;
+    EXPECT_TRUE(Same(*got, chunks_[i])) << i;
+  }
+  const store::RemoteCounters c = tier->remote_counters();
+  EXPECT_GE(c.reads_ahead_used, 1u);
+  EXPECT_LT(c.reads_ahead_used, keys_.size());
+  EXPECT_EQ(c.calls - calls_before, 1 + (keys_.size() - c.reads_ahead_used));
+}
+
+TEST_F(RemoteReadTest, AnEraseIsNotUndoneByAChunkReadAhead) {
+  Store(chunks_.size());
+  auto tier = Tier();
+  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  tier->Prefetch(keys_, true);
+  EXPECT_TRUE(tier->Erase(keys_[1]));
+  EXPECT_EQ(tier->Get(keys_[1]).status().code(), Code::kNotFound);
+  auto first = tier->Get(keys_[0]);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(Same(*first, chunks_[0]));
+}
+
+TEST_F(RemoteReadTest, ReadsOutsideANamespaceOrWithoutANodeAreMissesWithinTheDeadline) {
+  Store(chunks_.size());
+  auto tier = Tier(std::uint64_t{256} << 20, 500);
+  {
+    // No namespace: nothing is asked.
+    tier->Prefetch(keys_, true);
+    EXPECT_EQ(tier->remote_counters().reads_ahead, 0u);
+  }
+  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  server_->Stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  tier->Prefetch(keys_, true);
+  for (const keys::Digest& k : keys_) EXPECT_FALSE(tier->Get(k).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_GT(tier->counters().io_errors, 0u);
+}
+
+}  // namespace
+}  // namespace kdn::server
