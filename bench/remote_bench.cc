@@ -126,7 +126,8 @@ bool RecvAll(int fd, void* data, size_t n) {
 // on its own thread. Every exchange starts with a header of three uint64
 // {op, a, b} from the client:
 //   'P' (bytes, count): reads `count` messages of `bytes` each, each fully
-//       into one buffer, then writes one byte: "I hold them all".
+//       into a new buffer of its own (kept, as a store keeps them), then
+//       writes one byte: "I hold them all".
 //   'G' (count, 0): `count` times, reads a 32-byte key and writes back the
 //       chunk it names (its index in the key's first four bytes), whole.
 //   'S' (total, piece): writes `total` bytes, `piece` per write (a stream).
@@ -179,9 +180,12 @@ class RawPeer {
     std::vector<std::uint8_t> buf;
     for (std::uint64_t h[3]; RecvAll(fd, h, sizeof h);) {
       if (h[0] == 'P') {
-        buf.resize(h[1]);
+        // Each message kept in a buffer of its own, as a store keeps what
+        // it is given, until all are acknowledged.
+        std::vector<std::unique_ptr<std::uint8_t[]>> held(h[2]);
         for (std::uint64_t i = 0; i < h[2]; ++i) {
-          if (!RecvAll(fd, buf.data(), buf.size())) return;
+          held[i].reset(new std::uint8_t[h[1]]);
+          if (!RecvAll(fd, held[i].get(), h[1])) return;
         }
         const std::uint8_t ack = 1;
         if (!SendAll(fd, &ack, 1)) return;
@@ -695,7 +699,7 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   p["tier"] = {{"batch_bytes", o.batch_bytes}, {"write_queue_bytes", o.write_queue_bytes}, {"timeout_ms", o.timeout_ms}};
   p["guarantee"] = "tier: Put of every chunk then Flush, which returns once the node has answered every put call "
                    "(stored in its host tier); raw: one write per chunk to a receiver that reads each whole into a "
-                   "buffer, then its 1-byte acknowledgement once it has every byte";
+                   "new buffer of its own, kept until its 1-byte acknowledgement once it has every byte";
   p["bytes"] = "envelope bytes (the chunk framed, as both sides send it)";
   out.Add(std::string("remote_put_gbps_") + set.shape.suffix, gb / (Median(tp) / 1e3), "GB/s", p, "raw_tcp_put_gbps",
           gb / (Median(rp) / 1e3));

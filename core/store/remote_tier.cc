@@ -235,6 +235,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
       } else {
         std::lock_guard<std::mutex> lock(arrivals_mu);
         a.overflow = true;
+        ++reads_ahead_overflow;
       }
     }
     {
@@ -299,7 +300,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   std::condition_variable arrivals_cv;
   std::unordered_map<keys::Digest, std::shared_ptr<Arrival>, keys::DigestHash> arrivals;
   std::uint64_t arrival_bytes = 0;  // held by arrivals in the map
-  std::atomic<std::uint64_t> reads_ahead{0}, reads_ahead_used{0}, reads_ahead_dropped{0};
+  std::atomic<std::uint64_t> reads_ahead{0}, reads_ahead_used{0}, reads_ahead_dropped{0}, reads_ahead_overflow{0};
   kj::Maybe<kj::Own<kj::TaskSet>> reads;  // loop thread: the reads in flight
 
   const RemoteTierOptions& options;
@@ -319,12 +320,19 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   // Counters (any thread).
   std::atomic<std::uint64_t> calls{0}, timeouts{0}, connects{0}, connect_failures{0}, failed_calls{0};
   // Presence learned from batched lookups (Prefetch), briefly.
-  struct Hint {
+  struct Presence {
     bool present;
     std::int64_t until_ms;
   };
   std::mutex hints_mu;
-  std::unordered_map<keys::Digest, Hint, keys::DigestHash> hints;
+  std::unordered_map<keys::Digest, Presence, keys::DigestHash> hints;
+  // A key just read is held: the chain probes it again right after a get
+  // (for its policy), and that probe needs no call.
+  void Hint(const keys::Digest& key, bool present) {
+    std::lock_guard<std::mutex> lock(hints_mu);
+    if (hints.size() > 65536) hints.clear();
+    hints[key] = {present, NowMs() + 1000};
+  }
 };
 
 // ---- The tier ----------------------------------------------------------------------------
@@ -506,6 +514,8 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
         return Status::NotFound(options_.name + ": not held");
       }
       if (!ahead->chunk) return Status::NotFound(options_.name + ": not held");
+      lock.unlock();
+      impl_->Hint(key, true);
       return std::move(ahead->chunk);
     }
     // Not kept (read_ahead_bytes were held): asked for again below.
@@ -544,6 +554,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
   }
   if (corrupt) ++corrupt_;
   if (!out) return Status::NotFound(options_.name + ": not held");
+  impl_->Hint(key, true);
   return out;
 }
 
@@ -631,10 +642,7 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) co
   }
   // The walk that follows asks for these keys in order, at once: what the
   // node said holds for a moment (a later eviction there is a miss on get).
-  const std::int64_t until = NowMs() + 1000;
-  std::lock_guard<std::mutex> lock(impl_->hints_mu);
-  if (impl_->hints.size() > 65536) impl_->hints.clear();
-  for (size_t i = 0; i < keys.size() && i <= prefix; ++i) impl_->hints[keys[i]] = {i < prefix, until};
+  for (size_t i = 0; i < keys.size() && i <= prefix; ++i) impl_->Hint(keys[i], i < prefix);
 }
 
 bool RemoteTier::Contains(const keys::Digest& key) const {
@@ -643,10 +651,20 @@ bool RemoteTier::Contains(const keys::Digest& key) const {
     if (pending_.count(key)) return true;
   }
   {
+    // Being read ahead: held unless its reply said otherwise (a Get that
+    // finds it missing after all is a miss, as after any probe).
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    auto it = impl_->arrivals.find(key);
+    if (it != impl_->arrivals.end()) {
+      const Impl::Arrival& a = *it->second;
+      return !a.done || a.chunk != nullptr || a.overflow;
+    }
+  }
+  {
     std::lock_guard<std::mutex> lock(impl_->hints_mu);
     auto it = impl_->hints.find(key);
     if (it != impl_->hints.end()) {
-      const Impl::Hint h = it->second;
+      const Impl::Presence h = it->second;
       impl_->hints.erase(it);  // one probe per hint: later probes ask again
       if (h.until_ms >= NowMs()) return h.present;
     }
@@ -679,6 +697,10 @@ bool RemoteTier::Erase(const keys::Digest& key) {
   {
     std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
     impl_->TakeLocked(key);  // read ahead before the erase: not served after it
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->hints_mu);
+    impl_->hints.erase(key);
   }
   bool was_pending = false;
   {
@@ -729,6 +751,7 @@ RemoteCounters RemoteTier::remote_counters() const {
   c.reads_ahead = impl_->reads_ahead;
   c.reads_ahead_used = impl_->reads_ahead_used;
   c.reads_ahead_dropped = impl_->reads_ahead_dropped;
+  c.reads_ahead_overflow = impl_->reads_ahead_overflow;
   {
     std::lock_guard<std::mutex> lock(qmu_);
     c.queued_bytes = queued_bytes_;

@@ -74,10 +74,11 @@ struct RemoteCounters {
   std::uint64_t calls = 0, failed_calls = 0, timeouts = 0, connects = 0, connect_failures = 0;
   std::uint64_t puts_sent = 0, puts_refused = 0, queue_full = 0, queued_bytes = 0;
   std::uint64_t no_namespace = 0;  // reads outside a NamespaceScope (misses)
-  // Read-ahead: reads started by Prefetch, Gets served from them, and
-  // arrivals dropped unread (the walk stopped before them, or they waited
-  // past their deadline).
-  std::uint64_t reads_ahead = 0, reads_ahead_used = 0, reads_ahead_dropped = 0;
+  // Read-ahead: reads started by Prefetch, Gets served from them, arrivals
+  // dropped unread (the walk stopped before them, or they waited past their
+  // deadline), and arrivals not kept (read_ahead_bytes were held; their Get
+  // asks again).
+  std::uint64_t reads_ahead = 0, reads_ahead_used = 0, reads_ahead_dropped = 0, reads_ahead_overflow = 0;
 };
 
 class RemoteTier final : public Tier {

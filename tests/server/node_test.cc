@@ -389,32 +389,6 @@ TEST_F(KdnNodeTest, MetricsAndHealthOverHttp) {
 
 // ---- The remote tier of a runtime ------------------------------------------------
 
-std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const std::string& token,
-                                              const std::string& codec = "", std::uint32_t timeout_ms = 2000,
-                                              const std::string& tls_ca_file = "", const std::string& tls_name = "") {
-  store::StoreOptions o;
-  o.chunk_tokens = 8;
-  store::TierSpec remote;
-  remote.kind = store::TierSpec::Kind::kRemote;
-  remote.address = address;
-  remote.token = token;
-  remote.codec = codec;
-  remote.timeout_ms = timeout_ms;
-  remote.tls_ca_file = tls_ca_file;
-  remote.tls_server_name = tls_name;
-  o.tiers = {remote};
-  auto rt = store::Runtime::Create(o, 2);
-  EXPECT_TRUE(rt.ok()) << rt.status().message();
-  return rt.ok() ? std::move(rt).value() : nullptr;
-}
-
-store::ViewSpec Canonical(std::vector<float>& kv) {
-  store::ViewSpec s;
-  s.data = kv.data();
-  s.size_bytes = kv.size() * 4;
-  return s;
-}
-
 TEST_F(KdnNodeTest, TwoRuntimesShareKvThroughTheNode) {
   const size_t T = ref_.tokens.size();
   const std::uint64_t whole = T / 8 * 8;  // the whole chunks; the tail is pieces

@@ -1,5 +1,5 @@
 // A kdnd (server::Server) on a thread of this process, for tests that talk
-// to it over real RPC on loopback.
+// to it over real RPC on loopback, and runtimes whose tier is that node.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "server/server.h"
+#include "store/runtime.h"
 
 namespace kdn::server::testing_support {
 
@@ -36,5 +37,33 @@ class RunningServer {
   BoundAddresses bound_;
   Status status_;
 };
+
+// A runtime whose only tier is the node at `address` (8-token chunks).
+inline std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const std::string& token,
+                                              const std::string& codec = "", std::uint32_t timeout_ms = 2000,
+                                              const std::string& tls_ca_file = "", const std::string& tls_name = "") {
+  store::StoreOptions o;
+  o.chunk_tokens = 8;
+  store::TierSpec remote;
+  remote.kind = store::TierSpec::Kind::kRemote;
+  remote.address = address;
+  remote.token = token;
+  remote.codec = codec;
+  remote.timeout_ms = timeout_ms;
+  remote.tls_ca_file = tls_ca_file;
+  remote.tls_server_name = tls_name;
+  o.tiers = {remote};
+  auto rt = store::Runtime::Create(o, 2);
+  EXPECT_TRUE(rt.ok()) << rt.status().message();
+  return rt.ok() ? std::move(rt).value() : nullptr;
+}
+
+// A view over a canonical f32 buffer.
+inline store::ViewSpec Canonical(std::vector<float>& kv) {
+  store::ViewSpec s;
+  s.data = kv.data();
+  s.size_bytes = kv.size() * 4;
+  return s;
+}
 
 }  // namespace kdn::server::testing_support
