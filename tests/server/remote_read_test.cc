@@ -192,6 +192,35 @@ TEST_F(RemoteReadTest, ReadsOutsideANamespaceOrWithoutANodeAreMissesWithinTheDea
   EXPECT_GT(tier->counters().io_errors, 0u);
 }
 
+// The write-back queue is bounded: with the node unreachable nothing drains,
+// and a put past write_queue_bytes is refused with kBusy (counted) while what
+// is queued is still served to this runtime's reads.
+TEST_F(RemoteReadTest, AFullWriteBackQueueRefusesPutsWithBusyAndKeepsServingWhatItHolds) {
+  store::RemoteTierOptions o;
+  o.address = "unix:" + (dir_ / "nobody-listens.sock").string();
+  o.token = kToken;
+  o.timeout_ms = 300;
+  o.retry_ms = 60000;  // no second attempt during the test
+  const std::uint64_t cost = wire::EncodedEnvelopeSize(chunks_[0]->payload.size());
+  o.write_queue_bytes = 2 * cost;
+  auto tier = store::RemoteTier::Create(o).value();
+  ASSERT_TRUE(tier->Put(chunks_[0]).ok());
+  ASSERT_TRUE(tier->Put(chunks_[1]).ok());
+  const Status third = tier->Put(chunks_[2]);
+  EXPECT_EQ(third.code(), Code::kBusy) << third.message();
+  EXPECT_EQ(tier->remote_counters().queue_full, 1u);
+  EXPECT_TRUE(tier->Put(chunks_[0]).ok());  // queued already: no new bytes
+  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(tier->Contains(keys_[i]));
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i;
+    EXPECT_TRUE(Same(*got, chunks_[i]));
+  }
+  EXPECT_FALSE(tier->Get(keys_[2]).ok());
+  EXPECT_EQ(tier->remote_counters().queued_bytes, 2 * cost);
+}
+
 // Through a runtime: a retrieve of whole chunks from the node is one call
 // (the lookup, with the gets sent beside it); the chain's probes around each
 // get are answered without asking again; the KV comes back bit for bit.
