@@ -182,10 +182,11 @@ class RawPeer {
       if (h[0] == 'P') {
         // Each message kept in a buffer of its own, as a store keeps what
         // it is given, until all are acknowledged.
-        std::vector<std::unique_ptr<std::uint8_t[]>> held(h[2]);
+        // (Allocated as the tier allocates a chunk's payload.)
+        std::vector<chunk::Payload> held(h[2]);
         for (std::uint64_t i = 0; i < h[2]; ++i) {
-          held[i].reset(new std::uint8_t[h[1]]);
-          if (!RecvAll(fd, held[i].get(), h[1])) return;
+          held[i] = chunk::Payload::Uninitialized(h[1]);
+          if (!RecvAll(fd, held[i].data(), h[1])) return;
         }
         const std::uint8_t ack = 1;
         if (!SendAll(fd, &ack, 1)) return;
@@ -639,7 +640,7 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
     std::fill(got.begin(), got.end(), nullptr);
     return ms;
   };
-  std::vector<std::unique_ptr<std::uint8_t[]>> rbufs(n);
+  std::vector<chunk::Payload> rbufs(n);
   auto raw_get = [&]() -> double {
     const double t0 = NowMs();
     // Every key at once, then each chunk read whole into a buffer of its
@@ -652,12 +653,12 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
     }
     fine = fine && SendAll(conn.fd, keys.data(), keys.size());
     for (size_t i = 0; fine && i < n; ++i) {
-      rbufs[i].reset(new std::uint8_t[env]);
-      fine = RecvAll(conn.fd, rbufs[i].get(), env);
+      rbufs[i] = chunk::Payload::Uninitialized(env);  // as the tier allocates a chunk's payload
+      fine = RecvAll(conn.fd, rbufs[i].data(), env);
     }
     const double ms = NowMs() - t0;
-    ok &= fine && std::memcmp(rbufs[n - 1].get(), set.envelopes.back().data(), env) == 0;
-    for (auto& b : rbufs) b.reset();
+    ok &= fine && std::memcmp(rbufs[n - 1].data(), set.envelopes.back().data(), env) == 0;
+    for (auto& b : rbufs) b = chunk::Payload();
     return ms;
   };
 
@@ -699,7 +700,8 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   p["tier"] = {{"batch_bytes", o.batch_bytes}, {"write_queue_bytes", o.write_queue_bytes}, {"timeout_ms", o.timeout_ms}};
   p["guarantee"] = "tier: Put of every chunk then Flush, which returns once the node has answered every put call "
                    "(stored in its host tier); raw: one write per chunk to a receiver that reads each whole into a "
-                   "new buffer of its own, kept until its 1-byte acknowledgement once it has every byte";
+                   "new buffer of its own (allocated as the tier allocates a payload), kept until its 1-byte "
+                   "acknowledgement once it has every byte";
   p["bytes"] = "envelope bytes (the chunk framed, as both sides send it)";
   out.Add(std::string("remote_put_gbps_") + set.shape.suffix, gb / (Median(tp) / 1e3), "GB/s", p, "raw_tcp_put_gbps",
           gb / (Median(rp) / 1e3));
@@ -707,8 +709,8 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   p["path"] = "tier: RemoteTier::Prefetch of every key with will_read (as a retrieve does: the lookup and one get "
               "call per key sent at once), then RemoteTier::Get of each chunk in turn inside a NamespaceScope (each "
               "envelope checked, both checksums, and copied into a chunk of its own); raw: every 32-byte key written "
-              "at once, then each chunk read whole into a new buffer of its own, held to the end of the run (no "
-              "checksum)";
+              "at once, then each chunk read whole into a new buffer of its own (allocated as the tier allocates a "
+              "payload), held to the end of the run (no checksum)";
   out.Add(std::string("remote_get_gbps_") + set.shape.suffix, gb / (Median(tg) / 1e3), "GB/s", p, "raw_tcp_get_gbps",
           gb / (Median(rg) / 1e3));
   return 0;

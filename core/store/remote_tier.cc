@@ -598,8 +598,14 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) co
       auto lookup = req.send();  // first on the wire: its answer comes first
       // Every read at once, each a get of one key (its chunk its own reply),
       // cancelled when the lookup says the node's prefix ends before it.
+      // The replies come in order, so each read's deadline runs from the
+      // end of the one before it (timeout_ms of no progress, not of the
+      // whole request: a long request streams for as long as it flows); a
+      // read that failed or timed out fails the ones after it at once.
       auto cancels = kj::heapArrayBuilder<kj::Own<kj::PromiseFulfiller<void>>>(keys.size());
       Impl* impl = impl_.get();
+      const std::uint32_t timeout_ms = options_.timeout_ms;
+      kj::Maybe<kj::ForkedPromise<void>> previous;
       for (size_t i = 0; i < keys.size(); ++i) {
         auto cancel = kj::newPromiseAndFulfiller<void>();
         cancels.add(kj::mv(cancel.fulfiller));
@@ -612,8 +618,19 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) co
         auto got = g.send().then([impl, a, key](capnp::Response<node::Session::GetResults>&& r) {
           impl->Fill(*a, key, r);
         });
+        kj::Promise<void> start = kj::READY_NOW;
+        KJ_IF_MAYBE(p, previous) { start = p->addBranch(); }
+        auto deadline = start.then([impl, timeout_ms]() {
+          return impl->timer->afterDelay(timeout_ms * kj::MILLISECONDS).then([impl]() -> kj::Promise<void> {
+            // No reply for timeout_ms: the connection is in an unknown state.
+            ++impl->timeouts;
+            KJ_IF_MAYBE(c, impl->connection) { (*c)->broken = true; }
+            return KJ_EXCEPTION(OVERLOADED, "kdnd: no reply in time");
+          });
+        });
+        auto outcome = got.exclusiveJoin(kj::mv(deadline)).fork();
         KJ_ASSERT_NONNULL(impl->reads)
-            ->add(impl->timer->timeoutAfter(options_.timeout_ms * kj::MILLISECONDS, kj::mv(got))
+            ->add(outcome.addBranch()
                       .exclusiveJoin(cancel.promise.then([]() -> kj::Promise<void> { return kj::READY_NOW; },
                                                          // Fulfiller dropped, not fulfilled: no cancel.
                                                          [](kj::Exception&&) -> kj::Promise<void> {
@@ -621,6 +638,7 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) co
                                                          }))
                       .then([impl, a]() { impl->Finish(*a, false); },
                             [impl, a](kj::Exception&&) { impl->Finish(*a, true); }));
+        previous = kj::mv(outcome);
       }
       sent = true;
       return lookup.then([&prefix, cancels = cancels.finish()](capnp::Response<node::Session::LookupResults>&& r) mutable {
