@@ -4,8 +4,8 @@
 // handlers (a local call on a session, as login makes it) against a real
 // pass-through chain. Built with -DKDN_FUZZ=ON; run by fuzz/run.
 //
-// Input: byte 0 picks the method (% 7: lookup, get, put, delete, pin, unpin,
-// stats), byte 1 the session's grant (% 3: one namespace, every namespace,
+// Input: byte 0 picks the method (% 11: lookup, get, put, delete, pin, unpin,
+// stats, knowledgePut, knowledgeList, knowledgePin, knowledgeDelete), byte 1 the session's grant (% 3: one namespace, every namespace,
 // statistics only); the rest, padded to whole words, is a message read as
 // that method's parameters (traversal limit 1M words). Messages that Cap'n
 // Proto itself refuses end there (the RPC layer answers those with an
@@ -50,6 +50,9 @@ struct World {
     store::TierSpec host;
     host.capacity_bytes = 16 << 20;
     o.tiers = {host};
+    // Small registry bounds: the fuzzer reaches them, and memory stays bounded.
+    o.knowledge.max_documents = 1000;
+    o.knowledge.max_keys = 65536;
     service = std::move(server::NodeService::Create(o)).value();
     one.namespaces.insert(keys::NamespaceHash(kNamespace));
     all.all_namespaces = true;
@@ -161,10 +164,47 @@ void Call(World& w, const server::Grant& grant, unsigned method, capnp::MessageR
       Send(req, ws);
       break;
     }
-    default: {
+    case 6: {
       auto stats = s.statsRequest();
       auto r = Send(stats, ws);
       Check((r.getError().getCode() == ErrorCode::OK) == grant.stats, "stats follow the grant");
+      break;
+    }
+    case 7: {
+      auto p = message.getRoot<Session::KnowledgePutParams>();
+      auto req = s.knowledgePutRequest();
+      req.setNamespace(p.getNamespace());
+      req.setItem(p.getItem());
+      Send(req, ws);
+      break;
+    }
+    case 8: {
+      auto p = message.getRoot<Session::KnowledgeListParams>();
+      auto req = s.knowledgeListRequest();
+      req.setNamespace(p.getNamespace());
+      auto r = Send(req, ws);
+      if (r.getError().getCode() != ErrorCode::OK) Check(r.getItems().size() == 0, "a refused list lists nothing");
+      for (auto i : r.getItems()) Check(i.getChunksHeld() <= i.getChunks(), "held chunks are chunks of the document");
+      break;
+    }
+    case 9: {
+      auto p = message.getRoot<Session::KnowledgePinParams>();
+      auto req = s.knowledgePinRequest();
+      req.setNamespace(p.getNamespace());
+      req.setDocId(p.getDocId());
+      req.setModel(p.getModel());
+      req.setPin(p.getPin());
+      req.setTtlMs(p.getTtlMs());
+      Send(req, ws);
+      break;
+    }
+    default: {
+      auto p = message.getRoot<Session::KnowledgeDeleteParams>();
+      auto req = s.knowledgeDeleteRequest();
+      req.setNamespace(p.getNamespace());
+      req.setDocId(p.getDocId());
+      req.setModel(p.getModel());
+      Send(req, ws);
       break;
     }
   }
@@ -243,9 +283,51 @@ void WriteSeeds(const std::string& dir) {
       p.setTtlMs(1000);
       WriteSeed(dir, n++, method, grant, b);
     }
-    capnp::MallocMessageBuilder b;
-    b.initRoot<Session::StatsParams>();
-    WriteSeed(dir, n++, 6, grant, b);
+    {
+      capnp::MallocMessageBuilder b;
+      b.initRoot<Session::StatsParams>();
+      WriteSeed(dir, n++, 6, grant, b);
+    }
+    keys::Digest model{};
+    model[0] = 0x3C;
+    const capnp::Data::Reader md(model.data(), model.size());
+    {
+      capnp::MallocMessageBuilder b;
+      auto p = b.initRoot<Session::KnowledgePutParams>();
+      p.setNamespace(nsd);
+      auto item = p.initItem();
+      item.setDocId("doc-1");
+      item.setVersion(1);
+      item.setMetadata("{}");
+      item.setTokens(2);
+      item.setModel(md);
+      item.initKeys(2).set(0, kd);
+      item.getKeys().set(1, kd);
+      WriteSeed(dir, n++, 7, grant, b);
+    }
+    {
+      capnp::MallocMessageBuilder b;
+      b.initRoot<Session::KnowledgeListParams>().setNamespace(nsd);
+      WriteSeed(dir, n++, 8, grant, b);
+    }
+    {
+      capnp::MallocMessageBuilder b;
+      auto p = b.initRoot<Session::KnowledgePinParams>();
+      p.setNamespace(nsd);
+      p.setDocId("doc-1");
+      p.setModel(md);
+      p.setPin(true);
+      p.setTtlMs(1000);
+      WriteSeed(dir, n++, 9, grant, b);
+    }
+    {
+      capnp::MallocMessageBuilder b;
+      auto p = b.initRoot<Session::KnowledgeDeleteParams>();
+      p.setNamespace(nsd);
+      p.setDocId("doc-1");
+      p.setModel(md);
+      WriteSeed(dir, n++, 10, grant, b);
+    }
   }
 }
 
@@ -262,7 +344,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, size_t size) {
   if (size < 2) return 0;
   World& w = TheWorld();
-  const unsigned method = data[0] % 7;
+  const unsigned method = data[0] % 11;
   const server::Grant& grant = data[1] % 3 == 0 ? w.one : data[1] % 3 == 1 ? w.all : w.stats_only;
   std::vector<capnp::word> words((size - 2 + sizeof(capnp::word) - 1) / sizeof(capnp::word));
   if (!words.empty()) std::memcpy(words.data(), data + 2, size - 2);

@@ -158,11 +158,15 @@ class Parser {
     }
 
     ServerConfig config;
-    KDN_RETURN_IF_ERROR(CheckKeys(root, "", {"server", "tier", "token"}));
+    KDN_RETURN_IF_ERROR(CheckKeys(root, "", {"server", "tier", "token", "knowledge"}));
 
     auto server = GetTable(root, "", "server");
     if (!server.ok()) return server.status();
     if (*server != nullptr) KDN_RETURN_IF_ERROR(ParseServer(**server, &config));
+
+    auto knowledge = GetTable(root, "", "knowledge");
+    if (!knowledge.ok()) return knowledge.status();
+    if (*knowledge != nullptr) KDN_RETURN_IF_ERROR(ParseKnowledge(**knowledge, &config.knowledge));
 
     auto tiers = GetTableArray(root, "tier");
     if (!tiers.ok()) return tiers.status();
@@ -370,6 +374,26 @@ class Parser {
         std::string_view missing = config->tls.cert_file.empty() ? "server.tls.cert" : "server.tls.key";
         return Error(t.source(), missing, "missing: TLS needs both cert and key (PEM files), or neither");
       }
+    }
+    return Status::Ok();
+  }
+
+  Status ParseKnowledge(const toml::table& table, KnowledgeConfig* k) {
+    const std::string_view path = "knowledge";
+    KDN_RETURN_IF_ERROR(CheckKeys(table, path, {"max_documents", "max_keys_per_document", "max_keys"}));
+    KDN_RETURN_IF_ERROR(GetU32(table, path, "max_documents", &k->max_documents));
+    KDN_RETURN_IF_ERROR(GetU32(table, path, "max_keys_per_document", &k->max_keys_per_document));
+    KDN_RETURN_IF_ERROR(GetU32(table, path, "max_keys", &k->max_keys));
+    // 0 would refuse every document: leave knowledge items unused instead.
+    for (auto [key, value] : {std::pair<std::string_view, std::uint32_t>{"max_documents", k->max_documents},
+                              std::pair<std::string_view, std::uint32_t>{"max_keys_per_document", k->max_keys_per_document},
+                              std::pair<std::string_view, std::uint32_t>{"max_keys", k->max_keys}}) {
+      if (value == 0) return Error(table.get(key)->source(), Join(path, key), "must be at least 1");
+    }
+    if (k->max_keys_per_document > kMaxKeysPerDocument) {
+      return Error(table.get("max_keys_per_document")->source(), "knowledge.max_keys_per_document",
+                   std::to_string(k->max_keys_per_document) + " is more than a call carries (" +
+                       std::to_string(kMaxKeysPerDocument) + ", the protocol's maxKeysPerCall)");
     }
     return Status::Ok();
   }

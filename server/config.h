@@ -27,6 +27,11 @@
 //   write_through = false
 //   fsync = true                          # disk only
 //
+//   [knowledge]                           # documents registered on the node (wire/node.capnp, version 2)
+//   max_documents = 100000                # beyond it, knowledgePut gets busy
+//   max_keys_per_document = 65536         # at most maxKeysPerCall; beyond it, tooLarge
+//   max_keys = 4194304                    # keys of all documents together; beyond it, busy
+//
 //   [[token]]
 //   token = "..."                         # the bearer token itself, or:
 //   token_file = "/etc/kdn/tenant-a.token"  # a file holding it (trailing newline stripped)
@@ -62,6 +67,20 @@ struct TlsConfig {
   bool enabled() const { return !cert_file.empty(); }
 };
 
+// wire/node.capnp's maxKeysPerCall (node.cc checks that they agree): the
+// most keys a document may have.
+inline constexpr std::uint32_t kMaxKeysPerDocument = 65536;
+
+// Bounds of the node's registry of knowledge items (server/node.h). It
+// costs about 200 bytes per key (the document's copy, the distinct copy,
+// the key's entry in the chunk -> documents index) and 300 per document
+// beyond its strings, so the defaults bound it near 0.8 GiB.
+struct KnowledgeConfig {
+  std::uint32_t max_documents = 100000;
+  std::uint32_t max_keys_per_document = kMaxKeysPerDocument;
+  std::uint32_t max_keys = 4194304;
+};
+
 struct ServerConfig {
   std::vector<std::string> listen = {"127.0.0.1:7450"};  // kj addresses: "host:port", "unix:/path"
   std::string metrics = "";     // "host:port" for HTTP /metrics and /healthz; empty: off
@@ -75,6 +94,7 @@ struct ServerConfig {
   TlsConfig tls;
   std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB
   std::vector<TokenGrant> tokens;
+  KnowledgeConfig knowledge;
 };
 
 // Parses TOML text; `origin` names it in errors.

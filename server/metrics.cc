@@ -178,6 +178,10 @@ void AddNode(const NodeStats& s, Page& p) {
   p.Counter("kdn_auth_failures_total", "Calls refused: unknown token, or outside the token's grant.",
             AsDouble(s.auth_failures));
   p.Gauge("kdn_sessions", "Client sessions open now.", AsDouble(s.sessions));
+  p.Gauge("kdn_documents", "Knowledge items registered on the node now.", AsDouble(s.documents));
+  p.Counter("kdn_registry_load_failures_total",
+            "Knowledge registry files that could not be read at start (the node started without documents).",
+            AsDouble(s.registry_load_failures));
   p.Gauge("kdn_uptime_seconds", "Seconds since the node started.", AsDouble(s.uptime_ms) / 1000.0);
   p.Counter("kdn_ttft_saved_seconds_total",
             "Prefill time saved: hit tokens times the configured prefill time per token.", s.ttft_saved_ms / 1000.0);

@@ -1,9 +1,15 @@
 #include "server/node.h"
 
+#include <fcntl.h>
 #include <openssl/crypto.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include <kj/async.h>
 #include <kj/debug.h>
@@ -38,6 +44,11 @@ LatencySnapshot Latency(const telemetry::Histogram& h) {
   s.summary = h.Snapshot();
   for (double b : kLatencyBoundsUs) s.buckets.push_back(h.CountAtOrBelow(b));
   return s;
+}
+
+std::uint64_t WallMs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
 std::string KindName(store::TierSpec::Kind k) {
@@ -92,10 +103,40 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
     s->grants_.back().first.assign(reinterpret_cast<const char*>(d.data()), d.size());
   }
   s->prefill_us_per_token_ = options.prefill_us_per_token;
+  s->knowledge_config_ = options.knowledge;
+  s->save_delay_ = std::chrono::milliseconds(options.knowledge_save_delay_ms);
+  for (const store::TierSpec& spec : s->specs_) {
+    if (spec.kind == store::TierSpec::Kind::kDisk) {
+      s->knowledge_path_ = spec.path + "/knowledge.kdnreg";
+      break;
+    }
+  }
+  if (!s->knowledge_path_.empty()) {
+    s->LoadKnowledge();
+    s->saver_ = std::thread([p = s.get()] { p->SaverLoop(); });
+  }
   return s;
 }
 
 NodeService::~NodeService() {
+  if (saver_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(saver_mu_);
+      stop_saver_ = true;
+    }
+    saver_cv_.notify_all();
+    saver_.join();
+    // The last word: what changed since the saver's last save, and the hits
+    // counted since (they alone never wake the saver).
+    bool dirty;
+    {
+      std::lock_guard<std::mutex> lock(saver_mu_);
+      dirty = dirty_;
+    }
+    if (dirty || hits_changed_.load()) {
+      if (Status st = SaveKnowledge(); !st.ok()) std::fprintf(stderr, "kdnd: %s\n", st.message().c_str());
+    }
+  }
   chain_.reset();  // first: its mover may still report drops to the members below it
 }
 
@@ -206,6 +247,12 @@ NodeError NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t>
   }
   ++put_chunks_;
   put_bytes_ += envelope.size();
+  if (pinned_documents_.load(std::memory_order_relaxed) != 0) {
+    // A chunk of a pinned document that arrives after the pin is pinned now.
+    std::lock_guard<std::mutex> lock(knowledge_mu_);
+    const NsKey k{ns, key};
+    if (pins_.count(k) != 0) ApplyPinLocked(k);
+  }
   if (KvEventPublisher* events = events_.load()) {
     {
       std::lock_guard<std::mutex> lock(client_keys_mu_);
@@ -313,7 +360,574 @@ NodeStats NodeService::Stats() const {
   s.get_us = Latency(get_us_);
   s.put_us = Latency(put_us_);
   s.ttft_saved_ms = static_cast<double>(s.hit_tokens) * prefill_us_per_token_ / 1000.0;
+  s.documents = documents_.load();
+  s.registry_load_failures = registry_load_failures_.load();
   return s;
+}
+
+// ---- Knowledge items ------------------------------------------------------------
+
+static_assert(kMaxKeysPerDocument == wire::node::MAX_KEYS_PER_CALL, "config.h's bound must be the schema's");
+
+void NodeService::LinkLocked(const keys::Digest& ns, Doc& doc) {
+  for (const keys::Digest& k : doc.distinct) refs_[NsKey{ns, k}].push_back(&doc);
+  total_keys_ += doc.item.keys.size();
+}
+
+void NodeService::UnlinkLocked(const keys::Digest& ns, Doc& doc) {
+  for (const keys::Digest& k : doc.distinct) {
+    auto it = refs_.find(NsKey{ns, k});
+    if (it == refs_.end()) continue;
+    std::vector<Doc*>& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), &doc), v.end());
+    if (v.empty()) refs_.erase(it);
+  }
+  total_keys_ -= doc.item.keys.size();
+}
+
+void NodeService::AddPinsLocked(const keys::Digest& ns, const Doc& doc) {
+  if (!doc.pinned) return;
+  for (const keys::Digest& k : doc.distinct) pins_[NsKey{ns, k}].insert(doc.pin_deadline_ms);
+  ++pinned_documents_;
+}
+
+void NodeService::RemovePinsLocked(const keys::Digest& ns, const Doc& doc) {
+  if (!doc.pinned) return;
+  for (const keys::Digest& k : doc.distinct) {
+    auto it = pins_.find(NsKey{ns, k});
+    if (it == pins_.end()) continue;
+    if (auto one = it->second.find(doc.pin_deadline_ms); one != it->second.end()) it->second.erase(one);
+    if (it->second.empty()) pins_.erase(it);
+  }
+  --pinned_documents_;
+}
+
+bool NodeService::ApplyPinLocked(const NsKey& k) {
+  const keys::Digest object = ObjectKey(k.ns, k.key);
+  auto it = pins_.find(k);
+  if (it == pins_.end()) {
+    chain_->Unpin(object);
+    return false;
+  }
+  // 0 (no deadline) sorts first and wins; otherwise the latest deadline.
+  const std::uint64_t deadline = *it->second.begin() == 0 ? 0 : *it->second.rbegin();
+  if (deadline == 0) return chain_->PinUntil(object, 0).ok();
+  const std::uint64_t now = WallMs();
+  if (deadline <= now) {
+    chain_->Unpin(object);
+    return false;
+  }
+  // The registry keeps wall-clock deadlines (they survive a restart); the
+  // chain wants its own clock's.
+  const std::uint64_t left_ms = deadline - now;
+  const std::int64_t left_ns = left_ms > static_cast<std::uint64_t>(INT64_MAX / 1000000)
+                                   ? INT64_MAX
+                                   : static_cast<std::int64_t>(left_ms * 1000000);
+  return chain_->PinUntil(object, store::DeadlineAfter(chain_->clock().NowNs(), left_ns)).ok();
+}
+
+NodeError NodeService::KnowledgePut(const keys::Digest& ns, KnowledgeDoc item) {
+  if (draining_) return {ErrorCode::UNAVAILABLE, "the node is shutting down"};
+  if (item.doc_id.empty()) return {ErrorCode::INVALID_ARGUMENT, "knowledge item: docId is empty"};
+  if (item.doc_id.size() > wire::node::MAX_DOC_ID_BYTES) {
+    return {ErrorCode::TOO_LARGE, "knowledge item: docId of " + std::to_string(item.doc_id.size()) +
+                                      " bytes (at most " + std::to_string(wire::node::MAX_DOC_ID_BYTES) + ")"};
+  }
+  if (item.metadata.size() > wire::node::MAX_METADATA_BYTES) {
+    return {ErrorCode::TOO_LARGE, "knowledge item: metadata of " + std::to_string(item.metadata.size()) +
+                                      " bytes (at most " + std::to_string(wire::node::MAX_METADATA_BYTES) + ")"};
+  }
+  if (item.keys.size() > knowledge_config_.max_keys_per_document) {
+    return {ErrorCode::TOO_LARGE, "knowledge item: " + std::to_string(item.keys.size()) + " keys (this node takes at most " +
+                                      std::to_string(knowledge_config_.max_keys_per_document) +
+                                      " per document: [knowledge] max_keys_per_document)"};
+  }
+  auto doc = std::make_unique<Doc>();
+  doc->item = std::move(item);
+  {
+    std::unordered_set<keys::Digest, keys::DigestHash> seen;
+    for (const keys::Digest& k : doc->item.keys) {
+      if (seen.insert(k).second) doc->distinct.push_back(k);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(knowledge_mu_);
+    const DocKey dk{ns, doc->item.model, doc->item.doc_id};
+    auto it = docs_.find(dk);
+    Doc* old = it == docs_.end() ? nullptr : it->second.get();
+    if (!old && docs_.size() >= knowledge_config_.max_documents) {
+      return {ErrorCode::BUSY, "the node holds " + std::to_string(docs_.size()) +
+                                   " documents, its most ([knowledge] max_documents); delete some first"};
+    }
+    const std::uint64_t keys_after = total_keys_ - (old ? old->item.keys.size() : 0) + doc->item.keys.size();
+    if (keys_after > knowledge_config_.max_keys) {
+      return {ErrorCode::BUSY, "the node's documents would have " + std::to_string(keys_after) + " keys, more than " +
+                                   std::to_string(knowledge_config_.max_keys) +
+                                   " ([knowledge] max_keys); delete some documents first"};
+    }
+    if (old && old->item.version == doc->item.version && old->item.keys == doc->item.keys) {
+      // The same version again (an engine registering what it registered
+      // before a restart): its registration time, hits and pin stand.
+      old->item.metadata = std::move(doc->item.metadata);
+      old->item.tokens = doc->item.tokens;
+    } else {
+      doc->registered_ms = WallMs();
+      // A pin is the operator's choice about the document, not about one
+      // version of it: it carries over to the new chunks. The new pins are
+      // applied before the old ones are withdrawn, so chunks both versions
+      // share stay pinned throughout.
+      if (old) {
+        doc->pinned = old->pinned;
+        doc->pin_deadline_ms = old->pin_deadline_ms;
+      }
+      LinkLocked(ns, *doc);
+      AddPinsLocked(ns, *doc);
+      if (doc->pinned) {
+        for (const keys::Digest& k : doc->distinct) ApplyPinLocked(NsKey{ns, k});
+      }
+      std::unique_ptr<Doc> replaced;
+      if (old) {
+        replaced = std::move(it->second);
+        it->second = std::move(doc);
+        UnlinkLocked(ns, *replaced);
+        RemovePinsLocked(ns, *replaced);
+        if (replaced->pinned) {
+          for (const keys::Digest& k : replaced->distinct) ApplyPinLocked(NsKey{ns, k});
+        }
+      } else {
+        docs_.emplace(dk, std::move(doc));
+      }
+      documents_ = docs_.size();
+    }
+  }
+  MarkKnowledgeDirty();
+  return {};
+}
+
+std::vector<KnowledgeDocInfo> NodeService::KnowledgeList(const keys::Digest& ns) {
+  std::vector<KnowledgeDocInfo> out;
+  std::vector<std::vector<keys::Digest>> doc_keys;
+  const std::uint64_t now = WallMs();
+  {
+    std::lock_guard<std::mutex> lock(knowledge_mu_);
+    // Ordered by namespace first: the walk covers this namespace's documents only.
+    for (auto it = docs_.lower_bound(DocKey{ns, keys::Digest{}, std::string()});
+         it != docs_.end() && std::get<0>(it->first) == ns; ++it) {
+      const Doc& d = *it->second;
+      KnowledgeDocInfo info;
+      info.doc_id = d.item.doc_id;
+      info.version = d.item.version;
+      info.metadata = d.item.metadata;
+      info.tokens = d.item.tokens;
+      info.model = d.item.model;
+      info.chunks = static_cast<std::uint32_t>(d.item.keys.size());
+      info.pinned = d.pinned && (d.pin_deadline_ms == 0 || d.pin_deadline_ms > now);
+      info.pin_expires_ms = d.pinned ? d.pin_deadline_ms : 0;
+      info.registered_ms = d.registered_ms;
+      info.hits = d.hits;
+      out.push_back(std::move(info));
+      doc_keys.push_back(d.item.keys);
+    }
+  }
+  // Which chunks the tiers hold, outside the registry's lock (a list may
+  // look at many keys; gets must not wait for it).
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::uint32_t held = 0;
+    for (const keys::Digest& k : doc_keys[i]) held += chain_->Locate(ObjectKey(ns, k)) >= 0 ? 1 : 0;
+    out[i].chunks_held = held;
+  }
+  return out;
+}
+
+NodeError NodeService::KnowledgePin(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id,
+                                    bool pin, std::uint64_t ttl_ms, std::uint32_t& pinned) {
+  pinned = 0;
+  {
+    std::lock_guard<std::mutex> lock(knowledge_mu_);
+    auto it = docs_.find(DocKey{ns, model, doc_id});
+    if (it == docs_.end()) return {ErrorCode::NOT_FOUND, "no document '" + doc_id + "' of that model in this namespace"};
+    Doc& d = *it->second;
+    const bool was = d.pinned;
+    RemovePinsLocked(ns, d);
+    d.pinned = pin;
+    if (pin) {
+      // Pinning again replaces the document's deadline.
+      const std::uint64_t now = WallMs();
+      d.pin_deadline_ms = ttl_ms == 0 ? 0 : (ttl_ms > UINT64_MAX - now ? UINT64_MAX : now + ttl_ms);
+    } else {
+      d.pin_deadline_ms = 0;
+    }
+    AddPinsLocked(ns, d);
+    if (pin || was) {
+      for (const keys::Digest& k : d.distinct) pinned += ApplyPinLocked(NsKey{ns, k}) ? 1 : 0;
+    }
+  }
+  MarkKnowledgeDirty();
+  return {};
+}
+
+NodeError NodeService::KnowledgeDelete(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id,
+                                       std::uint32_t& erased) {
+  erased = 0;
+  {
+    std::lock_guard<std::mutex> lock(knowledge_mu_);
+    auto it = docs_.find(DocKey{ns, model, doc_id});
+    if (it == docs_.end()) return {ErrorCode::NOT_FOUND, "no document '" + doc_id + "' of that model in this namespace"};
+    Doc& d = *it->second;
+    RemovePinsLocked(ns, d);
+    UnlinkLocked(ns, d);
+    std::vector<keys::Digest> unshared;
+    for (const keys::Digest& k : d.distinct) {
+      const NsKey nk{ns, k};
+      if (refs_.count(nk) != 0) {
+        if (d.pinned) ApplyPinLocked(nk);  // another document holds it: its pins alone now
+        continue;
+      }
+      unshared.push_back(k);
+    }
+    docs_.erase(it);
+    documents_ = docs_.size();
+    // Under the registry's lock: a document registered meanwhile cannot
+    // claim a chunk that is about to go. Delete counts, unpins and publishes
+    // the removals as a delete call does.
+    erased = Delete(ns, unshared);
+  }
+  MarkKnowledgeDirty();
+  return {};
+}
+
+void NodeService::CreditKnowledgeHits(const keys::Digest& ns, std::span<const keys::Digest> served) {
+  if (served.empty() || documents_.load(std::memory_order_relaxed) == 0) return;
+  bool any = false;
+  std::lock_guard<std::mutex> lock(knowledge_mu_);
+  for (const keys::Digest& k : served) {
+    auto it = refs_.find(NsKey{ns, k});
+    if (it == refs_.end()) continue;
+    for (Doc* d : it->second) ++d->hits;
+    any = true;
+  }
+  if (any) hits_changed_ = true;
+}
+
+void NodeService::MarkKnowledgeDirty() {
+  if (knowledge_path_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(saver_mu_);
+    dirty_ = true;
+  }
+  saver_cv_.notify_all();
+}
+
+void NodeService::SaverLoop() {
+  std::unique_lock<std::mutex> lock(saver_mu_);
+  while (true) {
+    saver_cv_.wait(lock, [&] { return dirty_ || stop_saver_; });
+    if (stop_saver_) return;  // the destructor saves
+    // A burst of changes costs one write.
+    if (saver_cv_.wait_for(lock, save_delay_, [&] { return stop_saver_; })) return;
+    dirty_ = false;
+    lock.unlock();
+    if (Status st = SaveKnowledge(); !st.ok()) {
+      std::fprintf(stderr, "kdnd: %s\n", st.message().c_str());
+      lock.lock();
+      dirty_ = true;  // try again with the next change, or at shutdown
+      saver_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return stop_saver_; });
+      continue;
+    }
+    lock.lock();
+  }
+}
+
+// ---- The registry file ----------------------------------------------------------
+//
+//   magic "kdnreg\r\n" (8 bytes; the \r\n catches text-mode copies)
+//   u32 format version (1), u32 zero
+//   u64 payload bytes
+//   32 bytes: SHA-256 ("kdnd-registry-v1", format version, payload), keys::Hasher's encoding
+//   payload: u64 documents, then per document:
+//     namespace hash (32), model (32), u32 + docId bytes, u64 version,
+//     u32 + metadata bytes, u64 tokens, u64 registeredMs, u64 hits,
+//     u8 pinned, u64 pin deadline (wall ms; 0: none), u32 keys, 32 bytes each
+// Integers little-endian. Written to knowledge.kdnreg.tmp, fsynced, renamed
+// over knowledge.kdnreg, and the directory fsynced: a crash leaves the old
+// file or the new one, whole.
+
+namespace {
+
+constexpr char kRegistryMagic[8] = {'k', 'd', 'n', 'r', 'e', 'g', '\r', '\n'};
+constexpr std::uint32_t kRegistryFormat = 1;
+constexpr size_t kRegistryHeader = 8 + 4 + 4 + 8 + 32;
+
+void PutU32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutU64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutBytes(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+
+keys::Digest RegistryChecksum(std::span<const std::uint8_t> payload) {
+  keys::Hasher h;
+  h.Str("kdnd-registry-v1");
+  h.U32(kRegistryFormat);
+  h.Bytes(payload.data(), payload.size());
+  return h.Finish();
+}
+
+// Reads the payload; every read is bounds-checked.
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> b) : b_(b) {}
+  bool U8(std::uint8_t& v) { return Raw(&v, 1); }
+  bool U32(std::uint32_t& v) {
+    std::uint8_t x[4];
+    if (!Raw(x, 4)) return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i) v |= std::uint32_t{x[i]} << (8 * i);
+    return true;
+  }
+  bool U64(std::uint64_t& v) {
+    std::uint8_t x[8];
+    if (!Raw(x, 8)) return false;
+    v = 0;
+    for (int i = 0; i < 8; ++i) v |= std::uint64_t{x[i]} << (8 * i);
+    return true;
+  }
+  bool Digest(keys::Digest& d) { return Raw(d.data(), d.size()); }
+  bool Str(std::string& s, std::uint32_t max) {
+    std::uint32_t n;
+    if (!U32(n) || n > max || n > left()) return false;
+    s.assign(reinterpret_cast<const char*>(b_.data() + at_), n);
+    at_ += n;
+    return true;
+  }
+  size_t left() const { return b_.size() - at_; }
+
+ private:
+  bool Raw(void* out, size_t n) {
+    if (n > left()) return false;
+    std::memcpy(out, b_.data() + at_, n);
+    at_ += n;
+    return true;
+  }
+  std::span<const std::uint8_t> b_;
+  size_t at_ = 0;
+};
+
+std::string Errno(const std::string& what, const std::string& path) {
+  return "knowledge registry: " + what + " " + path + ": " + std::strerror(errno);
+}
+
+}  // namespace
+
+std::string NodeService::SerializeKnowledge() {
+  std::string payload;
+  std::lock_guard<std::mutex> lock(knowledge_mu_);
+  PutU64(payload, docs_.size());
+  for (const auto& [key, doc] : docs_) {
+    const keys::Digest& ns = std::get<0>(key);
+    const KnowledgeDoc& it = doc->item;
+    PutBytes(payload, ns.data(), ns.size());
+    PutBytes(payload, it.model.data(), it.model.size());
+    PutU32(payload, static_cast<std::uint32_t>(it.doc_id.size()));
+    PutBytes(payload, it.doc_id.data(), it.doc_id.size());
+    PutU64(payload, it.version);
+    PutU32(payload, static_cast<std::uint32_t>(it.metadata.size()));
+    PutBytes(payload, it.metadata.data(), it.metadata.size());
+    PutU64(payload, it.tokens);
+    PutU64(payload, doc->registered_ms);
+    PutU64(payload, doc->hits);
+    payload.push_back(doc->pinned ? 1 : 0);
+    PutU64(payload, doc->pin_deadline_ms);
+    PutU32(payload, static_cast<std::uint32_t>(it.keys.size()));
+    for (const keys::Digest& k : it.keys) PutBytes(payload, k.data(), k.size());
+  }
+  return payload;
+}
+
+Status NodeService::SaveKnowledge() {
+  if (knowledge_path_.empty()) return Status::Ok();
+  std::lock_guard<std::mutex> file_lock(save_file_mu_);
+  hits_changed_ = false;  // before the snapshot: hits counted after it mark it again
+  const std::string payload = SerializeKnowledge();
+  const keys::Digest sum = RegistryChecksum({reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
+  std::string head;
+  PutBytes(head, kRegistryMagic, sizeof kRegistryMagic);
+  PutU32(head, kRegistryFormat);
+  PutU32(head, 0);
+  PutU64(head, payload.size());
+  PutBytes(head, sum.data(), sum.size());
+
+  const std::string tmp = knowledge_path_ + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::Internal(Errno("cannot create", tmp));
+  for (const std::string* part : {static_cast<const std::string*>(&head), &payload}) {
+    size_t done = 0;
+    while (done < part->size()) {
+      const ssize_t n = ::write(fd, part->data() + done, part->size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const Status st = Status::Internal(Errno("cannot write", tmp));
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return st;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (::fsync(fd) != 0) {
+    const Status st = Status::Internal(Errno("cannot sync", tmp));
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), knowledge_path_.c_str()) != 0) {
+    const Status st = Status::Internal(Errno("cannot rename over", knowledge_path_));
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  // The rename itself is durable once the directory is synced.
+  const std::string dir = knowledge_path_.substr(0, knowledge_path_.rfind('/') + 1);
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::Ok();
+}
+
+Status NodeService::ParseKnowledge(std::span<const std::uint8_t> file) {
+  if (file.size() < kRegistryHeader) return Status::Corrupt("shorter than its header");
+  if (std::memcmp(file.data(), kRegistryMagic, sizeof kRegistryMagic) != 0) return Status::Corrupt("not a registry file");
+  Reader head(file.subspan(8, kRegistryHeader - 8));
+  std::uint32_t format = 0, zero = 0;
+  std::uint64_t bytes = 0;
+  keys::Digest sum{};
+  (void)head.U32(format);
+  (void)head.U32(zero);
+  (void)head.U64(bytes);
+  (void)head.Digest(sum);
+  if (format != kRegistryFormat) {
+    return Status::Unsupported("format version " + std::to_string(format) + " (this kdnd reads " +
+                               std::to_string(kRegistryFormat) + ")");
+  }
+  if (bytes != file.size() - kRegistryHeader) {
+    return Status::Corrupt("payload of " + std::to_string(file.size() - kRegistryHeader) + " bytes, the header says " +
+                           std::to_string(bytes));
+  }
+  const std::span<const std::uint8_t> payload = file.subspan(kRegistryHeader);
+  if (RegistryChecksum(payload) != sum) return Status::Corrupt("checksum mismatch");
+  Reader r(payload);
+  std::uint64_t count = 0;
+  if (!r.U64(count)) return Status::Corrupt("truncated");
+  std::uint64_t dropped = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto doc = std::make_unique<Doc>();
+    keys::Digest ns{};
+    KnowledgeDoc& it = doc->item;
+    std::uint8_t pinned = 0;
+    std::uint32_t nkeys = 0;
+    if (!r.Digest(ns) || !r.Digest(it.model) || !r.Str(it.doc_id, wire::node::MAX_DOC_ID_BYTES) || !r.U64(it.version) ||
+        !r.Str(it.metadata, wire::node::MAX_METADATA_BYTES) || !r.U64(it.tokens) || !r.U64(doc->registered_ms) ||
+        !r.U64(doc->hits) || !r.U8(pinned) || !r.U64(doc->pin_deadline_ms) || !r.U32(nkeys) ||
+        nkeys > wire::node::MAX_KEYS_PER_CALL || std::uint64_t{nkeys} * 32 > r.left()) {
+      return Status::Corrupt("document " + std::to_string(i) + " is malformed");
+    }
+    it.keys.resize(nkeys);
+    for (keys::Digest& k : it.keys) (void)r.Digest(k);
+    if (it.doc_id.empty() || pinned > 1) return Status::Corrupt("document " + std::to_string(i) + " is malformed");
+    doc->pinned = pinned == 1;
+    if (doc->pinned && doc->pin_deadline_ms != 0 && doc->pin_deadline_ms <= WallMs()) {
+      doc->pinned = false;  // the pin ran out while the node was down
+      doc->pin_deadline_ms = 0;
+    }
+    // Bounds lowered since the file was written: what no longer fits is
+    // left out (and said), the rest is served.
+    DocKey dk{ns, it.model, it.doc_id};
+    if (docs_.size() >= knowledge_config_.max_documents || it.keys.size() > knowledge_config_.max_keys_per_document ||
+        total_keys_ + it.keys.size() > knowledge_config_.max_keys || docs_.count(dk) != 0) {
+      ++dropped;
+      continue;
+    }
+    std::unordered_set<keys::Digest, keys::DigestHash> seen;
+    for (const keys::Digest& k : it.keys) {
+      if (seen.insert(k).second) doc->distinct.push_back(k);
+    }
+    Doc& d = *doc;
+    docs_.emplace(std::move(dk), std::move(doc));
+    LinkLocked(ns, d);
+    AddPinsLocked(ns, d);
+  }
+  if (r.left() != 0) return Status::Corrupt("bytes after the last document");
+  if (dropped != 0) {
+    std::fprintf(stderr, "kdnd: knowledge registry: %llu documents beyond the [knowledge] bounds left out\n",
+                 static_cast<unsigned long long>(dropped));
+  }
+  return Status::Ok();
+}
+
+void NodeService::LoadKnowledge() {
+  const int fd = ::open(knowledge_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0 && errno == ENOENT) return;  // a new node
+  Status st;
+  std::vector<std::uint8_t> data;
+  if (fd < 0) {
+    st = Status::Internal(Errno("cannot open", knowledge_path_));
+  } else {
+    struct stat sb {};
+    // The largest file the bounds allow, and then some: anything bigger is not ours.
+    const std::uint64_t most = kRegistryHeader + 8 +
+                               std::uint64_t{knowledge_config_.max_keys} * 32 +
+                               std::uint64_t{knowledge_config_.max_documents} *
+                                   (200 + wire::node::MAX_DOC_ID_BYTES + wire::node::MAX_METADATA_BYTES);
+    if (::fstat(fd, &sb) != 0) {
+      st = Status::Internal(Errno("cannot stat", knowledge_path_));
+    } else if (!S_ISREG(sb.st_mode)) {
+      st = Status::Corrupt("not a regular file");
+    } else if (static_cast<std::uint64_t>(sb.st_size) > most) {
+      st = Status::Corrupt(std::to_string(sb.st_size) + " bytes, more than the [knowledge] bounds allow");
+    } else {
+      data.resize(static_cast<size_t>(sb.st_size));
+      size_t done = 0;
+      while (done < data.size()) {
+        const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+          st = Status::Internal(Errno("cannot read", knowledge_path_));
+          break;
+        }
+        if (n == 0) break;
+        done += static_cast<size_t>(n);
+      }
+      data.resize(done);
+    }
+    ::close(fd);
+  }
+  std::lock_guard<std::mutex> lock(knowledge_mu_);
+  if (st.ok()) st = ParseKnowledge(data);
+  if (!st.ok()) {
+    // Started empty, never stopped: the registry describes chunks, it does
+    // not hold them. The file is set aside for a look, not overwritten.
+    docs_.clear();
+    refs_.clear();
+    pins_.clear();
+    total_keys_ = 0;
+    pinned_documents_ = 0;
+    ++registry_load_failures_;
+    const std::string aside = knowledge_path_ + ".bad";
+    const std::string note = ::rename(knowledge_path_.c_str(), aside.c_str()) == 0 ? " (the file is now " + aside + ")" : "";
+    std::fprintf(stderr, "kdnd: knowledge registry %s: %s; starting with no documents%s\n", knowledge_path_.c_str(),
+                 st.message().c_str(), note.c_str());
+    return;
+  }
+  documents_ = docs_.size();
+  // Pins that were in force when the node stopped hold again, on the chunks
+  // the tiers kept.
+  for (const auto& [k, deadlines] : pins_) {
+    (void)deadlines;
+    ApplyPinLocked(k);
+  }
 }
 
 // ---- Wire form of the statistics ------------------------------------------------
@@ -384,6 +998,8 @@ void ToWire(const NodeStats& s, wire::node::Stats::Builder out) {
   ToWire(s.get_us, out.initGetUs());
   ToWire(s.put_us, out.initPutUs());
   out.setTtftSavedMs(s.ttft_saved_ms);
+  out.setDocuments(s.documents);
+  out.setRegistryLoadFailures(s.registry_load_failures);
 }
 
 NodeStats FromWire(wire::node::Stats::Reader in) {
@@ -428,6 +1044,8 @@ NodeStats FromWire(wire::node::Stats::Reader in) {
   s.get_us = FromWire(in.getGetUs());
   s.put_us = FromWire(in.getPutUs());
   s.ttft_saved_ms = in.getTtftSavedMs();
+  s.documents = in.getDocuments();
+  s.registry_load_failures = in.getRegistryLoadFailures();
   return s;
 }
 
@@ -596,6 +1214,14 @@ class SessionImpl final : public Session::Server {
         }
       }
       service_.CountGet(keys.size(), misses, bytes, tokens, MicrosSince(t0));
+      if (service_.knowledge_documents() != 0) {
+        std::vector<keys::Digest> served;
+        served.reserve(keys.size());
+        for (unsigned i = 0; i < chunks.size(); ++i) {
+          if (list[i].isEnvelope()) served.push_back(keys[i]);
+        }
+        service_.CreditKnowledgeHits(ns, served);
+      }
       return kj::READY_NOW;
     });
   }
@@ -659,6 +1285,129 @@ class SessionImpl final : public Session::Server {
   kj::Promise<void> unpin(UnpinContext context) override {
     return KeyedCall(context, [&](const keys::Digest& ns, const std::vector<keys::Digest>& keys, auto, auto results) {
       results.setUnpinned(service_.Unpin(ns, keys));
+    });
+  }
+
+  // ---- Knowledge items (version 2) ----
+
+  // A knowledge call's namespace (checked against the grant first, so a
+  // refused call learns nothing of the namespace's documents), then its
+  // docId and model.
+  template <typename Params>
+  NodeError NamespaceDocAndModel(Params params, keys::Digest& ns, std::string& doc_id, keys::Digest& model) {
+    auto nsb = params.getNamespace();
+    NodeError error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
+    if (!error.ok()) return error;
+    auto id = params.getDocId();
+    if (id.size() == 0) return {ErrorCode::INVALID_ARGUMENT, "docId is empty"};
+    if (id.size() > wire::node::MAX_DOC_ID_BYTES) {
+      return {ErrorCode::TOO_LARGE, "docId longer than " + std::to_string(wire::node::MAX_DOC_ID_BYTES) + " bytes"};
+    }
+    doc_id.assign(id.begin(), id.size());
+    if (!ToDigest(params.getModel(), model)) {
+      return {ErrorCode::INVALID_ARGUMENT, "model: expected a 32-byte fingerprint, got " +
+                                               std::to_string(params.getModel().size()) + " bytes"};
+    }
+    return {};
+  }
+
+  kj::Promise<void> knowledgePut(KnowledgePutContext context) override {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      auto results = context.getResults();
+      keys::Digest ns{};
+      auto nsb = params.getNamespace();
+      NodeError error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
+      KnowledgeDoc doc;
+      if (error.ok()) {
+        auto item = params.getItem();
+        auto id = item.getDocId();
+        auto meta = item.getMetadata();
+        doc.doc_id.assign(id.begin(), id.size());
+        doc.version = item.getVersion();
+        doc.metadata.assign(meta.begin(), meta.size());
+        doc.tokens = item.getTokens();
+        if (!ToDigest(item.getModel(), doc.model)) {
+          error = {ErrorCode::INVALID_ARGUMENT, "model: expected a 32-byte fingerprint, got " +
+                                                    std::to_string(item.getModel().size()) + " bytes"};
+        } else {
+          ReadKeys(item.getKeys(), doc.keys, error);
+        }
+      }
+      if (error.ok()) error = service_.KnowledgePut(ns, std::move(doc));
+      SetError(results.initError(), error);
+      return kj::READY_NOW;
+    });
+  }
+
+  kj::Promise<void> knowledgeList(KnowledgeListContext context) override {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      keys::Digest ns{};
+      auto nsb = params.getNamespace();
+      NodeError error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
+      std::vector<KnowledgeDocInfo> docs;
+      std::uint64_t words = 8;
+      if (error.ok()) {
+        docs = service_.KnowledgeList(ns);
+        for (const KnowledgeDocInfo& d : docs) words += 16 + (d.doc_id.size() + d.metadata.size() + 2) / 8 + 2;
+        // One reply must stay well under what a client reads (core/wire/rpc.h).
+        constexpr std::uint64_t kMaxReplyWords = (std::uint64_t{128} << 20) / 8;
+        if (words > kMaxReplyWords) {
+          error = {ErrorCode::TOO_LARGE, std::to_string(docs.size()) +
+                                             " documents with their metadata are more than one reply carries (128 MiB)"};
+        }
+      }
+      auto results = context.initResults(capnp::MessageSize{error.ok() ? words : 8, 0});
+      SetError(results.initError(), error);
+      if (!error.ok()) return kj::READY_NOW;
+      auto list = results.initItems(static_cast<unsigned>(docs.size()));
+      for (unsigned i = 0; i < docs.size(); ++i) {
+        const KnowledgeDocInfo& d = docs[i];
+        auto b = list[i];
+        b.setDocId(d.doc_id);
+        b.setVersion(d.version);
+        b.setMetadata(d.metadata);
+        b.setTokens(d.tokens);
+        b.setModel(capnp::Data::Reader(d.model.data(), d.model.size()));
+        b.setChunks(d.chunks);
+        b.setChunksHeld(d.chunks_held);
+        b.setPinned(d.pinned);
+        b.setPinExpiresMs(d.pin_expires_ms);
+        b.setRegisteredMs(d.registered_ms);
+        b.setHits(d.hits);
+      }
+      return kj::READY_NOW;
+    });
+  }
+
+  kj::Promise<void> knowledgePin(KnowledgePinContext context) override {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      keys::Digest ns{}, model{};
+      std::string doc_id;
+      NodeError error = NamespaceDocAndModel(params, ns, doc_id, model);
+      std::uint32_t pinned = 0;
+      if (error.ok()) error = service_.KnowledgePin(ns, model, doc_id, params.getPin(), params.getTtlMs(), pinned);
+      auto results = context.getResults();
+      SetError(results.initError(), error);
+      results.setPinned(pinned);
+      return kj::READY_NOW;
+    });
+  }
+
+  kj::Promise<void> knowledgeDelete(KnowledgeDeleteContext context) override {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      keys::Digest ns{}, model{};
+      std::string doc_id;
+      NodeError error = NamespaceDocAndModel(params, ns, doc_id, model);
+      std::uint32_t erased = 0;
+      if (error.ok()) error = service_.KnowledgeDelete(ns, model, doc_id, erased);
+      auto results = context.getResults();
+      SetError(results.initError(), error);
+      results.setErased(erased);
+      return kj::READY_NOW;
     });
   }
 

@@ -10,20 +10,40 @@
 // checksums) and names the call's namespace; the node rewrites its key to the
 // object's and back when it serves it.
 //
+// Knowledge items (protocol version 2): a registry of documents, each
+// named by (namespace, model, doc_id) and listing the client keys of its
+// chunks. Chunks are counted per document: a chunk stays pinned while any
+// pinned document holds it, and a document's delete erases only the chunks
+// no other document references. A get credits each served chunk to the
+// documents that reference it (one hash lookup per served chunk, skipped
+// while no document is registered). With a disk tier the registry is saved
+// to <first disk tier's directory>/knowledge.kdnreg (format below, at
+// SaveKnowledge) a moment after each change (debounced on a saver thread)
+// and when the service is destroyed, and loaded at Create; a file that
+// cannot be read is logged, counted (registry_load_failures), renamed to
+// knowledge.kdnreg.bad and the registry starts empty.
+//
 // NodeRpc (below) is the Cap'n Proto face of it (wire/node.capnp).
-// Thread-safety: NodeService's members may be called from any thread.
+// Thread-safety: NodeService's members may be called from any thread. Lock
+// order: save_file_mu_, then knowledge_mu_, then client_keys_mu_ or the
+// chain's own locks; saver_mu_ is only ever held alone.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -63,6 +83,34 @@ struct NodeOptions {
   std::vector<TokenGrant> tokens;
   double prefill_us_per_token = 0;     // TTFT saved = hit tokens x this
   const Clock* clock = nullptr;
+  KnowledgeConfig knowledge;           // bounds of the registry of knowledge items
+  // How long the saver waits after a change before it saves the registry,
+  // so that a burst of registrations costs one write.
+  std::uint32_t knowledge_save_delay_ms = 200;
+};
+
+// A knowledge item as a client registers it (wire KnowledgeItem).
+struct KnowledgeDoc {
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  keys::Digest model{};
+  std::vector<keys::Digest> keys;  // the client's keys of its chunks, in order
+};
+
+// What the node knows of one (wire KnowledgeInfo).
+struct KnowledgeDocInfo {
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  keys::Digest model{};
+  std::uint32_t chunks = 0, chunks_held = 0;
+  bool pinned = false;
+  std::uint64_t pin_expires_ms = 0;  // wall clock; 0: no deadline
+  std::uint64_t registered_ms = 0;   // wall clock
+  std::uint64_t hits = 0;
 };
 
 class NodeService {
@@ -91,6 +139,29 @@ class NodeService {
   std::uint32_t Unpin(const keys::Digest& ns, std::span<const keys::Digest> keys);
   NodeStats Stats() const;
 
+  // ---- Knowledge items; `ns` was checked against the grant (CheckNamespace).
+  // Registers (or replaces) a document: invalidArgument, tooLarge or busy
+  // (the registry's bounds) and nothing changes.
+  NodeError KnowledgePut(const keys::Digest& ns, KnowledgeDoc doc);
+  // The namespace's documents, ordered by (model, doc_id).
+  std::vector<KnowledgeDocInfo> KnowledgeList(const keys::Digest& ns);
+  // Pins (ttl_ms 0: no deadline) or unpins the document; *pinned: its
+  // chunks pinned after the call. notFound for an unknown document.
+  NodeError KnowledgePin(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id, bool pin,
+                         std::uint64_t ttl_ms, std::uint32_t& pinned);
+  // Unregisters the document and erases (Delete) its chunks no other
+  // document references; *erased: how many were held.
+  NodeError KnowledgeDelete(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id,
+                            std::uint32_t& erased);
+  // Credits each of `served` (keys get served) to the documents that reference it.
+  void CreditKnowledgeHits(const keys::Digest& ns, std::span<const keys::Digest> served);
+  // Writes the registry file now (a no-op without a disk tier); the service
+  // also saves by itself after changes and when it is destroyed.
+  Status SaveKnowledge();
+  // Where the registry is saved ("" without a disk tier).
+  const std::string& knowledge_path() const { return knowledge_path_; }
+  std::uint64_t knowledge_documents() const { return documents_.load(std::memory_order_relaxed); }
+
   void CountAuthFailure() { ++auth_failures_; }
   void SessionOpened() { ++sessions_; }
   void SessionClosed() { --sessions_; }
@@ -107,6 +178,60 @@ class NodeService {
 
  private:
   NodeService() = default;
+
+  // ---- The registry of knowledge items.
+  // A chunk of a namespace: the key the registry's indexes use (no hashing:
+  // the object key is a SHA-256 away, and a get's credit must stay cheap).
+  struct NsKey {
+    keys::Digest ns, key;
+    bool operator==(const NsKey&) const = default;
+  };
+  struct NsKeyHash {
+    size_t operator()(const NsKey& k) const noexcept {
+      return keys::DigestHash()(k.key) ^ (keys::DigestHash()(k.ns) * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  struct Doc {
+    KnowledgeDoc item;
+    std::vector<keys::Digest> distinct;  // item.keys without repeats: what the reference counts count
+    std::uint64_t registered_ms = 0, hits = 0;
+    bool pinned = false;
+    std::uint64_t pin_deadline_ms = 0;  // wall clock, while pinned; 0: none
+  };
+  using DocKey = std::tuple<keys::Digest, keys::Digest, std::string>;  // ns, model, doc_id
+  // knowledge_mu_ held: adds or withdraws the document's references and,
+  // when it is pinned, its pins (ApplyPinLocked is the caller's to call).
+  void LinkLocked(const keys::Digest& ns, Doc& doc);
+  void UnlinkLocked(const keys::Digest& ns, Doc& doc);
+  void AddPinsLocked(const keys::Digest& ns, const Doc& doc);
+  void RemovePinsLocked(const keys::Digest& ns, const Doc& doc);
+  // knowledge_mu_ held: sets the chain's pin of one chunk to what the pinned
+  // documents holding it ask for (no deadline wins, else the latest; none,
+  // or every deadline passed: unpinned). True when the chunk is pinned now.
+  bool ApplyPinLocked(const NsKey& k);
+  void MarkKnowledgeDirty();
+  void SaverLoop();
+  void LoadKnowledge();
+  std::string SerializeKnowledge();                       // takes knowledge_mu_
+  Status ParseKnowledge(std::span<const std::uint8_t> file);  // into the (empty) registry; knowledge_mu_ held
+
+  KnowledgeConfig knowledge_config_;
+  std::string knowledge_path_;
+  std::mutex knowledge_mu_;
+  std::map<DocKey, std::unique_ptr<Doc>> docs_;                          // guarded by knowledge_mu_
+  std::unordered_map<NsKey, std::vector<Doc*>, NsKeyHash> refs_;        // chunk -> documents; guarded by knowledge_mu_
+  std::unordered_map<NsKey, std::multiset<std::uint64_t>, NsKeyHash> pins_;  // chunk -> pinned documents' deadlines; guarded by knowledge_mu_
+  std::uint64_t total_keys_ = 0;                                         // guarded by knowledge_mu_
+  std::atomic<std::uint64_t> documents_{0}, pinned_documents_{0}, registry_load_failures_{0};
+  std::atomic<bool> hits_changed_{false};
+  // The saver: wakes on a change, waits knowledge_save_delay_ms, saves.
+  std::mutex saver_mu_;
+  std::condition_variable saver_cv_;
+  bool dirty_ = false, stop_saver_ = false;                              // guarded by saver_mu_
+  std::chrono::milliseconds save_delay_{200};
+  std::thread saver_;
+  std::mutex save_file_mu_;                                              // one writer of the file at a time
+
   std::unique_ptr<store::TieredStore> chain_;
   std::vector<store::TierSpec> specs_;
   std::vector<std::pair<std::string, Grant>> grants_;  // (token, grant)

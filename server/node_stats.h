@@ -43,6 +43,8 @@ struct NodeStats {
   std::uint64_t auth_failures = 0, sessions = 0;
   LatencySnapshot lookup_us, get_us, put_us;
   double ttft_saved_ms = 0;
+  std::uint64_t documents = 0;               // knowledge items registered
+  std::uint64_t registry_load_failures = 0;  // registry files unreadable at start
 };
 
 }  // namespace kdn::server

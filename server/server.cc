@@ -144,6 +144,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   no.tiers = config.tiers;
   no.tokens = config.tokens;
   no.prefill_us_per_token = config.prefill_us_per_token;
+  no.knowledge = config.knowledge;
   auto service = NodeService::Create(no);
   if (!service.ok()) return service.status();
   s->service_ = std::move(service).value();
@@ -288,6 +289,9 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
     listeners.clear();
     http_listener = nullptr;
     service_->chain().Flush();
+    // The registry of knowledge items, saved now rather than when the
+    // service is destroyed: a drain past its timeout exits without that.
+    if (Status saved = service_->SaveKnowledge(); !saved.ok()) std::fprintf(stderr, "kdnd: %s\n", saved.message().c_str());
     if (events_) events_->Flush();
     // Let refusals and in-flight replies reach their clients, briefly.
     io.provider->getTimer().afterDelay(50 * kj::MILLISECONDS).wait(ws);

@@ -33,7 +33,13 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("kdn::wire::node");
 
-const protocolVersion :UInt32 = 1;
+# Version 1: health, login; lookup, get, put, delete, pin, unpin, stats,
+# subscribeStats. Version 2 added knowledge items (documents registered on
+# the node): KnowledgeItem, KnowledgeInfo, the Session methods knowledgePut,
+# knowledgeList, knowledgePin and knowledgeDelete, the error code notFound,
+# the limits maxDocIdBytes and maxMetadataBytes, and Stats.documents and
+# Stats.registryLoadFailures.
+const protocolVersion :UInt32 = 2;
 
 # Limits the node enforces (a request beyond them gets tooLarge).
 const maxKeysPerCall :UInt32 = 65536;
@@ -49,6 +55,7 @@ enum ErrorCode {
   busy @6;               # the node cannot take the chunk now (full, or shutting down)
   unavailable @7;        # the node is draining
   internal @8;
+  notFound @9;           # (version 2) no such document: (namespace, model, docId) is not registered
 }
 
 struct Error {
@@ -138,6 +145,8 @@ struct Stats {
   getUs @17 :Latency;
   putUs @18 :Latency;
   ttftSavedMs @19 :Float64;      # hit tokens x the configured prefill time per token
+  documents @20 :UInt64;         # (version 2) knowledge items registered on the node now
+  registryLoadFailures @21 :UInt64;  # (version 2) registry files that could not be read at start (the node started empty)
 }
 
 # Receives statistics pushed by the node every intervalMs.
@@ -166,4 +175,69 @@ interface Session {
   # Pushes statistics to `sink` every intervalMs (at least 50) until the
   # subscription is dropped (needs stats granted).
   subscribeStats @7 (intervalMs :UInt32, sink :StatsSink) -> (error :Error, subscription :Subscription);
+
+  # ---- Version 2: knowledge items (see KnowledgeItem below) ----
+  # A document is named by (namespace, model, docId). Each call checks its
+  # namespace against the grant as the data calls do: a token cannot list,
+  # pin, delete nor learn of another namespace's documents.
+  #
+  # Registers a document; a put of a registered (namespace, model, docId)
+  # replaces it: its old chunks lose that document's reference (they are not
+  # erased), registeredMs and hits start again, and a pin carries over to
+  # the new chunks. The same version with the same keys again (an engine
+  # registering after a restart) only updates metadata and tokens. Beyond
+  # the node's configured bounds: busy (documents, keys of all documents)
+  # or tooLarge (one document's keys, docId, metadata). Registering a
+  # document does not store chunks: its keys name chunks put (before or
+  # after) with put.
+  knowledgePut @8 (namespace :Data, item :KnowledgeItem) -> (error :Error);
+  # The namespace's documents, each with what the node knows of it now.
+  knowledgeList @9 (namespace :Data) -> (error :Error, items :List(KnowledgeInfo));
+  # Pins (pin = true) the document's chunks against eviction for ttlMs (0:
+  # until unpinned; pinning again replaces the document's deadline), or
+  # unpins them (pin = false), leaving pinned those another pinned document
+  # shares. `pinned`: the document's chunks held pinned after the call.
+  # Chunks put later while the document is pinned are pinned as they come.
+  knowledgePin @10 (namespace :Data, docId :Text, model :Data, pin :Bool, ttlMs :UInt64) -> (error :Error, pinned :UInt32);
+  # Unregisters the document and erases its chunks that no other registered
+  # document references, from every tier; `erased`: how many were held.
+  knowledgeDelete @11 (namespace :Data, docId :Text, model :Data) -> (error :Error, erased :UInt32);
+}
+
+# ---- Version 2: knowledge items -------------------------------------------------
+#
+# A knowledge item is a document (a retrieved passage, a system prompt, a
+# file) whose KV a runtime stored on the node as ordinary chunks of one
+# namespace. Registering it lets operators and engines see which chunks make
+# which document, how much of it the node still holds and how often it is
+# served, and pin or delete it as a whole. A chunk may belong to several
+# documents: pins and erasures are counted per chunk.
+
+# Limits of one document (beyond them: tooLarge); a document has at most
+# maxKeysPerCall keys, and the node holds a configured number of documents
+# (beyond it: busy).
+const maxDocIdBytes :UInt32 = 1024;
+const maxMetadataBytes :UInt32 = 65536;
+
+struct KnowledgeItem {
+  docId @0 :Text;          # 1 to maxDocIdBytes bytes
+  version @1 :UInt64;      # the writer's version of the document
+  metadata @2 :Text;       # anything the writer wants listed (JSON, say); at most maxMetadataBytes
+  tokens @3 :UInt64;       # the document's length in tokens
+  model @4 :Data;          # the 32-byte model fingerprint its KV is of
+  keys @5 :List(Data);     # the stored keys of its chunks, in order, 32 bytes each: the keys of get and put in this namespace
+}
+
+struct KnowledgeInfo {
+  docId @0 :Text;
+  version @1 :UInt64;
+  metadata @2 :Text;
+  tokens @3 :UInt64;
+  model @4 :Data;
+  chunks @5 :UInt32;        # keys of the document
+  chunksHeld @6 :UInt32;    # of them, the chunks some tier of the node holds now
+  pinned @7 :Bool;          # pinned, and its deadline (if any) not passed
+  pinExpiresMs @8 :UInt64;  # the pin's deadline on the node's wall clock (ms since the epoch); 0: none
+  registeredMs @9 :UInt64;  # when this version was registered, on the node's wall clock
+  hits @10 :UInt64;         # chunks of this document served by get since it was registered
 }

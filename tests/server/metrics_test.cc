@@ -78,6 +78,8 @@ NodeStats Populated() {
   s.deletes = 6;
   s.auth_failures = 2;
   s.sessions = 3;
+  s.documents = 7;
+  s.registry_load_failures = 1;
   s.lookup_us = Latency(30, 1500);
   s.get_us = Latency(55, 2'000'000);  // 2 s in all
   s.put_us = Latency(0, 0);
@@ -129,6 +131,9 @@ TEST(ServerMetrics, NodeCountersAndGauges) {
   EXPECT_EQ(ValueOf(text, "kdn_lookup_hit_ratio"), "0.5");
   EXPECT_TRUE(HasLine(text, "# TYPE kdn_sessions gauge"));
   EXPECT_EQ(ValueOf(text, "kdn_sessions"), "3");
+  EXPECT_TRUE(HasLine(text, "# TYPE kdn_documents gauge"));
+  EXPECT_EQ(ValueOf(text, "kdn_documents"), "7");
+  EXPECT_EQ(ValueOf(text, "kdn_registry_load_failures_total"), "1");
   EXPECT_EQ(ValueOf(text, "kdn_uptime_seconds"), "12.5");
   EXPECT_TRUE(HasLine(text, "# TYPE kdn_ttft_saved_seconds_total counter"));
   EXPECT_EQ(ValueOf(text, "kdn_ttft_saved_seconds_total"), "1.2345");

@@ -92,5 +92,92 @@ inline Envelope MakeEnvelope(const testing::ReferenceKv& r, const std::string& n
   return {key, std::move(bytes).value()};
 }
 
+// ---- Knowledge items (protocol version 2) ----
+
+// A document as a test registers it, and as a list reports it.
+struct TestDoc {
+  std::string doc_id;
+  std::uint64_t version = 1;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  keys::Digest model{};
+  std::vector<keys::Digest> keys;
+};
+struct ListedDoc {
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  std::vector<std::uint8_t> model;
+  std::uint32_t chunks = 0, chunks_held = 0;
+  bool pinned = false;
+  std::uint64_t pin_expires_ms = 0, registered_ms = 0, hits = 0;
+};
+
+inline ErrorCode KnowledgePut(Client& c, Session::Client& s, const std::string& ns, const TestDoc& d) {
+  auto req = s.knowledgePutRequest();
+  const keys::Digest h = keys::NamespaceHash(ns);
+  req.setNamespace(AsData(h));
+  auto item = req.initItem();
+  item.setDocId(d.doc_id);
+  item.setVersion(d.version);
+  item.setMetadata(d.metadata);
+  item.setTokens(d.tokens);
+  item.setModel(AsData(d.model));
+  auto list = item.initKeys(static_cast<unsigned>(d.keys.size()));
+  for (unsigned i = 0; i < d.keys.size(); ++i) list.set(i, AsData(d.keys[i]));
+  return req.send().wait(c.io.waitScope).getError().getCode();
+}
+
+// The namespace's documents (empty on an error).
+inline ErrorCode KnowledgeList(Client& c, Session::Client& s, const std::string& ns, std::vector<ListedDoc>* out) {
+  auto req = s.knowledgeListRequest();
+  const keys::Digest h = keys::NamespaceHash(ns);
+  req.setNamespace(AsData(h));
+  auto r = req.send().wait(c.io.waitScope);
+  out->clear();
+  for (auto i : r.getItems()) {
+    ListedDoc d;
+    d.doc_id = i.getDocId();
+    d.version = i.getVersion();
+    d.metadata = i.getMetadata();
+    d.tokens = i.getTokens();
+    d.model.assign(i.getModel().begin(), i.getModel().end());
+    d.chunks = i.getChunks();
+    d.chunks_held = i.getChunksHeld();
+    d.pinned = i.getPinned();
+    d.pin_expires_ms = i.getPinExpiresMs();
+    d.registered_ms = i.getRegisteredMs();
+    d.hits = i.getHits();
+    out->push_back(std::move(d));
+  }
+  return r.getError().getCode();
+}
+
+inline ErrorCode KnowledgePin(Client& c, Session::Client& s, const std::string& ns, const keys::Digest& model,
+                              const std::string& doc_id, bool pin, std::uint64_t ttl_ms, std::uint32_t* pinned = nullptr) {
+  auto req = s.knowledgePinRequest();
+  const keys::Digest h = keys::NamespaceHash(ns);
+  req.setNamespace(AsData(h));
+  req.setDocId(doc_id);
+  req.setModel(AsData(model));
+  req.setPin(pin);
+  req.setTtlMs(ttl_ms);
+  auto r = req.send().wait(c.io.waitScope);
+  if (pinned) *pinned = r.getPinned();
+  return r.getError().getCode();
+}
+
+inline ErrorCode KnowledgeDelete(Client& c, Session::Client& s, const std::string& ns, const keys::Digest& model,
+                                 const std::string& doc_id, std::uint32_t* erased = nullptr) {
+  auto req = s.knowledgeDeleteRequest();
+  const keys::Digest h = keys::NamespaceHash(ns);
+  req.setNamespace(AsData(h));
+  req.setDocId(doc_id);
+  req.setModel(AsData(model));
+  auto r = req.send().wait(c.io.waitScope);
+  if (erased) *erased = r.getErased();
+  return r.getError().getCode();
+}
 
 }  // namespace kdn::server::testing_support
