@@ -14,7 +14,23 @@ KnowledgeIndex::Doc* KnowledgeIndex::Find(const ModelKv& model, std::string_view
   return it == docs_.end() ? nullptr : &it->second;
 }
 
-void KnowledgeIndex::DropLocked(DocMap::iterator it) {
+DocumentRecord KnowledgeIndex::RecordOf(const DocKey& key, const Doc* doc) {
+  DocumentRecord r;
+  r.model = std::get<0>(key);
+  r.ns_hash = keys::NamespaceHash(std::get<1>(key));
+  r.doc_id = std::get<2>(key);
+  if (doc) {
+    r.version = doc->info.version;
+    r.metadata = doc->info.metadata;
+    r.tokens = doc->info.tokens;
+    r.keys = doc->stored_keys;
+  }
+  return r;
+}
+
+void KnowledgeIndex::DropLocked(DocMap::iterator it, bool announce) {
+  const NamespaceScope scope(keys::NamespaceHash(std::get<1>(it->first)));  // a sweep drops any namespace's
+  if (announce) store_.AnnounceDocument(DocumentOp::kDelete, RecordOf(it->first, nullptr));
   Doc& doc = it->second;
   ReleasePinsLocked(doc);
   for (const keys::Digest& k : doc.stored_keys) {
@@ -30,9 +46,9 @@ void KnowledgeIndex::DropLocked(DocMap::iterator it) {
   generation_.fetch_add(1, std::memory_order_release);
 }
 
-void KnowledgeIndex::DropLocked(const DocKey& key) {
+void KnowledgeIndex::DropLocked(const DocKey& key, bool announce) {
   auto it = docs_.find(key);
-  if (it != docs_.end()) DropLocked(it);
+  if (it != docs_.end()) DropLocked(it, announce);
 }
 
 Status KnowledgeIndex::ApplyPinLocked(const keys::Digest& k) {
@@ -223,6 +239,7 @@ keys::Digest VariantKey(const keys::Digest& content, const Payload& bytes) {
 Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                                std::uint64_t version, const std::string& metadata,
                                std::span<const std::int32_t> tokens, const GatherFn& gather) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   if (doc_id.empty()) return Status::InvalidArgument("knowledge: doc_id is empty");
   if (tokens.empty()) return Status::InvalidArgument("knowledge: a document needs tokens");
   const std::uint64_t C = store_.options().chunk_tokens;
@@ -284,12 +301,14 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
   std::lock_guard<std::mutex> lock(mu_);
   // References first, then drop the old version: chunks both versions share survive.
   for (const keys::Digest& k : doc.stored_keys) ++refs_[k];
-  DropLocked(key);
+  DropLocked(key, /*announce=*/false);  // a registry replaces it with the put below
   doc.seq = next_seq_++;
   doc.charge = need;
   charged_ += need;
   const auto it = docs_.emplace(key, std::move(doc)).first;
   by_age_.emplace(it->second.seq, it);
+  // After its chunks (queued before it by the puts above).
+  store_.AnnounceDocument(DocumentOp::kPut, RecordOf(key, &it->second));
   generation_.fetch_add(1, std::memory_order_release);
   return Status::Ok();
 }
@@ -302,6 +321,7 @@ DocumentInfo KnowledgeIndex::DescribeLocked(const Doc& doc) {
 }
 
 std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string_view ns) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked();
   std::vector<DocumentInfo> out;
@@ -316,6 +336,7 @@ std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string
 }
 
 Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   const Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
@@ -325,12 +346,15 @@ Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view
 
 Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std::string& doc_id, bool pin,
                            std::int64_t ttl_ns) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   if (ttl_ns < 0) return Status::InvalidArgument("knowledge: pin TTL must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
   Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
+  const DocKey key{model.fingerprint, std::string(ns), doc_id};
   if (!pin) {
     ReleasePinsLocked(*doc);
+    store_.AnnounceDocument(DocumentOp::kUnpin, RecordOf(key, nullptr));
     return Status::Ok();
   }
   for (size_t i = 0; i < doc->stored_keys.size(); ++i) {
@@ -350,11 +374,16 @@ Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std:
       return st;
     }
   }
+  // The node's clock is its own: the TTL travels, not the deadline (whole
+  // milliseconds, at least 1 so that a short pin is not "until unpinned").
+  const std::uint64_t ttl_ms = ttl_ns == 0 ? 0 : std::max<std::uint64_t>(1, static_cast<std::uint64_t>(ttl_ns) / 1000000);
+  store_.AnnounceDocument(DocumentOp::kPin, RecordOf(key, nullptr), ttl_ms);
   return Status::Ok();
 }
 
 Status KnowledgeIndex::Expire(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                               std::int64_t ttl_ns) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   if (ttl_ns < 0) return Status::InvalidArgument("knowledge: TTL must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
   Doc* doc = Find(model, ns, doc_id);
@@ -368,6 +397,7 @@ Status KnowledgeIndex::Expire(const ModelKv& model, std::string_view ns, const s
 }
 
 Status KnowledgeIndex::Delete(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   if (!Find(model, ns, doc_id)) return Status::NotFound("knowledge: no document '" + doc_id + "'");
   DropLocked(DocKey{model.fingerprint, std::string(ns), doc_id});
@@ -376,6 +406,7 @@ Status KnowledgeIndex::Delete(const ModelKv& model, std::string_view ns, const s
 
 Result<std::vector<ChunkInfo>> KnowledgeIndex::Chunks(const ModelKv& model, std::string_view ns,
                                                       const std::string& doc_id) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   const Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
@@ -417,6 +448,7 @@ Status KnowledgeIndex::Fetch(const ModelKv& model, std::string_view ns, const st
 Status KnowledgeIndex::FetchWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                                  std::uint64_t room, const ScatterFn* scatter, std::vector<std::int32_t>* tokens,
                                  bool* lossy) {
+  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   if (lossy) *lossy = false;
   std::vector<keys::Digest> chunk_keys;
   {

@@ -20,7 +20,11 @@
 // Pins are counted per document: a chunk stays pinned while any document
 // that holds it is pinned, until the latest of their deadlines.
 // The index lives in memory: documents are lost on restart while their
-// chunks stay in the persistent tiers until evicted.
+// chunks stay in the persistent tiers until evicted. A store with a remote
+// tier (a kdnd) also announces each put, pin, unpin and delete of a
+// document to the node (Tier::Document), which keeps a registry of its own
+// that operators and other engines list (docs/kdnd.md).
+// Pins on the node run on its clock: the TTL travels, not the deadline.
 //
 // Bound: the index's own memory is charged against a capacity
 // (KnowledgeOptions::capacity_bytes, 64 MiB by default). Each document is
@@ -188,8 +192,13 @@ class KnowledgeIndex {
   Doc* Find(const ModelKv& model, std::string_view ns, const std::string& doc_id);  // mu_ held
   // mu_ held: releases chunk references and pins, erases unshared chunks,
   // and the document's entries in every index.
-  void DropLocked(DocMap::iterator it);
-  void DropLocked(const DocKey& key);
+  // With `announce`, tiers that keep a registry of documents (a node) are
+  // told of the delete; a put that replaces the document does not (its own
+  // announcement replaces it there).
+  void DropLocked(DocMap::iterator it, bool announce = true);
+  void DropLocked(const DocKey& key, bool announce = true);
+  // The document as a registry records it (`doc` null: its name only).
+  static DocumentRecord RecordOf(const DocKey& key, const Doc* doc);
   void SweepLocked();
   // mu_ held: sets (0: clears) the document's deadline, in by_deadline_ too.
   void SetDeadlineLocked(Doc& doc, std::int64_t deadline);

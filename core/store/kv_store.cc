@@ -260,6 +260,11 @@ void KvStore::EnterNamespace(std::optional<NamespaceScope>& scope, std::string_v
   if (has_remote_) scope.emplace(keys::NamespaceHash(ns));
 }
 
+void KvStore::AnnounceDocument(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) {
+  if (!has_remote_) return;
+  for (size_t i = 0; i < chain_->levels(); ++i) chain_->tier(i).Document(op, doc, ttl_ms);
+}
+
 void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& k, bool will_read) const {
   if (!has_remote_) return;
   // The whole chunks' keys, as the walk computes them: one batched call per

@@ -226,6 +226,9 @@ class KvStore {
     keys::Digest key;
     std::uint64_t begin, tokens;
   };
+  // Tells the tiers that keep a registry of knowledge items (remote nodes)
+  // of a change to one (see Tier::Document).
+  void AnnounceDocument(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms = 0);
   // Position-free content key of one chunk of tokens (knowledge items).
   keys::Digest ContentKey(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) const;
   // Puts one chunk gathered from `view` under `key` (knowledge items).

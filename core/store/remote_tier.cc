@@ -386,7 +386,7 @@ Status RemoteTier::Put(const ChunkRef& chunk) {
       return Status(Code::kBusy, options_.name + ": write-back queue full");
     }
     pending_.emplace(chunk->meta.key, chunk);
-    queue_.push_back(chunk);
+    queue_.push_back(Entry{chunk, nullptr});
     queued_bytes_ += cost;
   }
   qcv_.notify_one();
@@ -396,21 +396,48 @@ Status RemoteTier::Put(const ChunkRef& chunk) {
 void RemoteTier::SenderLoop() {
   for (;;) {
     std::vector<ChunkRef> batch;
+    std::shared_ptr<const DocumentCall> document;
     {
       std::unique_lock<std::mutex> lock(qmu_);
       qcv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
-      std::uint64_t bytes = 0;
-      // One namespace per call: the batch is the queue's head and what
-      // follows it in the same namespace, up to batch_bytes.
-      const keys::Digest ns = queue_.front()->meta.ns_hash;
-      while (!queue_.empty() && queue_.front()->meta.ns_hash == ns &&
-             (batch.empty() || bytes + Cost(*queue_.front()) <= options_.batch_bytes)) {
-        bytes += Cost(*queue_.front());
-        batch.push_back(std::move(queue_.front()));
+      if (queue_.front().document) {
+        document = std::move(queue_.front().document);
         queue_.pop_front();
+        --queued_documents_;
+        in_flight_ = 1;
+      } else {
+        std::uint64_t bytes = 0;
+        // One namespace per call: the batch is the queue's head and the
+        // chunks that follow it in the same namespace, up to batch_bytes.
+        const keys::Digest ns = queue_.front().chunk->meta.ns_hash;
+        while (!queue_.empty() && queue_.front().chunk && queue_.front().chunk->meta.ns_hash == ns &&
+               (batch.empty() || bytes + Cost(*queue_.front().chunk) <= options_.batch_bytes)) {
+          bytes += Cost(*queue_.front().chunk);
+          batch.push_back(std::move(queue_.front().chunk));
+          queue_.pop_front();
+        }
+        in_flight_ = batch.size();
       }
-      in_flight_ = batch.size();
+    }
+    if (document) {
+      const bool answered = SendDocument(*document);
+      std::unique_lock<std::mutex> lock(qmu_);
+      ++send_attempts_;
+      in_flight_ = 0;
+      if (!answered && !stopping_) {
+        ++send_failures_;
+        queue_.push_front(Entry{nullptr, std::move(document)});
+        ++queued_documents_;
+        lock.unlock();
+        drained_.notify_all();
+        lock.lock();
+        qcv_.wait_for(lock, std::chrono::milliseconds(options_.retry_ms), [&] { return stopping_; });
+        continue;
+      }
+      lock.unlock();
+      drained_.notify_all();
+      continue;
     }
     std::vector<bool> stored(batch.size(), false);
     bool unreachable = false;  // the node did not answer (down, timed out): worth another try
@@ -441,7 +468,7 @@ void RemoteTier::SenderLoop() {
       ++io_errors_;
       // Anything but the node's own typed refusal (CallError) means it did
       // not answer: not there, not reachable, too slow.
-      unreachable = !IsRefusal(e);
+      unreachable = !IsRefusal(e) && e.getType() != kj::Exception::Type::UNIMPLEMENTED;
     }
     {
       std::unique_lock<std::mutex> lock(qmu_);
@@ -451,7 +478,7 @@ void RemoteTier::SenderLoop() {
         // sent again once the node answers (after retry_ms). A refusal
         // (typed error) is not retried.
         ++send_failures_;
-        for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(std::move(*it));
+        for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(Entry{std::move(*it), nullptr});
         in_flight_ = 0;
         lock.unlock();
         drained_.notify_all();
@@ -474,6 +501,73 @@ void RemoteTier::SenderLoop() {
     }
     drained_.notify_all();
   }
+}
+
+void RemoteTier::Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (queued_documents_ >= options_.document_queue) {
+      ++documents_dropped_;
+      return;
+    }
+    queue_.push_back(Entry{nullptr, std::make_shared<const DocumentCall>(DocumentCall{op, doc, ttl_ms})});
+    ++queued_documents_;
+  }
+  qcv_.notify_one();
+}
+
+bool RemoteTier::SendDocument(const DocumentCall& call) {
+  const DocumentRecord& d = call.doc;
+  try {
+    impl_->Run([&](node::Session::Client& s) -> kj::Promise<void> {
+      auto check = [](node::Error::Reader e) {
+        if (e.getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(e));
+      };
+      switch (call.op) {
+        case DocumentOp::kPut: {
+          auto req = s.knowledgePutRequest();
+          req.setNamespace(AsData(d.ns_hash));
+          auto item = req.initItem();
+          item.setDocId(d.doc_id);
+          item.setVersion(d.version);
+          item.setMetadata(d.metadata);
+          item.setTokens(d.tokens);
+          item.setModel(AsData(d.model));
+          auto keys = item.initKeys(static_cast<unsigned>(d.keys.size()));
+          for (unsigned i = 0; i < d.keys.size(); ++i) keys.set(i, AsData(d.keys[i]));
+          return req.send().then([check](auto&& r) { check(r.getError()); });
+        }
+        case DocumentOp::kPin:
+        case DocumentOp::kUnpin: {
+          auto req = s.knowledgePinRequest();
+          req.setNamespace(AsData(d.ns_hash));
+          req.setDocId(d.doc_id);
+          req.setModel(AsData(d.model));
+          req.setPin(call.op == DocumentOp::kPin);
+          req.setTtlMs(call.ttl_ms);
+          return req.send().then([check](auto&& r) { check(r.getError()); });
+        }
+        case DocumentOp::kDelete: {
+          auto req = s.knowledgeDeleteRequest();
+          req.setNamespace(AsData(d.ns_hash));
+          req.setDocId(d.doc_id);
+          req.setModel(AsData(d.model));
+          return req.send().then([check](auto&& r) { check(r.getError()); });
+        }
+      }
+      return kj::READY_NOW;
+    });
+  } catch (const kj::Exception& e) {
+    ++impl_->failed_calls;
+    if (IsRefusal(e) || e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+      ++documents_refused_;
+      return true;
+    }
+    ++io_errors_;
+    return false;
+  }
+  ++documents_sent_;
+  return true;
 }
 
 void RemoteTier::Flush() {
@@ -770,6 +864,9 @@ RemoteCounters RemoteTier::remote_counters() const {
   c.reads_ahead_used = impl_->reads_ahead_used;
   c.reads_ahead_dropped = impl_->reads_ahead_dropped;
   c.reads_ahead_overflow = impl_->reads_ahead_overflow;
+  c.documents_sent = documents_sent_;
+  c.documents_refused = documents_refused_;
+  c.documents_dropped = documents_dropped_;
   {
     std::lock_guard<std::mutex> lock(qmu_);
     c.queued_bytes = queued_bytes_;

@@ -27,6 +27,10 @@
 //   which takes it (or, when it is late, waits for it until the deadline).
 //   Gets of keys past the node's prefix are cancelled when the lookup's
 //   answer comes back. Arrivals no Get takes are dropped after a deadline.
+// - Knowledge items: Document() queues the announcement behind the chunks
+//   queued before it (a put of a document after its chunks), sent by the
+//   same sender thread and retried as they are; one the node refuses (or a
+//   node without knowledge items, protocol 1) is dropped and counted.
 // - Capacity is the node's business: this tier reports no usage, lists
 //   nothing, and the chain never evicts from it.
 // - Corrupt replies (checksums, another key) are misses, counted as
@@ -63,6 +67,9 @@ struct RemoteTierOptions {
   // read_ahead_keys reads are started per Prefetch.
   std::uint64_t read_ahead_bytes = std::uint64_t{256} << 20;
   std::uint32_t read_ahead_keys = 1024;
+  // Knowledge-item announcements (Document) waiting in the write-back
+  // queue; beyond this many one is dropped (counted).
+  std::uint32_t document_queue = 4096;
   // TLS (kdnd's [server.tls]): the certificate(s) to trust, PEM, and the
   // name the node's certificate must carry (default: the address's host).
   // Empty: plain TCP.
@@ -79,6 +86,10 @@ struct RemoteCounters {
   // deadline), and arrivals not kept (read_ahead_bytes were held; their Get
   // asks again).
   std::uint64_t reads_ahead = 0, reads_ahead_used = 0, reads_ahead_dropped = 0, reads_ahead_overflow = 0;
+  // Knowledge-item announcements: sent (the node took them), refused by the
+  // node (a typed error: an unknown document, a namespace not granted, a
+  // node without knowledge items), dropped (document_queue full).
+  std::uint64_t documents_sent = 0, documents_refused = 0, documents_dropped = 0;
 };
 
 class RemoteTier final : public Tier {
@@ -99,6 +110,7 @@ class RemoteTier final : public Tier {
   TierCounters counters() const override;
   void Flush() override;
   void Prefetch(std::span<const keys::Digest> keys, bool will_read) const override;
+  void Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) override;
 
   RemoteCounters remote_counters() const;
 
@@ -110,10 +122,24 @@ class RemoteTier final : public Tier {
 
   const RemoteTierOptions options_;
   std::unique_ptr<Impl> impl_;  // the event loop thread and its connection
-  // Write-back queue.
+  // Write-back queue: chunks, and knowledge-item announcements in the order
+  // they were made (one after the chunks put before it).
+  struct DocumentCall {
+    DocumentOp op;
+    DocumentRecord doc;
+    std::uint64_t ttl_ms;
+  };
+  struct Entry {
+    ChunkRef chunk;                              // or
+    std::shared_ptr<const DocumentCall> document;
+  };
+  // Sends one announcement; false when the node did not answer (worth
+  // another try), true when it answered (took or refused it).
+  bool SendDocument(const DocumentCall& call);
   mutable std::mutex qmu_;
   std::condition_variable qcv_, drained_;
-  std::deque<ChunkRef> queue_;
+  std::deque<Entry> queue_;
+  size_t queued_documents_ = 0;
   std::unordered_map<keys::Digest, ChunkRef, keys::DigestHash> pending_;  // queued or being sent
   std::uint64_t queued_bytes_ = 0;
   bool stopping_ = false;
@@ -122,6 +148,7 @@ class RemoteTier final : public Tier {
   std::thread sender_;
   mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, no_namespace_{0}, queue_full_{0};
   mutable std::atomic<std::uint64_t> puts_sent_{0}, puts_refused_{0};
+  std::atomic<std::uint64_t> documents_sent_{0}, documents_refused_{0}, documents_dropped_{0};
 };
 
 }  // namespace kdn::store

@@ -42,6 +42,19 @@ struct TierCounters {
   std::uint64_t io_errors = 0;
 };
 
+// A knowledge item (store/knowledge.h) as a tier that keeps a registry of
+// them (a node: wire/node.capnp's knowledge methods) is told of it.
+struct DocumentRecord {
+  keys::Digest ns_hash{};            // its namespace's hash
+  keys::Digest model{};              // the model fingerprint its KV is of
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  std::vector<keys::Digest> keys;    // its chunks' stored keys, in order (kPut only)
+};
+enum class DocumentOp { kPut, kPin, kUnpin, kDelete };
+
 class Tier {
  public:
   virtual ~Tier() = default;
@@ -79,6 +92,15 @@ class Tier {
   virtual void Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
     (void)keys;
     (void)will_read;
+  }
+  // A knowledge item was put (replacing any of its doc_id), pinned for
+  // ttl_ms (0: until unpinned), unpinned or deleted. A tier that keeps a
+  // registry of documents records it, after the chunks put before this call
+  // (best effort: never an error to the caller). Most tiers: nothing.
+  virtual void Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) {
+    (void)op;
+    (void)doc;
+    (void)ttl_ms;
   }
 };
 

@@ -155,6 +155,9 @@ class TieredStore {
 
   size_t levels() const { return levels_.size(); }
   const Tier& tier(size_t level) const { return *levels_[level]->tier; }
+  // For what passes the chain by (Tier::Document): never to put, get or
+  // erase behind the chain's back.
+  Tier& tier(size_t level) { return *levels_[level]->tier; }
   // Presence, without side effects.
   bool ContainsAt(size_t level, const keys::Digest& key) const;
   // The highest level holding the key, or -1.

@@ -221,6 +221,60 @@ TEST_F(RemoteReadTest, AFullWriteBackQueueRefusesPutsWithBusyAndKeepsServingWhat
   EXPECT_EQ(tier->remote_counters().queued_bytes, 2 * cost);
 }
 
+// A runtime's knowledge items reach the node's registry: a put registers the
+// document (its stored keys, after its chunks), a pin and an unpin follow
+// it there, another engine lists it, and a delete unregisters it and erases
+// its chunks on the node.
+TEST_F(RemoteReadTest, ARuntimesKnowledgeItemsAreRegisteredOnTheNode) {
+  auto rt = RemoteRuntime(server_->bound().rpc[0], kToken);
+  const size_t T = ref_.tokens.size();
+  std::vector<float> kv = ref_.canonical;
+  auto views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(kv)}, T).value();
+  const std::span<const std::int32_t> tokens(reinterpret_cast<const std::int32_t*>(ref_.tokens.data()), T);
+  ASSERT_TRUE(rt->knowledge().Put(ref_.m, kNs, "lily.txt", 3, R"({"source":"test"})", tokens, views).ok());
+  auto& chain = rt->store().chain();
+  chain.Flush();
+  const auto& tier = dynamic_cast<const store::RemoteTier&>(chain.tier(0));
+  EXPECT_EQ(tier.remote_counters().documents_sent, 1u);
+
+  Client c(server_->bound().rpc[0]);
+  Session::Client s = c.MustLogin(kToken);
+  std::vector<ListedDoc> docs;
+  ASSERT_EQ(KnowledgeList(c, s, kNs, &docs), wire::node::ErrorCode::OK);
+  ASSERT_EQ(docs.size(), 1u);
+  const size_t chunks = (T + 7) / 8;
+  EXPECT_EQ(docs[0].doc_id, "lily.txt");
+  EXPECT_EQ(docs[0].version, 3u);
+  EXPECT_EQ(docs[0].metadata, R"({"source":"test"})");
+  EXPECT_EQ(docs[0].tokens, T);
+  EXPECT_EQ(docs[0].model, std::vector<std::uint8_t>(ref_.m.fingerprint.begin(), ref_.m.fingerprint.end()));
+  EXPECT_EQ(docs[0].chunks, chunks);
+  EXPECT_EQ(docs[0].chunks_held, chunks);  // its chunks went before it
+  EXPECT_FALSE(docs[0].pinned);
+  EXPECT_EQ(server_->server().service().Stats().tiers[0].objects, chunks);
+
+  const Status pinned = rt->knowledge().Pin(ref_.m, kNs, "lily.txt", true, std::int64_t{3600} * 1000000000);
+  ASSERT_TRUE(pinned.ok()) << pinned.message();
+  chain.Flush();
+  ASSERT_EQ(KnowledgeList(c, s, kNs, &docs), wire::node::ErrorCode::OK);
+  ASSERT_EQ(docs.size(), 1u);
+  EXPECT_TRUE(docs[0].pinned);
+  EXPECT_GT(docs[0].pin_expires_ms, 0u);  // the TTL travelled: a deadline on the node's clock
+  ASSERT_TRUE(rt->knowledge().Pin(ref_.m, kNs, "lily.txt", false, 0).ok());
+  chain.Flush();
+  ASSERT_EQ(KnowledgeList(c, s, kNs, &docs), wire::node::ErrorCode::OK);
+  EXPECT_FALSE(docs.at(0).pinned);
+
+  ASSERT_TRUE(rt->knowledge().Delete(ref_.m, kNs, "lily.txt").ok());
+  chain.Flush();
+  ASSERT_EQ(KnowledgeList(c, s, kNs, &docs), wire::node::ErrorCode::OK);
+  EXPECT_TRUE(docs.empty());
+  EXPECT_EQ(server_->server().service().Stats().documents, 0u);
+  EXPECT_EQ(server_->server().service().Stats().tiers[0].objects, 0u);  // its chunks erased there too
+  EXPECT_EQ(tier.remote_counters().documents_sent, 4u);
+  EXPECT_EQ(tier.remote_counters().documents_refused, 0u);
+}
+
 // Through a runtime: a retrieve of whole chunks from the node is one call
 // (the lookup, with the gets sent beside it); the chain's probes around each
 // get are answered without asking again; the KV comes back bit for bit.
