@@ -201,10 +201,30 @@ NodeError NodeService::Lookup(const Grant& g, std::span<const std::uint8_t> ns_b
   return {};
 }
 
+void NodeService::SetEventPublisher(KvEventPublisher* publisher) {
+  events_ = publisher;
+  if (!publisher) return;
+  std::uint64_t held = 0;
+  for (size_t i = 0; i < chain_->levels(); ++i) held += chain_->tier(i).objects();
+  if (held != 0) publisher->AllBlocksCleared();
+}
+
+void NodeService::Learned(const keys::Digest& object, const keys::Digest& key, std::uint32_t tokens) {
+  KvEventPublisher* events = events_.load();
+  if (!events) return;
+  {
+    std::lock_guard<std::mutex> lock(client_keys_mu_);
+    if (!client_keys_.emplace(object, key).second) return;  // known: announced when it was put
+  }
+  events->BlockStored({std::vector<std::uint8_t>(key.begin(), key.end())}, std::nullopt, {}, tokens);
+}
+
 store::ChunkRef NodeService::Get(const keys::Digest& ns, const keys::Digest& key) {
-  Result<store::Lease> lease = chain_->Get(ObjectKey(ns, key));
+  const keys::Digest object = ObjectKey(ns, key);
+  Result<store::Lease> lease = chain_->Get(object);
   if (!lease.ok()) return nullptr;
   store::ChunkRef stored = lease->chunk();
+  Learned(object, key, stored->meta.tokens);
   // The same payload (shared, not copied) under the caller's key.
   auto out = std::make_shared<store::Chunk>();
   out->meta = stored->meta;

@@ -169,8 +169,13 @@ class NodeService {
   void SetDraining() { draining_ = true; }
   bool draining() const { return draining_; }
   std::uint64_t uptime_ms() const;
-  // Where stored and removed chunks are announced (may be null).
-  void SetEventPublisher(KvEventPublisher* publisher) { events_ = publisher; }
+  // Where stored and removed chunks are announced (may be null). When the
+  // node's tiers already hold objects (a disk tier after a restart), it
+  // first announces AllBlocksCleared: it cannot name what it held before
+  // (the client keys of objects filed by another run are not known), so a
+  // router forgets it, and relearns each such chunk as a BlockStored when a
+  // get serves it (after which its eviction is announced too).
+  void SetEventPublisher(KvEventPublisher* publisher);
   store::TieredStore& chain() { return *chain_; }
 
   // The object a key of a namespace is filed under.
@@ -239,10 +244,14 @@ class NodeService {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<bool> draining_{false};
   std::atomic<KvEventPublisher*> events_{nullptr};
-  // The client's key of each object the node filed since it started, for
-  // KV events about evictions (objects a restart found on disk are not in
-  // it: their evictions are not announced).
+  // The client's key of each object the node filed since it started, or
+  // served since (objects a restart found on disk enter it when a get serves
+  // them), for KV events about evictions; an object evicted before that is
+  // not announced (AllBlocksCleared at start made routers forget it).
   void Dropped(const keys::Digest& object);
+  // A get served `object` as the client's `key`: learned (and announced as
+  // stored) when the node did not know that key yet.
+  void Learned(const keys::Digest& object, const keys::Digest& key, std::uint32_t tokens);
   std::mutex client_keys_mu_;
   std::unordered_map<keys::Digest, keys::Digest, keys::DigestHash> client_keys_;
   std::atomic<std::uint64_t> lookups_{0}, requested_tokens_{0}, hit_tokens_{0}, lookup_hit_tokens_{0};

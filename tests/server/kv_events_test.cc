@@ -22,6 +22,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <msgpack.hpp>
 #include <zmq.h>
 
@@ -532,6 +535,89 @@ TEST(ServerKvEvents, ANodeAnnouncesStoredDeletedAndEvictedChunks) {
       {"BlockStored", K(2)}, {"BlockRemoved", K(2)}};                        // deleted
   EXPECT_EQ(seen, want);
   (*service)->SetEventPublisher(nullptr);
+}
+
+// After a restart with a disk tier, the node cannot name the objects it
+// found: it announces AllBlocksCleared, then each such chunk as stored when a
+// get serves it, and from then on its eviction too.
+TEST(ServerKvEvents, ARestartedNodeClearsThenRelearnsWhatAGetServes) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kdn-kv-events-restart-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  NodeOptions no;
+  store::TierSpec disk;
+  disk.kind = store::TierSpec::Kind::kDisk;
+  disk.path = dir.string();
+  disk.capacity_bytes = 40 << 10;  // two of the chunks below (16 KiB each), not three
+  no.tiers = {disk};
+  const keys::Digest ns = keys::NamespaceHash("tenant-a");
+  std::vector<keys::Digest> keys(4);
+  auto put = [&](NodeService& service, int i) {
+    auto c = std::make_shared<chunk::Chunk>();
+    keys[static_cast<size_t>(i)][0] = static_cast<std::uint8_t>(0xB0 + i);
+    c->meta.key = keys[static_cast<size_t>(i)];
+    c->meta.ns_hash = ns;
+    c->meta.layers = 2;
+    c->meta.kv_heads = 4;
+    c->meta.head_dim = 8;
+    c->meta.tokens = 32;  // 16 KiB of f32
+    std::vector<std::uint8_t> kv(c->meta.payload_bytes(), static_cast<std::uint8_t>(i));
+    c->payload = chunk::Payload(kv.data(), kv.size());
+    auto bytes = wire::EncodeEnvelope(*c);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_TRUE(service.Put(ns, {bytes->data(), bytes->size()}).ok());
+    service.chain().Flush();
+  };
+  {
+    auto first = NodeService::Create(no);
+    ASSERT_TRUE(first.ok()) << first.status().message();
+    put(**first, 0);
+    put(**first, 1);
+  }
+  auto pub = Make(Fixed());
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+  auto service = NodeService::Create(no);
+  ASSERT_TRUE(service.ok()) << service.status().message();
+  ASSERT_EQ((*service)->chain().tier(0).objects(), 2u);
+  (*service)->SetEventPublisher(pub.get());
+  ASSERT_NE((*service)->Get(ns, keys[0]), nullptr);  // relearned: announced as stored
+  ASSERT_NE((*service)->Get(ns, keys[0]), nullptr);  // once
+  put(**service, 2);  // evicts chunk 1 (least recently used; never relearned: not announced)
+  put(**service, 3);  // evicts chunk 0 (relearned: announced)
+  pub->Flush();
+  std::vector<std::pair<std::string, Bytes>> seen;  // (type, key); AllBlocksCleared has none
+  std::uint64_t next = k;
+  for (int extra = 0; seen.size() < 5 || extra++ == 0;) {  // then one more look, briefly: nothing else comes
+    auto m = sub.Next(next, seen.size() < 5 ? 5000 : 300);
+    if (!m) break;
+    next = m->seq() + 1;
+    for (const msgpack::object& e : Decode(m->payload).events) {
+      const std::string type = Str(Val(e, 0));
+      if (type == "AllBlocksCleared") {
+        seen.emplace_back(type, Bytes{});
+        continue;
+      }
+      for (std::uint32_t i = 0; i < Arr(Val(e, 1)).size; ++i) seen.emplace_back(type, Bin(Arr(Val(e, 1)).ptr[i]));
+    }
+  }
+  auto K = [&](int i) { return Bytes(keys[static_cast<size_t>(i)].begin(), keys[static_cast<size_t>(i)].end()); };
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen[0], std::make_pair(std::string("AllBlocksCleared"), Bytes{}));
+  auto count = [&](const std::string& type, int i) {
+    return std::count(seen.begin(), seen.end(), std::make_pair(type, K(i)));
+  };
+  EXPECT_EQ(count("BlockStored", 0), 1);
+  EXPECT_EQ(count("BlockStored", 2), 1);
+  EXPECT_EQ(count("BlockStored", 3), 1);
+  EXPECT_EQ(count("BlockRemoved", 0), 1);
+  EXPECT_EQ(count("BlockRemoved", 1), 0);  // never relearned: its key is not known
+  EXPECT_EQ(seen.size(), 5u);
+  (*service)->SetEventPublisher(nullptr);
+  service->reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServerKvEvents, CreateRejectsBadEndpoints) {
