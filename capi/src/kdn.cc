@@ -21,6 +21,7 @@
 
 #include "blend/documents.h"
 #include "keys/hash.h"
+#include "store/remote_tier.h"
 #include "store/runtime.h"
 #include "util/dtype.h"
 
@@ -730,6 +731,15 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
   full.bytes_after_encoding = l.bytes_after_encoding;
   full.encode_failures = l.encode_failures;
   full.decode_failures = l.decode_failures;
+  full.io_errors = l.io_errors;
+  if (const auto* remote = dynamic_cast<const kdn::store::RemoteTier*>(&runtime->rep->store().chain().tier(index))) {
+    const kdn::store::RemoteCounters rc = remote->remote_counters();
+    full.remote_calls = rc.calls;
+    full.remote_failed_calls = rc.failed_calls;
+    full.remote_timeouts = rc.timeouts;
+    full.write_queue_full = rc.queue_full;
+    full.write_queued_bytes = rc.queued_bytes;
+  }
   WriteOut(full, out);
   return KDN_OK;
   KDN_END

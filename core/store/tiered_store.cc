@@ -629,7 +629,9 @@ std::vector<LevelStats> TieredStore::Stats() const {
     s.objects = l->tier->objects();
     s.used_bytes = l->tier->used_bytes();
     s.capacity_bytes = l->tier->capacity_bytes();
-    s.corrupt_detected = l->tier->counters().corrupt_detected + l->decode_failures;
+    const TierCounters tc = l->tier->counters();
+    s.corrupt_detected = tc.corrupt_detected + l->decode_failures;
+    s.io_errors = tc.io_errors;
     s.codec = l->codec ? l->codec->spec().ToString() : "raw";
     s.encoded_chunks = l->encoded;
     s.bytes_before_encoding = l->encode_in;

@@ -102,6 +102,8 @@ struct LevelStats {
   // Objects that failed a check on read and were removed: the tier's own
   // checks (checksums) plus payloads that failed to decode.
   std::uint64_t corrupt_detected = 0;
+  // Reads and writes of the tier that failed (TierCounters::io_errors).
+  std::uint64_t io_errors = 0;
   // The level's codec, as a spec ("raw", "int8", "kdn:balanced", ...).
   std::string codec = "raw";
   // Chunks encoded for this level, their canonical bytes and their encoded

@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 1
+#define KDN_VERSION_MINOR 2
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -652,11 +652,16 @@ typedef struct kdn_tier_stats {
   uint64_t bytes_before_encoding, bytes_after_encoding; /* compression ratio: before / after */
   uint64_t encode_failures;  /* chunks that did not encode (stored raw) */
   uint64_t decode_failures;  /* chunks read back that did not decode (misses, removed) */
+  /* Since 1.2 (filled_size says whether the library filled them). */
+  uint64_t io_errors;        /* reads and writes that failed: for a remote tier, the misses its node cost */
+  uint64_t remote_calls, remote_failed_calls, remote_timeouts; /* KDN_TIER_REMOTE: calls to the node */
+  uint64_t write_queue_full;   /* KDN_TIER_REMOTE: puts refused with the write-back queue full */
+  uint64_t write_queued_bytes; /* KDN_TIER_REMOTE: bytes waiting in the write-back queue now */
 } kdn_tier_stats;
 #define KDN_TIER_STATS_SIZE_V1 208u
 #define KDN_TIER_STATS_INIT                                                                          \
   { sizeof(kdn_tier_stats), 0u, KDN_TIER_HOST, 0u, {0}, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
 KDN_API kdn_status kdn_tier_stats_init(kdn_tier_stats *stats, size_t struct_size);
 
 KDN_API kdn_status kdn_runtime_get_tier_count(kdn_runtime *runtime, uint32_t *out);
