@@ -1,6 +1,7 @@
 // The kdn command: generate, demo, bench, disk, codec.
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -86,6 +87,18 @@ int Generate(const std::string& model_path, const std::string& tok_path, const s
         return 2;
       }
     }
+    // The token id at each dumped position (int32, little-endian).
+    std::vector<std::int32_t> processed(tokens.begin(), tokens.end());
+    processed.insert(processed.end(), out.begin(), out.end());
+    processed.resize(static_cast<size_t>(pos));
+    const std::string path = dump_prefix + ".tokens.i32";
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(processed.data()),
+            static_cast<std::streamsize>(processed.size() * sizeof(std::int32_t)));
+    if (!f) {
+      std::fprintf(stderr, "kdn generate: cannot write %s\n", path.c_str());
+      return 2;
+    }
   }
   return 0;
 }
@@ -106,7 +119,7 @@ int main(int argc, char** argv) {
   gen->add_option("--prompt", prompt, "prompt text (default: none, start from BOS)");
   gen->add_option("--steps", steps, "tokens to generate after the prompt")->required()->check(CLI::Range(1, 1 << 20));
   gen->add_flag("--ids", ids, "print token ids instead of text");
-  gen->add_option("--dump-kv", dump, "write PREFIX.k.f32 and PREFIX.v.f32 ([layer][pos][kv_head][head_dim])");
+  gen->add_option("--dump-kv", dump, "write PREFIX.k.f32 and PREFIX.v.f32 ([layer][pos][kv_head][head_dim]) and PREFIX.tokens.i32 (the id at each pos)");
 
   kdn::tools::DemoOptions demo;
   auto* dm = app.add_subcommand("demo", "Store documents' KV and reuse it: TTFT cold vs with kdn");

@@ -86,6 +86,13 @@ TEST(Cli, DumpKvMatchesTheReferenceFiles) {
   // With a prompt: BOS + 4 prompt tokens + 9 of the 10 generated = 14 positions.
   ASSERT_EQ(Kdn("generate " + ModelArgs() + " --prompt 'Once upon a time' --steps 10 --dump-kv " + prefix).code, 0);
   EXPECT_EQ(kdn::testing::ReadFloats(prefix + ".k.f32").size(), 5u * 14 * 32);
+  // ...and the id at each of the 14 positions: BOS, then the prompt's.
+  std::ifstream ids(prefix + ".tokens.i32", std::ios::binary);
+  std::vector<std::int32_t> tokens(15, -7);
+  ids.read(reinterpret_cast<char*>(tokens.data()), 15 * sizeof(std::int32_t));
+  EXPECT_EQ(ids.gcount(), static_cast<std::streamsize>(14 * sizeof(std::int32_t)));
+  EXPECT_EQ(tokens[0], 1);
+  for (int i = 0; i < 14; ++i) EXPECT_GE(tokens[static_cast<size_t>(i)], 0) << i;
   fs::remove_all(dir);
 }
 
