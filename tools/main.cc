@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings_bench.h"
 #include "blend_bench.h"
 #include "codec_bench.h"
 #include "blend_cmd.h"
@@ -188,6 +189,12 @@ int main(int argc, char** argv) {
   kdn::tools::BlendCommand blend(app);  // `kdn blend eval`
 #ifdef KDN_WITH_LLAMACPP
   kdn::llamacpp::LlamaCommand llama(app);  // `kdn llama`
+  kdn::bench::BindingsBenchOptions bio;
+  auto* bindingsb = bench->add_subcommand("bindings", "Go, Java, Python and Rust against the same calls from C: 32 MiB retrieve GB/s, lookup us");
+  bindingsb->add_option("--json", bio.json_path, "JSON records")->required();
+  bindingsb->add_option("--repeats", bio.repeats, "retrieves timed per side (median)");
+  bindingsb->add_option("--lang", bio.languages, "only these (rust, go, java, python); default: every one built");
+  bindingsb->add_option("--bindings-dir", bio.bindings_dir, "the build's bindings/ (default: this build's)");
   kdn::llamacpp::LlamaBenchCommand llamab(*bench);  // `kdn bench llama`
 #else
   auto* llama = app.add_subcommand("llama", "A prompt on llama.cpp: not in this build (scripts/fetch-llamacpp)");
@@ -216,5 +223,6 @@ int main(int argc, char** argv) {
   if (*remoteb) return kdn::bench::RunRemoteBench(rbo);
   if (*codecb) return kdn::bench::RunCodecBench(cbo);
   if (*blendb) return kdn::bench::RunBlendBench(bbo);
+  if (*bindingsb) return kdn::bench::RunBindingsBench(bio);
   return 1;
 }

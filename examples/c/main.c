@@ -12,6 +12,10 @@
  * or
  *   cc -std=c99 main.c $(pkg-config --cflags --libs kdn) -o kdn_example
  * Run: kdn_example [models dir]  (default: $KDN_MODELS)
+ *  or: kdn_example --kv PREFIX     (what `kdn generate --dump-kv PREFIX` wrote
+ *                                   for 48 positions: PREFIX.k.f32, .v.f32 and
+ *                                   .tokens.i32; the other bindings' examples
+ *                                   take the same)
  * Exit status: 0 done, 1 a check failed, 2 usage, 77 the reference KV is missing.
  */
 #include <stdint.h>
@@ -34,7 +38,7 @@ enum {
 
 /* The prompt: BOS, then the model's first 47 greedy tokens ("Once upon a
  * time, there was a little girl named Lily. ..."). */
-static const int32_t kPrompt[POSITIONS] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
+static int32_t kPrompt[POSITIONS] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
                                            421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419,
                                            292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358,
                                            394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266};
@@ -75,8 +79,13 @@ static int read_file(const char *path, void *out, size_t bytes) {
 static double mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 int main(int argc, char **argv) {
-  const char *models = argc > 1 ? argv[1] : getenv("KDN_MODELS");
+  const int dumped = argc > 2 && strcmp(argv[1], "--kv") == 0;
+  const char *models = dumped ? argv[2] : argc > 1 ? argv[1] : getenv("KDN_MODELS");
   static const char *const kFiles[2] = {"kv260k.k.f32", "kv260k.v.f32"};
+  static const char *const kDumped[2] = {".k.f32", ".v.f32"};
+  int32_t doc_tokens[POSITIONS];
+  kdn_document_info docs[4];
+  size_t num_docs = 0;
   float *prompt_kv; /* K file, then V file: [k|v][layer][position][head][dim] */
   float *loaded;    /* canonical layout: [layer][k|v][position][head][dim] */
   kdn_runtime_options options;
@@ -94,7 +103,7 @@ int main(int argc, char **argv) {
   int i, layer;
 
   if (models == NULL || models[0] == '\0') {
-    fprintf(stderr, "usage: %s MODELS_DIR (or set KDN_MODELS)\n", argv[0]);
+    fprintf(stderr, "usage: %s MODELS_DIR (or set KDN_MODELS) | --kv PREFIX\n", argv[0]);
     return 2;
   }
   prompt_kv = malloc(sizeof(float) * KV_ELEMS);
@@ -103,13 +112,27 @@ int main(int argc, char **argv) {
   for (i = 0; i < 2; ++i) {
     char path[4096];
     int r;
-    snprintf(path, sizeof path, "%s/reference/%s", models, kFiles[i]);
+    if (dumped) {
+      snprintf(path, sizeof path, "%s%s", models, kDumped[i]);
+    } else {
+      snprintf(path, sizeof path, "%s/reference/%s", models, kFiles[i]);
+    }
     r = read_file(path, prompt_kv + (size_t)i * FILE_ELEMS, sizeof(float) * FILE_ELEMS);
     if (r != 1) {
       printf("%s: %s\n", path, r == 0 ? "missing (the reference model's KV)" : "not the reference KV");
       free(prompt_kv);
       free(loaded);
       return r == 0 ? 77 : 1;
+    }
+  }
+  if (dumped) { /* the prompt's ids, as generate wrote them */
+    char path[4096];
+    snprintf(path, sizeof path, "%s.tokens.i32", models);
+    if (read_file(path, kPrompt, sizeof kPrompt) != 1) {
+      printf("%s: missing, or not %d ids\n", path, POSITIONS);
+      free(prompt_kv);
+      free(loaded);
+      return 1;
     }
   }
 
@@ -203,6 +226,29 @@ int main(int argc, char **argv) {
   CHECK(kdn_kv_retrieve(model, "someone-else", 12, &request, &out, 1, &result));
   EXPECT(result.tokens == 0);
 
+  /* The prompt as a knowledge item: put under a name, listed, fetched back
+   * (its tokens and KV at its own positions) and compared. */
+  CHECK(kdn_knowledge_put(model, NS, "story", 5, 1, "{}", 2, kPrompt, POSITIONS, &engine, 1));
+  for (i = 0; i < 4; ++i) CHECK(kdn_document_info_init(&docs[i], sizeof docs[i]));
+  CHECK(kdn_knowledge_list(model, NS, docs, 4, &num_docs));
+  EXPECT(num_docs == 1 && strcmp(docs[0].doc_id, "story") == 0 && docs[0].num_tokens == POSITIONS);
+  printf("knowledge: %s, version %llu, %llu tokens, %u of %u chunks held\n", docs[0].doc_id,
+         (unsigned long long)docs[0].version, (unsigned long long)docs[0].num_tokens, docs[0].chunks_present,
+         docs[0].chunks);
+  memset(loaded, 0, sizeof(float) * KV_ELEMS);
+  out.num_tokens = POSITIONS; /* the room a fetch needs stated */
+  CHECK(kdn_kv_result_init(&result, sizeof result));
+  CHECK(kdn_knowledge_fetch(model, NS, "story", 5, &out, 1, doc_tokens, POSITIONS, &result));
+  EXPECT(result.tokens == POSITIONS && memcmp(doc_tokens, kPrompt, sizeof kPrompt) == 0);
+  for (layer = 0; layer < LAYERS; ++layer) {
+    for (i = 0; i < 2; ++i) {
+      const float *want = prompt_kv + (size_t)i * FILE_ELEMS + (size_t)layer * POSITIONS * TOKEN_ELEMS;
+      const float *got = loaded + ((size_t)layer * 2 + i) * POSITIONS * TOKEN_ELEMS;
+      EXPECT(memcmp(want, got, sizeof(float) * POSITIONS * TOKEN_ELEMS) == 0);
+    }
+  }
+  printf("knowledge fetch: tokens and KV equal to what was put\n");
+
   CHECK(kdn_stats_init(&stats, sizeof stats));
   CHECK(kdn_runtime_get_stats(runtime, &stats));
   printf("stats: %llu lookups, %llu stores, %llu retrieves, %llu chunk hits, %llu misses\n",
@@ -211,9 +257,11 @@ int main(int argc, char **argv) {
   printf("       %llu tokens stored, %llu served; %llu chunks held, %.2f of %.2f MiB\n",
          (unsigned long long)stats.tokens_stored, (unsigned long long)stats.tokens_served,
          (unsigned long long)stats.chunks, mib(stats.used_bytes), mib(stats.capacity_bytes));
-  EXPECT(stats.tokens_stored == POSITIONS);
+  /* The prompt twice: under its own keys, and as a knowledge item under
+   * position-free ones. */
+  EXPECT(stats.tokens_stored == 2 * POSITIONS);
   EXPECT(stats.tokens_served == POSITIONS);
-  EXPECT(stats.chunks == POSITIONS / CHUNK_TOKENS);
+  EXPECT(stats.chunks == 2 * POSITIONS / CHUNK_TOKENS);
 
   CHECK(kdn_latency_init(&latency, sizeof latency));
   CHECK(kdn_runtime_get_latency(runtime, KDN_LATENCY_LOAD, &latency));
