@@ -1,0 +1,77 @@
+//! # kdn: the KV-cache runtime, from Rust
+//!
+//! A safe API over kdn's C ABI (`kdn.h`, through the [`kdn_sys`] crate):
+//! a [`Runtime`] holds the store and its tiers (host, device, disk, remote;
+//! codecs; eviction); a [`Model`] names the shape of a model's KV; KV moves
+//! between the caller's memory and the store without copies, described by
+//! [`KvView`]s (read) and [`KvViewMut`]s (write) over the caller's slices.
+//!
+//! ```
+//! use kdn::{DType, KvView, KvViewMut, ModelSpec, Runtime, RuntimeOptions, TierConfig};
+//!
+//! let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(16).with_tier(TierConfig::host(64 << 20)))?;
+//! let model = rt.model(&ModelSpec::new(4, 2, 8, DType::F32, "my-model-v1"))?;
+//! let tokens: Vec<i32> = (100..132).collect();
+//! let kv = vec![1.5f32; tokens.len() * 4 * 2 * 2 * 8]; // [layer][k|v][token][head][dim]
+//! model.store("tenant-a", &tokens, &KvView::canonical(&kv, DType::F32))?;
+//!
+//! assert_eq!(model.lookup("tenant-a", &tokens)?.cached_tokens, 32);
+//! let mut out = vec![0f32; kv.len()];
+//! let result = model.retrieve("tenant-a", &tokens, &mut KvViewMut::canonical(&mut out, DType::F32))?;
+//! assert_eq!(result.tokens, 32);
+//! assert_eq!(out, kv);
+//! # Ok::<(), kdn::Error>(())
+//! ```
+//!
+//! ## Errors
+//! Every fallible call returns [`Result<T>`](Result); an [`Error`] has a
+//! [`Status`] (open: [`Status::Unknown`] for codes from a newer library),
+//! the library's message, and a [`Family`]: fix the call, retry, or other.
+//! A cache miss is never an error: it is `Ok` with 0 tokens.
+//!
+//! ## Resources and threads
+//! Handles are released by `Drop` (or a consuming `close`). [`Runtime`],
+//! [`Model`] and [`Op`] are `Send + Sync`, as `kdn.h` says each handle is
+//! thread-safe; models and ops keep their runtime alive, so any drop order
+//! is fine. An asynchronous [`Op`] owns its KV buffer until it ends
+//! ([`Model::load_async`]); engines that manage their own KV memory use the
+//! `unsafe` [`Model::load_async_unchecked`] and [`Model::save_async_unchecked`].
+//!
+//! ## Experimental
+//! [`Runtime::with_editor`] wraps the experimental editor callback of
+//! `kdn.h` (`KDN_EXPERIMENTAL`): it may change in a minor release.
+#![deny(missing_docs)]
+
+mod error;
+mod knowledge;
+mod model;
+mod op;
+mod runtime;
+mod types;
+mod view;
+
+pub use error::{Error, Family, Result, Status};
+pub use knowledge::{DocumentInfo, Knowledge};
+pub use model::{KvResult, Lookup, Model, ModelSpec, Request};
+pub use op::Op;
+pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
+pub use types::{
+    version, version_number, DType, Element, EvictionPolicy, LatencyKind, Layout, OpState, RopeStyle, TierKind,
+    HEADER_VERSION_NUMBER,
+};
+pub use view::{as_bytes, as_f32_mut, KvBuffer, KvView, KvViewMut, LayerOffsets, ViewSpec};
+
+/// The raw C ABI, for what this crate does not wrap (the experimental blending API).
+pub use kdn_sys;
+
+// The handles are Send + Sync exactly as kdn.h's Thread-safety lines say
+// (checked at compile time); the views borrow caller memory through raw
+// pointers and are neither.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Runtime>();
+    send_sync::<Model>();
+    send_sync::<Op<Vec<u8>>>();
+    send_sync::<Op<Vec<f32>>>();
+    send_sync::<Error>();
+};

@@ -1,0 +1,509 @@
+//! Models, requests, and the synchronous KV calls: store, retrieve, lookup.
+
+use crate::error::{check, Error, Result, Status};
+use crate::op::{Op, OpKind};
+use crate::runtime::Keep;
+use crate::types::{bytes, init, DType, OpState, RopeStyle};
+use crate::view::{KvBuffer, KvView, KvViewMut, ViewSpec};
+use kdn_sys as sys;
+use std::ptr::{self, NonNull};
+
+/// The shape of a model's KV and what identifies its weights
+/// (`kdn_model_spec`). KV is only ever returned to a model with the same
+/// spec and fingerprint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// Layers, 1..4096.
+    pub num_layers: u32,
+    /// KV heads, 1..4096.
+    pub num_kv_heads: u32,
+    /// Dimensions per head, 1..65536.
+    pub head_dim: u32,
+    /// Element type of the KV.
+    pub dtype: DType,
+    /// RoPE base; default 10000.
+    pub rope_theta: f32,
+    /// RoPE pairing; default interleaved.
+    pub rope_style: RopeStyle,
+    /// Rotary dimensions; 0 = head_dim.
+    pub rotary_dim: u32,
+    /// Identifies weights, tokenizer, layout, TP rank, adapters: anything
+    /// that changes the KV. Opaque bytes; must not be empty.
+    pub fingerprint: Vec<u8>,
+}
+
+impl ModelSpec {
+    /// A spec with the library's defaults for RoPE.
+    pub fn new(
+        num_layers: u32,
+        num_kv_heads: u32,
+        head_dim: u32,
+        dtype: DType,
+        fingerprint: impl Into<Vec<u8>>,
+    ) -> Self {
+        ModelSpec {
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::Interleaved,
+            rotary_dim: 0,
+            fingerprint: fingerprint.into(),
+        }
+    }
+}
+
+/// The tokens a KV call is about: their ids from the start of the context,
+/// or the engine's own chained block hashes. Made from token slices with
+/// `into()`, so `&[i32]`, `&Vec<i32>` and `&[i32; N]` can be passed directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// Token ids, each >= 0.
+    Tokens(&'a [i32]),
+    /// Block hashes: `hashes.len() / hash_bytes` blocks of `block_tokens`
+    /// tokens (chunk_tokens must be a multiple of block_tokens; a length
+    /// that is not a whole number of hashes is refused).
+    BlockHashes {
+        /// The hashes, back to back.
+        hashes: &'a [u8],
+        /// Bytes per hash, 1..64.
+        hash_bytes: u32,
+        /// Tokens per engine block.
+        block_tokens: u32,
+    },
+}
+
+impl<'a> From<&'a [i32]> for Request<'a> {
+    fn from(t: &'a [i32]) -> Self {
+        Request::Tokens(t)
+    }
+}
+impl<'a> From<&'a Vec<i32>> for Request<'a> {
+    fn from(t: &'a Vec<i32>) -> Self {
+        Request::Tokens(t)
+    }
+}
+impl<'a, const N: usize> From<&'a [i32; N]> for Request<'a> {
+    fn from(t: &'a [i32; N]) -> Self {
+        Request::Tokens(t)
+    }
+}
+
+impl Request<'_> {
+    pub(crate) fn raw(&self) -> sys::kdn_request {
+        let mut r: sys::kdn_request = init(sys::kdn_request_init);
+        match *self {
+            Request::Tokens(t) => {
+                r.tokens = t.as_ptr();
+                r.num_tokens = t.len();
+            }
+            Request::BlockHashes { hashes, hash_bytes, block_tokens } => {
+                r.hash_bytes = hash_bytes;
+                r.block_hashes = hashes.as_ptr();
+                // A partial last hash: 0 blocks, which the library refuses.
+                let whole = hash_bytes != 0 && hashes.len() % hash_bytes as usize == 0;
+                r.num_blocks = if whole { hashes.len() / hash_bytes as usize } else { 0 };
+                r.block_tokens = block_tokens;
+            }
+        }
+        r
+    }
+}
+
+/// What a KV call did (`kdn_kv_result`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvResult {
+    /// `Done` after a synchronous call; an op's state otherwise.
+    pub state: OpState,
+    /// `None` when it went well, else why it failed (an op's result).
+    pub status: Option<Status>,
+    /// Store/save: leading tokens cached after it; retrieve/load: tokens
+    /// written (0 on a miss); fetch: the document's length.
+    pub tokens: u64,
+    /// Retrieve/load: the cached prefix found at the start.
+    pub covered: u64,
+    /// Load: ranges of the prefix that could not be read.
+    pub num_failed: u64,
+    /// `KDN_RESULT_*` bits.
+    pub flags: u32,
+}
+
+impl KvResult {
+    pub(crate) fn from_raw(r: &sys::kdn_kv_result) -> Self {
+        KvResult {
+            state: OpState::from_raw(r.state),
+            status: Status::from_code(r.status),
+            tokens: r.tokens,
+            covered: r.covered,
+            num_failed: r.num_failed,
+            flags: r.flags,
+        }
+    }
+    /// Whether some KV came from a lossy codec (close to, not equal to, the KV stored).
+    pub fn lossy(&self) -> bool {
+        self.flags & sys::KDN_RESULT_LOSSY != 0
+    }
+}
+
+/// One request's lookup (`kdn_lookup_result`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    /// Leading tokens cached in some tier.
+    pub cached_tokens: u64,
+    num_tiers: u32,
+    tier_tokens: [u64; sys::KDN_MAX_TIERS as usize],
+}
+
+impl Lookup {
+    /// Per tier, highest first: the leading tokens that tier alone holds.
+    pub fn tier_tokens(&self) -> &[u64] {
+        &self.tier_tokens[..(self.num_tiers as usize).min(self.tier_tokens.len())]
+    }
+    fn from_raw(r: &sys::kdn_lookup_result) -> Result<Self> {
+        match Status::from_code(r.status) {
+            Some(status) => Err(Error::new(status, format!("this request failed: {}", status.name()))),
+            None => Ok(Lookup { cached_tokens: r.cached_tokens, num_tiers: r.num_tiers, tier_tokens: r.tier_tokens }),
+        }
+    }
+}
+
+/// A model registered with a runtime (`kdn_model`); every KV call goes
+/// through one. It keeps its runtime alive.
+///
+/// Thread-safety (kdn.h): immutable once created and usable from any thread
+/// at once, so `Send` and `Sync`.
+///
+/// Memory goes to the library without copies: a store reads the caller's
+/// slice, a retrieve writes into the caller's slice.
+///
+/// ```
+/// use kdn::{DType, KvView, KvViewMut, ModelSpec, Runtime, RuntimeOptions};
+/// let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(4))?;
+/// let model = rt.model(&ModelSpec::new(2, 2, 4, DType::F32, "my-model"))?;
+/// let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+/// let kv: Vec<f32> = (0..8 * 2 * 2 * 2 * 4).map(|i| i as f32).collect(); // canonical layout
+/// assert_eq!(model.store("tenant", &tokens, &KvView::canonical(&kv, DType::F32))?.tokens, 8);
+/// assert_eq!(model.lookup("tenant", &tokens[..6])?.cached_tokens, 4); // whole chunks only
+/// let mut out = vec![0f32; kv.len()];
+/// let got = model.retrieve("tenant", &tokens, &mut KvViewMut::canonical(&mut out, DType::F32))?;
+/// assert_eq!((got.tokens, &out), (8, &kv));
+/// // a miss is not an error
+/// assert_eq!(model.retrieve("other", &tokens, &mut KvViewMut::canonical(&mut out, DType::F32))?.tokens, 0);
+/// # Ok::<(), kdn::Error>(())
+/// ```
+pub struct Model {
+    raw: NonNull<sys::kdn_model>,
+    keep: Keep,
+    kv_bytes_per_token: u64,
+    /// kv_heads x head_dim: elements per token and layer.
+    row: u64,
+    num_layers: u32,
+    dtype: DType,
+}
+
+// SAFETY: kdn.h: "immutable once created; usable from any thread at once";
+// destroy only from Drop.
+unsafe impl Send for Model {}
+unsafe impl Sync for Model {}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("raw", &self.raw).field("kv_bytes_per_token", &self.kv_bytes_per_token).finish()
+    }
+}
+
+/// A namespace argument as (pointer, length).
+fn ns_arg(ns: &[u8]) -> (*const std::os::raw::c_char, usize) {
+    bytes(ns)
+}
+
+impl Model {
+    pub(crate) fn create(rt: *mut sys::kdn_runtime, spec: &ModelSpec, keep: Keep) -> Result<Model> {
+        let mut s: sys::kdn_model_spec = init(sys::kdn_model_spec_init);
+        s.num_layers = spec.num_layers;
+        s.num_kv_heads = spec.num_kv_heads;
+        s.head_dim = spec.head_dim;
+        s.dtype = spec.dtype.raw();
+        s.rope_theta = spec.rope_theta;
+        s.rope_style = spec.rope_style.raw();
+        s.rotary_dim = spec.rotary_dim;
+        (s.fingerprint, s.fingerprint_len) = bytes(&spec.fingerprint);
+        let mut raw = ptr::null_mut();
+        // SAFETY: a live runtime; the spec and its string live across the call (copied).
+        check(unsafe { sys::kdn_model_create(rt, &s, &mut raw) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::new(Status::Internal, "kdn_model_create gave NULL"))?;
+        let mut model = Model {
+            raw,
+            keep,
+            kv_bytes_per_token: 0,
+            row: u64::from(spec.num_kv_heads) * u64::from(spec.head_dim),
+            num_layers: spec.num_layers,
+            dtype: spec.dtype,
+        };
+        // SAFETY: a live model.
+        check(unsafe { sys::kdn_model_get_kv_bytes_per_token(raw.as_ptr(), &mut model.kv_bytes_per_token) })?;
+        Ok(model)
+    }
+
+    /// Bytes of KV per token: layers x 2 x kv_heads x head_dim x dtype size.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_bytes_per_token
+    }
+
+    /// Layers of the model.
+    pub fn num_layers(&self) -> u32 {
+        self.num_layers
+    }
+
+    /// The model's dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The 32-byte identity kdn derived from the spec (shape + fingerprint).
+    pub fn fingerprint(&self) -> Result<[u8; 32]> {
+        let mut out = [0u8; 32];
+        // SAFETY: 32 bytes of room.
+        check(unsafe { sys::kdn_model_get_fingerprint(self.raw.as_ptr(), out.as_mut_ptr()) })?;
+        Ok(out)
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::kdn_model {
+        self.raw.as_ptr()
+    }
+
+    pub(crate) fn keep(&self) -> Keep {
+        self.keep.clone()
+    }
+
+    /// Stores the request's KV from `view`, in chunks of the runtime's
+    /// chunk_tokens (chunks already cached are skipped). When not all fit,
+    /// the longest prefix that fits is kept. `tokens` of the result: the
+    /// leading tokens cached after the call.
+    pub fn store<'r>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        view: &KvView<'_>,
+    ) -> Result<KvResult> {
+        self.store_views(ns, request, std::slice::from_ref(view))
+    }
+
+    /// [`store`](Self::store) from several views that together hold every layer once.
+    pub fn store_views<'r>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        views: &[KvView<'_>],
+    ) -> Result<KvResult> {
+        let raw_views: Vec<sys::kdn_kv_view> =
+            views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        let req = request.into().raw();
+        let (ns, ns_len) = ns_arg(ns.as_ref());
+        let mut out: sys::kdn_kv_result = init(sys::kdn_kv_result_init);
+        // SAFETY: every pointer is valid for the call; the views' memory is
+        // borrowed by `views` and only read.
+        check(unsafe {
+            sys::kdn_kv_store(self.raw(), ns, ns_len, &req, raw_views.as_ptr(), raw_views.len(), &mut out)
+        })?;
+        Ok(KvResult::from_raw(&out))
+    }
+
+    /// Writes the KV of the longest cached prefix of the request into
+    /// `view`. `tokens` of the result: its length, 0 on a miss (which is
+    /// `Ok`); `covered`: the cached prefix found.
+    pub fn retrieve<'r>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        view: &mut KvViewMut<'_>,
+    ) -> Result<KvResult> {
+        let raw_view = view.parts.resolve(self.row)?;
+        self.retrieve_raw(ns.as_ref(), &request.into(), std::slice::from_ref(&raw_view))
+    }
+
+    /// [`retrieve`](Self::retrieve) into several views that together hold every layer once.
+    pub fn retrieve_views<'r>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        views: &mut [KvViewMut<'_>],
+    ) -> Result<KvResult> {
+        let raw_views: Vec<sys::kdn_kv_view> =
+            views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        self.retrieve_raw(ns.as_ref(), &request.into(), &raw_views)
+    }
+
+    fn retrieve_raw(&self, ns: &[u8], request: &Request<'_>, views: &[sys::kdn_kv_view]) -> Result<KvResult> {
+        let req = request.raw();
+        let (ns, ns_len) = ns_arg(ns);
+        let mut out: sys::kdn_kv_result = init(sys::kdn_kv_result_init);
+        // SAFETY: every pointer is valid for the call; the views' memory is
+        // exclusively borrowed by the caller's KvViewMuts.
+        check(unsafe { sys::kdn_kv_retrieve(self.raw(), ns, ns_len, &req, views.as_ptr(), views.len(), &mut out) })?;
+        Ok(KvResult::from_raw(&out))
+    }
+
+    /// How many leading tokens of the request are cached, without side
+    /// effects (no statistics of hits, no promotion, no change of eviction order).
+    pub fn lookup<'r>(&self, ns: impl AsRef<[u8]>, request: impl Into<Request<'r>>) -> Result<Lookup> {
+        let req = request.into().raw();
+        let (ns, ns_len) = ns_arg(ns.as_ref());
+        let mut out: sys::kdn_lookup_result = init(sys::kdn_lookup_result_init);
+        // SAFETY: one request, one result.
+        check(unsafe { sys::kdn_kv_lookup(self.raw(), ns, ns_len, &req, 1, &mut out) })?;
+        Lookup::from_raw(&out)
+    }
+
+    /// Looks up several requests at once. Each gets its own result: one bad
+    /// request fails alone (its `Err`), the others are answered.
+    ///
+    /// ```
+    /// # use kdn::{DType, ModelSpec, Request, Runtime, RuntimeOptions, Status};
+    /// # let rt = Runtime::new(&RuntimeOptions::default())?;
+    /// # let model = rt.model(&ModelSpec::new(1, 1, 8, DType::F16, "m"))?;
+    /// let found = model.lookup_batch("ns", &[Request::from(&[1, 2, 3]), Request::from(&[4, -5])])?;
+    /// assert_eq!(found[0].as_ref().unwrap().cached_tokens, 0);
+    /// assert_eq!(found[1].as_ref().unwrap_err().status(), Status::InvalidArgument); // a negative id
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn lookup_batch(&self, ns: impl AsRef<[u8]>, requests: &[Request<'_>]) -> Result<Vec<Result<Lookup>>> {
+        if requests.is_empty() {
+            return Ok(Vec::new()); // (the C call refuses an empty batch)
+        }
+        let reqs: Vec<sys::kdn_request> = requests.iter().map(Request::raw).collect();
+        let mut out: Vec<sys::kdn_lookup_result> = (0..reqs.len()).map(|_| init(sys::kdn_lookup_result_init)).collect();
+        let (ns, ns_len) = ns_arg(ns.as_ref());
+        // SAFETY: as many results as requests.
+        check(unsafe { sys::kdn_kv_lookup(self.raw(), ns, ns_len, reqs.as_ptr(), reqs.len(), out.as_mut_ptr()) })?;
+        Ok(out.iter().map(Lookup::from_raw).collect())
+    }
+
+    /// Starts loading the cached prefix of the request into `buffer`, laid
+    /// out as `spec` says, layer by layer in the background. The op owns the
+    /// buffer until it ends and gives it back ([`Op::into_buffer`],
+    /// [`Op::finish`]). A miss is a load of 0 tokens.
+    ///
+    /// ```
+    /// # use kdn::{DType, KvView, ModelSpec, Runtime, RuntimeOptions, ViewSpec};
+    /// # let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(2))?;
+    /// # let model = rt.model(&ModelSpec::new(3, 1, 2, DType::F32, "m"))?;
+    /// let tokens = [5, 6, 7, 8];
+    /// let kv: Vec<f32> = (0..4 * 3 * 2 * 2).map(|i| i as f32).collect();
+    /// model.store("ns", &tokens, &KvView::canonical(&kv, DType::F32))?;
+    /// let op = model.load_async("ns", &tokens, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32))?;
+    /// op.wait_layer(0, None)?; // layer 0 is there; the others may still be coming
+    /// let (result, loaded) = op.finish()?;
+    /// assert_eq!((result.tokens, loaded), (4, kv));
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn load_async<'r, B: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        buffer: B,
+        spec: &ViewSpec,
+    ) -> Result<Op<B>> {
+        Op::start(self, OpKind::Load, ns.as_ref(), &request.into(), buffer, std::slice::from_ref(spec))
+    }
+
+    /// [`load_async`](Self::load_async) into several views over the one buffer.
+    pub fn load_async_views<'r, B: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        buffer: B,
+        specs: &[ViewSpec],
+    ) -> Result<Op<B>> {
+        Op::start(self, OpKind::Load, ns.as_ref(), &request.into(), buffer, specs)
+    }
+
+    /// Starts a save of the request's KV from `buffer` (laid out as `spec`
+    /// says): call [`Op::layer_ready`] for each model layer as it becomes
+    /// final (the buffer is then read in the background), then wait.
+    pub fn save_async<'r, B: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        buffer: B,
+        spec: &ViewSpec,
+    ) -> Result<Op<B>> {
+        Op::start(self, OpKind::Save, ns.as_ref(), &request.into(), buffer, std::slice::from_ref(spec))
+    }
+
+    /// [`save_async`](Self::save_async) from several views over the one buffer.
+    pub fn save_async_views<'r, B: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        buffer: B,
+        specs: &[ViewSpec],
+    ) -> Result<Op<B>> {
+        Op::start(self, OpKind::Save, ns.as_ref(), &request.into(), buffer, specs)
+    }
+
+    /// [`load_async`](Self::load_async) into memory the op does not own:
+    /// any views (per-layer allocations, paged block tables), for engines
+    /// that manage their KV memory themselves.
+    ///
+    /// # Safety
+    /// The views' memory must stay valid, and must not be read or written
+    /// otherwise, until the returned op is dropped (or consumed by
+    /// [`Op::into_buffer`] or [`Op::finish`]). Leaking the op
+    /// (`std::mem::forget`) leaves the library writing into the memory at
+    /// any time later: the memory must then never be freed.
+    pub unsafe fn load_async_unchecked<'r>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        views: &[KvViewMut<'_>],
+    ) -> Result<Op<()>> {
+        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        // SAFETY: as the caller promised.
+        let op = unsafe { crate::op::start_raw(self, OpKind::Load, ns.as_ref(), &request.into(), &raw)? };
+        Ok(Op::borrowed(op, self))
+    }
+
+    /// [`save_async`](Self::save_async) from memory the op does not own.
+    ///
+    /// # Safety
+    /// The views' memory must stay valid, and each layer unchanged from its
+    /// [`Op::layer_ready`] on, until the returned op is dropped or consumed
+    /// (see [`load_async_unchecked`](Self::load_async_unchecked)).
+    pub unsafe fn save_async_unchecked<'r>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        views: &[KvView<'_>],
+    ) -> Result<Op<()>> {
+        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        // SAFETY: as the caller promised.
+        let op = unsafe { crate::op::start_raw(self, OpKind::Save, ns.as_ref(), &request.into(), &raw)? };
+        Ok(Op::borrowed(op, self))
+    }
+
+    /// The knowledge items (named documents) of namespace `ns`.
+    pub fn knowledge<'m>(&'m self, ns: &'m str) -> crate::Knowledge<'m> {
+        crate::Knowledge::new(self, ns.as_bytes())
+    }
+
+    /// Releases the model now (the same as dropping it).
+    pub fn close(self) {}
+
+    /// The C handle, for calls this crate does not wrap (kdn-sys). Valid while `self` lives.
+    pub fn as_raw(&self) -> *mut sys::kdn_model {
+        self.raw.as_ptr()
+    }
+
+    pub(crate) fn row(&self) -> u64 {
+        self.row
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: the last call on the handle; `keep` drops after it.
+        unsafe { sys::kdn_model_destroy(self.raw.as_ptr()) }
+    }
+}

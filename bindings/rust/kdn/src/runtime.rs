@@ -1,0 +1,644 @@
+//! The runtime: the store and its tiers, statistics, and the editor.
+
+use crate::error::{check, Error, Result, Status};
+use crate::model::{Model, ModelSpec};
+use crate::types::{init, DType, EvictionPolicy, LatencyKind, TierKind};
+use kdn_sys as sys;
+use std::ffi::{c_char, c_int, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex};
+
+/// One tier of a runtime's store (`kdn_tier_config`). Build one with
+/// [`TierConfig::host`], [`disk`](TierConfig::disk), [`device`](TierConfig::device)
+/// or [`remote`](TierConfig::remote) and adjust it with the `with_*` methods:
+///
+/// ```
+/// use kdn::{EvictionPolicy, TierConfig};
+/// let disk = TierConfig::disk("/tmp/kdn-doc-cache", 1 << 30)
+///     .with_codec("zstd")
+///     .with_policy(EvictionPolicy::S3Fifo)
+///     .with_watermarks(0.9, 0.8);
+/// assert_eq!(disk.capacity_bytes, 1 << 30);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierConfig {
+    /// What the tier is. Default: host memory.
+    pub kind: TierKind,
+    /// Capacity in bytes (not 0). Default 1 GiB. Not used by a remote tier.
+    pub capacity_bytes: u64,
+    /// Disk: the directory (created if absent).
+    pub path: Option<PathBuf>,
+    /// Eviction policy. Default LRU.
+    pub policy: EvictionPolicy,
+    /// A put that would cross this fraction of capacity evicts first; 0 = 0.95.
+    pub high_watermark: f32,
+    /// Eviction goes down to this fraction; 0 = 0.85.
+    pub low_watermark: f32,
+    /// New chunks are copied to the next tier too.
+    pub write_through: bool,
+    /// Codec spec ("raw", "zstd", "fp8", "int8", "kivi2", "cachegen", "kdn", ...);
+    /// empty: raw for memory tiers, zstd for disk.
+    pub codec: String,
+    /// Remote: the kdnd, `"host:port"` or `"unix:/path"`.
+    pub address: String,
+    /// Remote: a bearer token the node takes.
+    pub token: String,
+    /// Remote: deadline of each call to the node in ms; 0 = 2000.
+    pub timeout_ms: u32,
+    /// Remote over TLS: a PEM file of the certificates to trust.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Remote over TLS: the name the node's certificate must carry.
+    pub tls_server_name: String,
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            kind: TierKind::Host,
+            capacity_bytes: 1 << 30,
+            path: None,
+            policy: EvictionPolicy::Lru,
+            high_watermark: 0.0,
+            low_watermark: 0.0,
+            write_through: false,
+            codec: String::new(),
+            address: String::new(),
+            token: String::new(),
+            timeout_ms: 0,
+            tls_ca_file: None,
+            tls_server_name: String::new(),
+        }
+    }
+}
+
+impl TierConfig {
+    /// A host-memory tier.
+    pub fn host(capacity_bytes: u64) -> Self {
+        TierConfig { capacity_bytes, ..Default::default() }
+    }
+    /// A device (GPU) tier; host memory stands in for it without a GPU.
+    pub fn device(capacity_bytes: u64) -> Self {
+        TierConfig { kind: TierKind::Device, capacity_bytes, ..Default::default() }
+    }
+    /// A disk tier in `path` (one checksummed file per chunk).
+    pub fn disk(path: impl Into<PathBuf>, capacity_bytes: u64) -> Self {
+        TierConfig { kind: TierKind::Disk, capacity_bytes, path: Some(path.into()), ..Default::default() }
+    }
+    /// A remote tier: a kdnd node at `address` with a bearer `token`. Reads the
+    /// node cannot answer in time are misses; writes are queued.
+    pub fn remote(address: impl Into<String>, token: impl Into<String>) -> Self {
+        TierConfig { kind: TierKind::Remote, address: address.into(), token: token.into(), ..Default::default() }
+    }
+    /// With a codec spec.
+    pub fn with_codec(mut self, codec: impl Into<String>) -> Self {
+        self.codec = codec.into();
+        self
+    }
+    /// With an eviction policy.
+    pub fn with_policy(mut self, policy: EvictionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// With watermarks (fractions of capacity).
+    pub fn with_watermarks(mut self, high: f32, low: f32) -> Self {
+        self.high_watermark = high;
+        self.low_watermark = low;
+        self
+    }
+    /// Copy new chunks to the next tier too.
+    pub fn with_write_through(mut self, on: bool) -> Self {
+        self.write_through = on;
+        self
+    }
+    /// Remote: the per-call deadline.
+    pub fn with_timeout_ms(mut self, ms: u32) -> Self {
+        self.timeout_ms = ms;
+        self
+    }
+    /// Remote: TLS with a CA file and (empty: the address's host) a server name.
+    pub fn with_tls(mut self, ca_file: impl Into<PathBuf>, server_name: impl Into<String>) -> Self {
+        self.tls_ca_file = Some(ca_file.into());
+        self.tls_server_name = server_name.into();
+        self
+    }
+
+    /// The C struct; its strings borrow from `self`.
+    fn raw(&self) -> sys::kdn_tier_config {
+        let mut c: sys::kdn_tier_config = init(sys::kdn_tier_config_init);
+        fn s(b: &[u8]) -> (*const c_char, usize) {
+            if b.is_empty() {
+                (ptr::null(), 0)
+            } else {
+                (b.as_ptr() as *const c_char, b.len())
+            }
+        }
+        c.kind = self.kind.raw();
+        c.capacity_bytes = self.capacity_bytes;
+        (c.path, c.path_len) = s(self.path.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
+        c.policy = self.policy.raw();
+        c.high_watermark = self.high_watermark;
+        c.low_watermark = self.low_watermark;
+        c.write_through = self.write_through as u32;
+        (c.codec, c.codec_len) = s(self.codec.as_bytes());
+        (c.address, c.address_len) = s(self.address.as_bytes());
+        (c.token, c.token_len) = s(self.token.as_bytes());
+        c.timeout_ms = self.timeout_ms;
+        (c.tls_ca_file, c.tls_ca_file_len) =
+            s(self.tls_ca_file.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
+        (c.tls_server_name, c.tls_server_name_len) = s(self.tls_server_name.as_bytes());
+        c
+    }
+}
+
+/// How to create a runtime (`kdn_runtime_options`). The default is the
+/// library's: chunks of 256 tokens, one host tier of 1 GiB.
+///
+/// ```
+/// use kdn::{RuntimeOptions, TierConfig};
+/// let options = RuntimeOptions::default().with_chunk_tokens(16).with_tier(TierConfig::host(16 << 20));
+/// assert_eq!(options.tiers.len(), 1);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeOptions {
+    /// Tokens per stored chunk. Default 256.
+    pub chunk_tokens: u32,
+    /// Host tier capacity when `tiers` is empty. Default 1 GiB.
+    pub host_capacity_bytes: u64,
+    /// Seed of every key hash; runtimes that share KV must share it.
+    pub hash_seed: u64,
+    /// The tiers, highest (fastest) first; empty: one host tier.
+    pub tiers: Vec<TierConfig>,
+    /// Background load and save threads; 0 = 2, at most 64.
+    pub worker_threads: u32,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            chunk_tokens: 256,
+            host_capacity_bytes: 1 << 30,
+            hash_seed: 0,
+            tiers: Vec::new(),
+            worker_threads: 0,
+        }
+    }
+}
+
+impl RuntimeOptions {
+    /// With chunks of `n` tokens.
+    pub fn with_chunk_tokens(mut self, n: u32) -> Self {
+        self.chunk_tokens = n;
+        self
+    }
+    /// With one more tier (below those already given).
+    pub fn with_tier(mut self, tier: TierConfig) -> Self {
+        self.tiers.push(tier);
+        self
+    }
+    /// With a hash seed.
+    pub fn with_hash_seed(mut self, seed: u64) -> Self {
+        self.hash_seed = seed;
+        self
+    }
+    /// With `n` background threads.
+    pub fn with_worker_threads(mut self, n: u32) -> Self {
+        self.worker_threads = n;
+        self
+    }
+}
+
+/// A stored chunk, as an editor sees it (`kdn_chunk_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// The model's layers.
+    pub num_layers: u32,
+    /// KV heads.
+    pub num_kv_heads: u32,
+    /// Dimensions per head.
+    pub head_dim: u32,
+    /// Tokens in the chunk.
+    pub num_tokens: u32,
+    /// The model's dtype.
+    pub dtype: DType,
+    /// Position of the chunk's first token; `None`: position-free (a knowledge item's).
+    pub first_position: Option<u64>,
+    /// The model's 32-byte identity ([`Model::fingerprint`]).
+    pub model_fingerprint: [u8; 32],
+}
+
+type EditFn = dyn FnMut(&ChunkInfo, &mut [u8]) -> Result<bool> + Send;
+
+/// What an editor callback is kept in; its address is the C `user` pointer.
+pub(crate) struct EditorSlot {
+    edit: Mutex<Box<EditFn>>,
+}
+
+/// Keeps an editor alive while any handle of its runtime is.
+pub(crate) type Keep = Option<Arc<EditorSlot>>;
+
+/// The `kdn_edit_fn` of every Rust editor: runs the closure behind `user`.
+/// A panic is caught here (unwinding into C would abort) and becomes
+/// `KDN_ERR_INTERNAL`; the library then keeps the chunk as it was.
+unsafe extern "C" fn edit_shim(
+    user: *mut c_void,
+    info: *const sys::kdn_chunk_info,
+    kv: *mut c_void,
+    kv_bytes: usize,
+    out_changed: *mut c_int,
+) -> sys::kdn_status {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `user` is the EditorSlot the runtime's handles keep alive;
+        // info and kv are valid for the call (kdn.h).
+        let slot = unsafe { &*(user as *const EditorSlot) };
+        // Only the bytes the library filled (an older library's struct may
+        // be shorter than this crate's); the rest stay zero.
+        let info = unsafe {
+            let mut copy: sys::kdn_chunk_info = std::mem::zeroed();
+            let n = ((*info).filled_size as usize).min(std::mem::size_of::<sys::kdn_chunk_info>());
+            std::ptr::copy_nonoverlapping(info as *const u8, &mut copy as *mut _ as *mut u8, n);
+            copy
+        };
+        let kv: &mut [u8] =
+            if kv_bytes == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(kv as *mut u8, kv_bytes) } };
+        let info = ChunkInfo {
+            num_layers: info.num_layers,
+            num_kv_heads: info.num_kv_heads,
+            head_dim: info.head_dim,
+            num_tokens: info.num_tokens,
+            dtype: DType::from_raw(info.dtype),
+            first_position: u64::try_from(info.first_position).ok(),
+            model_fingerprint: info.model_fingerprint,
+        };
+        // A closure that panicked before is still called: the lock's poison
+        // only says it did.
+        let mut edit = slot.edit.lock().unwrap_or_else(|e| e.into_inner());
+        (edit)(&info, kv)
+    }));
+    match outcome {
+        Ok(Ok(changed)) => {
+            // SAFETY: out_changed is valid for the call.
+            unsafe { *out_changed = changed as c_int };
+            sys::kdn_status_code_KDN_OK
+        }
+        Ok(Err(e)) if e.code() < 0 => e.code(),
+        _ => sys::kdn_status_code_KDN_ERR_INTERNAL,
+    }
+}
+
+/// A runtime: the store and its tiers (`kdn_runtime`). Models and ops made
+/// from it keep it alive, so it may be dropped before them.
+///
+/// Thread-safety (kdn.h): every call may come from any thread at once, so a
+/// `Runtime` is `Send` and `Sync`; share it with `Arc`.
+///
+/// ```
+/// use kdn::{DType, ModelSpec, Runtime, RuntimeOptions, TierConfig};
+/// let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(16).with_tier(TierConfig::host(16 << 20)))?;
+/// let model = rt.model(&ModelSpec::new(2, 1, 4, DType::F32, "doc-model"))?;
+/// assert_eq!(model.kv_bytes_per_token(), 2 * 2 * 4 * 4);
+/// assert_eq!(rt.stats()?.capacity_bytes, 16 << 20);
+/// # Ok::<(), kdn::Error>(())
+/// ```
+///
+/// A closed runtime cannot be used: [`close`](Runtime::close) takes it by value.
+///
+/// ```compile_fail,E0382
+/// let rt = kdn::Runtime::new(&kdn::RuntimeOptions::default()).unwrap();
+/// rt.close();
+/// rt.stats(); // error[E0382]: borrow of moved value: `rt`
+/// ```
+pub struct Runtime {
+    raw: NonNull<sys::kdn_runtime>,
+    keep: Keep,
+}
+
+// SAFETY: kdn.h: "every function taking a kdn_runtime may be called from any
+// number of threads at once"; destroy is only called from Drop (by value).
+unsafe impl Send for Runtime {}
+unsafe impl Sync for Runtime {}
+
+impl Runtime {
+    /// Creates a runtime.
+    pub fn new(options: &RuntimeOptions) -> Result<Runtime> {
+        Self::create(options, None)
+    }
+
+    /// Creates a runtime whose chunks pass through `edit` after they are
+    /// stored, before they reach the lower tiers (offline KV editing;
+    /// experimental in kdn.h).
+    ///
+    /// `edit(info, kv)` gets the chunk's KV in the canonical layout
+    /// `[layer][k|v][token][kv_head][head_dim]` (`kv` in the model's dtype),
+    /// rewrites it in place and returns `Ok(true)`; `Ok(false)` keeps it as
+    /// it was, and so does an error (its status goes back to kdn) or a panic
+    /// (caught, reported as [`Status::Internal`]). It runs on the runtime's
+    /// own mover thread, one chunk at a time, and must not call kdn
+    /// (those calls fail with `InvalidArgument` there).
+    ///
+    /// ```
+    /// use kdn::{DType, KvView, ModelSpec, Runtime, RuntimeOptions};
+    /// let rt = Runtime::with_editor(&RuntimeOptions::default().with_chunk_tokens(4), |info, kv| {
+    ///     // 1 layer, K and V, 1 head of 2 dims, f32
+    ///     assert_eq!(kv.len(), info.num_tokens as usize * 2 * 2 * 4);
+    ///     kv.fill(0);
+    ///     Ok(true)
+    /// })?;
+    /// let model = rt.model(&ModelSpec::new(1, 1, 2, DType::F32, "edited"))?;
+    /// model.store("ns", &[1, 2, 3, 4], &KvView::canonical(&[1.0f32; 16], DType::F32))?;
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn with_editor<F>(options: &RuntimeOptions, edit: F) -> Result<Runtime>
+    where
+        F: FnMut(&ChunkInfo, &mut [u8]) -> Result<bool> + Send + 'static,
+    {
+        Self::create(options, Some(Arc::new(EditorSlot { edit: Mutex::new(Box::new(edit)) })))
+    }
+
+    fn create(options: &RuntimeOptions, keep: Keep) -> Result<Runtime> {
+        let tiers: Vec<sys::kdn_tier_config> = options.tiers.iter().map(TierConfig::raw).collect();
+        let mut o: sys::kdn_runtime_options = init(sys::kdn_runtime_options_init);
+        o.chunk_tokens = options.chunk_tokens;
+        o.host_capacity_bytes = options.host_capacity_bytes;
+        o.hash_seed = options.hash_seed;
+        o.tiers = if tiers.is_empty() { ptr::null() } else { tiers.as_ptr() };
+        o.num_tiers = tiers.len();
+        o.worker_threads = options.worker_threads;
+        let mut raw = ptr::null_mut();
+        // SAFETY: o and its arrays live across the call; the editor slot (if
+        // any) lives as long as the runtime's handles (each holds `keep`).
+        let status = unsafe {
+            match &keep {
+                None => sys::kdn_runtime_create(&o, &mut raw),
+                Some(slot) => {
+                    sys::kdn_runtime_create_with_editor(&o, Some(edit_shim), Arc::as_ptr(slot) as *mut c_void, &mut raw)
+                }
+            }
+        };
+        check(status)?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::new(Status::Internal, "kdn_runtime_create gave NULL"))?;
+        Ok(Runtime { raw, keep })
+    }
+
+    /// Registers a model: every KV call goes through one.
+    pub fn model(&self, spec: &ModelSpec) -> Result<Model> {
+        Model::create(self.raw.as_ptr(), spec, self.keep.clone())
+    }
+
+    /// The runtime's counters.
+    pub fn stats(&self) -> Result<Stats> {
+        let mut s: sys::kdn_stats = init(sys::kdn_stats_init);
+        // SAFETY: a live handle and an initialised output.
+        check(unsafe { sys::kdn_runtime_get_stats(self.raw.as_ptr(), &mut s) })?;
+        Ok(Stats::from(&s))
+    }
+
+    /// A latency distribution.
+    pub fn latency(&self, kind: LatencyKind) -> Result<Latency> {
+        let mut l: sys::kdn_latency = init(sys::kdn_latency_init);
+        // SAFETY: as above.
+        check(unsafe { sys::kdn_runtime_get_latency(self.raw.as_ptr(), kind.raw(), &mut l) })?;
+        Ok(Latency {
+            count: l.count,
+            mean_us: l.mean_us,
+            p50_us: l.p50_us,
+            p90_us: l.p90_us,
+            p99_us: l.p99_us,
+            max_us: l.max_us,
+        })
+    }
+
+    /// How many tiers the store has.
+    pub fn tier_count(&self) -> Result<u32> {
+        let mut n = 0u32;
+        // SAFETY: as above.
+        check(unsafe { sys::kdn_runtime_get_tier_count(self.raw.as_ptr(), &mut n) })?;
+        Ok(n)
+    }
+
+    /// Tier `index`'s counters (0 = highest).
+    pub fn tier_stats(&self, index: u32) -> Result<TierStats> {
+        let mut t: sys::kdn_tier_stats = init(sys::kdn_tier_stats_init);
+        // SAFETY: as above.
+        check(unsafe { sys::kdn_runtime_get_tier_stats(self.raw.as_ptr(), index, &mut t) })?;
+        Ok(TierStats::from(&t))
+    }
+
+    /// Every tier's counters, highest first.
+    pub fn all_tier_stats(&self) -> Result<Vec<TierStats>> {
+        (0..self.tier_count()?).map(|i| self.tier_stats(i)).collect()
+    }
+
+    /// Releases this handle now (the same as dropping it). Models and ops
+    /// made from it stay usable.
+    pub fn close(self) {}
+
+    /// The C handle, for calls this crate does not wrap (kdn-sys). It stays
+    /// valid while `self` lives.
+    pub fn as_raw(&self) -> *mut sys::kdn_runtime {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // SAFETY: the last use of the handle. `keep` is dropped after this,
+        // and models and ops hold their own.
+        unsafe { sys::kdn_runtime_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("raw", &self.raw).field("editor", &self.keep.is_some()).finish()
+    }
+}
+
+/// A runtime's counters (`kdn_stats`). Counters a library older than this
+/// crate does not know are 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Requests looked up.
+    pub lookups: u64,
+    /// Retrieves and finished load ops.
+    pub retrieves: u64,
+    /// Stores and finished save ops.
+    pub stores: u64,
+    /// Chunks served by loads.
+    pub hits: u64,
+    /// Loads that stopped short of the request.
+    pub misses: u64,
+    /// Tokens written by loads.
+    pub tokens_served: u64,
+    /// Tokens newly stored.
+    pub tokens_stored: u64,
+    /// KV bytes written by loads.
+    pub bytes_served: u64,
+    /// KV bytes newly stored.
+    pub bytes_stored: u64,
+    /// Chunks held now, all tiers.
+    pub chunks: u64,
+    /// Bytes held now, all tiers.
+    pub used_bytes: u64,
+    /// Capacity, all tiers.
+    pub capacity_bytes: u64,
+    /// Chunks evicted from a tier.
+    pub evictions: u64,
+    /// Chunks served that an editor had rewritten.
+    pub edited_served: u64,
+    /// Chunks held by loads in progress.
+    pub leases_active: u64,
+    /// Pins held.
+    pub pins_active: u64,
+    /// Pins dropped when their TTL ran out.
+    pub pins_forced_unpin: u64,
+    /// Objects that failed a check on read.
+    pub corrupt_detected: u64,
+    /// Chunks rewritten by an editor.
+    pub edits: u64,
+}
+
+impl From<&sys::kdn_stats> for Stats {
+    fn from(s: &sys::kdn_stats) -> Self {
+        Stats {
+            lookups: s.lookups,
+            retrieves: s.retrieves,
+            stores: s.stores,
+            hits: s.hits,
+            misses: s.misses,
+            tokens_served: s.tokens_served,
+            tokens_stored: s.tokens_stored,
+            bytes_served: s.bytes_served,
+            bytes_stored: s.bytes_stored,
+            chunks: s.chunks,
+            used_bytes: s.used_bytes,
+            capacity_bytes: s.capacity_bytes,
+            evictions: s.evictions,
+            edited_served: s.edited_served,
+            leases_active: s.leases_active,
+            pins_active: s.pins_active,
+            pins_forced_unpin: s.pins_forced_unpin,
+            corrupt_detected: s.corrupt_detected,
+            edits: s.edits,
+        }
+    }
+}
+
+/// A latency distribution in microseconds (`kdn_latency`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    /// Samples.
+    pub count: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 90th percentile.
+    pub p90_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Maximum.
+    pub max_us: f64,
+}
+
+/// One tier's counters (`kdn_tier_stats`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierStats {
+    /// The tier's kind.
+    pub kind: TierKind,
+    /// Its name.
+    pub name: String,
+    /// Its codec spec.
+    pub codec: String,
+    /// Gets it answered.
+    pub hits: u64,
+    /// Gets it did not.
+    pub misses: u64,
+    /// Puts.
+    pub puts: u64,
+    /// Puts refused (no room).
+    pub put_refusals: u64,
+    /// Objects evicted.
+    pub evictions: u64,
+    /// Objects demoted into it.
+    pub demotions_in: u64,
+    /// Objects promoted into it.
+    pub promotions_in: u64,
+    /// Bytes written into it.
+    pub bytes_in: u64,
+    /// Bytes read from it.
+    pub bytes_out: u64,
+    /// Objects held.
+    pub objects: u64,
+    /// Bytes held.
+    pub used_bytes: u64,
+    /// Capacity.
+    pub capacity_bytes: u64,
+    /// Objects that failed a check or did not decode.
+    pub corrupt_detected: u64,
+    /// Chunks encoded for it.
+    pub encoded_chunks: u64,
+    /// Bytes before encoding.
+    pub bytes_before_encoding: u64,
+    /// Bytes after encoding.
+    pub bytes_after_encoding: u64,
+    /// Chunks that did not encode (stored raw).
+    pub encode_failures: u64,
+    /// Chunks read back that did not decode.
+    pub decode_failures: u64,
+    /// Reads and writes that failed (since 1.2).
+    pub io_errors: u64,
+    /// Remote: calls to the node (since 1.2).
+    pub remote_calls: u64,
+    /// Remote: failed calls (since 1.2).
+    pub remote_failed_calls: u64,
+    /// Remote: calls that timed out (since 1.2).
+    pub remote_timeouts: u64,
+    /// Remote: puts refused with the write-back queue full (since 1.2).
+    pub write_queue_full: u64,
+    /// Remote: bytes waiting in the write-back queue (since 1.2).
+    pub write_queued_bytes: u64,
+}
+
+pub(crate) fn c_string(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl From<&sys::kdn_tier_stats> for TierStats {
+    fn from(t: &sys::kdn_tier_stats) -> Self {
+        TierStats {
+            kind: TierKind::from_raw(t.kind),
+            name: c_string(&t.name),
+            codec: c_string(&t.codec),
+            hits: t.hits,
+            misses: t.misses,
+            puts: t.puts,
+            put_refusals: t.put_refusals,
+            evictions: t.evictions,
+            demotions_in: t.demotions_in,
+            promotions_in: t.promotions_in,
+            bytes_in: t.bytes_in,
+            bytes_out: t.bytes_out,
+            objects: t.objects,
+            used_bytes: t.used_bytes,
+            capacity_bytes: t.capacity_bytes,
+            corrupt_detected: t.corrupt_detected,
+            encoded_chunks: t.encoded_chunks,
+            bytes_before_encoding: t.bytes_before_encoding,
+            bytes_after_encoding: t.bytes_after_encoding,
+            encode_failures: t.encode_failures,
+            decode_failures: t.decode_failures,
+            io_errors: t.io_errors,
+            remote_calls: t.remote_calls,
+            remote_failed_calls: t.remote_failed_calls,
+            remote_timeouts: t.remote_timeouts,
+            write_queue_full: t.write_queue_full,
+            write_queued_bytes: t.write_queued_bytes,
+        }
+    }
+}

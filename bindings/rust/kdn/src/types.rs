@@ -1,0 +1,181 @@
+//! The ABI's enums (open: every one has an `Unknown` case for values this
+//! crate does not know), the element types KV memory may hold, and versions.
+
+use kdn_sys as sys;
+use std::ffi::CStr;
+
+macro_rules! open_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $raw:path,)* }) => {
+        $(#[$doc])*
+        ///
+        /// Open: a value this crate does not know is `Unknown(raw)` (as an
+        /// input, the library refuses it with [`Status::InvalidArgument`](crate::Status)).
+        #[non_exhaustive]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)*
+            /// A value this crate does not name.
+            Unknown(u32),
+        }
+        impl $name {
+            /// From the C value.
+            pub fn from_raw(raw: u32) -> Self {
+                match raw {
+                    $(x if x == $raw => $name::$variant,)*
+                    x => $name::Unknown(x),
+                }
+            }
+            /// The C value.
+            pub fn raw(self) -> u32 {
+                match self {
+                    $($name::$variant => $raw,)*
+                    $name::Unknown(x) => x,
+                }
+            }
+        }
+    };
+}
+
+open_enum! {
+    /// The element type of a model's KV.
+    DType {
+        /// 32-bit float.
+        F32 = sys::kdn_dtype_KDN_DTYPE_F32,
+        /// IEEE half (hold it in `u16`).
+        F16 = sys::kdn_dtype_KDN_DTYPE_F16,
+        /// bfloat16 (hold it in `u16`).
+        BF16 = sys::kdn_dtype_KDN_DTYPE_BF16,
+    }
+}
+
+impl DType {
+    /// Bytes per element; `None` for an unknown dtype.
+    pub fn size(self) -> Option<usize> {
+        match self {
+            DType::F32 => Some(4),
+            DType::F16 | DType::BF16 => Some(2),
+            DType::Unknown(_) => None,
+        }
+    }
+}
+
+open_enum! {
+    /// The kind of a store tier.
+    TierKind {
+        /// Host memory (pinned when a GPU is present).
+        Host = sys::kdn_tier_kind_KDN_TIER_HOST,
+        /// GPU memory (host memory standing in for it without a GPU).
+        Device = sys::kdn_tier_kind_KDN_TIER_DEVICE,
+        /// One file per chunk in a directory, checksummed, crash-safe.
+        Disk = sys::kdn_tier_kind_KDN_TIER_DISK,
+        /// A kdnd node shared with other engines (since 1.1).
+        Remote = sys::kdn_tier_kind_KDN_TIER_REMOTE,
+    }
+}
+
+open_enum! {
+    /// How a tier chooses what to evict.
+    EvictionPolicy {
+        /// Least recently used.
+        Lru = sys::kdn_eviction_policy_KDN_EVICT_LRU,
+        /// Scan-resistant S3-FIFO.
+        S3Fifo = sys::kdn_eviction_policy_KDN_EVICT_S3FIFO,
+    }
+}
+
+open_enum! {
+    /// Which dimensions a model's rotary embedding pairs.
+    RopeStyle {
+        /// Pairs (2j, 2j+1): llama2.c, GPT-J, Meta Llama.
+        Interleaved = sys::kdn_rope_style_KDN_ROPE_INTERLEAVED,
+        /// Pairs (j, j + rotary_dim/2): HF Llama, NeoX.
+        Neox = sys::kdn_rope_style_KDN_ROPE_NEOX,
+    }
+}
+
+open_enum! {
+    /// How a KV view lays out one layer.
+    Layout {
+        /// Element (token, head, dim) at strides (llama.cpp, canonical).
+        Contiguous = sys::kdn_kv_layout_KDN_LAYOUT_CONTIGUOUS,
+        /// Per layer `[num_blocks][block_size][kv_heads][head_dim]` (vLLM).
+        PagedNhd = sys::kdn_kv_layout_KDN_LAYOUT_PAGED_NHD,
+        /// Per layer `[num_blocks][kv_heads][block_size][head_dim]`.
+        PagedHnd = sys::kdn_kv_layout_KDN_LAYOUT_PAGED_HND,
+    }
+}
+
+open_enum! {
+    /// Where an operation is.
+    OpState {
+        /// Still running.
+        Pending = sys::kdn_op_state_KDN_OP_PENDING,
+        /// Ended well.
+        Done = sys::kdn_op_state_KDN_OP_DONE,
+        /// Ended with an error.
+        Failed = sys::kdn_op_state_KDN_OP_FAILED,
+        /// Ended cancelled.
+        Cancelled = sys::kdn_op_state_KDN_OP_CANCELLED,
+    }
+}
+
+open_enum! {
+    /// Which latency distribution [`Runtime::latency`](crate::Runtime::latency) reads.
+    LatencyKind {
+        /// Per looked-up request.
+        Lookup = sys::kdn_latency_kind_KDN_LATENCY_LOOKUP,
+        /// Retrieves and load ops.
+        Load = sys::kdn_latency_kind_KDN_LATENCY_LOAD,
+        /// Stores and save ops.
+        Store = sys::kdn_latency_kind_KDN_LATENCY_STORE,
+    }
+}
+
+/// A plain element type KV memory may be seen as: every bit pattern is a
+/// valid value and there is no padding, so kdn may write any bytes into it.
+///
+/// # Safety
+/// Implement it only for such types (it is implemented for the integer
+/// types and `f32`/`f64`).
+pub unsafe trait Element: Copy + Send + Sync + 'static {}
+unsafe impl Element for u8 {}
+unsafe impl Element for i8 {}
+unsafe impl Element for u16 {}
+unsafe impl Element for i16 {}
+unsafe impl Element for u32 {}
+unsafe impl Element for i32 {}
+unsafe impl Element for f32 {}
+unsafe impl Element for u64 {}
+unsafe impl Element for f64 {}
+
+/// The library's version, `"MAJOR.MINOR.PATCH"`.
+pub fn version() -> &'static str {
+    // SAFETY: static storage, never NULL.
+    unsafe { CStr::from_ptr(sys::kdn_version()) }.to_str().unwrap_or("?")
+}
+
+/// The library's version number, `MAJOR * 10000 + MINOR * 100 + PATCH`: a
+/// feature added in 1.N is there when it is at least `10000 + 100 * N`.
+pub fn version_number() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { sys::kdn_version_number() }
+}
+
+/// The version number of the header this crate was generated from.
+pub const HEADER_VERSION_NUMBER: u32 =
+    sys::KDN_VERSION_MAJOR * 10000 + sys::KDN_VERSION_MINOR * 100 + sys::KDN_VERSION_PATCH;
+
+/// A C struct as its `kdn_x_init(&s, sizeof s)` leaves it.
+pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::kdn_status) -> T {
+    let mut value = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: the struct is plain data (all zeroes is valid) and the size is its own.
+    let status = unsafe { f(value.as_mut_ptr(), std::mem::size_of::<T>()) };
+    debug_assert_eq!(status, 0);
+    unsafe { value.assume_init() }
+}
+
+/// (pointer, length) of a string or byte argument.
+#[inline]
+pub(crate) fn bytes(s: &[u8]) -> (*const std::os::raw::c_char, usize) {
+    (s.as_ptr() as *const std::os::raw::c_char, s.len())
+}

@@ -1,0 +1,651 @@
+//! Store, retrieve, lookup, async ops, knowledge items, statistics and tiers,
+//! through every kind of KV view. KV with a unique value per element makes
+//! each round trip byte-exact; `real_kv_*` uses the reference model's KV.
+
+mod common;
+use common::*;
+use kdn::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+const NS: &str = "test";
+
+#[test]
+fn version_is_this_headers_or_newer() {
+    assert!(version().starts_with("1."), "{}", version());
+    assert!(version_number() >= HEADER_VERSION_NUMBER);
+    assert_eq!(version_number() / 10000, HEADER_VERSION_NUMBER / 10000);
+}
+
+#[test]
+fn canonical_round_trip_and_prefixes() {
+    let (_rt, model) = setup();
+    assert_eq!(model.kv_bytes_per_token(), (LAYERS * 2 * ROW * 4) as u64);
+    assert_ne!(model.fingerprint().unwrap(), [0u8; 32]);
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let stored = model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    assert_eq!((stored.tokens, stored.state, stored.status), (48, OpState::Done, None));
+
+    let mut out = vec![0f32; kv.len()];
+    let got = model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!((got.tokens, got.covered, got.lossy()), (48, 48, false));
+    assert_eq!(as_bytes(&out), as_bytes(&kv));
+
+    // 40 tokens: two whole chunks are found, written into a 40-token canonical buffer.
+    let mut out40 = vec![0f32; LAYERS * 2 * 40 * ROW];
+    let got = model.retrieve(NS, &tokens[..40], &mut KvViewMut::canonical(&mut out40, DType::F32)).unwrap();
+    assert_eq!(got.tokens, 32);
+    for l in 0..LAYERS {
+        for kv_i in 0..2 {
+            for t in 0..40 {
+                let at = ((l * 2 + kv_i) * 40 + t) * ROW;
+                let want = if t < 32 { value(l, kv_i, t, 0, 0) } else { 0.0 };
+                assert_eq!(out40[at], want, "layer {l} kv {kv_i} token {t}");
+            }
+        }
+    }
+
+    // A miss is Ok with 0 tokens: another namespace, or other tokens.
+    assert_eq!(
+        model.retrieve("elsewhere", &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens,
+        0
+    );
+    let other: Vec<i32> = tokens.iter().map(|t| t + 1).collect();
+    assert_eq!(model.retrieve(NS, &other, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 0);
+    assert_eq!(model.lookup(NS, &other).unwrap().cached_tokens, 0);
+}
+
+#[test]
+fn lookups_single_and_batched() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&canonical(TOKENS), DType::F32)).unwrap();
+    let one = model.lookup(NS, &tokens).unwrap();
+    assert_eq!(one.cached_tokens, 48);
+    assert_eq!(one.tier_tokens(), &[48]);
+    let found = model
+        .lookup_batch(NS, &[Request::from(&tokens), Request::from(&tokens[..40]), Request::from(&tokens[..15])])
+        .unwrap();
+    let cached: Vec<u64> = found.iter().map(|r| r.as_ref().unwrap().cached_tokens).collect();
+    assert_eq!(cached, [48, 32, 0]);
+    assert_eq!(model.lookup_batch(NS, &[]).unwrap().len(), 0);
+}
+
+#[test]
+fn block_hash_requests() {
+    let (_rt, model) = setup();
+    let hashes: Vec<u8> = (0..3u64).flat_map(|b| (0xfeed_0000 + b * 7919).to_le_bytes()).collect();
+    let request = Request::BlockHashes { hashes: &hashes, hash_bytes: 8, block_tokens: 16 };
+    let kv = canonical(TOKENS);
+    assert_eq!(model.store(NS, request, &KvView::canonical(&kv, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(model.lookup(NS, request).unwrap().cached_tokens, 48);
+    let first_two = Request::BlockHashes { hashes: &hashes[..16], hash_bytes: 8, block_tokens: 16 };
+    assert_eq!(model.lookup(NS, first_two).unwrap().cached_tokens, 32);
+    let mut out = vec![0f32; kv.len()];
+    assert_eq!(model.retrieve(NS, request, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(out, kv);
+}
+
+/// The engine layout of examples/c: all K ([layer][token][head][dim]), then all V.
+fn engine_layout(n: usize) -> (Vec<f32>, ViewSpec) {
+    let mut buf = Vec::with_capacity(2 * LAYERS * n * ROW);
+    for kv_i in 0..2 {
+        for l in 0..LAYERS {
+            for t in 0..n {
+                for h in 0..HEADS {
+                    for d in 0..DIM {
+                        buf.push(value(l, kv_i, t, h, d));
+                    }
+                }
+            }
+        }
+    }
+    let spec = ViewSpec::canonical(DType::F32).with_strides(
+        (n * ROW) as i64,
+        (LAYERS * n * ROW) as i64,
+        ROW as i64,
+        DIM as i64,
+        1,
+    );
+    (buf, spec)
+}
+
+#[test]
+fn strided_store_and_retrieve() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let (engine, spec) = engine_layout(TOKENS);
+    model.store(NS, &tokens, &KvView::new(&engine, &spec).unwrap()).unwrap();
+    let mut out = vec![0f32; engine.len()];
+    assert_eq!(model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(out, canonical(TOKENS));
+    let mut back = vec![0f32; engine.len()];
+    assert_eq!(model.retrieve(NS, &tokens, &mut KvViewMut::new(&mut back, &spec).unwrap()).unwrap().tokens, 48);
+    assert_eq!(back, engine);
+}
+
+#[test]
+fn per_layer_allocations_with_transposed_v() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let t = TOKENS;
+    // K per layer [token][head][dim]; V per layer [head][dim][token] (llama.cpp's transposed V).
+    let k: Vec<Vec<f32>> =
+        (0..LAYERS).map(|l| (0..t * ROW).map(|i| value(l, 0, i / ROW, i % ROW / DIM, i % DIM)).collect()).collect();
+    let v: Vec<Vec<f32>> =
+        (0..LAYERS).map(|l| (0..t * ROW).map(|i| value(l, 1, i % t, i / (DIM * t), i / t % DIM)).collect()).collect();
+    let spec = ViewSpec::canonical(DType::F32).with_token_strides(ROW as i64, DIM as i64, 1).with_v_strides(
+        1,
+        (DIM * t) as i64,
+        t as i64,
+    );
+    let kr: Vec<&[f32]> = k.iter().map(Vec::as_slice).collect();
+    let vr: Vec<&[f32]> = v.iter().map(Vec::as_slice).collect();
+    model.store(NS, &tokens, &KvView::per_layer(&kr, &vr, &spec).unwrap()).unwrap();
+
+    let mut out = vec![0f32; LAYERS * 2 * t * ROW];
+    model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!(out, canonical(t));
+
+    let mut k2 = vec![vec![0f32; t * ROW]; LAYERS];
+    let mut v2 = vec![vec![0f32; t * ROW]; LAYERS];
+    {
+        let mut view = KvViewMut::per_layer(
+            k2.iter_mut().map(Vec::as_mut_slice).collect(),
+            v2.iter_mut().map(Vec::as_mut_slice).collect(),
+            &spec,
+        )
+        .unwrap();
+        assert_eq!(model.retrieve(NS, &tokens, &mut view).unwrap().tokens, 48);
+    }
+    assert_eq!((k2, v2), (k, v));
+}
+
+/// Paged per-layer KV: `blocks` blocks of 16 tokens; token t in block table[t / 16].
+fn paged(layout: Layout, table: &[i32], blocks: usize, kv_i: usize, l: usize, n: usize) -> Vec<f32> {
+    let mut layer = vec![0f32; blocks * 16 * ROW];
+    for t in 0..n {
+        for h in 0..HEADS {
+            for d in 0..DIM {
+                let b = table[t / 16] as usize * 16 * ROW;
+                let at = match layout {
+                    Layout::PagedNhd => b + (t % 16) * ROW + h * DIM + d,
+                    _ => b + h * 16 * DIM + (t % 16) * DIM + d,
+                };
+                layer[at] = value(l, kv_i, t, h, d);
+            }
+        }
+    }
+    layer
+}
+
+#[test]
+fn paged_nhd_and_hnd_with_block_tables() {
+    for layout in [Layout::PagedNhd, Layout::PagedHnd] {
+        let (_rt, model) = setup();
+        let tokens = tokens(TOKENS);
+        let table = vec![4, 0, 2];
+        let spec = ViewSpec::paged(DType::F32, layout, 16, table.clone());
+        let k: Vec<Vec<f32>> = (0..LAYERS).map(|l| paged(layout, &table, 5, 0, l, TOKENS)).collect();
+        let v: Vec<Vec<f32>> = (0..LAYERS).map(|l| paged(layout, &table, 5, 1, l, TOKENS)).collect();
+        let kr: Vec<&[f32]> = k.iter().map(Vec::as_slice).collect();
+        let vr: Vec<&[f32]> = v.iter().map(Vec::as_slice).collect();
+        assert_eq!(model.store(NS, &tokens, &KvView::per_layer(&kr, &vr, &spec).unwrap()).unwrap().tokens, 48);
+
+        let mut out = vec![0f32; LAYERS * 2 * TOKENS * ROW];
+        model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+        assert_eq!(out, canonical(TOKENS), "{layout:?}");
+
+        let mut k2 = vec![vec![0f32; 5 * 16 * ROW]; LAYERS];
+        let mut v2 = vec![vec![0f32; 5 * 16 * ROW]; LAYERS];
+        {
+            let ks = k2.iter_mut().map(Vec::as_mut_slice).collect();
+            let vs = v2.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut view = KvViewMut::per_layer(ks, vs, &spec).unwrap();
+            assert_eq!(model.retrieve(NS, &tokens, &mut view).unwrap().tokens, 48);
+        }
+        assert_eq!((k2, v2), (k, v), "{layout:?}: blocks 1 and 3 stay zero, the others hold the KV");
+    }
+}
+
+#[test]
+fn several_views_each_holding_some_layers() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let split = 2 * 2 * TOKENS * ROW; // layers 0 and 1
+    let views = [
+        KvView::new(&kv[..split], &ViewSpec::canonical(DType::F32).with_layers(vec![0, 1])).unwrap(),
+        KvView::new(&kv[split..], &ViewSpec::canonical(DType::F32).with_layers(vec![2, 3, 4])).unwrap(),
+    ];
+    assert_eq!(model.store_views(NS, &tokens, &views).unwrap().tokens, 48);
+    let mut out = vec![0f32; kv.len()];
+    {
+        let (a, b) = out.split_at_mut(split);
+        let mut views = [
+            KvViewMut::new(a, &ViewSpec::canonical(DType::F32).with_layers(vec![0, 1])).unwrap(),
+            KvViewMut::new(b, &ViewSpec::canonical(DType::F32).with_layers(vec![2, 3, 4])).unwrap(),
+        ];
+        assert_eq!(model.retrieve_views(NS, &tokens, &mut views).unwrap().tokens, 48);
+    }
+    assert_eq!(out, kv);
+}
+
+#[test]
+fn async_load_layer_by_layer() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    let op = model.load_async(NS, &tokens, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32)).unwrap();
+    for layer in 0..LAYERS as u32 {
+        op.wait_layer(layer, Some(Duration::from_secs(10))).unwrap();
+    }
+    let result = op.wait(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!((result.state, result.tokens, result.covered, result.num_failed), (OpState::Done, 48, 48, 0));
+    assert_eq!(op.poll().unwrap(), OpState::Done);
+    assert_eq!(op.failed_ranges().unwrap(), vec![]);
+    assert_eq!(op.into_buffer(), kv);
+
+    // A miss is a load of 0 tokens; the op is Send and can be waited on elsewhere.
+    let op = model.load_async("elsewhere", &tokens, vec![0u8; kv.len() * 4], &ViewSpec::canonical(DType::F32)).unwrap();
+    let (result, buffer) = std::thread::spawn(move || op.finish()).join().unwrap().unwrap();
+    assert_eq!((result.tokens, buffer.iter().all(|&b| b == 0)), (0, true));
+}
+
+#[test]
+fn async_load_into_per_layer_offsets_of_one_buffer() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    // Each layer's K and V at their canonical places, given as per-layer allocations.
+    let layer_bytes = TOKENS * ROW * 4;
+    let spec = ViewSpec::canonical(DType::F32).with_token_strides(ROW as i64, DIM as i64, 1).with_layer_offsets(
+        (0..LAYERS).map(|l| 2 * l * layer_bytes).collect(),
+        (0..LAYERS).map(|l| (2 * l + 1) * layer_bytes).collect(),
+        layer_bytes,
+    );
+    let op = model.load_async(NS, &tokens, vec![0f32; kv.len()], &spec).unwrap();
+    let (result, loaded) = op.finish().unwrap();
+    assert_eq!((result.tokens, loaded), (48, kv));
+}
+
+#[test]
+fn async_save_as_layers_become_ready() {
+    let (rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let op = model.save_async(NS, &tokens, kv.clone(), &ViewSpec::canonical(DType::F32)).unwrap();
+    assert_eq!(op.poll().unwrap(), OpState::Pending);
+    for layer in 0..LAYERS as u32 {
+        op.layer_ready(layer).unwrap();
+    }
+    let (result, _buffer) = op.finish().unwrap();
+    assert_eq!(result.tokens, 48);
+    let mut out = vec![0f32; kv.len()];
+    assert_eq!(model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(out, kv);
+    assert!(rt.stats().unwrap().stores >= 1);
+}
+
+#[test]
+fn async_cancel_and_drop() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    // A save cancelled before its last layer ends cancelled (at that layer), storing nothing.
+    let op = model.save_async(NS, &tokens, canonical(TOKENS), &ViewSpec::canonical(DType::F32)).unwrap();
+    for layer in 0..LAYERS as u32 - 1 {
+        op.layer_ready(layer).unwrap();
+    }
+    op.cancel().unwrap();
+    op.cancel().unwrap(); // twice is fine
+    op.layer_ready(LAYERS as u32 - 1).unwrap();
+    assert_eq!(op.wait(Some(Duration::from_secs(10))).unwrap_err().status(), Status::Cancelled);
+    assert_eq!(op.poll().unwrap(), OpState::Cancelled);
+    assert_eq!(op.result().unwrap().status, Some(Status::Cancelled));
+    assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+    // A load cancelled at once ends cancelled, or done when it finished first.
+    model.store(NS, &tokens, &KvView::canonical(&canonical(TOKENS), DType::F32)).unwrap();
+    let op =
+        model.load_async(NS, &tokens, vec![0f32; LAYERS * 2 * TOKENS * ROW], &ViewSpec::canonical(DType::F32)).unwrap();
+    op.cancel().unwrap();
+    match op.wait(None) {
+        Err(e) => assert_eq!((e.status(), op.poll().unwrap()), (Status::Cancelled, OpState::Cancelled)),
+        Ok(r) => assert_eq!((r.tokens, op.into_buffer()), (48, canonical(TOKENS))),
+    }
+    // Dropping a pending op cancels it and waits for it, then frees the buffer.
+    let op = model.save_async(NS, &tokens, canonical(TOKENS), &ViewSpec::canonical(DType::F32)).unwrap();
+    op.layer_ready(0).unwrap();
+    drop(op);
+    // Timeout: the op goes on.
+    let op = model.save_async(NS, &tokens, canonical(TOKENS), &ViewSpec::canonical(DType::F32)).unwrap();
+    assert_eq!(op.wait(Some(Duration::from_millis(1))).unwrap_err().status(), Status::Timeout);
+    let buffer = op.into_buffer();
+    assert_eq!(buffer, canonical(TOKENS));
+}
+
+#[test]
+fn knowledge_items() {
+    let (_rt, model) = setup();
+    let docs = model.knowledge(NS);
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    docs.put("story", 3, b"{\"title\": \"a story\"}", &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    docs.put("other", 1, b"", &tokens[..20], &KvView::canonical(&kv[..LAYERS * 2 * 20 * ROW], DType::F32)).unwrap();
+
+    let info = docs.info("story").unwrap();
+    assert_eq!(
+        (info.doc_id.as_str(), info.version, info.num_tokens, info.pinned, info.expires_in),
+        ("story", 3, 48, false, None)
+    );
+    assert_eq!(info.chunks, info.chunks_present);
+    let list = docs.list().unwrap();
+    assert_eq!(list.iter().map(|d| d.doc_id.as_str()).collect::<Vec<_>>(), ["other", "story"]);
+    assert!(model.knowledge("empty").list().unwrap().is_empty());
+
+    docs.pin("story", None).unwrap();
+    assert!(docs.info("story").unwrap().pinned);
+    docs.unpin("story").unwrap();
+    assert!(!docs.info("story").unwrap().pinned);
+    docs.pin("story", Some(Duration::from_secs(60))).unwrap();
+
+    let (got_tokens, got_kv) = docs.fetch_to_vec("story").unwrap();
+    assert_eq!(got_tokens, tokens);
+    assert_eq!(got_kv, as_bytes(&kv));
+    // Into the caller's buffers, with room to spare for the tokens.
+    let mut buf = vec![0f32; kv.len()];
+    let mut ids = vec![0i32; 64];
+    let r = docs.fetch("story", Some(&mut KvViewMut::canonical(&mut buf, DType::F32)), Some(&mut ids)).unwrap();
+    assert_eq!((r.tokens, &ids[..48], &buf), (48, &tokens[..], &kv));
+
+    docs.expire("other", Duration::from_secs(3600)).unwrap();
+    assert!(docs.info("other").unwrap().expires_in.unwrap() > Duration::from_secs(3500));
+    docs.delete("other").unwrap();
+    assert_eq!(docs.info("other").unwrap_err().status(), Status::NotFound);
+    docs.expire("story", Duration::ZERO).unwrap();
+    assert!(eventually(|| docs.info("story").is_err()));
+}
+
+#[test]
+fn statistics_latency_and_tiers() {
+    let (rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    let mut out = vec![0f32; kv.len()];
+    model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    model.lookup(NS, &tokens).unwrap();
+    let s = rt.stats().unwrap();
+    assert_eq!((s.stores, s.retrieves, s.lookups, s.hits), (1, 1, 1, 3));
+    assert_eq!((s.tokens_stored, s.tokens_served, s.chunks), (48, 48, 3));
+    assert_eq!((s.bytes_stored, s.bytes_served), (48 * model.kv_bytes_per_token(), 48 * model.kv_bytes_per_token()));
+    assert_eq!(s.capacity_bytes, 16 << 20);
+    assert!(s.used_bytes >= s.bytes_stored);
+    for kind in [LatencyKind::Lookup, LatencyKind::Load, LatencyKind::Store] {
+        let l = rt.latency(kind).unwrap();
+        assert_eq!(l.count, 1, "{kind:?}");
+        assert!(l.max_us >= l.p50_us && l.p50_us > 0.0, "{kind:?}: {l:?}");
+    }
+    assert_eq!(rt.tier_count().unwrap(), 1);
+    let tiers = rt.all_tier_stats().unwrap();
+    assert_eq!(tiers.len(), 1);
+    let t = &tiers[0];
+    assert_eq!((t.kind, t.objects, t.hits, t.capacity_bytes), (TierKind::Host, 3, 3, 16 << 20));
+    assert!(!t.name.is_empty() && !t.codec.is_empty(), "{t:?}");
+    assert_eq!(rt.tier_stats(1).unwrap_err().status(), Status::InvalidArgument);
+}
+
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn device_host_and_disk_tiers_with_codecs() {
+    let dir = scratch_dir("disk-tier");
+    let options = RuntimeOptions::default()
+        .with_chunk_tokens(CHUNK)
+        .with_worker_threads(2)
+        .with_tier(TierConfig::device(8 << 20).with_write_through(true))
+        .with_tier(
+            TierConfig::host(8 << 20)
+                .with_policy(EvictionPolicy::S3Fifo)
+                .with_watermarks(0.9, 0.7)
+                .with_write_through(true),
+        )
+        .with_tier(TierConfig::disk(&dir, 64 << 20).with_codec("zstd"));
+    let rt = Runtime::new(&options).unwrap();
+    let model = rt.model(&spec("tiers")).unwrap();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    let tiers = rt.all_tier_stats().unwrap();
+    assert_eq!(tiers.iter().map(|t| t.kind).collect::<Vec<_>>(), [TierKind::Device, TierKind::Host, TierKind::Disk]);
+    assert!(tiers[2].codec.starts_with("zstd"), "{}", tiers[2].codec);
+    let held = || rt.all_tier_stats().unwrap().iter().map(|t| t.objects).collect::<Vec<_>>();
+    assert!(eventually(|| held() == [3, 3, 3]), "every tier gets the chunks (write-through): {:?}", held());
+    assert!(rt.tier_stats(2).unwrap().bytes_before_encoding > 0);
+    assert_eq!(model.lookup(NS, &tokens).unwrap().tier_tokens(), &[48, 48, 48]);
+    let mut out = vec![0f32; kv.len()];
+    let r = model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!((r.tokens, r.lossy()), (48, false));
+    assert_eq!(out, kv);
+    drop(model);
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn lossy_codec_says_so() {
+    let rt = Runtime::new(
+        &RuntimeOptions::default().with_chunk_tokens(CHUNK).with_tier(TierConfig::host(16 << 20).with_codec("int8")),
+    )
+    .unwrap();
+    let model = rt.model(&spec("lossy")).unwrap();
+    let tokens = tokens(TOKENS);
+    let kv: Vec<f32> = (0..LAYERS * 2 * TOKENS * ROW).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    let mut out = vec![0f32; kv.len()];
+    let r = model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!(r.tokens, 48);
+    assert!(r.lossy());
+    let worst = kv.iter().zip(&out).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 0.1, "int8 error {worst}");
+    assert_eq!(rt.tier_stats(0).unwrap().codec, "int8");
+}
+
+#[test]
+fn remote_tier_that_is_not_there_is_a_miss() {
+    let options = RuntimeOptions::default()
+        .with_chunk_tokens(CHUNK)
+        .with_tier(TierConfig::host(1 << 20))
+        .with_tier(TierConfig::remote("127.0.0.1:9", "no-token").with_timeout_ms(200));
+    let rt = Runtime::new(&options).unwrap();
+    let model = rt.model(&spec("remote")).unwrap();
+    let tokens = tokens(TOKENS);
+    assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+    let mut out = vec![0f32; LAYERS * 2 * TOKENS * ROW];
+    assert_eq!(model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 0);
+    assert_eq!(rt.tier_stats(1).unwrap().kind, TierKind::Remote);
+}
+
+#[test]
+fn handles_are_shared_across_threads_and_outlive_the_runtime() {
+    let (rt, model) = setup();
+    drop(rt); // the model keeps the runtime alive
+    let model = Arc::new(model);
+    let kv = Arc::new(canonical(TOKENS));
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let (model, kv) = (Arc::clone(&model), Arc::clone(&kv));
+            std::thread::spawn(move || {
+                let ns = format!("thread-{i}");
+                let tokens = tokens(TOKENS);
+                model.store(&ns, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+                let mut out = vec![0f32; kv.len()];
+                let r = model.retrieve(&ns, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+                assert_eq!((r.tokens, &out), (48, &*kv));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// Stores a prompt's real KV through the engine layout of examples/c (K file
+/// then V file), retrieves it canonically and compares every byte.
+fn real_kv_round_trip(tokens: &[i32], k: &[f32], v: &[f32]) {
+    let n = tokens.len();
+    assert_eq!((k.len(), v.len()), (LAYERS * n * ROW, LAYERS * n * ROW));
+    let (rt, model) = setup();
+    let engine: Vec<f32> = k.iter().chain(v).copied().collect();
+    let spec = ViewSpec::canonical(DType::F32).with_strides(
+        (n * ROW) as i64,
+        (LAYERS * n * ROW) as i64,
+        ROW as i64,
+        DIM as i64,
+        1,
+    );
+    assert_eq!(model.store(NS, tokens, &KvView::new(&engine, &spec).unwrap()).unwrap().tokens, n as u64);
+    let mut out = vec![0f32; engine.len()];
+    let r = model.retrieve(NS, tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!((r.tokens, r.lossy()), (n as u64, false));
+    for l in 0..LAYERS {
+        let layer = n * ROW;
+        assert_eq!(
+            as_bytes(&out[2 * l * layer..(2 * l + 1) * layer]),
+            as_bytes(&k[l * layer..(l + 1) * layer]),
+            "K of layer {l}"
+        );
+        assert_eq!(
+            as_bytes(&out[(2 * l + 1) * layer..(2 * l + 2) * layer]),
+            as_bytes(&v[l * layer..(l + 1) * layer]),
+            "V of layer {l}"
+        );
+    }
+    assert_eq!(rt.stats().unwrap().tokens_served, n as u64);
+}
+
+#[test]
+fn real_kv_of_the_reference_model_round_trips() {
+    let (tokens, k, v) = reference_kv();
+    real_kv_round_trip(&tokens, &k, &v);
+}
+
+#[test]
+fn real_kv_dumped_by_kdn_generate_round_trips() {
+    // ctest sets KDN_EXAMPLES_KV (the examples.kv fixture's prefix); outside
+    // ctest, the committed reference KV is checked by the test above.
+    let Some(prefix) = std::env::var_os("KDN_EXAMPLES_KV") else {
+        eprintln!("KDN_EXAMPLES_KV is not set: nothing to read");
+        return;
+    };
+    let prefix = prefix.to_string_lossy().into_owned();
+    let tokens = read_i32(format!("{prefix}.tokens.i32").as_ref());
+    let k = read_f32(format!("{prefix}.k.f32").as_ref());
+    let v = read_f32(format!("{prefix}.v.f32").as_ref());
+    assert_eq!(tokens.len(), 48);
+    real_kv_round_trip(&tokens, &k, &v);
+}
+
+#[test]
+fn a_load_reports_the_ranges_it_could_not_read() {
+    // One disk tier; the middle chunk's file is damaged after the store: the
+    // load gets the first chunk, and says which range failed.
+    let dir = scratch_dir("damaged");
+    let options = RuntimeOptions::default()
+        .with_chunk_tokens(CHUNK)
+        .with_tier(TierConfig::disk(&dir, 64 << 20).with_codec("raw"));
+    let rt = Runtime::new(&options).unwrap();
+    let model = rt.model(&spec("damaged")).unwrap();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    let files: Vec<_> = walk(&dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "kdn")).collect();
+    assert_eq!(files.len(), 3, "one file per chunk: {files:?}");
+    // Damage one chunk (which one, the hashed names do not say).
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..middle + 64] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let op = model.load_async(NS, &tokens, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32)).unwrap();
+    op.wait(Some(Duration::from_secs(10))).unwrap();
+    let r = op.result().unwrap();
+    let failed = op.failed_ranges().unwrap();
+    assert_eq!((r.covered, r.num_failed, failed.len()), (48, 1, 1), "{r:?} {failed:?}");
+    let bad = failed[0].clone();
+    assert_eq!((bad.start % 16, bad.end - bad.start), (0, 16), "one chunk: {bad:?}");
+    assert_eq!(r.tokens, 32, "the other chunks are written (recompute only the failed range)");
+    let loaded = op.into_buffer();
+    // Every chunk but the damaged one holds its KV.
+    for l in 0..LAYERS {
+        for kv_i in 0..2 {
+            for t in 0..TOKENS {
+                let at = ((l * 2 + kv_i) * TOKENS + t) * ROW;
+                if !bad.contains(&(t as u64)) {
+                    assert_eq!(loaded[at], value(l, kv_i, t, 0, 0), "layer {l} token {t}");
+                }
+            }
+        }
+    }
+    assert_eq!(rt.stats().unwrap().corrupt_detected, 1);
+    drop(model);
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn async_ops_over_borrowed_paged_memory() {
+    // An engine's own per-layer paged allocations (not owned by the op):
+    // the unsafe variants, with the memory kept alive and untouched until
+    // the op is gone.
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let table = vec![2, 4, 0];
+    let spec = ViewSpec::paged(DType::F32, Layout::PagedHnd, 16, table.clone());
+    let k: Vec<Vec<f32>> = (0..LAYERS).map(|l| paged(Layout::PagedHnd, &table, 5, 0, l, TOKENS)).collect();
+    let v: Vec<Vec<f32>> = (0..LAYERS).map(|l| paged(Layout::PagedHnd, &table, 5, 1, l, TOKENS)).collect();
+    {
+        let kr: Vec<&[f32]> = k.iter().map(Vec::as_slice).collect();
+        let vr: Vec<&[f32]> = v.iter().map(Vec::as_slice).collect();
+        let view = KvView::per_layer(&kr, &vr, &spec).unwrap();
+        // SAFETY: k and v outlive the op, which is consumed below.
+        let op = unsafe { model.save_async_unchecked(NS, &tokens, std::slice::from_ref(&view)) }.unwrap();
+        for layer in (0..LAYERS as u32).rev() {
+            op.layer_ready(layer).unwrap();
+        }
+        assert_eq!(op.finish().unwrap().0.tokens, 48);
+    }
+    let mut k2 = vec![vec![0f32; 5 * 16 * ROW]; LAYERS];
+    let mut v2 = vec![vec![0f32; 5 * 16 * ROW]; LAYERS];
+    {
+        let ks = k2.iter_mut().map(Vec::as_mut_slice).collect();
+        let vs = v2.iter_mut().map(Vec::as_mut_slice).collect();
+        let view = KvViewMut::per_layer(ks, vs, &spec).unwrap();
+        // SAFETY: k2 and v2 are borrowed by `view` and outlive the op, dropped in this block.
+        let op = unsafe { model.load_async_unchecked(NS, &tokens, std::slice::from_ref(&view)) }.unwrap();
+        op.wait_layer(LAYERS as u32 - 1, Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(op.wait(None).unwrap().tokens, 48);
+    }
+    assert_eq!((k2, v2), (k, v));
+}
