@@ -210,6 +210,7 @@ Result<std::shared_ptr<SaveOp>> SaveOp::Start(KvStore& store, Executor& executor
 Status SaveOp::SaveLayer(std::uint32_t layer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (cancel_) return Status::Ok();  // it ends (or ended) cancelled: nothing more is stored
     if (result_.state != OpState::kPending) return Status::InvalidArgument("save already finished");
     if (layer >= requested_.size()) return Status::InvalidArgument("layer " + std::to_string(layer) + " beyond the model");
     bool in_group = false;
@@ -244,7 +245,27 @@ void SaveOp::GatherLayer(std::uint32_t layer) {
     last = ++gathered_ == expected_;
   }
   cv_.notify_all();
-  if (last) Commit();
+  if (last) {
+    Commit();
+  } else {
+    EndIfCancelledAndIdle();
+  }
+}
+
+void SaveOp::Cancel() {
+  EngineOp::Cancel();
+  EndIfCancelledAndIdle();
+}
+
+void SaveOp::EndIfCancelledAndIdle() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::uint32_t requested = 0;
+    for (bool r : requested_) requested += r;
+    // Not while a copy runs, nor once every layer was given (Commit ends it).
+    if (!cancel_ || result_.state != OpState::kPending || gathered_ != requested || requested == expected_) return;
+  }
+  Finish(OpState::kCancelled, Status(Code::kCancelled, "save cancelled"));
 }
 
 void SaveOp::Drain() {

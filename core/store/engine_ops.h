@@ -69,7 +69,8 @@ class EngineOp : public std::enable_shared_from_this<EngineOp> {
   // the op's own status after (kCancelled when cancelled).
   Status Wait(std::int64_t timeout_ms);
   OpState Poll() const;
-  void Cancel();
+  // Asks the op to stop; it ends kCancelled at its next step.
+  virtual void Cancel();
   OpResult Outcome() const;
 
  protected:
@@ -109,7 +110,11 @@ class SaveOp final : public EngineOp {
   static Result<std::shared_ptr<SaveOp>> Start(KvStore& store, Executor& executor, const ModelKv& model,
                                                std::string ns, OwnedKeys keys, std::vector<KvGroup> groups);
   // Model layer `layer` is ready in the views: gather it in the background.
+  // After Cancel, a no-op.
   Status SaveLayer(std::uint32_t layer);
+  // A save ends cancelled as soon as the copies already handed to the
+  // workers have run: it does not wait for layers it will never store.
+  void Cancel() override;
   // Until no background copy reads the views any more (and, when every
   // layer was given, the op has ended).
   void Drain();
@@ -118,6 +123,7 @@ class SaveOp final : public EngineOp {
   SaveOp() = default;
   void GatherLayer(std::uint32_t layer);
   void Commit();
+  void EndIfCancelledAndIdle();
 
   KvStore* store_ = nullptr;
   Executor* executor_ = nullptr;

@@ -1597,6 +1597,33 @@ static void test_op_cancel_save(void) {
     CHECK_EQ(get_stats(g_big).chunks, 0);
   }
   group_end();
+  group_begin("a save cancelled with layers never given ends without them");
+  if (open_big()) {
+    /* Layer 0 given, the rest never: the wait ends CANCELLED, and later
+     * layer_ready calls change nothing. */
+    CHECK_OK(kdn_kv_save_async(g_big_model, ns2, sizeof ns2 - 1, &req, whole_view(&v, src), 1, &op));
+    if (op != NULL) {
+      CHECK_OK(kdn_op_layer_ready(op, 0));
+      CHECK_OK(kdn_op_cancel(op));
+      CHECK_ERROR(KDN_ERR_CANCELLED, kdn_op_wait(op, 10000));
+      CHECK_OK(kdn_op_poll(op, &state));
+      CHECK_EQ(state, KDN_OP_CANCELLED);
+      CHECK_OK(kdn_op_layer_ready(op, 1));
+      CHECK_ERROR(KDN_ERR_CANCELLED, kdn_op_wait(op, 0));
+      kdn_op_destroy(op);
+      op = NULL;
+    }
+    /* Nothing given at all. */
+    CHECK_OK(kdn_kv_save_async(g_big_model, ns2, sizeof ns2 - 1, &req, whole_view(&v, src), 1, &op));
+    if (op != NULL) {
+      CHECK_OK(kdn_op_cancel(op));
+      CHECK_ERROR(KDN_ERR_CANCELLED, kdn_op_wait(op, 10000));
+      kdn_op_destroy(op);
+    }
+    CHECK_EQ(lookup_one(g_big_model, ns2, &req), 0);
+    CHECK_EQ(get_stats(g_big).chunks, 0);
+  }
+  group_end();
   ekv_free(src);
 }
 

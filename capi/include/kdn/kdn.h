@@ -503,7 +503,9 @@ KDN_API kdn_status kdn_op_wait_layer(kdn_op *op, uint32_t layer, int64_t timeout
 KDN_API kdn_status kdn_op_wait(kdn_op *op, int64_t timeout_ms);
 KDN_API kdn_status kdn_op_poll(kdn_op *op, kdn_op_state *out);
 /* Asks the op to stop; it ends KDN_OP_CANCELLED at its next layer, unless it
- * has ended already. */
+ * has ended already. A save ends as soon as the layers already given are
+ * copied, without waiting for the others; kdn_op_layer_ready on it is then
+ * KDN_OK and does nothing. */
 KDN_API kdn_status kdn_op_cancel(kdn_op *op);
 
 /* A range of tokens [begin, end). A plain struct, frozen as it is. */
