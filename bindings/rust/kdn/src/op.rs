@@ -106,9 +106,8 @@ impl<B: KvBuffer> Op<B> {
     }
 
     /// Asks the op to stop; it ends `Cancelled` at its next layer, unless it
-    /// ended already. A save's next layer is its next [`layer_ready`](Op::layer_ready):
-    /// after cancelling a save, mark its remaining layers ready or drop the op
-    /// (dropping never waits for layers) rather than waiting without a timeout.
+    /// ended already. A save ends once the layers already given are copied;
+    /// [`layer_ready`](Op::layer_ready) on it then does nothing.
     pub fn cancel(&self) -> Result<()> {
         // SAFETY: a live op.
         check(unsafe { sys::kdn_op_cancel(self.raw()) })

@@ -1,0 +1,209 @@
+"""kdn's value types: configuration in (Tier, ModelSpec) and results out."""
+import array
+import dataclasses
+from typing import NamedTuple, Tuple, Union
+
+from ._enums import DType, EvictionPolicy, OpState, RopeStyle, Status, TierKind
+
+__all__ = [
+    "Tier", "ModelSpec", "KvResult", "LookupResult", "DocumentInfo", "FetchResult", "Stats", "Latency",
+    "TierStats", "ChunkInfo", "RESULT_LOSSY",
+]
+
+#: KvResult.flags: some of the KV written was decoded from a lossy codec.
+RESULT_LOSSY = 0x1
+
+Text = Union[str, bytes]
+
+
+@dataclasses.dataclass
+class Tier:
+    """One tier of a runtime's store (kdn_tier_config); kdn.h's defaults.
+
+    Use the constructors: ``Tier.host(16 << 20)``, ``Tier.disk("/var/kdn",
+    64 << 30)``, ``Tier.remote("host:7070", token="...")``.
+
+    high_watermark / low_watermark: 0 means kdn's defaults (0.95 / 0.85).
+    codec: "" is raw for memory tiers and lossless "zstd" for disk tiers;
+    an unknown codec is refused (InvalidArgumentError). timeout_ms: a remote
+    tier's deadline per call (0: 2000).
+    """
+    kind: TierKind = TierKind.HOST
+    capacity_bytes: int = 1 << 30
+    path: Text = ""
+    policy: EvictionPolicy = EvictionPolicy.LRU
+    high_watermark: float = 0.0
+    low_watermark: float = 0.0
+    write_through: bool = False
+    codec: Text = ""
+    address: Text = ""
+    token: Text = ""
+    timeout_ms: int = 0
+    tls_ca_file: Text = ""
+    tls_server_name: Text = ""
+
+    @classmethod
+    def host(cls, capacity_bytes=1 << 30, **kwargs):
+        """Host memory (pinned when a GPU is present)."""
+        return cls(TierKind.HOST, capacity_bytes, **kwargs)
+
+    @classmethod
+    def device(cls, capacity_bytes=1 << 30, **kwargs):
+        """GPU memory (host memory standing in for it without a GPU)."""
+        return cls(TierKind.DEVICE, capacity_bytes, **kwargs)
+
+    @classmethod
+    def disk(cls, path, capacity_bytes=1 << 30, **kwargs):
+        """One file per chunk under `path` (created if absent)."""
+        return cls(TierKind.DISK, capacity_bytes, path, **kwargs)
+
+    @classmethod
+    def remote(cls, address, token="", **kwargs):
+        """A kdnd node ("host:port" or "unix:/path") shared with other engines."""
+        return cls(TierKind.REMOTE, address=address, token=token, **kwargs)
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """The shape of a model's KV and what identifies its weights
+    (kdn_model_spec). KV is only returned to a model with the same spec and
+    fingerprint. fingerprint: str or bytes, not empty (weights, tokenizer,
+    layout, TP rank, adapters: anything that changes the KV)."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: DType = DType.F32
+    fingerprint: Text = ""
+    rope_theta: float = 10000.0
+    rope_style: RopeStyle = RopeStyle.INTERLEAVED
+    rotary_dim: int = 0
+
+    @property
+    def kv_bytes_per_token(self):
+        """Bytes of KV per token: layers x 2 x heads x head_dim x element size."""
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * DType(self.dtype).itemsize
+
+
+class KvResult(NamedTuple):
+    """What a KV call did. tokens: store/save: leading tokens cached after
+    it; retrieve/load: tokens written (0 on a miss); fetch: the document's
+    length. covered: the cached prefix found. num_failed: ranges of a load
+    that could not be read."""
+    state: OpState
+    status: Status
+    tokens: int
+    covered: int
+    num_failed: int
+    flags: int
+
+    @property
+    def lossy(self):
+        """Some of the KV written was decoded from a lossy codec."""
+        return bool(self.flags & RESULT_LOSSY)
+
+    @classmethod
+    def _native(cls, t):
+        return cls(OpState(t[0]), Status(t[1]), t[2], t[3], t[4], t[5])
+
+
+class LookupResult(NamedTuple):
+    """One request's lookup: its status (Status.OK, or why this request of a
+    batch failed), the leading tokens cached in some tier, and per tier the
+    leading tokens that tier alone holds."""
+    status: Status
+    cached_tokens: int
+    tier_tokens: Tuple[int, ...]
+
+
+class DocumentInfo(NamedTuple):
+    """A knowledge item. expires_in_ms: -1 when it never expires."""
+    doc_id: str
+    pinned: bool
+    version: int
+    num_tokens: int
+    chunks: int
+    chunks_present: int
+    expires_in_ms: int
+
+
+class FetchResult(NamedTuple):
+    """A fetched document: the call's result and the document's tokens."""
+    result: KvResult
+    tokens: array.array
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A runtime's counters (kdn_stats)."""
+    lookups: int
+    retrieves: int
+    stores: int
+    hits: int
+    misses: int
+    tokens_served: int
+    tokens_stored: int
+    bytes_served: int
+    bytes_stored: int
+    chunks: int
+    used_bytes: int
+    capacity_bytes: int
+    evictions: int
+    edited_served: int
+    leases_active: int
+    pins_active: int
+    pins_forced_unpin: int
+    corrupt_detected: int
+    edits: int
+
+
+class Latency(NamedTuple):
+    """A latency distribution, in microseconds."""
+    count: int
+    mean_us: float
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    max_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TierStats:
+    """One tier's counters (kdn_tier_stats)."""
+    kind: TierKind
+    name: str
+    codec: str
+    hits: int
+    misses: int
+    puts: int
+    put_refusals: int
+    evictions: int
+    demotions_in: int
+    promotions_in: int
+    bytes_in: int
+    bytes_out: int
+    objects: int
+    used_bytes: int
+    capacity_bytes: int
+    corrupt_detected: int
+    encoded_chunks: int
+    bytes_before_encoding: int
+    bytes_after_encoding: int
+    encode_failures: int
+    decode_failures: int
+    io_errors: int
+    remote_calls: int
+    remote_failed_calls: int
+    remote_timeouts: int
+    write_queue_full: int
+    write_queued_bytes: int
+
+
+class ChunkInfo(NamedTuple):
+    """A stored chunk, as an editor sees it. first_position: -1 when the
+    chunk is position-free (a knowledge item's)."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_tokens: int
+    dtype: DType
+    first_position: int

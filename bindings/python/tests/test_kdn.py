@@ -1,0 +1,434 @@
+"""The binding's API: runtimes, models, store / retrieve / lookup, views,
+async ops, knowledge items, statistics, enums and errors."""
+import array
+import builtins
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import numpy as np
+
+import kdn
+from _common import CHUNK, DIM, HEADS, LAYERS, NS, ROW, canonical_kv, model, runtime, tokens
+
+
+class VersionTest(unittest.TestCase):
+    def test_version(self):
+        self.assertRegex(kdn.version(), r"^\d+\.\d+\.\d+$")
+        major, minor, patch = map(int, kdn.version().split("."))
+        self.assertEqual(kdn.version_number(), major * 10000 + minor * 100 + patch)
+        self.assertGreaterEqual(kdn.version_number(), 10200)
+        self.assertEqual(kdn.__version__, kdn.version())
+        self.assertEqual(kdn.status_string(kdn.Status.NOT_FOUND), "KDN_ERR_NOT_FOUND")
+
+
+class EnumTest(unittest.TestCase):
+    def test_unknown_values_are_kept(self):
+        for enum in (kdn.Status, kdn.DType, kdn.TierKind, kdn.EvictionPolicy, kdn.Layout, kdn.OpState,
+                     kdn.LatencyKind, kdn.RopeStyle):
+            v = enum(1234)
+            self.assertEqual(v, 1234)
+            self.assertEqual(v.name, "UNKNOWN_1234")
+            self.assertIsInstance(v, enum)
+        self.assertIs(kdn.DType(2), kdn.DType.BF16)
+        self.assertEqual(kdn.DType.F32.itemsize, 4)
+        with self.assertRaises(ValueError):
+            kdn.DType("F32")
+
+
+class ErrorTest(unittest.TestCase):
+    def test_hierarchy(self):
+        self.assertTrue(issubclass(kdn.InvalidArgumentError, (kdn.CallerError, ValueError)))
+        self.assertTrue(issubclass(kdn.ClosedError, kdn.InvalidArgumentError))
+        self.assertTrue(issubclass(kdn.BufferTooSmallError, kdn.CallerError))
+        self.assertTrue(issubclass(kdn.NotFoundError, LookupError))
+        self.assertTrue(issubclass(kdn.TimeoutError, (kdn.RetryableError, builtins.TimeoutError)))
+        self.assertTrue(issubclass(kdn.UnavailableError, (kdn.RetryableError, ConnectionError)))
+        self.assertTrue(issubclass(kdn.BusyError, kdn.RetryableError))
+        self.assertTrue(issubclass(kdn.NoMemoryError, MemoryError))
+        self.assertTrue(issubclass(kdn.UnsupportedError, NotImplementedError))
+        for cls in (kdn.CorruptError, kdn.InternalError, kdn.CancelledError, kdn.VersionError):
+            self.assertTrue(issubclass(cls, kdn.Error))
+
+    def test_error_carries_status_and_message(self):
+        with runtime() as rt, model(rt) as m:
+            with self.assertRaises(kdn.NotFoundError) as cm:
+                m.knowledge_info(NS, "absent")
+        e = cm.exception
+        self.assertEqual(e.status, kdn.Status.NOT_FOUND)
+        self.assertIn("absent", e.message)
+        self.assertEqual(str(e), e.message)
+        t = kdn.TimeoutError("late")  # an OSError underneath: one argument, no errno
+        self.assertEqual(str(t), "late")
+        self.assertEqual(t.status, kdn.Status.TIMEOUT)
+
+
+class RuntimeTest(unittest.TestCase):
+    def test_context_managers_and_close(self):
+        with runtime() as rt:
+            self.assertFalse(rt.closed)
+            with model(rt) as m:
+                self.assertFalse(m.closed)
+                self.assertEqual(m.kv_bytes_per_token, LAYERS * 2 * ROW * 4)
+                self.assertEqual(m.kv_bytes_per_token, m.spec.kv_bytes_per_token)
+                self.assertRegex(m.fingerprint, r"^[0-9a-f]{64}$")
+                self.assertIs(m.runtime, rt)
+            self.assertTrue(m.closed)
+            m.close()  # idempotent
+        self.assertTrue(rt.closed)
+        rt.close()
+
+    def test_model_outlives_its_runtime(self):
+        rt = runtime()
+        m = model(rt)
+        rt.close()
+        kv = canonical_kv(CHUNK)
+        self.assertEqual(m.store(NS, tokens(CHUNK), kv).tokens, CHUNK)
+        self.assertEqual(m.lookup(NS, tokens(CHUNK)).cached_tokens, CHUNK)
+        m.close()
+
+    def test_same_spec_shares_kv_another_fingerprint_does_not(self):
+        with runtime() as rt, model(rt) as a, model(rt) as b, model(rt, fingerprint="other") as c:
+            a.store(NS, tokens(CHUNK), canonical_kv(CHUNK))
+            self.assertEqual(a.fingerprint, b.fingerprint)
+            self.assertEqual(b.lookup(NS, tokens(CHUNK)).cached_tokens, CHUNK)
+            self.assertNotEqual(a.fingerprint, c.fingerprint)
+            self.assertEqual(c.lookup(NS, tokens(CHUNK)).cached_tokens, 0)
+
+    def test_model_spec_object(self):
+        spec = kdn.ModelSpec(num_layers=3, num_kv_heads=1, head_dim=2, dtype=kdn.DType.F16, fingerprint=b"\x00bytes",
+                             rope_style=kdn.RopeStyle.NEOX)
+        with runtime() as rt, rt.model(spec) as m:
+            self.assertEqual(m.kv_bytes_per_token, 3 * 2 * 1 * 2 * 2)
+            self.assertIs(m.spec, spec)
+
+    def test_tiers_disk_and_codec(self):
+        with tempfile.TemporaryDirectory() as d:
+            tiers = [kdn.Tier.host(CHUNK * LAYERS * 2 * ROW * 4, codec="zstd", policy=kdn.EvictionPolicy.S3FIFO),
+                     kdn.Tier.disk(os.path.join(d, "kv"), 8 << 20)]
+            with runtime(tiers=tiers, hash_seed=7, worker_threads=1) as rt, model(rt) as m:
+                self.assertEqual(rt.tier_count, 2)
+                ts = rt.tier_stats()
+                self.assertEqual([t.kind for t in ts], [kdn.TierKind.HOST, kdn.TierKind.DISK])
+                self.assertTrue(ts[0].codec.startswith("zstd"), ts[0].codec)
+                self.assertEqual(ts[1].capacity_bytes, 8 << 20)
+                for i in range(3):  # more than the host tier holds: some go to disk
+                    m.store(NS, tokens(CHUNK, 100 * i), canonical_kv(CHUNK, i))
+                for i in range(3):
+                    out = np.zeros((LAYERS, 2, CHUNK, HEADS, DIM), np.float32)
+                    self.assertEqual(m.retrieve(NS, tokens(CHUNK, 100 * i), out).tokens, CHUNK)
+                    np.testing.assert_array_equal(out, canonical_kv(CHUNK, i))
+                self.assertEqual(rt.stats().capacity_bytes, ts[0].capacity_bytes + (8 << 20))
+
+    def test_unreachable_remote_tier_misses(self):
+        tiers = [kdn.Tier.host(1 << 20), kdn.Tier.remote("127.0.0.1:1", token="secret", timeout_ms=200)]
+        with runtime(tiers=tiers) as rt, model(rt) as m:
+            self.assertEqual(m.store(NS, tokens(CHUNK), canonical_kv(CHUNK)).tokens, CHUNK)
+            self.assertEqual(m.lookup(NS, tokens(CHUNK, 5)).cached_tokens, 0)  # a miss, not an error
+            remote = rt.tier_stats(1)
+            self.assertEqual((remote.kind, remote.name), (kdn.TierKind.REMOTE, "remote"))
+            self.assertEqual(remote.remote_failed_calls, remote.remote_calls)
+
+    def test_stats_latency(self):
+        with runtime() as rt, model(rt) as m:
+            m.store(NS, tokens(2 * CHUNK), canonical_kv(2 * CHUNK))
+            m.lookup(NS, tokens(2 * CHUNK))
+            m.retrieve(NS, tokens(2 * CHUNK), np.zeros(2 * CHUNK * LAYERS * 2 * ROW, np.float32))
+            s = rt.stats()
+            self.assertEqual((s.stores, s.lookups, s.retrieves, s.hits, s.chunks), (1, 1, 1, 2, 2))
+            self.assertEqual(s.tokens_stored, 2 * CHUNK)
+            self.assertEqual(s.bytes_served, 2 * CHUNK * m.kv_bytes_per_token)
+            lat = rt.latency(kdn.LatencyKind.LOAD)
+            self.assertEqual(lat.count, 1)
+            self.assertGreater(lat.max_us, 0)
+            self.assertEqual(rt.latency(kdn.LatencyKind.STORE).count, 1)
+            self.assertIsInstance(rt.tier_stats(0), kdn.TierStats)
+
+
+class KvTest(unittest.TestCase):
+    def setUp(self):
+        self.rt = runtime()
+        self.m = model(self.rt)
+        self.addCleanup(self.rt.close)
+        self.addCleanup(self.m.close)
+
+    def test_store_retrieve_lookup_zero_copy(self):
+        kv = canonical_kv(3 * CHUNK)
+        r = self.m.store(NS, tokens(3 * CHUNK), kv)
+        self.assertEqual((r.state, r.status, r.tokens, r.lossy), (kdn.OpState.DONE, kdn.Status.OK, 3 * CHUNK, False))
+        self.assertEqual(self.m.lookup(NS, tokens(3 * CHUNK)).cached_tokens, 3 * CHUNK)
+        self.assertEqual(self.m.lookup(NS, list(range(40))).cached_tokens, 2 * CHUNK)
+        out = np.zeros_like(kv)
+        address = out.__array_interface__["data"][0]
+        got = self.m.retrieve(NS, tokens(3 * CHUNK), out)
+        self.assertEqual((got.tokens, got.covered), (3 * CHUNK, 3 * CHUNK))
+        self.assertEqual(out.__array_interface__["data"][0], address)
+        np.testing.assert_array_equal(out, kv)  # written in place: no copy back
+
+    def test_buffer_kinds(self):
+        kv = canonical_kv(CHUNK)
+        raw = kv.tobytes()
+        self.m.store(NS, list(range(CHUNK)), raw)  # bytes: fine for a store (read only)
+        for out in (bytearray(len(raw)), memoryview(bytearray(len(raw))), np.zeros(len(raw), np.uint8),
+                    np.zeros(kv.shape, np.float32), array.array("f", bytes(len(raw)))):
+            self.assertEqual(self.m.retrieve(NS, array.array("i", range(CHUNK)), out).tokens, CHUNK)
+            self.assertEqual(bytes(memoryview(out).cast("B")), raw)
+
+    def test_miss_is_not_an_error(self):
+        out = bytearray(CHUNK * self.m.kv_bytes_per_token)
+        got = self.m.retrieve(NS, tokens(CHUNK, 500), out)
+        self.assertEqual((got.tokens, got.status), (0, kdn.Status.OK))
+        self.assertEqual(self.m.lookup(NS, tokens(CHUNK, 500)), kdn.LookupResult(kdn.Status.OK, 0, (0,)))
+        self.assertEqual(self.m.lookup("other namespace", tokens(CHUNK)).cached_tokens, 0)
+
+    def test_request_reuse_and_namespaces(self):
+        req = kdn.Request(tokens(2 * CHUNK))
+        self.assertEqual(len(req), 2 * CHUNK)
+        self.m.store(b"bytes-ns", req, canonical_kv(2 * CHUNK))
+        self.assertEqual(self.m.lookup(b"bytes-ns", req).cached_tokens, 2 * CHUNK)
+        self.assertEqual(self.m.lookup("bytes-ns", req).cached_tokens, 2 * CHUNK)  # the same UTF-8 bytes
+        req.set_tokens(np.arange(CHUNK, dtype=np.int64))  # copied from int64, the same ids
+        self.assertEqual(self.m.lookup("bytes-ns", req).cached_tokens, CHUNK)
+
+    def test_block_hashes(self):
+        hashes = bytes(range(32)) * 2  # 4 blocks of 16-byte hashes, 4 tokens each: one chunk of 16
+        req = kdn.Request.from_block_hashes(hashes, 16, 4)
+        self.assertTrue(req.uses_hashes)
+        self.assertEqual(len(req), 4)
+        kv = canonical_kv(CHUNK)
+        self.assertEqual(self.m.store(NS, req, kv).tokens, CHUNK)
+        self.assertEqual(self.m.lookup(NS, req).cached_tokens, CHUNK)
+        out = np.zeros_like(kv)
+        self.assertEqual(self.m.retrieve(NS, req, out).tokens, CHUNK)
+        np.testing.assert_array_equal(out, kv)
+        with self.assertRaises(kdn.InvalidArgumentError):
+            kdn.Request.from_block_hashes(b"123", 2, 4)
+
+    def test_lookup_batch(self):
+        self.m.store(NS, tokens(2 * CHUNK), canonical_kv(2 * CHUNK))
+        got = self.m.lookup_batch(NS, [tokens(2 * CHUNK), kdn.Request(tokens(CHUNK)), [7] * 3, tokens(CHUNK, 1)])
+        self.assertEqual([r.cached_tokens for r in got], [2 * CHUNK, CHUNK, 0, 0])
+        self.assertTrue(all(r.status == kdn.Status.OK for r in got))
+
+    def test_strided_view(self):
+        # The engine's layout: K of every layer, then V of every layer, each
+        # [layer][token][head][dim] (as kdn generate --dump-kv writes them).
+        n = 2 * CHUNK
+        canon = canonical_kv(n)
+        engine = np.ascontiguousarray(canon.transpose(1, 0, 2, 3, 4))  # [k|v][layer][token][head][dim]
+        view = kdn.KvView(stride_layer=n * ROW, stride_kv=LAYERS * n * ROW, stride_token=ROW, stride_head=DIM,
+                          stride_dim=1)
+        self.assertIn("stride_layer", repr(view))
+        self.assertEqual(self.m.store(NS, tokens(n), engine, view).tokens, n)
+        out = np.zeros_like(canon)
+        self.m.retrieve(NS, tokens(n), out)
+        np.testing.assert_array_equal(out, canon)
+        back = np.zeros_like(engine)
+        self.m.retrieve(NS, tokens(n), back, view)
+        np.testing.assert_array_equal(back, engine)
+
+    def test_layer_offsets_and_layer_order(self):
+        n = CHUNK
+        canon = canonical_kv(n)
+        self.m.store(NS, tokens(n), canon)
+        # The view's layers in reverse model order, each K and V at an offset
+        # of its own in one buffer, with a gap kdn must not touch.
+        per = n * ROW
+        buf = np.full(5 * per, -1, np.float32)
+        view = kdn.KvView(layers=[1, 0], layer_offsets=[(4 * per, 0), (per, 3 * per)], layer_elements=per,
+                          stride_token=ROW, stride_head=DIM, stride_dim=1)
+        self.assertEqual(self.m.retrieve(NS, tokens(n), buf, view).tokens, n)
+        parts = buf.reshape(5, n, HEADS, DIM)
+        np.testing.assert_array_equal(parts[4], canon[1, 0])
+        np.testing.assert_array_equal(parts[0], canon[1, 1])
+        np.testing.assert_array_equal(parts[1], canon[0, 0])
+        np.testing.assert_array_equal(parts[3], canon[0, 1])
+        self.assertTrue((parts[2] == -1).all())
+
+    def test_paged_views(self):
+        n, block = 2 * CHUNK, 8
+        canon = canonical_kv(n)
+        self.m.store(NS, tokens(n), canon)
+        table = [5, 0, 3, 1]
+        blocks = 6
+        for layout in (kdn.Layout.PAGED_NHD, kdn.Layout.PAGED_HND):
+            per_cache = blocks * block * ROW
+            buf = np.zeros(LAYERS * 2 * per_cache, np.float32)
+            offsets = [(2 * l * per_cache, (2 * l + 1) * per_cache) for l in range(LAYERS)]
+            view = kdn.KvView.paged(layout, block, table, offsets, blocks)
+            self.assertEqual(self.m.retrieve(NS, tokens(n), buf, view).tokens, n)
+            caches = buf.reshape(LAYERS, 2, blocks, block, HEADS, DIM) if layout == kdn.Layout.PAGED_NHD else \
+                buf.reshape(LAYERS, 2, blocks, HEADS, block, DIM).transpose(0, 1, 2, 4, 3, 5)
+            for t in range(n):
+                np.testing.assert_array_equal(caches[:, :, table[t // block], t % block], canon[:, :, t])
+            # And back: a store from the paged cache under other tokens.
+            self.assertEqual(self.m.store(NS, tokens(n, 1000 + layout), buf, view).tokens, n)
+            out = np.zeros_like(canon)
+            self.m.retrieve(NS, tokens(n, 1000 + layout), out)
+            np.testing.assert_array_equal(out, canon)
+
+    def test_bf16_as_uint16(self):
+        with model(self.rt, kdn.DType.BF16, "bf16") as m:
+            kv = np.arange(CHUNK * m.kv_bytes_per_token // 2, dtype=np.uint16)
+            m.store(NS, tokens(CHUNK), kv)
+            out = np.zeros_like(kv)
+            self.assertEqual(m.retrieve(NS, tokens(CHUNK), out).tokens, CHUNK)
+            np.testing.assert_array_equal(out, kv)
+
+
+class AsyncTest(unittest.TestCase):
+    def setUp(self):
+        self.rt = runtime()
+        self.m = model(self.rt)
+        self.addCleanup(self.rt.close)
+        self.addCleanup(self.m.close)
+
+    def test_save_then_load_layer_by_layer(self):
+        n = 2 * CHUNK
+        kv = canonical_kv(n)
+        with self.m.save_async(NS, tokens(n), kv) as op:
+            for layer in range(LAYERS):
+                op.layer_ready(layer)
+            self.assertTrue(op.wait(timeout=10))
+            self.assertEqual(op.poll(), kdn.OpState.DONE)
+            self.assertTrue(op.done)
+            self.assertEqual(op.result().tokens, n)
+        self.assertTrue(op.closed)
+        out = bytearray(kv.nbytes)
+        with self.m.load_async(NS, tokens(n), out) as op:
+            for layer in range(LAYERS):
+                self.assertTrue(op.wait_layer(layer, timeout=10))
+            self.assertTrue(op.wait())
+            r = op.result()
+            self.assertEqual((r.state, r.tokens, r.num_failed), (kdn.OpState.DONE, n, 0))
+            self.assertEqual(op.failed_ranges(), [])
+        self.assertEqual(bytes(out), kv.tobytes())
+
+    def test_op_keeps_the_buffer_exported_until_closed(self):
+        out = bytearray(CHUNK * self.m.kv_bytes_per_token)
+        op = self.m.load_async(NS, tokens(CHUNK), out)
+        with self.assertRaises(BufferError):
+            out.extend(b"x")  # kdn may still write there: it cannot move
+        op.wait()
+        op.close()
+        out.extend(b"x")
+
+    def test_save_waits_for_its_layers(self):
+        op = self.m.save_async(NS, tokens(CHUNK), canonical_kv(CHUNK))
+        self.assertFalse(op.wait(timeout=0.05))  # no layer is ready: it cannot end
+        self.assertEqual(op.poll(), kdn.OpState.PENDING)
+        self.assertEqual(op.result().state, kdn.OpState.PENDING)
+        op.cancel()
+        op.close()  # cancels, waits, frees: nothing was saved
+        self.assertEqual(self.m.lookup(NS, tokens(CHUNK)).cached_tokens, 0)
+
+    def test_cancel_a_load(self):
+        self.m.store(NS, tokens(CHUNK), canonical_kv(CHUNK))
+        with self.m.load_async(NS, tokens(CHUNK), np.zeros(CHUNK * LAYERS * 2 * ROW, np.float32)) as op:
+            op.cancel()
+            try:
+                self.assertTrue(op.wait(timeout=10))  # it ended before the cancel reached it
+                self.assertEqual(op.poll(), kdn.OpState.DONE)
+            except kdn.CancelledError:
+                self.assertEqual(op.poll(), kdn.OpState.CANCELLED)
+                self.assertEqual(op.result().status, kdn.Status.CANCELLED)
+
+    def test_load_of_a_miss(self):
+        out = np.zeros(CHUNK * LAYERS * 2 * ROW, np.float32)
+        with self.m.load_async(NS, tokens(CHUNK, 77), out) as op:
+            self.assertTrue(op.wait(10))
+            self.assertEqual(op.result().tokens, 0)
+
+
+class KnowledgeTest(unittest.TestCase):
+    def test_put_info_list_pin_fetch_expire_delete(self):
+        n = 3 * CHUNK
+        kv = canonical_kv(n)
+        ids = tokens(n, 40)
+        with runtime() as rt, model(rt) as m:
+            m.knowledge_put(NS, "story", ids, kv, version=3, metadata='{"title": "x"}')
+            m.knowledge_put(NS, "another", ids[:CHUNK], kv[:, :, :CHUNK].copy())
+            info = m.knowledge_info(NS, "story")
+            self.assertEqual((info.doc_id, info.version, info.num_tokens, info.chunks, info.chunks_present,
+                              info.pinned, info.expires_in_ms), ("story", 3, n, 3, 3, False, -1))
+            self.assertEqual([d.doc_id for d in m.knowledge_list(NS)], ["another", "story"])
+            self.assertEqual(m.knowledge_list("empty namespace"), [])
+            m.knowledge_pin(NS, "story")
+            self.assertTrue(m.knowledge_info(NS, "story").pinned)
+            self.assertGreater(rt.stats().pins_active, 0)
+            m.knowledge_unpin(NS, "story")
+            self.assertFalse(m.knowledge_info(NS, "story").pinned)
+            out = np.zeros_like(kv)
+            got = m.knowledge_fetch(NS, "story", out, kdn.KvView(num_tokens=n))
+            self.assertEqual(got.result.tokens, n)
+            self.assertEqual(got.tokens.tolist(), ids.tolist())
+            np.testing.assert_array_equal(out, kv)
+            m.knowledge_put(NS, b"\xff binary id", ids[:CHUNK], kv[:, :, :CHUNK].copy())
+            binary = m.knowledge_list(NS)[-1].doc_id  # last in byte order; not UTF-8: kept by surrogateescape
+            self.assertEqual(binary.encode("utf-8", "surrogateescape"), b"\xff binary id")
+            self.assertEqual(m.knowledge_info(NS, binary).num_tokens, CHUNK)
+            m.knowledge_delete(NS, binary)
+            m.knowledge_expire(NS, "story", ttl_ms=60000)
+            self.assertGreater(m.knowledge_info(NS, "story").expires_in_ms, 0)
+            m.knowledge_delete(NS, "another")
+            with self.assertRaises(kdn.NotFoundError):
+                m.knowledge_info(NS, "another")
+            m.knowledge_expire(NS, "story")  # now
+            with self.assertRaises(kdn.NotFoundError):
+                m.knowledge_fetch(NS, "story", out, kdn.KvView(num_tokens=n))
+
+
+class ThreadTest(unittest.TestCase):
+    def test_many_threads_one_model(self):
+        # Calls release the GIL: threads run kdn calls at once, and the
+        # mover thread takes the GIL for the editor meanwhile.
+        edits = []
+        errors = []
+
+        def worker(m, base):
+            try:
+                for i in range(20):
+                    ids = tokens(CHUNK, base + 1000 * i)
+                    kv = canonical_kv(CHUNK, base + i)
+                    m.store(NS, ids, kv)
+                    out = np.zeros_like(kv)
+                    if m.retrieve(NS, ids, out).tokens != CHUNK or not np.array_equal(out[1], kv[1]):
+                        errors.append(f"thread {base}: retrieve {i}")
+                    if m.lookup(NS, ids).cached_tokens != CHUNK:
+                        errors.append(f"thread {base}: lookup {i}")
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        with runtime(tiers=[kdn.Tier.host(16 << 20)], editor=lambda info, kv: edits.append(1) or False) as rt, \
+                model(rt) as m:
+            threads = [threading.Thread(target=worker, args=(m, t)) for t in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            self.assertEqual(rt.stats().stores, 80)
+
+
+class ExitTest(unittest.TestCase):
+    def test_handles_left_open_are_closed_at_exit(self):
+        # A runtime with an editor, a model and an op never closed: the
+        # interpreter exits cleanly (the backstop closes them in order).
+        code = (
+            "import numpy as np, kdn\n"
+            "rt = kdn.Runtime(chunk_tokens=16, editor=lambda info, kv: False)\n"
+            "m = rt.model(num_layers=1, num_kv_heads=1, head_dim=4, fingerprint='exit')\n"
+            "m.store('ns', list(range(64)), np.zeros(64 * 8, np.float32))\n"
+            "op = m.load_async('ns', list(range(64)), np.zeros(64 * 8, np.float32))\n"
+            "print('left open')\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), "left open")
+        self.assertEqual(out.stderr, "")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,846 @@
+// The layer between kdn.h and SWIG's Java and Python modules.
+//
+// kdn.h is C: out-parameters, borrowed strings, versioned structs, a status
+// per call. SWIG maps that shape literally (pointers to pointers, leaking
+// setters on borrowed strings, BigInteger for uint64_t, enums that throw on a
+// value they do not know). This header gives SWIG a shape it maps well:
+// value types that own their strings, handle classes whose methods return
+// results and throw kdn::binding::Error on failure, ints for the open enums
+// (each language has its own enum types over them), and one buffer argument,
+// (void *data, size_t bytes), that each language's typemap fills from the
+// caller's own memory without a copy (a direct ByteBuffer, anything with
+// Python's buffer protocol).
+//
+// Header-only, C++17, used by the generated wrappers alone.
+// Thread-safety is kdn.h's: a Runtime, Model or Op may be used from many
+// threads at once; close() must be the last call on each.
+#ifndef KDN_BINDING_HPP
+#define KDN_BINDING_HPP
+
+#define KDN_EXPERIMENTAL 1
+#include <kdn/kdn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kdn {
+namespace binding {
+
+// A failed call: kdn's status and message. `closed` is set when a closed
+// handle was used (the call never reached kdn); `needed` is the length a
+// KDN_ERR_BUFFER_TOO_SMALL asked for (tokens), else 0.
+class Error : public std::exception {
+ public:
+  Error(int status, std::string message, bool closed = false, uint64_t needed = 0)
+      : status_(status), message_(std::move(message)), closed_(closed), needed_(needed) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+  int status() const { return status_; }
+  const std::string& message() const { return message_; }
+  bool closed() const { return closed_; }
+  uint64_t needed() const { return needed_; }
+
+ private:
+  int status_;
+  std::string message_;
+  bool closed_;
+  uint64_t needed_;
+};
+
+namespace detail {
+// Throws the last failure of this thread (read right after the call).
+inline void Check(kdn_status status, uint64_t needed = 0) {
+  if (status != KDN_OK) throw Error(status, kdn_last_error_message(), false, needed);
+}
+inline void Closed(const char* what) { throw Error(KDN_ERR_INVALID_ARGUMENT, std::string(what) + " is closed", true); }
+inline void Invalid(const std::string& message) { throw Error(KDN_ERR_INVALID_ARGUMENT, message); }
+inline uint32_t DtypeBytes(int dtype) { return dtype == KDN_DTYPE_F32 ? 4u : 2u; }
+}  // namespace detail
+
+inline std::string version() { return kdn_version(); }
+inline uint32_t version_number() { return kdn_version_number(); }
+inline std::string status_string(int status) { return kdn_status_string(status); }
+
+// ---- Configuration (inputs; every field has kdn.h's default) -------------
+
+struct TierConfig {
+  int kind = KDN_TIER_HOST;
+  uint64_t capacity_bytes = 1ull << 30;
+  std::string path;  // disk
+  int policy = KDN_EVICT_LRU;
+  float high_watermark = 0, low_watermark = 0;
+  bool write_through = false;
+  std::string codec;
+  std::string address, token;  // remote
+  uint32_t timeout_ms = 0;
+  std::string tls_ca_file, tls_server_name;
+};
+
+struct RuntimeOptions {
+  uint32_t chunk_tokens = 256;
+  uint64_t host_capacity_bytes = 1ull << 30;
+  uint64_t hash_seed = 0;
+  uint32_t worker_threads = 0;
+  // Tiers, highest first; none: one host tier of host_capacity_bytes.
+  void add_tier(const TierConfig& tier) { tiers.push_back(tier); }
+  size_t tier_count() const { return tiers.size(); }
+  void clear_tiers() { tiers.clear(); }
+#ifndef SWIG
+  std::vector<TierConfig> tiers;
+#endif
+};
+
+struct ModelSpec {
+  uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 0;
+  int dtype = KDN_DTYPE_F32;
+  float rope_theta = 10000.0f;
+  int rope_style = KDN_ROPE_INTERLEAVED;
+  uint32_t rotary_dim = 0;
+  std::string fingerprint;
+};
+
+// The tokens of a KV call: ids, or the engine's chained block hashes. Copied
+// in (tokens cost 4 bytes each), so one Request can be reused across calls.
+class Request {
+ public:
+  // Each language's typemap fills (tokens, num_tokens) from its int array.
+  void set_tokens(const int32_t* tokens, size_t num_tokens) {
+    tokens_.assign(tokens, tokens + num_tokens);
+    hashes_.clear();
+    hash_bytes_ = 0;
+    block_tokens_ = 0;
+  }
+  void set_block_hashes(const char* hashes, size_t bytes, uint32_t hash_bytes, uint32_t block_tokens) {
+    if (hash_bytes == 0 || bytes % hash_bytes != 0) {
+      detail::Invalid("block hashes: " + std::to_string(bytes) + " bytes is not a whole number of " +
+                      std::to_string(hash_bytes) + "-byte hashes");
+    }
+    hashes_.assign(hashes, hashes + bytes);
+    tokens_.clear();
+    hash_bytes_ = hash_bytes;
+    block_tokens_ = block_tokens;
+  }
+  size_t size() const { return hash_bytes_ ? hashes_.size() / hash_bytes_ : tokens_.size(); }
+  bool uses_hashes() const { return hash_bytes_ != 0; }
+
+#ifndef SWIG
+  kdn_request Native() const {
+    kdn_request r = KDN_REQUEST_INIT;
+    if (hash_bytes_) {
+      r.hash_bytes = hash_bytes_;
+      r.block_hashes = reinterpret_cast<const uint8_t*>(hashes_.data());
+      r.num_blocks = hashes_.size() / hash_bytes_;
+      r.block_tokens = block_tokens_;
+    } else {
+      r.tokens = tokens_.data();
+      r.num_tokens = tokens_.size();
+    }
+    return r;
+  }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::string hashes_;
+  uint32_t hash_bytes_ = 0, block_tokens_ = 0;
+#endif
+};
+
+// Where the caller's KV lies in the one buffer passed with each call
+// (kdn_kv_view without its pointers). Counts and strides in elements.
+// Default: the canonical layout [layer][k|v][token][kv_head][head_dim].
+struct KvView {
+  int layout = KDN_LAYOUT_CONTIGUOUS;
+  int64_t stride_layer = 0, stride_kv = 0;
+  int64_t stride_token = 0, stride_head = 0, stride_dim = 0;
+  int64_t v_stride_token = 0, v_stride_head = 0, v_stride_dim = 0;
+  uint64_t num_tokens = 0;      // room, in tokens; 0 = the request's
+  uint64_t layer_elements = 0;  // per-layer offsets: elements each layer's K (or V) may span
+  uint32_t block_size = 0;      // paged
+  uint64_t num_blocks = 0;      // paged: blocks per layer
+  int64_t block_stride = 0;     // paged: elements between blocks; 0 = dense
+
+  // A subset of the model's layers, in order (none: all of them).
+  void add_layer(uint32_t model_layer) { layers_.push_back(model_layer); }
+  // Per view layer: where its K and V start in the buffer (elements). Needed
+  // for paged layouts and for layers that are not at one stride apart.
+  void add_layer_offsets(int64_t k_offset, int64_t v_offset) {
+    k_offsets_.push_back(k_offset);
+    v_offsets_.push_back(v_offset);
+  }
+  // Paged: the block of each group of block_size tokens, in order.
+  void add_block(int32_t block) { block_table_.push_back(block); }
+  void clear_blocks() { block_table_.clear(); }
+
+#ifndef SWIG
+  // The native view over `data`, with the pointer arrays it needs kept in
+  // `k`/`v`. Every byte a layer offset can reach is checked against `bytes`
+  // here, since kdn can only bound one allocation.
+  kdn_kv_view Native(const ModelSpec& spec, void* data, size_t bytes, std::vector<void*>* k,
+                     std::vector<void*>* v) const {
+    kdn_kv_view view = KDN_KV_VIEW_INIT;
+    view.dtype = static_cast<kdn_dtype>(spec.dtype);
+    view.layout = static_cast<kdn_kv_layout>(layout);
+    view.layers = layers_.empty() ? nullptr : layers_.data();
+    view.num_layers = layers_.size();
+    view.stride_layer = stride_layer;
+    view.stride_kv = stride_kv;
+    view.stride_token = stride_token;
+    view.stride_head = stride_head;
+    view.stride_dim = stride_dim;
+    view.v_stride_token = v_stride_token;
+    view.v_stride_head = v_stride_head;
+    view.v_stride_dim = v_stride_dim;
+    view.num_tokens = num_tokens;
+    view.block_size = block_size;
+    view.block_table = block_table_.empty() ? nullptr : block_table_.data();
+    view.block_table_len = block_table_.size();
+    view.num_blocks = num_blocks;
+    view.block_stride = block_stride;
+    if (k_offsets_.empty()) {
+      view.data = data;
+      view.size_bytes = bytes;
+      return view;
+    }
+    // Per-layer offsets into the one buffer: bound each layer's span.
+    const uint64_t elem = detail::DtypeBytes(spec.dtype);
+    uint64_t span = layer_elements;
+    if (layout != KDN_LAYOUT_CONTIGUOUS) {
+      const uint64_t block = block_stride ? static_cast<uint64_t>(block_stride)
+                                          : uint64_t{block_size} * spec.num_kv_heads * spec.head_dim;
+      span = num_blocks * block;
+      view.num_blocks = num_blocks;
+    } else {
+      view.layer_elements = layer_elements;
+    }
+    if (span == 0) {
+      detail::Invalid(layout == KDN_LAYOUT_CONTIGUOUS ? "a view with layer offsets needs layer_elements"
+                                                      : "a paged view needs num_blocks");
+    }
+    const size_t n = k_offsets_.size();
+    k->resize(n);
+    v->resize(n);
+    for (size_t j = 0; j < n; ++j) {
+      for (int which = 0; which < 2; ++which) {
+        const int64_t off = which ? v_offsets_[j] : k_offsets_[j];
+        if (off < 0 || static_cast<uint64_t>(off) > bytes / elem || span > bytes / elem - off) {
+          detail::Invalid("layer " + std::to_string(j) + "'s " + (which ? "V" : "K") + " at element " +
+                          std::to_string(off) + " spans past the buffer's " + std::to_string(bytes) + " bytes");
+        }
+        (which ? *v : *k)[j] = static_cast<char*>(data) + off * elem;
+      }
+    }
+    view.k_layers = k->data();
+    view.v_layers = v->data();
+    return view;
+  }
+
+ private:
+  std::vector<uint32_t> layers_;
+  std::vector<int64_t> k_offsets_, v_offsets_;
+  std::vector<int32_t> block_table_;
+#endif
+};
+
+// ---- Results (outputs, copied out) ----------------------------------------
+
+struct KvResult {
+  int state = KDN_OP_PENDING;
+  int status = KDN_OK;
+  uint64_t tokens = 0, covered = 0, num_failed = 0;
+  uint32_t flags = 0;
+  bool lossy() const { return (flags & KDN_RESULT_LOSSY) != 0; }
+#ifndef SWIG
+  static KvResult From(const kdn_kv_result& r) {
+    KvResult out;
+    out.state = r.state;
+    out.status = r.status;
+    out.tokens = r.tokens;
+    out.covered = r.covered;
+    out.num_failed = r.num_failed;
+    out.flags = r.flags;
+    return out;
+  }
+#endif
+};
+
+struct LookupResult {
+  int status = KDN_OK;
+  uint64_t cached_tokens = 0;
+  uint32_t num_tiers = 0;
+  uint64_t tier_tokens(uint32_t tier) const { return tier < KDN_MAX_TIERS ? tier_tokens_[tier] : 0; }
+#ifndef SWIG
+  uint64_t tier_tokens_[KDN_MAX_TIERS] = {};
+  static LookupResult From(const kdn_lookup_result& r) {
+    LookupResult out;
+    out.status = r.status;
+    out.cached_tokens = r.cached_tokens;
+    out.num_tiers = r.num_tiers;
+    std::memcpy(out.tier_tokens_, r.tier_tokens, sizeof r.tier_tokens);
+    return out;
+  }
+#endif
+};
+
+struct DocumentInfo {
+  std::string doc_id;
+  bool pinned = false;
+  uint64_t version = 0, num_tokens = 0;
+  uint32_t chunks = 0, chunks_present = 0;
+  int64_t expires_in_ms = -1;
+#ifndef SWIG
+  static DocumentInfo From(const kdn_document_info& d) {
+    DocumentInfo out;
+    out.doc_id.assign(d.doc_id, d.doc_id_len);
+    out.pinned = d.pinned != 0;
+    out.version = d.version;
+    out.num_tokens = d.num_tokens;
+    out.chunks = d.chunks;
+    out.chunks_present = d.chunks_present;
+    out.expires_in_ms = d.expires_in_ms;
+    return out;
+  }
+#endif
+};
+
+// A fetched document: the result, and its tokens (copied out).
+struct FetchResult {
+  KvResult result;
+  size_t token_count() const { return tokens_.size(); }
+  int32_t token(size_t i) const { return i < tokens_.size() ? tokens_[i] : -1; }
+  // Into the caller's buffer (4 bytes per token, little-endian int32).
+  void copy_tokens(void* data, size_t bytes) const {
+    if (bytes < tokens_.size() * sizeof(int32_t)) {
+      detail::Invalid("copy_tokens: " + std::to_string(bytes) + " bytes hold fewer than " +
+                      std::to_string(tokens_.size()) + " tokens");
+    }
+    if (!tokens_.empty()) std::memcpy(data, tokens_.data(), tokens_.size() * sizeof(int32_t));
+  }
+#ifndef SWIG
+  std::vector<int32_t> tokens_;
+#endif
+};
+
+struct Stats {
+  uint64_t lookups = 0, retrieves = 0, stores = 0, hits = 0, misses = 0;
+  uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0;
+  uint64_t chunks = 0, used_bytes = 0, capacity_bytes = 0, evictions = 0, edited_served = 0;
+  uint64_t leases_active = 0, pins_active = 0, pins_forced_unpin = 0, corrupt_detected = 0, edits = 0;
+};
+
+struct Latency {
+  uint64_t count = 0;
+  double mean_us = 0, p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0;
+};
+
+struct TierStats {
+  int kind = KDN_TIER_HOST;
+  std::string name, codec;
+  uint64_t hits = 0, misses = 0, puts = 0, put_refusals = 0, evictions = 0;
+  uint64_t demotions_in = 0, promotions_in = 0, bytes_in = 0, bytes_out = 0;
+  uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0, corrupt_detected = 0;
+  uint64_t encoded_chunks = 0, bytes_before_encoding = 0, bytes_after_encoding = 0;
+  uint64_t encode_failures = 0, decode_failures = 0, io_errors = 0;
+  uint64_t remote_calls = 0, remote_failed_calls = 0, remote_timeouts = 0;
+  uint64_t write_queue_full = 0, write_queued_bytes = 0;
+};
+
+struct ChunkInfo {
+  uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, num_tokens = 0;
+  int dtype = KDN_DTYPE_F32;
+  int64_t first_position = -1;
+};
+
+// The editor (experimental in kdn.h): rewrites a stored chunk's KV in
+// place, in the canonical layout, on the runtime's mover thread. Return true
+// when it changed the KV. Throwing (a Java or Python exception) leaves the
+// chunk as it was; the runtime goes on.
+class Editor {
+ public:
+  virtual ~Editor() = default;
+  virtual bool edit(const ChunkInfo& info, void* kv, size_t kv_bytes) = 0;
+};
+
+#ifndef SWIG
+namespace detail {
+// Each language's wrapper reports a callback's exception through this hook
+// (it prints it: Python's PyErr_Print, Java's ExceptionDescribe).
+inline kdn_status EditTrampoline(void* user, const kdn_chunk_info* info, void* kv, size_t kv_bytes, int* out_changed) {
+  ChunkInfo c;
+  c.num_layers = info->num_layers;
+  c.num_kv_heads = info->num_kv_heads;
+  c.head_dim = info->head_dim;
+  c.num_tokens = info->num_tokens;
+  c.dtype = info->dtype;
+  c.first_position = info->first_position;
+  try {
+    *out_changed = static_cast<Editor*>(user)->edit(c, kv, kv_bytes) ? 1 : 0;
+    return KDN_OK;
+  } catch (...) {
+    return KDN_ERR_INTERNAL;
+  }
+}
+}  // namespace detail
+#endif
+
+// ---- Handles ---------------------------------------------------------------
+
+class Model;
+class Op;
+
+class Runtime {
+ public:
+  explicit Runtime(const RuntimeOptions& options) { Create(options, nullptr); }
+  // The editor must stay alive until the runtime, its models and ops are all
+  // closed (each language's wrapper keeps a reference to it).
+  Runtime(const RuntimeOptions& options, Editor* editor) {
+    if (editor == nullptr) detail::Invalid("editor is null");
+    Create(options, editor);
+  }
+  ~Runtime() { close(); }
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  void close() {
+    kdn_runtime_destroy(rt_);
+    rt_ = nullptr;
+  }
+  bool is_closed() const { return rt_ == nullptr; }
+
+  Stats stats() {
+    kdn_stats s;
+    detail::Check(kdn_stats_init(&s, sizeof s));
+    detail::Check(kdn_runtime_get_stats(Handle(), &s));
+    Stats out;
+    out.lookups = s.lookups;
+    out.retrieves = s.retrieves;
+    out.stores = s.stores;
+    out.hits = s.hits;
+    out.misses = s.misses;
+    out.tokens_served = s.tokens_served;
+    out.tokens_stored = s.tokens_stored;
+    out.bytes_served = s.bytes_served;
+    out.bytes_stored = s.bytes_stored;
+    out.chunks = s.chunks;
+    out.used_bytes = s.used_bytes;
+    out.capacity_bytes = s.capacity_bytes;
+    out.evictions = s.evictions;
+    out.edited_served = s.edited_served;
+    out.leases_active = s.leases_active;
+    out.pins_active = s.pins_active;
+    out.pins_forced_unpin = s.pins_forced_unpin;
+    out.corrupt_detected = s.corrupt_detected;
+    out.edits = s.edits;
+    return out;
+  }
+
+  Latency latency(int kind) {
+    kdn_latency l;
+    detail::Check(kdn_latency_init(&l, sizeof l));
+    detail::Check(kdn_runtime_get_latency(Handle(), static_cast<kdn_latency_kind>(kind), &l));
+    Latency out;
+    out.count = l.count;
+    out.mean_us = l.mean_us;
+    out.p50_us = l.p50_us;
+    out.p90_us = l.p90_us;
+    out.p99_us = l.p99_us;
+    out.max_us = l.max_us;
+    return out;
+  }
+
+  uint32_t tier_count() {
+    uint32_t n = 0;
+    detail::Check(kdn_runtime_get_tier_count(Handle(), &n));
+    return n;
+  }
+
+  TierStats tier_stats(uint32_t index) {
+    kdn_tier_stats t;
+    detail::Check(kdn_tier_stats_init(&t, sizeof t));
+    detail::Check(kdn_runtime_get_tier_stats(Handle(), index, &t));
+    TierStats out;
+    out.kind = t.kind;
+    out.name = t.name;
+    out.codec = t.codec;
+    out.hits = t.hits;
+    out.misses = t.misses;
+    out.puts = t.puts;
+    out.put_refusals = t.put_refusals;
+    out.evictions = t.evictions;
+    out.demotions_in = t.demotions_in;
+    out.promotions_in = t.promotions_in;
+    out.bytes_in = t.bytes_in;
+    out.bytes_out = t.bytes_out;
+    out.objects = t.objects;
+    out.used_bytes = t.used_bytes;
+    out.capacity_bytes = t.capacity_bytes;
+    out.corrupt_detected = t.corrupt_detected;
+    out.encoded_chunks = t.encoded_chunks;
+    out.bytes_before_encoding = t.bytes_before_encoding;
+    out.bytes_after_encoding = t.bytes_after_encoding;
+    out.encode_failures = t.encode_failures;
+    out.decode_failures = t.decode_failures;
+    out.io_errors = t.io_errors;
+    out.remote_calls = t.remote_calls;
+    out.remote_failed_calls = t.remote_failed_calls;
+    out.remote_timeouts = t.remote_timeouts;
+    out.write_queue_full = t.write_queue_full;
+    out.write_queued_bytes = t.write_queued_bytes;
+    return out;
+  }
+
+  // A model of this runtime (the caller closes it).
+  Model* create_model(const ModelSpec& spec);
+
+#ifndef SWIG
+  kdn_runtime* Handle() const {
+    if (rt_ == nullptr) detail::Closed("the runtime");
+    return rt_;
+  }
+
+ private:
+  void Create(const RuntimeOptions& options, Editor* editor) {
+    std::vector<kdn_tier_config> tiers(options.tiers.size());
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      const TierConfig& t = options.tiers[i];
+      kdn_tier_config& c = tiers[i];
+      detail::Check(kdn_tier_config_init(&c, sizeof c));
+      c.kind = static_cast<kdn_tier_kind>(t.kind);
+      c.capacity_bytes = t.capacity_bytes;
+      c.path = t.path.data();
+      c.path_len = t.path.size();
+      c.policy = static_cast<kdn_eviction_policy>(t.policy);
+      c.high_watermark = t.high_watermark;
+      c.low_watermark = t.low_watermark;
+      c.write_through = t.write_through ? 1u : 0u;
+      c.codec = t.codec.data();
+      c.codec_len = t.codec.size();
+      c.address = t.address.data();
+      c.address_len = t.address.size();
+      c.token = t.token.data();
+      c.token_len = t.token.size();
+      c.timeout_ms = t.timeout_ms;
+      c.tls_ca_file = t.tls_ca_file.data();
+      c.tls_ca_file_len = t.tls_ca_file.size();
+      c.tls_server_name = t.tls_server_name.data();
+      c.tls_server_name_len = t.tls_server_name.size();
+    }
+    kdn_runtime_options o;
+    detail::Check(kdn_runtime_options_init(&o, sizeof o));
+    o.chunk_tokens = options.chunk_tokens;
+    o.host_capacity_bytes = options.host_capacity_bytes;
+    o.hash_seed = options.hash_seed;
+    o.worker_threads = options.worker_threads;
+    o.tiers = tiers.empty() ? nullptr : tiers.data();
+    o.num_tiers = tiers.size();
+    if (editor) {
+      detail::Check(kdn_runtime_create_with_editor(&o, &detail::EditTrampoline, editor, &rt_));
+    } else {
+      detail::Check(kdn_runtime_create(&o, &rt_));
+    }
+  }
+
+  kdn_runtime* rt_ = nullptr;
+#endif
+};
+
+// Lookups of many requests at once: add them, run Model::lookup_batch, read
+// result(i). A bad request fails alone, in its result's status.
+class LookupBatch {
+ public:
+  void add(const Request& request) { requests_.push_back(request); }
+  void clear() {
+    requests_.clear();
+    results_.clear();
+  }
+  size_t size() const { return requests_.size(); }
+  LookupResult result(size_t i) const {
+    if (i >= results_.size()) detail::Invalid("no result " + std::to_string(i) + " (run lookup_batch first)");
+    return results_[i];
+  }
+#ifndef SWIG
+  std::vector<Request> requests_;
+  std::vector<LookupResult> results_;
+#endif
+};
+
+class Model {
+ public:
+  ~Model() { close(); }
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  void close() {
+    kdn_model_destroy(m_);
+    m_ = nullptr;
+  }
+  bool is_closed() const { return m_ == nullptr; }
+  const ModelSpec& spec() const { return spec_; }
+
+  uint64_t kv_bytes_per_token() const {
+    uint64_t n = 0;
+    detail::Check(kdn_model_get_kv_bytes_per_token(Handle(), &n));
+    return n;
+  }
+  // The 32-byte identity kdn derived from the spec, as 64 hex digits.
+  std::string fingerprint() const {
+    uint8_t id[32];
+    detail::Check(kdn_model_get_fingerprint(Handle(), id));
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (uint8_t b : id) {
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    }
+    return out;
+  }
+
+  LookupResult lookup(const std::string& ns, const Request& request) const {
+    kdn_request r = request.Native();
+    kdn_lookup_result res;
+    detail::Check(kdn_lookup_result_init(&res, sizeof res));
+    detail::Check(kdn_kv_lookup(Handle(), ns.data(), ns.size(), &r, 1, &res));
+    return LookupResult::From(res);
+  }
+
+  void lookup_batch(const std::string& ns, LookupBatch& batch) const {
+    kdn_model* m = Handle();
+    std::vector<kdn_request> reqs;
+    reqs.reserve(batch.requests_.size());
+    for (const Request& r : batch.requests_) reqs.push_back(r.Native());
+    std::vector<kdn_lookup_result> res(reqs.size());
+    for (kdn_lookup_result& r : res) detail::Check(kdn_lookup_result_init(&r, sizeof r));
+    detail::Check(kdn_kv_lookup(m, ns.data(), ns.size(), reqs.data(), reqs.size(), res.data()));
+    batch.results_.clear();
+    for (const kdn_lookup_result& r : res) batch.results_.push_back(LookupResult::From(r));
+  }
+
+  KvResult store(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes) const {
+    return Call(&kdn_kv_store, ns, request, view, data, bytes);
+  }
+  // A miss is not an error: tokens is 0.
+  KvResult retrieve(const std::string& ns, const Request& request, const KvView& view, void* data,
+                    size_t bytes) const {
+    return Call(&kdn_kv_retrieve, ns, request, view, data, bytes);
+  }
+
+  // Asynchronous, layer by layer. The buffer must stay alive and unmoved
+  // until the op is closed (each language's Op keeps a reference to it).
+  Op* load_async(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes);
+  Op* save_async(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes);
+
+  // ---- Knowledge items ----
+  void knowledge_put(const std::string& ns, const std::string& doc_id, uint64_t version, const std::string& metadata,
+                     const Request& tokens, const KvView& view, void* data, size_t bytes) const {
+    if (tokens.uses_hashes()) detail::Invalid("a knowledge item takes token ids, not block hashes");
+    std::vector<void*> k, v;
+    kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+    const std::vector<int32_t>& t = tokens.tokens();
+    detail::Check(kdn_knowledge_put(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), version,
+                                    metadata.data(), metadata.size(), t.data(), t.size(), &nv, 1));
+  }
+  DocumentInfo knowledge_info(const std::string& ns, const std::string& doc_id) const {
+    kdn_document_info d;
+    detail::Check(kdn_document_info_init(&d, sizeof d));
+    detail::Check(kdn_knowledge_get_info(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), &d));
+    return DocumentInfo::From(d);
+  }
+  // Every document of this model and namespace, in doc_id order.
+  size_t knowledge_list(const std::string& ns) {
+    kdn_model* m = Handle();
+    size_t count = 0;
+    std::vector<kdn_document_info> docs;
+    for (;;) {  // a put between the two calls may add documents: ask again
+      docs.resize(count ? count : 16);
+      for (kdn_document_info& d : docs) detail::Check(kdn_document_info_init(&d, sizeof d));
+      detail::Check(kdn_knowledge_list(m, ns.data(), ns.size(), docs.data(), docs.size(), &count));
+      if (count <= docs.size()) break;
+    }
+    listed_.clear();
+    for (size_t i = 0; i < count; ++i) listed_.push_back(DocumentInfo::From(docs[i]));
+    return listed_.size();
+  }
+  // Document i of the last knowledge_list on this model (not thread-safe:
+  // the language wrappers copy them out under their own lock).
+  DocumentInfo listed(size_t i) const {
+    if (i >= listed_.size()) detail::Invalid("no listed document " + std::to_string(i));
+    return listed_[i];
+  }
+  void knowledge_pin(const std::string& ns, const std::string& doc_id, int64_t ttl_ms) const {
+    detail::Check(kdn_knowledge_pin(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), ttl_ms));
+  }
+  void knowledge_unpin(const std::string& ns, const std::string& doc_id) const {
+    detail::Check(kdn_knowledge_unpin(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size()));
+  }
+  void knowledge_expire(const std::string& ns, const std::string& doc_id, int64_t ttl_ms) const {
+    detail::Check(kdn_knowledge_expire(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), ttl_ms));
+  }
+  void knowledge_delete(const std::string& ns, const std::string& doc_id) const {
+    detail::Check(kdn_knowledge_delete(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size()));
+  }
+  // The document's KV into the buffer (the view must state its room,
+  // num_tokens) and its tokens into the result. Too little room: Error with
+  // KDN_ERR_BUFFER_TOO_SMALL and needed() = the document's length.
+  FetchResult knowledge_fetch(const std::string& ns, const std::string& doc_id, const KvView& view, void* data,
+                              size_t bytes) const {
+    kdn_model* m = Handle();
+    std::vector<void*> k, v;
+    kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+    FetchResult out;
+    out.tokens_.resize(view.num_tokens);
+    kdn_kv_result r;
+    detail::Check(kdn_kv_result_init(&r, sizeof r));
+    const kdn_status s = kdn_knowledge_fetch(m, ns.data(), ns.size(), doc_id.data(), doc_id.size(), &nv, 1,
+                                             out.tokens_.data(), out.tokens_.size(), &r);
+    detail::Check(s, s == KDN_ERR_BUFFER_TOO_SMALL ? r.tokens : 0);
+    out.tokens_.resize(r.tokens);
+    out.result = KvResult::From(r);
+    return out;
+  }
+
+#ifndef SWIG
+  Model(kdn_model* m, const ModelSpec& spec) : m_(m), spec_(spec) {}
+  kdn_model* Handle() const {
+    if (m_ == nullptr) detail::Closed("the model");
+    return m_;
+  }
+
+ private:
+  using KvCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
+                                kdn_kv_result*);
+  KvResult Call(KvCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
+                size_t bytes) const {
+    kdn_model* m = Handle();
+    kdn_request r = request.Native();
+    std::vector<void*> k, v;
+    kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+    kdn_kv_result res;
+    detail::Check(kdn_kv_result_init(&res, sizeof res));
+    detail::Check(call(m, ns.data(), ns.size(), &r, &nv, 1, &res));
+    return KvResult::From(res);
+  }
+  using OpCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
+                                kdn_op**);
+  Op* Start(OpCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
+            size_t bytes) const;
+
+  kdn_model* m_ = nullptr;
+  ModelSpec spec_;
+  std::vector<DocumentInfo> listed_;
+#endif
+};
+
+// A load or save in progress.
+class Op {
+ public:
+  ~Op() { close(); }
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  // Cancels it if it still runs, waits until nothing touches the buffer,
+  // frees it.
+  void close() {
+    kdn_op_destroy(op_);
+    op_ = nullptr;
+  }
+  bool is_closed() const { return op_ == nullptr; }
+
+  void layer_ready(uint32_t layer) { detail::Check(kdn_op_layer_ready(Handle(), layer)); }
+  // true: the op ended (Error if it failed or was cancelled); false: the
+  // time ran out first (timeout_ms < 0: no limit).
+  bool wait(int64_t timeout_ms) {
+    const kdn_status s = kdn_op_wait(Handle(), timeout_ms);
+    if (s == KDN_ERR_TIMEOUT) return false;
+    detail::Check(s);
+    return true;
+  }
+  bool wait_layer(uint32_t layer, int64_t timeout_ms) {
+    const kdn_status s = kdn_op_wait_layer(Handle(), layer, timeout_ms);
+    if (s == KDN_ERR_TIMEOUT) return false;
+    detail::Check(s);
+    return true;
+  }
+  int poll() {
+    kdn_op_state state = KDN_OP_PENDING;
+    detail::Check(kdn_op_poll(Handle(), &state));
+    return state;
+  }
+  void cancel() { detail::Check(kdn_op_cancel(Handle())); }
+  KvResult result() {
+    kdn_kv_result r;
+    detail::Check(kdn_kv_result_init(&r, sizeof r));
+    detail::Check(kdn_op_get_result(Handle(), &r));
+    return KvResult::From(r);
+  }
+  // The failed ranges of a load: count, then begin(i) / end(i).
+  size_t failed_ranges() {
+    kdn_op* op = Handle();
+    size_t count = 0;
+    detail::Check(kdn_op_get_failed_ranges(op, nullptr, 0, &count));
+    ranges_.resize(count);
+    if (count) detail::Check(kdn_op_get_failed_ranges(op, ranges_.data(), ranges_.size(), &count));
+    ranges_.resize(std::min(count, ranges_.size()));
+    return ranges_.size();
+  }
+  uint64_t range_begin(size_t i) const { return i < ranges_.size() ? ranges_[i].begin : 0; }
+  uint64_t range_end(size_t i) const { return i < ranges_.size() ? ranges_[i].end : 0; }
+
+#ifndef SWIG
+  explicit Op(kdn_op* op) : op_(op) {}
+  kdn_op* Handle() const {
+    if (op_ == nullptr) detail::Closed("the op");
+    return op_;
+  }
+
+ private:
+  kdn_op* op_ = nullptr;
+  std::vector<kdn_token_range> ranges_;
+#endif
+};
+
+inline Model* Runtime::create_model(const ModelSpec& spec) {
+  kdn_model_spec s;
+  detail::Check(kdn_model_spec_init(&s, sizeof s));
+  s.num_layers = spec.num_layers;
+  s.num_kv_heads = spec.num_kv_heads;
+  s.head_dim = spec.head_dim;
+  s.dtype = static_cast<kdn_dtype>(spec.dtype);
+  s.rope_theta = spec.rope_theta;
+  s.rope_style = static_cast<kdn_rope_style>(spec.rope_style);
+  s.rotary_dim = spec.rotary_dim;
+  s.fingerprint = spec.fingerprint.data();
+  s.fingerprint_len = spec.fingerprint.size();
+  kdn_model* m = nullptr;
+  detail::Check(kdn_model_create(Handle(), &s, &m));
+  return new Model(m, spec);
+}
+
+inline Op* Model::load_async(const std::string& ns, const Request& request, const KvView& view, void* data,
+                             size_t bytes) {
+  return Start(&kdn_kv_load_async, ns, request, view, data, bytes);
+}
+
+inline Op* Model::save_async(const std::string& ns, const Request& request, const KvView& view, void* data,
+                             size_t bytes) {
+  return Start(&kdn_kv_save_async, ns, request, view, data, bytes);
+}
+
+inline Op* Model::Start(OpCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
+                        size_t bytes) const {
+  kdn_model* m = Handle();
+  kdn_request r = request.Native();
+  std::vector<void*> k, v;
+  kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+  kdn_op* op = nullptr;
+  detail::Check(call(m, ns.data(), ns.size(), &r, &nv, 1, &op));
+  return new Op(op);
+}
+
+}  // namespace binding
+}  // namespace kdn
+
+#endif  // KDN_BINDING_HPP
