@@ -1,0 +1,298 @@
+// The Java module over bindings/swig/kdn_binding.hpp: the generated classes
+// go to dev.kdn.swig (hidden behind the hand-written API in dev.kdn).
+//
+// What this file adds to SWIG's defaults:
+// - KV memory is a direct ByteBuffer, passed to kdn without a copy: its
+//   address and capacity become (void *data, size_t bytes). A heap buffer or
+//   null is an IllegalArgumentException (dev.kdn checks read-only buffers).
+// - Tokens are int[], hashes byte[], copied for the call.
+// - Strings travel as UTF-8 bytes (JNI's "modified UTF-8" differs for NUL
+//   and characters outside the BMP, and namespaces and doc ids must be the
+//   same bytes in every language).
+// - uint64_t is long (unsigned; dev.kdn documents it), not BigInteger.
+// - kdn::binding::Error becomes dev.kdn.KdnException's subclass for the
+//   status (built by KdnException.fromNative), or IllegalStateException for
+//   a closed handle.
+// - Editor is a director: kdn's mover thread calls Java. The thread is
+//   attached once as a daemon and detached when it ends.
+// - No finalizers: dev.kdn frees every native object (close, or a Cleaner).
+%module(directors="1") kdn
+
+%begin %{
+// Attach kdn's mover thread to the JVM once, as a daemon (it must not keep
+// the JVM alive), named as the thread is, and detach it when it ends.
+#define SWIG_JAVA_ATTACH_CURRENT_THREAD_AS_DAEMON
+#define SWIG_JAVA_DETACH_ON_THREAD_END
+#define SWIG_JAVA_USE_THREAD_NAME
+%}
+
+%{
+#include "kdn_binding.hpp"
+
+#include <new>
+#include <stdexcept>
+
+// A kdn::binding::Error as the Java exception for its status.
+static void KdnJavaThrow(JNIEnv* jenv, const kdn::binding::Error& e) {
+  if (jenv->ExceptionCheck()) return;
+  if (e.closed()) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalStateException, e.message().c_str());
+    return;
+  }
+  jclass cls = jenv->FindClass("dev/kdn/KdnException");
+  if (cls == nullptr) return;  // NoClassDefFoundError is pending
+  jmethodID of = jenv->GetStaticMethodID(cls, "fromNative", "(I[BJ)Ldev/kdn/KdnException;");
+  if (of == nullptr) return;
+  const std::string& m = e.message();
+  jbyteArray bytes = jenv->NewByteArray(static_cast<jsize>(m.size()));
+  if (bytes == nullptr) return;
+  jenv->SetByteArrayRegion(bytes, 0, static_cast<jsize>(m.size()), reinterpret_cast<const jbyte*>(m.data()));
+  jobject ex = jenv->CallStaticObjectMethod(cls, of, static_cast<jint>(e.status()), bytes,
+                                            static_cast<jlong>(e.needed()));
+  if (ex != nullptr && !jenv->ExceptionCheck()) jenv->Throw(static_cast<jthrowable>(ex));
+}
+%}
+
+%exception {
+  try {
+    $action
+  } catch (const kdn::binding::Error& e) {
+    KdnJavaThrow(jenv, e);
+    return $null;
+  } catch (const std::bad_alloc&) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaOutOfMemoryError, "kdn: out of memory");
+    return $null;
+  } catch (const std::exception& e) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaRuntimeException, e.what());
+    return $null;
+  }
+}
+
+// The JNI class loads the library: System.loadLibrary("kdn_java") from
+// java.library.path, or the file the system property kdn.jni.library names.
+%pragma(java) jniclasscode=%{
+  static {
+    String path = System.getProperty("kdn.jni.library");
+    try {
+      if (path != null && !path.isEmpty()) {
+        System.load(path);
+      } else {
+        System.loadLibrary("kdn_java");
+      }
+    } catch (UnsatisfiedLinkError e) {
+      UnsatisfiedLinkError hint = new UnsatisfiedLinkError(e.getMessage() + " (kdn's JNI library, libkdn_java.so:"
+          + " put its directory on -Djava.library.path, or name the file with -Dkdn.jni.library)");
+      hint.initCause(e);
+      throw hint;
+    }
+  }
+%}
+
+// dev.kdn closes and deletes every native object itself.
+%typemap(javafinalize) SWIGTYPE ""
+
+%include <stdint.i>
+
+// Unsigned 64-bit values as long (dev.kdn documents them as unsigned).
+%apply long long { uint64_t };
+%apply const long long & { const uint64_t & };
+
+// ---- Strings: Java String <-> UTF-8 bytes ----------------------------------
+namespace std {
+%naturalvar string;
+class string;
+%typemap(jni) string, const string & "jbyteArray"
+%typemap(jtype) string, const string & "byte[]"
+%typemap(jstype) string, const string & "String"
+%typemap(javain) string, const string & "$javainput.getBytes(java.nio.charset.StandardCharsets.UTF_8)"
+%typemap(javaout) string, const string & {
+    return new String($jnicall, java.nio.charset.StandardCharsets.UTF_8);
+  }
+%typemap(in) string %{
+  if (!$input) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "null string");
+    return $null;
+  }
+  $1.resize(static_cast<size_t>(jenv->GetArrayLength($input)));
+  if (!$1.empty()) {
+    jenv->GetByteArrayRegion($input, 0, static_cast<jsize>($1.size()), reinterpret_cast<jbyte*>(&$1[0]));
+  }
+%}
+%typemap(in) const string & ($*1_ltype temp) %{
+  if (!$input) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "null string");
+    return $null;
+  }
+  temp.resize(static_cast<size_t>(jenv->GetArrayLength($input)));
+  if (!temp.empty()) {
+    jenv->GetByteArrayRegion($input, 0, static_cast<jsize>(temp.size()), reinterpret_cast<jbyte*>(&temp[0]));
+  }
+  $1 = &temp;
+%}
+%typemap(out) string %{
+  $result = jenv->NewByteArray(static_cast<jsize>($1.size()));
+  if ($result) {
+    jenv->SetByteArrayRegion($result, 0, static_cast<jsize>($1.size()), reinterpret_cast<const jbyte*>($1.data()));
+  }
+%}
+%typemap(out) const string & %{
+  $result = jenv->NewByteArray(static_cast<jsize>($1->size()));
+  if ($result) {
+    jenv->SetByteArrayRegion($result, 0, static_cast<jsize>($1->size()), reinterpret_cast<const jbyte*>($1->data()));
+  }
+%}
+}
+
+// ---- KV memory: a direct ByteBuffer, whole (address .. capacity) ------------
+%typemap(jni) (void* data, size_t bytes) "jobject"
+%typemap(jtype) (void* data, size_t bytes) "java.nio.ByteBuffer"
+%typemap(jstype) (void* data, size_t bytes) "java.nio.ByteBuffer"
+%typemap(javain) (void* data, size_t bytes) "$javainput"
+%typemap(in) (void* data, size_t bytes) %{
+  $1 = $input ? jenv->GetDirectBufferAddress($input) : nullptr;
+  if (!$1) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "kdn needs a direct ByteBuffer");
+    return $null;
+  }
+  $2 = static_cast<size_t>(jenv->GetDirectBufferCapacity($input));
+%}
+
+// ---- Tokens: int[]; block hashes: byte[] --------------------------------------
+// Copied into a local vector (the Request copies them again; both are small). Not
+// Get/ReleasePrimitiveArrayCritical: when the call throws, SWIG's wrapper returns
+// from its catch block without running freearg, and it makes JNI calls (the
+// exception) that are not allowed inside a critical region.
+%typemap(jni) (const int32_t* tokens, size_t num_tokens) "jintArray"
+%typemap(jtype) (const int32_t* tokens, size_t num_tokens) "int[]"
+%typemap(jstype) (const int32_t* tokens, size_t num_tokens) "int[]"
+%typemap(javain) (const int32_t* tokens, size_t num_tokens) "$javainput"
+%typemap(in) (const int32_t* tokens, size_t num_tokens) (std::vector<int32_t> copy) %{
+  if (!$input) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "null tokens");
+    return $null;
+  }
+  copy.resize(static_cast<size_t>(jenv->GetArrayLength($input)));
+  if (!copy.empty()) jenv->GetIntArrayRegion($input, 0, static_cast<jsize>(copy.size()), copy.data());
+  $1 = copy.data();
+  $2 = copy.size();
+%}
+%typemap(jni) (const char* hashes, size_t bytes) "jbyteArray"
+%typemap(jtype) (const char* hashes, size_t bytes) "byte[]"
+%typemap(jstype) (const char* hashes, size_t bytes) "byte[]"
+%typemap(javain) (const char* hashes, size_t bytes) "$javainput"
+%typemap(in) (const char* hashes, size_t bytes) (std::vector<char> copy) %{
+  if (!$input) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "null hashes");
+    return $null;
+  }
+  copy.resize(static_cast<size_t>(jenv->GetArrayLength($input)));
+  if (!copy.empty()) {
+    jenv->GetByteArrayRegion($input, 0, static_cast<jsize>(copy.size()), reinterpret_cast<jbyte*>(copy.data()));
+  }
+  $1 = copy.data();
+  $2 = copy.size();
+%}
+
+// ---- The editor: kdn's memory as a direct ByteBuffer, for the call only -----
+%feature("director") kdn::binding::Editor;
+// A Java exception from edit(): dev.kdn keeps it (Runtime.editorFailure()); here
+// it is cleared and becomes a C++ exception, which kdn_binding.hpp's trampoline
+// turns into KDN_ERR_INTERNAL (the chunk stays as it was). The local reference
+// is deleted: kdn's thread stays attached and never returns to Java to free it.
+%feature("director:except") kdn::binding::Editor::edit %{
+  jthrowable $error = jenv->ExceptionOccurred();
+  if ($error) {
+    jenv->ExceptionClear();
+    jenv->DeleteLocalRef($error);
+    if (swigjobj) jenv->DeleteLocalRef(swigjobj);  // SWIG's name for the editor's Java object
+    throw std::runtime_error("the Java editor threw (see Runtime.editorFailure())");
+  }
+%}
+%typemap(jni) (void* kv, size_t kv_bytes) "jobject"
+%typemap(jtype) (void* kv, size_t kv_bytes) "java.nio.ByteBuffer"
+%typemap(jstype) (void* kv, size_t kv_bytes) "java.nio.ByteBuffer"
+%typemap(javain) (void* kv, size_t kv_bytes) "$javainput"
+%typemap(javadirectorin) (void* kv, size_t kv_bytes) "$jniinput"
+%typemap(directorin, descriptor="Ljava/nio/ByteBuffer;") (void* kv, size_t kv_bytes) %{
+  $input = jenv->NewDirectByteBuffer($1, static_cast<jlong>($2));
+  Swig::LocalRefGuard $1_refguard(jenv, $input);
+%}
+%typemap(in) (void* kv, size_t kv_bytes) %{
+  $1 = $input ? jenv->GetDirectBufferAddress($input) : nullptr;
+  if (!$1) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "kdn needs a direct ByteBuffer");
+    return $null;
+  }
+  $2 = static_cast<size_t>(jenv->GetDirectBufferCapacity($input));
+%}
+
+// ---- Results on the hot path: a long[] each, not a proxy to read field by field
+// (one JNI call instead of five or six). dev.kdn.Natives unpacks them.
+%typemap(jni) kdn::binding::LookupResult "jlongArray"
+%typemap(jtype) kdn::binding::LookupResult "long[]"
+%typemap(jstype) kdn::binding::LookupResult "long[]"
+%typemap(javaout) kdn::binding::LookupResult {
+    return $jnicall;
+  }
+// [status, cached_tokens, num_tiers, tier_tokens...]
+%typemap(out) kdn::binding::LookupResult %{
+  {
+    jlong v[3 + KDN_MAX_TIERS];
+    const uint32_t tiers = $1.num_tiers < KDN_MAX_TIERS ? $1.num_tiers : KDN_MAX_TIERS;
+    v[0] = $1.status;
+    v[1] = static_cast<jlong>($1.cached_tokens);
+    v[2] = tiers;
+    for (uint32_t i = 0; i < tiers; ++i) v[3 + i] = static_cast<jlong>($1.tier_tokens(i));
+    $result = jenv->NewLongArray(static_cast<jsize>(3 + tiers));
+    if ($result) jenv->SetLongArrayRegion($result, 0, static_cast<jsize>(3 + tiers), v);
+  }
+%}
+%typemap(jni) kdn::binding::KvResult "jlongArray"
+%typemap(jtype) kdn::binding::KvResult "long[]"
+%typemap(jstype) kdn::binding::KvResult "long[]"
+%typemap(javaout) kdn::binding::KvResult {
+    return $jnicall;
+  }
+// [state, status, tokens, covered, num_failed, flags]
+%typemap(out) kdn::binding::KvResult %{
+  {
+    const jlong v[6] = {$1.state, $1.status, static_cast<jlong>($1.tokens), static_cast<jlong>($1.covered),
+                        static_cast<jlong>($1.num_failed), static_cast<jlong>($1.flags)};
+    $result = jenv->NewLongArray(6);
+    if ($result) jenv->SetLongArrayRegion($result, 0, 6, v);
+  }
+%}
+
+// Handles the caller owns (dev.kdn closes and deletes them).
+%newobject kdn::binding::Runtime::create_model;
+%newobject kdn::binding::Model::load_async;
+%newobject kdn::binding::Model::save_async;
+
+// Java sees the errors as exceptions, never this class.
+%ignore kdn::binding::Error;
+%ignore kdn::binding::detail;
+
+// Native* in dev.kdn.swig, so dev.kdn's own names stay free.
+%rename(NativeTierConfig) kdn::binding::TierConfig;
+%rename(NativeRuntimeOptions) kdn::binding::RuntimeOptions;
+%rename(NativeModelSpec) kdn::binding::ModelSpec;
+%rename(NativeRequest) kdn::binding::Request;
+%rename(NativeKvView) kdn::binding::KvView;
+%rename(NativeKvResult) kdn::binding::KvResult;
+%rename(NativeLookupResult) kdn::binding::LookupResult;
+%rename(NativeDocumentInfo) kdn::binding::DocumentInfo;
+%rename(NativeFetchResult) kdn::binding::FetchResult;
+%rename(NativeStats) kdn::binding::Stats;
+%rename(NativeLatency) kdn::binding::Latency;
+%rename(NativeTierStats) kdn::binding::TierStats;
+%rename(NativeChunkInfo) kdn::binding::ChunkInfo;
+%rename(NativeEditor) kdn::binding::Editor;
+%rename(NativeRuntime) kdn::binding::Runtime;
+%rename(NativeLookupBatch) kdn::binding::LookupBatch;
+%rename(NativeModel) kdn::binding::Model;
+%rename(NativeOp) kdn::binding::Op;
+// Object.wait(long) is final in Java.
+%rename(await_ms) kdn::binding::Op::wait;
+%rename(await_layer_ms) kdn::binding::Op::wait_layer;
+
+%include "kdn_binding.hpp"

@@ -1,0 +1,333 @@
+package dev.kdn;
+
+import dev.kdn.swig.NativeFetchResult;
+import dev.kdn.swig.NativeLookupBatch;
+import dev.kdn.swig.NativeModel;
+import dev.kdn.swig.NativeOp;
+import java.lang.ref.Cleaner;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+
+/**
+ * A model of a {@link Runtime} (kdn_model): stores, finds and loads KV of its shape, under a
+ * namespace (a tenant: KV stored under one is never visible under another).
+ *
+ * <p>KV memory is a <b>direct</b> {@link ByteBuffer} (see {@link Kdn#allocate}), which kdn reads or
+ * writes in place, without a copy, as a whole: from its address to its capacity, whatever its
+ * position and limit ({@code slice()} passes a part). A heap buffer is an {@link
+ * IllegalArgumentException}, and so is a read-only one where kdn writes. A {@link KvView} says
+ * where the layers, tokens and heads lie in it; the canonical layout is
+ * [layer][k|v][token][kv_head][head_dim]. Java cannot bound a buffer beyond 2 GiB, so one call
+ * moves at most that much.
+ *
+ * <p>A miss is not an error: a retrieve or load of nothing returns 0 tokens. Failures throw the
+ * {@link KdnException} for their status; null arguments throw {@link NullPointerException}.
+ *
+ * <p>Thread-safe, except that {@link #close()} must be the last call. Closing is idempotent and
+ * throws nothing; a closed model's methods throw {@link IllegalStateException}. A model nobody
+ * closed is closed by a {@link Cleaner} (a backstop only).
+ */
+public final class Model implements AutoCloseable {
+  private final NativeModel handle;
+  private final ModelSpec spec;
+  private final Runtime runtime;
+  private final Core core;
+  private final Cleaner.Cleanable cleanable;
+  private final Object listLock = new Object();
+  private volatile boolean closed;
+
+  Model(NativeModel handle, ModelSpec spec, Runtime runtime, Core core) {
+    this.handle = handle;
+    this.spec = spec;
+    this.runtime = runtime;
+    this.core = core;
+    core.acquire();
+    this.cleanable = Natives.CLEANER.register(this, new Core.Release(() -> {
+      handle.close();
+      handle.delete();
+    }, core, null));
+  }
+
+  private NativeModel handle() {
+    if (closed) throw new IllegalStateException("the model is closed");
+    return handle;
+  }
+
+  public ModelSpec spec() {
+    return spec;
+  }
+
+  /** The runtime this model belongs to. */
+  public Runtime runtime() {
+    return runtime;
+  }
+
+  /** Bytes of one token's KV, all layers, K and V. */
+  public long kvBytesPerToken() {
+    try {
+      return handle().kv_bytes_per_token();
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** The 32-byte identity kdn derived from the spec, as 64 hex digits. */
+  public String fingerprint() {
+    try {
+      return handle().fingerprint();
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  // ---- Lookup, store, retrieve ----
+
+  /**
+   * How many leading tokens of the request are cached (no side effects). A bad request (a negative
+   * token id) throws its {@link KdnException}, as every single call does.
+   */
+  public LookupResult lookup(String ns, Request request) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    LookupResult r;
+    try {
+      r = Natives.lookupResult(handle().lookup(ns, request.handle));
+    } finally {
+      Natives.fence(this, request);
+    }
+    if (r.status() != Status.OK) {
+      int code = r.status() == Status.UNKNOWN ? Status.INTERNAL.code() : r.status().code();
+      throw KdnException.of(code, "lookup: kdn refused the request (" + Kdn.statusString(code) + ")", 0);
+    }
+    return r;
+  }
+
+  /** Lookups of many requests in one call; a bad request fails alone, in its result's status. */
+  public List<LookupResult> lookup(String ns, List<Request> requests) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(requests, "requests");
+    NativeModel h = handle();
+    NativeLookupBatch batch = new NativeLookupBatch();
+    try {
+      for (Request r : requests) batch.add(Objects.requireNonNull(r, "request").handle);
+      h.lookup_batch(ns, batch);
+      List<LookupResult> out = new ArrayList<>(requests.size());
+      for (int i = 0; i < requests.size(); ++i) out.add(Natives.lookupResult(batch.result(i)));
+      return out;
+    } finally {
+      batch.delete();
+      Natives.fence(this, requests);
+    }
+  }
+
+  /** Stores the request's KV from {@code kv}, laid out as {@code view} says. */
+  public KvResult store(String ns, Request request, KvView view, ByteBuffer kv) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    Natives.checkView(view, spec);
+    try {
+      return Natives.kvResult(handle().store(ns, request.handle, view.handle, Natives.readable(kv)));
+    } finally {
+      Natives.fence(this, request, view);
+    }
+  }
+
+  /** Stores the request's KV from {@code kv} in the canonical layout. */
+  public KvResult store(String ns, Request request, ByteBuffer kv) {
+    return store(ns, request, KvView.canonical(), kv);
+  }
+
+  /**
+   * Loads the cached prefix of the request into {@code kv}, laid out as {@code view} says; {@code
+   * tokens()} of the result says how many (0 on a miss).
+   */
+  public KvResult retrieve(String ns, Request request, KvView view, ByteBuffer kv) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    Natives.checkView(view, spec);
+    try {
+      return Natives.kvResult(handle().retrieve(ns, request.handle, view.handle, Natives.writable(kv)));
+    } finally {
+      Natives.fence(this, request, view);
+    }
+  }
+
+  /** Loads the cached prefix of the request into {@code kv} in the canonical layout. */
+  public KvResult retrieve(String ns, Request request, ByteBuffer kv) {
+    return retrieve(ns, request, KvView.canonical(), kv);
+  }
+
+  /**
+   * Starts loading the cached prefix layer by layer in the background. The op keeps {@code kv}
+   * until it is closed; do not touch the buffer before the op ends.
+   */
+  public Op loadAsync(String ns, Request request, KvView view, ByteBuffer kv) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    Natives.checkView(view, spec);
+    try {
+      return new Op(handle().load_async(ns, request.handle, view.handle, Natives.writable(kv)), kv, core);
+    } finally {
+      Natives.fence(this, request, view);
+    }
+  }
+
+  /**
+   * Starts a save of the request's KV from {@code kv}: call {@link Op#layerReady} for each model
+   * layer as it becomes final, then {@link Op#await()}. The op keeps {@code kv} until it is closed.
+   */
+  public Op saveAsync(String ns, Request request, KvView view, ByteBuffer kv) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    Natives.checkView(view, spec);
+    try {
+      return new Op(handle().save_async(ns, request.handle, view.handle, Natives.readable(kv)), kv, core);
+    } finally {
+      Natives.fence(this, request, view);
+    }
+  }
+
+  // ---- Knowledge items ----
+
+  /**
+   * Stores a document: its tokens (ids, from position 0) and their KV; replaces an older version
+   * of the same {@code docId} (1..255 bytes of UTF-8). {@code version} is unsigned.
+   */
+  public void knowledgePut(String ns, String docId, long version, String metadata, Request tokens, KvView view,
+      ByteBuffer kv) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    Objects.requireNonNull(metadata, "metadata");
+    Objects.requireNonNull(tokens, "tokens");
+    Natives.checkView(view, spec);
+    try {
+      handle().knowledge_put(ns, docId, version, metadata, tokens.handle, view.handle, Natives.readable(kv));
+    } finally {
+      Natives.fence(this, tokens, view);
+    }
+  }
+
+  /** A document's information; {@link NotFoundException} if there is none. */
+  public DocumentInfo knowledgeInfo(String ns, String docId) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    try {
+      return Natives.documentInfo(handle().knowledge_info(ns, docId));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Every document of this model and namespace, in docId order. */
+  public List<DocumentInfo> knowledgeList(String ns) {
+    Objects.requireNonNull(ns, "ns");
+    NativeModel h = handle();
+    try {
+      synchronized (listLock) { // the native list is kept in the model until read
+        int n = (int) h.knowledge_list(ns);
+        List<DocumentInfo> out = new ArrayList<>(n);
+        for (int i = 0; i < n; ++i) out.add(Natives.documentInfo(h.listed(i)));
+        return out;
+      }
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Pins every chunk of the document for {@code ttl} ({@link Duration#ZERO}: until unpinned). */
+  public void knowledgePin(String ns, String docId, Duration ttl) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    try {
+      handle().knowledge_pin(ns, docId, millis(ttl));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  public void knowledgeUnpin(String ns, String docId) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    try {
+      handle().knowledge_unpin(ns, docId);
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** The document is deleted {@code ttl} from now ({@link Duration#ZERO}: now). */
+  public void knowledgeExpire(String ns, String docId, Duration ttl) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    try {
+      handle().knowledge_expire(ns, docId, millis(ttl));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Removes the document's chunks from every tier (chunks another document shares stay). */
+  public void knowledgeDelete(String ns, String docId) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    try {
+      handle().knowledge_delete(ns, docId);
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /**
+   * The document's KV into {@code kv} at its own positions (the view must state its room, {@code
+   * KvView.canonical(n)} for instance) and its tokens into the result. Too little room: {@link
+   * BufferTooSmallException} with {@code needed()} the document's length.
+   */
+  public FetchResult knowledgeFetch(String ns, String docId, KvView view, ByteBuffer kv) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(docId, "docId");
+    Natives.checkView(view, spec);
+    NativeFetchResult f;
+    try {
+      f = handle().knowledge_fetch(ns, docId, view.handle, Natives.writable(kv));
+    } finally {
+      Natives.fence(this, view);
+    }
+    try {
+      int n = (int) f.token_count();
+      int[] tokens = new int[n];
+      if (n > 0) {
+        ByteBuffer b = ByteBuffer.allocateDirect(4 * n).order(ByteOrder.nativeOrder());
+        f.copy_tokens(b);
+        b.asIntBuffer().get(tokens);
+      }
+      KvResult result = Natives.kvResult(f.getResult());
+      return new FetchResult(result, tokens);
+    } finally {
+      f.delete();
+    }
+  }
+
+  static long millis(Duration d) {
+    Objects.requireNonNull(d, "ttl");
+    try {
+      return d.toMillis();
+    } catch (ArithmeticException e) {
+      return d.isNegative() ? Long.MIN_VALUE : Long.MAX_VALUE;
+    }
+  }
+
+  public boolean isClosed() {
+    return closed;
+  }
+
+  /** Closes the model (idempotent; throws nothing). */
+  @Override
+  public void close() {
+    closed = true;
+    cleanable.clean();
+  }
+}

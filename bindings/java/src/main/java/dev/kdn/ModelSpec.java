@@ -1,0 +1,151 @@
+package dev.kdn;
+
+import dev.kdn.swig.NativeModelSpec;
+import java.util.Objects;
+
+/**
+ * A model's KV shape and identity (kdn_model_spec): immutable, built with {@link #builder()}.
+ * Models with the same spec (and fingerprint) share their cached KV.
+ */
+public final class ModelSpec {
+  private final int numLayers;
+  private final int numKvHeads;
+  private final int headDim;
+  private final DType dtype;
+  private final float ropeTheta;
+  private final RopeStyle ropeStyle;
+  private final int rotaryDim;
+  private final String fingerprint;
+
+  private ModelSpec(Builder b) {
+    numLayers = b.numLayers;
+    numKvHeads = b.numKvHeads;
+    headDim = b.headDim;
+    dtype = b.dtype;
+    ropeTheta = b.ropeTheta;
+    ropeStyle = b.ropeStyle;
+    rotaryDim = b.rotaryDim;
+    fingerprint = b.fingerprint;
+  }
+
+  public static Builder builder() {
+    return new Builder();
+  }
+
+  public int numLayers() {
+    return numLayers;
+  }
+
+  public int numKvHeads() {
+    return numKvHeads;
+  }
+
+  public int headDim() {
+    return headDim;
+  }
+
+  public DType dtype() {
+    return dtype;
+  }
+
+  public float ropeTheta() {
+    return ropeTheta;
+  }
+
+  public RopeStyle ropeStyle() {
+    return ropeStyle;
+  }
+
+  public int rotaryDim() {
+    return rotaryDim;
+  }
+
+  public String fingerprint() {
+    return fingerprint;
+  }
+
+  /** Bytes of one token's KV over all layers (K and V). */
+  public long kvBytesPerToken() {
+    return 2L * numLayers * numKvHeads * headDim * dtype.bytes();
+  }
+
+  /** A native copy; the caller deletes it. */
+  NativeModelSpec toNative() {
+    NativeModelSpec n = new NativeModelSpec();
+    n.setNum_layers(Integer.toUnsignedLong(numLayers));
+    n.setNum_kv_heads(Integer.toUnsignedLong(numKvHeads));
+    n.setHead_dim(Integer.toUnsignedLong(headDim));
+    n.setDtype(dtype.value());
+    n.setRope_theta(ropeTheta);
+    n.setRope_style(ropeStyle.value());
+    n.setRotary_dim(Integer.toUnsignedLong(rotaryDim));
+    n.setFingerprint(fingerprint);
+    return n;
+  }
+
+  @Override
+  public String toString() {
+    return "ModelSpec[" + numLayers + " layers, " + numKvHeads + " kv heads, head_dim " + headDim + ", " + dtype
+        + ", \"" + fingerprint + "\"]";
+  }
+
+  /** Builds a {@link ModelSpec}: the shape is required, the rest has kdn's defaults. */
+  public static final class Builder {
+    private int numLayers;
+    private int numKvHeads;
+    private int headDim;
+    private DType dtype = DType.F32;
+    private float ropeTheta = 10000.0f;
+    private RopeStyle ropeStyle = RopeStyle.INTERLEAVED;
+    private int rotaryDim;
+    private String fingerprint = "";
+
+    private Builder() {}
+
+    public Builder layers(int layers) {
+      numLayers = layers;
+      return this;
+    }
+
+    public Builder kvHeads(int heads) {
+      numKvHeads = heads;
+      return this;
+    }
+
+    public Builder headDim(int dim) {
+      headDim = dim;
+      return this;
+    }
+
+    public Builder dtype(DType dtype) {
+      this.dtype = Objects.requireNonNull(dtype, "dtype");
+      return this;
+    }
+
+    public Builder ropeTheta(float theta) {
+      ropeTheta = theta;
+      return this;
+    }
+
+    public Builder ropeStyle(RopeStyle style) {
+      ropeStyle = Objects.requireNonNull(style, "style");
+      return this;
+    }
+
+    /** Dimensions RoPE rotates (0: all of head_dim). */
+    public Builder rotaryDim(int dim) {
+      rotaryDim = dim;
+      return this;
+    }
+
+    /** The weights' identity (a name, a checksum): KV of different weights never mixes. */
+    public Builder fingerprint(String fingerprint) {
+      this.fingerprint = Objects.requireNonNull(fingerprint, "fingerprint");
+      return this;
+    }
+
+    public ModelSpec build() {
+      return new ModelSpec(this);
+    }
+  }
+}

@@ -1,0 +1,157 @@
+package dev.kdn;
+
+import dev.kdn.swig.NativeOp;
+import java.lang.ref.Cleaner;
+import java.nio.ByteBuffer;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * An asynchronous load or save (kdn_op), from {@link Model#loadAsync} or {@link Model#saveAsync}.
+ * It keeps its {@code ByteBuffer} until it is closed: closing cancels it if it still runs and
+ * waits until kdn no longer touches the buffer.
+ *
+ * <p>The waits are {@code await} ({@code Object.wait} is final in Java): true when the op ended
+ * (it throws the op's {@link KdnException} if it failed, {@link CancelledException} if it was
+ * cancelled), false when the time ran out first (the op goes on).
+ *
+ * <p>Thread-safe, except that {@link #close()} must be the last call (idempotent, throws
+ * nothing). A closed op's methods throw {@link IllegalStateException}.
+ */
+public final class Op implements AutoCloseable {
+  private final NativeOp handle;
+  private final ByteBuffer buffer;
+  private final Cleaner.Cleanable cleanable;
+  private volatile boolean closed;
+
+  Op(NativeOp handle, ByteBuffer buffer, Core core) {
+    this.handle = handle;
+    this.buffer = buffer;
+    core.acquire();
+    // The release keeps the buffer reachable until the native op is destroyed, even when nobody
+    // closed the op and the Cleaner does.
+    this.cleanable = Natives.CLEANER.register(this, new Core.Release(() -> {
+      handle.close();
+      handle.delete();
+    }, core, buffer));
+  }
+
+  private NativeOp handle() {
+    if (closed) throw new IllegalStateException("the op is closed");
+    return handle;
+  }
+
+  /** The buffer the op reads or writes. */
+  public ByteBuffer buffer() {
+    return buffer;
+  }
+
+  /** Save: model layer {@code layer} is final in the buffer (copied in the background). */
+  public void layerReady(int layer) {
+    try {
+      handle().layer_ready(Integer.toUnsignedLong(layer));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Until the op ends; see the class comment. */
+  public boolean await(Duration timeout) {
+    try {
+      return handle().await_ms(Model.millis(timeout));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  public boolean await(long timeout, TimeUnit unit) {
+    Objects.requireNonNull(unit, "unit");
+    try {
+      return handle().await_ms(unit.toMillis(timeout));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Until the op ends, with no time limit. */
+  public void await() {
+    try {
+      handle().await_ms(-1);
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Load: until model layer {@code layer} is written; false when the time ran out first. */
+  public boolean awaitLayer(int layer, Duration timeout) {
+    try {
+      return handle().await_layer_ms(Integer.toUnsignedLong(layer), Model.millis(timeout));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Load: until model layer {@code layer} is written, with no time limit. */
+  public void awaitLayer(int layer) {
+    try {
+      handle().await_layer_ms(Integer.toUnsignedLong(layer), -1);
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  public OpState poll() {
+    try {
+      return OpState.fromNative(handle().poll());
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Asks the op to stop; it ends CANCELLED at its next layer unless it has ended already. */
+  public void cancel() {
+    try {
+      handle().cancel();
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** The outcome so far (state PENDING while it runs). */
+  public KvResult result() {
+    try {
+      return Natives.kvResult(handle().result());
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** A load's token ranges that could not be served (recompute only those). */
+  public List<TokenRange> failedRanges() {
+    NativeOp h = handle();
+    try {
+      synchronized (this) { // the native ranges are kept in the op until read
+        int n = (int) h.failed_ranges();
+        List<TokenRange> out = new ArrayList<>(n);
+        for (int i = 0; i < n; ++i) out.add(new TokenRange(h.range_begin(i), h.range_end(i)));
+        return out;
+      }
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  public boolean isClosed() {
+    return closed;
+  }
+
+  /** Cancels the op if it runs, waits until the buffer is free, frees the op (idempotent). */
+  @Override
+  public void close() {
+    closed = true;
+    cleanable.clean();
+  }
+}

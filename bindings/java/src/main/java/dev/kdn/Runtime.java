@@ -1,0 +1,157 @@
+package dev.kdn;
+
+import dev.kdn.swig.NativeLatency;
+import dev.kdn.swig.NativeModelSpec;
+import dev.kdn.swig.NativeRuntime;
+import dev.kdn.swig.NativeRuntimeOptions;
+import java.lang.ref.Cleaner;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+import java.util.Optional;
+
+/**
+ * A kdn runtime (kdn_runtime): the tiers, the background threads, the statistics. Create it with
+ * {@link #create}, make {@link Model}s from it, and close it:
+ *
+ * <pre>{@code
+ * try (Runtime rt = Runtime.create(RuntimeOptions.builder().chunkTokens(16).build());
+ *      Model model = rt.createModel(spec)) {
+ *   ...
+ * }
+ * }</pre>
+ *
+ * <p>Thread-safe: any method from any thread, except that {@link #close()} must be the last call.
+ * Closing is idempotent and throws nothing; the native runtime lives on until its models and ops
+ * are closed too. A runtime nobody closed is closed by a {@link Cleaner} (a backstop only). A
+ * closed runtime's methods throw {@link IllegalStateException}.
+ */
+public final class Runtime implements AutoCloseable {
+  private final NativeRuntime handle;
+  private final Core core;
+  private final Cleaner.Cleanable cleanable;
+  private volatile boolean closed;
+
+  private Runtime(NativeRuntime handle, Core core) {
+    this.handle = handle;
+    this.core = core;
+    this.cleanable = Natives.CLEANER.register(this, new Core.Release(() -> {
+      handle.close();
+      handle.delete();
+    }, core, null));
+  }
+
+  /** A runtime; {@link InvalidArgumentException} for bad options (a tier of 0 bytes, an unknown codec). */
+  public static Runtime create(RuntimeOptions options) {
+    Objects.requireNonNull(options, "options");
+    return make(options, null);
+  }
+
+  /**
+   * A runtime whose stored chunks {@code editor} rewrites (on the mover thread, see {@link Editor}).
+   * The runtime keeps the editor until it, its models and its ops are all closed.
+   */
+  public static Runtime create(RuntimeOptions options, Editor editor) {
+    Objects.requireNonNull(options, "options");
+    Objects.requireNonNull(editor, "editor");
+    return make(options, editor);
+  }
+
+  private static Runtime make(RuntimeOptions options, Editor editor) {
+    Core core = new Core(editor);
+    NativeRuntimeOptions o = options.toNative();
+    NativeRuntime h;
+    try {
+      h = editor == null ? new NativeRuntime(o) : new NativeRuntime(o, core.nativeEditor());
+    } catch (RuntimeException e) {
+      core.release();
+      throw e;
+    } finally {
+      o.delete();
+    }
+    return new Runtime(h, core);
+  }
+
+  NativeRuntime handle() {
+    if (closed) throw new IllegalStateException("the runtime is closed");
+    return handle;
+  }
+
+  /** A model of this runtime (close it too). */
+  public Model createModel(ModelSpec spec) {
+    Objects.requireNonNull(spec, "spec");
+    NativeRuntime h = handle();
+    NativeModelSpec s = spec.toNative();
+    try {
+      return new Model(h.create_model(s), spec, this, core);
+    } finally {
+      s.delete();
+      Natives.fence(this);
+    }
+  }
+
+  public Stats stats() {
+    try {
+      return Stats.from(handle().stats());
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  public Latency latency(LatencyKind kind) {
+    Objects.requireNonNull(kind, "kind");
+    if (kind == LatencyKind.UNKNOWN) throw new IllegalArgumentException("no latency of kind UNKNOWN");
+    NativeLatency l;
+    try {
+      l = handle().latency(kind.value());
+    } finally {
+      Natives.fence(this);
+    }
+    try {
+      return new Latency(l.getCount(), l.getMean_us(), l.getP50_us(), l.getP90_us(), l.getP99_us(), l.getMax_us());
+    } finally {
+      l.delete();
+    }
+  }
+
+  public int tierCount() {
+    try {
+      return (int) handle().tier_count();
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Tier {@code index}'s counters (0 is the highest tier). */
+  public TierStats tierStats(int index) {
+    try {
+      return TierStats.from(handle().tier_stats(Integer.toUnsignedLong(index)));
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
+  /** Every tier's counters, highest first. */
+  public List<TierStats> tierStats() {
+    int n = tierCount();
+    List<TierStats> out = new ArrayList<>(n);
+    for (int i = 0; i < n; ++i) out.add(tierStats(i));
+    return out;
+  }
+
+  /** The last exception the editor threw (each left its chunk as it was), if any. */
+  public Optional<Throwable> editorFailure() {
+    return Optional.ofNullable(core.editorFailure());
+  }
+
+  public boolean isClosed() {
+    return closed;
+  }
+
+  /** Closes the runtime (idempotent; throws nothing). */
+  @Override
+  public void close() {
+    closed = true;
+    cleanable.clean();
+  }
+}

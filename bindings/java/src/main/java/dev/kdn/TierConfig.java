@@ -1,0 +1,211 @@
+package dev.kdn;
+
+import dev.kdn.swig.NativeTierConfig;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Objects;
+
+/**
+ * One tier of a runtime (kdn_tier_config): immutable; start from {@link #host}, {@link #device},
+ * {@link #disk} or {@link #remote} and change what differs from kdn's defaults with the {@code
+ * with...} methods:
+ *
+ * <pre>{@code
+ * TierConfig.disk(Path.of("/var/cache/kdn"), 64L << 30).withCodec("zstd").withPolicy(EvictionPolicy.S3FIFO)
+ * }</pre>
+ */
+public final class TierConfig implements Cloneable {
+  private TierKind kind;
+  private long capacityBytes = 1L << 30;
+  private String path = "";
+  private EvictionPolicy policy = EvictionPolicy.LRU;
+  private float highWatermark;
+  private float lowWatermark;
+  private boolean writeThrough;
+  private String codec = "";
+  private String address = "";
+  private String token = "";
+  private int timeoutMs;
+  private String tlsCaFile = "";
+  private String tlsServerName = "";
+
+  private TierConfig(TierKind kind) {
+    this.kind = Objects.requireNonNull(kind, "kind");
+  }
+
+  /** Host memory of {@code capacityBytes} (unsigned; must not be 0). */
+  public static TierConfig host(long capacityBytes) {
+    return new TierConfig(TierKind.HOST).withCapacityBytes(capacityBytes);
+  }
+
+  /** GPU memory (host memory standing in for it without a GPU). */
+  public static TierConfig device(long capacityBytes) {
+    return new TierConfig(TierKind.DEVICE).withCapacityBytes(capacityBytes);
+  }
+
+  /** One file per chunk under {@code directory} (created if absent); lossless zstd by default. */
+  public static TierConfig disk(Path directory, long capacityBytes) {
+    return disk(Objects.requireNonNull(directory, "directory").toString(), capacityBytes);
+  }
+
+  /** One file per chunk under {@code directory} (created if absent); lossless zstd by default. */
+  public static TierConfig disk(String directory, long capacityBytes) {
+    TierConfig t = new TierConfig(TierKind.DISK).withCapacityBytes(capacityBytes);
+    t.path = Objects.requireNonNull(directory, "directory");
+    return t;
+  }
+
+  /**
+   * A kdnd node shared with other engines: {@code address} is "host:port" or "unix:/path",
+   * {@code token} a bearer token the node takes. Reads the node cannot answer in time are misses.
+   */
+  public static TierConfig remote(String address, String token) {
+    TierConfig t = new TierConfig(TierKind.REMOTE);
+    t.address = Objects.requireNonNull(address, "address");
+    t.token = Objects.requireNonNull(token, "token");
+    return t;
+  }
+
+  private TierConfig copy() {
+    try {
+      return (TierConfig) super.clone();
+    } catch (CloneNotSupportedException e) {
+      throw new AssertionError(e);
+    }
+  }
+
+  /** Capacity in bytes (unsigned; not used by remote tiers). */
+  public TierConfig withCapacityBytes(long bytes) {
+    TierConfig t = copy();
+    t.capacityBytes = bytes;
+    return t;
+  }
+
+  public TierConfig withPolicy(EvictionPolicy policy) {
+    TierConfig t = copy();
+    t.policy = Objects.requireNonNull(policy, "policy");
+    return t;
+  }
+
+  /**
+   * A put that would cross {@code high} (a fraction of capacity) evicts down to {@code low}; 0 and
+   * 0 are kdn's defaults, 0.95 and 0.85.
+   */
+  public TierConfig withWatermarks(float high, float low) {
+    TierConfig t = copy();
+    t.highWatermark = high;
+    t.lowWatermark = low;
+    return t;
+  }
+
+  /** New chunks are copied to the next tier too. */
+  public TierConfig withWriteThrough(boolean writeThrough) {
+    TierConfig t = copy();
+    t.writeThrough = writeThrough;
+    return t;
+  }
+
+  /**
+   * How the tier stores chunks ("raw", "zstd", "fp8", "int8", "kivi2", "cachegen", "kdn",
+   * "kdn:hifi", ...); "" is the tier's default. Unknown: {@link InvalidArgumentException} at
+   * {@link Runtime#create}.
+   */
+  public TierConfig withCodec(String codec) {
+    TierConfig t = copy();
+    t.codec = Objects.requireNonNull(codec, "codec");
+    return t;
+  }
+
+  /** Remote: the deadline of each call to the node (zero: kdn's default, 2 s). */
+  public TierConfig withTimeout(Duration timeout) {
+    TierConfig t = copy();
+    t.timeoutMs = (int) Math.min(Integer.MAX_VALUE, Objects.requireNonNull(timeout, "timeout").toMillis());
+    return t;
+  }
+
+  /** Remote over TLS: the PEM file of the certificates to trust, and the name the node's must carry. */
+  public TierConfig withTls(String caFile, String serverName) {
+    TierConfig t = copy();
+    t.tlsCaFile = Objects.requireNonNull(caFile, "caFile");
+    t.tlsServerName = Objects.requireNonNull(serverName, "serverName");
+    return t;
+  }
+
+  public TierKind kind() {
+    return kind;
+  }
+
+  public long capacityBytes() {
+    return capacityBytes;
+  }
+
+  public String path() {
+    return path;
+  }
+
+  public EvictionPolicy policy() {
+    return policy;
+  }
+
+  public float highWatermark() {
+    return highWatermark;
+  }
+
+  public float lowWatermark() {
+    return lowWatermark;
+  }
+
+  public boolean writeThrough() {
+    return writeThrough;
+  }
+
+  public String codec() {
+    return codec;
+  }
+
+  public String address() {
+    return address;
+  }
+
+  public String token() {
+    return token;
+  }
+
+  public Duration timeout() {
+    return Duration.ofMillis(timeoutMs);
+  }
+
+  public String tlsCaFile() {
+    return tlsCaFile;
+  }
+
+  public String tlsServerName() {
+    return tlsServerName;
+  }
+
+  /** A native copy; the caller deletes it. */
+  NativeTierConfig toNative() {
+    NativeTierConfig n = new NativeTierConfig();
+    n.setKind(kind.value());
+    n.setCapacity_bytes(capacityBytes);
+    n.setPath(path);
+    n.setPolicy(policy.value());
+    n.setHigh_watermark(highWatermark);
+    n.setLow_watermark(lowWatermark);
+    n.setWrite_through(writeThrough);
+    n.setCodec(codec);
+    n.setAddress(address);
+    n.setToken(token);
+    n.setTimeout_ms(timeoutMs);
+    n.setTls_ca_file(tlsCaFile);
+    n.setTls_server_name(tlsServerName);
+    return n;
+  }
+
+  @Override
+  public String toString() {
+    return "TierConfig[" + kind + ", " + Long.toUnsignedString(capacityBytes) + " bytes"
+        + (path.isEmpty() ? "" : ", path " + path) + (codec.isEmpty() ? "" : ", codec " + codec)
+        + (address.isEmpty() ? "" : ", address " + address) + "]";
+  }
+}

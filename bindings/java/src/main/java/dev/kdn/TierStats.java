@@ -1,0 +1,50 @@
+package dev.kdn;
+
+import dev.kdn.swig.NativeTierStats;
+
+/**
+ * One tier's counters (kdn_tier_stats), all unsigned: its kind, name and codec; hits, puts,
+ * evictions, demotions and promotions; what it holds; encoding; I/O and remote calls.
+ */
+public record TierStats(
+    TierKind kind,
+    String name,
+    String codec,
+    long hits,
+    long misses,
+    long puts,
+    long putRefusals,
+    long evictions,
+    long demotionsIn,
+    long promotionsIn,
+    long bytesIn,
+    long bytesOut,
+    long objects,
+    long usedBytes,
+    long capacityBytes,
+    long corruptDetected,
+    long encodedChunks,
+    long bytesBeforeEncoding,
+    long bytesAfterEncoding,
+    long encodeFailures,
+    long decodeFailures,
+    long ioErrors,
+    long remoteCalls,
+    long remoteFailedCalls,
+    long remoteTimeouts,
+    long writeQueueFull,
+    long writeQueuedBytes) {
+  static TierStats from(NativeTierStats t) {
+    try {
+      return new TierStats(TierKind.fromNative(t.getKind()), t.getName(), t.getCodec(), t.getHits(),
+          t.getMisses(), t.getPuts(), t.getPut_refusals(), t.getEvictions(), t.getDemotions_in(),
+          t.getPromotions_in(), t.getBytes_in(), t.getBytes_out(), t.getObjects(), t.getUsed_bytes(),
+          t.getCapacity_bytes(), t.getCorrupt_detected(), t.getEncoded_chunks(),
+          t.getBytes_before_encoding(), t.getBytes_after_encoding(), t.getEncode_failures(),
+          t.getDecode_failures(), t.getIo_errors(), t.getRemote_calls(), t.getRemote_failed_calls(),
+          t.getRemote_timeouts(), t.getWrite_queue_full(), t.getWrite_queued_bytes());
+    } finally {
+      t.delete();
+    }
+  }
+}

@@ -1,0 +1,4 @@
+package dev.kdn;
+
+/** Tokens [begin, end) of a request (unsigned). */
+public record TokenRange(long begin, long end) {}

@@ -1,0 +1,220 @@
+package dev.kdn;
+
+import static dev.kdn.TestSupport.*;
+import static org.junit.jupiter.api.Assertions.*;
+
+import java.nio.ByteBuffer;
+import java.nio.FloatBuffer;
+import java.util.List;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+class KvTest {
+  private Runtime rt;
+  private Model m;
+
+  @BeforeEach
+  void open() {
+    rt = Runtime.create(options());
+    m = rt.createModel(spec());
+  }
+
+  @AfterEach
+  void close() {
+    m.close();
+    rt.close();
+  }
+
+  @Test
+  void testStoreRetrieveCanonical() {
+    Request req = Request.ofTokens(tokens(10, 7));
+    ByteBuffer in = kv(10, 3);
+    KvResult stored = m.store("ns", req, in);
+    assertEquals(10, stored.tokens());
+    ByteBuffer out = Kdn.allocate(10 * BYTES_PER_TOKEN);
+    KvResult got = m.retrieve("ns", req, out);
+    assertEquals(OpState.DONE, got.state());
+    assertEquals(Status.OK, got.status());
+    assertFalse(got.lossy());
+    assertEquals(10, got.tokens());
+    assertEquals(in, out);
+    // A lookup counts whole chunks only (the first 8 tokens, of 10).
+    assertEquals(8, m.lookup("ns", Request.ofTokens(tokens(9, 7))).cachedTokens());
+  }
+
+  @Test
+  void testMissIsNotAnError() {
+    Request req = Request.ofTokens(tokens(8, 500));
+    ByteBuffer out = Kdn.allocate(8 * BYTES_PER_TOKEN);
+    KvResult r = m.retrieve("ns", req, out);
+    assertEquals(0, r.tokens());
+    assertEquals(Status.OK, r.status());
+    assertEquals(0, m.lookup("ns", req).cachedTokens());
+    // Namespaces are separate.
+    m.store("a", req, kv(8, 0));
+    assertEquals(8, m.lookup("a", req).cachedTokens());
+    assertEquals(0, m.lookup("b", req).cachedTokens());
+  }
+
+  @Test
+  void testLookupSingleAndBatched() {
+    int[] ids = tokens(12, 1);
+    m.store("ns", Request.ofTokens(ids), kv(12, 0));
+    LookupResult one = m.lookup("ns", Request.ofTokens(ids));
+    assertEquals(Status.OK, one.status());
+    assertEquals(12, one.cachedTokens());
+    assertEquals(1, one.tierTokens().length);
+    assertEquals(12, one.tierTokens(0));
+    List<LookupResult> many = m.lookup("ns", List.of(Request.ofTokens(ids), Request.ofTokens(ids, 0, 6),
+        Request.ofTokens(tokens(4, 900))));
+    assertEquals(List.of(12L, 4L, 0L), many.stream().map(LookupResult::cachedTokens).toList());
+    assertTrue(many.stream().allMatch(r -> r.status() == Status.OK));
+    assertEquals(one, many.get(0));
+  }
+
+  @Test
+  void testStridedView() {
+    // The engine's layout: K of every layer, then V of every layer, each [layer][token][head][dim].
+    int n = 8;
+    int tokenElems = HEADS * HEAD_DIM;
+    int fileElems = LAYERS * n * tokenElems;
+    ByteBuffer engine = Kdn.allocate(2 * fileElems * 4);
+    FloatBuffer e = engine.asFloatBuffer();
+    for (int i = 0; i < 2 * fileElems; ++i) e.put(i, i);
+    KvView view = KvView.contiguous().strideLayer((long) n * tokenElems).strideKv(fileElems)
+        .strides(tokenElems, HEAD_DIM, 1).dtype(DType.F32).build();
+    Request req = Request.ofTokens(tokens(n, 40));
+    assertEquals(n, m.store("ns", req, view, engine).tokens());
+
+    // Back in the canonical layout [layer][k|v][token][head][dim].
+    ByteBuffer canon = Kdn.allocate(n * BYTES_PER_TOKEN);
+    assertEquals(n, m.retrieve("ns", req, canon).tokens());
+    FloatBuffer c = canon.asFloatBuffer();
+    for (int layer = 0; layer < LAYERS; ++layer) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int t = 0; t < n * tokenElems; ++t) {
+          float want = kv * fileElems + layer * n * tokenElems + t;
+          assertEquals(want, c.get((layer * 2 + kv) * n * tokenElems + t));
+        }
+      }
+    }
+    // And into the engine's layout again, through the same view.
+    ByteBuffer again = Kdn.allocate(2 * fileElems * 4);
+    assertEquals(n, m.retrieve("ns", req, view, again).tokens());
+    assertEquals(engine, again);
+  }
+
+  @Test
+  void testLayerOffsetsAndLayerSubsets() {
+    int n = 4;
+    int span = n * HEADS * HEAD_DIM; // one layer's K (or V)
+    // Layer 1's KV first, then a gap, then layer 0's: offsets, not one stride.
+    ByteBuffer buf = Kdn.allocate((4 * span + 16) * 4);
+    FloatBuffer f = buf.asFloatBuffer();
+    for (int i = 0; i < f.capacity(); ++i) f.put(i, i);
+    KvView view = KvView.contiguous().strides(HEADS * HEAD_DIM, HEAD_DIM, 1).layerElements(span)
+        .layerOffsets(2 * span + 16, 3 * span + 16).layerOffsets(0, span).build();
+    Request req = Request.ofTokens(tokens(n, 70));
+    assertEquals(n, m.store("ns", req, view, buf).tokens());
+    ByteBuffer canon = Kdn.allocate(n * BYTES_PER_TOKEN);
+    m.retrieve("ns", req, canon);
+    FloatBuffer c = canon.asFloatBuffer();
+    assertEquals(2 * span + 16, c.get(0)); // layer 0's K
+    assertEquals(3 * span + 16, c.get(span)); // layer 0's V
+    assertEquals(0, c.get(2 * span)); // layer 1's K
+    assertEquals(span, c.get(3 * span)); // layer 1's V
+
+    // The layers in another order: view layer 0 is model layer 1.
+    KvView swapped = KvView.contiguous().strides(HEADS * HEAD_DIM, HEAD_DIM, 1).layerElements(span).layers(1, 0)
+        .layerOffsets(0, span).layerOffsets(2 * span + 16, 3 * span + 16).build();
+    ByteBuffer back = Kdn.allocate(buf.capacity());
+    assertEquals(n, m.retrieve("ns", req, swapped, back).tokens());
+    FloatBuffer k = back.asFloatBuffer();
+    for (int i = 0; i < 4 * span + 16; ++i) {
+      if (i < 2 * span || i >= 2 * span + 16) assertEquals(i, k.get(i), "element " + i);
+    }
+  }
+
+  @Test
+  void testPagedView() {
+    for (KvLayout layout : new KvLayout[] {KvLayout.PAGED_NHD, KvLayout.PAGED_HND}) {
+      int blockSize = 4;
+      int numBlocks = 6;
+      int blockElems = blockSize * HEADS * HEAD_DIM;
+      int layerElems = numBlocks * blockElems;
+      // vLLM-like: per layer a K cache and a V cache of numBlocks blocks; tokens in blocks 5 and 2.
+      ByteBuffer cache = Kdn.allocate(2 * LAYERS * layerElems * 4);
+      KvView.Builder b = KvView.paged(layout, blockSize, numBlocks).blockTable(5, 2);
+      for (int l = 0; l < LAYERS; ++l) b.layerOffsets((2L * l) * layerElems, (2L * l + 1) * layerElems);
+      KvView view = b.build();
+      assertEquals(layout, view.layout());
+      Request req = Request.ofTokens(tokens(8, layout == KvLayout.PAGED_NHD ? 300 : 400));
+      ByteBuffer in = kv(8, 1);
+      assertEquals(8, m.store("ns", req, in).tokens());
+      assertEquals(8, m.retrieve("ns", req, view, cache).tokens());
+      FloatBuffer c = cache.asFloatBuffer();
+      FloatBuffer k = in.asFloatBuffer();
+      // Layer 0's K, token 5 (block 2, slot 1), head 1, dim 3.
+      int t = 5;
+      int h = 1;
+      int d = 3;
+      float want = k.get(t * HEADS * HEAD_DIM + h * HEAD_DIM + d);
+      int slot = t % blockSize;
+      int at = layout == KvLayout.PAGED_NHD
+          ? 2 * blockElems + slot * HEADS * HEAD_DIM + h * HEAD_DIM + d
+          : 2 * blockElems + h * blockSize * HEAD_DIM + slot * HEAD_DIM + d;
+      assertEquals(want, c.get(at), layout.toString());
+      // Store from the pages under other tokens, retrieve canonically: the same KV.
+      Request other = Request.ofTokens(tokens(8, 900 + layout.value() * 10));
+      assertEquals(8, m.store("ns", other, view, cache).tokens());
+      ByteBuffer back = Kdn.allocate(8 * BYTES_PER_TOKEN);
+      assertEquals(8, m.retrieve("ns", other, back).tokens());
+      assertEquals(in, back);
+    }
+  }
+
+  @Test
+  void testBlockHashes() {
+    byte[] hashes = new byte[2 * 16];
+    for (int i = 0; i < hashes.length; ++i) hashes[i] = (byte) (i * 37 + 1);
+    Request req = Request.ofBlockHashes(hashes, 16, CHUNK);
+    assertTrue(req.usesHashes());
+    assertEquals(2, req.size());
+    assertEquals(8, m.store("ns", req, kv(8, 2)).tokens());
+    assertEquals(8, m.lookup("ns", req).cachedTokens());
+    ByteBuffer out = Kdn.allocate(8 * BYTES_PER_TOKEN);
+    assertEquals(8, m.retrieve("ns", req, out).tokens());
+    assertEquals(kv(8, 2), out);
+    assertThrows(InvalidArgumentException.class, () -> Request.ofBlockHashes(new byte[15], 16, CHUNK));
+  }
+
+  @Test
+  void testSliceAndConcurrentCalls() throws Exception {
+    // A slice passes a part of a buffer; many threads share one model.
+    Request req = Request.ofTokens(tokens(8, 11));
+    ByteBuffer big = Kdn.allocate(100 + 8 * BYTES_PER_TOKEN);
+    ByteBuffer part = big.slice(100, 8 * BYTES_PER_TOKEN);
+    part.put(kv(8, 5).rewind());
+    assertEquals(8, m.store("ns", req, part).tokens());
+    Thread[] threads = new Thread[4];
+    Throwable[] failed = new Throwable[1];
+    for (int i = 0; i < threads.length; ++i) {
+      threads[i] = new Thread(() -> {
+        try {
+          ByteBuffer out = Kdn.allocate(8 * BYTES_PER_TOKEN);
+          for (int j = 0; j < 200; ++j) {
+            assertEquals(8, m.retrieve("ns", req, out).tokens());
+            assertEquals(8, m.lookup("ns", req).cachedTokens());
+          }
+          assertEquals(kv(8, 5), out);
+        } catch (Throwable t) {
+          failed[0] = t;
+        }
+      });
+      threads[i].start();
+    }
+    for (Thread t : threads) t.join();
+    assertNull(failed[0]);
+  }
+}
