@@ -1,0 +1,51 @@
+package kdn
+
+/*
+#include "kdn_go.h"
+*/
+import "C"
+
+// The package's constants are kdn.h's values, written out so that the
+// documentation shows them; each line fails to compile unless the Go
+// constant equals the C one (a constant array index must be 0).
+var _ = [...]struct{}{
+	[1]struct{}{}[StatusOK-C.KDN_OK],
+	[1]struct{}{}[StatusInvalidArgument-C.KDN_ERR_INVALID_ARGUMENT],
+	[1]struct{}{}[StatusNotFound-C.KDN_ERR_NOT_FOUND],
+	[1]struct{}{}[StatusBusy-C.KDN_ERR_BUSY],
+	[1]struct{}{}[StatusUnavailable-C.KDN_ERR_UNAVAILABLE],
+	[1]struct{}{}[StatusCorrupt-C.KDN_ERR_CORRUPT],
+	[1]struct{}{}[StatusUnsupported-C.KDN_ERR_UNSUPPORTED],
+	[1]struct{}{}[StatusNoMemory-C.KDN_ERR_NO_MEMORY],
+	[1]struct{}{}[StatusInternal-C.KDN_ERR_INTERNAL],
+	[1]struct{}{}[StatusTimeout-C.KDN_ERR_TIMEOUT],
+	[1]struct{}{}[StatusCancelled-C.KDN_ERR_CANCELLED],
+	[1]struct{}{}[StatusVersion-C.KDN_ERR_VERSION],
+	[1]struct{}{}[StatusBufferTooSmall-C.KDN_ERR_BUFFER_TOO_SMALL],
+	[1]struct{}{}[HeaderVersionMajor-C.KDN_VERSION_MAJOR],
+	[1]struct{}{}[HeaderVersionMinor-C.KDN_VERSION_MINOR],
+	[1]struct{}{}[HeaderVersionPatch-C.KDN_VERSION_PATCH],
+	[1]struct{}{}[F32-C.KDN_DTYPE_F32],
+	[1]struct{}{}[F16-C.KDN_DTYPE_F16],
+	[1]struct{}{}[BF16-C.KDN_DTYPE_BF16],
+	[1]struct{}{}[LayoutContiguous-C.KDN_LAYOUT_CONTIGUOUS],
+	[1]struct{}{}[LayoutPagedNHD-C.KDN_LAYOUT_PAGED_NHD],
+	[1]struct{}{}[LayoutPagedHND-C.KDN_LAYOUT_PAGED_HND],
+	[1]struct{}{}[ResultLossy-C.KDN_RESULT_LOSSY],
+	[1]struct{}{}[MaxTiers-C.KDN_MAX_TIERS],
+	[1]struct{}{}[RopeInterleaved-C.KDN_ROPE_INTERLEAVED],
+	[1]struct{}{}[RopeNeox-C.KDN_ROPE_NEOX],
+	[1]struct{}{}[OpPending-C.KDN_OP_PENDING],
+	[1]struct{}{}[OpDone-C.KDN_OP_DONE],
+	[1]struct{}{}[OpFailed-C.KDN_OP_FAILED],
+	[1]struct{}{}[OpCancelled-C.KDN_OP_CANCELLED],
+	[1]struct{}{}[TierHost-C.KDN_TIER_HOST],
+	[1]struct{}{}[TierDevice-C.KDN_TIER_DEVICE],
+	[1]struct{}{}[TierDisk-C.KDN_TIER_DISK],
+	[1]struct{}{}[TierRemote-C.KDN_TIER_REMOTE],
+	[1]struct{}{}[EvictLRU-C.KDN_EVICT_LRU],
+	[1]struct{}{}[EvictS3FIFO-C.KDN_EVICT_S3FIFO],
+	[1]struct{}{}[LatencyLookup-C.KDN_LATENCY_LOOKUP],
+	[1]struct{}{}[LatencyLoad-C.KDN_LATENCY_LOAD],
+	[1]struct{}{}[LatencyStore-C.KDN_LATENCY_STORE],
+}

@@ -1,0 +1,3 @@
+module kdn.dev/kdn
+
+go 1.19

@@ -1,0 +1,152 @@
+// Package kdn is the Go binding of kdn, the KV-cache runtime: a runtime of
+// storage tiers, models registered with it, and the calls that store, find
+// and load a model's KV (synchronously, or layer by layer in the
+// background), named knowledge items, and the runtime's statistics.
+//
+// It calls libkdn's C ABI (kdn/kdn.h) through cgo. Build with the header and
+// the library on cgo's paths, for example:
+//
+//	CGO_CFLAGS=-I<kdn>/capi/include CGO_LDFLAGS="-L<libdir> -Wl,-rpath,<libdir>" go test ./...
+//
+// # Errors
+//
+// Every failure is a *Error carrying the kdn status and its message; compare
+// with errors.Is against the sentinels (ErrNotFound, ErrBusy, ...) or ask the
+// family (IsCaller, IsRetryable). A cache miss is not an error: lookups and
+// retrieves succeed with 0 tokens. A batched lookup reports each request's
+// own status in its result.
+//
+// # Resources
+//
+// Runtime, Model, Op and HostBuffer have Close, which is idempotent; a
+// closed handle returns ErrClosed without reaching C. A finalizer closes a
+// forgotten handle as a backstop only: close them yourself. Models and ops
+// stay usable after their Runtime is closed (the C runtime lives on until
+// the last of them is closed).
+//
+// # Memory
+//
+// KV goes between kdn and the caller's []byte without copies (Float32s and
+// Uint16s view typed slices as bytes). The views (KVView) describe where
+// each layer's K and V lie inside that one slice. Two things the C ABI
+// allows cannot be said from Go, because Go 1.19 cannot pin memory for C:
+// per-layer K and V in separate Go allocations (use one slice and the
+// per-layer offsets KOffsets/VOffsets), and Go memory in an asynchronous
+// load or save, which C keeps using after the call returns: those take a
+// C-allocated HostBuffer.
+//
+// # Threads
+//
+// Runtime, Model and Op are safe for concurrent use (as kdn.h says of their
+// handles). An editor (NewRuntimeWithEditor) runs on the runtime's mover
+// thread, a thread Go did not create.
+package kdn
+
+/*
+#cgo CFLAGS: -DKDN_EXPERIMENTAL
+#cgo LDFLAGS: -lkdn
+#include <stdlib.h>
+#include "kdn_go.h"
+*/
+import "C"
+
+import (
+	"math"
+	"reflect"
+	"strconv"
+	"unsafe"
+)
+
+// The version of kdn.h this package was built with.
+const (
+	HeaderVersionMajor = 1
+	HeaderVersionMinor = 2
+	HeaderVersionPatch = 0
+)
+
+// Version is the library's version, "MAJOR.MINOR.PATCH".
+func Version() string { return C.GoString(C.kdn_version()) }
+
+// VersionNumber is the library's version as MAJOR*10000 + MINOR*100 + PATCH.
+func VersionNumber() uint32 { return uint32(C.kdn_version_number()) }
+
+// DType is the element type of a model's KV.
+type DType int32
+
+const (
+	F32  DType = 0
+	F16  DType = 1
+	BF16 DType = 2
+)
+
+// Size is the bytes of one element (0 for a type this package does not know).
+func (d DType) Size() int {
+	switch d {
+	case F32:
+		return 4
+	case F16, BF16:
+		return 2
+	}
+	return 0
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	case BF16:
+		return "bf16"
+	}
+	return "dtype(" + strconv.Itoa(int(d)) + ")"
+}
+
+// Float32s views s as bytes (same memory, no copy).
+func Float32s(s []float32) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*4)
+}
+
+// Uint16s views s (F16 or BF16 elements) as bytes (same memory, no copy).
+func Uint16s(s []uint16) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*2)
+}
+
+// AsFloat32s views b as float32s (same memory; b's length a multiple of 4
+// and its start 4-byte aligned, as any []byte from make is).
+func AsFloat32s(b []byte) []float32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// strPtr is s's bytes for a call (borrowed: C must not keep it).
+func strPtr(s string) *C.char {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*C.char)(unsafe.Pointer((*reflect.StringHeader)(unsafe.Pointer(&s)).Data))
+}
+
+func bytesPtr(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
+}
+
+func int32sPtr(s []int32) *C.int32_t {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&s[0]))
+}
+
+func fitsUint32(i int) bool { return i >= 0 && uint64(i) <= math.MaxUint32 }

@@ -1,0 +1,175 @@
+package kdn
+
+/*
+#include "kdn_go.h"
+*/
+import "C"
+
+import (
+	"time"
+)
+
+// DocumentInfo describes a knowledge item.
+type DocumentInfo struct {
+	DocID         string
+	Pinned        bool
+	Version       uint64
+	NumTokens     uint64
+	Chunks        uint32
+	ChunksPresent uint32        // chunks some tier holds now
+	ExpiresIn     time.Duration // negative: never
+}
+
+func documentInfo(d *C.kdn_document_info) DocumentInfo {
+	n := int(d.doc_id_len)
+	if n > len(d.doc_id)-1 {
+		n = len(d.doc_id) - 1
+	}
+	id := C.GoStringN(&d.doc_id[0], C.int(n))
+	exp := time.Duration(-1)
+	if d.expires_in_ms >= 0 {
+		exp = time.Duration(d.expires_in_ms) * time.Millisecond
+	}
+	return DocumentInfo{DocID: id, Pinned: d.pinned != 0, Version: uint64(d.version), NumTokens: uint64(d.num_tokens),
+		Chunks: uint32(d.chunks), ChunksPresent: uint32(d.chunks_present), ExpiresIn: exp}
+}
+
+// KnowledgePut stores a document: its id (1..255 bytes), version, metadata,
+// tokens and their KV computed from position 0, read from data through the
+// views (none: canonical). It replaces an older version of the same id.
+// ErrBusy when the runtime's document index is full.
+func (m *Model) KnowledgePut(ns, docID string, version uint64, metadata string, tokens []int32, data []byte,
+	views ...KVView) error {
+	if !m.g.enter() {
+		return ErrClosed
+	}
+	defer m.g.leave()
+	a, err := m.views(views, len(data))
+	if err != nil {
+		return err
+	}
+	tmpl, aux := a.tmplPtr()
+	return retError(C.kdn_go_knowledge_put(m.m, strPtr(ns), C.size_t(len(ns)), strPtr(docID), C.size_t(len(docID)),
+		C.uint64_t(version), strPtr(metadata), C.size_t(len(metadata)), int32sPtr(tokens), C.size_t(len(tokens)),
+		tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(), int32sPtr(a.table), bytesPtr(data),
+		C.size_t(len(data))))
+}
+
+// KnowledgeFetch reads a document's tokens into tokens (nil: none) and its
+// KV into data through the views, under one snapshot of the document. With
+// no views, data (nil: no KV) is the canonical layout for as many tokens
+// as it holds. The result's Tokens is the document's length. When tokens or
+// the views are shorter than the document nothing is written and the error
+// is ErrBufferTooSmall, whose Needed is the document's length.
+// ErrNotFound: no such document, or its KV is gone.
+func (m *Model) KnowledgeFetch(ns, docID string, tokens []int32, data []byte, views ...KVView) (KVResult, error) {
+	if !m.g.enter() {
+		return KVResult{}, ErrClosed
+	}
+	defer m.g.leave()
+	var a kvArgs
+	if len(views) > 0 || data != nil {
+		if len(views) == 0 {
+			room := uint64(0)
+			if m.bytesPerToken > 0 {
+				room = uint64(len(data)) / m.bytesPerToken
+			}
+			if room == 0 { // kdn would read a view of 0 tokens as "the document's length"
+				d, err := m.info(ns, docID)
+				if err != nil {
+					return KVResult{}, err
+				}
+				return KVResult{}, &Error{Status: StatusBufferTooSmall, Needed: d.NumTokens,
+					Message: "KnowledgeFetch: data holds less than one token's KV"}
+			}
+			views = []KVView{{DType: m.spec.DType, NumTokens: room}}
+		}
+		var err error
+		if a, err = m.views(views, len(data)); err != nil {
+			return KVResult{}, err
+		}
+	}
+	tmpl, aux := a.tmplPtr()
+	r := C.kdn_go_knowledge_fetch(m.m, strPtr(ns), C.size_t(len(ns)), strPtr(docID), C.size_t(len(docID)),
+		int32sPtr(tokens), C.size_t(len(tokens)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
+		int32sPtr(a.table), bytesPtr(data), C.size_t(len(data)))
+	res := kvResult(&r.result)
+	err := newError(r.status, r.msg)
+	if e, ok := err.(*Error); ok && e.Status == StatusBufferTooSmall {
+		e.Needed = res.Tokens
+	}
+	return res, err
+}
+
+// KnowledgeInfo describes one document. ErrNotFound: no such document.
+func (m *Model) KnowledgeInfo(ns, docID string) (DocumentInfo, error) {
+	if !m.g.enter() {
+		return DocumentInfo{}, ErrClosed
+	}
+	defer m.g.leave()
+	return m.info(ns, docID)
+}
+
+func (m *Model) info(ns, docID string) (DocumentInfo, error) {
+	var d C.kdn_document_info
+	if err := retError(C.kdn_go_knowledge_info(m.m, strPtr(ns), C.size_t(len(ns)), strPtr(docID),
+		C.size_t(len(docID)), &d)); err != nil {
+		return DocumentInfo{}, err
+	}
+	return documentInfo(&d), nil
+}
+
+// KnowledgeList lists the model's documents in the namespace, by id.
+func (m *Model) KnowledgeList(ns string) ([]DocumentInfo, error) {
+	if !m.g.enter() {
+		return nil, ErrClosed
+	}
+	defer m.g.leave()
+	for capacity := 16; ; {
+		buf := make([]C.kdn_document_info, capacity)
+		var n C.size_t
+		if err := retError(C.kdn_go_knowledge_list(m.m, strPtr(ns), C.size_t(len(ns)), &buf[0],
+			C.size_t(capacity), &n)); err != nil {
+			return nil, err
+		}
+		if int(n) <= capacity {
+			out := make([]DocumentInfo, int(n))
+			for i := range out {
+				out[i] = documentInfo(&buf[i])
+			}
+			return out, nil
+		}
+		capacity = int(n) // more documents than room: again, with room for all
+	}
+}
+
+func ms(d time.Duration) C.int64_t { return C.int64_t(d / time.Millisecond) }
+
+// KnowledgePin pins every chunk of the document for ttl (0: until unpinned).
+func (m *Model) KnowledgePin(ns, docID string, ttl time.Duration) error {
+	return m.admin(0, ns, docID, ttl)
+}
+
+// KnowledgeUnpin unpins the document.
+func (m *Model) KnowledgeUnpin(ns, docID string) error { return m.admin(1, ns, docID, 0) }
+
+// KnowledgeExpire deletes the document ttl from now (0: now).
+func (m *Model) KnowledgeExpire(ns, docID string, ttl time.Duration) error {
+	return m.admin(2, ns, docID, ttl)
+}
+
+// KnowledgeDelete removes the document's chunks from every tier (chunks
+// another document shares stay).
+func (m *Model) KnowledgeDelete(ns, docID string) error { return m.admin(3, ns, docID, 0) }
+
+func (m *Model) admin(which C.int, ns, docID string, ttl time.Duration) error {
+	if !m.g.enter() {
+		return ErrClosed
+	}
+	defer m.g.leave()
+	if ttl < 0 {
+		return invalid("the TTL is negative")
+	}
+	return retError(C.kdn_go_knowledge_admin(which, m.m, strPtr(ns), C.size_t(len(ns)), strPtr(docID),
+		C.size_t(len(docID)), ms(ttl)))
+}

@@ -1,0 +1,366 @@
+package kdn
+
+/*
+#include "kdn_go.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+)
+
+// Request names the tokens a KV call is about: their ids from the start of
+// the context, or the engine's own chained block hashes (HashBytes bytes
+// per block of BlockTokens tokens) instead.
+type Request struct {
+	Tokens      []int32 // ids, each >= 0
+	BlockHashes []byte  // len = blocks * HashBytes
+	HashBytes   uint32  // 0: Tokens; else 1..64
+	BlockTokens uint32  // tokens per engine block (chunk_tokens must be a multiple)
+}
+
+// Tokens is the request for these token ids.
+func Tokens(ids []int32) Request { return Request{Tokens: ids} }
+
+func (q *Request) c(tokensOff, hashesOff int) C.kdn_go_req {
+	r := C.kdn_go_req{tokens_off: -1, hashes_off: -1, num_tokens: C.int64_t(len(q.Tokens)),
+		hash_bytes: C.uint32_t(q.HashBytes), block_tokens: C.uint32_t(q.BlockTokens)}
+	if len(q.Tokens) > 0 {
+		r.tokens_off = C.int64_t(tokensOff)
+	}
+	if q.HashBytes > 0 {
+		r.num_blocks = C.int64_t(len(q.BlockHashes) / int(q.HashBytes))
+		if len(q.BlockHashes) > 0 {
+			r.hashes_off = C.int64_t(hashesOff)
+		}
+	} else if len(q.BlockHashes) > 0 {
+		r.hashes_off = C.int64_t(hashesOff) // kdn refuses hashes without HashBytes
+		r.num_blocks = C.int64_t(len(q.BlockHashes))
+	}
+	return r
+}
+
+// Layout is how a view's layers are laid out.
+type Layout int32
+
+const (
+	// LayoutContiguous: element (token, head, dim) at the strides (llama.cpp, canonical).
+	LayoutContiguous Layout = 0
+	// LayoutPagedNHD: per layer [blocks][block_size][kv_heads][head_dim] (vLLM).
+	LayoutPagedNHD Layout = 1
+	// LayoutPagedHND: per layer [blocks][kv_heads][block_size][head_dim].
+	LayoutPagedHND Layout = 2
+)
+
+// KVView says where KV lies in the caller's memory: the []byte a call
+// takes beside its views. All counts are in elements. The zero KVView is
+// the canonical layout [layer][k|v][token][kv_head][head_dim] in F32.
+//
+// Where each layer starts, one of:
+//   - one allocation (KOffsets nil, contiguous only): layer j's K at
+//     j*StrideLayer, its V StrideKV further;
+//   - per layer: KOffsets[j] and VOffsets[j], where layer j's K and V start
+//     in the slice (required by the paged layouts). kdn's C ABI also takes
+//     per-layer pointers into separate allocations; Go cannot pass those
+//     (it cannot pin memory for C): put the layers in one slice.
+//
+// The bounds kdn checks (the slice's length, LayerElements, NumBlocks) are
+// set from the slice when left 0, so a view can never reach past it.
+type KVView struct {
+	DType  DType    // must equal the model's
+	Layout Layout   // contiguous or paged
+	Layers []uint32 // view layer j is model layer Layers[j]; nil: all, in order
+
+	KOffsets, VOffsets []int64 // per layer; nil: one allocation
+
+	StrideLayer, StrideKV                 int64  // one allocation
+	StrideToken, StrideHead, StrideDim    int64  // contiguous; all 5 zero: canonical
+	VStrideToken, VStrideHead, VStrideDim int64  // V's, when not all 0 (transposed V)
+	NumTokens                             uint64 // room in tokens; 0: the request's
+	LayerElements                         uint64 // per layer, contiguous: elements per layer; 0: up to the slice's end
+
+	BlockSize   uint32  // paged: tokens per block
+	BlockTable  []int32 // paged: token t in block BlockTable[t/BlockSize]
+	NumBlocks   uint64  // paged: blocks per layer; 0: up to the slice's end
+	BlockStride int64   // paged: elements between blocks; 0: dense
+}
+
+// KVResult is what a KV call did.
+type KVResult struct {
+	State     OpState
+	Status    Status // StatusOK, StatusCancelled, or why it failed
+	Tokens    uint64 // store: leading tokens cached after it; retrieve/load: tokens written; fetch: the document's length
+	Covered   uint64 // retrieve/load: the cached prefix found at the start
+	NumFailed uint64 // load: ranges of the prefix that could not be read
+	Flags     uint32 // ResultLossy
+}
+
+// ResultLossy (KVResult.Flags): some KV written was decoded from a lossy
+// codec: close to, not equal to, the KV stored.
+const ResultLossy = 0x1
+
+// Lossy says whether ResultLossy is set.
+func (r KVResult) Lossy() bool { return r.Flags&ResultLossy != 0 }
+
+func kvResult(r *C.kdn_kv_result) KVResult {
+	return KVResult{State: OpState(r.state), Status: Status(r.status), Tokens: uint64(r.tokens),
+		Covered: uint64(r.covered), NumFailed: uint64(r.num_failed), Flags: uint32(r.flags)}
+}
+
+// MaxTiers is the most tiers a runtime has (LookupResult.TierTokens).
+const MaxTiers = 8
+
+// LookupResult is one request's lookup.
+type LookupResult struct {
+	Status       Status   // this request's own status (a batched lookup's bad request fails alone)
+	CachedTokens uint64   // leading tokens cached in some tier
+	TierTokens   []uint64 // per tier: leading tokens that tier alone holds
+}
+
+// Err is the request's status as an error (nil when OK).
+func (r LookupResult) Err() error {
+	if r.Status == StatusOK {
+		return nil
+	}
+	return &Error{Status: r.Status, Message: "this request of the lookup failed"}
+}
+
+func lookupResult(r *C.kdn_lookup_result) LookupResult {
+	out := LookupResult{Status: Status(r.status), CachedTokens: uint64(r.cached_tokens)}
+	n := int(r.num_tiers)
+	if n > MaxTiers {
+		n = MaxTiers
+	}
+	out.TierTokens = make([]uint64, n)
+	for i := 0; i < n; i++ {
+		out.TierTokens[i] = uint64(r.tier_tokens[i])
+	}
+	return out
+}
+
+// kvArgs are the views of one call, flattened for the shim: templates
+// without pointers and the arrays they index into.
+type kvArgs struct {
+	tmpl    []C.kdn_kv_view
+	aux     []C.kdn_go_view_aux
+	layers  []uint32
+	offsets []int64 // bytes
+	table   []int32
+}
+
+func (a *kvArgs) layersPtr() *C.uint32_t {
+	if len(a.layers) == 0 {
+		return nil
+	}
+	return (*C.uint32_t)(unsafe.Pointer(&a.layers[0]))
+}
+
+func (a *kvArgs) offsetsPtr() *C.int64_t {
+	if len(a.offsets) == 0 {
+		return nil
+	}
+	return (*C.int64_t)(unsafe.Pointer(&a.offsets[0]))
+}
+
+func (a *kvArgs) tmplPtr() (*C.kdn_kv_view, *C.kdn_go_view_aux) {
+	if len(a.tmpl) == 0 {
+		return nil, nil
+	}
+	return &a.tmpl[0], &a.aux[0]
+}
+
+// views turns the views over dataLen bytes into the shim's arguments; no
+// views is the canonical layout in the model's dtype. The per-layer bounds
+// are checked here, against the slice, since kdn cannot know it.
+func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
+	var a kvArgs
+	if len(views) == 0 {
+		views = []KVView{{DType: m.spec.DType}}
+	}
+	a.tmpl = make([]C.kdn_kv_view, len(views))
+	a.aux = make([]C.kdn_go_view_aux, len(views))
+	single := len(views) == 1
+	for i := range views {
+		v := &views[i]
+		t := &a.tmpl[i]
+		x := &a.aux[i]
+		C.kdn_kv_view_init(t, C.sizeof_kdn_kv_view)
+		*x = C.kdn_go_view_aux{layers_off: -1, k_off: -1, v_off: -1, table_off: -1}
+		t.dtype = C.kdn_dtype(v.DType)
+		t.layout = C.kdn_kv_layout(v.Layout)
+		t.num_layers = C.size_t(len(v.Layers))
+		t.stride_layer, t.stride_kv = C.int64_t(v.StrideLayer), C.int64_t(v.StrideKV)
+		t.stride_token, t.stride_head, t.stride_dim = C.int64_t(v.StrideToken), C.int64_t(v.StrideHead), C.int64_t(v.StrideDim)
+		t.v_stride_token, t.v_stride_head, t.v_stride_dim = C.int64_t(v.VStrideToken), C.int64_t(v.VStrideHead), C.int64_t(v.VStrideDim)
+		t.num_tokens = C.uint64_t(v.NumTokens)
+		t.layer_elements = C.uint64_t(v.LayerElements)
+		t.block_size = C.uint32_t(v.BlockSize)
+		t.block_table_len = C.size_t(len(v.BlockTable))
+		t.num_blocks = C.uint64_t(v.NumBlocks)
+		t.block_stride = C.int64_t(v.BlockStride)
+		if v.Layers != nil {
+			x.layers_off = C.int64_t(len(a.layers))
+			if single {
+				a.layers = v.Layers
+			} else {
+				a.layers = append(a.layers, v.Layers...)
+			}
+		}
+		if v.BlockTable != nil {
+			x.table_off = C.int64_t(len(a.table))
+			if single {
+				a.table = v.BlockTable
+			} else {
+				a.table = append(a.table, v.BlockTable...)
+			}
+		}
+		if v.KOffsets == nil && v.VOffsets == nil {
+			continue
+		}
+		// Per layer: byte offsets, and the bounds of every layer.
+		n := int(m.spec.NumLayers)
+		if v.Layers != nil {
+			n = len(v.Layers)
+		}
+		if len(v.KOffsets) != n || len(v.VOffsets) != n {
+			return a, invalid("KVView: KOffsets and VOffsets need one offset per view layer")
+		}
+		es := int64(v.DType.Size())
+		if es == 0 {
+			return a, invalid("KVView: unknown dtype " + v.DType.String())
+		}
+		total := int64(dataLen) / es
+		room := total
+		x.k_off = C.int64_t(len(a.offsets))
+		x.v_off = x.k_off + C.int64_t(n)
+		x.num_ptrs = C.int64_t(n)
+		for _, offs := range [2][]int64{v.KOffsets, v.VOffsets} {
+			for _, o := range offs {
+				if o < 0 || o > total {
+					return a, invalid("KVView: a layer offset is outside the data")
+				}
+				if total-o < room {
+					room = total - o
+				}
+			}
+		}
+		for _, offs := range [2][]int64{v.KOffsets, v.VOffsets} {
+			for _, o := range offs {
+				a.offsets = append(a.offsets, o*es)
+			}
+		}
+		if v.Layout == LayoutContiguous {
+			if room == 0 || v.LayerElements > uint64(room) {
+				return a, invalid("KVView: LayerElements reach past the data")
+			}
+			if v.LayerElements == 0 {
+				t.layer_elements = C.uint64_t(room)
+			}
+			continue
+		}
+		blockElems := int64(v.BlockSize) * int64(m.spec.NumKVHeads) * int64(m.spec.HeadDim)
+		stride := v.BlockStride
+		if stride == 0 {
+			stride = blockElems
+		}
+		if blockElems <= 0 || stride <= 0 {
+			return a, invalid("KVView: a paged view needs BlockSize > 0 and BlockStride >= 0")
+		}
+		var fit int64
+		if room >= blockElems {
+			fit = (room-blockElems)/stride + 1
+		}
+		if fit == 0 || v.NumBlocks > uint64(fit) {
+			return a, invalid("KVView: NumBlocks reach past the data")
+		}
+		if v.NumBlocks == 0 {
+			t.num_blocks = C.uint64_t(fit)
+		}
+	}
+	return a, nil
+}
+
+func (m *Model) kvCall(which C.int, ns string, req *Request, data []byte, views []KVView) (KVResult, error) {
+	if !m.g.enter() {
+		return KVResult{}, ErrClosed
+	}
+	defer m.g.leave()
+	a, err := m.views(views, len(data))
+	if err != nil {
+		return KVResult{}, err
+	}
+	tmpl, aux := a.tmplPtr()
+	r := C.kdn_go_kv_call(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
+		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
+		int32sPtr(a.table), bytesPtr(data), C.size_t(len(data)))
+	return kvResult(&r.result), newError(r.status, r.msg)
+}
+
+// Store keeps the request's KV, read from data through the views (none:
+// data is the canonical layout in the model's dtype). Chunks already cached
+// are skipped; when not all fit, the longest prefix that fits is kept.
+// The result's Tokens is the leading tokens cached after the call.
+func (m *Model) Store(ns string, req Request, data []byte, views ...KVView) (KVResult, error) {
+	return m.kvCall(C.KDN_GO_STORE, ns, &req, data, views)
+}
+
+// Retrieve writes the KV of the request's longest cached prefix into data
+// through the views (none: the canonical layout). A miss is not an error:
+// the result's Tokens is then 0.
+func (m *Model) Retrieve(ns string, req Request, data []byte, views ...KVView) (KVResult, error) {
+	return m.kvCall(C.KDN_GO_RETRIEVE, ns, &req, data, views)
+}
+
+// Lookup says how many leading tokens of the request are cached, without
+// side effects. A miss is not an error. A bad request is an error here;
+// in LookupBatch it is the request's own Status.
+func (m *Model) Lookup(ns string, req Request) (LookupResult, error) {
+	if !m.g.enter() {
+		return LookupResult{}, ErrClosed
+	}
+	defer m.g.leave()
+	r := C.kdn_go_lookup1(m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
+		(*C.uint8_t)(bytesPtr(req.BlockHashes)))
+	if err := newError(r.status, r.msg); err != nil {
+		return LookupResult{}, err
+	}
+	res := lookupResult(&r.result)
+	if res.Status != StatusOK {
+		return res, res.Err()
+	}
+	return res, nil
+}
+
+// LookupBatch looks up several requests at once. Each result carries its
+// request's own status (a bad request fails alone); the error is only for
+// a call that is wrong as a whole (a bad namespace, a closed model).
+func (m *Model) LookupBatch(ns string, reqs []Request) ([]LookupResult, error) {
+	if !m.g.enter() {
+		return nil, ErrClosed
+	}
+	defer m.g.leave()
+	var tokens []int32
+	var hashes []byte
+	creqs := make([]C.kdn_go_req, len(reqs))
+	for i := range reqs {
+		creqs[i] = reqs[i].c(len(tokens), len(hashes))
+		tokens = append(tokens, reqs[i].Tokens...)
+		hashes = append(hashes, reqs[i].BlockHashes...)
+	}
+	results := make([]C.kdn_lookup_result, len(reqs))
+	var reqPtr *C.kdn_go_req
+	var resPtr *C.kdn_lookup_result
+	if len(reqs) > 0 {
+		reqPtr, resPtr = &creqs[0], &results[0]
+	}
+	err := retError(C.kdn_go_lookup(m.m, strPtr(ns), C.size_t(len(ns)), reqPtr, C.size_t(len(reqs)),
+		int32sPtr(tokens), (*C.uint8_t)(bytesPtr(hashes)), resPtr))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]LookupResult, len(reqs))
+	for i := range results {
+		out[i] = lookupResult(&results[i])
+	}
+	return out, nil
+}

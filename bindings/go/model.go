@@ -1,0 +1,106 @@
+package kdn
+
+/*
+#include "kdn_go.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// RopeStyle is how a model pairs dimensions for rotary embeddings.
+type RopeStyle int32
+
+const (
+	RopeInterleaved RopeStyle = 0 // pairs (2j, 2j+1): llama2.c, GPT-J, Meta Llama
+	RopeNeox        RopeStyle = 1 // pairs (j, j + rotary_dim/2): HF Llama, NeoX
+)
+
+// ModelSpec is the shape of a model's KV and what identifies its weights.
+// KV is only ever returned to a model with the same spec and fingerprint.
+type ModelSpec struct {
+	NumLayers  uint32 // 1..4096
+	NumKVHeads uint32 // 1..4096
+	HeadDim    uint32 // 1..65536
+	DType      DType
+	RopeTheta  float32 // 0: 10000
+	RopeStyle  RopeStyle
+	RotaryDim  uint32 // 0: HeadDim
+	// Fingerprint identifies weights, tokenizer, layout, TP rank and size,
+	// adapters: anything that changes the KV. Must not be empty.
+	Fingerprint string
+}
+
+// Model is a model registered with a runtime; every KV call goes through
+// one. Safe for concurrent use.
+type Model struct {
+	g             guard
+	m             *C.kdn_model
+	core          *core
+	spec          ModelSpec
+	bytesPerToken uint64
+	fingerprint   [32]byte
+}
+
+// NewModel registers a model with the runtime.
+func (r *Runtime) NewModel(spec *ModelSpec) (*Model, error) {
+	if spec == nil {
+		return nil, invalid("NewModel: spec is nil")
+	}
+	if !r.g.enter() {
+		return nil, ErrClosed
+	}
+	defer r.g.leave()
+	var s C.kdn_model_spec
+	if st := C.kdn_model_spec_init(&s, C.sizeof_kdn_model_spec); st != C.KDN_OK {
+		return nil, newError(st, nil)
+	}
+	s.num_layers = C.uint32_t(spec.NumLayers)
+	s.num_kv_heads = C.uint32_t(spec.NumKVHeads)
+	s.head_dim = C.uint32_t(spec.HeadDim)
+	s.dtype = C.kdn_dtype(spec.DType)
+	if spec.RopeTheta != 0 {
+		s.rope_theta = C.float(spec.RopeTheta)
+	}
+	s.rope_style = C.kdn_rope_style(spec.RopeStyle)
+	s.rotary_dim = C.uint32_t(spec.RotaryDim)
+	m := &Model{core: r.core, spec: *spec}
+	var bpt C.uint64_t
+	var cm *C.kdn_model
+	var id [32]byte
+	fp := spec.Fingerprint
+	err := retError(C.kdn_go_model_create(r.rt, &s, strPtr(fp), C.size_t(len(fp)), &cm, &bpt,
+		(*C.uint8_t)(unsafe.Pointer(&id[0]))))
+	if err != nil {
+		return nil, err
+	}
+	m.fingerprint = id
+	m.m = cm
+	m.bytesPerToken = uint64(bpt)
+	r.core.acquire()
+	runtime.SetFinalizer(m, (*Model).Close)
+	return m, nil
+}
+
+// Spec is the spec the model was registered with.
+func (m *Model) Spec() ModelSpec { return m.spec }
+
+// KVBytesPerToken is layers x 2 x kv_heads x head_dim x the dtype's size.
+func (m *Model) KVBytesPerToken() uint64 { return m.bytesPerToken }
+
+// Fingerprint is the 32-byte identity kdn derived from the spec.
+func (m *Model) Fingerprint() [32]byte { return m.fingerprint }
+
+// Close releases the model; ops started from it stay usable. Idempotent.
+func (m *Model) Close() error {
+	if m == nil || !m.g.close() {
+		return nil
+	}
+	runtime.SetFinalizer(m, nil)
+	C.kdn_model_destroy(m.m)
+	m.m = nil
+	m.core.release()
+	return nil
+}

@@ -1,0 +1,305 @@
+package kdn
+
+/*
+#include <stdlib.h>
+#include "kdn_go.h"
+*/
+import "C"
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync"
+	"unsafe"
+)
+
+// HostBuffer is memory allocated by C, for the asynchronous loads and
+// saves: kdn keeps using their memory after the call returns, which Go
+// memory cannot allow. Bytes gives it as a []byte (no copy). An op holds
+// the buffer until the op is closed, so Close frees it only then.
+type HostBuffer struct {
+	mu     sync.Mutex
+	p      unsafe.Pointer
+	n      int
+	users  int // the buffer itself (until Close) and each op using it
+	closed bool
+}
+
+// NewHostBuffer allocates n zeroed bytes.
+func NewHostBuffer(n int) (*HostBuffer, error) {
+	if n <= 0 {
+		return nil, invalid("NewHostBuffer: the size must be > 0")
+	}
+	p := C.calloc(C.size_t(n), 1)
+	if p == nil {
+		return nil, &Error{Status: StatusNoMemory, Message: "NewHostBuffer: out of memory"}
+	}
+	b := &HostBuffer{p: p, n: n, users: 1}
+	runtime.SetFinalizer(b, (*HostBuffer).Close)
+	return b, nil
+}
+
+// Bytes is the buffer's memory (nil once closed). The slice is C memory:
+// it is valid until Close, and only while the HostBuffer itself is
+// reachable (its finalizer frees it otherwise): keep the *HostBuffer, and
+// Close it yourself.
+func (b *HostBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	return unsafe.Slice((*byte)(b.p), b.n)
+}
+
+// Len is the buffer's size in bytes.
+func (b *HostBuffer) Len() int { return b.n }
+
+func (b *HostBuffer) acquire() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.users++
+	return true
+}
+
+func (b *HostBuffer) release() {
+	b.mu.Lock()
+	b.users--
+	last := b.users == 0
+	b.mu.Unlock()
+	if last {
+		C.free(b.p)
+	}
+}
+
+// Close releases the buffer: freed now, or when the last op using it is
+// closed. Idempotent.
+func (b *HostBuffer) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	runtime.SetFinalizer(b, nil)
+	b.release()
+	return nil
+}
+
+// OpState is where an operation is.
+type OpState int32
+
+const (
+	OpPending   OpState = 0
+	OpDone      OpState = 1
+	OpFailed    OpState = 2
+	OpCancelled OpState = 3
+)
+
+func (s OpState) String() string {
+	switch s {
+	case OpPending:
+		return "pending"
+	case OpDone:
+		return "done"
+	case OpFailed:
+		return "failed"
+	case OpCancelled:
+		return "cancelled"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// TokenRange is the tokens [Begin, End).
+type TokenRange struct{ Begin, End uint64 }
+
+// Op is an asynchronous, layer-by-layer load or save. Safe for concurrent
+// use. Close it when done: Close cancels it if it still runs and waits
+// until kdn no longer uses its buffer.
+type Op struct {
+	g    guard
+	op   *C.kdn_op
+	core *core
+	buf  *HostBuffer
+}
+
+func (m *Model) async(which C.int, ns string, req *Request, buf *HostBuffer, views []KVView) (*Op, error) {
+	if buf == nil {
+		return nil, invalid("the HostBuffer is nil")
+	}
+	if !m.g.enter() {
+		return nil, ErrClosed
+	}
+	defer m.g.leave()
+	if !buf.acquire() {
+		return nil, ErrClosed
+	}
+	a, err := m.views(views, buf.n)
+	if err != nil {
+		buf.release()
+		return nil, err
+	}
+	tmpl, aux := a.tmplPtr()
+	r := C.kdn_go_kv_async(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
+		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
+		int32sPtr(a.table), buf.p, C.size_t(buf.n))
+	if err := newError(r.status, r.msg); err != nil {
+		buf.release()
+		return nil, err
+	}
+	m.core.acquire()
+	op := &Op{op: r.op, core: m.core, buf: buf}
+	runtime.SetFinalizer(op, (*Op).Close)
+	return op, nil
+}
+
+// LoadAsync starts loading the request's cached prefix into buf through
+// the views (none: canonical), layer by layer in the background. A miss is
+// a load of 0 tokens. buf stays in use until the op is closed.
+func (m *Model) LoadAsync(ns string, req Request, buf *HostBuffer, views ...KVView) (*Op, error) {
+	return m.async(C.KDN_GO_LOAD, ns, &req, buf, views)
+}
+
+// SaveAsync starts a save of the request's KV from buf: call LayerReady
+// once per model layer as it becomes final, then Wait.
+func (m *Model) SaveAsync(ns string, req Request, buf *HostBuffer, views ...KVView) (*Op, error) {
+	return m.async(C.KDN_GO_SAVE, ns, &req, buf, views)
+}
+
+// LayerReady says model layer `layer` is final in the buffer (saves).
+func (o *Op) LayerReady(layer int) error {
+	if !o.g.enter() {
+		return ErrClosed
+	}
+	defer o.g.leave()
+	if !fitsUint32(layer) {
+		return invalid("LayerReady: layer out of range")
+	}
+	return retError(C.kdn_go_op_layer_ready(o.op, C.uint32_t(layer)))
+}
+
+// waitStep is how long one call into kdn waits before looking at ctx again
+// (and letting a concurrent Close in).
+const waitStepMs = 10
+
+// wait repeats a timed wait until it ends or ctx does.
+func (o *Op) wait(ctx context.Context, step func(op *C.kdn_op, ms C.int64_t) C.kdn_go_ret) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ms := C.int64_t(waitStepMs)
+	if ctx.Done() == nil {
+		ms = 200
+	}
+	for {
+		if !o.g.enter() {
+			return ErrClosed
+		}
+		r := step(o.op, ms)
+		o.g.leave()
+		if r.status != C.KDN_ERR_TIMEOUT {
+			return retError(r)
+		}
+		C.free(unsafe.Pointer(r.msg))
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// Wait waits until the op ends and returns its own status (ErrCancelled
+// when it was cancelled). When ctx ends first it returns ctx.Err() and
+// the op goes on: Cancel it, or Wait again.
+func (o *Op) Wait(ctx context.Context) error {
+	return o.wait(ctx, func(op *C.kdn_op, ms C.int64_t) C.kdn_go_ret { return C.kdn_go_op_wait(op, ms) })
+}
+
+// WaitLayer waits until model layer `layer` is loaded (loads). When ctx
+// ends first it returns ctx.Err() and the load goes on.
+func (o *Op) WaitLayer(ctx context.Context, layer int) error {
+	if !fitsUint32(layer) {
+		return invalid("WaitLayer: layer out of range")
+	}
+	return o.wait(ctx, func(op *C.kdn_op, ms C.int64_t) C.kdn_go_ret {
+		return C.kdn_go_op_wait_layer(op, C.uint32_t(layer), ms)
+	})
+}
+
+// Poll is where the op is, without waiting.
+func (o *Op) Poll() (OpState, error) {
+	if !o.g.enter() {
+		return 0, ErrClosed
+	}
+	defer o.g.leave()
+	var s C.kdn_op_state
+	if err := retError(C.kdn_go_op_poll(o.op, &s)); err != nil {
+		return 0, err
+	}
+	return OpState(s), nil
+}
+
+// Cancel asks the op to stop: it ends OpCancelled at its next layer,
+// unless it has ended already.
+func (o *Op) Cancel() error {
+	if !o.g.enter() {
+		return ErrClosed
+	}
+	defer o.g.leave()
+	return retError(C.kdn_go_op_cancel(o.op))
+}
+
+// Result is the op's outcome so far (State OpPending while it runs).
+func (o *Op) Result() (KVResult, error) {
+	if !o.g.enter() {
+		return KVResult{}, ErrClosed
+	}
+	defer o.g.leave()
+	r := C.kdn_go_op_result(o.op)
+	return kvResult(&r.result), newError(r.status, r.msg)
+}
+
+// FailedRanges are the ranges of a load's prefix that could not be read
+// (recompute only those).
+func (o *Op) FailedRanges() ([]TokenRange, error) {
+	if !o.g.enter() {
+		return nil, ErrClosed
+	}
+	defer o.g.leave()
+	for capacity := 8; ; {
+		buf := make([]C.kdn_token_range, capacity)
+		var n C.size_t
+		if err := retError(C.kdn_go_op_failed_ranges(o.op, &buf[0], C.size_t(capacity), &n)); err != nil {
+			return nil, err
+		}
+		if int(n) <= capacity {
+			out := make([]TokenRange, int(n))
+			for i := range out {
+				out[i] = TokenRange{Begin: uint64(buf[i].begin), End: uint64(buf[i].end)}
+			}
+			return out, nil
+		}
+		capacity = int(n)
+	}
+}
+
+// Close cancels the op if it still runs, waits until kdn no longer uses
+// its buffer, and frees it. Idempotent.
+func (o *Op) Close() error {
+	if o == nil || !o.g.close() {
+		return nil
+	}
+	runtime.SetFinalizer(o, nil)
+	C.kdn_op_destroy(o.op)
+	o.op = nil
+	o.buf.release()
+	o.core.release()
+	return nil
+}

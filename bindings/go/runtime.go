@@ -1,0 +1,378 @@
+package kdn
+
+/*
+#include <stdlib.h>
+#include "kdn_go.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"runtime/cgo"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// TierKind is the kind of a storage tier.
+type TierKind int32
+
+const (
+	TierHost   TierKind = 0 // host memory
+	TierDevice TierKind = 1 // GPU memory (host memory standing in without a GPU)
+	TierDisk   TierKind = 2 // one file per chunk, checksummed
+	TierRemote TierKind = 3 // a kdnd node (since 1.1)
+)
+
+func (k TierKind) String() string {
+	switch k {
+	case TierHost:
+		return "host"
+	case TierDevice:
+		return "device"
+	case TierDisk:
+		return "disk"
+	case TierRemote:
+		return "remote"
+	}
+	return "tier(" + strconv.Itoa(int(k)) + ")"
+}
+
+// EvictionPolicy is how a tier chooses what to evict.
+type EvictionPolicy int32
+
+const (
+	EvictLRU    EvictionPolicy = 0
+	EvictS3FIFO EvictionPolicy = 1 // scan-resistant
+)
+
+// TierConfig is one tier of a runtime. The zero value is not valid:
+// CapacityBytes must be set (use HostTier, DiskTier, DeviceTier, RemoteTier).
+type TierConfig struct {
+	Kind          TierKind
+	CapacityBytes uint64 // must not be 0
+	Path          string // disk: the directory (created if absent)
+	Policy        EvictionPolicy
+	HighWatermark float32 // 0: 0.95
+	LowWatermark  float32 // 0: 0.85
+	WriteThrough  bool    // new chunks are copied to the next tier too
+	// Codec is how the tier stores chunks ("raw", "zstd", "fp8", "int8",
+	// "kivi2", "cachegen", "kdn", ...); empty: raw in memory, zstd on disk.
+	Codec string
+	// Remote tiers: the kdnd's "host:port" or "unix:/path", its bearer
+	// token, the deadline of each call (0: 2 s), and TLS.
+	Address       string
+	Token         string
+	Timeout       time.Duration
+	TLSCAFile     string
+	TLSServerName string
+}
+
+// HostTier is a host-memory tier of capacity bytes.
+func HostTier(capacity uint64) TierConfig { return TierConfig{Kind: TierHost, CapacityBytes: capacity} }
+
+// DeviceTier is a device-memory tier of capacity bytes.
+func DeviceTier(capacity uint64) TierConfig {
+	return TierConfig{Kind: TierDevice, CapacityBytes: capacity}
+}
+
+// DiskTier is a tier of files under dir, of capacity bytes.
+func DiskTier(dir string, capacity uint64) TierConfig {
+	return TierConfig{Kind: TierDisk, CapacityBytes: capacity, Path: dir}
+}
+
+// RemoteTier is a kdnd node at address, reached with token.
+func RemoteTier(address, token string) TierConfig {
+	return TierConfig{Kind: TierRemote, CapacityBytes: 1 << 30, Address: address, Token: token}
+}
+
+// RuntimeOptions says how to create a runtime. Zero fields take kdn's
+// defaults; a nil *RuntimeOptions is all defaults.
+type RuntimeOptions struct {
+	ChunkTokens       uint32 // tokens per stored chunk; 0: 256
+	HostCapacityBytes uint64 // the host tier's capacity when Tiers is empty; 0: 1 GiB
+	HashSeed          uint64 // runtimes that share KV must share the seed
+	Tiers             []TierConfig
+	WorkerThreads     uint32 // background loads and saves; 0: 2
+}
+
+// core is what a runtime's handles share: the C runtime is refcounted by
+// its models and ops, and the editor must outlive the last of them.
+type core struct {
+	mu     sync.Mutex
+	refs   int
+	editor cgo.Handle // 0: none
+}
+
+func (c *core) acquire() {
+	c.mu.Lock()
+	c.refs++
+	c.mu.Unlock()
+}
+
+func (c *core) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refs--
+	if c.refs == 0 && c.editor != 0 {
+		c.editor.Delete()
+		c.editor = 0
+	}
+}
+
+// guard makes Close wait for the calls in progress and later calls fail
+// with ErrClosed.
+type guard struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (g *guard) enter() bool {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (g *guard) leave() { g.mu.RUnlock() }
+
+// close marks the guard closed; false when it was already.
+func (g *guard) close() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.closed = true
+	return true
+}
+
+// Runtime is a kdn runtime: the store and its tiers. Safe for concurrent
+// use. Close it when done; its models and ops stay usable after.
+type Runtime struct {
+	g    guard
+	rt   *C.kdn_runtime
+	core *core
+}
+
+// NewRuntime creates a runtime.
+func NewRuntime(opts *RuntimeOptions) (*Runtime, error) { return newRuntime(opts, nil) }
+
+func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
+	var o C.kdn_runtime_options
+	if err := newError(C.kdn_runtime_options_init(&o, C.sizeof_kdn_runtime_options), nil); err != nil {
+		return nil, err
+	}
+	var free []unsafe.Pointer
+	defer func() {
+		for _, p := range free {
+			C.free(p)
+		}
+	}()
+	cstr := func(s string) (*C.char, C.size_t) {
+		if s == "" {
+			return nil, 0
+		}
+		p := C.CString(s)
+		free = append(free, unsafe.Pointer(p))
+		return p, C.size_t(len(s))
+	}
+	if opts != nil {
+		if opts.ChunkTokens != 0 {
+			o.chunk_tokens = C.uint32_t(opts.ChunkTokens)
+		}
+		if opts.HostCapacityBytes != 0 {
+			o.host_capacity_bytes = C.uint64_t(opts.HostCapacityBytes)
+		}
+		o.hash_seed = C.uint64_t(opts.HashSeed)
+		o.worker_threads = C.uint32_t(opts.WorkerThreads)
+		if n := len(opts.Tiers); n > 0 {
+			mem := C.calloc(C.size_t(n), C.sizeof_kdn_tier_config)
+			if mem == nil {
+				return nil, &Error{Status: StatusNoMemory, Message: "out of memory for the tier configs"}
+			}
+			free = append(free, mem)
+			tiers := unsafe.Slice((*C.kdn_tier_config)(mem), n)
+			for i, t := range opts.Tiers {
+				c := &tiers[i]
+				C.kdn_tier_config_init(c, C.sizeof_kdn_tier_config)
+				c.kind = C.kdn_tier_kind(t.Kind)
+				c.capacity_bytes = C.uint64_t(t.CapacityBytes)
+				c.path, c.path_len = cstr(t.Path)
+				c.policy = C.kdn_eviction_policy(t.Policy)
+				c.high_watermark = C.float(t.HighWatermark)
+				c.low_watermark = C.float(t.LowWatermark)
+				if t.WriteThrough {
+					c.write_through = 1
+				}
+				c.codec, c.codec_len = cstr(t.Codec)
+				c.address, c.address_len = cstr(t.Address)
+				c.token, c.token_len = cstr(t.Token)
+				c.timeout_ms = C.uint32_t(t.Timeout / time.Millisecond)
+				c.tls_ca_file, c.tls_ca_file_len = cstr(t.TLSCAFile)
+				c.tls_server_name, c.tls_server_name_len = cstr(t.TLSServerName)
+			}
+			o.tiers = (*C.kdn_tier_config)(mem)
+			o.num_tiers = C.size_t(n)
+		}
+	}
+	c := &core{refs: 1}
+	var handle C.uintptr_t
+	if editor != nil {
+		c.editor = cgo.NewHandle(editor)
+		handle = C.uintptr_t(c.editor)
+	}
+	var rt *C.kdn_runtime
+	if err := retError(C.kdn_go_runtime_create(&o, handle, &rt)); err != nil {
+		c.release()
+		return nil, err
+	}
+	r := &Runtime{rt: rt, core: c}
+	runtime.SetFinalizer(r, (*Runtime).Close)
+	return r, nil
+}
+
+// Close releases the runtime. Models and ops made from it stay usable; the
+// store is freed with the last of them. Idempotent.
+func (r *Runtime) Close() error {
+	if r == nil || !r.g.close() {
+		return nil
+	}
+	runtime.SetFinalizer(r, nil)
+	C.kdn_runtime_destroy(r.rt)
+	r.rt = nil
+	r.core.release()
+	return nil
+}
+
+// Stats is a runtime's counters.
+type Stats struct {
+	Lookups, Retrieves, Stores uint64
+	Hits, Misses               uint64 // chunks served; loads that stopped short
+	TokensServed, TokensStored uint64
+	BytesServed, BytesStored   uint64
+	Chunks                     uint64 // held now, all tiers
+	UsedBytes, CapacityBytes   uint64
+	Evictions                  uint64
+	EditedServed               uint64 // chunks served that an editor had rewritten
+	LeasesActive, PinsActive   uint64
+	PinsForcedUnpin            uint64
+	CorruptDetected            uint64
+	Edits                      uint64 // chunks rewritten by an editor
+}
+
+// Stats reads the runtime's counters.
+func (r *Runtime) Stats() (Stats, error) {
+	if !r.g.enter() {
+		return Stats{}, ErrClosed
+	}
+	defer r.g.leave()
+	var s C.kdn_stats
+	if err := retError(C.kdn_go_stats(r.rt, &s)); err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		Lookups: uint64(s.lookups), Retrieves: uint64(s.retrieves), Stores: uint64(s.stores),
+		Hits: uint64(s.hits), Misses: uint64(s.misses),
+		TokensServed: uint64(s.tokens_served), TokensStored: uint64(s.tokens_stored),
+		BytesServed: uint64(s.bytes_served), BytesStored: uint64(s.bytes_stored),
+		Chunks: uint64(s.chunks), UsedBytes: uint64(s.used_bytes), CapacityBytes: uint64(s.capacity_bytes),
+		Evictions: uint64(s.evictions), EditedServed: uint64(s.edited_served),
+		LeasesActive: uint64(s.leases_active), PinsActive: uint64(s.pins_active),
+		PinsForcedUnpin: uint64(s.pins_forced_unpin), CorruptDetected: uint64(s.corrupt_detected),
+		Edits: uint64(s.edits),
+	}, nil
+}
+
+// LatencyKind selects a latency distribution.
+type LatencyKind int32
+
+const (
+	LatencyLookup LatencyKind = 0 // per looked-up request
+	LatencyLoad   LatencyKind = 1 // retrieves and load ops
+	LatencyStore  LatencyKind = 2 // stores and save ops
+)
+
+// Latency is a latency distribution.
+type Latency struct {
+	Count                    uint64
+	Mean, P50, P90, P99, Max time.Duration
+}
+
+func micros(us C.double) time.Duration { return time.Duration(float64(us) * 1e3) }
+
+// Latency reads one of the runtime's latency distributions.
+func (r *Runtime) Latency(kind LatencyKind) (Latency, error) {
+	if !r.g.enter() {
+		return Latency{}, ErrClosed
+	}
+	defer r.g.leave()
+	var l C.kdn_latency
+	if err := retError(C.kdn_go_latency(r.rt, C.kdn_latency_kind(kind), &l)); err != nil {
+		return Latency{}, err
+	}
+	return Latency{Count: uint64(l.count), Mean: micros(l.mean_us), P50: micros(l.p50_us),
+		P90: micros(l.p90_us), P99: micros(l.p99_us), Max: micros(l.max_us)}, nil
+}
+
+// TierStats is one tier's counters.
+type TierStats struct {
+	Kind                                      TierKind
+	Name                                      string
+	Codec                                     string
+	Hits, Misses, Puts, PutRefusals           uint64
+	Evictions, DemotionsIn, PromotionsIn      uint64
+	BytesIn, BytesOut                         uint64
+	Objects, UsedBytes, CapacityBytes         uint64
+	CorruptDetected, EncodedChunks            uint64
+	BytesBeforeEncoding                       uint64
+	BytesAfterEncoding                        uint64
+	EncodeFailures, DecodeFailures            uint64
+	IOErrors                                  uint64 // since 1.2
+	RemoteCalls, RemoteFailed, RemoteTimeouts uint64 // remote tiers, since 1.2
+	WriteQueueFull, WriteQueuedBytes          uint64 // remote tiers, since 1.2
+}
+
+// TierCount is the number of tiers.
+func (r *Runtime) TierCount() (int, error) {
+	if !r.g.enter() {
+		return 0, ErrClosed
+	}
+	defer r.g.leave()
+	var n C.uint32_t
+	if err := retError(C.kdn_go_tier_count(r.rt, &n)); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+// TierStats reads tier index's counters (0 = the highest tier).
+func (r *Runtime) TierStats(index int) (TierStats, error) {
+	if !r.g.enter() {
+		return TierStats{}, ErrClosed
+	}
+	defer r.g.leave()
+	if !fitsUint32(index) {
+		return TierStats{}, invalid("tier index out of range")
+	}
+	var t C.kdn_tier_stats
+	if err := retError(C.kdn_go_tier_stats(r.rt, C.uint32_t(index), &t)); err != nil {
+		return TierStats{}, err
+	}
+	return TierStats{
+		Kind: TierKind(t.kind), Name: C.GoString(&t.name[0]), Codec: C.GoString(&t.codec[0]),
+		Hits: uint64(t.hits), Misses: uint64(t.misses), Puts: uint64(t.puts), PutRefusals: uint64(t.put_refusals),
+		Evictions: uint64(t.evictions), DemotionsIn: uint64(t.demotions_in), PromotionsIn: uint64(t.promotions_in),
+		BytesIn: uint64(t.bytes_in), BytesOut: uint64(t.bytes_out),
+		Objects: uint64(t.objects), UsedBytes: uint64(t.used_bytes), CapacityBytes: uint64(t.capacity_bytes),
+		CorruptDetected: uint64(t.corrupt_detected), EncodedChunks: uint64(t.encoded_chunks),
+		BytesBeforeEncoding: uint64(t.bytes_before_encoding), BytesAfterEncoding: uint64(t.bytes_after_encoding),
+		EncodeFailures: uint64(t.encode_failures), DecodeFailures: uint64(t.decode_failures),
+		IOErrors: uint64(t.io_errors), RemoteCalls: uint64(t.remote_calls),
+		RemoteFailed: uint64(t.remote_failed_calls), RemoteTimeouts: uint64(t.remote_timeouts),
+		WriteQueueFull: uint64(t.write_queue_full), WriteQueuedBytes: uint64(t.write_queued_bytes),
+	}, nil
+}

@@ -1,0 +1,109 @@
+// The kdn example in Go: store the reference model's KV of a prompt (as
+// `kdn generate --dump-kv PREFIX` wrote it), find it, read it back and check
+// every byte, keep it as a knowledge item, print the statistics.
+// Run: go run . PREFIX (reads PREFIX.k.f32, PREFIX.v.f32, PREFIX.tokens.i32).
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"log"
+	"os"
+
+	"kdn.dev/kdn"
+)
+
+const (
+	layers, heads, headDim, positions = 5, 4, 8, 48
+	row                               = heads * headDim // one token's K (or V) in one layer
+	fileElems                         = layers * positions * row
+	ns                                = "example"
+)
+
+func main() {
+	log.SetFlags(0)
+	if len(os.Args) != 2 {
+		log.Fatal("usage: example PREFIX")
+	}
+	read := func(ext string, size int) []byte {
+		b, err := os.ReadFile(os.Args[1] + ext)
+		check(err)
+		expect(len(b) == size, os.Args[1]+ext+" holds the reference KV")
+		return b
+	}
+	k, v, ids := read(".k.f32", 4*fileElems), read(".v.f32", 4*fileElems), read(".tokens.i32", 4*positions)
+	tokens := make([]int32, len(ids)/4)
+	binary.Read(bytes.NewReader(ids), binary.LittleEndian, tokens)
+	fmt.Printf("kdn %s, %d tokens of KV\n", kdn.Version(), len(tokens))
+
+	rt, err := kdn.NewRuntime(&kdn.RuntimeOptions{ChunkTokens: 16, Tiers: []kdn.TierConfig{kdn.HostTier(16 << 20)}})
+	check(err)
+	defer rt.Close()
+	m, err := rt.NewModel(&kdn.ModelSpec{NumLayers: layers, NumKVHeads: heads, HeadDim: headDim,
+		DType: kdn.F32, Fingerprint: "stories260K"})
+	check(err)
+	defer m.Close()
+
+	// Store from the engine's layout: the K file then the V file in one
+	// slice, [layer][position][head][dim] each, described by strides.
+	engine := append(k, v...)
+	view := kdn.KVView{DType: kdn.F32, StrideLayer: positions * row, StrideKV: fileElems,
+		StrideToken: row, StrideHead: headDim, StrideDim: 1}
+	stored, err := m.Store(ns, kdn.Tokens(tokens), engine, view)
+	check(err)
+	fmt.Printf("stored: %d tokens cached\n", stored.Tokens)
+
+	found, err := m.LookupBatch(ns, []kdn.Request{kdn.Tokens(tokens), kdn.Tokens(tokens[:40])})
+	check(err)
+	fmt.Printf("lookup: %d of 48 cached, %d of 40 (whole chunks only)\n", found[0].CachedTokens, found[1].CachedTokens)
+	expect(found[0].CachedTokens == 48 && found[1].CachedTokens == 32, "lookups of 48 and 32 tokens")
+
+	// Retrieve into the canonical layout [layer][k|v][position][head][dim].
+	out := make([]byte, positions*int(m.KVBytesPerToken()))
+	got, err := m.Retrieve(ns, kdn.Tokens(tokens), out)
+	check(err)
+	expect(got.Tokens == positions, "48 tokens retrieved")
+	for l, n := 0, positions*row*4; l < layers; l++ { // layer l's K, then its V
+		expect(bytes.Equal(out[2*l*n:][:n], k[l*n:][:n]) && bytes.Equal(out[(2*l+1)*n:][:n], v[l*n:][:n]),
+			fmt.Sprintf("layer %d of the retrieved KV equals the files", l))
+	}
+	fmt.Printf("retrieved: %d tokens, all %d bytes equal to the files\n", got.Tokens, len(out))
+
+	// The same KV as a knowledge item: put, list, fetch.
+	check(m.KnowledgePut(ns, "story", 1, "Once upon a time", tokens, out))
+	docs, err := m.KnowledgeList(ns)
+	check(err)
+	for _, d := range docs {
+		fmt.Printf("document %q: version %d, %d tokens, %d chunks\n", d.DocID, d.Version, d.NumTokens, d.Chunks)
+	}
+	docTokens, docKV := make([]int32, positions), make([]byte, len(out))
+	if _, err := m.KnowledgeFetch(ns, "story", docTokens, docKV); err != nil {
+		log.Fatal(err)
+	}
+	expect(bytes.Equal(docKV, out) && fmt.Sprint(docTokens) == fmt.Sprint(tokens), "the fetched document equals the files")
+	fmt.Println("fetched \"story\": tokens and KV equal")
+
+	s, _ := rt.Stats()
+	fmt.Printf("stats: %d lookups, %d stores, %d retrieves, %d chunk hits, %d chunks held, %d tokens stored\n",
+		s.Lookups, s.Stores, s.Retrieves, s.Hits, s.Chunks, s.TokensStored)
+	n, _ := rt.TierCount()
+	for i := 0; i < n; i++ {
+		t, _ := rt.TierStats(i)
+		fmt.Printf("tier %d: %s (codec %s): %d objects, %d hits, %d of %d bytes\n",
+			i, t.Name, t.Codec, t.Objects, t.Hits, t.UsedBytes, t.CapacityBytes)
+	}
+	fmt.Println("ok")
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func expect(ok bool, what string) {
+	if !ok {
+		log.Fatalf("expected: %s", what)
+	}
+}
