@@ -187,14 +187,14 @@ int main(int argc, char** argv) {
   kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
   kdn::tools::CodecCommand codec(app);  // `kdn codec eval`
   kdn::tools::BlendCommand blend(app);  // `kdn blend eval`
-#ifdef KDN_WITH_LLAMACPP
-  kdn::llamacpp::LlamaCommand llama(app);  // `kdn llama`
   kdn::bench::BindingsBenchOptions bio;
   auto* bindingsb = bench->add_subcommand("bindings", "Go, Java, Python and Rust against the same calls from C: 32 MiB retrieve GB/s, lookup us");
   bindingsb->add_option("--json", bio.json_path, "JSON records")->required();
   bindingsb->add_option("--repeats", bio.repeats, "retrieves timed per side (median)");
   bindingsb->add_option("--lang", bio.languages, "only these (rust, go, java, python); default: every one built");
   bindingsb->add_option("--bindings-dir", bio.bindings_dir, "the build's bindings/ (default: this build's)");
+#ifdef KDN_WITH_LLAMACPP
+  kdn::llamacpp::LlamaCommand llama(app);  // `kdn llama`
   kdn::llamacpp::LlamaBenchCommand llamab(*bench);  // `kdn bench llama`
 #else
   auto* llama = app.add_subcommand("llama", "A prompt on llama.cpp: not in this build (scripts/fetch-llamacpp)");

@@ -212,6 +212,13 @@ struct KvView {
     if (layout != KDN_LAYOUT_CONTIGUOUS) {
       const uint64_t block = block_stride ? static_cast<uint64_t>(block_stride)
                                           : uint64_t{block_size} * spec.num_kv_heads * spec.head_dim;
+      if (block == 0 || num_blocks > bytes / elem / block) {
+        detail::Invalid("a paged view of " + std::to_string(num_blocks) + " blocks does not fit the buffer's " +
+                        std::to_string(bytes) + " bytes");
+      }
+      if (block_stride && static_cast<uint64_t>(block_stride) < uint64_t{block_size} * spec.num_kv_heads * spec.head_dim) {
+        detail::Invalid("block_stride is smaller than a block");
+      }
       span = num_blocks * block;
       view.num_blocks = num_blocks;
     } else {
@@ -222,6 +229,10 @@ struct KvView {
                                                       : "a paged view needs num_blocks");
     }
     const size_t n = k_offsets_.size();
+    if (n != (layers_.empty() ? size_t{spec.num_layers} : layers_.size())) {
+      detail::Invalid("the view has layer offsets for " + std::to_string(n) + " layers, not one per layer it names (" +
+                      std::to_string(layers_.empty() ? size_t{spec.num_layers} : layers_.size()) + ")");
+    }
     k->resize(n);
     v->resize(n);
     for (size_t j = 0; j < n; ++j) {
@@ -691,6 +702,12 @@ class Model {
     std::vector<void*> k, v;
     kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
     FetchResult out;
+    const uint64_t per_token = uint64_t{spec_.num_layers} * 2 * spec_.num_kv_heads * spec_.head_dim *
+                               detail::DtypeBytes(spec_.dtype);
+    if (per_token == 0 || view.num_tokens > bytes / per_token) {
+      detail::Invalid("the view's room of " + std::to_string(view.num_tokens) + " tokens exceeds the buffer's " +
+                      std::to_string(bytes) + " bytes");
+    }
     out.tokens_.resize(view.num_tokens);
     kdn_kv_result r;
     detail::Check(kdn_kv_result_init(&r, sizeof r));
