@@ -16,6 +16,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -219,6 +220,21 @@ kdn_status InitStruct(T* p, size_t size, uint32_t v1, const T& defaults, const c
   std::memcpy(static_cast<void*>(p), &defaults, std::min(size, sizeof(T)));
   p->struct_size = static_cast<uint32_t>(size);
   return KDN_OK;
+}
+
+// Inside an editor, on the store's mover thread, a handle's release may be
+// the runtime's last reference, and freeing the runtime joins that very
+// thread: the release runs on a thread of its own instead, after the
+// callback returns. Without a thread to run it on, the handle leaks rather
+// than abort.
+template <typename F>
+bool ReleasedElsewhereInEditor(F release) {
+  if (!t_in_editor) return false;
+  try {
+    std::thread(std::move(release)).detach();
+  } catch (...) {
+  }
+  return true;
 }
 
 kdn_status NotInEditor() {
@@ -621,6 +637,7 @@ kdn_status kdn_runtime_create_with_editor(const kdn_runtime_options* options, kd
 void kdn_runtime_destroy(kdn_runtime* runtime) {
   // The last reference (this one, or a model's or op's later) finishes the
   // queued loads and saves and frees the store.
+  if (runtime == nullptr || ReleasedElsewhereInEditor([runtime] { delete runtime; })) return;
   delete runtime;
 }
 
@@ -799,7 +816,10 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   KDN_END
 }
 
-void kdn_model_destroy(kdn_model* model) { delete model; }
+void kdn_model_destroy(kdn_model* model) {
+  if (model == nullptr || ReleasedElsewhereInEditor([model] { delete model; })) return;
+  delete model;
+}
 
 kdn_status kdn_model_get_fingerprint(const kdn_model* model, uint8_t out[32]) {
   KDN_BEGIN
@@ -992,11 +1012,15 @@ kdn_status kdn_op_get_failed_ranges(kdn_op* op, kdn_token_range* out, size_t cap
 void kdn_op_destroy(kdn_op* op) {
   if (!op) return;
   op->rep->Cancel();
-  // Nothing may read or write the caller's KV after this returns: a load
-  // runs to its cancel point, a save's queued layer copies finish.
-  if (op->load) (void)op->rep->Wait(-1);
-  if (op->save) op->save->Drain();
-  delete op;  // the runtime reference goes last (member order)
+  auto finish = [op] {
+    // Nothing reads or writes the caller's KV once this is done: a load
+    // runs to its cancel point, a save's queued layer copies finish.
+    if (op->load) (void)op->rep->Wait(-1);
+    if (op->save) op->save->Drain();
+    delete op;  // the runtime reference goes last (member order)
+  };
+  if (ReleasedElsewhereInEditor(finish)) return;
+  finish();
 }
 
 /* ---- knowledge ---- */

@@ -473,6 +473,9 @@ static int open_tiered(void) {
 }
 
 static int open_big(void) {
+  /* A case may open it more than once: each open starts fresh. */
+  kdn_model_destroy(g_big_model);
+  kdn_runtime_destroy(g_big);
   g_big = new_big_runtime(CHUNK);
   g_big_model = g_big != NULL ? new_model(g_big, FINGERPRINT) : NULL;
   return g_big_model != NULL;
@@ -2184,7 +2187,7 @@ static void test_knowledge_doc_ids(void) {
 
 /* ---- The editor callback (experimental) -------------------------------------- */
 
-typedef enum edit_mode { EDIT_ADD_ONE, EDIT_FAIL, EDIT_UNCHANGED, EDIT_REENTER } edit_mode;
+typedef enum edit_mode { EDIT_ADD_ONE, EDIT_FAIL, EDIT_UNCHANGED, EDIT_REENTER, EDIT_RELEASE } edit_mode;
 
 /* What an editor saw. Written on the runtime's background thread: `calls`
  * is published with a release store after the rest. */
@@ -2198,6 +2201,9 @@ typedef struct edit_state {
   const kdn_model *model;
   kdn_status store_status, lookup_status, stats_status, fingerprint_status;
   int store_message, stored_tokens_zero;
+  /* EDIT_RELEASE: the handles it destroys, the runtime's last references. */
+  kdn_op *op;
+  kdn_model *owned_model;
 } edit_state;
 
 static int load_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -2249,6 +2255,12 @@ static kdn_status test_editor(void *user, const kdn_chunk_info *info, void *kv, 
       break;
     case EDIT_REENTER:
       reenter(st, info, kv, kv_bytes);
+      *out_changed = 0;
+      break;
+    case EDIT_RELEASE:
+      kdn_op_destroy(st->op);
+      kdn_model_destroy(st->owned_model);
+      kdn_runtime_destroy(st->rt);
       *out_changed = 0;
       break;
     case EDIT_UNCHANGED:
@@ -2447,6 +2459,60 @@ static void test_editor_reentry(void) {
   kdn_model_destroy(c.m);
   kdn_runtime_destroy(c.rt);
   group_end();
+  canon_free(&in);
+}
+
+/* The editor destroys a pending save, the model and the runtime: the
+ * runtime's last references, whose release would join the mover thread the
+ * editor runs on. They are freed on another thread once it returned: the
+ * disk tier's directory lock goes with the store, so a new runtime over the
+ * same directory opens when the old one is gone. */
+static void test_editor_releases_last_handles(void) {
+  static const char ns[] = "released";
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  canon_buf in = canon_new(POSITIONS, POSITIONS);
+  engine_kv *src = ekv_paged(EKV_NHD, 6, kOpsTable, SEQ_BLOCKS);
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_tier_config tiers[2];
+  char dir[300];
+  edit_state st;
+  kdn_runtime *rt = NULL;
+  view_buf v;
+  subdir(dir, sizeof dir, "released");
+  tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
+  tiers[0].kind = KDN_TIER_HOST;
+  tiers[0].capacity_bytes = HOST_CAPACITY;
+  tiers[1] = disk_tier(dir);
+  o.chunk_tokens = POSITIONS; /* one chunk: one edit */
+  o.tiers = tiers;
+  o.num_tiers = 2;
+  memset(&st, 0, sizeof st);
+  st.mode = EDIT_RELEASE;
+  group_begin("editor: destroying the last handles inside it frees them after");
+  CHECK_OK(kdn_runtime_create_with_editor(&o, test_editor, &st, &st.rt));
+  st.owned_model = st.rt != NULL ? new_model(st.rt, FINGERPRINT) : NULL;
+  if (st.owned_model != NULL) {
+    kdn_kv_result stored = KDN_KV_RESULT_INIT;
+    int waited, reopened = 0;
+    /* A save given no layer stays pending until destroyed. */
+    CHECK_OK(kdn_kv_save_async(st.owned_model, ns, sizeof ns - 1, &req, whole_view(&v, src), 1, &st.op));
+    CHECK_OK(kdn_kv_store(st.owned_model, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
+    CHECK_EQ(stored.tokens, POSITIONS);
+    CHECK(wait_calls(&st, 1));
+    for (waited = 0; waited <= POLL_LIMIT_MS && !reopened; waited += POLL_MS) {
+      const kdn_status s = kdn_runtime_create(&o, &rt);
+      reopened = s == KDN_OK;
+      if (!reopened) {
+        CHECK_EQ(s, KDN_ERR_UNAVAILABLE); /* the directory is still in use */
+        sleep_ms(POLL_MS);
+      }
+    }
+    CHECK(reopened);
+    CHECK_EQ(load_acquire(&st.calls), 1);
+    kdn_runtime_destroy(rt);
+  }
+  group_end();
+  ekv_free(src);
   canon_free(&in);
 }
 
@@ -3214,6 +3280,7 @@ static const test_case kCases[] = {
   CASE(editor_add_one),
   CASE(editor_fail_or_unchanged),
   CASE(editor_reentry),
+  CASE(editor_releases_last_handles),
   CASE(statistics_latencies),
   CASE(statistics_leases),
   CASE(bad_tier_options),

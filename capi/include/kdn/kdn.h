@@ -519,7 +519,10 @@ KDN_API kdn_status kdn_op_get_result(kdn_op *op, kdn_kv_result *out);
  * out; *out_count gets how many there are. */
 KDN_API kdn_status kdn_op_get_failed_ranges(kdn_op *op, kdn_token_range *out, size_t capacity, size_t *out_count);
 /* Cancels the op if it still runs, waits until nothing reads or writes the
- * views any more, and frees it. NULL is fine. */
+ * views any more, and frees it. NULL is fine. Inside an editor callback it
+ * only cancels: the wait and the free run on another thread once the
+ * callback returned, so the views must then stay valid until the runtime is
+ * freed. */
 KDN_API void kdn_op_destroy(kdn_op *op);
 
 /* ---- Knowledge items ------------------------------------------------------ */
@@ -700,12 +703,15 @@ KDN_API kdn_status kdn_chunk_info_init(kdn_chunk_info *info, size_t struct_size)
  * Thread: the runtime's background mover thread, one chunk at a time; every
  * argument is borrowed for the call. It must not call kdn functions that
  * take a runtime, model or op: they fail with KDN_ERR_INVALID_ARGUMENT
- * there (they could wait for the thread that runs the editor). */
+ * there (they could wait for the thread that runs the editor). The destroy
+ * functions are the exception: see kdn_runtime_create_with_editor. */
 typedef kdn_status (*kdn_edit_fn)(void *user, const kdn_chunk_info *info, void *kv, size_t kv_bytes,
                                   int *out_changed);
 
 /* kdn_runtime_create with an editor. `user` must stay valid until the
- * runtime is freed (the last of the runtime, its models and ops destroyed). */
+ * runtime is freed (the last of the runtime, its models and ops destroyed).
+ * The destroy functions may be called from inside the editor: the handle is
+ * then freed on another thread once the callback has returned. */
 KDN_API kdn_status kdn_runtime_create_with_editor(const kdn_runtime_options *options, kdn_edit_fn editor,
                                                   void *user, kdn_runtime **out);
 
