@@ -22,9 +22,7 @@ var _ = [...]struct{}{
 	[1]struct{}{}[StatusCancelled-C.KDN_ERR_CANCELLED],
 	[1]struct{}{}[StatusVersion-C.KDN_ERR_VERSION],
 	[1]struct{}{}[StatusBufferTooSmall-C.KDN_ERR_BUFFER_TOO_SMALL],
-	[1]struct{}{}[HeaderVersionMajor-C.KDN_VERSION_MAJOR],
-	[1]struct{}{}[HeaderVersionMinor-C.KDN_VERSION_MINOR],
-	[1]struct{}{}[HeaderVersionPatch-C.KDN_VERSION_PATCH],
+	[1]struct{}{}[BindingVersionMajor-C.KDN_VERSION_MAJOR],
 	[1]struct{}{}[F32-C.KDN_DTYPE_F32],
 	[1]struct{}{}[F16-C.KDN_DTYPE_F16],
 	[1]struct{}{}[BF16-C.KDN_DTYPE_BF16],
@@ -49,3 +47,8 @@ var _ = [...]struct{}{
 	[1]struct{}{}[LatencyLoad-C.KDN_LATENCY_LOAD],
 	[1]struct{}{}[LatencyStore-C.KDN_LATENCY_STORE],
 }
+
+// kdn.h's minor version may be newer than the one this package was written
+// for (minors only append), never older: an array of negative length does
+// not compile.
+var _ [C.KDN_VERSION_MINOR - BindingVersionMinor]struct{}

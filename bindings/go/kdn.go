@@ -20,7 +20,10 @@
 //
 // Runtime, Model, Op and HostBuffer have Close, which is idempotent; a
 // closed handle returns ErrClosed without reaching C. A finalizer closes a
-// forgotten handle as a backstop only: close them yourself. Models and ops
+// forgotten handle as a backstop only: close them yourself. A HostBuffer's
+// finalizer never frees memory that a slice from its Bytes may still use:
+// such a buffer is freed only by Close, after which its slices are invalid.
+// Models and ops
 // stay usable after their Runtime is closed (the C runtime lives on until
 // the last of them is closed).
 //
@@ -57,11 +60,21 @@ import (
 	"unsafe"
 )
 
-// The version of kdn.h this package was built with.
+// The version of kdn's ABI this package was written for. It builds with
+// any kdn.h of that major version and at least that minor (abi_check.go),
+// and NewRuntime refuses, with ErrVersion, a library of another major
+// version or of an older minor (whose structs lack fields it uses).
 const (
-	HeaderVersionMajor = 1
-	HeaderVersionMinor = 2
-	HeaderVersionPatch = 0
+	BindingVersionMajor = 1
+	BindingVersionMinor = 2
+)
+
+// The version of kdn.h this package was built with: BindingVersionMajor,
+// and a minor of at least BindingVersionMinor.
+const (
+	HeaderVersionMajor = C.KDN_VERSION_MAJOR
+	HeaderVersionMinor = C.KDN_VERSION_MINOR
+	HeaderVersionPatch = C.KDN_VERSION_PATCH
 )
 
 // Version is the library's version, "MAJOR.MINOR.PATCH".
@@ -69,6 +82,23 @@ func Version() string { return C.GoString(C.kdn_version()) }
 
 // VersionNumber is the library's version as MAJOR*10000 + MINOR*100 + PATCH.
 func VersionNumber() uint32 { return uint32(C.kdn_version_number()) }
+
+// libraryVersionNumber is VersionNumber (a variable for the tests).
+var libraryVersionNumber = VersionNumber
+
+// checkLibraryVersion says whether a library of version number (MAJOR*10000
+// + MINOR*100 + PATCH) can serve this package: the same major version, and
+// a minor no older than BindingVersionMinor.
+func checkLibraryVersion(number uint32) error {
+	major, minor := number/10000, number/100%100
+	if major == BindingVersionMajor && minor >= BindingVersionMinor {
+		return nil
+	}
+	v := func(n uint32) string { return strconv.Itoa(int(n)) }
+	return &Error{Status: StatusVersion, Message: "libkdn " + v(major) + "." + v(minor) + "." + v(number%100) +
+		" is not usable by this Go binding: it needs libkdn " + v(BindingVersionMajor) + "." +
+		v(BindingVersionMinor) + " or a later " + v(BindingVersionMajor) + ".x (libkdn.so." + v(BindingVersionMajor) + ")"}
+}
 
 // DType is the element type of a model's KV.
 type DType int32

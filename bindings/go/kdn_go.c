@@ -135,7 +135,8 @@ kdn_go_ret kdn_go_model_create(kdn_runtime *rt, const kdn_model_spec *spec_in, c
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req_in,
                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *tmpl,
                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
-                            const int64_t *offsets, const int32_t *table, void *data, size_t data_len) {
+                            const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
+                            kdn_op **op) {
   kdn_go_kvret r;
   kdn_go_ret st;
   kdn_request req = make_request(req_in, tokens, hashes);
@@ -143,40 +144,18 @@ kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_
   views v;
   kdn_status s;
   r.result = init;
+  if (op != NULL) *op = NULL;
   s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len);
   if (s != KDN_OK) {
     st = fail(s, "out of memory building the views");
   } else {
-    if (which == KDN_GO_STORE)
-      s = kdn_kv_store(m, ns, ns_len, &req, v.views, num_views, &r.result);
-    else
-      s = kdn_kv_retrieve(m, ns, ns_len, &req, v.views, num_views, &r.result);
-    st = ret(s);
-    views_free(&v);
-  }
-  r.status = st.status;
-  r.msg = st.msg;
-  return r;
-}
-
-kdn_go_opret kdn_go_kv_async(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req_in,
-                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *tmpl,
-                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
-                             const int64_t *offsets, const int32_t *table, void *data, size_t data_len) {
-  kdn_go_opret r;
-  kdn_go_ret st;
-  kdn_request req = make_request(req_in, tokens, hashes);
-  views v;
-  kdn_status s;
-  r.op = NULL;
-  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len);
-  if (s != KDN_OK) {
-    st = fail(s, "out of memory building the views");
-  } else {
-    if (which == KDN_GO_SAVE)
-      s = kdn_kv_save_async(m, ns, ns_len, &req, v.views, num_views, &r.op);
-    else
-      s = kdn_kv_load_async(m, ns, ns_len, &req, v.views, num_views, &r.op);
+    switch (which) {
+      case KDN_GO_STORE: s = kdn_kv_store(m, ns, ns_len, &req, v.views, num_views, &r.result); break;
+      case KDN_GO_RETRIEVE: s = kdn_kv_retrieve(m, ns, ns_len, &req, v.views, num_views, &r.result); break;
+      case KDN_GO_LOAD: s = kdn_kv_load_async(m, ns, ns_len, &req, v.views, num_views, op); break;
+      case KDN_GO_SAVE: s = kdn_kv_save_async(m, ns, ns_len, &req, v.views, num_views, op); break;
+      default: s = KDN_ERR_INVALID_ARGUMENT; break;
+    }
     st = ret(s);
     views_free(&v);
   }

@@ -54,12 +54,6 @@ typedef struct kdn_go_lookupret {
   kdn_lookup_result result;
 } kdn_go_lookupret;
 
-typedef struct kdn_go_opret {
-  kdn_status status;
-  char *msg;
-  kdn_op *op;
-} kdn_go_opret;
-
 /* Runtime and model. */
 kdn_go_ret kdn_go_runtime_create(const kdn_runtime_options *options, uintptr_t editor, kdn_runtime **out);
 kdn_go_ret kdn_go_model_create(kdn_runtime *rt, const kdn_model_spec *spec, const char *fingerprint,
@@ -69,19 +63,15 @@ kdn_go_ret kdn_go_model_create(kdn_runtime *rt, const kdn_model_spec *spec, cons
 /* Which kind of KV call kdn_go_kv_call makes. */
 enum { KDN_GO_STORE = 0, KDN_GO_RETRIEVE = 1, KDN_GO_LOAD = 2, KDN_GO_SAVE = 3 };
 
-/* A KV call (store, retrieve) with one request: tokens, hashes, layers,
- * offsets and table are the flat arrays the request and views index into;
- * data is the memory the views describe. */
+/* A KV call with one request: tokens, hashes, layers, offsets and table
+ * are the flat arrays the request and views index into; data is the memory
+ * the views describe. A store or retrieve sets the result; a load or save
+ * (data: C memory, which kdn keeps using) starts the op it puts in *op. */
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,
                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *views,
                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
-                            const int64_t *offsets, const int32_t *table, void *data, size_t data_len);
-
-/* Starts an asynchronous load or save (which: KDN_GO_LOAD / KDN_GO_SAVE); data is C memory. */
-kdn_go_opret kdn_go_kv_async(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,
-                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *views,
-                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
-                             const int64_t *offsets, const int32_t *table, void *data, size_t data_len);
+                            const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
+                            kdn_op **op);
 
 /* One request's lookup. */
 kdn_go_lookupret kdn_go_lookup1(const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,

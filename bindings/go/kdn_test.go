@@ -242,6 +242,18 @@ func TestPagedView(t *testing.T) {
 	}
 }
 
+// canonicalOffsets appends, to v's per-layer offsets, where each model
+// layer's K and V start in the canonical layout of positions tokens, and
+// sets its strides to token-major.
+func canonicalOffsets(v *KVView, modelLayers ...int) {
+	n := positions * row
+	for _, l := range modelLayers {
+		v.KOffsets = append(v.KOffsets, int64(2*l*n))
+		v.VOffsets = append(v.VOffsets, int64((2*l+1)*n))
+	}
+	v.StrideToken, v.StrideHead, v.StrideDim = row, headDim, 1
+}
+
 // Two views over one slab: layers 0-1 and 2-4 (e.g. full and sliding
 // attention), each with its own layer list.
 func TestSeveralViews(t *testing.T) {
@@ -258,9 +270,7 @@ func TestSeveralViews(t *testing.T) {
 			v = &views[1]
 		}
 		v.Layers = append(v.Layers, uint32(l))
-		v.KOffsets = append(v.KOffsets, int64(2*l*layerElems))
-		v.VOffsets = append(v.VOffsets, int64((2*l+1)*layerElems))
-		v.StrideToken, v.StrideHead, v.StrideDim = row, headDim, 1
+		canonicalOffsets(v, l)
 	}
 	if res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(slab), views[:]...); err != nil || res.Tokens != positions {
 		t.Fatalf("Retrieve = %+v, %v", res, err)

@@ -6,6 +6,7 @@ package kdn
 import "C"
 
 import (
+	"math"
 	"time"
 )
 
@@ -26,10 +27,7 @@ func documentInfo(d *C.kdn_document_info) DocumentInfo {
 		n = len(d.doc_id) - 1
 	}
 	id := C.GoStringN(&d.doc_id[0], C.int(n))
-	exp := time.Duration(-1)
-	if d.expires_in_ms >= 0 {
-		exp = time.Duration(d.expires_in_ms) * time.Millisecond
-	}
+	exp := duration(int64(d.expires_in_ms))
 	return DocumentInfo{DocID: id, Pinned: d.pinned != 0, Version: uint64(d.version), NumTokens: uint64(d.num_tokens),
 		Chunks: uint32(d.chunks), ChunksPresent: uint32(d.chunks_present), ExpiresIn: exp}
 }
@@ -143,9 +141,38 @@ func (m *Model) KnowledgeList(ns string) ([]DocumentInfo, error) {
 	}
 }
 
-func ms(d time.Duration) C.int64_t { return C.int64_t(d / time.Millisecond) }
+// millis is d in whole milliseconds for kdn, where 0 means "no wait",
+// "now", "until unpinned" or "the default": a positive d is rounded up (never
+// to 0: 1ns..1ms is 1 ms) and capped at max; any negative d is -1 (kdn's
+// "no limit" where negative has a meaning; callers refuse it elsewhere).
+func millis(d time.Duration, max int64) int64 {
+	if d < 0 {
+		return -1
+	}
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	if ms > max {
+		return max
+	}
+	return ms
+}
 
-// KnowledgePin pins every chunk of the document for ttl (0: until unpinned).
+// duration is kdn's milliseconds as a Duration: negative ones -1, those
+// past a Duration's range the longest Duration.
+func duration(ms int64) time.Duration {
+	switch {
+	case ms < 0:
+		return -1
+	case ms > int64(math.MaxInt64/time.Millisecond):
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// KnowledgePin pins every chunk of the document for ttl (0: until
+// unpinned; a positive ttl is rounded up to whole milliseconds).
 func (m *Model) KnowledgePin(ns, docID string, ttl time.Duration) error {
 	return m.admin(0, ns, docID, ttl)
 }
@@ -153,7 +180,8 @@ func (m *Model) KnowledgePin(ns, docID string, ttl time.Duration) error {
 // KnowledgeUnpin unpins the document.
 func (m *Model) KnowledgeUnpin(ns, docID string) error { return m.admin(1, ns, docID, 0) }
 
-// KnowledgeExpire deletes the document ttl from now (0: now).
+// KnowledgeExpire deletes the document ttl from now (0: now; a positive
+// ttl is rounded up to whole milliseconds).
 func (m *Model) KnowledgeExpire(ns, docID string, ttl time.Duration) error {
 	return m.admin(2, ns, docID, ttl)
 }
@@ -171,5 +199,5 @@ func (m *Model) admin(which C.int, ns, docID string, ttl time.Duration) error {
 		return invalid("the TTL is negative")
 	}
 	return retError(C.kdn_go_knowledge_admin(which, m.m, strPtr(ns), C.size_t(len(ns)), strPtr(docID),
-		C.size_t(len(docID)), ms(ttl)))
+		C.size_t(len(docID)), C.int64_t(millis(ttl, math.MaxInt64))))
 }

@@ -69,9 +69,9 @@ const (
 type KVView struct {
 	DType  DType    // must equal the model's
 	Layout Layout   // contiguous or paged
-	Layers []uint32 // view layer j is model layer Layers[j]; nil: all, in order
+	Layers []uint32 // view layer j is model layer Layers[j]; nil or empty: all, in order
 
-	KOffsets, VOffsets []int64 // per layer; nil: one allocation
+	KOffsets, VOffsets []int64 // per layer; both nil or empty: one allocation
 
 	StrideLayer, StrideKV                 int64  // one allocation
 	StrideToken, StrideHead, StrideDim    int64  // contiguous; all 5 zero: canonical
@@ -188,7 +188,6 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 		*x = C.kdn_go_view_aux{layers_off: -1, k_off: -1, v_off: -1, table_off: -1}
 		t.dtype = C.kdn_dtype(v.DType)
 		t.layout = C.kdn_kv_layout(v.Layout)
-		t.num_layers = C.size_t(len(v.Layers))
 		t.stride_layer, t.stride_kv = C.int64_t(v.StrideLayer), C.int64_t(v.StrideKV)
 		t.stride_token, t.stride_head, t.stride_dim = C.int64_t(v.StrideToken), C.int64_t(v.StrideHead), C.int64_t(v.StrideDim)
 		t.v_stride_token, t.v_stride_head, t.v_stride_dim = C.int64_t(v.VStrideToken), C.int64_t(v.VStrideHead), C.int64_t(v.VStrideDim)
@@ -198,7 +197,10 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 		t.block_table_len = C.size_t(len(v.BlockTable))
 		t.num_blocks = C.uint64_t(v.NumBlocks)
 		t.block_stride = C.int64_t(v.BlockStride)
-		if v.Layers != nil {
+		// An empty slice is nil: kdn would read num_layers 0 as every
+		// layer, with per-layer arrays sized for none.
+		if len(v.Layers) > 0 {
+			t.num_layers = C.size_t(len(v.Layers))
 			x.layers_off = C.int64_t(len(a.layers))
 			if single {
 				a.layers = v.Layers
@@ -206,7 +208,7 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 				a.layers = append(a.layers, v.Layers...)
 			}
 		}
-		if v.BlockTable != nil {
+		if len(v.BlockTable) > 0 {
 			x.table_off = C.int64_t(len(a.table))
 			if single {
 				a.table = v.BlockTable
@@ -214,12 +216,12 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 				a.table = append(a.table, v.BlockTable...)
 			}
 		}
-		if v.KOffsets == nil && v.VOffsets == nil {
+		if len(v.KOffsets) == 0 && len(v.VOffsets) == 0 {
 			continue
 		}
 		// Per layer: byte offsets, and the bounds of every layer.
 		n := int(m.spec.NumLayers)
-		if v.Layers != nil {
+		if len(v.Layers) > 0 {
 			n = len(v.Layers)
 		}
 		if len(v.KOffsets) != n || len(v.VOffsets) != n {
@@ -280,20 +282,27 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 	return a, nil
 }
 
-func (m *Model) kvCall(which C.int, ns string, req *Request, data []byte, views []KVView) (KVResult, error) {
-	if !m.g.enter() {
-		return KVResult{}, ErrClosed
-	}
-	defer m.g.leave()
-	a, err := m.views(views, len(data))
+// kv makes a KV call of kind which over the n bytes at data, through the
+// views. A load or save (data: C memory) starts the op it puts in *op.
+func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n int, views []KVView,
+	op **C.kdn_op) (KVResult, error) {
+	a, err := m.views(views, n)
 	if err != nil {
 		return KVResult{}, err
 	}
 	tmpl, aux := a.tmplPtr()
 	r := C.kdn_go_kv_call(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
 		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
-		int32sPtr(a.table), bytesPtr(data), C.size_t(len(data)))
+		int32sPtr(a.table), data, C.size_t(n), op)
 	return kvResult(&r.result), newError(r.status, r.msg)
+}
+
+func (m *Model) kvCall(which C.int, ns string, req *Request, data []byte, views []KVView) (KVResult, error) {
+	if !m.g.enter() {
+		return KVResult{}, ErrClosed
+	}
+	defer m.g.leave()
+	return m.kv(which, ns, req, bytesPtr(data), len(data), views, nil)
 }
 
 // Store keeps the request's KV, read from data through the views (none:

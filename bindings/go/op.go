@@ -11,19 +11,29 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
 // HostBuffer is memory allocated by C, for the asynchronous loads and
 // saves: kdn keeps using their memory after the call returns, which Go
-// memory cannot allow. Bytes gives it as a []byte (no copy). An op holds
-// the buffer until the op is closed, so Close frees it only then.
+// memory cannot allow. Bytes gives it as a []byte (no copy).
+//
+// Lifetime: the memory is freed by Close (or, when ops still use it, by
+// the Close of the last of them), never by the garbage collector while a
+// slice of it may exist. A slice from Bytes is C memory, which Go's
+// collector does not track: it stays valid until Close, whether or not the
+// *HostBuffer is still reachable, and must not be used after Close. The
+// finalizer is a backstop only for a buffer whose Bytes was never called
+// (no slice of it can exist); a buffer dropped without Close after Bytes
+// was called is never freed (a leak, not a use after free): Close it.
 type HostBuffer struct {
-	mu     sync.Mutex
-	p      unsafe.Pointer
-	n      int
-	users  int // the buffer itself (until Close) and each op using it
-	closed bool
+	mu      sync.Mutex
+	p       unsafe.Pointer
+	n       int
+	users   int  // the buffer itself (until Close) and each op using it
+	closed  bool // Close was called
+	exposed bool // Bytes handed out a slice of the memory
 }
 
 // NewHostBuffer allocates n zeroed bytes.
@@ -36,20 +46,19 @@ func NewHostBuffer(n int) (*HostBuffer, error) {
 		return nil, &Error{Status: StatusNoMemory, Message: "NewHostBuffer: out of memory"}
 	}
 	b := &HostBuffer{p: p, n: n, users: 1}
-	runtime.SetFinalizer(b, (*HostBuffer).Close)
+	runtime.SetFinalizer(b, (*HostBuffer).finalize)
 	return b, nil
 }
 
-// Bytes is the buffer's memory (nil once closed). The slice is C memory:
-// it is valid until Close, and only while the HostBuffer itself is
-// reachable (its finalizer frees it otherwise): keep the *HostBuffer, and
-// Close it yourself.
+// Bytes is the buffer's memory (nil once closed), as a slice of C memory:
+// valid until Close (see HostBuffer), even if the *HostBuffer is dropped.
 func (b *HostBuffer) Bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return nil
 	}
+	b.exposed = true
 	return unsafe.Slice((*byte)(b.p), b.n)
 }
 
@@ -77,7 +86,7 @@ func (b *HostBuffer) release() {
 }
 
 // Close releases the buffer: freed now, or when the last op using it is
-// closed. Idempotent.
+// closed. Slices from Bytes must not be used after it. Idempotent.
 func (b *HostBuffer) Close() error {
 	if b == nil {
 		return nil
@@ -92,6 +101,25 @@ func (b *HostBuffer) Close() error {
 	runtime.SetFinalizer(b, nil)
 	b.release()
 	return nil
+}
+
+// hostBufferFinalized, when set (by tests), is told of each HostBuffer the
+// finalizer handled: its memory, and whether the finalizer freed it.
+var hostBufferFinalized atomic.Value // of func(unsafe.Pointer, bool)
+
+// finalize is the backstop for a buffer dropped without Close. No op holds
+// it (an op keeps its buffer reachable), so it frees the memory unless a
+// slice of it may still be in use.
+func (b *HostBuffer) finalize() {
+	b.mu.Lock()
+	free := !b.exposed
+	b.mu.Unlock()
+	if free {
+		b.Close()
+	}
+	if f, ok := hostBufferFinalized.Load().(func(unsafe.Pointer, bool)); ok {
+		f(b.p, free)
+	}
 }
 
 // OpState is where an operation is.
@@ -142,21 +170,13 @@ func (m *Model) async(which C.int, ns string, req *Request, buf *HostBuffer, vie
 	if !buf.acquire() {
 		return nil, ErrClosed
 	}
-	a, err := m.views(views, buf.n)
-	if err != nil {
-		buf.release()
-		return nil, err
-	}
-	tmpl, aux := a.tmplPtr()
-	r := C.kdn_go_kv_async(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
-		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
-		int32sPtr(a.table), buf.p, C.size_t(buf.n))
-	if err := newError(r.status, r.msg); err != nil {
+	var cop *C.kdn_op
+	if _, err := m.kv(which, ns, req, buf.p, buf.n, views, &cop); err != nil {
 		buf.release()
 		return nil, err
 	}
 	m.core.acquire()
-	op := &Op{op: r.op, core: m.core, buf: buf}
+	op := &Op{op: cop, core: m.core, buf: buf}
 	runtime.SetFinalizer(op, (*Op).Close)
 	return op, nil
 }

@@ -7,6 +7,7 @@ package kdn
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"runtime/cgo"
 	"strconv"
@@ -61,7 +62,9 @@ type TierConfig struct {
 	// "kivi2", "cachegen", "kdn", ...); empty: raw in memory, zstd on disk.
 	Codec string
 	// Remote tiers: the kdnd's "host:port" or "unix:/path", its bearer
-	// token, the deadline of each call (0: 2 s), and TLS.
+	// token, the deadline of each call (0: 2 s; rounded up to whole
+	// milliseconds, at most about 49 days; negative: ErrInvalidArgument),
+	// and TLS.
 	Address       string
 	Token         string
 	Timeout       time.Duration
@@ -85,6 +88,16 @@ func DiskTier(dir string, capacity uint64) TierConfig {
 // RemoteTier is a kdnd node at address, reached with token.
 func RemoteTier(address, token string) TierConfig {
 	return TierConfig{Kind: TierRemote, CapacityBytes: 1 << 30, Address: address, Token: token}
+}
+
+// tierTimeoutMs is a tier's Timeout as kdn's timeout_ms: 0 stays 0 (the
+// default), a positive one is rounded up to whole milliseconds (so never
+// 0) and capped at the largest uint32 (about 49 days); negative is refused.
+func tierTimeoutMs(d time.Duration) (uint32, error) {
+	if d < 0 {
+		return 0, invalid("TierConfig.Timeout is negative")
+	}
+	return uint32(millis(d, math.MaxUint32)), nil
 }
 
 // RuntimeOptions says how to create a runtime. Zero fields take kdn's
@@ -158,10 +171,14 @@ type Runtime struct {
 	core *core
 }
 
-// NewRuntime creates a runtime.
+// NewRuntime creates a runtime. ErrVersion when the libkdn loaded is not
+// one this package can use (see BindingVersionMajor).
 func NewRuntime(opts *RuntimeOptions) (*Runtime, error) { return newRuntime(opts, nil) }
 
 func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
+	if err := checkLibraryVersion(libraryVersionNumber()); err != nil {
+		return nil, err
+	}
 	var o C.kdn_runtime_options
 	if err := newError(C.kdn_runtime_options_init(&o, C.sizeof_kdn_runtime_options), nil); err != nil {
 		return nil, err
@@ -211,7 +228,11 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 				c.codec, c.codec_len = cstr(t.Codec)
 				c.address, c.address_len = cstr(t.Address)
 				c.token, c.token_len = cstr(t.Token)
-				c.timeout_ms = C.uint32_t(t.Timeout / time.Millisecond)
+				ms, err := tierTimeoutMs(t.Timeout)
+				if err != nil {
+					return nil, err
+				}
+				c.timeout_ms = C.uint32_t(ms)
 				c.tls_ca_file, c.tls_ca_file_len = cstr(t.TLSCAFile)
 				c.tls_server_name, c.tls_server_name_len = cstr(t.TLSServerName)
 			}
