@@ -18,7 +18,10 @@
 //   arguments become its InvalidArgumentError the same way.
 // - Editor is a director: kdn's mover thread calls a Python subclass's
 //   edit(info_tuple, kv_memoryview) holding the GIL; an exception there is
-//   reported through sys.unraisablehook and turned into a failed edit.
+//   reported through sys.unraisablehook and turned into a failed edit. The
+//   memoryview is kdn's memory: the package's bridge alone sees it (the
+//   user's editor gets a copy), and releases it before returning.
+// - in_editor() runs with the GIL held (a finalizer asks it).
 //
 // threads="1": every call releases the GIL while kdn works, so other Python
 // threads run, and the mover thread can take the GIL to run an editor while
@@ -253,6 +256,7 @@ static PyObject *kdn_py_document_info(const kdn::binding::DocumentInfo &d) {
   }
 }
 
+%nothread kdn::binding::in_editor;
 %nothread kdn_py_set_error_factory;
 %exception kdn_py_set_error_factory;
 %inline %{

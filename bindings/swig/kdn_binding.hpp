@@ -12,8 +12,12 @@
 // Python's buffer protocol).
 //
 // Header-only, C++17, used by the generated wrappers alone.
-// Thread-safety is kdn.h's: a Runtime, Model or Op may be used from many
-// threads at once; close() must be the last call on each.
+// Thread-safety: a Runtime, Model or Op may be used from many threads at
+// once (kdn.h), and close() may come from any thread at any time: it marks
+// the handle closed (later calls throw an Error with closed() set), cancels
+// an op, waits until the calls in flight on the handle have left, then
+// destroys it. Op waits run in slices of at most kWaitSliceMs, so a close
+// ends a wait promptly (it throws the closed Error).
 #ifndef KDN_BINDING_HPP
 #define KDN_BINDING_HPP
 
@@ -21,9 +25,12 @@
 #include <kdn/kdn.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +66,71 @@ inline void Check(kdn_status status, uint64_t needed = 0) {
 inline void Closed(const char* what) { throw Error(KDN_ERR_INVALID_ARGUMENT, std::string(what) + " is closed", true); }
 inline void Invalid(const std::string& message) { throw Error(KDN_ERR_INVALID_ARGUMENT, message); }
 inline uint32_t DtypeBytes(int dtype) { return dtype == KDN_DTYPE_F32 ? 4u : 2u; }
+
+#ifndef SWIG
+// A handle's life: every call holds a Use for its duration; Close marks the
+// handle closed (new calls throw), stops what may block (an op's cancel),
+// waits until the calls in flight have left, and only then destroys it.
+class Life {
+ public:
+  explicit Life(const char* what) : what_(what) {}
+  Life(const Life&) = delete;
+  Life& operator=(const Life&) = delete;
+
+  // One call in flight on the handle (throws the closed Error if it is).
+  class Use {
+   public:
+    explicit Use(const Life& life) : life_(life) {
+      std::lock_guard<std::mutex> lock(life_.mu_);
+      if (life_.state_ != kOpen) Closed(life_.what_);
+      ++life_.calls_;
+    }
+    ~Use() {
+      std::lock_guard<std::mutex> lock(life_.mu_);
+      if (--life_.calls_ == 0 && life_.state_ != kOpen) life_.cv_.notify_all();
+    }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    const Life& life_;
+  };
+
+  // Idempotent; a second close (another thread) returns once the first is done.
+  template <typename Stop, typename Destroy>
+  void Close(Stop stop, Destroy destroy) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (state_ != kOpen) {
+      cv_.wait(lock, [this] { return state_ == kClosed; });
+      return;
+    }
+    state_ = kClosing;
+    lock.unlock();
+    stop();
+    lock.lock();
+    cv_.wait(lock, [this] { return calls_ == 0; });
+    lock.unlock();
+    destroy();  // unlocked: it may wait for a callback that asks closing()
+    lock.lock();
+    state_ = kClosed;
+    cv_.notify_all();
+  }
+  bool closing() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_ != kOpen;
+  }
+ private:
+  enum State { kOpen, kClosing, kClosed };
+  const char* what_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable State state_ = kOpen;
+  mutable uint64_t calls_ = 0;
+};
+
+// The longest slice of one blocking kdn wait: how long a close may wait for it.
+constexpr int64_t kWaitSliceMs = 20;
+#endif
 }  // namespace detail
 
 inline std::string version() { return kdn_version(); }
@@ -141,7 +213,6 @@ class Request {
     }
     return r;
   }
-  const std::vector<int32_t>& tokens() const { return tokens_; }
 
  private:
   std::vector<int32_t> tokens_;
@@ -378,6 +449,12 @@ class Editor {
 
 #ifndef SWIG
 namespace detail {
+// Editor calls running on this thread (kdn's mover thread, inside edit()).
+inline int& EditorDepth() {
+  thread_local int depth = 0;
+  return depth;
+}
+
 // Each language's wrapper reports a callback's exception through this hook
 // (it prints it: Python's PyErr_Print, Java's ExceptionDescribe).
 inline kdn_status EditTrampoline(void* user, const kdn_chunk_info* info, void* kv, size_t kv_bytes, int* out_changed) {
@@ -388,6 +465,10 @@ inline kdn_status EditTrampoline(void* user, const kdn_chunk_info* info, void* k
   c.num_tokens = info->num_tokens;
   c.dtype = info->dtype;
   c.first_position = info->first_position;
+  struct Depth {
+    Depth() { ++EditorDepth(); }
+    ~Depth() { --EditorDepth(); }
+  } depth;
   try {
     *out_changed = static_cast<Editor*>(user)->edit(c, kv, kv_bytes) ? 1 : 0;
     return KDN_OK;
@@ -397,6 +478,13 @@ inline kdn_status EditTrampoline(void* user, const kdn_chunk_info* info, void* k
 }
 }  // namespace detail
 #endif
+
+// True on a thread that is running an editor (kdn's mover thread, inside
+// Editor::edit, from before the language's callback starts until after it
+// returns). Closing a runtime there would destroy it on its own mover
+// thread: the wrappers hand such closes (a finalizer run by a collection
+// inside the callback, say) to another thread.
+inline bool in_editor() { return detail::EditorDepth() > 0; }
 
 // ---- Handles ---------------------------------------------------------------
 
@@ -416,16 +504,21 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
+  // Waits for the calls in flight on this runtime (not its models' calls:
+  // models and ops keep kdn's runtime alive until they are closed).
   void close() {
-    kdn_runtime_destroy(rt_);
-    rt_ = nullptr;
+    life_.Close([] {}, [this] {
+      kdn_runtime_destroy(rt_);
+      rt_ = nullptr;
+    });
   }
-  bool is_closed() const { return rt_ == nullptr; }
+  bool is_closed() const { return life_.closing(); }
 
   Stats stats() {
+    const detail::Life::Use use(life_);
     kdn_stats s;
     detail::Check(kdn_stats_init(&s, sizeof s));
-    detail::Check(kdn_runtime_get_stats(Handle(), &s));
+    detail::Check(kdn_runtime_get_stats(rt_, &s));
     Stats out;
     out.lookups = s.lookups;
     out.retrieves = s.retrieves;
@@ -450,9 +543,10 @@ class Runtime {
   }
 
   Latency latency(int kind) {
+    const detail::Life::Use use(life_);
     kdn_latency l;
     detail::Check(kdn_latency_init(&l, sizeof l));
-    detail::Check(kdn_runtime_get_latency(Handle(), static_cast<kdn_latency_kind>(kind), &l));
+    detail::Check(kdn_runtime_get_latency(rt_, static_cast<kdn_latency_kind>(kind), &l));
     Latency out;
     out.count = l.count;
     out.mean_us = l.mean_us;
@@ -464,15 +558,17 @@ class Runtime {
   }
 
   uint32_t tier_count() {
+    const detail::Life::Use use(life_);
     uint32_t n = 0;
-    detail::Check(kdn_runtime_get_tier_count(Handle(), &n));
+    detail::Check(kdn_runtime_get_tier_count(rt_, &n));
     return n;
   }
 
   TierStats tier_stats(uint32_t index) {
+    const detail::Life::Use use(life_);
     kdn_tier_stats t;
     detail::Check(kdn_tier_stats_init(&t, sizeof t));
-    detail::Check(kdn_runtime_get_tier_stats(Handle(), index, &t));
+    detail::Check(kdn_runtime_get_tier_stats(rt_, index, &t));
     TierStats out;
     out.kind = t.kind;
     out.name = t.name;
@@ -508,11 +604,6 @@ class Runtime {
   Model* create_model(const ModelSpec& spec);
 
 #ifndef SWIG
-  kdn_runtime* Handle() const {
-    if (rt_ == nullptr) detail::Closed("the runtime");
-    return rt_;
-  }
-
  private:
   void Create(const RuntimeOptions& options, Editor* editor) {
     std::vector<kdn_tier_config> tiers(options.tiers.size());
@@ -556,6 +647,7 @@ class Runtime {
   }
 
   kdn_runtime* rt_ = nullptr;
+  detail::Life life_{"the runtime"};
 #endif
 };
 
@@ -585,22 +677,29 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
+  // Waits for the calls in flight on this model (its ops live on).
   void close() {
-    kdn_model_destroy(m_);
-    m_ = nullptr;
+    life_.Close([] {}, [this] {
+      kdn_model_destroy(m_);
+      m_ = nullptr;
+    });
   }
-  bool is_closed() const { return m_ == nullptr; }
+  bool is_closed() const { return life_.closing(); }
   const ModelSpec& spec() const { return spec_; }
 
   uint64_t kv_bytes_per_token() const {
+    const detail::Life::Use use(life_);
     uint64_t n = 0;
-    detail::Check(kdn_model_get_kv_bytes_per_token(Handle(), &n));
+    detail::Check(kdn_model_get_kv_bytes_per_token(m_, &n));
     return n;
   }
   // The 32-byte identity kdn derived from the spec, as 64 hex digits.
   std::string fingerprint() const {
     uint8_t id[32];
-    detail::Check(kdn_model_get_fingerprint(Handle(), id));
+    {
+      const detail::Life::Use use(life_);
+      detail::Check(kdn_model_get_fingerprint(m_, id));
+    }
     static const char kHex[] = "0123456789abcdef";
     std::string out;
     for (uint8_t b : id) {
@@ -611,21 +710,22 @@ class Model {
   }
 
   LookupResult lookup(const std::string& ns, const Request& request) const {
+    const detail::Life::Use use(life_);
     kdn_request r = request.Native();
     kdn_lookup_result res;
     detail::Check(kdn_lookup_result_init(&res, sizeof res));
-    detail::Check(kdn_kv_lookup(Handle(), ns.data(), ns.size(), &r, 1, &res));
+    detail::Check(kdn_kv_lookup(m_, ns.data(), ns.size(), &r, 1, &res));
     return LookupResult::From(res);
   }
 
   void lookup_batch(const std::string& ns, LookupBatch& batch) const {
-    kdn_model* m = Handle();
+    const detail::Life::Use use(life_);
     std::vector<kdn_request> reqs;
     reqs.reserve(batch.requests_.size());
     for (const Request& r : batch.requests_) reqs.push_back(r.Native());
     std::vector<kdn_lookup_result> res(reqs.size());
     for (kdn_lookup_result& r : res) detail::Check(kdn_lookup_result_init(&r, sizeof r));
-    detail::Check(kdn_kv_lookup(m, ns.data(), ns.size(), reqs.data(), reqs.size(), res.data()));
+    detail::Check(kdn_kv_lookup(m_, ns.data(), ns.size(), reqs.data(), reqs.size(), res.data()));
     batch.results_.clear();
     for (const kdn_lookup_result& r : res) batch.results_.push_back(LookupResult::From(r));
   }
@@ -648,27 +748,28 @@ class Model {
   void knowledge_put(const std::string& ns, const std::string& doc_id, uint64_t version, const std::string& metadata,
                      const Request& tokens, const KvView& view, void* data, size_t bytes) const {
     if (tokens.uses_hashes()) detail::Invalid("a knowledge item takes token ids, not block hashes");
-    std::vector<void*> k, v;
-    kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
-    const std::vector<int32_t>& t = tokens.tokens();
-    detail::Check(kdn_knowledge_put(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), version,
-                                    metadata.data(), metadata.size(), t.data(), t.size(), &nv, 1));
+    const detail::Life::Use use(life_);
+    const KvCallArgs a(*this, &tokens, view, data, bytes);
+    detail::Check(kdn_knowledge_put(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), version,
+                                    metadata.data(), metadata.size(), a.request.tokens, a.request.num_tokens,
+                                    &a.view, 1));
   }
   DocumentInfo knowledge_info(const std::string& ns, const std::string& doc_id) const {
+    const detail::Life::Use use(life_);
     kdn_document_info d;
     detail::Check(kdn_document_info_init(&d, sizeof d));
-    detail::Check(kdn_knowledge_get_info(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), &d));
+    detail::Check(kdn_knowledge_get_info(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), &d));
     return DocumentInfo::From(d);
   }
   // Every document of this model and namespace, in doc_id order.
   size_t knowledge_list(const std::string& ns) {
-    kdn_model* m = Handle();
+    const detail::Life::Use use(life_);
     size_t count = 0;
     std::vector<kdn_document_info> docs;
     for (;;) {  // a put between the two calls may add documents: ask again
       docs.resize(count ? count : 16);
       for (kdn_document_info& d : docs) detail::Check(kdn_document_info_init(&d, sizeof d));
-      detail::Check(kdn_knowledge_list(m, ns.data(), ns.size(), docs.data(), docs.size(), &count));
+      detail::Check(kdn_knowledge_list(m_, ns.data(), ns.size(), docs.data(), docs.size(), &count));
       if (count <= docs.size()) break;
     }
     listed_.clear();
@@ -682,25 +783,28 @@ class Model {
     return listed_[i];
   }
   void knowledge_pin(const std::string& ns, const std::string& doc_id, int64_t ttl_ms) const {
-    detail::Check(kdn_knowledge_pin(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), ttl_ms));
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_knowledge_pin(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), ttl_ms));
   }
   void knowledge_unpin(const std::string& ns, const std::string& doc_id) const {
-    detail::Check(kdn_knowledge_unpin(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size()));
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_knowledge_unpin(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size()));
   }
   void knowledge_expire(const std::string& ns, const std::string& doc_id, int64_t ttl_ms) const {
-    detail::Check(kdn_knowledge_expire(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size(), ttl_ms));
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_knowledge_expire(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), ttl_ms));
   }
   void knowledge_delete(const std::string& ns, const std::string& doc_id) const {
-    detail::Check(kdn_knowledge_delete(Handle(), ns.data(), ns.size(), doc_id.data(), doc_id.size()));
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_knowledge_delete(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size()));
   }
   // The document's KV into the buffer (the view must state its room,
   // num_tokens) and its tokens into the result. Too little room: Error with
   // KDN_ERR_BUFFER_TOO_SMALL and needed() = the document's length.
   FetchResult knowledge_fetch(const std::string& ns, const std::string& doc_id, const KvView& view, void* data,
                               size_t bytes) const {
-    kdn_model* m = Handle();
-    std::vector<void*> k, v;
-    kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+    const detail::Life::Use use(life_);
+    const KvCallArgs a(*this, nullptr, view, data, bytes);
     FetchResult out;
     const uint64_t per_token = uint64_t{spec_.num_layers} * 2 * spec_.num_kv_heads * spec_.head_dim *
                                detail::DtypeBytes(spec_.dtype);
@@ -711,7 +815,7 @@ class Model {
     out.tokens_.resize(view.num_tokens);
     kdn_kv_result r;
     detail::Check(kdn_kv_result_init(&r, sizeof r));
-    const kdn_status s = kdn_knowledge_fetch(m, ns.data(), ns.size(), doc_id.data(), doc_id.size(), &nv, 1,
+    const kdn_status s = kdn_knowledge_fetch(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), &a.view, 1,
                                              out.tokens_.data(), out.tokens_.size(), &r);
     detail::Check(s, s == KDN_ERR_BUFFER_TOO_SMALL ? r.tokens : 0);
     out.tokens_.resize(r.tokens);
@@ -721,23 +825,36 @@ class Model {
 
 #ifndef SWIG
   Model(kdn_model* m, const ModelSpec& spec) : m_(m), spec_(spec) {}
-  kdn_model* Handle() const {
-    if (m_ == nullptr) detail::Closed("the model");
-    return m_;
-  }
 
  private:
+  // What every KV call passes kdn: the request (if any) and the native view
+  // over the caller's buffer, with the pointer arrays that view needs.
+  struct KvCallArgs {
+    KvCallArgs(const Model& model, const Request* req, const KvView& kv, void* data, size_t bytes)
+        : request(NativeRequest(req)),
+          view(kv.Native(model.spec_, data, bytes, &k, &v)) {}
+    KvCallArgs(const KvCallArgs&) = delete;
+    KvCallArgs& operator=(const KvCallArgs&) = delete;
+    std::vector<void*> k, v;  // before view: Native fills them
+    kdn_request request;
+    kdn_kv_view view;
+
+    static kdn_request NativeRequest(const Request* req) {
+      if (req) return req->Native();
+      kdn_request none = KDN_REQUEST_INIT;
+      return none;
+    }
+  };
+
   using KvCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
                                 kdn_kv_result*);
   KvResult Call(KvCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
                 size_t bytes) const {
-    kdn_model* m = Handle();
-    kdn_request r = request.Native();
-    std::vector<void*> k, v;
-    kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+    const detail::Life::Use use(life_);
+    const KvCallArgs a(*this, &request, view, data, bytes);
     kdn_kv_result res;
     detail::Check(kdn_kv_result_init(&res, sizeof res));
-    detail::Check(call(m, ns.data(), ns.size(), &r, &nv, 1, &res));
+    detail::Check(call(m_, ns.data(), ns.size(), &a.request, &a.view, 1, &res));
     return KvResult::From(res);
   }
   using OpCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
@@ -747,6 +864,7 @@ class Model {
 
   kdn_model* m_ = nullptr;
   ModelSpec spec_;
+  detail::Life life_{"the model"};
   std::vector<DocumentInfo> listed_;
 #endif
 };
@@ -758,44 +876,50 @@ class Op {
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
-  // Cancels it if it still runs, waits until nothing touches the buffer,
-  // frees it.
+  // Cancels it if it still runs, ends the waits in progress (they throw the
+  // closed Error), waits for the calls in flight, then until nothing touches
+  // the buffer, frees it.
   void close() {
-    kdn_op_destroy(op_);
-    op_ = nullptr;
+    life_.Close([this] { kdn_op_cancel(op_); }, [this] {
+      kdn_op_destroy(op_);
+      op_ = nullptr;
+    });
   }
-  bool is_closed() const { return op_ == nullptr; }
+  bool is_closed() const { return life_.closing(); }
 
-  void layer_ready(uint32_t layer) { detail::Check(kdn_op_layer_ready(Handle(), layer)); }
+  void layer_ready(uint32_t layer) {
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_op_layer_ready(op_, layer));
+  }
   // true: the op ended (Error if it failed or was cancelled); false: the
   // time ran out first (timeout_ms < 0: no limit).
   bool wait(int64_t timeout_ms) {
-    const kdn_status s = kdn_op_wait(Handle(), timeout_ms);
-    if (s == KDN_ERR_TIMEOUT) return false;
-    detail::Check(s);
-    return true;
+    return Sliced(timeout_ms, [this](int64_t slice) { return kdn_op_wait(op_, slice); });
   }
   bool wait_layer(uint32_t layer, int64_t timeout_ms) {
-    const kdn_status s = kdn_op_wait_layer(Handle(), layer, timeout_ms);
-    if (s == KDN_ERR_TIMEOUT) return false;
-    detail::Check(s);
-    return true;
+    return Sliced(timeout_ms, [this, layer](int64_t slice) { return kdn_op_wait_layer(op_, layer, slice); });
   }
   int poll() {
+    const detail::Life::Use use(life_);
     kdn_op_state state = KDN_OP_PENDING;
-    detail::Check(kdn_op_poll(Handle(), &state));
+    detail::Check(kdn_op_poll(op_, &state));
     return state;
   }
-  void cancel() { detail::Check(kdn_op_cancel(Handle())); }
+  void cancel() {
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_op_cancel(op_));
+  }
   KvResult result() {
+    const detail::Life::Use use(life_);
     kdn_kv_result r;
     detail::Check(kdn_kv_result_init(&r, sizeof r));
-    detail::Check(kdn_op_get_result(Handle(), &r));
+    detail::Check(kdn_op_get_result(op_, &r));
     return KvResult::From(r);
   }
   // The failed ranges of a load: count, then begin(i) / end(i).
   size_t failed_ranges() {
-    kdn_op* op = Handle();
+    const detail::Life::Use use(life_);
+    kdn_op* op = op_;
     size_t count = 0;
     detail::Check(kdn_op_get_failed_ranges(op, nullptr, 0, &count));
     ranges_.resize(count);
@@ -808,13 +932,37 @@ class Op {
 
 #ifndef SWIG
   explicit Op(kdn_op* op) : op_(op) {}
-  kdn_op* Handle() const {
-    if (op_ == nullptr) detail::Closed("the op");
-    return op_;
-  }
 
  private:
+  // A blocking wait run in slices of at most kWaitSliceMs, so that a close
+  // from another thread ends it (with the closed Error) instead of freeing
+  // the op under it. `wait(slice_ms)` is one kdn wait.
+  template <typename Wait>
+  bool Sliced(int64_t timeout_ms, Wait wait) {
+    const detail::Life::Use use(life_);
+    using Clock = std::chrono::steady_clock;
+    const bool limited = timeout_ms >= 0 && timeout_ms < (int64_t{1} << 40);  // 2^40 ms: 34 years, no limit
+    const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(limited ? timeout_ms : 0);
+    for (;;) {
+      int64_t slice = detail::kWaitSliceMs;
+      if (limited) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        slice = std::clamp<int64_t>(left, 0, slice);
+      }
+      const kdn_status s = wait(slice);
+      if (s != KDN_ERR_TIMEOUT || life_.closing()) {
+        if (s != KDN_OK && life_.closing()) {
+          throw Error(KDN_ERR_INVALID_ARGUMENT, "the op was closed during the wait", true);
+        }
+        detail::Check(s);
+        return true;
+      }
+      if (limited && Clock::now() >= deadline) return false;
+    }
+  }
+
   kdn_op* op_ = nullptr;
+  detail::Life life_{"the op"};
   std::vector<kdn_token_range> ranges_;
 #endif
 };
@@ -831,8 +979,9 @@ inline Model* Runtime::create_model(const ModelSpec& spec) {
   s.rotary_dim = spec.rotary_dim;
   s.fingerprint = spec.fingerprint.data();
   s.fingerprint_len = spec.fingerprint.size();
+  const detail::Life::Use use(life_);
   kdn_model* m = nullptr;
-  detail::Check(kdn_model_create(Handle(), &s, &m));
+  detail::Check(kdn_model_create(rt_, &s, &m));
   return new Model(m, spec);
 }
 
@@ -848,12 +997,10 @@ inline Op* Model::save_async(const std::string& ns, const Request& request, cons
 
 inline Op* Model::Start(OpCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
                         size_t bytes) const {
-  kdn_model* m = Handle();
-  kdn_request r = request.Native();
-  std::vector<void*> k, v;
-  kdn_kv_view nv = view.Native(spec_, data, bytes, &k, &v);
+  const detail::Life::Use use(life_);
+  const KvCallArgs a(*this, &request, view, data, bytes);
   kdn_op* op = nullptr;
-  detail::Check(call(m, ns.data(), ns.size(), &r, &nv, 1, &op));
+  detail::Check(call(m_, ns.data(), ns.size(), &a.request, &a.view, 1, &op));
   return new Op(op);
 }
 

@@ -4,15 +4,23 @@ Resources: Runtime, Model and Op are context managers with an idempotent
 close(). A handle that is never closed is closed when it is collected, or at
 interpreter exit (weakref.finalize), in the reverse order of creation; rely
 on that only as a backstop. After close() every call raises ClosedError.
+A close on kdn's mover thread (an editor that closes a handle, or drops its
+last reference) is handed to a closer thread, which does it once the editor
+has returned: kdn cannot destroy a runtime on its own mover thread, and a
+model's or op's close waits. The handle reads as closed at once.
 
 Threads: a Runtime, Model or Op may be used from many threads at once (as
-kdn.h says); every call releases the GIL while kdn works. close() must be
-the last call on a handle: closing it while another thread is still inside
-a call on it is a bug (kdn.h: destroy is the last call).
+kdn.h says); every call releases the GIL while kdn works. close() may come
+from any thread, even while other threads are inside calls on the handle:
+it waits until those calls have left (a wait on an op ends promptly and
+raises ClosedError), and calls after it raise ClosedError.
 """
 import abc
 import array
+import atexit
+import collections
 import math
+import sys
 import threading
 import weakref
 
@@ -54,6 +62,10 @@ class Request:
     """The tokens of a KV call: token ids (copied in, so a Request can be
     built once and reused), or an engine's chained block hashes.
 
+    Immutable: calls read it without the GIL, from any number of threads at
+    once, so nothing may change it under them. Make another Request for
+    other tokens.
+
     Every KV call also takes a plain sequence of ints or an int32 buffer
     (numpy int32 array, array('i')) in place of a Request.
     """
@@ -73,10 +85,6 @@ class Request:
         r = cls()
         r._r.set_block_hashes(hashes, hash_bytes, block_tokens)
         return r
-
-    def set_tokens(self, tokens):
-        """Replaces the tokens (a sequence of ints or an int32 buffer)."""
-        self._r.set_tokens(tokens)
 
     @property
     def uses_hashes(self):
@@ -199,12 +207,15 @@ class Editor(abc.ABC):
     kdn.h). Subclass it, or pass any callable edit(info, kv) to Runtime.
 
     edit() runs on kdn's mover thread, one chunk at a time, holding the GIL.
-    `info` is a ChunkInfo; `kv` a writable memoryview of the chunk's KV in
-    the canonical layout [layer][k|v][token][kv_head][head_dim], valid only
-    during the call (numpy.frombuffer(kv, numpy.float32) edits it in place).
-    Return True when the KV was changed. An exception leaves the chunk as it
-    was; it is reported through sys.unraisablehook and the runtime goes on.
-    edit() must not call kdn (such calls fail with InvalidArgumentError).
+    `info` is a ChunkInfo; `kv` a writable memoryview of a copy of the
+    chunk's KV in the canonical layout [layer][k|v][token][kv_head][head_dim]
+    (numpy.frombuffer(kv, numpy.float32) edits it in place). Return True when
+    the KV was changed: the copy is written back into the chunk after the
+    call. `kv` is released when edit() returns; an array made from it and
+    kept stays valid, but is the copy's, never kdn's memory. An exception
+    leaves the chunk as it was; it is reported through sys.unraisablehook
+    and the runtime goes on. edit() must not call kdn (such calls fail with
+    InvalidArgumentError).
     """
 
     @abc.abstractmethod
@@ -217,7 +228,12 @@ class Editor(abc.ABC):
 
 class _EditorBridge(_s.Editor):
     """The SWIG director kdn calls: the chunk's tuple and memoryview in,
-    the user's editor called with a ChunkInfo."""
+    the user's editor called with a ChunkInfo and a view of a copy.
+
+    `kv` is kdn's memory, valid during this call only. Python cannot revoke
+    an export once made (numpy.frombuffer(kv) kept by the editor would alias
+    kdn's memory after the call), so the editor never sees it: it edits a
+    bytearray, copied back into `kv` when it reports a change."""
 
     def __init__(self, fn):
         super().__init__()
@@ -225,12 +241,21 @@ class _EditorBridge(_s.Editor):
 
     def edit(self, info, kv):
         try:
-            return bool(self._fn(ChunkInfo(info[0], info[1], info[2], info[3], DType(info[4]), info[5]), kv))
-        finally:
+            copy = bytearray(kv)
+            view = memoryview(copy)
             try:
-                kv.release()  # the KV is kdn's: no view of it outlives the call
-            except BufferError:
-                pass  # the editor kept an export (a numpy array) of it
+                changed = bool(self._fn(ChunkInfo(info[0], info[1], info[2], info[3], DType(info[4]), info[5]),
+                                        view))
+            finally:
+                try:
+                    view.release()
+                except BufferError:
+                    pass  # the editor kept an array of it: of the copy, which lives on with it
+            if changed:
+                kv[:] = copy
+            return changed
+        finally:
+            kv.release()  # never exported: no view of kdn's memory outlives the call
 
     def __repr__(self):
         return f"<kdn editor {self._fn!r}>"
@@ -259,9 +284,10 @@ class _Core:
             self.editor = None
 
 
-def _close_handle(handle, core, buffer=None):
+def _close_now(handle, core, buffer):
     # Closing may wait for the mover thread (which may be running a Python
-    # editor): the call releases the GIL.
+    # editor) and for calls in flight on other threads: the call releases
+    # the GIL.
     handle.close()
     if buffer is not None:
         try:
@@ -271,8 +297,88 @@ def _close_handle(handle, core, buffer=None):
     core.release()
 
 
-class Runtime:
-    """A kdn runtime: the store and its tiers (kdn_runtime).
+class _Closer:
+    """The thread that closes handles whose close came on kdn's mover thread
+    (inside an editor): a runtime destroyed there would be destroyed on its
+    own mover thread, and an op or model close could wait for that thread.
+    Started on first use; drained at exit."""
+
+    def __init__(self):
+        self._cv = threading.Condition(threading.Lock())
+        self._queue = collections.deque()
+        self._running = 0
+        self._thread = None
+
+    def submit(self, handle, core, buffer):
+        with self._cv:
+            self._queue.append((handle, core, buffer))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kdn-closer", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                item = self._queue.popleft()
+                self._running += 1
+            try:
+                _close_now(*item)
+            except BaseException:  # a close does not raise; if it did, say so and go on
+                sys.excepthook(*sys.exc_info())
+            finally:
+                del item
+                with self._cv:
+                    self._running -= 1
+                    self._cv.notify_all()
+
+    def drain(self, timeout=None):
+        """Waits until every close handed over so far is done (True), or
+        until `timeout` seconds pass (False)."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._queue and not self._running, timeout)
+
+
+_closer = _Closer()
+atexit.register(_closer.drain, 60)
+
+
+def _close_handle(handle, core, buffer=None):
+    if _s.in_editor():  # on kdn's mover thread: close elsewhere, after the editor returns
+        _closer.submit(handle, core, buffer)
+    else:
+        _close_now(handle, core, buffer)
+
+
+class _Handle:
+    """What Runtime, Model and Op share: close() (idempotent; the finalizer
+    of the native handle, so that also a collection closes it), closed, and
+    the context manager."""
+
+    def _track(self, handle, core, buffer=None):
+        self._close = weakref.finalize(self, _close_handle, handle, core, buffer)
+
+    def close(self):
+        """Closes the handle (idempotent). See the class for what it waits for."""
+        self._close()
+
+    @property
+    def closed(self):
+        return not self._close.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Runtime(_Handle):
+    """A kdn runtime: the store and its tiers (kdn_runtime). close() releases
+    it: models and ops made from it stay usable; the store goes when the
+    last of them is closed.
 
     >>> with kdn.Runtime(chunk_tokens=16, tiers=[kdn.Tier.host(16 << 20)]) as rt:
     ...     with rt.model(num_layers=5, num_kv_heads=4, head_dim=8, fingerprint="m") as m:
@@ -311,22 +417,7 @@ class Runtime:
             self._h = _s.Runtime(o)
         self.chunk_tokens = chunk_tokens
         self._core = _Core(bridge)
-        self._close = weakref.finalize(self, _close_handle, self._h, self._core)
-
-    def close(self):
-        """Releases the runtime. Models and ops made from it stay usable;
-        the store goes when the last of them is closed. Idempotent."""
-        self._close()
-
-    @property
-    def closed(self):
-        return not self._close.alive
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._track(self._h, self._core)
 
     def __repr__(self):
         return f"<kdn.Runtime chunk_tokens={self.chunk_tokens}{' closed' if self.closed else ''}>"
@@ -399,9 +490,9 @@ def _native_tier(tier):
     return t
 
 
-class Model:
+class Model(_Handle):
     """A model registered with a runtime (kdn_model); every KV call goes
-    through one. Made by Runtime.model().
+    through one. Made by Runtime.model(). close() releases it.
 
     KV buffers: any object with the buffer protocol, used in place (numpy
     arrays, bytearray, memoryview, mmap), C-contiguous. Calls that write
@@ -420,21 +511,7 @@ class Model:
         self._writable = None
         self._lock = threading.Lock()
         runtime._core.acquire()
-        self._close = weakref.finalize(self, _close_handle, handle, runtime._core)
-
-    def close(self):
-        """Releases the model (idempotent)."""
-        self._close()
-
-    @property
-    def closed(self):
-        return not self._close.alive
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._track(handle, runtime._core)
 
     def __repr__(self):
         s = self.spec
@@ -568,11 +645,12 @@ class Model:
         return FetchResult(KvResult._native(result), ids)
 
 
-class Op:
+class Op(_Handle):
     """An asynchronous load or save (kdn_op). It keeps the caller's buffer
-    exported until it is closed; close() cancels it if it still runs and
-    waits until kdn no longer touches the buffer. Timeouts are in seconds
-    (None: no limit)."""
+    exported until it is closed; close() cancels it if it still runs, ends
+    the waits on it (they raise ClosedError), waits until kdn no longer
+    touches the buffer, frees it and releases the buffer. Timeouts are in
+    seconds (None: no limit)."""
 
     def __init__(self, model, handle, buffer):
         self._h = handle
@@ -580,22 +658,7 @@ class Op:
         self._lock = threading.Lock()
         core = model._runtime._core
         core.acquire()
-        self._close = weakref.finalize(self, _close_handle, handle, core, buffer)
-
-    def close(self):
-        """Cancels the op if it still runs, waits for it, frees it, and
-        releases the buffer (idempotent)."""
-        self._close()
-
-    @property
-    def closed(self):
-        return not self._close.alive
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._track(handle, core, buffer)
 
     def __repr__(self):
         return f"<kdn.Op{' closed' if self.closed else ''}>"
@@ -603,7 +666,8 @@ class Op:
     def wait(self, timeout=None):
         """Until the op ends: True (it succeeded), or False when the time ran
         out first (it goes on). A failed or cancelled op raises its error
-        (CancelledError, ...)."""
+        (CancelledError, ...); a close from another thread meanwhile,
+        ClosedError."""
         return self._h.wait(_ms(timeout))
 
     def wait_layer(self, layer, timeout=None):

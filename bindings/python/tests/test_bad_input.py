@@ -6,7 +6,7 @@ import unittest
 import numpy as np
 
 import kdn
-from _common import CHUNK, LAYERS, NS, ROW, canonical_kv, model, runtime, tokens
+from _common import CHUNK, DIM, LAYERS, NS, ROW, canonical_kv, model, runtime, tokens
 
 
 class BadInputTest(unittest.TestCase):
@@ -136,6 +136,59 @@ class BadInputTest(unittest.TestCase):
             self.m.knowledge_fetch(NS, "doc", out, None)
         big = np.zeros((LAYERS, 2, cm.exception.needed, ROW), np.float32)
         self.assertEqual(self.m.knowledge_fetch(NS, "doc", big, kdn.KvView(num_tokens=n)).result.tokens, n)
+
+    def test_bad_paged_view_blocks(self):
+        # A block count that overflows (num_blocks x block elements past 2^64)
+        # or whose blocks do not fit the buffer: refused before kdn reads or
+        # writes a byte (regression: kdn was handed layer pointers past the end).
+        n = 2 * CHUNK
+        block = 8
+        per_cache = 4 * block * ROW
+        buf = np.full(LAYERS * 2 * per_cache, 3.0, np.float32)
+        offsets = [(2 * layer * per_cache, (2 * layer + 1) * per_cache) for layer in range(LAYERS)]
+        cases = [
+            (2 ** 58 + 1, [0, 2 ** 31 - 1, 1, 2]),  # x 64 elements a block: 2^64 + 64, taken for 64
+            (2 ** 62, [0, 1, 2, 3]),
+            (2 ** 64 - 1, [0, 1, 2, 3]),
+            (LAYERS * 2 * 4 + 1, [0, 1, 2, LAYERS * 2 * 4]),  # one block more than the whole buffer
+        ]
+        for layout in (kdn.Layout.PAGED_NHD, kdn.Layout.PAGED_HND):
+            for num_blocks, table in cases:
+                view = kdn.KvView.paged(layout, block, table, offsets, num_blocks)
+                with self.subTest(layout=layout, num_blocks=num_blocks):
+                    with self.assertRaisesRegex(kdn.InvalidArgumentError, "paged view"):
+                        self.m.retrieve(NS, tokens(n), buf, view)
+                    with self.assertRaisesRegex(kdn.InvalidArgumentError, "paged view"):
+                        self.m.store(NS, tokens(n, 300), buf, view)
+        self.assertTrue((buf == 3.0).all())
+        self.assertEqual(self.m.lookup(NS, tokens(n, 300)).cached_tokens, 0)
+
+    def test_bad_layer_offsets_not_one_per_layer(self):
+        # Offsets for fewer (or more) layers than the view names: refused
+        # (regression: kdn read the pointer array past its end).
+        per = CHUNK * ROW
+        buf = np.zeros(2 * LAYERS * per, np.float32)
+        for offsets, layers in (([(0, per)], None), ([(0, per)] * (LAYERS + 1), None), ([(0, per)], [1, 0])):
+            view = kdn.KvView(layer_offsets=offsets, layers=layers, layer_elements=per, stride_token=ROW,
+                              stride_head=DIM, stride_dim=1)
+            with self.subTest(offsets=len(offsets), layers=layers):
+                with self.assertRaisesRegex(kdn.InvalidArgumentError, "layer offsets"):
+                    self.m.retrieve(NS, tokens(CHUNK), buf, view)
+                with self.assertRaisesRegex(kdn.InvalidArgumentError, "layer offsets"):
+                    self.m.knowledge_put(NS, "offsets", tokens(CHUNK), buf, view)
+        self.assertTrue((buf == 0).all())
+
+    def test_bad_fetch_room_larger_than_buffer(self):
+        # A fetch whose stated room exceeds the buffer: refused before kdn
+        # writes (regression: kdn wrote the document's KV past the buffer).
+        n = 3 * CHUNK
+        self.m.knowledge_put(NS, "roomy", tokens(n), canonical_kv(n))
+        out = bytearray(CHUNK * self.m.kv_bytes_per_token)
+        for room in (n, 2 ** 40, 2 ** 63):
+            with self.subTest(room=room):
+                with self.assertRaisesRegex(kdn.InvalidArgumentError, "room"):
+                    self.m.knowledge_fetch(NS, "roomy", out, kdn.KvView(num_tokens=room))
+        self.assertEqual(out, bytearray(len(out)))
 
     def test_bad_batch_request(self):
         got = self.m.lookup_batch(NS, [tokens(CHUNK), [4, -4, 4], tokens(CHUNK)])

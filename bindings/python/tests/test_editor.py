@@ -83,6 +83,29 @@ class EditorTest(unittest.TestCase):
         with self.assertRaises(ValueError):  # released: no access to kdn's memory after the call
             kept[0][0]
 
+    def test_array_kept_past_the_call_never_aliases_kdn_memory(self):
+        # numpy.frombuffer(kv) kept by the editor: an export Python cannot
+        # revoke. It must not reach kdn's memory after the call (it did: a
+        # write through it changed the stored chunk, or freed memory).
+        kept = []
+
+        def edit(info, kv):
+            a = np.frombuffer(kv, np.float32)
+            a += 1.0
+            kept.append(a)
+            return True
+
+        n = 2 * CHUNK
+        kv = canonical_kv(n)
+        with runtime(editor=edit) as rt, model(rt) as m:
+            m.store(NS, tokens(n), kv)
+            self.assertTrue(wait_for(lambda: rt.stats().edits == 2), rt.stats())
+            for a in kept:
+                a[:] = -7.0  # after the call
+            out = np.zeros_like(kv)
+            self.assertEqual(m.retrieve(NS, tokens(n), out).tokens, n)
+            np.testing.assert_array_equal(out, kv + 1.0)  # the edit made during the call, nothing after
+
     def test_runtime_dropped_without_close(self):
         editor = AddOne()
         rt = runtime(editor=editor)

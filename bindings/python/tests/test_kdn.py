@@ -190,8 +190,22 @@ class KvTest(unittest.TestCase):
         self.m.store(b"bytes-ns", req, canonical_kv(2 * CHUNK))
         self.assertEqual(self.m.lookup(b"bytes-ns", req).cached_tokens, 2 * CHUNK)
         self.assertEqual(self.m.lookup("bytes-ns", req).cached_tokens, 2 * CHUNK)  # the same UTF-8 bytes
-        req.set_tokens(np.arange(CHUNK, dtype=np.int64))  # copied from int64, the same ids
-        self.assertEqual(self.m.lookup("bytes-ns", req).cached_tokens, CHUNK)
+        half = kdn.Request(np.arange(CHUNK, dtype=np.int64))  # copied from int64, the same ids
+        self.assertEqual(self.m.lookup("bytes-ns", half).cached_tokens, CHUNK)
+
+    def test_request_is_immutable(self):
+        # Calls read a Request without the GIL, from many threads at once:
+        # nothing may change its tokens under them. It has no mutator, and
+        # the ids it was made from are copied in.
+        public = sorted(name for name in dir(kdn.Request) if not name.startswith("_"))
+        self.assertEqual(public, ["from_block_hashes", "uses_hashes"])
+        ids = tokens(2 * CHUNK)
+        req = kdn.Request(ids)
+        ids[:] = 7  # the caller reuses its array
+        self.m.store(NS, req, canonical_kv(2 * CHUNK))
+        self.assertEqual(self.m.lookup(NS, tokens(2 * CHUNK)).cached_tokens, 2 * CHUNK)
+        with self.assertRaises(AttributeError):
+            req.tokens = ids
 
     def test_block_hashes(self):
         hashes = bytes(range(32)) * 2  # 4 blocks of 16-byte hashes, 4 tokens each: one chunk of 16
