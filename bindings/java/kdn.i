@@ -29,6 +29,7 @@
 %{
 #include "kdn_binding.hpp"
 
+#include <atomic>
 #include <new>
 #include <stdexcept>
 
@@ -208,6 +209,42 @@ class string;
     throw std::runtime_error("the Java editor threw (see Runtime.editorFailure())");
   }
 %}
+// SWIG's director leaves a Java exception pending and returns false when it
+// has no Java method to call: its Java object is gone (the weak reference SWIG
+// keeps was collected) or never overrode edit(). kdn's mover thread would go
+// on with it pending, and the edit would count as a success. GuardedEditor is
+// what kdn calls instead: it forwards to the director, then clears such an
+// exception and fails the edit (KDN_ERR_INTERNAL through the trampoline), so
+// the thread is left clean; lost_calls() counts them (Runtime.editorFailure()).
+%{
+namespace kdn_java {
+class GuardedEditor : public kdn::binding::Editor {
+ public:
+  GuardedEditor(JNIEnv* jenv, kdn::binding::Editor* director) : director_(director) {
+    if (director == nullptr) throw kdn::binding::Error(KDN_ERR_INVALID_ARGUMENT, "the editor is null");
+    if (jenv->GetJavaVM(&vm_) != JNI_OK) throw std::runtime_error("kdn: no JavaVM for the editor");
+  }
+  bool edit(const kdn::binding::ChunkInfo& info, void* kv, size_t kv_bytes) override {
+    const bool changed = director_->edit(info, kv, kv_bytes);
+    JNIEnv* env = nullptr;
+    if (vm_->GetEnv(reinterpret_cast<void**>(&env), JNI_VERSION_1_6) == JNI_OK && env->ExceptionCheck()) {
+      env->ExceptionClear();
+      lost_calls_.fetch_add(1, std::memory_order_relaxed);
+      throw std::runtime_error("kdn called the Java editor but found no Java object to call");
+    }
+    return changed;
+  }
+  uint64_t lost_calls() const { return lost_calls_.load(std::memory_order_relaxed); }
+
+ private:
+  kdn::binding::Editor* director_;
+  JavaVM* vm_ = nullptr;
+  std::atomic<uint64_t> lost_calls_{0};
+};
+}  // namespace kdn_java
+%}
+%typemap(in, numinputs=0) JNIEnv* jenv "$1 = jenv;"
+
 %typemap(jni) (void* kv, size_t kv_bytes) "jobject"
 %typemap(jtype) (void* kv, size_t kv_bytes) "java.nio.ByteBuffer"
 %typemap(jstype) (void* kv, size_t kv_bytes) "java.nio.ByteBuffer"
@@ -296,3 +333,15 @@ class string;
 %rename(await_layer_ms) kdn::binding::Op::wait_layer;
 
 %include "kdn_binding.hpp"
+
+// The editor kdn calls (above); the Java side never calls edit() itself.
+%rename(NativeGuardedEditor) kdn_java::GuardedEditor;
+%ignore kdn_java::GuardedEditor::edit;
+namespace kdn_java {
+class GuardedEditor : public kdn::binding::Editor {
+ public:
+  GuardedEditor(JNIEnv* jenv, kdn::binding::Editor* director);
+  bool edit(const kdn::binding::ChunkInfo& info, void* kv, size_t kv_bytes) override;
+  uint64_t lost_calls() const;
+};
+}  // namespace kdn_java

@@ -1,9 +1,10 @@
 package dev.kdn;
 
 import dev.kdn.swig.NativeFetchResult;
+import dev.kdn.swig.NativeKvView;
 import dev.kdn.swig.NativeLookupBatch;
 import dev.kdn.swig.NativeModel;
-import dev.kdn.swig.NativeOp;
+import dev.kdn.swig.NativeRequest;
 import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -11,6 +12,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
+import java.util.function.UnaryOperator;
 
 /**
  * A model of a {@link Runtime} (kdn_model): stores, finds and loads KV of its shape, under a
@@ -27,16 +29,17 @@ import java.util.Objects;
  * <p>A miss is not an error: a retrieve or load of nothing returns 0 tokens. Failures throw the
  * {@link KdnException} for their status; null arguments throw {@link NullPointerException}.
  *
- * <p>Thread-safe, except that {@link #close()} must be the last call. Closing is idempotent and
- * throws nothing; a closed model's methods throw {@link IllegalStateException}. A model nobody
- * closed is closed by a {@link Cleaner} (a backstop only).
+ * <p>Thread-safe. {@link #close()} may race another thread's call: that call completes or throws
+ * {@link IllegalStateException}. Closing is idempotent and throws nothing; a closed model's methods
+ * throw {@link IllegalStateException}. A model nobody closed is closed by a {@link Cleaner} (a
+ * backstop only).
  */
 public final class Model implements AutoCloseable {
   private final NativeModel handle;
   private final ModelSpec spec;
   private final Runtime runtime;
   private final Core core;
-  private final Cleaner.Cleanable cleanable;
+  private final Core.Release release;
   private final Object listLock = new Object();
   private volatile boolean closed;
 
@@ -46,10 +49,8 @@ public final class Model implements AutoCloseable {
     this.runtime = runtime;
     this.core = core;
     core.acquire();
-    this.cleanable = Natives.CLEANER.register(this, new Core.Release(() -> {
-      handle.close();
-      handle.delete();
-    }, core, null));
+    this.release = new Core.Release(handle::close, handle::delete, core, null);
+    Natives.CLEANER.register(this, release);
   }
 
   private NativeModel handle() {
@@ -126,14 +127,7 @@ public final class Model implements AutoCloseable {
 
   /** Stores the request's KV from {@code kv}, laid out as {@code view} says. */
   public KvResult store(String ns, Request request, KvView view, ByteBuffer kv) {
-    Objects.requireNonNull(ns, "ns");
-    Objects.requireNonNull(request, "request");
-    Natives.checkView(view, spec);
-    try {
-      return Natives.kvResult(handle().store(ns, request.handle, view.handle, Natives.readable(kv)));
-    } finally {
-      Natives.fence(this, request, view);
-    }
+    return Natives.kvResult(kvCall(ns, request, view, kv, Natives::readable, NativeModel::store));
   }
 
   /** Stores the request's KV from {@code kv} in the canonical layout. */
@@ -146,14 +140,7 @@ public final class Model implements AutoCloseable {
    * tokens()} of the result says how many (0 on a miss).
    */
   public KvResult retrieve(String ns, Request request, KvView view, ByteBuffer kv) {
-    Objects.requireNonNull(ns, "ns");
-    Objects.requireNonNull(request, "request");
-    Natives.checkView(view, spec);
-    try {
-      return Natives.kvResult(handle().retrieve(ns, request.handle, view.handle, Natives.writable(kv)));
-    } finally {
-      Natives.fence(this, request, view);
-    }
+    return Natives.kvResult(kvCall(ns, request, view, kv, Natives::writable, NativeModel::retrieve));
   }
 
   /** Loads the cached prefix of the request into {@code kv} in the canonical layout. */
@@ -166,14 +153,7 @@ public final class Model implements AutoCloseable {
    * until it is closed; do not touch the buffer before the op ends.
    */
   public Op loadAsync(String ns, Request request, KvView view, ByteBuffer kv) {
-    Objects.requireNonNull(ns, "ns");
-    Objects.requireNonNull(request, "request");
-    Natives.checkView(view, spec);
-    try {
-      return new Op(handle().load_async(ns, request.handle, view.handle, Natives.writable(kv)), kv, core);
-    } finally {
-      Natives.fence(this, request, view);
-    }
+    return new Op(kvCall(ns, request, view, kv, Natives::writable, NativeModel::load_async), kv, core);
   }
 
   /**
@@ -181,11 +161,26 @@ public final class Model implements AutoCloseable {
    * layer as it becomes final, then {@link Op#await()}. The op keeps {@code kv} until it is closed.
    */
   public Op saveAsync(String ns, Request request, KvView view, ByteBuffer kv) {
+    return new Op(kvCall(ns, request, view, kv, Natives::readable, NativeModel::save_async), kv, core);
+  }
+
+  /** A native KV call: store, retrieve, load_async or save_async. */
+  @FunctionalInterface
+  private interface KvCall<T> {
+    T call(NativeModel model, String ns, NativeRequest request, NativeKvView view, ByteBuffer kv);
+  }
+
+  /**
+   * What the KV calls share: the checks (null arguments, the view's dtype, the model open, the
+   * buffer by {@code checkBuffer}, in that order), the call, the fence.
+   */
+  private <T> T kvCall(String ns, Request request, KvView view, ByteBuffer kv, UnaryOperator<ByteBuffer> checkBuffer,
+      KvCall<T> call) {
     Objects.requireNonNull(ns, "ns");
     Objects.requireNonNull(request, "request");
     Natives.checkView(view, spec);
     try {
-      return new Op(handle().save_async(ns, request.handle, view.handle, Natives.readable(kv)), kv, core);
+      return call.call(handle(), ns, request.handle, view.handle, checkBuffer.apply(kv));
     } finally {
       Natives.fence(this, request, view);
     }
@@ -328,6 +323,6 @@ public final class Model implements AutoCloseable {
   @Override
   public void close() {
     closed = true;
-    cleanable.clean();
+    release.close();
   }
 }

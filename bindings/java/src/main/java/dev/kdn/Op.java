@@ -1,7 +1,6 @@
 package dev.kdn;
 
 import dev.kdn.swig.NativeOp;
-import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -18,13 +17,14 @@ import java.util.concurrent.TimeUnit;
  * (it throws the op's {@link KdnException} if it failed, {@link CancelledException} if it was
  * cancelled), false when the time ran out first (the op goes on).
  *
- * <p>Thread-safe, except that {@link #close()} must be the last call (idempotent, throws
- * nothing). A closed op's methods throw {@link IllegalStateException}.
+ * <p>Thread-safe. {@link #close()} (idempotent, throws nothing) may race another thread's call, an
+ * {@code await} for instance: that call returns, or throws {@link CancelledException} or {@link
+ * IllegalStateException}. A closed op's methods throw {@link IllegalStateException}.
  */
 public final class Op implements AutoCloseable {
   private final NativeOp handle;
   private final ByteBuffer buffer;
-  private final Cleaner.Cleanable cleanable;
+  private final Core.Release release;
   private volatile boolean closed;
 
   Op(NativeOp handle, ByteBuffer buffer, Core core) {
@@ -33,10 +33,8 @@ public final class Op implements AutoCloseable {
     core.acquire();
     // The release keeps the buffer reachable until the native op is destroyed, even when nobody
     // closed the op and the Cleaner does.
-    this.cleanable = Natives.CLEANER.register(this, new Core.Release(() -> {
-      handle.close();
-      handle.delete();
-    }, core, buffer));
+    this.release = new Core.Release(handle::close, handle::delete, core, buffer);
+    Natives.CLEANER.register(this, release);
   }
 
   private NativeOp handle() {
@@ -152,6 +150,6 @@ public final class Op implements AutoCloseable {
   @Override
   public void close() {
     closed = true;
-    cleanable.clean();
+    release.close();
   }
 }

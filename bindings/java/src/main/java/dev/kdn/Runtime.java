@@ -1,5 +1,6 @@
 package dev.kdn;
 
+import dev.kdn.swig.NativeEditor;
 import dev.kdn.swig.NativeLatency;
 import dev.kdn.swig.NativeModelSpec;
 import dev.kdn.swig.NativeRuntime;
@@ -9,6 +10,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
 import java.util.Optional;
+import java.util.function.Supplier;
 
 /**
  * A kdn runtime (kdn_runtime): the tiers, the background threads, the statistics. Create it with
@@ -21,30 +23,34 @@ import java.util.Optional;
  * }
  * }</pre>
  *
- * <p>Thread-safe: any method from any thread, except that {@link #close()} must be the last call.
- * Closing is idempotent and throws nothing; the native runtime lives on until its models and ops
- * are closed too. A runtime nobody closed is closed by a {@link Cleaner} (a backstop only). A
- * closed runtime's methods throw {@link IllegalStateException}.
+ * <p>The name is also {@link java.lang.Runtime}'s, which every file imports implicitly: under
+ * {@code import dev.kdn.*;} alone, {@code Runtime} is ambiguous (a compile error where it is used).
+ * Import it by name, {@code import dev.kdn.Runtime;} (a single-type import wins over
+ * {@code java.lang}), or write {@code dev.kdn.Runtime}.
+ *
+ * <p>Thread-safe: any method from any thread. {@link #close()} may race another thread's call: that
+ * call completes or throws {@link IllegalStateException}, and later calls throw it. Closing is
+ * idempotent and throws nothing; the native runtime lives on until its models and ops are closed
+ * too. A runtime nobody closed is closed by a {@link Cleaner} (a backstop only), which also frees
+ * the native object of a closed one.
  */
 public final class Runtime implements AutoCloseable {
   private final NativeRuntime handle;
   private final Core core;
-  private final Cleaner.Cleanable cleanable;
+  private final Core.Release release;
   private volatile boolean closed;
 
   private Runtime(NativeRuntime handle, Core core) {
     this.handle = handle;
     this.core = core;
-    this.cleanable = Natives.CLEANER.register(this, new Core.Release(() -> {
-      handle.close();
-      handle.delete();
-    }, core, null));
+    this.release = new Core.Release(handle::close, handle::delete, core, null);
+    Natives.CLEANER.register(this, release);
   }
 
   /** A runtime; {@link InvalidArgumentException} for bad options (a tier of 0 bytes, an unknown codec). */
   public static Runtime create(RuntimeOptions options) {
     Objects.requireNonNull(options, "options");
-    return make(options, null);
+    return make(options::toNative, () -> new Core((Editor) null));
   }
 
   /**
@@ -54,22 +60,29 @@ public final class Runtime implements AutoCloseable {
   public static Runtime create(RuntimeOptions options, Editor editor) {
     Objects.requireNonNull(options, "options");
     Objects.requireNonNull(editor, "editor");
-    return make(options, editor);
+    return make(options::toNative, () -> new Core(editor));
   }
 
-  private static Runtime make(RuntimeOptions options, Editor editor) {
-    Core core = new Core(editor);
-    NativeRuntimeOptions o = options.toNative();
-    NativeRuntime h;
+  /**
+   * The native options first, then the core (and its native editor), then the native runtime:
+   * whichever step throws, what the earlier ones made is freed.
+   */
+  static Runtime make(Supplier<NativeRuntimeOptions> nativeOptions, Supplier<Core> newCore) {
+    NativeRuntimeOptions o = nativeOptions.get();
     try {
-      h = editor == null ? new NativeRuntime(o) : new NativeRuntime(o, core.nativeEditor());
-    } catch (RuntimeException e) {
-      core.release();
-      throw e;
+      Core core = newCore.get();
+      NativeRuntime h;
+      try {
+        NativeEditor e = core.nativeEditor();
+        h = e == null ? new NativeRuntime(o) : new NativeRuntime(o, e);
+      } catch (RuntimeException | Error e) {
+        core.release();
+        throw e;
+      }
+      return new Runtime(h, core);
     } finally {
       o.delete();
     }
-    return new Runtime(h, core);
   }
 
   NativeRuntime handle() {
@@ -139,7 +152,11 @@ public final class Runtime implements AutoCloseable {
     return out;
   }
 
-  /** The last exception the editor threw (each left its chunk as it was), if any. */
+  /**
+   * The last exception the editor threw (each left its chunk as it was), if any; else an {@link
+   * IllegalStateException} if kdn found no Java editor to call (those edits failed, their chunks
+   * left as they were).
+   */
   public Optional<Throwable> editorFailure() {
     return Optional.ofNullable(core.editorFailure());
   }
@@ -152,6 +169,6 @@ public final class Runtime implements AutoCloseable {
   @Override
   public void close() {
     closed = true;
-    cleanable.clean();
+    release.close();
   }
 }

@@ -58,17 +58,22 @@ public final class RuntimeOptions {
   /** A native copy; the caller deletes it. */
   NativeRuntimeOptions toNative() {
     NativeRuntimeOptions n = new NativeRuntimeOptions();
-    n.setChunk_tokens(Integer.toUnsignedLong(chunkTokens));
-    n.setHost_capacity_bytes(hostCapacityBytes);
-    n.setHash_seed(hashSeed);
-    n.setWorker_threads(Integer.toUnsignedLong(workerThreads));
-    for (TierConfig t : tiers) {
-      NativeTierConfig nt = t.toNative();
-      try {
-        n.add_tier(nt);
-      } finally {
-        nt.delete();
+    try {
+      n.setChunk_tokens(Integer.toUnsignedLong(chunkTokens));
+      n.setHost_capacity_bytes(hostCapacityBytes);
+      n.setHash_seed(hashSeed);
+      n.setWorker_threads(Integer.toUnsignedLong(workerThreads));
+      for (TierConfig t : tiers) {
+        NativeTierConfig nt = t.toNative();
+        try {
+          n.add_tier(nt);
+        } finally {
+          nt.delete();
+        }
       }
+    } catch (RuntimeException | Error e) {
+      n.delete();
+      throw e;
     }
     return n;
   }

@@ -196,4 +196,71 @@ class BadInputTest {
     assertThrows(CancelledException.class, () -> running.await(Duration.ofSeconds(10)));
     running.close();
   }
+
+  /** A paged view of more blocks than the buffer holds, or so many that their bytes overflow. */
+  @Test
+  void testBadPagedBlockCount() {
+    Request req = Request.ofTokens(tokens(8, 1));
+    m.store("ns", req, kv(8, 0));
+    int blockSize = 4;
+    long blockElems = (long) blockSize * HEADS * HEAD_DIM;
+    int numBlocks = 6;
+    ByteBuffer cache = Kdn.allocate((int) (2 * LAYERS * numBlocks * blockElems * 4));
+    // The most an unsigned count can say, a count whose bytes overflow 64 bits (to a small span
+    // the offsets fit), one block past the buffer.
+    long[] counts = {(1L << 62) / blockElems * 4 + 1, -1L, 2L * LAYERS * numBlocks + 1};
+    for (KvLayout layout : new KvLayout[] {KvLayout.PAGED_NHD, KvLayout.PAGED_HND}) {
+      for (long count : counts) {
+        KvView.Builder b = KvView.paged(layout, blockSize, count).blockTable(5, 2);
+        for (int l = 0; l < LAYERS; ++l) b.layerOffsets(0, 0);
+        KvView view = b.build();
+        String what = layout + ", " + Long.toUnsignedString(count) + " blocks";
+        InvalidArgumentException e =
+            assertThrows(InvalidArgumentException.class, () -> m.retrieve("ns", req, view, cache), what);
+        assertTrue(e.getMessage().contains("blocks"), e.getMessage());
+        assertThrows(InvalidArgumentException.class, () -> m.store("ns", req, view, cache), what);
+        assertThrows(InvalidArgumentException.class, () -> m.loadAsync("ns", req, view, cache), what);
+      }
+    }
+    while (cache.hasRemaining()) assertEquals(0, cache.get());
+  }
+
+  /** Layer offsets for fewer (or more) layers than the view names: refused, nothing read past them. */
+  @Test
+  void testBadLayerOffsetsMissLayers() {
+    Request req = Request.ofTokens(tokens(4, 1));
+    m.store("ns", req, kv(4, 0));
+    int span = 4 * HEADS * HEAD_DIM;
+    ByteBuffer buf = Kdn.allocate(4 * span * 4);
+    KvView.Builder strided = KvView.contiguous().strides(HEADS * HEAD_DIM, HEAD_DIM, 1).layerElements(span);
+    // The model has LAYERS (2) layers: one offset pair is not enough.
+    KvView oneOfTwo = strided.layerOffsets(0, span).build();
+    InvalidArgumentException e =
+        assertThrows(InvalidArgumentException.class, () -> m.retrieve("ns", req, oneOfTwo, buf));
+    assertTrue(e.getMessage().contains("layer offsets"), e.getMessage());
+    assertThrows(InvalidArgumentException.class, () -> m.store("ns", req, oneOfTwo, buf));
+    assertThrows(InvalidArgumentException.class, () -> m.saveAsync("ns", req, oneOfTwo, buf));
+    // A view naming both layers with one pair, and one naming one layer with two.
+    KvView named = KvView.contiguous().strides(HEADS * HEAD_DIM, HEAD_DIM, 1).layerElements(span).layers(0, 1)
+        .layerOffsets(0, span).build();
+    assertThrows(InvalidArgumentException.class, () -> m.retrieve("ns", req, named, buf));
+    KvView extra = KvView.contiguous().strides(HEADS * HEAD_DIM, HEAD_DIM, 1).layerElements(span).layers(1)
+        .layerOffsets(0, span).layerOffsets(2 * span, 3 * span).build();
+    assertThrows(InvalidArgumentException.class, () -> m.retrieve("ns", req, extra, buf));
+    while (buf.hasRemaining()) assertEquals(0, buf.get());
+  }
+
+  /** A knowledge fetch whose room (the view's numTokens) is larger than the buffer, up to 2^64-1. */
+  @Test
+  void testBadFetchRoomPastBuffer() {
+    m.knowledgePut("kb", "doc", 1, "", Request.ofTokens(tokens(8, 1)), KvView.canonical(), kv(8, 0));
+    ByteBuffer out = Kdn.allocate(8 * BYTES_PER_TOKEN);
+    for (long room : new long[] {-1L, Long.MAX_VALUE, 1L << 40, 9}) {
+      InvalidArgumentException e = assertThrows(InvalidArgumentException.class,
+          () -> m.knowledgeFetch("kb", "doc", KvView.canonical(room), out), Long.toUnsignedString(room));
+      assertTrue(e.getMessage().contains("room"), e.getMessage());
+    }
+    while (out.hasRemaining()) assertEquals(0, out.get());
+    assertEquals(8, m.knowledgeFetch("kb", "doc", KvView.canonical(8), out).tokens().length);
+  }
 }

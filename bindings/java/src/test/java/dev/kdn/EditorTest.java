@@ -3,6 +3,13 @@ package dev.kdn;
 import static dev.kdn.TestSupport.*;
 import static org.junit.jupiter.api.Assertions.*;
 
+import dev.kdn.swig.NativeChunkInfo;
+import dev.kdn.swig.NativeEditor;
+import dev.kdn.swig.NativeGuardedEditor;
+import dev.kdn.swig.NativeModelSpec;
+import dev.kdn.swig.NativeRuntime;
+import dev.kdn.swig.NativeRuntimeOptions;
+import java.lang.ref.WeakReference;
 import java.nio.ByteBuffer;
 import java.nio.FloatBuffer;
 import java.util.List;
@@ -129,6 +136,84 @@ class EditorTest {
       return m.runtime().editorFailure().isEmpty() && edits(m) >= 1;
     });
     m.close();
+  }
+
+  /**
+   * A director with no Java edit() to call (SWIG's plain NativeEditor): SWIG leaves an exception
+   * pending on kdn's mover thread and returns false. The binding clears it and fails the edit: the
+   * failure shows in editorFailure(), no edit counts, the chunk is as stored, and the thread goes
+   * on calling the editor for the next chunks.
+   */
+  @Test
+  void testBadEditorWithNoJavaMethod() {
+    RuntimeOptions options = options();
+    try (Runtime rt = Runtime.make(options::toNative, () -> new Core(new NativeEditor()));
+        Model m = rt.createModel(spec())) {
+      Request req = Request.ofTokens(tokens(CHUNK, 88));
+      ByteBuffer in = kv(CHUNK, 3);
+      assertEquals(CHUNK, m.store("ns", req, in).tokens());
+      waitUntil("the failed edit", () -> rt.editorFailure().isPresent());
+      Throwable t = rt.editorFailure().get();
+      assertInstanceOf(IllegalStateException.class, t);
+      assertTrue(t.getMessage().contains("no Java object"), t.getMessage());
+      ByteBuffer out = Kdn.allocate(CHUNK * BYTES_PER_TOKEN);
+      assertEquals(CHUNK, m.retrieve("ns", req, out).tokens());
+      assertEquals(in, out);
+      // The mover thread was left clean: it edits (and fails) the next chunks the same way.
+      m.store("ns", Request.ofTokens(tokens(3 * CHUNK, 500)), kv(3 * CHUNK, 0));
+      waitUntil("four failed edits", () -> rt.editorFailure().get().getMessage().contains(" 4 time"));
+      assertEquals(0, rt.stats().edits());
+    }
+  }
+
+  /**
+   * The director's Java object is gone (SWIG holds it weakly; here nothing else does): kdn's upcall
+   * finds null. The guarded editor clears the exception SWIG left pending and fails the edit.
+   */
+  @Test
+  void testBadEditorJavaObjectGone() {
+    AtomicInteger calls = new AtomicInteger();
+    NativeGuardedEditor guarded = guardUnreferenced(calls);
+    NativeRuntimeOptions o = options().toNative();
+    NativeModelSpec s = spec().toNative();
+    NativeRuntime rt = new NativeRuntime(o, guarded);
+    try (Model m = new Model(rt.create_model(s), spec(), null, new Core((Editor) null))) {
+      // Collect the director: only SWIG's weak reference to it is left.
+      waitUntil("the director to be collected", () -> {
+        System.gc();
+        return director.get() == null;
+      });
+      Request req = Request.ofTokens(tokens(2 * CHUNK, 600));
+      ByteBuffer in = kv(2 * CHUNK, 5);
+      assertEquals(2 * CHUNK, m.store("ns", req, in).tokens());
+      waitUntil("two lost upcalls", () -> guarded.lost_calls() == 2);
+      assertEquals(0, calls.get());
+      assertEquals(0, rt.stats().getEdits());
+      ByteBuffer out = Kdn.allocate(2 * CHUNK * BYTES_PER_TOKEN);
+      assertEquals(2 * CHUNK, m.retrieve("ns", req, out).tokens());
+      assertEquals(in, out);
+    } finally {
+      rt.close();
+      rt.delete();
+      s.delete();
+      o.delete();
+      guarded.delete(); // the collected director's C++ half stays: nothing can reach it
+    }
+  }
+
+  private static WeakReference<NativeEditor> director = new WeakReference<>(null);
+
+  /** A guarded director that only SWIG's weak reference (and {@link #director}) holds. */
+  private static NativeGuardedEditor guardUnreferenced(AtomicInteger calls) {
+    NativeEditor d = new NativeEditor() {
+      @Override
+      public boolean edit(NativeChunkInfo info, ByteBuffer kv) {
+        calls.incrementAndGet();
+        return true;
+      }
+    };
+    director = new WeakReference<>(d);
+    return new NativeGuardedEditor(d);
   }
 
   private static long edits(Model m) {

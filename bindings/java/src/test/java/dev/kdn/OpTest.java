@@ -5,7 +5,9 @@ import static org.junit.jupiter.api.Assertions.*;
 
 import java.nio.ByteBuffer;
 import java.time.Duration;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -120,5 +122,74 @@ class OpTest {
     Op op = m.saveAsync("ns", Request.ofTokens(tokens(8, 90)), KvView.canonical(), kv(8, 0));
     op.close();
     assertThrows(IllegalStateException.class, op::poll);
+  }
+
+  /**
+   * close() in one thread while another waits on the op (no time limit, or a layer): the wait ends
+   * (the op cancelled, or the handle closed) and nothing crashes. A save that never gets its layers
+   * stays pending, so the waits are in flight when close() runs.
+   */
+  @Test
+  void testCloseWhileAnotherThreadWaits() throws Exception {
+    for (int round = 0; round < 20; ++round) {
+      Op op = round % 3 == 2
+          ? m.loadAsync("ns", Request.ofTokens(tokens(8, 5000 + round)), KvView.canonical(), Kdn.allocate(8 * BYTES_PER_TOKEN))
+          : m.saveAsync("ns", Request.ofTokens(tokens(8, 5000 + round)), KvView.canonical(), kv(8, 0));
+      CountDownLatch started = new CountDownLatch(1);
+      AtomicReference<Throwable> unexpected = new AtomicReference<>();
+      int r = round;
+      Thread waiter = new Thread(() -> {
+        started.countDown();
+        try {
+          if (r % 3 == 2) {
+            op.awaitLayer(0);
+          } else {
+            op.await();
+          }
+        } catch (IllegalStateException | CancelledException ended) {
+          // closed under the wait, or cancelled by close(): both are the wait ending
+        } catch (Throwable e) {
+          unexpected.compareAndSet(null, e);
+        }
+      });
+      waiter.start();
+      started.await();
+      Thread.sleep(round % 5);
+      op.close();
+      waiter.join(10_000);
+      assertFalse(waiter.isAlive(), "the wait ends once the op is closed");
+      assertNull(unexpected.get());
+      assertThrows(IllegalStateException.class, op::poll);
+    }
+    // The model still works.
+    Request req = Request.ofTokens(tokens(4, 1));
+    assertEquals(4, m.store("ns", req, kv(4, 0)).tokens());
+  }
+
+  /** Several threads poll and wait with time limits while the op is closed. */
+  @Test
+  void testCloseWhileThreadsPoll() throws Exception {
+    Op op = m.saveAsync("ns", Request.ofTokens(tokens(8, 7000)), KvView.canonical(), kv(8, 0));
+    CountDownLatch started = new CountDownLatch(3);
+    AtomicReference<Throwable> unexpected = new AtomicReference<>();
+    Thread[] threads = {
+      RuntimeTest.callUntilClosed(started, unexpected, op::poll),
+      RuntimeTest.callUntilClosed(started, unexpected, op::result),
+      RuntimeTest.callUntilClosed(started, unexpected, () -> {
+        try {
+          op.await(Duration.ofMillis(1));
+        } catch (CancelledException cancelled) {
+          // close() cancels the op first
+        }
+      }),
+    };
+    started.await();
+    Thread.sleep(5);
+    op.close();
+    for (Thread t : threads) {
+      t.join(10_000);
+      assertFalse(t.isAlive());
+    }
+    assertNull(unexpected.get());
   }
 }

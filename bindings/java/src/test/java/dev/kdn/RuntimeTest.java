@@ -3,8 +3,19 @@ package dev.kdn;
 import static dev.kdn.TestSupport.*;
 import static org.junit.jupiter.api.Assertions.*;
 
+import dev.kdn.swig.NativeStats;
+import dev.kdn.swig.NativeTierStats;
+import java.lang.reflect.Method;
+import java.lang.reflect.RecordComponent;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicReference;
+import java.util.function.Supplier;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -104,5 +115,134 @@ class RuntimeTest {
     try (Runtime rt = Runtime.create(options())) {
       assertEquals(0, rt.stats().stores());
     }
+  }
+
+  /** Creating a runtime with an editor leaves nothing behind when a step fails. */
+  @Test
+  void testCreateFailureLeavesNothingBehind() {
+    List<Core> cores = new ArrayList<>();
+    Supplier<Core> newCore = () -> {
+      Core c = new Core(new EditorTest.AddOne());
+      cores.add(c);
+      return c;
+    };
+    // The native options fail (an OutOfMemoryError, say): no core, no native editor may be left.
+    OutOfMemoryError oom = new OutOfMemoryError("no room for the options");
+    assertSame(oom, assertThrows(OutOfMemoryError.class, () -> Runtime.make(() -> {
+      throw oom;
+    }, newCore)));
+    for (Core c : cores) assertTrue(c.isReleased(), "the editor made before the options failed is released");
+    // kdn refuses the options: the core made for them is released.
+    RuntimeOptions bad = RuntimeOptions.builder().tier(TierConfig.host(0)).build();
+    assertThrows(InvalidArgumentException.class, () -> Runtime.make(bad::toNative, newCore));
+    assertFalse(cores.isEmpty());
+    for (Core c : cores) assertTrue(c.isReleased());
+    // And the good path keeps its core until the runtime is closed.
+    Runtime rt = Runtime.make(options()::toNative, newCore);
+    Core last = cores.get(cores.size() - 1);
+    assertFalse(last.isReleased());
+    rt.close();
+    assertTrue(last.isReleased());
+  }
+
+  /**
+   * Each Stats and TierStats component carries the native field of its own name: every native field
+   * set to a distinct value, then each component compared with the field its name maps to
+   * (usedBytes: getUsed_bytes). A reordered or missing argument in from() fails here.
+   */
+  @Test
+  void testStatsFieldsByName() throws Exception {
+    NativeStats ns = new NativeStats();
+    Map<String, Object> want = fillDistinct(ns);
+    assertFieldsByName(Stats.from(ns), want);
+    NativeTierStats nt = new NativeTierStats();
+    Map<String, Object> tierWant = fillDistinct(nt);
+    assertFieldsByName(TierStats.from(nt), tierWant);
+  }
+
+  /** Sets every long field through its setter to a distinct value; strings to their name. */
+  private static Map<String, Object> fillDistinct(Object nat) throws Exception {
+    Map<String, Object> set = new HashMap<>();
+    long next = 1001;
+    for (Method m : nat.getClass().getMethods()) {
+      if (!m.getName().startsWith("set") || m.getParameterCount() != 1) continue;
+      String field = m.getName().substring(3);
+      Class<?> type = m.getParameterTypes()[0];
+      Object v;
+      if (type == long.class) {
+        v = next++;
+      } else if (type == int.class) {
+        v = TierKind.DISK.value(); // the only int: kind, an enum value
+      } else if (type == String.class) {
+        v = field + "-value";
+      } else {
+        fail("a native field of an unexpected type: " + m);
+        return set;
+      }
+      m.invoke(nat, v);
+      set.put(field, v);
+    }
+    return set;
+  }
+
+  private static void assertFieldsByName(Record r, Map<String, Object> nativeFields) throws Exception {
+    RecordComponent[] components = r.getClass().getRecordComponents();
+    assertEquals(nativeFields.size(), components.length, "one component per native field: " + nativeFields.keySet());
+    for (RecordComponent c : components) {
+      String field = c.getName().replaceAll("([A-Z])", "_$1").toLowerCase(Locale.ROOT);
+      field = Character.toUpperCase(field.charAt(0)) + field.substring(1);
+      assertTrue(nativeFields.containsKey(field), c.getName() + ": no native field " + field);
+      Object got = c.getAccessor().invoke(r);
+      Object expected = nativeFields.get(field);
+      if (got instanceof TierKind k) got = k.value();
+      assertEquals(expected, got, r.getClass().getSimpleName() + "." + c.getName());
+    }
+  }
+
+  /** close() racing another thread's calls: they complete or throw IllegalStateException, nothing crashes. */
+  @Test
+  void testCloseWhileCallsRun() throws Exception {
+    for (int round = 0; round < 20; ++round) {
+      Runtime rt = Runtime.create(options());
+      Model m = rt.createModel(spec());
+      Request req = Request.ofTokens(tokens(8, 1));
+      m.store("ns", req, kv(8, 0));
+      CountDownLatch started = new CountDownLatch(2);
+      AtomicReference<Throwable> unexpected = new AtomicReference<>();
+      Thread lookups = callUntilClosed(started, unexpected, () -> m.lookup("ns", req));
+      Thread stats = callUntilClosed(started, unexpected, () -> {
+        rt.stats();
+        rt.tierStats(0);
+      });
+      started.await();
+      Thread.sleep(round % 4);
+      if (round % 2 == 0) {
+        rt.close();
+        m.close();
+      } else {
+        m.close();
+        rt.close();
+      }
+      lookups.join(10_000);
+      stats.join(10_000);
+      assertFalse(lookups.isAlive() || stats.isAlive(), "the calls end once the handles are closed");
+      assertNull(unexpected.get());
+    }
+  }
+
+  /** A thread that calls {@code call} until it throws IllegalStateException (its handle closed). */
+  static Thread callUntilClosed(CountDownLatch started, AtomicReference<Throwable> unexpected, Runnable call) {
+    Thread t = new Thread(() -> {
+      started.countDown();
+      try {
+        while (true) call.run();
+      } catch (IllegalStateException closed) {
+        // the handle was closed: done
+      } catch (Throwable e) {
+        unexpected.compareAndSet(null, e);
+      }
+    });
+    t.start();
+    return t;
   }
 }
