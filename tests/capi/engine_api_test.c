@@ -2204,6 +2204,7 @@ typedef struct edit_state {
   /* EDIT_RELEASE: the handles it destroys, the runtime's last references. */
   kdn_op *op;
   kdn_model *owned_model;
+  int released_go; /* set (release) once the caller is done with them */
 } edit_state;
 
 static int load_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -2258,6 +2259,9 @@ static kdn_status test_editor(void *user, const kdn_chunk_info *info, void *kv, 
       *out_changed = 0;
       break;
     case EDIT_RELEASE:
+      /* Not while the store that brought the chunk still runs on the
+       * caller's thread: it uses the model. */
+      while (!load_acquire(&st->released_go)) sleep_ms(1);
       kdn_op_destroy(st->op);
       kdn_model_destroy(st->owned_model);
       kdn_runtime_destroy(st->rt);
@@ -2498,6 +2502,7 @@ static void test_editor_releases_last_handles(void) {
     CHECK_OK(kdn_kv_save_async(st.owned_model, ns, sizeof ns - 1, &req, whole_view(&v, src), 1, &st.op));
     CHECK_OK(kdn_kv_store(st.owned_model, ns, sizeof ns - 1, &req, &in.view, 1, &stored));
     CHECK_EQ(stored.tokens, POSITIONS);
+    __atomic_store_n(&st.released_go, 1, __ATOMIC_RELEASE);
     CHECK(wait_calls(&st, 1));
     for (waited = 0; waited <= POLL_LIMIT_MS && !reopened; waited += POLL_MS) {
       const kdn_status s = kdn_runtime_create(&o, &rt);
