@@ -32,6 +32,8 @@
 #include <limits>
 #include <utility>
 
+#include "store/redis_tier.h"
+
 namespace kdn::server {
 namespace {
 
@@ -401,17 +403,30 @@ class Parser {
   Status ParseTier(const toml::table& tier, const std::string& path, store::TierSpec* spec) {
     KDN_RETURN_IF_ERROR(CheckKeys(tier, path,
                                   {"kind", "capacity", "path", "policy", "high_watermark", "low_watermark",
-                                   "write_through", "fsync"}));
+                                   "write_through", "fsync", "address", "user", "password", "password_file",
+                                   "ttl_ms", "prefix", "timeout_ms"}));
     std::string kind = "host";
     KDN_RETURN_IF_ERROR(GetString(tier, path, "kind", &kind));
     if (kind == "host") {
       spec->kind = store::TierSpec::Kind::kHost;
     } else if (kind == "disk") {
       spec->kind = store::TierSpec::Kind::kDisk;
+    } else if (kind == "redis") {
+      spec->kind = store::TierSpec::Kind::kRedis;
     } else {
-      return Error(tier.get("kind")->source(), Join(path, "kind"), "\"" + kind + "\" is not host or disk");
+      return Error(tier.get("kind")->source(), Join(path, "kind"), "\"" + kind + "\" is not host, disk or redis");
     }
     const bool disk = spec->kind == store::TierSpec::Kind::kDisk;
+    const bool redis = spec->kind == store::TierSpec::Kind::kRedis;
+    for (std::string_view key : {"address", "user", "password", "password_file", "ttl_ms", "prefix", "timeout_ms"}) {
+      if (const toml::node* node = tier.get(key); node != nullptr && !redis) {
+        return Error(node->source(), Join(path, key), "only redis tiers take " + std::string(key));
+      }
+    }
+    if (redis) KDN_RETURN_IF_ERROR(ParseRedisTier(tier, path, spec));
+    // No codec, as for every tier of a node: chunks are stored as the
+    // node's clients encoded them (a client's remote tier with "kdn" sends
+    // them compressed, and they stay so in Redis).
 
     if (const toml::node* node = tier.get("capacity")) {
       std::uint64_t bytes = 0;
@@ -472,6 +487,74 @@ class Parser {
     }
     KDN_RETURN_IF_ERROR(GetBool(tier, path, "write_through", &spec->write_through));
     KDN_RETURN_IF_ERROR(GetBool(tier, path, "fsync", &spec->fsync));
+    return Status::Ok();
+  }
+
+  // A redis tier's server(s) and credentials: address, a "host:port" string
+  // (comma-separated for several seeds) or an array of them; user (ACL) and
+  // password or password_file (a file only its owner may read, as token
+  // files); ttl_ms, prefix (of every key), timeout_ms (per command).
+  Status ParseRedisTier(const toml::table& tier, const std::string& path, store::TierSpec* spec) {
+    const toml::node* address = tier.get("address");
+    if (address == nullptr) {
+      return Error(tier.source(), Join(path, "address"), "a redis tier needs an address (\"host:port\", or several)");
+    }
+    std::vector<std::string> seeds;
+    if (address->is_string()) {
+      seeds.push_back(address->as_string()->get());
+    } else if (address->is_array()) {
+      bool present = false;
+      KDN_RETURN_IF_ERROR(GetStrings(tier, path, "address", &seeds, &present));
+      if (seeds.empty()) return Error(address->source(), Join(path, "address"), "must name at least one host:port");
+    } else {
+      return TypeError(*address, Join(path, "address"), "a string or an array of strings (\"host:port\")");
+    }
+    std::string joined;
+    for (const std::string& seed : seeds) joined += (joined.empty() ? "" : ",") + seed;
+    auto parsed = store::ParseRedisSeeds(joined);
+    if (!parsed.ok()) return Error(address->source(), Join(path, "address"), parsed.status().message());
+    spec->address = joined;
+
+    KDN_RETURN_IF_ERROR(GetString(tier, path, "user", &spec->user));
+    const toml::node* inline_node = tier.get("password");
+    const toml::node* file_node = tier.get("password_file");
+    if (inline_node != nullptr && file_node != nullptr) {
+      return Error(tier.source(), Join(path, "password"), "has both password and password_file; give at most one");
+    }
+    // From here on the secret is in hand: messages name where it came from,
+    // never what it is.
+    if (inline_node != nullptr) {
+      if (!inline_node->is_string()) return TypeError(*inline_node, Join(path, "password"), "a string");
+      spec->token = inline_node->as_string()->get();
+      if (spec->token.empty()) return Error(inline_node->source(), Join(path, "password"), "must not be empty");
+    } else if (file_node != nullptr) {
+      if (!file_node->is_string()) return TypeError(*file_node, Join(path, "password_file"), "a string");
+      const std::string& name = file_node->as_string()->get();
+      if (name.empty()) return Error(file_node->source(), Join(path, "password_file"), "must not be empty");
+      fs::path file = name;
+      if (file.is_relative()) file = base_dir_ / file;
+      auto content = ReadPrivateFile(file.string(), kMaxTokenFileBytes);
+      if (!content.ok()) {
+        return Error(file_node->source(), Join(path, "password_file"), content.status().message(), content.status().code());
+      }
+      std::string secret = std::move(*content);
+      while (!secret.empty() && IsSpace(secret.back())) secret.pop_back();
+      if (secret.empty()) return Error(file_node->source(), Join(path, "password_file"), file.string() + " is empty");
+      spec->token = std::move(secret);
+    }
+    if (!spec->user.empty() && spec->token.empty()) {
+      return Error(tier.get("user")->source(), Join(path, "user"), "a user needs a password (password or password_file)");
+    }
+    if (const toml::node* node = tier.get("ttl_ms")) {
+      if (!node->is_integer() || node->as_integer()->get() < 0) {
+        return TypeError(*node, Join(path, "ttl_ms"), "a non-negative integer (milliseconds; 0: keys never expire)");
+      }
+      spec->ttl_ms = static_cast<std::uint64_t>(node->as_integer()->get());
+    }
+    KDN_RETURN_IF_ERROR(GetString(tier, path, "prefix", &spec->key_prefix));
+    if (spec->key_prefix.size() > 256) return Error(tier.get("prefix")->source(), Join(path, "prefix"), "longer than 256 bytes");
+    KDN_RETURN_IF_ERROR(GetU32(tier, path, "timeout_ms", &spec->timeout_ms));
+    if (spec->timeout_ms == 0) return Error(tier.get("timeout_ms")->source(), Join(path, "timeout_ms"), "must be at least 1");
     return Status::Ok();
   }
 

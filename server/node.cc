@@ -57,6 +57,7 @@ std::string KindName(store::TierSpec::Kind k) {
     case store::TierSpec::Kind::kDevice: return "device";
     case store::TierSpec::Kind::kDisk: return "disk";
     case store::TierSpec::Kind::kRemote: return "remote";
+    case store::TierSpec::Kind::kRedis: return "redis";
   }
   return "unknown";
 }

@@ -22,6 +22,7 @@
 
 #include "blend/documents.h"
 #include "keys/hash.h"
+#include "store/redis_tier.h"
 #include "store/remote_tier.h"
 #include "store/runtime.h"
 #include "util/dtype.h"
@@ -555,6 +556,7 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
       case KDN_TIER_DEVICE: t.kind = kdn::store::TierSpec::Kind::kDevice; break;
       case KDN_TIER_DISK: t.kind = kdn::store::TierSpec::Kind::kDisk; break;
       case KDN_TIER_REMOTE: t.kind = kdn::store::TierSpec::Kind::kRemote; break;
+      case KDN_TIER_REDIS: t.kind = kdn::store::TierSpec::Kind::kRedis; break;
       default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown kind " + std::to_string(Raw(c.kind)));
     }
     if (c.reserved1 != 0) return Fail(KDN_ERR_VERSION, what + ": reserved1 is not 0");
@@ -564,8 +566,32 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     if ((c.tls_ca_file == nullptr && c.tls_ca_file_len != 0) || (c.tls_server_name == nullptr && c.tls_server_name_len != 0)) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": tls_ca_file or tls_server_name is NULL with a length");
     }
-    if (c.address_len > 4096 || c.token_len > 4096 || c.tls_ca_file_len > 4096 || c.tls_server_name_len > 4096) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address, token or a TLS field longer than 4096 bytes");
+    if (c.user == nullptr && c.user_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": user is NULL with a length");
+    if (c.address_len > 4096 || c.token_len > 4096 || c.tls_ca_file_len > 4096 || c.tls_server_name_len > 4096 ||
+        c.user_len > 4096) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address, token, user or a TLS field longer than 4096 bytes");
+    }
+    if (Raw(c.kind) == KDN_TIER_REDIS) {
+      // A caller older than 1.3 never names this kind; one that does gets
+      // user and ttl_ms from its struct, or their defaults when it is shorter.
+      if (c.address_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a redis tier needs an address (host:port,...)");
+      t.address.assign(c.address, c.address_len);
+      if (c.token_len != 0) t.token.assign(c.token, c.token_len);
+      if (c.user_len != 0) t.user.assign(c.user, c.user_len);
+      if (t.address.find('\0') != std::string::npos || t.token.find('\0') != std::string::npos ||
+          t.user.find('\0') != std::string::npos) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": address, token or user contains a NUL byte");
+      }
+      if (!t.user.empty() && t.token.empty()) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a redis user needs a password (token)");
+      }
+      if (c.tls_ca_file_len != 0 || c.tls_server_name_len != 0) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a redis tier has no TLS (tls_ca_file, tls_server_name)");
+      }
+      t.timeout_ms = c.timeout_ms == 0 ? 2000 : c.timeout_ms;
+      t.ttl_ms = c.ttl_ms;
+    } else if (c.user_len != 0 || c.ttl_ms != 0) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": user and ttl_ms are for redis tiers only");
     }
     if (Raw(c.kind) == KDN_TIER_REMOTE) {
       if (c.address_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a remote tier needs an address");
@@ -727,6 +753,7 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
     case kdn::store::TierSpec::Kind::kDevice: full.kind = KDN_TIER_DEVICE; break;
     case kdn::store::TierSpec::Kind::kDisk: full.kind = KDN_TIER_DISK; break;
     case kdn::store::TierSpec::Kind::kRemote: full.kind = KDN_TIER_REMOTE; break;
+    case kdn::store::TierSpec::Kind::kRedis: full.kind = KDN_TIER_REDIS; break;
   }
   std::snprintf(full.name, sizeof full.name, "%s", l.name.c_str());
   std::snprintf(full.codec, sizeof full.codec, "%s", l.codec.c_str());
@@ -756,6 +783,12 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
     full.remote_timeouts = rc.timeouts;
     full.write_queue_full = rc.queue_full;
     full.write_queued_bytes = rc.queued_bytes;
+  }
+  if (const auto* redis = dynamic_cast<const kdn::store::RedisTier*>(&runtime->rep->store().chain().tier(index))) {
+    const kdn::store::RedisCounters rc = redis->redis_counters();
+    full.remote_calls = rc.client.commands;
+    full.remote_failed_calls = rc.failed_commands;
+    full.remote_timeouts = rc.client.timeouts;
   }
   WriteOut(full, out);
   return KDN_OK;

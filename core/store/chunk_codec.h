@@ -31,6 +31,10 @@ inline constexpr std::string_view kDefaultHotCodec = "raw";
 // lossy: only a tier that names it (or another lossy codec) uses it, and
 // loads report KV it served (ChunkMeta::lossy, KDN_RESULT_LOSSY).
 inline constexpr std::string_view kDefaultColdCodec = "zstd";
+// The codec of redis tiers unless configured (issue 15): kdn's balanced
+// preset, so that a chunk crosses the network compressed. Lossy, like any
+// kdn codec: loads of KV such a tier served say so.
+inline constexpr std::string_view kDefaultRedisCodec = "kdn:balanced";
 
 // A tier's codec from its spec ("raw", "int8", "cachegen:bins=16",
 // "kdn:hifi"); kInvalidArgument, naming the problem, for a spec that does

@@ -10,6 +10,7 @@
 #include "store/chunk_codec.h"
 #include "store/disk_tier.h"
 #include "store/host_pool.h"
+#include "store/redis_tier.h"
 #include "store/remote_tier.h"
 #include "store/memory_tier.h"
 
@@ -57,6 +58,22 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return std::unique_ptr<Tier>(std::move(t).value());
     }
+    case TierSpec::Kind::kRedis: {
+      RedisTierOptions o;
+      auto seeds = ParseRedisSeeds(spec.address);
+      if (!seeds.ok()) return Status(seeds.status().code(), "tier " + std::to_string(index) + ": " + seeds.status().message());
+      o.client.seeds = std::move(seeds).value();
+      o.client.user = spec.user;
+      o.client.password = spec.token;
+      o.client.command_timeout_ms = spec.timeout_ms;
+      o.client.connect_timeout_ms = std::min(spec.connect_timeout_ms, spec.timeout_ms);
+      o.key_prefix = spec.key_prefix;
+      o.ttl_ms = spec.ttl_ms;
+      o.hint_ms = std::max<std::uint32_t>(spec.timeout_ms, 1000);
+      auto t = RedisTier::Create(o);
+      if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
+      return std::unique_ptr<Tier>(std::move(t).value());
+    }
   }
   return Status::InvalidArgument("unknown tier kind");
 }
@@ -77,6 +94,7 @@ std::string_view DefaultTierCodec(TierSpec::Kind kind) {
     case TierSpec::Kind::kDevice: return kDefaultHotCodec;
     case TierSpec::Kind::kDisk:
     case TierSpec::Kind::kRemote: return kDefaultColdCodec;
+    case TierSpec::Kind::kRedis: return kDefaultRedisCodec;
   }
   return kDefaultHotCodec;
 }
@@ -146,7 +164,7 @@ KvStore::KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain
   if (threads > 1) fetch_pool_ = std::make_unique<ThreadPool>(static_cast<int>(threads));
   // A get costs a read or a decode unless the tier holds raw KV in memory.
   for (const TierSpec& t : options_.tiers) {
-    const bool remote = t.kind == TierSpec::Kind::kRemote;
+    const bool remote = t.kind == TierSpec::Kind::kRemote || t.kind == TierSpec::Kind::kRedis;
     costly_get_.push_back(t.kind == TierSpec::Kind::kDisk || remote || t.codec != DefaultTierCodec(TierSpec::Kind::kHost));
     has_remote_ = has_remote_ || remote;
   }
@@ -282,7 +300,7 @@ void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const To
   if (chain.size() < (will_read ? 1u : 2u)) return;
   std::vector<keys::Digest> wanted;
   for (size_t i = 0; i < chain_->levels(); ++i) {
-    if (options_.tiers[i].kind != TierSpec::Kind::kRemote) continue;
+    if (options_.tiers[i].kind != TierSpec::Kind::kRemote && options_.tiers[i].kind != TierSpec::Kind::kRedis) continue;
     if (!will_read) {
       chain_->tier(i).Prefetch(chain, false);
       continue;
@@ -380,7 +398,9 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
   const auto cost_in = [&](size_t tier, std::uint64_t bytes) -> std::uint64_t {
     const TierSpec::Kind kind = options_.tiers[tier].kind;
     // disk, remote: encoded, about the bytes
-    return kind == TierSpec::Kind::kDisk || kind == TierSpec::Kind::kRemote ? bytes : HostPool::ClassSize(bytes);
+    return kind == TierSpec::Kind::kDisk || kind == TierSpec::Kind::kRemote || kind == TierSpec::Kind::kRedis
+               ? bytes
+               : HostPool::ClassSize(bytes);
   };
   while (pos < n) {
     const std::uint64_t len = StoredLength(k, pos, n);

@@ -83,7 +83,7 @@ struct TokenKeys {
 };
 
 struct TierSpec {
-  enum class Kind { kHost, kDevice, kDisk, kRemote };
+  enum class Kind { kHost, kDevice, kDisk, kRemote, kRedis };
   Kind kind = Kind::kHost;
   std::uint64_t capacity_bytes = std::uint64_t{1} << 30;
   std::string path;  // disk: the directory
@@ -94,14 +94,26 @@ struct TierSpec {
   // remote over TLS: the PEM certificate(s) to trust, and the name the
   // node's certificate must carry (empty: the address's host).
   std::string tls_ca_file, tls_server_name;
+  // redis (store/redis_tier.h): `address` is the seeds, "host:port" of one
+  // node or more, comma-separated (of a cluster: any of its nodes); `token`
+  // the password (empty: no AUTH) and `user` the ACL user (empty: the
+  // password alone); timeout_ms the deadline of each command. Keys are
+  // key_prefix + the chunk key's hex; ttl_ms 0: they do not expire.
+  std::string user;
+  std::string key_prefix = "kdn:";
+  std::uint64_t ttl_ms = 0;
+  std::uint32_t connect_timeout_ms = 500;
   PolicyKind policy = PolicyKind::kLru;
   double high_watermark = 0.95, low_watermark = 0.85;
   bool write_through = false;
   bool fsync = true;  // disk: fsync each object before it becomes visible (off: faster, not crash-safe)
   // How the tier stores chunks: a codec spec (codec/codec.h: "raw", "int8",
   // "cachegen:bins=16", "kdn:hifi", ...). Empty: the kind's default, raw for
-  // host and device tiers (kDefaultHotCodec), lossless zstd for disk tiers
-  // (kDefaultColdCodec, store/chunk_codec.h); a lossy codec only if named.
+  // host and device tiers (kDefaultHotCodec), lossless zstd for disk and
+  // remote tiers (kDefaultColdCodec, store/chunk_codec.h), kdn:balanced for
+  // redis tiers (kDefaultRedisCodec: chunks cross the network compressed;
+  // lossy, so such a tier's loads are flagged lossy); otherwise a lossy
+  // codec only if named.
   // A spec that does not parse or names an unknown codec fails
   // KvStore::Create with kInvalidArgument.
   // KvStore::options() reports the codec each tier actually uses.
@@ -261,7 +273,7 @@ class KvStore {
   std::unique_ptr<ThreadPool> fetch_pool_;  // null: one thread; used under fetch_mu_
   std::mutex fetch_mu_;
   std::vector<bool> costly_get_;  // per level: a get reads from disk or decodes
-  bool has_remote_ = false;       // some tier is a remote node
+  bool has_remote_ = false;       // some tier is a remote node or a redis tier
   std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
   std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
   mutable std::atomic<std::uint64_t> probes_{0};

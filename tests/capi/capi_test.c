@@ -902,6 +902,90 @@ static void test_remote_tier(void) {
   group_end();
 }
 
+/* A redis tier (1.3): checked at create like a remote tier; a server that
+ * is not there costs misses and counters, never an error (tests/store's
+ * redis_tier_test has real servers). */
+static void test_redis_tier(void) {
+  kdn_runtime *rt;
+  kdn_runtime_options ro;
+  kdn_tier_config tiers[2];
+  kdn_tier_stats ts;
+  /* Port 1 on loopback: nothing listens there (connection refused at once). */
+  static const char kAddress[] = "127.0.0.1:1, 127.0.0.1:2";
+  static const char kUser[] = "kdn";
+  static const char kPassword[] = "secret-for-redis-0001";
+
+  group_begin("redis tier");
+  CHECK(kdn_version_number() >= 10300);
+  CHECK_EQ(KDN_TIER_REDIS, 4);
+  CHECK_OK(kdn_tier_config_init(&tiers[0], sizeof tiers[0]));
+  CHECK_OK(kdn_tier_config_init(&tiers[1], sizeof tiers[1]));
+  CHECK(tiers[1].user == NULL && tiers[1].user_len == 0 && tiers[1].ttl_ms == 0);
+  tiers[1].kind = KDN_TIER_REDIS;
+  ro = (kdn_runtime_options)KDN_RUNTIME_OPTIONS_INIT;
+  ro.tiers = tiers;
+  ro.num_tiers = 2;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "address", kdn_runtime_create(&ro, &rt));
+  tiers[1].address = "localhost";
+  tiers[1].address_len = strlen(tiers[1].address);
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "host:port", kdn_runtime_create(&ro, &rt));
+  tiers[1].address = "localhost:99999";
+  tiers[1].address_len = strlen(tiers[1].address);
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "port", kdn_runtime_create(&ro, &rt));
+  tiers[1].address = kAddress;
+  tiers[1].address_len = sizeof kAddress - 1;
+  tiers[1].user_len = 3; /* a length without a user */
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "user", kdn_runtime_create(&ro, &rt));
+  tiers[1].user = kUser;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "password", kdn_runtime_create(&ro, &rt)); /* a user alone */
+  tiers[1].token = kPassword;
+  tiers[1].token_len = sizeof kPassword - 1;
+  tiers[1].tls_server_name = "redis";
+  tiers[1].tls_server_name_len = 5;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "TLS", kdn_runtime_create(&ro, &rt));
+  tiers[1].tls_server_name = NULL;
+  tiers[1].tls_server_name_len = 0;
+  /* user and ttl_ms mean nothing on another kind: refused, not ignored. */
+  tiers[0].ttl_ms = 1000;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "ttl_ms", kdn_runtime_create(&ro, &rt));
+  tiers[0].ttl_ms = 0;
+  tiers[1].kind = (kdn_tier_kind)5; /* a kind this library does not know */
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "kind", kdn_runtime_create(&ro, &rt));
+  tiers[1].kind = KDN_TIER_REDIS;
+  tiers[1].ttl_ms = 60000;
+  tiers[1].timeout_ms = 200;
+  tiers[1].write_through = 1;
+  tiers[0].write_through = 1;
+  /* No server there: the runtime is made, and misses until one answers. */
+  CHECK_OK(kdn_runtime_create(&ro, &rt));
+  CHECK_OK(kdn_tier_stats_init(&ts, sizeof ts));
+  CHECK_OK(kdn_runtime_get_tier_stats(rt, 1, &ts));
+  CHECK_EQ(ts.kind, KDN_TIER_REDIS);
+  CHECK(strcmp(ts.codec, "kdn:balanced") == 0 || strncmp(ts.codec, "kdn", 3) == 0);
+  CHECK_EQ(ts.used_bytes, 0);
+  {
+    kdn_model *m = new_model(rt, FINGERPRINT);
+    int32_t tokens[2 * CHUNK];
+    size_t i;
+    for (i = 0; i < 2 * CHUNK; ++i) tokens[i] = (int32_t)(i % 500) + 1;
+    CHECK_EQ(lookup(m, "tenant-a", tokens, 2 * CHUNK), 0);
+    CHECK_OK(kdn_runtime_get_tier_stats(rt, 1, &ts));
+    CHECK(ts.io_errors >= 1);
+    CHECK_EQ(ts.hits, 0);
+    kdn_model_destroy(m);
+  }
+  kdn_runtime_destroy(rt);
+  /* A 1.2 caller's struct (without user and ttl_ms) names no redis tier,
+   * but is read as before: its host tier gets the defaults. */
+  CHECK_OK(kdn_tier_config_init(&tiers[0], sizeof tiers[0]));
+  tiers[0].struct_size = (uint32_t)offsetof(kdn_tier_config, user);
+  ro.tiers = tiers;
+  ro.num_tiers = 1;
+  CHECK_OK(kdn_runtime_create(&ro, &rt));
+  kdn_runtime_destroy(rt);
+  group_end();
+}
+
 static void test_bad_model_specs(void) {
   kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
   kdn_model *out_m;
@@ -1257,6 +1341,7 @@ static const test_case kCases[] = {
   CASE(runtime_destroyed_first),
   CASE(bad_runtime_options),
   CASE(remote_tier),
+  CASE(redis_tier),
   CASE(bad_model_specs),
   CASE(bad_queries),
   CASE(bad_lookup),

@@ -260,6 +260,62 @@ TEST(ServerConfigErrors, KindPolicyAndPath) {
   ExpectRefused("[[tier]]\nfsync = false\n" + kOneToken, "tier[0].fsync");
 }
 
+// A redis tier (issue 15): its servers, credentials, TTL, prefix and
+// timeout, each as the store's TierSpec takes it.
+TEST(ServerConfigParse, RedisTierGivesItsValues) {
+  auto r = ParseConfig(std::string("[[tier]]\ncapacity = \"1GiB\"\n"
+                                   "[[tier]]\nkind = \"redis\"\naddress = [\"10.0.0.1:7000\", \"10.0.0.2:7001\"]\n"
+                                   "user = \"kdn\"\npassword = \"") +
+                           kSecretB +
+                           "\"\nttl_ms = 3600000\nprefix = \"kv:\"\ntimeout_ms = 250\n"
+                           "[[tier]]\nkind = \"redis\"\naddress = \"127.0.0.1:6379\"\n" +
+                           kOneToken,
+                       "test.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->tiers.size(), 3u);
+  const store::TierSpec& t = r->tiers[1];
+  EXPECT_EQ(t.kind, store::TierSpec::Kind::kRedis);
+  EXPECT_EQ(t.address, "10.0.0.1:7000,10.0.0.2:7001");
+  EXPECT_EQ(t.user, "kdn");
+  EXPECT_EQ(t.token, kSecretB);
+  EXPECT_EQ(t.ttl_ms, 3600000u);
+  EXPECT_EQ(t.key_prefix, "kv:");
+  EXPECT_EQ(t.timeout_ms, 250u);
+  // The defaults: no AUTH, no TTL, "kdn:", 2 s; no codec (a node keeps chunks
+  // as its clients encoded them).
+  const store::TierSpec& d = r->tiers[2];
+  EXPECT_EQ(d.address, "127.0.0.1:6379");
+  EXPECT_TRUE(d.user.empty());
+  EXPECT_TRUE(d.token.empty());
+  EXPECT_EQ(d.ttl_ms, 0u);
+  EXPECT_EQ(d.key_prefix, "kdn:");
+  EXPECT_EQ(d.timeout_ms, 2000u);
+  EXPECT_TRUE(d.codec.empty());
+}
+
+TEST(ServerConfigErrors, RedisTierMistakes) {
+  const std::string redis = "[[tier]]\nkind = \"redis\"\n";
+  ExpectRefused(redis + kOneToken, "tier[0].address");
+  ExpectRefused(redis + "address = \"localhost\"\n" + kOneToken, "tier[0].address");
+  ExpectRefused(redis + "address = \"localhost:0\"\n" + kOneToken, "tier[0].address");
+  ExpectRefused(redis + "address = []\n" + kOneToken, "tier[0].address");
+  ExpectRefused(redis + "address = 6379\n" + kOneToken, "tier[0].address");
+  const std::string a = redis + "address = \"127.0.0.1:6379\"\n";
+  ExpectRefused(a + "user = \"kdn\"\n" + kOneToken, "tier[0].user");  // a user needs a password
+  ExpectRefused(a + "password = \"" + kSecretB + "\"\npassword_file = \"/etc/kdn/redis\"\n" + kOneToken,
+                "tier[0].password");
+  ExpectRefused(a + "password = \"\"\n" + kOneToken, "tier[0].password");
+  ExpectRefused(a + "password = 7\n" + kOneToken, "tier[0].password");
+  ExpectRefused(a + "ttl_ms = -1\n" + kOneToken, "tier[0].ttl_ms");
+  ExpectRefused(a + "timeout_ms = 0\n" + kOneToken, "tier[0].timeout_ms");
+  ExpectRefused(a + "codec = \"kdn\"\n" + kOneToken, "tier[0].codec");
+  ExpectRefused(a + "colour = \"red\"\n" + kOneToken, "tier[0]");
+  // Keys that mean nothing on another tier are refused there, not ignored.
+  ExpectRefused("[[tier]]\naddress = \"127.0.0.1:6379\"\n" + kOneToken, "tier[0].address");
+  ExpectRefused("[[tier]]\nkind = \"disk\"\npath = \"/var/lib/kdn\"\nttl_ms = 5\n" + kOneToken, "tier[0].ttl_ms");
+  ExpectRefused("[[tier]]\npassword = \"" + std::string(kSecretB) + "\"\n" + kOneToken, "tier[0].password");
+}
+
 TEST(ServerConfigErrors, WatermarksAreFractionsWithLowBelowHigh) {
   ExpectRefused("[[tier]]\nhigh_watermark = 0.0\n" + kOneToken, "tier[0].high_watermark");
   ExpectRefused("[[tier]]\nhigh_watermark = 1.5\n" + kOneToken, "tier[0].high_watermark");
@@ -436,6 +492,30 @@ TEST_F(ServerConfigFiles, TokenFileOthersCanReadIsRefused) {
   EXPECT_TRUE(Contains(m, "0640")) << m;
   EXPECT_TRUE(Contains(m, "chmod 600")) << m;
   EXPECT_FALSE(Contains(m, kSecretA)) << m;
+}
+
+// A redis password from a file, as token files: relative to the config, its
+// newline stripped, and refused when others can read it.
+TEST_F(ServerConfigFiles, RedisPasswordFile) {
+  Write("redis.pass", std::string(kSecretB) + "\n", 0600);
+  const std::string config = "[[tier]]\nkind = \"redis\"\naddress = \"127.0.0.1:6379\"\nuser = \"kdn\"\n"
+                             "password_file = \"redis.pass\"\n" + kOneToken;
+  std::string path = Write("kdnd.toml", config, 0600);
+  auto r = LoadConfig(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->tiers.size(), 1u);
+  EXPECT_EQ(r->tiers[0].token, kSecretB);
+  EXPECT_EQ(r->tiers[0].user, "kdn");
+
+  ASSERT_EQ(::chmod((dir_ / "redis.pass").c_str(), 0644), 0);
+  r = LoadConfig(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  const std::string& m = r.status().message();
+  EXPECT_TRUE(Contains(m, "tier[0].password_file")) << m;
+  EXPECT_TRUE(Contains(m, "0644")) << m;
+  EXPECT_TRUE(Contains(m, "chmod 600")) << m;
+  EXPECT_FALSE(Contains(m, kSecretB)) << m;
 }
 
 TEST_F(ServerConfigFiles, BadTokenFilesAreRefused) {

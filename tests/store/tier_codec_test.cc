@@ -176,6 +176,10 @@ TEST(TierCodecSpec, DefaultsAndBadSpecs) {
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kHost), "raw");
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kDevice), "raw");
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kDisk), kDefaultColdCodec);
+  EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kRemote), kDefaultColdCodec);
+  // A redis tier: compressed on the wire by default (issue 15), a codec that parses.
+  EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kRedis), "kdn:balanced");
+  EXPECT_TRUE(MakeTierCodec(kDefaultRedisCodec).ok());
   // Lossless: a disk tier is lossy only where its configuration says so.
   EXPECT_EQ(kDefaultColdCodec, "zstd");
   Result<std::shared_ptr<const codec::Codec>> cold = MakeTierCodec(kDefaultColdCodec);

@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 2
+#define KDN_VERSION_MINOR 3
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -176,6 +176,8 @@ typedef enum kdn_tier_kind {
   KDN_TIER_DEVICE = 1, /* GPU memory; host memory standing in for it without a GPU */
   KDN_TIER_DISK = 2,   /* one file per chunk, checksummed, crash-safe */
   KDN_TIER_REMOTE = 3, /* since 1.1: a kdnd node shared with other engines (address, token) */
+  KDN_TIER_REDIS = 4,  /* since 1.3: Redis, Redis Cluster or Valkey shared with other engines
+                          (address, token, user, ttl_ms) */
   KDN_TIER_KIND_FORCE32_ = 0x7FFFFFFF
 } kdn_tier_kind;
 
@@ -198,7 +200,8 @@ typedef struct kdn_tier_config {
   uint32_t write_through;    /* 1: new chunks are copied to the next tier too */
   /* How the tier stores chunks: a codec spec ("raw", "zstd", "fp8", "int8",
    * "kivi2", "cachegen", "kdn", "kdn:hifi", ...). Empty: raw for host and
-   * device tiers, lossless "zstd" for disk tiers. "raw" and "zstd" are
+   * device tiers, lossless "zstd" for disk and remote tiers, "kdn:balanced"
+   * (compressed, lossy) for redis tiers. "raw" and "zstd" are
    * lossless; the others are lossy, used only where named, and loads of KV
    * they served say so (KDN_RESULT_LOSSY). An unknown codec or parameter is
    * KDN_ERR_INVALID_ARGUMENT. */
@@ -225,11 +228,24 @@ typedef struct kdn_tier_config {
   size_t tls_ca_file_len;
   const char *tls_server_name;
   size_t tls_server_name_len;
+  /* Since 1.3, for KDN_TIER_REDIS (which also reads address, token and
+   * timeout_ms): address is one node or more, "host:port" comma-separated
+   * (of a cluster: any of its nodes; the others are learned); token is the
+   * password (empty: no AUTH); timeout_ms the deadline of each command (0 =
+   * 2000). One key per chunk, "kdn:" + its key's hex -> the chunk, written
+   * in one SET. Reads that the server cannot answer within timeout_ms (down,
+   * failing over, refusing) are misses, never errors; a server that is not
+   * there at creation is missed until it answers. A malformed address or a
+   * refused AUTH fails kdn_runtime_create (KDN_ERR_INVALID_ARGUMENT).
+   * capacity_bytes is not used (the server's maxmemory and policy apply). */
+  const char *user;          /* the ACL user of AUTH; empty: the password alone */
+  size_t user_len;
+  uint64_t ttl_ms;           /* the keys expire after this; 0: never */
 } kdn_tier_config;
 #define KDN_TIER_CONFIG_SIZE_V1 64u
 #define KDN_TIER_CONFIG_INIT                                                                   \
   { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, \
-    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u }
+    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u, 0u }
 KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
 /* How to create a runtime (input). */
@@ -659,7 +675,10 @@ typedef struct kdn_tier_stats {
   uint64_t decode_failures;  /* chunks read back that did not decode (misses, removed) */
   /* Since 1.2 (filled_size says whether the library filled them). */
   uint64_t io_errors;        /* reads and writes that failed: for a remote tier, the misses its node cost */
-  uint64_t remote_calls, remote_failed_calls, remote_timeouts; /* KDN_TIER_REMOTE: calls to the node */
+  uint64_t remote_calls, remote_failed_calls, remote_timeouts; /* KDN_TIER_REMOTE: calls to the node;
+                                                                  KDN_TIER_REDIS (1.3): commands sent,
+                                                                  commands that failed, pipelines that
+                                                                  timed out */
   uint64_t write_queue_full;   /* KDN_TIER_REMOTE: puts refused with the write-back queue full */
   uint64_t write_queued_bytes; /* KDN_TIER_REMOTE: bytes waiting in the write-back queue now */
 } kdn_tier_stats;

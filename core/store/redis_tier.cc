@@ -1,0 +1,345 @@
+#include "store/redis_tier.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+#include "wire/envelope.h"
+
+namespace kdn::store {
+
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> ParseRedisSeeds(std::string_view list) {
+  std::vector<std::string> seeds;
+  while (true) {
+    const size_t comma = list.find(',');
+    const std::string_view seed = Trim(list.substr(0, comma));
+    const size_t colon = seed.rfind(':');
+    if (seed.empty() || colon == std::string_view::npos || colon == 0 || colon + 1 == seed.size() ||
+        seed.find('\0') != std::string_view::npos) {
+      return Status::InvalidArgument("redis tier: \"" + std::string(seed) + "\" is not host:port");
+    }
+    const std::string_view port = seed.substr(colon + 1);
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (ec != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535) {
+      return Status::InvalidArgument("redis tier: \"" + std::string(seed) + "\": the port is not 1..65535");
+    }
+    seeds.emplace_back(seed);
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return seeds;
+}
+
+Result<std::unique_ptr<RedisTier>> RedisTier::Create(const RedisTierOptions& options) {
+  if (options.client.seeds.empty()) return Status::InvalidArgument("redis tier: no address");
+  for (const std::string& seed : options.client.seeds) {
+    auto parsed = ParseRedisSeeds(seed);
+    if (!parsed.ok()) return parsed.status();
+  }
+  if (options.client.command_timeout_ms == 0 || options.client.connect_timeout_ms == 0) {
+    return Status::InvalidArgument("redis tier: timeouts must be positive");
+  }
+  if (options.key_prefix.find('\0') != std::string::npos || options.key_prefix.size() > 256) {
+    return Status::InvalidArgument("redis tier: the key prefix has a NUL byte or is longer than 256 bytes");
+  }
+  std::unique_ptr<RedisTier> t(new RedisTier(options));
+  auto client = redis::Client::Connect(options.client);
+  if (client.ok()) {
+    t->client_ = std::shared_ptr<redis::Client>(std::move(client).value());
+    ++t->connects_;
+  } else if (client.status().code() == Code::kUnavailable || client.status().code() == Code::kTimeout) {
+    // No server yet: misses until one answers (as a remote tier's node).
+    ++t->connect_failures_;
+    t->next_connect_ = Clock::now() + std::chrono::milliseconds(options.retry_ms);
+  } else {
+    return Status(client.status().code(), "redis tier: " + client.status().message());
+  }
+  return t;
+}
+
+RedisTier::~RedisTier() = default;
+
+std::shared_ptr<redis::Client> RedisTier::client() const {
+  {
+    std::lock_guard<std::mutex> lock(client_mu_);
+    if (client_) return client_;
+    // One caller connects; the others miss at once meanwhile (as they do
+    // for retry_ms after a failed try) rather than wait on the server.
+    if (connecting_ || Clock::now() < next_connect_) return nullptr;
+    connecting_ = true;
+  }
+  auto c = redis::Client::Connect(options_.client);
+  std::lock_guard<std::mutex> lock(client_mu_);
+  connecting_ = false;
+  if (!c.ok()) {
+    ++connect_failures_;
+    next_connect_ = Clock::now() + std::chrono::milliseconds(options_.retry_ms);
+    return nullptr;
+  }
+  ++connects_;
+  client_ = std::shared_ptr<redis::Client>(std::move(c).value());
+  return client_;
+}
+
+std::string RedisTier::KeyOf(const keys::Digest& key) const { return options_.key_prefix + keys::ToHex(key); }
+
+std::uint64_t RedisTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+
+Status RedisTier::Put(const ChunkRef& chunk) {
+  if (!chunk) return Status::InvalidArgument("redis tier: null chunk");
+  Forget(chunk->meta.key);  // an answer held from before is stale now
+  auto envelope = wire::EncodeEnvelope(*chunk);
+  if (!envelope.ok()) return envelope.status();
+  auto c = client();
+  if (!c) {
+    ++io_errors_;
+    ++puts_failed_;
+    return Status(Code::kUnavailable, options_.name + ": no Redis server answers");
+  }
+  const std::string key = KeyOf(chunk->meta.key);
+  const redis::KeyValue item{key, std::span<const std::uint8_t>(envelope->data(), envelope->size())};
+  const std::vector<Status> done = c->Set(std::span<const redis::KeyValue>(&item, 1), options_.ttl_ms);
+  if (done.size() != 1 || !done[0].ok()) {
+    ++io_errors_;
+    ++failed_commands_;
+    ++puts_failed_;
+    return Status(Code::kUnavailable,
+                  options_.name + ": SET failed: " + (done.empty() ? std::string("no reply") : done[0].message()));
+  }
+  ++puts_;
+  return Status::Ok();
+}
+
+Result<ChunkRef> RedisTier::Decode(const keys::Digest& key, const redis::Value& value) const {
+  // Zero copy: the chunk's payload stays in the reply, which it keeps alive.
+  std::shared_ptr<void> owner = std::const_pointer_cast<void>(value.owner);
+  Result<ChunkRef> chunk = wire::DecodeEnvelope(value.data, value.size, &key, std::move(owner));
+  if (chunk.ok()) return chunk;
+  // Not an envelope of this key: a miss, counted, and the key removed (as the
+  // disk tier removes a corrupt file). Best effort: a failed DEL is a miss all
+  // the same.
+  ++corrupt_;
+  if (auto c = client()) {
+    const std::string k = KeyOf(key);
+    const std::string_view kv = k;
+    (void)c->Del(std::span<const std::string_view>(&kv, 1));
+  }
+  return Status::NotFound(options_.name + ": not held (a corrupt value was removed)");
+}
+
+Result<ChunkRef> RedisTier::Get(const keys::Digest& key) {
+  {
+    std::unique_lock<std::mutex> lock(answers_mu_);
+    auto it = answers_.find(key);
+    if (it != answers_.end() && it->second.has_value) {
+      Answer a = std::move(it->second);
+      answer_bytes_ -= a.value.size;
+      answers_.erase(it);
+      lock.unlock();
+      if (Clock::now() <= a.until) {
+        ++prefetch_used_;
+        if (!a.present) return Status::NotFound(options_.name + ": not held");
+        return Decode(key, a.value);
+      }
+      ++prefetch_expired_;
+    }
+  }
+  auto c = client();
+  if (!c) {
+    ++io_errors_;
+    return Status(Code::kUnavailable, options_.name + ": no Redis server answers");
+  }
+  const std::string k = KeyOf(key);
+  const std::string_view kv = k;
+  auto got = c->Get(std::span<const std::string_view>(&kv, 1));
+  if (got.size() != 1 || !got[0].ok()) {
+    ++io_errors_;
+    ++failed_commands_;
+    return Status(Code::kUnavailable, options_.name + ": GET failed");
+  }
+  if (!got[0]->has_value()) return Status::NotFound(options_.name + ": not held");
+  return Decode(key, **got[0]);
+}
+
+bool RedisTier::Contains(const keys::Digest& key) const {
+  {
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    auto it = answers_.find(key);
+    if (it != answers_.end()) {
+      const Answer& a = it->second;
+      if (Clock::now() <= a.until) {
+        if (a.has_value) return a.present;  // a read's answer: kept for its Get
+        const bool present = a.present;
+        answers_.erase(it);  // one probe per answer: later probes ask again
+        ++prefetch_used_;
+        return present;
+      }
+      answer_bytes_ -= a.value.size;
+      answers_.erase(it);
+      ++prefetch_expired_;
+    }
+  }
+  auto c = client();
+  if (!c) {
+    ++io_errors_;
+    return false;
+  }
+  const std::string k = KeyOf(key);
+  const std::string_view kv = k;
+  auto held = c->Exists(std::span<const std::string_view>(&kv, 1));
+  if (held.size() != 1 || !held[0].ok()) {
+    ++io_errors_;
+    ++failed_commands_;
+    return false;
+  }
+  return *held[0];
+}
+
+void RedisTier::Forget(const keys::Digest& key) const {
+  std::lock_guard<std::mutex> lock(answers_mu_);
+  auto it = answers_.find(key);
+  if (it == answers_.end()) return;
+  answer_bytes_ -= it->second.value.size;
+  answers_.erase(it);
+}
+
+bool RedisTier::Erase(const keys::Digest& key) {
+  Forget(key);
+  auto c = client();
+  if (!c) {
+    ++io_errors_;
+    return false;
+  }
+  const std::string k = KeyOf(key);
+  const std::string_view kv = k;
+  auto gone = c->Del(std::span<const std::string_view>(&kv, 1));
+  if (gone.size() != 1 || !gone[0].ok()) {
+    ++io_errors_;
+    ++failed_commands_;
+    return false;
+  }
+  return *gone[0];
+}
+
+void RedisTier::SweepLocked(Clock::time_point now) const {
+  for (auto it = answers_.begin(); it != answers_.end();) {
+    if (it->second.until < now) {
+      answer_bytes_ -= it->second.value.size;
+      it = answers_.erase(it);
+      ++prefetch_expired_;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void RedisTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
+  if (keys.empty()) return;
+  auto c = client();
+  if (!c) return;  // the calls that follow miss (and count) by themselves
+  const size_t n = std::min<size_t>(keys.size(), options_.read_ahead_keys);
+  std::vector<std::string> names;
+  names.reserve(n);
+  for (size_t i = 0; i < n; ++i) names.push_back(KeyOf(keys[i]));
+  const std::vector<std::string_view> views(names.begin(), names.end());
+  const std::span<const std::string_view> all(views);
+  if (!will_read) {
+    auto held = c->Exists(all);
+    if (held.size() != n) return;
+    const Clock::time_point now = Clock::now(), until = now + std::chrono::milliseconds(options_.hint_ms);
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    SweepLocked(now);
+    for (size_t i = 0; i < n; ++i) {
+      if (!held[i].ok()) {
+        ++failed_commands_;
+        continue;  // its probe asks again (and counts the error if it persists)
+      }
+      auto [it, fresh] = answers_.try_emplace(keys[i]);
+      if (!fresh && it->second.has_value) continue;  // a read's answer says more
+      it->second = Answer{*held[i], false, {}, until};
+      ++prefetched_;
+    }
+    return;
+  }
+  // The reads, in batches in key order: the walk that follows stops at the
+  // first key no tier holds, so no key after the first absent one is read,
+  // and no more is held than read_ahead_bytes.
+  size_t batch = 16;
+  for (size_t begin = 0; begin < n;) {
+    const size_t end = std::min(n, begin + batch);
+    auto got = c->Get(all.subspan(begin, end - begin));
+    if (got.size() != end - begin) return;
+    const Clock::time_point now = Clock::now(), until = now + std::chrono::milliseconds(options_.hint_ms);
+    bool stop = false;
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    if (begin == 0) SweepLocked(now);
+    for (size_t i = begin; i < end && !stop; ++i) {
+      const auto& r = got[i - begin];
+      if (!r.ok()) {
+        ++failed_commands_;
+        stop = true;  // a node failing: its Get asks (and counts) by itself
+        break;
+      }
+      Answer a;
+      a.until = until;
+      a.has_value = true;
+      a.present = r->has_value();
+      if (a.present) {
+        if (answer_bytes_ + (*r)->size > options_.read_ahead_bytes) {
+          ++prefetch_overflow_;
+          stop = true;
+          break;
+        }
+        a.value = **r;
+      } else {
+        stop = true;  // the walk ends here
+      }
+      auto [it, fresh] = answers_.try_emplace(keys[i]);
+      if (!fresh) answer_bytes_ -= it->second.value.size;
+      answer_bytes_ += a.value.size;
+      it->second = std::move(a);
+      ++prefetched_;
+    }
+    if (stop) return;
+    begin = end;
+    batch = std::min<size_t>(batch * 2, 256);
+  }
+}
+
+TierCounters RedisTier::counters() const {
+  TierCounters c;
+  c.corrupt_detected = corrupt_;
+  c.io_errors = io_errors_;
+  return c;
+}
+
+RedisCounters RedisTier::redis_counters() const {
+  RedisCounters r;
+  {
+    std::lock_guard<std::mutex> lock(client_mu_);
+    if (client_) r.client = client_->counters();
+  }
+  r.failed_commands = failed_commands_;
+  r.connects = connects_;
+  r.connect_failures = connect_failures_;
+  r.puts = puts_;
+  r.puts_failed = puts_failed_;
+  r.prefetched = prefetched_;
+  r.prefetch_used = prefetch_used_;
+  r.prefetch_overflow = prefetch_overflow_;
+  r.prefetch_expired = prefetch_expired_;
+  return r;
+}
+
+}  // namespace kdn::store

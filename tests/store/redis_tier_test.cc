@@ -1,0 +1,913 @@
+// The redis tier (store/redis_tier.h) against real redis-server processes
+// that the tests start on loopback (tests/redis/redis_servers.h): a single
+// node with an ACL user (put, get, probes, prefetch, erase, TTL, a refused
+// AUTH, a value corrupted in the server, a server gone and back, a runtime
+// with a host tier over it, the C ABI's KDN_TIER_REDIS), and a cluster of 3
+// masters with replicas (keys spread over the masters, a master killed
+// mid-run costs misses only and hits come back after failover, two runtimes
+// in two processes share it). The chunks are the reference model's KV.
+#include "store/redis_tier.h"
+
+#include <gtest/gtest.h>
+#include <kdn/kdn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/reference_kv.h"
+#include "../common/test_models.h"
+#include "../redis/redis_servers.h"
+#include "../server/running_server.h"
+#include "keys/hash.h"
+#include "server/config.h"
+#include "server/node.h"
+#include "store/runtime.h"
+#include "wire/envelope.h"
+
+namespace kdn::store {
+namespace {
+
+namespace rt = redis::testing;
+
+using Clock = std::chrono::steady_clock;
+constexpr char kNs[] = "tenant-a";
+constexpr char kUser[] = "kdn";
+constexpr char kPassword[] = "redis-test-password-0001";
+constexpr std::uint32_t kChunk = 8;  // tokens per chunk: the reference text makes several
+// The child process of TwoProcessesShareTheCluster finds the cluster here.
+constexpr char kSeedsEnv[] = "KDN_REDIS_TEST_SEEDS";
+
+std::vector<std::uint8_t> Bytes(std::string_view s) { return {s.begin(), s.end()}; }
+
+// Chained chunks of the reference text's KV, kChunk tokens each, keyed as a
+// runtime keys them (tenant namespace, model fingerprint, tokens).
+std::vector<ChunkRef> RefChunks(const testing::ReferenceKv& r) {
+  std::vector<ChunkRef> out;
+  keys::ChunkKeyer keyer(0, kNs, r.m.fingerprint);
+  keys::Digest prev{};
+  const size_t T = r.tokens.size(), row = 32;
+  for (std::uint32_t begin = 0; begin + kChunk <= T; begin += kChunk) {
+    auto c = std::make_shared<Chunk>();
+    prev = keyer.Key(prev, std::span<const std::int32_t>(reinterpret_cast<const std::int32_t*>(r.tokens.data()) + begin, kChunk));
+    c->meta.key = prev;
+    c->meta.model = r.m.fingerprint;
+    c->meta.ns_hash = keys::NamespaceHash(kNs);
+    c->meta.layers = 5;
+    c->meta.kv_heads = 4;
+    c->meta.head_dim = 8;
+    c->meta.tokens = kChunk;
+    c->meta.first_position = begin;
+    std::vector<float> slice;
+    for (size_t lk = 0; lk < 10; ++lk) {
+      slice.insert(slice.end(), r.canonical.begin() + static_cast<std::ptrdiff_t>((lk * T + begin) * row),
+                   r.canonical.begin() + static_cast<std::ptrdiff_t>((lk * T + begin + kChunk) * row));
+    }
+    c->payload = Payload(reinterpret_cast<const std::uint8_t*>(slice.data()), slice.size() * 4);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+bool Same(const ChunkRef& a, const ChunkRef& b) {
+  return a && b && a->meta == b->meta && a->payload.size() == b->payload.size() &&
+         std::memcmp(a->payload.data(), b->payload.data(), a->payload.size()) == 0;
+}
+
+std::string Join(const std::vector<std::string>& seeds) {
+  std::string s;
+  for (const std::string& x : seeds) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+ViewSpec View(std::vector<float>& kv) {
+  ViewSpec s;
+  s.data = kv.data();
+  s.size_bytes = kv.size() * 4;
+  return s;
+}
+
+class RedisTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KDN_REQUIRE_MODEL();
+    ref_ = testing::PrefillReference(
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog.");
+    chunks_ = RefChunks(ref_);
+    ASSERT_GE(chunks_.size(), 4u);
+    for (const ChunkRef& c : chunks_) keys_.push_back(c->meta.key);
+  }
+
+  RedisTierOptions Options(const std::vector<std::string>& seeds) const {
+    RedisTierOptions o;
+    o.client.seeds = seeds;
+    o.client.user = user_;
+    o.client.password = password_;
+    o.client.command_timeout_ms = 1000;
+    o.client.connect_timeout_ms = 500;
+    o.retry_ms = 100;
+    return o;
+  }
+  std::unique_ptr<RedisTier> Tier(const RedisTierOptions& o) {
+    auto t = RedisTier::Create(o);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  // A raw client, to look at (and tamper with) what the tier wrote.
+  std::unique_ptr<redis::Client> Raw(const std::vector<std::string>& seeds) const {
+    redis::Options o;
+    o.seeds = seeds;
+    o.user = user_;
+    o.password = password_;
+    auto c = redis::Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // A runtime: a host tier over a redis tier (write-through).
+  std::shared_ptr<Runtime> MakeRuntime(const std::vector<std::string>& seeds, const std::string& codec = "") const {
+    StoreOptions so;
+    so.chunk_tokens = kChunk;
+    TierSpec host;
+    host.capacity_bytes = 16 << 20;
+    host.write_through = true;
+    TierSpec redis;
+    redis.kind = TierSpec::Kind::kRedis;
+    redis.address = Join(seeds);
+    redis.user = user_;
+    redis.token = password_;
+    redis.timeout_ms = 1000;
+    redis.codec = codec;
+    so.tiers = {host, redis};
+    auto rt = Runtime::Create(so, 2);
+    EXPECT_TRUE(rt.ok()) << rt.status().message();
+    return rt.ok() ? std::move(rt).value() : nullptr;
+  }
+  std::uint64_t StoreAll(Runtime& rt) {
+    std::vector<float> in = ref_.canonical;
+    auto views = ResolvedViews::Resolve(ref_.m, std::vector<ViewSpec>{View(in)}, ref_.tokens.size()).value();
+    auto stored = rt.Store(ref_.m, kNs, ref_.Keys(), views);
+    EXPECT_TRUE(stored.ok()) << stored.status().message();
+    rt.store().chain().Flush();
+    return stored.ok() ? *stored : 0;
+  }
+  // Retrieves into a zeroed buffer: the prefix, whether lossy, and the KV.
+  KvStore::Retrieved RetrieveAll(Runtime& rt, std::vector<float>* out) {
+    out->assign(ref_.canonical.size(), 0.0f);
+    auto views = ResolvedViews::Resolve(ref_.m, std::vector<ViewSpec>{View(*out)}, ref_.tokens.size()).value();
+    auto got = rt.Retrieve(ref_.m, kNs, ref_.Keys(), views);
+    EXPECT_TRUE(got.ok()) << got.status().message();
+    return got.ok() ? *got : KvStore::Retrieved{};
+  }
+  // The text's tokens: its whole chunks and the piece after them are stored.
+  std::uint64_t Whole() const { return ref_.tokens.size(); }
+  std::uint64_t Objects() const { return (ref_.tokens.size() + kChunk - 1) / kChunk; }
+  // Empties the single server (as its ACL user).
+  static void Flush(const std::string& address) {
+    rt::Raw raw(std::stoi(address.substr(address.rfind(':') + 1)));
+    EXPECT_EQ(raw.Cmd({"AUTH", kUser, kPassword}), "OK");
+    EXPECT_EQ(raw.Cmd({"FLUSHALL"}), "OK");
+  }
+
+  testing::ReferenceKv ref_;
+  std::vector<ChunkRef> chunks_;
+  std::vector<keys::Digest> keys_;
+  std::string user_ = kUser, password_ = kPassword;
+};
+
+// ---- A single node -------------------------------------------------------------
+
+// A server whose default user is off: only the ACL user kdn (with its
+// password) may do anything.
+class RedisSingle : public RedisTierTest {
+ protected:
+  void SetUp() override {
+    RedisTierTest::SetUp();
+    if (::testing::Test::IsSkipped() || HasFatalFailure()) return;
+    if (!rt::HaveRedis()) GTEST_SKIP() << "no /usr/bin/redis-server (scripts/setup installs it)";
+    server_ = std::make_unique<rt::Server>(
+        tmp_.path / "single", std::vector<std::string>{"--user", "default", "off", "--user", kUser, "on",
+                                                       std::string(">") + kPassword, "~*", "&*", "+@all"});
+    ASSERT_TRUE(server_->running()) << "redis-server did not start";
+    seeds_ = {server_->addr()};
+  }
+  void TearDown() override { server_.reset(); }
+  rt::TempDir tmp_;
+  std::unique_ptr<rt::Server> server_;
+  std::vector<std::string> seeds_;
+};
+
+TEST_F(RedisSingle, PutGetProbeAndEraseOneKeyPerChunk) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  // One key per chunk: the prefix and the chunk key's hex, holding its envelope.
+  auto raw = Raw(seeds_);
+  ASSERT_TRUE(raw);
+  const std::string name = "kdn:" + keys::ToHex(keys_[0]);
+  EXPECT_EQ(tier->KeyOf(keys_[0]), name);
+  const std::string_view nv = name;
+  auto stored = raw->Get(std::span<const std::string_view>(&nv, 1));
+  ASSERT_EQ(stored.size(), 1u);
+  ASSERT_TRUE(stored[0].ok() && stored[0]->has_value());
+  auto envelope = wire::EncodeEnvelope(*chunks_[0]);
+  ASSERT_TRUE(envelope.ok());
+  ASSERT_EQ((*stored[0])->size, envelope->size());
+  EXPECT_EQ(std::memcmp((*stored[0])->data, envelope->data(), envelope->size()), 0);
+
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    EXPECT_TRUE(tier->Contains(keys_[i])) << i;
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+    EXPECT_TRUE(Same(*got, chunks_[i])) << i;
+  }
+  EXPECT_TRUE(tier->Erase(keys_[1]));
+  EXPECT_FALSE(tier->Erase(keys_[1]));
+  EXPECT_FALSE(tier->Contains(keys_[1]));
+  EXPECT_EQ(tier->Get(keys_[1]).status().code(), Code::kNotFound);
+  // Putting a present key again is fine (the same bytes).
+  EXPECT_TRUE(tier->Put(chunks_[0]).ok());
+  EXPECT_EQ(tier->counters().io_errors, 0u);
+  EXPECT_EQ(tier->counters().corrupt_detected, 0u);
+  // Capacity is the server's: nothing reported, nothing listed.
+  EXPECT_EQ(tier->used_bytes(), 0u);
+  EXPECT_TRUE(tier->List().empty());
+}
+
+TEST_F(RedisSingle, PrefetchAnswersTheProbesAndReadsThatFollow) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  const size_t held = chunks_.size() - 1;
+  for (size_t i = 0; i < held; ++i) ASSERT_TRUE(tier->Put(chunks_[i]).ok());
+
+  std::uint64_t before = tier->redis_counters().client.commands;
+  tier->Prefetch(keys_, /*will_read=*/false);
+  EXPECT_EQ(tier->redis_counters().client.commands, before + keys_.size());  // one pipelined EXISTS each
+  for (size_t i = 0; i < keys_.size(); ++i) EXPECT_EQ(tier->Contains(keys_[i]), i < held) << i;
+  EXPECT_EQ(tier->redis_counters().client.commands, before + keys_.size());  // no probe asked again
+  EXPECT_EQ(tier->redis_counters().prefetch_used, keys_.size());
+
+  before = tier->redis_counters().client.commands;
+  tier->Prefetch(keys_, /*will_read=*/true);
+  const std::uint64_t sent = tier->redis_counters().client.commands - before;
+  EXPECT_GE(sent, held);  // the GETs up to the first absent key
+  EXPECT_LE(sent, keys_.size());
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    EXPECT_EQ(tier->Contains(keys_[i]), i < held) << i;
+    auto got = tier->Get(keys_[i]);
+    if (i < held) {
+      ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+      EXPECT_TRUE(Same(*got, chunks_[i])) << i;
+    } else {
+      EXPECT_EQ(got.status().code(), Code::kNotFound) << i;
+    }
+  }
+  EXPECT_EQ(tier->redis_counters().client.commands - before, sent);  // every read served from the batch
+  // Taken: another read asks the server, and still gets it.
+  auto again = tier->Get(keys_[0]);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(Same(*again, chunks_[0]));
+  EXPECT_EQ(tier->redis_counters().client.commands - before, sent + 1);
+}
+
+TEST_F(RedisSingle, AnEraseIsNotUndoneByAPrefetchedAnswer) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  tier->Prefetch(keys_, true);
+  EXPECT_TRUE(tier->Erase(keys_[1]));
+  EXPECT_FALSE(tier->Contains(keys_[1]));
+  EXPECT_EQ(tier->Get(keys_[1]).status().code(), Code::kNotFound);
+}
+
+TEST_F(RedisSingle, KeysExpireAfterTheirTtl) {
+  RedisTierOptions o = Options(seeds_);
+  o.ttl_ms = 300;
+  auto tier = Tier(o);
+  ASSERT_TRUE(tier);
+  ASSERT_TRUE(tier->Put(chunks_[0]).ok());
+  EXPECT_TRUE(tier->Contains(keys_[0]));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_FALSE(tier->Contains(keys_[0]));
+  EXPECT_EQ(tier->Get(keys_[0]).status().code(), Code::kNotFound);
+  // Without a TTL, a key stays.
+  auto lasting = Tier(Options(seeds_));
+  ASSERT_TRUE(lasting->Put(chunks_[1]).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_TRUE(lasting->Contains(keys_[1]));
+}
+
+TEST_F(RedisSingle, ARefusedAuthIsAnErrorAtCreation) {
+  RedisTierOptions o = Options(seeds_);
+  o.client.password = "not-the-password";
+  auto t = RedisTier::Create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << t.status().message();
+  EXPECT_EQ(t.status().message().find("not-the-password"), std::string::npos) << t.status().message();
+  o.client.password.clear();
+  o.client.user.clear();
+  t = RedisTier::Create(o);  // no AUTH at all, where the server wants one
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << t.status().message();
+  o.client.seeds = {"127.0.0.1"};
+  EXPECT_EQ(RedisTier::Create(o).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(RedisSingle, AValueCorruptedInTheServerIsAMissCountedAndRemoved) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  auto raw = Raw(seeds_);
+  ASSERT_TRUE(raw);
+  // Garbage; an envelope cut short; another chunk's envelope (a valid
+  // envelope of the wrong key); a payload byte flipped (its checksum).
+  auto cut = wire::EncodeEnvelope(*chunks_[1]).value();
+  cut.resize(cut.size() / 2);
+  auto flipped = wire::EncodeEnvelope(*chunks_[2]).value();
+  flipped[flipped.size() - 64] ^= 0x40;
+  const std::vector<std::uint8_t> garbage = Bytes("this is not a kdn envelope");
+  const std::string k0 = tier->KeyOf(keys_[0]), k1 = tier->KeyOf(keys_[1]), k2 = tier->KeyOf(keys_[2]);
+  const std::string k3 = tier->KeyOf(keys_[3]);
+  // keys_[3] gets chunk 0's envelope; keys_[0] gets garbage.
+  auto zero = wire::EncodeEnvelope(*chunks_[0]).value();
+  const std::vector<redis::KeyValue> items = {
+      {k0, garbage}, {k1, cut}, {k2, flipped}, {k3, zero}};
+  for (const Status& s : raw->Set(items)) ASSERT_TRUE(s.ok()) << s.message();
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(tier->Contains(keys_[i])) << i;  // present, until read
+    EXPECT_EQ(tier->Get(keys_[i]).status().code(), Code::kNotFound) << i;
+  }
+  EXPECT_EQ(tier->counters().corrupt_detected, 4u);
+  EXPECT_EQ(tier->counters().io_errors, 0u);
+  // Removed from the server.
+  const std::vector<std::string_view> names = {k0, k1, k2, k3};
+  for (const auto& e : raw->Exists(names)) {
+    ASSERT_TRUE(e.ok());
+    EXPECT_FALSE(*e);
+  }
+  // The others still read.
+  for (size_t i = 4; i < chunks_.size(); ++i) {
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i;
+    EXPECT_TRUE(Same(*got, chunks_[i]));
+  }
+}
+
+// One tier from several threads at once: puts, probes, prefetches, reads
+// and erases of the same keys; every read is the chunk or a miss.
+TEST_F(RedisSingle, ConcurrentCallsEachGetAChunkOrAMiss) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  std::atomic<int> wrong{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 50; ++round) {
+        const size_t i = static_cast<size_t>(round + t) % chunks_.size();
+        if (!tier->Put(chunks_[i]).ok()) ++wrong;
+        tier->Prefetch(keys_, (round & 1) != 0);
+        (void)tier->Contains(keys_[(i + 1) % keys_.size()]);
+        auto got = tier->Get(keys_[i]);
+        if (got.ok()) {
+          ++hits;
+          if (!Same(*got, chunks_[i])) ++wrong;
+        } else if (got.status().code() != Code::kNotFound) {
+          ++wrong;
+        }
+        if (round % 7 == t) (void)tier->Erase(keys_[i]);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  EXPECT_EQ(tier->counters().io_errors, 0u);
+  EXPECT_EQ(tier->counters().corrupt_detected, 0u);
+}
+
+// A server that stops answering (SIGSTOP: connections stay open, replies
+// never come) costs misses within the command timeout, and counters; when it
+// answers again (SIGCONT), reads hit again.
+TEST_F(RedisSingle, AServerThatStopsAnsweringCostsMissesThenHitsAgain) {
+  RedisTierOptions o = Options(seeds_);
+  o.client.command_timeout_ms = 300;
+  auto tier = Tier(o);
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  server_->Signal(SIGSTOP);
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(tier->Contains(keys_[0]));
+  EXPECT_NE(tier->Get(keys_[1]).status().code(), Code::kOk);
+  tier->Prefetch(keys_, true);
+  EXPECT_NE(tier->Get(keys_[2]).status().code(), Code::kOk);
+  EXPECT_EQ(tier->Put(chunks_[0]).code(), Code::kUnavailable);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));  // within the timeouts, never a hang
+  EXPECT_GE(tier->counters().io_errors, 3u);
+  EXPECT_GT(tier->redis_counters().client.timeouts, 0u);
+  server_->Signal(SIGCONT);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  Result<ChunkRef> got = Status::NotFound("not yet");
+  while (!got.ok() && Clock::now() < deadline) {
+    got = tier->Get(keys_[3]);
+    if (!got.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_TRUE(Same(*got, chunks_[3]));
+}
+
+// A server gone for good (SIGKILL): misses and counters, never an error.
+TEST_F(RedisSingle, AServerGoneCostsMissesOnly) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  server_->Kill(SIGKILL);
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    EXPECT_FALSE(tier->Contains(keys_[i]));
+    EXPECT_NE(tier->Get(keys_[i]).status().code(), Code::kOk);
+  }
+  EXPECT_EQ(tier->Put(chunks_[0]).code(), Code::kUnavailable);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_GE(tier->counters().io_errors, keys_.size());
+}
+
+// No server at creation: the tier is made, misses, and connects once one answers.
+TEST_F(RedisSingle, ATierMadeBeforeItsServerMissesUntilItAnswers) {
+  server_->Signal(SIGSTOP);
+  RedisTierOptions o = Options(seeds_);
+  o.client.connect_timeout_ms = 200;
+  o.client.command_timeout_ms = 200;
+  auto tier = Tier(o);  // no answer: made all the same
+  ASSERT_TRUE(tier);
+  EXPECT_GE(tier->redis_counters().connect_failures, 1u);
+  EXPECT_FALSE(tier->Contains(keys_[0]));
+  EXPECT_GE(tier->counters().io_errors, 1u);
+  server_->Signal(SIGCONT);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  bool stored = false;
+  while (!stored && Clock::now() < deadline) {
+    stored = tier->Put(chunks_[0]).ok();
+    if (!stored) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(stored);
+  EXPECT_TRUE(tier->Contains(keys_[0]));
+  EXPECT_GE(tier->redis_counters().connects, 1u);
+}
+
+// A runtime with a host tier over the redis tier: the KV it stores reaches
+// the server, and a second runtime (an empty host tier) reads it from there.
+TEST_F(RedisSingle, RuntimesShareKvThroughTheServer) {
+  for (const std::string codec : {"zstd", ""}) {  // lossless, then the default (kdn:balanced)
+    SCOPED_TRACE(codec);
+    auto a = MakeRuntime(seeds_, codec);
+    ASSERT_TRUE(a);
+    if (codec.empty()) {
+      EXPECT_EQ(a->store().options().tiers[1].codec.rfind("kdn", 0), 0u) << a->store().options().tiers[1].codec;
+    }
+    EXPECT_EQ(StoreAll(*a), ref_.tokens.size());
+    EXPECT_EQ(a->store().Lookup(ref_.m, kNs, ref_.Keys()).tokens, Whole());
+    auto b = MakeRuntime(seeds_, codec);
+    ASSERT_TRUE(b);
+    const LookupResult l = b->store().Lookup(ref_.m, kNs, ref_.Keys());
+    EXPECT_EQ(l.tokens, Whole());
+    ASSERT_EQ(l.tier_tokens.size(), 2u);
+    EXPECT_EQ(l.tier_tokens[0], 0u);
+    EXPECT_EQ(l.tier_tokens[1], Whole());
+    std::vector<float> out;
+    const KvStore::Retrieved r = RetrieveAll(*b, &out);
+    EXPECT_EQ(r.tokens, Whole());
+    EXPECT_EQ(r.lossy, codec.empty());
+    // The KV read back: bit for bit through zstd, close through kdn:balanced.
+    const size_t T = ref_.tokens.size(), row = 32;
+    double err = 0, norm = 0;
+    for (size_t lk = 0; lk < 10; ++lk) {
+      for (size_t i = lk * T * row; i < (lk * T + Whole()) * row; ++i) {
+        err += (out[i] - ref_.canonical[i]) * double(out[i] - ref_.canonical[i]);
+        norm += ref_.canonical[i] * double(ref_.canonical[i]);
+      }
+    }
+    if (codec == "zstd") {
+      EXPECT_EQ(err, 0.0);
+    } else {
+      EXPECT_GT(err, 0.0);                      // encoded, not copied
+      EXPECT_LT(std::sqrt(err / norm), 0.05);   // and close
+    }
+    const auto stats = b->store().chain().Stats();
+    EXPECT_EQ(stats[1].io_errors, 0u);
+    EXPECT_GT(stats[1].hits, 0u);
+    Flush(seeds_[0]);  // clean for the next codec
+  }
+}
+
+// The C ABI: KDN_TIER_REDIS under a host tier, written through, read back by
+// a second runtime; its stats; a refused AUTH and a malformed address.
+TEST_F(RedisSingle, TheCAbisRedisTier) {
+  const std::string address = Join(seeds_);
+  kdn_tier_config tiers[2];
+  ASSERT_EQ(kdn_tier_config_init(&tiers[0], sizeof tiers[0]), KDN_OK);
+  ASSERT_EQ(kdn_tier_config_init(&tiers[1], sizeof tiers[1]), KDN_OK);
+  tiers[0].capacity_bytes = 16 << 20;
+  tiers[0].write_through = 1;
+  tiers[1].kind = KDN_TIER_REDIS;
+  tiers[1].address = address.data();
+  tiers[1].address_len = address.size();
+  tiers[1].user = kUser;
+  tiers[1].user_len = std::strlen(kUser);
+  tiers[1].token = "wrong-password";
+  tiers[1].token_len = std::strlen(tiers[1].token);
+  tiers[1].codec = "zstd";
+  tiers[1].codec_len = 4;
+  tiers[1].timeout_ms = 1000;
+  kdn_runtime_options ro;
+  ASSERT_EQ(kdn_runtime_options_init(&ro, sizeof ro), KDN_OK);
+  ro.chunk_tokens = kChunk;
+  ro.tiers = tiers;
+  ro.num_tiers = 2;
+  kdn_runtime* rt = nullptr;
+  EXPECT_EQ(kdn_runtime_create(&ro, &rt), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(rt, nullptr);
+  EXPECT_EQ(std::string(kdn_last_error_message()).find("wrong-password"), std::string::npos);
+  tiers[1].token = kPassword;
+  tiers[1].token_len = std::strlen(kPassword);
+
+  kdn_model_spec spec;
+  ASSERT_EQ(kdn_model_spec_init(&spec, sizeof spec), KDN_OK);
+  spec.num_layers = 5;
+  spec.num_kv_heads = 4;
+  spec.head_dim = 8;
+  spec.dtype = KDN_DTYPE_F32;
+  spec.fingerprint = "stories260K";
+  spec.fingerprint_len = 11;
+  kdn_request req;
+  ASSERT_EQ(kdn_request_init(&req, sizeof req), KDN_OK);
+  req.tokens = reinterpret_cast<const std::int32_t*>(ref_.tokens.data());
+  req.num_tokens = ref_.tokens.size();
+  auto view_of = [&](std::vector<float>& kv) {
+    kdn_kv_view v;
+    EXPECT_EQ(kdn_kv_view_init(&v, sizeof v), KDN_OK);
+    v.data = kv.data();
+    v.size_bytes = kv.size() * 4;
+    return v;
+  };
+
+  {
+    ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK) << kdn_last_error_message();
+    kdn_model* m = nullptr;
+    ASSERT_EQ(kdn_model_create(rt, &spec, &m), KDN_OK);
+    std::vector<float> in = ref_.canonical;
+    const kdn_kv_view v = view_of(in);
+    kdn_kv_result res;
+    ASSERT_EQ(kdn_kv_result_init(&res, sizeof res), KDN_OK);
+    ASSERT_EQ(kdn_kv_store(m, kNs, std::strlen(kNs), &req, &v, 1, &res), KDN_OK) << kdn_last_error_message();
+    EXPECT_EQ(res.tokens, ref_.tokens.size());
+    // Written through by the store's mover: a SET per chunk, soon.
+    kdn_tier_stats ts;
+    ASSERT_EQ(kdn_tier_stats_init(&ts, sizeof ts), KDN_OK);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    do {
+      ASSERT_EQ(kdn_runtime_get_tier_stats(rt, 1, &ts), KDN_OK);
+    } while (ts.remote_calls < Objects() && Clock::now() < deadline);
+    EXPECT_EQ(ts.kind, KDN_TIER_REDIS);
+    EXPECT_STREQ(ts.name, "redis");
+    EXPECT_EQ(std::string(ts.codec).rfind("zstd", 0), 0u) << ts.codec;
+    EXPECT_GE(ts.remote_calls, Objects());
+    EXPECT_EQ(ts.remote_failed_calls, 0u);
+    EXPECT_EQ(ts.io_errors, 0u);
+    EXPECT_EQ(ts.used_bytes, 0u);
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+  }
+  {
+    ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK) << kdn_last_error_message();
+    kdn_model* m = nullptr;
+    ASSERT_EQ(kdn_model_create(rt, &spec, &m), KDN_OK);
+    kdn_lookup_result lr;
+    ASSERT_EQ(kdn_lookup_result_init(&lr, sizeof lr), KDN_OK);
+    ASSERT_EQ(kdn_kv_lookup(m, kNs, std::strlen(kNs), &req, 1, &lr), KDN_OK);
+    EXPECT_EQ(lr.cached_tokens, Whole());
+    std::vector<float> out(ref_.canonical.size(), 0.0f);
+    const kdn_kv_view v = view_of(out);
+    kdn_kv_result res;
+    ASSERT_EQ(kdn_kv_result_init(&res, sizeof res), KDN_OK);
+    ASSERT_EQ(kdn_kv_retrieve(m, kNs, std::strlen(kNs), &req, &v, 1, &res), KDN_OK) << kdn_last_error_message();
+    EXPECT_EQ(res.tokens, Whole());
+    EXPECT_EQ(res.flags & KDN_RESULT_LOSSY, 0u);  // zstd: lossless
+    const size_t T = ref_.tokens.size(), row = 32;
+    for (size_t lk = 0; lk < 10; ++lk) {
+      ASSERT_EQ(std::memcmp(&out[lk * T * row], &ref_.canonical[lk * T * row], Whole() * row * 4), 0) << lk;
+    }
+    kdn_tier_stats ts;
+    ASSERT_EQ(kdn_tier_stats_init(&ts, sizeof ts), KDN_OK);
+    ASSERT_EQ(kdn_runtime_get_tier_stats(rt, 1, &ts), KDN_OK);
+    EXPECT_GE(ts.hits, Objects());
+    EXPECT_GT(ts.remote_calls, 0u);
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+  }
+  tiers[1].address = "127.0.0.1:notaport";
+  tiers[1].address_len = std::strlen(tiers[1].address);
+  EXPECT_EQ(kdn_runtime_create(&ro, &rt), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kdn_last_error_message()).find("port"), std::string::npos) << kdn_last_error_message();
+}
+
+// kdnd with a redis tier (its TOML, as an operator writes it): the chunks an
+// engine sends it land in Redis, and a fresh kdnd over the same server (its
+// host tier empty) serves them to a fresh engine.
+TEST_F(RedisSingle, AKdndKeepsItsChunksInRedis) {
+  constexpr char kToken[] = "token-for-tenant-a-0001";
+  const std::string toml = std::string("[server]\nlisten = [\"127.0.0.1:0\"]\n") +
+                           "[[tier]]\nkind = \"host\"\ncapacity = \"16MiB\"\nwrite_through = true\n" +
+                           "[[tier]]\nkind = \"redis\"\naddress = \"" + seeds_[0] + "\"\nuser = \"" + kUser +
+                           "\"\npassword = \"" + kPassword + "\"\ntimeout_ms = 1000\n" +
+                           "[[token]]\ntoken = \"" + kToken + "\"\nnamespaces = [\"" + kNs + "\"]\n";
+  auto config = server::ParseConfig(toml, "kdnd.toml");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  namespace ts = server::testing_support;
+  {
+    ts::RunningServer node(*config);
+    auto engine = ts::RemoteRuntime(node.bound().rpc[0], kToken, "zstd");
+    ASSERT_TRUE(engine);
+    EXPECT_EQ(StoreAll(*engine), ref_.tokens.size());
+    engine->store().chain().Flush();  // sent to the node
+    // The node wrote them through to Redis (its mover: soon), under the
+    // keys it files them by (per namespace).
+    auto tier = Tier(Options(seeds_));
+    std::vector<keys::Digest> filed;
+    for (const keys::Digest& k : keys_) filed.push_back(server::NodeService::ObjectKey(keys::NamespaceHash(kNs), k));
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (!tier->Contains(filed.back()) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (size_t i = 0; i < filed.size(); ++i) EXPECT_TRUE(tier->Contains(filed[i])) << i;
+    auto got = tier->Get(filed[0]);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_EQ(got.value()->meta.tokens, kChunk);
+    EXPECT_EQ(got.value()->meta.codec, codec::CodecId::kZstd);  // as the engine encoded it
+  }
+  ts::RunningServer fresh(*config);
+  auto engine = ts::RemoteRuntime(fresh.bound().rpc[0], kToken, "zstd");
+  ASSERT_TRUE(engine);
+  std::vector<float> out;
+  const KvStore::Retrieved r = RetrieveAll(*engine, &out);
+  EXPECT_EQ(r.tokens, Whole());
+  EXPECT_FALSE(r.lossy);
+  const size_t T = ref_.tokens.size(), row = 32;
+  for (size_t lk = 0; lk < 10; ++lk) {
+    ASSERT_EQ(std::memcmp(&out[lk * T * row], &ref_.canonical[lk * T * row], Whole() * row * 4), 0) << lk;
+  }
+}
+
+// ---- A cluster -----------------------------------------------------------------
+
+class RedisCluster : public RedisTierTest {
+ protected:
+  void SetUp() override {
+    RedisTierTest::SetUp();
+    if (::testing::Test::IsSkipped() || HasFatalFailure()) return;
+    user_.clear();
+    password_.clear();
+    const bool child = std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) == "ChildReads";
+    if (child && std::getenv(kSeedsEnv) == nullptr) GTEST_SKIP() << "run by TwoProcessesShareTheCluster";
+    if (const char* seeds = std::getenv(kSeedsEnv)) {
+      // The child of TwoProcessesShareTheCluster: the parent's cluster.
+      auto parsed = ParseRedisSeeds(seeds);
+      ASSERT_TRUE(parsed.ok());
+      seeds_ = std::move(parsed).value();
+      return;
+    }
+    if (!rt::HaveRedis()) GTEST_SKIP() << "no /usr/bin/redis-server (scripts/setup installs it)";
+    cluster_ = std::make_unique<rt::Cluster>();
+    ASSERT_TRUE(cluster_->error().empty()) << cluster_->error();
+    seeds_ = {cluster_->node(0).addr()};  // one seed: the rest are learned
+  }
+  void TearDown() override { cluster_.reset(); }
+  // The indices of the masters now.
+  std::vector<size_t> Masters() {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < cluster_->size(); ++i) {
+      if (cluster_->node(i).running() && cluster_->IsMaster(i)) out.push_back(i);
+    }
+    return out;
+  }
+  std::uint64_t Keys(size_t node) {
+    return std::strtoull(rt::Raw(cluster_->node(node).port()).Cmd({"DBSIZE"}).c_str(), nullptr, 10);
+  }
+  // Until the replicas hold as many keys as their masters.
+  bool WaitForReplication() {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < deadline) {
+      std::uint64_t masters = 0, all = 0;
+      for (size_t i = 0; i < cluster_->size(); ++i) {
+        const std::uint64_t n = Keys(i);
+        all += n;
+        if (cluster_->IsMaster(i)) masters += n;
+      }
+      if (masters > 0 && all == 2 * masters) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  std::unique_ptr<rt::Cluster> cluster_;
+  std::vector<std::string> seeds_;
+};
+
+TEST_F(RedisCluster, KeysSpreadOverTheMasters) {
+  if (!cluster_) GTEST_SKIP() << "the child process's half";
+  // Many chunks: the reference chunks under 16 prefixes (other keys, the
+  // same KV), so that every master gets some.
+  std::vector<std::unique_ptr<RedisTier>> tiers;
+  for (int p = 0; p < 16; ++p) {
+    RedisTierOptions o = Options(seeds_);
+    o.key_prefix = "kdn:" + std::to_string(p) + ":";
+    tiers.push_back(Tier(o));
+    for (const ChunkRef& c : chunks_) ASSERT_TRUE(tiers.back()->Put(c).ok());
+  }
+  // Each master holds some of them, and together all.
+  const std::vector<size_t> masters = Masters();
+  ASSERT_EQ(masters.size(), 3u);
+  std::uint64_t total = 0;
+  for (size_t m : masters) {
+    const std::uint64_t n = Keys(m);
+    EXPECT_GT(n, 0u) << cluster_->node(m).addr();
+    total += n;
+  }
+  EXPECT_EQ(total, tiers.size() * chunks_.size());
+  // And every one reads back.
+  for (auto& t : tiers) {
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      auto got = t->Get(keys_[i]);
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      EXPECT_TRUE(Same(*got, chunks_[i]));
+    }
+    EXPECT_EQ(t->counters().io_errors, 0u);
+  }
+}
+
+TEST_F(RedisCluster, AMasterKilledCostsMissesThenHitsAfterFailover) {
+  if (!cluster_) GTEST_SKIP() << "the child process's half";
+  // Chunks under many prefixes, so every master holds some.
+  std::vector<std::unique_ptr<RedisTier>> tiers;
+  for (int p = 0; p < 8; ++p) {
+    RedisTierOptions o = Options(seeds_);
+    o.key_prefix = "kdn:f" + std::to_string(p) + ":";
+    o.client.command_timeout_ms = 500;
+    tiers.push_back(Tier(o));
+    for (const ChunkRef& c : chunks_) ASSERT_TRUE(tiers.back()->Put(c).ok());
+  }
+  ASSERT_TRUE(WaitForReplication());
+  // Reads while a master dies: every Get is a hit or a miss, never anything
+  // else, each within the timeouts.
+  auto read_all = [&](size_t* hits, size_t* misses) {
+    *hits = *misses = 0;
+    for (auto& t : tiers) {
+      for (size_t i = 0; i < chunks_.size(); ++i) {
+        const auto t0 = Clock::now();
+        auto got = t->Get(keys_[i]);
+        EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+        if (got.ok()) {
+          EXPECT_TRUE(Same(*got, chunks_[i]));
+          ++*hits;
+        } else {
+          EXPECT_TRUE(got.status().code() == Code::kNotFound || got.status().code() == Code::kUnavailable)
+              << got.status().message();
+          ++*misses;
+        }
+      }
+    }
+  };
+  size_t hits = 0, misses = 0;
+  read_all(&hits, &misses);
+  EXPECT_EQ(misses, 0u);
+  const std::vector<size_t> masters = Masters();
+  ASSERT_FALSE(masters.empty());
+  cluster_->node(masters[0]).Kill(SIGKILL);
+  read_all(&hits, &misses);
+  EXPECT_GT(misses, 0u);  // that master's keys
+  std::uint64_t io_errors = 0;
+  for (auto& t : tiers) io_errors += t->counters().io_errors;
+  EXPECT_GT(io_errors, 0u);
+  // After failover its replica serves them: all hits again.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    read_all(&hits, &misses);
+  } while (misses > 0 && Clock::now() < deadline);
+  EXPECT_EQ(misses, 0u) << "no failover within 30 s";
+  EXPECT_GT(tiers[0]->redis_counters().client.slot_map_refreshes, 0u);
+}
+
+// Slots move while a runtime reads (redis-cli --cluster reshard): every read
+// is the KV stored, through MOVED and ASK redirects; no miss after.
+TEST_F(RedisCluster, ReadsGoOnThroughAResharding) {
+  if (!cluster_) GTEST_SKIP() << "the child process's half";
+  // Many keys: the reference chunks under 32 prefixes, so that the moved
+  // slots hold some.
+  std::vector<std::unique_ptr<RedisTier>> tiers;
+  for (int p = 0; p < 32; ++p) {
+    RedisTierOptions o = Options(seeds_);
+    o.key_prefix = "kdn:r" + std::to_string(p) + ":";
+    tiers.push_back(Tier(o));
+    for (const ChunkRef& c : chunks_) ASSERT_TRUE(tiers.back()->Put(c).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> hits{0}, misses{0}, wrong{0}, passes{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      for (auto& t : tiers) {
+        t->Prefetch(keys_, true);
+        for (size_t i = 0; i < keys_.size(); ++i) {
+          auto got = t->Get(keys_[i]);
+          if (!got.ok()) {
+            ++misses;
+          } else if (!Same(*got, chunks_[i])) {
+            ++wrong;
+          } else {
+            ++hits;
+          }
+        }
+      }
+      ++passes;
+    }
+  });
+  const std::vector<size_t> masters = Masters();
+  ASSERT_GE(masters.size(), 2u);
+  std::string out;
+  const int rc = rt::RunProgram({"/usr/bin/redis-cli", "--cluster", "reshard", cluster_->node(0).addr(), "--cluster-from",
+                                 cluster_->Id(masters[0]), "--cluster-to", cluster_->Id(masters[1]), "--cluster-slots",
+                                 "1500", "--cluster-yes"},
+                                &out, (cluster_->dir() / "reshard.log").string());
+  const std::uint64_t passes_then = passes.load();
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (passes.load() < passes_then + 2 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  stop = true;
+  reader.join();
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_GT(hits.load(), 0u);
+  EXPECT_LE(misses.load(), hits.load() / 100);  // misses only transiently, if at all
+  std::uint64_t moved = 0;
+  for (auto& t : tiers) moved += t->redis_counters().client.moved + t->redis_counters().client.ask;
+  EXPECT_GT(moved, 0u);
+  // After: every chunk reads back.
+  for (auto& t : tiers) {
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      auto got = t->Get(keys_[i]);
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      EXPECT_TRUE(Same(*got, chunks_[i]));
+    }
+  }
+}
+
+// Two runtimes in two processes share the cluster: this one stores, a child
+// process (this binary, this suite's ChildReads) reads it all back.
+TEST_F(RedisCluster, TwoProcessesShareTheCluster) {
+  if (!cluster_) GTEST_SKIP() << "the child process's half";
+  auto a = MakeRuntime(seeds_, "zstd");
+  ASSERT_TRUE(a);
+  ASSERT_EQ(StoreAll(*a), ref_.tokens.size());
+  // The child's environment: this one's and the cluster's seeds, made before
+  // fork (only exec runs in the child of a threaded process).
+  std::vector<std::string> env_strings = {std::string(kSeedsEnv) + "=" + Join(seeds_)};
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, kSeedsEnv, std::strlen(kSeedsEnv)) != 0) env_strings.emplace_back(*e);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char exe[] = "/proc/self/exe", filter[] = "--gtest_filter=RedisCluster.ChildReads";
+  char* argv[] = {exe, filter, nullptr};
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execve(exe, argv, envp.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the second process did not read what the first stored";
+}
+
+// The child's half of TwoProcessesShareTheCluster (skipped when run alone).
+TEST_F(RedisCluster, ChildReads) {
+  auto b = MakeRuntime(seeds_, "zstd");
+  ASSERT_TRUE(b);
+  std::vector<float> out;
+  const KvStore::Retrieved r = RetrieveAll(*b, &out);
+  ASSERT_EQ(r.tokens, Whole());
+  const size_t T = ref_.tokens.size(), row = 32;
+  for (size_t lk = 0; lk < 10; ++lk) {
+    ASSERT_EQ(std::memcmp(&out[lk * T * row], &ref_.canonical[lk * T * row], Whole() * row * 4), 0) << lk;
+  }
+}
+
+}  // namespace
+}  // namespace kdn::store
