@@ -33,12 +33,14 @@ void KnowledgeIndex::DropLocked(DocMap::iterator it, bool announce) {
   if (announce) store_.AnnounceDocument(DocumentOp::kDelete, RecordOf(it->first, nullptr));
   Doc& doc = it->second;
   ReleasePinsLocked(doc);
+  std::vector<keys::Digest> unshared;
   for (const keys::Digest& k : doc.stored_keys) {
     auto r = refs_.find(k);
     if (r != refs_.end() && --r->second > 0) continue;  // another document shares it
     if (r != refs_.end()) refs_.erase(r);
-    store_.chain().Erase(k);
+    unshared.push_back(k);
   }
+  store_.chain().EraseMany(unshared);  // together: one batch per tier
   if (doc.info.expires_at_ns != 0) by_deadline_.erase({doc.info.expires_at_ns, doc.seq});
   by_age_.erase(doc.seq);
   charged_ -= doc.charge;

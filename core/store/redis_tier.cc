@@ -214,22 +214,32 @@ void RedisTier::Forget(const keys::Digest& key) const {
   answers_.erase(it);
 }
 
-bool RedisTier::Erase(const keys::Digest& key) {
-  Forget(key);
+bool RedisTier::Erase(const keys::Digest& key) { return EraseMany(std::span<const keys::Digest>(&key, 1)) == 1; }
+
+size_t RedisTier::EraseMany(std::span<const keys::Digest> keys) {
+  if (keys.empty()) return 0;
+  for (const keys::Digest& k : keys) Forget(k);
   auto c = client();
   if (!c) {
     ++io_errors_;
-    return false;
+    return 0;
   }
-  const std::string k = KeyOf(key);
-  const std::string_view kv = k;
-  auto gone = c->Del(std::span<const std::string_view>(&kv, 1));
-  if (gone.size() != 1 || !gone[0].ok()) {
-    ++io_errors_;
-    ++failed_commands_;
-    return false;
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (const keys::Digest& k : keys) names.push_back(KeyOf(k));
+  const std::vector<std::string_view> views(names.begin(), names.end());
+  size_t erased = 0;
+  bool failed = false;
+  for (const Result<bool>& gone : c->Del(views)) {
+    if (!gone.ok()) {
+      ++failed_commands_;
+      failed = true;
+    } else if (*gone) {
+      ++erased;
+    }
   }
-  return *gone[0];
+  if (failed) ++io_errors_;
+  return erased;
 }
 
 void RedisTier::SweepLocked(Clock::time_point now) const {

@@ -77,6 +77,8 @@ class RedisTier final : public Tier {
   Result<ChunkRef> Get(const keys::Digest& key) override;
   bool Contains(const keys::Digest& key) const override;
   bool Erase(const keys::Digest& key) override;
+  // One pipelined DEL batch (one pipeline per node).
+  size_t EraseMany(std::span<const keys::Digest> keys) override;
   std::vector<ObjectInfo> List() const override { return {}; }
   std::uint64_t capacity_bytes() const override { return std::uint64_t{1} << 62; }
   std::uint64_t used_bytes() const override { return 0; }

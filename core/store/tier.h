@@ -74,6 +74,13 @@ class Tier {
   virtual bool Contains(const keys::Digest& key) const = 0;
   // Removes an object; false when absent.
   virtual bool Erase(const keys::Digest& key) = 0;
+  // Removes several objects (a knowledge item's chunks) together; how many
+  // were there. A tier that can batch them (one round trip) does.
+  virtual size_t EraseMany(std::span<const keys::Digest> keys) {
+    size_t n = 0;
+    for (const keys::Digest& k : keys) n += Erase(k) ? 1 : 0;
+    return n;
+  }
   // Every object held (at open, or now).
   virtual std::vector<ObjectInfo> List() const = 0;
   virtual std::uint64_t capacity_bytes() const = 0;

@@ -437,32 +437,36 @@ void TieredStore::EndTransit(const ChunkRef& chunk) {
 
 // ---- Erase ------------------------------------------------------------------
 
-bool TieredStore::Erase(const keys::Digest& key) {
+bool TieredStore::Erase(const keys::Digest& key) { return EraseMany(std::span<const keys::Digest>(&key, 1)); }
+
+bool TieredStore::EraseMany(std::span<const keys::Digest> keys) {
+  if (keys.empty()) return false;
+  const std::unordered_set<keys::Digest, keys::DigestHash> gone(keys.begin(), keys.end());
   {
     std::unique_lock<std::mutex> lock(queue_mu_);
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if (it->chunk->meta.key == key) {
+      if (gone.count(it->chunk->meta.key) != 0) {
         queued_bytes_ -= it->chunk->payload.size();
         it = queue_.erase(it);
       } else {
         ++it;
       }
     }
-    pending_edits_.erase(key);
+    for (const keys::Digest& k : keys) pending_edits_.erase(k);
     space_cv_.notify_all();
-    space_cv_.wait(lock, [&] { return !(in_flight_ && in_flight_key_ == key); });
+    space_cv_.wait(lock, [&] { return !(in_flight_ && gone.count(in_flight_key_) != 0); });
   }
   bool any = false;
   {
     std::lock_guard<std::mutex> lock(transit_mu_);
-    any = in_transit_.erase(key) != 0;
+    for (const keys::Digest& k : keys) any = in_transit_.erase(k) != 0 || any;
   }
   for (auto& level : levels_) {
     std::lock_guard<std::mutex> lock(level->mu);
-    if (level->tier->Erase(key)) any = true;
-    level->policy->OnRemove(key);
+    if (level->tier->EraseMany(keys) > 0) any = true;
+    for (const keys::Digest& k : keys) level->policy->OnRemove(k);
   }
-  Unpin(key);
+  for (const keys::Digest& k : keys) Unpin(k);
   return any;
 }
 

@@ -171,6 +171,9 @@ class TieredStore {
   Result<Lease> Get(const keys::Digest& key);
   // Removes the chunk from every tier, with its pin and pending moves.
   bool Erase(const keys::Digest& key);
+  // Erase of several chunks, each tier's part in one batch (Tier::EraseMany);
+  // whether any tier held any of them.
+  bool EraseMany(std::span<const keys::Digest> keys);
   // Pins a present chunk for ttl_ns (0: until unpinned): no tier evicts it.
   // A second pin keeps the later deadline. A TTL too large for the clock
   // saturates (DeadlineAfter).
