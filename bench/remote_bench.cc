@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_kv.h"
 #include "bench_util.h"
 #include "codec/eval.h"
 #include "common/half.h"
@@ -54,7 +55,6 @@ using chunk::Bytes;
 using chunk::ChunkRef;
 
 constexpr const char* kToken = "kdn-bench-remote-token-0001";
-constexpr std::uint32_t kChunkTokens = 256;
 
 // ---------------------------------------------------------------- sockets
 
@@ -381,175 +381,6 @@ class Node {
   std::uint16_t port_ = 0;
 };
 
-// ---------------------------------------------------------------- chunks
-
-struct Shape {
-  const char* suffix;
-  std::uint32_t layers, heads, head_dim, dtype;  // dtype: 0 f32, 1 f16
-  std::uint64_t elem_bytes() const { return dtype == 0 ? 4 : 2; }
-  std::uint64_t row_bytes() const { return std::uint64_t{heads} * head_dim * elem_bytes(); }
-  std::uint64_t chunk_bytes() const { return std::uint64_t{layers} * 2 * kChunkTokens * row_bytes(); }
-};
-// The reference model's 256-token chunk at f32 (5 x 2 x 4 x 8 x 256 x 4 =
-// 327680 B) and a Llama-3-8B-shaped one at f16 (32 MiB).
-constexpr Shape kRef{"ref", 5, 4, 8, 0};
-constexpr Shape k8b{"32mib", 32, 8, 128, 1};
-
-// The reference model's KV: windows of its whole context prefilled from
-// position 0 (the first token BOS, as a fresh prompt), canonical f32.
-struct RealKv {
-  std::optional<refengine::LoadedModel> model;
-  std::string text_name;
-  int window = 0;  // tokens per window
-  size_t stride = 0;
-  std::vector<std::vector<std::int32_t>> ids;
-  std::vector<std::vector<float>> kv;  // [layer][k|v][token][head][dim]
-  std::uint32_t layers = 0, heads = 0, head_dim = 0;
-  std::string why_not;  // when absent
-};
-
-std::string TextPath(const std::string& name) {
-  const std::string built = std::string(KDN_BENCH_TEXTS_DIR) + "/" + name;
-  std::error_code ec;
-  if (fs::exists(built, ec)) return built;
-  return "bench/texts/" + name;
-}
-
-RealKv Prefill(size_t windows) {
-  RealKv r;
-  auto m = refengine::LoadModel("", "", /*allow_random=*/false);
-  if (!m.ok()) {
-    r.why_not = m.status().message();
-    return r;
-  }
-  const model::ModelConfig& cfg = m->weights->config();
-  r.text_name = "heldout.txt";
-  std::ifstream in(TextPath(r.text_name), std::ios::binary);
-  if (!in) {
-    r.why_not = "cannot read the text " + TextPath(r.text_name);
-    return r;
-  }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<int> stream = codec::TokenizeStories(*m->tokenizer, text);
-  r.window = cfg.seq_len / static_cast<int>(kChunkTokens) * static_cast<int>(kChunkTokens);
-  if (r.window == 0) {
-    r.why_not = "the model's context is shorter than a chunk";
-    return r;
-  }
-  const size_t w = static_cast<size_t>(r.window);
-  if (stream.size() < w + windows) {
-    r.why_not = "the text is too short";
-    return r;
-  }
-  r.stride = std::min<size_t>(w, (stream.size() - w) / std::max<size_t>(windows - 1, 1));
-  r.layers = static_cast<std::uint32_t>(cfg.n_layers);
-  r.heads = static_cast<std::uint32_t>(cfg.n_kv_heads);
-  r.head_dim = static_cast<std::uint32_t>(cfg.head_dim());
-  const double t0 = NowMs();
-  model::Transformer t(*m->weights);
-  model::KvCache cache = t.NewCache();
-  for (size_t i = 0; i < windows; ++i) {
-    std::vector<int> tokens(stream.begin() + static_cast<std::ptrdiff_t>(i * r.stride),
-                            stream.begin() + static_cast<std::ptrdiff_t>(i * r.stride + w));
-    tokens[0] = model::kBos;
-    if (Status st = t.Forward(tokens, 0, cache, nullptr); !st.ok()) {
-      r.why_not = st.message();
-      return r;
-    }
-    r.kv.push_back(cache.Export(0, r.window));
-    r.ids.emplace_back(tokens.begin(), tokens.end());
-  }
-  std::printf("  %zu windows of %d tokens of %s (stride %zu) prefilled in %.1f s\n", windows, r.window,
-              r.text_name.c_str(), r.stride, (NowMs() - t0) / 1e3);
-  r.model = std::move(*m);
-  return r;
-}
-
-// Tokens [begin, begin + n) of a canonical window of `window` tokens, as a
-// canonical chunk payload (per layer and k|v, those tokens' rows).
-template <typename T>
-chunk::Payload Slice(const std::vector<T>& kv, std::uint32_t layers, size_t row_elems, size_t window, size_t begin,
-                     size_t n) {
-  chunk::Payload p = chunk::Payload::Uninitialized(std::size_t{layers} * 2 * n * row_elems * sizeof(T));
-  auto* out = reinterpret_cast<T*>(p.data());
-  for (size_t lk = 0; lk < std::size_t{layers} * 2; ++lk) {
-    std::memcpy(out + lk * n * row_elems, kv.data() + (lk * window + begin) * row_elems, n * row_elems * sizeof(T));
-  }
-  return p;
-}
-
-std::vector<std::uint16_t> ToHalf(const std::vector<float>& v) {
-  std::vector<std::uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = kernels::float_to_half(v[i]);
-  return h;
-}
-
-// Chunks of one shape, as the tier and the raw baseline move them.
-struct ChunkSet {
-  Shape shape;
-  std::string content;
-  std::vector<ChunkRef> chunks;
-  std::vector<Bytes> envelopes;  // what travels: each chunk framed
-  keys::Digest ns{};
-  std::uint64_t envelope_bytes() const { return envelopes.empty() ? 0 : envelopes.front().size(); }
-};
-
-ChunkSet MakeChunks(const Shape& s, size_t count, const RealKv& real) {
-  ChunkSet set;
-  set.shape = s;
-  set.ns = keys::NamespaceHash("bench");
-  const bool use_real = s.dtype == 0 && real.model && s.layers == real.layers && s.heads == real.heads &&
-                        s.head_dim == real.head_dim && real.kv.size() * static_cast<size_t>(real.window) / kChunkTokens >= count;
-  set.content = use_real ? "the reference model's KV (stories260K, f32) of bench/texts/" + real.text_name
-                         : "deterministic pattern (not model KV)";
-  const keys::Digest model = keys::ModelFingerprint({s.layers, s.heads, s.head_dim, s.dtype, 10000.0f, 0, s.head_dim,
-                                                     std::string("bench-") + s.suffix});
-  const size_t per_window = use_real ? static_cast<size_t>(real.window) / kChunkTokens : 1;
-  for (size_t i = 0; i < count; ++i) {
-    auto c = std::make_shared<chunk::Chunk>();
-    c->meta.key = keys::ChunkKey(i, "bench", model, keys::Digest{}, {});
-    c->meta.model = model;
-    c->meta.ns_hash = set.ns;
-    c->meta.dtype = s.dtype;
-    c->meta.layers = s.layers;
-    c->meta.kv_heads = s.heads;
-    c->meta.head_dim = s.head_dim;
-    c->meta.tokens = kChunkTokens;
-    if (use_real) {
-      c->payload = Slice(real.kv[i / per_window], s.layers, s.heads * s.head_dim, static_cast<size_t>(real.window),
-                         (i % per_window) * kChunkTokens, kChunkTokens);
-    } else {
-      c->payload = chunk::Payload::Uninitialized(s.chunk_bytes());
-      std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(i + 1);
-      for (size_t b = 0; b + 4 <= c->payload.size(); b += 4) {
-        x = x * 1664525u + 1013904223u;
-        std::memcpy(c->payload.data() + b, &x, 4);
-      }
-    }
-    auto env = wire::EncodeEnvelope(*c);
-    if (!env.ok()) throw std::runtime_error("bench: cannot frame a chunk: " + env.status().message());
-    set.envelopes.push_back(std::move(env).value());
-    set.chunks.push_back(std::move(c));
-  }
-  return set;
-}
-
-nlohmann::json ShapeParams(const ChunkSet& s, int repeats) {
-  const Shape& sh = s.shape;
-  return {{"chunk_bytes", sh.chunk_bytes()},
-          {"envelope_bytes", s.envelope_bytes()},
-          {"chunks", s.chunks.size()},
-          {"tokens", kChunkTokens},
-          {"layers", sh.layers},
-          {"kv_heads", sh.heads},
-          {"head_dim", sh.head_dim},
-          {"dtype", sh.dtype == 0 ? "f32" : "f16"},
-          {"content", s.content},
-          {"repeats", repeats},
-          {"cores", std::thread::hardware_concurrency()},
-          {"transport", "TCP on loopback (127.0.0.1), TCP_NODELAY on the raw sockets; kdnd in this process"}};
-}
-
 // ---------------------------------------------------------------- put / get
 
 // Puts and gets of `set` through a RemoteTier made with RemoteTierOptions
@@ -697,6 +528,7 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   erase_all();
   const double gb = static_cast<double>(env) * static_cast<double>(n) / 1e9;
   nlohmann::json p = ShapeParams(set, repeats);
+  p["transport"] = "TCP on loopback (127.0.0.1), TCP_NODELAY on the raw sockets; kdnd in this process";
   p["tier"] = {{"batch_bytes", o.batch_bytes}, {"write_queue_bytes", o.write_queue_bytes}, {"timeout_ms", o.timeout_ms}};
   p["guarantee"] = "tier: Put of every chunk then Flush, which returns once the node has answered every put call "
                    "(stored in its host tier); raw: one write per chunk to a receiver that reads each whole into a "
@@ -720,40 +552,7 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
 
 // A runtime whose only tier is the node, reached at `address`.
 Result<std::shared_ptr<store::Runtime>> RemoteRuntime(const std::string& address, const std::string& codec) {
-  store::StoreOptions o;
-  o.chunk_tokens = kChunkTokens;
-  store::TierSpec remote;
-  remote.kind = store::TierSpec::Kind::kRemote;
-  remote.address = address;
-  remote.token = kToken;
-  remote.codec = codec;
-  o.tiers = {remote};
-  return store::Runtime::Create(o, 1);
-}
-
-store::ModelKv ModelOf(const RealKv& real, std::uint32_t dtype) {
-  store::ModelKv m;
-  m.fingerprint = keys::ModelFingerprint(
-      {real.layers, real.heads, real.head_dim, dtype, 10000.0f, 0, real.head_dim, real.model->fingerprint});
-  m.shape = {real.layers, real.heads, real.head_dim, dtype == 0 ? 4 : 2};
-  m.dtype = dtype;
-  return m;
-}
-
-// One view over a canonical buffer of `tokens` tokens.
-Result<store::ResolvedViews> CanonicalViews(const store::ModelKv& m, void* data, std::uint64_t tokens) {
-  store::ViewSpec v;
-  v.dtype = m.dtype;
-  v.data = data;
-  v.size_bytes = static_cast<std::uint64_t>(m.bytes_per_token()) * tokens;
-  v.num_tokens = tokens;
-  return store::ResolvedViews::Resolve(m, std::span<const store::ViewSpec>(&v, 1), tokens);
-}
-
-store::TokenKeys Keys(const std::vector<std::int32_t>& t) {
-  store::TokenKeys k;
-  k.tokens = t;
-  return k;
+  return OneTierRuntime(store::TierSpec::Kind::kRemote, address, codec, kToken);
 }
 
 // The raw stream through a link: `bytes` from a raw peer, read whole. ms.
@@ -773,13 +572,12 @@ constexpr int kCallers[] = {1, 4};
 
 int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
   const size_t per_window = static_cast<size_t>(real.window) / kChunkTokens;
-  const size_t windows = real.kv.size();
+  WindowKv kv(real);
+  if (!kv.ok) return 2;
+  const size_t windows = kv.windows;
   const size_t chunks = windows * per_window;
-  const store::ModelKv m16 = ModelOf(real, 1);
-  const std::uint64_t window_bytes = static_cast<std::uint64_t>(m16.bytes_per_token()) * static_cast<std::uint64_t>(real.window);
-  const std::uint64_t kv_bytes = window_bytes * windows;
-  std::vector<std::vector<std::uint16_t>> src(windows);
-  for (size_t w = 0; w < windows; ++w) src[w] = ToHalf(real.kv[w]);
+  const std::uint64_t kv_bytes = kv.kv_bytes;
+  const std::vector<std::vector<std::uint16_t>>& src = kv.src;
   const size_t row = std::size_t{real.heads} * real.head_dim;
 
   // The codec alone: every chunk encoded as the chain encodes it for the
@@ -854,26 +652,10 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
   // Stored once per codec (each namespace its own objects on the node);
   // the runtimes of the other link read the same objects.
   for (Side& s : links[0].sides) {
-    for (size_t w = 0; w < windows; ++w) {
-      auto views = CanonicalViews(m16, src[w].data(), static_cast<std::uint64_t>(real.window));
-      Result<std::uint64_t> stored =
-          views.ok() ? s.rt->Store(m16, s.ns, Keys(real.ids[w]), *views) : Result<std::uint64_t>(views.status());
-      if (!stored.ok() || *stored != static_cast<std::uint64_t>(real.window)) {
-        std::fprintf(stderr, "bench: delivery: store of window %zu (%s): %s\n", w, s.codec,
-                     stored.ok() ? "partial" : stored.status().message().c_str());
-        return 2;
-      }
-    }
+    if (!kv.StoreAll(*s.rt, s.ns, s.codec)) return 2;
     s.rt->store().chain().Flush();
   }
 
-  std::vector<std::uint16_t> dst(static_cast<size_t>(kv_bytes / 2), 1);
-  std::vector<store::ResolvedViews> dviews;
-  for (size_t w = 0; w < windows; ++w) {
-    auto v = CanonicalViews(m16, dst.data() + w * window_bytes / 2, static_cast<std::uint64_t>(real.window));
-    if (!v.ok()) return 2;
-    dviews.push_back(std::move(v).value());
-  }
   // Every window retrieved once, by `callers` threads at once (an engine
   // serving that many requests), each window in turn on its thread; checks
   // what came back. ms, or -1.
@@ -884,26 +666,13 @@ int Delivery(const RealKv& real, const Node& node, int repeats, Records& out) {
     for (int t = 0; t < callers; ++t) {
       ts.emplace_back([&, t] {
         for (size_t w = static_cast<size_t>(t); w < windows; w += static_cast<size_t>(callers)) {
-          auto got = s.rt->Retrieve(m16, s.ns, Keys(real.ids[w]), dviews[w]);
-          if (!got.ok() || got->tokens != static_cast<std::uint64_t>(real.window)) whole = false;
-          if (got.ok() && got->lossy) lossy = true;
+          kv.Retrieve(*s.rt, s.ns, w, whole, lossy);
         }
       });
     }
     for (std::thread& t : ts) t.join();
     const double ms = NowMs() - t0;
-    const bool raw = std::string(s.codec) == "raw";
-    bool same = true;
-    for (size_t w = 0; raw && same && w < windows; ++w) {
-      same = std::memcmp(dst.data() + w * window_bytes / 2, src[w].data(), window_bytes) == 0;
-    }
-    if (!whole || lossy == raw || !same) {
-      std::fprintf(stderr, "bench: delivery: the %s side returned %s\n", s.name,
-                   !whole ? "a partial prefix" : lossy ? "lossy KV" : raw ? "other bytes" : "KV not marked lossy");
-      return -1;
-    }
-    std::fill(dst.begin(), dst.end(), std::uint16_t{1});
-    return ms;
+    return kv.CheckAndReset(s.name, std::string(s.codec) == "raw", whole, lossy) ? ms : -1;
   };
   std::vector<std::uint8_t> sbuf(kv_bytes);
   for (Link& l : links) {

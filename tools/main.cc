@@ -21,6 +21,7 @@
 #include "kdn/kdn.h"
 #include "model/transformer.h"
 #include "model_loader.h"
+#include "redis_bench.h"
 #include "remote_bench.h"
 #include "store_bench.h"
 
@@ -156,6 +157,11 @@ int main(int argc, char** argv) {
   remoteb->add_option("--json", rbo.json_path, "output file")->required();
   remoteb->add_option("--repeats", rbo.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
   remoteb->add_flag("--quick", rbo.quick, "few chunks and repeats (a smoke test, not a measurement)");
+  kdn::bench::RedisBenchOptions rdo;
+  auto* redisb = bench->add_subcommand("redis", "Redis tier vs raw hiredis (single node, cluster): put/get, lookup, delivery");
+  redisb->add_option("--json", rdo.json_path, "output file")->required();
+  redisb->add_option("--repeats", rdo.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
+  redisb->add_flag("--quick", rdo.quick, "few chunks and repeats (a smoke test, not a measurement)");
   kdn::bench::CodecBenchOptions cbo;
   auto* codecb = bench->add_subcommand("codec", "KV codecs on the reference model: ratio, KL, GB/s vs zstd; a PNG");
   codecb->add_option("--json", cbo.json_path, "output file")->required();
@@ -221,6 +227,7 @@ int main(int argc, char** argv) {
   if (*found) return kdn::bench::RunFoundation(fo);
   if (*storeb) return kdn::bench::RunStoreBench(so);
   if (*remoteb) return kdn::bench::RunRemoteBench(rbo);
+  if (*redisb) return kdn::bench::RunRedisBench(rdo);
   if (*codecb) return kdn::bench::RunCodecBench(cbo);
   if (*blendb) return kdn::bench::RunBlendBench(bbo);
   if (*bindingsb) return kdn::bench::RunBindingsBench(bio);

@@ -1,4 +1,4 @@
-// The Redis client against one real redis-server (see redis_servers.h):
+// The Redis client against one real redis-server (see redis/local_servers.h):
 // commands, binary values, TTL, AUTH, and nodes that die or stop.
 #include "redis/client.h"
 
@@ -10,14 +10,14 @@
 #include <thread>
 #include <vector>
 
-#include "redis_servers.h"
+#include "redis/local_servers.h"
 
 namespace kdn::redis {
 namespace {
 
-using testing::Raw;
-using testing::Server;
-using testing::TempDir;
+using local::Raw;
+using local::Server;
+using local::TempDir;
 using Ms = std::chrono::milliseconds;
 
 std::span<const std::uint8_t> Bytes(const std::string& s) {
@@ -30,7 +30,7 @@ long long ElapsedMs(std::chrono::steady_clock::time_point since) {
 }
 
 #define REQUIRE_REDIS() \
-  if (!testing::HaveRedis()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/setup installs them)"
+  if (!local::HaveRedis()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/setup installs them)"
 
 TEST(RedisKeySlot, KnownValues) {
   EXPECT_EQ(KeySlot("foo"), 12182);
@@ -57,7 +57,7 @@ TEST(RedisClient, MalformedSeedAndNoSeed) {
   o.seeds = {"127.0.0.1:70000"};
   EXPECT_EQ(Client::Connect(o).status().code(), Code::kInvalidArgument);
   // Nobody listens: unavailable, fast.
-  o.seeds = {"127.0.0.1:" + std::to_string(testing::FreePort(false))};
+  o.seeds = {"127.0.0.1:" + std::to_string(local::FreePort(false))};
   const auto t0 = std::chrono::steady_clock::now();
   auto c = Client::Connect(o);
   EXPECT_EQ(c.status().code(), Code::kUnavailable);
@@ -140,7 +140,7 @@ TEST_F(RedisClientSingle, SetGetExistsDel) {
 
 TEST_F(RedisClientSingle, FirstSeedDownSecondAnswers) {
   Options o = Opts();
-  o.seeds = {"127.0.0.1:" + std::to_string(testing::FreePort(false)), server_->addr()};
+  o.seeds = {"127.0.0.1:" + std::to_string(local::FreePort(false)), server_->addr()};
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ((*c)->masters(), std::vector<std::string>{server_->addr()});

@@ -1,5 +1,5 @@
 // The Redis client against a real Redis Cluster (3 masters + 3 replicas on
-// loopback, made by redis-cli --cluster create; see redis_servers.h): the
+// loopback, made by redis-cli --cluster create; see redis/local_servers.h): the
 // slot map, redirects, a resharding under reads, a master's failover, and
 // many threads at once.
 #include <gtest/gtest.h>
@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "redis/client.h"
-#include "redis_servers.h"
+#include "redis/local_servers.h"
 
 namespace kdn::redis {
 namespace {
 
-using testing::Cluster;
-using testing::Raw;
+using local::Cluster;
+using local::Raw;
 using Ms = std::chrono::milliseconds;
 
 std::span<const std::uint8_t> Bytes(const std::string& s) {
@@ -33,7 +33,7 @@ long long ElapsedMs(std::chrono::steady_clock::time_point since) {
 class RedisClientCluster : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::HaveRedis()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/setup installs them)";
+    if (!local::HaveRedis()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/setup installs them)";
     const auto t0 = std::chrono::steady_clock::now();
     cluster_ = std::make_unique<Cluster>();
     ASSERT_TRUE(cluster_->error().empty()) << cluster_->error();
@@ -206,7 +206,7 @@ TEST_F(RedisClientCluster, ReshardDuringReads) {
   const std::string to = cluster_->Id(cluster_->IndexOf(c->masters()[1]));
   std::string out;
   const auto t0 = std::chrono::steady_clock::now();
-  const int rc = testing::RunProgram({"/usr/bin/redis-cli", "--cluster", "reshard", cluster_->node(0).addr(),
+  const int rc = local::RunProgram({"/usr/bin/redis-cli", "--cluster", "reshard", cluster_->node(0).addr(),
                                       "--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1500",
                                       "--cluster-yes"},
                                      &out, (cluster_->dir() / "reshard.log").string());

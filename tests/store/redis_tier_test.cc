@@ -1,5 +1,5 @@
 // The redis tier (store/redis_tier.h) against real redis-server processes
-// that the tests start on loopback (tests/redis/redis_servers.h): a single
+// that the tests start on loopback (core/redis/local_servers.h): a single
 // node with an ACL user (put, get, probes, prefetch, erase, TTL, a refused
 // AUTH, a value corrupted in the server, a server gone and back, a runtime
 // with a host tier over it, the C ABI's KDN_TIER_REDIS), and a cluster of 3
@@ -25,7 +25,7 @@
 
 #include "../common/reference_kv.h"
 #include "../common/test_models.h"
-#include "../redis/redis_servers.h"
+#include "redis/local_servers.h"
 #include "../server/running_server.h"
 #include "keys/hash.h"
 #include "server/config.h"
@@ -36,7 +36,7 @@
 namespace kdn::store {
 namespace {
 
-namespace rt = redis::testing;
+namespace rt = redis::local;
 
 using Clock = std::chrono::steady_clock;
 constexpr char kNs[] = "tenant-a";
@@ -505,6 +505,37 @@ TEST_F(RedisSingle, RuntimesShareKvThroughTheServer) {
     EXPECT_GT(stats[1].hits, 0u);
     Flush(seeds_[0]);  // clean for the next codec
   }
+}
+
+// A knowledge item's chunks are deleted together: one DEL batch, after which
+// the server holds none of them; an item sharing chunks keeps them.
+TEST_F(RedisSingle, AKnowledgeItemsKeysAreDeletedTogether) {
+  auto rt = MakeRuntime(seeds_, "zstd");
+  ASSERT_TRUE(rt);
+  std::vector<float> in = ref_.canonical;
+  const size_t T = ref_.tokens.size();
+  auto views = ResolvedViews::Resolve(ref_.m, std::vector<ViewSpec>{View(in)}, T).value();
+  const std::span<const std::int32_t> ids(reinterpret_cast<const std::int32_t*>(ref_.tokens.data()), T);
+  ASSERT_TRUE(rt->knowledge().Put(ref_.m, kNs, "doc", 1, "", ids, views).ok());
+  ASSERT_TRUE(rt->knowledge().Put(ref_.m, kNs, "copy", 1, "", ids, views).ok());  // the same chunks
+  rt->store().chain().Flush();
+  rt::Raw raw(std::stoi(seeds_[0].substr(seeds_[0].rfind(':') + 1)));
+  ASSERT_EQ(raw.Cmd({"AUTH", kUser, kPassword}), "OK");
+  const std::string held = raw.Cmd({"DBSIZE"});
+  ASSERT_GE(std::stoul(held), Objects() - 1) << held;  // whole chunks at least
+  const std::string dels = "cmdstat_del:calls=";
+  auto del_calls = [&] {
+    const std::string info = raw.Cmd({"INFO", "commandstats"});
+    const size_t at = info.find(dels);
+    return at == std::string::npos ? 0ul : std::stoul(info.substr(at + dels.size()));
+  };
+  ASSERT_TRUE(rt->knowledge().Delete(ref_.m, kNs, "doc").ok());
+  EXPECT_EQ(raw.Cmd({"DBSIZE"}), held);  // "copy" still uses every chunk
+  EXPECT_EQ(del_calls(), 0u);
+  ASSERT_TRUE(rt->knowledge().Delete(ref_.m, kNs, "copy").ok());
+  EXPECT_EQ(raw.Cmd({"DBSIZE"}), "0");
+  EXPECT_EQ(del_calls(), std::stoul(held));  // one DEL per key, sent as one batch
+  EXPECT_EQ(rt->store().chain().Stats()[1].io_errors, 0u);
 }
 
 // The C ABI: KDN_TIER_REDIS under a host tier, written through, read back by

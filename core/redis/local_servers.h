@@ -1,8 +1,11 @@
-// Real redis-server processes for the tests: one node, or a cluster of 3
-// masters + 3 replicas made by `redis-cli --cluster create`, on free loopback
-// ports, in a temporary directory. The servers die with the test (SIGKILL
-// in the destructors; PR_SET_PDEATHSIG if the test itself dies).
-// Thread-safety: none (the test's main thread owns them).
+// Real redis-server processes on loopback, for the tests (tests/redis,
+// tests/store) and `kdn bench redis`: one node, or a cluster of masters (3
+// by default, with a replica each) made by `redis-cli --cluster create`, on
+// free loopback ports, in a temporary directory. The servers die with their
+// owner (SIGKILL in the destructors; PR_SET_PDEATHSIG if the process itself
+// dies). Header-only and not part of kdn_core: only what starts servers
+// includes it (Debian's redis-server and redis-tools at /usr/bin).
+// Thread-safety: none (one thread owns them).
 #pragma once
 
 #include <arpa/inet.h>
@@ -27,11 +30,11 @@
 #include <thread>
 #include <vector>
 
-namespace kdn::redis::testing {
+namespace kdn::redis::local {
 
 inline bool HaveRedis() { return access("/usr/bin/redis-server", X_OK) == 0 && access("/usr/bin/redis-cli", X_OK) == 0; }
 
-// A raw hiredis connection for what the test checks behind the client's back.
+// A raw hiredis connection, for what a test checks behind the client's back.
 struct Raw {
   redisContext* c = nullptr;
   Raw(int port, int timeout_ms = 2000) {
@@ -210,14 +213,15 @@ struct TempDir {
   }
 };
 
-// 3 masters + 3 replicas.
+// `masters` masters with `replicas_per_master` replicas each (3 + 3 by
+// default); `extra` configures every node as Server's does.
 class Cluster {
  public:
-  explicit Cluster(int masters = 3, int replicas_per_master = 1) {
+  explicit Cluster(int masters = 3, int replicas_per_master = 1, const std::vector<std::string>& extra = {})
+      : replicas_(replicas_per_master > 0) {
     const int total = masters * (1 + replicas_per_master);
     for (int i = 0; i < total; ++i) {
-      servers_.push_back(std::make_unique<Server>(tmp_.path / ("n" + std::to_string(i)),
-                                                  std::vector<std::string>{}, true));
+      servers_.push_back(std::make_unique<Server>(tmp_.path / ("n" + std::to_string(i)), extra, true));
       if (!servers_.back()->running()) {
         error_ = "a cluster node did not start";
         return;
@@ -240,7 +244,7 @@ class Cluster {
   const std::filesystem::path& dir() const { return tmp_.path; }
 
   // Every live node says cluster_state:ok and sees the same masters with
-  // a replica attached each.
+  // a replica attached each (when the cluster was made with replicas).
   bool WaitHealthy(std::chrono::milliseconds within) {
     const auto until = std::chrono::steady_clock::now() + within;
     while (std::chrono::steady_clock::now() < until) {
@@ -251,8 +255,8 @@ class Cluster {
         const std::string info = r.Cmd({"CLUSTER", "INFO"});
         if (info.find("cluster_state:ok") == std::string::npos) ok = false;
         const std::string repl = r.Cmd({"INFO", "replication"});
-        if (repl.find("role:master") != std::string::npos && repl.find("connected_slaves:0") != std::string::npos &&
-            LiveNodes() == size()) {
+        if (replicas_ && repl.find("role:master") != std::string::npos &&
+            repl.find("connected_slaves:0") != std::string::npos && LiveNodes() == size()) {
           ok = false;
         }
         if (repl.find("role:slave") != std::string::npos && repl.find("master_link_status:up") == std::string::npos) {
@@ -292,6 +296,7 @@ class Cluster {
   TempDir tmp_;
   std::vector<std::unique_ptr<Server>> servers_;
   std::string error_;
+  bool replicas_ = true;
 };
 
-}  // namespace kdn::redis::testing
+}  // namespace kdn::redis::local

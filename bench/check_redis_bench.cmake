@@ -1,0 +1,63 @@
+# ctest bench.redis: runs `kdn bench redis --quick --repeats 1` once and
+# checks that its JSON parses and holds every record the bench promises, each
+# with a positive value and baseline (no timing is compared with anything).
+#   cmake -DKDN=<kdn> -DJSON=<output file> -P check_redis_bench.cmake
+cmake_minimum_required(VERSION 3.25)
+
+foreach(var KDN JSON)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "check_redis_bench.cmake: pass -D${var}=...")
+  endif()
+endforeach()
+
+file(REMOVE "${JSON}")
+execute_process(COMMAND "${KDN}" bench redis --quick --repeats 1 --json "${JSON}"
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+message("${out}${err}")
+if(err MATCHES "needs /usr/bin/redis-server")
+  message("SKIPPED: redis-server is not installed")  # SKIP_REGULAR_EXPRESSION
+  return()
+endif()
+if(NOT rc EQUAL 0 OR NOT EXISTS "${JSON}")
+  message(FATAL_ERROR "kdn bench redis failed (exit ${rc}) or wrote no ${JSON}")
+endif()
+file(READ "${JSON}" json)
+string(JSON count ERROR_VARIABLE jerr LENGTH "${json}")
+if(jerr)
+  message(FATAL_ERROR "${JSON} does not parse as a JSON array: ${jerr}")
+endif()
+
+set(expected)
+foreach(target single cluster)
+  foreach(op put get)
+    foreach(shape ref 32mib)
+      list(APPEND expected redis_${op}_gbps_${shape}_${target})
+    endforeach()
+  endforeach()
+  list(APPEND expected redis_lookup_us_512_${target})
+endforeach()
+# The delivery needs the reference model (the bench warns without it).
+if(NOT err MATCHES "no redis_delivery records")
+  list(APPEND expected redis_delivery_gbps_balanced redis_delivery_gbps_raw)
+endif()
+
+if(count EQUAL 0)
+  message(FATAL_ERROR "${JSON} holds no records")
+endif()
+set(found)
+math(EXPR last "${count} - 1")
+foreach(i RANGE ${last})
+  string(JSON name GET "${json}" ${i} name)
+  string(JSON value GET "${json}" ${i} value)
+  string(JSON baseline_value ERROR_VARIABLE nobase GET "${json}" ${i} baseline_value)
+  if(nobase OR NOT value GREATER 0 OR NOT baseline_value GREATER 0)
+    message(FATAL_ERROR "record ${name}: value ${value}, baseline ${baseline_value}: not both positive")
+  endif()
+  list(APPEND found ${name})
+endforeach()
+foreach(name IN LISTS expected)
+  if(NOT name IN_LIST found)
+    message(FATAL_ERROR "${JSON} has no record ${name} (it has: ${found})")
+  endif()
+endforeach()
+message("bench.redis: ${count} records, every expected one present")
