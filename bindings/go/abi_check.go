@@ -41,6 +41,7 @@ var _ = [...]struct{}{
 	[1]struct{}{}[TierDevice-C.KDN_TIER_DEVICE],
 	[1]struct{}{}[TierDisk-C.KDN_TIER_DISK],
 	[1]struct{}{}[TierRemote-C.KDN_TIER_REMOTE],
+	[1]struct{}{}[TierRedis-C.KDN_TIER_REDIS],
 	[1]struct{}{}[EvictLRU-C.KDN_EVICT_LRU],
 	[1]struct{}{}[EvictS3FIFO-C.KDN_EVICT_S3FIFO],
 	[1]struct{}{}[LatencyLookup-C.KDN_LATENCY_LOOKUP],

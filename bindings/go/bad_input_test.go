@@ -202,6 +202,42 @@ func TestBadTierConfig(t *testing.T) {
 	wantStatus(t, "9 tiers", err, ErrInvalidArgument)
 }
 
+// A redis tier with a malformed address: refused by NewRuntime, naming it
+// (no server is contacted).
+func TestBadRedisAddress(t *testing.T) {
+	rt, err := NewRuntime(&RuntimeOptions{Tiers: []TierConfig{RedisTier("not-an-address", "")}})
+	if rt != nil {
+		rt.Close()
+	}
+	wantStatus(t, "redis tier at not-an-address", err, ErrInvalidArgument)
+	if !strings.Contains(err.Error(), "not-an-address") {
+		t.Fatalf("redis tier at not-an-address: %v", err)
+	}
+}
+
+// User and TTL are for redis tiers: a host tier refuses them, and a
+// negative TTL is refused before kdn is called.
+func TestBadRedisFieldsOnHostTier(t *testing.T) {
+	user, ttl, negative := HostTier(1<<20), HostTier(1<<20), RedisTier("127.0.0.1:1", "")
+	user.User = "kdn"
+	ttl.TTL = time.Minute
+	negative.TTL = -time.Second
+	for _, c := range []struct {
+		name string
+		tier TierConfig
+		says string
+	}{{"User on a host tier", user, "redis"}, {"TTL on a host tier", ttl, "redis"}, {"a negative TTL", negative, "TTL"}} {
+		rt, err := NewRuntime(&RuntimeOptions{Tiers: []TierConfig{c.tier}})
+		if rt != nil {
+			rt.Close()
+		}
+		wantStatus(t, c.name, err, ErrInvalidArgument)
+		if !strings.Contains(err.Error(), c.says) {
+			t.Fatalf("%s: %v, want it to say %q", c.name, err, c.says)
+		}
+	}
+}
+
 // 8. An unknown document: ErrNotFound; a 256-byte doc_id: ErrInvalidArgument.
 func TestBadUnknownDocument(t *testing.T) {
 	f := newFixture(t, nil)

@@ -66,7 +66,7 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 2
+	BindingVersionMinor = 3 // TierConfig.User and TTL: kdn_tier_config's 1.3 fields
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

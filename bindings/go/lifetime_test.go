@@ -7,6 +7,7 @@ package kdn
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -145,11 +146,17 @@ func TestCheckLibraryVersion(t *testing.T) {
 	if err := checkLibraryVersion(VersionNumber()); err != nil {
 		t.Fatal(err)
 	}
-	// NewRuntime refuses an older library.
+	// NewRuntime refuses an older library (1.2: its kdn_tier_config has no
+	// user and ttl_ms), saying which it has and which it needs.
 	libraryVersionNumber = func() uint32 { return need - 100 }
 	_, err := NewRuntime(nil)
 	libraryVersionNumber = VersionNumber
-	wantStatus(t, "NewRuntime on libkdn 1.1", err, ErrVersion)
+	wantStatus(t, "NewRuntime on an older libkdn", err, ErrVersion)
+	older := fmt.Sprintf("libkdn %d.%d.0 ", BindingVersionMajor, BindingVersionMinor-1)
+	needs := fmt.Sprintf("needs libkdn %d.%d ", BindingVersionMajor, BindingVersionMinor)
+	if !strings.Contains(err.Error(), older) || !strings.Contains(err.Error(), needs) {
+		t.Fatalf("NewRuntime on an older libkdn: %q, want it to name %q and %q", err, older, needs)
+	}
 	if HeaderVersionMajor != BindingVersionMajor || HeaderVersionMinor < BindingVersionMinor {
 		t.Fatalf("built with kdn.h %d.%d, for %d.%d", HeaderVersionMajor, HeaderVersionMinor,
 			BindingVersionMajor, BindingVersionMinor)
@@ -246,9 +253,9 @@ func TestTierTimeout(t *testing.T) {
 		{0, 0}, {time.Microsecond, 1}, {2 * time.Second, 2000}, {math.MaxInt64, math.MaxUint32},
 		{(1 << 32) * time.Millisecond, math.MaxUint32},
 	} {
-		got, err := tierTimeoutMs(c.d)
-		if err != nil || got != c.want {
-			t.Errorf("tierTimeoutMs(%v) = %d, %v, want %d", c.d, got, err, c.want)
+		got, err := tierMillis("Timeout", c.d, math.MaxUint32)
+		if err != nil || got != int64(c.want) {
+			t.Errorf("tierMillis(Timeout, %v) = %d, %v, want %d", c.d, got, err, c.want)
 		}
 	}
 	remote := RemoteTier("127.0.0.1:1", "token")

@@ -24,6 +24,7 @@ const (
 	TierDevice TierKind = 1 // GPU memory (host memory standing in without a GPU)
 	TierDisk   TierKind = 2 // one file per chunk, checksummed
 	TierRemote TierKind = 3 // a kdnd node (since 1.1)
+	TierRedis  TierKind = 4 // Redis, Redis Cluster or Valkey (since 1.3)
 )
 
 func (k TierKind) String() string {
@@ -36,6 +37,8 @@ func (k TierKind) String() string {
 		return "disk"
 	case TierRemote:
 		return "remote"
+	case TierRedis:
+		return "redis"
 	}
 	return "tier(" + strconv.Itoa(int(k)) + ")"
 }
@@ -49,7 +52,8 @@ const (
 )
 
 // TierConfig is one tier of a runtime. The zero value is not valid:
-// CapacityBytes must be set (use HostTier, DiskTier, DeviceTier, RemoteTier).
+// CapacityBytes must be set (use HostTier, DiskTier, DeviceTier, RemoteTier,
+// RedisTier).
 type TierConfig struct {
 	Kind          TierKind
 	CapacityBytes uint64 // must not be 0
@@ -59,7 +63,8 @@ type TierConfig struct {
 	LowWatermark  float32 // 0: 0.85
 	WriteThrough  bool    // new chunks are copied to the next tier too
 	// Codec is how the tier stores chunks ("raw", "zstd", "fp8", "int8",
-	// "kivi2", "cachegen", "kdn", ...); empty: raw in memory, zstd on disk.
+	// "kivi2", "cachegen", "kdn", ...); empty: raw in memory, zstd on disk
+	// and remote, "kdn:balanced" (lossy) on redis.
 	Codec string
 	// Remote tiers: the kdnd's "host:port" or "unix:/path", its bearer
 	// token, the deadline of each call (0: 2 s; rounded up to whole
@@ -70,6 +75,17 @@ type TierConfig struct {
 	Timeout       time.Duration
 	TLSCAFile     string
 	TLSServerName string
+	// Redis tiers (since 1.3) read Address ("host:port" of one node or
+	// more, comma-separated; of a cluster, any of its nodes), Token (the
+	// password; empty: no AUTH) and Timeout (each command's deadline), and:
+	// User, the ACL user of AUTH (needs a password; empty: the password
+	// alone), and TTL, after which the keys expire (0: never; rounded up to
+	// whole milliseconds; negative: ErrInvalidArgument). Other kinds refuse
+	// User and TTL (ErrInvalidArgument). A malformed address or a refused
+	// AUTH fails NewRuntime; a server that is not there is missed until it
+	// answers.
+	User string
+	TTL  time.Duration
 }
 
 // HostTier is a host-memory tier of capacity bytes.
@@ -90,14 +106,21 @@ func RemoteTier(address, token string) TierConfig {
 	return TierConfig{Kind: TierRemote, CapacityBytes: 1 << 30, Address: address, Token: token}
 }
 
-// tierTimeoutMs is a tier's Timeout as kdn's timeout_ms: 0 stays 0 (the
-// default), a positive one is rounded up to whole milliseconds (so never
-// 0) and capped at the largest uint32 (about 49 days); negative is refused.
-func tierTimeoutMs(d time.Duration) (uint32, error) {
+// RedisTier is a Redis, Redis Cluster or Valkey at address ("host:port",
+// comma-separated seeds), authenticated with password (empty: no AUTH).
+func RedisTier(address, password string) TierConfig {
+	return TierConfig{Kind: TierRedis, CapacityBytes: 1 << 30, Address: address, Token: password}
+}
+
+// tierMillis is a tier's Duration field as kdn's milliseconds: 0 stays 0
+// (the default), a positive one is rounded up to whole milliseconds (so
+// never 0) and capped at max (Timeout: the largest uint32, about 49 days);
+// negative is refused, naming the field.
+func tierMillis(field string, d time.Duration, max int64) (int64, error) {
 	if d < 0 {
-		return 0, invalid("TierConfig.Timeout is negative")
+		return 0, invalid("TierConfig." + field + " is negative")
 	}
-	return uint32(millis(d, math.MaxUint32)), nil
+	return millis(d, max), nil
 }
 
 // RuntimeOptions says how to create a runtime. Zero fields take kdn's
@@ -228,13 +251,19 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 				c.codec, c.codec_len = cstr(t.Codec)
 				c.address, c.address_len = cstr(t.Address)
 				c.token, c.token_len = cstr(t.Token)
-				ms, err := tierTimeoutMs(t.Timeout)
+				ms, err := tierMillis("Timeout", t.Timeout, math.MaxUint32)
 				if err != nil {
 					return nil, err
 				}
 				c.timeout_ms = C.uint32_t(ms)
 				c.tls_ca_file, c.tls_ca_file_len = cstr(t.TLSCAFile)
 				c.tls_server_name, c.tls_server_name_len = cstr(t.TLSServerName)
+				c.user, c.user_len = cstr(t.User)
+				ttl, err := tierMillis("TTL", t.TTL, math.MaxInt64)
+				if err != nil {
+					return nil, err
+				}
+				c.ttl_ms = C.uint64_t(ttl)
 			}
 			o.tiers = (*C.kdn_tier_config)(mem)
 			o.num_tiers = C.size_t(n)
@@ -353,7 +382,7 @@ type TierStats struct {
 	BytesAfterEncoding                        uint64
 	EncodeFailures, DecodeFailures            uint64
 	IOErrors                                  uint64 // since 1.2
-	RemoteCalls, RemoteFailed, RemoteTimeouts uint64 // remote tiers, since 1.2
+	RemoteCalls, RemoteFailed, RemoteTimeouts uint64 // remote tiers (1.2); redis tiers: commands (1.3)
 	WriteQueueFull, WriteQueuedBytes          uint64 // remote tiers, since 1.2
 }
 

@@ -147,9 +147,11 @@ struct TierConfig {
   float high_watermark = 0, low_watermark = 0;
   bool write_through = false;
   std::string codec;
-  std::string address, token;  // remote
-  uint32_t timeout_ms = 0;
-  std::string tls_ca_file, tls_server_name;
+  std::string address, token;  // remote, redis (token: the password)
+  uint32_t timeout_ms = 0;      // remote, redis
+  std::string tls_ca_file, tls_server_name;  // remote
+  std::string user;             // redis (1.3): the ACL user of AUTH
+  uint64_t ttl_ms = 0;          // redis (1.3): the keys expire after this; 0: never
 };
 
 struct RuntimeOptions {
@@ -630,6 +632,13 @@ class Runtime {
       c.tls_ca_file_len = t.tls_ca_file.size();
       c.tls_server_name = t.tls_server_name.data();
       c.tls_server_name_len = t.tls_server_name.size();
+      // 1.3's fields stay zero unless set, so a 1.2 library (which refuses
+      // a struct whose tail it does not know unless it is zero) still works.
+      if (!t.user.empty()) {
+        c.user = t.user.data();
+        c.user_len = t.user.size();
+      }
+      c.ttl_ms = t.ttl_ms;
     }
     kdn_runtime_options o;
     detail::Check(kdn_runtime_options_init(&o, sizeof o));

@@ -58,6 +58,7 @@ class TierKind(_OpenEnum):
     DEVICE = 1
     DISK = 2
     REMOTE = 3
+    REDIS = 4  # since 1.3
 
 
 class EvictionPolicy(_OpenEnum):

@@ -479,6 +479,7 @@ def _native_tier(tier):
         t.low_watermark = tier.low_watermark
         t.write_through = bool(tier.write_through)
         t.timeout_ms = tier.timeout_ms
+        t.ttl_ms = tier.ttl_ms
     except (TypeError, OverflowError) as e:
         raise InvalidArgumentError(f"tier {tier!r}: {e}") from e
     t.path = tier.path
@@ -487,6 +488,7 @@ def _native_tier(tier):
     t.token = tier.token
     t.tls_ca_file = tier.tls_ca_file
     t.tls_server_name = tier.tls_server_name
+    t.user = tier.user
     return t
 
 

@@ -21,12 +21,16 @@ class Tier:
     """One tier of a runtime's store (kdn_tier_config); kdn.h's defaults.
 
     Use the constructors: ``Tier.host(16 << 20)``, ``Tier.disk("/var/kdn",
-    64 << 30)``, ``Tier.remote("host:7070", token="...")``.
+    64 << 30)``, ``Tier.remote("host:7070", token="...")``,
+    ``Tier.redis("10.0.0.1:7000,10.0.0.2:7000", password="...", ttl_ms=...)``.
 
     high_watermark / low_watermark: 0 means kdn's defaults (0.95 / 0.85).
-    codec: "" is raw for memory tiers and lossless "zstd" for disk tiers;
-    an unknown codec is refused (InvalidArgumentError). timeout_ms: a remote
-    tier's deadline per call (0: 2000).
+    codec: "" is raw for memory tiers, lossless "zstd" for disk and remote
+    tiers, lossy "kdn:balanced" for redis tiers; an unknown codec is refused
+    (InvalidArgumentError). timeout_ms: a remote or redis tier's deadline per
+    call (0: 2000). user, ttl_ms (since 1.3): a redis tier's ACL user (needs
+    a password) and the time after which its keys expire (0: never); other
+    kinds refuse them (InvalidArgumentError).
     """
     kind: TierKind = TierKind.HOST
     capacity_bytes: int = 1 << 30
@@ -41,6 +45,8 @@ class Tier:
     timeout_ms: int = 0
     tls_ca_file: Text = ""
     tls_server_name: Text = ""
+    user: Text = ""
+    ttl_ms: int = 0
 
     @classmethod
     def host(cls, capacity_bytes=1 << 30, **kwargs):
@@ -61,6 +67,14 @@ class Tier:
     def remote(cls, address, token="", **kwargs):
         """A kdnd node ("host:port" or "unix:/path") shared with other engines."""
         return cls(TierKind.REMOTE, address=address, token=token, **kwargs)
+
+    @classmethod
+    def redis(cls, address, password="", **kwargs):
+        """Redis, Redis Cluster or Valkey shared with other engines (since
+        1.3): "host:port" of one node or more, comma-separated; password
+        "" for no AUTH. A malformed address or a refused AUTH fails the
+        Runtime; a server that is not there is missed until it answers."""
+        return cls(TierKind.REDIS, address=address, token=password, **kwargs)
 
 
 @dataclasses.dataclass

@@ -113,6 +113,21 @@ class BadInputTest(unittest.TestCase):
         with self.assertRaises(kdn.InvalidArgumentError):
             kdn.Runtime(tiers=[kdn.Tier(kind=77)])
 
+    def test_bad_redis_address(self):
+        # Refused when the runtime is created; no server is contacted.
+        with self.assertRaises(kdn.InvalidArgumentError) as cm:
+            kdn.Runtime(tiers=[kdn.Tier.redis("not-an-address")])
+        self.assertIn("not-an-address", str(cm.exception))
+
+    def test_bad_redis_fields_on_host_tier(self):
+        with self.assertRaises(kdn.InvalidArgumentError) as cm:
+            kdn.Runtime(tiers=[kdn.Tier.host(1 << 20, user="kdn")])
+        self.assertIn("redis", str(cm.exception))
+        with self.assertRaises(kdn.InvalidArgumentError):
+            kdn.Runtime(tiers=[kdn.Tier.host(1 << 20, ttl_ms=60000)])
+        with self.assertRaises(kdn.InvalidArgumentError):
+            kdn.Runtime(tiers=[kdn.Tier.redis("127.0.0.1:1", ttl_ms=-1)])
+
     def test_bad_unknown_document(self):
         out = bytearray(CHUNK * self.m.kv_bytes_per_token)
         with self.assertRaises(kdn.NotFoundError) as cm:

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 208;
+const size_t kdn_layout_count = 211;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -28,6 +28,9 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "tls_ca_file_len", 0, 0, offsetof(kdn_tier_config, tls_ca_file_len)},
   {"kdn_tier_config", "tls_server_name", 0, 0, offsetof(kdn_tier_config, tls_server_name)},
   {"kdn_tier_config", "tls_server_name_len", 0, 0, offsetof(kdn_tier_config, tls_server_name_len)},
+  {"kdn_tier_config", "user", 0, 0, offsetof(kdn_tier_config, user)},
+  {"kdn_tier_config", "user_len", 0, 0, offsetof(kdn_tier_config, user_len)},
+  {"kdn_tier_config", "ttl_ms", 0, 0, offsetof(kdn_tier_config, ttl_ms)},
   {"kdn_runtime_options", "", sizeof(kdn_runtime_options), _Alignof(kdn_runtime_options), 0},
   {"kdn_runtime_options", "struct_size", 0, 0, offsetof(kdn_runtime_options, struct_size)},
   {"kdn_runtime_options", "chunk_tokens", 0, 0, offsetof(kdn_runtime_options, chunk_tokens)},

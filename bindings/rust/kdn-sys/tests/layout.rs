@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 208];
+    static kdn_layout_rows: [Row; 211];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -44,6 +44,9 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_config", "tls_ca_file_len", 0, 0, offset_of!(kdn_tier_config, tls_ca_file_len)),
         ("kdn_tier_config", "tls_server_name", 0, 0, offset_of!(kdn_tier_config, tls_server_name)),
         ("kdn_tier_config", "tls_server_name_len", 0, 0, offset_of!(kdn_tier_config, tls_server_name_len)),
+        ("kdn_tier_config", "user", 0, 0, offset_of!(kdn_tier_config, user)),
+        ("kdn_tier_config", "user_len", 0, 0, offset_of!(kdn_tier_config, user_len)),
+        ("kdn_tier_config", "ttl_ms", 0, 0, offset_of!(kdn_tier_config, ttl_ms)),
         ("kdn_runtime_options", "", size_of::<kdn_runtime_options>(), align_of::<kdn_runtime_options>(), 0),
         ("kdn_runtime_options", "struct_size", 0, 0, offset_of!(kdn_runtime_options, struct_size)),
         ("kdn_runtime_options", "chunk_tokens", 0, 0, offset_of!(kdn_runtime_options, chunk_tokens)),

@@ -1,7 +1,8 @@
 //! # kdn: the KV-cache runtime, from Rust
 //!
 //! A safe API over kdn's C ABI (`kdn.h`, through the [`kdn_sys`] crate):
-//! a [`Runtime`] holds the store and its tiers (host, device, disk, remote;
+//! a [`Runtime`] holds the store and its tiers (host, device, disk, remote,
+//! redis;
 //! codecs; eviction); a [`Model`] names the shape of a model's KV; KV moves
 //! between the caller's memory and the store without copies, described by
 //! [`KvView`]s (read) and [`KvViewMut`]s (write) over the caller's slices.

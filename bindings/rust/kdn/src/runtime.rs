@@ -12,8 +12,9 @@ use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex};
 
 /// One tier of a runtime's store (`kdn_tier_config`). Build one with
-/// [`TierConfig::host`], [`disk`](TierConfig::disk), [`device`](TierConfig::device)
-/// or [`remote`](TierConfig::remote) and adjust it with the `with_*` methods:
+/// [`TierConfig::host`], [`disk`](TierConfig::disk), [`device`](TierConfig::device),
+/// [`remote`](TierConfig::remote) or [`redis`](TierConfig::redis) and adjust it
+/// with the `with_*` methods:
 ///
 /// ```
 /// use kdn::{EvictionPolicy, TierConfig};
@@ -27,7 +28,8 @@ use std::sync::{Arc, Mutex};
 pub struct TierConfig {
     /// What the tier is. Default: host memory.
     pub kind: TierKind,
-    /// Capacity in bytes (not 0). Default 1 GiB. Not used by a remote tier.
+    /// Capacity in bytes (not 0). Default 1 GiB. Not used by a remote or
+    /// redis tier (a redis server's own maxmemory and policy apply).
     pub capacity_bytes: u64,
     /// Disk: the directory (created if absent).
     pub path: Option<PathBuf>,
@@ -40,18 +42,26 @@ pub struct TierConfig {
     /// New chunks are copied to the next tier too.
     pub write_through: bool,
     /// Codec spec ("raw", "zstd", "fp8", "int8", "kivi2", "cachegen", "kdn", ...);
-    /// empty: raw for memory tiers, zstd for disk.
+    /// empty: raw for memory tiers, zstd for disk and remote, kdn:balanced
+    /// (lossy) for redis.
     pub codec: String,
-    /// Remote: the kdnd, `"host:port"` or `"unix:/path"`.
+    /// Remote: the kdnd, `"host:port"` or `"unix:/path"`. Redis: one node or
+    /// more, `"host:port"` comma-separated (of a cluster, any of its nodes).
     pub address: String,
-    /// Remote: a bearer token the node takes.
+    /// Remote: a bearer token the node takes. Redis: the password (empty: no AUTH).
     pub token: String,
-    /// Remote: deadline of each call to the node in ms; 0 = 2000.
+    /// Remote, redis: deadline of each call to the node in ms; 0 = 2000.
     pub timeout_ms: u32,
     /// Remote over TLS: a PEM file of the certificates to trust.
     pub tls_ca_file: Option<PathBuf>,
     /// Remote over TLS: the name the node's certificate must carry.
     pub tls_server_name: String,
+    /// Redis (since 1.3): the ACL user of AUTH; empty: the password alone.
+    /// Other kinds refuse it.
+    pub user: String,
+    /// Redis (since 1.3): the keys expire after this many ms; 0: never.
+    /// Other kinds refuse it.
+    pub ttl_ms: u64,
 }
 
 impl Default for TierConfig {
@@ -70,6 +80,8 @@ impl Default for TierConfig {
             timeout_ms: 0,
             tls_ca_file: None,
             tls_server_name: String::new(),
+            user: String::new(),
+            ttl_ms: 0,
         }
     }
 }
@@ -92,6 +104,13 @@ impl TierConfig {
     pub fn remote(address: impl Into<String>, token: impl Into<String>) -> Self {
         TierConfig { kind: TierKind::Remote, address: address.into(), token: token.into(), ..Default::default() }
     }
+    /// A redis tier (since 1.3): Redis, Redis Cluster or Valkey at `address`
+    /// (`"host:port"`, comma-separated seeds) with a `password` (empty: no
+    /// AUTH). Reads the server cannot answer in time are misses; a malformed
+    /// address or a refused AUTH fails [`Runtime::new`].
+    pub fn redis(address: impl Into<String>, password: impl Into<String>) -> Self {
+        TierConfig { kind: TierKind::Redis, address: address.into(), token: password.into(), ..Default::default() }
+    }
     /// With a codec spec.
     pub fn with_codec(mut self, codec: impl Into<String>) -> Self {
         self.codec = codec.into();
@@ -113,9 +132,19 @@ impl TierConfig {
         self.write_through = on;
         self
     }
-    /// Remote: the per-call deadline.
+    /// Remote, redis: the per-call deadline.
     pub fn with_timeout_ms(mut self, ms: u32) -> Self {
         self.timeout_ms = ms;
+        self
+    }
+    /// Redis: the ACL user of AUTH (needs a password).
+    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+        self.user = user.into();
+        self
+    }
+    /// Redis: the keys expire after `ms` milliseconds; 0: never.
+    pub fn with_ttl_ms(mut self, ms: u64) -> Self {
+        self.ttl_ms = ms;
         self
     }
     /// Remote: TLS with a CA file and (empty: the address's host) a server name.
@@ -149,6 +178,8 @@ impl TierConfig {
         (c.tls_ca_file, c.tls_ca_file_len) =
             s(self.tls_ca_file.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
         (c.tls_server_name, c.tls_server_name_len) = s(self.tls_server_name.as_bytes());
+        (c.user, c.user_len) = s(self.user.as_bytes());
+        c.ttl_ms = self.ttl_ms;
         c
     }
 }
@@ -592,11 +623,11 @@ pub struct TierStats {
     pub decode_failures: u64,
     /// Reads and writes that failed (since 1.2).
     pub io_errors: u64,
-    /// Remote: calls to the node (since 1.2).
+    /// Remote: calls to the node (since 1.2); redis: commands sent (since 1.3).
     pub remote_calls: u64,
-    /// Remote: failed calls (since 1.2).
+    /// Remote: failed calls (since 1.2); redis: commands that failed (since 1.3).
     pub remote_failed_calls: u64,
-    /// Remote: calls that timed out (since 1.2).
+    /// Remote: calls that timed out (since 1.2); redis: pipelines that timed out (since 1.3).
     pub remote_timeouts: u64,
     /// Remote: puts refused with the write-back queue full (since 1.2).
     pub write_queue_full: u64,

@@ -70,6 +70,8 @@ open_enum! {
         Disk = sys::kdn_tier_kind_KDN_TIER_DISK,
         /// A kdnd node shared with other engines (since 1.1).
         Remote = sys::kdn_tier_kind_KDN_TIER_REMOTE,
+        /// Redis, Redis Cluster or Valkey shared with other engines (since 1.3).
+        Redis = sys::kdn_tier_kind_KDN_TIER_REDIS,
     }
 }
 

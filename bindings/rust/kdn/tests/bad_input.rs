@@ -146,6 +146,26 @@ fn test_bad_tier_config() {
 }
 
 #[test]
+fn test_bad_redis_address() {
+    // Refused when the runtime is created; no server is contacted.
+    let e = assert_status(
+        Runtime::new(&RuntimeOptions::default().with_tier(TierConfig::redis("not-an-address", ""))),
+        Status::InvalidArgument,
+    );
+    assert!(e.message().contains("not-an-address"), "{e}");
+    assert!(e.is_caller_error());
+}
+
+#[test]
+fn test_bad_redis_fields_on_host_tier() {
+    let bad = |tier: TierConfig| Runtime::new(&RuntimeOptions::default().with_tier(tier)).map(|_| ());
+    let e = assert_status(bad(TierConfig::host(1 << 20).with_user("kdn")), Status::InvalidArgument);
+    assert!(e.message().contains("redis"), "{e}");
+    assert_status(bad(TierConfig::host(1 << 20).with_ttl_ms(60_000)), Status::InvalidArgument);
+    assert_status(bad(TierConfig::disk("/unused", 1 << 20).with_ttl_ms(1)), Status::InvalidArgument);
+}
+
+#[test]
 fn test_bad_unknown_document() {
     let (_rt, model) = setup();
     let docs = model.knowledge(NS);

@@ -7,8 +7,8 @@ import java.util.Objects;
 
 /**
  * One tier of a runtime (kdn_tier_config): immutable; start from {@link #host}, {@link #device},
- * {@link #disk} or {@link #remote} and change what differs from kdn's defaults with the {@code
- * with...} methods:
+ * {@link #disk}, {@link #remote} or {@link #redis} and change what differs from kdn's defaults
+ * with the {@code with...} methods:
  *
  * <pre>{@code
  * TierConfig.disk(Path.of("/var/cache/kdn"), 64L << 30).withCodec("zstd").withPolicy(EvictionPolicy.S3FIFO)
@@ -28,6 +28,8 @@ public final class TierConfig implements Cloneable {
   private int timeoutMs;
   private String tlsCaFile = "";
   private String tlsServerName = "";
+  private String user = "";
+  private long ttlMs;
 
   private TierConfig(TierKind kind) {
     this.kind = Objects.requireNonNull(kind, "kind");
@@ -66,6 +68,19 @@ public final class TierConfig implements Cloneable {
     return t;
   }
 
+  /**
+   * Redis, Redis Cluster or Valkey shared with other engines (since kdn 1.3): {@code address} is
+   * "host:port" of one node or more, comma-separated (of a cluster, any of its nodes); {@code
+   * password} "" for no AUTH. Reads the server cannot answer in time are misses; a malformed
+   * address or a refused AUTH is an {@link InvalidArgumentException} at {@link Runtime#create}.
+   */
+  public static TierConfig redis(String address, String password) {
+    TierConfig t = new TierConfig(TierKind.REDIS);
+    t.address = Objects.requireNonNull(address, "address");
+    t.token = Objects.requireNonNull(password, "password");
+    return t;
+  }
+
   private TierConfig copy() {
     try {
       return (TierConfig) super.clone();
@@ -74,7 +89,7 @@ public final class TierConfig implements Cloneable {
     }
   }
 
-  /** Capacity in bytes (unsigned; not used by remote tiers). */
+  /** Capacity in bytes (unsigned; not used by remote and redis tiers). */
   public TierConfig withCapacityBytes(long bytes) {
     TierConfig t = copy();
     t.capacityBytes = bytes;
@@ -116,7 +131,7 @@ public final class TierConfig implements Cloneable {
     return t;
   }
 
-  /** Remote: the deadline of each call to the node (zero: kdn's default, 2 s). */
+  /** Remote, redis: the deadline of each call to the node (zero: kdn's default, 2 s). */
   public TierConfig withTimeout(Duration timeout) {
     TierConfig t = copy();
     t.timeoutMs = (int) Math.min(Integer.MAX_VALUE, Objects.requireNonNull(timeout, "timeout").toMillis());
@@ -128,6 +143,36 @@ public final class TierConfig implements Cloneable {
     TierConfig t = copy();
     t.tlsCaFile = Objects.requireNonNull(caFile, "caFile");
     t.tlsServerName = Objects.requireNonNull(serverName, "serverName");
+    return t;
+  }
+
+  /**
+   * Redis: the ACL user of AUTH (needs a password; "": the password alone). Other kinds refuse a
+   * user: {@link InvalidArgumentException} at {@link Runtime#create}.
+   */
+  public TierConfig withUser(String user) {
+    TierConfig t = copy();
+    t.user = Objects.requireNonNull(user, "user");
+    return t;
+  }
+
+  /**
+   * Redis: the keys expire after {@code ttl}, rounded up to whole milliseconds (zero: never).
+   * Other kinds refuse a TTL: {@link InvalidArgumentException} at {@link Runtime#create}.
+   *
+   * @throws IllegalArgumentException if {@code ttl} is negative
+   */
+  public TierConfig withTtl(Duration ttl) {
+    if (Objects.requireNonNull(ttl, "ttl").isNegative()) {
+      throw new IllegalArgumentException("a negative TTL: " + ttl);
+    }
+    TierConfig t = copy();
+    try {
+      long ms = ttl.toMillis();
+      t.ttlMs = Duration.ofMillis(ms).compareTo(ttl) < 0 ? ms + 1 : ms;
+    } catch (ArithmeticException tooLong) {
+      t.ttlMs = Long.MAX_VALUE;
+    }
     return t;
   }
 
@@ -183,6 +228,14 @@ public final class TierConfig implements Cloneable {
     return tlsServerName;
   }
 
+  public String user() {
+    return user;
+  }
+
+  public Duration ttl() {
+    return Duration.ofMillis(ttlMs);
+  }
+
   /** A native copy; the caller deletes it. */
   NativeTierConfig toNative() {
     NativeTierConfig n = new NativeTierConfig();
@@ -199,6 +252,8 @@ public final class TierConfig implements Cloneable {
     n.setTimeout_ms(timeoutMs);
     n.setTls_ca_file(tlsCaFile);
     n.setTls_server_name(tlsServerName);
+    n.setUser(user);
+    n.setTtl_ms(ttlMs);
     return n;
   }
 

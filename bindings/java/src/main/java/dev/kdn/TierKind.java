@@ -6,6 +6,8 @@ public enum TierKind {
   DEVICE(1),
   DISK(2),
   REMOTE(3),
+  /** Redis, Redis Cluster or Valkey shared with other engines (since kdn 1.3). */
+  REDIS(4),
   /** A value this binding does not know (from a newer kdn); {@link #value()} is -1. */
   UNKNOWN(-1);
 

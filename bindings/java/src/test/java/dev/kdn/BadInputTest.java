@@ -140,6 +140,27 @@ class BadInputTest {
   }
 
   @Test
+  void testBadRedisAddress() {
+    // Refused when the runtime is created; no server is contacted.
+    KdnException e = assertThrows(InvalidArgumentException.class,
+        () -> Runtime.create(RuntimeOptions.builder().tier(TierConfig.redis("not-an-address", "")).build()));
+    assertTrue(e.getMessage().contains("not-an-address"), e.getMessage());
+  }
+
+  @Test
+  void testBadRedisFieldsOnHostTier() {
+    KdnException e = assertThrows(InvalidArgumentException.class,
+        () -> Runtime.create(RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withUser("kdn")).build()));
+    assertTrue(e.getMessage().contains("redis"), e.getMessage());
+    assertThrows(InvalidArgumentException.class, () -> Runtime.create(
+        RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withTtl(Duration.ofMinutes(1))).build()));
+    assertThrows(IllegalArgumentException.class,
+        () -> TierConfig.redis("127.0.0.1:1", "").withTtl(Duration.ofSeconds(-1)));
+    // Sub-millisecond TTLs round up: never 0, which would mean "never expire".
+    assertEquals(1, TierConfig.redis("127.0.0.1:1", "").withTtl(Duration.ofNanos(1)).ttl().toMillis());
+  }
+
+  @Test
   void testBadUnknownDoc() {
     ByteBuffer out = Kdn.allocate(8 * BYTES_PER_TOKEN);
     assertThrows(NotFoundException.class, () -> m.knowledgeFetch("kb", "nothing", KvView.canonical(8), out));

@@ -11,6 +11,7 @@ class EnumsTest {
     assertEquals(DType.UNKNOWN, DType.fromNative(77));
     assertEquals(2, DType.F16.bytes());
     assertEquals(TierKind.REMOTE, TierKind.fromNative(3));
+    assertEquals(TierKind.REDIS, TierKind.fromNative(4));
     assertEquals(TierKind.UNKNOWN, TierKind.fromNative(-1));
     assertEquals(EvictionPolicy.UNKNOWN, EvictionPolicy.fromNative(9));
     assertEquals(KvLayout.PAGED_HND, KvLayout.fromNative(2));
