@@ -68,7 +68,15 @@ Result<std::unique_ptr<RedisTier>> RedisTier::Create(const RedisTierOptions& opt
   return t;
 }
 
-RedisTier::~RedisTier() = default;
+RedisTier::~RedisTier() {
+  {
+    std::lock_guard<std::mutex> lock(reader_mu_);
+    reader_stop_ = true;
+    reader_jobs_.clear();
+  }
+  reader_cv_.notify_all();
+  if (reader_.joinable()) reader_.join();
+}
 
 std::shared_ptr<redis::Client> RedisTier::client() const {
   {
@@ -138,9 +146,31 @@ Result<ChunkRef> RedisTier::Decode(const keys::Digest& key, const redis::Value& 
   return Status::NotFound(options_.name + ": not held (a corrupt value was removed)");
 }
 
+bool RedisTier::AwaitLocked(std::unique_lock<std::mutex>& lock, const keys::Digest& key) const {
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(options_.client.command_timeout_ms);
+  for (;;) {
+    auto it = answers_.find(key);
+    if (it == answers_.end() || !it->second.pending) return true;
+    if (running_ticket_ != 0 && it->second.ticket > running_ticket_) {
+      answers_.erase(it);  // its job waits behind another: read it now instead
+      return true;
+    }
+    if (answers_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      it = answers_.find(key);
+      if (it == answers_.end() || !it->second.pending) return true;
+      answers_.erase(it);
+      return false;
+    }
+  }
+}
+
 Result<ChunkRef> RedisTier::Get(const keys::Digest& key) {
   {
     std::unique_lock<std::mutex> lock(answers_mu_);
+    if (!AwaitLocked(lock, key)) {
+      ++io_errors_;
+      return Status(Code::kUnavailable, options_.name + ": the read ahead of this chunk timed out");
+    }
     auto it = answers_.find(key);
     if (it != answers_.end() && it->second.has_value) {
       Answer a = std::move(it->second);
@@ -149,6 +179,10 @@ Result<ChunkRef> RedisTier::Get(const keys::Digest& key) {
       lock.unlock();
       if (Clock::now() <= a.until) {
         ++prefetch_used_;
+        if (a.failed) {
+          ++io_errors_;
+          return Status(Code::kUnavailable, options_.name + ": GET failed");
+        }
         if (!a.present) return Status::NotFound(options_.name + ": not held");
         return Decode(key, a.value);
       }
@@ -174,11 +208,20 @@ Result<ChunkRef> RedisTier::Get(const keys::Digest& key) {
 
 bool RedisTier::Contains(const keys::Digest& key) const {
   {
-    std::lock_guard<std::mutex> lock(answers_mu_);
+    std::unique_lock<std::mutex> lock(answers_mu_);
+    if (!AwaitLocked(lock, key)) {
+      ++io_errors_;
+      return false;
+    }
     auto it = answers_.find(key);
     if (it != answers_.end()) {
       const Answer& a = it->second;
       if (Clock::now() <= a.until) {
+        if (a.failed) {
+          answers_.erase(it);
+          ++io_errors_;
+          return false;
+        }
         if (a.has_value) return a.present;  // a read's answer: kept for its Get
         const bool present = a.present;
         answers_.erase(it);  // one probe per answer: later probes ask again
@@ -207,11 +250,14 @@ bool RedisTier::Contains(const keys::Digest& key) const {
 }
 
 void RedisTier::Forget(const keys::Digest& key) const {
-  std::lock_guard<std::mutex> lock(answers_mu_);
-  auto it = answers_.find(key);
-  if (it == answers_.end()) return;
-  answer_bytes_ -= it->second.value.size;
-  answers_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    auto it = answers_.find(key);
+    if (it == answers_.end()) return;
+    answer_bytes_ -= it->second.value.size;
+    answers_.erase(it);  // a read on its way finds it gone and drops its value
+  }
+  answers_cv_.notify_all();
 }
 
 bool RedisTier::Erase(const keys::Digest& key) { return EraseMany(std::span<const keys::Digest>(&key, 1)) == 1; }
@@ -244,7 +290,7 @@ size_t RedisTier::EraseMany(std::span<const keys::Digest> keys) {
 
 void RedisTier::SweepLocked(Clock::time_point now) const {
   for (auto it = answers_.begin(); it != answers_.end();) {
-    if (it->second.until < now) {
+    if (!it->second.pending && it->second.until < now) {
       answer_bytes_ -= it->second.value.size;
       it = answers_.erase(it);
       ++prefetch_expired_;
@@ -256,16 +302,15 @@ void RedisTier::SweepLocked(Clock::time_point now) const {
 
 void RedisTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
   if (keys.empty()) return;
-  auto c = client();
-  if (!c) return;  // the calls that follow miss (and count) by themselves
   const size_t n = std::min<size_t>(keys.size(), options_.read_ahead_keys);
-  std::vector<std::string> names;
-  names.reserve(n);
-  for (size_t i = 0; i < n; ++i) names.push_back(KeyOf(keys[i]));
-  const std::vector<std::string_view> views(names.begin(), names.end());
-  const std::span<const std::string_view> all(views);
   if (!will_read) {
-    auto held = c->Exists(all);
+    auto c = client();
+    if (!c) return;  // the probes that follow miss (and count) by themselves
+    std::vector<std::string> names;
+    names.reserve(n);
+    for (size_t i = 0; i < n; ++i) names.push_back(KeyOf(keys[i]));
+    const std::vector<std::string_view> views(names.begin(), names.end());
+    auto held = c->Exists(views);
     if (held.size() != n) return;
     const Clock::time_point now = Clock::now(), until = now + std::chrono::milliseconds(options_.hint_ms);
     std::lock_guard<std::mutex> lock(answers_mu_);
@@ -276,54 +321,144 @@ void RedisTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) con
         continue;  // its probe asks again (and counts the error if it persists)
       }
       auto [it, fresh] = answers_.try_emplace(keys[i]);
-      if (!fresh && it->second.has_value) continue;  // a read's answer says more
-      it->second = Answer{*held[i], false, {}, until};
+      if (!fresh && (it->second.has_value || it->second.pending)) continue;  // a read's answer says more
+      it->second = Answer{};
+      it->second.present = *held[i];
+      it->second.until = until;
       ++prefetched_;
     }
     return;
   }
-  // The reads, in batches in key order: the walk that follows stops at the
-  // first key no tier holds, so no key after the first absent one is read,
-  // and no more is held than read_ahead_bytes.
-  size_t batch = 16;
-  for (size_t begin = 0; begin < n;) {
-    const size_t end = std::min(n, begin + batch);
-    auto got = c->Get(all.subspan(begin, end - begin));
-    if (got.size() != end - begin) return;
-    const Clock::time_point now = Clock::now(), until = now + std::chrono::milliseconds(options_.hint_ms);
-    bool stop = false;
+  // The reads: on the reader thread, in key order. The keys are marked as on
+  // their way first, so a Get that comes before its value waits for it.
+  ReadJob job;
+  {
     std::lock_guard<std::mutex> lock(answers_mu_);
-    if (begin == 0) SweepLocked(now);
-    for (size_t i = begin; i < end && !stop; ++i) {
-      const auto& r = got[i - begin];
-      if (!r.ok()) {
-        ++failed_commands_;
-        stop = true;  // a node failing: its Get asks (and counts) by itself
-        break;
+    SweepLocked(Clock::now());
+    job.ticket = ++next_ticket_;
+    for (size_t i = 0; i < n; ++i) {
+      auto [it, fresh] = answers_.try_emplace(keys[i]);
+      if (!fresh) {
+        if (it->second.pending || it->second.has_value) break;  // read already (or being read)
+        answer_bytes_ -= it->second.value.size;
       }
-      Answer a;
-      a.until = until;
-      a.has_value = true;
-      a.present = r->has_value();
-      if (a.present) {
-        if (answer_bytes_ + (*r)->size > options_.read_ahead_bytes) {
+      it->second = Answer{};
+      it->second.pending = true;
+      it->second.ticket = job.ticket;
+      job.keys.push_back(keys[i]);
+    }
+  }
+  if (job.keys.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(reader_mu_);
+    if (!reader_.joinable()) reader_ = std::thread([this] { ReaderLoop(); });
+    reader_jobs_.push_back(std::move(job));
+  }
+  reader_cv_.notify_one();
+}
+
+void RedisTier::ReaderLoop() const {
+  for (;;) {
+    ReadJob job;
+    {
+      std::unique_lock<std::mutex> lock(reader_mu_);
+      reader_cv_.wait(lock, [&] { return reader_stop_ || !reader_jobs_.empty(); });
+      if (reader_stop_) return;
+      job = std::move(reader_jobs_.front());
+      reader_jobs_.pop_front();
+    }
+    ReadAhead(job);
+  }
+}
+
+void RedisTier::ReadAhead(const ReadJob& job) const {
+  {
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    running_ticket_ = job.ticket;
+  }
+  ReadBatches(job);
+  {
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    running_ticket_ = 0;
+  }
+  answers_cv_.notify_all();
+}
+
+void RedisTier::ReadBatches(const ReadJob& job) const {
+  // Drops this job's answers still pending from `from` on (their Gets read
+  // by themselves), waking whoever waits for them.
+  auto drop_from = [&](size_t from) {
+    {
+      std::lock_guard<std::mutex> lock(answers_mu_);
+      for (size_t i = from; i < job.keys.size(); ++i) {
+        auto it = answers_.find(job.keys[i]);
+        if (it != answers_.end() && it->second.pending && it->second.ticket == job.ticket) answers_.erase(it);
+      }
+    }
+    answers_cv_.notify_all();
+  };
+  auto c = client();
+  if (!c) return drop_from(0);
+  std::vector<std::string> names;
+  names.reserve(job.keys.size());
+  for (const keys::Digest& k : job.keys) names.push_back(KeyOf(k));
+  const std::vector<std::string_view> views(names.begin(), names.end());
+  const std::span<const std::string_view> all(views);
+  // Small batches first, so the first chunks can be decoded while the rest
+  // are on their way; the walk that follows stops at the first key no tier
+  // holds, so nothing after an absent key is read.
+  size_t batch = 2;
+  for (size_t begin = 0; begin < job.keys.size();) {
+    {
+      std::lock_guard<std::mutex> lock(reader_mu_);
+      if (reader_stop_) return drop_from(begin);
+    }
+    const size_t end = std::min(job.keys.size(), begin + batch);
+    auto got = c->Get(all.subspan(begin, end - begin));
+    if (got.size() != end - begin) return drop_from(begin);
+    bool stop = false;
+    {
+      const Clock::time_point until = Clock::now() + std::chrono::milliseconds(options_.hint_ms);
+      std::lock_guard<std::mutex> lock(answers_mu_);
+      for (size_t i = begin; i < end; ++i) {
+        const auto& r = got[i - begin];
+        auto it = answers_.find(job.keys[i]);
+        // Forgotten meanwhile (a put or erase of the key): the value read is stale.
+        if (it == answers_.end() || !it->second.pending || it->second.ticket != job.ticket) continue;
+        if (!r.ok()) {
+          // A node failing: its Get misses at once (and counts it) rather
+          // than wait out the same timeout again.
+          ++failed_commands_;
+          it->second.pending = false;
+          it->second.failed = it->second.has_value = true;
+          it->second.until = until;
+          stop = true;
+          break;
+        }
+        if (r->has_value() && answer_bytes_ + (*r)->size > options_.read_ahead_bytes) {
           ++prefetch_overflow_;
           stop = true;
           break;
         }
-        a.value = **r;
-      } else {
-        stop = true;  // the walk ends here
+        Answer& a = it->second;
+        a.pending = false;
+        a.until = until;
+        a.has_value = true;
+        a.present = r->has_value();
+        if (a.present) {
+          a.value = **r;
+          answer_bytes_ += a.value.size;
+        } else {
+          stop = true;  // the walk ends here
+        }
+        ++prefetched_;
+        if (stop) break;
       }
-      auto [it, fresh] = answers_.try_emplace(keys[i]);
-      if (!fresh) answer_bytes_ -= it->second.value.size;
-      answer_bytes_ += a.value.size;
-      it->second = std::move(a);
-      ++prefetched_;
     }
-    if (stop) return;
+    answers_cv_.notify_all();
+    if (stop) return drop_from(begin);  // keys after an absent one are not read
     begin = end;
-    batch = std::min<size_t>(batch * 2, 256);
+    batch = std::min<size_t>(batch * 2, 32);
   }
 }
 

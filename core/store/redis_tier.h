@@ -20,11 +20,18 @@
 //   whose node is down). A malformed seed or a refused AUTH is an error at
 //   creation (kInvalidArgument). Once connected, the client keeps itself
 //   connected (it reconnects and refreshes its slot map on its own).
-// - Prefetch(keys, will_read): one pipelined batch (EXISTS of every key, or
-//   GET of them when they are about to be read) whose answers serve the
-//   Contains and Get calls that follow, for hint_ms at most; an EXISTS answer
-//   serves one probe, a GET answer one read. Answers held are bounded by
-//   read_ahead_bytes and read_ahead_keys.
+// - Prefetch(keys, false): one pipelined EXISTS batch (one pipeline per
+//   node) whose answers serve the Contains calls that follow, one probe
+//   each, for hint_ms at most.
+// - Prefetch(keys, true), keys about to be read in order: returns at once;
+//   a reader thread GETs them in pipelined batches of growing size (2, 4,
+//   ... 32 keys), and each batch's values serve their Gets as soon as it
+//   arrives, so the caller decodes the first chunks while the next ones are
+//   on the wire. A Get (or Contains) of a key still on its way waits for it,
+//   at most command_timeout_ms (then it is a miss and an io error). Reading
+//   stops at the first absent key, a failure, or read_ahead_bytes held;
+//   keys not read then are asked for by their own Gets. Answers held are
+//   bounded by read_ahead_bytes and read_ahead_keys.
 // - Capacity is the server's business (its maxmemory and eviction policy,
 //   or the TTL): this tier reports no usage, lists nothing, and the chain
 //   never evicts from it.
@@ -33,11 +40,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "redis/client.h"
 #include "store/tier.h"
@@ -109,16 +120,43 @@ class RedisTier final : public Tier {
   mutable bool connecting_ = false;                 // GUARDED_BY(client_mu_)
 
   // Prefetched answers: presence (EXISTS) and values (GET; absent: nullopt).
+  // A read not answered yet is `pending`, owned by the read-ahead `ticket`
+  // that will fill it (or drop it).
   struct Answer {
     bool present = false;
     bool has_value = false;
+    bool pending = false;
+    bool failed = false;  // the read failed (a node down or slow): a miss without asking again
+    std::uint64_t ticket = 0;
     redis::Value value;
     Clock::time_point until;
   };
   mutable std::mutex answers_mu_;
+  mutable std::condition_variable answers_cv_;  // a pending answer filled or dropped
   mutable std::unordered_map<keys::Digest, Answer, keys::DigestHash> answers_;  // GUARDED_BY(answers_mu_)
   mutable std::uint64_t answer_bytes_ = 0;                                     // GUARDED_BY(answers_mu_)
+  mutable std::uint64_t next_ticket_ = 0;                                      // GUARDED_BY(answers_mu_)
+  mutable std::uint64_t running_ticket_ = 0;  // the job being read, 0: none: GUARDED_BY(answers_mu_)
   void SweepLocked(Clock::time_point now) const;
+  // Waits while the answer for `key` is being read (lock held on
+  // answers_mu_); one whose job has not started is dropped at once (its
+  // caller reads by itself). False if it is still pending after
+  // command_timeout_ms (then it is dropped: the caller misses).
+  bool AwaitLocked(std::unique_lock<std::mutex>& lock, const keys::Digest& key) const;
+
+  // Read-ahead: one reader thread, jobs in order.
+  struct ReadJob {
+    std::uint64_t ticket;
+    std::vector<keys::Digest> keys;
+  };
+  void ReadAhead(const ReadJob& job) const;
+  void ReadBatches(const ReadJob& job) const;
+  void ReaderLoop() const;
+  mutable std::mutex reader_mu_;
+  mutable std::condition_variable reader_cv_;
+  mutable std::deque<ReadJob> reader_jobs_;    // GUARDED_BY(reader_mu_)
+  mutable bool reader_stop_ = false;          // GUARDED_BY(reader_mu_)
+  mutable std::thread reader_;                // started by the first read-ahead
 
   mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, failed_commands_{0};
   mutable std::atomic<std::uint64_t> connects_{0}, connect_failures_{0}, puts_{0}, puts_failed_{0};

@@ -200,6 +200,18 @@ class RedisSingle : public RedisTierTest {
     seeds_ = {server_->addr()};
   }
   void TearDown() override { server_.reset(); }
+  // A tier with a short command timeout that holds every chunk, its server
+  // then stopped (SIGSTOP: connections stay open, replies never come).
+  std::unique_ptr<RedisTier> StoppedServersTier() {
+    RedisTierOptions o = Options(seeds_);
+    o.client.command_timeout_ms = 300;
+    auto tier = Tier(o);
+    EXPECT_TRUE(tier);
+    if (!tier) return nullptr;
+    for (const ChunkRef& c : chunks_) EXPECT_TRUE(tier->Put(c).ok());
+    server_->Signal(SIGSTOP);
+    return tier;
+  }
   rt::TempDir tmp_;
   std::unique_ptr<rt::Server> server_;
   std::vector<std::string> seeds_;
@@ -256,10 +268,8 @@ TEST_F(RedisSingle, PrefetchAnswersTheProbesAndReadsThatFollow) {
   EXPECT_EQ(tier->redis_counters().prefetch_used, keys_.size());
 
   before = tier->redis_counters().client.commands;
-  tier->Prefetch(keys_, /*will_read=*/true);
-  const std::uint64_t sent = tier->redis_counters().client.commands - before;
-  EXPECT_GE(sent, held);  // the GETs up to the first absent key
-  EXPECT_LE(sent, keys_.size());
+  const std::uint64_t used = tier->redis_counters().prefetch_used;
+  tier->Prefetch(keys_, /*will_read=*/true);  // returns at once: the reads go on behind
   for (size_t i = 0; i < keys_.size(); ++i) {
     EXPECT_EQ(tier->Contains(keys_[i]), i < held) << i;
     auto got = tier->Get(keys_[i]);
@@ -270,12 +280,54 @@ TEST_F(RedisSingle, PrefetchAnswersTheProbesAndReadsThatFollow) {
       EXPECT_EQ(got.status().code(), Code::kNotFound) << i;
     }
   }
-  EXPECT_EQ(tier->redis_counters().client.commands - before, sent);  // every read served from the batch
+  // Every key read once, by the read-ahead (the absent one included), and
+  // every Get served from it.
+  const std::uint64_t sent = tier->redis_counters().client.commands - before;
+  EXPECT_EQ(sent, keys_.size());
+  EXPECT_EQ(tier->redis_counters().prefetch_used - used, keys_.size());
   // Taken: another read asks the server, and still gets it.
   auto again = tier->Get(keys_[0]);
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(Same(*again, chunks_[0]));
   EXPECT_EQ(tier->redis_counters().client.commands - before, sent + 1);
+}
+
+// A read-ahead returns at once and reads behind the caller: made while the
+// server is stopped (SIGSTOP), it has read nothing when it returns; once the
+// server answers again, every Get is served by it.
+TEST_F(RedisSingle, AReadAheadReadsBehindTheCaller) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  const RedisCounters before = tier->redis_counters();
+  server_->Signal(SIGSTOP);
+  tier->Prefetch(keys_, /*will_read=*/true);  // would wait out the 2 s timeout if it read here
+  server_->Signal(SIGCONT);
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+    EXPECT_TRUE(Same(*got, chunks_[i])) << i;
+  }
+  const RedisCounters after = tier->redis_counters();
+  EXPECT_EQ(after.prefetch_used - before.prefetch_used, keys_.size());
+  EXPECT_EQ(after.client.commands - before.client.commands, keys_.size());
+  EXPECT_EQ(after.client.timeouts, before.client.timeouts);
+  EXPECT_EQ(tier->counters().io_errors, 0u);
+}
+
+// A read-ahead whose server stopped answering: its Gets miss within the
+// timeout, once each, and a tier destroyed meanwhile waits for its reader.
+TEST_F(RedisSingle, AReadAheadOfAStoppedServerMissesAndEnds) {
+  auto tier = StoppedServersTier();
+  ASSERT_TRUE(tier);
+  const auto t0 = Clock::now();
+  tier->Prefetch(keys_, true);
+  EXPECT_EQ(tier->Get(keys_[0]).status().code(), Code::kUnavailable);
+  EXPECT_GE(tier->counters().io_errors, 1u);
+  tier->Prefetch(keys_, true);  // still reading when the tier goes
+  tier.reset();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  server_->Signal(SIGCONT);
 }
 
 TEST_F(RedisSingle, AnEraseIsNotUndoneByAPrefetchedAnswer) {
@@ -397,12 +449,8 @@ TEST_F(RedisSingle, ConcurrentCallsEachGetAChunkOrAMiss) {
 // never come) costs misses within the command timeout, and counters; when it
 // answers again (SIGCONT), reads hit again.
 TEST_F(RedisSingle, AServerThatStopsAnsweringCostsMissesThenHitsAgain) {
-  RedisTierOptions o = Options(seeds_);
-  o.client.command_timeout_ms = 300;
-  auto tier = Tier(o);
+  auto tier = StoppedServersTier();
   ASSERT_TRUE(tier);
-  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
-  server_->Signal(SIGSTOP);
   const auto t0 = Clock::now();
   EXPECT_FALSE(tier->Contains(keys_[0]));
   EXPECT_NE(tier->Get(keys_[1]).status().code(), Code::kOk);
