@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,7 +21,8 @@ using local::Server;
 using local::TempDir;
 using Ms = std::chrono::milliseconds;
 
-std::span<const std::uint8_t> Bytes(const std::string& s) {
+// A string's bytes (a view: a literal's stay valid, no temporary is made).
+std::span<const std::uint8_t> Bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 std::string Str(const Value& v) { return std::string(reinterpret_cast<const char*>(v.data), v.size); }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -22,7 +23,8 @@ using local::Cluster;
 using local::Raw;
 using Ms = std::chrono::milliseconds;
 
-std::span<const std::uint8_t> Bytes(const std::string& s) {
+// A string's bytes (a view: a literal's stay valid, no temporary is made).
+std::span<const std::uint8_t> Bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 std::string Str(const Value& v) { return std::string(reinterpret_cast<const char*>(v.data), v.size); }
