@@ -152,7 +152,11 @@ TEST_F(RedisClientSingle, FirstSeedDownSecondAnswers) {
 }
 
 TEST_F(RedisClientSingle, BinaryValuesAnd32MiB) {
-  auto c = Client::Connect(Opts());
+  // About the bytes, not the timeouts: 32 MiB each way may take seconds
+  // under a sanitizer.
+  Options o = Opts();
+  o.command_timeout_ms = 30000;
+  auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().message();
   std::string all;
   for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
