@@ -23,7 +23,7 @@ double MicrosSince(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens) {
   switch (spec.kind) {
     case TierSpec::Kind::kHost: {
       auto t = MemoryTier::Create("host", spec.capacity_bytes, MemoryKind::kPinnedHost);
@@ -54,6 +54,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index) {
       o.timeout_ms = spec.timeout_ms;
       o.tls_ca_file = spec.tls_ca_file;
       o.tls_server_name = spec.tls_server_name;
+      o.chunk_tokens = chunk_tokens;
       auto t = RemoteTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return std::unique_ptr<Tier>(std::move(t).value());
@@ -187,7 +188,7 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     auto codec = MakeTierCodec(specs[i].codec);
     if (!codec.ok()) return Status::InvalidArgument("tier " + std::to_string(i) + ": " + codec.status().message());
     specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
-    auto tier = MakeTier(specs[i], i);
+    auto tier = MakeTier(specs[i], i, options.chunk_tokens);
     if (!tier.ok()) return tier.status();
     LevelOptions lo = LevelFor(specs[i], std::move(tier).value());
     lo.codec = std::move(codec).value();

@@ -121,7 +121,9 @@ struct TierSpec {
 };
 
 // The tier a spec describes (index: its place in the chain, for errors).
-Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index);
+// chunk_tokens: the store's chunk size, which a remote tier tells its node
+// with each lookup (0: not told).
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens = 0);
 // The chain level of a spec's tier (policy, watermarks, write-through; no codec).
 LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier);
 

@@ -687,7 +687,9 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) co
     impl_->Run([&](node::Session::Client& s) {
       auto req = s.lookupRequest();
       req.setNamespace(AsData(*ns));
-      auto list = req.initRequests(1)[0].initKeys(static_cast<unsigned>(keys.size()));
+      auto request = req.initRequests(1)[0];
+      request.setTokens(keys.size() * options_.chunk_tokens);
+      auto list = request.initKeys(static_cast<unsigned>(keys.size()));
       for (unsigned i = 0; i < keys.size(); ++i) list.set(i, AsData(keys[i]));
       auto lookup = req.send();  // first on the wire: its answer comes first
       // Every read at once, each a get of one key (its chunk its own reply),
@@ -791,7 +793,9 @@ bool RemoteTier::Contains(const keys::Digest& key) const {
     impl_->Run([&](node::Session::Client& s) {
       auto req = s.lookupRequest();
       req.setNamespace(AsData(*ns));
-      req.initRequests(1)[0].initKeys(1).set(0, AsData(key));
+      auto request = req.initRequests(1)[0];
+      request.setTokens(options_.chunk_tokens);
+      request.initKeys(1).set(0, AsData(key));
       return req.send().then([&](capnp::Response<node::Session::LookupResults>&& r) {
         if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
         held = r.getResults().size() == 1 && r.getResults()[0].getPrefix() == 1;

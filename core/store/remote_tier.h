@@ -74,6 +74,10 @@ struct RemoteTierOptions {
   // name the node's certificate must carry (default: the address's host).
   // Empty: plain TCP.
   std::string tls_ca_file, tls_server_name;
+  // The store's chunk size: each lookup tells the node the tokens its keys
+  // cover (keys x chunk_tokens), which the node's statistics count as
+  // requested tokens (and found ones as lookup hit tokens). 0: not told.
+  std::uint64_t chunk_tokens = 0;
 };
 
 // Counters beyond TierCounters.
