@@ -46,6 +46,9 @@ class RefEngine {
   RefEngine& operator=(const RefEngine&) = delete;
 
   const model::ModelConfig& config() const { return transformer_.config(); }
+  // The engine's kdn_model (owned by the engine), for calls it does not wrap
+  // (kdn_knowledge_pin, ...).
+  kdn_model* model() const { return model_; }
 
   // Prefills `tokens` and stores their KV under `ns` (kdn_kv_store).
   // Returns the leading tokens cached after the call.

@@ -1,0 +1,63 @@
+// `kdn-dashboard --demo`: a kdnd and a workload in this process, so the
+// dashboard has real numbers to show with one command.
+//
+// The node (server::Server on a thread) listens on a loopback port the OS
+// picks, with a small host tier over a small disk tier (so chunks are
+// demoted and evicted while one watches) and server.prefill_us_per_token set
+// from a prefill of the reference model timed here (so TTFT saved is the
+// model's real recompute time). Two tokens: the workload's (namespace
+// "demo") and the dashboard's (stats, and "demo" to list its documents).
+//
+// The workload (a thread): the reference engine on a runtime whose only
+// tier is that node. It registers the first passages as knowledge items
+// (two of them pinned, one with a TTL), then serves requests picked from a
+// Zipf mix of documents (bench/texts/stories.txt, one paragraph each):
+// mostly a document as a prompt (lookup + retrieve, prefill of the rest;
+// stored when the node lacked some of its chunks), sometimes a RAG prompt
+// blending two knowledge items.
+// Thread-safety: Start and the destructor on one thread; the accessors from any.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kdn::dash {
+
+struct DemoOptions {
+  std::string texts;              // paragraphs separated by blank lines; empty: bench/texts/stories.txt
+  std::uint32_t chunk_tokens = 64;
+  std::uint32_t document_tokens = 192;  // each paragraph's first tokens (prefill is what the demo waits on)
+  std::uint64_t host_bytes = std::uint64_t{3} << 19;  // 1.5 MiB
+  std::uint64_t disk_bytes = std::uint64_t{3} << 20;
+  double zipf_s = 1.1;
+  std::uint32_t pause_ms = 5;     // between two requests (a demo, not a benchmark)
+};
+
+struct DemoCounters {
+  std::atomic<std::uint64_t> requests{0}, stores{0}, blends{0}, errors{0};
+};
+
+class Demo {
+ public:
+  // Loads the model, measures its prefill, starts the node and the workload.
+  // nullptr with *error set when any of it fails.
+  static std::unique_ptr<Demo> Start(const DemoOptions& options, std::string* error);
+  ~Demo();  // stops the workload, then the node; removes its directory
+  Demo(const Demo&) = delete;
+  Demo& operator=(const Demo&) = delete;
+
+  const std::string& address() const;       // the node's "127.0.0.1:port"
+  const std::string& stats_token() const;   // the dashboard's token
+  double prefill_us_per_token() const;      // measured
+  std::string describe() const;             // one line for the terminal
+  const DemoCounters& counters() const;
+
+ private:
+  struct Impl;
+  explicit Demo(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kdn::dash

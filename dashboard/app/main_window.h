@@ -1,0 +1,66 @@
+// The dashboard's window: a connection banner over the views of one source.
+// It owns the recorder and the models (kdn_dashboard) and only shows them:
+// every number comes from a model's kValueRole, every text from its
+// DisplayRole; the charts and bars redraw when their model signals a change
+// (rows inserted or removed, data changed), never on a timer of their own.
+//
+//   banner: the source's state and why (a lost kdnd is said, its history kept)
+//   hit rate over time (per reading and cumulative) | TTFT saved and delivery time | tier occupancy, bandwidth
+//   the tiers' table
+//   top knowledge items | events (rows that moved highlighted)
+//
+// Thread-safety: the UI thread.
+#pragma once
+
+#include <QMainWindow>
+
+#include "models.h"
+#include "recorder.h"
+#include "source.h"
+
+class QLabel;
+
+namespace kdn::dash {
+
+// What --check reads: the values behind the views, from the models.
+struct Headline {
+  double cumulative_hit_rate = -1;  // fraction; -1: no reading with requests yet
+  // The best tier's hit rate over the last interval (its hits / reads);
+  // -1: no tier was read. What a node whose clients send no token counts
+  // with their lookups still shows.
+  double tier_hit_rate = -1;
+  QString tier;                     // that tier's name
+  double used_bytes = 0;            // all tiers
+  double ttft_saved_ms = 0;         // cumulative
+  double readings = 0;              // rows of the history
+};
+
+class MainWindow final : public QMainWindow {
+  Q_OBJECT
+ public:
+  // `source` is borrowed (it must outlive the window); the window starts it.
+  explicit MainWindow(Source* source, QWidget* parent = nullptr);
+  ~MainWindow() override;
+
+  const Recorder& recorder() const { return recorder_; }
+  const TierModel& tiers() const { return *tiers_; }
+  const HistoryModel& history() const { return *history_; }
+  const EventModel& events() const { return *events_; }
+  const DocumentModel& documents() const { return *documents_; }
+  Headline headline() const;
+
+ private:
+  void onState(Source::State state, const QString& why);
+  void updateHeadline();
+
+  Source* source_;
+  Recorder recorder_;
+  TierModel* tiers_;
+  HistoryModel* history_;
+  EventModel* events_;
+  DocumentModel* documents_;
+  QLabel* banner_ = nullptr;
+  QLabel* numbers_ = nullptr;
+};
+
+}  // namespace kdn::dash

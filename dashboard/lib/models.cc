@@ -1,0 +1,738 @@
+#include "models.h"
+
+#include <QDateTime>
+#include <QPair>
+#include <QtGlobal>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iterator>
+#include <limits>
+
+namespace kdn::dash {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+QString Unknown() { return QStringLiteral("\u2014"); }
+
+// Human units: binary multiples ("1.2 GiB").
+QString Bytes(double b) {
+  if (std::isnan(b)) return Unknown();
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int unit = 0;
+  while (std::abs(b) >= 1024 && unit < 5) {
+    b /= 1024;
+    ++unit;
+  }
+  return QString::number(b, 'f', unit == 0 ? 0 : 1) + QLatin1Char(' ') + QLatin1String(kUnits[unit]);
+}
+
+QString Percent(double fraction) {
+  if (std::isnan(fraction)) return Unknown();
+  return QString::number(fraction * 100, 'f', 1) + QStringLiteral(" %");
+}
+
+// A duration in ms: "850 ms", "3.1 s", "2.5 min", "1.2 h".
+QString Duration(double ms) {
+  if (std::isnan(ms)) return Unknown();
+  const double s = ms / 1000;
+  if (std::abs(ms) < 1000) return QString::number(ms, 'f', 0) + QStringLiteral(" ms");
+  if (std::abs(s) < 60) return QString::number(s, 'f', 1) + QStringLiteral(" s");
+  if (std::abs(s) < 3600) return QString::number(s / 60, 'f', 1) + QStringLiteral(" min");
+  return QString::number(s / 3600, 'f', 1) + QStringLiteral(" h");
+}
+
+// A rate: three significant digits at most, small rates not rounded to 0.
+QString Number(double v) {
+  if (std::isnan(v)) return Unknown();
+  if (v == 0) return QStringLiteral("0");
+  if (std::abs(v) >= 100) return QString::number(v, 'f', 0);
+  if (std::abs(v) >= 1) return QString::number(v, 'f', 1);
+  return QString::number(v, 'g', 2);
+}
+
+// A time per minute (ms per minute): "850 ms/min", "93.0 s/min".
+QString PerMinute(double ms) {
+  if (std::isnan(ms)) return Unknown();
+  if (std::abs(ms) < 1000) return QString::number(ms, 'f', 0) + QStringLiteral(" ms/min");
+  return QString::number(ms / 1000, 'f', 1) + QStringLiteral(" s/min");
+}
+
+QString PerSecond(double v) { return std::isnan(v) ? Unknown() : Number(v) + QStringLiteral("/s"); }
+
+QString Count(double v) {
+  return std::isnan(v) ? Unknown() : QString::number(static_cast<qulonglong>(v));
+}
+
+double Fraction(double part, double whole) { return whole > 0 ? part / whole : kNaN; }
+
+// A hit rate as Rates carries it (-1: none) as a fraction or NaN.
+double HitRate(double rate) { return rate < 0 ? kNaN : rate; }
+
+// What a cell shows: its text, the number behind it, whether its counter moved.
+struct Cell {
+  QString text;
+  double value = kNaN;
+  bool moved = false;
+};
+
+Cell Text(const QString& text) { return {text, kNaN, false}; }
+Cell Value(double v, const QString& text, bool moved = false) { return {text, v, moved}; }
+
+bool SameCell(const Cell& a, const Cell& b) {
+  const bool same_value = (std::isnan(a.value) && std::isnan(b.value)) || a.value == b.value;
+  return same_value && a.moved == b.moved && a.text == b.text;
+}
+
+struct Column {
+  const char* header;
+  const char* tooltip;
+  bool numeric;
+};
+
+QVariant CellData(const Cell& c, int role, const Column& column) {
+  switch (role) {
+    case Qt::DisplayRole:
+      return c.text;
+    case kValueRole:
+      return c.value;
+    case kMovedRole:
+      return c.moved;
+    case Qt::ToolTipRole:
+      return QString::fromUtf8(column.tooltip);
+    case Qt::TextAlignmentRole:
+      return column.numeric ? QVariant((Qt::AlignRight | Qt::AlignVCenter).toInt()) : QVariant();
+    default:
+      return {};
+  }
+}
+
+template <std::size_t N>
+QVariant Header(const Column (&columns)[N], int section, Qt::Orientation o, int role, int rows) {
+  if (o == Qt::Vertical) {
+    if (section < 0 || section >= rows || role != Qt::DisplayRole) return {};
+    return section + 1;
+  }
+  if (section < 0 || section >= static_cast<int>(N)) return {};
+  if (role == Qt::DisplayRole) return QString::fromUtf8(columns[section].header);
+  if (role == Qt::ToolTipRole) return QString::fromUtf8(columns[section].tooltip);
+  return {};
+}
+
+// Runs `replace` (which changes what the model's rows show, not how many
+// there are) and emits dataChanged for each row's span of cells whose text,
+// value or highlight changed.
+void ReplaceCells(QAbstractItemModel* m, const std::function<void()>& replace) {
+  const int rows = m->rowCount(), cols = m->columnCount();
+  auto grab = [m](int r, int c) {
+    const QModelIndex i = m->index(r, c);
+    return Cell{m->data(i).toString(), m->data(i, kValueRole).toDouble(), m->data(i, kMovedRole).toBool()};
+  };
+  QVector<Cell> before;
+  before.reserve(rows * cols);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) before.push_back(grab(r, c));
+  }
+  replace();
+  Q_ASSERT(m->rowCount() == rows);
+  for (int r = 0; r < rows; ++r) {
+    int first = -1, last = -1;
+    for (int c = 0; c < cols; ++c) {
+      if (SameCell(before[r * cols + c], grab(r, c))) continue;
+      if (first < 0) first = c;
+      last = c;
+    }
+    if (first >= 0) emit m->dataChanged(m->index(r, first), m->index(r, last), {Qt::DisplayRole, kValueRole, kMovedRole});
+  }
+}
+
+// Brings rows keyed `keys` to the keys and order of `next` by removing and
+// inserting runs of rows (remove(row, count); insert(row, first index in
+// next, count)); rows whose key stays are kept for the caller to update.
+// `keys` follows.
+template <typename Key>
+void Reconcile(QVector<Key>& keys, const QVector<Key>& next, const std::function<void(int, int, int)>& insert,
+               const std::function<void(int, int)>& remove) {
+  for (int i = 0; i < next.size(); ++i) {
+    // Remove the rows not wanted from here on, or standing before the row wanted here.
+    int end = i;
+    while (end < keys.size() && keys[end] != next[i] &&
+           (next.indexOf(keys[end], i) < 0 || keys.indexOf(next[i], end + 1) >= 0)) {
+      ++end;
+    }
+    if (end > i) {
+      remove(i, end - i);
+      keys.remove(i, end - i);
+    }
+    if (i < keys.size() && keys[i] == next[i]) continue;
+    // Insert the rows wanted here that are not held further on.
+    int stop = i + 1;
+    while (stop < next.size() && keys.indexOf(next[stop], i) < 0) ++stop;
+    insert(i, i, stop - i);
+    for (int j = i; j < stop; ++j) keys.insert(j, next[j]);
+    i = stop - 1;
+  }
+  if (keys.size() > next.size()) {
+    const int from = static_cast<int>(next.size());
+    remove(from, static_cast<int>(keys.size()) - from);
+    keys.resize(next.size());
+  }
+}
+
+const TierSample* FindTier(const QVector<TierSample>& tiers, const QString& name) {
+  for (const TierSample& t : tiers) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+double UsedBytes(const Snapshot& s) {
+  double used = 0;
+  for (const TierSample& t : s.tiers) used += static_cast<double>(t.used_bytes);
+  return used;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RecorderModel
+
+RecorderModel::RecorderModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : QAbstractTableModel(parent), recorder_(recorder) {
+  timer_.setSingleShot(true);
+  timer_.setInterval(std::max(min_update_ms, 0));
+  connect(&timer_, &QTimer::timeout, this, &RecorderModel::flush);
+  if (recorder_ == nullptr) {
+    qWarning("kdn dashboard: a model was given no recorder; it stays empty");
+    return;
+  }
+  connect(recorder_, &Recorder::added, this, &RecorderModel::onAdded);
+  connect(recorder_, &Recorder::cleared, this, [this] {
+    timer_.stop();
+    pending_ = false;
+    pending_dropped_ = 0;
+    clearAll();
+  });
+  // A recorder destroyed first leaves the model empty, not dangling.
+  connect(recorder_, &QObject::destroyed, this, [this] {
+    timer_.stop();
+    pending_ = false;
+    pending_dropped_ = 0;
+    recorder_ = nullptr;
+    clearAll();
+  });
+}
+
+void RecorderModel::onAdded(bool dropped) {
+  if (dropped) ++pending_dropped_;
+  pending_ = true;
+  if (timer_.interval() == 0) {
+    flush();
+  } else if (!timer_.isActive()) {
+    timer_.start();
+  }
+}
+
+void RecorderModel::flush() {
+  if (!pending_ || recorder_ == nullptr) return;
+  const std::size_t dropped = pending_dropped_;
+  pending_ = false;
+  pending_dropped_ = 0;
+  update(dropped);
+}
+
+// ---------------------------------------------------------------- TierModel
+
+namespace {
+
+const Column kTierColumns[] = {
+    {"Tier", "The tier's name", false},
+    {"Kind", "The kind of store: host memory, disk, remote kdnd, Redis, device", false},
+    {"Codec", "How the tier encodes KV chunks", false},
+    {"Objects", "Chunks held", true},
+    {"Used", "Bytes held", true},
+    {"Capacity", "The tier's capacity in bytes", true},
+    {"Occupancy", "Used bytes as a share of the capacity", true},
+    {"High watermark", "Occupancy at which the tier starts evicting or demoting", true},
+    {"Low watermark", "Occupancy the tier evicts or demotes down to", true},
+    {"Hit rate", "Hits / (hits + misses) of the tier over the last interval", true},
+    {"Delivery", "Bytes read from the tier per second over the last interval", true},
+    {"Limit", "The tier's measured delivery limit in bytes per second", true},
+    {"Compression", "Bytes before encoding / bytes after encoding", true},
+    {"Evictions", "Chunks evicted from the tier since the source started", true},
+    {"Demotions", "Chunks demoted into the tier since the source started", true},
+    {"Promotions", "Chunks promoted into the tier since the source started", true},
+    {"Corrupt", "Corrupt chunks detected in the tier since the source started", true},
+    {"I/O errors", "Failed reads and writes of the tier since the source started", true},
+};
+static_assert(std::size(kTierColumns) == TierModel::kColumns);
+
+Cell TierCell(const TierSample& t, const TierRates* rates, const TierSample& before, int column) {
+  const auto moved = [](std::uint64_t now, std::uint64_t was) { return now > was; };
+  const auto bytes = [](std::uint64_t b) { return Value(static_cast<double>(b), Bytes(static_cast<double>(b))); };
+  const auto count = [](std::uint64_t n, bool m) {
+    return Value(static_cast<double>(n), QString::number(static_cast<qulonglong>(n)), m);
+  };
+  const auto fraction = [](double f) { return Value(f, Percent(f)); };
+  const auto watermark = [&](double f) { return fraction(f > 0 ? f : kNaN); };
+  switch (column) {
+    case TierModel::kName:
+      return Text(t.name);
+    case TierModel::kKind:
+      return Text(t.kind);
+    case TierModel::kCodec:
+      return Text(t.codec.isEmpty() ? Unknown() : t.codec);
+    case TierModel::kObjects:
+      return count(t.objects, false);
+    case TierModel::kUsedBytes:
+      return bytes(t.used_bytes);
+    case TierModel::kCapacityBytes:
+      return t.capacity_bytes == 0 ? Value(kNaN, Unknown()) : bytes(t.capacity_bytes);
+    case TierModel::kOccupancy:
+      return fraction(Fraction(static_cast<double>(t.used_bytes), static_cast<double>(t.capacity_bytes)));
+    case TierModel::kHighWatermark:
+      return watermark(t.high_watermark);
+    case TierModel::kLowWatermark:
+      return watermark(t.low_watermark);
+    case TierModel::kHitRate:
+      return fraction(rates == nullptr ? kNaN : HitRate(rates->hit_rate));
+    case TierModel::kBytesOutPerS: {
+      const double v = rates == nullptr ? kNaN : rates->bytes_out_per_s;
+      return Value(v, std::isnan(v) ? Unknown() : Bytes(v) + QStringLiteral("/s"));
+    }
+    case TierModel::kLimitBytesPerS: {
+      const double v = t.limit_bytes_per_s > 0 ? t.limit_bytes_per_s : kNaN;
+      return Value(v, std::isnan(v) ? Unknown() : Bytes(v) + QStringLiteral("/s"));
+    }
+    case TierModel::kCompression: {
+      const double v = t.bytes_before_encoding == 0 ? kNaN
+                                                    : Fraction(static_cast<double>(t.bytes_before_encoding),
+                                                               static_cast<double>(t.bytes_after_encoding));
+      return Value(v, std::isnan(v) ? Unknown() : QString::number(v, 'f', 2) + QStringLiteral("\u00d7"));
+    }
+    case TierModel::kEvictions:
+      return count(t.evictions, moved(t.evictions, before.evictions));
+    case TierModel::kDemotions:
+      return count(t.demotions_in, moved(t.demotions_in, before.demotions_in));
+    case TierModel::kPromotions:
+      return count(t.promotions_in, moved(t.promotions_in, before.promotions_in));
+    case TierModel::kCorrupt:
+      return count(t.corrupt_detected, moved(t.corrupt_detected, before.corrupt_detected));
+    case TierModel::kIoErrors:
+      return count(t.io_errors, moved(t.io_errors, before.io_errors));
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+TierModel::TierModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : RecorderModel(recorder, min_update_ms, parent) {
+  if (recorder != nullptr) update(0);
+}
+
+int TierModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(tiers_.size());
+}
+
+int TierModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumns; }
+
+QVariant TierModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) return {};
+  const int r = index.row();
+  return CellData(TierCell(tiers_[r], rated_ ? &rates_[r] : nullptr, before_[r], index.column()), role,
+                  kTierColumns[index.column()]);
+}
+
+QVariant TierModel::headerData(int section, Qt::Orientation o, int role) const {
+  return Header(kTierColumns, section, o, role, rowCount());
+}
+
+void TierModel::update(std::size_t) {
+  const Recorder* rec = recorder();
+  if (rec->size() == 0) return;
+  const Snapshot& latest = rec->latest();
+  const Rates& rates = rec->rates(rec->size() - 1);
+  const QVector<TierSample>& next = latest.tiers;
+  // What each tier's counters are compared with: what was shown, else the
+  // reading before (a model made after the readings), else itself.
+  const QVector<TierSample> earlier = rec->size() >= 2 ? rec->at(rec->size() - 2).tiers : QVector<TierSample>{};
+  QVector<TierSample> next_before;
+  next_before.reserve(next.size());
+  for (const TierSample& t : next) {
+    const TierSample* b = FindTier(tiers_, t.name);
+    if (b == nullptr) b = FindTier(earlier, t.name);
+    next_before.push_back(b != nullptr ? *b : t);
+  }
+  QVector<TierRates> next_rates = rates.tiers;
+  next_rates.resize(next.size());  // Between() sizes them so; a Rates{} of a cleared history does not
+
+  QVector<QString> keys, next_keys;
+  for (const TierSample& t : tiers_) keys.push_back(t.name);
+  for (const TierSample& t : next) next_keys.push_back(t.name);
+  if (tiers_.isEmpty()) rated_ = rates.seconds > 0;  // rows inserted now show it at once
+  Reconcile<QString>(
+      keys, next_keys,
+      [&](int row, int j, int count) {
+        beginInsertRows({}, row, row + count - 1);
+        for (int k = 0; k < count; ++k) {
+          tiers_.insert(row + k, next[j + k]);
+          rates_.insert(row + k, next_rates[j + k]);
+          before_.insert(row + k, next_before[j + k]);
+        }
+        endInsertRows();
+      },
+      [&](int row, int count) {
+        beginRemoveRows({}, row, row + count - 1);
+        tiers_.remove(row, count);
+        rates_.remove(row, count);
+        before_.remove(row, count);
+        endRemoveRows();
+      });
+  ReplaceCells(this, [&] {
+    tiers_ = next;
+    rates_ = next_rates;
+    before_ = next_before;
+    rated_ = rates.seconds > 0;
+  });
+}
+
+void TierModel::clearAll() {
+  beginResetModel();
+  tiers_.clear();
+  rates_.clear();
+  before_.clear();
+  rated_ = false;
+  endResetModel();
+}
+
+// ---------------------------------------------------------------- HistoryModel
+
+namespace {
+
+const Column kHistoryColumns[] = {
+    {"Time", "When the reading was taken (the source's clock)", true},
+    {"Hit rate", "Hit tokens / requested tokens over the interval before the reading", true},
+    {"Cumulative hit rate", "Hit tokens / requested tokens since the source started", true},
+    {"TTFT saved", "Prefill time the hits avoided since the source started", true},
+    {"TTFT saved / min", "Prefill time the hits avoided, per minute, over the interval", true},
+    {"Delivery / min", "Time spent delivering hits, per minute, over the interval", true},
+    {"Loads/s", "Loads served per second over the interval", true},
+    {"Failed loads/s", "Loads that stopped short or failed, per second, over the interval", true},
+    {"Used", "Bytes held by all tiers", true},
+};
+static_assert(std::size(kHistoryColumns) == HistoryModel::kColumns);
+
+Cell HistoryCell(const Snapshot& s, const Rates& r, int column) {
+  const bool rated = r.seconds > 0;
+  const auto rate = [&](double v) { return rated ? v : kNaN; };
+  switch (column) {
+    case HistoryModel::kTimeMs:
+      return Value(static_cast<double>(s.time_ms),
+                   QDateTime::fromMSecsSinceEpoch(s.time_ms).toLocalTime().toString(QStringLiteral("HH:mm:ss")));
+    case HistoryModel::kHitRate: {
+      const double v = rated ? HitRate(r.hit_rate) : kNaN;
+      return Value(v, Percent(v));
+    }
+    case HistoryModel::kCumulativeHitRate: {
+      const double v = HitRate(Recorder::CumulativeHitRate(s));
+      return Value(v, Percent(v));
+    }
+    case HistoryModel::kTtftSavedMs:
+      return Value(s.ttft_saved_ms, Duration(s.ttft_saved_ms));
+    case HistoryModel::kTtftSavedPerMin: {
+      const double v = rate(r.ttft_saved_ms_per_min);
+      return Value(v, PerMinute(v));
+    }
+    case HistoryModel::kDeliveryMsPerMin: {
+      const double v = rate(r.delivery_ms_per_min);
+      return Value(v, PerMinute(v));
+    }
+    case HistoryModel::kLoadsPerS:
+      return Value(rate(r.loads_per_s), PerSecond(rate(r.loads_per_s)));
+    case HistoryModel::kFailedLoadsPerS:
+      return Value(rate(r.failed_loads_per_s), PerSecond(rate(r.failed_loads_per_s)), r.failed_loads_per_s > 0);
+    case HistoryModel::kUsedBytes:
+      return Value(UsedBytes(s), Bytes(UsedBytes(s)));
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+HistoryModel::HistoryModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : RecorderModel(recorder, min_update_ms, parent) {
+  if (recorder != nullptr) update(0);
+}
+
+int HistoryModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(rows_);
+}
+
+int HistoryModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumns; }
+
+QVariant HistoryModel::data(const QModelIndex& index, int role) const {
+  const Recorder* rec = recorder();
+  if (rec == nullptr || !checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) {
+    return {};
+  }
+  // Row r is reading number first_ + r; the recorder holds numbers from
+  // total() - size() on (readings dropped before this model's update are gone).
+  const std::uint64_t number = first_ + static_cast<std::uint64_t>(index.row());
+  const std::uint64_t held_first = rec->total() - rec->size();
+  if (number < held_first || number >= rec->total()) return {};
+  const std::size_t i = static_cast<std::size_t>(number - held_first);
+  return CellData(HistoryCell(rec->at(i), rec->rates(i), index.column()), role, kHistoryColumns[index.column()]);
+}
+
+QVariant HistoryModel::headerData(int section, Qt::Orientation o, int role) const {
+  return Header(kHistoryColumns, section, o, role, rowCount());
+}
+
+void HistoryModel::update(std::size_t dropped) {
+  const Recorder* rec = recorder();
+  // The oldest rows left the history: remove them (all of them when more
+  // readings were dropped than were shown).
+  const std::size_t remove = std::min(dropped, rows_);
+  if (remove > 0) {
+    beginRemoveRows({}, 0, static_cast<int>(remove) - 1);
+    rows_ -= remove;
+    first_ += remove;
+    endRemoveRows();
+  }
+  first_ = rec->total() - rec->size();
+  // The new readings: appended.
+  if (rec->size() > rows_) {
+    beginInsertRows({}, static_cast<int>(rows_), static_cast<int>(rec->size()) - 1);
+    rows_ = rec->size();
+    endInsertRows();
+  }
+}
+
+void HistoryModel::clearAll() {
+  beginResetModel();
+  rows_ = 0;
+  first_ = 0;
+  endResetModel();
+}
+
+// ---------------------------------------------------------------- EventModel
+
+namespace {
+
+const Column kEventColumns[] = {
+    {"Event", "What happened", false},
+    {"Total", "How many times since the source started (all tiers)", true},
+    {"Per second", "How many times per second over the last interval", true},
+};
+static_assert(std::size(kEventColumns) == EventModel::kColumns);
+
+const char* const kEventNames[] = {"Evictions", "Demotions", "Promotions", "Corrupt chunks", "Failed loads",
+                                   "I/O errors"};
+const char* const kEventTips[] = {
+    "Chunks evicted from a tier",
+    "Chunks demoted to a lower tier",
+    "Chunks promoted to a higher tier",
+    "Chunks whose checksum did not match",
+    "Loads that stopped short (misses) or failed",
+    "Failed reads and writes of a tier (a remote or Redis tier's errors)",
+};
+static_assert(std::size(kEventNames) == EventModel::kRows && std::size(kEventTips) == EventModel::kRows);
+
+// The totals of a reading, per EventModel row.
+void EventTotals(const Snapshot& s, double (&out)[EventModel::kRows]) {
+  std::fill(std::begin(out), std::end(out), 0.0);
+  double corrupt = 0;
+  for (const TierSample& t : s.tiers) {
+    out[EventModel::kEvictions] += static_cast<double>(t.evictions);
+    out[EventModel::kDemotions] += static_cast<double>(t.demotions_in);
+    out[EventModel::kPromotions] += static_cast<double>(t.promotions_in);
+    out[EventModel::kIoErrors] += static_cast<double>(t.io_errors);
+    corrupt += static_cast<double>(t.corrupt_detected);
+  }
+  // A source may count corruption found outside its tiers too.
+  out[EventModel::kCorrupt] = std::max(corrupt, static_cast<double>(s.corrupt_detected));
+  out[EventModel::kFailedLoads] = static_cast<double>(s.failed_loads);
+}
+
+}  // namespace
+
+EventModel::EventModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : RecorderModel(recorder, min_update_ms, parent) {
+  std::fill(std::begin(total_), std::end(total_), kNaN);
+  std::fill(std::begin(rate_), std::end(rate_), kNaN);
+  if (recorder != nullptr) update(0);
+}
+
+int EventModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kRows; }
+
+int EventModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumns; }
+
+QVariant EventModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) return {};
+  const int r = index.row();
+  Cell cell;
+  switch (index.column()) {
+    case kEvent:
+      cell = Text(QString::fromUtf8(kEventNames[r]));
+      break;
+    case kTotal:
+      cell = Value(total_[r], Count(total_[r]), moved_[r]);
+      break;
+    case kPerSecond:
+      cell = Value(rate_[r], PerSecond(rate_[r]), moved_[r]);
+      break;
+    default:
+      return {};
+  }
+  if (role == Qt::ToolTipRole) {
+    return QString::fromUtf8(kEventTips[r]) + QStringLiteral(": ") + QString::fromUtf8(kEventColumns[index.column()].tooltip).toLower();
+  }
+  return CellData(cell, role, kEventColumns[index.column()]);
+}
+
+QVariant EventModel::headerData(int section, Qt::Orientation o, int role) const {
+  return Header(kEventColumns, section, o, role, rowCount());
+}
+
+void EventModel::update(std::size_t) {
+  const Recorder* rec = recorder();
+  if (rec->size() == 0) return;
+  double now[kRows], was[kRows];
+  EventTotals(rec->latest(), now);
+  // Moved: compared with what was shown, else the reading before, else not.
+  if (!std::isnan(total_[0])) {
+    std::copy(std::begin(total_), std::end(total_), std::begin(was));
+  } else if (rec->size() >= 2) {
+    EventTotals(rec->at(rec->size() - 2), was);
+  } else {
+    std::copy(std::begin(now), std::end(now), std::begin(was));
+  }
+  const Rates& r = rec->rates(rec->size() - 1);
+  double per_s[kRows] = {};
+  for (const TierRates& t : r.tiers) {
+    per_s[kEvictions] += t.evictions_per_s;
+    per_s[kDemotions] += t.demotions_per_s;
+    per_s[kPromotions] += t.promotions_per_s;
+    per_s[kCorrupt] += t.corrupt_per_s;
+    per_s[kIoErrors] += t.io_errors_per_s;
+  }
+  per_s[kFailedLoads] = r.failed_loads_per_s;
+  ReplaceCells(this, [&] {
+    for (int i = 0; i < kRows; ++i) {
+      total_[i] = now[i];
+      rate_[i] = r.seconds > 0 ? per_s[i] : kNaN;
+      moved_[i] = now[i] > was[i];
+    }
+  });
+}
+
+void EventModel::clearAll() {
+  // The rows stay (they are the events); their numbers become unknown.
+  ReplaceCells(this, [this] {
+    std::fill(std::begin(total_), std::end(total_), kNaN);
+    std::fill(std::begin(rate_), std::end(rate_), kNaN);
+    std::fill(std::begin(moved_), std::end(moved_), false);
+  });
+}
+
+// ---------------------------------------------------------------- DocumentModel
+
+namespace {
+
+const Column kDocumentColumns[] = {
+    {"Namespace", "The tenant namespace of the knowledge item", false},
+    {"Document", "The knowledge item's id", false},
+    {"Hits", "Chunks of it served since it was registered", true},
+    {"Chunks held", "Chunks whose KV is held / chunks of the document", true},
+    {"Pinned", "Whether its KV is pinned (not evicted)", false},
+    {"Pin TTL", "Time left until the pin expires", true},
+};
+static_assert(std::size(kDocumentColumns) == DocumentModel::kColumns);
+
+using DocKey = QPair<QString, QString>;
+DocKey KeyOf(const DocumentSample& d) { return {d.ns, d.doc_id}; }
+
+Cell DocumentCell(const DocumentSample& d, std::int64_t time_ms, int column) {
+  switch (column) {
+    case DocumentModel::kNamespace:
+      return Text(d.ns);
+    case DocumentModel::kDocId:
+      return Text(d.doc_id);
+    case DocumentModel::kHits:
+      return Value(static_cast<double>(d.hits), QString::number(static_cast<qulonglong>(d.hits)));
+    case DocumentModel::kChunksHeld:
+      return Value(static_cast<double>(d.chunks_held), QStringLiteral("%1 / %2").arg(d.chunks_held).arg(d.chunks));
+    case DocumentModel::kPinned:
+      return Value(d.pinned ? 1 : 0, d.pinned ? QStringLiteral("pinned") : QString());
+    case DocumentModel::kPinTtlS: {
+      if (!d.pinned) return Value(kNaN, Unknown());
+      if (d.pin_expires_ms == 0) return Value(kNaN, QStringLiteral("no deadline"));
+      const double left = static_cast<double>(d.pin_expires_ms - time_ms) / 1000;
+      return Value(left, left <= 0 ? QStringLiteral("expired") : Duration(left * 1000));
+    }
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+DocumentModel::DocumentModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : RecorderModel(recorder, min_update_ms, parent) {
+  if (recorder != nullptr) update(0);
+}
+
+int DocumentModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(docs_.size());
+}
+
+int DocumentModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumns; }
+
+QVariant DocumentModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) return {};
+  return CellData(DocumentCell(docs_[index.row()], time_ms_, index.column()), role, kDocumentColumns[index.column()]);
+}
+
+QVariant DocumentModel::headerData(int section, Qt::Orientation o, int role) const {
+  return Header(kDocumentColumns, section, o, role, rowCount());
+}
+
+void DocumentModel::update(std::size_t) {
+  const Recorder* rec = recorder();
+  if (rec->size() == 0) return;
+  const Snapshot& latest = rec->latest();
+  const QVector<DocumentSample>& next = latest.documents_top;
+  QVector<DocKey> keys, next_keys;
+  for (const DocumentSample& d : docs_) keys.push_back(KeyOf(d));
+  for (const DocumentSample& d : next) next_keys.push_back(KeyOf(d));
+  if (docs_.isEmpty()) time_ms_ = latest.time_ms;  // rows inserted now show it at once
+  Reconcile<DocKey>(
+      keys, next_keys,
+      [&](int row, int j, int count) {
+        beginInsertRows({}, row, row + count - 1);
+        for (int k = 0; k < count; ++k) docs_.insert(row + k, next[j + k]);
+        endInsertRows();
+      },
+      [&](int row, int count) {
+        beginRemoveRows({}, row, row + count - 1);
+        docs_.remove(row, count);
+        endRemoveRows();
+      });
+  ReplaceCells(this, [&] {
+    docs_ = next;
+    time_ms_ = latest.time_ms;
+  });
+}
+
+void DocumentModel::clearAll() {
+  beginResetModel();
+  docs_.clear();
+  time_ms_ = 0;
+  endResetModel();
+}
+
+}  // namespace kdn::dash

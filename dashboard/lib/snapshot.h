@@ -1,0 +1,90 @@
+// One reading of what a kdn store is doing, whatever it came from: a kdnd's
+// pushed statistics (wire/node.capnp Stats) or a runtime's C ABI counters.
+// Every counter is cumulative since the source started (monotonic); rates
+// are differences of two snapshots (recorder.h).
+// Thread-safety: a plain value, copied across threads (queued signals).
+#pragma once
+
+#include <QMetaType>
+#include <QString>
+#include <QVector>
+
+#include <cstdint>
+
+namespace kdn::dash {
+
+struct TierSample {
+  QString name;   // "host", "disk", "redis", ...
+  QString kind;   // "host", "disk", "remote", "redis", "device"
+  QString codec;  // the tier's codec spec ("raw", "kdn:balanced", ...)
+  std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0;
+  double high_watermark = 0, low_watermark = 0;  // fractions of capacity; 0: none (not drawn)
+  std::uint64_t hits = 0, misses = 0, puts = 0, evictions = 0;
+  std::uint64_t demotions_in = 0, promotions_in = 0, corrupt_detected = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;  // bytes written to / read from the tier
+  // The codec's bytes before and after encoding (0 and 0: not reported).
+  std::uint64_t bytes_before_encoding = 0, bytes_after_encoding = 0;
+  std::uint64_t io_errors = 0;  // failed reads and writes (a remote or redis tier's misses)
+  // The tier's measured delivery limit in bytes/s (0: not known); the
+  // bandwidth view draws it beside the tier's rate.
+  double limit_bytes_per_s = 0;
+};
+
+// Copies the counters that a source's tier statistics name as TierSample
+// does (server::TierStatsSnapshot, kdn_tier_stats).
+template <typename TierStats>
+void CopyTierCounters(const TierStats& t, TierSample& s) {
+  s.objects = t.objects;
+  s.used_bytes = t.used_bytes;
+  s.capacity_bytes = t.capacity_bytes;
+  s.hits = t.hits;
+  s.misses = t.misses;
+  s.puts = t.puts;
+  s.evictions = t.evictions;
+  s.demotions_in = t.demotions_in;
+  s.promotions_in = t.promotions_in;
+  s.corrupt_detected = t.corrupt_detected;
+  s.bytes_in = t.bytes_in;
+  s.bytes_out = t.bytes_out;
+}
+
+// A knowledge item (a document whose KV is kept), as its source lists it.
+struct DocumentSample {
+  QString ns;      // tenant namespace
+  QString doc_id;
+  std::uint64_t hits = 0;     // chunks of it served since it was registered
+  std::uint32_t chunks = 0, chunks_held = 0;
+  bool pinned = false;
+  std::int64_t pin_expires_ms = 0;  // ms since the epoch; 0: no deadline
+};
+
+struct Snapshot {
+  std::int64_t time_ms = 0;    // when it was taken: ms since the epoch (the source's clock)
+  std::uint64_t uptime_ms = 0; // since the source started
+  QVector<TierSample> tiers;   // highest first
+  std::uint64_t lookups = 0;
+  // The hit rate's pair: tokens asked for, and of them the tokens found in
+  // cache (a kdnd: its lookups' tokens and found prefixes, as the runtimes'
+  // remote tiers tell it; a runtime: see runtime_source.h).
+  std::uint64_t requested_tokens = 0;
+  std::uint64_t hit_tokens = 0;
+  std::uint64_t served_tokens = 0;     // tokens whose KV was delivered (what saved TTFT)
+  std::uint64_t loads = 0;             // retrieves / gets served
+  std::uint64_t failed_loads = 0;      // loads that stopped short (misses) or failed
+  std::uint64_t stores = 0;
+  std::uint64_t corrupt_detected = 0;  // all tiers
+  std::uint64_t pins_active = 0;
+  std::uint64_t documents = 0;         // knowledge items registered
+  // TTFT: the prefill time the hits avoided (hit tokens x the measured or
+  // configured prefill time per token) and the time spent delivering them.
+  double ttft_saved_ms = 0;
+  double delivery_ms = 0;
+  // The documents of the namespaces the source may list, most hit first
+  // (at most a source's configured count).
+  QVector<DocumentSample> documents_top;
+  QString source;  // what it came from, for the title: "kdnd 127.0.0.1:7450", "runtime"
+};
+
+}  // namespace kdn::dash
+
+Q_DECLARE_METATYPE(kdn::dash::Snapshot)

@@ -1,0 +1,251 @@
+// RuntimeSource over a real runtime made through the C ABI: the reference
+// model's KV (models/reference/kv260k.{k,v}.f32: stories260K, 48 positions)
+// stored and retrieved, then read back as a Snapshot; the polling worker's
+// snapshots, and stop.
+#include <kdn/kdn.h>
+
+#include <QSignalSpy>
+#include <QtTest>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "runtime_source.h"
+
+namespace kdn::dash {
+namespace {
+
+constexpr int kLayers = 5, kPositions = 48, kRow = 4 * 8;  // 4 KV heads of 8 dims
+constexpr std::uint32_t kChunkTokens = 16;
+const std::int32_t kTokens[kPositions] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315,
+                                          421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419,
+                                          292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358,
+                                          394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266};
+
+std::string ModelsDir() {
+  const char* env = std::getenv("KDN_MODELS");
+  return env != nullptr && *env != '\0' ? env : KDN_MODELS_DIR;
+}
+
+// The reference KV in the canonical layout [layer][k|v][token][head][dim]
+// (empty when the files are missing or not the expected size).
+std::vector<float> ReferenceCanonical() {
+  const size_t file_floats = static_cast<size_t>(kLayers) * kPositions * kRow;
+  std::vector<float> file[2];
+  const char* suffix[2] = {"k", "v"};
+  for (int kv = 0; kv < 2; ++kv) {
+    std::ifstream in(ModelsDir() + "/reference/kv260k." + suffix[kv] + ".f32", std::ios::binary | std::ios::ate);
+    if (!in || static_cast<size_t>(in.tellg()) != file_floats * 4) return {};
+    in.seekg(0);
+    file[kv].resize(file_floats);
+    in.read(reinterpret_cast<char*>(file[kv].data()), static_cast<std::streamsize>(file_floats * 4));
+    if (!in) return {};
+  }
+  // Each file is [layer][position][head][dim]: the same rows, K and V apart.
+  std::vector<float> canonical;
+  canonical.reserve(2 * file_floats);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const auto begin = file[kv].begin() + static_cast<std::ptrdiff_t>(l) * kPositions * kRow;
+      canonical.insert(canonical.end(), begin, begin + kPositions * kRow);
+    }
+  }
+  return canonical;
+}
+
+kdn_kv_view CanonicalView(std::vector<float>& kv) {
+  kdn_kv_view v = KDN_KV_VIEW_INIT;
+  v.data = kv.data();
+  v.size_bytes = kv.size() * sizeof(float);
+  return v;
+}
+
+}  // namespace
+
+class RuntimeSourceTest : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void initTestCase();
+  void cleanupTestCase();
+  void readShowsHitsTokensAndTierOccupancy();
+  void ttftSavedIsTokensServedTimesThePrefillRate();
+  void startDeliversSnapshotsUntilStop();
+  void noRuntimeIsAClearStateNotACrash();
+
+ private:
+  // Stores the reference KV under `ns` and retrieves it back (bit for bit).
+  void StoreAndRetrieve(const char* ns);
+
+  std::vector<float> ref_;
+  kdn_runtime* runtime_ = nullptr;
+  kdn_model* model_ = nullptr;
+};
+
+void RuntimeSourceTest::initTestCase() {
+  ref_ = ReferenceCanonical();
+  if (ref_.empty()) {
+    const char* required = std::getenv("KDN_REQUIRE_MODELS");
+    if (required != nullptr && std::string(required) == "1") QFAIL("the reference KV is missing (KDN_REQUIRE_MODELS=1)");
+    QSKIP("the reference KV (models/reference/kv260k.*.f32) is missing: set KDN_MODELS");
+  }
+  kdn_tier_config host = KDN_TIER_CONFIG_INIT;
+  host.kind = KDN_TIER_HOST;
+  host.capacity_bytes = 16u << 20;
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  o.chunk_tokens = kChunkTokens;
+  o.tiers = &host;
+  o.num_tiers = 1;
+  QCOMPARE(kdn_runtime_create(&o, &runtime_), KDN_OK);
+  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
+  spec.num_layers = kLayers;
+  spec.num_kv_heads = 4;
+  spec.head_dim = 8;
+  spec.dtype = KDN_DTYPE_F32;
+  spec.fingerprint = "stories260K";
+  spec.fingerprint_len = 11;
+  QCOMPARE(kdn_model_create(runtime_, &spec, &model_), KDN_OK);
+}
+
+void RuntimeSourceTest::cleanupTestCase() {
+  kdn_model_destroy(model_);
+  kdn_runtime_destroy(runtime_);
+}
+
+void RuntimeSourceTest::StoreAndRetrieve(const char* ns) {
+  kdn_request req = KDN_REQUEST_INIT;
+  req.tokens = kTokens;
+  req.num_tokens = kPositions;
+  kdn_kv_view in = CanonicalView(ref_);
+  kdn_kv_result stored = KDN_KV_RESULT_INIT;
+  QCOMPARE(kdn_kv_store(model_, ns, std::strlen(ns), &req, &in, 1, &stored), KDN_OK);
+  QCOMPARE(stored.tokens, std::uint64_t{kPositions});
+  std::vector<float> out(ref_.size(), -7.0f);
+  kdn_kv_view ov = CanonicalView(out);
+  kdn_kv_result got = KDN_KV_RESULT_INIT;
+  QCOMPARE(kdn_kv_retrieve(model_, ns, std::strlen(ns), &req, &ov, 1, &got), KDN_OK);
+  QCOMPARE(got.tokens, std::uint64_t{kPositions});
+  QVERIFY(out == ref_);
+}
+
+void RuntimeSourceTest::readShowsHitsTokensAndTierOccupancy() {
+  const Snapshot before = RuntimeSource::Read(runtime_, {});
+  QCOMPARE(before.source, QStringLiteral("runtime (in process)"));
+  QCOMPARE(before.tiers.size(), 1);
+  QCOMPARE(before.tiers[0].objects, std::uint64_t{0});
+
+  StoreAndRetrieve("tenant-a");
+  const Snapshot s = RuntimeSource::Read(runtime_, {});
+  kdn_stats st = KDN_STATS_INIT;
+  QCOMPARE(kdn_runtime_get_stats(runtime_, &st), KDN_OK);
+  QCOMPARE(s.hit_tokens, before.hit_tokens + kPositions);
+  QCOMPARE(s.hit_tokens, st.tokens_served);
+  QCOMPARE(s.requested_tokens, st.tokens_served + st.tokens_stored);
+  QCOMPARE(s.stores, before.stores + 1);
+  QCOMPARE(s.loads, before.loads + 1);
+  QCOMPARE(s.failed_loads, before.failed_loads);
+  QCOMPARE(s.corrupt_detected, std::uint64_t{0});
+  QVERIFY(s.time_ms > 0);
+  QVERIFY(s.delivery_ms > 0);  // one retrieve, measured
+  QCOMPARE(s.ttft_saved_ms, 0.0);  // no prefill rate given
+
+  QCOMPARE(s.tiers.size(), 1);
+  const TierSample& t = s.tiers[0];
+  QCOMPARE(t.kind, QStringLiteral("host"));
+  QVERIFY(!t.name.isEmpty());
+  kdn_tier_stats direct = KDN_TIER_STATS_INIT;
+  QCOMPARE(kdn_runtime_get_tier_stats(runtime_, 0, &direct), KDN_OK);
+  QCOMPARE(t.name, QString::fromUtf8(direct.name));
+  QCOMPARE(t.codec, QString::fromUtf8(direct.codec));
+  QCOMPARE(t.objects, before.tiers[0].objects + kPositions / kChunkTokens);
+  QCOMPARE(t.capacity_bytes, std::uint64_t{16} << 20);
+  // 3 chunks of 16 tokens x 1,280 bytes, each in whole 4 KiB pages.
+  QCOMPARE(t.used_bytes, before.tiers[0].used_bytes + 3 * ((16 * 1280 + 4095) / 4096 * 4096));
+  QVERIFY(t.puts >= before.tiers[0].puts + 3);
+  QVERIFY(t.hits >= before.tiers[0].hits + 3);
+  QVERIFY(t.bytes_in > before.tiers[0].bytes_in);
+  QCOMPARE(t.high_watermark, 0.0);  // not in the C ABI
+  QCOMPARE(t.low_watermark, 0.0);
+
+  // A miss: a namespace nothing was stored under.
+  kdn_request req = KDN_REQUEST_INIT;
+  req.tokens = kTokens;
+  req.num_tokens = kPositions;
+  std::vector<float> out(ref_.size());
+  kdn_kv_view ov = CanonicalView(out);
+  kdn_kv_result got = KDN_KV_RESULT_INIT;
+  QCOMPARE(kdn_kv_retrieve(model_, "nobody", 6, &req, &ov, 1, &got), KDN_OK);
+  QCOMPARE(got.tokens, std::uint64_t{0});
+  const Snapshot after_miss = RuntimeSource::Read(runtime_, {});
+  QCOMPARE(after_miss.loads, s.loads + 1);
+  QCOMPARE(after_miss.failed_loads, s.failed_loads + 1);
+  QCOMPARE(after_miss.hit_tokens, s.hit_tokens);
+}
+
+void RuntimeSourceTest::ttftSavedIsTokensServedTimesThePrefillRate() {
+  StoreAndRetrieve("tenant-b");
+  RuntimeSourceOptions none;
+  none.prefill_us_per_token = 0;
+  const Snapshot zero = RuntimeSource::Read(runtime_, none);
+  QVERIFY(zero.hit_tokens >= kPositions);
+  QCOMPARE(zero.ttft_saved_ms, 0.0);
+  RuntimeSourceOptions rate;
+  rate.prefill_us_per_token = 250;
+  const Snapshot s = RuntimeSource::Read(runtime_, rate);
+  QCOMPARE(s.hit_tokens, zero.hit_tokens);
+  QCOMPARE(s.ttft_saved_ms, static_cast<double>(s.hit_tokens) * 250.0 / 1000.0);
+}
+
+void RuntimeSourceTest::startDeliversSnapshotsUntilStop() {
+  RuntimeSourceOptions o;
+  o.interval_ms = 20;
+  RuntimeSource src(runtime_, o);
+  QCOMPARE(src.state(), Source::State::kStopped);
+  QCOMPARE(src.describe(), QStringLiteral("runtime (in process)"));
+  QSignalSpy snaps(&src, &Source::snapshot);
+  QSignalSpy states(&src, &Source::stateChanged);
+  src.start();
+  QCOMPARE(src.state(), Source::State::kConnected);
+  QCOMPARE(states.size(), 1);
+  QCOMPARE(states.last().at(0).value<Source::State>(), Source::State::kConnected);
+  QTRY_VERIFY_WITH_TIMEOUT(snaps.size() >= 3, 5000);
+  const std::uint64_t stores = snaps.last().at(0).value<Snapshot>().stores;
+
+  // New traffic shows in a later snapshot.
+  StoreAndRetrieve("tenant-c");
+  QTRY_VERIFY_WITH_TIMEOUT(snaps.last().at(0).value<Snapshot>().stores == stores + 1, 5000);
+  const Snapshot last = snaps.last().at(0).value<Snapshot>();
+  QCOMPARE(last.tiers.size(), 1);
+  QVERIFY(last.uptime_ms > 0);
+
+  src.stop();
+  QCOMPARE(src.state(), Source::State::kStopped);
+  QCOMPARE(states.last().at(0).value<Source::State>(), Source::State::kStopped);
+  const qsizetype n = snaps.size(), changes = states.size();
+  QTest::qWait(200);  // ten intervals: a queued or late one would show
+  QCOMPARE(snaps.size(), n);
+  QCOMPARE(states.size(), changes);
+}
+
+void RuntimeSourceTest::noRuntimeIsAClearStateNotACrash() {
+  const Snapshot s = RuntimeSource::Read(nullptr, {});
+  QCOMPARE(s.tiers.size(), 0);
+  QCOMPARE(s.hit_tokens, std::uint64_t{0});
+  RuntimeSource src(nullptr, {});
+  QSignalSpy states(&src, &Source::stateChanged);
+  QSignalSpy snaps(&src, &Source::snapshot);
+  src.start();
+  QCOMPARE(src.state(), Source::State::kDisconnected);
+  QCOMPARE(states.size(), 1);
+  QVERIFY(!states.last().at(1).toString().isEmpty());
+  QTest::qWait(50);
+  QCOMPARE(snaps.size(), 0);
+}
+
+}  // namespace kdn::dash
+
+QTEST_GUILESS_MAIN(kdn::dash::RuntimeSourceTest)
+#include "runtime_source_test.moc"
