@@ -4,6 +4,7 @@
 //   kdn-dashboard --connect 127.0.0.1:7450 --token-file ops.token [--tls-ca ca.pem] [--namespace NS ...]
 //   kdn-dashboard --demo
 //   kdn-dashboard --demo --screenshot out.png --after-ms 8000 --check --size 1280x800
+//   kdn-dashboard --demo --palette dark   (the dark look without a dark desktop, e.g. under Xvfb)
 //
 // --screenshot grabs the window after --after-ms and exits; with --check the
 // exit status says whether the models showed a non-zero hit rate, occupancy
@@ -15,7 +16,10 @@
 #include <QApplication>
 #include <QElapsedTimer>
 #include <QMetaObject>
+#include <QPalette>
 #include <QPixmap>
+#include <QStyle>
+#include <QStyleFactory>
 #include <QTimer>
 
 #include <CLI/CLI.hpp>
@@ -61,6 +65,38 @@ std::optional<Size> ParseSize(const std::string& text) {
   }
 }
 
+// --palette dark: a dark palette for every role the views read (window,
+// base, text, the bevels, highlights, placeholders), disabled text dimmed.
+QPalette DarkPalette() {
+  const QColor window(0x2b, 0x2d, 0x30), base(0x1e, 0x1f, 0x22), alternate(0x33, 0x35, 0x39);
+  const QColor text(0xe3, 0xe5, 0xe8), dim(0x8a, 0x8e, 0x94), highlight(0x3d, 0x8e, 0xe0);
+  QPalette p;
+  p.setColor(QPalette::Window, window);
+  p.setColor(QPalette::WindowText, text);
+  p.setColor(QPalette::Base, base);
+  p.setColor(QPalette::AlternateBase, alternate);
+  p.setColor(QPalette::ToolTipBase, alternate);
+  p.setColor(QPalette::ToolTipText, text);
+  p.setColor(QPalette::PlaceholderText, dim);
+  p.setColor(QPalette::Text, text);
+  p.setColor(QPalette::Button, alternate);
+  p.setColor(QPalette::ButtonText, text);
+  p.setColor(QPalette::BrightText, QColor(0xff, 0x6b, 0x6b));
+  p.setColor(QPalette::Light, QColor(0x4a, 0x4d, 0x52));
+  p.setColor(QPalette::Midlight, QColor(0x3e, 0x41, 0x45));
+  p.setColor(QPalette::Mid, QColor(0x5c, 0x60, 0x66));
+  p.setColor(QPalette::Dark, QColor(0x18, 0x19, 0x1b));
+  p.setColor(QPalette::Shadow, QColor(0x0c, 0x0c, 0x0d));
+  p.setColor(QPalette::Highlight, highlight);
+  p.setColor(QPalette::HighlightedText, Qt::white);
+  p.setColor(QPalette::Link, QColor(0x6c, 0xb0, 0xf5));
+  p.setColor(QPalette::LinkVisited, QColor(0xb3, 0x8d, 0xe6));
+  for (QPalette::ColorRole role : {QPalette::WindowText, QPalette::Text, QPalette::ButtonText}) {
+    p.setColor(QPalette::Disabled, role, dim);
+  }
+  return p;
+}
+
 // SIGINT and SIGTERM close the window (so the demo's kdnd and its directory
 // are cleaned up): blocked in every thread, taken by one that asks the event
 // loop to quit.
@@ -83,7 +119,7 @@ void QuitOnSignals() {
 int main(int argc, char** argv) {
   CLI::App cli{"kdn-dashboard: hit rates, tier occupancy and TTFT saved of a kdnd, live"};
   kdn::dash::NodeSourceOptions node;
-  std::string token_file, screenshot, size_text = "1280x800";
+  std::string token_file, screenshot, size_text = "1280x800", palette = "system";
   bool demo = false, check = false;
   int after_ms = 8000, check_wait_ms = 60000;
   kdn::dash::DemoOptions demo_options;
@@ -105,6 +141,8 @@ int main(int argc, char** argv) {
   cli.add_option("--check-wait-ms", check_wait_ms, "with --check: how much longer to wait for the values")
       ->check(CLI::Range(0, 3600000));
   cli.add_option("--size", size_text, "the window's size, WxH");
+  cli.add_option("--palette", palette, "colours: the desktop's (system), or dark or light whatever the desktop")
+      ->check(CLI::IsMember({"system", "dark", "light"}));
   connect->excludes(demo_flag);
   CLI11_PARSE(cli, argc, argv);
 
@@ -138,6 +176,11 @@ int main(int argc, char** argv) {
   QuitOnSignals();  // before any thread starts, so all inherit the mask
   QApplication app(argc, argv);
   qRegisterMetaType<kdn::dash::Snapshot>();
+  if (palette != "system") {
+    // Fusion draws every widget from the palette (a desktop's style may not).
+    QApplication::setStyle(QStyleFactory::create(QStringLiteral("Fusion")));
+    QApplication::setPalette(palette == "dark" ? DarkPalette() : QApplication::style()->standardPalette());
+  }
 
   std::unique_ptr<Demo> running;
   if (demo) {

@@ -60,6 +60,7 @@ MainWindow::MainWindow(Source* source, QWidget* parent)
       source_(source),
       tiers_(new TierModel(&recorder_, 250, this)),
       history_(new HistoryModel(&recorder_, 250, this)),
+      tier_hits_(new TierHitRateModel(&recorder_, 250, this)),
       events_(new EventModel(&recorder_, 250, this)),
       documents_(new DocumentModel(&recorder_, 250, this)) {
   setWindowTitle(tr("kdn dashboard: %1").arg(source_->describe()));
@@ -85,6 +86,9 @@ MainWindow::MainWindow(Source* source, QWidget* parent)
   auto* hit = new TimeChart(history_, HistoryModel::kTimeMs, tr("Hit rate (tokens found in cache / requested)"));
   hit->addLine(HistoryModel::kHitRate, tr("per reading"), Accent::kBlue, false, 100);
   hit->addLine(HistoryModel::kCumulativeHitRate, tr("since start"), Accent::kOrange, false, 100);
+  // Per tier: its hits / (hits + misses), a dashed line each.
+  hit->addColumnLines(tier_hits_, TierHitRateModel::kTimeMs, TierHitRateModel::kFirstTier, tr(" tier"),
+                      {Accent::kGreen, Accent::kPurple, Accent::kRed}, 100);
   hit->setLeftAxis(tr("%"), 0, 100);
   hit->setEmptyNote(tr("no token counts"));
 

@@ -5,7 +5,7 @@
 // (rows inserted or removed, data changed), never on a timer of their own.
 //
 //   banner: the source's state and why (a lost kdnd is said, its history kept)
-//   hit rate over time (per reading and cumulative) | TTFT saved and delivery time | tier occupancy, bandwidth
+//   hit rate over time (per reading, cumulative, and per tier) | TTFT saved and delivery time | tier occupancy, bandwidth
 //   the tiers' table
 //   top knowledge items | events (rows that moved highlighted)
 //
@@ -45,6 +45,7 @@ class MainWindow final : public QMainWindow {
   const Recorder& recorder() const { return recorder_; }
   const TierModel& tiers() const { return *tiers_; }
   const HistoryModel& history() const { return *history_; }
+  const TierHitRateModel& tierHitRates() const { return *tier_hits_; }
   const EventModel& events() const { return *events_; }
   const DocumentModel& documents() const { return *documents_; }
   Headline headline() const;
@@ -57,6 +58,7 @@ class MainWindow final : public QMainWindow {
   Recorder recorder_;
   TierModel* tiers_;
   HistoryModel* history_;
+  TierHitRateModel* tier_hits_;
   EventModel* events_;
   DocumentModel* documents_;
   QLabel* banner_ = nullptr;

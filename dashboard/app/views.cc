@@ -67,19 +67,69 @@ TimeChart::TimeChart(const QAbstractItemModel* model, int time_column, const QSt
   setRenderHint(QPainter::Antialiasing);
   setMinimumSize(240, 180);
   applyPalette();
-  connect(model_, &QAbstractItemModel::rowsInserted, this, &TimeChart::schedule);
-  connect(model_, &QAbstractItemModel::rowsRemoved, this, &TimeChart::schedule);
-  connect(model_, &QAbstractItemModel::dataChanged, this, &TimeChart::schedule);
-  connect(model_, &QAbstractItemModel::modelReset, this, &TimeChart::schedule);
-  connect(model_, &QAbstractItemModel::layoutChanged, this, &TimeChart::schedule);
+  watch(model_);
   rebuild();
 }
 
+void TimeChart::watch(const QAbstractItemModel* model) {
+  connect(model, &QAbstractItemModel::rowsInserted, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::rowsRemoved, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::columnsInserted, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::columnsRemoved, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::dataChanged, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::headerDataChanged, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::modelReset, this, &TimeChart::schedule);
+  connect(model, &QAbstractItemModel::layoutChanged, this, &TimeChart::schedule);
+}
+
 void TimeChart::addLine(int column, const QString& name, Accent accent, bool right, double scale) {
-  auto* s = new QLineSeries;
-  s->setName(name);
   QPen pen(AccentColor(accent));
   pen.setWidthF(2);
+  QLineSeries* s = addSeries(pen, right);
+  s->setName(name);
+  lines_.push_back({model_, time_column_, column, s, right, scale, -1});
+  applyPalette();
+  rebuild();
+}
+
+void TimeChart::addColumnLines(const QAbstractItemModel* model, int time_column, int first_column, const QString& suffix,
+                               const QVector<Accent>& accents, double scale) {
+  if (model == nullptr || accents.isEmpty()) return;
+  groups_.push_back({model, time_column, first_column, suffix, accents, scale});
+  if (model != model_) watch(model);
+  rebuild();
+}
+
+void TimeChart::followColumns() {
+  for (int g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    const int want = std::max(0, group.model->columnCount() - group.first_column);
+    int have = static_cast<int>(std::count_if(lines_.begin(), lines_.end(), [g](const Line& l) { return l.group == g; }));
+    if (have < want) QMetaObject::invokeMethod(this, &TimeChart::applyPalette, Qt::QueuedConnection);  // the new legend labels
+    for (; have < want; ++have) {
+      QPen pen(AccentColor(group.accents[have % group.accents.size()]));
+      pen.setWidthF(1.5);
+      pen.setStyle(Qt::DashLine);
+      lines_.push_back({group.model, group.time_column, group.first_column + have, addSeries(pen, false), false,
+                        group.scale, g});
+    }
+    for (int i = static_cast<int>(lines_.size()) - 1; i >= 0 && have > want; --i) {
+      if (lines_[i].group != g) continue;
+      chart_->removeSeries(lines_[i].series);
+      delete lines_[i].series;
+      lines_.remove(i);
+      --have;
+    }
+    // Named by the header: a column may stand for another tier after a reset.
+    for (Line& line : lines_) {
+      if (line.group != g) continue;
+      line.series->setName(group.model->headerData(line.column, Qt::Horizontal).toString() + group.suffix);
+    }
+  }
+}
+
+QLineSeries* TimeChart::addSeries(const QPen& pen, bool right) {
+  auto* s = new QLineSeries;
   s->setPen(pen);
   chart_->addSeries(s);
   s->attachAxis(x_);
@@ -93,15 +143,18 @@ void TimeChart::addLine(int column, const QString& name, Accent accent, bool rig
   } else {
     s->attachAxis(left_);
   }
-  lines_.push_back({column, s, right, scale});
-  applyPalette();
-  rebuild();
+  return s;
 }
 
 void TimeChart::setLeftAxis(const QString& title, double min, double max) {
   left_->setTitleText(title);
   left_min_ = min;
   left_max_ = max;
+  if (max > min) {  // ticks at fifths of the fixed range, none in the headroom above it
+    left_->setTickType(QValueAxis::TicksDynamic);
+    left_->setTickAnchor(min);
+    left_->setTickInterval((max - min) / 5);
+  }
   rebuild();
 }
 
@@ -129,15 +182,17 @@ void TimeChart::schedule() {
 }
 
 void TimeChart::rebuild() {
+  followColumns();
   const int rows = model_->rowCount();
   double t0 = std::numeric_limits<double>::infinity(), t1 = -t0;
   double max_left = 0, max_right = 0;
   for (Line& line : lines_) {
+    const int line_rows = line.model->rowCount();
     QList<QPointF> pts;
-    pts.reserve(rows);
-    for (int r = 0; r < rows; ++r) {
-      const double t = ValueAt(model_, r, time_column_);
-      const double y = ValueAt(model_, r, line.column) * line.scale;
+    pts.reserve(line_rows);
+    for (int r = 0; r < line_rows; ++r) {
+      const double t = ValueAt(line.model, r, line.time_column);
+      const double y = ValueAt(line.model, r, line.column) * line.scale;
       if (std::isnan(t) || std::isnan(y)) continue;
       pts.append(QPointF(t, y));
       t0 = std::min(t0, t);
@@ -160,7 +215,8 @@ void TimeChart::rebuild() {
   x_->setRange(QDateTime::fromMSecsSinceEpoch(static_cast<qint64>(t0)),
                QDateTime::fromMSecsSinceEpoch(static_cast<qint64>(t1)));
   if (left_max_ > left_min_) {
-    left_->setRange(left_min_, left_max_);
+    // A little headroom, so a line at the maximum is not drawn on the frame.
+    left_->setRange(left_min_, left_max_ + (left_max_ - left_min_) * 0.04);
   } else {
     left_->setRange(0, NiceMax(max_left));
     left_->applyNiceNumbers();  // round ticks

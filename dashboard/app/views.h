@@ -31,6 +31,8 @@ QColor AccentColor(Accent a);
 
 // A chart of model columns against a time column (ms since the epoch, its
 // kValueRole), on one or two value axes. Rows whose value is NaN are left out.
+// Besides the lines of the chart's own model it may draw every column of
+// another model from a given column on (addColumnLines: a line per tier).
 class TimeChart final : public QChartView {
   Q_OBJECT
  public:
@@ -38,6 +40,12 @@ class TimeChart final : public QChartView {
   TimeChart(const QAbstractItemModel* model, int time_column, const QString& title, QWidget* parent = nullptr);
   // A line of `column` on the left axis (right = false) or the right one.
   void addLine(int column, const QString& name, Accent accent, bool right = false, double scale = 1);
+  // A thinner, dashed line on the left axis for each column of `model` from
+  // `first_column` on, the columns it inserts later included (and dropped
+  // when it removes them), against its `time_column`; named by the column's
+  // header and `suffix` ("host" + " tier"), coloured by `accents` in turn.
+  void addColumnLines(const QAbstractItemModel* model, int time_column, int first_column, const QString& suffix,
+                      const QVector<Accent>& accents, double scale = 1);
   // Axis titles and fixed ranges (max <= min: from the data, from 0).
   void setLeftAxis(const QString& title, double min = 0, double max = 0);
   void setRightAxis(const QString& title);
@@ -50,11 +58,24 @@ class TimeChart final : public QChartView {
 
  private:
   struct Line {
+    const QAbstractItemModel* model;
+    int time_column;
     int column;
     QLineSeries* series;
     bool right;
     double scale;
+    int group;  // -1: added by addLine; else the index in groups_
   };
+  struct Group {
+    const QAbstractItemModel* model;
+    int time_column, first_column;
+    QString suffix;
+    QVector<Accent> accents;
+    double scale;
+  };
+  void watch(const QAbstractItemModel* model);  // redraws on its signals
+  QLineSeries* addSeries(const QPen& pen, bool right);
+  void followColumns();  // a group's lines to its model's columns
   void schedule();
   void rebuild();
   void applyPalette();
@@ -68,6 +89,7 @@ class TimeChart final : public QChartView {
   QValueAxis* right_ = nullptr;
   double left_min_ = 0, left_max_ = 0;
   QVector<Line> lines_;
+  QVector<Group> groups_;
   bool pending_ = false;
 };
 

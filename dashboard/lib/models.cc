@@ -242,6 +242,40 @@ void RecorderModel::flush() {
   update(dropped);
 }
 
+void RecorderModel::followReadings(std::size_t dropped, HeldRows& held,
+                                   const std::function<void(std::size_t)>& before_append) {
+  const Recorder* rec = recorder();
+  // The oldest rows left the history: remove them (all of them when more
+  // readings were dropped than were shown).
+  const std::size_t remove = std::min(dropped, held.rows);
+  if (remove > 0) {
+    beginRemoveRows({}, 0, static_cast<int>(remove) - 1);
+    held.rows -= remove;
+    held.first += remove;
+    endRemoveRows();
+  }
+  if (rec == nullptr) return;
+  held.first = rec->total() - rec->size();
+  // The new readings: appended.
+  if (rec->size() > held.rows) {
+    if (before_append) before_append(held.rows);
+    beginInsertRows({}, static_cast<int>(held.rows), static_cast<int>(rec->size()) - 1);
+    held.rows = rec->size();
+    endInsertRows();
+  }
+}
+
+std::ptrdiff_t RecorderModel::heldIndex(const HeldRows& held, int row) const {
+  const Recorder* rec = recorder();
+  if (rec == nullptr || row < 0 || static_cast<std::size_t>(row) >= held.rows) return -1;
+  // Row r is reading number first + r; the recorder holds numbers from
+  // total() - size() on (readings dropped before this model's update are gone).
+  const std::uint64_t number = held.first + static_cast<std::uint64_t>(row);
+  const std::uint64_t held_first = rec->total() - rec->size();
+  if (number < held_first || number >= rec->total()) return -1;
+  return static_cast<std::ptrdiff_t>(number - held_first);
+}
+
 // ---------------------------------------------------------------- TierModel
 
 namespace {
@@ -469,53 +503,112 @@ HistoryModel::HistoryModel(const Recorder* recorder, int min_update_ms, QObject*
 }
 
 int HistoryModel::rowCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : static_cast<int>(rows_);
+  return parent.isValid() ? 0 : static_cast<int>(held_.rows);
 }
 
 int HistoryModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumns; }
 
 QVariant HistoryModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) return {};
+  const std::ptrdiff_t i = heldIndex(held_, index.row());
+  if (i < 0) return {};
+  const auto at = static_cast<std::size_t>(i);
   const Recorder* rec = recorder();
-  if (rec == nullptr || !checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) {
-    return {};
-  }
-  // Row r is reading number first_ + r; the recorder holds numbers from
-  // total() - size() on (readings dropped before this model's update are gone).
-  const std::uint64_t number = first_ + static_cast<std::uint64_t>(index.row());
-  const std::uint64_t held_first = rec->total() - rec->size();
-  if (number < held_first || number >= rec->total()) return {};
-  const std::size_t i = static_cast<std::size_t>(number - held_first);
-  return CellData(HistoryCell(rec->at(i), rec->rates(i), index.column()), role, kHistoryColumns[index.column()]);
+  return CellData(HistoryCell(rec->at(at), rec->rates(at), index.column()), role, kHistoryColumns[index.column()]);
 }
 
 QVariant HistoryModel::headerData(int section, Qt::Orientation o, int role) const {
   return Header(kHistoryColumns, section, o, role, rowCount());
 }
 
-void HistoryModel::update(std::size_t dropped) {
-  const Recorder* rec = recorder();
-  // The oldest rows left the history: remove them (all of them when more
-  // readings were dropped than were shown).
-  const std::size_t remove = std::min(dropped, rows_);
-  if (remove > 0) {
-    beginRemoveRows({}, 0, static_cast<int>(remove) - 1);
-    rows_ -= remove;
-    first_ += remove;
-    endRemoveRows();
-  }
-  first_ = rec->total() - rec->size();
-  // The new readings: appended.
-  if (rec->size() > rows_) {
-    beginInsertRows({}, static_cast<int>(rows_), static_cast<int>(rec->size()) - 1);
-    rows_ = rec->size();
-    endInsertRows();
-  }
-}
+void HistoryModel::update(std::size_t dropped) { followReadings(dropped, held_); }
 
 void HistoryModel::clearAll() {
   beginResetModel();
-  rows_ = 0;
-  first_ = 0;
+  held_ = {};
+  endResetModel();
+}
+
+// ---------------------------------------------------------------- TierHitRateModel
+
+namespace {
+
+// A tier's column (its header and tooltip name the tier).
+const Column kTierHitRateColumn = {"", "", true};
+
+// The hit rate of tier `name` over the interval before reading `s` (its
+// rates `r`); NaN when the tier was not read or is not in the reading.
+double TierHitRate(const Snapshot& s, const Rates& r, const QString& name) {
+  if (!(r.seconds > 0)) return kNaN;
+  for (int t = 0; t < s.tiers.size(); ++t) {
+    if (s.tiers[t].name == name) return t < r.tiers.size() ? HitRate(r.tiers[t].hit_rate) : kNaN;
+  }
+  return kNaN;
+}
+
+}  // namespace
+
+TierHitRateModel::TierHitRateModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : RecorderModel(recorder, min_update_ms, parent) {
+  if (recorder != nullptr) update(0);
+}
+
+int TierHitRateModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(held_.rows);
+}
+
+int TierHitRateModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : kFirstTier + static_cast<int>(names_.size());
+}
+
+QVariant TierHitRateModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) return {};
+  const std::ptrdiff_t i = heldIndex(held_, index.row());
+  if (i < 0) return {};
+  const auto at = static_cast<std::size_t>(i);
+  const Recorder* rec = recorder();
+  const Snapshot& s = rec->at(at);
+  if (index.column() == kTimeMs) {
+    return CellData(HistoryCell(s, rec->rates(at), HistoryModel::kTimeMs), role, kHistoryColumns[HistoryModel::kTimeMs]);
+  }
+  if (role == Qt::ToolTipRole) return headerData(index.column(), Qt::Horizontal, role);
+  const double v = TierHitRate(s, rec->rates(at), names_[index.column() - kFirstTier]);
+  return CellData(Value(v, Percent(v)), role, kTierHitRateColumn);
+}
+
+QVariant TierHitRateModel::headerData(int section, Qt::Orientation o, int role) const {
+  if (o == Qt::Vertical || section == kTimeMs) return Header(kHistoryColumns, section, o, role, rowCount());
+  if (section < kFirstTier || section >= columnCount()) return {};
+  const QString& name = names_[section - kFirstTier];
+  if (role == Qt::DisplayRole) return name;
+  if (role == Qt::ToolTipRole) {
+    return tr("The %1 tier's hits / (hits + misses) over the interval before the reading").arg(name);
+  }
+  return {};
+}
+
+void TierHitRateModel::update(std::size_t dropped) {
+  followReadings(dropped, held_, [this](std::size_t from) {
+    // Tiers first seen in the new readings: columns appended, in order of appearance.
+    const Recorder* rec = recorder();
+    QVector<QString> added;
+    for (std::size_t i = from; i < rec->size(); ++i) {
+      for (const TierSample& t : rec->at(i).tiers) {
+        if (!names_.contains(t.name) && !added.contains(t.name)) added.push_back(t.name);
+      }
+    }
+    if (added.isEmpty()) return;
+    const int at = columnCount();
+    beginInsertColumns({}, at, at + static_cast<int>(added.size()) - 1);
+    names_ += added;
+    endInsertColumns();
+  });
+}
+
+void TierHitRateModel::clearAll() {
+  beginResetModel();
+  held_ = {};
+  names_.clear();
   endResetModel();
 }
 

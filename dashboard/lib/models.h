@@ -12,6 +12,10 @@
 #include <QAbstractTableModel>
 #include <QTimer>
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
 #include "recorder.h"
 
 namespace kdn::dash {
@@ -30,6 +34,19 @@ class RecorderModel : public QAbstractTableModel {
   // (`dropped`: how many old readings left the history meanwhile).
   virtual void update(std::size_t dropped) = 0;
   virtual void clearAll() = 0;
+
+  // For models with one row per reading held (oldest first): which readings
+  // the rows show.
+  struct HeldRows {
+    std::size_t rows = 0;      // readings shown (the recorder may hold more until the next update)
+    std::uint64_t first = 0;   // the first shown reading's number (Recorder::total() counts them)
+  };
+  // Removes the rows of the readings that left the history (`dropped`),
+  // calls `before_append(i)` with the recorder index of the first new
+  // reading (when there are new ones), then appends their rows.
+  void followReadings(std::size_t dropped, HeldRows& held, const std::function<void(std::size_t)>& before_append = {});
+  // The recorder index of row `row`'s reading; -1 when it has left the history.
+  std::ptrdiff_t heldIndex(const HeldRows& held, int row) const;
 
  private:
   void onAdded(bool dropped);
@@ -85,8 +102,37 @@ class HistoryModel final : public RecorderModel {
   void clearAll() override;
 
  private:
-  std::size_t rows_ = 0;  // readings shown (the recorder may hold more until the next update)
-  std::uint64_t first_ = 0;  // the first shown reading's number (Recorder::total() counts them)
+  HeldRows held_;
+};
+
+// Per-tier hit rate over time: one row per reading held (oldest first, as
+// HistoryModel: appended as the recorder adds, removed from the front as it
+// drops). Column 0 is the reading's time_ms; then one column per tier name
+// seen in the readings shown, in order of first appearance (a new tier is
+// inserted as a column at the end). A tier's column stays after the tier is
+// gone from every reading held (its cells are then "—"), until clear():
+// columns never move, so a chart's line per column stays that tier's.
+// A cell is the tier's hit rate over the interval before that reading
+// (TierRates::hit_rate): NaN and "—" when it was not read, or the tier was
+// not in that reading.
+class TierHitRateModel final : public RecorderModel {
+  Q_OBJECT
+ public:
+  enum Column { kTimeMs, kFirstTier };
+  explicit TierHitRateModel(const Recorder* recorder, int min_update_ms = 250, QObject* parent = nullptr);
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+  const QVector<QString>& tierNames() const { return names_; }  // column kFirstTier + i is names_[i]
+
+ protected:
+  void update(std::size_t dropped) override;
+  void clearAll() override;
+
+ private:
+  HeldRows held_;
+  QVector<QString> names_;   // the tier columns
 };
 
 // The events an operator watches: totals, rates, and whether they moved.

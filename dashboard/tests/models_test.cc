@@ -117,11 +117,40 @@ void CheckShows(const Recorder& rec, const HistoryModel& h, const TierModel& t, 
   }
 }
 
-// Four models on one recorder, each under a tester.
+// The per-tier hit rates show what the recorder holds (once updated): a row
+// per reading, a column per tier seen (and kept), each cell that tier's rate.
+void CheckHitRates(const Recorder& rec, const TierHitRateModel& m) {
+  QCOMPARE(m.rowCount(), static_cast<int>(rec.size()));
+  QCOMPARE(m.columnCount(), TierHitRateModel::kFirstTier + static_cast<int>(m.tierNames().size()));
+  if (rec.size() == 0) QCOMPARE(m.columnCount(), 1);
+  for (int r = 0; r < m.rowCount(); ++r) {
+    const Snapshot& s = rec.at(static_cast<std::size_t>(r));
+    const Rates& rates = rec.rates(static_cast<std::size_t>(r));
+    QCOMPARE(Value(m, r, TierHitRateModel::kTimeMs), static_cast<double>(s.time_ms));
+    for (const TierSample& t : s.tiers) QVERIFY2(m.tierNames().contains(t.name), qPrintable(t.name));
+    for (int c = TierHitRateModel::kFirstTier; c < m.columnCount(); ++c) {
+      const QString name = m.headerData(c, Qt::Horizontal).toString();
+      double want = std::nan("");
+      for (int i = 0; i < s.tiers.size(); ++i) {
+        if (s.tiers[i].name == name && rates.seconds > 0 && rates.tiers[i].hit_rate >= 0) want = rates.tiers[i].hit_rate;
+      }
+      const double got = Value(m, r, c);
+      QVERIFY2(std::isnan(want) ? std::isnan(got) : got == want, qPrintable(QStringLiteral("row %1 %2").arg(r).arg(name)));
+      if (std::isnan(got)) QCOMPARE(Text(m, r, c), QStringLiteral("\u2014"));
+    }
+  }
+}
+
+// Five models on one recorder, each under a tester.
 struct Models {
   Models(const Recorder* rec, int min_update_ms)
-      : history(rec, min_update_ms), tiers(rec, min_update_ms), events(rec, min_update_ms), docs(rec, min_update_ms) {
-    for (QAbstractItemModel* m : std::initializer_list<QAbstractItemModel*>{&history, &tiers, &events, &docs}) {
+      : history(rec, min_update_ms),
+        tiers(rec, min_update_ms),
+        events(rec, min_update_ms),
+        docs(rec, min_update_ms),
+        tier_hits(rec, min_update_ms) {
+    for (QAbstractItemModel* m :
+         std::initializer_list<QAbstractItemModel*>{&history, &tiers, &events, &docs, &tier_hits}) {
       testers.push_back(std::make_unique<QAbstractItemModelTester>(
           m, QAbstractItemModelTester::FailureReportingMode::QtTest));
     }
@@ -130,19 +159,28 @@ struct Models {
   TierModel tiers;
   EventModel events;
   DocumentModel docs;
+  TierHitRateModel tier_hits;
   std::vector<std::unique_ptr<QAbstractItemModelTester>> testers;
 };
 
-// A history model's structural signals, under a tester.
-struct HistorySignals {
-  explicit HistorySignals(HistoryModel* m)
+void CheckAll(const Recorder& rec, const Models& m) {
+  CheckShows(rec, m.history, m.tiers, m.docs, m.events);
+  if (QTest::currentTestFailed()) return;
+  CheckHitRates(rec, m.tier_hits);
+}
+
+// A model's structural signals, under a tester.
+struct ModelSignals {
+  explicit ModelSignals(QAbstractItemModel* m)
       : tester(m, QAbstractItemModelTester::FailureReportingMode::QtTest),
         inserted(m, &QAbstractItemModel::rowsInserted),
         removed(m, &QAbstractItemModel::rowsRemoved),
         reset(m, &QAbstractItemModel::modelReset),
-        layout(m, &QAbstractItemModel::layoutChanged) {}
+        layout(m, &QAbstractItemModel::layoutChanged),
+        columns_inserted(m, &QAbstractItemModel::columnsInserted),
+        columns_removed(m, &QAbstractItemModel::columnsRemoved) {}
   QAbstractItemModelTester tester;
-  QSignalSpy inserted, removed, reset, layout;
+  QSignalSpy inserted, removed, reset, layout, columns_inserted, columns_removed;
 };
 
 }  // namespace
@@ -158,26 +196,26 @@ class ModelsTest : public QObject {
     rec.add(Reading(0));
     Models now(&rec, 0);        // updated at each reading
     Models coalesced(&rec, 20);  // updated at most every 20 ms
-    CheckShows(rec, now.history, now.tiers, now.docs, now.events);
+    CheckAll(rec, now);
     for (std::uint64_t n = 1; n < 120; ++n) {
       rec.add(Reading(n));
       if (QTest::currentTestFailed()) return;
-      CheckShows(rec, now.history, now.tiers, now.docs, now.events);
+      CheckAll(rec, now);
       if (QTest::currentTestFailed()) return;
       if (n % 7 == 0) QTest::qWait(30);  // lets the coalesced models update
     }
     QTest::qWait(60);
-    CheckShows(rec, coalesced.history, coalesced.tiers, coalesced.docs, coalesced.events);
+    CheckAll(rec, coalesced);
     if (QTest::currentTestFailed()) return;
     // More readings than the history holds between two coalesced updates.
     for (std::uint64_t n = 120; n < 180; ++n) rec.add(Reading(n));
     QTest::qWait(60);
-    CheckShows(rec, coalesced.history, coalesced.tiers, coalesced.docs, coalesced.events);
+    CheckAll(rec, coalesced);
     if (QTest::currentTestFailed()) return;
 
     rec.clear();
-    CheckShows(rec, now.history, now.tiers, now.docs, now.events);
-    CheckShows(rec, coalesced.history, coalesced.tiers, coalesced.docs, coalesced.events);
+    CheckAll(rec, now);
+    CheckAll(rec, coalesced);
     if (QTest::currentTestFailed()) return;
     // Fed again: a source that restarted (its counters start over).
     for (std::uint64_t n = 1; n < 40; ++n) {
@@ -185,13 +223,13 @@ class ModelsTest : public QObject {
       if (QTest::currentTestFailed()) return;
     }
     QTest::qWait(60);
-    CheckShows(rec, now.history, now.tiers, now.docs, now.events);
-    CheckShows(rec, coalesced.history, coalesced.tiers, coalesced.docs, coalesced.events);
+    CheckAll(rec, now);
+    CheckAll(rec, coalesced);
     // A clear while readings are pending: nothing stale arrives later.
     rec.add(Reading(40));
     rec.clear();
     QTest::qWait(60);
-    CheckShows(rec, coalesced.history, coalesced.tiers, coalesced.docs, coalesced.events);
+    CheckAll(rec, coalesced);
   }
 
   // The history is updated by rows inserted at the end and removed at the
@@ -199,7 +237,7 @@ class ModelsTest : public QObject {
   void HistoryIsIncremental() {
     Recorder rec(5);
     HistoryModel h(&rec, 0);
-    HistorySignals hs(&h);
+    ModelSignals hs(&h);
     for (std::uint64_t n = 0; n < 12; ++n) rec.add(Reading(n));
     QCOMPARE(hs.inserted.count(), 12);
     QCOMPARE(hs.removed.count(), 7);
@@ -221,7 +259,7 @@ class ModelsTest : public QObject {
     // Coalesced: three readings, then four (two drop), then twelve (more than it holds).
     Recorder rec2(5);
     HistoryModel c(&rec2, 50);
-    HistorySignals cs(&c);
+    ModelSignals cs(&c);
     for (std::uint64_t n = 0; n < 3; ++n) rec2.add(Reading(n));
     QTRY_COMPARE(cs.inserted.count(), 1);
     QCOMPARE(cs.inserted.at(0).at(1).toInt(), 0);
@@ -295,6 +333,132 @@ class ModelsTest : public QObject {
     QCOMPARE(reset.count(), 0);
   }
 
+  // Per-tier hit rates over time, for a hand-built sequence: exact values,
+  // a tier added (a column inserted) and gone (its column kept, "—"), the
+  // tiers listed in another order, the oldest readings dropped; rows
+  // inserted and removed, never a reset until clear().
+  void TierHitRatesOverTime() {
+    const auto tier = [](const char* name, std::uint64_t hits, std::uint64_t misses) {
+      TierSample t;
+      t.name = QString::fromLatin1(name);
+      t.hits = hits;
+      t.misses = misses;
+      return t;
+    };
+    const auto reading = [](std::int64_t second, QVector<TierSample> tiers) {
+      Snapshot s;
+      s.time_ms = kEpochMs + second * 1000;
+      s.tiers = std::move(tiers);
+      return s;
+    };
+    const std::vector<Snapshot> readings = {
+        reading(0, {tier("host", 0, 0), tier("disk", 0, 0)}),
+        reading(1, {tier("host", 3, 1), tier("disk", 0, 0)}),                      // host 75 %, disk not read
+        reading(2, {tier("host", 3, 1), tier("disk", 1, 1), tier("redis", 5, 5)}),  // disk 50 %, redis new
+        reading(3, {tier("host", 13, 1), tier("disk", 1, 3)}),                     // host 100 %, disk 0 %
+        reading(4, {tier("disk", 1, 3), tier("host", 18, 6)}),                     // reordered; host 50 %
+        reading(5, {tier("host", 19, 9)}),                                         // host 25 %, disk gone
+    };
+    Recorder rec(3);
+    TierHitRateModel m(&rec, 0);
+    ModelSignals ms(&m);
+    QSignalSpy& cols_in = ms.columns_inserted;
+    QCOMPARE(m.columnCount(), 1);
+    QCOMPARE(m.headerData(TierHitRateModel::kTimeMs, Qt::Horizontal).toString(), QStringLiteral("Time"));
+    const QString none = QStringLiteral("\u2014");
+    const auto rate = [&](int row, const char* name) {
+      const int c = TierHitRateModel::kFirstTier + static_cast<int>(m.tierNames().indexOf(QString::fromLatin1(name)));
+      return Get(m, row, c, kValueRole).toDouble();
+    };
+    const auto text = [&](int row, const char* name) {
+      return Text(m, row, TierHitRateModel::kFirstTier + static_cast<int>(m.tierNames().indexOf(QString::fromLatin1(name))));
+    };
+
+    rec.add(readings[0]);
+    QCOMPARE(cols_in.count(), 1);
+    QCOMPARE(cols_in.at(0).at(1).toInt(), 1);
+    QCOMPARE(cols_in.at(0).at(2).toInt(), 2);
+    QCOMPARE(m.tierNames(), (QVector<QString>{"host", "disk"}));
+    QCOMPARE(m.headerData(1, Qt::Horizontal).toString(), QStringLiteral("host"));
+    QCOMPARE(m.headerData(2, Qt::Horizontal).toString(), QStringLiteral("disk"));
+    QVERIFY(!m.headerData(3, Qt::Horizontal).isValid());
+    QCOMPARE(m.rowCount(), 1);
+    QVERIFY(std::isnan(rate(0, "host")));  // the first reading has no interval
+    QCOMPARE(text(0, "host"), none);
+
+    rec.add(readings[1]);
+    QCOMPARE(rate(1, "host"), 0.75);
+    QCOMPARE(text(1, "host"), QStringLiteral("75.0 %"));
+    QVERIFY(std::isnan(rate(1, "disk")));
+    QCOMPARE(text(1, "disk"), none);
+
+    rec.add(readings[2]);
+    QCOMPARE(cols_in.count(), 2);
+    QCOMPARE(cols_in.at(1).at(1).toInt(), 3);
+    QCOMPARE(cols_in.at(1).at(2).toInt(), 3);
+    QCOMPARE(m.headerData(3, Qt::Horizontal).toString(), QStringLiteral("redis"));
+    QVERIFY(!m.headerData(3, Qt::Horizontal, Qt::ToolTipRole).toString().isEmpty());
+    QVERIFY(std::isnan(rate(2, "host")));  // not read in the interval
+    QCOMPARE(rate(2, "disk"), 0.5);
+    QVERIFY(std::isnan(rate(2, "redis")));  // no reading before it to compare with
+    QVERIFY(std::isnan(rate(1, "redis")));  // not in that reading
+    QCOMPARE(text(1, "redis"), none);
+
+    rec.add(readings[3]);  // the first reading drops
+    QCOMPARE(m.rowCount(), 3);
+    QCOMPARE(Value(m, 0, TierHitRateModel::kTimeMs), static_cast<double>(readings[1].time_ms));
+    QCOMPARE(rate(0, "host"), 0.75);
+    QCOMPARE(rate(2, "host"), 1.0);
+    QCOMPARE(text(2, "host"), QStringLiteral("100.0 %"));
+    QCOMPARE(rate(2, "disk"), 0.0);
+    QCOMPARE(text(2, "disk"), QStringLiteral("0.0 %"));
+    QVERIFY(std::isnan(rate(2, "redis")));
+
+    rec.add(readings[4]);
+    QCOMPARE(rate(2, "host"), 0.5);  // found by name, not by position
+    QVERIFY(std::isnan(rate(2, "disk")));
+    rec.add(readings[5]);  // redis is in no reading held now: its column stays, empty
+    QCOMPARE(m.rowCount(), 3);
+    QCOMPARE(m.columnCount(), 4);
+    for (int r = 0; r < 3; ++r) QCOMPARE(text(r, "redis"), none);
+    QCOMPARE(rate(2, "host"), 0.25);
+    QVERIFY(std::isnan(rate(2, "disk")));
+    CheckHitRates(rec, m);
+
+    QCOMPARE(ms.inserted.count(), 6);
+    QCOMPARE(ms.removed.count(), 3);
+    for (const QList<QVariant>& args : ms.removed) QCOMPARE(args.at(1).toInt(), 0);  // the oldest
+    QCOMPARE(cols_in.count(), 2);
+    QCOMPARE(ms.columns_removed.count(), 0);
+    QCOMPARE(ms.reset.count(), 0);
+    QCOMPARE(ms.layout.count(), 0);
+
+    // Coalesced: all six at once are one update (columns, then rows), and show the same.
+    Recorder rec2(3);
+    TierHitRateModel c(&rec2, 50);
+    ModelSignals cs(&c);
+    for (const Snapshot& s : readings) rec2.add(s);
+    QCOMPARE(c.rowCount(), 0);
+    QTRY_COMPARE(cs.inserted.count(), 1);
+    QCOMPARE(cs.columns_inserted.count(), 1);
+    // Only the tiers of the readings held (3 to 5; redis left with reading 2), as they first appear.
+    QCOMPARE(c.tierNames(), (QVector<QString>{"host", "disk"}));
+    CheckHitRates(rec2, c);
+    QCOMPARE(cs.reset.count(), 0);
+
+    // A model made after the readings shows them at once.
+    TierHitRateModel late(&rec, 0);
+    QCOMPARE(late.tierNames(), (QVector<QString>{"host", "disk"}));
+    CheckHitRates(rec, late);
+
+    // clear() is the one reset: no rows, no tier columns.
+    rec.clear();
+    QCOMPARE(ms.reset.count(), 1);
+    QCOMPARE(m.rowCount(), 0);
+    QCOMPARE(m.columnCount(), 1);
+    CheckHitRates(rec, m);
+  }
+
   // min_update_ms = 100: ten readings added at once are shown by one update.
   void ReadingsAreCoalesced() {
     Recorder rec(100);
@@ -323,7 +487,7 @@ class ModelsTest : public QObject {
     QVERIFY(e_changed.count() <= EventModel::kRows);
     QCOMPARE(d_inserted.count(), 1);
     QCOMPARE(d_changed.count(), 0);
-    CheckShows(rec, m.history, m.tiers, m.docs, m.events);
+    CheckAll(rec, m);
 
     // The same ten readings with min_update_ms = 0: ten updates.
     Recorder rec0(100);
@@ -530,7 +694,9 @@ class ModelsTest : public QObject {
     QCOMPARE(m.events.headerData(EventModel::kPerSecond, Qt::Horizontal).toString(), QStringLiteral("Per second"));
     QCOMPARE(m.docs.headerData(DocumentModel::kPinTtlS, Qt::Horizontal).toString(), QStringLiteral("Pin TTL"));
     QVERIFY(!m.tiers.headerData(TierModel::kColumns, Qt::Horizontal).isValid());
-    for (QAbstractItemModel* model : std::initializer_list<QAbstractItemModel*>{&m.tiers, &m.history, &m.events, &m.docs}) {
+    QCOMPARE(m.tier_hits.headerData(TierHitRateModel::kFirstTier, Qt::Horizontal).toString(), QStringLiteral("host"));
+    for (QAbstractItemModel* model :
+         std::initializer_list<QAbstractItemModel*>{&m.tiers, &m.history, &m.events, &m.docs, &m.tier_hits}) {
       QVERIFY(model->rowCount() > 0);
       for (int c = 0; c < model->columnCount(); ++c) {
         QVERIFY(!model->headerData(c, Qt::Horizontal).toString().isEmpty());
