@@ -655,6 +655,10 @@ struct Client::Impl {
   }
 
   // ---- batches ----
+  // `command key` for every key, answered by an integer: per key, whether
+  // it was > 0 (EXISTS: there; DEL: removed), or why not.
+  std::vector<Result<bool>> CountPerKey(std::string_view command, std::span<const std::string_view> keys);
+
 
   struct Outcome {
     Status status;
@@ -816,6 +820,27 @@ struct Client::Impl {
   }
 };
 
+std::vector<Result<bool>> Client::Impl::CountPerKey(std::string_view command, std::span<const std::string_view> keys) {
+  auto outcomes = Execute(keys, [&](Pipeline& p, size_t i, bool asking) {
+    const char* argv[] = {command.data(), Arg(keys[i].data())};
+    const size_t lens[] = {command.size(), keys[i].size()};
+    Append(p, 2, argv, lens, asking);
+  });
+  std::vector<Result<bool>> out;
+  out.reserve(keys.size());
+  for (auto& o : outcomes) {
+    if (!o.status.ok()) {
+      out.emplace_back(std::move(o.status));
+    } else if (o.reply->type == REDIS_REPLY_INTEGER) {
+      out.emplace_back(o.reply->integer > 0);
+    } else {
+      out.emplace_back(Status::Internal("redis: " + std::string(command) + ": unexpected reply type " +
+                                        std::to_string(o.reply->type)));
+    }
+  }
+  return out;
+}
+
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
@@ -857,23 +882,7 @@ std::vector<std::string> Client::masters() const {
 }
 
 std::vector<Result<bool>> Client::Exists(std::span<const std::string_view> keys) {
-  auto outcomes = impl_->Execute(keys, [&](Pipeline& p, size_t i, bool asking) {
-    const char* argv[] = {"EXISTS", Arg(keys[i].data())};
-    const size_t lens[] = {6, keys[i].size()};
-    Impl::Append(p, 2, argv, lens, asking);
-  });
-  std::vector<Result<bool>> out;
-  out.reserve(keys.size());
-  for (auto& o : outcomes) {
-    if (!o.status.ok()) {
-      out.emplace_back(std::move(o.status));
-    } else if (o.reply->type == REDIS_REPLY_INTEGER) {
-      out.emplace_back(o.reply->integer > 0);
-    } else {
-      out.emplace_back(Status::Internal("redis: EXISTS: unexpected reply type " + std::to_string(o.reply->type)));
-    }
-  }
-  return out;
+  return impl_->CountPerKey("EXISTS", keys);
 }
 
 std::vector<Result<std::optional<Value>>> Client::Get(std::span<const std::string_view> keys) {
@@ -929,23 +938,7 @@ std::vector<Status> Client::Set(std::span<const KeyValue> items, std::uint64_t t
 }
 
 std::vector<Result<bool>> Client::Del(std::span<const std::string_view> keys) {
-  auto outcomes = impl_->Execute(keys, [&](Pipeline& p, size_t i, bool asking) {
-    const char* argv[] = {"DEL", Arg(keys[i].data())};
-    const size_t lens[] = {3, keys[i].size()};
-    Impl::Append(p, 2, argv, lens, asking);
-  });
-  std::vector<Result<bool>> out;
-  out.reserve(keys.size());
-  for (auto& o : outcomes) {
-    if (!o.status.ok()) {
-      out.emplace_back(std::move(o.status));
-    } else if (o.reply->type == REDIS_REPLY_INTEGER) {
-      out.emplace_back(o.reply->integer > 0);
-    } else {
-      out.emplace_back(Status::Internal("redis: DEL: unexpected reply type " + std::to_string(o.reply->type)));
-    }
-  }
-  return out;
+  return impl_->CountPerKey("DEL", keys);
 }
 
 Counters Client::counters() const {

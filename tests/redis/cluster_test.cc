@@ -15,6 +15,7 @@
 
 #include "redis/client.h"
 #include "redis/local_servers.h"
+#include "test_util.h"
 
 namespace kdn::redis {
 namespace {
@@ -23,14 +24,9 @@ using local::Cluster;
 using local::Raw;
 using Ms = std::chrono::milliseconds;
 
-// A string's bytes (a view: a literal's stay valid, no temporary is made).
-std::span<const std::uint8_t> Bytes(std::string_view s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-}
-std::string Str(const Value& v) { return std::string(reinterpret_cast<const char*>(v.data), v.size); }
-long long ElapsedMs(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now() - since).count();
-}
+using testing::Bytes;
+using testing::ElapsedMs;
+using testing::Str;
 
 class RedisClientCluster : public ::testing::Test {
  protected:
