@@ -86,9 +86,20 @@ kdn_kv_view RefEngine::View(model::KvCache& cache) const {
   return v;
 }
 
+Status RefEngine::Prefill(std::span<const int> tokens, int pos, model::KvCache& cache, std::vector<float>* logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  KDN_RETURN_IF_ERROR(transformer_.Forward(tokens, pos, cache, logits));
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  // A report kdn refuses (a zero time on a coarse clock) only loses a sample.
+  if (model_ != nullptr && !tokens.empty() && ns > 0) {
+    kdn_model_report_prefill(model_, tokens.size(), static_cast<std::uint64_t>(ns));
+  }
+  return Status::Ok();
+}
+
 Result<std::uint64_t> RefEngine::Ingest(const std::string& ns, const std::vector<int>& tokens) {
   model::KvCache cache = transformer_.NewCache();
-  KDN_RETURN_IF_ERROR(transformer_.Forward(tokens, 0, cache, nullptr));
+  KDN_RETURN_IF_ERROR(Prefill(tokens, 0, cache, nullptr));
   const kdn_kv_view view = View(cache);
   const kdn_request req = Request(tokens);
   kdn_kv_result stored = KDN_KV_RESULT_INIT;
@@ -113,7 +124,7 @@ Result<Answer> RefEngine::Cold(const std::vector<int>& tokens, int steps) {
   model::KvCache cache = transformer_.NewCache();
   Answer a;
   const auto t0 = std::chrono::steady_clock::now();
-  KDN_RETURN_IF_ERROR(transformer_.Forward(tokens, 0, cache, &logits_));
+  KDN_RETURN_IF_ERROR(Prefill(tokens, 0, cache, &logits_));
   a.first_token = model::Argmax(logits_);
   a.ttft_ms = a.prefill_ms = MsSince(t0);
   KDN_RETURN_IF_ERROR(Decode(cache, static_cast<int>(tokens.size()), steps, &a));
@@ -121,6 +132,15 @@ Result<Answer> RefEngine::Cold(const std::vector<int>& tokens, int steps) {
 }
 
 Result<Answer> RefEngine::Warm(const std::string& ns, const std::vector<int>& tokens, int steps) {
+  return WarmThenMaybeStore(ns, tokens, steps, false);
+}
+
+Result<Answer> RefEngine::Serve(const std::string& ns, const std::vector<int>& tokens, int steps) {
+  return WarmThenMaybeStore(ns, tokens, steps, true);
+}
+
+Result<Answer> RefEngine::WarmThenMaybeStore(const std::string& ns, const std::vector<int>& tokens, int steps,
+                                             bool store) {
   if (tokens.empty()) return Status::InvalidArgument("empty prompt");
   model::KvCache cache = transformer_.NewCache();
   const kdn_kv_view view = View(cache);
@@ -146,18 +166,23 @@ Result<Answer> RefEngine::Warm(const std::string& ns, const std::vector<int>& to
   // The last prompt token is always run, to get the logits of the next one.
   const size_t start = std::min<size_t>(filled, tokens.size() - 1);
   const auto t2 = std::chrono::steady_clock::now();
-  KDN_RETURN_IF_ERROR(transformer_.Forward(std::span<const int>(tokens).subspan(start), static_cast<int>(start), cache,
-                                           &logits_));
+  KDN_RETURN_IF_ERROR(Prefill(std::span<const int>(tokens).subspan(start), static_cast<int>(start), cache, &logits_));
   a.first_token = model::Argmax(logits_);
   a.prefill_ms = MsSince(t2);
   a.ttft_ms = MsSince(t0);
+  a.cached_after = filled;
+  if (store && filled < tokens.size()) {
+    kdn_kv_result stored = KDN_KV_RESULT_INIT;
+    KDN_RETURN_IF_ERROR(FromKdn(kdn_kv_store(model_, ns.data(), ns.size(), &req, &view, 1, &stored), "kdn_kv_store"));
+    a.cached_after = stored.tokens;
+  }
   KDN_RETURN_IF_ERROR(Decode(cache, static_cast<int>(tokens.size()), steps, &a));
   return a;
 }
 
 Status RefEngine::PutDocument(const std::string& ns, const std::string& doc_id, const std::vector<int>& tokens) {
   model::KvCache cache = transformer_.NewCache();
-  KDN_RETURN_IF_ERROR(transformer_.Forward(tokens, 0, cache, nullptr));
+  KDN_RETURN_IF_ERROR(Prefill(tokens, 0, cache, nullptr));
   const kdn_kv_view view = View(cache);
   return FromKdn(kdn_knowledge_put(model_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), 1, "", 0,
                                    tokens.data(), tokens.size(), &view, 1),

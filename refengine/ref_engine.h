@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ struct Answer {
   double lookup_ms = 0, retrieve_ms = 0, prefill_ms = 0;
   int first_token = -1;
   std::vector<int> continuation;  // greedy tokens after the prompt (first_token first)
+  std::uint64_t cached_after = 0;  // Serve: the leading tokens cached after its store
 };
 
 class RefEngine {
@@ -57,6 +59,10 @@ class RefEngine {
   Result<Answer> Cold(const std::vector<int>& tokens, int steps);
   // kdn_kv_lookup + kdn_kv_retrieve, prefill of the rest, then greedy decoding.
   Result<Answer> Warm(const std::string& ns, const std::vector<int>& tokens, int steps);
+  // What a serving engine does with each prompt: Warm, then, after the first
+  // token, kdn_kv_store of the prompt's KV when kdn did not serve all of it
+  // (the chunks kdn holds already are skipped), then decoding.
+  Result<Answer> Serve(const std::string& ns, const std::vector<int>& tokens, int steps);
 
   // Prefills `tokens` alone (from position 0) and puts them as a knowledge
   // item `doc_id` (kdn_knowledge_put).
@@ -76,6 +82,11 @@ class RefEngine {
   // room for the model's whole context; view token i is position i.
   kdn_kv_view View(model::KvCache& cache) const;
   Status Decode(model::KvCache& cache, int pos, int steps, Answer* answer);
+  // Warm, and with `store` Serve.
+  Result<Answer> WarmThenMaybeStore(const std::string& ns, const std::vector<int>& tokens, int steps, bool store);
+  // The transformer's forward pass over `tokens` from `pos`, timed and
+  // reported to kdn (kdn_model_report_prefill): what a hit on them saves.
+  Status Prefill(std::span<const int> tokens, int pos, model::KvCache& cache, std::vector<float>* logits);
   // A document's tokens (kdn_knowledge_fetch without KV).
   Result<std::vector<int>> DocumentTokens(const std::string& ns, const std::string& doc_id);
 

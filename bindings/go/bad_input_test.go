@@ -113,6 +113,7 @@ func TestBadClosedHandle(t *testing.T) {
 	_, calls["KnowledgeFetch"] = m.KnowledgeFetch(ns, "d", tokens, out)
 	_, calls["KnowledgeList"] = m.KnowledgeList(ns)
 	calls["KnowledgeDelete"] = m.KnowledgeDelete(ns, "d")
+	calls["ReportPrefill"] = m.ReportPrefill(positions, time.Millisecond)
 	rt.Close()
 	_, calls["NewModel"] = rt.NewModel(testSpec())
 	_, calls["Stats"] = rt.Stats()
@@ -235,6 +236,31 @@ func TestBadRedisFieldsOnHostTier(t *testing.T) {
 		if !strings.Contains(err.Error(), c.says) {
 			t.Fatalf("%s: %v, want it to say %q", c.name, err, c.says)
 		}
+	}
+}
+
+// A prefill report of 0 tokens, 0 (or negative) time, or over an hour per
+// token: ErrInvalidArgument, and nothing counted.
+func TestBadReportPrefill(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, c := range []struct {
+		name    string
+		tokens  uint64
+		elapsed time.Duration
+	}{
+		{"0 tokens", 0, 5 * time.Millisecond},
+		{"0 time", 16, 0},
+		{"a negative time", 16, -time.Millisecond},
+		{"over an hour per token", 2, 2*time.Hour + time.Second},
+	} {
+		err := f.m.ReportPrefill(c.tokens, c.elapsed)
+		wantStatus(t, "ReportPrefill of "+c.name, err, ErrInvalidArgument)
+		if !IsCaller(err) {
+			t.Fatalf("ReportPrefill of %s: %v is not a caller error", c.name, err)
+		}
+	}
+	if s, err := f.rt.Stats(); err != nil || s.PrefillTokens != 0 || s.PrefillTime != 0 {
+		t.Fatalf("Stats after refused reports = %+v, %v", s, err)
 	}
 }
 

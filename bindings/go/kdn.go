@@ -66,7 +66,7 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 3 // TierConfig.User and TTL: kdn_tier_config's 1.3 fields
+	BindingVersionMinor = 4 // Model.ReportPrefill and the Stats of 1.4 (kdn_model_report_prefill)
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

@@ -130,6 +130,10 @@ kdn_go_ret kdn_go_model_create(kdn_runtime *rt, const kdn_model_spec *spec_in, c
   return ret(KDN_OK);
 }
 
+kdn_go_ret kdn_go_model_report_prefill(const kdn_model *m, uint64_t tokens, uint64_t elapsed_ns) {
+  return ret(kdn_model_report_prefill(m, tokens, elapsed_ns));
+}
+
 /* ---- KV calls ---------------------------------------------------------------- */
 
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req_in,

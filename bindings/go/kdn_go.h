@@ -59,6 +59,8 @@ kdn_go_ret kdn_go_runtime_create(const kdn_runtime_options *options, uintptr_t e
 kdn_go_ret kdn_go_model_create(kdn_runtime *rt, const kdn_model_spec *spec, const char *fingerprint,
                                size_t fingerprint_len, kdn_model **out, uint64_t *bytes_per_token,
                                uint8_t *fingerprint_out /* 32 bytes */);
+/* Since 1.4. */
+kdn_go_ret kdn_go_model_report_prefill(const kdn_model *m, uint64_t tokens, uint64_t elapsed_ns);
 
 /* Which kind of KV call kdn_go_kv_call makes. */
 enum { KDN_GO_STORE = 0, KDN_GO_RETRIEVE = 1, KDN_GO_LOAD = 2, KDN_GO_SAVE = 3 };

@@ -142,6 +142,52 @@ func TestStoreLookupRetrieve(t *testing.T) {
 	}
 }
 
+// A reported prefill prices the tokens later loads serve: TTFTSaved is
+// tokens served x the reported time per token (each load rounds to a ns).
+func TestReportedPrefillPricesLoads(t *testing.T) {
+	f := newFixture(t, nil)
+	tokens := testTokens(positions + chunk)
+	kv := canonical(positions, 1)
+	f.store(t, tokens[:positions], kv)
+	// n tokens in d; d/n is not a whole number of ns.
+	const n, d = 24, 1000003 * time.Nanosecond
+	if err := f.m.ReportPrefill(n, d); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, layers*2*(positions+chunk)*row)
+	// A whole hit, then a request a chunk longer than what is cached.
+	for _, req := range [][]int32{tokens[:positions], tokens} {
+		res, err := f.m.Retrieve(ns, Tokens(req), Float32s(out[:layers*2*len(req)*row]))
+		if err != nil || res.Tokens != positions {
+			t.Fatalf("Retrieve of %d tokens = %+v, %v", len(req), res, err)
+		}
+	}
+	// A lookup is no load: counted apart.
+	if got, err := f.m.Lookup(ns, Tokens(tokens)); err != nil || got.CachedTokens != positions {
+		t.Fatalf("Lookup = %+v, %v", got, err)
+	}
+	s, err := f.rt.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.LookupTokens != positions+chunk || s.LookupHitTokens != positions {
+		t.Fatalf("LookupTokens, LookupHitTokens = %d, %d", s.LookupTokens, s.LookupHitTokens)
+	}
+	if s.PrefillTokens != n || s.PrefillTime != d {
+		t.Fatalf("PrefillTokens, PrefillTime = %d, %v, want %d, %v", s.PrefillTokens, s.PrefillTime, n, d)
+	}
+	if s.TokensServed != 2*positions || s.TokensRequested != 2*positions+chunk || s.TokensRequested < s.TokensServed {
+		t.Fatalf("TokensServed, TokensRequested = %d, %d", s.TokensServed, s.TokensRequested)
+	}
+	exact := int64(s.TokensServed) * int64(d) / n
+	if diff := int64(s.TTFTSaved) - exact; diff < -2 || diff > 2 {
+		t.Fatalf("TTFTSaved = %d ns, want %d +- 2 (two loads)", int64(s.TTFTSaved), exact)
+	}
+	if s.TokensServedUnpriced != 0 || s.DeliveryTime <= 0 {
+		t.Fatalf("TokensServedUnpriced, DeliveryTime = %d, %v", s.TokensServedUnpriced, s.DeliveryTime)
+	}
+}
+
 // The engine's layout: K file then V file, [layer][token][head][dim] each
 // (as the examples and llama.cpp hold it), described by strides.
 func TestStridedView(t *testing.T) {
@@ -460,7 +506,7 @@ func TestKnowledge(t *testing.T) {
 	}
 	info, err := f.m.KnowledgeInfo(ns, "doc-a")
 	if err != nil || info.DocID != "doc-a" || info.Version != 7 || info.NumTokens != positions || info.Pinned ||
-		info.ExpiresIn >= 0 || info.Chunks == 0 || info.ChunksPresent != info.Chunks {
+		info.ExpiresIn >= 0 || info.Chunks == 0 || info.ChunksPresent != info.Chunks || info.Hits != 0 {
 		t.Fatalf("KnowledgeInfo = %+v, %v", info, err)
 	}
 	list, err := f.m.KnowledgeList(ns)
@@ -481,6 +527,10 @@ func TestKnowledge(t *testing.T) {
 	if !bytes.Equal(Float32s(out), Float32s(kv)) {
 		t.Fatal("the fetched KV differs from the put KV")
 	}
+	// Each chunk fetched counts on the document (since 1.4).
+	if got, err := f.m.KnowledgeInfo(ns, "doc-a"); err != nil || got.Hits != uint64(info.Chunks) {
+		t.Fatalf("KnowledgeInfo after a fetch = %+v, %v, want %d hits", got, err, info.Chunks)
+	}
 	// Tokens only.
 	if res, err := f.m.KnowledgeFetch(ns, "doc-b", gotTokens[:32], nil); err != nil || res.Tokens != 32 {
 		t.Fatalf("KnowledgeFetch (tokens only) = %+v, %v", res, err)
@@ -489,8 +539,8 @@ func TestKnowledge(t *testing.T) {
 	if err := f.m.KnowledgePin(ns, "doc-a", 0); err != nil {
 		t.Fatal(err)
 	}
-	if info, _ := f.m.KnowledgeInfo(ns, "doc-a"); !info.Pinned {
-		t.Fatal("not pinned after KnowledgePin")
+	if info, _ := f.m.KnowledgeInfo(ns, "doc-a"); !info.Pinned || info.PinExpiresIn >= 0 {
+		t.Fatalf("KnowledgeInfo after KnowledgePin(0) = %+v", info)
 	}
 	if s, _ := f.rt.Stats(); s.PinsActive == 0 {
 		t.Fatal("Stats.PinsActive is 0 with a pinned document")
@@ -500,6 +550,14 @@ func TestKnowledge(t *testing.T) {
 	}
 	if info, _ := f.m.KnowledgeInfo(ns, "doc-a"); info.Pinned {
 		t.Fatal("pinned after KnowledgeUnpin")
+	}
+	// A pin with a TTL says when it ends (since 1.4).
+	if err := f.m.KnowledgePin(ns, "doc-b", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := f.m.KnowledgeInfo(ns, "doc-b"); info.PinExpiresIn <= 50*time.Second ||
+		info.PinExpiresIn > time.Minute {
+		t.Fatalf("PinExpiresIn = %v after KnowledgePin(1m)", info.PinExpiresIn)
 	}
 	if err := f.m.KnowledgeExpire(ns, "doc-b", time.Hour); err != nil {
 		t.Fatal(err)
@@ -546,6 +604,14 @@ func TestTiers(t *testing.T) {
 		}
 		if i == 2 && !strings.HasPrefix(ts.Codec, "zstd") {
 			t.Fatalf("disk tier codec = %q", ts.Codec)
+		}
+		// The watermarks (since 1.4): as set (float32), or kdn's defaults.
+		high, low := 0.95, 0.85
+		if i == 0 {
+			high, low = float64(float32(0.9)), float64(float32(0.5))
+		}
+		if ts.HighWatermark != high || ts.LowWatermark != low {
+			t.Fatalf("TierStats(%d) watermarks = %v, %v, want %v, %v", i, ts.HighWatermark, ts.LowWatermark, high, low)
 		}
 	}
 	if s, _ := f.rt.Stats(); s.Evictions == 0 {

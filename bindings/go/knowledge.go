@@ -19,6 +19,8 @@ type DocumentInfo struct {
 	Chunks        uint32
 	ChunksPresent uint32        // chunks some tier holds now
 	ExpiresIn     time.Duration // negative: never
+	Hits          uint64        // chunks of it served (fetches, blends) since this version was put (since 1.4)
+	PinExpiresIn  time.Duration // pinned with a TTL: until the pin ends; negative: not pinned, or until unpinned (1.4)
 }
 
 func documentInfo(d *C.kdn_document_info) DocumentInfo {
@@ -29,7 +31,8 @@ func documentInfo(d *C.kdn_document_info) DocumentInfo {
 	id := C.GoStringN(&d.doc_id[0], C.int(n))
 	exp := duration(int64(d.expires_in_ms))
 	return DocumentInfo{DocID: id, Pinned: d.pinned != 0, Version: uint64(d.version), NumTokens: uint64(d.num_tokens),
-		Chunks: uint32(d.chunks), ChunksPresent: uint32(d.chunks_present), ExpiresIn: exp}
+		Chunks: uint32(d.chunks), ChunksPresent: uint32(d.chunks_present), ExpiresIn: exp, Hits: uint64(d.hits),
+		PinExpiresIn: duration(int64(d.pin_expires_in_ms))}
 }
 
 // KnowledgePut stores a document: its id (1..255 bytes), version, metadata,

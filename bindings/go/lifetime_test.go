@@ -146,8 +146,9 @@ func TestCheckLibraryVersion(t *testing.T) {
 	if err := checkLibraryVersion(VersionNumber()); err != nil {
 		t.Fatal(err)
 	}
-	// NewRuntime refuses an older library (1.2: its kdn_tier_config has no
-	// user and ttl_ms), saying which it has and which it needs.
+	// NewRuntime refuses an older library (1.3: no kdn_model_report_prefill,
+	// and its kdn_stats ends before tokens_requested), saying which it has
+	// and which it needs.
 	libraryVersionNumber = func() uint32 { return need - 100 }
 	_, err := NewRuntime(nil)
 	libraryVersionNumber = VersionNumber
@@ -163,8 +164,8 @@ func TestCheckLibraryVersion(t *testing.T) {
 	}
 }
 
-// The package builds with a kdn.h of a later minor version (1.3 appends
-// fields and a tier kind), and not with an older minor or another major.
+// The package builds with a kdn.h of a later minor version (1.4 appends
+// fields and a function), and not with an older minor or another major.
 func TestBuildsWithLaterMinorHeader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the package three times")

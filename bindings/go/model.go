@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"runtime"
+	"time"
 	"unsafe"
 )
 
@@ -92,6 +93,24 @@ func (m *Model) KVBytesPerToken() uint64 { return m.bytesPerToken }
 
 // Fingerprint is the 32-byte identity kdn derived from the spec.
 func (m *Model) Fingerprint() [32]byte { return m.fingerprint }
+
+// ReportPrefill tells the runtime that the engine prefilled tokens tokens of
+// this model in elapsed (wall time of the forward pass, as the engine
+// measured it; since 1.4). Later loads price the tokens they serve at the
+// model's mean prefill time per token (Stats.TTFTSaved). Report the
+// prefills of the tokens a load did not serve, and full prefills, as they
+// happen. ErrInvalidArgument when tokens or elapsed is 0 or negative, or
+// the time is over an hour per token.
+func (m *Model) ReportPrefill(tokens uint64, elapsed time.Duration) error {
+	if !m.g.enter() {
+		return ErrClosed
+	}
+	defer m.g.leave()
+	if elapsed < 0 {
+		return invalid("ReportPrefill: the elapsed time is negative")
+	}
+	return retError(C.kdn_go_model_report_prefill(m.m, C.uint64_t(tokens), C.uint64_t(elapsed)))
+}
 
 // Close releases the model; ops started from it stay usable. Idempotent.
 func (m *Model) Close() error {

@@ -312,6 +312,21 @@ type Stats struct {
 	PinsForcedUnpin            uint64
 	CorruptDetected            uint64
 	Edits                      uint64 // chunks rewritten by an editor
+	// Since 1.4: the hit rate is TokensServed / TokensRequested; the
+	// prefills engines reported (Model.ReportPrefill); the prefill time
+	// loads saved (each load's tokens served x its model's mean reported
+	// prefill time per token then); tokens served while their model had no
+	// report (not in TTFTSaved); time spent in loads, hits and misses; the
+	// tokens looked-up requests covered, and of them the leading tokens
+	// found cached (LookupResult.CachedTokens).
+	TokensRequested      uint64
+	PrefillTokens        uint64
+	PrefillTime          time.Duration
+	TTFTSaved            time.Duration
+	TokensServedUnpriced uint64
+	DeliveryTime         time.Duration
+	LookupTokens         uint64
+	LookupHitTokens      uint64
 }
 
 // Stats reads the runtime's counters.
@@ -333,7 +348,11 @@ func (r *Runtime) Stats() (Stats, error) {
 		Evictions: uint64(s.evictions), EditedServed: uint64(s.edited_served),
 		LeasesActive: uint64(s.leases_active), PinsActive: uint64(s.pins_active),
 		PinsForcedUnpin: uint64(s.pins_forced_unpin), CorruptDetected: uint64(s.corrupt_detected),
-		Edits: uint64(s.edits),
+		Edits:           uint64(s.edits),
+		TokensRequested: uint64(s.tokens_requested), PrefillTokens: uint64(s.prefill_tokens),
+		PrefillTime: nanos(s.prefill_ns), TTFTSaved: nanos(s.ttft_saved_ns),
+		TokensServedUnpriced: uint64(s.tokens_served_unpriced), DeliveryTime: nanos(s.delivery_ns),
+		LookupTokens: uint64(s.lookup_tokens), LookupHitTokens: uint64(s.lookup_hit_tokens),
 	}, nil
 }
 
@@ -353,6 +372,15 @@ type Latency struct {
 }
 
 func micros(us C.double) time.Duration { return time.Duration(float64(us) * 1e3) }
+
+// nanos is kdn's nanoseconds as a Duration; those past its range (292
+// years) the longest Duration.
+func nanos(ns C.uint64_t) time.Duration {
+	if uint64(ns) > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}
 
 // Latency reads one of the runtime's latency distributions.
 func (r *Runtime) Latency(kind LatencyKind) (Latency, error) {
@@ -384,6 +412,9 @@ type TierStats struct {
 	IOErrors                                  uint64 // since 1.2
 	RemoteCalls, RemoteFailed, RemoteTimeouts uint64 // remote tiers (1.2); redis tiers: commands (1.3)
 	WriteQueueFull, WriteQueuedBytes          uint64 // remote tiers, since 1.2
+	// Fractions of capacity: a put that would cross HighWatermark evicts
+	// first, down to LowWatermark (since 1.4); 0 and 0: none (remote, redis).
+	HighWatermark, LowWatermark float64
 }
 
 // TierCount is the number of tiers.
@@ -424,5 +455,6 @@ func (r *Runtime) TierStats(index int) (TierStats, error) {
 		IOErrors: uint64(t.io_errors), RemoteCalls: uint64(t.remote_calls),
 		RemoteFailed: uint64(t.remote_failed_calls), RemoteTimeouts: uint64(t.remote_timeouts),
 		WriteQueueFull: uint64(t.write_queue_full), WriteQueuedBytes: uint64(t.write_queued_bytes),
+		HighWatermark: float64(t.high_watermark), LowWatermark: float64(t.low_watermark),
 	}, nil
 }

@@ -230,9 +230,10 @@ static PyObject *kdn_py_document_info(const kdn::binding::DocumentInfo &d) {
   // doc_id: text; bytes that are not UTF-8 survive a round trip (surrogateescape).
   PyObject *doc_id = PyUnicode_DecodeUTF8(d.doc_id.data(), (Py_ssize_t)d.doc_id.size(), "surrogateescape");
   if (doc_id == NULL) return NULL;
-  return Py_BuildValue("(NOKKIIL)", doc_id, d.pinned ? Py_True : Py_False,
+  return Py_BuildValue("(NOKKIILKL)", doc_id, d.pinned ? Py_True : Py_False,
                        (unsigned long long)d.version, (unsigned long long)d.num_tokens, (unsigned int)d.chunks,
-                       (unsigned int)d.chunks_present, (long long)d.expires_in_ms);
+                       (unsigned int)d.chunks_present, (long long)d.expires_in_ms, (unsigned long long)d.hits,
+                       (long long)d.pin_expires_in_ms);
 }
 %}
 
@@ -323,7 +324,7 @@ void kdn_py_set_error_factory(PyObject *factory) {
 }
 %typemap(out) kdn::binding::Stats {
   const kdn::binding::Stats &s = $1;
-  $result = Py_BuildValue("(KKKKKKKKKKKKKKKKKKK)", (unsigned long long)s.lookups, (unsigned long long)s.retrieves,
+  $result = Py_BuildValue("(KKKKKKKKKKKKKKKKKKKKKKKKKKK)", (unsigned long long)s.lookups, (unsigned long long)s.retrieves,
                           (unsigned long long)s.stores, (unsigned long long)s.hits, (unsigned long long)s.misses,
                           (unsigned long long)s.tokens_served, (unsigned long long)s.tokens_stored,
                           (unsigned long long)s.bytes_served, (unsigned long long)s.bytes_stored,
@@ -331,7 +332,11 @@ void kdn_py_set_error_factory(PyObject *factory) {
                           (unsigned long long)s.capacity_bytes, (unsigned long long)s.evictions,
                           (unsigned long long)s.edited_served, (unsigned long long)s.leases_active,
                           (unsigned long long)s.pins_active, (unsigned long long)s.pins_forced_unpin,
-                          (unsigned long long)s.corrupt_detected, (unsigned long long)s.edits);
+                          (unsigned long long)s.corrupt_detected, (unsigned long long)s.edits,
+                          (unsigned long long)s.tokens_requested, (unsigned long long)s.prefill_tokens,
+                          (unsigned long long)s.prefill_ns, (unsigned long long)s.ttft_saved_ns,
+                          (unsigned long long)s.tokens_served_unpriced, (unsigned long long)s.delivery_ns,
+                          (unsigned long long)s.lookup_tokens, (unsigned long long)s.lookup_hit_tokens);
   if ($result == NULL) SWIG_fail;
 }
 %typemap(out) kdn::binding::Latency {
@@ -348,12 +353,15 @@ void kdn_py_set_error_factory(PyObject *factory) {
                                   t.decode_failures, t.io_errors, t.remote_calls, t.remote_failed_calls,
                                   t.remote_timeouts, t.write_queue_full, t.write_queued_bytes};
   const size_t count = sizeof n / sizeof n[0];
-  $result = PyTuple_New((Py_ssize_t)(3 + count));
+  // kind, name, codec, the counters, then the watermarks (1.4).
+  $result = PyTuple_New((Py_ssize_t)(3 + count + 2));
   if ($result == NULL) SWIG_fail;
   PyTuple_SET_ITEM($result, 0, PyLong_FromLong(t.kind));
   PyTuple_SET_ITEM($result, 1, PyUnicode_DecodeUTF8(t.name.data(), (Py_ssize_t)t.name.size(), "replace"));
   PyTuple_SET_ITEM($result, 2, PyUnicode_DecodeUTF8(t.codec.data(), (Py_ssize_t)t.codec.size(), "replace"));
   for (size_t i = 0; i < count; ++i) PyTuple_SET_ITEM($result, (Py_ssize_t)(3 + i), PyLong_FromUnsignedLongLong(n[i]));
+  PyTuple_SET_ITEM($result, (Py_ssize_t)(3 + count), PyFloat_FromDouble(t.high_watermark));
+  PyTuple_SET_ITEM($result, (Py_ssize_t)(4 + count), PyFloat_FromDouble(t.low_watermark));
 }
 
 // ---- Handles -------------------------------------------------------------------------

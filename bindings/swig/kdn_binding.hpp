@@ -376,6 +376,8 @@ struct DocumentInfo {
   uint64_t version = 0, num_tokens = 0;
   uint32_t chunks = 0, chunks_present = 0;
   int64_t expires_in_ms = -1;
+  uint64_t hits = 0;  // chunks of it served (fetches, blends) since this version was put (since 1.4)
+  int64_t pin_expires_in_ms = -1;  // pinned with a TTL: ms until the pin ends; -1: not, or until unpinned (1.4)
 #ifndef SWIG
   static DocumentInfo From(const kdn_document_info& d) {
     DocumentInfo out;
@@ -386,6 +388,8 @@ struct DocumentInfo {
     out.chunks = d.chunks;
     out.chunks_present = d.chunks_present;
     out.expires_in_ms = d.expires_in_ms;
+    out.hits = d.hits;
+    out.pin_expires_in_ms = d.pin_expires_in_ms;
     return out;
   }
 #endif
@@ -414,6 +418,12 @@ struct Stats {
   uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0;
   uint64_t chunks = 0, used_bytes = 0, capacity_bytes = 0, evictions = 0, edited_served = 0;
   uint64_t leases_active = 0, pins_active = 0, pins_forced_unpin = 0, corrupt_detected = 0, edits = 0;
+  // Since 1.4: tokens loads asked for; prefills engines reported
+  // (Model::report_prefill) and their time; the prefill time loads saved;
+  // tokens served while their model had no report; time spent in loads; the
+  // tokens looked-up requests covered and, of them, the cached leading ones.
+  uint64_t tokens_requested = 0, prefill_tokens = 0, prefill_ns = 0, ttft_saved_ns = 0;
+  uint64_t tokens_served_unpriced = 0, delivery_ns = 0, lookup_tokens = 0, lookup_hit_tokens = 0;
 };
 
 struct Latency {
@@ -431,6 +441,7 @@ struct TierStats {
   uint64_t encode_failures = 0, decode_failures = 0, io_errors = 0;
   uint64_t remote_calls = 0, remote_failed_calls = 0, remote_timeouts = 0;
   uint64_t write_queue_full = 0, write_queued_bytes = 0;
+  double high_watermark = 0, low_watermark = 0;  // since 1.4; 0 and 0: none (remote, redis)
 };
 
 struct ChunkInfo {
@@ -541,6 +552,14 @@ class Runtime {
     out.pins_forced_unpin = s.pins_forced_unpin;
     out.corrupt_detected = s.corrupt_detected;
     out.edits = s.edits;
+    out.tokens_requested = s.tokens_requested;
+    out.prefill_tokens = s.prefill_tokens;
+    out.prefill_ns = s.prefill_ns;
+    out.ttft_saved_ns = s.ttft_saved_ns;
+    out.tokens_served_unpriced = s.tokens_served_unpriced;
+    out.delivery_ns = s.delivery_ns;
+    out.lookup_tokens = s.lookup_tokens;
+    out.lookup_hit_tokens = s.lookup_hit_tokens;
     return out;
   }
 
@@ -599,6 +618,8 @@ class Runtime {
     out.remote_timeouts = t.remote_timeouts;
     out.write_queue_full = t.write_queue_full;
     out.write_queued_bytes = t.write_queued_bytes;
+    out.high_watermark = t.high_watermark;
+    out.low_watermark = t.low_watermark;
     return out;
   }
 
@@ -716,6 +737,13 @@ class Model {
       out += kHex[b & 15];
     }
     return out;
+  }
+
+  // The engine prefilled `tokens` tokens of this model in `elapsed_ns` (since
+  // 1.4): later loads price the tokens they serve at the mean time per token.
+  void report_prefill(uint64_t tokens, uint64_t elapsed_ns) const {
+    const detail::Life::Use use(life_);
+    detail::Check(kdn_model_report_prefill(m_, tokens, elapsed_ns));
   }
 
   LookupResult lookup(const std::string& ns, const Request& request) const {

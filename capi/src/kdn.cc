@@ -697,6 +697,14 @@ kdn_status kdn_runtime_get_stats(kdn_runtime* runtime, kdn_stats* out) {
   full.pins_active = c.pins_active;
   full.pins_forced_unpin = c.pins_forced_unpin;
   full.edits = c.edits;
+  full.tokens_requested = t.tokens_requested;
+  full.prefill_tokens = t.prefill_tokens;
+  full.prefill_ns = t.prefill_ns;
+  full.ttft_saved_ns = t.ttft_saved_ns;
+  full.tokens_served_unpriced = t.tokens_served_unpriced;
+  full.delivery_ns = t.delivery_ns;
+  full.lookup_tokens = t.lookup_tokens;
+  full.lookup_hit_tokens = t.lookup_hit_tokens;
   WriteOut(full, out);
   return KDN_OK;
   KDN_END
@@ -776,6 +784,13 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
   full.encode_failures = l.encode_failures;
   full.decode_failures = l.decode_failures;
   full.io_errors = l.io_errors;
+  // The watermarks of the tiers that evict (remote and redis tiers leave
+  // that to their server: 0).
+  const std::vector<kdn::store::TierSpec>& specs = runtime->rep->store().options().tiers;
+  if (index < specs.size() && (full.kind == KDN_TIER_HOST || full.kind == KDN_TIER_DEVICE || full.kind == KDN_TIER_DISK)) {
+    full.high_watermark = specs[index].high_watermark;
+    full.low_watermark = specs[index].low_watermark;
+  }
   if (const auto* remote = dynamic_cast<const kdn::store::RemoteTier*>(&runtime->rep->store().chain().tier(index))) {
     const kdn::store::RemoteCounters rc = remote->remote_counters();
     full.remote_calls = rc.calls;
@@ -873,6 +888,14 @@ kdn_status kdn_model_get_kv_bytes_per_token(const kdn_model* model, uint64_t* ou
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = static_cast<uint64_t>(model->kv.bytes_per_token());
   return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_model_report_prefill(const kdn_model* model, uint64_t tokens, uint64_t elapsed_ns) {
+  KDN_BEGIN
+  if (kdn_status s = NotInEditor(); s != KDN_OK) return s;
+  if (model == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "model is NULL");
+  return FromStatus(model->runtime->store().ReportPrefill(model->kv, tokens, elapsed_ns));
   KDN_END
 }
 
@@ -1085,6 +1108,9 @@ static void InfoOf(const kdn::store::DocumentInfo& d, int64_t now_ns, kdn_docume
   info->chunks_present = d.chunks_present;
   info->pinned = d.pinned ? 1u : 0u;
   info->expires_in_ms = d.expires_at_ns == 0 ? -1 : std::max<int64_t>(0, (d.expires_at_ns - now_ns) / 1000000);
+  info->hits = d.hits;
+  info->pin_expires_in_ms =
+      d.pinned && d.pin_expires_at_ns != 0 ? std::max<int64_t>(0, (d.pin_expires_at_ns - now_ns) / 1000000) : -1;
 }
 
 kdn_status kdn_knowledge_get_info(const kdn_model* model, const char* ns, size_t ns_len, const char* doc_id,

@@ -159,7 +159,7 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
     }
     cv_.notify_all();
   }
-  store.CountLoad(fetch, keys_.keys().size(), loaded, loaded * static_cast<std::uint64_t>(model.bytes_per_token()),
+  store.CountLoad(model, fetch, keys_.keys().size(), loaded, loaded * static_cast<std::uint64_t>(model.bytes_per_token()),
                   MicrosSince(t0));
   fetch.chunks.clear();  // the leases end before the op does
   Finish(OpState::kDone, Status::Ok());

@@ -317,6 +317,7 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
 
 DocumentInfo KnowledgeIndex::DescribeLocked(const Doc& doc) {
   DocumentInfo info = doc.info;
+  info.pin_expires_at_ns = info.pinned ? doc.pin_deadline : 0;
   info.chunks_present = 0;
   for (const keys::Digest& k : doc.stored_keys) info.chunks_present += store_.chain().Locate(k) >= 0;
   return info;
@@ -489,6 +490,13 @@ Status KnowledgeIndex::FetchWith(const ModelKv& model, std::string_view ns, cons
   for (size_t i = 0; i < leases.size(); ++i) {
     (*scatter)(leases[i].chunk()->payload.data(), i * C, leases[i].chunk()->meta.tokens);
     if (lossy && leases[i].chunk()->meta.lossy) *lossy = true;
+  }
+  {
+    // Counted on the document as it is now: a version put meanwhile with
+    // other chunks starts from zero and is not credited with these.
+    std::lock_guard<std::mutex> lock(mu_);
+    Doc* doc = Find(model, ns, doc_id);
+    if (doc != nullptr && doc->stored_keys == chunk_keys) doc->info.hits += leases.size();
   }
   return Status::Ok();
 }

@@ -79,6 +79,8 @@ struct DocumentInfo {
   bool pinned = false;
   std::int64_t expires_at_ns = 0;  // 0: never
   std::uint32_t chunks_present = 0;  // chunks some tier holds now
+  std::uint64_t hits = 0;            // chunks of it served (fetches, blends) since this version was put
+  std::int64_t pin_expires_at_ns = 0;  // while pinned: when the pin ends (0: when unpinned)
 };
 
 // One chunk of a document, as Put split and keyed it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -338,6 +339,8 @@ LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const To
     }
     return any;
   });
+  lookup_tokens_ += keys.size();
+  lookup_hit_tokens_ += r.tokens;
   lookup_us_.Record(MicrosSince(t0));
   return r;
 }
@@ -532,12 +535,22 @@ void KvStore::Scatter(const Fetch& f, const kernels::KvView& view, std::int64_t 
   }
 }
 
-void KvStore::CountLoad(const Fetch& f, std::uint64_t requested, std::uint64_t tokens, std::uint64_t bytes,
-                        double micros) {
+void KvStore::CountLoad(const ModelKv& model, const Fetch& f, std::uint64_t requested, std::uint64_t tokens,
+                        std::uint64_t bytes, double micros) {
   ++retrieves_;
   hits_ += f.chunks.size();
   if (tokens < requested) ++misses_;
+  tokens_requested_ += requested;
   tokens_served_ += tokens;
+  if (tokens > 0) {
+    const double per_token = PrefillNsPerToken(model);
+    if (per_token > 0) {
+      ttft_saved_ns_ += static_cast<std::uint64_t>(std::llround(per_token * static_cast<double>(tokens)));
+    } else {
+      tokens_served_unpriced_ += tokens;
+    }
+  }
+  delivery_ns_ += static_cast<std::uint64_t>(std::llround(micros * 1000.0));
   bytes_served_ += bytes;
   edited_served_ += f.edited_chunks;
   load_us_.Record(micros);
@@ -556,12 +569,45 @@ KvStore::Retrieved KvStore::RetrieveInto(const ModelKv& model, std::string_view 
   const std::uint64_t prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });
   Scatter(f, view, 0, model.shape.layers);
-  CountLoad(f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
+  CountLoad(model, f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
   Retrieved r;
   r.tokens = prefix;
   r.covered = f.covered;
   for (const FetchedChunk& c : f.chunks) r.lossy = r.lossy || c.lease.chunk()->meta.lossy;
   return r;
+}
+
+Status KvStore::ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::uint64_t ns) {
+  if (tokens == 0 || ns == 0) {
+    return Status::InvalidArgument("a prefill report needs tokens > 0 and a time > 0 (got " + std::to_string(tokens) +
+                                   " tokens in " + std::to_string(ns) + " ns)");
+  }
+  // A report of over an hour per token is a unit mistake (ns were meant).
+  constexpr std::uint64_t kMaxNsPerToken = std::uint64_t{3600} * 1000 * 1000 * 1000;
+  if (ns / tokens > kMaxNsPerToken) {
+    return Status::InvalidArgument("a prefill report of " + std::to_string(ns / tokens) +
+                                   " ns per token is over an hour per token: the time is in nanoseconds");
+  }
+  std::lock_guard<std::mutex> lock(prefill_mu_);
+  auto it = std::find_if(prefill_.begin(), prefill_.end(),
+                         [&](const PrefillMeter& m) { return m.fingerprint == model.fingerprint; });
+  if (it == prefill_.end()) it = prefill_.insert(prefill_.end(), PrefillMeter{model.fingerprint, 0, 0});
+  if (it->ns + ns < it->ns || prefill_ns_ + ns < prefill_ns_) {
+    return Status::InvalidArgument("prefill reports overflow 64-bit nanoseconds");
+  }
+  it->tokens += tokens;
+  it->ns += ns;
+  prefill_tokens_ += tokens;
+  prefill_ns_ += ns;
+  return Status::Ok();
+}
+
+double KvStore::PrefillNsPerToken(const ModelKv& model) const {
+  std::lock_guard<std::mutex> lock(prefill_mu_);
+  for (const PrefillMeter& m : prefill_) {
+    if (m.fingerprint == model.fingerprint) return static_cast<double>(m.ns) / static_cast<double>(m.tokens);
+  }
+  return 0;
 }
 
 Telemetry KvStore::Stats() const {
@@ -577,6 +623,17 @@ Telemetry KvStore::Stats() const {
   t.bytes_stored = bytes_stored_;
   t.edited_served = edited_served_;
   t.probes = probes_;
+  t.tokens_requested = tokens_requested_;
+  t.lookup_tokens = lookup_tokens_;
+  t.lookup_hit_tokens = lookup_hit_tokens_;
+  t.ttft_saved_ns = ttft_saved_ns_;
+  t.tokens_served_unpriced = tokens_served_unpriced_;
+  t.delivery_ns = delivery_ns_;
+  {
+    std::lock_guard<std::mutex> lock(prefill_mu_);
+    t.prefill_tokens = prefill_tokens_;
+    t.prefill_ns = prefill_ns_;
+  }
   t.lookup_us = lookup_us_.Snapshot();
   t.load_us = load_us_.Snapshot();
   t.store_us = store_us_.Snapshot();

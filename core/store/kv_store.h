@@ -177,6 +177,14 @@ struct Telemetry {
   std::uint64_t lookups = 0, retrieves = 0, stores = 0, hits = 0, misses = 0;
   std::uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0, edited_served = 0;
   std::uint64_t probes = 0;  // keys probed by the walks of lookups, retrieves and loads
+  std::uint64_t tokens_requested = 0;  // tokens the loads asked for
+  std::uint64_t lookup_tokens = 0, lookup_hit_tokens = 0;  // tokens the lookups covered, and found cached
+  // TTFT: the prefills engines reported (ReportPrefill), the prefill time
+  // the loads saved (each load's tokens x its model's mean reported prefill
+  // time per token then), the tokens served while their model had no
+  // report (not priced), and the time spent in loads.
+  std::uint64_t prefill_tokens = 0, prefill_ns = 0;
+  std::uint64_t ttft_saved_ns = 0, tokens_served_unpriced = 0, delivery_ns = 0;
   telemetry::HistogramSnapshot lookup_us, load_us, store_us;
 };
 
@@ -230,8 +238,16 @@ class KvStore {
     bool lossy = false;         // some of it was decoded from a lossy codec
   };
   Retrieved RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
-  // Records a finished load of `requested` tokens in the statistics.
-  void CountLoad(const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens, std::uint64_t bytes, double micros);
+  // Records a finished load of `requested` tokens in the statistics; its
+  // `tokens` served are priced at the model's prefill time per token.
+  void CountLoad(const ModelKv& model, const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens,
+                 std::uint64_t bytes, double micros);
+  // An engine's prefill of `tokens` tokens of `model` that took `ns`
+  // nanoseconds (what a load would have saved it). The model's prefill time
+  // per token is the mean over its reports: total time / total tokens.
+  Status ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::uint64_t ns);
+  // That mean in nanoseconds per token; 0 while the model has no report.
+  double PrefillNsPerToken(const ModelKv& model) const;
 
   Telemetry Stats() const;
 
@@ -279,6 +295,16 @@ class KvStore {
   std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
   std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
   mutable std::atomic<std::uint64_t> probes_{0};
+  std::atomic<std::uint64_t> lookup_tokens_{0}, lookup_hit_tokens_{0};
+  std::atomic<std::uint64_t> tokens_requested_{0}, ttft_saved_ns_{0}, tokens_served_unpriced_{0}, delivery_ns_{0};
+  // Reported prefills per model fingerprint (a few models per runtime).
+  struct PrefillMeter {
+    keys::Digest fingerprint{};
+    std::uint64_t tokens = 0, ns = 0;
+  };
+  mutable std::mutex prefill_mu_;
+  std::vector<PrefillMeter> prefill_;  // under prefill_mu_
+  std::uint64_t prefill_tokens_ = 0, prefill_ns_ = 0;  // all models, under prefill_mu_
   telemetry::Histogram lookup_us_, load_us_, store_us_;
 };
 

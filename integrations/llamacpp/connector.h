@@ -1,6 +1,9 @@
 // The llama.cpp connector: what a llama.cpp host calls around its decode to
 // keep the KV of the prompts it has read in kdn, through kdn's C ABI.
 //
+//   prefill: Prefill(tokens) decodes them in the session, timed, and tells
+//     kdn how long it took (kdn_model_report_prefill), so the runtime prices
+//     the tokens later restores serve at llama.cpp's measured prefill rate;
 //   before prefill: Restore(prompt) puts the longest cached prefix of the
 //     prompt (leaving at least its last token to decode: the logits are not
 //     in llama.cpp's state) into the session's sequence 0, and says how many
@@ -44,6 +47,9 @@ class Connector {
     bool lossy = false;        // decoded from a lossy tier codec
   };
   Result<Restored> Restore(const std::vector<std::int32_t>& prompt);
+  // Decodes `tokens` at the sequence's next positions (the session's
+  // Decode) and reports the time it took to kdn.
+  Status Prefill(const std::vector<std::int32_t>& tokens);
   // Stores the KV of the sequence's first tokens.size() positions (the
   // tokens decoded so far, in order). Returns the leading tokens cached.
   Result<std::uint64_t> Save(const std::vector<std::int32_t>& tokens);

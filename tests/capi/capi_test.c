@@ -533,6 +533,16 @@ static void test_statistics(void) {
   CHECK_EQ(s.capacity_bytes, (uint64_t)1 << 30);
   CHECK_EQ(s.evictions, 0);
   CHECK(s.leases_active == 0 && s.pins_active == 0 && s.edits == 0 && s.edited_served == 0);
+  /* 1.4: the tokens the loads asked for (48, 4 x 48, then 20, 30, 60, 48);
+   * no prefill was reported, so every token served is unpriced. */
+  CHECK_EQ(s.tokens_requested, 48 + 4 * 48 + 20 + 30 + 60 + 48);
+  CHECK(s.prefill_tokens == 0 && s.prefill_ns == 0 && s.ttft_saved_ns == 0);
+  CHECK_EQ(s.tokens_served_unpriced, s.tokens_served);
+  CHECK(s.delivery_ns > 0);
+  /* The lookups' tokens: 48 x 3, then 16, 20, 30, 44, 53, 60, 48; found
+   * 0, 48, 48, then 0, 20, 20, 40, 48, 48, 0. */
+  CHECK_EQ(s.lookup_tokens, 3 * 48 + 16 + 20 + 30 + 44 + 53 + 60 + 48);
+  CHECK_EQ(s.lookup_hit_tokens, 2 * 48 + 20 + 20 + 40 + 48 + 48);
   /* One latency sample per looked-up request, per retrieve, per store. */
   lat = get_latency(dp.rt, KDN_LATENCY_LOOKUP);
   CHECK_EQ(lat.filled_size, sizeof(kdn_latency));
@@ -566,6 +576,76 @@ static void test_statistics(void) {
   }
   group_end();
   dp_close(&dp);
+}
+
+/* 1.4: prefills reported by the engine price the tokens later loads serve. */
+static void test_prefill_reports(void) {
+  kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
+  kdn_model *m = new_model(rt, FINGERPRINT);
+  kdn_model *other = new_model(rt, "another model");
+  test_buf in = buf_new(LAYOUT_CANONICAL, POSITIONS);
+  test_buf out = buf_new(LAYOUT_CANONICAL, POSITIONS);
+  kdn_stats s;
+  group_begin("prefill reports: TTFT saved per load");
+  CHECK(kdn_version_number() >= 10400);
+  write_ref(in.data, &in.st, POSITIONS);
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "NULL", kdn_model_report_prefill(NULL, 10, 1000));
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "tokens", kdn_model_report_prefill(m, 0, 1000));
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "time", kdn_model_report_prefill(m, 10, 0));
+  /* 4e12 ns (over an hour) for one token: seconds or ms mistaken for ns. */
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "nanoseconds", kdn_model_report_prefill(m, 1, 4000000000000ull));
+  s = get_stats(rt);
+  CHECK(s.prefill_tokens == 0 && s.prefill_ns == 0); /* refused reports count nothing */
+
+  CHECK_EQ(store(m, "t", kTokens, POSITIONS, &in), POSITIONS);
+  CHECK_EQ(store(other, "t", kTokens, POSITIONS, &in), POSITIONS);
+  /* Before any report: served, not priced. */
+  CHECK_EQ(retrieve(m, "t", kTokens, POSITIONS, &out), POSITIONS);
+  s = get_stats(rt);
+  CHECK_EQ(s.tokens_served_unpriced, POSITIONS);
+  CHECK_EQ(s.ttft_saved_ns, 0);
+  /* Two reports: 100 tokens in 250 us, 300 in 550 us: a mean of 2000 ns. */
+  CHECK_OK(kdn_model_report_prefill(m, 100, 250000));
+  CHECK_OK(kdn_model_report_prefill(m, 300, 550000));
+  CHECK_EQ(retrieve(m, "t", kTokens, POSITIONS, &out), POSITIONS);
+  CHECK_EQ(retrieve(m, "t", kTokens, 20, &out), 20);
+  s = get_stats(rt);
+  CHECK_EQ(s.prefill_tokens, 400);
+  CHECK_EQ(s.prefill_ns, 800000);
+  CHECK_EQ(s.ttft_saved_ns, (uint64_t)(POSITIONS + 20) * 2000);
+  CHECK_EQ(s.tokens_served_unpriced, POSITIONS);
+  /* A miss saves nothing but its time is delivery time. */
+  CHECK_RETRIEVE_MISSES(m, "u", kTokens, POSITIONS);
+  s = get_stats(rt);
+  CHECK_EQ(s.ttft_saved_ns, (uint64_t)(POSITIONS + 20) * 2000);
+  CHECK_EQ(s.tokens_requested, 3 * POSITIONS + 20);
+  CHECK(s.delivery_ns > 0);
+  /* Another model has its own rate: none yet, so its loads are unpriced. */
+  CHECK_EQ(retrieve(other, "t", kTokens, POSITIONS, &out), POSITIONS);
+  s = get_stats(rt);
+  CHECK_EQ(s.tokens_served_unpriced, 2 * POSITIONS);
+  CHECK_OK(kdn_model_report_prefill(other, 10, 10000)); /* 1000 ns per token */
+  CHECK_EQ(retrieve(other, "t", kTokens, POSITIONS, &out), POSITIONS);
+  s = get_stats(rt);
+  CHECK_EQ(s.ttft_saved_ns, (uint64_t)(POSITIONS + 20) * 2000 + POSITIONS * 1000);
+  CHECK_EQ(s.prefill_tokens, 410);
+  {
+    /* A caller built against 1.0-1.3: the fields it knows, nothing past them. */
+    unsigned char raw[sizeof(kdn_stats)];
+    kdn_stats *old = (kdn_stats *)raw;
+    memset(raw, 0xEE, sizeof raw);
+    old->struct_size = KDN_STATS_SIZE_V1;
+    CHECK_OK(kdn_runtime_get_stats(rt, old));
+    CHECK_EQ(old->filled_size, KDN_STATS_SIZE_V1);
+    CHECK_EQ(old->tokens_served, 4 * POSITIONS + 20);
+    CHECK_EQ(raw[KDN_STATS_SIZE_V1], 0xEE);
+  }
+  group_end();
+  buf_free(&in);
+  buf_free(&out);
+  kdn_model_destroy(other);
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
 }
 
 /* ---- Tenants and fingerprints -------------------------------------------- */
@@ -1333,6 +1413,7 @@ static const test_case kCases[] = {
   CASE(retrieve_layouts),
   CASE(prefixes),
   CASE(statistics),
+  CASE(prefill_reports),
   CASE(tenants),
   CASE(fingerprints),
   CASE(capacity_too_small),

@@ -645,6 +645,10 @@ static void test_tiers_host_over_disk(void) {
   CHECK(strcmp(disk.name, "disk") == 0);
   CHECK_EQ(disk.capacity_bytes, DISK_CAPACITY);
   CHECK(disk.objects == 0 && disk.used_bytes == 0 && disk.corrupt_detected == 0);
+  /* 1.4: the watermarks, as configured (host: 1.0 and 1.0) or defaulted. */
+  CHECK(host.high_watermark == 1.0 && host.low_watermark == 1.0);
+  CHECK(disk.high_watermark > 0.949 && disk.high_watermark < 0.951);
+  CHECK(disk.low_watermark > 0.849 && disk.low_watermark < 0.851);
   s = get_stats(g_tiered);
   CHECK_EQ(s.capacity_bytes, HOST_CAPACITY + DISK_CAPACITY);
   CHECK(s.chunks == 0 && s.used_bytes == 0);
@@ -2010,6 +2014,16 @@ static void test_knowledge_get_info(void) {
     CHECK(info.doc_id_len == 5 && strcmp(info.doc_id, "doc-a") == 0);
     CHECK(info.version == 1 && info.num_tokens == POSITIONS && info.chunks == 3 && info.chunks_present == 3);
     CHECK(info.pinned == 0 && info.expires_in_ms == -1);
+    CHECK(info.hits == 0 && info.pin_expires_in_ms == -1); /* 1.4 */
+    {
+      /* 1.4: a fetch with views serves every chunk: 3 hits; tokens alone, none. */
+      kdn_kv_result num = KDN_KV_RESULT_INIT;
+      canon_buf out = canon_new(POSITIONS, 0);
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, &out.view, 1, NULL, 0, &num));
+      CHECK_OK(kdn_knowledge_fetch(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, NULL, 0, NULL, 0, &num));
+      CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").hits, 3);
+      canon_free(&out);
+    }
     info = doc_info(k.m, kKnowNs, "doc-b");
     CHECK(info.version == 7 && info.num_tokens == 24 && info.chunks == 2);
     info = (kdn_document_info)KDN_DOCUMENT_INFO_INIT;
@@ -2064,12 +2078,19 @@ static void test_knowledge_pins_expiry(void) {
     /* Pins: every chunk of doc-a, until unpinned. */
     CHECK_OK(kdn_knowledge_pin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, 0));
     CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").pinned, 1);
+    CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").pin_expires_in_ms, -1); /* 1.4: no deadline */
     CHECK_EQ(get_stats(k.rt).pins_active, 3);
     CHECK_OK(kdn_knowledge_unpin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5));
     CHECK_EQ(doc_info(k.m, kKnowNs, "doc-a").pinned, 0);
     CHECK_EQ(get_stats(k.rt).pins_active, 0);
     CHECK_OK(kdn_knowledge_pin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5, 60000)); /* for a minute */
     CHECK_EQ(get_stats(k.rt).pins_active, 3);
+    {
+      /* 1.4: the pin's time left; the document itself does not expire. */
+      const kdn_document_info d = doc_info(k.m, kKnowNs, "doc-a");
+      CHECK(d.pin_expires_in_ms > 50000 && d.pin_expires_in_ms <= 60000);
+      CHECK_EQ(d.expires_in_ms, -1);
+    }
     CHECK_OK(kdn_knowledge_unpin(k.m, kKnowNs, KNOW_NS_LEN, "doc-a", 5));
     CHECK_EQ(get_stats(k.rt).pins_active, 0);
     CHECK_EQ(get_stats(k.rt).pins_forced_unpin, 0);

@@ -116,6 +116,27 @@ TEST_F(KnowledgeTest, PutListFetch) {
   EXPECT_EQ(index_->Fetch(m_, "ns", "nope", nullptr).status().code(), Code::kNotFound);
 }
 
+TEST_F(KnowledgeTest, FetchesCountHitsPerDocumentVersion) {
+  Kv kv(20);
+  const auto tokens = Tokens(20, 1);
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc-a", 1, "", tokens, kv.view).ok());
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc-b", 1, "", Tokens(8, 9), kv.view).ok());
+  EXPECT_EQ(index_->Info(m_, "ns", "doc-a")->hits, 0u);
+  Kv out(20);
+  ASSERT_TRUE(index_->Fetch(m_, "ns", "doc-a", &out.view).ok());
+  ASSERT_TRUE(index_->Fetch(m_, "ns", "doc-a", &out.view).ok());
+  EXPECT_EQ(index_->Info(m_, "ns", "doc-a")->hits, 6u);  // 2 fetches x 3 chunks
+  EXPECT_EQ(index_->Info(m_, "ns", "doc-b")->hits, 0u);
+  // Tokens only (no views): nothing served, nothing counted.
+  ASSERT_TRUE(index_->Fetch(m_, "ns", "doc-a", nullptr).ok());
+  EXPECT_EQ(index_->Info(m_, "ns", "doc-a")->hits, 6u);
+  // A new version with other chunks starts from zero.
+  auto v2 = tokens;
+  v2[17] = 300;
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc-a", 2, "", v2, kv.view).ok());
+  EXPECT_EQ(index_->Info(m_, "ns", "doc-a")->hits, 0u);
+}
+
 TEST_F(KnowledgeTest, TenantsDoNotSeeEachOthersDocuments) {
   Kv kv(8);
   ASSERT_TRUE(index_->Put(m_, "tenant-a", "doc", 1, "", Tokens(8, 2), kv.view).ok());

@@ -534,6 +534,20 @@ class Model(_Handle):
         """The 32-byte identity kdn derived from the spec, as 64 hex digits."""
         return self._h.fingerprint()
 
+    def report_prefill(self, tokens, elapsed_ns):
+        """Tells the runtime that the engine prefilled `tokens` tokens of this
+        model in `elapsed_ns` nanoseconds (wall time of the forward pass, as
+        the engine measured it; since 1.4). Later loads price the tokens
+        they serve at the model's mean prefill time per token
+        (Stats.ttft_saved_ns). Report the prefills of the tokens a load did
+        not serve, and full prefills, as they happen. InvalidArgumentError
+        when either is 0 (or negative), or the time is over an hour per
+        token."""
+        try:
+            self._h.report_prefill(tokens, elapsed_ns)
+        except (TypeError, OverflowError) as e:
+            raise InvalidArgumentError(f"report_prefill({tokens!r}, {elapsed_ns!r}): {e}") from e
+
     def _kv(self, kv, writable):
         """The caller's buffer, checked: a memoryview over it."""
         try:

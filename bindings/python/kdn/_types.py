@@ -130,7 +130,10 @@ class LookupResult(NamedTuple):
 
 
 class DocumentInfo(NamedTuple):
-    """A knowledge item. expires_in_ms: -1 when it never expires."""
+    """A knowledge item. expires_in_ms: -1 when it never expires. Since 1.4:
+    hits, chunks of it served (fetches, blends) since this version was put;
+    pin_expires_in_ms, pinned with a TTL: ms until the pin ends, -1 when not
+    pinned or pinned until unpinned."""
     doc_id: str
     pinned: bool
     version: int
@@ -138,6 +141,8 @@ class DocumentInfo(NamedTuple):
     chunks: int
     chunks_present: int
     expires_in_ms: int
+    hits: int
+    pin_expires_in_ms: int
 
 
 class FetchResult(NamedTuple):
@@ -168,6 +173,15 @@ class Stats:
     pins_forced_unpin: int
     corrupt_detected: int
     edits: int
+    # Since 1.4.
+    tokens_requested: int  #: tokens loads asked for: the hit rate is tokens_served / this
+    prefill_tokens: int  #: tokens whose prefills engines reported (Model.report_prefill)
+    prefill_ns: int  #: the time those prefills took
+    ttft_saved_ns: int  #: prefill time loads saved (tokens served x the model's mean reported ns per token)
+    tokens_served_unpriced: int  #: tokens served while their model had no report (not in ttft_saved_ns)
+    delivery_ns: int  #: time spent in loads (retrieves and load ops), hits and misses
+    lookup_tokens: int  #: tokens the looked-up requests covered
+    lookup_hit_tokens: int  #: of them, the leading tokens found cached (LookupResult.cached_tokens)
 
 
 class Latency(NamedTuple):
@@ -210,6 +224,10 @@ class TierStats:
     remote_timeouts: int
     write_queue_full: int
     write_queued_bytes: int
+    # Since 1.4: fractions of capacity; a put that would cross high evicts
+    # first, down to low. 0.0 and 0.0: the tier has none (remote, redis).
+    high_watermark: float
+    low_watermark: float
 
 
 class ChunkInfo(NamedTuple):

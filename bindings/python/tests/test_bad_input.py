@@ -63,6 +63,8 @@ class BadInputTest(unittest.TestCase):
             m.lookup(NS, tokens(CHUNK))
         with self.assertRaises(kdn.ClosedError):
             m.kv_bytes_per_token
+        with self.assertRaises(kdn.ClosedError):
+            m.report_prefill(CHUNK, 1000)
         rt.close()
         rt.close()
         with self.assertRaises(kdn.ClosedError) as cm:
@@ -127,6 +129,16 @@ class BadInputTest(unittest.TestCase):
             kdn.Runtime(tiers=[kdn.Tier.host(1 << 20, ttl_ms=60000)])
         with self.assertRaises(kdn.InvalidArgumentError):
             kdn.Runtime(tiers=[kdn.Tier.redis("127.0.0.1:1", ttl_ms=-1)])
+
+    def test_bad_report_prefill(self):
+        for tokens_, elapsed_ns in [(0, 5_000_000), (CHUNK, 0), (2, (2 * 3600 + 1) * 10**9), (-1, 1000),
+                                    (CHUNK, -1), (CHUNK, 2**64), (CHUNK, 1.5)]:
+            with self.subTest(tokens=tokens_, elapsed_ns=elapsed_ns):
+                with self.assertRaises(kdn.InvalidArgumentError) as cm:
+                    self.m.report_prefill(tokens_, elapsed_ns)
+                self.assertIsInstance(cm.exception, kdn.CallerError)
+        s = self.rt.stats()
+        self.assertEqual((s.prefill_tokens, s.prefill_ns), (0, 0))
 
     def test_bad_unknown_document(self):
         out = bytearray(CHUNK * self.m.kv_bytes_per_token)

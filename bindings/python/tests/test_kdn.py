@@ -115,6 +115,7 @@ class RuntimeTest(unittest.TestCase):
                 self.assertEqual([t.kind for t in ts], [kdn.TierKind.HOST, kdn.TierKind.DISK])
                 self.assertTrue(ts[0].codec.startswith("zstd"), ts[0].codec)
                 self.assertEqual(ts[1].capacity_bytes, 8 << 20)
+                self.assertEqual([(t.high_watermark, t.low_watermark) for t in ts], [(0.95, 0.85)] * 2)  # defaults
                 for i in range(3):  # more than the host tier holds: some go to disk
                     m.store(NS, tokens(CHUNK, 100 * i), canonical_kv(CHUNK, i))
                 for i in range(3):
@@ -131,6 +132,7 @@ class RuntimeTest(unittest.TestCase):
             remote = rt.tier_stats(1)
             self.assertEqual((remote.kind, remote.name), (kdn.TierKind.REMOTE, "remote"))
             self.assertEqual(remote.remote_failed_calls, remote.remote_calls)
+            self.assertEqual((remote.high_watermark, remote.low_watermark), (0.0, 0.0))  # a remote tier has none
 
     def test_stats_latency(self):
         with runtime() as rt, model(rt) as m:
@@ -146,6 +148,26 @@ class RuntimeTest(unittest.TestCase):
             self.assertGreater(lat.max_us, 0)
             self.assertEqual(rt.latency(kdn.LatencyKind.STORE).count, 1)
             self.assertIsInstance(rt.tier_stats(0), kdn.TierStats)
+
+    def test_reported_prefill_prices_loads(self):
+        with runtime() as rt, model(rt) as m:
+            m.store(NS, tokens(2 * CHUNK), canonical_kv(2 * CHUNK))
+            n, t = 24, 1_000_003  # t / n is not a whole number of ns
+            m.report_prefill(n, t)
+            # A whole hit, then a request a chunk longer than what is cached.
+            for length in (2 * CHUNK, 3 * CHUNK):
+                out = np.zeros(length * LAYERS * 2 * ROW, np.float32)
+                self.assertEqual(m.retrieve(NS, tokens(length), out).tokens, 2 * CHUNK)
+            self.assertEqual(m.lookup(NS, tokens(3 * CHUNK)).cached_tokens, 2 * CHUNK)  # no load: counted apart
+            s = rt.stats()
+            self.assertEqual((s.lookup_tokens, s.lookup_hit_tokens), (3 * CHUNK, 2 * CHUNK))
+            self.assertEqual((s.prefill_tokens, s.prefill_ns), (n, t))
+            self.assertEqual((s.tokens_served, s.tokens_requested), (4 * CHUNK, 5 * CHUNK))
+            self.assertGreaterEqual(s.tokens_requested, s.tokens_served)
+            exact = s.tokens_served * t // n
+            self.assertLessEqual(abs(s.ttft_saved_ns - exact), 2, (s.ttft_saved_ns, exact))  # two loads
+            self.assertEqual(s.tokens_served_unpriced, 0)
+            self.assertGreater(s.delivery_ns, 0)
 
 
 class KvTest(unittest.TestCase):
@@ -367,19 +389,24 @@ class KnowledgeTest(unittest.TestCase):
             m.knowledge_put(NS, "another", ids[:CHUNK], kv[:, :, :CHUNK].copy())
             info = m.knowledge_info(NS, "story")
             self.assertEqual((info.doc_id, info.version, info.num_tokens, info.chunks, info.chunks_present,
-                              info.pinned, info.expires_in_ms), ("story", 3, n, 3, 3, False, -1))
+                              info.pinned, info.expires_in_ms, info.hits), ("story", 3, n, 3, 3, False, -1, 0))
             self.assertEqual([d.doc_id for d in m.knowledge_list(NS)], ["another", "story"])
             self.assertEqual(m.knowledge_list("empty namespace"), [])
             m.knowledge_pin(NS, "story")
-            self.assertTrue(m.knowledge_info(NS, "story").pinned)
+            info = m.knowledge_info(NS, "story")
+            self.assertEqual((info.pinned, info.pin_expires_in_ms), (True, -1))
             self.assertGreater(rt.stats().pins_active, 0)
             m.knowledge_unpin(NS, "story")
             self.assertFalse(m.knowledge_info(NS, "story").pinned)
+            m.knowledge_pin(NS, "another", ttl_ms=60000)  # a pin with a TTL says when it ends
+            self.assertTrue(50000 < m.knowledge_info(NS, "another").pin_expires_in_ms <= 60000)
+            m.knowledge_unpin(NS, "another")
             out = np.zeros_like(kv)
             got = m.knowledge_fetch(NS, "story", out, kdn.KvView(num_tokens=n))
             self.assertEqual(got.result.tokens, n)
             self.assertEqual(got.tokens.tolist(), ids.tolist())
             np.testing.assert_array_equal(out, kv)
+            self.assertEqual(m.knowledge_info(NS, "story").hits, 3)  # each chunk fetched (since 1.4)
             m.knowledge_put(NS, b"\xff binary id", ids[:CHUNK], kv[:, :, :CHUNK].copy())
             binary = m.knowledge_list(NS)[-1].doc_id  # last in byte order; not UTF-8: kept by surrogateescape
             self.assertEqual(binary.encode("utf-8", "surrogateescape"), b"\xff binary id")

@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 3
+#define KDN_VERSION_MINOR 4
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -315,6 +315,18 @@ KDN_API void kdn_model_destroy(kdn_model *model);
 KDN_API kdn_status kdn_model_get_fingerprint(const kdn_model *model, uint8_t out[32]);
 /* Bytes of KV per token: layers x 2 x kv_heads x head_dim x dtype size. */
 KDN_API kdn_status kdn_model_get_kv_bytes_per_token(const kdn_model *model, uint64_t *out);
+
+/* Since 1.4. Tells the runtime that the engine prefilled `tokens` tokens of
+ * this model in `elapsed_ns` nanoseconds (wall time of the forward pass, as
+ * the engine measured it): what a cache hit on them would have saved. The
+ * model's prefill time per token is the mean over its reports (total time /
+ * total tokens, per model fingerprint), and every later load prices the
+ * tokens it serves at that mean: kdn_stats.ttft_saved_ns. Report the
+ * prefills of the tokens a load did NOT serve (the rest of the prompt), and
+ * full prefills, as they happen. KDN_ERR_INVALID_ARGUMENT when tokens or
+ * elapsed_ns is 0, or the time is over an hour per token (not nanoseconds).
+ * Thread-safe. */
+KDN_API kdn_status kdn_model_report_prefill(const kdn_model *model, uint64_t tokens, uint64_t elapsed_ns);
 
 /* ---- Requests ------------------------------------------------------------ */
 
@@ -570,9 +582,12 @@ typedef struct kdn_document_info {
   uint32_t chunks;
   uint32_t chunks_present;   /* chunks some tier holds now */
   int64_t expires_in_ms;     /* -1: never */
+  /* Since 1.4 (filled_size says whether the library filled it). */
+  uint64_t hits;             /* chunks of it served (kdn_knowledge_fetch, kdn_kv_blend) since this version was put */
+  int64_t pin_expires_in_ms; /* pinned with a TTL: ms until the pin ends; -1: not pinned, or pinned until unpinned */
 } kdn_document_info;
 #define KDN_DOCUMENT_INFO_SIZE_V1 304u
-#define KDN_DOCUMENT_INFO_INIT { sizeof(kdn_document_info), 0u, 0u, 0u, {0}, 0u, 0u, 0u, 0u, -1 }
+#define KDN_DOCUMENT_INFO_INIT { sizeof(kdn_document_info), 0u, 0u, 0u, {0}, 0u, 0u, 0u, 0u, -1, 0u, -1 }
 KDN_API kdn_status kdn_document_info_init(kdn_document_info *info, size_t struct_size);
 
 /* One document's information. KDN_ERR_NOT_FOUND: no such document. */
@@ -631,10 +646,21 @@ typedef struct kdn_stats {
   uint64_t pins_forced_unpin; /* pins that ran out of TTL and were dropped */
   uint64_t corrupt_detected; /* objects that failed a check on read (and were dropped) */
   uint64_t edits;            /* chunks rewritten by an editor */
+  /* Since 1.4 (filled_size says whether the library filled them). */
+  uint64_t tokens_requested; /* tokens loads asked for: the hit rate is tokens_served / this */
+  uint64_t prefill_tokens;   /* tokens whose prefill engines reported (kdn_model_report_prefill) */
+  uint64_t prefill_ns;       /* the time those prefills took */
+  uint64_t ttft_saved_ns;    /* prefill time the loads saved: each load's tokens served x its model's
+                                mean reported prefill time per token at that moment */
+  uint64_t tokens_served_unpriced; /* tokens served while their model had no report (not in ttft_saved_ns) */
+  uint64_t delivery_ns;      /* time spent in loads (retrieves and load ops), hits and misses */
+  uint64_t lookup_tokens;    /* tokens the looked-up requests covered */
+  uint64_t lookup_hit_tokens; /* of them, the leading tokens found cached (kdn_lookup_result.cached_tokens) */
 } kdn_stats;
 #define KDN_STATS_SIZE_V1 160u
 #define KDN_STATS_INIT \
-  { sizeof(kdn_stats), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+  { sizeof(kdn_stats), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
 KDN_API kdn_status kdn_stats_init(kdn_stats *stats, size_t struct_size);
 KDN_API kdn_status kdn_runtime_get_stats(kdn_runtime *runtime, kdn_stats *out);
 
@@ -681,11 +707,14 @@ typedef struct kdn_tier_stats {
                                                                   timed out */
   uint64_t write_queue_full;   /* KDN_TIER_REMOTE: puts refused with the write-back queue full */
   uint64_t write_queued_bytes; /* KDN_TIER_REMOTE: bytes waiting in the write-back queue now */
+  /* Since 1.4: fractions of capacity; a put that would cross high evicts
+   * first, down to low. 0 and 0: the tier has none (remote, redis). */
+  double high_watermark, low_watermark;
 } kdn_tier_stats;
 #define KDN_TIER_STATS_SIZE_V1 208u
 #define KDN_TIER_STATS_INIT                                                                          \
   { sizeof(kdn_tier_stats), 0u, KDN_TIER_HOST, 0u, {0}, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0 }
 KDN_API kdn_status kdn_tier_stats_init(kdn_tier_stats *stats, size_t struct_size);
 
 KDN_API kdn_status kdn_runtime_get_tier_count(kdn_runtime *runtime, uint32_t *out);

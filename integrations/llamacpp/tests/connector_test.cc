@@ -4,6 +4,8 @@
 //   continuation is bit-identical to prefill, for f32 and f16 caches with
 //   flash attention on and off;
 // - a longer prompt sharing the prefix restores it and decodes only the rest;
+// - the connector's prefills are reported to kdn, which prices the tokens a
+//   restore serves at llama.cpp's measured rate (TTFT saved);
 // - KV stored for another GGUF (another fingerprint) is never restored, and
 //   chunks corrupted on disk are a miss and a recompute.
 #include "connector.h"
@@ -135,6 +137,43 @@ TEST(Connector, RestoresWhatPrefillComputedAndContinuesIdentically) {
       kdn_runtime_destroy(rt);
     }
   }
+}
+
+TEST(Connector, PrefillsAreReportedAndPriceWhatRestoresServe) {
+  KDN_REQUIRE_MODEL();
+  const std::vector<std::int32_t> text = Text(200);
+  const std::vector<std::int32_t> prompt(text.begin(), text.begin() + 128);
+  kdn_runtime* rt = Runtime();
+  auto first = Open(false, false);
+  kdn_model* m = Model(rt, *first);
+  Connector save(*first, m, "tenant");
+  ASSERT_TRUE(save.Prefill(prompt).ok());
+  ASSERT_EQ(save.Save(prompt).value(), prompt.size());
+  kdn_stats st = KDN_STATS_INIT;
+  ASSERT_EQ(kdn_runtime_get_stats(rt, &st), KDN_OK);
+  EXPECT_EQ(st.prefill_tokens, prompt.size());
+  EXPECT_GT(st.prefill_ns, 0u);  // llama.cpp's decode of 128 tokens, timed
+  EXPECT_EQ(st.ttft_saved_ns, 0u);
+
+  // A new session restores the prompt and prefills the rest of a longer one.
+  const std::vector<std::int32_t> longer(text.begin(), text.begin() + 160);
+  auto second = Open(false, false);
+  Connector load(*second, m, "tenant");
+  auto restored = load.Restore(longer);
+  ASSERT_TRUE(restored.ok());
+  EXPECT_EQ(restored->tokens, prompt.size());
+  const std::vector<std::int32_t> rest(longer.begin() + static_cast<std::ptrdiff_t>(restored->tokens), longer.end());
+  const double per_token = static_cast<double>(st.prefill_ns) / static_cast<double>(st.prefill_tokens);
+  ASSERT_TRUE(load.Prefill(rest).ok());
+  ASSERT_EQ(kdn_runtime_get_stats(rt, &st), KDN_OK);
+  // The restore was priced at the mean of the reports before it.
+  EXPECT_EQ(st.tokens_served, prompt.size());
+  EXPECT_EQ(st.tokens_served_unpriced, 0u);
+  EXPECT_NEAR(static_cast<double>(st.ttft_saved_ns), per_token * static_cast<double>(prompt.size()), 1.0);
+  EXPECT_EQ(st.prefill_tokens, prompt.size() + rest.size());
+  EXPECT_EQ(second->Greedy(8).value(), Cold(false, false, longer, 8));
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
 }
 
 TEST(Connector, RestoresFromADiskTierAfterARestart) {

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 211;
+const size_t kdn_layout_count = 223;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -118,6 +118,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_document_info", "chunks", 0, 0, offsetof(kdn_document_info, chunks)},
   {"kdn_document_info", "chunks_present", 0, 0, offsetof(kdn_document_info, chunks_present)},
   {"kdn_document_info", "expires_in_ms", 0, 0, offsetof(kdn_document_info, expires_in_ms)},
+  {"kdn_document_info", "hits", 0, 0, offsetof(kdn_document_info, hits)},
+  {"kdn_document_info", "pin_expires_in_ms", 0, 0, offsetof(kdn_document_info, pin_expires_in_ms)},
   {"kdn_stats", "", sizeof(kdn_stats), _Alignof(kdn_stats), 0},
   {"kdn_stats", "struct_size", 0, 0, offsetof(kdn_stats, struct_size)},
   {"kdn_stats", "filled_size", 0, 0, offsetof(kdn_stats, filled_size)},
@@ -140,6 +142,14 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_stats", "pins_forced_unpin", 0, 0, offsetof(kdn_stats, pins_forced_unpin)},
   {"kdn_stats", "corrupt_detected", 0, 0, offsetof(kdn_stats, corrupt_detected)},
   {"kdn_stats", "edits", 0, 0, offsetof(kdn_stats, edits)},
+  {"kdn_stats", "tokens_requested", 0, 0, offsetof(kdn_stats, tokens_requested)},
+  {"kdn_stats", "prefill_tokens", 0, 0, offsetof(kdn_stats, prefill_tokens)},
+  {"kdn_stats", "prefill_ns", 0, 0, offsetof(kdn_stats, prefill_ns)},
+  {"kdn_stats", "ttft_saved_ns", 0, 0, offsetof(kdn_stats, ttft_saved_ns)},
+  {"kdn_stats", "tokens_served_unpriced", 0, 0, offsetof(kdn_stats, tokens_served_unpriced)},
+  {"kdn_stats", "delivery_ns", 0, 0, offsetof(kdn_stats, delivery_ns)},
+  {"kdn_stats", "lookup_tokens", 0, 0, offsetof(kdn_stats, lookup_tokens)},
+  {"kdn_stats", "lookup_hit_tokens", 0, 0, offsetof(kdn_stats, lookup_hit_tokens)},
   {"kdn_latency", "", sizeof(kdn_latency), _Alignof(kdn_latency), 0},
   {"kdn_latency", "struct_size", 0, 0, offsetof(kdn_latency, struct_size)},
   {"kdn_latency", "filled_size", 0, 0, offsetof(kdn_latency, filled_size)},
@@ -180,6 +190,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_stats", "remote_timeouts", 0, 0, offsetof(kdn_tier_stats, remote_timeouts)},
   {"kdn_tier_stats", "write_queue_full", 0, 0, offsetof(kdn_tier_stats, write_queue_full)},
   {"kdn_tier_stats", "write_queued_bytes", 0, 0, offsetof(kdn_tier_stats, write_queued_bytes)},
+  {"kdn_tier_stats", "high_watermark", 0, 0, offsetof(kdn_tier_stats, high_watermark)},
+  {"kdn_tier_stats", "low_watermark", 0, 0, offsetof(kdn_tier_stats, low_watermark)},
   {"kdn_chunk_info", "", sizeof(kdn_chunk_info), _Alignof(kdn_chunk_info), 0},
   {"kdn_chunk_info", "struct_size", 0, 0, offsetof(kdn_chunk_info, struct_size)},
   {"kdn_chunk_info", "filled_size", 0, 0, offsetof(kdn_chunk_info, filled_size)},

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 211];
+    static kdn_layout_rows: [Row; 223];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -134,6 +134,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_document_info", "chunks", 0, 0, offset_of!(kdn_document_info, chunks)),
         ("kdn_document_info", "chunks_present", 0, 0, offset_of!(kdn_document_info, chunks_present)),
         ("kdn_document_info", "expires_in_ms", 0, 0, offset_of!(kdn_document_info, expires_in_ms)),
+        ("kdn_document_info", "hits", 0, 0, offset_of!(kdn_document_info, hits)),
+        ("kdn_document_info", "pin_expires_in_ms", 0, 0, offset_of!(kdn_document_info, pin_expires_in_ms)),
         ("kdn_stats", "", size_of::<kdn_stats>(), align_of::<kdn_stats>(), 0),
         ("kdn_stats", "struct_size", 0, 0, offset_of!(kdn_stats, struct_size)),
         ("kdn_stats", "filled_size", 0, 0, offset_of!(kdn_stats, filled_size)),
@@ -156,6 +158,14 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_stats", "pins_forced_unpin", 0, 0, offset_of!(kdn_stats, pins_forced_unpin)),
         ("kdn_stats", "corrupt_detected", 0, 0, offset_of!(kdn_stats, corrupt_detected)),
         ("kdn_stats", "edits", 0, 0, offset_of!(kdn_stats, edits)),
+        ("kdn_stats", "tokens_requested", 0, 0, offset_of!(kdn_stats, tokens_requested)),
+        ("kdn_stats", "prefill_tokens", 0, 0, offset_of!(kdn_stats, prefill_tokens)),
+        ("kdn_stats", "prefill_ns", 0, 0, offset_of!(kdn_stats, prefill_ns)),
+        ("kdn_stats", "ttft_saved_ns", 0, 0, offset_of!(kdn_stats, ttft_saved_ns)),
+        ("kdn_stats", "tokens_served_unpriced", 0, 0, offset_of!(kdn_stats, tokens_served_unpriced)),
+        ("kdn_stats", "delivery_ns", 0, 0, offset_of!(kdn_stats, delivery_ns)),
+        ("kdn_stats", "lookup_tokens", 0, 0, offset_of!(kdn_stats, lookup_tokens)),
+        ("kdn_stats", "lookup_hit_tokens", 0, 0, offset_of!(kdn_stats, lookup_hit_tokens)),
         ("kdn_latency", "", size_of::<kdn_latency>(), align_of::<kdn_latency>(), 0),
         ("kdn_latency", "struct_size", 0, 0, offset_of!(kdn_latency, struct_size)),
         ("kdn_latency", "filled_size", 0, 0, offset_of!(kdn_latency, filled_size)),
@@ -196,6 +206,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_stats", "remote_timeouts", 0, 0, offset_of!(kdn_tier_stats, remote_timeouts)),
         ("kdn_tier_stats", "write_queue_full", 0, 0, offset_of!(kdn_tier_stats, write_queue_full)),
         ("kdn_tier_stats", "write_queued_bytes", 0, 0, offset_of!(kdn_tier_stats, write_queued_bytes)),
+        ("kdn_tier_stats", "high_watermark", 0, 0, offset_of!(kdn_tier_stats, high_watermark)),
+        ("kdn_tier_stats", "low_watermark", 0, 0, offset_of!(kdn_tier_stats, low_watermark)),
         ("kdn_chunk_info", "", size_of::<kdn_chunk_info>(), align_of::<kdn_chunk_info>(), 0),
         ("kdn_chunk_info", "struct_size", 0, 0, offset_of!(kdn_chunk_info, struct_size)),
         ("kdn_chunk_info", "filled_size", 0, 0, offset_of!(kdn_chunk_info, filled_size)),

@@ -27,6 +27,11 @@ pub struct DocumentInfo {
     pub pinned: bool,
     /// When it expires; `None`: never.
     pub expires_in: Option<Duration>,
+    /// Chunks of it served (fetches, blends) since this version was put (since 1.4).
+    pub hits: u64,
+    /// Pinned with a TTL: when the pin ends; `None`: not pinned, or pinned
+    /// until unpinned (since 1.4).
+    pub pin_expires_in: Option<Duration>,
 }
 
 impl DocumentInfo {
@@ -39,6 +44,8 @@ impl DocumentInfo {
             chunks_present: d.chunks_present,
             pinned: d.pinned != 0,
             expires_in: u64::try_from(d.expires_in_ms).ok().map(Duration::from_millis),
+            hits: d.hits,
+            pin_expires_in: u64::try_from(d.pin_expires_in_ms).ok().map(Duration::from_millis),
         }
     }
 }

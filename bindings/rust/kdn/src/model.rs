@@ -7,6 +7,7 @@ use crate::types::{bytes, init, DType, OpState, RopeStyle};
 use crate::view::{KvBuffer, KvView, KvViewMut, ViewSpec};
 use kdn_sys as sys;
 use std::ptr::{self, NonNull};
+use std::time::Duration;
 
 /// The shape of a model's KV and what identifies its weights
 /// (`kdn_model_spec`). KV is only ever returned to a model with the same
@@ -267,6 +268,20 @@ impl Model {
         // SAFETY: 32 bytes of room.
         check(unsafe { sys::kdn_model_get_fingerprint(self.raw.as_ptr(), out.as_mut_ptr()) })?;
         Ok(out)
+    }
+
+    /// Tells the runtime that the engine prefilled `tokens` tokens of this
+    /// model in `elapsed` (wall time of the forward pass, as the engine
+    /// measured it; since 1.4). Later loads price the tokens they serve at
+    /// the model's mean prefill time per token ([`Stats::ttft_saved_ns`](crate::Stats::ttft_saved_ns)).
+    /// Report the prefills of the tokens a load did not serve, and full
+    /// prefills, as they happen. `InvalidArgument` when `tokens` or
+    /// `elapsed` is 0, or the time is over an hour per token.
+    pub fn report_prefill(&self, tokens: u64, elapsed: Duration) -> Result<()> {
+        let ns = u64::try_from(elapsed.as_nanos())
+            .map_err(|_| Error::invalid(format!("report_prefill: {elapsed:?} does not fit in u64 nanoseconds")))?;
+        // SAFETY: a live model; the call is thread-safe.
+        check(unsafe { sys::kdn_model_report_prefill(self.raw(), tokens, ns) })
     }
 
     pub(crate) fn raw(&self) -> *mut sys::kdn_model {

@@ -530,6 +530,23 @@ pub struct Stats {
     pub corrupt_detected: u64,
     /// Chunks rewritten by an editor.
     pub edits: u64,
+    /// Tokens loads asked for: the hit rate is `tokens_served` / this (since 1.4).
+    pub tokens_requested: u64,
+    /// Tokens whose prefills engines reported ([`Model::report_prefill`]; since 1.4).
+    pub prefill_tokens: u64,
+    /// The time those prefills took, ns (since 1.4).
+    pub prefill_ns: u64,
+    /// Prefill time the loads saved, ns: each load's tokens served x its
+    /// model's mean reported prefill time per token then (since 1.4).
+    pub ttft_saved_ns: u64,
+    /// Tokens served while their model had no report (not in `ttft_saved_ns`; since 1.4).
+    pub tokens_served_unpriced: u64,
+    /// Time spent in loads (retrieves and load ops), hits and misses, ns (since 1.4).
+    pub delivery_ns: u64,
+    /// Tokens the looked-up requests covered (since 1.4).
+    pub lookup_tokens: u64,
+    /// Of them, the leading tokens found cached ([`Lookup::cached_tokens`](crate::Lookup::cached_tokens); since 1.4).
+    pub lookup_hit_tokens: u64,
 }
 
 impl From<&sys::kdn_stats> for Stats {
@@ -554,6 +571,14 @@ impl From<&sys::kdn_stats> for Stats {
             pins_forced_unpin: s.pins_forced_unpin,
             corrupt_detected: s.corrupt_detected,
             edits: s.edits,
+            tokens_requested: s.tokens_requested,
+            prefill_tokens: s.prefill_tokens,
+            prefill_ns: s.prefill_ns,
+            ttft_saved_ns: s.ttft_saved_ns,
+            tokens_served_unpriced: s.tokens_served_unpriced,
+            delivery_ns: s.delivery_ns,
+            lookup_tokens: s.lookup_tokens,
+            lookup_hit_tokens: s.lookup_hit_tokens,
         }
     }
 }
@@ -576,7 +601,7 @@ pub struct Latency {
 }
 
 /// One tier's counters (`kdn_tier_stats`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct TierStats {
     /// The tier's kind.
@@ -633,6 +658,11 @@ pub struct TierStats {
     pub write_queue_full: u64,
     /// Remote: bytes waiting in the write-back queue (since 1.2).
     pub write_queued_bytes: u64,
+    /// Fraction of capacity a put may not cross without evicting first
+    /// (since 1.4); 0: the tier has none (remote, redis).
+    pub high_watermark: f64,
+    /// Fraction of capacity eviction goes down to (since 1.4); 0: none.
+    pub low_watermark: f64,
 }
 
 pub(crate) fn c_string(chars: &[c_char]) -> String {
@@ -670,6 +700,8 @@ impl From<&sys::kdn_tier_stats> for TierStats {
             remote_timeouts: t.remote_timeouts,
             write_queue_full: t.write_queue_full,
             write_queued_bytes: t.write_queued_bytes,
+            high_watermark: t.high_watermark,
+            low_watermark: t.low_watermark,
         }
     }
 }

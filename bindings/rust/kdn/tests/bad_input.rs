@@ -166,6 +166,20 @@ fn test_bad_redis_fields_on_host_tier() {
 }
 
 #[test]
+fn test_bad_report_prefill() {
+    let (rt, model) = setup();
+    let e = assert_status(model.report_prefill(0, Duration::from_millis(5)), Status::InvalidArgument);
+    assert!(e.is_caller_error() && !e.message().is_empty(), "{e}");
+    assert_status(model.report_prefill(16, Duration::ZERO), Status::InvalidArgument);
+    // Over an hour per token: seconds taken for nanoseconds.
+    assert_status(model.report_prefill(2, Duration::from_secs(2 * 3600 + 1)), Status::InvalidArgument);
+    // More nanoseconds than a u64 holds: refused by the binding.
+    assert_status(model.report_prefill(u64::MAX, Duration::MAX), Status::InvalidArgument);
+    let s = rt.stats().unwrap();
+    assert_eq!((s.prefill_tokens, s.prefill_ns), (0, 0), "a refused report counts nothing");
+}
+
+#[test]
 fn test_bad_unknown_document() {
     let (_rt, model) = setup();
     let docs = model.knowledge(NS);

@@ -340,16 +340,19 @@ fn knowledge_items() {
         (info.doc_id.as_str(), info.version, info.num_tokens, info.pinned, info.expires_in),
         ("story", 3, 48, false, None)
     );
-    assert_eq!(info.chunks, info.chunks_present);
+    assert_eq!((info.chunks, info.hits), (info.chunks_present, 0));
     let list = docs.list().unwrap();
     assert_eq!(list.iter().map(|d| d.doc_id.as_str()).collect::<Vec<_>>(), ["other", "story"]);
     assert!(model.knowledge("empty").list().unwrap().is_empty());
 
     docs.pin("story", None).unwrap();
-    assert!(docs.info("story").unwrap().pinned);
+    let pinned = docs.info("story").unwrap();
+    assert_eq!((pinned.pinned, pinned.pin_expires_in), (true, None));
     docs.unpin("story").unwrap();
     assert!(!docs.info("story").unwrap().pinned);
     docs.pin("story", Some(Duration::from_secs(60))).unwrap();
+    let left = docs.info("story").unwrap().pin_expires_in.expect("a pin with a TTL ends");
+    assert!(left > Duration::from_secs(50) && left <= Duration::from_secs(60), "{left:?}");
 
     let (got_tokens, got_kv) = docs.fetch_to_vec("story").unwrap();
     assert_eq!(got_tokens, tokens);
@@ -357,8 +360,11 @@ fn knowledge_items() {
     // Into the caller's buffers, with room to spare for the tokens.
     let mut buf = vec![0f32; kv.len()];
     let mut ids = vec![0i32; 64];
+    let hits = docs.info("story").unwrap().hits;
     let r = docs.fetch("story", Some(&mut KvViewMut::canonical(&mut buf, DType::F32)), Some(&mut ids)).unwrap();
     assert_eq!((r.tokens, &ids[..48], &buf), (48, &tokens[..], &kv));
+    // Each chunk fetched counts on the document (since 1.4).
+    assert_eq!(docs.info("story").unwrap().hits, hits + u64::from(info.chunks));
 
     docs.expire("other", Duration::from_secs(3600)).unwrap();
     assert!(docs.info("other").unwrap().expires_in.unwrap() > Duration::from_secs(3500));
@@ -397,6 +403,36 @@ fn statistics_latency_and_tiers() {
     assert_eq!(rt.tier_stats(1).unwrap_err().status(), Status::InvalidArgument);
 }
 
+#[test]
+fn reported_prefills_price_the_loads() {
+    let (rt, model) = setup();
+    let tokens = tokens(TOKENS + 16);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens[..TOKENS], &KvView::canonical(&kv, DType::F32)).unwrap();
+    // N tokens in T ns; T/N is not whole, so each load's price is rounded.
+    const N: u64 = 24;
+    const T: u64 = 1_000_003;
+    model.report_prefill(N, Duration::from_nanos(T)).unwrap();
+    let mut out = vec![0f32; LAYERS * 2 * (TOKENS + 16) * ROW];
+    // A whole hit, then a request 16 tokens longer than what is cached.
+    let full = model.retrieve(NS, &tokens[..TOKENS], &mut KvViewMut::canonical(&mut out[..kv.len()], DType::F32));
+    assert_eq!(full.unwrap().tokens, TOKENS as u64);
+    let part = model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!(part.tokens, TOKENS as u64);
+    // A lookup is no load: counted apart.
+    assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, TOKENS as u64);
+    let s = rt.stats().unwrap();
+    assert_eq!((s.lookup_tokens, s.lookup_hit_tokens), (TOKENS as u64 + 16, TOKENS as u64));
+    assert_eq!((s.prefill_tokens, s.prefill_ns), (N, T));
+    assert_eq!(s.tokens_served, 2 * TOKENS as u64);
+    assert_eq!(s.tokens_requested, 2 * TOKENS as u64 + 16);
+    assert!(s.tokens_requested >= s.tokens_served);
+    let exact = u128::from(s.tokens_served) * u128::from(T) / u128::from(N);
+    assert!(u128::from(s.ttft_saved_ns).abs_diff(exact) <= 2, "{} vs {exact} (two loads)", s.ttft_saved_ns);
+    assert_eq!(s.tokens_served_unpriced, 0);
+    assert!(s.delivery_ns > 0);
+}
+
 fn scratch_dir(name: &str) -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -425,6 +461,9 @@ fn device_host_and_disk_tiers_with_codecs() {
     let tiers = rt.all_tier_stats().unwrap();
     assert_eq!(tiers.iter().map(|t| t.kind).collect::<Vec<_>>(), [TierKind::Device, TierKind::Host, TierKind::Disk]);
     assert!(tiers[2].codec.starts_with("zstd"), "{}", tiers[2].codec);
+    // The watermarks (since 1.4): as set (f32), or kdn's defaults 0.95 / 0.85.
+    let marks = tiers.iter().map(|t| (t.high_watermark, t.low_watermark)).collect::<Vec<_>>();
+    assert_eq!(marks, [(0.95, 0.85), (f64::from(0.9f32), f64::from(0.7f32)), (0.95, 0.85)]);
     let held = || rt.all_tier_stats().unwrap().iter().map(|t| t.objects).collect::<Vec<_>>();
     assert!(eventually(|| held() == [3, 3, 3]), "every tier gets the chunks (write-through): {:?}", held());
     assert!(rt.tier_stats(2).unwrap().bytes_before_encoding > 0);
@@ -469,7 +508,8 @@ fn remote_tier_that_is_not_there_is_a_miss() {
     assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, 0);
     let mut out = vec![0f32; LAYERS * 2 * TOKENS * ROW];
     assert_eq!(model.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 0);
-    assert_eq!(rt.tier_stats(1).unwrap().kind, TierKind::Remote);
+    let remote = rt.tier_stats(1).unwrap();
+    assert_eq!((remote.kind, remote.high_watermark, remote.low_watermark), (TierKind::Remote, 0.0, 0.0));
 }
 
 #[test]

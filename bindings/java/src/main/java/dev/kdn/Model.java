@@ -85,6 +85,34 @@ public final class Model implements AutoCloseable {
     }
   }
 
+  /**
+   * Tells the runtime that the engine prefilled {@code tokens} tokens (unsigned) of this model in
+   * {@code elapsed} (wall time of the forward pass, as the engine measured it; since 1.4). Later
+   * loads price the tokens they serve at the model's mean prefill time per token ({@link
+   * Stats#ttftSavedNs()}). Report the prefills of the tokens a load did not serve, and full
+   * prefills, as they happen.
+   *
+   * @throws InvalidArgumentException when {@code tokens} or {@code elapsed} is 0, {@code elapsed}
+   *     is negative or past 64-bit nanoseconds, or the time is over an hour per token
+   */
+  public void reportPrefill(long tokens, Duration elapsed) {
+    Objects.requireNonNull(elapsed, "elapsed");
+    if (elapsed.isNegative()) {
+      throw new InvalidArgumentException("reportPrefill: the elapsed time " + elapsed + " is negative");
+    }
+    long nanos;
+    try {
+      nanos = elapsed.toNanos();
+    } catch (ArithmeticException e) {
+      throw new InvalidArgumentException("reportPrefill: " + elapsed + " does not fit in 64-bit nanoseconds");
+    }
+    try {
+      handle().report_prefill(tokens, nanos);
+    } finally {
+      Natives.fence(this);
+    }
+  }
+
   // ---- Lookup, store, retrieve ----
 
   /**

@@ -78,7 +78,8 @@ final class Natives {
   static DocumentInfo documentInfo(NativeDocumentInfo d) {
     try {
       return new DocumentInfo(d.getDoc_id(), d.getPinned(), d.getVersion(), d.getNum_tokens(), (int) d.getChunks(),
-          (int) d.getChunks_present(), d.getExpires_in_ms());
+          (int) d.getChunks_present(), d.getExpires_in_ms(), d.getHits(),
+          d.getPin_expires_in_ms());
     } finally {
       d.delete();
     }

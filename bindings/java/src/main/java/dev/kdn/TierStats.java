@@ -4,7 +4,9 @@ import dev.kdn.swig.NativeTierStats;
 
 /**
  * One tier's counters (kdn_tier_stats), all unsigned: its kind, name and codec; hits, puts,
- * evictions, demotions and promotions; what it holds; encoding; I/O and remote calls.
+ * evictions, demotions and promotions; what it holds; encoding; I/O and remote calls. Since 1.4
+ * the watermarks, fractions of capacity: a put that would cross {@code highWatermark} evicts first,
+ * down to {@code lowWatermark}; 0 and 0 for a tier without them (remote, redis).
  */
 public record TierStats(
     TierKind kind,
@@ -33,7 +35,9 @@ public record TierStats(
     long remoteFailedCalls,
     long remoteTimeouts,
     long writeQueueFull,
-    long writeQueuedBytes) {
+    long writeQueuedBytes,
+    double highWatermark,
+    double lowWatermark) {
   static TierStats from(NativeTierStats t) {
     try {
       return new TierStats(TierKind.fromNative(t.getKind()), t.getName(), t.getCodec(), t.getHits(),
@@ -42,7 +46,8 @@ public record TierStats(
           t.getCapacity_bytes(), t.getCorrupt_detected(), t.getEncoded_chunks(),
           t.getBytes_before_encoding(), t.getBytes_after_encoding(), t.getEncode_failures(),
           t.getDecode_failures(), t.getIo_errors(), t.getRemote_calls(), t.getRemote_failed_calls(),
-          t.getRemote_timeouts(), t.getWrite_queue_full(), t.getWrite_queued_bytes());
+          t.getRemote_timeouts(), t.getWrite_queue_full(), t.getWrite_queued_bytes(), t.getHigh_watermark(),
+          t.getLow_watermark());
     } finally {
       t.delete();
     }

@@ -94,6 +94,7 @@ class BadInputTest {
     assertTrue(e.getMessage().contains("closed"), e.getMessage());
     assertThrows(IllegalStateException.class, () -> model.store("ns", req, kv(4, 0)));
     assertThrows(IllegalStateException.class, model::kvBytesPerToken);
+    assertThrows(IllegalStateException.class, () -> model.reportPrefill(4, Duration.ofMillis(1)));
     r.close();
     assertThrows(IllegalStateException.class, r::stats);
     assertThrows(IllegalStateException.class, () -> r.createModel(spec()));
@@ -158,6 +159,23 @@ class BadInputTest {
         () -> TierConfig.redis("127.0.0.1:1", "").withTtl(Duration.ofSeconds(-1)));
     // Sub-millisecond TTLs round up: never 0, which would mean "never expire".
     assertEquals(1, TierConfig.redis("127.0.0.1:1", "").withTtl(Duration.ofNanos(1)).ttl().toMillis());
+  }
+
+  @Test
+  void testBadReportPrefill() {
+    KdnException e = assertThrows(InvalidArgumentException.class, () -> m.reportPrefill(0, Duration.ofMillis(5)));
+    assertFalse(e.getMessage().isEmpty());
+    assertInstanceOf(CallerException.class, e);
+    assertThrows(InvalidArgumentException.class, () -> m.reportPrefill(16, Duration.ZERO));
+    assertThrows(InvalidArgumentException.class, () -> m.reportPrefill(16, Duration.ofNanos(-1)));
+    // Over an hour per token: seconds taken for nanoseconds.
+    assertThrows(InvalidArgumentException.class, () -> m.reportPrefill(2, Duration.ofSeconds(2 * 3600 + 1)));
+    // Past 64-bit nanoseconds.
+    assertThrows(InvalidArgumentException.class, () -> m.reportPrefill(1, Duration.ofDays(200 * 365)));
+    assertThrows(NullPointerException.class, () -> m.reportPrefill(1, null));
+    Stats s = rt.stats();
+    assertEquals(0, s.prefillTokens());
+    assertEquals(0, s.prefillNs());
   }
 
   @Test

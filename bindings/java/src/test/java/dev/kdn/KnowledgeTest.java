@@ -42,6 +42,7 @@ class KnowledgeTest {
     assertEquals(3, info.chunksPresent());
     assertFalse(info.pinned());
     assertEquals(-1, info.expiresInMs());
+    assertEquals(0, info.hits());
 
     List<DocumentInfo> docs = m.knowledgeList("kb");
     assertEquals(List.of("doc-a", "doc-b", "ünï-🙂"), docs.stream().map(DocumentInfo::docId).toList());
@@ -52,6 +53,7 @@ class KnowledgeTest {
     FetchResult f = m.knowledgeFetch("kb", "doc-b", KvView.canonical(16), out);
     assertArrayEquals(ids, f.tokens());
     assertEquals(10, f.result().tokens());
+    assertEquals(3, m.knowledgeInfo("kb", "doc-b").hits()); // each chunk fetched (since 1.4)
     // The canonical layout for 16 tokens of room: layer 0's K is the first 10 tokens' K.
     int tokenElems = HEADS * HEAD_DIM;
     for (int i = 0; i < 10 * tokenElems; ++i) {
@@ -64,9 +66,14 @@ class KnowledgeTest {
     m.knowledgePut("kb", "doc", 1, "", Request.ofTokens(tokens(8, 1)), KvView.canonical(), kv(8, 0));
     m.knowledgePin("kb", "doc", Duration.ZERO);
     assertTrue(m.knowledgeInfo("kb", "doc").pinned());
+    assertEquals(-1, m.knowledgeInfo("kb", "doc").pinExpiresInMs()); // until unpinned
     assertTrue(rt.stats().pinsActive() > 0);
     m.knowledgeUnpin("kb", "doc");
     assertFalse(m.knowledgeInfo("kb", "doc").pinned());
+    m.knowledgePin("kb", "doc", Duration.ofMinutes(1)); // a pin with a TTL says when it ends (1.4)
+    long pinLeft = m.knowledgeInfo("kb", "doc").pinExpiresInMs();
+    assertTrue(pinLeft > 50_000 && pinLeft <= 60_000, Long.toString(pinLeft));
+    m.knowledgeUnpin("kb", "doc");
     m.knowledgeExpire("kb", "doc", Duration.ofHours(1));
     long left = m.knowledgeInfo("kb", "doc").expiresInMs();
     assertTrue(left > 0 && left <= 3_600_000, Long.toString(left));

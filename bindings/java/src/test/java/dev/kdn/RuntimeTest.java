@@ -7,7 +7,9 @@ import dev.kdn.swig.NativeStats;
 import dev.kdn.swig.NativeTierStats;
 import java.lang.reflect.Method;
 import java.lang.reflect.RecordComponent;
+import java.nio.ByteBuffer;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -45,6 +47,11 @@ class RuntimeTest {
       assertEquals(1 << 20, tiers.get(0).capacityBytes());
       assertTrue(tiers.get(2).codec().startsWith("zstd"), tiers.get(2).codec());
       assertFalse(tiers.get(0).name().isEmpty());
+      // The watermarks (since 1.4): as set (float), or kdn's defaults.
+      assertEquals(0.9f, tiers.get(0).highWatermark());
+      assertEquals(0.8f, tiers.get(0).lowWatermark());
+      assertEquals(0.95, tiers.get(1).highWatermark());
+      assertEquals(0.85, tiers.get(1).lowWatermark());
 
       Request req = Request.ofTokens(tokens(8, 100));
       assertEquals(8, m.store("ns", req, kv(8, 1)).tokens());
@@ -59,6 +66,37 @@ class RuntimeTest {
       assertEquals(1, rt.latency(LatencyKind.STORE).count());
       assertTrue(rt.latency(LatencyKind.STORE).maxUs() > 0);
       assertTrue(rt.tierStats(0).puts() >= 2);
+    }
+  }
+
+  /** A reported prefill prices the tokens later loads serve (each load rounds to a ns). */
+  @Test
+  void testReportedPrefillPricesLoads() {
+    try (Runtime rt = Runtime.create(options()); Model m = rt.createModel(spec())) {
+      int[] ids = tokens(3 * CHUNK, 100);
+      assertEquals(2 * CHUNK, m.store("ns", Request.ofTokens(ids, 0, 2 * CHUNK), kv(2 * CHUNK, 1)).tokens());
+      long n = 24;
+      long t = 1_000_003; // t / n is not a whole number of ns
+      m.reportPrefill(n, Duration.ofNanos(t));
+      // A whole hit, then a request a chunk longer than what is cached.
+      for (int length : new int[] {2 * CHUNK, 3 * CHUNK}) {
+        ByteBuffer out = Kdn.allocate(length * BYTES_PER_TOKEN);
+        assertEquals(2 * CHUNK, m.retrieve("ns", Request.ofTokens(ids, 0, length), out).tokens());
+      }
+      // A lookup is no load: counted apart.
+      assertEquals(2 * CHUNK, m.lookup("ns", Request.ofTokens(ids)).cachedTokens());
+      Stats s = rt.stats();
+      assertEquals(3 * CHUNK, s.lookupTokens());
+      assertEquals(2 * CHUNK, s.lookupHitTokens());
+      assertEquals(n, s.prefillTokens());
+      assertEquals(t, s.prefillNs());
+      assertEquals(4 * CHUNK, s.tokensServed());
+      assertEquals(5 * CHUNK, s.tokensRequested());
+      assertTrue(s.tokensRequested() >= s.tokensServed());
+      long exact = s.tokensServed() * t / n;
+      assertTrue(Math.abs(s.ttftSavedNs() - exact) <= 2, s.ttftSavedNs() + " vs " + exact + " (two loads)");
+      assertEquals(0, s.tokensServedUnpriced());
+      assertTrue(s.deliveryNs() > 0);
     }
   }
 
@@ -171,6 +209,8 @@ class RuntimeTest {
       Object v;
       if (type == long.class) {
         v = next++;
+      } else if (type == double.class) {
+        v = (double) next++ / 4096; // the watermarks: fractions
       } else if (type == int.class) {
         v = TierKind.DISK.value(); // the only int: kind, an enum value
       } else if (type == String.class) {
