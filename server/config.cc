@@ -331,7 +331,7 @@ class Parser {
     KDN_RETURN_IF_ERROR(CheckKeys(server, path,
                                   {"listen", "metrics", "kv_events", "kv_events_topic", "kv_events_format",
                                    "kv_events_hashes", "lmcache_metric_names", "prefill_us_per_token",
-                                   "drain_timeout_ms", "tls"}));
+                                   "drain_timeout_ms", "measure_tiers", "tls"}));
     bool present = false;
     std::vector<std::string> listen;
     KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
@@ -362,6 +362,7 @@ class Parser {
                    "must not be negative (0: not reported)");
     }
     KDN_RETURN_IF_ERROR(GetU32(server, path, "drain_timeout_ms", &config->drain_timeout_ms));
+    KDN_RETURN_IF_ERROR(GetBool(server, path, "measure_tiers", &config->measure_tiers));
 
     auto tls = GetTable(server, path, "tls");
     if (!tls.ok()) return tls.status();

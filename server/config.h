@@ -13,6 +13,7 @@
 //   lmcache_metric_names = true          # /metrics also under LMCache's names
 //   prefill_us_per_token = 150.0         # for TTFT saved (hit tokens x this); 0 = not reported
 //   drain_timeout_ms = 5000
+//   measure_tiers = true                 # time each tier's read rate once at start (server/tier_limits.h)
 //   [server.tls]                          # optional: both files, PEM
 //   cert = "/etc/kdn/cert.pem"
 //   key = "/etc/kdn/key.pem"
@@ -91,6 +92,9 @@ struct ServerConfig {
   bool lmcache_metric_names = true;
   double prefill_us_per_token = 0;
   std::uint32_t drain_timeout_ms = 5000;
+  // Each host and disk tier's read rate, measured once before the node
+  // serves (under a second), reported as the tier's delivery limit.
+  bool measure_tiers = true;
   TlsConfig tls;
   std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB
   std::vector<TokenGrant> tokens;

@@ -203,6 +203,13 @@ void AddTiers(const NodeStats& s, Page& p) {
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.high_watermark; });
   p.PerTier(tiers, "kdn_tier_low_watermark_ratio", "Fraction of capacity eviction brings the tier down to.",
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.low_watermark; });
+  // Only the tiers measured: a 0 would read as a tier that delivers nothing.
+  std::vector<TierStatsSnapshot> measured;
+  std::copy_if(tiers.begin(), tiers.end(), std::back_inserter(measured),
+               [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s > 0; });
+  p.PerTier(measured, "kdn_tier_limit_bytes_per_second",
+            "The tier's read rate measured at start (host: memcpy; disk: a cold read of a file in its directory).",
+            pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s; });
   for (const TierCounter& c : kTierCounters) {
     p.PerTier(tiers, c.name, c.help, pm::MetricType::Counter,
               [&c](const TierStatsSnapshot& t) { return AsDouble(t.*c.field); });

@@ -45,7 +45,9 @@
 // kdn_tier_high_watermark_ratio, kdn_tier_low_watermark_ratio, and the
 // counters kdn_tier_{hits,misses,puts,evictions,demotions_in,
 // promotions_in,corrupt_objects}_total, kdn_tier_written_bytes_total (bytes
-// stored into the tier) and kdn_tier_read_bytes_total (bytes served from it).
+// stored into the tier) and kdn_tier_read_bytes_total (bytes served from it);
+// kdn_tier_limit_bytes_per_second (the read rate measured at start, for the
+// tiers measured: server.measure_tiers).
 //
 // LMCache aliases carry no labels: LMCache labels its series with the
 // engine's model_name / worker_id / role / served_model_name, which a

@@ -16,6 +16,7 @@
 #include <kj/timer.h>
 
 #include "server/kv_events.h"
+#include "server/tier_limits.h"
 #include "util/clock.h"
 #include "wire/envelope.h"
 
@@ -88,6 +89,14 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   if (!chain.ok()) return chain.status();
   s->chain_ = std::move(chain).value();
   s->specs_ = std::move(specs);
+  s->tier_limits_.assign(s->specs_.size(), 0.0);
+  if (options.measure_tiers) {
+    // After the tiers are open (a disk tier's tmp/ exists then), before the
+    // node serves: the measurement has the disk to itself.
+    std::vector<std::string> names;
+    for (const store::LevelStats& l : s->chain_->Stats()) names.push_back(l.name);
+    s->tier_limits_ = MeasureTierLimits(s->specs_, names);
+  }
   for (const TokenGrant& t : options.tokens) {
     Grant g;
     g.name = t.name;
@@ -361,6 +370,7 @@ NodeStats NodeService::Stats() const {
     if (i < specs_.size()) {
       t.high_watermark = specs_[i].high_watermark;
       t.low_watermark = specs_[i].low_watermark;
+      t.limit_bytes_per_s = tier_limits_[i];
     }
     s.tiers.push_back(std::move(t));
   }
@@ -1001,6 +1011,7 @@ void ToWire(const NodeStats& s, wire::node::Stats::Builder out) {
     b.setBytesOut(t.bytes_out);
     b.setHighWatermark(t.high_watermark);
     b.setLowWatermark(t.low_watermark);
+    b.setLimitBytesPerS(t.limit_bytes_per_s);
   }
   out.setLookups(s.lookups);
   out.setRequestedTokens(s.requested_tokens);
@@ -1046,6 +1057,7 @@ NodeStats FromWire(wire::node::Stats::Reader in) {
     x.bytes_out = t.getBytesOut();
     x.high_watermark = t.getHighWatermark();
     x.low_watermark = t.getLowWatermark();
+    x.limit_bytes_per_s = t.getLimitBytesPerS();
     s.tiers.push_back(std::move(x));
   }
   s.lookups = in.getLookups();

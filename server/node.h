@@ -87,6 +87,9 @@ struct NodeOptions {
   // How long the saver waits after a change before it saves the registry,
   // so that a burst of registrations costs one write.
   std::uint32_t knowledge_save_delay_ms = 200;
+  // Measure each tier's read rate once in Create (server/tier_limits.h) and
+  // report it as the tier's limit_bytes_per_s; kdnd's server.measure_tiers.
+  bool measure_tiers = false;
 };
 
 // A knowledge item as a client registers it (wire KnowledgeItem).
@@ -239,6 +242,7 @@ class NodeService {
 
   std::unique_ptr<store::TieredStore> chain_;
   std::vector<store::TierSpec> specs_;
+  std::vector<double> tier_limits_;  // per spec, bytes/s (0: not measured); set in Create only
   std::vector<std::pair<std::string, Grant>> grants_;  // (token, grant)
   double prefill_us_per_token_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

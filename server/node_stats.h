@@ -14,13 +14,17 @@ namespace kdn::server {
 
 struct TierStatsSnapshot {
   std::string name;   // e.g. "host", "disk"
-  std::string kind;   // "host" or "disk"
+  std::string kind;   // "host", "disk", "remote", "redis", "device"
   std::string codec;  // the tier's codec spec ("raw", "zstd", ...)
   std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0;
   std::uint64_t hits = 0, misses = 0, puts = 0, evictions = 0;
   std::uint64_t demotions_in = 0, promotions_in = 0, corrupt_detected = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0;
   double high_watermark = 0.95, low_watermark = 0.85;
+  // The tier's read rate measured at start (server/tier_limits.h), bytes/s;
+  // 0: not measured (server.measure_tiers off, a kind not measured, a
+  // failed measurement, or a node from before the field).
+  double limit_bytes_per_s = 0;
 };
 
 // A latency distribution in microseconds: the summary, plus cumulative

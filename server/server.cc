@@ -145,6 +145,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   no.tokens = config.tokens;
   no.prefill_us_per_token = config.prefill_us_per_token;
   no.knowledge = config.knowledge;
+  no.measure_tiers = config.measure_tiers;
   auto service = NodeService::Create(no);
   if (!service.ok()) return service.status();
   s->service_ = std::move(service).value();

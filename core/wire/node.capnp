@@ -38,8 +38,8 @@ $Cxx.namespace("kdn::wire::node");
 # the node): KnowledgeItem, KnowledgeInfo, the Session methods knowledgePut,
 # knowledgeList, knowledgePin and knowledgeDelete, the error code notFound,
 # the limits maxDocIdBytes and maxMetadataBytes, and Stats.documents and
-# Stats.registryLoadFailures.
-const protocolVersion :UInt32 = 2;
+# Stats.registryLoadFailures. Version 3 added TierStats.limitBytesPerS.
+const protocolVersion :UInt32 = 3;
 
 # Limits the node enforces (a request beyond them gets tooLarge).
 const maxKeysPerCall :UInt32 = 65536;
@@ -106,7 +106,7 @@ struct Latency {
 
 struct TierStats {
   name @0 :Text;
-  kind @1 :Text;                 # host, disk
+  kind @1 :Text;                 # host, disk, remote, redis, device
   codec @2 :Text;
   objects @3 :UInt64;
   usedBytes @4 :UInt64;
@@ -122,6 +122,7 @@ struct TierStats {
   bytesOut @14 :UInt64;
   highWatermark @15 :Float64;
   lowWatermark @16 :Float64;
+  limitBytesPerS @17 :Float64;   # the tier's read rate measured at start (bytes/s); 0: not measured
 }
 
 struct Stats {

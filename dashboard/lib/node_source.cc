@@ -69,8 +69,11 @@ TierSample ToTier(const server::TierStatsSnapshot& t) {
   CopyTierCounters(t, s);
   s.high_watermark = t.high_watermark;
   s.low_watermark = t.low_watermark;
-  // Encoding sizes, I/O errors and delivery limits are not in the node's
-  // Stats: left 0 (not reported).
+  // The read rate the node measured for the tier at start (0: not measured,
+  // or a node from before protocol version 3).
+  s.limit_bytes_per_s = t.limit_bytes_per_s;
+  // Encoding sizes and I/O errors are not in the node's Stats: left 0 (not
+  // reported).
   return s;
 }
 

@@ -168,6 +168,8 @@ void NodeSourceTest::snapshotsShowTheNodesTiersAndTraffic() {
     QCOMPARE(s.tiers[0].kind, QStringLiteral("host"));
     QCOMPARE(s.tiers[0].capacity_bytes, std::uint64_t{64} << 20);
     QCOMPARE(s.tiers[0].objects, std::uint64_t{0});
+    // server.measure_tiers is on by default: the node timed its host tier.
+    QVERIFY2(s.tiers[0].limit_bytes_per_s > 0, "the host tier's measured limit did not reach the snapshot");
     QCOMPARE(s.stores, std::uint64_t{0});
     QVERIFY(s.time_ms > 0);
   }

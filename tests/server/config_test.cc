@@ -450,6 +450,25 @@ TEST(ServerConfigParse, KvEventFormsAndMetricNames) {
   EXPECT_FALSE(ParseConfig("[server]\nkv_events_hashes = \"int\"\n" + kOneToken, "g.toml").ok());
 }
 
+TEST(ServerConfigParse, MeasureTiersIsOnByDefaultAndTakesTrueOrFalse) {
+  auto d = ParseConfig(kOneToken, "d.toml");
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_TRUE(d->measure_tiers);
+  for (bool value : {true, false}) {
+    auto r = ParseConfig(std::string("[server]\nmeasure_tiers = ") + (value ? "true" : "false") + "\n" + kOneToken,
+                         "m.toml");
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->measure_tiers, value);
+  }
+  for (const char* wrong : {"\"yes\"", "1", "[true]"}) {
+    ExpectRefused(std::string("[server]\nmeasure_tiers = ") + wrong + "\n" + kOneToken, "server.measure_tiers");
+  }
+  auto r = ParseConfig("[server]\nmeasure_tiers = \"false\"\n" + kOneToken, "test.toml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "test.toml:2: server.measure_tiers: must be true or false, not a string"))
+      << r.status().message();
+}
+
 TEST_F(ServerConfigFiles, MissingFileIsNotFound) {
   auto r = LoadConfig((dir_ / "absent.toml").string());
   ASSERT_FALSE(r.ok());

@@ -53,6 +53,7 @@ NodeStats Populated() {
   host.bytes_out = 900;
   host.high_watermark = 0.9;
   host.low_watermark = 0.75;
+  host.limit_bytes_per_s = 1.5e9;  // measured; the disk tier's is not (0)
   TierStatsSnapshot disk;
   disk.name = "disk";
   disk.kind = "disk";
@@ -159,6 +160,15 @@ TEST(ServerMetrics, PerTierSeries) {
   EXPECT_EQ(ValueOf(text, "kdn_tier_corrupt_objects_total{tier=\"disk\"}"), "2");
   EXPECT_EQ(ValueOf(text, "kdn_tier_written_bytes_total{tier=\"host\"}"), "5000");
   EXPECT_EQ(ValueOf(text, "kdn_tier_read_bytes_total{tier=\"host\"}"), "900");
+  // The limit: a gauge for the measured tiers only (0 would read as a tier
+  // that delivers nothing).
+  EXPECT_TRUE(HasLine(text, "# TYPE kdn_tier_limit_bytes_per_second gauge"));
+  EXPECT_EQ(ValueOf(text, "kdn_tier_limit_bytes_per_second{tier=\"host\"}"), "1500000000");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_limit_bytes_per_second{tier=\"disk\"}"), "<absent>");
+  // No tier measured: no family at all (a HELP/TYPE block with no samples).
+  NodeStats unmeasured = Populated();
+  unmeasured.tiers[0].limit_bytes_per_s = 0;
+  EXPECT_EQ(RenderPrometheus(unmeasured).find("kdn_tier_limit_bytes_per_second"), std::string::npos);
 }
 
 TEST(ServerMetrics, HistogramsInSecondsEndingAtTheCount) {
