@@ -89,6 +89,8 @@ struct Demo::Impl {
   fs::path dir;
   std::string address, workload_token, stats_token;
   std::unique_ptr<server::Server> server;
+  kdn_runtime* runtime = nullptr;  // in process: the workload's, with its own tiers
+  std::unique_ptr<RefEngine> engine;  // in process: made by Start, used by the workload
   std::thread server_thread, workload;
   std::atomic<bool> stop{false};
   DemoCounters counters;
@@ -96,6 +98,8 @@ struct Demo::Impl {
   ~Impl() {
     stop = true;
     if (workload.joinable()) workload.join();
+    engine.reset();
+    kdn_runtime_destroy(runtime);
     if (server) server->Shutdown();
     if (server_thread.joinable()) server_thread.join();
     std::error_code ec;
@@ -103,10 +107,39 @@ struct Demo::Impl {
   }
 
   void Workload();
+  // Registers the knowledge items, then serves requests until stopped.
+  void Run(RefEngine& engine);
   void Serve(RefEngine& engine, const std::vector<std::string>& ids);
 };
 
+namespace {
+
+// In process: the host tier over the disk tier, in this runtime.
+kdn_runtime* LocalRuntime(const DemoOptions& options, const fs::path& disk, std::string* error) {
+  const std::string path = disk.string();
+  kdn_tier_config tiers[2] = {KDN_TIER_CONFIG_INIT, KDN_TIER_CONFIG_INIT};
+  tiers[0].kind = KDN_TIER_HOST;
+  tiers[0].capacity_bytes = options.host_bytes;
+  tiers[1].kind = KDN_TIER_DISK;
+  tiers[1].capacity_bytes = options.disk_bytes;
+  tiers[1].path = path.data();
+  tiers[1].path_len = path.size();
+  kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;
+  ro.chunk_tokens = options.chunk_tokens;
+  ro.tiers = tiers;
+  ro.num_tiers = 2;
+  kdn_runtime* rt = nullptr;
+  if (kdn_status s = kdn_runtime_create(&ro, &rt); s != KDN_OK) {
+    *error = refengine::FromKdn(s, "kdn_runtime_create").message();
+    return nullptr;
+  }
+  return rt;
+}
+
+}  // namespace
+
 void Demo::Impl::Workload() {
+  if (engine) return Run(*engine);
   kdn_tier_config node = KDN_TIER_CONFIG_INIT;
   node.kind = KDN_TIER_REMOTE;
   node.address = address.data();
@@ -123,29 +156,33 @@ void Demo::Impl::Workload() {
     return;
   }
   {
-    auto engine = RefEngine::Create(model, rt, 1);
-    if (!engine.ok()) {
-      std::fprintf(stderr, "kdn-dashboard --demo: %s\n", engine.status().message().c_str());
+    auto made = RefEngine::Create(model, rt, 1);
+    if (made.ok()) {
+      Run(**made);
     } else {
-      kdn_model* pins = (*engine)->model();
-      std::vector<std::string> ids;
-      for (int i = 0; i < kKnowledgeItems && i < static_cast<int>(docs.size()) && !stop; ++i) {
-        ids.push_back("passage-" + std::to_string(i));
-        // A knowledge item's KV is computed alone, from position 0, without BOS.
-        const std::vector<int> tokens(docs[static_cast<size_t>(i)].begin() + 1, docs[static_cast<size_t>(i)].end());
-        if (Status s = (*engine)->PutDocument(kNamespace, ids.back(), tokens); !s.ok()) {
-          std::fprintf(stderr, "kdn-dashboard --demo: knowledge put: %s\n", s.message().c_str());
-          ++counters.errors;
-        }
-      }
-      if (pins != nullptr && ids.size() >= 2) {
-        kdn_knowledge_pin(pins, kNamespace, sizeof kNamespace - 1, ids[0].data(), ids[0].size(), 0);
-        kdn_knowledge_pin(pins, kNamespace, sizeof kNamespace - 1, ids[1].data(), ids[1].size(), 15 * 60 * 1000);
-      }
-      Serve(**engine, ids);
+      std::fprintf(stderr, "kdn-dashboard --demo: %s\n", made.status().message().c_str());
     }
   }
   kdn_runtime_destroy(rt);  // sends what is still queued to the node
+}
+
+void Demo::Impl::Run(RefEngine& engine) {
+  kdn_model* pins = engine.model();
+  std::vector<std::string> ids;
+  for (int i = 0; i < kKnowledgeItems && i < static_cast<int>(docs.size()) && !stop; ++i) {
+    ids.push_back("passage-" + std::to_string(i));
+    // A knowledge item's KV is computed alone, from position 0, without BOS.
+    const std::vector<int> tokens(docs[static_cast<size_t>(i)].begin() + 1, docs[static_cast<size_t>(i)].end());
+    if (Status s = engine.PutDocument(kNamespace, ids.back(), tokens); !s.ok()) {
+      std::fprintf(stderr, "kdn-dashboard --demo: knowledge put: %s\n", s.message().c_str());
+      ++counters.errors;
+    }
+  }
+  if (pins != nullptr && ids.size() >= 2) {
+    kdn_knowledge_pin(pins, kNamespace, sizeof kNamespace - 1, ids[0].data(), ids[0].size(), 0);
+    kdn_knowledge_pin(pins, kNamespace, sizeof kNamespace - 1, ids[1].data(), ids[1].size(), 15 * 60 * 1000);
+  }
+  Serve(engine, ids);
 }
 
 // Requests until stopped: Zipf-chosen documents (rank 1 the most asked).
@@ -157,7 +194,6 @@ void Demo::Impl::Serve(RefEngine& engine, const std::vector<std::string>& ids) {
   std::discrete_distribution<size_t> pick_item(weights.begin(), weights.begin() + static_cast<long>(ids.size()));
   std::uniform_real_distribution<double> coin(0, 1);
   const std::vector<int> question = model.tokenizer->Encode(" Who was in the story?", false);
-  std::vector<bool> stored(docs.size());
   while (!stop) {
     Status status;
     if (ids.size() >= 2 && coin(rng) < 0.2) {
@@ -171,35 +207,28 @@ void Demo::Impl::Serve(RefEngine& engine, const std::vector<std::string>& ids) {
       status = answer.status();
       if (answer.ok()) ++counters.blends;
       if (status.code() == Code::kNotFound) {
-        // A passage's chunks were evicted: the engine puts both again, as a
-        // RAG engine does with a retrieved passage it finds cold.
+        // A passage's chunks were evicted: the engine puts it again, as a
+        // RAG engine does with a retrieved passage it finds cold (only the
+        // cold one: a put replaces the document, and with it its pin).
         status = Status::Ok();
         for (size_t k : {a, b}) {
+          kdn_document_info info = KDN_DOCUMENT_INFO_INIT;
+          const kdn_status held = kdn_knowledge_get_info(engine.model(), kNamespace, sizeof kNamespace - 1,
+                                                         ids[k].data(), ids[k].size(), &info);
+          if (held == KDN_OK && info.chunks_present == info.chunks) continue;
           const std::vector<int>& d = docs[k];
           if (status.ok()) status = engine.PutDocument(kNamespace, ids[k], std::vector<int>(d.begin() + 1, d.end()));
           if (status.ok()) ++counters.stores;
         }
       }
     } else {
-      // A document as the prompt: stored the first time (a miss by
-      // construction), then looked up and retrieved, and stored again when
-      // the node no longer held all its chunks (evicted meanwhile).
+      // A document as the prompt, as a serving engine takes it: looked up
+      // and retrieved (a miss the first time, or after its chunks were
+      // evicted), the rest prefilled, then stored when kdn lacked some of it.
       const size_t i = pick(rng);
-      const std::vector<int>& doc = docs[i];
-      bool store = !stored[i];
-      if (!store) {
-        auto answer = engine.Warm(kNamespace, doc, 1);
-        status = answer.status();
-        store = answer.ok() && answer->reused_tokens + options.chunk_tokens <= doc.size();
-      }
-      if (store) {
-        auto put = engine.Ingest(kNamespace, doc);
-        status = put.status();
-        if (put.ok()) {
-          stored[i] = true;
-          ++counters.stores;
-        }
-      }
+      auto answer = engine.Serve(kNamespace, docs[i], 1);
+      status = answer.status();
+      if (answer.ok() && answer->cached_after > answer->reused_tokens) ++counters.stores;
     }
     ++counters.requests;
     if (!status.ok()) {
@@ -252,6 +281,19 @@ std::unique_ptr<Demo> Demo::Start(const DemoOptions& options, std::string* error
     return nullptr;
   }
   impl->dir = tmpl;
+  Impl* raw = impl.get();
+  if (options.in_process) {
+    impl->runtime = LocalRuntime(options, impl->dir / "disk", error);
+    if (impl->runtime == nullptr) return nullptr;
+    auto engine = RefEngine::Create(impl->model, impl->runtime, 1);
+    if (!engine.ok()) {
+      *error = engine.status().message();
+      return nullptr;
+    }
+    impl->engine = std::move(engine).value();
+    impl->workload = std::thread([raw] { raw->Workload(); });
+    return std::unique_ptr<Demo>(new Demo(std::move(impl)));
+  }
   std::mt19937_64 rng(std::random_device{}());
   impl->workload_token = NewToken(rng);
   impl->stats_token = NewToken(rng);
@@ -275,7 +317,6 @@ std::unique_ptr<Demo> Demo::Start(const DemoOptions& options, std::string* error
     return nullptr;
   }
   impl->server = std::move(created).value();
-  Impl* raw = impl.get();
   impl->server_thread = std::thread([raw] {
     if (Status s = raw->server->Run(nullptr, /*handle_signals=*/false); !s.ok()) {
       std::fprintf(stderr, "kdn-dashboard --demo: kdnd: %s\n", s.message().c_str());
@@ -293,15 +334,19 @@ std::unique_ptr<Demo> Demo::Start(const DemoOptions& options, std::string* error
 
 const std::string& Demo::address() const { return impl_->address; }
 const std::string& Demo::stats_token() const { return impl_->stats_token; }
+kdn_runtime* Demo::runtime() const { return impl_->runtime; }
+const kdn_model* Demo::model() const { return impl_->engine ? impl_->engine->model() : nullptr; }
+const char* Demo::knowledge_namespace() { return kNamespace; }
 double Demo::prefill_us_per_token() const { return impl_->prefill_us; }
 const DemoCounters& Demo::counters() const { return impl_->counters; }
 
 std::string Demo::describe() const {
   char line[512];
+  const std::string where = impl_->runtime != nullptr ? "a runtime in this process" : "kdnd on " + impl_->address;
   std::snprintf(line, sizeof line,
-                "kdnd on %s (host tier %.1f MiB over disk tier %.1f MiB), %zu documents, prefill %.2f us/token "
+                "%s (host tier %.1f MiB over disk tier %.1f MiB), %zu documents, prefill %.2f us/token "
                 "measured (%s)",
-                impl_->address.c_str(), static_cast<double>(impl_->options.host_bytes) / (1 << 20),
+                where.c_str(), static_cast<double>(impl_->options.host_bytes) / (1 << 20),
                 static_cast<double>(impl_->options.disk_bytes) / (1 << 20), impl_->docs.size(), impl_->prefill_us,
                 impl_->model.description.c_str());
   return line;

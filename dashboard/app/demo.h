@@ -15,6 +15,12 @@
 // mostly a document as a prompt (lookup + retrieve, prefill of the rest;
 // stored when the node lacked some of its chunks), sometimes a RAG prompt
 // blending two knowledge items.
+//
+// In process (DemoOptions::in_process): no kdnd. The workload's runtime has
+// the host tier over the disk tier itself (the disk tier's default codec,
+// zstd, so the compression column has numbers), the window watches it
+// through RuntimeSource, and TTFT saved is the runtime's own measure: the
+// reference engine reports each prefill it runs (kdn_model_report_prefill).
 // Thread-safety: Start and the destructor on one thread; the accessors from any.
 #pragma once
 
@@ -22,6 +28,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+struct kdn_runtime;
+struct kdn_model;
 
 namespace kdn::dash {
 
@@ -33,6 +42,7 @@ struct DemoOptions {
   std::uint64_t disk_bytes = std::uint64_t{3} << 20;
   double zipf_s = 1.1;
   std::uint32_t pause_ms = 5;     // between two requests (a demo, not a benchmark)
+  bool in_process = false;        // a runtime with its own tiers instead of a kdnd
 };
 
 struct DemoCounters {
@@ -48,7 +58,12 @@ class Demo {
   Demo(const Demo&) = delete;
   Demo& operator=(const Demo&) = delete;
 
-  const std::string& address() const;       // the node's "127.0.0.1:port"
+  const std::string& address() const;       // the node's "127.0.0.1:port" (empty in process)
+  // In process: the workload's runtime, valid until the Demo is destroyed
+  // (stop a RuntimeSource over it first); otherwise nullptr.
+  kdn_runtime* runtime() const;
+  const kdn_model* model() const;  // in process: the engine's model (for listing documents); else nullptr
+  static const char* knowledge_namespace();  // where the workload puts its knowledge items
   const std::string& stats_token() const;   // the dashboard's token
   double prefill_us_per_token() const;      // measured
   std::string describe() const;             // one line for the terminal

@@ -3,6 +3,7 @@
 //
 //   kdn-dashboard --connect 127.0.0.1:7450 --token-file ops.token [--tls-ca ca.pem] [--namespace NS ...]
 //   kdn-dashboard --demo
+//   kdn-dashboard --demo --in-process   (no kdnd: the workload's own runtime, watched through the C ABI)
 //   kdn-dashboard --demo --screenshot out.png --after-ms 8000 --check --size 1280x800
 //   kdn-dashboard --demo --palette dark   (the dark look without a dark desktop, e.g. under Xvfb)
 //
@@ -35,6 +36,7 @@
 #include "demo.h"
 #include "main_window.h"
 #include "node_source.h"
+#include "runtime_source.h"
 #include "token_file.h"
 
 namespace {
@@ -132,6 +134,9 @@ int main(int argc, char** argv) {
   cli.add_option("--namespace", node.namespaces, "namespaces whose knowledge items are listed (the token must grant them)");
   cli.add_option("--interval-ms", node.interval_ms, "how often kdnd pushes its statistics")->check(CLI::Range(50, 60000));
   auto* demo_flag = cli.add_flag("--demo", demo, "start a kdnd and a workload (the reference engine) in this process");
+  cli.add_flag("--in-process", demo_options.in_process,
+               "--demo without a kdnd: the workload's runtime has the tiers, watched through its C ABI")
+      ->needs(demo_flag);
   cli.add_option("--texts", demo_options.texts, "--demo: the documents, paragraphs separated by blank lines")
       ->check(CLI::ExistingFile);
   auto* shot = cli.add_option("--screenshot", screenshot, "grab the window into this PNG after --after-ms, then exit");
@@ -194,11 +199,20 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     node.address = running->address();
     node.token = running->stats_token();
-    node.namespaces = {"demo"};
+    node.namespaces = {Demo::knowledge_namespace()};
   }
 
-  kdn::dash::NodeSource source(node);
-  MainWindow window(&source);
+  // Destroyed (stopped) before the demo: a RuntimeSource borrows its runtime.
+  std::unique_ptr<kdn::dash::Source> source;
+  if (running && running->runtime() != nullptr) {
+    kdn::dash::RuntimeSourceOptions watch;
+    watch.model = running->model();
+    watch.namespaces = {Demo::knowledge_namespace()};
+    source = std::make_unique<kdn::dash::RuntimeSource>(running->runtime(), watch);
+  } else {
+    source = std::make_unique<kdn::dash::NodeSource>(node);
+  }
+  MainWindow window(source.get());
   window.resize(size->width, size->height);
   window.show();
 

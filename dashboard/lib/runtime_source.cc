@@ -4,6 +4,7 @@
 
 #include <QMetaObject>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -30,6 +31,29 @@ QString FixedString(const char (&s)[N]) {
   size_t n = 0;
   while (n < N && s[n] != '\0') ++n;
   return QString::fromUtf8(s, static_cast<qsizetype>(n));
+}
+
+// The documents of `model` in `ns` (kdn_knowledge_list: asked for the count
+// first, then listed; a document put in between is left for the next read).
+void ListDocuments(const kdn_model* model, const std::string& ns, std::int64_t now_ms,
+                   std::vector<DocumentSample>* out) {
+  size_t count = 0;
+  if (kdn_knowledge_list(model, ns.data(), ns.size(), nullptr, 0, &count) != KDN_OK || count == 0) return;
+  std::vector<kdn_document_info> infos(count, kdn_document_info(KDN_DOCUMENT_INFO_INIT));
+  size_t listed = 0;
+  if (kdn_knowledge_list(model, ns.data(), ns.size(), infos.data(), infos.size(), &listed) != KDN_OK) return;
+  infos.resize(std::min(listed, infos.size()));
+  for (const kdn_document_info& i : infos) {
+    DocumentSample d;
+    d.ns = QString::fromStdString(ns);
+    d.doc_id = QString::fromUtf8(i.doc_id, static_cast<qsizetype>(std::min<size_t>(i.doc_id_len, sizeof i.doc_id - 1)));
+    d.hits = i.hits;
+    d.chunks = i.chunks;
+    d.chunks_held = i.chunks_present;
+    d.pinned = i.pinned != 0;
+    d.pin_expires_ms = i.pinned != 0 && i.pin_expires_in_ms >= 0 ? now_ms + i.pin_expires_in_ms : 0;
+    out->push_back(std::move(d));
+  }
 }
 
 }  // namespace
@@ -141,25 +165,39 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
     s.loads = st.retrieves;
     s.failed_loads = st.misses;
     s.stores = st.stores;
-    s.hit_tokens = st.tokens_served;
+    // The hit rate's pair (1.4): an engine that looks up each request
+    // before loading it (kdn_kv_lookup, then a load of what was found) asks
+    // for its prompts' tokens in its lookups, and loads only the hits; one
+    // that loads without looking up asks in its loads.
+    if (st.lookup_tokens > 0) {
+      s.requested_tokens = st.lookup_tokens;
+      s.hit_tokens = st.lookup_hit_tokens;
+    } else {
+      s.requested_tokens = st.tokens_requested;
+      s.hit_tokens = st.tokens_served;
+    }
     s.served_tokens = st.tokens_served;
-    // The C ABI does not count the tokens loads asked for. What an engine
-    // needs is either served from the cache or computed and then stored, so
-    // the tokens asked for are taken as tokens served + tokens newly
-    // stored: the hit rate is then the share of tokens the cache saved
-    // recomputing. (A load that misses and whose tokens are never stored is
-    // not counted.)
-    s.requested_tokens = st.tokens_served + st.tokens_stored;
     s.corrupt_detected = st.corrupt_detected;
     s.pins_active = st.pins_active;
+    // TTFT saved as the runtime measured it: each load's tokens x its
+    // model's mean prefill time per token, as the engine reported its
+    // prefills (kdn_model_report_prefill). Tokens served before any report
+    // are priced at the configured fallback rate, when there is one.
+    s.ttft_saved_ms = static_cast<double>(st.ttft_saved_ns) / 1e6;
     if (options.prefill_us_per_token > 0) {
-      s.ttft_saved_ms = static_cast<double>(st.tokens_served) * options.prefill_us_per_token / 1000.0;
+      s.ttft_saved_ms += static_cast<double>(st.tokens_served_unpriced) * options.prefill_us_per_token / 1000.0;
     }
+    s.delivery_ms = static_cast<double>(st.delivery_ns) / 1e6;
   }
 
-  kdn_latency load = KDN_LATENCY_INIT;
-  if (kdn_runtime_get_latency(runtime, KDN_LATENCY_LOAD, &load) == KDN_OK) {
-    s.delivery_ms = static_cast<double>(load.count) * load.mean_us / 1000.0;
+  if (options.model != nullptr && !options.namespaces.empty()) {
+    std::vector<DocumentSample> docs;
+    for (const std::string& ns : options.namespaces) ListDocuments(options.model, ns, s.time_ms, &docs);
+    s.documents = docs.size();
+    std::stable_sort(docs.begin(), docs.end(),
+                     [](const DocumentSample& a, const DocumentSample& b) { return a.hits > b.hits; });
+    if (docs.size() > options.documents_top) docs.resize(options.documents_top);
+    s.documents_top = QVector<DocumentSample>(docs.begin(), docs.end());
   }
 
   std::uint32_t count = 0;
@@ -171,7 +209,9 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
       ts.name = FixedString(t.name);
       ts.kind = KindName(t.kind);
       ts.codec = FixedString(t.codec);
-      CopyTierCounters(t, ts);  // watermarks are not in the C ABI: 0 (not drawn)
+      CopyTierCounters(t, ts);
+      ts.high_watermark = t.high_watermark;  // 1.4; 0 for tiers without (not drawn)
+      ts.low_watermark = t.low_watermark;
       ts.bytes_before_encoding = t.bytes_before_encoding;
       ts.bytes_after_encoding = t.bytes_after_encoding;
       ts.io_errors = t.io_errors;

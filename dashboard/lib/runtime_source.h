@@ -1,24 +1,36 @@
 // A runtime in this process as a data source: polls its C ABI counters
 // (kdn_runtime_get_stats, _get_tier_stats, _get_latency) every interval_ms on
-// a worker thread and turns them into Snapshots. TTFT saved is the tokens
-// served x prefill_us_per_token (the engine's measured prefill time per
-// token, which the C ABI does not know: the embedding engine gives it), the
-// delivery time is the load latency's count x mean.
+// a worker thread and turns them into Snapshots. TTFT saved is the runtime's
+// own measure (kdn_stats.ttft_saved_ns: the tokens each load served x the
+// model's mean prefill time per token, from the prefills the engine reported
+// with kdn_model_report_prefill), the delivery time the time spent in loads
+// (kdn_stats.delivery_ns).
 // Thread-safety: as Source. The runtime handle is borrowed: it must stay
 // valid until stop() returns (kdn_runtime_destroy only after that).
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "source.h"
 
 struct kdn_runtime;
+struct kdn_model;
 
 namespace kdn::dash {
 
 struct RuntimeSourceOptions {
   std::uint32_t interval_ms = 500;
-  double prefill_us_per_token = 0;  // 0: TTFT saved not computed (shown as unknown)
+  // A fallback for tokens served before the engine reported any prefill of
+  // their model (kdn_stats.tokens_served_unpriced); 0: those count nothing.
+  double prefill_us_per_token = 0;
+  // Knowledge items: the documents of `model` in these namespaces, most hit
+  // first, at most documents_top (no model or no namespace: none listed).
+  // The model is borrowed like the runtime.
+  const kdn_model* model = nullptr;
+  std::vector<std::string> namespaces;
+  std::uint32_t documents_top = 20;
 };
 
 class RuntimeSource final : public Source {

@@ -73,6 +73,8 @@ class RuntimeSourceTest : public QObject {
   void cleanupTestCase();
   void readShowsHitsTokensAndTierOccupancy();
   void ttftSavedIsTokensServedTimesThePrefillRate();
+  void hitRateIsTheLookupsOnceTheEngineLooksUp();
+  void documentsAreListedMostHitFirst();
   void startDeliversSnapshotsUntilStop();
   void noRuntimeIsAClearStateNotACrash();
 
@@ -143,14 +145,16 @@ void RuntimeSourceTest::readShowsHitsTokensAndTierOccupancy() {
   QCOMPARE(kdn_runtime_get_stats(runtime_, &st), KDN_OK);
   QCOMPARE(s.hit_tokens, before.hit_tokens + kPositions);
   QCOMPARE(s.hit_tokens, st.tokens_served);
-  QCOMPARE(s.requested_tokens, st.tokens_served + st.tokens_stored);
+  QCOMPARE(s.requested_tokens, st.tokens_requested);
+  QCOMPARE(s.requested_tokens, before.requested_tokens + kPositions);
   QCOMPARE(s.stores, before.stores + 1);
   QCOMPARE(s.loads, before.loads + 1);
   QCOMPARE(s.failed_loads, before.failed_loads);
   QCOMPARE(s.corrupt_detected, std::uint64_t{0});
   QVERIFY(s.time_ms > 0);
   QVERIFY(s.delivery_ms > 0);  // one retrieve, measured
-  QCOMPARE(s.ttft_saved_ms, 0.0);  // no prefill rate given
+  QCOMPARE(s.delivery_ms, static_cast<double>(st.delivery_ns) / 1e6);
+  QCOMPARE(s.ttft_saved_ms, 0.0);  // no prefill reported, no fallback rate
 
   QCOMPARE(s.tiers.size(), 1);
   const TierSample& t = s.tiers[0];
@@ -167,8 +171,10 @@ void RuntimeSourceTest::readShowsHitsTokensAndTierOccupancy() {
   QVERIFY(t.puts >= before.tiers[0].puts + 3);
   QVERIFY(t.hits >= before.tiers[0].hits + 3);
   QVERIFY(t.bytes_in > before.tiers[0].bytes_in);
-  QCOMPARE(t.high_watermark, 0.0);  // not in the C ABI
-  QCOMPARE(t.low_watermark, 0.0);
+  QCOMPARE(t.high_watermark, direct.high_watermark);  // the defaults, 0.95 and 0.85
+  QVERIFY(t.high_watermark > 0.94 && t.high_watermark < 0.96);
+  QCOMPARE(t.low_watermark, direct.low_watermark);
+  QVERIFY(t.low_watermark > 0.84 && t.low_watermark < 0.86);
 
   // A miss: a namespace nothing was stored under.
   kdn_request req = KDN_REQUEST_INIT;
@@ -183,20 +189,102 @@ void RuntimeSourceTest::readShowsHitsTokensAndTierOccupancy() {
   QCOMPARE(after_miss.loads, s.loads + 1);
   QCOMPARE(after_miss.failed_loads, s.failed_loads + 1);
   QCOMPARE(after_miss.hit_tokens, s.hit_tokens);
+  QCOMPARE(after_miss.requested_tokens, s.requested_tokens + kPositions);
+  QVERIFY(after_miss.delivery_ms > s.delivery_ms);  // a miss costs time too
+}
+
+void RuntimeSourceTest::hitRateIsTheLookupsOnceTheEngineLooksUp() {
+  StoreAndRetrieve("tenant-c");
+  const Snapshot loads = RuntimeSource::Read(runtime_, {});
+  kdn_stats st = KDN_STATS_INIT;
+  QCOMPARE(kdn_runtime_get_stats(runtime_, &st), KDN_OK);
+  QCOMPARE(st.lookup_tokens, std::uint64_t{0});
+  QCOMPARE(loads.requested_tokens, st.tokens_requested);  // no lookups yet: the loads
+  QCOMPARE(loads.hit_tokens, st.tokens_served);
+  // Two lookups: all 48 tokens found, then 40 tokens in a namespace with
+  // nothing (none found).
+  kdn_request reqs[2] = {KDN_REQUEST_INIT, KDN_REQUEST_INIT};
+  reqs[0].tokens = kTokens;
+  reqs[0].num_tokens = kPositions;
+  kdn_lookup_result found = KDN_LOOKUP_RESULT_INIT;
+  QCOMPARE(kdn_kv_lookup(model_, "tenant-c", 8, reqs, 1, &found), KDN_OK);
+  QCOMPARE(found.cached_tokens, std::uint64_t{kPositions});
+  reqs[1].tokens = kTokens;
+  reqs[1].num_tokens = 40;
+  QCOMPARE(kdn_kv_lookup(model_, "nobody", 6, &reqs[1], 1, &found), KDN_OK);
+  QCOMPARE(found.cached_tokens, std::uint64_t{0});
+  const Snapshot s = RuntimeSource::Read(runtime_, {});
+  QCOMPARE(s.requested_tokens, std::uint64_t{kPositions + 40});
+  QCOMPARE(s.hit_tokens, std::uint64_t{kPositions});
+  QCOMPARE(s.served_tokens, loads.served_tokens);  // lookups serve nothing
+}
+
+void RuntimeSourceTest::documentsAreListedMostHitFirst() {
+  // Two knowledge items of the reference KV: "cold" (the first 16 tokens)
+  // never fetched, "hot" (all 48: 3 chunks) fetched twice and pinned.
+  kdn_kv_view in = CanonicalView(ref_);
+  QCOMPARE(kdn_knowledge_put(model_, "docs", 4, "hot", 3, 1, "", 0, kTokens, kPositions, &in, 1), KDN_OK);
+  QCOMPARE(kdn_knowledge_put(model_, "docs", 4, "cold", 4, 1, "", 0, kTokens, 16, &in, 1), KDN_OK);
+  std::vector<float> out(ref_.size());
+  kdn_kv_view ov = CanonicalView(out);
+  ov.num_tokens = kPositions;  // a fetch's views say their room
+  std::vector<std::int32_t> tokens(kPositions);
+  for (int i = 0; i < 2; ++i) {
+    kdn_kv_result got = KDN_KV_RESULT_INIT;
+    QVERIFY2(kdn_knowledge_fetch(model_, "docs", 4, "hot", 3, &ov, 1, tokens.data(), tokens.size(), &got) == KDN_OK,
+             kdn_last_error_message());
+    QCOMPARE(got.tokens, std::uint64_t{kPositions});
+  }
+  QCOMPARE(kdn_knowledge_pin(model_, "docs", 4, "hot", 3, 60000), KDN_OK);
+
+  RuntimeSourceOptions o;
+  const Snapshot none = RuntimeSource::Read(runtime_, o);  // no model given: nothing listed
+  QVERIFY(none.documents_top.isEmpty());
+  o.model = model_;
+  o.namespaces = {"docs", "nobody"};
+  const Snapshot s = RuntimeSource::Read(runtime_, o);
+  QCOMPARE(s.documents, std::uint64_t{2});
+  QCOMPARE(s.documents_top.size(), 2);
+  const DocumentSample& hot = s.documents_top[0];
+  QCOMPARE(hot.doc_id, QStringLiteral("hot"));
+  QCOMPARE(hot.ns, QStringLiteral("docs"));
+  QCOMPARE(hot.hits, std::uint64_t{6});  // 2 fetches x 3 chunks
+  QCOMPARE(hot.chunks, 3u);
+  QCOMPARE(hot.chunks_held, 3u);
+  QVERIFY(hot.pinned);
+  QVERIFY(hot.pin_expires_ms > s.time_ms && hot.pin_expires_ms <= s.time_ms + 60000);
+  QCOMPARE(s.documents_top[1].doc_id, QStringLiteral("cold"));
+  QCOMPARE(s.documents_top[1].hits, std::uint64_t{0});
+  QVERIFY(!s.documents_top[1].pinned);
+  o.documents_top = 1;
+  QCOMPARE(RuntimeSource::Read(runtime_, o).documents_top.size(), 1);
 }
 
 void RuntimeSourceTest::ttftSavedIsTokensServedTimesThePrefillRate() {
   StoreAndRetrieve("tenant-b");
+  // No prefill reported yet: the tokens served are unpriced; a fallback
+  // rate prices them, none leaves them out.
   RuntimeSourceOptions none;
   none.prefill_us_per_token = 0;
   const Snapshot zero = RuntimeSource::Read(runtime_, none);
-  QVERIFY(zero.hit_tokens >= kPositions);
+  QVERIFY(zero.served_tokens >= kPositions);
   QCOMPARE(zero.ttft_saved_ms, 0.0);
-  RuntimeSourceOptions rate;
-  rate.prefill_us_per_token = 250;
-  const Snapshot s = RuntimeSource::Read(runtime_, rate);
-  QCOMPARE(s.hit_tokens, zero.hit_tokens);
-  QCOMPARE(s.ttft_saved_ms, static_cast<double>(s.hit_tokens) * 250.0 / 1000.0);
+  RuntimeSourceOptions fallback;
+  fallback.prefill_us_per_token = 250;
+  const Snapshot priced = RuntimeSource::Read(runtime_, fallback);
+  QCOMPARE(priced.served_tokens, zero.served_tokens);
+  QCOMPARE(priced.ttft_saved_ms, static_cast<double>(priced.served_tokens) * 250.0 / 1000.0);
+
+  // The engine reports its prefills (48 tokens in 96 us, 16 in 64 us: a
+  // mean of 2,500 ns per token); a later load is priced at that mean.
+  QCOMPARE(kdn_model_report_prefill(model_, kPositions, 96000), KDN_OK);
+  QCOMPARE(kdn_model_report_prefill(model_, 16, 64000), KDN_OK);
+  StoreAndRetrieve("tenant-b");
+  const Snapshot measured = RuntimeSource::Read(runtime_, none);
+  QCOMPARE(measured.served_tokens, zero.served_tokens + kPositions);
+  QCOMPARE(measured.ttft_saved_ms, kPositions * 2500.0 / 1e6);
+  const Snapshot both = RuntimeSource::Read(runtime_, fallback);
+  QCOMPARE(both.ttft_saved_ms, kPositions * 2500.0 / 1e6 + static_cast<double>(zero.served_tokens) * 250.0 / 1000.0);
 }
 
 void RuntimeSourceTest::startDeliversSnapshotsUntilStop() {
