@@ -1341,6 +1341,10 @@ extern "C" kdn_status kdn_kv_blend(const kdn_model* model, const char* ns, size_
   auto r = kdn::blend::BlendDocuments(model->runtime->knowledge(), model->kv, std::string_view(ns, ns_len), segs, bo,
                                       engine, specs);
   if (!r.ok()) return FromStatus(r.status());
+  // The prefill the blend saved: the context's positions x the share of
+  // the layer x position work not recomputed (kdn_stats.ttft_saved_ns).
+  model->runtime->store().CountBlendSaving(model->kv,
+                                           static_cast<double>(r->positions) * (1.0 - r->recompute_fraction));
   if (report != nullptr) {
     kdn_blend_report full = KDN_BLEND_REPORT_INIT;
     full.positions = static_cast<uint32_t>(r->positions);

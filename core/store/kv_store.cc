@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <thread>
 
@@ -608,6 +608,13 @@ double KvStore::PrefillNsPerToken(const ModelKv& model) const {
     if (m.fingerprint == model.fingerprint) return static_cast<double>(m.ns) / static_cast<double>(m.tokens);
   }
   return 0;
+}
+
+void KvStore::CountBlendSaving(const ModelKv& model, double positions) {
+  const double per_token = PrefillNsPerToken(model);
+  if (per_token > 0 && positions > 0) {
+    ttft_saved_ns_ += static_cast<std::uint64_t>(std::llround(per_token * positions));
+  }
 }
 
 Telemetry KvStore::Stats() const {

@@ -248,6 +248,10 @@ class KvStore {
   Status ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::uint64_t ns);
   // That mean in nanoseconds per token; 0 while the model has no report.
   double PrefillNsPerToken(const ModelKv& model) const;
+  // A blend that saved the prefill of `positions` positions (its context
+  // x the share of the layer x position work it did not recompute): priced
+  // at the model's mean into TTFT saved; nothing while it has no report.
+  void CountBlendSaving(const ModelKv& model, double positions);
 
   Telemetry Stats() const;
 

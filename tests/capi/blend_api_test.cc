@@ -142,7 +142,17 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   o.layer_fn = Layer;
   o.user = &e;
   kdn_blend_report rep = KDN_BLEND_REPORT_INIT;
+  // 1.4: with a reported prefill rate (1,000 ns per token), the blend's
+  // saving is priced into TTFT saved: positions x the work not recomputed.
+  ASSERT_EQ(kdn_model_report_prefill(model_, 10, 10000), KDN_OK);
+  kdn_stats before = KDN_STATS_INIT;
+  ASSERT_EQ(kdn_runtime_get_stats(rt_, &before), KDN_OK);
   ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_OK) << kdn_last_error_message();
+  kdn_stats after = KDN_STATS_INIT;
+  ASSERT_EQ(kdn_runtime_get_stats(rt_, &after), KDN_OK);
+  EXPECT_NEAR(static_cast<double>(after.ttft_saved_ns - before.ttft_saved_ns),
+              1000.0 * static_cast<double>(total) * (1.0 - rep.recompute_fraction), 1.0);
+  EXPECT_GT(after.ttft_saved_ns, before.ttft_saved_ns);
   EXPECT_EQ(e.bad_lengths, 0);
   EXPECT_EQ(e.calls, c.n_layers);  // one call per layer, in order
   EXPECT_EQ(rep.filled_size, rep.struct_size);

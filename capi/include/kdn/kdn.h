@@ -651,7 +651,8 @@ typedef struct kdn_stats {
   uint64_t prefill_tokens;   /* tokens whose prefill engines reported (kdn_model_report_prefill) */
   uint64_t prefill_ns;       /* the time those prefills took */
   uint64_t ttft_saved_ns;    /* prefill time the loads saved: each load's tokens served x its model's
-                                mean reported prefill time per token at that moment */
+                                mean reported prefill time per token at that moment; and the blends'
+                                (kdn_kv_blend): positions x (1 - recompute_fraction) x that mean */
   uint64_t tokens_served_unpriced; /* tokens served while their model had no report (not in ttft_saved_ns) */
   uint64_t delivery_ns;      /* time spent in loads (retrieves and load ops), hits and misses */
   uint64_t lookup_tokens;    /* tokens the looked-up requests covered */
