@@ -49,14 +49,26 @@ using codec::Bytes;
 
 // ---------------------------------------------------------------- settings
 
-// The codecs at their default settings: record name (a safe identifier) and spec.
+// The codecs at their default settings: record name (a safe identifier) and
+// spec. The transform codec's presets come from the model's profile (its
+// path with the extension .kdntc: models/stories260K.kdntc for the reference
+// model, fitted on the tuning text by `kdn codec calibrate --transform`).
 struct Named {
-  const char* name;
-  const char* spec;
+  std::string name;
+  std::string spec;
 };
-constexpr Named kDefaults[] = {{"raw", "raw"},           {"fp8", "fp8"},           {"int8", "int8"},
-                               {"kivi2", "kivi2"},       {"cachegen", "cachegen"}, {"kdn", "kdn:balanced"},
-                               {"kdn_hifi", "kdn:hifi"}, {"zstd", "zstd"}};
+std::vector<Named> Defaults(const std::string& model_path) {
+  std::vector<Named> out = {{"raw", "raw"},           {"fp8", "fp8"},           {"int8", "int8"},
+                            {"kivi2", "kivi2"},       {"cachegen", "cachegen"}, {"kdn", "kdn:balanced"},
+                            {"kdn_hifi", "kdn:hifi"}, {"zstd", "zstd"}};
+  std::filesystem::path profile =
+      model_path.empty() ? std::filesystem::path(refengine::DefaultModelsDir()) / "stories260K.bin"
+                         : std::filesystem::path(model_path);
+  profile.replace_extension(".kdntc");
+  out.push_back({"tc", "tc:balanced,profile=" + profile.string()});
+  out.push_back({"tc_hifi", "tc:hifi,profile=" + profile.string()});
+  return out;
+}
 
 // One codec's settings sweep: one line of the plot, in the order drawn.
 struct Sweep {
@@ -638,11 +650,12 @@ int RunCodecBench(const CodecBenchOptions& o) {
     }
     points.push_back(std::move(p));
   };
-  for (const Named& d : kDefaults) add_point(d.spec);
+  const std::vector<Named> defaults = Defaults(o.model);
+  for (const Named& d : defaults) add_point(d.spec);
   for (const Sweep& s : sweeps) {
     for (const std::string& spec : s.specs) add_point(spec);
   }
-  for (const Named& d : kDefaults) {
+  for (const Named& d : defaults) {
     Point& p = points[static_cast<size_t>(index.at(d.spec))];
     Point& first = p.same_as >= 0 ? points[static_cast<size_t>(p.same_as)] : p;
     first.wants_long = want_long;
@@ -795,8 +808,8 @@ int RunCodecBench(const CodecBenchOptions& o) {
 
   // Every codec at its default setting: kdn's presets also say the text
   // their parameters were chosen on.
-  auto is_preset = [](const std::string& n) { return n.rfind("kdn", 0) == 0; };
-  for (const Named& d : kDefaults) {
+  auto is_preset = [](const std::string& n) { return n.rfind("kdn", 0) == 0 || n.rfind("tc", 0) == 0; };
+  for (const Named& d : defaults) {
     const Point& p = point(d.spec);
     if (!p.ok) continue;  // warned about above
     const std::string spec = p.codec->spec().ToString();
@@ -904,6 +917,46 @@ int RunCodecBench(const CodecBenchOptions& o) {
       records.Add("codec_ratio_hifi_kdn" + sfx, he.ratio_vs_fp16, "x", hp);
     } else {
       std::fprintf(stderr, "kdn bench codec: warning: no codec_ratio_hifi_kdn%s (kdn:hifi missing)\n", sfx.c_str());
+    }
+  }
+
+  // The transform codec (issue 17: >= 8x fp16 at no more KL than cachegen,
+  // and >= 5x at KL <= 2e-3), with the profile's presets.
+  auto spec_named = [&defaults](const std::string& name) {
+    return std::find_if(defaults.begin(), defaults.end(), [&](const Named& d) { return d.name == name; })->spec;
+  };
+  const Point& tc = point(spec_named("tc"));
+  const Point& tc_hifi = point(spec_named("tc_hifi"));
+  for (bool long_ctx : {false, true}) {
+    if (long_ctx && !want_long) continue;
+    const std::string sfx = long_ctx ? long_suffix : "";
+    if (tc.ok && cg.ok && (!long_ctx || (tc.ok_long && cg.ok_long))) {
+      const codec::EvalResult& te = long_ctx ? tc.eval_long : tc.eval;
+      const codec::EvalResult& ce = long_ctx ? cg.eval_long : cg.eval;
+      nlohmann::json vs = quality_params(long_ctx);
+      vs.update({{"spec", tc.codec->spec().ToString()},
+                 {"tuned_on", tuning_name},
+                 {"against", cg.codec->spec().ToString()},
+                 {"kl_mean", te.kl_mean},
+                 {"cachegen_ratio_vs_fp16", ce.ratio_vs_fp16},
+                 {"cachegen_kl_mean", ce.kl_mean},
+                 {"kl_no_higher", te.kl_mean <= ce.kl_mean},
+                 {"goal", ">= 8 with kl_no_higher"}});
+      records.Add("codec_ratio_tc_at_cachegen_kl" + sfx, te.ratio_vs_fp16, "x", vs);
+    } else {
+      std::fprintf(stderr, "kdn bench codec: warning: no codec_ratio_tc_at_cachegen_kl%s (tc or cachegen missing)\n",
+                   sfx.c_str());
+    }
+    if (tc_hifi.ok && (!long_ctx || tc_hifi.ok_long)) {
+      const codec::EvalResult& he = long_ctx ? tc_hifi.eval_long : tc_hifi.eval;
+      nlohmann::json hp = quality_params(long_ctx);
+      hp.update({{"spec", tc_hifi.codec->spec().ToString()},
+                 {"tuned_on", tuning_name},
+                 {"kl_mean", he.kl_mean},
+                 {"kl_p95", he.kl_p95},
+                 {"kl_within_goal", he.kl_mean <= 2e-3},
+                 {"goal", ">= 5 with kl_mean <= 2e-3"}});
+      records.Add("codec_ratio_hifi_tc" + sfx, he.ratio_vs_fp16, "x", hp);
     }
   }
 

@@ -59,7 +59,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <optional>
 #include <span>
@@ -67,12 +70,16 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
 #include "codec/codec.h"
 #include "codec/payload.h"
 #include "codec/rans.h"
+#include "codec/tc_calibrate.h"
+#include "codec/tc_profile.h"
 #include "keys/hash.h"
 #include "store/tier.h"
 #include "wire/chunk.capnp.h"
@@ -85,7 +92,7 @@ using codec::CodecId;
 using codec::Shape;
 using codec::Spec;
 
-constexpr std::uint32_t kCodecIds = 7;  // CodecId 0..6
+constexpr std::uint32_t kCodecIds = 8;  // CodecId 0..7
 constexpr std::size_t kMaxEdits = 64;
 constexpr std::size_t kMaxRansCount = 4096;
 
@@ -246,9 +253,60 @@ std::vector<std::uint8_t> MakeKv(const Shape& s, std::uint8_t profile, std::uint
 
 // ------------------------------------------------------------ codecs
 
+// A transform profile for `shape`'s model (tc needs one): a Householder
+// reflection as every plane's basis (orthonormal, not the identity), unit
+// variances, the calibration's table family; written once per model shape
+// to the temp directory and loaded (so registered) by the spec that names
+// it. "" when the shape has no rotary pair (head_dim < 2).
+std::string TcProfileFor(const Shape& shape) {
+  static std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, std::string> made;
+  const auto key = std::make_tuple(shape.layers, shape.kv_heads, shape.head_dim);
+  if (auto it = made.find(key); it != made.end()) return it->second;
+  if (shape.head_dim < 2 || shape.layers == 0 || shape.kv_heads == 0) return made[key] = "";
+  codec::TcProfile p;
+  p.layers = shape.layers;
+  p.kv_heads = shape.kv_heads;
+  p.head_dim = shape.head_dim;
+  p.rope.head_dim = static_cast<int>(shape.head_dim);
+  p.rope.rotary_dim = static_cast<int>(shape.head_dim & ~1u);
+  const std::uint32_t C = p.channels();
+  double vv = 0;
+  for (std::uint32_t c = 0; c < C; ++c) vv += double(c + 1) * (c + 1);
+  codec::TcPlane plane;
+  plane.sigma = 1;
+  plane.mean.assign(C, 0.0f);
+  plane.var.assign(C, 1.0f);
+  plane.basis.resize(size_t{C} * C);
+  for (std::uint32_t r = 0; r < C; ++r) {
+    for (std::uint32_t c = 0; c < C; ++c) {
+      plane.basis[size_t{r} * C + c] = static_cast<float>((r == c ? 1.0 : 0.0) - 2.0 * (r + 1) * (c + 1) / vv);
+    }
+  }
+  p.planes.assign(size_t{shape.layers} * 2, plane);
+  p.plane_weight.assign(size_t{shape.layers} * 2, 1.0);
+  p.tables = codec::TcTableFamily();
+  Result<std::vector<std::uint8_t>> bytes = codec::SerializeTcProfile(&p);
+  if (!bytes.ok()) Fail("the fuzzer's transform profile: " + bytes.status().message());
+  // Named by the shape alone (the content is a function of it): written to a
+  // temporary name and renamed, so concurrent fuzzers never read half a file.
+  const std::string name = "kdn_fuzz_tc_" + std::to_string(shape.layers) + "_" + std::to_string(shape.kv_heads) +
+                           "_" + std::to_string(shape.head_dim) + ".kdntc";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path();
+  const std::string path = (dir / name).string(), tmp = (dir / (name + "." + std::to_string(getpid()))).string();
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+    if (!out.flush()) Fail("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) Fail("cannot rename " + tmp + ": " + ec.message());
+  return made[key] = path;
+}
+
 // The encoder specs kMutate draws from; `param` varies the parameterized ones.
-Spec EncoderSpec(std::uint8_t which, std::uint8_t param) {
-  switch (which % 13) {
+Spec EncoderSpec(std::uint8_t which, std::uint8_t param, const Shape& shape) {
+  switch (which % 14) {
     case 0: return Spec{"raw", {}};
     case 1: return Spec{"fp8", {}};
     case 2: return Spec{"fp8", {{"scale", "head"}}};
@@ -261,10 +319,19 @@ Spec EncoderSpec(std::uint8_t which, std::uint8_t param) {
     case 9: return Spec{"cachegen", {{"bins", std::to_string(3 + param % 254)}}};
     case 11: return Spec{"zstd", {}};
     case 12: return Spec{"zstd", {{"level", std::to_string(1 + param % 19)}, {"shuffle", std::to_string(param & 1)}}};
+    case 13: {
+      const std::string profile = TcProfileFor(shape);
+      if (profile.empty()) return Spec{"tc", {{"preset", "none"}}};  // refused by MakeCodec: skipped
+      return Spec{"tc",
+                  {{"profile", profile},
+                   {"step", std::to_string(0.05 + (param % 32) * 0.05)},
+                   {"sink", std::to_string(param / 32 % 3)},
+                   {"lanes", std::to_string(1 + param % 8)}}};
+    }
     default: return Spec{"kdn", {}};  // skipped while MakeCodec(kdn) fails
   }
 }
-constexpr std::uint8_t kEncoderSpecs = 13;
+constexpr std::uint8_t kEncoderSpecs = 14;
 
 // A buffer of exactly n bytes on the heap, so that ASan reports any access
 // past it (a std::vector's spare capacity would hide one).
@@ -402,7 +469,7 @@ void RunSynth(Input& in) {
 void RunMutate(Input& in) {
   const Shape shape = ReadShape(in);
   const std::uint8_t which = in.U8();
-  const Spec spec = EncoderSpec(which, in.U8());
+  const Spec spec = EncoderSpec(which, in.U8(), shape);
   const std::uint8_t decoder = in.U8(), profile = in.U8(), seed = in.U8(), fix = in.U8();
   if (shape.dtype > 2) return;  // nothing to encode
   std::uint32_t encoder_id = 0;
@@ -571,7 +638,7 @@ store::Chunk RandomChunk(const Shape& shape, std::uint8_t seed) {
   for (auto& b : payload) b = static_cast<std::uint8_t>(rng.Next());
   std::uint32_t id = 0;
   if (seed & 0x80) {
-    std::optional<std::vector<std::uint8_t>> encoded = EncodeKv(EncoderSpec(seed & 0x7F, seed), shape, 0, seed, &id);
+    std::optional<std::vector<std::uint8_t>> encoded = EncodeKv(EncoderSpec(seed & 0x7F, seed, shape), shape, 0, seed, &id);
     // meta.codec kRaw means the canonical bytes themselves, not the raw
     // codec's payload: such a chunk keeps its random KV.
     if (encoded && id != static_cast<std::uint32_t>(CodecId::kRaw)) {
@@ -728,7 +795,9 @@ void WriteSeed(const std::string& dir, const std::string& name, const std::vecto
 }
 
 std::string SeedName(const Spec& spec) {
-  std::string s = spec.ToString();
+  Spec named = spec;
+  named.params.erase("profile");  // a path
+  std::string s = named.ToString();
   for (char& c : s) {
     if (c == ':' || c == ',' || c == '=') c = '-';
   }
@@ -747,7 +816,7 @@ int WriteSeeds(const std::string& dir) {
         Shape shape = shapes[k];
         shape.dtype = dtype;
         const std::uint8_t param = 7, profile = 0, seed = static_cast<std::uint8_t>(k + 1);
-        const Spec spec = EncoderSpec(which, param);
+        const Spec spec = EncoderSpec(which, param, shape);
         std::optional<std::vector<std::uint8_t>> payload = EncodeKv(spec, shape, profile, seed);
         if (!payload) continue;
         const std::string tag = SeedName(spec) + "-dt" + std::to_string(dtype) + "-s" + std::to_string(k);

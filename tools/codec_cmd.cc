@@ -8,6 +8,8 @@
 
 #include "codec/calibrate.h"
 #include "codec/codec.h"
+#include "codec/tc_calibrate.h"
+#include "keys/hash.h"
 #include "codec/eval.h"
 #include "model_loader.h"
 
@@ -63,6 +65,83 @@ int RunCodecEval(const CodecEvalOptions& o) {
   return 0;
 }
 
+namespace {
+
+nlohmann::ordered_json FitJson(const codec::EvalResult& r) {
+  return {{"ratio_vs_fp16", r.ratio_vs_fp16}, {"kl_mean", r.kl_mean}, {"kl_p95", r.kl_p95},
+          {"top1_agreement", r.top1_agreement}};
+}
+
+int CalibrateTransform(const CodecCalibrateOptions& o, const refengine::LoadedModel& loaded,
+                       const std::vector<int>& tokens) {
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "kdn codec calibrate --transform: %s\n", message.c_str());
+    return 2;
+  };
+  if (o.out.empty()) return fail("--out FILE is required (the profile is binary)");
+  const model::ModelConfig& c = loaded.weights->config();
+  codec::TcCalibrateOptions co;
+  co.eval.context = o.context;
+  co.eval.continue_tokens = o.continue_tokens;
+  co.max_contexts = o.max_contexts;
+  co.vmul = o.vmul;
+  co.rope.head_dim = c.head_dim();
+  co.rope.theta = 10000.0;  // llama2.c's
+  co.work_path = o.out + ".partial";
+  // The fingerprints a runtime gives this model's KV (the reference engine's
+  // identity, or the one given), in every dtype an engine may hold it in.
+  const std::string engine_fingerprint = o.fingerprint.empty() ? loaded.fingerprint : o.fingerprint;
+  for (std::uint32_t dtype : {0u, 1u, 2u}) {
+    keys::ModelIdentity id;
+    id.layers = static_cast<std::uint32_t>(c.n_layers);
+    id.kv_heads = static_cast<std::uint32_t>(c.n_kv_heads);
+    id.head_dim = static_cast<std::uint32_t>(c.head_dim());
+    id.dtype = dtype;
+    id.rope_theta = 10000.0f;
+    id.rope_style = 0;
+    id.rotary_dim = id.head_dim;
+    id.fingerprint = engine_fingerprint;
+    co.fingerprints.push_back(keys::ModelFingerprint(id));
+  }
+  Result<codec::TcCalibration> cal = codec::CalibrateTransform(*loaded.weights, tokens, co);
+  std::remove(co.work_path.c_str());
+  if (!cal.ok()) return fail(cal.status().message());
+  Result<std::vector<std::uint8_t>> bytes = codec::SerializeTcProfile(&cal->profile);
+  if (!bytes.ok()) return fail(bytes.status().message());
+  {
+    std::ofstream f(o.out, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+    if (!f.flush()) return fail("cannot write the profile '" + o.out + "'");
+  }
+  nlohmann::ordered_json j = {{"profile", o.out},
+                              {"bytes", bytes->size()},
+                              {"contexts", cal->contexts},
+                              {"evaluations", cal->evaluations},
+                              {"cachegen", FitJson(cal->cachegen)}};
+  for (size_t p = 0; p < cal->spectra.size(); ++p) j["spectra"].push_back(cal->spectra[p]);
+  for (const codec::PresetFit& f : cal->presets) {
+    nlohmann::ordered_json fj = FitJson(f.result);
+    fj["spec"] = "tc:" + f.name + ",profile=" + o.out;
+    fj["step"] = f.step;
+    fj["target_kl"] = f.target_kl;
+    j["presets"][f.name] = fj;
+  }
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("transform profile %s: %zu bytes, %d contexts of %d tokens\n", o.out.c_str(), bytes->size(),
+                cal->contexts, o.context);
+    std::printf("cachegen: %.3gx at KL %.4g\n", cal->cachegen.ratio_vs_fp16, cal->cachegen.kl_mean);
+    for (const codec::PresetFit& f : cal->presets) {
+      std::printf("%s: step %.4g, %.3gx at KL %.4g (target %.4g): --codec tc:%s,profile=%s\n", f.name.c_str(),
+                  f.step, f.result.ratio_vs_fp16, f.result.kl_mean, f.target_kl, f.name.c_str(), o.out.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 int RunCodecCalibrate(const CodecCalibrateOptions& o) {
   auto fail = [](const std::string& message) {
     std::fprintf(stderr, "kdn codec calibrate: %s\n", message.c_str());
@@ -74,6 +153,7 @@ int RunCodecCalibrate(const CodecCalibrateOptions& o) {
   auto loaded = refengine::LoadModel(o.model, o.tokenizer, /*allow_random=*/false);
   if (!loaded.ok()) return fail(loaded.status().message());
   const std::vector<int> tokens = codec::TokenizeStories(*loaded->tokenizer, text);
+  if (o.transform) return CalibrateTransform(o, *loaded, tokens);
   codec::CalibrateOptions co;
   co.eval.context = o.context;
   co.eval.continue_tokens = o.continue_tokens;
@@ -133,6 +213,11 @@ CodecCommand::CodecCommand(CLI::App& app) {
   calibrate_cmd_->add_option("--max-contexts", calibrate_.max_contexts, "use at most this many contexts (0: all)")
       ->capture_default_str();
   calibrate_cmd_->add_flag("--json", calibrate_.json, "print one JSON object");
+  calibrate_cmd_->add_flag("--transform", calibrate_.transform,
+                           "fit the transform codec (tc): per-layer KLT bases and presets, a binary profile at --out");
+  calibrate_cmd_->add_option("--vmul", calibrate_.vmul, "tc: values' step relative to keys'")->capture_default_str();
+  calibrate_cmd_->add_option("--fingerprint", calibrate_.fingerprint,
+                             "tc: the model fingerprint the engine gives kdn (default: the reference engine's)");
 }
 
 }  // namespace kdn::tools

@@ -26,6 +26,11 @@ struct CodecCalibrateOptions {
   int continue_tokens = 64;
   int max_contexts = 0;
   bool json = false;
+  // The transform codec's profile (core/codec/tc_calibrate.h) instead of
+  // kdn's: binary, so --out is required.
+  bool transform = false;
+  double vmul = 2.5;
+  std::string fingerprint;  // the engine's model fingerprint; default: the reference engine's
 };
 
 // Measures kdn's codec on a model (core/codec/calibrate.h), prints the

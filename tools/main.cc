@@ -18,6 +18,7 @@
 #include "demo.h"
 #include "disk_cmd.h"
 #include "foundation_bench.h"
+#include "gpu_bench.h"
 #include "kdn/kdn.h"
 #include "model/transformer.h"
 #include "model_loader.h"
@@ -180,6 +181,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   codecb->add_flag("--quick", cbo.quick, "few contexts and repeats (a smoke test, not a measurement)");
 
+  kdn::bench::GpuBenchOptions gbo;
+  auto* gpub = bench->add_subcommand("gpu", "GPU decode per codec vs the PCIe copy of the raw bytes (needs a CUDA GPU)");
+  gpub->add_option("--json", gbo.json_path, "output file")->required();
+  gpub->add_option("--repeats", gbo.repeats, "timed runs per measure (median)")->check(CLI::Range(1, 100000));
+
   kdn::bench::BlendBenchOptions bbo;
   auto* blendb = bench->add_subcommand("blend", "Blending at ratios 0..100%: KL, top-1, TTFT vs full prefill; a PNG");
   blendb->add_option("--json", bbo.json_path, "output file")->required();
@@ -230,6 +236,7 @@ int main(int argc, char** argv) {
   if (*redisb) return kdn::bench::RunRedisBench(rdo);
   if (*codecb) return kdn::bench::RunCodecBench(cbo);
   if (*blendb) return kdn::bench::RunBlendBench(bbo);
+  if (*gpub) return kdn::bench::RunGpuBench(gbo);
   if (*bindingsb) return kdn::bench::RunBindingsBench(bio);
   return 1;
 }

@@ -46,6 +46,45 @@ Result<EvalResult> EvalSpec(const model::Checkpoint& weights, const std::vector<
 
 }  // namespace
 
+Result<PresetFit> FitStep(double target_kl, double probe_step,
+                          const std::function<Result<EvalResult>(double)>& eval) {
+  PresetFit fit;
+  fit.target_kl = target_kl;
+  // A first guess from KL ~ step^2, then bisection in log(step) between a
+  // step known to meet the target and one known to miss it.
+  Result<EvalResult> probe = eval(probe_step);
+  if (!probe.ok()) return probe.status();
+  double lo = 0, hi = 0;  // lo meets the target, hi misses; 0 = unknown
+  auto consider = [&](double step, const EvalResult& r) {
+    if (r.kl_mean <= target_kl) {
+      if (step > lo) lo = step, fit.result = r;
+    } else if (hi == 0 || step < hi) {
+      hi = step;
+    }
+  };
+  consider(probe_step, *probe);
+  double step = std::clamp(probe_step * std::sqrt(target_kl / std::max(probe->kl_mean, 1e-12)), kMinStep, kMaxStep);
+  for (int i = 0; i < kBisections; ++i) {
+    Result<EvalResult> r = eval(step);
+    if (!r.ok()) return r.status();
+    consider(step, *r);
+    if (lo > 0 && hi > 0) {
+      step = std::sqrt(lo * hi);
+    } else if (lo > 0) {
+      step = std::min(lo * 1.5, kMaxStep);
+    } else {
+      step = std::max(hi / 1.5, kMinStep);
+    }
+    if (lo > 0 && hi > 0 && hi / lo < 1.03) break;
+  }
+  if (lo == 0) {
+    return Status::InvalidArgument("calibration: no step down to " + Number(kMinStep) + " meets KL " +
+                                   Number(target_kl));
+  }
+  fit.step = lo;
+  return fit;
+}
+
 Result<Calibration> Calibrate(const model::Checkpoint& weights, const std::vector<int>& text_tokens,
                               const CalibrateOptions& o) {
   std::vector<int> tokens = text_tokens;
@@ -100,45 +139,10 @@ Result<Calibration> Calibrate(const model::Checkpoint& weights, const std::vecto
   for (const auto& [name, target] : {std::pair<std::string, double>{"balanced", o.balanced_kl > 0 ? o.balanced_kl
                                                                                                   : o.balanced_margin * cg->kl_mean},
                                      std::pair<std::string, double>{"hifi", o.hifi_kl}}) {
-    PresetFit fit;
-    fit.name = name;
-    fit.target_kl = target;
-    // A first guess from KL ~ step^2, then bisection in log(step) between a
-    // step known to meet the target and one known to miss it.
-    Result<EvalResult> probe = eval(KdnSpec(o.probe_step, c.plane_weight, o));
-    if (!probe.ok()) return probe.status();
-    double lo = 0, hi = 0;  // lo meets the target, hi misses; 0 = unknown
-    EvalResult best;
-    const double target_kl = target;  // (a lambda may not capture a structured binding before C++20 in clang 14)
-    auto consider = [&](double step, const EvalResult& r) {
-      if (r.kl_mean <= target_kl) {
-        if (step > lo) lo = step, best = r;
-      } else if (hi == 0 || step < hi) {
-        hi = step;
-      }
-    };
-    consider(o.probe_step, *probe);
-    double step = std::clamp(o.probe_step * std::sqrt(target / std::max(probe->kl_mean, 1e-12)), kMinStep, kMaxStep);
-    for (int i = 0; i < kBisections; ++i) {
-      Result<EvalResult> r = eval(KdnSpec(step, c.plane_weight, o));
-      if (!r.ok()) return r.status();
-      consider(step, *r);
-      if (lo > 0 && hi > 0) {
-        step = std::sqrt(lo * hi);
-      } else if (lo > 0) {
-        step = std::min(lo * 1.5, kMaxStep);
-      } else {
-        step = std::max(hi / 1.5, kMinStep);
-      }
-      if (lo > 0 && hi > 0 && hi / lo < 1.03) break;
-    }
-    if (lo == 0) {
-      return Status::InvalidArgument("calibration: no step down to " + Number(kMinStep) + " meets KL " +
-                                     Number(target) + " for preset " + name);
-    }
-    fit.step = lo;
-    fit.result = best;
-    c.presets.push_back(fit);
+    Result<PresetFit> fit = FitStep(target, o.probe_step, [&](double step) { return eval(KdnSpec(step, c.plane_weight, o)); });
+    if (!fit.ok()) return Status::InvalidArgument(fit.status().message() + " for preset " + name);
+    fit->name = name;
+    c.presets.push_back(*fit);
   }
   return c;
 }

@@ -22,6 +22,7 @@
 // Thread-safety: Calibrate is reentrant.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,13 @@ struct Calibration {
   std::vector<PresetFit> presets;
   int evaluations = 0;
 };
+
+// The largest step (log-scale search in [0.01, 16], starting from
+// `probe_step`, about 8 evaluations) whose evaluation keeps the KL mean at
+// or under `target_kl`; `eval(step)` encodes with that step. fit.name is
+// left to the caller. kInvalidArgument when no step meets the target.
+Result<PresetFit> FitStep(double target_kl, double probe_step,
+                          const std::function<Result<EvalResult>(double)>& eval);
 
 // kInvalidArgument as Evaluate; the model's layers set the number of planes.
 Result<Calibration> Calibrate(const model::Checkpoint& weights, const std::vector<int>& text_tokens,

@@ -1,5 +1,5 @@
 // Spec parsing and printing, and the dispatch from a spec or a codec id to
-// a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn, zstd.
+// a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn, zstd, tc.
 #include "codec/codec.h"
 
 #include <string>
@@ -94,8 +94,9 @@ Result<std::unique_ptr<Codec>> MakeCodec(const Spec& spec) {
   if (spec.name == "cachegen") return internal::MakeCacheGen(spec);
   if (spec.name == "kdn") return internal::MakeKdn(spec);
   if (spec.name == "zstd") return internal::MakeZstd(spec);
+  if (spec.name == "tc") return internal::MakeTc(spec);
   return Status::InvalidArgument("unknown codec '" + spec.name +
-                                 "' (known: raw, fp8, int8, kivi2, cachegen, kdn, zstd)");
+                                 "' (known: raw, fp8, int8, kivi2, cachegen, kdn, zstd, tc)");
 }
 
 bool IsLossy(CodecId id) { return id != CodecId::kRaw && id != CodecId::kZstd; }
@@ -111,6 +112,7 @@ Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
     case CodecId::kCacheGen: return MakeCodec(Spec{"cachegen", {}});
     case CodecId::kKdn: return MakeCodec(Spec{"kdn", {}});
     case CodecId::kZstd: return MakeCodec(Spec{"zstd", {}});
+    case CodecId::kTc: return MakeCodec(Spec{"tc", {}});
   }
   return Status::Unsupported("unknown codec id " + std::to_string(static_cast<std::uint32_t>(id)) +
                              " (written by a newer kdn?)");

@@ -41,7 +41,24 @@ struct Shape {
 
 // Codec ids as the chunk envelope records them. Pinned forever: only
 // appended.
-enum class CodecId : std::uint32_t { kRaw = 0, kFp8 = 1, kInt8 = 2, kKivi2 = 3, kCacheGen = 4, kKdn = 5, kZstd = 6 };
+enum class CodecId : std::uint32_t {
+  kRaw = 0,
+  kFp8 = 1,
+  kInt8 = 2,
+  kKivi2 = 3,
+  kCacheGen = 4,
+  kKdn = 5,
+  kZstd = 6,
+  kTc = 7,  // transform codec (core/codec/tc.cc)
+};
+
+// What a store knows of a chunk beyond its shape: a codec that models one
+// model's KV (tc) checks the model and undoes RoPE at the chunk's positions.
+struct ChunkInfo {
+  std::int64_t first_position = -1;  // -1: position-free (taken as 0)
+  bool has_model = false;
+  std::uint8_t model[32] = {};  // the model's fingerprint (keys::ModelFingerprint)
+};
 
 // Whether decoding a payload of `id` may give other bytes than were encoded
 // (the codec quantizes). raw and zstd are lossless; every other codec is
@@ -55,6 +72,12 @@ class Codec {
   virtual const Spec& spec() const = 0;
   // Encodes `kv` (shape.bytes() bytes, canonical layout, shape.dtype).
   virtual Result<Bytes> Encode(const Shape& shape, const std::uint8_t* kv) const = 0;
+  // The same, knowing the chunk's model and position (the store calls this
+  // one). A codec that needs neither ignores `info`.
+  virtual Result<Bytes> EncodeWith(const Shape& shape, const std::uint8_t* kv, const ChunkInfo& info) const {
+    (void)info;
+    return Encode(shape, kv);
+  }
   // Decodes into `out` (shape.bytes() bytes). The payload's own header must
   // describe `shape` (else kCorrupt); truncated, oversized or inconsistent
   // payloads are kCorrupt and `out` is left unspecified but never read past.

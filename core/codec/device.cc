@@ -18,7 +18,10 @@
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include <cublas_v2.h>
+
 #include "codec.cuh"
+#include "tc.cuh"
 #endif
 
 namespace kdn::codec {
@@ -305,6 +308,9 @@ Status KdnDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*
 Status CacheGenDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*) {
   return Status::Unsupported("cachegen decode on a device: this build has no CUDA kernels");
 }
+Status TcDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*) {
+  return Status::Unsupported("tc decode on a device: this build has no CUDA kernels");
+}
 
 #else
 
@@ -435,6 +441,116 @@ Status CacheGenDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_ho
                   "cachegen decode on a device");
   KDN_CUDA_RETURN(cudaStreamSynchronize(stream), "cachegen decode on a device");
   if (failed != ~0u) return Status::Corrupt("cachegen payload: stream " + std::to_string(failed) + " does not decode");
+  return Status::Ok();
+}
+
+namespace {
+
+// A cuBLAS handle for one call, bound to its stream.
+class Blas {
+ public:
+  ~Blas() {
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+  }
+  Status Open(cudaStream_t stream) {
+    const cublasStatus_t st = cublasCreate(&handle_);
+    if (st == CUBLAS_STATUS_NOT_INITIALIZED) {
+      handle_ = nullptr;  // no usable device (docs: ../shared/TOOLCHAIN.md)
+      return Status::Unsupported("tc decode on a device: cuBLAS found no usable CUDA device");
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      return Status::Internal("tc decode on a device: cublasCreate failed (" + std::to_string(static_cast<int>(st)) + ")");
+    }
+    if (cublasSetStream(handle_, stream) != CUBLAS_STATUS_SUCCESS) return Status::Internal("cublasSetStream failed");
+    return Status::Ok();
+  }
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+}  // namespace
+
+Status TcDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
+                        void* cuda_stream) {
+  Result<TcDirectory> d = ParseTcDirectory(shape, payload_host, size);
+  if (!d.ok()) return d.status();
+  if (out_device == nullptr && shape.bytes() > 0) return Status::InvalidArgument("tc decode on a device: null output");
+  const TcProfile& pr = *d->profile;
+  const std::uint32_t C = pr.channels(), T = shape.tokens, planes = shape.layers * 2;
+  const std::uint64_t plane_floats = std::uint64_t{T} * C;
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  Blas blas;
+  KDN_RETURN_IF_ERROR(blas.Open(stream));
+  Arena arena(stream);
+  const std::uint64_t payload_at = arena.Reserve(size);
+  const std::uint64_t streams_at = arena.Reserve(d->streams.size() * sizeof(kernels::TcStreamDir));
+  const std::uint64_t comps_at = arena.Reserve(d->comps.size() * 4);
+  const std::uint64_t table_of_at = arena.Reserve(d->table_of.size() * 4);
+  const std::uint64_t range_at = arena.Reserve(d->range.size() * 4);
+  const std::uint64_t step_at = arena.Reserve(d->step.size() * 4);
+  const std::uint64_t mean_at = arena.Reserve(d->mean.size() * 4);
+  const std::uint64_t sinks_at = arena.Reserve(d->sinks_at.size() * 8);
+  const std::uint64_t slots_at = arena.Reserve(pr.slots.size() * 4);
+  const std::uint64_t bases_at = arena.Reserve(pr.bases.size() * 4);
+  const std::uint64_t y_at = arena.Reserve(planes * plane_floats * 4);
+  const std::uint64_t acc_at = arena.Reserve(planes * plane_floats * 4);
+  const std::uint64_t failed_at = arena.Reserve(8);
+  KDN_CUDA_RETURN(arena.Allocate(), "tc decode on a device: allocating scratch");
+  KDN_CUDA_RETURN(cudaMemcpyAsync(arena.At<std::uint8_t>(payload_at), payload_host, size, cudaMemcpyHostToDevice, stream),
+                  "tc decode on a device: uploading the payload");
+  KDN_CUDA_RETURN(Upload(d->streams, arena.At<kernels::TcStreamDir>(streams_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->comps, arena.At<std::uint32_t>(comps_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->table_of, arena.At<std::uint32_t>(table_of_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->range, arena.At<std::int32_t>(range_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->step, arena.At<float>(step_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->mean, arena.At<float>(mean_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(d->sinks_at, arena.At<std::uint64_t>(sinks_at), stream), "tc decode: uploading");
+  KDN_CUDA_RETURN(Upload(pr.slots, arena.At<std::uint32_t>(slots_at), stream), "tc decode: uploading the tables");
+  KDN_CUDA_RETURN(Upload(pr.bases, arena.At<float>(bases_at), stream), "tc decode: uploading the bases");
+  KDN_CUDA_RETURN(cudaMemsetAsync(arena.At<float>(y_at), 0, planes * plane_floats * 4, stream), "tc decode");
+  KDN_CUDA_RETURN(cudaMemsetAsync(arena.At<std::uint32_t>(failed_at), 0xFF, 8, stream), "tc decode");
+  kernels::TcDecodeArgs a = TcStreamScalars(shape, *d);
+  a.payload = arena.At<std::uint8_t>(payload_at);
+  a.streams = arena.At<kernels::TcStreamDir>(streams_at);
+  a.comps = arena.At<std::uint32_t>(comps_at);
+  a.table_of = arena.At<std::uint32_t>(table_of_at);
+  a.range = arena.At<std::int32_t>(range_at);
+  a.step = arena.At<float>(step_at);
+  a.slots = arena.At<std::uint32_t>(slots_at);
+  a.y = arena.At<float>(y_at);
+  a.failed = arena.At<std::uint32_t>(failed_at);
+  KDN_CUDA_RETURN(kernels::launch_tc_streams(a, stream), "tc decode on a device: launching the streams");
+  // acc (row-major T x C per plane) = y B^T: column-major, acc^T (C x T) =
+  // B (C x C) y^T (C x T), and the row-major basis read column-major is
+  // B^T, hence op(A) = transpose.
+  if (plane_floats > 0) {
+    const float one = 1.0f, zero = 0.0f;
+    const cublasStatus_t st = cublasSgemmStridedBatched(
+        blas.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(C), static_cast<int>(T), static_cast<int>(C), &one,
+        arena.At<float>(bases_at), static_cast<int>(C), static_cast<long long>(C) * C, arena.At<float>(y_at),
+        static_cast<int>(C), static_cast<long long>(plane_floats), &zero, arena.At<float>(acc_at), static_cast<int>(C),
+        static_cast<long long>(plane_floats), static_cast<int>(planes));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      return Status::Internal("tc decode on a device: cublasSgemmStridedBatched failed (" +
+                              std::to_string(static_cast<int>(st)) + ")");
+    }
+  }
+  kernels::TcFinishArgs f = TcFinishScalars(shape, *d);
+  f.payload = a.payload;
+  f.sinks_at = arena.At<std::uint64_t>(sinks_at);
+  f.mean = arena.At<float>(mean_at);
+  f.acc = arena.At<float>(acc_at);
+  f.out = out_device;
+  f.failed = arena.At<std::uint32_t>(failed_at) + 1;
+  KDN_CUDA_RETURN(kernels::launch_tc_finish(f, stream), "tc decode on a device: launching the finish");
+  std::uint32_t failed[2] = {0, 0};
+  KDN_CUDA_RETURN(cudaMemcpyAsync(failed, a.failed, 8, cudaMemcpyDeviceToHost, stream), "tc decode on a device");
+  KDN_CUDA_RETURN(cudaStreamSynchronize(stream), "tc decode on a device");
+  if (failed[0] != ~0u) return Status::Corrupt("tc payload: stream " + std::to_string(failed[0]) + " does not decode");
+  if (failed[1] != ~0u) return Status::Corrupt("tc payload: values overflow the dtype");
   return Status::Ok();
 }
 

@@ -16,10 +16,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "codec/codec.h"
+#include "codec/tc_profile.h"
 #include "common/codec_device_math.h"
+#include "common/tc_device_math.h"
 #include "util/status.h"
 
 namespace kdn::codec {
@@ -47,10 +50,39 @@ struct CacheGenDirectory {
 };
 Result<CacheGenDirectory> ParseCacheGenDirectory(const Shape& shape, const std::uint8_t* data, size_t size);
 
+// What the transform codec's decode kernels need besides the payload bytes
+// (kernels::TcDecodeArgs, TcFinishArgs): the payload's profile and, per
+// plane and component, the parsed fields.
+struct TcDirectory {
+  std::shared_ptr<const TcProfile> profile;
+  std::uint32_t sinks = 0, lanes = 1;  // sinks: min(param0, tokens)
+  std::int64_t first = 0;
+  std::vector<float> mean, step;           // [plane * C + i]
+  std::vector<std::int32_t> range;         // [plane * C + i] (0 for uncoded components)
+  std::vector<std::uint32_t> table_of;     // [plane * C + i] (0 for uncoded components)
+  std::vector<std::uint64_t> sinks_at;     // [plane]
+  std::vector<kernels::TcStreamDir> streams;
+  std::vector<std::uint32_t> comps;
+};
+// Parses and checks everything but the streams' contents. The profile is
+// `hint` when the payload names it, else the one this process registered
+// under the payload's id (kCorrupt if none: the chunk is unreadable here).
+Result<TcDirectory> ParseTcDirectory(const Shape& shape, const std::uint8_t* data, size_t size,
+                                     std::shared_ptr<const TcProfile> hint = nullptr);
+
+// The scalars of the tc decode kernels' arguments for a parsed payload (the
+// caller sets every pointer: device or host memory).
+kernels::TcDecodeArgs TcStreamScalars(const Shape& shape, const TcDirectory& d);
+kernels::TcFinishArgs TcFinishScalars(const Shape& shape, const TcDirectory& d);
+
 // The device decode emulated on the CPU, into `out` (shape.bytes() bytes,
 // host memory, canonical layout). Same contract as Codec::Decode.
 Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out);
 Status CacheGenDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out);
+// The transform codec's: the kernels' per-thread work and tc_accumulate for
+// the product (the CPU codec decodes with it).
+Status TcDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out,
+                        std::shared_ptr<const TcProfile> hint = nullptr);
 
 // Whether this build has the CUDA kernels (a device may still be missing).
 bool DeviceCodecsBuilt();
@@ -67,5 +99,13 @@ Status KdnDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, s
                          void* cuda_stream);
 Status CacheGenDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
                               void* cuda_stream);
+// The transform codec: the payload, the directory, the profile's tables and
+// bases uploaded (per call: about 1 MiB for stories260K's profile), the
+// streams decoded (one thread each), the product by cuBLAS
+// (cublasSgemmStridedBatched, one batch entry per plane), then the finish
+// kernel. Results agree with TcDecodeEmulated within float rounding of the
+// product (another order of summation), not bit for bit.
+Status TcDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
+                        void* cuda_stream);
 
 }  // namespace kdn::codec

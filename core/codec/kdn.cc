@@ -632,21 +632,6 @@ class KdnCodec final : public Codec {
   Params p_;
 };
 
-// Splits "a_b_c" into numbers.
-Result<std::vector<double>> ParseList(const std::string& name, const std::string& value) {
-  std::vector<double> out;
-  size_t start = 0;
-  while (true) {
-    const size_t sep = value.find('_', start);
-    Result<double> v = ParseFloat(name, value.substr(start, sep - start), 1e-3, 1e3);
-    if (!v.ok()) return v.status();
-    out.push_back(*v);
-    if (sep == std::string::npos) break;
-    start = sep + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Codec>> MakeKdn(const Spec& spec) {
@@ -683,35 +668,19 @@ Result<std::unique_ptr<Codec>> MakeKdn(const Spec& spec) {
   }
   for (const auto& [key, value] : spec.params) params[key] = value;
   p.vmul = params.count("pw") ? 1.0 : 2.5;
+  const StepFields fields{&p.step, &p.vmul, &p.sinks, &p.lanes, &p.plane_weight};
   for (const auto& [key, value] : params) {
-    if (key == "step") {
-      Result<double> v = ParseFloat(key, value, 1e-3, 64);
-      if (!v.ok()) return v.status();
-      p.step = *v;
-    } else if (key == "alpha") {
+    Result<bool> shared = ParseStepField(key, value, fields);
+    if (!shared.ok()) return shared.status();
+    if (*shared) continue;
+    if (key == "alpha") {
       Result<double> v = ParseFloat(key, value, 0, 1);
       if (!v.ok()) return v.status();
       p.alpha = *v;
-    } else if (key == "vmul") {
-      Result<double> v = ParseFloat(key, value, 1e-2, 1e2);
-      if (!v.ok()) return v.status();
-      p.vmul = *v;
-    } else if (key == "sink") {
-      Result<std::uint32_t> v = ParseUint(key, value, 0, kMaxSinks);
-      if (!v.ok()) return v.status();
-      p.sinks = *v;
     } else if (key == "group") {
       Result<std::uint32_t> v = ParseUint(key, value, 1, kMaxGroup);
       if (!v.ok()) return v.status();
       p.group = *v;
-    } else if (key == "lanes") {
-      Result<std::uint32_t> v = ParseUint(key, value, 1, kernels::kKdnMaxLanes);
-      if (!v.ok()) return v.status();
-      p.lanes = *v;
-    } else if (key == "pw") {
-      Result<std::vector<double>> v = ParseList(key, value);
-      if (!v.ok()) return v.status();
-      p.plane_weight = *v;
     }
   }
   // The spec as given (a preset stays named; explicit parameters override it).

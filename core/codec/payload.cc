@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "common/kdn_quant.h"
 
 namespace kdn::codec::internal {
 namespace {
@@ -160,6 +161,42 @@ Result<double> ParseFloat(const std::string& name, const std::string& value, dou
                                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return v;
+}
+
+Result<std::vector<double>> ParseList(const std::string& name, const std::string& value) {
+  std::vector<double> out;
+  size_t start = 0;
+  while (true) {
+    const size_t sep = value.find('_', start);
+    Result<double> v = ParseFloat(name, value.substr(start, sep - start), 1e-3, 1e3);
+    if (!v.ok()) return v.status();
+    out.push_back(*v);
+    if (sep == std::string::npos) break;
+    start = sep + 1;
+  }
+  return out;
+}
+
+Result<bool> ParseStepField(const std::string& key, const std::string& value, const StepFields& f) {
+  if (key == "step" || key == "vmul") {
+    Result<double> v = key == "step" ? ParseFloat(key, value, 1e-3, 64) : ParseFloat(key, value, 1e-2, 1e2);
+    if (!v.ok()) return v.status();
+    *(key == "step" ? f.step : f.vmul) = *v;
+    return true;
+  }
+  if (key == "sink" || key == "lanes") {
+    Result<std::uint32_t> v = key == "sink" ? ParseUint(key, value, 0, 1024) : ParseUint(key, value, 1, kernels::kKdnMaxLanes);
+    if (!v.ok()) return v.status();
+    *(key == "sink" ? f.sinks : f.lanes) = *v;
+    return true;
+  }
+  if (key == "pw") {
+    Result<std::vector<double>> v = ParseList(key, value);
+    if (!v.ok()) return v.status();
+    *f.plane_weight = std::move(v).value();
+    return true;
+  }
+  return false;
 }
 
 }  // namespace kdn::codec::internal

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "codec/codec.h"
 #include "common/half.h"
@@ -92,6 +93,22 @@ Result<std::uint32_t> ParseUint(const std::string& name, const std::string& valu
 // Reads a decimal floating-point parameter in [lo, hi].
 Result<double> ParseFloat(const std::string& name, const std::string& value, double lo, double hi);
 
+// Reads a list of numbers in [1e-3, 1e3] joined by '_' ("1_0.5_2"): the
+// per-plane weights of kdn and tc.
+Result<std::vector<double>> ParseList(const std::string& name, const std::string& value);
+
+// The quantizing parameters kdn and tc share, where a parser stores them.
+struct StepFields {
+  double* step;                      // step: in [1e-3, 64]
+  double* vmul;                      // vmul: in [1e-2, 1e2]
+  std::uint32_t* sinks;              // sink: in [0, 1024]
+  std::uint32_t* lanes;              // lanes: in [1, kernels::kKdnMaxLanes]
+  std::vector<double>* plane_weight;  // pw: ParseList
+};
+// Parses `key` into its field if it is one of them: true if it was, false
+// if the key is another (nothing written), or the value's error.
+Result<bool> ParseStepField(const std::string& key, const std::string& value, const StepFields& fields);
+
 Result<std::unique_ptr<Codec>> MakeRaw(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeFp8(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeInt8(const Spec& spec);
@@ -99,5 +116,6 @@ Result<std::unique_ptr<Codec>> MakeKivi(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeCacheGen(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeKdn(const Spec& spec);
 Result<std::unique_ptr<Codec>> MakeZstd(const Spec& spec);
+Result<std::unique_ptr<Codec>> MakeTc(const Spec& spec);
 
 }  // namespace kdn::codec::internal

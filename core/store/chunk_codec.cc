@@ -1,5 +1,6 @@
 #include "store/chunk_codec.h"
 
+#include <cstring>
 #include <new>
 #include <optional>
 #include <utility>
@@ -45,7 +46,12 @@ Result<ChunkRef> EncodeChunk(const codec::Codec& codec, const Chunk& chunk) {
                                    " bytes does not match the chunk's shape and dtype");
   }
   try {
-    Result<codec::Bytes> encoded = codec.Encode(ShapeOf(chunk.meta), chunk.payload.data());
+    codec::ChunkInfo info;
+    info.first_position = chunk.meta.first_position;
+    info.has_model = true;
+    static_assert(sizeof info.model == sizeof chunk.meta.model);
+    std::memcpy(info.model, chunk.meta.model.data(), sizeof info.model);
+    Result<codec::Bytes> encoded = codec.EncodeWith(ShapeOf(chunk.meta), chunk.payload.data(), info);
     if (!encoded.ok()) return encoded.status();
     // The chunk adopts the encoder's buffer: no copy.
     auto buffer = std::make_shared<codec::Bytes>(std::move(encoded).value());

@@ -48,6 +48,7 @@ enum Codec {
   cachegen @4;  # LMCache's CacheGen, range-coded
   kdn @5;       # kdn's compressing codec
   zstd @6;      # lossless: byte planes compressed by zstd
+  tc @7;        # kdn's transform codec (a per-model KLT profile)
 }
 
 # Element type of the KV (mirrors kdn_dtype).

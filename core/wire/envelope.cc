@@ -38,6 +38,7 @@ KDN_SAME_CODEC(kKivi2, kKivi2, KIVI2);
 KDN_SAME_CODEC(kCacheGen, kCacheGen, CACHEGEN);
 KDN_SAME_CODEC(kKdn, kKdn, KDN);
 KDN_SAME_CODEC(kZstd, kZstd, ZSTD);
+KDN_SAME_CODEC(kTc, kTc, TC);
 #undef KDN_SAME_CODEC
 
 bool KnownCodec(std::uint16_t codec) { return codec <= kLastKnownCodec; }

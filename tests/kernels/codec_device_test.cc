@@ -31,6 +31,7 @@
 #include "codec/payload.h"
 #include "common/codec_device_math.h"
 #include "ref/codec_ref.h"
+#include "test_gpu.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -565,14 +566,7 @@ TEST(CodecDeviceEmulation, RejectsBadStreamsAndMismatches) {
 
 // ---- the device entry points
 
-#ifdef KDN_HAVE_CUDA
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#else
-bool HaveGpu() { return false; }
-#endif
+using kdn::testing::HaveGpu;
 
 TEST(CodecDevice, WithoutADeviceTheEntryPointsSayUnsupported) {
   if (HaveGpu()) GTEST_SKIP() << "a CUDA device is present: the device tests below cover it";

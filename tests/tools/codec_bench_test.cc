@@ -144,6 +144,21 @@ TEST(CodecBench, QuickWritesPlausibleRecords) {
   // under 10 layers.
   EXPECT_EQ(value("codec_ratio_cachegen"), value("codec_curve_cachegen_bins_32"));
 
+  // The transform codec with the reference model's profile
+  // (models/stories260K.kdntc): its presets' records, the text they were
+  // tuned on, and its speed beside zstd's.
+  for (const std::string n : {"tc", "tc_hifi"}) {
+    EXPECT_GT(value("codec_ratio_" + n), 1.0) << n;
+    EXPECT_GE(value("codec_kl_" + n), 0.0) << n;
+    EXPECT_EQ(by_name["codec_ratio_" + n].at("params").value("tuned_on", ""), "bench/texts/stories.txt") << n;
+    EXPECT_GT(value("codec_decode_gbps_" + n), 0.0) << n;
+    EXPECT_GT(value("codec_encode_gbps_" + n), 0.0) << n;
+  }
+  EXPECT_EQ(value("codec_ratio_tc_at_cachegen_kl"), value("codec_ratio_tc"));
+  EXPECT_EQ(by_name["codec_ratio_tc_at_cachegen_kl"].at("params").at("kl_no_higher").get<bool>(),
+            value("codec_kl_tc") <= value("codec_kl_cachegen"));
+  EXPECT_EQ(value("codec_ratio_hifi_tc"), value("codec_ratio_tc_hifi"));
+
   // kdn's own codec, when it is built: its summary records agree with its others.
   if (by_name.count("codec_ratio_kdn")) {
     for (const std::string sfx : {"", "_448"}) {
@@ -224,3 +239,18 @@ TEST(CodecBench, AMissingTextIsAnError) {
 }
 
 }  // namespace
+
+// `kdn bench gpu` without a GPU (as on every machine here): it says it needs
+// one, writes no records and exits 0. With a GPU its records are checked by
+// running it; there is none to check them here.
+TEST(GpuBench, WithoutAGpuWritesNoRecords) {
+  const fs::path json = fs::temp_directory_path() / ("kdn_gpu_bench_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench gpu --json " + json.string());
+  if (r.out.find("needs a CUDA GPU") == std::string::npos) GTEST_SKIP() << "a GPU is present: " << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  EXPECT_TRUE(records.is_array());
+  EXPECT_TRUE(records.empty());
+  fs::remove(json);
+}

@@ -366,10 +366,10 @@ TEST(Envelope, ShapeThatDoesNotMatchThePayloadIsCorrupt) {
 TEST(Envelope, UnknownCodecIsUnsupported) {
   const Chunk c = SmallChunk();
   EnvelopeHeader h = HeaderOf(c);
-  h.codec = 7;
+  h.codec = 8;
   Result<chunk::ChunkRef> r = Decode(Build(h, Span(c.payload)));
   EXPECT_EQ(r.status().code(), Code::kUnsupported);
-  EXPECT_NE(r.status().message().find("codec 7"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("codec 8"), std::string::npos) << r.status().message();
 }
 
 // ---- Encoded payloads (codecs) ------------------------------------------------
@@ -382,7 +382,8 @@ TEST(Envelope, CodecValuesArePinnedToTheCodecLibrarysIds) {
   EXPECT_EQ(static_cast<int>(schema::Codec::CACHEGEN), static_cast<int>(codec::CodecId::kCacheGen));
   EXPECT_EQ(static_cast<int>(schema::Codec::KDN), static_cast<int>(codec::CodecId::kKdn));
   EXPECT_EQ(static_cast<int>(schema::Codec::ZSTD), static_cast<int>(codec::CodecId::kZstd));
-  EXPECT_EQ(kLastKnownCodec, 6);
+  EXPECT_EQ(static_cast<int>(schema::Codec::TC), static_cast<int>(codec::CodecId::kTc));
+  EXPECT_EQ(kLastKnownCodec, 7);
 }
 
 // An encoded chunk: the reference shape's meta, and an opaque payload of
@@ -398,7 +399,7 @@ Chunk EncodedChunk(codec::CodecId id, size_t n) {
 }
 
 TEST(Envelope, EncodedPayloadsRoundTripWithTheirCodec) {
-  for (std::uint32_t id = 1; id <= 6; ++id) {
+  for (std::uint32_t id = 1; id <= 7; ++id) {
     for (size_t n : {size_t{1}, size_t{77}, size_t{4096}}) {
       const Chunk c = EncodedChunk(static_cast<codec::CodecId>(id), n);
       const Bytes b = Encode(c);
@@ -432,7 +433,7 @@ TEST(Envelope, EncodedPayloadsAreCheckedForWhatTheEnvelopeCanCheck) {
   // The writer refuses the same.
   Chunk bad = EncodedChunk(codec::CodecId::kInt8, 0);
   EXPECT_EQ(EncodeEnvelope(bad).status().code(), Code::kInvalidArgument);
-  bad = EncodedChunk(static_cast<codec::CodecId>(7), 10);
+  bad = EncodedChunk(static_cast<codec::CodecId>(8), 10);
   EXPECT_EQ(EncodeEnvelope(bad).status().code(), Code::kInvalidArgument);
   // A raw envelope still must match its shape exactly.
   h = HeaderOf(c);

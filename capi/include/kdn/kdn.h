@@ -204,7 +204,10 @@ typedef struct kdn_tier_config {
    * (compressed, lossy) for redis tiers. "raw" and "zstd" are
    * lossless; the others are lossy, used only where named, and loads of KV
    * they served say so (KDN_RESULT_LOSSY). An unknown codec or parameter is
-   * KDN_ERR_INVALID_ARGUMENT. */
+   * KDN_ERR_INVALID_ARGUMENT. "tc:balanced,profile=FILE" (the transform
+   * codec) needs the model's profile (kdn codec calibrate --transform);
+   * chunks of another model are kept uncoded, and a runtime reading tc
+   * chunks must have loaded the same profile (else they are misses). */
   const char *codec;
   size_t codec_len;
   /* Since 1.1, for KDN_TIER_REMOTE: the kdnd to use, "host:port" or

@@ -1,0 +1,27 @@
+// `kdn bench gpu`: the GPU path's delivery against the copies it competes
+// with, in the same run (issue 17, part 2). Without a CUDA GPU (or in a build
+// without the CUDA kernels) it says it needs one, writes an empty JSON array
+// and exits 0.
+// Thread-safety: RunGpuBench is a whole command; run one at a time.
+#pragma once
+
+#include <string>
+
+namespace kdn::bench {
+
+struct GpuBenchOptions {
+  std::string json_path;
+  int repeats = 20;  // timed decodes per codec (median)
+};
+
+// With a GPU, on the reference model's real KV (256-token chunks of the
+// held-out text, f16): gpu_h2d_gbps_raw, the PCIe copy of the raw f16
+// bytes from pinned host memory (cudaMemcpyAsync, the baseline);
+// gpu_d2d_gbps_raw, cudaMemcpy device to device; and per codec (kdn:balanced,
+// cachegen, tc:balanced) gpu_decode_gbps_<codec>: a payload in pinned host
+// memory decoded into device memory (upload, kernels, cuBLAS for tc), in GB/s
+// of decoded KV, against the raw copy (goal: >= 1, decoding never slower
+// than moving the raw bytes). Returns an exit code.
+int RunGpuBench(const GpuBenchOptions& options);
+
+}  // namespace kdn::bench
