@@ -589,14 +589,20 @@ Status KvStore::ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::u
                                    " ns per token is over an hour per token: the time is in nanoseconds");
   }
   std::lock_guard<std::mutex> lock(prefill_mu_);
-  auto it = std::find_if(prefill_.begin(), prefill_.end(),
-                         [&](const PrefillMeter& m) { return m.fingerprint == model.fingerprint; });
-  if (it == prefill_.end()) it = prefill_.insert(prefill_.end(), PrefillMeter{model.fingerprint, 0, 0});
-  if (it->ns + ns < it->ns || prefill_ns_ + ns < prefill_ns_) {
+  auto it = prefill_.find(model.fingerprint);
+  if (it == prefill_.end()) {
+    if (prefill_.size() >= kMaxPrefillModels) {
+      return Status(Code::kBusy, "prefill reports: " + std::to_string(kMaxPrefillModels) +
+                                     " models have reported already; no room for another");
+    }
+    it = prefill_.emplace(model.fingerprint, PrefillMeter{}).first;
+  }
+  PrefillMeter& m = it->second;
+  if (m.ns + ns < m.ns || prefill_ns_ + ns < prefill_ns_) {
     return Status::InvalidArgument("prefill reports overflow 64-bit nanoseconds");
   }
-  it->tokens += tokens;
-  it->ns += ns;
+  m.tokens += tokens;
+  m.ns += ns;
   prefill_tokens_ += tokens;
   prefill_ns_ += ns;
   return Status::Ok();
@@ -604,10 +610,8 @@ Status KvStore::ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::u
 
 double KvStore::PrefillNsPerToken(const ModelKv& model) const {
   std::lock_guard<std::mutex> lock(prefill_mu_);
-  for (const PrefillMeter& m : prefill_) {
-    if (m.fingerprint == model.fingerprint) return static_cast<double>(m.ns) / static_cast<double>(m.tokens);
-  }
-  return 0;
+  auto it = prefill_.find(model.fingerprint);
+  return it == prefill_.end() ? 0 : static_cast<double>(it->second.ns) / static_cast<double>(it->second.tokens);
 }
 
 void KvStore::CountBlendSaving(const ModelKv& model, double positions) {

@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/kv_copy.h"
@@ -301,13 +302,14 @@ class KvStore {
   mutable std::atomic<std::uint64_t> probes_{0};
   std::atomic<std::uint64_t> lookup_tokens_{0}, lookup_hit_tokens_{0};
   std::atomic<std::uint64_t> tokens_requested_{0}, ttft_saved_ns_{0}, tokens_served_unpriced_{0}, delivery_ns_{0};
-  // Reported prefills per model fingerprint (a few models per runtime).
+  // Reported prefills per model fingerprint (a few models per runtime; at
+  // most kMaxPrefillModels, then reports of new models are kBusy).
   struct PrefillMeter {
-    keys::Digest fingerprint{};
     std::uint64_t tokens = 0, ns = 0;
   };
+  static constexpr size_t kMaxPrefillModels = 4096;
   mutable std::mutex prefill_mu_;
-  std::vector<PrefillMeter> prefill_;  // under prefill_mu_
+  std::unordered_map<keys::Digest, PrefillMeter, keys::DigestHash> prefill_;  // under prefill_mu_
   std::uint64_t prefill_tokens_ = 0, prefill_ns_ = 0;  // all models, under prefill_mu_
   telemetry::Histogram lookup_us_, load_us_, store_us_;
 };

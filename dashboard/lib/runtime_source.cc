@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -87,9 +88,24 @@ struct RuntimeSource::Impl {
   void Poll(std::uint64_t gen) {
     const auto interval = std::chrono::milliseconds(std::max<std::uint32_t>(options.interval_ms, 1));
     std::unique_lock<std::mutex> lock(mu);
+    RuntimeSourceOptions counters_only = options;
+    counters_only.namespaces.clear();
+    std::optional<std::chrono::steady_clock::time_point> listed;
+    std::uint64_t documents = 0;
+    QVector<DocumentSample> documents_top;
     while (!stop_requested) {
       lock.unlock();
-      Snapshot s = Read(runtime, options);
+      const auto now = std::chrono::steady_clock::now();
+      const bool list = !listed || now - *listed >= std::chrono::milliseconds(options.documents_interval_ms);
+      Snapshot s = Read(runtime, list ? options : counters_only);
+      if (list) {
+        listed = now;
+        documents = s.documents;
+        documents_top = s.documents_top;
+      } else {
+        s.documents = documents;
+        s.documents_top = documents_top;
+      }
       s.uptime_ms = static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
       RuntimeSource* self = &q;

@@ -31,6 +31,11 @@ struct RuntimeSourceOptions {
   const kdn_model* model = nullptr;
   std::vector<std::string> namespaces;
   std::uint32_t documents_top = 20;
+  // Listing every document of a namespace costs more than the counters
+  // (tens of MB for 100,000s of documents): the worker lists them every
+  // documents_interval_ms (as NodeSource does) and carries the last listing
+  // in the snapshots between.
+  std::uint32_t documents_interval_ms = 2000;
 };
 
 class RuntimeSource final : public Source {

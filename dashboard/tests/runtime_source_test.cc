@@ -76,6 +76,7 @@ class RuntimeSourceTest : public QObject {
   void hitRateIsTheLookupsOnceTheEngineLooksUp();
   void documentsAreListedMostHitFirst();
   void startDeliversSnapshotsUntilStop();
+  void theWorkerListsDocumentsEveryDocumentsInterval();
   void noRuntimeIsAClearStateNotACrash();
 
  private:
@@ -316,6 +317,41 @@ void RuntimeSourceTest::startDeliversSnapshotsUntilStop() {
   QTest::qWait(200);  // ten intervals: a queued or late one would show
   QCOMPARE(snaps.size(), n);
   QCOMPARE(states.size(), changes);
+}
+
+// The worker lists documents every documents_interval_ms and carries the last
+// listing between: a document put after a listing shows only at the next.
+void RuntimeSourceTest::theWorkerListsDocumentsEveryDocumentsInterval() {
+  kdn_kv_view in = CanonicalView(ref_);
+  QCOMPARE(kdn_knowledge_put(model_, "listed", 6, "a", 1, 1, "", 0, kTokens, 16, &in, 1), KDN_OK);
+  RuntimeSourceOptions o;
+  o.interval_ms = 20;
+  o.model = model_;
+  o.namespaces = {"listed"};
+  o.documents_interval_ms = 600000;  // one listing in this test
+  {
+    RuntimeSource src(runtime_, o);
+    QSignalSpy snaps(&src, &Source::snapshot);
+    src.start();
+    QTRY_VERIFY_WITH_TIMEOUT(snaps.size() >= 2, 5000);
+    QCOMPARE(kdn_knowledge_put(model_, "listed", 6, "b", 1, 1, "", 0, kTokens, 16, &in, 1), KDN_OK);
+    const qsizetype seen = snaps.size();
+    QTRY_VERIFY_WITH_TIMEOUT(snaps.size() >= seen + 3, 5000);
+    for (const QList<QVariant>& args : snaps) {
+      const Snapshot s = args.at(0).value<Snapshot>();
+      QCOMPARE(s.documents, std::uint64_t{1});  // the first listing, carried
+      QCOMPARE(s.documents_top.size(), 1);
+      QCOMPARE(s.documents_top[0].doc_id, QStringLiteral("a"));
+    }
+    src.stop();
+  }
+  o.documents_interval_ms = 0;  // every reading lists
+  RuntimeSource src(runtime_, o);
+  QSignalSpy snaps(&src, &Source::snapshot);
+  src.start();
+  QTRY_VERIFY_WITH_TIMEOUT(snaps.size() >= 1, 5000);
+  QCOMPARE(snaps.last().at(0).value<Snapshot>().documents, std::uint64_t{2});
+  src.stop();
 }
 
 void RuntimeSourceTest::noRuntimeIsAClearStateNotACrash() {

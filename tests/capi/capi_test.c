@@ -578,6 +578,40 @@ static void test_statistics(void) {
   dp_close(&dp);
 }
 
+/* 1.4: a runtime keeps prefill meters for at most 4096 models: a new
+ * model's report is then KDN_ERR_BUSY, the models that have meters go on. */
+static void test_prefill_models_bounded(void) {
+  kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
+  kdn_model *first = new_model(rt, "model 0");
+  kdn_stats s;
+  char name[32];
+  int i;
+  group_begin("prefill reports: at most 4096 models");
+  CHECK_OK(kdn_model_report_prefill(first, 10, 10000));
+  for (i = 1; i < 4096; ++i) {
+    kdn_model *m;
+    snprintf(name, sizeof name, "model %d", i);
+    m = new_model(rt, name);
+    if (kdn_model_report_prefill(m, 1, 1000) != KDN_OK) {
+      CHECK(0 && "a report of one of the first 4096 models was refused");
+      kdn_model_destroy(m);
+      break;
+    }
+    kdn_model_destroy(m);
+  }
+  {
+    kdn_model *extra = new_model(rt, "model 4096");
+    CHECK_ERROR_NAMING(KDN_ERR_BUSY, "4096", kdn_model_report_prefill(extra, 1, 1000));
+    kdn_model_destroy(extra);
+  }
+  CHECK_OK(kdn_model_report_prefill(first, 10, 10000)); /* a model with a meter goes on */
+  s = get_stats(rt);
+  CHECK_EQ(s.prefill_tokens, 20 + 4095);
+  group_end();
+  kdn_model_destroy(first);
+  kdn_runtime_destroy(rt);
+}
+
 /* 1.4: prefills reported by the engine price the tokens later loads serve. */
 static void test_prefill_reports(void) {
   kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
@@ -1414,6 +1448,7 @@ static const test_case kCases[] = {
   CASE(prefixes),
   CASE(statistics),
   CASE(prefill_reports),
+  CASE(prefill_models_bounded),
   CASE(tenants),
   CASE(fingerprints),
   CASE(capacity_too_small),

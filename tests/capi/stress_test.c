@@ -107,6 +107,7 @@ typedef struct {
   uint64_t hits, partial_hits, misses;                    /* retrieves and loads */
   uint64_t fetch_ok, fetch_too_small, fetch_not_found;   /* fetches */
   uint64_t cancelled;
+  uint64_t prefill_seen; /* kdn_stats.prefill_tokens last read: never falls */
   int reports;
 } worker;
 
@@ -202,9 +203,15 @@ static void read_stats(worker *w) {
   kdn_tier_stats ts;
   uint32_t tiers = 0, i;
   int k;
+  /* 1.4: prefill reports race with the loads that price their tokens. */
+  if (!ok_or_busy(w, kdn_model_report_prefill(g_m, 1 + (w->rng >> 40) % 64, 1000 + (w->rng >> 20) % 100000),
+                  "kdn_model_report_prefill"))
+    return;
   kdn_stats_init(&s, sizeof s);
   if (!ok_or_busy(w, kdn_runtime_get_stats(g_rt, &s), "kdn_runtime_get_stats")) return;
   if (s.filled_size < KDN_STATS_SIZE_V1) mismatch(w, 1, "kdn_stats.filled_size below its first size");
+  if (s.prefill_tokens < w->prefill_seen + 1) mismatch(w, 1, "kdn_stats.prefill_tokens fell or missed a report");
+  w->prefill_seen = s.prefill_tokens;
   for (k = 0; k < 3; ++k) {
     kdn_latency_init(&lat, sizeof lat);
     if (ok_or_busy(w, kdn_runtime_get_latency(g_rt, (kdn_latency_kind)k, &lat), "kdn_runtime_get_latency") &&

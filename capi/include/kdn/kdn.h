@@ -327,7 +327,9 @@ KDN_API kdn_status kdn_model_get_kv_bytes_per_token(const kdn_model *model, uint
  * tokens it serves at that mean: kdn_stats.ttft_saved_ns. Report the
  * prefills of the tokens a load did NOT serve (the rest of the prompt), and
  * full prefills, as they happen. KDN_ERR_INVALID_ARGUMENT when tokens or
- * elapsed_ns is 0, or the time is over an hour per token (not nanoseconds).
+ * elapsed_ns is 0, or the time is over an hour per token (not nanoseconds);
+ * KDN_ERR_BUSY for a model whose fingerprint is new to a runtime that has
+ * meters for 4096 models already (they are kept for the runtime's life).
  * Thread-safe. */
 KDN_API kdn_status kdn_model_report_prefill(const kdn_model *model, uint64_t tokens, uint64_t elapsed_ns);
 
