@@ -16,7 +16,8 @@
 //     zeros;
 //  5. codes are entropy-coded with static rANS (kernels/common/kdn_quant.h's
 //     16-bit-renormalizing states, `lanes` interleaved) with, per component,
-//     the profile's table that codes it in the fewest bits (one byte names
+//     the profile's table that codes it in the fewest bits among those
+//     within about 2x of the codes' own scale and the widest (one byte names
 //     it; 255 = every code zero, nothing coded); one stream per `group`
 //     components (independent: a GPU decodes them in parallel).
 // Decoding reverses it: rANS, codes x steps, x = m + B y, RoPE re-applied.

@@ -11,8 +11,9 @@
 // 3. Tables. A fixed family of static 12-bit rANS models: discretized
 //    Laplace densities of scale 0.05 x 1.25^k steps (k < 32) and Gauss
 //    densities of deviation 0.1 x 1.25^k (k < 30), each over [-R, R] with R
-//    covering 12 scales (6 deviations) up to 127. The encoder picks the one
-//    that codes a component in the fewest bits, per chunk.
+//    covering 12 scales (6 deviations) up to 127. The encoder picks, per
+//    component and chunk, the one that codes it in the fewest bits among
+//    those within about 2x of the codes' own scale and the widest.
 // 4. Presets. As kdn's calibration: bisect the global step (log scale) for
 //    the largest that keeps the KL mean at or under each target (balanced:
 //    margin x cachegen's KL on the text; hifi: 1.2e-3), values' steps vmul

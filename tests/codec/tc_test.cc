@@ -580,7 +580,7 @@ TEST(TcDeviceTest, LaunchersCheckTheirArguments) {
 
 // On a GPU: the streams and the finish kernel on the device, the product by
 // cuBLAS; the same KV as the CPU within the product's rounding (another order
-// of summation): per element, 1e-5 of the plane's largest value plus the
+// of summation): per element, 1e-5 of the chunk's largest value plus the
 // dtype's rounding of it.
 TEST(TcDeviceTest, OnAGpuMatchesTheEmulationWithinRounding) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: the kernels' work is checked on the CPU above";
