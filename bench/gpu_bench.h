@@ -12,6 +12,9 @@ namespace kdn::bench {
 struct GpuBenchOptions {
   std::string json_path;
   int repeats = 20;  // timed decodes per codec (median)
+  // The delivery measures on the emulated device (host memory, the kernels'
+  // CPU paths), named emulated_*: runs anywhere; a check, not a GPU measure.
+  bool emulated = false;
 };
 
 // With a GPU, on the reference model's real KV (256-token chunks of the
@@ -21,7 +24,11 @@ struct GpuBenchOptions {
 // cachegen, tc:balanced) gpu_decode_gbps_<codec>: a payload in pinned host
 // memory decoded into device memory (upload, kernels, cuBLAS for tc), in GB/s
 // of decoded KV, against the raw copy (goal: >= 1, decoding never slower
-// than moving the raw bytes). Returns an exit code.
+// than moving the raw bytes). Then delivery through the store into a device
+// KV view (gpu_get_device_tier_gbps against a device-to-device copy of the
+// same bytes; gpu_deliver_{host_raw,disk_zstd,disk_kdn,disk_tc}_gbps against
+// the PCIe copy of the raw bytes: see DeliveryRecords in the .cc). Returns
+// an exit code.
 int RunGpuBench(const GpuBenchOptions& options);
 
 }  // namespace kdn::bench

@@ -185,6 +185,8 @@ int main(int argc, char** argv) {
   auto* gpub = bench->add_subcommand("gpu", "GPU decode per codec vs the PCIe copy of the raw bytes (needs a CUDA GPU)");
   gpub->add_option("--json", gbo.json_path, "output file")->required();
   gpub->add_option("--repeats", gbo.repeats, "timed runs per measure (median)")->check(CLI::Range(1, 100000));
+  gpub->add_flag("--emulated", gbo.emulated,
+                 "delivery on the emulated device (host memory, the kernels' CPU paths): a check, not a GPU measure");
 
   kdn::bench::BlendBenchOptions bbo;
   auto* blendb = bench->add_subcommand("blend", "Blending at ratios 0..100%: KL, top-1, TTFT vs full prefill; a PNG");

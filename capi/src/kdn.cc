@@ -361,9 +361,8 @@ kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t nu
     kdn_kv_view v = KDN_KV_VIEW_INIT;
     if (kdn_status s = ReadIn(At(views, stride, i), KDN_KV_VIEW_SIZE_V1, "kdn_kv_view", &v); s != KDN_OK) return s;
     if (kdn_status s = CheckReserved(v.reserved0, what); s != KDN_OK) return s;
-    if (Raw(v.memory) != KDN_MEMORY_HOST) {
-      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown memory kind " + std::to_string(Raw(v.memory)) +
-                                                " (this version reads and writes host memory only)");
+    if (Raw(v.memory) != KDN_MEMORY_HOST && Raw(v.memory) != KDN_MEMORY_DEVICE) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown memory kind " + std::to_string(Raw(v.memory)));
     }
     if (const int32_t l = Raw(v.layout); l != KDN_LAYOUT_CONTIGUOUS && l != KDN_LAYOUT_PAGED_NHD && l != KDN_LAYOUT_PAGED_HND) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown layout " + std::to_string(l));
@@ -407,12 +406,22 @@ kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t nu
 }
 
 // Views checked against the model for `tokens` tokens (nullopt: their room).
+// Views in device memory only where `device_ok` (the calls that deliver to
+// a device) and the runtime has a device.
 kdn_status ResolveViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views,
-                        std::optional<std::uint64_t> tokens, kdn::store::ResolvedViews* out) {
+                        std::optional<std::uint64_t> tokens, kdn::store::ResolvedViews* out, bool device_ok = false) {
   std::vector<ViewSpec> specs;
   if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
   auto r = kdn::store::ResolvedViews::Resolve(model->kv, specs, tokens);
   if (!r.ok()) return FromStatus(r.status());
+  if (r->device() && !device_ok) {
+    return Fail(KDN_ERR_UNSUPPORTED, "KV views in device memory are taken by kdn_kv_store, kdn_kv_retrieve, "
+                                     "kdn_kv_load_async and kdn_kv_save_async only");
+  }
+  if (r->device() && model->runtime->store().device() == nullptr) {
+    return Fail(KDN_ERR_UNSUPPORTED, "KV views in device memory: this runtime has no device (no usable GPU, or "
+                                     "device = KDN_DEVICE_NONE; KDN_DEVICE_EMULATED stands host memory in for one)");
+  }
   *out = std::move(r).value();
   return KDN_OK;
 }
@@ -424,7 +433,7 @@ kdn_status ReadKvCall(const kdn_model* model, const char* ns, size_t ns_len, con
                       kdn::store::ResolvedViews* resolved) {
   if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = ReadRequest(model->runtime->store(), request, "request", keys); s != KDN_OK) return s;
-  return ResolveViews(model, views, num_views, keys->keys().size(), resolved);
+  return ResolveViews(model, views, num_views, keys->keys().size(), resolved, /*device_ok=*/true);
 }
 
 // Starts a load or save op and wraps it in a handle.
@@ -539,6 +548,27 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
   if (o.num_tiers > 0 && o.tiers == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tiers is NULL");
   if (o.worker_threads > 64) return Fail(KDN_ERR_INVALID_ARGUMENT, "worker_threads " + std::to_string(o.worker_threads) + " above 64");
   kdn::store::StoreOptions so;
+  if (o.device_ordinal < 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "device_ordinal " + std::to_string(o.device_ordinal) + " is negative");
+  switch (Raw(o.device)) {
+    case KDN_DEVICE_AUTO: {
+      auto d = kdn::store::MakeCudaDevice(o.device_ordinal);
+      if (d.ok()) {
+        so.device = std::move(d).value();
+      } else if (d.status().code() != kdn::Code::kUnsupported) {
+        return FromStatus(d.status());  // a GPU, but not that one
+      }
+      break;
+    }
+    case KDN_DEVICE_NONE: break;
+    case KDN_DEVICE_EMULATED: so.device = kdn::store::MakeEmulatedDevice(); break;
+    case KDN_DEVICE_CUDA: {
+      auto d = kdn::store::MakeCudaDevice(o.device_ordinal);
+      if (!d.ok()) return FromStatus(d.status());
+      so.device = std::move(d).value();
+      break;
+    }
+    default: return Fail(KDN_ERR_INVALID_ARGUMENT, "unknown device mode " + std::to_string(Raw(o.device)));
+  }
   so.chunk_tokens = o.chunk_tokens;
   so.host_capacity_bytes = o.host_capacity_bytes;
   so.hash_seed = o.hash_seed;
@@ -1337,6 +1367,11 @@ extern "C" kdn_status kdn_kv_blend(const kdn_model* model, const char* ns, size_
   }
   std::vector<ViewSpec> specs;
   if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
+  for (const ViewSpec& v : specs) {
+    if (v.memory != KDN_MEMORY_HOST) {
+      return Fail(KDN_ERR_UNSUPPORTED, "kdn_kv_blend: KV views in device memory are not taken yet (host views only)");
+    }
+  }
   CallbackEngine engine(o, static_cast<int>(model->kv.shape.heads * model->kv.shape.head_dim));
   auto r = kdn::blend::BlendDocuments(model->runtime->knowledge(), model->kv, std::string_view(ns, ns_len), segs, bo,
                                       engine, specs);

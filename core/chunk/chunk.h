@@ -66,6 +66,10 @@ struct ChunkMeta {
   // Decoded from a lossy codec: close to the KV stored, not equal. Set by
   // store::DecodeChunk; kept in memory only (the envelope does not carry it).
   bool lossy = false;
+  // The payload is in device memory (a device tier's block, or KV gathered
+  // from an engine's device view): only a Device reads it, never the host.
+  // Kept in memory only.
+  bool device = false;
   // How the payload holds the KV: kRaw, the canonical bytes themselves; any
   // other codec, that codec's self-describing payload (codec/codec.h), which
   // the chain decodes before anyone reads the KV (store/chunk_codec.h).

@@ -113,9 +113,12 @@ void EngineOp::Finish(OpState state, Status status) {
 // ---- LoadOp ---------------------------------------------------------------------
 
 Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor, const ModelKv& model,
-                                              std::string ns, OwnedKeys keys, std::vector<KvGroup> groups) {
+                                              std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
+                                              bool device) {
   KDN_RETURN_IF_ERROR(store.CheckKeys(keys.keys()));
+  if (device && store.device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   std::shared_ptr<LoadOp> op(new LoadOp());
+  op->device_ = device;
   KDN_RETURN_IF_ERROR(AdoptGroups(model, keys.keys().size(), groups, op->pointers_, op->tables_));
   op->ns_ = std::move(ns);
   op->keys_ = std::move(keys);
@@ -127,6 +130,34 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
 
 void LoadOp::Run(KvStore& store, const ModelKv& model) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (device_) {
+    Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys(), TieredStore::Form::kStored);
+    if (cancelled()) {
+      fetch.chunks.clear();
+      Finish(OpState::kCancelled, Status(Code::kCancelled, "load cancelled"));
+      return;
+    }
+    Result<KvStore::Delivered> d = store.DeliverToDevice(model, fetch, groups_, /*as_prefix=*/false);
+    if (!d.ok()) {
+      fetch.chunks.clear();
+      Finish(OpState::kFailed, d.status());
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_.covered = fetch.covered;
+      result_.failed = fetch.failed;
+      result_.tokens = d->tokens;
+      result_.lossy = d->lossy;
+      layers_done_ = layers_;
+    }
+    cv_.notify_all();
+    store.CountLoad(model, fetch, keys_.keys().size(), d->tokens,
+                    d->tokens * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
+    fetch.chunks.clear();
+    Finish(OpState::kDone, Status::Ok());
+    return;
+  }
   Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys());
   std::vector<std::vector<void*>> k(groups_.size()), v(groups_.size());
   std::vector<kernels::KvView> views;
@@ -185,8 +216,11 @@ Status LoadOp::WaitLayer(std::uint32_t layer, std::int64_t timeout_ms) {
 // ---- SaveOp ---------------------------------------------------------------------
 
 Result<std::shared_ptr<SaveOp>> SaveOp::Start(KvStore& store, Executor& executor, const ModelKv& model,
-                                              std::string ns, OwnedKeys keys, std::vector<KvGroup> groups) {
+                                              std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
+                                              bool device) {
+  if (device && store.device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   std::shared_ptr<SaveOp> op(new SaveOp());
+  op->device_ = device;
   KDN_RETURN_IF_ERROR(AdoptGroups(model, keys.keys().size(), groups, op->pointers_, op->tables_));
   auto plan = store.PlanStore(model, ns, keys.keys());
   if (!plan.ok()) return plan.status();
@@ -228,6 +262,7 @@ Status SaveOp::SaveLayer(std::uint32_t layer) {
 
 void SaveOp::GatherLayer(std::uint32_t layer) {
   std::vector<void*> k, v;
+  Status failed;
   for (const KvGroup& g : groups_) {
     bool here = false;
     for (std::uint32_t l : g.layers) here = here || l == layer;
@@ -235,9 +270,17 @@ void SaveOp::GatherLayer(std::uint32_t layer) {
     const kernels::KvView view = ModelView(model_, g, k, v);
     for (size_t i = 0; i < plan_.size(); ++i) {
       if (plan_[i].present) continue;
+      if (device_) {
+        if (failed.ok()) failed = GatherLayerOnDevice(view, i, layer);
+        continue;
+      }
       kernels::view_gather_cpu(view, static_cast<std::int64_t>(plan_[i].begin), static_cast<std::int64_t>(plan_[i].tokens),
                                layer, layer + 1, payloads_[i].data());
     }
+  }
+  if (!failed.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device_error_.ok()) device_error_ = failed;
   }
   bool last;
   {
@@ -279,9 +322,32 @@ void SaveOp::Drain() {
   });
 }
 
+Status SaveOp::GatherLayerOnDevice(const kernels::KvView& view, size_t i, std::uint32_t layer) {
+  Device& dev = *store_->device();
+  const KvStore::PlannedChunk& p = plan_[i];
+  // The layer's slice of a canonical chunk: [k|v][token][head][dim].
+  const std::uint64_t slice = 2 * p.tokens * static_cast<std::uint64_t>(model_.shape.heads * model_.shape.head_dim *
+                                                                         model_.shape.elem_bytes);
+  const std::uint64_t at = slice * layer;
+  Result<Payload> staging = dev.Allocate(payloads_[i].size());
+  if (!staging.ok()) return staging.status();
+  KDN_RETURN_IF_ERROR(dev.Gather(view, static_cast<std::int64_t>(p.begin), static_cast<std::int64_t>(p.tokens), layer,
+                                 layer + 1, staging->data()));
+  return dev.CopyToHost(payloads_[i].data() + at, staging->data() + at, static_cast<size_t>(slice));
+}
+
 void SaveOp::Commit() {
   if (cancelled()) {
     Finish(OpState::kCancelled, Status(Code::kCancelled, "save cancelled"));
+    return;
+  }
+  Status device_error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_error = device_error_;
+  }
+  if (!device_error.ok()) {
+    Finish(OpState::kFailed, device_error);
     return;
   }
   std::uint64_t stored = 0;

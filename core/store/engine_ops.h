@@ -28,12 +28,6 @@
 
 namespace kdn::store {
 
-// One KV group: which model layers it holds, and where (view layer j holds
-// model layer layers[j]).
-struct KvGroup {
-  std::vector<std::uint32_t> layers;
-  kernels::KvView view;
-};
 
 // A request's keys with owned storage (the op outlives the caller's arrays).
 struct OwnedKeys {
@@ -85,9 +79,13 @@ class EngineOp : public std::enable_shared_from_this<EngineOp> {
 
 class LoadOp final : public EngineOp {
  public:
-  // Validates the groups, then loads on `executor`.
+  // Validates the groups, then loads on `executor`. `device`: the views are
+  // device memory (store/device.h): the chunks are delivered by the store's
+  // device (KvStore::DeliverToDevice), every layer at once, and then every
+  // WaitLayer returns.
   static Result<std::shared_ptr<LoadOp>> Start(KvStore& store, Executor& executor, const ModelKv& model,
-                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups);
+                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
+                                               bool device = false);
   // Until model layer `layer` is written (or the op ended). kNotFound when
   // the op ended without writing it (cancelled, failed).
   Status WaitLayer(std::uint32_t layer, std::int64_t timeout_ms);
@@ -103,12 +101,16 @@ class LoadOp final : public EngineOp {
   std::vector<std::vector<std::int32_t>> tables_;
   std::uint32_t layers_done_ = 0;              // guarded by mu_
   std::uint32_t layers_ = 0;
+  bool device_ = false;
 };
 
 class SaveOp final : public EngineOp {
  public:
+  // `device`: the views are device memory; each layer is gathered by the
+  // store's device and copied to the host chunks the save puts.
   static Result<std::shared_ptr<SaveOp>> Start(KvStore& store, Executor& executor, const ModelKv& model,
-                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups);
+                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
+                                               bool device = false);
   // Model layer `layer` is ready in the views: gather it in the background.
   // After Cancel, a no-op.
   Status SaveLayer(std::uint32_t layer);
@@ -122,6 +124,7 @@ class SaveOp final : public EngineOp {
  private:
   SaveOp() = default;
   void GatherLayer(std::uint32_t layer);
+  Status GatherLayerOnDevice(const kernels::KvView& view, size_t chunk, std::uint32_t layer);
   void Commit();
   void EndIfCancelledAndIdle();
 
@@ -139,6 +142,8 @@ class SaveOp final : public EngineOp {
   std::uint32_t gathered_ = 0;        // guarded by mu_
   std::uint32_t expected_ = 0;
   std::chrono::steady_clock::time_point started_;
+  bool device_ = false;
+  Status device_error_;  // the first failure of a device gather; guarded by mu_
 };
 
 // A model-wide view of a group: view layer l is model layer l for the

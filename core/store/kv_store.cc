@@ -24,7 +24,8 @@ double MicrosSince(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens) {
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens,
+                                       const Device* device) {
   switch (spec.kind) {
     case TierSpec::Kind::kHost: {
       auto t = MemoryTier::Create("host", spec.capacity_bytes, MemoryKind::kPinnedHost);
@@ -32,8 +33,8 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       return std::unique_ptr<Tier>(std::move(t).value());
     }
     case TierSpec::Kind::kDevice: {
-      auto t = MemoryTier::Create("device", spec.capacity_bytes,
-                                  GpuPresent() ? MemoryKind::kDevice : MemoryKind::kDeviceEmulated);
+      const bool real = device != nullptr ? !device->emulated() : GpuPresent();
+      auto t = MemoryTier::Create("device", spec.capacity_bytes, real ? MemoryKind::kDevice : MemoryKind::kDeviceEmulated);
       if (!t.ok()) return t.status();
       return std::unique_ptr<Tier>(std::move(t).value());
     }
@@ -189,7 +190,7 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     auto codec = MakeTierCodec(specs[i].codec);
     if (!codec.ok()) return Status::InvalidArgument("tier " + std::to_string(i) + ": " + codec.status().message());
     specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
-    auto tier = MakeTier(specs[i], i, options.chunk_tokens);
+    auto tier = MakeTier(specs[i], i, options.chunk_tokens, options.device.get());
     if (!tier.ok()) return tier.status();
     LevelOptions lo = LevelFor(specs[i], std::move(tier).value());
     lo.codec = std::move(codec).value();
@@ -346,8 +347,9 @@ LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const To
 }
 
 Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
-                           std::int64_t first_position, Payload payload) {
+                           std::int64_t first_position, Payload payload, bool on_device) {
   auto chunk = std::make_shared<Chunk>();
+  chunk->meta.device = on_device;
   chunk->meta.key = key;
   chunk->meta.model = model.fingerprint;
   chunk->meta.ns_hash = keys::NamespaceHash(ns);
@@ -470,7 +472,7 @@ Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, 
   return HeldPrefix(ns, *plan, stored);
 }
 
-Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k) {
+Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k, TieredStore::Form form) {
   Fetch f;
   // The prefix is decided by presence (as a lookup); each chunk is then read
   // and leased. A chunk that fails to read (evicted meanwhile, corrupt) is
@@ -498,7 +500,7 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   auto read = [&](size_t b, size_t e) {
     std::optional<NamespaceScope> here;  // on the pool's threads too
     EnterNamespace(here, ns);
-    for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key));
+    for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key, form));
   };
   std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
   if (fetch_pool_ != nullptr && costly >= 2 && pool.try_lock()) {
@@ -511,7 +513,12 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   for (Planned& p : plan) {
     Result<Lease>& lease = *p.lease;
     const std::uint64_t begin = p.begin, len = p.len;
-    const bool ok = lease.ok() && lease->chunk()->payload.size() == len * per_token &&
+    // Stored form: an encoded payload's size is its codec's; its meta says
+    // how many tokens it holds.
+    const bool ok = lease.ok() &&
+                    (lease->chunk()->meta.codec == codec::CodecId::kRaw
+                         ? lease->chunk()->payload.size() == len * per_token
+                         : lease->chunk()->meta.payload_bytes() == len * per_token) &&
                     lease->chunk()->meta.model == model.fingerprint;
     if (!ok) {
       if (!f.failed.empty() && f.failed.back().end == begin) {

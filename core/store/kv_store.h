@@ -30,6 +30,7 @@
 #include "common/kv_copy.h"
 #include "common/kv_view.h"
 #include "keys/hash.h"
+#include "store/device.h"
 #include "store/policy.h"
 #include "store/tiered_store.h"
 #include "telemetry/histogram.h"
@@ -72,6 +73,13 @@ class BufferAsView {
 
 // What identifies a request's tokens: their ids, or the engine's own chained
 // block hashes (hash_bytes each, one per block of block_tokens tokens).
+// One KV group of an engine's views: which model layers it holds, and where
+// (view layer j holds model layer layers[j]).
+struct KvGroup {
+  std::vector<std::uint32_t> layers;
+  kernels::KvView view;
+};
+
 struct TokenKeys {
   std::span<const std::int32_t> tokens;
   std::span<const std::uint8_t> hashes;
@@ -123,8 +131,11 @@ struct TierSpec {
 
 // The tier a spec describes (index: its place in the chain, for errors).
 // chunk_tokens: the store's chunk size, which a remote tier tells its node
-// with each lookup (0: not told).
-Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens = 0);
+// with each lookup (0: not told). A device tier's memory is `device`'s (the
+// emulated device's: host memory); without one, the GPU's when one is
+// usable, else emulated.
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens = 0,
+                                       const Device* device = nullptr);
 // The chain level of a spec's tier (policy, watermarks, write-through; no codec).
 LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier);
 
@@ -147,6 +158,10 @@ struct StoreOptions {
   // chunk after another. One call at a time uses them; calls meanwhile read
   // their chunks one after another.
   std::uint32_t fetch_threads = 0;
+  // Where engines' device views live (store/device.h): the CUDA device, or
+  // the emulated one. Null: no device; device views are refused, and a
+  // device tier is the GPU's when one is usable, else emulated.
+  std::shared_ptr<Device> device;
 };
 
 struct LookupResult {
@@ -227,8 +242,10 @@ class KvStore {
     store_us_.Record(micros);
   }
 
-  // Leases the chunks of the cached prefix.
-  Fetch FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
+  // Leases the chunks of the cached prefix: their canonical KV in host
+  // memory, or (Form::kStored) as their tiers hold them, for DeliverToDevice.
+  Fetch FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                    TieredStore::Form form = TieredStore::Form::kCanonical);
   // Writes layers [layer_begin, layer_end) of fetched chunks into `view`.
   static void Scatter(const Fetch& fetch, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end);
   // Fetch + scatter of every layer, as a prefix: returns the tokens filled.
@@ -256,6 +273,35 @@ class KvStore {
 
   Telemetry Stats() const;
 
+  // ---- Device views (store/device.h; kv_store_device.cc) -------------------
+  // The store's device, or null.
+  Device* device() const { return options_.device.get(); }
+  // Writes the chunks of a stored-form fetch into device views (`groups`:
+  // every model layer once, views whose elements are device memory), chunk
+  // by chunk in order: a device tier's chunk by the scatter kernel straight
+  // from its block; an encoded chunk (kdn, cachegen, tc) decoded by the
+  // device's kernels into a device staging buffer, then scattered; a raw
+  // chunk in host memory copied into staging; other codecs decoded on the
+  // CPU first. Two staging buffers alternate. A payload that fails to
+  // decode joins fetch.failed (and is removed from its tier); with
+  // `as_prefix` nothing after the first failure is written. Returns the
+  // tokens written, or a device error (kInternal, kNoMemory).
+  struct Delivered {
+    std::uint64_t tokens = 0;  // written (as_prefix: the prefix)
+    bool lossy = false;        // some of it decoded from a lossy codec
+  };
+  Result<Delivered> DeliverToDevice(const ModelKv& model, Fetch& fetch, std::span<const KvGroup> groups,
+                                    bool as_prefix);
+  // Retrieve and Store for device views (the groups of store/kv_views.h).
+  // A store gathers each new chunk on the device; when the top tier takes
+  // device memory (a device tier, raw, no write-through, no editor) the
+  // chunk goes there device to device, otherwise it is copied to the host
+  // and put as usual.
+  Result<Retrieved> RetrieveToDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                     std::span<const KvGroup> groups);
+  Result<std::uint64_t> StoreFromDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                        std::span<const KvGroup> groups);
+
   // Keys of a request's chunks, computed as a walk would: (key, begin, tokens).
   struct ChunkKeyAt {
     keys::Digest key;
@@ -269,9 +315,11 @@ class KvStore {
   // Puts one chunk gathered from `view` under `key` (knowledge items).
   Status PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key, const kernels::KvView& view,
                   std::uint64_t begin, std::uint64_t tokens, std::int64_t first_position);
-  // Puts a chunk of canonical bytes under `key`.
+  // Puts a chunk of canonical bytes under `key` (on_device: the payload is
+  // device memory, which only a top tier that takes it does:
+  // TieredStore::TakesDevicePayloads; kUnsupported otherwise).
   Status PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
-                    std::int64_t first_position, Payload payload);
+                    std::int64_t first_position, Payload payload, bool on_device = false);
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);

@@ -58,8 +58,11 @@ Result<ResolvedViews> ResolvedViews::Resolve(const ModelKv& model, std::span<con
   std::vector<bool> seen(L, false);
   for (size_t i = 0; i < views.size(); ++i) {
     const ViewSpec& s = views[i];
-    if (s.memory != 0) return Status::Unsupported("KV view " + std::to_string(i) + ": memory kind " +
-                                                  std::to_string(s.memory) + " is not supported (host memory only)");
+    if (s.memory > 1) return Bad(i, "unknown memory kind " + std::to_string(s.memory));
+    if (s.memory != views[0].memory) {
+      return Bad(i, "its memory kind differs from view 0's: the views of a call are all host or all device memory");
+    }
+    out.device_ = s.memory == 1;
     if (s.dtype != model.dtype) {
       return Bad(i, "dtype " + std::to_string(s.dtype) + " differs from the model's " + std::to_string(model.dtype));
     }

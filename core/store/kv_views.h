@@ -23,7 +23,7 @@ enum class ViewLayout : std::uint32_t { kContiguous = 0, kPagedNhd = 1, kPagedHn
 // stride_layer / stride_kv, or all five strides 0 for the canonical layout).
 // `layers` names the model layers the view holds (empty: all, in order).
 struct ViewSpec {
-  std::uint32_t memory = 0;  // 0 = host (the only kind so far)
+  std::uint32_t memory = 0;  // 0 = host, 1 = device (the runtime's Device: store/device.h)
   std::uint32_t dtype = 0;   // kdn_dtype
   ViewLayout layout = ViewLayout::kContiguous;
   std::span<const std::uint32_t> layers;
@@ -58,6 +58,9 @@ class ResolvedViews {
   const kernels::KvView* whole() const { return whole_ ? &groups_.front().view : nullptr; }
   // Tokens every view has room for (UINT64_MAX: not stated, unbounded).
   std::uint64_t room() const { return room_; }
+  // The views' elements are device memory (every view of a call is in one
+  // kind of memory): only a Device touches them, never Gather or Scatter.
+  bool device() const { return device_; }
 
   // Canonical bytes of tokens [begin, begin + tokens) of every layer, from
   // the views (out: tokens * bytes_per_token bytes) / into the views.
@@ -69,6 +72,7 @@ class ResolvedViews {
   std::vector<std::vector<void*>> pointers_;       // owned copies of the bases
   std::vector<std::vector<std::int32_t>> tables_;  // owned copies of block tables
   bool whole_ = false;
+  bool device_ = false;
   std::uint64_t room_ = UINT64_MAX;
 };
 

@@ -19,13 +19,14 @@ Result<std::unique_ptr<MemoryTier>> MemoryTier::Create(std::string name, std::ui
   return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(name), capacity_bytes, std::move(pool).value()));
 }
 
-void MemoryTier::CopyIn(std::uint8_t* dst, const std::uint8_t* src, size_t n) const {
+void MemoryTier::CopyIn(std::uint8_t* dst, const std::uint8_t* src, size_t n, bool from_device) const {
 #ifdef KDN_HAVE_CUDA
   if (pool_->kind() == MemoryKind::kDevice) {
-    cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+    cudaMemcpy(dst, src, n, from_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice);
     return;
   }
 #endif
+  (void)from_device;
   std::memcpy(dst, src, n);
 }
 
@@ -40,6 +41,9 @@ void MemoryTier::CopyOut(std::uint8_t* dst, const std::uint8_t* src, size_t n) c
 }
 
 Status MemoryTier::Put(const ChunkRef& chunk) {
+  if (chunk->meta.device && !on_device()) {
+    return Status::Unsupported(name_ + " tier: a chunk in device memory goes to a device tier only");
+  }
   if (Contains(chunk->meta.key)) return Status::Ok();
   const std::uint64_t cost = Cost(*chunk);
   {
@@ -48,9 +52,10 @@ Status MemoryTier::Put(const ChunkRef& chunk) {
   }
   Payload block = pool_->Allocate(chunk->payload.size());
   if (block.empty() && !chunk->payload.empty()) return Status(Code::kBusy, name_ + " tier: pool full");
-  CopyIn(block.data(), chunk->payload.data(), chunk->payload.size());
+  CopyIn(block.data(), chunk->payload.data(), chunk->payload.size(), chunk->meta.device);
   auto stored = std::make_shared<Chunk>();
   stored->meta = chunk->meta;
+  stored->meta.device = on_device();
   stored->payload = std::move(block);
   std::lock_guard<std::mutex> lock(mu_);
   if (map_.count(chunk->meta.key)) return Status::Ok();  // a concurrent put won
@@ -60,19 +65,26 @@ Status MemoryTier::Put(const ChunkRef& chunk) {
   return Status::Ok();
 }
 
+Result<ChunkRef> MemoryTier::GetResident(const keys::Digest& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return Status::NotFound(name_ + ": no such chunk");
+  return it->second;
+}
+
 Result<ChunkRef> MemoryTier::Get(const keys::Digest& key) {
-  ChunkRef c;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    if (it == map_.end()) return Status::NotFound(name_ + ": no such chunk");
-    c = it->second;
-  }
-  if (pool_->kind() != MemoryKind::kDevice) return c;  // host memory: hand out the block itself
+  Result<ChunkRef> got = GetResident(key);
+  if (!got.ok()) return got.status();
+  const ChunkRef& c = *got;
+  if (!on_device()) return c;  // host memory: hand out the block itself
+  // A device tier (emulated too, so that tests see the same copies): the
+  // host gets its own copy.
   auto host = std::make_shared<Chunk>();
   host->meta = c->meta;
-  host->payload = Payload(c->payload.size());
+  host->meta.device = false;
+  host->payload = Payload::Uninitialized(c->payload.size());
   CopyOut(host->payload.data(), c->payload.data(), c->payload.size());
+  host_copy_bytes_ += c->payload.size();
   return ChunkRef(std::move(host));
 }
 

@@ -24,6 +24,7 @@ TierSpec::Kind Runtime::tier_kind(size_t index) const {
 
 Result<std::uint64_t> Runtime::Store(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                      const ResolvedViews& views) {
+  if (views.device()) return store_->StoreFromDevice(model, ns, keys, views.groups());
   if (const kernels::KvView* whole = views.whole()) return store_->Store(model, ns, keys, *whole);
   // Several groups: the save op's path, every layer at once.
   auto op = Save(model, std::string(ns), OwnedKeys::Of(keys), views);
@@ -35,6 +36,7 @@ Result<std::uint64_t> Runtime::Store(const ModelKv& model, std::string_view ns, 
 
 Result<KvStore::Retrieved> Runtime::Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                              const ResolvedViews& views) {
+  if (views.device()) return store_->RetrieveToDevice(model, ns, keys, views.groups());
   if (const kernels::KvView* whole = views.whole()) return store_->RetrieveInto(model, ns, keys, *whole);
   auto op = Load(model, std::string(ns), OwnedKeys::Of(keys), views);
   if (!op.ok()) return op.status();
@@ -49,12 +51,12 @@ Result<KvStore::Retrieved> Runtime::Retrieve(const ModelKv& model, std::string_v
 
 Result<std::shared_ptr<LoadOp>> Runtime::Load(const ModelKv& model, std::string ns, OwnedKeys keys,
                                               const ResolvedViews& views) {
-  return LoadOp::Start(*store_, *executor_, model, std::move(ns), std::move(keys), views.groups());
+  return LoadOp::Start(*store_, *executor_, model, std::move(ns), std::move(keys), views.groups(), views.device());
 }
 
 Result<std::shared_ptr<SaveOp>> Runtime::Save(const ModelKv& model, std::string ns, OwnedKeys keys,
                                               const ResolvedViews& views) {
-  return SaveOp::Start(*store_, *executor_, model, std::move(ns), std::move(keys), views.groups());
+  return SaveOp::Start(*store_, *executor_, model, std::move(ns), std::move(keys), views.groups(), views.device());
 }
 
 }  // namespace kdn::store

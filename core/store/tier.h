@@ -72,6 +72,12 @@ class Tier {
   // after being counted and removed.
   virtual Result<ChunkRef> Get(const keys::Digest& key) = 0;
   virtual bool Contains(const keys::Digest& key) const = 0;
+  // The chunk as this tier holds it, for a reader on the device (store/
+  // device.h): a device tier's own block, in device memory (meta.device),
+  // without a copy. Every other tier: Get.
+  virtual Result<ChunkRef> GetResident(const keys::Digest& key) { return Get(key); }
+  // Whether Put takes chunks whose payload is in device memory (meta.device).
+  virtual bool TakesDevicePayloads() const { return false; }
   // Removes an object; false when absent.
   virtual bool Erase(const keys::Digest& key) = 0;
   // Removes several objects (a knowledge item's chunks) together; how many

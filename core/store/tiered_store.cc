@@ -339,8 +339,20 @@ Result<ChunkRef> TieredStore::Canonical(size_t li, const ChunkRef& stored) {
   return raw;
 }
 
+bool TieredStore::TakesDevicePayloads() const {
+  const Level& top = *levels_.front();
+  return top.tier->TakesDevicePayloads() && top.codec_id() == codec::CodecId::kRaw && !top.write_through &&
+         !editor_ && !pass_through_;
+}
+
 Status TieredStore::Put(ChunkRef chunk) {
   if (!chunk) return Status::InvalidArgument("put: null chunk");
+  if (chunk->meta.device) {
+    // Only the top level, when it holds device memory as it is: every other
+    // path (encoding, lower tiers) reads the payload on the host.
+    if (!TakesDevicePayloads()) return Status::Unsupported("put: the top tier does not take chunks in device memory");
+    return PutAt(0, chunk, /*from_mover=*/false, JobKind::kCopy);
+  }
   Status last;
   for (size_t i = 0; i < levels_.size(); ++i) {
     last = PutAt(i, chunk, /*from_mover=*/false, JobKind::kCopy);
@@ -360,21 +372,24 @@ Status TieredStore::Put(ChunkRef chunk) {
 
 // ---- Get --------------------------------------------------------------------
 
-Result<Lease> TieredStore::Get(const keys::Digest& key) {
+Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
+  const bool stored_form = form == Form::kStored;
   for (size_t i = 0; i < levels_.size(); ++i) {
     Level& L = *levels_[i];
     if (!L.tier->Contains(key)) {
       ++L.misses;
       continue;
     }
-    auto got = L.tier->Get(key);
+    // A device tier's own block only when it holds raw KV: a reader on the
+    // device decodes payloads from host memory.
+    auto got = stored_form && L.codec_id() == codec::CodecId::kRaw ? L.tier->GetResident(key) : L.tier->Get(key);
     if (!got.ok()) {  // evicted meanwhile, or corrupt (the tier removed it)
       ++L.misses;
       std::lock_guard<std::mutex> lock(L.mu);
       if (!L.tier->Contains(key)) L.policy->OnRemove(key);
       continue;
     }
-    Result<ChunkRef> raw = Canonical(i, *got);
+    Result<ChunkRef> raw = stored_form ? Result<ChunkRef>(*got) : Canonical(i, *got);
     if (!raw.ok()) {
       ++L.misses;
       if (raw.status().code() == Code::kCorrupt) {
@@ -401,7 +416,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key) {
     }
     ++L.hits;
     L.bytes_out += lease.chunk_->payload.size();
-    if (i > 0 && !levels_[0]->tier->Contains(key)) {
+    if (i > 0 && !lease.chunk_->meta.device && !levels_[0]->tier->Contains(key)) {
       // Promote in the background; never make a reader wait for room.
       if (!Enqueue(Job{JobKind::kPromote, lease.chunk_, 0}, /*wait=*/false)) ++promotions_dropped_;
     }
@@ -409,8 +424,8 @@ Result<Lease> TieredStore::Get(const keys::Digest& key) {
   }
   size_t target = 0;
   if (ChunkRef moving = InTransit(key, &target)) {  // evicted, on its way down
-    // In the stored form of the level it left.
-    Result<ChunkRef> raw = Canonical(target - 1, moving);
+    // In the stored form of the level it left (a heap copy: host memory).
+    Result<ChunkRef> raw = stored_form ? Result<ChunkRef>(moving) : Canonical(target - 1, moving);
     if (!raw.ok()) return Status::NotFound("the chunk on its way down does not decode: " + raw.status().message());
     moving = std::move(raw).value();
     Lease lease;
@@ -427,6 +442,21 @@ Result<Lease> TieredStore::Get(const keys::Digest& key) {
     return lease;
   }
   return Status::NotFound("no tier holds the chunk");
+}
+
+void TieredStore::RecordDecode(size_t li, const keys::Digest& key, const Status& outcome, std::uint64_t ns) {
+  if (li >= levels_.size()) return;
+  Level& L = *levels_[li];
+  L.decode_ns += ns;
+  if (outcome.ok()) {
+    ++L.decoded;
+    return;
+  }
+  if (outcome.code() != Code::kCorrupt) return;
+  ++L.decode_failures;
+  std::lock_guard<std::mutex> lock(L.mu);
+  L.tier->Erase(key);
+  L.policy->OnRemove(key);
 }
 
 void TieredStore::EndTransit(const ChunkRef& chunk) {

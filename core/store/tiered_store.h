@@ -168,7 +168,23 @@ class TieredStore {
   // Stores a chunk in the highest tier that takes it.
   Status Put(ChunkRef chunk);
   // The chunk from the highest tier holding it, leased; kNotFound on a miss.
-  Result<Lease> Get(const keys::Digest& key);
+  // kCanonical: its canonical KV in host memory (decoded, copied out of a
+  // device tier). kStored: as the tier holds it, for a reader on a device
+  // (store/device.h): encoded payloads are not decoded (the reader decodes
+  // them, and reports the outcome: RecordDecode), and a device tier's raw
+  // chunk is its own block in device memory (meta.device). A chunk read so
+  // is promoted like any other (decoded on the mover), unless it is in
+  // device memory.
+  enum class Form { kCanonical, kStored };
+  Result<Lease> Get(const keys::Digest& key, Form form = Form::kCanonical);
+  // A decode of a chunk read (Form::kStored) from `level`, done by its
+  // reader: counted in the level's telemetry; a payload that does not decode
+  // (kCorrupt) is removed from the level, as Get does with the ones it decodes.
+  void RecordDecode(size_t level, const keys::Digest& key, const Status& outcome, std::uint64_t ns);
+  // Whether a chunk in device memory (meta.device) may be put: the top
+  // level's tier takes them, stores them as they are (raw), copies them to
+  // no lower level on its own (no write-through) and has no editor to run.
+  bool TakesDevicePayloads() const;
   // Removes the chunk from every tier, with its pin and pending moves.
   bool Erase(const keys::Digest& key);
   // Erase of several chunks, each tier's part in one batch (Tier::EraseMany);

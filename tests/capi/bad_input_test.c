@@ -1090,8 +1090,8 @@ static void case_view_dtype_unknown(void) {
 static void case_view_memory_unknown(void) {
   kdn_kv_view v = dst_view();
   dst_reset();
-  v.memory = (kdn_memory_kind)1;
-  printf("  memory kind 1\n");
+  v.memory = (kdn_memory_kind)2; /* host (0) and device (1, since 1.5) only */
+  printf("  memory kind 2\n");
   EXPECT_VIEWS(&v, 1, KDN_ERR_INVALID_ARGUMENT, KDN_ERR_INVALID_ARGUMENT);
   v.memory = (kdn_memory_kind)99;
   printf("  memory kind 99\n");

@@ -1366,7 +1366,7 @@ static void test_bad_views(void) {
   v.reserved0 = 1; /* a later version's field, set */
   CHECK_BAD_VIEW(KDN_ERR_VERSION, &v);
   v = f.in.view;
-  v.memory = (kdn_memory_kind)1; /* no memory but host memory in 1.0: an unknown value */
+  v.memory = (kdn_memory_kind)2; /* host (0) and device (1, since 1.5) only: an unknown value */
   CHECK_BAD_VIEW(KDN_ERR_INVALID_ARGUMENT, &v);
   v.memory = (kdn_memory_kind)7;
   CHECK_BAD_VIEW(KDN_ERR_INVALID_ARGUMENT, &v);

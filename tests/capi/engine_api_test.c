@@ -966,6 +966,133 @@ static void test_tier_codec_int8(void) {
   group_end();
 }
 
+/* ---- Views in device memory (1.5) ------------------------------------------
+ * A runtime with the emulated device (KDN_DEVICE_EMULATED: host memory
+ * stands in for the GPU's, every device path runs its kernels' CPU path), a
+ * device tier with room for two chunks over a disk tier in `codec`: a
+ * synchronous store and an asynchronous save from KDN_MEMORY_DEVICE views,
+ * then a retrieve and a load into device views. */
+static void device_views_round_trip(const char *codec, const char *subdir_name, int lossy) {
+  static const char ns[] = "device";
+  static const int32_t table[SEQ_BLOCKS] = {5, 3, 1, 0, 2, 4};
+  kdn_tier_config tiers[2];
+  kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_runtime *rt = NULL;
+  kdn_model *m;
+  engine_kv *src, *dst;
+  view_buf vsrc, vdst;
+  kdn_kv_view sv, dv;
+  kdn_request req = token_request(kTokens, POSITIONS);
+  kdn_kv_result res = KDN_KV_RESULT_INIT;
+  kdn_tier_stats disk;
+  char dir[300];
+  subdir(dir, sizeof dir, subdir_name);
+  tiers[0] = (kdn_tier_config)KDN_TIER_CONFIG_INIT;
+  tiers[0].kind = KDN_TIER_DEVICE;
+  tiers[0].capacity_bytes = HOST_CAPACITY; /* two chunks */
+  tiers[0].high_watermark = 1.0f;
+  tiers[0].low_watermark = 1.0f;
+  tiers[1] = disk_tier(dir);
+  tiers[1].codec = codec;
+  tiers[1].codec_len = strlen(codec);
+  options.chunk_tokens = CHUNK;
+  options.tiers = tiers;
+  options.num_tiers = 2;
+  options.device = KDN_DEVICE_EMULATED;
+  CHECK_OK(kdn_runtime_create(&options, &rt));
+  if (rt == NULL) return;
+  m = new_model(rt, FINGERPRINT);
+  src = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+  dst = ekv_paged(EKV_HND, SEQ_BLOCKS, table, SEQ_BLOCKS);
+  ekv_write_ref(src, POSITIONS);
+  sv = *whole_view(&vsrc, src);
+  sv.memory = KDN_MEMORY_DEVICE;
+  dv = *whole_view(&vdst, dst);
+  dv.memory = KDN_MEMORY_DEVICE;
+  CHECK_OK(kdn_kv_store(m, ns, strlen(ns), &req, &sv, 1, &res));
+  CHECK_EQ(res.tokens, POSITIONS);
+  /* Three chunks, room for two: the first goes down to disk, encoded. */
+  CHECK(wait_tier_objects(rt, 1, 1));
+  disk = tier_stats(rt, 1);
+  CHECK_EQ(disk.encoded_chunks, strcmp(codec, "raw") == 0 ? 0 : 1);
+  res = (kdn_kv_result)KDN_KV_RESULT_INIT;
+  CHECK_OK(kdn_kv_retrieve(m, ns, strlen(ns), &req, &dv, 1, &res));
+  CHECK_EQ(res.tokens, POSITIONS);
+  CHECK_EQ((res.flags & KDN_RESULT_LOSSY) != 0, lossy);
+  CHECK_EQ(ekv_holds_ref(dst, POSITIONS), !lossy);
+  /* The same through the asynchronous ops. */
+  ekv_reset(dst);
+  res = load_whole_at(m, ns, &req, &dv, 1, dst, POSITIONS, __LINE__);
+  CHECK_EQ(res.tokens, POSITIONS);
+  CHECK_EQ(ekv_holds_ref(dst, POSITIONS), !lossy);
+  res = SAVE(m, "device-2", &req, &sv, 1);
+  CHECK_EQ(res.tokens, POSITIONS);
+  ekv_reset(dst);
+  res = load_whole_at(m, "device-2", &req, &dv, 1, dst, POSITIONS, __LINE__);
+  CHECK_EQ(res.tokens, POSITIONS);
+  disk = tier_stats(rt, 1);
+  CHECK_EQ(disk.decode_failures, 0);
+  ekv_free(src);
+  ekv_free(dst);
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+}
+
+static void test_device_views_emulated(void) {
+  group_begin("device views (emulated device): device tier over disk, raw and kdn");
+  device_views_round_trip("raw", "device-raw", 0);
+  device_views_round_trip("kdn", "device-kdn", 1);
+  group_end();
+}
+
+/* Device views where the runtime has no device, or in calls that do not
+ * take them; device modes and ordinals out of range. */
+static void test_device_views_refused(void) {
+  static const char ns[] = "device";
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  kdn_runtime_options options = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_runtime *rt = NULL;
+  kdn_model *m;
+  engine_kv *e;
+  view_buf vb;
+  kdn_kv_view v;
+  kdn_op *op = NULL;
+  kdn_request req = token_request(kTokens, POSITIONS);
+  kdn_kv_result res = KDN_KV_RESULT_INIT;
+  group_begin("device views: refused without a device; bad device modes");
+  CHECK_EQ(options.device, KDN_DEVICE_AUTO);
+  CHECK_EQ(options.device_ordinal, 0);
+  options.device = (kdn_device_mode)7;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&options, &rt));
+  CHECK(rt == NULL);
+  options.device = KDN_DEVICE_EMULATED;
+  options.device_ordinal = -1;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_create(&options, &rt));
+  options.device_ordinal = 0;
+  options.device = KDN_DEVICE_NONE;
+  CHECK_OK(kdn_runtime_create(&options, &rt));
+  if (rt == NULL) {
+    group_end();
+    return;
+  }
+  m = new_model(rt, FINGERPRINT);
+  e = ekv_paged(EKV_NHD, SEQ_BLOCKS, table, SEQ_BLOCKS);
+  ekv_write_ref(e, POSITIONS);
+  v = *whole_view(&vb, e);
+  v.memory = KDN_MEMORY_DEVICE;
+  CHECK_ERROR_NAMING(KDN_ERR_UNSUPPORTED, "no device", kdn_kv_store(m, ns, strlen(ns), &req, &v, 1, &res));
+  CHECK_ERROR(KDN_ERR_UNSUPPORTED, kdn_kv_retrieve(m, ns, strlen(ns), &req, &v, 1, &res));
+  CHECK_ERROR(KDN_ERR_UNSUPPORTED, kdn_kv_load_async(m, ns, strlen(ns), &req, &v, 1, &op));
+  CHECK(op == NULL);
+  v.memory = (kdn_memory_kind)2;
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_store(m, ns, strlen(ns), &req, &v, 1, &res));
+  CHECK(ekv_holds_ref(e, POSITIONS)); /* nothing was touched */
+  ekv_free(e);
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  group_end();
+}
+
 /* ---- Paged views, batched lookups, llama.cpp's layout ----------------- */
 
 
@@ -3029,7 +3156,7 @@ static void test_bad_async_views(void) {
   v.dtype = KDN_DTYPE_F16; /* the model is F32 */
   CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   v = f.vp.view;
-  v.memory = (kdn_memory_kind)1; /* host memory only in 1.0: an unknown value */
+  v.memory = (kdn_memory_kind)2; /* host (0) and device (1, since 1.5) only: an unknown value */
   CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
   v.memory = (kdn_memory_kind)7;
   CHECK_BOTH(KDN_ERR_INVALID_ARGUMENT, &f.req, &v, 1);
@@ -3179,8 +3306,10 @@ static void test_bad_knowledge_put(void) {
   b.dtype = KDN_DTYPE_BF16;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
   b = kv.view;
-  b.memory = (kdn_memory_kind)1;
+  b.memory = (kdn_memory_kind)2;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
+  b.memory = KDN_MEMORY_DEVICE; /* knowledge items take host views only */
+  CHECK_ERROR(KDN_ERR_UNSUPPORTED, PUT(f.m, "ns", 2, kTokens, POSITIONS, &b, 1));
   b = kv.view;
   b.struct_size = 0;
   CHECK_ERROR(KDN_ERR_VERSION, PUT(f.m, kBadNs, BAD_NS_LEN, kTokens, POSITIONS, &b, 1));
@@ -3252,8 +3381,10 @@ static void test_bad_knowledge_queries(void) {
   b.dtype = KDN_DTYPE_F16;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
   b = kv.view;
-  b.memory = (kdn_memory_kind)1;
+  b.memory = (kdn_memory_kind)2;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
+  b.memory = KDN_MEMORY_DEVICE; /* knowledge items take host views only */
+  CHECK_ERROR(KDN_ERR_UNSUPPORTED, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
   b = kv.view;
   b.num_tokens = 0; /* a fetch needs the room set: the length is not the caller's to know */
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_knowledge_fetch(f.m, ns, ns_len, id, 3, &b, 1, NULL, 0, &num));
@@ -3275,6 +3406,8 @@ static const test_case kCases[] = {
   CASE(tiers_defaults),
   CASE(tiers_one_directory),
   CASE(tier_codec_defaults),
+  CASE(device_views_emulated),
+  CASE(device_views_refused),
   CASE(tier_codec_int8),
   CASE(tier_codec_default_lossless),
   CASE(paged_save_nhd),

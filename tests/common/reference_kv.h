@@ -52,4 +52,9 @@ inline ReferenceKv PrefillReference(const std::string& text) {
   return r;
 }
 
+// The KV of a short story (26 tokens with BOS), as the store tests use it.
+inline ReferenceKv PrefillStory() {
+  return PrefillReference("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.");
+}
+
 }  // namespace kdn::testing

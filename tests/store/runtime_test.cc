@@ -22,10 +22,7 @@ namespace {
 using Reference = testing::ReferenceKv;
 
 // The reference model's KV of a short story, canonical.
-Reference Prefill() {
-  return testing::PrefillReference(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.");
-}
+Reference Prefill() { return testing::PrefillStory(); }
 
 ViewSpec Canonical(std::vector<float>& kv) {
   ViewSpec s;

@@ -254,3 +254,31 @@ TEST(GpuBench, WithoutAGpuWritesNoRecords) {
   EXPECT_TRUE(records.empty());
   fs::remove(json);
 }
+
+// `kdn bench gpu --emulated`: the delivery measures through the store into a
+// device view on the emulated device (host memory, the kernels' CPU paths),
+// each against the copy of the same bytes it replaces, measured in the same
+// run. Checks the records' shape and that every path delivered, not speed.
+TEST(GpuBench, EmulatedDeliveryRecordsEveryPathAgainstItsCopy) {
+  KDN_REQUIRE_MODEL();
+  const fs::path json = fs::temp_directory_path() / ("kdn_gpu_bench_emu_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench gpu --emulated --repeats 2 --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& rec : records) by_name[rec["name"].get<std::string>()] = rec;
+  for (const char* name : {"emulated_copy_h2d_gbps_raw", "emulated_copy_d2d_gbps_raw", "emulated_get_device_tier_gbps",
+                           "emulated_deliver_host_raw_gbps", "emulated_deliver_disk_zstd_gbps",
+                           "emulated_deliver_disk_kdn_gbps", "emulated_deliver_disk_tc_gbps"}) {
+    ASSERT_TRUE(by_name.count(name)) << name << " missing: " << r.out;
+    const nlohmann::json& rec = by_name[name];
+    EXPECT_GT(rec["value"].get<double>(), 0.0) << name;
+    EXPECT_EQ(rec["params"]["device"], "emulated") << name;
+    EXPECT_TRUE(rec["params"].contains("emulated")) << name;
+  }
+  EXPECT_EQ(by_name["emulated_get_device_tier_gbps"]["baseline"], "emulated_copy_d2d_gbps_raw");
+  EXPECT_EQ(by_name["emulated_deliver_disk_tc_gbps"]["baseline"], "emulated_copy_h2d_gbps_raw");
+  EXPECT_EQ(by_name["emulated_deliver_disk_tc_gbps"]["params"]["codec"].get<std::string>().rfind("tc:", 0), 0u);
+  fs::remove(json);
+}

@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 4
+#define KDN_VERSION_MINOR 5
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -251,6 +251,26 @@ typedef struct kdn_tier_config {
     NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u, 0u }
 KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
+/* Since 1.5: the GPU a runtime delivers KV to (kdn_runtime_options.device),
+ * for KV views in device memory (KDN_MEMORY_DEVICE) and device tiers. */
+typedef enum kdn_device_mode {
+  /* The CUDA device device_ordinal when this build has CUDA and the machine
+   * a usable GPU; otherwise none (device views are KDN_ERR_UNSUPPORTED, a
+   * device tier is emulated in host memory). */
+  KDN_DEVICE_AUTO = 0,
+  KDN_DEVICE_NONE = 1, /* no device: device views are KDN_ERR_UNSUPPORTED */
+  /* Host memory stands in for the GPU's: KDN_MEMORY_DEVICE views are host
+   * memory, and every device path (device tier to view without a host copy,
+   * decode of encoded chunks into the view, gathers for saves) runs the CPU
+   * path of its kernel, byte for byte. For developing and testing an
+   * engine's GPU integration on a machine without one. */
+  KDN_DEVICE_EMULATED = 2,
+  /* The CUDA device device_ordinal; kdn_runtime_create fails with
+   * KDN_ERR_UNSUPPORTED when there is none. */
+  KDN_DEVICE_CUDA = 3,
+  KDN_DEVICE_FORCE32_ = 0x7FFFFFFF
+} kdn_device_mode;
+
 /* How to create a runtime (input). */
 typedef struct kdn_runtime_options {
   uint32_t struct_size;
@@ -263,9 +283,13 @@ typedef struct kdn_runtime_options {
   size_t num_tiers;             /* 0: one host tier of host_capacity_bytes */
   uint32_t worker_threads;      /* background loads and saves; 0 = 2, at most 64 */
   uint32_t reserved0;           /* must be 0 */
+  /* Since 1.5. */
+  kdn_device_mode device;       /* default KDN_DEVICE_AUTO */
+  int32_t device_ordinal;       /* the CUDA device; default 0 */
 } kdn_runtime_options;
 #define KDN_RUNTIME_OPTIONS_SIZE_V1 48u
-#define KDN_RUNTIME_OPTIONS_INIT { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u }
+#define KDN_RUNTIME_OPTIONS_INIT \
+  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0 }
 KDN_API kdn_status kdn_runtime_options_init(kdn_runtime_options *options, size_t struct_size);
 
 /* Creates a runtime. options may be NULL (defaults). */
@@ -358,7 +382,19 @@ KDN_API kdn_status kdn_request_init(kdn_request *request, size_t struct_size);
 /* ---- KV views ------------------------------------------------------------- */
 
 typedef enum kdn_memory_kind {
-  KDN_MEMORY_HOST = 0, /* host memory; the only kind in 1.0 */
+  KDN_MEMORY_HOST = 0, /* host memory */
+  /* Since 1.5: GPU memory of the runtime's device (kdn_runtime_options.device;
+   * with KDN_DEVICE_EMULATED, host memory standing in for it). Taken by
+   * kdn_kv_store, kdn_kv_retrieve, kdn_kv_load_async and kdn_kv_save_async
+   * (every view of a call in the same kind of memory); the other calls that
+   * take views refuse it (KDN_ERR_UNSUPPORTED), as does a runtime without a
+   * device. Loads write the views on the device: a device tier's chunks
+   * device to device, encoded chunks of lower tiers decoded on the GPU
+   * (codecs kdn, tc, cachegen; others on the CPU, then copied). The KV is in
+   * place when the call returns (a load op: when it ends; its layers all at
+   * once). The views' arrays (k_layers, v_layers, block_table) are host
+   * memory as always. */
+  KDN_MEMORY_DEVICE = 1,
   KDN_MEMORY_FORCE32_ = 0x7FFFFFFF
 } kdn_memory_kind;
 

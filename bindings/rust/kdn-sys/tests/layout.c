@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 223;
+const size_t kdn_layout_count = 225;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -40,6 +40,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_runtime_options", "num_tiers", 0, 0, offsetof(kdn_runtime_options, num_tiers)},
   {"kdn_runtime_options", "worker_threads", 0, 0, offsetof(kdn_runtime_options, worker_threads)},
   {"kdn_runtime_options", "reserved0", 0, 0, offsetof(kdn_runtime_options, reserved0)},
+  {"kdn_runtime_options", "device", 0, 0, offsetof(kdn_runtime_options, device)},
+  {"kdn_runtime_options", "device_ordinal", 0, 0, offsetof(kdn_runtime_options, device_ordinal)},
   {"kdn_model_spec", "", sizeof(kdn_model_spec), _Alignof(kdn_model_spec), 0},
   {"kdn_model_spec", "struct_size", 0, 0, offsetof(kdn_model_spec, struct_size)},
   {"kdn_model_spec", "num_layers", 0, 0, offsetof(kdn_model_spec, num_layers)},

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 223];
+    static kdn_layout_rows: [Row; 225];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -56,6 +56,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_runtime_options", "num_tiers", 0, 0, offset_of!(kdn_runtime_options, num_tiers)),
         ("kdn_runtime_options", "worker_threads", 0, 0, offset_of!(kdn_runtime_options, worker_threads)),
         ("kdn_runtime_options", "reserved0", 0, 0, offset_of!(kdn_runtime_options, reserved0)),
+        ("kdn_runtime_options", "device", 0, 0, offset_of!(kdn_runtime_options, device)),
+        ("kdn_runtime_options", "device_ordinal", 0, 0, offset_of!(kdn_runtime_options, device_ordinal)),
         ("kdn_model_spec", "", size_of::<kdn_model_spec>(), align_of::<kdn_model_spec>(), 0),
         ("kdn_model_spec", "struct_size", 0, 0, offset_of!(kdn_model_spec, struct_size)),
         ("kdn_model_spec", "num_layers", 0, 0, offset_of!(kdn_model_spec, num_layers)),

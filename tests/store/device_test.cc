@@ -1,0 +1,450 @@
+// KV views in device memory (store/device.h, KvStore's device paths): a
+// device tier serves device views device to device, encoded chunks of lower
+// tiers are decoded by the device straight into the view, saves gather on
+// the device. Every scenario runs on the emulated device (host memory
+// standing in for the GPU's, the kernels' CPU paths: what these machines
+// have), and again on the CUDA device where one is usable (skipped, saying
+// so, elsewhere). KV comes from the reference transformer; what a device
+// view receives is compared byte for byte with what the host path writes.
+#include "store/device.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "codec/tc_profile.h"
+#include "reference_kv.h"
+#include "store/memory_tier.h"
+#include "store/runtime.h"
+#include "test_gpu.h"
+#include "test_models.h"
+
+namespace kdn::store {
+namespace {
+
+using Reference = testing::ReferenceKv;
+
+Reference Prefill() { return testing::PrefillStory(); }
+
+std::string TempDir() {
+  std::string t = ::testing::TempDir() + "/kdn_device_XXXXXX";
+  EXPECT_NE(mkdtemp(t.data()), nullptr);
+  return t;
+}
+
+// Device memory holding a copy of host bytes.
+Payload Upload(Device& d, const void* src, size_t n) {
+  Payload p = d.Allocate(n).value();
+  EXPECT_TRUE(d.CopyToDevice(p.data(), src, n).ok());
+  EXPECT_TRUE(d.Synchronize().ok());
+  return p;
+}
+
+std::vector<float> Download(Device& d, const Payload& p) {
+  std::vector<float> out(p.size() / 4);
+  EXPECT_TRUE(d.CopyToHost(out.data(), p.data(), p.size()).ok());
+  return out;
+}
+
+// The whole canonical layout in one device allocation.
+ViewSpec Canonical(Payload& p) {
+  ViewSpec s;
+  s.memory = 1;
+  s.dtype = 0;
+  s.data = p.data();
+  s.size_bytes = p.size();
+  return s;
+}
+
+// A paged (NHD) device view with a shuffled block table, as vLLM keeps KV.
+struct Paged {
+  static constexpr std::int64_t kBlock = 4;
+  std::vector<Payload> k, v;
+  std::vector<void*> kp, vp;
+  std::vector<std::int32_t> table;
+  std::int64_t blocks = 0, row = 0;
+
+  Paged(Device& d, const ModelKv& m, size_t tokens) {
+    row = m.shape.heads * m.shape.head_dim;
+    const std::int64_t used = (static_cast<std::int64_t>(tokens) + kBlock - 1) / kBlock;
+    blocks = used + 3;
+    table.resize(static_cast<size_t>(used));
+    for (std::int64_t i = 0; i < used; ++i) table[static_cast<size_t>(i)] = static_cast<std::int32_t>((i * 5 + 2) % blocks);
+    const std::vector<float> poison(static_cast<size_t>(blocks * kBlock * row), -7.0f);
+    for (std::int64_t l = 0; l < m.shape.layers; ++l) {
+      k.push_back(Upload(d, poison.data(), poison.size() * 4));
+      v.push_back(Upload(d, poison.data(), poison.size() * 4));
+      kp.push_back(k.back().data());
+      vp.push_back(v.back().data());
+    }
+  }
+  ViewSpec Spec(size_t tokens) const {
+    ViewSpec s;
+    s.memory = 1;
+    s.layout = ViewLayout::kPagedNhd;
+    s.k_layers = kp.data();
+    s.v_layers = vp.data();
+    s.num_layers = kp.size();
+    s.block_size = kBlock;
+    s.block_table = table;
+    s.num_blocks = static_cast<std::uint64_t>(blocks);
+    s.num_tokens = tokens;
+    return s;
+  }
+  // Back in the canonical layout, for the first `tokens` tokens.
+  std::vector<float> Canonical(Device& d, size_t tokens) const {
+    std::vector<float> out(kp.size() * 2 * tokens * static_cast<size_t>(row));
+    for (size_t l = 0; l < kp.size(); ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const std::vector<float> layer = Download(d, kv == 0 ? k[l] : v[l]);
+        for (size_t t = 0; t < tokens; ++t) {
+          const size_t at = (static_cast<size_t>(table[t / kBlock]) * kBlock + t % kBlock) * static_cast<size_t>(row);
+          std::memcpy(&out[((l * 2 + static_cast<size_t>(kv)) * tokens + t) * static_cast<size_t>(row)], &layer[at],
+                      static_cast<size_t>(row) * 4);
+        }
+      }
+    }
+    return out;
+  }
+};
+
+Result<ResolvedViews> Resolve(const Reference& r, std::vector<ViewSpec> specs) {
+  return ResolvedViews::Resolve(r.m, specs, r.tokens.size());
+}
+
+ViewSpec HostView(std::vector<float>& kv) {
+  ViewSpec h;
+  h.data = kv.data();
+  h.size_bytes = kv.size() * 4;
+  return h;
+}
+
+// Stores the reference KV from a host view (the host path); the tokens cached.
+std::uint64_t StoreFromHost(Runtime& rt, const Reference& r) {
+  std::vector<float> in = r.canonical;
+  auto stored = rt.Store(r.m, "t", r.Keys(), Resolve(r, {HostView(in)}).value());
+  return stored.ok() ? *stored : 0;
+}
+
+// Runs each scenario on the emulated device and, where one is usable, on
+// the GPU.
+class DeviceDelivery : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam()) {
+      auto d = MakeCudaDevice(0);
+      if (!d.ok()) GTEST_SKIP() << "no usable CUDA device: " << d.status().message() << " (the emulated run covers the logic)";
+      device_ = std::move(d).value();
+    } else {
+      device_ = MakeEmulatedDevice();
+    }
+  }
+  std::shared_ptr<Runtime> Make(std::vector<TierSpec> tiers, std::uint32_t chunk_tokens = 8) {
+    StoreOptions o;
+    o.chunk_tokens = chunk_tokens;
+    o.tiers = std::move(tiers);
+    o.device = device_;
+    auto rt = Runtime::Create(o, 2);
+    EXPECT_TRUE(rt.ok()) << rt.status().message();
+    return rt.ok() ? *rt : nullptr;
+  }
+  std::shared_ptr<Device> device_;
+};
+
+TierSpec DeviceTier(std::uint64_t bytes = 1 << 20) {
+  TierSpec t;
+  t.kind = TierSpec::Kind::kDevice;
+  t.capacity_bytes = bytes;
+  return t;
+}
+
+TierSpec HostTier(const std::string& codec = "") {
+  TierSpec t;
+  t.kind = TierSpec::Kind::kHost;
+  t.capacity_bytes = 1 << 20;
+  t.codec = codec;
+  return t;
+}
+
+TierSpec Disk(const std::string& dir, const std::string& codec) {
+  TierSpec t;
+  t.kind = TierSpec::Kind::kDisk;
+  t.path = dir;
+  t.capacity_bytes = 64 << 20;
+  t.codec = codec;
+  t.fsync = false;
+  return t;
+}
+
+TEST_P(DeviceDelivery, ADeviceTierServesDeviceViewsWithoutAHostRoundTrip) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({DeviceTier()});
+  ASSERT_NE(rt, nullptr);
+  Device& d = *device_;
+  Payload in = Upload(d, r.canonical.data(), r.canonical.size() * 4);
+  auto src = Resolve(r, {Canonical(in)});
+  ASSERT_TRUE(src.ok()) << src.status().message();
+  ASSERT_TRUE(src->device());
+  const DeviceCounters before = d.counters();
+  ASSERT_EQ(rt->Store(r.m, "t", r.Keys(), *src).value(), r.tokens.size());
+  const DeviceCounters stored = d.counters();
+  EXPECT_GT(stored.gathers, before.gathers);
+  EXPECT_EQ(stored.d2h_bytes, before.d2h_bytes) << "a save into a device tier copied KV to the host";
+
+  Paged out(d, r.m, r.tokens.size());
+  auto dst = Resolve(r, {out.Spec(r.tokens.size())});
+  ASSERT_TRUE(dst.ok()) << dst.status().message();
+  const DeviceCounters ready = d.counters();  // after the test's own uploads
+  const KvStore::Retrieved got = rt->Retrieve(r.m, "t", r.Keys(), *dst).value();
+  EXPECT_EQ(got.tokens, r.tokens.size());
+  EXPECT_FALSE(got.lossy);
+  const DeviceCounters loaded = d.counters();
+  EXPECT_GT(loaded.scatters, ready.scatters);
+  EXPECT_EQ(loaded.h2d_bytes, ready.h2d_bytes) << "a load from a device tier copied KV from the host";
+  EXPECT_EQ(loaded.d2h_bytes, ready.d2h_bytes);
+  const auto* tier = dynamic_cast<const MemoryTier*>(&rt->store().chain().tier(0));
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->host_copy_bytes(), 0u) << "the device tier copied a chunk out to the host";
+  EXPECT_EQ(out.Canonical(d, r.tokens.size()), r.canonical);
+  // The load was counted like a host one.
+  EXPECT_EQ(rt->store().Stats().tokens_served, r.tokens.size());
+}
+
+// Chunks in a disk tier's codec reach a device view decoded by the device
+// (kdn, cachegen, tc) or by the CPU (zstd, int8): the same bytes as the host
+// path's retrieve, and only the encoded payloads cross for the first kind.
+TEST_P(DeviceDelivery, EncodedChunksAreDecodedIntoTheViewAsTheHostPathDecodesThem) {
+  KDN_REQUIRE_MODEL();
+  const std::string profile = testing::ModelsDir() + "/stories260K.kdntc";
+  auto prof = codec::LoadTcProfile(profile);
+  ASSERT_TRUE(prof.ok()) << prof.status().message();
+  struct Case {
+    std::string codec;
+    bool on_device, lossy;
+  };
+  for (const Case& c : {Case{"kdn:balanced", true, true}, Case{"cachegen", true, true},
+                        Case{"tc:balanced,profile=" + profile, true, true}, Case{"zstd", false, false},
+                        Case{"int8", false, true}}) {
+    SCOPED_TRACE(c.codec);
+    Reference r = Prefill();
+    // The profile is fitted to this model's KV as the reference engine names it.
+    std::memcpy(r.m.fingerprint.data(), (*prof)->fingerprints.at(0).data(), 32);
+    const std::string dir = TempDir();
+    auto rt = Make({Disk(dir, c.codec)});
+    ASSERT_NE(rt, nullptr);
+    ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+    // The host path: decoded on the CPU.
+    std::vector<float> host_out(r.canonical.size(), 0.0f);
+    ViewSpec ho = HostView(host_out);
+    const KvStore::Retrieved on_host = rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {ho}).value()).value();
+    ASSERT_EQ(on_host.tokens, r.tokens.size());
+    EXPECT_EQ(on_host.lossy, c.lossy);
+    // The device path.
+    Device& d = *device_;
+    Paged out(d, r.m, r.tokens.size());
+    const DeviceCounters before = d.counters();
+    const KvStore::Retrieved got = rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(r.tokens.size())}).value()).value();
+    const DeviceCounters after = d.counters();
+    EXPECT_EQ(got.tokens, r.tokens.size());
+    EXPECT_EQ(got.lossy, c.lossy);
+    const std::vector<float> dev = out.Canonical(d, r.tokens.size());
+    if (device_->emulated() || c.codec.rfind("tc", 0) != 0) {
+      EXPECT_EQ(dev, host_out) << "the device path's bytes differ from the CPU decoder's";
+    } else {
+      // On a GPU the transform codec's product sums in cuBLAS's order.
+      float largest = 0.0f;
+      for (float x : host_out) largest = std::max(largest, std::abs(x));
+      for (size_t i = 0; i < dev.size(); ++i) ASSERT_NEAR(dev[i], host_out[i], 1e-5f * largest + 1e-6f) << i;
+    }
+    const std::uint64_t chunks = (r.tokens.size() + 7) / 8 + 2;  // 3 chunks of 8, then pieces: at least
+    if (c.on_device) {
+      EXPECT_GE(after.device_decodes - before.device_decodes, 3u);
+      EXPECT_LE(after.device_decodes - before.device_decodes, chunks);
+      EXPECT_EQ(after.host_decodes, before.host_decodes);
+      // Exactly the payloads, each once (the tier encoded each chunk once).
+      EXPECT_EQ(after.h2d_bytes - before.h2d_bytes, rt->store().chain().Stats().at(0).bytes_after_encoding)
+          << "more than the encoded payloads crossed";
+    } else {
+      EXPECT_EQ(after.device_decodes, before.device_decodes);
+      EXPECT_GE(after.host_decodes - before.host_decodes, 3u);
+      EXPECT_EQ(after.h2d_bytes - before.h2d_bytes, r.canonical.size() * 4);
+    }
+    EXPECT_EQ(after.d2h_bytes, before.d2h_bytes);
+    // The level counted the device's decodes as its own.
+    const LevelStats disk = rt->store().chain().Stats().at(0);
+    EXPECT_GE(disk.decoded_chunks, 6u);
+    EXPECT_EQ(disk.decode_failures, 0u);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A payload that does not decode on the device is a miss, counted and
+// removed, as the CPU path treats it; a retrieve stops before it.
+TEST_P(DeviceDelivery, APayloadThatDoesNotDecodeIsAMissCountedAndRemoved) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({HostTier("kdn:balanced")});
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+  // Replace the second chunk (tokens 8..15) by one whose kdn payload is garbage.
+  KvStore& store = rt->store();
+  auto plan = store.PlanStore(r.m, "t", r.Keys()).value();
+  ASSERT_GE(plan.size(), 3u);
+  const keys::Digest second = plan[1].key;
+  ASSERT_TRUE(store.chain().Erase(second));
+  auto bad = std::make_shared<Chunk>();
+  bad->meta.key = second;
+  bad->meta.model = r.m.fingerprint;
+  bad->meta.ns_hash = keys::NamespaceHash("t");
+  bad->meta.dtype = 0;
+  bad->meta.layers = 5;
+  bad->meta.kv_heads = 4;
+  bad->meta.head_dim = 8;
+  bad->meta.tokens = 8;
+  bad->meta.first_position = 8;
+  bad->meta.codec = codec::CodecId::kKdn;
+  std::vector<std::uint8_t> junk(600, 0x5A);
+  bad->payload = Payload(junk.data(), junk.size());
+  ASSERT_TRUE(store.chain().Put(bad).ok());
+
+  Device& d = *device_;
+  const size_t row = 32, T = r.tokens.size();
+  // A load (not a prefix) writes every chunk that decodes and reports the gap.
+  Paged all(d, r.m, T);
+  auto op = rt->Load(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {all.Spec(T)}).value()).value();
+  ASSERT_TRUE(op->Wait(-1).ok());
+  const OpResult res = op->Outcome();
+  ASSERT_EQ(res.failed.size(), 1u);
+  EXPECT_EQ(res.failed.front().begin, 8u);
+  EXPECT_EQ(res.failed.front().end, 16u);
+  EXPECT_EQ(res.covered, T);
+  EXPECT_EQ(res.tokens, T - 8);
+  EXPECT_TRUE(res.lossy);
+  const std::vector<float> loaded = all.Canonical(d, T);
+  for (size_t l = 0; l < 5; ++l) {
+    EXPECT_EQ(loaded[((l * 2) * T + 8) * row], -7.0f) << "layer " << l << ": the gap was written";
+    EXPECT_NE(loaded[((l * 2) * T + 16) * row], -7.0f) << "layer " << l << ": a chunk after the gap is missing";
+  }
+  const LevelStats level = store.chain().Stats().at(0);
+  EXPECT_EQ(level.decode_failures, 1u);
+  EXPECT_FALSE(store.chain().ContainsAt(0, second)) << "the chunk that does not decode was kept";
+  // Now a retrieve finds the prefix up to it, and writes nothing past it.
+  Paged out(d, r.m, T);
+  const KvStore::Retrieved got = rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(T)}).value()).value();
+  EXPECT_EQ(got.tokens, 8u);
+  const std::vector<float> dev = out.Canonical(d, T);
+  for (size_t l = 0; l < 5; ++l) {
+    EXPECT_NE(dev[((l * 2) * T + 7) * row], -7.0f) << "layer " << l;
+    for (size_t t = 8; t < T; ++t) EXPECT_EQ(dev[((l * 2) * T + t) * row], -7.0f) << "layer " << l << " token " << t;
+  }
+}
+
+// The asynchronous ops with device views: a save gathers each layer on the
+// device (to a host tier: the bytes cross once), a load writes every layer.
+TEST_P(DeviceDelivery, LoadAndSaveOpsMoveTheSameBytes) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({HostTier()});
+  ASSERT_NE(rt, nullptr);
+  Device& d = *device_;
+  Payload in = Upload(d, r.canonical.data(), r.canonical.size() * 4);
+  auto save = rt->Save(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {Canonical(in)}).value());
+  ASSERT_TRUE(save.ok()) << save.status().message();
+  for (std::uint32_t l = 0; l < 5; ++l) ASSERT_TRUE((*save)->SaveLayer(4 - l).ok());
+  ASSERT_TRUE((*save)->Wait(-1).ok()) << (*save)->Outcome().status.message();
+  EXPECT_EQ((*save)->Outcome().tokens, r.tokens.size());
+  EXPECT_EQ(d.counters().d2h_bytes, r.canonical.size() * 4) << "a layer crossed twice, or not at all";
+
+  Paged out(d, r.m, r.tokens.size());
+  auto load = rt->Load(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {out.Spec(r.tokens.size())}).value());
+  ASSERT_TRUE(load.ok()) << load.status().message();
+  ASSERT_TRUE((*load)->WaitLayer(4, -1).ok());
+  ASSERT_TRUE((*load)->Wait(-1).ok());
+  EXPECT_EQ((*load)->Outcome().tokens, r.tokens.size());
+  EXPECT_EQ(out.Canonical(d, r.tokens.size()), r.canonical);
+}
+
+// A save from a device view into a chain whose top tier is not on the
+// device copies to the host and puts as usual; what comes back is exact.
+TEST_P(DeviceDelivery, ASaveToAHostTierCopiesOnceAndRoundTrips) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({HostTier(), DeviceTier()});
+  ASSERT_NE(rt, nullptr);
+  Device& d = *device_;
+  Payload in = Upload(d, r.canonical.data(), r.canonical.size() * 4);
+  ASSERT_EQ(rt->Store(r.m, "t", r.Keys(), Resolve(r, {Canonical(in)}).value()).value(), r.tokens.size());
+  EXPECT_EQ(d.counters().d2h_bytes, r.canonical.size() * 4);
+  Payload out = Upload(d, std::vector<float>(r.canonical.size(), 0.0f).data(), r.canonical.size() * 4);
+  const DeviceCounters before = d.counters();
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {Canonical(out)}).value()).value().tokens, r.tokens.size());
+  EXPECT_EQ(d.counters().h2d_bytes - before.h2d_bytes, r.canonical.size() * 4) << "raw host chunks cross once";
+  EXPECT_EQ(Download(d, out), r.canonical);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceDelivery, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Cuda" : "Emulated"; });
+
+TEST(DeviceViews, AreRefusedWithoutADeviceAndMixedWithHostViews) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  StoreOptions o;
+  o.chunk_tokens = 8;
+  auto rt = Runtime::Create(o, 1).value();
+  std::vector<float> a = r.canonical, b = r.canonical;
+  ViewSpec dev;
+  dev.memory = 1;
+  dev.data = a.data();
+  dev.size_bytes = a.size() * 4;
+  auto views = Resolve(r, {dev});
+  ASSERT_TRUE(views.ok());
+  EXPECT_EQ(rt->Store(r.m, "t", r.Keys(), *views).status().code(), Code::kUnsupported);
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), *views).status().code(), Code::kUnsupported);
+  EXPECT_EQ(rt->Load(r.m, "t", OwnedKeys::Of(r.Keys()), *views).status().code(), Code::kUnsupported);
+  EXPECT_EQ(rt->Save(r.m, "t", OwnedKeys::Of(r.Keys()), *views).status().code(), Code::kUnsupported);
+  // Layers 0-2 in device memory, 3-4 in host memory: refused before anything is touched.
+  const std::vector<std::uint32_t> first = {0, 1, 2}, second = {3, 4};
+  ViewSpec x = dev, y = dev;
+  x.layers = first;
+  x.num_layers = 3;
+  y.memory = 0;
+  y.data = b.data();
+  y.layers = second;
+  y.num_layers = 2;
+  auto mixed = Resolve(r, {x, y});
+  EXPECT_EQ(mixed.status().code(), Code::kInvalidArgument);
+  ViewSpec z = dev;
+  z.memory = 2;
+  EXPECT_EQ(Resolve(r, {z}).status().code(), Code::kInvalidArgument);
+}
+
+TEST(DeviceViews, TheEmulatedDeviceCountsWhatCrosses) {
+  auto d = MakeEmulatedDevice();
+  EXPECT_TRUE(d->emulated());
+  EXPECT_EQ(d->name(), "emulated");
+  const std::vector<std::uint8_t> bytes(100, 3);
+  Payload p = d->Allocate(100).value();
+  ASSERT_TRUE(d->CopyToDevice(p.data(), bytes.data(), 100).ok());
+  std::vector<std::uint8_t> back(100, 0);
+  Payload q = d->Allocate(100).value();
+  ASSERT_TRUE(d->CopyOnDevice(q.data(), p.data(), 100).ok());
+  ASSERT_TRUE(d->CopyToHost(back.data(), q.data(), 100).ok());
+  EXPECT_EQ(back, bytes);
+  const DeviceCounters c = d->counters();
+  EXPECT_EQ(c.h2d_bytes, 100u);
+  EXPECT_EQ(c.d2d_bytes, 100u);
+  EXPECT_EQ(c.d2h_bytes, 100u);
+  EXPECT_FALSE(Device::DecodesOnDevice(codec::CodecId::kZstd));
+  EXPECT_TRUE(Device::DecodesOnDevice(codec::CodecId::kTc));
+  EXPECT_EQ(d->Decode({1, 1, 1, 1, 0}, codec::CodecId::kZstd, bytes.data(), 100, back.data()).code(), Code::kUnsupported);
+  // A CUDA device is there only with CUDA and a GPU.
+  EXPECT_EQ(MakeCudaDevice(0).ok(), testing::HaveGpu());
+}
+
+}  // namespace
+}  // namespace kdn::store
