@@ -1368,8 +1368,8 @@ extern "C" kdn_status kdn_kv_blend(const kdn_model* model, const char* ns, size_
   std::vector<ViewSpec> specs;
   if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
   for (const ViewSpec& v : specs) {
-    if (v.memory != KDN_MEMORY_HOST) {
-      return Fail(KDN_ERR_UNSUPPORTED, "kdn_kv_blend: KV views in device memory are not taken yet (host views only)");
+    if (v.memory == KDN_MEMORY_DEVICE && model->runtime->store().device() == nullptr) {
+      return Fail(KDN_ERR_UNSUPPORTED, "kdn_kv_blend: KV views in device memory: this runtime has no device");
     }
   }
   CallbackEngine engine(o, static_cast<int>(model->kv.shape.heads * model->kv.shape.head_dim));

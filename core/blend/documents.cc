@@ -69,7 +69,13 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
   if (!report.ok()) return report.status();
   std::vector<std::uint8_t> canonical(composed.size() * eb);
   FromFloat(model.dtype, composed.data(), composed.size(), canonical.data());
-  out->Scatter(model, canonical.data(), 0, total);
+  if (out->device()) {
+    // Composed on the host (the engine's layers run there); one copy to the
+    // device, scattered into the views by the device.
+    KDN_RETURN_IF_ERROR(index.store().ScatterToDevice(model, canonical.data(), total, out->groups()));
+  } else {
+    out->Scatter(model, canonical.data(), 0, total);
+  }
   return report;
 }
 

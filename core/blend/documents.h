@@ -25,7 +25,9 @@ struct Segment {
 };
 
 // Composes the segments, in order, into `views` (which must hold the whole
-// context). kNotFound when a document is unknown or lost from every tier;
+// context). Views in device memory get the composed KV through the store's
+// device (KvStore::ScatterToDevice; kUnsupported without one): the keys are
+// re-positioned and the selected tokens recomputed on the host. kNotFound when a document is unknown or lost from every tier;
 // the engine's status when it fails.
 Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::ModelKv& model, std::string_view ns,
                                    std::span<const Segment> segments, const BlendOptions& options,

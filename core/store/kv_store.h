@@ -301,6 +301,11 @@ class KvStore {
                                      std::span<const KvGroup> groups);
   Result<std::uint64_t> StoreFromDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                         std::span<const KvGroup> groups);
+  // Writes canonical KV in host memory (tokens [0, tokens) of every layer)
+  // into device views: one copy to the device, then the scatter kernel (the
+  // blender's composed KV).
+  Status ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
+                         std::span<const KvGroup> groups);
 
   // Keys of a request's chunks, computed as a walk would: (key, begin, tokens).
   struct ChunkKeyAt {

@@ -130,6 +130,21 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   return out;
 }
 
+Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
+                               std::span<const KvGroup> groups) {
+  Device* dev = device();
+  if (dev == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  const std::uint64_t bytes = tokens * static_cast<std::uint64_t>(model.bytes_per_token());
+  if (bytes == 0) return Status::Ok();
+  Result<chunk::Payload> staging = dev->Allocate(static_cast<size_t>(bytes));
+  if (!staging.ok()) return staging.status();
+  KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging->data(), canonical, static_cast<size_t>(bytes)));
+  KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+    return dev->Scatter(staging->data(), v, 0, static_cast<std::int64_t>(tokens), lb, le);
+  }));
+  return dev->Synchronize();
+}
+
 Result<KvStore::Retrieved> KvStore::RetrieveToDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                                      std::span<const KvGroup> groups) {
   if (device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");

@@ -73,6 +73,7 @@ class BlendApiTest : public ::testing::Test {
     t_ = std::make_unique<kdn::model::Transformer>(*weights_, 1);
     const auto& c = t_->config();
     kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;
+    ro.device = device_;
     ASSERT_EQ(kdn_runtime_create(&ro, &rt_), KDN_OK);
     kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
     spec.num_layers = static_cast<uint32_t>(c.n_layers);
@@ -110,11 +111,78 @@ class BlendApiTest : public ::testing::Test {
     return out;
   }
 
+  kdn_device_mode device_ = KDN_DEVICE_AUTO;
   std::unique_ptr<kdn::model::Checkpoint> weights_;
   std::unique_ptr<kdn::model::Transformer> t_;
   kdn_runtime* rt_ = nullptr;
   kdn_model* model_ = nullptr;
 };
+
+// 1.5: a blend into views in device memory (the emulated device here: host
+// memory standing in for the GPU's) writes what a blend into host views
+// writes; a runtime without a device refuses such views.
+class BlendDeviceTest : public BlendApiTest {
+ protected:
+  void SetUp() override {
+    device_ = KDN_DEVICE_EMULATED;
+    BlendApiTest::SetUp();
+  }
+};
+
+TEST_F(BlendDeviceTest, BlendsIntoDeviceViewsAsIntoHostViews) {
+  const auto& c = t_->config();
+  Put("doc-a", Ids(1, 19));
+  Put("doc-b", Ids(2, 23));
+  const std::vector<int32_t> query = Ids(3, 5);
+  kdn_blend_segment seg[3] = {KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT};
+  seg[0].kind = KDN_SEGMENT_DOCUMENT;
+  seg[0].doc_id = "doc-b";
+  seg[0].doc_id_len = 5;
+  seg[1].kind = KDN_SEGMENT_DOCUMENT;
+  seg[1].doc_id = "doc-a";
+  seg[1].doc_id_len = 5;
+  seg[2].tokens = query.data();
+  seg[2].num_tokens = query.size();
+  const size_t total = 23 + 19 + 5;
+  std::vector<float> host(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f), dev = host;
+  Engine e{t_.get()};
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  o.ratio = 0.25f;
+  o.hidden_dim = static_cast<uint32_t>(c.dim);
+  o.layer_fn = Layer;
+  o.user = &e;
+  kdn_blend_report rep = KDN_BLEND_REPORT_INIT;
+  kdn_kv_view hv = Canonical(host, total), dv = Canonical(dev, total);
+  dv.memory = KDN_MEMORY_DEVICE;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 3, &o, &hv, 1, &rep), KDN_OK) << kdn_last_error_message();
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 3, &o, &dv, 1, &rep), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(rep.positions, total);
+  EXPECT_NE(host[0], -1.0f);
+  EXPECT_EQ(dev, host);
+
+  // Without a device: refused, nothing written.
+  kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;
+  ro.device = KDN_DEVICE_NONE;
+  kdn_runtime* rt = nullptr;
+  ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK);
+  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
+  spec.num_layers = static_cast<uint32_t>(c.n_layers);
+  spec.num_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
+  spec.head_dim = static_cast<uint32_t>(c.head_dim());
+  spec.fingerprint = "stories260K";
+  spec.fingerprint_len = std::strlen(spec.fingerprint);
+  kdn_model* m = nullptr;
+  ASSERT_EQ(kdn_model_create(rt, &spec, &m), KDN_OK);
+  std::vector<float> none(host.size(), -1.0f);
+  kdn_kv_view nv = Canonical(none, total);
+  nv.memory = KDN_MEMORY_DEVICE;
+  seg[0] = seg[2];
+  EXPECT_EQ(kdn_kv_blend(m, "t", 1, seg, 1, &o, &nv, 1, &rep), KDN_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(kdn_last_error_message()).find("no device"), std::string::npos);
+  EXPECT_EQ(none[0], -1.0f);
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+}
 
 TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   const auto& c = t_->config();

@@ -386,14 +386,14 @@ typedef enum kdn_memory_kind {
   /* Since 1.5: GPU memory of the runtime's device (kdn_runtime_options.device;
    * with KDN_DEVICE_EMULATED, host memory standing in for it). Taken by
    * kdn_kv_store, kdn_kv_retrieve, kdn_kv_load_async and kdn_kv_save_async
-   * (every view of a call in the same kind of memory); the other calls that
-   * take views refuse it (KDN_ERR_UNSUPPORTED), as does a runtime without a
-   * device. Loads write the views on the device: a device tier's chunks
+   * (every view of a call in the same kind of memory); the knowledge calls
+   * refuse it (KDN_ERR_UNSUPPORTED), as does a runtime without a device. Loads write the views on the device: a device tier's chunks
    * device to device, encoded chunks of lower tiers decoded on the GPU
    * (codecs kdn, tc, cachegen; others on the CPU, then copied). The KV is in
    * place when the call returns (a load op: when it ends; its layers all at
    * once). The views' arrays (k_layers, v_layers, block_table) are host
-   * memory as always. */
+   * memory as always. kdn_kv_blend (experimental) takes them too: it
+   * composes on the host, then writes the views through the device. */
   KDN_MEMORY_DEVICE = 1,
   KDN_MEMORY_FORCE32_ = 0x7FFFFFFF
 } kdn_memory_kind;
