@@ -467,8 +467,10 @@ class Parser {
       spec->policy = store::PolicyKind::kLru;
     } else if (policy == "s3fifo") {
       spec->policy = store::PolicyKind::kS3Fifo;
+    } else if (policy == "cost") {
+      spec->policy = store::PolicyKind::kCost;
     } else {
-      return Error(tier.get("policy")->source(), Join(path, "policy"), "\"" + policy + "\" is not lru or s3fifo");
+      return Error(tier.get("policy")->source(), Join(path, "policy"), "\"" + policy + "\" is not lru, s3fifo or cost");
     }
 
     KDN_RETURN_IF_ERROR(GetNumber(tier, path, "high_watermark", &spec->high_watermark));

@@ -22,7 +22,7 @@
 //   kind = "host"                         # host | disk
 //   capacity = "4GiB"                     # bytes, or with KiB/MiB/GiB/TiB (or K/M/G/T) suffix
 //   path = "/var/lib/kdn"                 # disk only (required there)
-//   policy = "lru"                        # lru | s3fifo
+//   policy = "lru"                        # lru | s3fifo | cost
 //   high_watermark = 0.95
 //   low_watermark = 0.85
 //   write_through = false

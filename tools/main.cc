@@ -18,6 +18,7 @@
 #include "demo.h"
 #include "disk_cmd.h"
 #include "foundation_bench.h"
+#include "eviction_bench.h"
 #include "gpu_bench.h"
 #include "kdn/kdn.h"
 #include "model/transformer.h"
@@ -188,6 +189,13 @@ int main(int argc, char** argv) {
   gpub->add_flag("--emulated", gbo.emulated,
                  "delivery on the emulated device (host memory, the kernels' CPU paths): a check, not a GPU measure");
 
+  kdn::bench::EvictionBenchOptions ebo;
+  auto* evictb = bench->add_subcommand(
+      "eviction", "Eviction policies by prefill time saved per GB: cost-aware vs LRU and S3-FIFO (simulated traces)");
+  evictb->add_option("--json", ebo.json_path, "output file")->required();
+  evictb->add_flag("--quick", ebo.quick, "fewer requests and capacities (a smoke test, not a measurement)");
+  evictb->add_option("--seed", ebo.seed, "the traces' seed (default 1818; the cost policy was tuned on 18)");
+
   kdn::bench::BlendBenchOptions bbo;
   auto* blendb = bench->add_subcommand("blend", "Blending at ratios 0..100%: KL, top-1, TTFT vs full prefill; a PNG");
   blendb->add_option("--json", bbo.json_path, "output file")->required();
@@ -239,6 +247,7 @@ int main(int argc, char** argv) {
   if (*codecb) return kdn::bench::RunCodecBench(cbo);
   if (*blendb) return kdn::bench::RunBlendBench(bbo);
   if (*gpub) return kdn::bench::RunGpuBench(gbo);
+  if (*evictb) return kdn::bench::RunEvictionBench(ebo);
   if (*bindingsb) return kdn::bench::RunBindingsBench(bio);
   return 1;
 }

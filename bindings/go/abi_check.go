@@ -44,6 +44,7 @@ var _ = [...]struct{}{
 	[1]struct{}{}[TierRedis-C.KDN_TIER_REDIS],
 	[1]struct{}{}[EvictLRU-C.KDN_EVICT_LRU],
 	[1]struct{}{}[EvictS3FIFO-C.KDN_EVICT_S3FIFO],
+	[1]struct{}{}[EvictCost-C.KDN_EVICT_COST],
 	[1]struct{}{}[LatencyLookup-C.KDN_LATENCY_LOOKUP],
 	[1]struct{}{}[LatencyLoad-C.KDN_LATENCY_LOAD],
 	[1]struct{}{}[LatencyStore-C.KDN_LATENCY_STORE],

@@ -49,6 +49,7 @@ type EvictionPolicy int32
 const (
 	EvictLRU    EvictionPolicy = 0
 	EvictS3FIFO EvictionPolicy = 1 // scan-resistant
+	EvictCost   EvictionPolicy = 2 // cost-aware, GreedyDual-Size-Frequency (since 1.5)
 )
 
 // TierConfig is one tier of a runtime. The zero value is not valid:

@@ -653,6 +653,7 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     switch (Raw(c.policy)) {
       case KDN_EVICT_LRU: t.policy = kdn::store::PolicyKind::kLru; break;
       case KDN_EVICT_S3FIFO: t.policy = kdn::store::PolicyKind::kS3Fifo; break;
+      case KDN_EVICT_COST: t.policy = kdn::store::PolicyKind::kCost; break;
       default: return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": unknown eviction policy " + std::to_string(Raw(c.policy)));
     }
     t.high_watermark = c.high_watermark == 0.0f ? 0.95 : c.high_watermark;

@@ -70,6 +70,11 @@ struct ChunkMeta {
   // from an engine's device view): only a Device reads it, never the host.
   // Kept in memory only.
   bool device = false;
+  // The prefill work this chunk's presence saves when its request comes
+  // again (store/policy.h PrefillCost: its tokens at the request's mean cost
+  // per token), for the cost-aware eviction policy. 0: unknown. Kept in
+  // memory only.
+  double prefill_value = 0;
   // How the payload holds the KV: kRaw, the canonical bytes themselves; any
   // other codec, that codec's self-describing payload (codec/codec.h), which
   // the chain decodes before anyone reads the KV (store/chunk_codec.h).

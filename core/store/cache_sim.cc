@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace kdn::store {
@@ -136,7 +137,7 @@ SimResult Simulate(PolicyKind kind, std::uint64_t capacity_objects, const ZipfWo
         policy->OnRemove(*victim);
       }
       present.insert(key);
-      policy->OnInsert(key, kObjectBytes);
+      policy->OnInsert(key, kObjectBytes, 0);
     }
   });
   return result;
@@ -144,6 +145,105 @@ SimResult Simulate(PolicyKind kind, std::uint64_t capacity_objects, const ZipfWo
 
 double SimulateHitRate(PolicyKind kind, std::uint64_t capacity_objects, const ZipfWorkload& w) {
   return Simulate(kind, capacity_objects, w).hit_rate();
+}
+
+std::vector<SimSequence> MixedRequests(const MixedWorkload& w) {
+  std::mt19937_64 rng(w.seed);
+  std::vector<ZipfSampler> samplers;
+  std::vector<double> cumulative;
+  std::vector<std::uint64_t> first_id;
+  double total = 0;
+  std::uint64_t next_id = 0;
+  for (const SimFamily& f : w.families) {
+    samplers.emplace_back(f.sequences, f.exponent);
+    total += f.share;
+    cumulative.push_back(total);
+    first_id.push_back(next_id);
+    next_id += f.sequences;
+  }
+  std::vector<SimSequence> out;
+  out.reserve(w.requests);
+  for (std::uint64_t r = 0; r < w.requests; ++r) {
+    const double u = UniformUnit(rng) * total;
+    size_t f = 0;
+    while (f + 1 < cumulative.size() && u >= cumulative[f]) ++f;
+    const std::uint64_t rank = samplers[f](rng);
+    // Ranks are scattered over the ids so that popularity is not id order.
+    const std::uint64_t n = w.families[f].sequences;
+    const std::uint64_t id = first_id[f] + (rank * 2654435761ull) % n;
+    out.push_back({id, w.families[f].tokens});
+  }
+  return out;
+}
+
+PrefixSimResult SimulatePrefixReuse(PolicyKind kind, std::uint64_t capacity_bytes, const MixedWorkload& w,
+                                    const std::vector<SimSequence>& requests) {
+  const std::unique_ptr<EvictionPolicy> policy = MakePolicy(kind, capacity_bytes);
+  std::unordered_map<keys::Digest, std::uint64_t, keys::DigestHash> present;  // key -> bytes
+  std::uint64_t used = 0;
+  const std::uint64_t warmup = requests.size() / 10;
+  const auto any = [](const keys::Digest&) { return true; };
+  PrefixSimResult result;
+  struct Piece {
+    keys::Digest key;
+    std::uint64_t begin, tokens;
+    double cost, value;
+  };
+  std::vector<Piece> pieces;
+  for (std::uint64_t r = 0; r < requests.size(); ++r) {
+    const SimSequence& q = requests[r];
+    const bool counted = r >= warmup;
+    pieces.clear();
+    for (std::uint64_t b = 0; b < q.tokens; b += w.chunk_tokens) {
+      const std::uint64_t n = std::min<std::uint64_t>(w.chunk_tokens, q.tokens - b);
+      pieces.push_back({SimChunkKey(q.id, static_cast<std::uint32_t>(b / w.chunk_tokens)), b, n,
+                        PrefillCost(static_cast<std::int64_t>(b), n), 0});
+    }
+    double total = 0;
+    for (const Piece& p : pieces) total += p.cost;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      pieces[i].value = ChunkValue(total / static_cast<double>(q.tokens), pieces[i].tokens, i, pieces.size());
+    }
+    size_t hit = 0;
+    while (hit < pieces.size() && present.count(pieces[hit].key)) {
+      policy->OnAccess(pieces[hit].key);
+      ++hit;
+    }
+    if (counted) {
+      ++result.requests;
+      result.tokens += q.tokens;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        result.work += pieces[i].cost;
+        if (i < hit) {
+          result.saved += pieces[i].cost;
+          result.hit_tokens += pieces[i].tokens;
+        }
+      }
+    }
+    for (size_t i = hit; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
+      if (present.count(p.key)) continue;  // held already: the store skips it
+      const std::uint64_t bytes = p.tokens * w.bytes_per_token;
+      if (bytes > capacity_bytes) break;
+      bool room = true;
+      while (used + bytes > capacity_bytes) {
+        const std::optional<keys::Digest> victim = policy->Victim(any);
+        if (!victim) {
+          room = false;
+          break;
+        }
+        auto v = present.find(*victim);
+        used -= v->second;
+        present.erase(v);
+        policy->OnRemove(*victim);
+      }
+      if (!room) break;
+      present.emplace(p.key, bytes);
+      used += bytes;
+      policy->OnInsert(p.key, bytes, p.value);
+    }
+  }
+  return result;
 }
 
 }  // namespace kdn::store

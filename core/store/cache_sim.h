@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "keys/hash.h"
@@ -77,5 +78,52 @@ struct SimResult {
 // are not counted.
 SimResult Simulate(PolicyKind kind, std::uint64_t capacity_objects, const ZipfWorkload& w);
 double SimulateHitRate(PolicyKind kind, std::uint64_t capacity_objects, const ZipfWorkload& w);
+
+// ---- Prefix reuse, priced: what kdn's store does with a trace -------------
+// A token sequence requests read whole (a document, or a chat's history):
+// chunks of chunk_tokens, the last one partial.
+struct SimSequence {
+  std::uint64_t id = 0;
+  std::uint64_t tokens = 0;
+};
+
+// A mix of sequence families, each with its own Zipf popularity, requested
+// in the given shares (e.g. short chats and long documents).
+struct SimFamily {
+  std::string name;
+  std::uint64_t sequences = 0;      // distinct sequences of the family
+  std::uint64_t tokens = 0;         // tokens of each
+  double exponent = 0;              // Zipf exponent of their popularity
+  double share = 0;                 // of the requests
+};
+struct MixedWorkload {
+  std::vector<SimFamily> families;
+  std::uint32_t chunk_tokens = 256;
+  std::uint64_t bytes_per_token = 131072;  // KV of Llama-3-8B in bf16: 32 layers x 8 KV heads x 128 x 2 x 2 bytes
+  std::uint64_t requests = 0;
+  std::uint64_t seed = 0;
+};
+
+// The sequences requested, in order (ids unique across families).
+std::vector<SimSequence> MixedRequests(const MixedWorkload& w);
+
+struct PrefixSimResult {
+  std::uint64_t requests = 0;   // counted (after the warm-up)
+  double work = 0;              // prefill work of the counted requests (PrefillCost, token-equivalents)
+  double saved = 0;             // of it, what their cached prefixes saved
+  std::uint64_t tokens = 0, hit_tokens = 0;
+  double saved_share() const { return work > 0 ? saved / work : 0.0; }
+};
+
+// Runs the requests through one cache of capacity_bytes under `kind`, as
+// kdn's store serves them: a request reuses its longest cached prefix (each
+// of those chunks a hit, in order); the rest is prefilled and stored, each
+// new chunk with the value the store gives it (KvStore::PlanStore: its
+// tokens at the sequence's mean prefill cost per token), evicting the policy's victims
+// until it fits. Chunks cached after the first miss are not touched (a
+// lookup stops there), as in the store. The first 10% of requests warm the
+// cache and are not counted.
+PrefixSimResult SimulatePrefixReuse(PolicyKind kind, std::uint64_t capacity_bytes, const MixedWorkload& w,
+                                    const std::vector<SimSequence>& requests);
 
 }  // namespace kdn::store

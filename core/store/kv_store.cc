@@ -347,9 +347,10 @@ LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const To
 }
 
 Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
-                           std::int64_t first_position, Payload payload, bool on_device) {
+                           std::int64_t first_position, Payload payload, bool on_device, double value) {
   auto chunk = std::make_shared<Chunk>();
   chunk->meta.device = on_device;
+  chunk->meta.prefill_value = value;
   chunk->meta.key = key;
   chunk->meta.model = model.fingerprint;
   chunk->meta.ns_hash = keys::NamespaceHash(ns);
@@ -430,6 +431,17 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
     prev = p.key;
     pos += len;
   }
+  // What each chunk's presence saves when the request comes again, for the
+  // cost-aware policy (store/policy.h ChunkValue).
+  double work = 0;
+  std::uint64_t tokens = 0;
+  for (const PlannedChunk& p : plan) {
+    work += PrefillCost(static_cast<std::int64_t>(p.begin), p.tokens);
+    tokens += p.tokens;
+  }
+  for (size_t i = 0; i < plan.size(); ++i) {
+    plan[i].value = ChunkValue(work / static_cast<double>(tokens), plan[i].tokens, i, plan.size());
+  }
   return plan;
 }
 
@@ -447,7 +459,8 @@ std::uint64_t KvStore::HeldPrefix(std::string_view ns, std::span<const PlannedCh
 
 Status KvStore::CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& p, Payload payload) {
   if (p.present) return Status::Ok();
-  return PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin), std::move(payload));
+  return PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin), std::move(payload),
+                    /*on_device=*/false, p.value);
 }
 
 Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, const TokenKeys& k,

@@ -229,6 +229,9 @@ class KvStore {
     keys::Digest key{};
     std::uint64_t begin = 0, tokens = 0;
     bool present = false;   // already held: nothing to write
+    // The prefill work its presence saves (store/policy.h ChunkValue):
+    // ChunkMeta::prefill_value.
+    double value = 0;
   };
   Result<std::vector<PlannedChunk>> PlanStore(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
   // Puts a planned chunk whose payload holds its canonical KV.
@@ -324,7 +327,7 @@ class KvStore {
   // device memory, which only a top tier that takes it does:
   // TieredStore::TakesDevicePayloads; kUnsupported otherwise).
   Status PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
-                    std::int64_t first_position, Payload payload, bool on_device = false);
+                    std::int64_t first_position, Payload payload, bool on_device = false, double value = 0);
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);

@@ -197,7 +197,8 @@ Result<std::uint64_t> KvStore::StoreFromDevice(const ModelKv& model, std::string
         // (the put reads the staging buffer only while it runs).
         KDN_RETURN_IF_ERROR(dev->Synchronize());
         st = PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin),
-                        chunk::Payload::Adopt(staging.data(), static_cast<size_t>(bytes), nullptr), /*on_device=*/true);
+                        chunk::Payload::Adopt(staging.data(), static_cast<size_t>(bytes), nullptr), /*on_device=*/true,
+                        p.value);
       }
       if (!st.ok()) {
         // Any other tier reads the KV on the host.

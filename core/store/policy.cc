@@ -1,4 +1,4 @@
-// Eviction policies: LRU and S3-FIFO.
+// Eviction policies: LRU, S3-FIFO and the cost-aware GDSF.
 //
 // Both keep intrusive-free std::list queues plus a hash index from key to
 // list position, so insert / access / remove are O(1) and moving an object
@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <iterator>
 #include <list>
+#include <optional>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 
 namespace kdn::store {
@@ -29,7 +32,7 @@ class LruPolicy final : public EvictionPolicy {
  public:
   const char* name() const override { return "lru"; }
 
-  void OnInsert(const Digest& key, std::uint64_t /*bytes*/) override {
+  void OnInsert(const Digest& key, std::uint64_t /*bytes*/, double /*value*/) override {
     // The contract says the key is new; a repeated insert is treated as a
     // use rather than tracked twice.
     if (auto it = index_.find(key); it != index_.end()) {
@@ -116,7 +119,7 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   const char* name() const override { return "s3fifo"; }
 
-  void OnInsert(const Digest& key, std::uint64_t bytes) override {
+  void OnInsert(const Digest& key, std::uint64_t bytes, double /*value*/) override {
     if (auto it = index_.find(key); it != index_.end()) {
       // Not new after all (contract violation): keep one entry, update its
       // size and count the insert as a use.
@@ -279,11 +282,135 @@ class S3FifoPolicy final : public EvictionPolicy {
   std::unordered_map<Digest, std::list<GhostEntry>::iterator, DigestHash> ghost_index_;
 };
 
+// ---------------------------------------------------------------------------
+// Cost-aware: GreedyDual-Size-Frequency (Cherkasova, "Improving WWW proxies
+// performance with Greedy-Dual-Size-Frequency caching policy", HP Labs
+// 1998; GreedyDual-Size: Cao and Irani, USITS 1997).
+//
+// Each object has a priority H = L + F * V / S: F its uses (at insert 0.1,
+// then +1 per hit: see kFirstUseWeight), V the prefill work its presence
+// saves (PrefillValue), S its
+// bytes in the tier; the object of lowest H goes first. L, the clock, is the
+// H of the last object evicted: objects that stop being used are overtaken
+// by newer ones (H of a new object starts at the current L), so old
+// frequency does not pin a chunk forever. Why this one: kdn's question is
+// "which bytes save the most prefill time per byte held", which is V / S;
+// frequency estimates how often that saving recurs, and the clock ages both
+// in O(log n) per operation, with no tuning.
+//
+// Ties (equal H) go to the object placed (inserted or hit) longest ago, as
+// in LRU. The store values a request's later chunks a little below its
+// first ones (ChunkValue), so that they go first: a lookup reuses a prefix,
+// and the later chunks are useless without the first.
+//
+// V unknown (0: an object listed at open) is taken as the mean value per
+// byte of the objects tracked, times its bytes.
+// ---------------------------------------------------------------------------
+class CostPolicy final : public EvictionPolicy {
+ public:
+  const char* name() const override { return "cost"; }
+
+  void OnInsert(const Digest& key, std::uint64_t bytes, double value) override {
+    if (index_.count(key) != 0) {
+      OnAccess(key);
+      return;
+    }
+    Entry e;
+    e.bytes = std::max<std::uint64_t>(bytes, 1);
+    if (value > 0) {
+      e.value = value;
+      known_value_ += value;
+      known_bytes_ += static_cast<double>(e.bytes);
+      e.known = true;
+    } else {
+      e.value = known_bytes_ > 0 ? known_value_ / known_bytes_ * static_cast<double>(e.bytes)
+                                 : static_cast<double>(e.bytes);
+    }
+    e.uses = 1;
+    Place(key, e);
+  }
+
+  void OnAccess(const Digest& key) override {
+    auto it = index_.find(key);
+    if (it == index_.end()) return;
+    Entry e = it->second;
+    order_.erase({e.priority, e.tick, key});
+    ++e.uses;
+    Place(key, e);
+  }
+
+  void OnRemove(const Digest& key) override {
+    auto it = index_.find(key);
+    if (it == index_.end()) return;
+    const Entry& e = it->second;
+    // Only an eviction (a named victim) advances the clock, not an erase.
+    if (named_ && *named_ == key) {
+      clock_ = std::max(clock_, e.priority);
+      named_.reset();
+    }
+    if (e.known) {
+      known_value_ -= e.value;
+      known_bytes_ -= static_cast<double>(e.bytes);
+    }
+    order_.erase({e.priority, e.tick, key});
+    index_.erase(it);
+  }
+
+  std::optional<Digest> Victim(const Evictable& evictable) override {
+    for (const auto& [priority, tick, key] : order_) {
+      (void)priority;
+      (void)tick;
+      if (evictable(key)) {
+        named_ = key;
+        return key;
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::uint64_t tracked() const override { return index_.size(); }
+  std::uint64_t Uses(const Digest& key) const override {
+    auto it = index_.find(key);
+    return it == index_.end() ? 0 : it->second.uses;
+  }
+
+ private:
+  struct Entry {
+    double value = 0, priority = 0;
+    std::uint64_t bytes = 1, uses = 1, tick = 0;
+    bool known = false;
+  };
+  // (priority, tick) ascending: lowest priority first; among equals, the
+  // one placed longest ago.
+
+  void Place(const Digest& key, Entry e) {
+    e.priority = clock_ + (static_cast<double>(e.uses) - 1.0 + kFirstUseWeight) * e.value / static_cast<double>(e.bytes);
+    e.tick = ++tick_;
+    order_.insert({e.priority, e.tick, key});
+    index_[key] = e;
+  }
+
+  // A chunk used once (stored, never hit) counts as a tenth of a use: until
+  // it is reused it ranks below what proved reusable, so one-off requests
+  // (most chats) leave first, as S3-FIFO's small queue makes them; a reuse
+  // lifts it to 1.1 uses. Tuned on `kdn bench eviction --seed 18` (0.05 to
+  // 0.1 best of 1, 0.5, 0.25, 0.1, 0.05, 0.02, 0; 0 never keeps anything
+  // new), reported on another trace (docs/eviction.md).
+  static constexpr double kFirstUseWeight = 0.1;
+  double clock_ = 0;
+  std::uint64_t tick_ = 0;
+  double known_value_ = 0, known_bytes_ = 0;
+  std::optional<Digest> named_;
+  std::set<std::tuple<double, std::uint64_t, Digest>> order_;
+  std::unordered_map<Digest, Entry, DigestHash> index_;
+};
+
 }  // namespace
 
 std::optional<PolicyKind> ParsePolicy(const std::string& name) {
   if (name == "lru") return PolicyKind::kLru;
   if (name == "s3fifo") return PolicyKind::kS3Fifo;
+  if (name == "cost" || name == "gdsf") return PolicyKind::kCost;
   return std::nullopt;
 }
 
@@ -291,6 +418,7 @@ const char* PolicyName(PolicyKind kind) {
   switch (kind) {
     case PolicyKind::kLru: return "lru";
     case PolicyKind::kS3Fifo: return "s3fifo";
+    case PolicyKind::kCost: return "cost";
   }
   return "unknown";
 }
@@ -299,6 +427,7 @@ std::unique_ptr<EvictionPolicy> MakePolicy(PolicyKind kind, std::uint64_t capaci
   switch (kind) {
     case PolicyKind::kLru: return std::make_unique<LruPolicy>();
     case PolicyKind::kS3Fifo: return std::make_unique<S3FifoPolicy>(capacity_bytes);
+    case PolicyKind::kCost: return std::make_unique<CostPolicy>();
   }
   return nullptr;
 }

@@ -68,7 +68,7 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(TieredStoreOptions opti
     // Objects the tier already holds (a disk tier after a restart), oldest first.
     std::vector<ObjectInfo> held = lo.tier->List();
     std::sort(held.begin(), held.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.last_use_ns < b.last_use_ns; });
-    for (const ObjectInfo& o : held) level->policy->OnInsert(o.key, o.bytes);
+    for (const ObjectInfo& o : held) level->policy->OnInsert(o.key, o.bytes, 0);  // value unknown after a restart
     level->tier = std::move(lo.tier);
     s->levels_.push_back(std::move(level));
   }
@@ -241,7 +241,7 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       st = L.tier->Put(stored);
     }
     if (st.ok()) {
-      L.policy->OnInsert(key, cost);
+      L.policy->OnInsert(key, cost, PrefillValue(stored->meta));
       inserted = true;
       ++L.puts;
       L.bytes_in += cost;

@@ -66,6 +66,12 @@ inline std::int64_t DeadlineAfter(std::int64_t now_ns, std::int64_t ttl_ns) {
   return __builtin_add_overflow(now_ns, ttl_ns, &deadline) ? INT64_MAX : deadline;
 }
 
+// What a chunk is worth to the cost-aware policy (store/policy.h): the
+// value its store gave it, else its own prefill work at its position.
+inline double PrefillValue(const ChunkMeta& m) {
+  return m.prefill_value > 0 ? m.prefill_value : PrefillCost(m.first_position, m.tokens);
+}
+
 struct LevelOptions {
   std::unique_ptr<Tier> tier;
   PolicyKind policy = PolicyKind::kLru;

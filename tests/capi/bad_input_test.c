@@ -504,9 +504,9 @@ static void case_tier_policy_unknown(void) {
   kdn_tier_config tier;
   kdn_runtime_options opts;
   host_tiers(&tier, 1, 1u << 20);
-  tier.policy = (kdn_eviction_policy)2;
+  tier.policy = (kdn_eviction_policy)3; /* lru, s3fifo and cost (2, since 1.5) only */
   opts = with_tiers(&tier, 1);
-  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "eviction policy 2");
+  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "eviction policy 3");
 }
 
 static void case_tier_watermarks(void) {

@@ -2882,6 +2882,11 @@ static void test_bad_tier_options(void) {
       CHECK_EQ(count, 2);
     }
     kdn_runtime_destroy(rt);
+    /* 1.5: the cost-aware policy. */
+    RESET_TIERS();
+    t[0].policy = KDN_EVICT_COST;
+    CHECK_OK(kdn_runtime_create(&o, &rt));
+    kdn_runtime_destroy(rt);
   }
 #undef RESET_TIERS
   group_end();

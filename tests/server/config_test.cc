@@ -72,7 +72,7 @@ write_through = true
 kind = "disk"
 capacity = 1099511627776
 path = "/var/lib/kdn"
-policy = "lru"
+policy = "cost"
 fsync = false
 
 [[token]]
@@ -108,7 +108,7 @@ stats = true
   EXPECT_EQ(c.tiers[1].kind, store::TierSpec::Kind::kDisk);
   EXPECT_EQ(c.tiers[1].capacity_bytes, std::uint64_t{1} << 40);
   EXPECT_EQ(c.tiers[1].path, "/var/lib/kdn");
-  EXPECT_EQ(c.tiers[1].policy, store::PolicyKind::kLru);
+  EXPECT_EQ(c.tiers[1].policy, store::PolicyKind::kCost);
   EXPECT_FALSE(c.tiers[1].fsync);
   EXPECT_FALSE(c.tiers[1].write_through);
   EXPECT_DOUBLE_EQ(c.tiers[1].high_watermark, 0.95);

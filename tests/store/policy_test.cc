@@ -43,7 +43,10 @@ TEST(Policy, ParseNameMake) {
   EXPECT_EQ(ParsePolicy(""), std::nullopt);
   EXPECT_STREQ(PolicyName(PolicyKind::kLru), "lru");
   EXPECT_STREQ(PolicyName(PolicyKind::kS3Fifo), "s3fifo");
-  for (PolicyKind k : {PolicyKind::kLru, PolicyKind::kS3Fifo}) {
+  EXPECT_EQ(ParsePolicy("cost"), PolicyKind::kCost);
+  EXPECT_EQ(ParsePolicy("gdsf"), PolicyKind::kCost);
+  EXPECT_STREQ(PolicyName(PolicyKind::kCost), "cost");
+  for (PolicyKind k : {PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kCost}) {
     auto p = MakePolicy(k, 1000);
     ASSERT_TRUE(p);
     EXPECT_STREQ(p->name(), PolicyName(k));
@@ -56,7 +59,7 @@ TEST(Policy, ParseNameMake) {
 
 TEST(LruPolicy, EvictsInInsertionOrderWithoutAccesses) {
   auto p = MakePolicy(PolicyKind::kLru, 0);
-  for (std::uint32_t i = 0; i < 5; ++i) p->OnInsert(Key(i), 10);
+  for (std::uint32_t i = 0; i < 5; ++i) p->OnInsert(Key(i), 10, 0);
   EXPECT_EQ(p->tracked(), 5u);
   EXPECT_EQ(EvictN(*p, 5), (std::vector<keys::Digest>{Key(0), Key(1), Key(2), Key(3), Key(4)}));
   EXPECT_EQ(p->tracked(), 0u);
@@ -64,7 +67,7 @@ TEST(LruPolicy, EvictsInInsertionOrderWithoutAccesses) {
 
 TEST(LruPolicy, AccessRefreshes) {
   auto p = MakePolicy(PolicyKind::kLru, 0);
-  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 10);
+  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 10, 0);
   p->OnAccess(Key(0));
   p->OnAccess(Key(2));
   p->OnAccess(Key(0));
@@ -73,8 +76,8 @@ TEST(LruPolicy, AccessRefreshes) {
 
 TEST(LruPolicy, VictimDoesNotRemove) {
   auto p = MakePolicy(PolicyKind::kLru, 0);
-  p->OnInsert(Key(1), 10);
-  p->OnInsert(Key(2), 10);
+  p->OnInsert(Key(1), 10, 0);
+  p->OnInsert(Key(2), 10, 0);
   EXPECT_EQ(p->Victim(kAny), Key(1));
   EXPECT_EQ(p->Victim(kAny), Key(1));  // the caller changed its mind: still there
   EXPECT_EQ(p->tracked(), 2u);
@@ -82,7 +85,7 @@ TEST(LruPolicy, VictimDoesNotRemove) {
 
 TEST(LruPolicy, SkipsRefusedKeysAndKeepsTheirPlace) {
   auto p = MakePolicy(PolicyKind::kLru, 0);
-  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 10);
+  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 10, 0);
   const auto pinned01 = [](const keys::Digest& k) { return k != Key(0) && k != Key(1); };
   EXPECT_EQ(p->Victim(pinned01), Key(2));
   p->OnRemove(Key(2));
@@ -92,14 +95,14 @@ TEST(LruPolicy, SkipsRefusedKeysAndKeepsTheirPlace) {
 
 TEST(LruPolicy, NulloptWhenAllRefused) {
   auto p = MakePolicy(PolicyKind::kLru, 0);
-  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 10);
+  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 10, 0);
   EXPECT_EQ(p->Victim(kNone), std::nullopt);
   EXPECT_EQ(p->tracked(), 4u);
 }
 
 TEST(LruPolicy, UnknownKeysAreIgnored) {
   auto p = MakePolicy(PolicyKind::kLru, 0);
-  p->OnInsert(Key(1), 10);
+  p->OnInsert(Key(1), 10, 0);
   p->OnRemove(Key(7));
   p->OnAccess(Key(8));
   EXPECT_EQ(p->tracked(), 1u);
@@ -114,7 +117,7 @@ TEST(LruPolicy, UnknownKeysAreIgnored) {
 TEST(S3FifoPolicy, OneHitWondersGoBeforeReaccessedObjects) {
   // Capacity 10 one-byte objects: S's share is 1, so S is drained first.
   auto p = MakePolicy(PolicyKind::kS3Fifo, 10);
-  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1, 0);
   p->OnAccess(Key(1));
   p->OnAccess(Key(3));
   p->OnAccess(Key(3));
@@ -131,9 +134,9 @@ TEST(S3FifoPolicy, LruWouldEvictTheReaccessedObjectFirst) {
   auto lru = MakePolicy(PolicyKind::kLru, 10);
   auto s3 = MakePolicy(PolicyKind::kS3Fifo, 10);
   for (auto* p : {lru.get(), s3.get()}) {
-    p->OnInsert(Key(0), 1);
+    p->OnInsert(Key(0), 1, 0);
     p->OnAccess(Key(0));
-    for (std::uint32_t i = 1; i < 10; ++i) p->OnInsert(Key(i), 1);
+    for (std::uint32_t i = 1; i < 10; ++i) p->OnInsert(Key(i), 1, 0);
   }
   EXPECT_EQ(lru->Victim(kAny), Key(0));
   EXPECT_EQ(s3->Victim(kAny), Key(1));
@@ -141,11 +144,11 @@ TEST(S3FifoPolicy, LruWouldEvictTheReaccessedObjectFirst) {
 
 TEST(S3FifoPolicy, GhostHitGoesToMain) {
   auto p = MakePolicy(PolicyKind::kS3Fifo, 10);
-  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1, 0);
   ASSERT_EQ(p->Victim(kAny), Key(0));
   p->OnRemove(Key(0));  // evicted from S: its key is now in G
-  p->OnInsert(Key(0), 1);                     // ghost hit: straight into M
-  for (std::uint32_t i = 10; i < 13; ++i) p->OnInsert(Key(i), 1);  // new: into S
+  p->OnInsert(Key(0), 1, 0);                     // ghost hit: straight into M
+  for (std::uint32_t i = 10; i < 13; ++i) p->OnInsert(Key(i), 1, 0);  // new: into S
   EXPECT_EQ(p->tracked(), 13u);
   // Everything in S (1..12, none accessed) goes before 0, the only object in M.
   const std::vector<keys::Digest> order = EvictN(*p, 13);
@@ -156,10 +159,10 @@ TEST(S3FifoPolicy, GhostHitGoesToMain) {
 TEST(S3FifoPolicy, AnErasedObjectIsNotAGhost) {
   // G remembers evictions (keys Victim named), not explicit removals.
   auto p = MakePolicy(PolicyKind::kS3Fifo, 10);
-  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1, 0);
   p->OnRemove(Key(0));      // erased, never named
-  p->OnInsert(Key(0), 1);   // new again: into S
-  p->OnInsert(Key(10), 1);  // S after it
+  p->OnInsert(Key(0), 1, 0);   // new again: into S
+  p->OnInsert(Key(10), 1, 0);  // S after it
   // FIFO order through S puts 0 before 10 (a ghost hit would have put 0 in
   // M, evicted after all of S).
   const std::vector<keys::Digest> order = EvictN(*p, 11);
@@ -173,15 +176,15 @@ TEST(S3FifoPolicy, GhostIsBounded) {
   // forgotten and comes back into S, not M.
   auto p = MakePolicy(PolicyKind::kS3Fifo, 10);
   std::uint32_t next = 0;
-  for (; next < 10; ++next) p->OnInsert(Key(next), 1);
+  for (; next < 10; ++next) p->OnInsert(Key(next), 1, 0);
   for (int i = 0; i < 100; ++i) {  // a scan: each insert evicts one old key
     EvictN(*p, 1);
-    p->OnInsert(Key(next++), 1);
+    p->OnInsert(Key(next++), 1, 0);
   }
   // Key(0) left long ago; Key(next - 11) a moment ago.
   EvictN(*p, 1);
-  p->OnInsert(Key(next - 11), 1);  // still a ghost: M
-  p->OnInsert(Key(0), 1);          // forgotten: S (had it been a ghost, M's tail would be
+  p->OnInsert(Key(next - 11), 1, 0);  // still a ghost: M
+  p->OnInsert(Key(0), 1, 0);          // forgotten: S (had it been a ghost, M's tail would be
                                    // next - 11 and 0 would go last)
   const std::vector<keys::Digest> order = EvictN(*p, 100);
   ASSERT_EQ(order.size(), 11u);
@@ -191,9 +194,9 @@ TEST(S3FifoPolicy, GhostIsBounded) {
 TEST(S3FifoPolicy, MainGivesSecondChancesByFrequency) {
   // Everything lands in M through G; the counters then order eviction.
   auto p = MakePolicy(PolicyKind::kS3Fifo, 100);
-  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 1, 0);
   EXPECT_EQ(EvictN(*p, 4).size(), 4u);  // all four into G
-  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 1);  // ghost hits: M = [3 2 1 0]
+  for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(i), 1, 0);  // ghost hits: M = [3 2 1 0]
   for (int n = 0; n < 3; ++n) p->OnAccess(Key(0));
   p->OnAccess(Key(1));
   // 0 (freq 3) and 1 (freq 1) get second chances; 2 and 3 have none left.
@@ -202,7 +205,7 @@ TEST(S3FifoPolicy, MainGivesSecondChancesByFrequency) {
 
 TEST(S3FifoPolicy, PromotionResetsTheCounter) {
   auto p = MakePolicy(PolicyKind::kS3Fifo, 100);  // S's share: 10
-  for (std::uint32_t i = 0; i < 20; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 20; ++i) p->OnInsert(Key(i), 1, 0);
   p->OnAccess(Key(0));
   p->OnAccess(Key(0));
   p->OnAccess(Key(1));
@@ -218,7 +221,7 @@ TEST(S3FifoPolicy, PromotionResetsTheCounter) {
 
 TEST(S3FifoPolicy, RefusedObjectsAreSkippedAndNulloptWhenAllRefused) {
   auto p = MakePolicy(PolicyKind::kS3Fifo, 10);
-  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1, 0);
   p->OnAccess(Key(5));
   const auto pinned012 = [](const keys::Digest& k) { return k != Key(0) && k != Key(1) && k != Key(2); };
   EXPECT_EQ(p->Victim(pinned012), Key(3));
@@ -235,13 +238,13 @@ TEST(S3FifoPolicy, FindsTheOnlyAcceptedObjectWhereverItIs) {
   // The accepted object sits in S below its share while M is all refused:
   // Victim must fall back from M to S, and to M again after promotions.
   auto p = MakePolicy(PolicyKind::kS3Fifo, 100);
-  for (std::uint32_t i = 0; i < 20; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 20; ++i) p->OnInsert(Key(i), 1, 0);
   EvictN(*p, 20);
-  for (std::uint32_t i = 0; i < 20; ++i) p->OnInsert(Key(i), 1);  // all in M
+  for (std::uint32_t i = 0; i < 20; ++i) p->OnInsert(Key(i), 1, 0);  // all in M
   for (std::uint32_t i = 0; i < 20; ++i) p->OnAccess(Key(i));
-  p->OnInsert(Key(100), 1);  // in S, S under its share of 10
+  p->OnInsert(Key(100), 1, 0);  // in S, S under its share of 10
   p->OnAccess(Key(100));
-  p->OnInsert(Key(101), 1);
+  p->OnInsert(Key(101), 1, 0);
   const auto only = [](keys::Digest want) { return [want](const keys::Digest& k) { return k == want; }; };
   // M walk: nothing. S walk: promotes 100 (accessed), refuses 101. M again: 100.
   EXPECT_EQ(p->Victim(only(Key(100))), Key(100));
@@ -253,7 +256,7 @@ TEST(S3FifoPolicy, FindsTheOnlyAcceptedObjectWhereverItIs) {
 
 TEST(S3FifoPolicy, UnknownKeysAreIgnored) {
   auto p = MakePolicy(PolicyKind::kS3Fifo, 10);
-  p->OnInsert(Key(1), 1);
+  p->OnInsert(Key(1), 1, 0);
   p->OnRemove(Key(7));
   p->OnAccess(Key(8));
   EXPECT_EQ(p->tracked(), 1u);
@@ -266,7 +269,7 @@ TEST(S3FifoPolicy, UnknownKeysAreIgnored) {
 TEST(S3FifoPolicy, UnknownCapacityStillWorks) {
   // capacity 0: S's share is 10% of what is tracked.
   auto p = MakePolicy(PolicyKind::kS3Fifo, 0);
-  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1);
+  for (std::uint32_t i = 0; i < 10; ++i) p->OnInsert(Key(i), 1, 0);
   p->OnAccess(Key(0));
   const std::vector<keys::Digest> order = EvictN(*p, 10);
   ASSERT_EQ(order.size(), 10u);
@@ -298,7 +301,7 @@ ScanResult RunHotSetWithScan(PolicyKind kind) {
       p->OnRemove(*v);
     }
     present.insert(k);
-    p->OnInsert(k, 1);
+    p->OnInsert(k, 1, 0);
     return false;
   };
   // Each round reads the whole hot set, then 50 keys of the scan, never read
@@ -342,7 +345,7 @@ void RandomizedConsistency(PolicyKind kind, std::uint64_t capacity, std::uint64_
     const std::uint32_t op = pick(100), i = pick(kUniverse);
     if (op < 35) {
       if (!model.count(i)) {
-        p->OnInsert(Key(i), 1 + pick(4));
+        p->OnInsert(Key(i), 1 + pick(4), pick(3) == 0 ? 0.0 : 1.0 + pick(50));  // some values unknown
         model.insert(i);
       }
     } else if (op < 60) {
@@ -395,6 +398,117 @@ TEST(LruPolicy, RandomizedConsistency) {
 TEST(S3FifoPolicy, RandomizedConsistency) {
   for (std::uint64_t capacity : {40, 400})
     for (std::uint64_t seed : {1, 2, 3}) RandomizedConsistency(PolicyKind::kS3Fifo, capacity, seed);
+}
+
+TEST(CostPolicy, RandomizedConsistency) {
+  for (std::uint64_t capacity : {40, 400})
+    for (std::uint64_t seed : {1, 2, 3}) RandomizedConsistency(PolicyKind::kCost, capacity, seed);
+}
+
+// ------------------------------------------------------ cost-aware (GDSF)
+
+// The least prefill saved per byte goes first: value 10 in 10 bytes (1 per
+// byte) before 30 in 20 (1.5) before 30 in 10 (3).
+TEST(CostPolicy, EvictsTheLeastValuePerByteFirst) {
+  auto p = MakePolicy(PolicyKind::kCost, 0);
+  p->OnInsert(Key(1), 10, 30);
+  p->OnInsert(Key(2), 20, 30);
+  p->OnInsert(Key(3), 10, 10);
+  EXPECT_EQ(EvictN(*p, 3), (std::vector<keys::Digest>{Key(3), Key(2), Key(1)}));
+}
+
+// Reuse counts: a chunk hit twice outranks one of three times its value per
+// byte that was never hit (0.1 + 2 uses x 1 > 0.1 x 3).
+TEST(CostPolicy, FrequencyOutweighsValueOnceAChunkIsReused) {
+  auto p = MakePolicy(PolicyKind::kCost, 0);
+  p->OnInsert(Key(1), 10, 10);
+  p->OnInsert(Key(2), 10, 30);
+  EXPECT_EQ(p->Victim(kAny), Key(1));
+  p->OnAccess(Key(1));
+  p->OnAccess(Key(1));
+  EXPECT_EQ(p->Uses(Key(1)), 3u);
+  EXPECT_EQ(p->Victim(kAny), Key(2));
+  // Unknown keys: no-ops.
+  p->OnAccess(Key(9));
+  p->OnRemove(Key(9));
+  EXPECT_EQ(p->Uses(Key(9)), 0u);
+  EXPECT_EQ(p->tracked(), 2u);
+}
+
+// Aging: every eviction lifts the clock to the victim's priority, and new
+// chunks start from it, so a chunk that was popular once but is no longer
+// used is overtaken by chunks that keep coming, and goes.
+TEST(CostPolicy, AChunkNoLongerUsedIsOvertakenByNewerOnes) {
+  auto p = MakePolicy(PolicyKind::kCost, 0);
+  p->OnInsert(Key(0), 10, 10);
+  for (int i = 0; i < 5; ++i) p->OnAccess(Key(0));  // priority 5.1
+  // A stream of new chunks, each reused once, one evicted per arrival.
+  std::uint32_t next = 1;
+  bool old_gone = false;
+  for (int round = 0; round < 20 && !old_gone; ++round) {
+    p->OnInsert(Key(next), 10, 10);
+    p->OnAccess(Key(next));
+    ++next;
+    const std::optional<keys::Digest> v = p->Victim(kAny);
+    ASSERT_TRUE(v);
+    old_gone = *v == Key(0);
+    p->OnRemove(*v);
+  }
+  EXPECT_TRUE(old_gone) << "the once-popular chunk was never evicted";
+}
+
+// An erase is not an eviction: it does not advance the clock.
+TEST(CostPolicy, AnEraseDoesNotAgeTheCache) {
+  auto a = MakePolicy(PolicyKind::kCost, 0), b = MakePolicy(PolicyKind::kCost, 0);
+  for (auto* p : {a.get(), b.get()}) {
+    p->OnInsert(Key(1), 10, 100);
+    p->OnInsert(Key(2), 10, 10);
+  }
+  ASSERT_EQ(a->Victim(kAny), Key(2));
+  a->OnRemove(Key(1));  // erased while Key(2) was named: no clock change
+  b->OnRemove(Key(1));
+  // Both then rank a new chunk the same against Key(2).
+  a->OnInsert(Key(3), 10, 5);
+  b->OnInsert(Key(3), 10, 5);
+  EXPECT_EQ(a->Victim(kAny), Key(3));
+  EXPECT_EQ(b->Victim(kAny), Key(3));
+}
+
+// The store's values for one request (ChunkValue): equal per byte but a
+// little less for later chunks, so each request loses its last chunk first
+// and its first chunk last; ties between requests go to the older one.
+TEST(CostPolicy, DropsARequestsLaterChunksFirstAndTheOlderRequestOnTies) {
+  auto p = MakePolicy(PolicyKind::kCost, 0);
+  const double mean = PrefillCost(0, 1024) / 1024.0;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    for (std::uint32_t i = 0; i < 4; ++i) p->OnInsert(Key(r * 10 + i), 256, ChunkValue(mean, 256, i, 4));
+  }
+  // Tails first, request 0 (older) before request 1 at each depth.
+  EXPECT_EQ(EvictN(*p, 8), (std::vector<keys::Digest>{Key(3), Key(13), Key(2), Key(12), Key(1), Key(11), Key(0),
+                                                      Key(10)}));
+}
+
+// A chunk listed at open (value unknown, 0) is priced at the mean value per
+// byte of the chunks whose value is known.
+TEST(CostPolicy, AnUnknownValueIsTheMeanValuePerByte) {
+  auto p = MakePolicy(PolicyKind::kCost, 0);
+  p->OnInsert(Key(1), 10, 10);   // 1 per byte
+  p->OnInsert(Key(2), 10, 30);   // 3 per byte
+  p->OnInsert(Key(3), 20, 0);    // taken as 2 per byte
+  EXPECT_EQ(EvictN(*p, 3), (std::vector<keys::Digest>{Key(1), Key(3), Key(2)}));
+}
+
+// Attention makes a token at a long context cost more: the work of 256
+// tokens grows with their position (kAttentionParityTokens: a token at that
+// context costs twice one at an empty context).
+TEST(CostPolicy, PrefillCostGrowsWithPosition) {
+  EXPECT_DOUBLE_EQ(PrefillCost(-1, 1), 1.0);
+  EXPECT_DOUBLE_EQ(PrefillCost(0, 1), 1.0);
+  EXPECT_DOUBLE_EQ(PrefillCost(static_cast<std::int64_t>(kAttentionParityTokens), 1), 2.0);
+  EXPECT_GT(PrefillCost(4096, 256), PrefillCost(0, 256));
+  EXPECT_NEAR(PrefillCost(0, 256), 256.0 * (1.0 + 127.5 / kAttentionParityTokens), 1e-9);
+  EXPECT_DOUBLE_EQ(ChunkValue(2.0, 256, 0, 1), 512.0);
+  EXPECT_DOUBLE_EQ(ChunkValue(2.0, 256, 3, 4), 512.0 * 0.99);
 }
 
 }  // namespace

@@ -231,3 +231,41 @@ TEST(Runtime, AFetchIsOneSnapshotAndRefusesTooSmallBuffers) {
 
 }  // namespace
 }  // namespace kdn::store
+
+namespace kdn::store {
+namespace {
+
+// The value a store gives each chunk for the cost-aware policy: its tokens
+// at the request's mean prefill cost per token, a little less for later
+// chunks (ChunkValue), carried by the chunk into the tiers.
+TEST(Runtime, StoredChunksCarryTheirPrefillValue) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  StoreOptions o;
+  o.chunk_tokens = 8;
+  TierSpec host;
+  host.policy = PolicyKind::kCost;
+  o.tiers = {host};
+  auto rt = Runtime::Create(o, 1).value();
+  const auto plan = rt->store().PlanStore(r.m, "t", r.Keys()).value();
+  ASSERT_GE(plan.size(), 3u);
+  double work = 0;
+  for (const auto& p : plan) work += PrefillCost(static_cast<std::int64_t>(p.begin), p.tokens);
+  const double mean = work / static_cast<double>(r.tokens.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    EXPECT_DOUBLE_EQ(plan[i].value, ChunkValue(mean, plan[i].tokens, i, plan.size())) << i;
+    if (i > 0 && plan[i].tokens == plan[i - 1].tokens) {
+      EXPECT_LT(plan[i].value, plan[i - 1].value) << i;
+    }
+  }
+  std::vector<float> in = r.canonical;
+  ASSERT_EQ(rt->Store(r.m, "t", r.Keys(), ResolvedViews::Resolve(r.m, std::vector<ViewSpec>{Canonical(in)}, r.tokens.size()).value())
+                .value(),
+            r.tokens.size());
+  auto lease = rt->store().chain().Get(plan[1].key);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_DOUBLE_EQ(lease->chunk()->meta.prefill_value, plan[1].value);
+}
+
+}  // namespace
+}  // namespace kdn::store

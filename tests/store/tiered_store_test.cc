@@ -300,3 +300,37 @@ TEST(TieredStore, ConcurrentPutsGetsAndErasesStayConsistent) {
 
 }  // namespace
 }  // namespace kdn::store
+
+namespace kdn::store {
+namespace {
+
+// The cost-aware policy in a chain: each chunk is weighed by the value its
+// store gave it (ChunkMeta::prefill_value), else by its own prefill at its
+// position. Here the most valuable chunk survives though it is the oldest
+// (LRU would drop it), and the least valuable goes first.
+TEST(TieredStore, TheCostPolicyWeighsChunksByTheirPrefillValue) {
+  auto s = Chain(3, 0, 1.0, 1.0, PolicyKind::kCost);
+  auto valued = [](int key, double value) {
+    auto c = std::make_shared<Chunk>();
+    c->meta.key = Key(key);
+    c->meta.tokens = 1;
+    c->meta.prefill_value = value;
+    c->payload = Payload(kObj);
+    return ChunkRef(c);
+  };
+  ASSERT_TRUE(s->Put(valued(1, 900)).ok());
+  ASSERT_TRUE(s->Put(valued(2, 100)).ok());
+  ASSERT_TRUE(s->Put(valued(3, 500)).ok());
+  ASSERT_TRUE(s->Put(valued(4, 300)).ok());  // full: one goes
+  EXPECT_FALSE(s->ContainsAt(0, Key(2)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(1)));
+  // No value given: its own prefill at its position, here one token at an
+  // empty context (1): below everything else.
+  ASSERT_TRUE(s->Put(Obj(5)).ok());
+  ASSERT_TRUE(s->Put(valued(6, 400)).ok());
+  EXPECT_FALSE(s->ContainsAt(0, Key(5)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(1)) && s->ContainsAt(0, Key(3)) && s->ContainsAt(0, Key(6)));
+}
+
+}  // namespace
+}  // namespace kdn::store

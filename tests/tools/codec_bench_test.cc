@@ -282,3 +282,36 @@ TEST(GpuBench, EmulatedDeliveryRecordsEveryPathAgainstItsCopy) {
   EXPECT_EQ(by_name["emulated_deliver_disk_tc_gbps"]["params"]["codec"].get<std::string>().rfind("tc:", 0), 0u);
   fs::remove(json);
 }
+
+// `kdn bench eviction --quick`: every policy at every capacity of both
+// workloads, LRU the baseline of the others and S3-FIFO a second one of the
+// cost policy; the shares are fractions. Checks the records, not the policy.
+TEST(EvictionBench, QuickWritesEveryRecordAgainstItsBaselines) {
+  const fs::path json = fs::temp_directory_path() / ("kdn_evict_bench_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench eviction --quick --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& rec : records) by_name[rec["name"].get<std::string>()] = rec;
+  for (const char* w : {"zipf", "mixed"}) {
+    for (const char* cap : {"64gb", "256gb"}) {
+      const std::string lru = std::string("evict_") + w + "_lru_" + cap;
+      ASSERT_TRUE(by_name.count(lru)) << lru << ": " << r.out;
+      EXPECT_GT(by_name[lru]["value"].get<double>(), 0.0);
+      for (const char* p : {"s3fifo", "cost"}) {
+        const std::string name = std::string("evict_") + w + "_" + p + "_" + cap;
+        ASSERT_TRUE(by_name.count(name)) << name;
+        EXPECT_EQ(by_name[name]["baseline"], lru);
+        const double share = by_name[name]["params"]["saved_work_share"].get<double>();
+        EXPECT_GT(share, 0.0);
+        EXPECT_LE(share, 1.0);
+        EXPECT_EQ(by_name[name]["params"]["seed"], 1818);
+      }
+      const std::string vs = std::string("evict_") + w + "_cost_vs_s3fifo_" + cap;
+      ASSERT_TRUE(by_name.count(vs)) << vs;
+      EXPECT_EQ(by_name[vs]["baseline"], std::string("evict_") + w + "_s3fifo_" + cap);
+    }
+  }
+  fs::remove(json);
+}

@@ -64,6 +64,7 @@ class TierKind(_OpenEnum):
 class EvictionPolicy(_OpenEnum):
     LRU = 0
     S3FIFO = 1
+    COST = 2  # cost-aware (GreedyDual-Size-Frequency), since 1.5
 
 
 class Layout(_OpenEnum):

@@ -184,6 +184,12 @@ typedef enum kdn_tier_kind {
 typedef enum kdn_eviction_policy {
   KDN_EVICT_LRU = 0,
   KDN_EVICT_S3FIFO = 1, /* scan-resistant (S3-FIFO) */
+  /* Since 1.5: cost-aware (GreedyDual-Size-Frequency): keeps what saves the
+   * most prefill time per byte held, times how often it is reused, aged. A
+   * chunk is worth its tokens at its request's mean prefill cost per token
+   * (attention makes long contexts cost more per token); a request's later
+   * chunks go before its first ones. */
+  KDN_EVICT_COST = 2,
   KDN_EVICT_FORCE32_ = 0x7FFFFFFF
 } kdn_eviction_policy;
 

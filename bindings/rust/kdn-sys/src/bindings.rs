@@ -68,6 +68,7 @@ pub const kdn_tier_kind_KDN_TIER_KIND_FORCE32_: kdn_tier_kind = 2147483647;
 pub type kdn_tier_kind = ::std::os::raw::c_uint;
 pub const kdn_eviction_policy_KDN_EVICT_LRU: kdn_eviction_policy = 0;
 pub const kdn_eviction_policy_KDN_EVICT_S3FIFO: kdn_eviction_policy = 1;
+pub const kdn_eviction_policy_KDN_EVICT_COST: kdn_eviction_policy = 2;
 pub const kdn_eviction_policy_KDN_EVICT_FORCE32_: kdn_eviction_policy = 2147483647;
 pub type kdn_eviction_policy = ::std::os::raw::c_uint;
 #[repr(C)]

@@ -82,6 +82,8 @@ open_enum! {
         Lru = sys::kdn_eviction_policy_KDN_EVICT_LRU,
         /// Scan-resistant S3-FIFO.
         S3Fifo = sys::kdn_eviction_policy_KDN_EVICT_S3FIFO,
+        /// Cost-aware GreedyDual-Size-Frequency (since 1.5).
+        Cost = sys::kdn_eviction_policy_KDN_EVICT_COST,
     }
 }
 

@@ -4,6 +4,8 @@ package dev.kdn;
 public enum EvictionPolicy {
   LRU(0),
   S3FIFO(1),
+  /** Cost-aware (GreedyDual-Size-Frequency), since 1.5. */
+  COST(2),
   /** A value this binding does not know (from a newer kdn); {@link #value()} is -1. */
   UNKNOWN(-1);
 
