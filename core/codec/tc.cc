@@ -169,6 +169,7 @@ class TcCodec final : public Codec {
     for (const TcTable& tb : pr.tables) widest = std::max(widest, tb.range);
 
     Bytes out(kHeaderBytes);
+    bool near_limit = false;  // some plane came close to the dtype's largest value
     WriteHeader(Header{CodecId::kTc, shape, p_.sinks, p_.lanes | p_.group << 16}, out.data());
     PutU64(out, pr.id);
     PutU64(out, static_cast<std::uint64_t>(first));
@@ -285,6 +286,7 @@ class TcCodec final : public Codec {
         for (std::uint32_t i = 0; i < C; ++i) bound2 += 0.25 * double(std::ldexp(delta, shift[i])) * std::ldexp(delta, shift[i]);
         const double largest = shape.dtype == 1 ? kernels::kKdnMaxHalf : shape.dtype == 2 ? 3.38e38 : 3.4e38;
         if (xmax * 1.001 + std::sqrt(bound2) * 1.001 >= largest) {
+          near_limit = true;
           std::vector<float> yq(C), row(C);
           for (std::uint32_t t = S; t < T; ++t) {
             for (std::uint32_t i = 0; i < C; ++i) {
@@ -330,6 +332,16 @@ class TcCodec final : public Codec {
           const std::uint32_t l32 = static_cast<std::uint32_t>(length);
           std::memcpy(&out[lengths_at + 4ull * g], &l32, 4);
         }
+      }
+    }
+    if (near_limit) {
+      // The check above rebuilds planes in the encoder's order of
+      // operations; the decoder's (its product, its RoPE) can round a value
+      // at the dtype's edge the other way. Near the edge, the decoder itself
+      // has the last word: a payload it would refuse is not handed out.
+      std::vector<std::uint8_t> rebuilt(static_cast<size_t>(shape.bytes()));
+      if (!TcDecodeEmulated(shape, out.data(), out.size(), rebuilt.data(), profile_).ok()) {
+        return Status::InvalidArgument("codec 'tc': values too close to the dtype's largest to code");
       }
     }
     return out;

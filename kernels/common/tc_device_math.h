@@ -110,7 +110,9 @@ KDN_HD bool tc_finish_work(const TcFinishArgs& a, std::uint64_t i) {
   for (std::uint32_t d = 0; d < D; ++d) {
     const float v = row[d];
     // Finite in the dtype (core/codec's FitsDtype): NaN and inf fail too.
-    const float mag = v < 0.0f ? -v : v;
+    // |v|, with -0.0 as +0.0 (its sign bit would read as out of range: a key
+    // of zeros rotated by a negative cosine is -0.0).
+    const float mag = v < 0.0f ? -v : (v > 0.0f ? v : (v == 0.0f ? 0.0f : v));
     if (a.dtype == 0 ? !codec_finite(v)
                      : (a.dtype == 1 ? float_to_half(mag) >= 0x7C00u : float_to_bf16(mag) >= 0x7F80u)) {
       ok = false;

@@ -295,6 +295,23 @@ TEST(TcCodecTest, ReconstructsReferenceKvWithinItsSteps) {
   EXPECT_LT(coarse, fine);
 }
 
+// A chunk of zeros (padding) decodes in every dtype: its keys, rotated again
+// by a negative cosine, come out as -0.0, which the decoder once took for a
+// value out of the dtype's range (fuzz/corpus/kdn_codec_fuzz/tc-negative-zero-keys).
+TEST(TcCodecTest, ZerosRoundTripInEveryDtype) {
+  KDN_REQUIRE_PROFILE();
+  for (std::uint32_t dtype : {0u, 1u, 2u}) {
+    SCOPED_TRACE("dtype " + std::to_string(dtype));
+    const std::vector<std::uint8_t> zeros(test::RefShape(dtype).bytes(), 0);
+    auto codec = Make("tc:profile=" + fitted->path + ",step=0.3");
+    Result<Bytes> p = codec->Encode(test::RefShape(dtype), zeros.data());
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    std::vector<std::uint8_t> out(zeros.size(), 0xFF);
+    ASSERT_TRUE(codec->Decode(test::RefShape(dtype), p->data(), p->size(), out.data()).ok());
+    for (float v : ToFloats(out, dtype)) ASSERT_EQ(v, 0.0f);
+  }
+}
+
 // Keys are un-rotated at the chunk's own positions: the same KV moved to
 // position 1000 (keys rotated by 1000 positions) codes back within the same
 // bound, and its payload records the position.
