@@ -71,10 +71,15 @@ class BlendApiTest : public ::testing::Test {
     ASSERT_TRUE(w.ok());
     weights_ = std::make_unique<kdn::model::Checkpoint>(std::move(*w));
     t_ = std::make_unique<kdn::model::Transformer>(*weights_, 1);
-    const auto& c = t_->config();
     kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;
     ro.device = device_;
     ASSERT_EQ(kdn_runtime_create(&ro, &rt_), KDN_OK);
+    const kdn_model_spec spec = Spec();
+    ASSERT_EQ(kdn_model_create(rt_, &spec, &model_), KDN_OK);
+  }
+  // The reference model, f32.
+  kdn_model_spec Spec() const {
+    const auto& c = t_->config();
     kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
     spec.num_layers = static_cast<uint32_t>(c.n_layers);
     spec.num_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
@@ -82,7 +87,7 @@ class BlendApiTest : public ::testing::Test {
     spec.dtype = KDN_DTYPE_F32;
     spec.fingerprint = "stories260K";
     spec.fingerprint_len = std::strlen(spec.fingerprint);
-    ASSERT_EQ(kdn_model_create(rt_, &spec, &model_), KDN_OK);
+    return spec;
   }
   void TearDown() override {
     kdn_model_destroy(model_);
@@ -165,12 +170,7 @@ TEST_F(BlendDeviceTest, BlendsIntoDeviceViewsAsIntoHostViews) {
   ro.device = KDN_DEVICE_NONE;
   kdn_runtime* rt = nullptr;
   ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK);
-  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
-  spec.num_layers = static_cast<uint32_t>(c.n_layers);
-  spec.num_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
-  spec.head_dim = static_cast<uint32_t>(c.head_dim());
-  spec.fingerprint = "stories260K";
-  spec.fingerprint_len = std::strlen(spec.fingerprint);
+  const kdn_model_spec spec = Spec();
   kdn_model* m = nullptr;
   ASSERT_EQ(kdn_model_create(rt, &spec, &m), KDN_OK);
   std::vector<float> none(host.size(), -1.0f);
