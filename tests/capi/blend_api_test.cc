@@ -53,6 +53,21 @@ kdn_status Layer(void* user, uint32_t layer, const int32_t* positions, const int
   return s.ok() ? KDN_OK : KDN_ERR_INTERNAL;
 }
 
+// A segment of a document by id / of tokens (borrowed: `tokens` must outlive it).
+kdn_blend_segment Document(const char* id) {
+  kdn_blend_segment s = KDN_BLEND_SEGMENT_INIT;
+  s.kind = KDN_SEGMENT_DOCUMENT;
+  s.doc_id = id;
+  s.doc_id_len = std::strlen(id);
+  return s;
+}
+kdn_blend_segment Tokens(const std::vector<int32_t>& tokens) {
+  kdn_blend_segment s = KDN_BLEND_SEGMENT_INIT;
+  s.tokens = tokens.data();
+  s.num_tokens = tokens.size();
+  return s;
+}
+
 // A canonical view ([layer][k|v][token][kv_head][head_dim]) of `kv`.
 kdn_kv_view Canonical(std::vector<float>& kv, size_t num_tokens) {
   kdn_kv_view view = KDN_KV_VIEW_INIT;
@@ -139,15 +154,7 @@ TEST_F(BlendDeviceTest, BlendsIntoDeviceViewsAsIntoHostViews) {
   Put("doc-a", Ids(1, 19));
   Put("doc-b", Ids(2, 23));
   const std::vector<int32_t> query = Ids(3, 5);
-  kdn_blend_segment seg[3] = {KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT};
-  seg[0].kind = KDN_SEGMENT_DOCUMENT;
-  seg[0].doc_id = "doc-b";
-  seg[0].doc_id_len = 5;
-  seg[1].kind = KDN_SEGMENT_DOCUMENT;
-  seg[1].doc_id = "doc-a";
-  seg[1].doc_id_len = 5;
-  seg[2].tokens = query.data();
-  seg[2].num_tokens = query.size();
+  kdn_blend_segment seg[3] = {Document("doc-b"), Document("doc-a"), Tokens(query)};
   const size_t total = 23 + 19 + 5;
   std::vector<float> host(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f), dev = host;
   Engine e{t_.get()};
@@ -188,18 +195,7 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   const auto& c = t_->config();
   const kdn::blend::Piece a = Put("doc-a", Ids(1, 19)), b = Put("doc-b", Ids(2, 23));
   const std::vector<int32_t> bos = {kBos}, query = Ids(3, 5);
-  kdn_blend_segment seg[4] = {KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT,
-                              KDN_BLEND_SEGMENT_INIT};
-  seg[0].tokens = bos.data();
-  seg[0].num_tokens = 1;
-  seg[1].kind = KDN_SEGMENT_DOCUMENT;
-  seg[1].doc_id = "doc-b";
-  seg[1].doc_id_len = 5;
-  seg[2].kind = KDN_SEGMENT_DOCUMENT;
-  seg[2].doc_id = "doc-a";
-  seg[2].doc_id_len = 5;
-  seg[3].tokens = query.data();
-  seg[3].num_tokens = query.size();
+  kdn_blend_segment seg[4] = {Tokens(bos), Document("doc-b"), Document("doc-a"), Tokens(query)};
   const size_t total = 1 + 23 + 19 + 5;
   std::vector<float> out(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f);
   kdn_kv_view kv = Canonical(out, total);
