@@ -17,6 +17,7 @@
 
 #include "server/kv_events.h"
 #include "server/tier_limits.h"
+#include "store/record_file.h"
 #include "util/clock.h"
 #include "wire/envelope.h"
 
@@ -114,7 +115,6 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   }
   s->prefill_us_per_token_ = options.prefill_us_per_token;
   s->knowledge_config_ = options.knowledge;
-  s->save_delay_ = std::chrono::milliseconds(options.knowledge_save_delay_ms);
   for (const store::TierSpec& spec : s->specs_) {
     if (spec.kind == store::TierSpec::Kind::kDisk) {
       s->knowledge_path_ = spec.path + "/knowledge.kdnreg";
@@ -123,27 +123,19 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   }
   if (!s->knowledge_path_.empty()) {
     s->LoadKnowledge();
-    s->saver_ = std::thread([p = s.get()] { p->SaverLoop(); });
+    s->saver_ = std::make_unique<store::DebouncedSaver>(
+        std::chrono::milliseconds(options.knowledge_save_delay_ms), [p = s.get()] { return p->SaveKnowledge(); },
+        [](const Status& st) { std::fprintf(stderr, "kdnd: %s\n", st.message().c_str()); });
   }
   return s;
 }
 
 NodeService::~NodeService() {
-  if (saver_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(saver_mu_);
-      stop_saver_ = true;
-    }
-    saver_cv_.notify_all();
-    saver_.join();
+  if (saver_) {
+    saver_->Stop();
     // The last word: what changed since the saver's last save, and the hits
     // counted since (they alone never wake the saver).
-    bool dirty;
-    {
-      std::lock_guard<std::mutex> lock(saver_mu_);
-      dirty = dirty_;
-    }
-    if (dirty || hits_changed_.load()) {
+    if (saver_->dirty() || hits_changed_.load()) {
       if (Status st = SaveKnowledge(); !st.ok()) std::fprintf(stderr, "kdnd: %s\n", st.message().c_str());
     }
   }
@@ -641,41 +633,13 @@ void NodeService::CreditKnowledgeHits(const keys::Digest& ns, std::span<const ke
 }
 
 void NodeService::MarkKnowledgeDirty() {
-  if (knowledge_path_.empty()) return;
-  {
-    std::lock_guard<std::mutex> lock(saver_mu_);
-    dirty_ = true;
-  }
-  saver_cv_.notify_all();
-}
-
-void NodeService::SaverLoop() {
-  std::unique_lock<std::mutex> lock(saver_mu_);
-  while (true) {
-    saver_cv_.wait(lock, [&] { return dirty_ || stop_saver_; });
-    if (stop_saver_) return;  // the destructor saves
-    // A burst of changes costs one write.
-    if (saver_cv_.wait_for(lock, save_delay_, [&] { return stop_saver_; })) return;
-    dirty_ = false;
-    lock.unlock();
-    if (Status st = SaveKnowledge(); !st.ok()) {
-      std::fprintf(stderr, "kdnd: %s\n", st.message().c_str());
-      lock.lock();
-      dirty_ = true;  // try again with the next change, or at shutdown
-      saver_cv_.wait_for(lock, std::chrono::seconds(5), [&] { return stop_saver_; });
-      continue;
-    }
-    lock.lock();
-  }
+  if (saver_) saver_->Mark();
 }
 
 // ---- The registry file ----------------------------------------------------------
 //
-//   magic "kdnreg\r\n" (8 bytes; the \r\n catches text-mode copies)
-//   u32 format version (1), u32 zero
-//   u64 payload bytes
-//   32 bytes: SHA-256 ("kdnd-registry-v1", format version, payload), keys::Hasher's encoding
-//   payload: u64 documents, then per document:
+// A record file (store/record_file.h): magic "kdnreg\r\n", format version 1,
+// domain "kdnd-registry-v1"; payload: u64 documents, then per document:
 //     namespace hash (32), model (32), u32 + docId bytes, u64 version,
 //     u32 + metadata bytes, u64 tokens, u64 registeredMs, u64 hits,
 //     u8 pinned, u64 pin deadline (wall ms; 0: none), u32 keys, 32 bytes each
@@ -685,95 +649,30 @@ void NodeService::SaverLoop() {
 
 namespace {
 
-constexpr char kRegistryMagic[8] = {'k', 'd', 'n', 'r', 'e', 'g', '\r', '\n'};
-constexpr std::uint32_t kRegistryFormat = 1;
-constexpr size_t kRegistryHeader = 8 + 4 + 4 + 8 + 32;
-
-void PutU32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-void PutU64(std::string& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-void PutBytes(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
-
-keys::Digest RegistryChecksum(std::span<const std::uint8_t> payload) {
-  keys::Hasher h;
-  h.Str("kdnd-registry-v1");
-  h.U32(kRegistryFormat);
-  h.Bytes(payload.data(), payload.size());
-  return h.Finish();
-}
-
-// Reads the payload; every read is bounds-checked.
-class Reader {
- public:
-  explicit Reader(std::span<const std::uint8_t> b) : b_(b) {}
-  bool U8(std::uint8_t& v) { return Raw(&v, 1); }
-  bool U32(std::uint32_t& v) {
-    std::uint8_t x[4];
-    if (!Raw(x, 4)) return false;
-    v = 0;
-    for (int i = 0; i < 4; ++i) v |= std::uint32_t{x[i]} << (8 * i);
-    return true;
-  }
-  bool U64(std::uint64_t& v) {
-    std::uint8_t x[8];
-    if (!Raw(x, 8)) return false;
-    v = 0;
-    for (int i = 0; i < 8; ++i) v |= std::uint64_t{x[i]} << (8 * i);
-    return true;
-  }
-  bool Digest(keys::Digest& d) { return Raw(d.data(), d.size()); }
-  bool Str(std::string& s, std::uint32_t max) {
-    std::uint32_t n;
-    if (!U32(n) || n > max || n > left()) return false;
-    s.assign(reinterpret_cast<const char*>(b_.data() + at_), n);
-    at_ += n;
-    return true;
-  }
-  size_t left() const { return b_.size() - at_; }
-
- private:
-  bool Raw(void* out, size_t n) {
-    if (n > left()) return false;
-    std::memcpy(out, b_.data() + at_, n);
-    at_ += n;
-    return true;
-  }
-  std::span<const std::uint8_t> b_;
-  size_t at_ = 0;
-};
-
-std::string Errno(const std::string& what, const std::string& path) {
-  return "knowledge registry: " + what + " " + path + ": " + std::strerror(errno);
-}
+constexpr store::RecordFormat kRegistryFormat{{'k', 'd', 'n', 'r', 'e', 'g', '\r', '\n'}, 1, "kdnd-registry-v1"};
 
 }  // namespace
 
 std::string NodeService::SerializeKnowledge() {
-  std::string payload;
+  store::RecordWriter w;
   std::lock_guard<std::mutex> lock(knowledge_mu_);
-  PutU64(payload, docs_.size());
+  w.U64(docs_.size());
   for (const auto& [key, doc] : docs_) {
-    const keys::Digest& ns = std::get<0>(key);
     const KnowledgeDoc& it = doc->item;
-    PutBytes(payload, ns.data(), ns.size());
-    PutBytes(payload, it.model.data(), it.model.size());
-    PutU32(payload, static_cast<std::uint32_t>(it.doc_id.size()));
-    PutBytes(payload, it.doc_id.data(), it.doc_id.size());
-    PutU64(payload, it.version);
-    PutU32(payload, static_cast<std::uint32_t>(it.metadata.size()));
-    PutBytes(payload, it.metadata.data(), it.metadata.size());
-    PutU64(payload, it.tokens);
-    PutU64(payload, doc->registered_ms);
-    PutU64(payload, doc->hits);
-    payload.push_back(doc->pinned ? 1 : 0);
-    PutU64(payload, doc->pin_deadline_ms);
-    PutU32(payload, static_cast<std::uint32_t>(it.keys.size()));
-    for (const keys::Digest& k : it.keys) PutBytes(payload, k.data(), k.size());
+    w.Digest(std::get<0>(key));
+    w.Digest(it.model);
+    w.Str(it.doc_id);
+    w.U64(it.version);
+    w.Str(it.metadata);
+    w.U64(it.tokens);
+    w.U64(doc->registered_ms);
+    w.U64(doc->hits);
+    w.U8(doc->pinned ? 1 : 0);
+    w.U64(doc->pin_deadline_ms);
+    w.U32(static_cast<std::uint32_t>(it.keys.size()));
+    for (const keys::Digest& k : it.keys) w.Digest(k);
   }
-  return payload;
+  return w.bytes();
 }
 
 Status NodeService::SaveKnowledge() {
@@ -781,75 +680,13 @@ Status NodeService::SaveKnowledge() {
   std::lock_guard<std::mutex> file_lock(save_file_mu_);
   hits_changed_ = false;  // before the snapshot: hits counted after it mark it again
   const std::string payload = SerializeKnowledge();
-  const keys::Digest sum = RegistryChecksum({reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
-  std::string head;
-  PutBytes(head, kRegistryMagic, sizeof kRegistryMagic);
-  PutU32(head, kRegistryFormat);
-  PutU32(head, 0);
-  PutU64(head, payload.size());
-  PutBytes(head, sum.data(), sum.size());
-
-  const std::string tmp = knowledge_path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::Internal(Errno("cannot create", tmp));
-  for (const std::string* part : {static_cast<const std::string*>(&head), &payload}) {
-    size_t done = 0;
-    while (done < part->size()) {
-      const ssize_t n = ::write(fd, part->data() + done, part->size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const Status st = Status::Internal(Errno("cannot write", tmp));
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        return st;
-      }
-      done += static_cast<size_t>(n);
-    }
-  }
-  if (::fsync(fd) != 0) {
-    const Status st = Status::Internal(Errno("cannot sync", tmp));
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), knowledge_path_.c_str()) != 0) {
-    const Status st = Status::Internal(Errno("cannot rename over", knowledge_path_));
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  // The rename itself is durable once the directory is synced.
-  const std::string dir = knowledge_path_.substr(0, knowledge_path_.rfind('/') + 1);
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  const Status st = store::WriteRecordFile(knowledge_path_, kRegistryFormat, payload);
+  if (!st.ok()) return Status::Internal("knowledge registry: " + st.message());
   return Status::Ok();
 }
 
-Status NodeService::ParseKnowledge(std::span<const std::uint8_t> file) {
-  if (file.size() < kRegistryHeader) return Status::Corrupt("shorter than its header");
-  if (std::memcmp(file.data(), kRegistryMagic, sizeof kRegistryMagic) != 0) return Status::Corrupt("not a registry file");
-  Reader head(file.subspan(8, kRegistryHeader - 8));
-  std::uint32_t format = 0, zero = 0;
-  std::uint64_t bytes = 0;
-  keys::Digest sum{};
-  (void)head.U32(format);
-  (void)head.U32(zero);
-  (void)head.U64(bytes);
-  (void)head.Digest(sum);
-  if (format != kRegistryFormat) {
-    return Status::Unsupported("format version " + std::to_string(format) + " (this kdnd reads " +
-                               std::to_string(kRegistryFormat) + ")");
-  }
-  if (bytes != file.size() - kRegistryHeader) {
-    return Status::Corrupt("payload of " + std::to_string(file.size() - kRegistryHeader) + " bytes, the header says " +
-                           std::to_string(bytes));
-  }
-  const std::span<const std::uint8_t> payload = file.subspan(kRegistryHeader);
-  if (RegistryChecksum(payload) != sum) return Status::Corrupt("checksum mismatch");
-  Reader r(payload);
+Status NodeService::ParseKnowledge(std::span<const std::uint8_t> payload) {
+  store::RecordReader r(payload);
   std::uint64_t count = 0;
   if (!r.U64(count)) return Status::Corrupt("truncated");
   std::uint64_t dropped = 0;
@@ -899,44 +736,14 @@ Status NodeService::ParseKnowledge(std::span<const std::uint8_t> file) {
 }
 
 void NodeService::LoadKnowledge() {
-  const int fd = ::open(knowledge_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0 && errno == ENOENT) return;  // a new node
-  Status st;
-  std::vector<std::uint8_t> data;
-  if (fd < 0) {
-    st = Status::Internal(Errno("cannot open", knowledge_path_));
-  } else {
-    struct stat sb {};
-    // The largest file the bounds allow, and then some: anything bigger is not ours.
-    const std::uint64_t most = kRegistryHeader + 8 +
-                               std::uint64_t{knowledge_config_.max_keys} * 32 +
-                               std::uint64_t{knowledge_config_.max_documents} *
-                                   (200 + wire::node::MAX_DOC_ID_BYTES + wire::node::MAX_METADATA_BYTES);
-    if (::fstat(fd, &sb) != 0) {
-      st = Status::Internal(Errno("cannot stat", knowledge_path_));
-    } else if (!S_ISREG(sb.st_mode)) {
-      st = Status::Corrupt("not a regular file");
-    } else if (static_cast<std::uint64_t>(sb.st_size) > most) {
-      st = Status::Corrupt(std::to_string(sb.st_size) + " bytes, more than the [knowledge] bounds allow");
-    } else {
-      data.resize(static_cast<size_t>(sb.st_size));
-      size_t done = 0;
-      while (done < data.size()) {
-        const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          st = Status::Internal(Errno("cannot read", knowledge_path_));
-          break;
-        }
-        if (n == 0) break;
-        done += static_cast<size_t>(n);
-      }
-      data.resize(done);
-    }
-    ::close(fd);
-  }
+  // The largest file the bounds allow, and then some: anything bigger is not ours.
+  const std::uint64_t most = 8 + std::uint64_t{knowledge_config_.max_keys} * 32 +
+                             std::uint64_t{knowledge_config_.max_documents} *
+                                 (200 + wire::node::MAX_DOC_ID_BYTES + wire::node::MAX_METADATA_BYTES);
+  auto file = store::ReadRecordFile(knowledge_path_, kRegistryFormat, most);
+  if (!file.ok() && file.status().code() == Code::kNotFound) return;  // a new node
   std::lock_guard<std::mutex> lock(knowledge_mu_);
-  if (st.ok()) st = ParseKnowledge(data);
+  const Status st = file.ok() ? ParseKnowledge(*file) : file.status();
   if (!st.ok()) {
     // Started empty, never stopped: the registry describes chunks, it does
     // not hold them. The file is set aside for a look, not overwritten.

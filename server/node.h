@@ -26,7 +26,7 @@
 // NodeRpc (below) is the Cap'n Proto face of it (wire/node.capnp).
 // Thread-safety: NodeService's members may be called from any thread. Lock
 // order: save_file_mu_, then knowledge_mu_, then client_keys_mu_ or the
-// chain's own locks; saver_mu_ is only ever held alone.
+// chain's own locks; the saver's lock is only ever held alone.
 #pragma once
 
 #include <atomic>
@@ -53,6 +53,7 @@
 #include "keys/hash.h"
 #include "server/config.h"
 #include "server/node_stats.h"
+#include "store/record_file.h"
 #include "store/tiered_store.h"
 #include "telemetry/histogram.h"
 #include "wire/node.capnp.h"
@@ -218,10 +219,9 @@ class NodeService {
   // or every deadline passed: unpinned). True when the chunk is pinned now.
   bool ApplyPinLocked(const NsKey& k);
   void MarkKnowledgeDirty();
-  void SaverLoop();
   void LoadKnowledge();
   std::string SerializeKnowledge();                       // takes knowledge_mu_
-  Status ParseKnowledge(std::span<const std::uint8_t> file);  // into the (empty) registry; knowledge_mu_ held
+  Status ParseKnowledge(std::span<const std::uint8_t> payload);  // into the (empty) registry; knowledge_mu_ held
 
   KnowledgeConfig knowledge_config_;
   std::string knowledge_path_;
@@ -233,11 +233,7 @@ class NodeService {
   std::atomic<std::uint64_t> documents_{0}, pinned_documents_{0}, registry_load_failures_{0};
   std::atomic<bool> hits_changed_{false};
   // The saver: wakes on a change, waits knowledge_save_delay_ms, saves.
-  std::mutex saver_mu_;
-  std::condition_variable saver_cv_;
-  bool dirty_ = false, stop_saver_ = false;                              // guarded by saver_mu_
-  std::chrono::milliseconds save_delay_{200};
-  std::thread saver_;
+  std::unique_ptr<store::DebouncedSaver> saver_;
   std::mutex save_file_mu_;                                              // one writer of the file at a time
 
   std::unique_ptr<store::TieredStore> chain_;

@@ -1,6 +1,7 @@
 #include "store/knowledge.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <unordered_set>
 
@@ -46,6 +47,7 @@ void KnowledgeIndex::DropLocked(DocMap::iterator it, bool announce) {
   charged_ -= doc.charge;
   docs_.erase(it);
   generation_.fetch_add(1, std::memory_order_release);
+  MarkDirty();
 }
 
 void KnowledgeIndex::DropLocked(const DocKey& key, bool announce) {
@@ -96,6 +98,7 @@ void KnowledgeIndex::SetDeadlineLocked(Doc& doc, std::int64_t deadline) {
   if (doc.info.expires_at_ns != 0) by_deadline_.erase({doc.info.expires_at_ns, doc.seq});
   doc.info.expires_at_ns = deadline;
   if (deadline != 0) by_deadline_.insert({deadline, doc.seq});
+  MarkDirty();
 }
 
 size_t KnowledgeIndex::Sweep() {
@@ -312,6 +315,7 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
   // After its chunks (queued before it by the puts above).
   store_.AnnounceDocument(DocumentOp::kPut, RecordOf(key, &it->second));
   generation_.fetch_add(1, std::memory_order_release);
+  MarkDirty();
   return Status::Ok();
 }
 
@@ -357,6 +361,7 @@ Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std:
   const DocKey key{model.fingerprint, std::string(ns), doc_id};
   if (!pin) {
     ReleasePinsLocked(*doc);
+    MarkDirty();
     store_.AnnounceDocument(DocumentOp::kUnpin, RecordOf(key, nullptr));
     return Status::Ok();
   }
@@ -380,6 +385,7 @@ Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std:
   // The node's clock is its own: the TTL travels, not the deadline (whole
   // milliseconds, at least 1 so that a short pin is not "until unpinned").
   const std::uint64_t ttl_ms = ttl_ns == 0 ? 0 : std::max<std::uint64_t>(1, static_cast<std::uint64_t>(ttl_ns) / 1000000);
+  MarkDirty();
   store_.AnnounceDocument(DocumentOp::kPin, RecordOf(key, nullptr), ttl_ms);
   return Status::Ok();
 }
@@ -499,6 +505,204 @@ Status KnowledgeIndex::FetchWith(const ModelKv& model, std::string_view ns, cons
     if (doc != nullptr && doc->stored_keys == chunk_keys) doc->info.hits += leases.size();
   }
   return Status::Ok();
+}
+
+// ---- Persistence ----------------------------------------------------------------
+//
+// A record file (store/record_file.h): magic "kdnidx\r\n", format version 1,
+// domain "kdn-knowledge-index-v1"; payload: u64 documents, then per document
+// in put order (oldest first):
+//   model fingerprint (32), u32 + namespace, u32 + doc_id, u64 version,
+//   u32 + metadata, u64 hits, u8 pinned, i64 pin deadline (wall ns; 0: none),
+//   i64 expiry (wall ns; 0: none), u64 tokens then u32 each, u32 chunks then
+//   per chunk its content key and stored key (32 bytes each).
+
+namespace {
+
+constexpr RecordFormat kIndexFormat{{'k', 'd', 'n', 'i', 'd', 'x', '\r', '\n'}, 1, "kdn-knowledge-index-v1"};
+constexpr std::uint32_t kMaxStringBytes = 1u << 20;  // metadata; doc_id and namespace are far shorter
+constexpr std::uint64_t kMaxFileBytes = std::uint64_t{16} << 30;
+
+std::int64_t WallNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A deadline on the store's clock as wall-clock time, and back (0 stays 0).
+std::int64_t ToWall(std::int64_t deadline, std::int64_t now, std::int64_t wall_now) {
+  return deadline == 0 ? 0 : wall_now + (deadline - now);
+}
+std::int64_t FromWall(std::int64_t wall, std::int64_t now, std::int64_t wall_now) {
+  if (wall == 0) return 0;
+  return wall <= wall_now ? std::max<std::int64_t>(1, now) : DeadlineAfter(now, wall - wall_now);
+}
+
+}  // namespace
+
+KnowledgeIndex::~KnowledgeIndex() {
+  if (!saver_) return;
+  saver_->Stop();
+  (void)Flush();
+}
+
+void KnowledgeIndex::MarkDirty() {
+  if (saver_) saver_->Mark();
+}
+
+Status KnowledgeIndex::Flush() {
+  if (!saver_ || !saver_->TakeDirty()) return Status::Ok();
+  const Status st = SaveNow();
+  if (!st.ok()) saver_->Mark();
+  return st;
+}
+
+Status KnowledgeIndex::SaveNow() {
+  std::lock_guard<std::mutex> file_lock(file_mu_);
+  std::string payload;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    payload = SerializeLocked();
+  }
+  const Status st = WriteRecordFile(path_, kIndexFormat, payload);
+  if (!st.ok()) return Status::Internal("knowledge index: " + st.message());
+  saves_.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+std::string KnowledgeIndex::SerializeLocked() {
+  const std::int64_t now = store_.chain().clock().NowNs(), wall_now = WallNs();
+  RecordWriter w;
+  w.U64(docs_.size());
+  for (const auto& [seq, it] : by_age_) {
+    (void)seq;
+    const DocKey& key = it->first;
+    const Doc& doc = it->second;
+    w.Digest(std::get<0>(key));
+    w.Str(std::get<1>(key));
+    w.Str(std::get<2>(key));
+    w.U64(doc.info.version);
+    w.Str(doc.info.metadata);
+    w.U64(doc.info.hits);
+    w.U8(doc.info.pinned ? 1 : 0);
+    w.U64(static_cast<std::uint64_t>(doc.info.pinned ? ToWall(doc.pin_deadline, now, wall_now) : 0));
+    w.U64(static_cast<std::uint64_t>(ToWall(doc.info.expires_at_ns, now, wall_now)));
+    w.U64(doc.tokens.size());
+    for (std::int32_t t : doc.tokens) w.U32(static_cast<std::uint32_t>(t));
+    w.U32(static_cast<std::uint32_t>(doc.chunk_keys.size()));
+    for (size_t i = 0; i < doc.chunk_keys.size(); ++i) {
+      w.Digest(doc.chunk_keys[i]);
+      w.Digest(doc.stored_keys[i]);
+    }
+  }
+  return w.bytes();
+}
+
+Status KnowledgeIndex::ParseLocked(std::span<const std::uint8_t> payload) {
+  const std::int64_t now = store_.chain().clock().NowNs(), wall_now = WallNs();
+  const std::uint64_t C = store_.options().chunk_tokens;
+  RecordReader r(payload);
+  std::uint64_t count = 0;
+  if (!r.U64(count)) return Status::Corrupt("truncated");
+  std::uint64_t left_out = 0;
+  std::vector<Doc> docs;
+  std::vector<DocKey> names;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    keys::Digest model{};
+    std::string ns, doc_id;
+    Doc doc;
+    std::uint8_t pinned = 0;
+    std::uint64_t pin_wall = 0, expiry_wall = 0, ntokens = 0;
+    std::uint32_t nchunks = 0;
+    const auto bad = [&] { return Status::Corrupt("document " + std::to_string(i) + " is malformed"); };
+    if (!r.Digest(model) || !r.Str(ns, kMaxStringBytes) || !r.Str(doc_id, kMaxStringBytes) ||
+        !r.U64(doc.info.version) || !r.Str(doc.info.metadata, kMaxStringBytes) || !r.U64(doc.info.hits) ||
+        !r.U8(pinned) || !r.U64(pin_wall) || !r.U64(expiry_wall) || !r.U64(ntokens) || ntokens == 0 ||
+        ntokens > r.left() / 4 || doc_id.empty() || pinned > 1) {
+      return bad();
+    }
+    doc.tokens.resize(static_cast<size_t>(ntokens));
+    for (std::int32_t& t : doc.tokens) {
+      std::uint32_t v = 0;
+      (void)r.U32(v);
+      t = static_cast<std::int32_t>(v);
+    }
+    if (!r.U32(nchunks) || nchunks != (ntokens + C - 1) / C || std::uint64_t{nchunks} * 64 > r.left()) return bad();
+    doc.chunk_keys.resize(nchunks);
+    doc.stored_keys.resize(nchunks);
+    for (std::uint32_t c = 0; c < nchunks; ++c) {
+      (void)r.Digest(doc.chunk_keys[c]);
+      (void)r.Digest(doc.stored_keys[c]);
+    }
+    DocKey key{model, ns, doc_id};
+    if (docs_.count(key) != 0) return bad();
+    doc.info.doc_id = doc_id;
+    doc.info.tokens = ntokens;
+    doc.info.chunks = nchunks;
+    doc.charge = ChargeOf(ns.size(), doc_id.size(), doc.info.metadata.size(), doc.tokens.size(), nchunks);
+    if (charged_ + doc.charge > options_.capacity_bytes) {  // a capacity lowered since the save
+      ++left_out;
+      continue;
+    }
+    const std::int64_t pin_deadline = FromWall(static_cast<std::int64_t>(pin_wall), now, wall_now);
+    if (pinned == 1 && !(pin_wall != 0 && static_cast<std::int64_t>(pin_wall) <= wall_now)) {
+      doc.info.pinned = true;  // a pin whose deadline passed meanwhile is not applied again
+      doc.pin_deadline = pin_deadline;
+    }
+    doc.seq = next_seq_++;
+    charged_ += doc.charge;
+    for (const keys::Digest& k : doc.stored_keys) ++refs_[k];
+    if (doc.info.pinned) {
+      for (const keys::Digest& k : doc.stored_keys) pins_[k].insert(doc.pin_deadline);
+    }
+    const std::int64_t expiry = FromWall(static_cast<std::int64_t>(expiry_wall), now, wall_now);
+    auto it = docs_.emplace(std::move(key), std::move(doc)).first;
+    by_age_.emplace(it->second.seq, it);
+    if (expiry != 0) SetDeadlineLocked(it->second, expiry);
+  }
+  if (r.left() != 0) return Status::Corrupt("bytes after the last document");
+  // The pins again, on the chunks the tiers kept (a chunk in no tier has none).
+  for (const auto& [k, deadlines] : pins_) {
+    (void)deadlines;
+    (void)ApplyPinLocked(k);
+  }
+  generation_.fetch_add(1, std::memory_order_release);
+  if (left_out != 0) {
+    return Status(Code::kBusy, "knowledge index: " + std::to_string(left_out) +
+                                   " documents beyond the index's capacity were left out");
+  }
+  return Status::Ok();
+}
+
+Status KnowledgeIndex::Persist(const std::string& path, std::chrono::milliseconds delay) {
+  if (!path_.empty()) return Status::InvalidArgument("knowledge index: already kept in " + path_);
+  if (path.empty()) return Status::InvalidArgument("knowledge index: an empty path");
+  Status result;
+  auto file = ReadRecordFile(path, kIndexFormat, kMaxFileBytes);
+  if (!file.ok() && file.status().code() != Code::kNotFound) result = file.status();
+  if (file.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    result = ParseLocked(*file);
+    if (!result.ok() && result.code() != Code::kBusy) {
+      // Started empty (no pin was applied yet): the file describes chunks,
+      // it does not hold them.
+      docs_.clear();
+      by_age_.clear();
+      by_deadline_.clear();
+      refs_.clear();
+      pins_.clear();
+      charged_ = 0;
+    }
+  }
+  if (!result.ok() && result.code() != Code::kBusy) {
+    const std::string aside = path + ".bad";
+    const bool moved = ::rename(path.c_str(), aside.c_str()) == 0;
+    result = Status(result.code(), "knowledge index " + path + ": " + result.message() + "; started with no documents" +
+                                       (moved ? " (the file is now " + aside + ")" : ""));
+  }
+  path_ = path;
+  // Failures are retried; the owner learns of a lasting one from Flush.
+  saver_ = std::make_unique<DebouncedSaver>(delay, [this] { return SaveNow(); });
+  return result;
 }
 
 }  // namespace kdn::store

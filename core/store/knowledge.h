@@ -19,8 +19,12 @@
 //
 // Pins are counted per document: a chunk stays pinned while any document
 // that holds it is pinned, until the latest of their deadlines.
-// The index lives in memory: documents are lost on restart while their
-// chunks stay in the persistent tiers until evicted. A store with a remote
+// The index lives in memory and, once Persist() names a file (a runtime
+// with a disk tier keeps DIR/knowledge.kdnidx in its first disk tier's
+// directory), in that file too: it is loaded there and saved 200 ms after
+// each change (a burst of changes costs one write) and when the index is
+// destroyed, so documents survive a restart with the chunks the disk tier
+// kept. Hits are saved with the next change. A store with a remote
 // tier (a kdnd) also announces each put, pin, unpin and delete of a
 // document to the node (Tier::Document), which keeps a registry of its own
 // that operators and other engines list (docs/kdnd.md).
@@ -53,6 +57,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <functional>
 #include <cstdint>
 #include <map>
@@ -67,6 +73,7 @@
 
 #include "store/kv_store.h"
 #include "store/kv_views.h"
+#include "store/record_file.h"
 
 namespace kdn::store {
 
@@ -102,6 +109,26 @@ struct KnowledgeOptions {
 class KnowledgeIndex {
  public:
   explicit KnowledgeIndex(KvStore& store, KnowledgeOptions options = {}) : store_(store), options_(options) {}
+  // Saves what changed since the last save (if the index is persisted).
+  ~KnowledgeIndex();
+  KnowledgeIndex(const KnowledgeIndex&) = delete;
+  KnowledgeIndex& operator=(const KnowledgeIndex&) = delete;
+
+  // Keeps the index in the record file `path` (store/record_file.h) from now
+  // on: first loads the documents it holds (call it before any put), then
+  // saves every change `delay` after it, in the background, and at
+  // destruction. A file that cannot be loaded (corrupt, truncated, another
+  // format) is renamed to PATH.bad and the index starts empty (its chunks
+  // stay in the tiers): the returned status says why, and persistence is on
+  // either way. Documents whose expiry passed while the file lay are dropped
+  // at the first call; pins whose deadline passed are not applied again;
+  // documents beyond the capacity are left out (counted in the status).
+  // Deadlines are kept as wall-clock times.
+  Status Persist(const std::string& path, std::chrono::milliseconds delay = std::chrono::milliseconds(200));
+  // Saves now if anything changed since the last save (no-op when not persisted).
+  Status Flush();
+  // Saves written since Persist (tests).
+  std::uint64_t saves() const { return saves_.load(std::memory_order_relaxed); }
   // Applies to later puts: a smaller capacity drops nothing, it refuses
   // puts until deletes and expiries bring the charge under it.
   void SetOptions(const KnowledgeOptions& options);
@@ -217,6 +244,12 @@ class KnowledgeIndex {
   Status ApplyPinLocked(const keys::Digest& stored_key);
   // mu_ held: withdraws a pinned document's pin from its chunks.
   void ReleasePinsLocked(Doc& doc);
+  // Persistence: the payload of the file (mu_ held), its parse into an
+  // empty index (mu_ held), the saver thread, and what wakes it.
+  std::string SerializeLocked();
+  Status ParseLocked(std::span<const std::uint8_t> payload);
+  Status SaveNow();  // file_mu_ not held
+  void MarkDirty();
 
   KvStore& store_;
   std::mutex put_mu_;  // one put at a time decides which key holds which bytes; taken before mu_
@@ -234,6 +267,11 @@ class KnowledgeIndex {
   // one per document and chunk; guarded by mu_
   std::unordered_map<keys::Digest, std::multiset<std::int64_t>, keys::DigestHash> pins_;
   std::atomic<std::uint64_t> generation_{0};                                   // written under mu_
+
+  std::string path_;  // set once by Persist; empty: not persisted
+  std::mutex file_mu_;  // one save at a time (they share PATH.tmp)
+  std::atomic<std::uint64_t> saves_{0};
+  std::unique_ptr<DebouncedSaver> saver_;  // set once by Persist
 };
 
 }  // namespace kdn::store

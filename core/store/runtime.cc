@@ -11,6 +11,15 @@ Result<std::shared_ptr<Runtime>> Runtime::Create(const StoreOptions& options, in
   std::shared_ptr<Runtime> rt(new Runtime());
   rt->store_ = std::move(store).value();
   rt->knowledge_ = std::make_unique<KnowledgeIndex>(*rt->store_);
+  // Documents survive a restart where their chunks do: the index is kept
+  // beside the first disk tier's objects (the tier's LOCK keeps a second
+  // runtime out of the directory). A file that could not be loaded was set
+  // aside and the runtime starts with no documents (knowledge_status()).
+  for (const TierSpec& t : options.tiers) {
+    if (t.kind != TierSpec::Kind::kDisk) continue;
+    rt->knowledge_status_ = rt->knowledge_->Persist(t.path + "/knowledge.kdnidx");
+    break;
+  }
   rt->executor_ = std::make_unique<Executor>(worker_threads);
   return rt;
 }

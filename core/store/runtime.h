@@ -31,6 +31,8 @@ class Runtime {
 
   KvStore& store() { return *store_; }
   KnowledgeIndex& knowledge() { return *knowledge_; }
+  // How loading the knowledge index's file went (OK: loaded, or none yet).
+  const Status& knowledge_status() const { return knowledge_status_; }
   Executor& executor() { return *executor_; }
   // The kind of each tier, highest first.
   TierSpec::Kind tier_kind(size_t index) const;
@@ -48,6 +50,7 @@ class Runtime {
   Runtime() = default;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<KnowledgeIndex> knowledge_;
+  Status knowledge_status_;
   std::unique_ptr<Executor> executor_;  // last: destroyed first, finishing queued work
 };
 

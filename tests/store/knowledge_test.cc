@@ -75,8 +75,19 @@ class KnowledgeTest : public ::testing::Test {
     disk.path = dir_.string();
     disk.capacity_bytes = 1 << 20;
     o.tiers = {host, disk};
+    options_ = o;
     store_ = KvStore::Create(o).value();
     index_ = std::make_unique<KnowledgeIndex>(*store_);
+  }
+  std::string IndexPath() const { return (dir_ / "knowledge.kdnidx").string(); }
+  // A restart: the index (saving what changed) and the store go, a new
+  // store opens the same disk directory and a new index loads the file.
+  Status Restart(std::chrono::milliseconds delay = std::chrono::milliseconds(200)) {
+    index_.reset();
+    store_.reset();
+    store_ = KvStore::Create(options_).value();
+    index_ = std::make_unique<KnowledgeIndex>(*store_);
+    return index_->Persist(IndexPath(), delay);
   }
   void TearDown() override {
     index_.reset();
@@ -90,6 +101,7 @@ class KnowledgeTest : public ::testing::Test {
   }
 
   ManualClock clock_;
+  StoreOptions options_;
   std::filesystem::path dir_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<KnowledgeIndex> index_;
@@ -603,6 +615,132 @@ TEST_F(KnowledgeTest, TwoHundredThousandDocumentsStayWithinTheCapacity) {
 #endif
   RecordProperty("rss_growth_bytes", std::to_string(grown));
   RecordProperty("documents_listed", std::to_string(index.List(m_, "ns").size()));
+}
+
+// ---- Persistence: documents survive a restart with their disk tier ----------
+
+TEST_F(KnowledgeTest, DocumentsSurviveARestartWithTheirDiskTier) {
+  ASSERT_TRUE(index_->Persist(IndexPath()).ok());  // no file yet: a new index
+  Kv a(20), b(12, 7);
+  const auto ta = Tokens(20, 1), tb = Tokens(12, 2);
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc-a", 3, "title=A", ta, a.view).ok());
+  ASSERT_TRUE(index_->Put(m_, "other", "doc-b", 9, "", tb, b.view).ok());
+  ASSERT_TRUE(index_->Pin(m_, "other", "doc-b", true, 0).ok());
+  ASSERT_TRUE(index_->Fetch(m_, "ns", "doc-a", nullptr).ok());
+  Kv scratch(20);
+  ASSERT_TRUE(index_->Fetch(m_, "ns", "doc-a", &scratch.view).ok());  // 3 hits
+  store_->chain().Flush();
+
+  ASSERT_TRUE(Restart().ok());
+  EXPECT_FALSE(store_->chain().ContainsAt(0, store_->ContentKey(m_, "ns", std::span(ta).first(8))))
+      << "the host tier starts empty: what follows comes from disk";
+  const auto docs = index_->List(m_, "ns");
+  ASSERT_EQ(docs.size(), 1u);
+  EXPECT_EQ(docs[0].doc_id, "doc-a");
+  EXPECT_EQ(docs[0].version, 3u);
+  EXPECT_EQ(docs[0].metadata, "title=A");
+  EXPECT_EQ(docs[0].tokens, 20u);
+  EXPECT_EQ(docs[0].chunks, 3u);
+  EXPECT_EQ(docs[0].chunks_present, 3u);
+  EXPECT_EQ(docs[0].hits, 3u);
+  EXPECT_FALSE(docs[0].pinned);
+  Kv out(20, -1e9f);
+  auto got = index_->Fetch(m_, "ns", "doc-a", &out.view);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, ta);
+  EXPECT_EQ(out.data, a.data);
+  auto info = index_->Info(m_, "other", "doc-b");
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->pinned);
+  EXPECT_EQ(info->version, 9u);
+  Kv outb(12, -1e9f);
+  ASSERT_TRUE(index_->Fetch(m_, "other", "doc-b", &outb.view).ok());
+  EXPECT_EQ(outb.data, b.data);
+  // The restored references still share and release chunks as before: a
+  // delete erases the document's chunks from every tier.
+  ASSERT_TRUE(index_->Delete(m_, "ns", "doc-a").ok());
+  EXPECT_EQ(store_->chain().Locate(store_->ContentKey(m_, "ns", std::span(ta).first(8))), -1);
+  ASSERT_TRUE(Restart().ok());
+  EXPECT_TRUE(index_->List(m_, "ns").empty()) << "the delete was saved";
+  EXPECT_EQ(index_->List(m_, "other").size(), 1u);
+}
+
+TEST_F(KnowledgeTest, ANewVersionAndAnExpiryAreKeptAcrossARestart) {
+  ASSERT_TRUE(index_->Persist(IndexPath()).ok());
+  Kv v1(16), v2(16, 3);
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc", 1, "", Tokens(16, 1), v1.view).ok());
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc", 2, "", Tokens(16, 2), v2.view).ok());
+  ASSERT_TRUE(index_->Put(m_, "ns", "soon", 1, "", Tokens(8, 3), v1.view).ok());
+  ASSERT_TRUE(index_->Expire(m_, "ns", "soon", 1'000'000).ok());  // 1 ms of wall time
+  ASSERT_TRUE(index_->Put(m_, "ns", "later", 1, "", Tokens(8, 4), v1.view).ok());
+  ASSERT_TRUE(index_->Expire(m_, "ns", "later", std::int64_t{3600} * 1'000'000'000).ok());
+  store_->chain().Flush();
+  ::usleep(20'000);  // "soon" expires while the index lies on disk
+  ASSERT_TRUE(Restart().ok());
+  const auto docs = index_->List(m_, "ns");
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[0].doc_id, "doc");
+  EXPECT_EQ(docs[0].version, 2u);
+  EXPECT_EQ(docs[1].doc_id, "later");
+  EXPECT_NE(docs[1].expires_at_ns, 0);
+  EXPECT_GT(docs[1].expires_at_ns - clock_.NowNs(), std::int64_t{3500} * 1'000'000'000);
+  Kv out(16, -1e9f);
+  auto got = index_->Fetch(m_, "ns", "doc", &out.view);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, Tokens(16, 2));
+  EXPECT_EQ(out.data, v2.data);
+  EXPECT_EQ(store_->chain().Locate(store_->ContentKey(m_, "ns", Tokens(8, 3))), -1)
+      << "the expired document's chunk was erased at the first call";
+}
+
+TEST_F(KnowledgeTest, AFileThatCannotBeLoadedIsSetAsideAndTheIndexStartsEmpty) {
+  ASSERT_TRUE(index_->Persist(IndexPath()).ok());
+  Kv kv(8);
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc", 1, "", Tokens(8, 1), kv.view).ok());
+  ASSERT_TRUE(index_->Flush().ok());
+  index_.reset();
+  {
+    std::FILE* f = std::fopen(IndexPath().c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, -3, SEEK_END);
+    std::fputc('X', f);  // one byte of the payload: the checksum no longer matches
+    std::fclose(f);
+  }
+  const Status st = Restart();
+  EXPECT_EQ(st.code(), Code::kCorrupt);
+  EXPECT_NE(st.message().find("checksum"), std::string::npos) << st.message();
+  EXPECT_TRUE(index_->List(m_, "ns").empty());
+  EXPECT_TRUE(std::filesystem::exists(IndexPath() + ".bad"));
+  // Still kept: the next put is saved and loaded again.
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc", 2, "", Tokens(8, 1), kv.view).ok());
+  ASSERT_TRUE(Restart().ok());
+  ASSERT_EQ(index_->List(m_, "ns").size(), 1u);
+  EXPECT_EQ(index_->List(m_, "ns")[0].version, 2u);
+  // Not ours at all: refused the same way.
+  index_.reset();
+  {
+    std::FILE* f = std::fopen(IndexPath().c_str(), "wb");
+    std::fputs("hello", f);
+    std::fclose(f);
+  }
+  EXPECT_EQ(Restart().code(), Code::kCorrupt);
+  EXPECT_TRUE(index_->List(m_, "ns").empty());
+}
+
+TEST_F(KnowledgeTest, ABurstOfChangesIsSavedOnce) {
+  ASSERT_TRUE(index_->Persist(IndexPath(), std::chrono::hours(1)).ok());
+  Kv kv(8);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(index_->Put(m_, "ns", "doc" + std::to_string(i), 1, "", Tokens(8, i), kv.view).ok());
+  }
+  EXPECT_EQ(index_->saves(), 0u) << "the saver waits out the burst";
+  ASSERT_TRUE(index_->Flush().ok());
+  EXPECT_EQ(index_->saves(), 1u);
+  ASSERT_TRUE(index_->Flush().ok());
+  EXPECT_EQ(index_->saves(), 1u) << "nothing changed since";
+  ASSERT_TRUE(index_->Delete(m_, "ns", "doc3").ok());
+  ASSERT_TRUE(Restart().ok()) << "the destructor saved the delete";
+  EXPECT_EQ(index_->List(m_, "ns").size(), 9u);
 }
 
 }  // namespace

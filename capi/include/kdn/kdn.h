@@ -602,7 +602,12 @@ KDN_API void kdn_op_destroy(kdn_op *op);
 
 /* ---- Knowledge items ------------------------------------------------------ */
 
-/* Named documents whose KV is kept under position-free content keys. */
+/* Named documents whose KV is kept under position-free content keys. A
+ * runtime with a disk tier keeps its index of documents in the first disk
+ * tier's directory (knowledge.kdnidx, saved 200 ms after a change and when
+ * the runtime is freed): a runtime opened on that directory again has the
+ * documents, with the chunks the disk tier kept. Without a disk tier the
+ * index lives in memory only. */
 
 /* Stores a document (doc_id of 1..255 bytes, version, metadata, tokens and
  * their KV computed from position 0); replaces an older version of the same
