@@ -181,12 +181,34 @@ Result<Answer> RefEngine::WarmThenMaybeStore(const std::string& ns, const std::v
 }
 
 Status RefEngine::PutDocument(const std::string& ns, const std::string& doc_id, const std::vector<int>& tokens) {
-  model::KvCache cache = transformer_.NewCache();
-  KDN_RETURN_IF_ERROR(Prefill(tokens, 0, cache, nullptr));
-  const kdn_kv_view view = View(cache);
-  return FromKdn(kdn_knowledge_put(model_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), 1, "", 0,
-                                   tokens.data(), tokens.size(), &view, 1),
-                 "kdn_knowledge_put");
+  return PutDocument(ns, doc_id, 1, "", tokens, nullptr, nullptr);
+}
+
+Status RefEngine::PutDocument(const std::string& ns, const std::string& doc_id, std::uint64_t version,
+                              const std::string& metadata, std::span<const int> tokens, std::uint64_t* prefill_ns,
+                              std::uint64_t* put_ns, const std::function<Status()>& before_put) {
+  if (!cache_) cache_ = std::make_unique<model::KvCache>(transformer_.NewCache());  // reused: one per engine
+  const auto t0 = std::chrono::steady_clock::now();
+  KDN_RETURN_IF_ERROR(Prefill(tokens, 0, *cache_, nullptr));
+  const auto t1 = std::chrono::steady_clock::now();
+  if (before_put) KDN_RETURN_IF_ERROR(before_put());
+  const auto t2 = std::chrono::steady_clock::now();
+  const kdn_kv_view view = View(*cache_);
+  KDN_RETURN_IF_ERROR(FromKdn(kdn_knowledge_put(model_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), version,
+                                                metadata.data(), metadata.size(), tokens.data(), tokens.size(), &view, 1),
+                              "kdn_knowledge_put"));
+  const auto t3 = std::chrono::steady_clock::now();
+  if (prefill_ns) *prefill_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+  if (put_ns) *put_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t3 - t2).count());
+  return Status::Ok();
+}
+
+Result<std::uint64_t> RefEngine::PrefillOnly(std::span<const int> tokens) {
+  if (!cache_) cache_ = std::make_unique<model::KvCache>(transformer_.NewCache());
+  const auto t0 = std::chrono::steady_clock::now();
+  KDN_RETURN_IF_ERROR(transformer_.Forward(tokens, 0, *cache_, nullptr));
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
 Result<std::vector<int>> RefEngine::DocumentTokens(const std::string& ns, const std::string& doc_id) {

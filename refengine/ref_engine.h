@@ -13,6 +13,7 @@
 #include "kdn/kdn.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,6 +68,16 @@ class RefEngine {
   // Prefills `tokens` alone (from position 0) and puts them as a knowledge
   // item `doc_id` (kdn_knowledge_put).
   Status PutDocument(const std::string& ns, const std::string& doc_id, const std::vector<int>& tokens);
+  // The same with the document's version and metadata; *prefill_ns and
+  // *put_ns (if given) get the forward pass's and kdn_knowledge_put's wall
+  // time. `before_put` (if given) runs between the two; a status it returns
+  // that is not OK is returned and nothing is put.
+  Status PutDocument(const std::string& ns, const std::string& doc_id, std::uint64_t version,
+                     const std::string& metadata, std::span<const int> tokens, std::uint64_t* prefill_ns,
+                     std::uint64_t* put_ns, const std::function<Status()>& before_put = {});
+  // The forward pass over `tokens` from position 0 and nothing else (what
+  // PutDocument costs without kdn): its wall time in ns.
+  Result<std::uint64_t> PrefillOnly(std::span<const int> tokens);
   // A RAG prompt: BOS, the documents in this order, then `question`:
   // kdn_kv_blend (the transformer recomputes the selected tokens through the
   // callback) for every position but the last, which is run to get the
@@ -93,6 +104,7 @@ class RefEngine {
   model::Transformer transformer_;
   kdn_model* model_ = nullptr;
   std::vector<float> logits_;
+  std::unique_ptr<model::KvCache> cache_;  // PutDocument's and PrefillOnly's, made once
 };
 
 }  // namespace kdn::refengine

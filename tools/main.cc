@@ -17,8 +17,10 @@
 #include "codec_cmd.h"
 #include "demo.h"
 #include "disk_cmd.h"
+#include "ingest_cmd.h"
 #include "foundation_bench.h"
 #include "eviction_bench.h"
+#include "ingest_bench.h"
 #include "gpu_bench.h"
 #include "kdn/kdn.h"
 #include "model/transformer.h"
@@ -137,6 +139,27 @@ int main(int argc, char** argv) {
       ->group("");
   dm->add_option("--token-file", demo.token_file, "(internal) the token file of --remote-join")->group("");
 
+  kdn::tools::IngestCmdOptions ing;
+  auto* ingc = app.add_subcommand("ingest", "Every text file under a directory becomes a knowledge item of a store (resumable)");
+  ingc->add_option("--dir", ing.dir, "the documents (every file under it; names starting with '.' left out)")->required();
+  ingc->add_option("--store", ing.store, "the store's directory: a disk tier, and its index of documents (knowledge.kdnidx)")
+      ->required();
+  ingc->add_option("--model", ing.model, "llama2.c checkpoint (default: the reference model)");
+  ingc->add_option("--tokenizer", ing.tokenizer, "tokenizer file");
+  ingc->add_option("--namespace", ing.ns, "kdn namespace of the items (default: docs)");
+  ingc->add_option("--pin", ing.pin_s, "pin every item for this many seconds (0: until unpinned)")->check(CLI::NonNegativeNumber);
+  ingc->add_option("--engine", ing.engine, "what prefills: ref (the reference transformer)")->check(CLI::IsMember({"ref", "llama"}));
+  ingc->add_option("--workers", ing.workers, "engines prefilling at once (default: one per core)")->check(CLI::Range(1, 256));
+  ingc->add_option("--max-tokens", ing.max_tokens, "tokens per knowledge item at most; longer files are cut into PATH#1, PATH#2, ... (default: the model's context)")
+      ->check(CLI::Range(1, 1 << 24));
+  ingc->add_option("--capacity", ing.capacity, "the disk tier's capacity in bytes (default 16 GiB)")->check(CLI::Range(std::uint64_t{1} << 20, std::uint64_t{1} << 50));
+  ingc->add_option("--codec", ing.codec, "the disk tier's codec (default zstd, lossless)");
+  ingc->add_option("--chunk-tokens", ing.chunk_tokens, "tokens per stored chunk: the engines' runtimes must use the same (default 256)")
+      ->check(CLI::Range(1, 65536));
+  ingc->add_flag("--prune", ing.prune, "delete the namespace's items whose file is gone from --dir");
+  ingc->add_option("--progress", ing.progress, "auto (a bar on a terminal), bar, lines")->check(CLI::IsMember({"auto", "bar", "lines"}));
+  ingc->add_option("--json", ing.json_path, "also write the summary as JSON");
+
   auto* bench = app.add_subcommand("bench", "Benchmarks (JSON records)");
   bench->require_subcommand(1);
   kdn::bench::FoundationOptions fo;
@@ -196,6 +219,17 @@ int main(int argc, char** argv) {
   evictb->add_flag("--quick", ebo.quick, "fewer requests and capacities (a smoke test, not a measurement)");
   evictb->add_option("--seed", ebo.seed, "the traces' seed (default 1818; the cost policy was tuned on 18)");
 
+  kdn::bench::IngestBenchOptions ibo;
+  auto* ingestb = bench->add_subcommand("ingest", "kdn ingest's tokens/s against the same engines' prefill alone; time to inject the reference corpus");
+  ingestb->add_option("--json", ibo.json_path, "output file")->required();
+  ingestb->add_option("--model", ibo.model, "llama2.c checkpoint (default: the reference model)");
+  ingestb->add_option("--tokenizer", ibo.tokenizer, "tokenizer file");
+  ingestb->add_option("--dir", ibo.dir, "documents to ingest (default: the reference corpus, one file per story of bench/texts)");
+  ingestb->add_option("--scratch", ibo.scratch, "where the stores go (default: the temp dir)");
+  ingestb->add_option("--workers", ibo.workers, "engines at once (default: one per core)")->check(CLI::Range(1, 256));
+  ingestb->add_option("--repeats", ibo.repeats, "runs of each side (median)")->check(CLI::Range(1, 1000));
+  ingestb->add_flag("--quick", ibo.quick, "one run of each on 8 documents (a smoke test, not a measurement)");
+
   kdn::bench::BlendBenchOptions bbo;
   auto* blendb = bench->add_subcommand("blend", "Blending at ratios 0..100%: KL, top-1, TTFT vs full prefill; a PNG");
   blendb->add_option("--json", bbo.json_path, "output file")->required();
@@ -240,6 +274,7 @@ int main(int argc, char** argv) {
   if (*dm && !demo.join_address.empty()) return kdn::tools::RunRemoteJoin(demo);
   if (*dm && demo.remote) return kdn::tools::RunRemoteDemo(demo, argv[0]);
   if (*dm) return kdn::tools::RunDemo(demo);
+  if (*ingc) return kdn::tools::RunIngest(ing);
   if (*found) return kdn::bench::RunFoundation(fo);
   if (*storeb) return kdn::bench::RunStoreBench(so);
   if (*remoteb) return kdn::bench::RunRemoteBench(rbo);
@@ -248,6 +283,7 @@ int main(int argc, char** argv) {
   if (*blendb) return kdn::bench::RunBlendBench(bbo);
   if (*gpub) return kdn::bench::RunGpuBench(gbo);
   if (*evictb) return kdn::bench::RunEvictionBench(ebo);
+  if (*ingestb) return kdn::bench::RunIngestBench(ibo);
   if (*bindingsb) return kdn::bench::RunBindingsBench(bio);
   return 1;
 }

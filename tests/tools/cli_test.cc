@@ -150,6 +150,77 @@ TEST(Cli, DemoRunsWithoutTheModelOnARandomOne) {
   EXPECT_NE(r.out.find("identical continuations 7/7"), std::string::npos) << r.out;
 }
 
+// `kdn ingest` as an operator runs it: lines when not on a terminal, a
+// summary, a JSON summary, a second run that skips everything, and Ctrl-C
+// (SIGINT) stopping after the files in progress with exit status 130 and a
+// third run finishing the rest.
+TEST(Cli, IngestIsResumableAndStopsOnCtrlC) {
+  if (!kdn::testing::ModelsPresent()) GTEST_SKIP() << "the reference model is not present";
+  const fs::path root = fs::temp_directory_path() / ("kdn_cli_ingest_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "docs");
+  std::string story;
+  for (int i = 0; i < 6; ++i) story += "Once upon a time, a little dog named Max found a big red ball in the park. ";
+  for (int i = 0; i < 40; ++i) std::ofstream(root / "docs" / ("story" + std::to_string(i) + ".txt")) << story << i << "\n";
+  std::ofstream(root / "docs" / "data.bin", std::ios::binary) << std::string("\0\1\2", 3);
+  const std::string base = "ingest " + ModelArgs() + " --dir " + (root / "docs").string() + " --store " +
+                           (root / "store").string() + " --progress lines";
+
+  // Ctrl-C after the first file: the files in progress finish, the rest wait.
+  const CliRun stopped = kdn::testing::RunShell(
+      "(" + std::string(KDN_CLI) + " " + base + " > " + (root / "out").string() + " 2>&1 & p=$!; " +
+      "for i in $(seq 1000); do grep -q '^\\[1/' " + (root / "out").string() + " && break; sleep 0.01; done; " +
+      "kill -INT $p; wait $p; echo exit=$?; cat " + (root / "out").string() + ")");
+  EXPECT_NE(stopped.out.find("exit=130"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("stopping after the files in progress"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("run the same command again to go on"), std::string::npos) << stopped.out;
+
+  const CliRun rest = Kdn(base + " --json " + (root / "s.json").string());
+  EXPECT_EQ(rest.code, 0) << rest.out;
+  EXPECT_NE(rest.out.find("unchanged story0.txt"), std::string::npos) << rest.out;
+  EXPECT_NE(rest.out.find("binary data.bin: not UTF-8 text"), std::string::npos) << rest.out;
+  EXPECT_NE(rest.out.find("41 documents:"), std::string::npos) << rest.out;
+  std::ifstream jf(root / "s.json");
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j["documents"], 41);
+  EXPECT_EQ(j["outcomes"]["binary"], 1);
+  EXPECT_GT(j["outcomes"]["unchanged"].get<int>(), 0);
+  EXPECT_EQ(j["outcomes"]["unchanged"].get<int>() + j["outcomes"]["ingested"].get<int>(), 40);
+  EXPECT_GT(j["store"]["objects"].get<int>(), 0);
+
+  const CliRun again = Kdn(base);
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("0 ingested, 0 replaced, 40 unchanged, 1 skipped (1 binary)"), std::string::npos) << again.out;
+
+  const CliRun bad = Kdn("ingest " + ModelArgs() + " --dir " + (root / "nope").string() + " --store " +
+                         (root / "store2").string());
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("not a directory"), std::string::npos) << bad.out;
+  fs::remove_all(root);
+}
+
+// `kdn bench ingest --quick`: every record, the store side against the
+// prefill side of the same run, and the resume skipping everything.
+TEST(Cli, BenchIngestWritesTheRecords) {
+  if (!kdn::testing::ModelsPresent()) GTEST_SKIP() << "the reference model is not present";
+  const fs::path json = fs::temp_directory_path() / ("kdn_bench_ingest_" + std::to_string(::getpid()) + ".json");
+  const CliRun r = Kdn("bench ingest --quick --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json records = nlohmann::json::parse(f);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& rec : records) by[rec["name"]] = rec;
+  for (const char* name : {"ingest_prefill_only_tokens_per_s", "ingest_tokens_per_s", "ingest_store_overhead",
+                           "ingest_reference_corpus_s", "ingest_resume_s"}) {
+    ASSERT_TRUE(by.count(name)) << name;
+    EXPECT_TRUE(std::isfinite(by[name]["value"].get<double>())) << name;
+  }
+  EXPECT_EQ(by["ingest_tokens_per_s"]["baseline"], "prefill_only");
+  EXPECT_GT(by["ingest_tokens_per_s"]["params"]["tokens"].get<int>(), 0);
+  EXPECT_EQ(by["ingest_tokens_per_s"]["params"]["documents"], 8);
+  fs::remove(json);
+}
+
 TEST(Cli, BenchFoundationWritesTheRecords) {
   const fs::path json = fs::temp_directory_path() / ("kdn_bench_" + std::to_string(getpid()) + ".json");
   const CliRun r = Kdn("bench foundation --quick --repeats 2 --json " + json.string(),
