@@ -70,6 +70,9 @@ struct ChunkMeta {
   // from an engine's device view): only a Device reads it, never the host.
   // Kept in memory only.
   bool device = false;
+  // In memory only: decoded from a coarser quality level than the tier keeps
+  // (store/leveled_tier.h): served to this load, never promoted to the tiers above.
+  bool degraded = false;
   // The prefill work this chunk's presence saves when its request comes
   // again (store/policy.h PrefillCost: its tokens at the request's mean cost
   // per token), for the cost-aware eviction policy. 0: unknown. Kept in

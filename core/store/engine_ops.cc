@@ -1,5 +1,7 @@
 #include "store/engine_ops.h"
 
+#include <optional>
+
 #include <chrono>
 
 #include "ref/kv_view_ref.h"
@@ -119,6 +121,7 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
   if (device && store.device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   std::shared_ptr<LoadOp> op(new LoadOp());
   op->device_ = device;
+  if (const DeliveryTarget* t = DeliveryScope::Current()) op->target_ = *t;
   KDN_RETURN_IF_ERROR(AdoptGroups(model, keys.keys().size(), groups, op->pointers_, op->tables_));
   op->ns_ = std::move(ns);
   op->keys_ = std::move(keys);
@@ -130,6 +133,8 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
 
 void LoadOp::Run(KvStore& store, const ModelKv& model) {
   const auto t0 = std::chrono::steady_clock::now();
+  std::optional<DeliveryScope> delivery;  // the caller's target, on this thread too
+  if (target_.deadline_ns != 0) delivery.emplace(target_);
   if (device_) {
     Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys(), TieredStore::Form::kStored);
     if (cancelled()) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "store/kv_store.h"
+#include "store/leveled_tier.h"
 #include "util/executor.h"
 
 namespace kdn::store {
@@ -102,6 +103,7 @@ class LoadOp final : public EngineOp {
   std::uint32_t layers_done_ = 0;              // guarded by mu_
   std::uint32_t layers_ = 0;
   bool device_ = false;
+  DeliveryTarget target_;  // the caller's (DeliveryScope at Start), re-entered on the worker
 };
 
 class SaveOp final : public EngineOp {

@@ -1,4 +1,5 @@
 #include "store/kv_store.h"
+#include "store/leveled_tier.h"
 
 #include <algorithm>
 #include <bit>
@@ -20,6 +21,18 @@ namespace {
 
 double MicrosSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+namespace {
+
+// A remote or redis tier with quality levels keeps them through a LeveledTier.
+Result<std::unique_ptr<Tier>> WithLevels(const TierSpec& spec, size_t index, std::unique_ptr<Tier> tier) {
+  if (spec.levels.empty()) return tier;
+  auto t = LeveledTier::Create(std::move(tier), spec.levels);
+  if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
+  return std::unique_ptr<Tier>(std::move(t).value());
 }
 
 }  // namespace
@@ -59,7 +72,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.chunk_tokens = chunk_tokens;
       auto t = RemoteTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
-      return std::unique_ptr<Tier>(std::move(t).value());
+      return WithLevels(spec, index, std::move(t).value());
     }
     case TierSpec::Kind::kRedis: {
       RedisTierOptions o;
@@ -75,7 +88,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.hint_ms = std::max<std::uint32_t>(spec.timeout_ms, 1000);
       auto t = RedisTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
-      return std::unique_ptr<Tier>(std::move(t).value());
+      return WithLevels(spec, index, std::move(t).value());
     }
   }
   return Status::InvalidArgument("unknown tier kind");
@@ -185,6 +198,17 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
   }
   TieredStoreOptions to;
   for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].levels.empty()) {
+      // The tier keeps its levels itself (store/leveled_tier.h): the chain hands it canonical chunks.
+      if (specs[i].kind != TierSpec::Kind::kRemote && specs[i].kind != TierSpec::Kind::kRedis) {
+        return Status::InvalidArgument("tier " + std::to_string(i) + ": quality levels are for remote and redis tiers");
+      }
+      if (!specs[i].codec.empty() && specs[i].codec != "raw") {
+        return Status::InvalidArgument("tier " + std::to_string(i) +
+                                       ": a tier with quality levels takes no codec (its levels are its codecs)");
+      }
+      specs[i].codec = "raw";
+    }
     // The codec first: a bad spec fails before any directory is touched.
     if (specs[i].codec.empty()) specs[i].codec = std::string(DefaultTierCodec(specs[i].kind));
     auto codec = MakeTierCodec(specs[i].codec);
@@ -500,6 +524,15 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   size_t costly = 0;  // chunks to read from disk or to decode
   std::optional<NamespaceScope> scope;
   EnterNamespace(scope, ns);
+  // A load with a target: the leveled remote tiers choose each chunk's
+  // quality level by it (store/leveled_tier.h), knowing what a recompute costs.
+  std::optional<DeliveryScope> delivery;
+  if (const DeliveryTarget* t = DeliveryScope::Current(); t != nullptr && t->deadline_ns != 0) {
+    DeliveryTarget full = *t;
+    full.recompute_ns_per_token = PrefillNsPerToken(model);
+    full.chunk_tokens = options_.chunk_tokens;
+    delivery.emplace(full);
+  }
   PrefetchRemote(model, ns, k, /*will_read=*/true);
   f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
     const int level = chain_->Locate(key);

@@ -117,29 +117,33 @@ class Tier {
   }
 };
 
-// The namespace (its hash) of the request a thread is serving, for tiers
-// that file keys per namespace (a remote node): set by the store around
-// each request's probes and reads, on every thread that does them.
-class NamespaceScope {
+// A value a thread carries for the calls below it, in nested scopes: the
+// innermost scope's value, or null outside any. Tag tells uses apart.
+template <typename T, typename Tag>
+class ThreadScope {
  public:
-  explicit NamespaceScope(const keys::Digest& ns_hash) : prev_(current_), had_(has_) {
-    current_ = ns_hash;
+  explicit ThreadScope(const T& value) : prev_(current_), had_(has_) {
+    current_ = value;
     has_ = true;
   }
-  ~NamespaceScope() {
+  ~ThreadScope() {
     current_ = prev_;
     has_ = had_;
   }
-  NamespaceScope(const NamespaceScope&) = delete;
-  NamespaceScope& operator=(const NamespaceScope&) = delete;
-  // The innermost scope's namespace hash, or null outside any.
-  static const keys::Digest* Current() { return has_ ? &current_ : nullptr; }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+  static const T* Current() { return has_ ? &current_ : nullptr; }
 
  private:
-  static inline thread_local keys::Digest current_{};
+  static inline thread_local T current_{};
   static inline thread_local bool has_ = false;
-  keys::Digest prev_;
+  T prev_;
   bool had_;
 };
+
+// The namespace (its hash) of the request a thread is serving, for tiers
+// that file keys per namespace (a remote node): set by the store around
+// each request's probes and reads, on every thread that does them.
+using NamespaceScope = ThreadScope<keys::Digest, struct NamespaceTag>;
 
 }  // namespace kdn::store

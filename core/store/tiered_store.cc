@@ -416,7 +416,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
     }
     ++L.hits;
     L.bytes_out += lease.chunk_->payload.size();
-    if (i > 0 && !lease.chunk_->meta.device && !levels_[0]->tier->Contains(key)) {
+    if (i > 0 && !lease.chunk_->meta.device && !lease.chunk_->meta.degraded && !levels_[0]->tier->Contains(key)) {
       // Promote in the background; never make a reader wait for room.
       if (!Enqueue(Job{JobKind::kPromote, lease.chunk_, 0}, /*wait=*/false)) ++promotions_dropped_;
     }

@@ -1,0 +1,276 @@
+// Bandwidth-adaptive delivery (store/leveled_tier.h): the level decision on
+// small cases, the link meter, and a leveled tier over a memory tier behind
+// a simulated link (fault injection: a tier whose reads take bytes / rate)
+// choosing each chunk's level as the rate it measures changes.
+#include "store/leveled_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "store/chunk_codec.h"
+#include "common/half.h"
+#include "store/memory_tier.h"
+
+namespace kdn::store {
+namespace {
+
+// ---- The decision ---------------------------------------------------------------
+
+LevelChoiceInput Case(double time_left_s, double rate) {
+  LevelChoiceInput in;
+  in.time_left_s = time_left_s;
+  in.tokens_left = 1000;  // 10 chunks of 100
+  in.chunk_tokens = 100;
+  in.rate = rate;
+  in.bytes_per_token = {1000, 300, 100};  // lossless, finer, coarser
+  in.decode_s_per_token = {0, 0, 0};
+  in.recompute_s_per_token = 1e-4;  // 10 ms a chunk
+  return in;
+}
+
+TEST(ChooseLevel, TheFinestLevelThatMeetsTheTarget) {
+  // 1000 tokens: 1 MB at level 0, 300 KB at 1, 100 KB at 2; at 10 MB/s: 100, 30, 10 ms.
+  EXPECT_EQ(ChooseLevel(Case(0.200, 10e6)), 0);
+  EXPECT_EQ(ChooseLevel(Case(0.100, 10e6)), 0);  // exactly on time
+  EXPECT_EQ(ChooseLevel(Case(0.050, 10e6)), 1);
+  EXPECT_EQ(ChooseLevel(Case(0.011, 10e6)), 2);
+  // The same target at a tenth of the rate: one level coarser at least.
+  EXPECT_EQ(ChooseLevel(Case(0.200, 1e6)), 2);
+}
+
+TEST(ChooseLevel, DecodeTimeCountsWhenItIsSlowerThanTheLink) {
+  LevelChoiceInput in = Case(0.050, 10e6);
+  in.decode_s_per_token = {0, 1e-4, 0};  // level 1 decodes at 100 ms per 1000 tokens
+  EXPECT_EQ(ChooseLevel(in), 2);
+}
+
+TEST(ChooseLevel, RecomputeWhenNoLevelMeetsTheTargetAndRecomputingIsFaster) {
+  // Coarsest: 10 KB a chunk at 100 KB/s = 100 ms; recompute: 10 ms.
+  EXPECT_EQ(ChooseLevel(Case(0.010, 100e3)), -1);
+  // Recomputing slower than the coarsest fetch: the coarsest.
+  LevelChoiceInput slow = Case(0.010, 100e3);
+  slow.recompute_s_per_token = 1e-2;  // 1 s a chunk
+  EXPECT_EQ(ChooseLevel(slow), 2);
+  // Recompute cost unknown (no prefill reported): recompute.
+  slow.recompute_s_per_token = 0;
+  EXPECT_EQ(ChooseLevel(slow), -1);
+  // A deadline already passed: whichever is faster.
+  EXPECT_EQ(ChooseLevel(Case(-0.5, 10e6)), 2);   // 1 ms at the coarsest level against a 10 ms recompute
+  EXPECT_EQ(ChooseLevel(Case(-0.5, 100e3)), -1);
+}
+
+TEST(ChooseLevel, RecomputesChosenEarlierTakeTheirTime) {
+  LevelChoiceInput in = Case(0.100, 10e6);
+  EXPECT_EQ(ChooseLevel(in), 0);
+  in.recompute_s_pending = 0.080;  // 20 ms left for the fetches
+  EXPECT_EQ(ChooseLevel(in), 2);
+}
+
+TEST(ChooseLevel, AnUnknownLinkIsProbedAtTheCoarsestLevel) {
+  EXPECT_EQ(ChooseLevel(Case(10.0, 0)), 2);
+}
+
+TEST(LinkMeter, RateFromBusyTimeAndOverlappingRequests) {
+  LinkMeter m;
+  EXPECT_EQ(m.rate(), 0);
+  m.Observe(1'000'000, 0, 100'000'000);  // 1 MB in 100 ms
+  EXPECT_DOUBLE_EQ(m.rate(), 10e6);
+  // Requested at 50 ms (while the first was arriving): busy from 100 ms.
+  m.Observe(1'000'000, 50'000'000, 200'000'000);
+  EXPECT_DOUBLE_EQ(m.rate(), 10e6);
+  // The link drops to 1 MB/s: the estimate follows within a few chunks.
+  for (int i = 0; i < 4; ++i) m.Observe(1'000'000, 200'000'000 + i * 1'000'000'000LL, 1'200'000'000 + i * 1'000'000'000LL);
+  EXPECT_LT(m.rate(), 1.6e6);
+  EXPECT_EQ(m.samples(), 6u);
+}
+
+// ---- A leveled tier over a simulated link ---------------------------------------
+
+// Fault injection: reads of `inner` cross a link of `rate` bytes per second,
+// one at a time.
+class LinkTier : public Tier {
+ public:
+  explicit LinkTier(std::unique_ptr<Tier> inner) : inner_(std::move(inner)) {}
+  std::atomic<double> rate{1e9};
+  std::atomic<int> gets{0};
+  const std::string& name() const override { return inner_->name(); }
+  std::uint64_t Cost(const Chunk& c) const override { return inner_->Cost(c); }
+  Status Put(const ChunkRef& c) override { return inner_->Put(c); }
+  Result<ChunkRef> Get(const keys::Digest& key) override {
+    auto got = inner_->Get(key);
+    if (got.ok()) {
+      std::lock_guard<std::mutex> lock(link_);
+      std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>((*got)->payload.size()) / rate.load()));
+    }
+    ++gets;
+    return got;
+  }
+  bool Contains(const keys::Digest& key) const override { return inner_->Contains(key); }
+  bool Erase(const keys::Digest& key) override { return inner_->Erase(key); }
+  std::vector<ObjectInfo> List() const override { return inner_->List(); }
+  std::uint64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t objects() const override { return inner_->objects(); }
+  TierCounters counters() const override { return inner_->counters(); }
+
+ private:
+  std::unique_ptr<Tier> inner_;
+  std::mutex link_;
+};
+
+// Chunk i: f16 KV of 64 tokens (2 layers, 2 heads, 16 dims), smooth values.
+ChunkRef KvChunk(int i) {
+  auto c = std::make_shared<Chunk>();
+  keys::Hasher h;
+  h.Str("leveled-test").U32(static_cast<std::uint32_t>(i));
+  c->meta.key = h.Finish();
+  c->meta.model[0] = 1;
+  c->meta.ns_hash[0] = 2;
+  c->meta.dtype = 1;  // f16
+  c->meta.layers = 2;
+  c->meta.kv_heads = 2;
+  c->meta.head_dim = 16;
+  c->meta.tokens = 64;
+  c->meta.first_position = 64 * i;
+  c->payload = Payload(c->meta.payload_bytes());
+  std::mt19937 rng(static_cast<std::uint32_t>(i) + 7);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto* h16 = reinterpret_cast<std::uint16_t*>(c->payload.data());
+  for (size_t e = 0; e < c->payload.size() / 2; ++e) {
+    const float x = std::sin(static_cast<float>(e) * 0.01f) + 0.1f * n(rng);
+    h16[e] = kernels::float_to_half(x);
+  }
+  return c;
+}
+
+class LeveledTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto mem = MemoryTier::Create("remote", 1 << 30, MemoryKind::kHost);
+    ASSERT_TRUE(mem.ok());
+    auto link = std::make_unique<LinkTier>(std::move(mem).value());
+    link_ = link.get();
+    auto t = LeveledTier::Create(std::move(link), {"zstd", "kdn:hifi", "kdn:balanced"});
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    tier_ = std::move(t).value();
+    for (int i = 0; i < kChunks; ++i) {
+      chunks_.push_back(KvChunk(i));
+      ASSERT_TRUE(tier_->Put(chunks_.back()).ok());
+    }
+  }
+  // A load of every chunk with `budget_s`, as KvStore::FetchPrefix runs it;
+  // the level each chunk came at (-1: left to recompute).
+  std::vector<int> Load(double budget_s, const std::function<void(int)>& after_get = {}) {
+    const auto before = tier_->Counters();
+    std::vector<keys::Digest> keys;
+    for (const ChunkRef& c : chunks_) keys.push_back(c->meta.key);
+    DeliveryTarget t;
+    t.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch() + std::chrono::duration<double>(budget_s))
+                        .count();
+    t.recompute_ns_per_token = 1e5;  // 6.4 ms a chunk
+    t.chunk_tokens = 64;
+    std::vector<int> levels;
+    {
+      DeliveryScope scope(t);
+      tier_->Prefetch(keys, true);
+    }
+    std::vector<std::uint64_t> seen = before.fetched;
+    for (int i = 0; i < kChunks; ++i) {
+      auto got = tier_->Get(keys[static_cast<size_t>(i)]);
+      const auto now = tier_->Counters();
+      int level = -1;
+      for (size_t l = 0; l < now.fetched.size(); ++l) {
+        if (now.fetched[l] > seen[l] && level < 0 && got.ok()) level = static_cast<int>(l);
+      }
+      // Two fetches may complete between gets: attribute by the chunk itself.
+      if (got.ok()) {
+        level = (*got)->meta.degraded ? ((*got)->meta.lossy ? 1 : 0) : 0;
+        EXPECT_EQ((*got)->meta.key, keys[static_cast<size_t>(i)]);
+        EXPECT_EQ((*got)->meta.codec, codec::CodecId::kRaw);
+        EXPECT_EQ((*got)->payload.size(), chunks_[static_cast<size_t>(i)]->payload.size());
+      }
+      seen = now.fetched;
+      levels.push_back(got.ok() ? level : -1);
+      if (after_get) after_get(i);
+    }
+    return levels;
+  }
+  static constexpr int kChunks = 12;
+  LinkTier* link_ = nullptr;
+  std::unique_ptr<LeveledTier> tier_;
+  std::vector<ChunkRef> chunks_;
+};
+
+TEST_F(LeveledTierTest, EveryLevelIsKeptAndAPlainGetServesTheFinest) {
+  for (const ChunkRef& c : chunks_) {
+    for (size_t l = 0; l < 3; ++l) EXPECT_TRUE(link_->Contains(LevelKey(c->meta.key, l))) << l;
+  }
+  auto got = tier_->Get(chunks_[3]->meta.key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE((*got)->meta.degraded);
+  EXPECT_FALSE((*got)->meta.lossy) << "level 0 is zstd: exact";
+  EXPECT_TRUE(std::equal((*got)->payload.begin(), (*got)->payload.end(), chunks_[3]->payload.begin()));
+  EXPECT_EQ(tier_->Counters().fetched[0], 1u);
+  EXPECT_TRUE(tier_->Erase(chunks_[3]->meta.key));
+  for (size_t l = 0; l < 3; ++l) EXPECT_FALSE(link_->Contains(LevelKey(chunks_[3]->meta.key, l))) << l;
+}
+
+TEST_F(LeveledTierTest, LevelsFollowTheRateAndTheTarget) {
+  // Each chunk: 4 KiB of f16 KV; zstd ~3.6 KiB, kdn:hifi ~1.3, kdn:balanced ~0.9.
+  link_->rate = 200e6;
+  ASSERT_TRUE(tier_->Get(chunks_[0]->meta.key).ok());  // the meter's first sample
+  // A fast link and a generous target: every chunk at level 0, exact.
+  auto levels = Load(1.0);
+  EXPECT_EQ(tier_->Counters().fetched[0], 1u + kChunks);
+  EXPECT_EQ(tier_->Counters().recomputes, 0u);
+  for (int l : levels) EXPECT_EQ(l, 0);
+
+  // 1 MB/s: 12 chunks at level 0 take ~45 ms; a 25 ms target leaves room for
+  // coarser levels only, after the meter has seen the new rate.
+  link_->rate = 1e6;
+  ASSERT_TRUE(tier_->Get(chunks_[0]->meta.key).ok());
+  const auto before = tier_->Counters();
+  Load(0.025);
+  const auto after = tier_->Counters();
+  EXPECT_GT(after.fetched[1] + after.fetched[2], before.fetched[1] + before.fetched[2]);
+  EXPECT_LT(after.fetched[0] - before.fetched[0], static_cast<std::uint64_t>(kChunks) / 2);
+}
+
+TEST_F(LeveledTierTest, ADropMidLoadMovesTheRestToCoarserLevels) {
+  link_->rate = 100e6;
+  ASSERT_TRUE(tier_->Get(chunks_[0]->meta.key).ok());
+  const auto before = tier_->Counters();
+  // 100 MB/s for the first 3 chunks, then 0.5 MB/s: level 0 for the rest
+  // would take ~65 ms; the target is 40 ms.
+  Load(0.040, [&](int i) {
+    if (i == 2) link_->rate = 0.5e6;
+  });
+  const auto after = tier_->Counters();
+  EXPECT_GE(after.fetched[0] - before.fetched[0], 3u) << "before the drop: level 0";
+  EXPECT_GT(after.fetched[2] - before.fetched[2] + after.recomputes - before.recomputes, 0u)
+      << "after it: the coarsest level, or recompute";
+}
+
+TEST_F(LeveledTierTest, ATargetNoLevelCanMeetLeavesChunksToRecompute) {
+  link_->rate = 20e3;  // 20 KB/s: the coarsest chunk takes ~45 ms, a recompute 6.4 ms
+  ASSERT_TRUE(tier_->Get(chunks_[0]->meta.key).ok());
+  const auto before = tier_->Counters();
+  auto levels = Load(0.005);
+  const auto after = tier_->Counters();
+  EXPECT_EQ(after.recomputes - before.recomputes, static_cast<std::uint64_t>(kChunks));
+  for (int l : levels) EXPECT_EQ(l, -1);
+  // A plain get afterwards (no target) still serves level 0.
+  auto got = tier_->Get(chunks_[5]->meta.key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE((*got)->meta.degraded);
+}
+
+}  // namespace
+}  // namespace kdn::store
