@@ -8,6 +8,8 @@
 #include "kdn/kdn.h"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "keys/hash.h"
 #include "store/redis_tier.h"
 #include "store/remote_tier.h"
+#include "store/leveled_tier.h"
 #include "store/runtime.h"
 #include "util/dtype.h"
 
@@ -324,11 +327,15 @@ kdn_status CheckTokens(const int32_t* tokens, size_t num_tokens, const std::stri
 
 // A request's keys, copied (asynchronous ops outlive the caller's arrays).
 kdn_status ReadRequest(const kdn::store::KvStore& store, const kdn_request* in, const std::string& what,
-                       kdn::store::OwnedKeys* out) {
+                       kdn::store::OwnedKeys* out, std::uint64_t* target_us = nullptr) {
   if (in == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, what + " is NULL");
   kdn_request r = KDN_REQUEST_INIT;
   if (kdn_status s = ReadIn(in, KDN_REQUEST_SIZE_V1, "kdn_request", &r); s != KDN_OK) return s;
   if (kdn_status s = CheckReserved(r.reserved0, what); s != KDN_OK) return s;
+  if (r.ttft_target_us > std::uint64_t{3600} * 1000000) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": ttft_target_us is over an hour (microseconds, not nanoseconds?)");
+  }
+  if (target_us != nullptr) *target_us = r.ttft_target_us;
   if (r.hash_bytes == 0) {
     if (kdn_status s = CheckTokens(r.tokens, r.num_tokens, what); s != KDN_OK) return s;
     out->tokens.assign(r.tokens, r.tokens + r.num_tokens);
@@ -426,13 +433,23 @@ kdn_status ResolveViews(const kdn_model* model, const kdn_kv_view* views, size_t
   return KDN_OK;
 }
 
+// A request's TTFT target as the store's delivery scope (none for 0).
+void Deliver(std::optional<kdn::store::DeliveryScope>& scope, std::uint64_t target_us) {
+  if (target_us == 0) return;
+  kdn::store::DeliveryTarget t;
+  t.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch()).count() +
+                  static_cast<std::int64_t>(target_us) * 1000;
+  scope.emplace(t);
+}
+
 // What every KV call of a request checks first: the model and namespace,
 // the request's keys (copied), and the views resolved for its length.
 kdn_status ReadKvCall(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
                       const kdn_kv_view* views, size_t num_views, kdn::store::OwnedKeys* keys,
-                      kdn::store::ResolvedViews* resolved) {
+                      kdn::store::ResolvedViews* resolved, std::uint64_t* target_us = nullptr) {
   if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
-  if (kdn_status s = ReadRequest(model->runtime->store(), request, "request", keys); s != KDN_OK) return s;
+  if (kdn_status s = ReadRequest(model->runtime->store(), request, "request", keys, target_us); s != KDN_OK) return s;
   return ResolveViews(model, views, num_views, keys->keys().size(), resolved, /*device_ok=*/true);
 }
 
@@ -444,7 +461,12 @@ kdn_status StartOp(const kdn_model* model, const char* ns, size_t ns_len, const 
   *out = nullptr;
   kdn::store::OwnedKeys keys;
   kdn::store::ResolvedViews resolved;
-  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved); s != KDN_OK) return s;
+  std::uint64_t target_us = 0;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us); s != KDN_OK) {
+    return s;
+  }
+  std::optional<kdn::store::DeliveryScope> delivery;  // a load op takes the target with it
+  Deliver(delivery, target_us);
   auto op = start(*model->runtime, model->kv, std::string(ns, ns_len), std::move(keys), resolved);
   if (!op.ok()) return FromStatus(op.status());
   auto handle = std::make_unique<kdn_op>();
@@ -665,6 +687,28 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     if (c.codec == nullptr && c.codec_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": codec is NULL");
     if (c.codec_len > 256) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": codec spec longer than 256 bytes");
     if (c.codec != nullptr) t.codec.assign(c.codec, c.codec_len);  // empty: the kind's default
+    if (c.levels == nullptr && c.levels_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": levels is NULL");
+    if (c.levels_len > 2048) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": levels longer than 2048 bytes");
+    if (c.levels_len != 0) {
+      if (Raw(c.kind) != KDN_TIER_REMOTE && Raw(c.kind) != KDN_TIER_REDIS) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": quality levels are for remote and redis tiers");
+      }
+      if (c.codec_len != 0) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": a tier with levels takes no codec (its levels are its codecs)");
+      }
+      const std::string all(c.levels, c.levels_len);
+      size_t at = 0;
+      while (at <= all.size()) {
+        size_t end = all.find(';', at);
+        if (end == std::string::npos) end = all.size();
+        std::string level = all.substr(at, end - at);
+        while (!level.empty() && level.front() == ' ') level.erase(level.begin());
+        while (!level.empty() && level.back() == ' ') level.pop_back();
+        if (level.empty()) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": an empty level in '" + all + "'");
+        t.levels.push_back(level);
+        at = end + 1;
+      }
+    }
     so.tiers.push_back(t);
   }
   if (editor) so.editor = std::make_shared<CallbackEditor>(editor, editor_user);
@@ -991,7 +1035,12 @@ kdn_status kdn_kv_retrieve(const kdn_model* model, const char* ns, size_t ns_len
   WriteOut(kdn_kv_result(KDN_KV_RESULT_INIT), out);
   kdn::store::OwnedKeys keys;
   kdn::store::ResolvedViews resolved;
-  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved); s != KDN_OK) return s;
+  std::uint64_t target_us = 0;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us); s != KDN_OK) {
+    return s;
+  }
+  std::optional<kdn::store::DeliveryScope> delivery;
+  Deliver(delivery, target_us);
   auto filled = model->runtime->Retrieve(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved);
   if (!filled.ok()) return FromStatus(filled.status());
   kdn_kv_result r = KDN_KV_RESULT_INIT;

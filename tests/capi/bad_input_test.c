@@ -563,6 +563,42 @@ static void case_tier_codec_unknown(void) {
   EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "codec NULL, codec_len 3");
 }
 
+/* Quality levels (1.6): remote and redis tiers only, without a codec, none empty, each a codec. */
+static void case_tier_levels_bad(void) {
+  kdn_tier_config tier;
+  kdn_runtime_options opts;
+  kdn_runtime *rt = NULL;
+  host_tiers(&tier, 1, 1u << 20);
+  tier.levels = "zstd;kdn:balanced";
+  tier.levels_len = strlen(tier.levels);
+  opts = with_tiers(&tier, 1);
+  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "levels on a host tier");
+  tier.kind = KDN_TIER_REMOTE;
+  tier.address = "127.0.0.1:1";
+  tier.address_len = strlen(tier.address);
+  tier.token = "t";
+  tier.token_len = 1;
+  tier.codec = "zstd";
+  tier.codec_len = 4;
+  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "levels and a codec");
+  tier.codec = NULL;
+  tier.codec_len = 0;
+  tier.levels = "zstd;;kdn:balanced";
+  tier.levels_len = strlen(tier.levels);
+  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "an empty level");
+  tier.levels = "zstd;no-such-codec";
+  tier.levels_len = strlen(tier.levels);
+  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "an unknown codec as a level");
+  tier.levels = NULL;
+  tier.levels_len = 4;
+  EXPECT_NO_RUNTIME(&opts, KDN_ERR_INVALID_ARGUMENT, "levels NULL with a length");
+  /* Well formed: the runtime is made (no node needs to answer yet). */
+  tier.levels = "zstd; kdn:hifi ;kdn:balanced";
+  tier.levels_len = strlen(tier.levels);
+  CHECK_EQ(kdn_runtime_create(&opts, &rt), KDN_OK);
+  kdn_runtime_destroy(rt);
+}
+
 static kdn_status never_edit(void *user, const kdn_chunk_info *info, void *kv, size_t kv_bytes, int *out_changed) {
   (void)user;
   (void)info;
@@ -838,6 +874,13 @@ static void case_request_negative_token(void) {
   req = token_request(tokens, POSITIONS);
   EXPECT_BAD_REQUEST(&req, KDN_ERR_INVALID_ARGUMENT);
   CHECK_EQ(cached_tokens(NS, kTokens, 20), 0); /* not even the prefix before it was stored */
+}
+
+/* ttft_target_us (1.6) in microseconds: over an hour is a unit mistake. */
+static void case_request_target_absurd(void) {
+  kdn_request req = token_request(kTokens, POSITIONS);
+  req.ttft_target_us = 3601ull * 1000000ull;
+  EXPECT_BAD_REQUEST(&req, KDN_ERR_INVALID_ARGUMENT);
 }
 
 static void case_request_zero_tokens(void) {
@@ -2107,6 +2150,7 @@ static const bad_case kCases[] = {
     CASE(tier_capacity_zero),
     CASE(tier_disk_without_path),
     CASE(tier_codec_unknown),
+    CASE(tier_levels_bad),
     CASE(editor_bad_args),
     CASE(model_create_null),
     CASE(model_spec_size),
@@ -2118,6 +2162,7 @@ static const bad_case kCases[] = {
     CASE(namespace_empty),
     CASE(namespace_too_long),
     CASE(request_negative_token),
+    CASE(request_target_absurd),
     CASE(request_zero_tokens),
     CASE(request_tokens_null),
     CASE(request_size),

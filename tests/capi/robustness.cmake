@@ -34,6 +34,7 @@ set(KDN_BAD_INPUT_CASES
     tier_capacity_zero
     tier_disk_without_path
     tier_codec_unknown
+    tier_levels_bad
     editor_bad_args
     model_create_null
     model_spec_size
@@ -45,6 +46,7 @@ set(KDN_BAD_INPUT_CASES
     namespace_empty
     namespace_too_long
     request_negative_token
+    request_target_absurd
     request_zero_tokens
     request_tokens_null
     request_size

@@ -1,6 +1,7 @@
 // The transform codec (core/codec/tc.cc), its profile and its calibration,
 // on the reference model's real KV.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -76,12 +77,20 @@ const Fitted* Fit() {
       ADD_FAILURE() << cal.status().message();
       return static_cast<Fitted*>(nullptr);
     }
-    auto* f = new Fitted{std::move(cal).value(), ::testing::TempDir() + "/kdn_tc_test.kdntc", {}};
+    // A file of this process's own: ctest runs each case in its own process,
+    // two at a time, and one writing the file while another read it failed.
+    auto* f = new Fitted{std::move(cal).value(),
+                         ::testing::TempDir() + "/kdn_tc_test_" + std::to_string(::getpid()) + ".kdntc", {}};
     Result<std::vector<std::uint8_t>> bytes = SerializeTcProfile(&f->cal.profile);
     if (!bytes.ok()) return static_cast<Fitted*>(nullptr);
     f->bytes = *bytes;
     std::ofstream out(f->path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(f->bytes.data()), static_cast<std::streamsize>(f->bytes.size()));
+    struct Remover {
+      std::string path;
+      ~Remover() { std::remove(path.c_str()); }
+    };
+    static const Remover remover{f->path};  // at exit
     return out ? f : nullptr;
   }();
   return fitted;

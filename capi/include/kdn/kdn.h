@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 5
+#define KDN_VERSION_MINOR 6
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -250,11 +250,21 @@ typedef struct kdn_tier_config {
   const char *user;          /* the ACL user of AUTH; empty: the password alone */
   size_t user_len;
   uint64_t ttl_ms;           /* the keys expire after this; 0: never */
+  /* Since 1.6, for KDN_TIER_REMOTE and KDN_TIER_REDIS: quality levels, codec
+   * specs finest first separated by ';' (say "zstd;kdn:hifi;kdn:balanced"),
+   * at most 8; codec must then be empty. Every chunk is kept at each level
+   * side by side; a load whose request sets ttft_target_us fetches each
+   * chunk at the finest level that arrives in time at the link rate the
+   * runtime measures, and leaves a chunk to recompute (a failed range of a
+   * load op; the end of a retrieve's prefix) when no level would. Loads
+   * without a target get the finest level. Empty: one level, `codec`. */
+  const char *levels;
+  size_t levels_len;
 } kdn_tier_config;
 #define KDN_TIER_CONFIG_SIZE_V1 64u
 #define KDN_TIER_CONFIG_INIT                                                                   \
   { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, \
-    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u, 0u }
+    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u, 0u, NULL, 0u }
 KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
 /* Since 1.5: the GPU a runtime delivers KV to (kdn_runtime_options.device),
@@ -380,9 +390,17 @@ typedef struct kdn_request {
   size_t num_blocks;
   uint32_t block_tokens;        /* tokens per engine block; chunk_tokens must be a multiple */
   uint32_t reserved0;           /* must be 0 */
+  /* Since 1.6: for kdn_kv_retrieve and kdn_kv_load_async, the time from the
+   * call within which the cached prefix's KV should be in place (the part of
+   * the TTFT kdn answers for). Remote tiers with quality levels
+   * (kdn_tier_config.levels) then choose each chunk's level by it, and leave
+   * a chunk to recompute when none arrives in time (the recompute priced at
+   * the model's mean reported prefill time: kdn_model_report_prefill).
+   * 0: no target (the finest level). Other calls ignore it. */
+  uint64_t ttft_target_us;
 } kdn_request;
 #define KDN_REQUEST_SIZE_V1 48u
-#define KDN_REQUEST_INIT { sizeof(kdn_request), 0u, NULL, 0u, NULL, 0u, 0u, 0u }
+#define KDN_REQUEST_INIT { sizeof(kdn_request), 0u, NULL, 0u, NULL, 0u, 0u, 0u, 0u }
 KDN_API kdn_status kdn_request_init(kdn_request *request, size_t struct_size);
 
 /* ---- KV views ------------------------------------------------------------- */

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 225;
+const size_t kdn_layout_count = 228;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -31,6 +31,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "user", 0, 0, offsetof(kdn_tier_config, user)},
   {"kdn_tier_config", "user_len", 0, 0, offsetof(kdn_tier_config, user_len)},
   {"kdn_tier_config", "ttl_ms", 0, 0, offsetof(kdn_tier_config, ttl_ms)},
+  {"kdn_tier_config", "levels", 0, 0, offsetof(kdn_tier_config, levels)},
+  {"kdn_tier_config", "levels_len", 0, 0, offsetof(kdn_tier_config, levels_len)},
   {"kdn_runtime_options", "", sizeof(kdn_runtime_options), _Alignof(kdn_runtime_options), 0},
   {"kdn_runtime_options", "struct_size", 0, 0, offsetof(kdn_runtime_options, struct_size)},
   {"kdn_runtime_options", "chunk_tokens", 0, 0, offsetof(kdn_runtime_options, chunk_tokens)},
@@ -62,6 +64,7 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_request", "num_blocks", 0, 0, offsetof(kdn_request, num_blocks)},
   {"kdn_request", "block_tokens", 0, 0, offsetof(kdn_request, block_tokens)},
   {"kdn_request", "reserved0", 0, 0, offsetof(kdn_request, reserved0)},
+  {"kdn_request", "ttft_target_us", 0, 0, offsetof(kdn_request, ttft_target_us)},
   {"kdn_kv_view", "", sizeof(kdn_kv_view), _Alignof(kdn_kv_view), 0},
   {"kdn_kv_view", "struct_size", 0, 0, offsetof(kdn_kv_view, struct_size)},
   {"kdn_kv_view", "memory", 0, 0, offsetof(kdn_kv_view, memory)},

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 225];
+    static kdn_layout_rows: [Row; 228];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -47,6 +47,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_config", "user", 0, 0, offset_of!(kdn_tier_config, user)),
         ("kdn_tier_config", "user_len", 0, 0, offset_of!(kdn_tier_config, user_len)),
         ("kdn_tier_config", "ttl_ms", 0, 0, offset_of!(kdn_tier_config, ttl_ms)),
+        ("kdn_tier_config", "levels", 0, 0, offset_of!(kdn_tier_config, levels)),
+        ("kdn_tier_config", "levels_len", 0, 0, offset_of!(kdn_tier_config, levels_len)),
         ("kdn_runtime_options", "", size_of::<kdn_runtime_options>(), align_of::<kdn_runtime_options>(), 0),
         ("kdn_runtime_options", "struct_size", 0, 0, offset_of!(kdn_runtime_options, struct_size)),
         ("kdn_runtime_options", "chunk_tokens", 0, 0, offset_of!(kdn_runtime_options, chunk_tokens)),
@@ -78,6 +80,7 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_request", "num_blocks", 0, 0, offset_of!(kdn_request, num_blocks)),
         ("kdn_request", "block_tokens", 0, 0, offset_of!(kdn_request, block_tokens)),
         ("kdn_request", "reserved0", 0, 0, offset_of!(kdn_request, reserved0)),
+        ("kdn_request", "ttft_target_us", 0, 0, offset_of!(kdn_request, ttft_target_us)),
         ("kdn_kv_view", "", size_of::<kdn_kv_view>(), align_of::<kdn_kv_view>(), 0),
         ("kdn_kv_view", "struct_size", 0, 0, offset_of!(kdn_kv_view, struct_size)),
         ("kdn_kv_view", "memory", 0, 0, offset_of!(kdn_kv_view, memory)),
