@@ -21,6 +21,7 @@
 #include "foundation_bench.h"
 #include "eviction_bench.h"
 #include "ingest_bench.h"
+#include "adaptive_bench.h"
 #include "gpu_bench.h"
 #include "kdn/kdn.h"
 #include "model/transformer.h"
@@ -230,6 +231,15 @@ int main(int argc, char** argv) {
   ingestb->add_option("--repeats", ibo.repeats, "runs of each side (median)")->check(CLI::Range(1, 1000));
   ingestb->add_flag("--quick", ibo.quick, "one run of each on 8 documents (a smoke test, not a measurement)");
 
+  kdn::bench::AdaptiveBenchOptions abo;
+  auto* adaptiveb = bench->add_subcommand(
+      "adaptive", "Bandwidth-adaptive delivery through a shaped link: TTFT and KL against fixed levels and recompute");
+  adaptiveb->add_option("--json", abo.json_path, "output file")->required();
+  adaptiveb->add_option("--contexts", abo.contexts, "held-out contexts per link and side (default 8)")->check(CLI::Range(1, 1000));
+  adaptiveb->add_option("--target", abo.target_frac, "the TTFT target as a fraction of the full prefill's (default 0.5)")
+      ->check(CLI::Range(0.01, 10.0));
+  adaptiveb->add_flag("--quick", abo.quick, "2 contexts, 2 links (a smoke test, not a measurement)");
+
   kdn::bench::BlendBenchOptions bbo;
   auto* blendb = bench->add_subcommand("blend", "Blending at ratios 0..100%: KL, top-1, TTFT vs full prefill; a PNG");
   blendb->add_option("--json", bbo.json_path, "output file")->required();
@@ -284,6 +294,7 @@ int main(int argc, char** argv) {
   if (*gpub) return kdn::bench::RunGpuBench(gbo);
   if (*evictb) return kdn::bench::RunEvictionBench(ebo);
   if (*ingestb) return kdn::bench::RunIngestBench(ibo);
+  if (*adaptiveb) return kdn::bench::RunAdaptiveBench(abo);
   if (*bindingsb) return kdn::bench::RunBindingsBench(bio);
   return 1;
 }

@@ -64,12 +64,13 @@ void LinkMeter::Observe(std::uint64_t bytes, std::int64_t sent_ns, std::int64_t 
   if (busy_s <= 0 || bytes == 0) return;
   const double sample = static_cast<double>(bytes) / busy_s;
   rate_ = samples_ == 0 ? sample : kWeight * sample + (1 - kWeight) * rate_;
+  last_ = sample;
   ++samples_;
 }
 
 double LinkMeter::rate() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return rate_;
+  return std::min(rate_, last_);
 }
 
 std::uint64_t LinkMeter::samples() const {
@@ -88,8 +89,10 @@ int ChooseLevel(const LevelChoiceInput& in) {
     // Transfer and decode overlap (the next chunk is on the wire while this one decodes).
     return std::max(in.bytes_per_token[l] / in.rate, dec);
   };
+  constexpr double kMargin = 0.8;
+  const double inflight_s = in.inflight_bytes / in.rate;
   for (int l = 0; l < levels; ++l) {
-    if (in.recompute_s_pending + in.tokens_left * per_token(l) <= in.time_left_s) return l;
+    if (in.recompute_s_pending + inflight_s + in.tokens_left * per_token(l) <= kMargin * in.time_left_s) return l;
   }
   const double coarsest = in.chunk_tokens * per_token(levels - 1);
   if (in.recompute_s_per_token <= 0) return -1;
@@ -112,6 +115,7 @@ struct LeveledTier::Stream {
   DeliveryTarget target;
   std::optional<keys::Digest> ns;
   double recompute_s_pending = 0;
+  double inflight_bytes = 0;  // estimated bytes of the chunks taken and not arrived
   bool absent = false;       // a key the node does not hold: the rest is not fetched
 };
 
@@ -284,6 +288,7 @@ void LeveledTier::Work() const {
     std::shared_ptr<Entry> e = s->entries[i];
     const keys::Digest key = s->keys[i];
     int level = 0;
+    double inflight = 0;
     if (s->absent) {
       level = -2;  // past the node's prefix: not fetched
     } else {
@@ -296,8 +301,11 @@ void LeveledTier::Work() const {
       in.decode_s_per_token = decode_s_per_token_;
       in.recompute_s_per_token = s->target.recompute_ns_per_token * 1e-9;
       in.recompute_s_pending = s->recompute_s_pending;
+      in.inflight_bytes = s->inflight_bytes;
       level = ChooseLevel(in);
       if (level < 0) s->recompute_s_pending += in.chunk_tokens * in.recompute_s_per_token;
+      if (level >= 0) inflight = in.bytes_per_token[static_cast<size_t>(level)] * in.chunk_tokens;
+      s->inflight_bytes += inflight;
     }
     lock.unlock();
     Result<ChunkRef> got = Status::NotFound("left to recompute: no level of it arrives within the load's target");
@@ -312,6 +320,7 @@ void LeveledTier::Work() const {
       if (!got.ok() && got.status().code() == Code::kNotFound && !inner_->Contains(key)) level = -2;
     }
     lock.lock();
+    s->inflight_bytes -= inflight;
     if (level == -2) s->absent = true;
     e->chunk = std::move(got);
     e->done = true;

@@ -64,13 +64,15 @@ class LinkMeter {
  public:
   // A fetch of `bytes` requested at sent_ns whose reply arrived at arrived_ns.
   void Observe(std::uint64_t bytes, std::int64_t sent_ns, std::int64_t arrived_ns);
-  // Bytes per second; 0 before the first observation.
+  // Bytes per second, on the safe side: the lower of the average and the
+  // newest sample (a link that just dropped, or a burst that flattered the
+  // average); 0 before the first observation.
   double rate() const;
   std::uint64_t samples() const;
 
  private:
   mutable std::mutex mu_;
-  double rate_ = 0;
+  double rate_ = 0, last_ = 0;
   std::int64_t last_arrival_ = 0;
   std::uint64_t samples_ = 0;
 };
@@ -85,9 +87,12 @@ struct LevelChoiceInput {
   std::vector<double> decode_s_per_token;  // per level
   double recompute_s_per_token = 0;      // 0: unknown
   double recompute_s_pending = 0;        // recompute already chosen for earlier chunks
+  double inflight_bytes = 0;             // chunks requested and not arrived yet (as estimated)
 };
 // The finest level whose delivery of every token left, at this rate, ends
-// within the time left (the recomputes already chosen counted in); if none:
+// within 80% of the time left (the recomputes already chosen and the bytes
+// still in flight counted in; the rest a margin for what the rate does not
+// show: round trips, the last chunk's decode); if none:
 // -1 (recompute this chunk) when recomputing it is faster than fetching it
 // at the coarsest level or either time is unknown, else the coarsest level.
 // Unknown rate: the coarsest level (a probe).

@@ -35,9 +35,11 @@ LevelChoiceInput Case(double time_left_s, double rate) {
 }
 
 TEST(ChooseLevel, TheFinestLevelThatMeetsTheTarget) {
-  // 1000 tokens: 1 MB at level 0, 300 KB at 1, 100 KB at 2; at 10 MB/s: 100, 30, 10 ms.
+  // 1000 tokens: 1 MB at level 0, 300 KB at 1, 100 KB at 2; at 10 MB/s:
+  // 100, 30, 10 ms, each to fit in 90% of the time left.
   EXPECT_EQ(ChooseLevel(Case(0.200, 10e6)), 0);
-  EXPECT_EQ(ChooseLevel(Case(0.100, 10e6)), 0);  // exactly on time
+  EXPECT_EQ(ChooseLevel(Case(0.112, 10e6)), 0);
+  EXPECT_EQ(ChooseLevel(Case(0.100, 10e6)), 1);  // on time, but no margin left
   EXPECT_EQ(ChooseLevel(Case(0.050, 10e6)), 1);
   EXPECT_EQ(ChooseLevel(Case(0.011, 10e6)), 2);
   // The same target at a tenth of the rate: one level coarser at least.
@@ -65,10 +67,13 @@ TEST(ChooseLevel, RecomputeWhenNoLevelMeetsTheTargetAndRecomputingIsFaster) {
   EXPECT_EQ(ChooseLevel(Case(-0.5, 100e3)), -1);
 }
 
-TEST(ChooseLevel, RecomputesChosenEarlierTakeTheirTime) {
-  LevelChoiceInput in = Case(0.100, 10e6);
+TEST(ChooseLevel, RecomputesChosenEarlierAndBytesInFlightTakeTheirTime) {
+  LevelChoiceInput in = Case(0.120, 10e6);  // 108 ms to plan with
   EXPECT_EQ(ChooseLevel(in), 0);
-  in.recompute_s_pending = 0.080;  // 20 ms left for the fetches
+  in.inflight_bytes = 200e3;  // 20 ms still on the wire: 88 ms left
+  EXPECT_EQ(ChooseLevel(in), 1);
+  in.inflight_bytes = 0;
+  in.recompute_s_pending = 0.080;  // 28 ms left for the fetches
   EXPECT_EQ(ChooseLevel(in), 2);
 }
 
@@ -81,6 +86,7 @@ TEST(LinkMeter, RateFromBusyTimeAndOverlappingRequests) {
   EXPECT_EQ(m.rate(), 0);
   m.Observe(1'000'000, 0, 100'000'000);  // 1 MB in 100 ms
   EXPECT_DOUBLE_EQ(m.rate(), 10e6);
+  // A burst after an idle moment flatters one sample; the estimate keeps the lower.
   // Requested at 50 ms (while the first was arriving): busy from 100 ms.
   m.Observe(1'000'000, 50'000'000, 200'000'000);
   EXPECT_DOUBLE_EQ(m.rate(), 10e6);

@@ -221,6 +221,39 @@ TEST(Cli, BenchIngestWritesTheRecords) {
   fs::remove(json);
 }
 
+// `kdn bench adaptive --quick`: every side on both links, against recompute,
+// with the levels the adaptive side used and the KL of each.
+TEST(Cli, BenchAdaptiveWritesTheRecords) {
+  if (!kdn::testing::ModelsPresent()) GTEST_SKIP() << "the reference model is not present";
+  const fs::path json = fs::temp_directory_path() / ("kdn_bench_adaptive_" + std::to_string(::getpid()) + ".json");
+  const CliRun r = Kdn("bench adaptive --quick --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json records = nlohmann::json::parse(f);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& rec : records) by[rec["name"]] = rec;
+  ASSERT_TRUE(by.count("adaptive_recompute_ttft_ms"));
+  for (const char* link : {"0.1gbit", "1to0.1gbit"}) {
+    for (const char* side : {"adaptive", "fixed_zstd", "fixed_kdn_hifi", "fixed_kdn_balanced", "fixed_tc_balanced"}) {
+      const std::string ttft = std::string(side) + "_" + link + "_ttft_ms", kl = std::string(side) + "_" + link + "_kl";
+      ASSERT_TRUE(by.count(ttft) && by.count(kl)) << ttft;
+      EXPECT_GT(by[ttft]["value"].get<double>(), 0) << ttft;
+      EXPECT_EQ(by[ttft]["baseline"], "recompute");
+      EXPECT_GE(by[kl]["value"].get<double>(), 0) << kl;
+    }
+    // Lossless zstd against the lossy levels: the KL says which is which.
+    EXPECT_LT(by[std::string("fixed_zstd_") + link + "_kl"]["value"].get<double>(),
+              by[std::string("fixed_kdn_balanced_") + link + "_kl"]["value"].get<double>());
+    const auto& levels = by[std::string("adaptive_") + link + "_ttft_ms"]["params"]["chunks_per_level"];
+    ASSERT_EQ(levels.size(), 4u);
+    std::uint64_t chunks = 0;
+    for (const auto& n : levels) chunks += n.get<std::uint64_t>();
+    const double recomputed = by[std::string("adaptive_") + link + "_ttft_ms"]["params"]["tokens_recomputed_per_request"];
+    EXPECT_EQ(chunks * 64 + static_cast<std::uint64_t>(recomputed * 2), 2u * 448) << "every chunk fetched at a level or recomputed";
+  }
+  fs::remove(json);
+}
+
 TEST(Cli, BenchFoundationWritesTheRecords) {
   const fs::path json = fs::temp_directory_path() / ("kdn_bench_" + std::to_string(getpid()) + ".json");
   const CliRun r = Kdn("bench foundation --quick --repeats 2 --json " + json.string(),
