@@ -231,8 +231,8 @@ int RunAdaptiveBench(const AdaptiveBenchOptions& o) {
     std::string name;
     double gbit, drop_to_gbit;  // drop_to_gbit > 0: 1 ms into each request
   };
-  std::vector<Link> links = {{"0.01gbit", 0.01, 0}, {"0.1gbit", 0.1, 0}, {"1gbit", 1, 0}, {"10gbit", 10, 0},
-                             {"1to0.1gbit", 1, 0.1}};
+  std::vector<Link> links = {{"0.002gbit", 0.002, 0}, {"0.01gbit", 0.01, 0}, {"0.1gbit", 0.1, 0},
+                             {"1gbit", 1, 0},          {"10gbit", 10, 0},    {"1to0.1gbit", 1, 0.1}};
   if (o.quick) links = {{"0.1gbit", 0.1, 0}, {"1to0.1gbit", 1, 0.1}};
 
   Records records;

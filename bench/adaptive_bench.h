@@ -18,8 +18,9 @@ struct AdaptiveBenchOptions {
 // The reference model's KV of held-out contexts (448 tokens, f16, chunks of
 // 64 tokens) kept by a kdnd on a thread of this process; each side's
 // runtime reaches it through a ShapingProxy at 0.1, 1 and 10 Gbit/s, at
-// 0.01 Gbit/s (where no level can meet the target), and on a link that
-// drops from 1 to 0.1 Gbit/s 1 ms into each request. Sides:
+// 0.01 and 0.002 Gbit/s (where no level can meet the target: the coarsest
+// level, then recompute), and on a link that drops from 1 to 0.1 Gbit/s
+// 1 ms into each request. Sides:
 //   adaptive     levels zstd; kdn:hifi; kdn:balanced; tc:balanced (the
 //                model's profile), ttft_target = target_frac x the full
 //                prefill's TTFT

@@ -30,7 +30,7 @@ double NominalRatio(codec::CodecId id) {
   return 1.0;
 }
 
-constexpr double kWeight = 0.5;  // of the newest sample, in every average here
+constexpr double kWeight = 0.5;  // of the newest sample, in the per-level averages
 
 // `c` under another key (its payload shared, not copied).
 ChunkRef Rekeyed(const ChunkRef& c, const keys::Digest& key, bool degraded) {
@@ -62,15 +62,20 @@ void LinkMeter::Observe(std::uint64_t bytes, std::int64_t sent_ns, std::int64_t 
   last_arrival_ = std::max(last_arrival_, arrived_ns);
   const double busy_s = static_cast<double>(arrived_ns - from) * 1e-9;
   if (busy_s <= 0 || bytes == 0) return;
-  const double sample = static_cast<double>(bytes) / busy_s;
-  rate_ = samples_ == 0 ? sample : kWeight * sample + (1 - kWeight) * rate_;
-  last_ = sample;
+  window_.emplace_back(static_cast<double>(bytes), busy_s);
+  bytes_ += static_cast<double>(bytes);
+  busy_s_ += busy_s;
+  if (window_.size() > kWindow) {
+    bytes_ -= window_.front().first;
+    busy_s_ -= window_.front().second;
+    window_.pop_front();
+  }
   ++samples_;
 }
 
 double LinkMeter::rate() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::min(rate_, last_);
+  return busy_s_ > 0 ? bytes_ / busy_s_ : 0;
 }
 
 std::uint64_t LinkMeter::samples() const {
@@ -96,7 +101,7 @@ int ChooseLevel(const LevelChoiceInput& in) {
   }
   const double coarsest = in.chunk_tokens * per_token(levels - 1);
   if (in.recompute_s_per_token <= 0) return -1;
-  return in.chunk_tokens * in.recompute_s_per_token <= coarsest ? -1 : levels - 1;
+  return kRecomputeCostFactor * in.chunk_tokens * in.recompute_s_per_token <= coarsest ? -1 : levels - 1;
 }
 
 // ---- LeveledTier ---------------------------------------------------------------------
@@ -303,7 +308,7 @@ void LeveledTier::Work() const {
       in.recompute_s_pending = s->recompute_s_pending;
       in.inflight_bytes = s->inflight_bytes;
       level = ChooseLevel(in);
-      if (level < 0) s->recompute_s_pending += in.chunk_tokens * in.recompute_s_per_token;
+      if (level < 0) s->recompute_s_pending += kRecomputeCostFactor * in.chunk_tokens * in.recompute_s_per_token;
       if (level >= 0) inflight = in.bytes_per_token[static_cast<size_t>(level)] * in.chunk_tokens;
       s->inflight_bytes += inflight;
     }

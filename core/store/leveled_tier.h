@@ -23,17 +23,17 @@
 // fetches level 0. A chunk fetched at a coarser level than 0 is marked
 // meta.degraded and is not promoted to the tiers above.
 //
-// The link: LinkMeter estimates the rate from each fetch's bytes over the
-// time the link was busy with it (from its request, or from the previous
-// arrival when requests overlapped), an exponential average (weight 0.5 to
-// the newest, so a drop shows within two chunks). Before the first fetch
-// the rate is unknown and the first chunk goes at the coarsest level.
+// The link: LinkMeter estimates the rate from the last fetches' bytes over
+// the time the link was busy with them (each from its request, or from the
+// previous arrival when requests overlapped). Before the first fetch the
+// rate is unknown and the first chunk goes at the coarsest level.
 // Thread-safety: every member may be called concurrently.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,15 +64,18 @@ class LinkMeter {
  public:
   // A fetch of `bytes` requested at sent_ns whose reply arrived at arrived_ns.
   void Observe(std::uint64_t bytes, std::int64_t sent_ns, std::int64_t arrived_ns);
-  // Bytes per second, on the safe side: the lower of the average and the
-  // newest sample (a link that just dropped, or a burst that flattered the
-  // average); 0 before the first observation.
+  // Bytes per second over the last kWindow fetches: their bytes over the
+  // time the link was busy with them (weighted by time, so a burst after an
+  // idle moment, many bytes in no time, does not flatter it, and a link that
+  // just slowed weighs at once); 0 before the first observation.
   double rate() const;
+  static constexpr size_t kWindow = 8;
   std::uint64_t samples() const;
 
  private:
   mutable std::mutex mu_;
-  double rate_ = 0, last_ = 0;
+  std::deque<std::pair<double, double>> window_;  // (bytes, busy seconds), newest last
+  double bytes_ = 0, busy_s_ = 0;                  // their sums
   std::int64_t last_arrival_ = 0;
   std::uint64_t samples_ = 0;
 };
@@ -89,11 +92,17 @@ struct LevelChoiceInput {
   double recompute_s_pending = 0;        // recompute already chosen for earlier chunks
   double inflight_bytes = 0;             // chunks requested and not arrived yet (as estimated)
 };
+// A chunk recomputed alone, late in its context and after the fetches,
+// costs more than the mean per-token prefill of whole prompts (what the
+// engine reports): it is priced at this many times that mean.
+inline constexpr double kRecomputeCostFactor = 2.0;
+
 // The finest level whose delivery of every token left, at this rate, ends
 // within 80% of the time left (the recomputes already chosen and the bytes
 // still in flight counted in; the rest a margin for what the rate does not
 // show: round trips, the last chunk's decode); if none:
-// -1 (recompute this chunk) when recomputing it is faster than fetching it
+// -1 (recompute this chunk) when recomputing it (priced with
+// kRecomputeCostFactor) is faster than fetching it
 // at the coarsest level or either time is unknown, else the coarsest level.
 // Unknown rate: the coarsest level (a probe).
 int ChooseLevel(const LevelChoiceInput& in);
