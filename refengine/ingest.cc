@@ -150,7 +150,7 @@ std::string ItemId(const std::string& path, size_t part, size_t parts) {
 struct Held {
   std::uint64_t version = 0;
   bool whole = false;
-  std::uint32_t parts = 0;  // from its metadata (0: not ours)
+  std::uint32_t parts = 0;  // its part number from the doc_id ("PATH#K"); 0: the unsplit "PATH"
   std::string doc_id;
 };
 using HeldMap = std::map<std::string, std::vector<Held>>;  // path -> its items

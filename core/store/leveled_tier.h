@@ -145,6 +145,13 @@ class LeveledTier : public Tier {
   Tier& inner() { return *inner_; }
   LeveledCounters Counters() const;
   LinkMeter& link() { return link_; }
+  // Chunks streams hold for Gets not made yet (bounded: the last streams'
+  // keys; what a load left untaken goes 2 s after its deadline, at the next
+  // stream).
+  size_t pending() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_.size();
+  }
 
  private:
   struct Entry;

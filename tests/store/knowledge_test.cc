@@ -59,6 +59,16 @@ std::vector<std::int32_t> Tokens(int n, int salt) {
   return t;
 }
 
+// "doc-a" as the tests put it: version 3, "title=A", 20 tokens in chunks of 8 + 8 + 4, all held.
+void ExpectDocA(const DocumentInfo& d) {
+  EXPECT_EQ(d.doc_id, "doc-a");
+  EXPECT_EQ(d.version, 3u);
+  EXPECT_EQ(d.metadata, "title=A");
+  EXPECT_EQ(d.tokens, 20u);
+  EXPECT_EQ(d.chunks, 3u);
+  EXPECT_EQ(d.chunks_present, 3u);
+}
+
 class KnowledgeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -114,12 +124,7 @@ TEST_F(KnowledgeTest, PutListFetch) {
   ASSERT_TRUE(index_->Put(m_, "ns", "doc-a", 3, "title=A", tokens, kv.view).ok());
   const auto docs = index_->List(m_, "ns");
   ASSERT_EQ(docs.size(), 1u);
-  EXPECT_EQ(docs[0].doc_id, "doc-a");
-  EXPECT_EQ(docs[0].version, 3u);
-  EXPECT_EQ(docs[0].metadata, "title=A");
-  EXPECT_EQ(docs[0].tokens, 20u);
-  EXPECT_EQ(docs[0].chunks, 3u);  // 8 + 8 + 4
-  EXPECT_EQ(docs[0].chunks_present, 3u);
+  ExpectDocA(docs[0]);
   Kv out(20, -1e9f);
   auto got = index_->Fetch(m_, "ns", "doc-a", &out.view);
   ASSERT_TRUE(got.ok()) << got.status().message();
@@ -636,12 +641,7 @@ TEST_F(KnowledgeTest, DocumentsSurviveARestartWithTheirDiskTier) {
       << "the host tier starts empty: what follows comes from disk";
   const auto docs = index_->List(m_, "ns");
   ASSERT_EQ(docs.size(), 1u);
-  EXPECT_EQ(docs[0].doc_id, "doc-a");
-  EXPECT_EQ(docs[0].version, 3u);
-  EXPECT_EQ(docs[0].metadata, "title=A");
-  EXPECT_EQ(docs[0].tokens, 20u);
-  EXPECT_EQ(docs[0].chunks, 3u);
-  EXPECT_EQ(docs[0].chunks_present, 3u);
+  ExpectDocA(docs[0]);
   EXPECT_EQ(docs[0].hits, 3u);
   EXPECT_FALSE(docs[0].pinned);
   Kv out(20, -1e9f);

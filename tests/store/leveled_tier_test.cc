@@ -16,6 +16,7 @@
 #include "store/chunk_codec.h"
 #include "common/half.h"
 #include "store/memory_tier.h"
+#include "store/tiered_store.h"
 
 namespace kdn::store {
 namespace {
@@ -138,6 +139,12 @@ class LinkTier : public Tier {
   std::mutex link_;
 };
 
+// The steady clock's time `d` from now, in ns (a DeliveryTarget's deadline).
+std::int64_t DeadlineIn(std::chrono::duration<double> d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch() + d)
+      .count();
+}
+
 // Chunk i: f16 KV of 64 tokens (2 layers, 2 heads, 16 dims), smooth values.
 ChunkRef KvChunk(int i) {
   auto c = std::make_shared<Chunk>();
@@ -185,9 +192,7 @@ class LeveledTierTest : public ::testing::Test {
     std::vector<keys::Digest> keys;
     for (const ChunkRef& c : chunks_) keys.push_back(c->meta.key);
     DeliveryTarget t;
-    t.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now().time_since_epoch() + std::chrono::duration<double>(budget_s))
-                        .count();
+    t.deadline_ns = DeadlineIn(std::chrono::duration<double>(budget_s));
     t.recompute_ns_per_token = 1e5;  // 6.4 ms a chunk
     t.chunk_tokens = 64;
     std::vector<int> levels;
@@ -284,6 +289,101 @@ TEST_F(LeveledTierTest, ATargetNoLevelCanMeetLeavesChunksToRecompute) {
   auto got = tier_->Get(chunks_[5]->meta.key);
   ASSERT_TRUE(got.ok());
   EXPECT_FALSE((*got)->meta.degraded);
+}
+
+TEST_F(LeveledTierTest, ALevelThatDoesNotDecodeIsAnErrorNotACrash) {
+  // Level 0 of chunk 4 replaced behind the tier's back by bytes that claim zstd and are not.
+  auto bad = std::make_shared<Chunk>();
+  bad->meta = chunks_[4]->meta;
+  bad->meta.codec = codec::CodecId::kZstd;
+  bad->payload = Payload(100);
+  ASSERT_TRUE(link_->Erase(chunks_[4]->meta.key));
+  ASSERT_TRUE(link_->Put(bad).ok());
+  auto got = tier_->Get(chunks_[4]->meta.key);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kCorrupt) << got.status().message();
+  // Through a stream too: the load's Get of it fails, the others are served.
+  link_->rate = 200e6;
+  ASSERT_TRUE(tier_->Get(chunks_[0]->meta.key).ok());
+  const std::vector<int> levels = Load(1.0);
+  EXPECT_EQ(levels[4], -1);
+  for (int i = 0; i < kChunks; ++i) {
+    if (i != 4) {
+      EXPECT_EQ(levels[static_cast<size_t>(i)], 0) << i;
+    }
+  }
+}
+
+TEST_F(LeveledTierTest, WhatALoadLeftUntakenGoesOnceStale) {
+  link_->rate = 200e6;
+  std::vector<keys::Digest> keys;
+  for (const ChunkRef& c : chunks_) keys.push_back(c->meta.key);
+  DeliveryTarget t;
+  t.deadline_ns = DeadlineIn(std::chrono::milliseconds(10));
+  t.chunk_tokens = 64;
+  {
+    DeliveryScope scope(t);
+    tier_->Prefetch(keys, true);
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(tier_->Get(keys[static_cast<size_t>(i)]).ok());  // the load stops early
+  EXPECT_EQ(tier_->pending(), static_cast<size_t>(kChunks - 3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  // The next load's stream drops them, holding only its own.
+  std::vector<keys::Digest> two(keys.begin(), keys.begin() + 2);
+  t.deadline_ns = DeadlineIn(std::chrono::seconds(1));
+  {
+    DeliveryScope scope(t);
+    tier_->Prefetch(two, true);
+  }
+  EXPECT_EQ(tier_->pending(), 2u);
+  for (const keys::Digest& k : two) EXPECT_TRUE(tier_->Get(k).ok());
+  EXPECT_EQ(tier_->pending(), 0u);
+  // A stale entry's chunk fetched anew by a plain get (not the old result).
+  auto got = tier_->Get(keys[7]);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE((*got)->meta.degraded);
+}
+
+// A chunk served from a coarser level is not promoted to the tier above
+// (later loads would get the lower quality); one from level 0 is.
+TEST(LeveledTierChain, DegradedChunksAreNotPromoted) {
+  auto mem = MemoryTier::Create("remote", 1 << 30, MemoryKind::kHost);
+  ASSERT_TRUE(mem.ok());
+  auto leveled = LeveledTier::Create(std::move(mem).value(), {"zstd", "kdn:balanced"});
+  ASSERT_TRUE(leveled.ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*leveled)->Put(KvChunk(i)).ok());
+  TieredStoreOptions o;
+  LevelOptions host, remote;
+  host.tier = MemoryTier::Create("host", 1 << 30, MemoryKind::kHost).value();
+  remote.tier = std::move(leveled).value();
+  o.levels.push_back(std::move(host));
+  o.levels.push_back(std::move(remote));
+  auto chain = TieredStore::Create(std::move(o));
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  const keys::Digest k0 = KvChunk(0)->meta.key, k1 = KvChunk(1)->meta.key;
+  // A load with a target on a link never measured: its first chunk is the coarsest level's.
+  DeliveryTarget t;
+  t.deadline_ns = DeadlineIn(std::chrono::seconds(10));
+  t.chunk_tokens = 64;
+  {
+    DeliveryScope scope(t);
+    const std::vector<keys::Digest> one = {k0};
+    (*chain)->tier(1).Prefetch(one, true);
+  }
+  {
+    auto lease = (*chain)->Get(k0);
+    ASSERT_TRUE(lease.ok());
+    EXPECT_TRUE(lease->chunk()->meta.degraded);
+    EXPECT_TRUE(lease->chunk()->meta.lossy);
+  }
+  {
+    auto lease = (*chain)->Get(k1);  // no target: level 0, exact
+    ASSERT_TRUE(lease.ok());
+    EXPECT_FALSE(lease->chunk()->meta.degraded);
+  }
+  (*chain)->Flush();  // the mover's promotions done
+  EXPECT_FALSE((*chain)->ContainsAt(0, k0)) << "a degraded chunk was promoted";
+  EXPECT_TRUE((*chain)->ContainsAt(0, k1));
 }
 
 }  // namespace
