@@ -1,4 +1,4 @@
-#include "adaptive_bench.h"
+#include "bench/adaptive_bench.h"
 
 #include <chrono>
 #include <cmath>
@@ -11,16 +11,16 @@
 #include <string>
 #include <vector>
 
-#include "bench_kv.h"
-#include "bench_net.h"
-#include "bench_util.h"
-#include "codec/eval.h"
-#include "codec/tc_profile.h"
-#include "common/half.h"
-#include "model/transformer.h"
-#include "model_loader.h"
-#include "store/leveled_tier.h"
-#include "store/runtime.h"
+#include "bench/bench_kv.h"
+#include "bench/bench_net.h"
+#include "bench/bench_util.h"
+#include "lab/codec/eval.h"
+#include "core/codec/tc_profile.h"
+#include "kernels/common/half.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
+#include "core/tiers/leveled_tier.h"
+#include "core/runtime/runtime.h"
 
 namespace kdn::bench {
 namespace {

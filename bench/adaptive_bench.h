@@ -1,4 +1,4 @@
-// `kdn bench adaptive`: bandwidth-adaptive delivery (store/leveled_tier.h)
+// `kdn bench adaptive`: bandwidth-adaptive delivery (tiers/leveled_tier.h)
 // through the bench's shaping proxy, against fixed-level delivery and
 // against recomputing (issue 18, part 3).
 // Thread-safety: RunAdaptiveBench is a whole command; run one at a time.

@@ -1,5 +1,5 @@
 // See bench_kv.h.
-#include "bench_kv.h"
+#include "bench/bench_kv.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,11 +10,12 @@
 #include <stdexcept>
 #include <thread>
 
-#include "bench_util.h"
-#include "codec/eval.h"
-#include "common/half.h"
-#include "model/transformer.h"
-#include "wire/envelope.h"
+#include "bench/bench_util.h"
+#include "lab/codec/eval.h"
+#include "kernels/common/half.h"
+#include "lab/model/transformer.h"
+#include "core/wire/envelope.h"
+#include "core/util/dtype.h"
 
 #ifndef KDN_BENCH_TEXTS_DIR
 #define KDN_BENCH_TEXTS_DIR "bench/texts"
@@ -148,7 +149,7 @@ store::ModelKv ModelOf(const RealKv& real, std::uint32_t dtype) {
   store::ModelKv m;
   m.fingerprint = keys::ModelFingerprint(
       {real.layers, real.heads, real.head_dim, dtype, 10000.0f, 0, real.head_dim, real.model->fingerprint});
-  m.shape = {real.layers, real.heads, real.head_dim, dtype == 0 ? 4 : 2};
+  m.shape = {real.layers, real.heads, real.head_dim, static_cast<std::int64_t>(kdn::DtypeBytes(dtype))};
   m.dtype = dtype;
   return m;
 }

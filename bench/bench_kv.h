@@ -15,12 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chunk/chunk.h"
-#include "keys/hash.h"
-#include "model_loader.h"
-#include "store/kv_store.h"
-#include "store/kv_views.h"
-#include "store/runtime.h"
+#include "core/chunk/chunk.h"
+#include "core/keys/hash.h"
+#include "refengine/model_loader.h"
+#include "core/engine/kv_store.h"
+#include "core/engine/kv_views.h"
+#include "core/runtime/runtime.h"
+#include "core/util/dtype.h"
 
 namespace kdn::bench {
 
@@ -30,7 +31,7 @@ inline constexpr std::uint32_t kChunkTokens = 256;
 struct Shape {
   const char* suffix;
   std::uint32_t layers, heads, head_dim, dtype;  // dtype: 0 f32, 1 f16
-  std::uint64_t elem_bytes() const { return dtype == 0 ? 4 : 2; }
+  std::uint64_t elem_bytes() const { return kdn::DtypeBytes(dtype); }
   std::uint64_t row_bytes() const { return std::uint64_t{heads} * head_dim * elem_bytes(); }
   std::uint64_t chunk_bytes() const { return std::uint64_t{layers} * 2 * kChunkTokens * row_bytes(); }
 };

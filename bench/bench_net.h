@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "server/server.h"
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::bench {
 

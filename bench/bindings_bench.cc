@@ -1,4 +1,4 @@
-#include "bindings_bench.h"
+#include "bench/bindings_bench.h"
 
 #include <kdn/kdn.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "bench/bench_util.h"
 
 namespace kdn::bench {
 namespace {

@@ -1,4 +1,4 @@
-#include "blend_bench.h"
+#include "bench/blend_bench.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "blend/eval.h"
-#include "codec/eval.h"
-#include "plot.h"
-#include "model_loader.h"
+#include "bench/bench_util.h"
+#include "lab/blend/eval.h"
+#include "lab/codec/eval.h"
+#include "bench/plot.h"
+#include "refengine/model_loader.h"
 
 namespace kdn::bench {
 namespace {

@@ -15,6 +15,9 @@ execute_process(COMMAND "${KDN}" bench redis --quick --repeats 1 --json "${JSON}
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 message("${out}${err}")
 if(err MATCHES "needs /usr/bin/redis-server")
+  if("$ENV{KDN_REQUIRE_REDIS}" STREQUAL "1")
+    message(FATAL_ERROR "redis-server is not installed and KDN_REQUIRE_REDIS=1")
+  endif()
   message("SKIPPED: redis-server is not installed")  # SKIP_REGULAR_EXPRESSION
   return()
 endif()

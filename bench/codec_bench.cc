@@ -1,4 +1,4 @@
-#include "codec_bench.h"
+#include "bench/codec_bench.h"
 
 #include <lz4.h>
 #include <sys/wait.h>
@@ -28,14 +28,14 @@
 #include <tuple>
 #include <vector>
 
-#include "bench_util.h"
-#include "plot.h"
-#include "codec/codec.h"
-#include "codec/eval.h"
-#include "common/half.h"
-#include "model/transformer.h"
-#include "model_loader.h"
-#include "util/thread_pool.h"
+#include "bench/bench_util.h"
+#include "bench/plot.h"
+#include "core/codec/codec.h"
+#include "lab/codec/eval.h"
+#include "kernels/common/half.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
+#include "core/util/thread_pool.h"
 
 #ifndef KDN_BENCH_TEXTS_DIR
 #define KDN_BENCH_TEXTS_DIR "bench/texts"

@@ -1,12 +1,12 @@
-#include "eviction_bench.h"
+#include "bench/eviction_bench.h"
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "store/cache_sim.h"
-#include "store/policy.h"
+#include "bench/bench_util.h"
+#include "lab/sim/cache_sim.h"
+#include "core/store/policy.h"
 
 namespace kdn::bench {
 namespace {
@@ -80,7 +80,7 @@ int RunEvictionBench(const EvictionBenchOptions& o) {
                             {"token_hit_share", res[k].tokens ? static_cast<double>(res[k].hit_tokens) /
                                                                     static_cast<double>(res[k].tokens)
                                                               : 0.0},
-                            {"simulated", "the store's prefix reuse and eviction, simulated (store/cache_sim.h)"}};
+                            {"simulated", "the store's prefix reuse and eviction, simulated (lab/sim/cache_sim.h)"}};
         const std::string name = "evict_" + wl.name + "_" + store::PolicyName(kinds[k]) + "_" + cap;
         const std::string unit = "tok-eq/req/GiB";
         if (k == 0) {

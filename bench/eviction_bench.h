@@ -1,7 +1,7 @@
 // `kdn bench eviction`: eviction policies by the prefill time they save per
 // GB of cache (issue 18, part 2): the cost-aware policy against LRU and
 // S3-FIFO at the same capacities, on traces simulated as kdn's store serves
-// them (store/cache_sim.h: prefix reuse, chunks of 256 tokens).
+// them (lab/sim/cache_sim.h: prefix reuse, chunks of 256 tokens).
 // Thread-safety: RunEvictionBench is a whole command; run one at a time.
 #pragma once
 

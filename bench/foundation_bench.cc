@@ -1,12 +1,12 @@
-#include "foundation_bench.h"
+#include "bench/foundation_bench.h"
 
 #include <cstring>
 #include <memory>
 #include <vector>
 
-#include "bench_util.h"
-#include "ref_engine.h"
-#include "stories.h"
+#include "bench/bench_util.h"
+#include "refengine/ref_engine.h"
+#include "refengine/stories.h"
 
 namespace kdn::bench {
 namespace {

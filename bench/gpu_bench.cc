@@ -1,4 +1,4 @@
-#include "gpu_bench.h"
+#include "bench/gpu_bench.h"
 
 #include <stdlib.h>
 
@@ -10,15 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "bench_kv.h"
-#include "bench_util.h"
-#include "codec/codec.h"
-#include "codec/device.h"
-#include "codec/tc_profile.h"
-#include "model_loader.h"
-#include "store/device.h"
-#include "store/host_pool.h"
-#include "store/kv_store.h"
+#include "bench/bench_kv.h"
+#include "bench/canonical_view.h"
+#include "bench/bench_util.h"
+#include "core/codec/codec.h"
+#include "core/codec/device.h"
+#include "core/codec/tc_profile.h"
+#include "refengine/model_loader.h"
+#include "core/device/device.h"
+#include "core/tiers/host_pool.h"
+#include "core/engine/kv_store.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -152,27 +153,17 @@ int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const std::vector
     // One request per chunk, each at positions 0..255 as it was prefilled.
     std::vector<std::vector<std::int32_t>> ids(n);
     std::vector<store::KvGroup> groups(n);
-    std::vector<std::unique_ptr<store::BufferAsView>> views;
+    std::vector<std::unique_ptr<CanonicalView>> views;
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) {
       for (std::uint32_t k = 0; k < shape.tokens; ++k) ids[i].push_back(static_cast<std::int32_t>(i * 100000 + k));
       store::TokenKeys keys;
       keys.tokens = ids[i];
-      store::KvBufferView hb;
-      hb.data = const_cast<std::uint8_t*>(chunks[i].data());
-      hb.size_bytes = cb;
-      hb.num_tokens = shape.tokens;
-      auto hr = store::ResolveBuffer(model, hb, shape.tokens);
-      store::KvBufferView db;
-      db.data = dst->data() + i * cb;
-      db.size_bytes = cb;
-      db.num_tokens = shape.tokens;
-      auto dr = store::ResolveBuffer(model, db, shape.tokens);
-      if (!hr.ok() || !dr.ok()) return fail("views do not resolve: " + (hr.ok() ? dr : hr).status().message());
-      store::BufferAsView hv(model, *hr);
+      // Canonical buffers of cb bytes each: shape.tokens tokens of the model.
+      const CanonicalView hv(model, const_cast<std::uint8_t*>(chunks[i].data()), shape.tokens);
       auto stored = (*kv)->Store(model, "bench", keys, hv.view());
       ok = stored.ok() && *stored == shape.tokens;
-      views.push_back(std::make_unique<store::BufferAsView>(model, *dr));
+      views.push_back(std::make_unique<CanonicalView>(model, dst->data() + i * cb, shape.tokens));
       for (std::uint32_t l = 0; l < shape.layers; ++l) groups[i].layers.push_back(l);
       groups[i].view = views.back()->view();
     }

@@ -1,4 +1,4 @@
-#include "ingest_bench.h"
+#include "bench/ingest_bench.h"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "bench_util.h"
-#include "ingest.h"
+#include "bench/bench_util.h"
+#include "refengine/ingest.h"
 
 namespace kdn::bench {
 namespace {

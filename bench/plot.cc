@@ -1,4 +1,4 @@
-#include "plot.h"
+#include "bench/plot.h"
 
 #include <spawn.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-// `kdn bench redis`: the Redis tier (store/redis_tier.h) against
+// `kdn bench redis`: the Redis tier (tiers/redis_tier.h) against
 // redis-server processes started here on loopback (redis/local_servers.h):
 // one node, and a cluster of 3 masters without replicas (a replica would
 // share the same cores and slow both sides alike). Each measure has a
@@ -8,7 +8,7 @@
 // one CLUSTER SLOTS reply maps it.
 // Thread-safety: RunRedisBench runs on one thread; the runtimes it makes run
 // their own fetch threads.
-#include "redis_bench.h"
+#include "bench/redis_bench.h"
 
 #include <hiredis/hiredis.h>
 
@@ -28,12 +28,12 @@
 #include <thread>
 #include <vector>
 
-#include "bench_kv.h"
-#include "bench_util.h"
-#include "redis/client.h"
-#include "redis/local_servers.h"
-#include "store/redis_tier.h"
-#include "store/runtime.h"
+#include "bench/bench_kv.h"
+#include "bench/bench_util.h"
+#include "core/redis/client.h"
+#include "core/redis/local_servers.h"
+#include "core/tiers/redis_tier.h"
+#include "core/runtime/runtime.h"
 
 namespace kdn::bench {
 namespace {

@@ -1,11 +1,11 @@
-// `kdn bench redis`: the Redis tier (store/redis_tier.h) against redis-server
+// `kdn bench redis`: the Redis tier (tiers/redis_tier.h) against redis-server
 // processes it starts on loopback (a single node and a 3-master cluster) and
 // stops, each measure beside raw hiredis doing the same work in the same run.
 // Thread-safety: RunRedisBench is a plain function; it owns the servers it
 // starts (they die with it, also on error or when it is killed).
 #pragma once
 
-#include "remote_bench.h"
+#include "bench/remote_bench.h"
 
 namespace kdn::bench {
 

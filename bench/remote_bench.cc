@@ -1,4 +1,4 @@
-// `kdn bench remote`: a runtime's remote tier (store/remote_tier.h) against
+// `kdn bench remote`: a runtime's remote tier (tiers/remote_tier.h) against
 // a kdnd (server/server.h) run on a thread of this process on loopback. Each
 // measure has a baseline doing the same work under the same guarantee in the
 // same run: raw TCP between two threads of this process for puts and gets,
@@ -6,7 +6,7 @@
 // transformer's own prefill for TTFT.
 // Thread-safety: RunRemoteBench runs on one thread; the node, the proxy and
 // the raw peers run on threads it starts and joins.
-#include "remote_bench.h"
+#include "bench/remote_bench.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -30,19 +30,19 @@
 #include <thread>
 #include <vector>
 
-#include "bench_kv.h"
-#include "bench_net.h"
-#include "bench_util.h"
-#include "codec/eval.h"
-#include "common/half.h"
-#include "model/transformer.h"
-#include "model_loader.h"
+#include "bench/bench_kv.h"
+#include "bench/bench_net.h"
+#include "bench/bench_util.h"
+#include "lab/codec/eval.h"
+#include "kernels/common/half.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
 #include "server/server.h"
-#include "store/chunk_codec.h"
-#include "store/kv_views.h"
-#include "store/remote_tier.h"
-#include "store/runtime.h"
-#include "wire/envelope.h"
+#include "core/store/chunk_codec.h"
+#include "core/engine/kv_views.h"
+#include "core/tiers/remote_tier.h"
+#include "core/runtime/runtime.h"
+#include "core/wire/envelope.h"
 
 #ifndef KDN_BENCH_TEXTS_DIR
 #define KDN_BENCH_TEXTS_DIR "bench/texts"

@@ -1,7 +1,8 @@
 // SHA256_Init and friends (the keyer's primitives, the chunkwise baseline)
 // are deprecated in OpenSSL 3 in favour of EVP.
 #define OPENSSL_SUPPRESS_DEPRECATED
-#include "store_bench.h"
+#include "bench/store_bench.h"
+#include "bench/canonical_view.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -26,15 +27,15 @@
 #include <sstream>
 #include <thread>
 
-#include "bench_util.h"
-#include "codec/eval.h"
-#include "common/half.h"
-#include "model/transformer.h"
-#include "model_loader.h"
-#include "store/cache_sim.h"
-#include "store/disk_tier.h"
-#include "store/kv_store.h"
-#include "wire/envelope.h"
+#include "bench/bench_util.h"
+#include "lab/codec/eval.h"
+#include "kernels/common/half.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
+#include "lab/sim/cache_sim.h"
+#include "core/tiers/disk_tier.h"
+#include "core/engine/kv_store.h"
+#include "core/wire/envelope.h"
 
 #ifndef KDN_BENCH_TEXTS_DIR
 #define KDN_BENCH_TEXTS_DIR "bench/texts"
@@ -230,14 +231,9 @@ int HostGet(const Shape& s, int repeats, const Scratch& scratch, Records& out) {
   std::memset(dst.get(), 1, bytes);
   std::memset(dst2.get(), 1, bytes);
   const auto ids = Ids(s.tokens, 1);
-  store::KvBufferView b;
-  b.data = src.get();
-  b.size_bytes = bytes;
-  b.num_tokens = s.tokens;
-  const store::BufferAsView in(m, store::ResolveBuffer(m, b, s.tokens).value());
+  const CanonicalView in(m, src.get(), s.tokens);
   if (kv->Store(m, "bench", Keys(ids), in.view()).value() != s.tokens) return 2;
-  b.data = dst.get();
-  const store::BufferAsView outv(m, store::ResolveBuffer(m, b, s.tokens).value());
+  const CanonicalView outv(m, dst.get(), s.tokens);
   bool ok = true;
   auto get = [&] { ok &= kv->Retrieve(m, "bench", Keys(ids), outv.view()) == s.tokens; };
   auto copy = [&] {
@@ -713,11 +709,7 @@ int DiskDelivery(bool quick, const Scratch& scratch, Records& out) {
                 (NowMs() - t0) / 1e3);
   }
   auto view_of = [&](std::uint8_t* base, size_t w) {
-    store::KvBufferView b;
-    b.data = base + w * window_bytes;
-    b.size_bytes = window_bytes;
-    b.num_tokens = static_cast<std::uint64_t>(window);
-    return std::make_unique<store::BufferAsView>(mkv, store::ResolveBuffer(mkv, b, b.num_tokens).value());
+    return std::make_unique<CanonicalView>(mkv, base + w * window_bytes, static_cast<std::uint64_t>(window));
   };
 
   // The two stores: one disk tier each, as a user configures it but for the codec.
@@ -775,7 +767,7 @@ int DiskDelivery(bool quick, const Scratch& scratch, Records& out) {
   }
 
   std::vector<std::uint8_t> dst(kv_bytes, 1);
-  std::vector<std::unique_ptr<store::BufferAsView>> views;
+  std::vector<std::unique_ptr<CanonicalView>> views;
   for (size_t w = 0; w < windows; ++w) views.push_back(view_of(dst.data(), w));
   const int runs = quick ? 2 : 5;
   // Every window retrieved by `callers` threads (window w by thread w %
@@ -997,11 +989,7 @@ void Lookup(int repeats, const Scratch& scratch, Records& out) {
   const store::ModelKv m = Model(tiny, "lookup");
   const auto ids = Ids(512 * 256, 4);
   std::vector<std::uint8_t> src(ids.size() * 64, 7);
-  store::KvBufferView b;
-  b.data = src.data();
-  b.size_bytes = src.size();
-  b.num_tokens = ids.size();
-  const store::BufferAsView in(m, store::ResolveBuffer(m, b, ids.size()).value());
+  const CanonicalView in(m, src.data(), ids.size());
   (void)kv->Store(m, "bench", Keys(ids), in.view());
   std::uint64_t found = 0;
   const double ms = MedianMs(repeats * 10, [&] { found = kv->Lookup(m, "bench", Keys(ids)).tokens; });
@@ -1060,11 +1048,7 @@ int HitRates(const Scratch& scratch, bool quick, Records& out) {
           requested = 0;
         }
         const auto ids = Ids(w.chunks_per_doc * tiny.tokens, static_cast<int>(docs[r]) * 7919 + 1);
-        store::KvBufferView b;
-        b.data = kvbytes.data();
-        b.size_bytes = kvbytes.size();
-        b.num_tokens = ids.size();
-        const store::BufferAsView view(m, store::ResolveBuffer(m, b, ids.size()).value());
+        const CanonicalView view(m, kvbytes.data(), ids.size());
         const std::uint64_t got = (*kv)->Retrieve(m, "zipf", Keys(ids), view.view());
         requested += w.chunks_per_doc;
         if (got < ids.size()) (void)(*kv)->Store(m, "zipf", Keys(ids), view.view());

@@ -75,15 +75,15 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
-#include "codec/codec.h"
-#include "codec/payload.h"
-#include "codec/rans.h"
-#include "codec/tc_calibrate.h"
-#include "codec/tc_profile.h"
-#include "keys/hash.h"
-#include "store/tier.h"
-#include "wire/chunk.capnp.h"
-#include "wire/envelope.h"
+#include "core/codec/codec.h"
+#include "core/codec/payload.h"
+#include "core/codec/rans.h"
+#include "lab/codec/tc_calibrate.h"
+#include "core/codec/tc_profile.h"
+#include "core/keys/hash.h"
+#include "core/store/tier.h"
+#include "core/wire/chunk.capnp.h"
+#include "core/wire/envelope.h"
 
 namespace kdn::fuzz {
 namespace {

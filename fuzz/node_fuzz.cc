@@ -31,7 +31,7 @@
 #include <kj/async-io.h>
 
 #include "server/node.h"
-#include "wire/envelope.h"
+#include "core/wire/envelope.h"
 
 namespace {
 

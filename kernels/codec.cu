@@ -1,7 +1,7 @@
 // The codec kernels: each is a grid-stride loop over one per-thread work
 // function of common/codec_device_math.h (which thread does what is stated
 // there and in codec.cuh); the launchers check the scalars and launch.
-#include "codec.cuh"
+#include "kernels/codec.cuh"
 
 #include <cstdint>
 #include <type_traits>

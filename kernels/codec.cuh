@@ -17,7 +17,7 @@
 
 #include <cuda_runtime.h>
 
-#include "common/codec_device_math.h"
+#include "kernels/common/codec_device_math.h"
 
 namespace kdn::kernels {
 

@@ -1,4 +1,4 @@
-#include "kv_view.cuh"
+#include "kernels/kv_view.cuh"
 
 #include <type_traits>
 

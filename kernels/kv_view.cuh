@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "common/kv_view.h"
+#include "kernels/common/kv_view.h"
 
 namespace kdn::kernels {
 

@@ -1,4 +1,4 @@
-#include "rope.cuh"
+#include "kernels/rope.cuh"
 
 #include <type_traits>
 

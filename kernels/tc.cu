@@ -1,7 +1,7 @@
 // The transform codec's decode kernels: grid-stride loops over the
 // per-thread work of common/tc_device_math.h (tc.cuh says which thread does
 // what).
-#include "tc.cuh"
+#include "kernels/tc.cuh"
 
 #include <cstdint>
 #include <type_traits>

@@ -12,7 +12,7 @@
 
 #include <cuda_runtime.h>
 
-#include "common/tc_device_math.h"
+#include "kernels/common/tc_device_math.h"
 
 namespace kdn::kernels {
 

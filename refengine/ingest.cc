@@ -1,4 +1,4 @@
-#include "ingest.h"
+#include "refengine/ingest.h"
 
 #include <sys/stat.h>
 
@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "keys/hash.h"
-#include "ref_engine.h"
+#include "core/keys/hash.h"
+#include "refengine/ref_engine.h"
 
 namespace kdn::refengine {
 

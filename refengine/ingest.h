@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "model_loader.h"
-#include "ref_engine.h"  // first to include kdn.h: the engine uses its experimental calls
-#include "util/status.h"
+#include "refengine/model_loader.h"
+#include "refengine/ref_engine.h"  // first to include kdn.h: the engine uses its experimental calls
+#include "core/util/status.h"
 
 namespace kdn::refengine {
 

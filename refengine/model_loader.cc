@@ -1,11 +1,11 @@
-#include "model_loader.h"
+#include "refengine/model_loader.h"
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
-#include "keys/hash.h"
+#include "core/keys/hash.h"
 
 namespace kdn::refengine {
 namespace {

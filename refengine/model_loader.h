@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "model/checkpoint.h"
-#include "model/tokenizer.h"
-#include "util/status.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/tokenizer.h"
+#include "core/util/status.h"
 
 namespace kdn::refengine {
 

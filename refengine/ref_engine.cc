@@ -1,4 +1,4 @@
-#include "ref_engine.h"
+#include "refengine/ref_engine.h"
 
 #include <algorithm>
 #include <chrono>

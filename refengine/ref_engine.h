@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "model/transformer.h"
-#include "model_loader.h"
-#include "util/status.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
+#include "core/util/status.h"
 
 namespace kdn::refengine {
 

@@ -32,7 +32,7 @@
 #include <limits>
 #include <utility>
 
-#include "store/redis_tier.h"
+#include "core/tiers/redis_tier.h"
 
 namespace kdn::server {
 namespace {
@@ -474,6 +474,8 @@ class Parser {
     }
 
     KDN_RETURN_IF_ERROR(GetNumber(tier, path, "high_watermark", &spec->high_watermark));
+    // Unset, the low mark follows the high one as in the C ABI.
+    if (tier.get("low_watermark") == nullptr) spec->low_watermark = store::DefaultLowWatermark(spec->high_watermark);
     KDN_RETURN_IF_ERROR(GetNumber(tier, path, "low_watermark", &spec->low_watermark));
     for (auto [key, value] : {std::pair<std::string_view, double>{"high_watermark", spec->high_watermark},
                               std::pair<std::string_view, double>{"low_watermark", spec->low_watermark}}) {
@@ -482,14 +484,17 @@ class Parser {
       return Error(node != nullptr ? node->source() : tier.source(), Join(path, key),
                    Num(value) + " is not in (0, 1] (a fraction of capacity)");
     }
-    if (spec->low_watermark >= spec->high_watermark) {
+    // The rule of every front end (store::CheckWatermarks): low <= high.
+    if (!store::CheckWatermarks(spec->high_watermark, spec->low_watermark).ok()) {
       const toml::node* node = tier.get("low_watermark");
       if (node == nullptr) node = tier.get("high_watermark");
       return Error(node != nullptr ? node->source() : tier.source(), Join(path, "low_watermark"),
-                   Num(spec->low_watermark) + " must be below high_watermark (" + Num(spec->high_watermark) + ")");
+                   Num(spec->low_watermark) + " must not be above high_watermark (" + Num(spec->high_watermark) + ")");
     }
     KDN_RETURN_IF_ERROR(GetBool(tier, path, "write_through", &spec->write_through));
     KDN_RETURN_IF_ERROR(GetBool(tier, path, "fsync", &spec->fsync));
+    // What every front end checks of a tier (store::ValidateTierSpec).
+    if (Status st = store::ValidateTierSpec(*spec); !st.ok()) return Error(tier.source(), path, st.message());
     return Status::Ok();
   }
 

@@ -51,8 +51,8 @@
 #include <string_view>
 #include <vector>
 
-#include "store/kv_store.h"
-#include "util/status.h"
+#include "core/engine/kv_store.h"
+#include "core/util/status.h"
 
 namespace kdn::server {
 

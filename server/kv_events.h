@@ -96,7 +96,7 @@
 #include <thread>
 #include <vector>
 
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::server {
 

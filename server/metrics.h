@@ -63,7 +63,7 @@
 
 #include <string>
 
-#include "server/node_stats.h"
+#include "core/wire/node_stats.h"
 
 namespace kdn::server {
 

@@ -1,4 +1,7 @@
-// The node service: what kdnd does with each call, apart from the transport.
+// The node service: what kdnd does with each call. The RPC servers that
+// carry the calls live beside it in node.cc (its error codes are Cap'n
+// Proto's), the document registry and the stats wire form too: splitting
+// the domain from the transport is left to do (issue 29).
 // It holds a pass-through chain of tiers (store/tiered_store.h): chunks are
 // kept as their writers encoded them and served so. Every call comes with
 // the grant of the token its session logged in with, and is checked against
@@ -50,13 +53,13 @@
 #include <capnp/capability.h>
 #include <kj/timer.h>
 
-#include "keys/hash.h"
+#include "core/keys/hash.h"
 #include "server/config.h"
-#include "server/node_stats.h"
-#include "store/record_file.h"
-#include "store/tiered_store.h"
-#include "telemetry/histogram.h"
-#include "wire/node.capnp.h"
+#include "core/wire/node_stats.h"
+#include "core/knowledge/record_file.h"
+#include "core/store/tiered_store.h"
+#include "core/telemetry/histogram.h"
+#include "core/wire/node.capnp.h"
 
 namespace kdn::server {
 
@@ -261,10 +264,6 @@ class NodeService {
   std::atomic<std::int64_t> sessions_{0};
   telemetry::Histogram lookup_us_, get_us_, put_us_;
 };
-
-// Fills a capnp Stats from a snapshot.
-void ToWire(const NodeStats& s, wire::node::Stats::Builder out);
-NodeStats FromWire(wire::node::Stats::Reader in);
 
 // The bootstrap capability of a connection (KdnNode). `timer` paces the
 // statistics pushes; both must outlive every connection.

@@ -25,7 +25,7 @@
 
 #include "server/kv_events.h"
 #include "server/metrics.h"
-#include "wire/rpc.h"
+#include "core/wire/rpc.h"
 
 #ifndef KDN_SERVER_VERSION
 #define KDN_SERVER_VERSION "unknown"

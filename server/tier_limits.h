@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "store/kv_store.h"
-#include "util/status.h"
+#include "core/engine/kv_store.h"
+#include "core/util/status.h"
 
 namespace kdn::server {
 

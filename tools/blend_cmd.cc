@@ -5,8 +5,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "codec/eval.h"
-#include "model_loader.h"
+#include "lab/codec/eval.h"
+#include "refengine/model_loader.h"
 
 namespace kdn::tools {
 

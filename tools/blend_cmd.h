@@ -1,6 +1,6 @@
 // `kdn blend eval`: blending quality and TTFT on the reference model (issue
 // 5, section 3; the measure itself is blend::EvaluateBlend in
-// core/blend/eval.h).
+// lab/blend/eval.h).
 // Thread-safety: single-threaded command code.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "blend/eval.h"
+#include "lab/blend/eval.h"
 
 namespace kdn::tools {
 

@@ -6,12 +6,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "codec/calibrate.h"
-#include "codec/codec.h"
-#include "codec/tc_calibrate.h"
-#include "keys/hash.h"
-#include "codec/eval.h"
-#include "model_loader.h"
+#include "lab/codec/calibrate.h"
+#include "core/codec/codec.h"
+#include "lab/codec/tc_calibrate.h"
+#include "core/keys/hash.h"
+#include "lab/codec/eval.h"
+#include "refengine/model_loader.h"
 
 namespace kdn::tools {
 

@@ -1,5 +1,5 @@
 // `kdn codec eval` and `kdn codec calibrate`: a codec's quality on the reference model (issue 4,
-// section 4; the measure itself is codec::Evaluate in core/codec/eval.h).
+// section 4; the measure itself is codec::Evaluate in lab/codec/eval.h).
 // Thread-safety: single-threaded command code.
 #pragma once
 
@@ -26,14 +26,14 @@ struct CodecCalibrateOptions {
   int continue_tokens = 64;
   int max_contexts = 0;
   bool json = false;
-  // The transform codec's profile (core/codec/tc_calibrate.h) instead of
+  // The transform codec's profile (lab/codec/tc_calibrate.h) instead of
   // kdn's: binary, so --out is required.
   bool transform = false;
   double vmul = 2.5;
   std::string fingerprint;  // the engine's model fingerprint; default: the reference engine's
 };
 
-// Measures kdn's codec on a model (core/codec/calibrate.h), prints the
+// Measures kdn's codec on a model (lab/codec/calibrate.h), prints the
 // profile (or one JSON object), and writes it to `out` when given. Exit
 // codes as RunCodecEval.
 int RunCodecCalibrate(const CodecCalibrateOptions& options);

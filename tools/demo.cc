@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "ref_engine.h"
-#include "stories.h"
+#include "refengine/ref_engine.h"
+#include "refengine/stories.h"
 
 namespace kdn::tools {
 namespace {

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "demo.h"
-#include "ref_engine.h"
-#include "stories.h"
+#include "refengine/ref_engine.h"
+#include "refengine/stories.h"
 
 namespace kdn::tools {
 namespace {

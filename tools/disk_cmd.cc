@@ -11,10 +11,10 @@
 #include <memory>
 #include <vector>
 
-#include "codec/codec.h"
-#include "keys/hash.h"
-#include "store/chunk_codec.h"
-#include "store/disk_tier.h"
+#include "core/codec/codec.h"
+#include "core/keys/hash.h"
+#include "core/store/chunk_codec.h"
+#include "core/tiers/disk_tier.h"
 
 namespace kdn::tools {
 namespace {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "ingest.h"
+#include "refengine/ingest.h"
 
 namespace kdn::tools {
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "bindings_bench.h"
-#include "blend_bench.h"
-#include "codec_bench.h"
+#include "bench/bindings_bench.h"
+#include "bench/blend_bench.h"
+#include "bench/codec_bench.h"
 #include "blend_cmd.h"
 #ifdef KDN_WITH_LLAMACPP
 #include "llama_command.h"
@@ -18,17 +18,17 @@
 #include "demo.h"
 #include "disk_cmd.h"
 #include "ingest_cmd.h"
-#include "foundation_bench.h"
-#include "eviction_bench.h"
-#include "ingest_bench.h"
-#include "adaptive_bench.h"
-#include "gpu_bench.h"
+#include "bench/foundation_bench.h"
+#include "bench/eviction_bench.h"
+#include "bench/ingest_bench.h"
+#include "bench/adaptive_bench.h"
+#include "bench/gpu_bench.h"
 #include "kdn/kdn.h"
-#include "model/transformer.h"
-#include "model_loader.h"
-#include "redis_bench.h"
-#include "remote_bench.h"
-#include "store_bench.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
+#include "bench/redis_bench.h"
+#include "bench/remote_bench.h"
+#include "bench/store_bench.h"
 
 namespace {
 

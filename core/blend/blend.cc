@@ -1,11 +1,11 @@
-#include "blend/blend.h"
+#include "core/blend/blend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
-#include "ref/rope_ref.h"
+#include "kernels/ref/rope_ref.h"
 
 namespace kdn::blend {
 

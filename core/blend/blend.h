@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "common/rope_reposition.h"
-#include "util/status.h"
+#include "kernels/common/rope_reposition.h"
+#include "core/util/status.h"
 
 namespace kdn::blend {
 

@@ -1,4 +1,4 @@
-#include "chunk/chunk.h"
+#include "core/chunk/chunk.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -10,8 +10,9 @@
 #include <memory>
 #include <vector>
 
-#include "codec/codec.h"
-#include "keys/hash.h"
+#include "core/codec/codec.h"
+#include "core/keys/hash.h"
+#include "core/util/dtype.h"
 
 namespace kdn::chunk {
 
@@ -71,7 +72,7 @@ struct ChunkMeta {
   // Kept in memory only.
   bool device = false;
   // In memory only: decoded from a coarser quality level than the tier keeps
-  // (store/leveled_tier.h): served to this load, never promoted to the tiers above.
+  // (tiers/leveled_tier.h): served to this load, never promoted to the tiers above.
   bool degraded = false;
   // The prefill work this chunk's presence saves when its request comes
   // again (store/policy.h PrefillCost: its tokens at the request's mean cost
@@ -84,7 +85,7 @@ struct ChunkMeta {
   codec::CodecId codec = codec::CodecId::kRaw;
   // The size of the canonical KV (the payload's size only when raw).
   std::uint64_t payload_bytes() const {
-    return std::uint64_t{layers} * 2 * tokens * kv_heads * head_dim * (dtype == 0 ? 4 : 2);
+    return std::uint64_t{layers} * 2 * tokens * kv_heads * head_dim * DtypeBytes(dtype);
   }
   bool operator==(const ChunkMeta&) const = default;
 };

@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
-#include "codec/payload.h"
-#include "common/quant.h"
-#include "common/range_coder.h"
+#include "core/codec/payload.h"
+#include "kernels/common/quant.h"
+#include "kernels/common/range_coder.h"
 
 namespace kdn::codec::internal {
 namespace {

@@ -1,10 +1,10 @@
 // Spec parsing and printing, and the dispatch from a spec or a codec id to
 // a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn, zstd, tc.
-#include "codec/codec.h"
+#include "core/codec/codec.h"
 
 #include <string>
 
-#include "codec/payload.h"
+#include "core/codec/payload.h"
 
 namespace kdn::codec {
 namespace {

@@ -13,7 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "util/status.h"
+#include "core/util/status.h"
+#include "core/util/dtype.h"
 
 namespace kdn::codec {
 
@@ -35,7 +36,7 @@ struct Shape {
   std::uint32_t layers = 0, kv_heads = 0, head_dim = 0, tokens = 0;
   std::uint32_t dtype = 0;  // kdn_dtype: 0 f32, 1 f16, 2 bf16
   std::uint64_t elements() const { return std::uint64_t{layers} * 2 * tokens * kv_heads * head_dim; }
-  std::uint64_t bytes() const { return elements() * (dtype == 0 ? 4 : 2); }
+  std::uint64_t bytes() const { return elements() * DtypeBytes(dtype); }
   bool operator==(const Shape&) const = default;
 };
 

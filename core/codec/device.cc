@@ -2,26 +2,27 @@
 // cachegen.cc's Decode, in the same order; their constants are restated
 // here): a payload is accepted here iff the CPU codec accepts it, which
 // tests/kernels/codec_device_test.cc checks on mutated payloads.
-#include "codec/device.h"
+#include "core/codec/device.h"
 
 #include <algorithm>
 #include <cmath>
 #include <span>
 #include <string>
 
-#include "codec/payload.h"
-#include "codec/rans.h"
-#include "common/half.h"
-#include "common/kdn_quant.h"
-#include "ref/codec_ref.h"
+#include "core/codec/payload.h"
+#include "core/codec/rans.h"
+#include "kernels/common/half.h"
+#include "kernels/common/kdn_quant.h"
+#include "kernels/ref/codec_ref.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include <cublas_v2.h>
 
-#include "codec.cuh"
-#include "tc.cuh"
+#include "kernels/codec.cuh"
+#include "kernels/tc.cuh"
+#include "core/util/dtype.h"
 #endif
 
 namespace kdn::codec {
@@ -271,7 +272,7 @@ Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t si
   kernels::KdnDecodeArgs a = KdnArgs(shape, *d);
   std::vector<std::uint32_t> slots(std::uint64_t{a.n_planes} << kernels::kKdnScaleBits);
   std::vector<std::uint8_t> lut(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride *
-                                (shape.dtype == 0 ? 4 : 2));
+                                DtypeBytes(shape.dtype));
   a.payload = data;
   a.planes = d->planes.data();
   a.cum = d->cum.data();
@@ -381,7 +382,7 @@ Status KdnDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, s
   const std::uint64_t streams_at = arena.Reserve(d->streams.size() * sizeof(kernels::CodecStreamDir));
   const std::uint64_t slots_at = arena.Reserve((std::uint64_t{a.n_planes} << kernels::kKdnScaleBits) * 4);
   const std::uint64_t lut_at =
-      arena.Reserve(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride * (shape.dtype == 0 ? 4 : 2));
+      arena.Reserve(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride * DtypeBytes(shape.dtype));
   const std::uint64_t failed_at = arena.Reserve(4);
   KDN_CUDA_RETURN(arena.Allocate(), "kdn decode on a device: allocating scratch");
   a.payload = arena.At<std::uint8_t>(payload_at);

@@ -19,11 +19,11 @@
 #include <memory>
 #include <vector>
 
-#include "codec/codec.h"
-#include "codec/tc_profile.h"
-#include "common/codec_device_math.h"
-#include "common/tc_device_math.h"
-#include "util/status.h"
+#include "core/codec/codec.h"
+#include "core/codec/tc_profile.h"
+#include "kernels/common/codec_device_math.h"
+#include "kernels/common/tc_device_math.h"
+#include "core/util/status.h"
 
 namespace kdn::codec {
 

@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
-#include "codec/payload.h"
-#include "common/quant.h"
+#include "core/codec/payload.h"
+#include "kernels/common/quant.h"
 
 namespace kdn::codec::internal {
 namespace {

@@ -49,13 +49,13 @@
 #include <immintrin.h>
 #endif
 
-#include "codec/kdn_encode_avx2.h"
-#include "codec/kdn_simd.h"
-#include "codec/payload.h"
-#include "codec/profile.h"
-#include "codec/rans.h"
-#include "common/half.h"
-#include "common/kdn_quant.h"
+#include "core/codec/kdn_encode_avx2.h"
+#include "core/codec/kdn_simd.h"
+#include "core/codec/payload.h"
+#include "core/codec/profile.h"
+#include "core/codec/rans.h"
+#include "kernels/common/half.h"
+#include "kernels/common/kdn_quant.h"
 
 namespace kdn::codec::internal {
 namespace {

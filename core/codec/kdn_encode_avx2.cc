@@ -14,7 +14,7 @@
 // it; minus 1/2 and truncated it is the quotient or one less. A block's chain
 // of dependent steps is long (a float estimate, a 32-bit multiply), so
 // several streams are coded in lock-step.
-#include "codec/kdn_encode_avx2.h"
+#include "core/codec/kdn_encode_avx2.h"
 
 #include <algorithm>
 #include <array>
@@ -26,8 +26,8 @@
 #include <immintrin.h>
 #endif
 
-#include "codec/kdn_simd.h"
-#include "common/kdn_quant.h"
+#include "core/codec/kdn_simd.h"
+#include "kernels/common/kdn_quant.h"
 
 namespace kdn::codec::internal {
 

@@ -1,6 +1,6 @@
 // Vector decoding of kdn streams; the contract is in kdn_simd.h, the
 // decoder itself in kdn_simd_x86.inc.
-#include "codec/kdn_simd.h"
+#include "core/codec/kdn_simd.h"
 
 #include <algorithm>
 #include <array>
@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#include "common/kdn_quant.h"
+#include "kernels/common/kdn_quant.h"
 
 namespace kdn::codec::internal {
 namespace {
@@ -102,14 +102,14 @@ KdnSimd Simd() {
 namespace avx2 {
 #define KDN_SIMD_TARGET __attribute__((target("avx2,f16c,popcnt")))
 #define KDN_SIMD_WIDE 0
-#include "codec/kdn_simd_x86.inc"
+#include "core/codec/kdn_simd_x86.inc"
 #undef KDN_SIMD_TARGET
 #undef KDN_SIMD_WIDE
 }  // namespace avx2
 namespace avx512 {
 #define KDN_SIMD_TARGET __attribute__((target("avx2,f16c,popcnt,avx512f,avx512vl,avx512bw,avx512vbmi2")))
 #define KDN_SIMD_WIDE 1
-#include "codec/kdn_simd_x86.inc"
+#include "core/codec/kdn_simd_x86.inc"
 #undef KDN_SIMD_TARGET
 #undef KDN_SIMD_WIDE
 }  // namespace avx512

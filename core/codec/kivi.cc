@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "codec/payload.h"
-#include "common/quant.h"
+#include "core/codec/payload.h"
+#include "kernels/common/quant.h"
 
 namespace kdn::codec::internal {
 namespace {

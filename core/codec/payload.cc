@@ -1,11 +1,11 @@
-#include "codec/payload.h"
+#include "core/codec/payload.h"
 
 #include <bit>
 #include <charconv>
 #include <cstring>
 
-#include "common/half.h"
-#include "common/kdn_quant.h"
+#include "kernels/common/half.h"
+#include "kernels/common/kdn_quant.h"
 
 namespace kdn::codec::internal {
 namespace {

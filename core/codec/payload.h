@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "common/half.h"
-#include "util/status.h"
+#include "core/codec/codec.h"
+#include "kernels/common/half.h"
+#include "core/util/status.h"
 
 namespace kdn::codec::internal {
 

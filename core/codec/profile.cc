@@ -4,7 +4,7 @@
 #include <fstream>
 #include <string>
 
-#include "codec/profile.h"
+#include "core/codec/profile.h"
 
 namespace kdn::codec {
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::codec {
 

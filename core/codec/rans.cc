@@ -1,13 +1,13 @@
 // Static-model rANS over bytes; formats and contracts in rans.h, state math in
 // kernels/common/rans.h.
-#include "codec/rans.h"
+#include "core/codec/rans.h"
 
 #include <cmath>
 #include <queue>
 #include <utility>
 #include <string>
 
-#include "common/rans.h"
+#include "kernels/common/rans.h"
 
 namespace kdn::codec::rans {
 namespace {

@@ -24,7 +24,7 @@
 #include <span>
 #include <vector>
 
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::codec::rans {
 

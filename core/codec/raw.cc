@@ -3,7 +3,7 @@
 // the canonical layout and shape.dtype. Size: kHeaderBytes + shape.bytes().
 #include <cstring>
 
-#include "codec/payload.h"
+#include "core/codec/payload.h"
 
 namespace kdn::codec::internal {
 namespace {

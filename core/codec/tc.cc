@@ -46,13 +46,13 @@
 #include <string>
 #include <vector>
 
-#include "codec/device.h"
-#include "codec/payload.h"
-#include "codec/tc_profile.h"
-#include "common/half.h"
-#include "common/kdn_quant.h"
-#include "common/tc_math.h"
-#include "ref/tc_ref.h"
+#include "core/codec/device.h"
+#include "core/codec/payload.h"
+#include "core/codec/tc_profile.h"
+#include "kernels/common/half.h"
+#include "kernels/common/kdn_quant.h"
+#include "kernels/common/tc_math.h"
+#include "kernels/ref/tc_ref.h"
 
 namespace kdn::codec::internal {
 namespace {

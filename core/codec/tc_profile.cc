@@ -1,4 +1,4 @@
-#include "codec/tc_profile.h"
+#include "core/codec/tc_profile.h"
 
 #include <openssl/evp.h>
 
@@ -11,8 +11,8 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include "common/kdn_quant.h"
-#include "common/tc_math.h"
+#include "kernels/common/kdn_quant.h"
+#include "kernels/common/tc_math.h"
 
 namespace kdn::codec {
 namespace {

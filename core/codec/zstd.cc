@@ -21,7 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "codec/payload.h"
+#include "core/codec/payload.h"
+#include "core/util/dtype.h"
 
 namespace kdn::codec::internal {
 namespace {
@@ -125,7 +126,7 @@ class ZstdCodec final : public Codec {
   Result<Bytes> Encode(const Shape& shape, const std::uint8_t* kv) const override {
     KDN_RETURN_IF_ERROR(CheckShape(shape));
     const size_t bytes = static_cast<size_t>(shape.bytes());
-    const std::uint32_t width = shape.dtype == 0 ? 4 : 2;
+    const std::uint32_t width = DtypeBytes(shape.dtype);
     Scratch& t = t_scratch;
     std::unique_ptr<std::uint8_t[]> planes_once, frame_once;
     const std::uint8_t* src = kv;
@@ -196,7 +197,7 @@ class ZstdCodec final : public Codec {
       return Status::Corrupt("zstd payload: " + std::to_string(n) + " bytes decompressed, expected " +
                              std::to_string(bytes));
     }
-    if (shuffle != 0 && bytes > 0) Unshuffle(dst, shape.elements(), shape.dtype == 0 ? 4 : 2, out);
+    if (shuffle != 0 && bytes > 0) Unshuffle(dst, shape.elements(), DtypeBytes(shape.dtype), out);
     return Status::Ok();
   }
 

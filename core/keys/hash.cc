@@ -1,4 +1,4 @@
-#include "keys/hash.h"
+#include "core/keys/hash.h"
 
 // SHA256_Init and friends are deprecated in OpenSSL 3 in favour of EVP, but
 // ChunkKeyer needs what only they give: a digest state that is a plain

@@ -23,7 +23,7 @@
 // server that closed idle connections costs nothing); else they get
 // kUnavailable / kTimeout. CLUSTERDOWN, TRYAGAIN, LOADING, MASTERDOWN,
 // READONLY: kUnavailable for the key at once. At most 3 sends per key.
-#include "redis/client.h"
+#include "core/redis/client.h"
 
 #include <fcntl.h>
 // hiredis 0.14's sds.h has no extern "C" of its own (hiredis.h includes it

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::redis {
 

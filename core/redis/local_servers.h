@@ -32,7 +32,14 @@
 
 namespace kdn::redis::local {
 
-inline bool HaveRedis() { return access("/usr/bin/redis-server", X_OK) == 0 && access("/usr/bin/redis-cli", X_OK) == 0; }
+// Where redis-server and redis-cli are: KDN_REDIS_BIN_DIR, else /usr/bin.
+inline std::string RedisBin(const char* program) {
+  const char* dir = std::getenv("KDN_REDIS_BIN_DIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/usr/bin") + "/" + program;
+}
+inline bool HaveRedis() {
+  return access(RedisBin("redis-server").c_str(), X_OK) == 0 && access(RedisBin("redis-cli").c_str(), X_OK) == 0;
+}
 
 // A raw hiredis connection, for what a test checks behind the client's back.
 struct Raw {
@@ -119,7 +126,7 @@ class Server {
     std::filesystem::create_directories(dir_);
     for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) {
       port_ = FreePort(cluster);
-      std::vector<std::string> args = {"/usr/bin/redis-server", "--port", std::to_string(port_), "--bind",
+      std::vector<std::string> args = {RedisBin("redis-server"), "--port", std::to_string(port_), "--bind",
                                        "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
                                        "--dir", dir_.string(), "--logfile", (dir_ / "redis.log").string()};
       if (cluster) {
@@ -227,7 +234,7 @@ class Cluster {
         return;
       }
     }
-    std::vector<std::string> args = {"/usr/bin/redis-cli", "--cluster", "create"};
+    std::vector<std::string> args = {RedisBin("redis-cli"), "--cluster", "create"};
     for (auto& s : servers_) args.push_back(s->addr());
     args.insert(args.end(), {"--cluster-replicas", std::to_string(replicas_per_master), "--cluster-yes"});
     std::string out;

@@ -1,4 +1,5 @@
-#include "store/chunk_codec.h"
+#include "core/store/chunk_codec.h"
+#include "core/util/dtype.h"
 
 #include <cstring>
 #include <new>
@@ -14,7 +15,7 @@ codec::Shape ShapeOf(const ChunkMeta& m) { return codec::Shape{m.layers, m.kv_he
 // shape whose size overflows (a hostile header).
 std::optional<std::uint64_t> CanonicalBytes(const ChunkMeta& m) {
   if (m.dtype > 2) return std::nullopt;
-  std::uint64_t n = m.dtype == 0 ? 4 : 2;
+  std::uint64_t n = DtypeBytes(m.dtype);
   for (std::uint64_t f : {std::uint64_t{m.layers}, std::uint64_t{2}, std::uint64_t{m.tokens},
                           std::uint64_t{m.kv_heads}, std::uint64_t{m.head_dim}}) {
     if (__builtin_mul_overflow(n, f, &n)) return std::nullopt;

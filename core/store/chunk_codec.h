@@ -16,9 +16,9 @@
 #include <string>
 #include <string_view>
 
-#include "codec/codec.h"
-#include "store/tier.h"
-#include "util/status.h"
+#include "core/codec/codec.h"
+#include "core/store/tier.h"
+#include "core/util/status.h"
 
 namespace kdn::store {
 

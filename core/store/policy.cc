@@ -7,7 +7,7 @@
 // Victim never removes: it names a candidate that stays tracked until the
 // caller reports OnRemove. A caller may also change its mind and never call
 // OnRemove; each policy below keeps its queues consistent in both cases.
-#include "store/policy.h"
+#include "core/store/policy.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "keys/hash.h"
+#include "core/keys/hash.h"
 
 namespace kdn::store {
 

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "chunk/chunk.h"
-#include "codec/codec.h"
-#include "keys/hash.h"
-#include "util/status.h"
+#include "core/chunk/chunk.h"
+#include "core/codec/codec.h"
+#include "core/keys/hash.h"
+#include "core/util/status.h"
 
 namespace kdn::store {
 
@@ -42,7 +42,16 @@ struct TierCounters {
   std::uint64_t io_errors = 0;
 };
 
-// A knowledge item (store/knowledge.h) as a tier that keeps a registry of
+// Counters of a tier that reaches its objects over a network (a node, a
+// Redis server): every call or command sent, those that failed, those that
+// ran past their deadline, and (a tier that queues writes) the writes
+// refused by a full queue and the bytes queued now. Zero for other tiers.
+struct TransportCounters {
+  std::uint64_t calls = 0, failed_calls = 0, timeouts = 0;
+  std::uint64_t queue_full = 0, queued_bytes = 0;
+};
+
+// A knowledge item (knowledge/knowledge.h) as a tier that keeps a registry of
 // them (a node: wire/node.capnp's knowledge methods) is told of it.
 struct DocumentRecord {
   keys::Digest ns_hash{};            // its namespace's hash
@@ -93,6 +102,9 @@ class Tier {
   virtual std::uint64_t used_bytes() const = 0;
   virtual std::uint64_t objects() const = 0;
   virtual TierCounters counters() const = 0;
+  // A networked tier's transport counters (a tier that wraps another: the
+  // inner one's); zero for local tiers.
+  virtual TransportCounters transport_counters() const { return {}; }
   // Waits until writes the tier accepted are where readers elsewhere see
   // them (a write-back queue drained). Most tiers write through: no-op.
   virtual void Flush() {}
@@ -145,5 +157,14 @@ class ThreadScope {
 // that file keys per namespace (a remote node): set by the store around
 // each request's probes and reads, on every thread that does them.
 using NamespaceScope = ThreadScope<keys::Digest, struct NamespaceTag>;
+
+// What a load with a target tells the tiers (a tier with quality levels,
+// tiers/leveled_tier.h), on the thread that serves it.
+struct DeliveryTarget {
+  std::int64_t deadline_ns = 0;              // steady clock; 0: no target
+  double recompute_ns_per_token = 0;         // the model's mean prefill (0: unknown)
+  std::uint32_t chunk_tokens = 0;            // tokens per chunk of the request
+};
+using DeliveryScope = ThreadScope<DeliveryTarget, struct DeliveryTag>;
 
 }  // namespace kdn::store

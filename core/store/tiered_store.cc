@@ -1,10 +1,10 @@
-#include "store/tiered_store.h"
+#include "core/store/tiered_store.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "store/chunk_codec.h"
+#include "core/store/chunk_codec.h"
 
 namespace kdn::store {
 namespace {
@@ -159,6 +159,11 @@ bool TieredStore::Unpin(const keys::Digest& key) {
 
 // ---- Put and eviction -------------------------------------------------------
 
+void TieredStore::Touch(Level& L, const keys::Digest& key) {
+  std::lock_guard<std::mutex> lock(L.policy_mu);
+  if (L.tier->Contains(key)) L.policy->OnAccess(key);
+}
+
 std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool hard,
                                             std::vector<keys::Digest>& dropped) {
   Level& L = *levels_[li];
@@ -171,7 +176,11 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
   const double target = (hard ? cap : L.low * cap) - static_cast<double>(cost);
   const bool next_exists = li + 1 < levels_.size();
   while (static_cast<double>(used) > target) {
-    auto victim = L.policy->Victim([&](const keys::Digest& k) { return Evictable(k); });
+    std::optional<keys::Digest> victim;
+    {
+      std::lock_guard<std::mutex> lock(L.policy_mu);
+      victim = L.policy->Victim([&](const keys::Digest& k) { return Evictable(k); });
+    }
     if (!victim) break;  // everything left is leased or pinned
     ChunkRef ref;
     if (next_exists && !levels_[li + 1]->tier->Contains(*victim)) {
@@ -188,7 +197,10 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
       }
     }
     L.tier->Erase(*victim);
-    L.policy->OnRemove(*victim);
+    {
+      std::lock_guard<std::mutex> lock(L.policy_mu);
+      L.policy->OnRemove(*victim);
+    }
     ++L.evictions;
     if (!next_exists) dropped.push_back(*victim);
     if (ref) victims.push_back(std::move(ref));
@@ -202,13 +214,9 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
   const keys::Digest& key = chunk->meta.key;
   ChunkRef stored = chunk;
   if (!pass_through_ && chunk->meta.codec != L.codec_id()) {
-    {
-      // Present already: not worth an encode.
-      std::lock_guard<std::mutex> lock(L.mu);
-      if (L.tier->Contains(key)) {
-        L.policy->OnAccess(key);
-        return Status::Ok();
-      }
+    if (L.tier->Contains(key)) {  // present already: not worth an encode
+      Touch(L, key);
+      return Status::Ok();
     }
     // Outside the level's lock: encoding is the slow part of a put.
     Result<ChunkRef> form = StoredForm(li, chunk);
@@ -223,9 +231,11 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
   Status st;
   bool inserted = false;
   {
-    std::lock_guard<std::mutex> lock(L.mu);
+    // The tier's write (and fsync) and the evictions before it happen under
+    // the level's write lock only: readers of the level never wait on them.
+    std::lock_guard<std::mutex> write_lock(L.write_mu);
     if (L.tier->Contains(key)) {
-      L.policy->OnAccess(key);
+      Touch(L, key);
       return Status::Ok();
     }
     const std::uint64_t cost = L.tier->Cost(*stored);
@@ -241,7 +251,10 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       st = L.tier->Put(stored);
     }
     if (st.ok()) {
-      L.policy->OnInsert(key, cost, PrefillValue(stored->meta));
+      {
+        std::lock_guard<std::mutex> lock(L.policy_mu);
+        L.policy->OnInsert(key, cost, PrefillValue(stored->meta));
+      }
       inserted = true;
       ++L.puts;
       L.bytes_in += cost;
@@ -385,7 +398,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
     auto got = stored_form && L.codec_id() == codec::CodecId::kRaw ? L.tier->GetResident(key) : L.tier->Get(key);
     if (!got.ok()) {  // evicted meanwhile, or corrupt (the tier removed it)
       ++L.misses;
-      std::lock_guard<std::mutex> lock(L.mu);
+      std::lock_guard<std::mutex> lock(L.policy_mu);
       if (!L.tier->Contains(key)) L.policy->OnRemove(key);
       continue;
     }
@@ -395,8 +408,10 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
       if (raw.status().code() == Code::kCorrupt) {
         // A payload that does not decode stays unreadable: removed, as the
         // tier removes objects that fail its own checks (counted in Canonical).
-        std::lock_guard<std::mutex> lock(L.mu);
+        // A write (rare): under the write lock, as every removal.
+        std::lock_guard<std::mutex> write_lock(L.write_mu);
         L.tier->Erase(key);
+        std::lock_guard<std::mutex> lock(L.policy_mu);
         L.policy->OnRemove(key);
       }
       continue;
@@ -410,10 +425,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
     lease.store_ = this;
     lease.chunk_ = std::move(raw).value();
     lease.level_ = static_cast<int>(i);
-    {
-      std::lock_guard<std::mutex> lock(L.mu);
-      if (L.tier->Contains(key)) L.policy->OnAccess(key);
-    }
+    Touch(L, key);
     ++L.hits;
     L.bytes_out += lease.chunk_->payload.size();
     if (i > 0 && !lease.chunk_->meta.device && !lease.chunk_->meta.degraded && !levels_[0]->tier->Contains(key)) {
@@ -454,8 +466,9 @@ void TieredStore::RecordDecode(size_t li, const keys::Digest& key, const Status&
   }
   if (outcome.code() != Code::kCorrupt) return;
   ++L.decode_failures;
-  std::lock_guard<std::mutex> lock(L.mu);
+  std::lock_guard<std::mutex> write_lock(L.write_mu);
   L.tier->Erase(key);
+  std::lock_guard<std::mutex> lock(L.policy_mu);
   L.policy->OnRemove(key);
 }
 
@@ -492,8 +505,9 @@ bool TieredStore::EraseMany(std::span<const keys::Digest> keys) {
     for (const keys::Digest& k : keys) any = in_transit_.erase(k) != 0 || any;
   }
   for (auto& level : levels_) {
-    std::lock_guard<std::mutex> lock(level->mu);
+    std::lock_guard<std::mutex> write_lock(level->write_mu);
     if (level->tier->EraseMany(keys) > 0) any = true;
+    std::lock_guard<std::mutex> lock(level->policy_mu);
     for (const keys::Digest& k : keys) level->policy->OnRemove(k);
   }
   for (const keys::Digest& k : keys) Unpin(k);
@@ -577,7 +591,7 @@ bool TieredStore::ReplaceEverywhere(const ChunkRef& edited, const std::vector<Ch
   bool placed = false;
   for (size_t li = 0; li < levels_.size(); ++li) {
     auto& level = levels_[li];
-    std::lock_guard<std::mutex> lock(level->mu);
+    std::lock_guard<std::mutex> write_lock(level->write_mu);
     if (!level->tier->Contains(edited->meta.key)) continue;
     ChunkRef form = li < forms.size() ? forms[li] : nullptr;
     if (!form) {  // reached this level after the forms were made: encode here
@@ -588,6 +602,7 @@ bool TieredStore::ReplaceEverywhere(const ChunkRef& edited, const std::vector<Ch
     if (form && level->tier->Put(form).ok()) {
       placed = true;
     } else {
+      std::lock_guard<std::mutex> lock(level->policy_mu);
       level->policy->OnRemove(edited->meta.key);
     }
   }

@@ -42,10 +42,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "codec/codec.h"
-#include "store/policy.h"
-#include "store/tier.h"
-#include "util/clock.h"
+#include "core/codec/codec.h"
+#include "core/store/policy.h"
+#include "core/store/tier.h"
+#include "core/util/clock.h"
 
 namespace kdn::store {
 
@@ -176,7 +176,7 @@ class TieredStore {
   // The chunk from the highest tier holding it, leased; kNotFound on a miss.
   // kCanonical: its canonical KV in host memory (decoded, copied out of a
   // device tier). kStored: as the tier holds it, for a reader on a device
-  // (store/device.h): encoded payloads are not decoded (the reader decodes
+  // (device/device.h): encoded payloads are not decoded (the reader decodes
   // them, and reports the outcome: RecordDecode), and a device tier's raw
   // chunk is its own block in device memory (meta.device). A chunk read so
   // is promoted like any other (decoded on the mover), unless it is in
@@ -217,10 +217,17 @@ class TieredStore {
   struct Level {
     std::unique_ptr<Tier> tier;
     std::shared_ptr<const codec::Codec> codec;  // null: raw
-    std::unique_ptr<EvictionPolicy> policy;  // guarded by mu
+    std::unique_ptr<EvictionPolicy> policy;  // guarded by policy_mu
     double high = 0.95, low = 0.85;
     bool write_through = false;
-    mutable std::mutex mu;  // serializes puts, evictions and policy updates of this level
+    // Two locks, so that readers never wait on a tier's I/O: write_mu
+    // serializes the level's writes (a put with the evictions that make room
+    // for it, erasures, replacements), held across the tier's writes and
+    // fsyncs and its reads of victims; policy_mu guards the policy alone and
+    // is held only for policy calls, never across tier I/O. Order: write_mu,
+    // then policy_mu.
+    std::mutex write_mu;
+    mutable std::mutex policy_mu;
     std::atomic<std::uint64_t> hits{0}, misses{0}, puts{0}, put_refusals{0}, evictions{0};
     std::atomic<std::uint64_t> demotions_in{0}, promotions_in{0}, bytes_in{0}, bytes_out{0};
     std::atomic<std::uint64_t> encoded{0}, encode_in{0}, encode_out{0}, encode_failures{0}, encode_ns{0};
@@ -228,6 +235,8 @@ class TieredStore {
     codec::CodecId codec_id() const { return codec ? codec->id() : codec::CodecId::kRaw; }
   };
   enum class JobKind { kDemote, kPromote, kCopy, kEdit };
+  // A use of a held chunk, told to the level's policy (under policy_mu).
+  static void Touch(Level& L, const keys::Digest& key);
   struct Job {
     JobKind kind;
     ChunkRef chunk;

@@ -1,4 +1,4 @@
-#include "telemetry/histogram.h"
+#include "core/telemetry/histogram.h"
 
 #include <cmath>
 

@@ -8,11 +8,15 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/half.h"
+#include "kernels/common/dtype.h"
+#include "kernels/common/half.h"
 
 namespace kdn {
 
-inline std::size_t DtypeBytes(std::uint32_t dtype) { return dtype == 0 ? 4 : (dtype == 1 || dtype == 2) ? 2 : 0; }
+// The dtype and its size (kernels/common/dtype.h: one definition for host
+// and device code).
+using kernels::Dtype;
+using kernels::DtypeBytes;
 
 // n elements of `dtype` at `in` as floats.
 inline void ToFloat(std::uint32_t dtype, const std::uint8_t* in, std::size_t n, float* out) {

@@ -1,4 +1,4 @@
-#include "util/thread_pool.h"
+#include "core/util/thread_pool.h"
 
 #include <algorithm>
 

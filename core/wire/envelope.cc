@@ -1,4 +1,5 @@
-#include "wire/envelope.h"
+#include "core/wire/envelope.h"
+#include "core/util/dtype.h"
 
 #include <capnp/any.h>
 #include <capnp/message.h>
@@ -18,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "wire/chunk.capnp.h"
+#include "core/codec/codec.h"
+#include "core/wire/chunk.capnp.h"
 
 namespace kdn::wire {
 namespace {
@@ -55,12 +56,9 @@ std::uint64_t PieceCount(std::uint64_t n) { return (n + kPayloadPieceBytes - 1) 
 
 // Bytes per element of a dtype; nullopt for a dtype this code does not know.
 std::optional<std::uint64_t> ElementBytes(std::uint32_t dtype) {
-  switch (dtype) {
-    case 0: return 4;  // f32
-    case 1:            // f16
-    case 2: return 2;  // bf16
-    default: return std::nullopt;
-  }
+  const std::uint32_t bytes = DtypeBytes(dtype);
+  if (bytes == 0) return std::nullopt;
+  return bytes;
 }
 
 // layers x 2 (K and V) x tokens x kv_heads x head_dim x element size, or

@@ -18,9 +18,9 @@
 #include <functional>
 #include <memory>
 
-#include "keys/hash.h"
-#include "chunk/chunk.h"
-#include "util/status.h"
+#include "core/keys/hash.h"
+#include "core/chunk/chunk.h"
+#include "core/util/status.h"
 
 namespace kdn::wire {
 

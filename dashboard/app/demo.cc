@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "model/transformer.h"
-#include "ref_engine.h"
+#include "lab/model/transformer.h"
+#include "refengine/ref_engine.h"
 #include "server/config.h"
 #include "server/server.h"
-#include "stories.h"
+#include "refengine/stories.h"
 
 #ifndef KDN_DASHBOARD_TEXTS
 #define KDN_DASHBOARD_TEXTS ""

@@ -17,9 +17,9 @@
 #include <thread>
 #include <utility>
 
-#include "keys/hash.h"
-#include "server/node.h"
-#include "wire/node.capnp.h"
+#include "core/keys/hash.h"
+#include "core/wire/node_stats.h"
+#include "core/wire/node.capnp.h"
 
 namespace kdn::dash {
 

@@ -8,7 +8,7 @@
 #include "reference_kv.h"
 #include "server/config.h"
 #include "server/server.h"
-#include "store/runtime.h"
+#include "core/runtime/runtime.h"
 
 #include <QElapsedTimer>
 #include <QFile>

@@ -6,8 +6,9 @@
 #include <cstring>
 #include <fstream>
 
-#include "keys/hash.h"
+#include "core/keys/hash.h"
 #include "state_blob.h"
+#include "core/util/dtype.h"
 
 namespace kdn::llamacpp {
 namespace {
@@ -69,7 +70,7 @@ Result<Connector::Restored> Connector::Restore(const std::vector<std::int32_t>& 
   if (prompt.size() < 2) return r;  // nothing to restore before the last token
   const KvShape shape = ShapeOf(session_);
   const std::uint32_t dtype = DtypeOf(session_);
-  const std::uint64_t row = shape.channels() * (dtype == 0 ? 4 : 2), n = prompt.size();
+  const std::uint64_t row = shape.channels() * kdn::DtypeBytes(dtype), n = prompt.size();
   std::vector<std::uint8_t> buf(static_cast<std::size_t>(2ull * shape.layers * n * row));
   const kdn_kv_view view = CanonicalView(dtype, buf.data(), buf.size(), n);
   kdn_request req = KDN_REQUEST_INIT;
@@ -119,7 +120,7 @@ Result<std::uint64_t> Connector::Save(const std::vector<std::int32_t>& tokens) {
   }
   // The first tokens.size() positions: a prefix of each (layer, k|v) plane.
   const std::uint64_t n = tokens.size(), all = kv->tokens;
-  const std::uint64_t row = ShapeOf(session_).channels() * (kv->dtype == 0 ? 4 : 2);
+  const std::uint64_t row = ShapeOf(session_).channels() * kdn::DtypeBytes(kv->dtype);
   std::vector<std::uint8_t> mine(static_cast<std::size_t>(2ull * session_.layers() * n * row));
   for (std::uint64_t lk = 0; lk < 2ull * session_.layers(); ++lk) {
     std::memcpy(mine.data() + lk * n * row, kv->bytes.data() + lk * all * row, static_cast<std::size_t>(n * row));

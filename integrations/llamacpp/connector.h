@@ -28,7 +28,7 @@
 
 #include "kdn/kdn.h"
 #include "llama_session.h"
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::llamacpp {
 

@@ -21,12 +21,12 @@
 #include <fstream>
 #include <iterator>
 
-#include "codec/codec.h"
-#include "codec/eval.h"
+#include "core/codec/codec.h"
+#include "lab/codec/eval.h"
 #include "connector.h"
 #include "llama_command.h"
 #include "llama_eval.h"
-#include "model_loader.h"
+#include "refengine/model_loader.h"
 
 namespace kdn::llamacpp {
 namespace {

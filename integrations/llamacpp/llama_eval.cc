@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "codec/eval.h"
+#include "lab/codec/eval.h"
 #include "connector.h"
 
 namespace kdn::llamacpp {

@@ -1,5 +1,5 @@
 // A tier codec's quality inside llama.cpp, by codec::Evaluate's protocol
-// (core/codec/eval.h) with llama.cpp as the engine: per context of N
+// (lab/codec/eval.h) with llama.cpp as the engine: per context of N
 // positions (a window of the token stream, BOS first), the original run
 // prefills N-1 positions; the restored run gets those positions' KV from kdn
 // through the connector (a host tier with the codec, chunks of N tokens, so
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "llama_session.h"
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::llamacpp {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::llamacpp {
 

@@ -1,6 +1,7 @@
 // llama.cpp's sequence state and kdn's canonical KV; the format is in
 // state_blob.h.
 #include "state_blob.h"
+#include "core/util/dtype.h"
 
 #include <cstring>
 #include <string>
@@ -40,7 +41,7 @@ void Put(std::vector<std::uint8_t>& out, T v) {
   std::memcpy(out.data() + at, &v, sizeof(T));
 }
 
-std::uint32_t ElementBytes(std::uint32_t dtype) { return dtype == 0 ? 4 : 2; }
+std::uint32_t ElementBytes(std::uint32_t dtype) { return kdn::DtypeBytes(dtype); }
 
 Status Short(const char* what) { return Status::Corrupt(std::string("llama.cpp state: truncated in ") + what); }
 

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "util/status.h"
+#include "core/util/status.h"
 
 namespace kdn::llamacpp {
 

@@ -14,11 +14,11 @@
 
 #include <cstdint>
 
-#include "half.h"
-#include "hd.h"
-#include "kdn_quant.h"
-#include "quant.h"
-#include "range_coder.h"
+#include "kernels/common/half.h"
+#include "kernels/common/hd.h"
+#include "kernels/common/kdn_quant.h"
+#include "kernels/common/quant.h"
+#include "kernels/common/range_coder.h"
 
 namespace kdn::kernels {
 

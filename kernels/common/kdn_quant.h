@@ -14,9 +14,9 @@
 
 #include <cstdint>
 
-#include "half.h"
-#include "hd.h"
-#include "quant.h"
+#include "kernels/common/half.h"
+#include "kernels/common/hd.h"
+#include "kernels/common/quant.h"
 
 namespace kdn::kernels {
 

@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "hd.h"
-#include "kv_copy.h"
+#include "kernels/common/hd.h"
+#include "kernels/common/kv_copy.h"
 
 namespace kdn::kernels {
 

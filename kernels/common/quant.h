@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
-#include "half.h"
-#include "hd.h"
+#include "kernels/common/half.h"
+#include "kernels/common/hd.h"
 
 namespace kdn::kernels {
 

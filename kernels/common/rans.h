@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "hd.h"
+#include "kernels/common/hd.h"
 
 namespace kdn::kernels {
 

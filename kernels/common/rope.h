@@ -2,7 +2,7 @@
 // CPU path and the CUDA kernels.
 #pragma once
 
-#include "hd.h"
+#include "kernels/common/hd.h"
 
 namespace kdn::kernels {
 

@@ -31,9 +31,9 @@
 
 #include <cstdint>
 
-#include "half.h"
-#include "hd.h"
-#include "rope.h"
+#include "kernels/common/half.h"
+#include "kernels/common/hd.h"
+#include "kernels/common/rope.h"
 
 namespace kdn::kernels {
 

@@ -19,12 +19,12 @@
 
 #include <cstdint>
 
-#include "codec_device_math.h"
-#include "half.h"
-#include "hd.h"
-#include "kdn_quant.h"
-#include "rope_reposition.h"
-#include "tc_math.h"
+#include "kernels/common/codec_device_math.h"
+#include "kernels/common/half.h"
+#include "kernels/common/hd.h"
+#include "kernels/common/kdn_quant.h"
+#include "kernels/common/rope_reposition.h"
+#include "kernels/common/tc_math.h"
 
 namespace kdn::kernels {
 

@@ -19,10 +19,10 @@
 
 #include <cstdint>
 
-#include "hd.h"
-#include "kdn_quant.h"
-#include "quant.h"
-#include "rope_reposition.h"
+#include "kernels/common/hd.h"
+#include "kernels/common/kdn_quant.h"
+#include "kernels/common/quant.h"
+#include "kernels/common/rope_reposition.h"
 
 namespace kdn::kernels {
 

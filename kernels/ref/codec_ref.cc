@@ -1,4 +1,4 @@
-#include "ref/codec_ref.h"
+#include "kernels/ref/codec_ref.h"
 
 #include <algorithm>
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common/codec_device_math.h"
+#include "kernels/common/codec_device_math.h"
 
 namespace kdn::kernels {
 

@@ -1,4 +1,4 @@
-#include "ref/kv_view_ref.h"
+#include "kernels/ref/kv_view_ref.h"
 
 #include <algorithm>
 #include <cstring>

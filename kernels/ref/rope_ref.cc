@@ -1,4 +1,4 @@
-#include "ref/rope_ref.h"
+#include "kernels/ref/rope_ref.h"
 
 #include <cstddef>
 #include <vector>

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "common/rope_reposition.h"
+#include "kernels/common/rope_reposition.h"
 
 namespace kdn::kernels {
 

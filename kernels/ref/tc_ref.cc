@@ -1,4 +1,4 @@
-#include "ref/tc_ref.h"
+#include "kernels/ref/tc_ref.h"
 
 namespace kdn::kernels {
 

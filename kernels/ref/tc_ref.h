@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "common/tc_device_math.h"
+#include "kernels/common/tc_device_math.h"
 
 namespace kdn::kernels {
 

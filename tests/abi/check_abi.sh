@@ -53,7 +53,7 @@ trap 'rm -rf "$work"' EXIT
 
 # --exported-interfaces-only: the kdn_* functions and the types they reach;
 # --headers-dir + --drop-private-types: handles stay opaque (kdn_runtime is
-# defined in kdn.cc; its layout is no part of the ABI). No paths of this
+# defined in capi/src/shim.h; its layout is no part of the ABI). No paths of this
 # machine, no DT_NEEDED (CUDA and CPU-only builds have the same ABI).
 current=$work/current.abi
 abidw --no-corpus-path --no-comp-dir-path --short-locs --no-elf-needed \

@@ -8,12 +8,12 @@
 #include <numeric>
 #include <vector>
 
-#include "blend/blend.h"
-#include "blend/eval.h"
-#include "blend/transformer_engine.h"
-#include "model/checkpoint.h"
-#include "model/transformer.h"
-#include "ref/rope_ref.h"
+#include "core/blend/blend.h"
+#include "lab/blend/eval.h"
+#include "lab/blend/transformer_engine.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/transformer.h"
+#include "kernels/ref/rope_ref.h"
 #include "test_models.h"
 
 namespace kdn::blend {

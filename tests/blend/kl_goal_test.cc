@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "blend/eval.h"
-#include "codec/eval.h"
-#include "model/checkpoint.h"
-#include "model/tokenizer.h"
+#include "lab/blend/eval.h"
+#include "lab/codec/eval.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/tokenizer.h"
 #include "test_models.h"
 
 namespace kdn::blend {

@@ -3,7 +3,7 @@
 // collisions rejected by the full content key, scopes (namespace, model),
 // documents put, replaced, deleted and expired after the index was built,
 // short last chunks, empty and short queries, concurrent use.
-#include "blend/match.h"
+#include "core/knowledge/match.h"
 
 #include <gtest/gtest.h>
 

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "blend/blend.h"
-#include "blend/transformer_engine.h"
+#include "core/blend/blend.h"
+#include "lab/blend/transformer_engine.h"
 #include "kdn/kdn.h"
-#include "model/checkpoint.h"
-#include "model/transformer.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/transformer.h"
 #include "test_models.h"
 
 namespace {
@@ -243,6 +243,27 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_UNAVAILABLE);
   EXPECT_NE(std::string(kdn_last_error_message()).find("layer 2"), std::string::npos);
   EXPECT_EQ(failing.calls, 3);
+  // A failed blend leaves the report at its defaults (the rule at the top of
+  // kdn.h), not the last success's figures.
+  const auto at_defaults = [](const kdn_blend_report& r) {
+    return r.filled_size == 0 && r.positions == 0 && r.cached_positions == 0 && r.fresh_positions == 0 && r.selected == 0 &&
+           r.recompute_fraction == 0.0;
+  };
+  EXPECT_TRUE(at_defaults(rep));
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_UNAVAILABLE);
+  o.user = &e;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_OK);
+  ASSERT_FALSE(at_defaults(rep));
+  seg[2].doc_id = "doc-x";
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_NOT_FOUND);
+  EXPECT_TRUE(at_defaults(rep));
+  seg[2].doc_id = "doc-a";
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_OK);
+  kdn_blend_options no_fn = o;
+  no_fn.layer_fn = nullptr;
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &no_fn, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(at_defaults(rep));
+  o.user = &failing;
 
   // Unknown documents, bad options and arguments.
   o.user = &e;

@@ -23,7 +23,7 @@
 enum {
   CHUNK = 16,
   HOST_MIB = 64,
-  KNOWLEDGE_MIB = 64, /* the knowledge index's default budget (store/knowledge.h) */
+  KNOWLEDGE_MIB = 64, /* the knowledge index's default budget (knowledge/knowledge.h) */
   SLACK_MIB = 48,
   MAX_TOKENS = 47,
   DOC_TOKENS = 20

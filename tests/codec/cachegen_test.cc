@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "codec/payload.h"
-#include "common/quant.h"
-#include "common/range_coder.h"
+#include "core/codec/codec.h"
+#include "core/codec/payload.h"
+#include "kernels/common/quant.h"
+#include "kernels/common/range_coder.h"
 #include "codec_test_util.h"
 #include "test_models.h"
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "codec/payload.h"
-#include "common/half.h"
-#include "common/quant.h"
+#include "core/codec/codec.h"
+#include "core/codec/payload.h"
+#include "kernels/common/half.h"
+#include "kernels/common/quant.h"
 #include "codec_test_util.h"
 #include "test_models.h"
 

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "codec/payload.h"
+#include "core/codec/codec.h"
+#include "core/codec/payload.h"
 #include "test_models.h"
+#include "core/util/dtype.h"
 
 namespace kdn::codec::test {
 
@@ -39,12 +40,12 @@ inline std::vector<float> ReferenceKv() {
 
 // The chunk in `dtype`'s bytes, and back.
 inline std::vector<std::uint8_t> ToBytes(const std::vector<float>& kv, std::uint32_t dtype) {
-  std::vector<std::uint8_t> out(kv.size() * (dtype == 0 ? 4 : 2));
+  std::vector<std::uint8_t> out(kv.size() * DtypeBytes(dtype));
   for (size_t i = 0; i < kv.size(); ++i) internal::StoreElement(dtype, out.data(), i, kv[i]);
   return out;
 }
 inline std::vector<float> ToFloats(const std::vector<std::uint8_t>& bytes, std::uint32_t dtype) {
-  std::vector<float> out(bytes.size() / (dtype == 0 ? 4 : 2));
+  std::vector<float> out(bytes.size() / DtypeBytes(dtype));
   for (size_t i = 0; i < out.size(); ++i) out[i] = internal::LoadElement(dtype, bytes.data(), i);
   return out;
 }

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "codec/calibrate.h"
-#include "model/checkpoint.h"
-#include "codec/codec.h"
-#include "codec/payload.h"
-#include "codec/rans.h"
-#include "common/half.h"
-#include "common/kdn_quant.h"
+#include "lab/codec/calibrate.h"
+#include "lab/model/checkpoint.h"
+#include "core/codec/codec.h"
+#include "core/codec/payload.h"
+#include "core/codec/rans.h"
+#include "kernels/common/half.h"
+#include "kernels/common/kdn_quant.h"
 #include "codec_test_util.h"
 #include "test_models.h"
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "codec/rans.h"
-#include "common/rans.h"
+#include "core/codec/rans.h"
+#include "kernels/common/rans.h"
 
 namespace kdn::codec::rans {
 namespace {

@@ -10,20 +10,20 @@
 #include <memory>
 #include <random>
 
-#include "codec/device.h"
-#include "codec/tc_calibrate.h"
-#include "codec/tc_profile.h"
+#include "core/codec/device.h"
+#include "lab/codec/tc_calibrate.h"
+#include "core/codec/tc_profile.h"
 #include "codec_test_util.h"
-#include "common/tc_math.h"
-#include "keys/hash.h"
-#include "model/checkpoint.h"
-#include "store/chunk_codec.h"
+#include "kernels/common/tc_math.h"
+#include "core/keys/hash.h"
+#include "lab/model/checkpoint.h"
+#include "core/store/chunk_codec.h"
 #include "test_gpu.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "tc.cuh"
+#include "kernels/tc.cuh"
 #endif
 
 namespace kdn::codec {

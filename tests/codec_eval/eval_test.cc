@@ -1,4 +1,4 @@
-#include "codec/eval.h"
+#include "lab/codec/eval.h"
 
 #include <gtest/gtest.h>
 
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "common/half.h"
-#include "model/checkpoint.h"
-#include "model/tokenizer.h"
+#include "core/codec/codec.h"
+#include "kernels/common/half.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/tokenizer.h"
 #include "test_models.h"
 
 namespace {

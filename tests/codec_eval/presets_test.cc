@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec.h"
-#include "codec/eval.h"
-#include "model/checkpoint.h"
-#include "model/tokenizer.h"
+#include "core/codec/codec.h"
+#include "lab/codec/eval.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/tokenizer.h"
 #include "test_models.h"
 
 namespace {

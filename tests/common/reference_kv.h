@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "keys/hash.h"
-#include "model/tokenizer.h"
-#include "model/transformer.h"
-#include "store/kv_store.h"
+#include "core/keys/hash.h"
+#include "lab/model/tokenizer.h"
+#include "lab/model/transformer.h"
+#include "core/engine/kv_store.h"
 #include "test_models.h"
 
 namespace kdn::testing {

@@ -14,7 +14,7 @@
 //   and, run again by ctest under KDN_CPU_SIMD, with AVX2 and with none;
 // - on a GPU (skipped without one): the same decodes and encodes through the
 //   kernels.
-#include "codec/device.h"
+#include "core/codec/device.h"
 
 #include <gtest/gtest.h>
 
@@ -27,16 +27,16 @@
 #include <vector>
 
 #include "../codec/codec_test_util.h"
-#include "codec/kdn_simd.h"
-#include "codec/payload.h"
-#include "common/codec_device_math.h"
-#include "ref/codec_ref.h"
+#include "core/codec/kdn_simd.h"
+#include "core/codec/payload.h"
+#include "kernels/common/codec_device_math.h"
+#include "kernels/ref/codec_ref.h"
 #include "test_gpu.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "codec.cuh"
+#include "kernels/codec.cuh"
 #endif
 
 namespace kdn::codec {

@@ -4,7 +4,7 @@
 // padded rows and heads); the offsets against the engines' own formulas; the
 // validator and bounds helper; and the CUDA kernels against the CPU path
 // where a GPU is present.
-#include "ref/kv_view_ref.h"
+#include "kernels/ref/kv_view_ref.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kv_view.cuh"
+#include "kernels/kv_view.cuh"
 #endif
 
 namespace kdn::kernels {

@@ -20,7 +20,7 @@
 // f16 (2^-11 per rounding) and bf16 (2^-8) likewise. The bounds checked are
 // these, with a small margin (MoveTolerance); the tests print what they
 // measure.
-#include "ref/rope_ref.h"
+#include "kernels/ref/rope_ref.h"
 
 #include <gtest/gtest.h>
 
@@ -33,14 +33,14 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
-#include "model/transformer.h"
+#include "lab/model/checkpoint.h"
+#include "lab/model/transformer.h"
 #include "test_models.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "rope.cuh"
+#include "kernels/rope.cuh"
 #endif
 
 namespace kdn::kernels {

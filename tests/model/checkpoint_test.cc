@@ -1,4 +1,4 @@
-#include "model/checkpoint.h"
+#include "lab/model/checkpoint.h"
 
 #include <gtest/gtest.h>
 

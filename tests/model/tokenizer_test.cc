@@ -1,4 +1,4 @@
-#include "model/tokenizer.h"
+#include "lab/model/tokenizer.h"
 
 #include <gtest/gtest.h>
 

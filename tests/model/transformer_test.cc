@@ -1,4 +1,4 @@
-#include "model/transformer.h"
+#include "lab/model/transformer.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "model/tokenizer.h"
+#include "lab/model/tokenizer.h"
 #include "test_models.h"
 
 namespace kdn::model {

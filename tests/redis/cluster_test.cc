@@ -4,6 +4,8 @@
 // many threads at once.
 #include <gtest/gtest.h>
 
+#include "test_redis.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -13,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "redis/client.h"
-#include "redis/local_servers.h"
+#include "core/redis/client.h"
+#include "core/redis/local_servers.h"
 #include "test_util.h"
 
 namespace kdn::redis {
@@ -31,7 +33,7 @@ using testing::Str;
 class RedisClientCluster : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!local::HaveRedis()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/setup installs them)";
+    KDN_REQUIRE_REDIS_SERVER(local::HaveRedis());
     const auto t0 = std::chrono::steady_clock::now();
     cluster_ = std::make_unique<Cluster>();
     ASSERT_TRUE(cluster_->error().empty()) << cluster_->error();

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "redis/client.h"
+#include "core/redis/client.h"
 
 namespace kdn::redis::testing {
 

@@ -4,6 +4,7 @@
 // files that group or others can read are refused, token files are read
 // relative to the config, and sizes parse with their units.
 #include "server/config.h"
+#include "kdn/kdn.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -316,14 +317,54 @@ TEST(ServerConfigErrors, RedisTierMistakes) {
   ExpectRefused("[[tier]]\npassword = \"" + std::string(kSecretB) + "\"\n" + kOneToken, "tier[0].password");
 }
 
-TEST(ServerConfigErrors, WatermarksAreFractionsWithLowBelowHigh) {
+TEST(ServerConfigErrors, WatermarksAreFractionsWithLowNotAboveHigh) {
   ExpectRefused("[[tier]]\nhigh_watermark = 0.0\n" + kOneToken, "tier[0].high_watermark");
   ExpectRefused("[[tier]]\nhigh_watermark = 1.5\n" + kOneToken, "tier[0].high_watermark");
   ExpectRefused("[[tier]]\nlow_watermark = -0.1\n" + kOneToken, "tier[0].low_watermark");
-  ExpectRefused("[[tier]]\nhigh_watermark = 0.8\nlow_watermark = 0.8\n" + kOneToken, "tier[0].low_watermark");
   ExpectRefused("[[tier]]\nhigh_watermark = 0.7\nlow_watermark = 0.9\n" + kOneToken, "tier[0].low_watermark");
-  // Only high given, below the default low (0.85): still a conflict.
-  ExpectRefused("[[tier]]\nhigh_watermark = 0.8\n" + kOneToken, "low_watermark");
+}
+
+// kdnd's config and the C ABI apply one rule (store::CheckWatermarks, through
+// store::ValidateTierSpec): 0 < low <= high <= 1, and a low mark left out
+// follows the high one (min(0.85, high)). kdnd refused low == high, and a
+// high mark alone below 0.85, which libkdn took.
+TEST(ServerConfigParse, WatermarksFollowTheRuleOfEveryFrontEnd) {
+  struct Case {
+    const char* toml;  // the tier's watermark lines
+    float high, low;   // the same as kdn_tier_config (0: unset)
+  };
+  const Case cases[] = {
+      {"high_watermark = 0.8\nlow_watermark = 0.8\n", 0.8f, 0.8f},
+      {"high_watermark = 0.8\n", 0.8f, 0.0f},
+      {"high_watermark = 1.0\nlow_watermark = 1.0\n", 1.0f, 1.0f},
+      {"high_watermark = 0.7\nlow_watermark = 0.9\n", 0.7f, 0.9f},
+      {"low_watermark = 0.95\n", 0.0f, 0.95f},
+      {"low_watermark = 0.96\n", 0.0f, 0.96f},
+      {"high_watermark = 0.5\nlow_watermark = 0.25\n", 0.5f, 0.25f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.toml);
+    auto r = ParseConfig("[[tier]]\n" + std::string(c.toml) + kOneToken, "test.toml");
+
+    kdn_tier_config tier = KDN_TIER_CONFIG_INIT;
+    tier.kind = KDN_TIER_HOST;
+    tier.capacity_bytes = 1 << 20;
+    tier.high_watermark = c.high;
+    tier.low_watermark = c.low;
+    kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+    o.tiers = &tier;
+    o.num_tiers = 1;
+    kdn_runtime* rt = nullptr;
+    const kdn_status st = kdn_runtime_create(&o, &rt);
+    EXPECT_EQ(r.ok(), st == KDN_OK) << (r.ok() ? kdn_last_error_message() : r.status().message());
+    if (r.ok() && rt != nullptr) {
+      kdn_tier_stats ts = KDN_TIER_STATS_INIT;
+      ASSERT_EQ(kdn_runtime_get_tier_stats(rt, 0, &ts), KDN_OK);
+      EXPECT_NEAR(r->tiers[0].high_watermark, ts.high_watermark, 1e-6);
+      EXPECT_NEAR(r->tiers[0].low_watermark, ts.low_watermark, 1e-6);
+    }
+    kdn_runtime_destroy(rt);
+  }
 }
 
 TEST(ServerConfigErrors, ANodeWithoutTokensIsRefused) {

@@ -21,7 +21,7 @@
 
 #include "reference_kv.h"
 #include "rpc_client.h"
-#include "store/runtime.h"
+#include "core/runtime/runtime.h"
 
 namespace kdn::server {
 namespace {

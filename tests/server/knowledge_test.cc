@@ -18,7 +18,7 @@
 #include "rpc_client.h"
 #include "running_server.h"
 #include "server/server.h"
-#include "wire/node.capnp.h"
+#include "core/wire/node.capnp.h"
 
 namespace kdn::server {
 namespace {

@@ -31,7 +31,7 @@
 #include "cli_runner.h"
 #include "server/kv_events.h"
 #include "server/node.h"
-#include "wire/envelope.h"
+#include "core/wire/envelope.h"
 
 namespace kdn::server {
 namespace {

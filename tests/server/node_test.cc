@@ -25,10 +25,10 @@
 #include "rpc_client.h"
 #include "running_server.h"
 #include "server/server.h"
-#include "store/remote_tier.h"
-#include "store/runtime.h"
-#include "wire/envelope.h"
-#include "wire/node.capnp.h"
+#include "core/tiers/remote_tier.h"
+#include "core/runtime/runtime.h"
+#include "core/wire/envelope.h"
+#include "core/wire/node.capnp.h"
 
 namespace kdn::server {
 namespace {

@@ -14,9 +14,9 @@
 #include "reference_kv.h"
 #include "rpc_client.h"
 #include "running_server.h"
-#include "store/remote_tier.h"
-#include "store/runtime.h"
-#include "wire/envelope.h"
+#include "core/tiers/remote_tier.h"
+#include "core/runtime/runtime.h"
+#include "core/wire/envelope.h"
 
 namespace kdn::server {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "reference_kv.h"
-#include "wire/envelope.h"
-#include "wire/node.capnp.h"
+#include "core/wire/envelope.h"
+#include "core/wire/node.capnp.h"
 
 namespace kdn::server::testing_support {
 

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "server/server.h"
-#include "store/runtime.h"
+#include "core/runtime/runtime.h"
 
 namespace kdn::server::testing_support {
 

@@ -18,7 +18,7 @@
 #include "running_server.h"
 #include "server/metrics.h"
 #include "server/node.h"
-#include "store/disk_tier.h"
+#include "core/tiers/disk_tier.h"
 
 namespace kdn::server {
 namespace {

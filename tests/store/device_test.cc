@@ -1,4 +1,4 @@
-// KV views in device memory (store/device.h, KvStore's device paths): a
+// KV views in device memory (device/device.h, KvStore's device paths): a
 // device tier serves device views device to device, encoded chunks of lower
 // tiers are decoded by the device straight into the view, saves gather on
 // the device. Every scenario runs on the emulated device (host memory
@@ -6,7 +6,7 @@
 // have), and again on the CUDA device where one is usable (skipped, saying
 // so, elsewhere). KV comes from the reference transformer; what a device
 // view receives is compared byte for byte with what the host path writes.
-#include "store/device.h"
+#include "core/device/device.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -16,10 +16,10 @@
 #include <filesystem>
 #include <numeric>
 
-#include "codec/tc_profile.h"
+#include "core/codec/tc_profile.h"
 #include "reference_kv.h"
-#include "store/memory_tier.h"
-#include "store/runtime.h"
+#include "core/tiers/memory_tier.h"
+#include "core/runtime/runtime.h"
 #include "test_gpu.h"
 #include "test_models.h"
 

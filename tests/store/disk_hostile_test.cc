@@ -4,7 +4,7 @@
 // sizes, NUL bytes in paths, and forked children. Every test is bounded in
 // time (a would-be hang is broken from outside and reported as a failure)
 // and in memory (absurd reads run in a child under RLIMIT_AS).
-#include "store/disk_tier.h"
+#include "core/tiers/disk_tier.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -15,7 +15,7 @@
 #include <random>
 #include <string>
 
-#include "store/disk_tier.h"
+#include "core/tiers/disk_tier.h"
 
 namespace kdn::store::disk_test {
 

@@ -1,4 +1,4 @@
-#include "store/disk_tier.h"
+#include "core/tiers/disk_tier.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "disk_test_util.h"
-#include "wire/envelope.h"
+#include "core/wire/envelope.h"
 
 namespace kdn::store {
 namespace {

@@ -2,7 +2,7 @@
 // over contiguous and paged views, KV groups, engine block hashes, per-tier
 // lookups and failed ranges; and an asynchronous layer-by-layer load into the
 // reference transformer that gives the same generation as a full prefill.
-#include "store/engine_ops.h"
+#include "core/engine/engine_ops.h"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 #include <random>
 #include <unistd.h>
 
-#include "model/tokenizer.h"
-#include "model/transformer.h"
+#include "lab/model/tokenizer.h"
+#include "lab/model/transformer.h"
 #include "test_models.h"
 
 namespace kdn::store {

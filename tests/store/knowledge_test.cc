@@ -2,7 +2,7 @@
 // every tier, tenant isolation, chunks shared between documents (only where
 // their bytes are the same), pins counted per document, TTLs that saturate,
 // and the index's own bound and cost (no call walks every document).
-#include "store/knowledge.h"
+#include "core/knowledge/knowledge.h"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 #include <limits>
 #include <unistd.h>
 
-#include "model/tokenizer.h"
-#include "model/transformer.h"
+#include "lab/model/tokenizer.h"
+#include "lab/model/transformer.h"
 #include "test_models.h"
 
 namespace kdn::store {

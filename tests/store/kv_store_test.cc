@@ -1,4 +1,5 @@
-#include "store/kv_store.h"
+#include "core/engine/kv_store.h"
+#include "core/engine/kv_views.h"
 
 #include <gtest/gtest.h>
 
@@ -40,14 +41,27 @@ class KvStoreTest : public ::testing::Test {
     model_.fingerprint = keys::ModelFingerprint({5, 4, 8, 0, 10000.0f, 0, 8, "stories260K"});
     model_.shape = {kLayers, 4, 8, 4};
   }
-  KvBufferView View(std::vector<float>& data, std::uint64_t tokens) {
-    KvBufferView v;
-    v.data = data.data();
-    v.size_bytes = data.size() * 4;
-    v.num_tokens = tokens;
-    auto r = ResolveBuffer(model_, v, tokens);
-    EXPECT_TRUE(r.ok()) << r.status().message();
-    return *r;
+  // A canonical buffer of `tokens` tokens as a view: per-layer pointers into
+  // the one allocation.
+  struct Buffer {
+    std::vector<void*> k, v;
+    kernels::KvView view;
+  };
+  Buffer View(std::vector<float>& data, std::uint64_t tokens) {
+    EXPECT_GE(data.size(), static_cast<size_t>(kLayers) * 2 * tokens * kKvDim);
+    const kernels::KvStrides st = kernels::canonical_strides(model_.shape, static_cast<std::int64_t>(tokens));
+    Buffer b;
+    for (int l = 0; l < kLayers; ++l) {
+      b.k.push_back(data.data() + l * st.layer);
+      b.v.push_back(data.data() + l * st.layer + st.kv);
+    }
+    b.view.shape = model_.shape;
+    b.view.k_base = b.k.data();
+    b.view.v_base = b.v.data();
+    b.view.stride_token = st.token;
+    b.view.stride_head = st.head;
+    b.view.stride_dim = st.dim;
+    return b;
   }
   std::span<const std::int32_t> Tokens(size_t n) const { return std::span<const std::int32_t>(kTokens).first(n); }
   // The canonical KV of the first n tokens, laid out for a buffer of `cap` tokens.
@@ -81,13 +95,11 @@ class KvStoreTest : public ::testing::Test {
   std::uint64_t Lookup(KvStore& s, std::string_view ns, std::span<const std::int32_t> t) {
     return s.Lookup(model_, ns, K(t)).tokens;
   }
-  std::uint64_t Store(KvStore& s, std::string_view ns, std::span<const std::int32_t> t, const KvBufferView& v) {
-    const BufferAsView view(model_, v);
-    return s.Store(model_, ns, K(t), view.view()).value();
+  std::uint64_t Store(KvStore& s, std::string_view ns, std::span<const std::int32_t> t, const Buffer& b) {
+    return s.Store(model_, ns, K(t), b.view).value();
   }
-  std::uint64_t Retrieve(KvStore& s, std::string_view ns, std::span<const std::int32_t> t, const KvBufferView& v) {
-    const BufferAsView view(model_, v);
-    return s.Retrieve(model_, ns, K(t), view.view());
+  std::uint64_t Retrieve(KvStore& s, std::string_view ns, std::span<const std::int32_t> t, const Buffer& b) {
+    return s.Retrieve(model_, ns, K(t), b.view);
   }
   struct Counts {
     std::uint64_t hits, tokens_served, tokens_stored, bytes_served;
@@ -447,16 +459,20 @@ TEST_F(KvStoreTest, ChunksFromADiskTierAreReadOnSeveralThreadsAsOnOne) {
 }
 
 TEST_F(KvStoreTest, LayoutsReachingPast2To64BytesAreRefused) {
-  KvBufferView v;
+  ViewSpec v;
   v.data = kv_.data();
   v.size_bytes = 1280;
   v.num_tokens = (std::uint64_t{1} << 22) + 1;
-  v.strides = {64, 32, std::int64_t{1} << 40, 8, 1};  // the extent wraps to 1280 bytes in 64 bits
-  auto r = ResolveBuffer(model_, v, 2);
+  v.stride_layer = 64;  // the extent wraps to 1280 bytes in 64 bits
+  v.stride_kv = 32;
+  v.stride_token = std::int64_t{1} << 40;
+  v.stride_head = 8;
+  v.stride_dim = 1;
+  auto r = ResolvedViews::Resolve(model_, std::vector<ViewSpec>{v}, 2);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("too small"), std::string::npos) << r.status().message();
   v.num_tokens = std::uint64_t{1} << 32;
-  EXPECT_FALSE(ResolveBuffer(model_, v, 2).ok());
+  EXPECT_FALSE(ResolvedViews::Resolve(model_, std::vector<ViewSpec>{v}, 2).ok());
 }
 
 TEST_F(KvStoreTest, ConcurrentStoresAndRetrievesStayConsistent) {
@@ -483,24 +499,33 @@ TEST_F(KvStoreTest, ConcurrentStoresAndRetrievesStayConsistent) {
   EXPECT_LE(Count(s).host.bytes, Count(s).host.capacity);
 }
 
+// A view given as one allocation is checked before anything is touched
+// (engine/kv_views.h).
 TEST_F(KvStoreTest, BuffersAreChecked) {
-  KvBufferView v;
-  EXPECT_EQ(ResolveBuffer(model_, v, 1).status().code(), Code::kInvalidArgument);  // NULL data
+  auto resolve = [&](const ViewSpec& v, std::uint64_t tokens) {
+    return ResolvedViews::Resolve(model_, std::vector<ViewSpec>{v}, tokens).status();
+  };
+  ViewSpec v;
+  EXPECT_EQ(resolve(v, 1).code(), Code::kInvalidArgument);  // NULL data
   v.data = kv_.data();
   v.size_bytes = kv_.size() * 4;
   v.num_tokens = 47;
-  EXPECT_NE(ResolveBuffer(model_, v, 48).status().message().find("holds 47 tokens"), std::string::npos);
+  EXPECT_NE(resolve(v, 48).message().find("room for 47 tokens"), std::string::npos);
   v.num_tokens = 48;
   v.size_bytes -= 1;
-  EXPECT_NE(ResolveBuffer(model_, v, 48).status().message().find("too small"), std::string::npos);
+  EXPECT_NE(resolve(v, 48).message().find("too small"), std::string::npos);
   v.size_bytes += 1;
-  EXPECT_TRUE(ResolveBuffer(model_, v, 48).ok());
-  v.strides = {2 * 48 * 32, 48 * 32, 32, 8, -1};
-  EXPECT_NE(ResolveBuffer(model_, v, 48).status().message().find("non-negative"), std::string::npos);
-  v.strides = {2 * 48 * 32, 48 * 32, 32, 8, 1};
-  EXPECT_TRUE(ResolveBuffer(model_, v, 48).ok());
-  v.strides.layer = 2 * 48 * 32 + 1;  // the last layer now reaches past the end
-  EXPECT_FALSE(ResolveBuffer(model_, v, 48).ok());
+  EXPECT_TRUE(resolve(v, 48).ok());
+  v.stride_layer = 2 * 48 * 32;
+  v.stride_kv = 48 * 32;
+  v.stride_token = 32;
+  v.stride_head = 8;
+  v.stride_dim = -1;
+  EXPECT_NE(resolve(v, 48).message().find("non-negative"), std::string::npos);
+  v.stride_dim = 1;
+  EXPECT_TRUE(resolve(v, 48).ok());
+  v.stride_layer = 2 * 48 * 32 + 1;  // the last layer now reaches past the end
+  EXPECT_FALSE(resolve(v, 48).ok());
 }
 
 }  // namespace

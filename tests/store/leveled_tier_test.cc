@@ -1,8 +1,8 @@
-// Bandwidth-adaptive delivery (store/leveled_tier.h): the level decision on
+// Bandwidth-adaptive delivery (tiers/leveled_tier.h): the level decision on
 // small cases, the link meter, and a leveled tier over a memory tier behind
 // a simulated link (fault injection: a tier whose reads take bytes / rate)
 // choosing each chunk's level as the rate it measures changes.
-#include "store/leveled_tier.h"
+#include "core/tiers/leveled_tier.h"
 
 #include <gtest/gtest.h>
 
@@ -13,10 +13,10 @@
 #include <random>
 #include <thread>
 
-#include "store/chunk_codec.h"
-#include "common/half.h"
-#include "store/memory_tier.h"
-#include "store/tiered_store.h"
+#include "core/store/chunk_codec.h"
+#include "kernels/common/half.h"
+#include "core/tiers/memory_tier.h"
+#include "core/store/tiered_store.h"
 
 namespace kdn::store {
 namespace {

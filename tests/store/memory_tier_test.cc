@@ -1,4 +1,4 @@
-#include "store/memory_tier.h"
+#include "core/tiers/memory_tier.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "store/policy.h"
+#include "core/store/policy.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The redis tier (store/redis_tier.h) against real redis-server processes
+// The redis tier (tiers/redis_tier.h) against real redis-server processes
 // that the tests start on loopback (core/redis/local_servers.h): a single
 // node with an ACL user (put, get, probes, prefetch, erase, TTL, a refused
 // AUTH, a value corrupted in the server, a server gone and back, a runtime
@@ -6,9 +6,11 @@
 // masters with replicas (keys spread over the masters, a master killed
 // mid-run costs misses only and hits come back after failover, two runtimes
 // in two processes share it). The chunks are the reference model's KV.
-#include "store/redis_tier.h"
+#include "core/tiers/redis_tier.h"
 
 #include <gtest/gtest.h>
+
+#include "test_redis.h"
 #include <kdn/kdn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,13 +27,13 @@
 
 #include "../common/reference_kv.h"
 #include "../common/test_models.h"
-#include "redis/local_servers.h"
+#include "core/redis/local_servers.h"
 #include "../server/running_server.h"
-#include "keys/hash.h"
+#include "core/keys/hash.h"
 #include "server/config.h"
 #include "server/node.h"
-#include "store/runtime.h"
-#include "wire/envelope.h"
+#include "core/runtime/runtime.h"
+#include "core/wire/envelope.h"
 
 namespace kdn::store {
 namespace {
@@ -192,7 +194,7 @@ class RedisSingle : public RedisTierTest {
   void SetUp() override {
     RedisTierTest::SetUp();
     if (::testing::Test::IsSkipped() || HasFatalFailure()) return;
-    if (!rt::HaveRedis()) GTEST_SKIP() << "no /usr/bin/redis-server (scripts/setup installs it)";
+    KDN_REQUIRE_REDIS_SERVER(rt::HaveRedis());
     server_ = std::make_unique<rt::Server>(
         tmp_.path / "single", std::vector<std::string>{"--user", "default", "off", "--user", kUser, "on",
                                                        std::string(">") + kPassword, "~*", "&*", "+@all"});
@@ -586,6 +588,70 @@ TEST_F(RedisSingle, AKnowledgeItemsKeysAreDeletedTogether) {
   EXPECT_EQ(rt->store().chain().Stats()[1].io_errors, 0u);
 }
 
+// A redis tier with quality levels (a LeveledTier around the redis one)
+// reports its transport counters through kdn_runtime_get_tier_stats as a
+// plain one does: they read 0 while the shim looked for the concrete tier.
+TEST_F(RedisSingle, ARedisTierWithLevelsReportsItsTransportCounters) {
+  const std::string address = Join(seeds_);
+  const std::string levels = "raw; kdn:balanced";
+  kdn_tier_config tiers[2];
+  ASSERT_EQ(kdn_tier_config_init(&tiers[0], sizeof tiers[0]), KDN_OK);
+  ASSERT_EQ(kdn_tier_config_init(&tiers[1], sizeof tiers[1]), KDN_OK);
+  tiers[0].capacity_bytes = 16 << 20;
+  tiers[0].write_through = 1;
+  tiers[1].kind = KDN_TIER_REDIS;
+  tiers[1].address = address.data();
+  tiers[1].address_len = address.size();
+  tiers[1].user = kUser;
+  tiers[1].user_len = std::strlen(kUser);
+  tiers[1].token = kPassword;
+  tiers[1].token_len = std::strlen(kPassword);
+  tiers[1].levels = levels.data();
+  tiers[1].levels_len = levels.size();
+  tiers[1].timeout_ms = 1000;
+  kdn_runtime_options ro;
+  ASSERT_EQ(kdn_runtime_options_init(&ro, sizeof ro), KDN_OK);
+  ro.chunk_tokens = kChunk;
+  ro.tiers = tiers;
+  ro.num_tiers = 2;
+  kdn_runtime* rt = nullptr;
+  ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK) << kdn_last_error_message();
+  kdn_model_spec spec;
+  ASSERT_EQ(kdn_model_spec_init(&spec, sizeof spec), KDN_OK);
+  spec.num_layers = 5;
+  spec.num_kv_heads = 4;
+  spec.head_dim = 8;
+  spec.dtype = KDN_DTYPE_F32;
+  spec.fingerprint = "stories260K";
+  spec.fingerprint_len = 11;
+  kdn_model* m = nullptr;
+  ASSERT_EQ(kdn_model_create(rt, &spec, &m), KDN_OK);
+  kdn_request req;
+  ASSERT_EQ(kdn_request_init(&req, sizeof req), KDN_OK);
+  req.tokens = reinterpret_cast<const std::int32_t*>(ref_.tokens.data());
+  req.num_tokens = ref_.tokens.size();
+  std::vector<float> in = ref_.canonical;
+  kdn_kv_view v;
+  ASSERT_EQ(kdn_kv_view_init(&v, sizeof v), KDN_OK);
+  v.data = in.data();
+  v.size_bytes = in.size() * 4;
+  kdn_kv_result res;
+  ASSERT_EQ(kdn_kv_result_init(&res, sizeof res), KDN_OK);
+  ASSERT_EQ(kdn_kv_store(m, kNs, std::strlen(kNs), &req, &v, 1, &res), KDN_OK) << kdn_last_error_message();
+  // Written through by the mover: a SET per chunk and level, soon.
+  kdn_tier_stats ts;
+  ASSERT_EQ(kdn_tier_stats_init(&ts, sizeof ts), KDN_OK);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  do {
+    ASSERT_EQ(kdn_runtime_get_tier_stats(rt, 1, &ts), KDN_OK);
+  } while (ts.remote_calls < Objects() && Clock::now() < deadline);
+  EXPECT_EQ(ts.kind, KDN_TIER_REDIS);
+  EXPECT_GE(ts.remote_calls, Objects());
+  EXPECT_EQ(ts.remote_failed_calls, 0u);
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+}
+
 // The C ABI: KDN_TIER_REDIS under a host tier, written through, read back by
 // a second runtime; its stats; a refused AUTH and a malformed address.
 TEST_F(RedisSingle, TheCAbisRedisTier) {
@@ -762,7 +828,7 @@ class RedisCluster : public RedisTierTest {
       seeds_ = std::move(parsed).value();
       return;
     }
-    if (!rt::HaveRedis()) GTEST_SKIP() << "no /usr/bin/redis-server (scripts/setup installs it)";
+    KDN_REQUIRE_REDIS_SERVER(rt::HaveRedis());
     cluster_ = std::make_unique<rt::Cluster>();
     ASSERT_TRUE(cluster_->error().empty()) << cluster_->error();
     seeds_ = {cluster_->node(0).addr()};  // one seed: the rest are learned
@@ -919,7 +985,7 @@ TEST_F(RedisCluster, ReadsGoOnThroughAResharding) {
   const std::vector<size_t> masters = Masters();
   ASSERT_GE(masters.size(), 2u);
   std::string out;
-  const int rc = rt::RunProgram({"/usr/bin/redis-cli", "--cluster", "reshard", cluster_->node(0).addr(), "--cluster-from",
+  const int rc = rt::RunProgram({rt::RedisBin("redis-cli"), "--cluster", "reshard", cluster_->node(0).addr(), "--cluster-from",
                                  cluster_->Id(masters[0]), "--cluster-to", cluster_->Id(masters[1]), "--cluster-slots",
                                  "1500", "--cluster-yes"},
                                 &out, (cluster_->dir() / "reshard.log").string());

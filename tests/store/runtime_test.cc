@@ -1,18 +1,19 @@
-// The runtime as front ends share it (store/runtime.h) and callers' views
-// resolved into KV groups (store/kv_views.h): one view or several, checked
+// The runtime as front ends share it (runtime/runtime.h) and callers' views
+// resolved into KV groups (engine/kv_views.h): one view or several, checked
 // before anything is touched; a runtime that outlives its creator's handle;
 // lossy tiers reported; a knowledge fetch under one snapshot. KV comes from
 // the reference transformer.
-#include "store/runtime.h"
+#include "core/runtime/runtime.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <unistd.h>
 
-#include "model/tokenizer.h"
-#include "model/transformer.h"
+#include "lab/model/tokenizer.h"
+#include "lab/model/transformer.h"
 #include "reference_kv.h"
 #include "test_models.h"
 
@@ -37,6 +38,41 @@ TokenKeys Keys(const std::vector<int>& tokens) {
   return k;
 }
 
+// Views split among layers: layers {4, 0, 2} per layer (k, v), {1, 3} as
+// one allocation (rest), each element `fill` until written.
+struct SplitViews {
+  SplitViews(const Reference& r, float fill)
+      : T(r.tokens.size()),
+        k(3, std::vector<float>(T * kRow, fill)),
+        v(3, std::vector<float>(T * kRow, fill)),
+        rest(2 * 2 * T * kRow, fill) {
+    kp = {k[0].data(), k[1].data(), k[2].data()};
+    vp = {v[0].data(), v[1].data(), v[2].data()};
+    ViewSpec a;
+    a.layers = first;
+    a.num_layers = 3;
+    a.k_layers = kp.data();
+    a.v_layers = vp.data();
+    a.stride_token = 32;
+    a.stride_head = 8;
+    a.stride_dim = 1;
+    a.num_tokens = T;
+    ViewSpec b;
+    b.data = rest.data();
+    b.size_bytes = rest.size() * 4;
+    b.layers = second;
+    b.num_layers = 2;
+    specs = {a, b};
+  }
+  static constexpr size_t kRow = 32;
+  const std::vector<std::uint32_t> first = {4, 0, 2}, second = {1, 3};
+  size_t T;
+  std::vector<std::vector<float>> k, v;
+  std::vector<float> rest;
+  std::vector<void*> kp, vp;
+  std::vector<ViewSpec> specs;
+};
+
 TEST(Runtime, ViewsSplitAmongLayersStoreAndRetrieveTheSameBytes) {
   KDN_REQUIRE_MODEL();
   Reference r = Prefill();
@@ -50,24 +86,14 @@ TEST(Runtime, ViewsSplitAmongLayersStoreAndRetrieveTheSameBytes) {
   ASSERT_EQ(rt->Store(r.m, "t", Keys(r.tokens), *whole).value(), r.tokens.size());
 
   // Read back into two views: layers {4, 0, 2} per layer, {1, 3} as one allocation.
-  const size_t T = r.tokens.size(), row = 32;
-  std::vector<std::vector<float>> k(3, std::vector<float>(T * row)), v(3, std::vector<float>(T * row));
-  std::vector<void*> kp = {k[0].data(), k[1].data(), k[2].data()}, vp = {v[0].data(), v[1].data(), v[2].data()};
-  const std::vector<std::uint32_t> first = {4, 0, 2}, second = {1, 3};
-  ViewSpec a;
-  a.layers = first;
-  a.num_layers = 3;
-  a.k_layers = kp.data();
-  a.v_layers = vp.data();
-  a.stride_token = 32;
-  a.stride_head = 8;
-  a.stride_dim = 1;
-  a.num_tokens = T;
-  std::vector<float> rest(2 * 2 * T * row, -1.0f);
-  ViewSpec b = Canonical(rest);
-  b.layers = second;
-  b.num_layers = 2;
-  auto split = ResolvedViews::Resolve(r.m, std::vector<ViewSpec>{a, b}, T);
+  SplitViews sv(r, -1.0f);
+  const size_t T = sv.T, row = SplitViews::kRow;
+  auto& k = sv.k;
+  auto& v = sv.v;
+  auto& rest = sv.rest;
+  const auto& first = sv.first;
+  const auto& second = sv.second;
+  auto split = ResolvedViews::Resolve(r.m, sv.specs, T);
   ASSERT_TRUE(split.ok()) << split.status().message();
   EXPECT_EQ(split->whole(), nullptr);
   const KvStore::Retrieved got = rt->Retrieve(r.m, "t", Keys(r.tokens), *split).value();
@@ -160,6 +186,74 @@ TEST(Runtime, OutlivesWhoeverCreatedIt) {
   EXPECT_EQ(op->Outcome().tokens, r.tokens.size());
   held.reset();
   EXPECT_TRUE(watch.expired());
+}
+
+// A synchronous retrieve into several KV groups is a prefix, as one into a
+// single view: with chunk 1 of 3+ unreadable, it writes and counts tokens
+// [0, 8) only. It went out through a load op (not a prefix) and scattered
+// and counted the chunks after the failure while reporting 8 tokens.
+TEST(Runtime, ARetrieveIntoSeveralGroupsWritesAndCountsOnlyThePrefix) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  const size_t T = r.tokens.size(), row = 32;
+  ASSERT_GE(T, 24u);
+  const auto dir = std::filesystem::temp_directory_path() / ("kdn-runtime-prefix-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  StoreOptions o;
+  o.chunk_tokens = 8;
+  TierSpec disk;
+  disk.kind = TierSpec::Kind::kDisk;
+  disk.path = dir.string();
+  disk.capacity_bytes = 64 << 20;
+  disk.codec = "raw";
+  o.tiers = {disk};
+  auto rt = Runtime::Create(o, 2).value();
+  std::vector<float> in = r.canonical;
+  auto views = ResolvedViews::Resolve(r.m, std::vector<ViewSpec>{Canonical(in)}, T).value();
+  ASSERT_EQ(rt->Store(r.m, "t", Keys(r.tokens), views).value(), T);
+  keys::Digest lost{};
+  {
+    Fetch f = rt->store().FetchPrefix(r.m, "t", Keys(r.tokens));
+    ASSERT_GE(f.chunks.size(), 3u);
+    lost = f.chunks[1].lease.chunk()->meta.key;
+  }
+  bool flipped = false;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().filename().string().find(keys::ToHex(lost)) != std::string::npos) {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(-100, std::ios::end);
+      char c;
+      f.get(c);
+      f.seekp(-100, std::ios::end);
+      f.put(static_cast<char>(c ^ 0x5A));
+      flipped = true;
+    }
+  }
+  ASSERT_TRUE(flipped);
+
+  // Layers {4, 0, 2} per layer, {1, 3} as one allocation; -1 everywhere.
+  SplitViews sv(r, -1.0f);
+  auto& k = sv.k;
+  auto& rest = sv.rest;
+  const auto& first = sv.first;
+  const auto& second = sv.second;
+  auto split = ResolvedViews::Resolve(r.m, sv.specs, T).value();
+  const std::uint64_t served_before = rt->store().Stats().tokens_served;
+  const KvStore::Retrieved got = rt->Retrieve(r.m, "t", Keys(r.tokens), split).value();
+  EXPECT_EQ(got.tokens, 8u);
+  EXPECT_EQ(got.covered, T);
+  EXPECT_EQ(rt->store().Stats().tokens_served - served_before, 8u);
+  auto layer_of = [&](std::uint32_t l, int kv) { return &r.canonical[((l * 2 + static_cast<size_t>(kv)) * T) * row]; };
+  for (size_t j = 0; j < first.size(); ++j) {
+    EXPECT_EQ(std::memcmp(k[j].data(), layer_of(first[j], 0), 8 * row * 4), 0) << first[j];
+    for (size_t t = 8; t < T; ++t) ASSERT_EQ(k[j][t * row], -1.0f) << "layer " << first[j] << " token " << t;
+  }
+  for (size_t j = 0; j < second.size(); ++j) {
+    EXPECT_EQ(std::memcmp(&rest[(j * 2) * T * row], layer_of(second[j], 0), 8 * row * 4), 0) << second[j];
+    for (size_t t = 8; t < T; ++t) ASSERT_EQ(rest[(j * 2 * T + t) * row], -1.0f) << "layer " << second[j] << " token " << t;
+  }
+  rt.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Runtime, ALossyTierIsReportedAndARawOneIsNot) {

@@ -1,7 +1,7 @@
 // Codecs in the store: tiers that store chunks encoded (store/chunk_codec.h,
 // the codec part of store/tiered_store.h), through real disk tiers in real
 // directories, with the reference model's KV where quality matters.
-#include "store/chunk_codec.h"
+#include "core/store/chunk_codec.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "../codec/codec_test_util.h"
-#include "store/disk_tier.h"
-#include "store/kv_store.h"
-#include "store/memory_tier.h"
-#include "store/tiered_store.h"
-#include "wire/chunk.capnp.h"
-#include "wire/envelope.h"
+#include "core/tiers/disk_tier.h"
+#include "core/engine/kv_store.h"
+#include "core/tiers/memory_tier.h"
+#include "core/store/tiered_store.h"
+#include "core/wire/chunk.capnp.h"
+#include "core/wire/envelope.h"
 
 namespace kdn::store {
 namespace {

@@ -1,17 +1,18 @@
 // The chain of tiers: placement, watermark eviction, asynchronous demotion,
 // promotion on hit, leases, pins with TTLs, erase everywhere, the editor.
-#include "store/tiered_store.h"
+#include "core/store/tiered_store.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
 
-#include "store/memory_tier.h"
+#include "core/tiers/memory_tier.h"
 
 namespace kdn::store {
 namespace {
@@ -63,6 +64,83 @@ std::unique_ptr<TieredStore> Chain(int top, int bottom, double high = 1.0, doubl
   auto s = TieredStore::Create(std::move(o));
   EXPECT_TRUE(s.ok()) << s.status().message();
   return std::move(s).value();
+}
+
+// Fault injection: a tier whose puts stall, once armed, until released (a
+// disk whose write or fsync hangs); everything else is the inner tier's.
+class StallingTier final : public Tier {
+ public:
+  explicit StallingTier(std::unique_ptr<Tier> inner) : inner_(std::move(inner)) {}
+  void Arm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+  }
+  void WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return entered_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = false;
+    cv_.notify_all();
+  }
+  const std::string& name() const override { return inner_->name(); }
+  std::uint64_t Cost(const Chunk& chunk) const override { return inner_->Cost(chunk); }
+  Status Put(const ChunkRef& chunk) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (armed_) {
+        entered_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !armed_; });
+      }
+    }
+    return inner_->Put(chunk);
+  }
+  Result<ChunkRef> Get(const keys::Digest& key) override { return inner_->Get(key); }
+  bool Contains(const keys::Digest& key) const override { return inner_->Contains(key); }
+  bool Erase(const keys::Digest& key) override { return inner_->Erase(key); }
+  std::vector<ObjectInfo> List() const override { return inner_->List(); }
+  std::uint64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t objects() const override { return inner_->objects(); }
+  TierCounters counters() const override { return inner_->counters(); }
+
+ private:
+  std::unique_ptr<Tier> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, entered_ = false;
+};
+
+// No lock is held across a tier's I/O that readers take: a hit on a tier
+// does not wait for a put into it that stalls in its write (after evicting
+// to make room). Before the chain split its level lock, the hit's policy
+// update queued behind the put's write.
+TEST(TieredStore, AHitDoesNotWaitForASlowPutIntoTheSameTier) {
+  auto stalling = std::make_unique<StallingTier>(Mem("disk", 2));
+  StallingTier* tier = stalling.get();
+  TieredStoreOptions o;
+  LevelOptions a;
+  a.tier = std::move(stalling);
+  a.high_watermark = a.low_watermark = 1.0;
+  o.levels.push_back(std::move(a));
+  auto s = TieredStore::Create(std::move(o)).value();
+  ASSERT_TRUE(s->Put(Obj(1)).ok());
+  ASSERT_TRUE(s->Put(Obj(2)).ok());
+  ASSERT_TRUE(s->Get(Key(2)).ok());  // 1 is the least recently used: the victim
+
+  tier->Arm();
+  std::thread writer([&] { EXPECT_TRUE(s->Put(Obj(3)).ok()); });
+  tier->WaitEntered();  // 1 evicted, 3's write stalled
+  auto hit = std::async(std::launch::async, [&] { return s->Get(Key(2)).ok(); });
+  const bool served = hit.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  tier->Release();
+  writer.join();
+  EXPECT_TRUE(served) << "the hit waited for a put's write into its tier";
+  EXPECT_TRUE(hit.get());
+  EXPECT_TRUE(s->Get(Key(3)).ok());
+  EXPECT_FALSE(s->Get(Key(1)).ok());
 }
 
 TEST(TieredStore, PutsGoToTheTopAndEvictionsAreDemoted) {

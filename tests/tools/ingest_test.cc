@@ -5,7 +5,7 @@
 // longer makes deleted, bad input is reported and skipped, a file changing
 // during ingestion leaves nothing of it, a stop leaves the rest to the next
 // run, and the stored KV is the engine's own.
-#include "ingest.h"
+#include "refengine/ingest.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include <fstream>
 #include <map>
 
-#include "model/transformer.h"
+#include "lab/model/transformer.h"
 #include "test_models.h"
 
 namespace kdn::refengine {

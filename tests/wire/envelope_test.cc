@@ -1,4 +1,4 @@
-#include "wire/envelope.h"
+#include "core/wire/envelope.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "wire/chunk.capnp.h"
+#include "core/wire/chunk.capnp.h"
 #include "wire/chunk_next.capnp.h"
 
 namespace kdn::wire {

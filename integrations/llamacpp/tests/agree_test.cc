@@ -13,8 +13,8 @@
 
 #include "llama_session.h"
 #include "llama_test_util.h"
-#include "model/transformer.h"
-#include "model_loader.h"
+#include "lab/model/transformer.h"
+#include "refengine/model_loader.h"
 #include "test_models.h"
 
 namespace kdn::llamacpp {

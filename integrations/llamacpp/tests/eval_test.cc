@@ -11,9 +11,9 @@
 #include <fstream>
 #include <iterator>
 
-#include "codec/codec.h"
-#include "codec/eval.h"
-#include "model_loader.h"
+#include "core/codec/codec.h"
+#include "lab/codec/eval.h"
+#include "refengine/model_loader.h"
 #include "test_models.h"
 
 namespace kdn::llamacpp {

@@ -1,0 +1,253 @@
+#include "core/device/device.h"
+
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "core/codec/device.h"
+#include "kernels/ref/kv_view_ref.h"
+
+#ifdef KDN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/kv_view.cuh"
+#endif
+
+namespace kdn::store {
+
+DeviceCounters Device::counters() const {
+  DeviceCounters c;
+  c.h2d_bytes = h2d_;
+  c.d2h_bytes = d2h_;
+  c.d2d_bytes = d2d_;
+  c.scatters = scatters_;
+  c.gathers = gathers_;
+  c.device_decodes = device_decodes_;
+  c.host_decodes = host_decodes_;
+  return c;
+}
+
+bool Device::DecodesOnDevice(codec::CodecId id) {
+  return id == codec::CodecId::kKdn || id == codec::CodecId::kCacheGen || id == codec::CodecId::kTc;
+}
+
+namespace {
+
+// A decoder's failure as the store treats it: out of memory stays so, any
+// other failure makes the chunk unreadable (a miss), as DecodeChunk says.
+Status AsDecodeStatus(codec::CodecId id, const Status& st) {
+  if (st.ok() || st.code() == Code::kNoMemory) return st;
+  return Status::Corrupt("device decode of codec " + std::to_string(static_cast<std::uint32_t>(id)) + ": " +
+                         st.message());
+}
+
+class EmulatedDevice final : public Device {
+ public:
+  std::string name() const override { return "emulated"; }
+  bool emulated() const override { return true; }
+
+  Result<chunk::Payload> Allocate(size_t n) override {
+    try {
+      return chunk::Payload::Uninitialized(n);
+    } catch (const std::bad_alloc&) {
+      return Status(Code::kNoMemory, "emulated device: out of memory for " + std::to_string(n) + " bytes");
+    }
+  }
+  Status CopyToDevice(void* dst, const void* src, size_t n) override {
+    if (n != 0) std::memcpy(dst, src, n);
+    h2d_ += n;
+    return Status::Ok();
+  }
+  Status CopyToHost(void* dst, const void* src, size_t n) override {
+    if (n != 0) std::memcpy(dst, src, n);
+    d2h_ += n;
+    return Status::Ok();
+  }
+  Status CopyOnDevice(void* dst, const void* src, size_t n) override {
+    if (n != 0 && dst != src) std::memcpy(dst, src, n);
+    d2d_ += n;
+    return Status::Ok();
+  }
+  Status Scatter(const void* chunk, const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens,
+                 std::int64_t layer_begin, std::int64_t layer_end) override {
+    kernels::view_scatter_cpu(chunk, view, token_begin, tokens, layer_begin, layer_end);
+    ++scatters_;
+    return Status::Ok();
+  }
+  Status Gather(const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens, std::int64_t layer_begin,
+                std::int64_t layer_end, void* chunk) override {
+    kernels::view_gather_cpu(view, token_begin, tokens, layer_begin, layer_end, chunk);
+    ++gathers_;
+    return Status::Ok();
+  }
+  Status Decode(const codec::Shape& shape, codec::CodecId id, const std::uint8_t* payload, size_t size,
+                void* out) override {
+    auto* o = static_cast<std::uint8_t*>(out);
+    Status st;
+    switch (id) {
+      case codec::CodecId::kKdn: st = codec::KdnDecodeEmulated(shape, payload, size, o); break;
+      case codec::CodecId::kCacheGen: st = codec::CacheGenDecodeEmulated(shape, payload, size, o); break;
+      case codec::CodecId::kTc: st = codec::TcDecodeEmulated(shape, payload, size, o); break;
+      default:
+        return Status::Unsupported("codec " + std::to_string(static_cast<std::uint32_t>(id)) +
+                                   " has no device decode");
+    }
+    h2d_ += size;  // the payload crosses, not the canonical KV
+    if (st.ok()) ++device_decodes_;
+    return AsDecodeStatus(id, st);
+  }
+  Status Synchronize() override { return Status::Ok(); }
+};
+
+#ifdef KDN_HAVE_CUDA
+
+Status CudaFailed(const char* what, cudaError_t e) {
+  if (e == cudaErrorMemoryAllocation) return Status(Code::kNoMemory, std::string(what) + ": out of device memory");
+  return Status(Code::kInternal, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+#define KDN_CUDA_OR_RETURN(what, expr)                      \
+  do {                                                      \
+    const cudaError_t kdn_cuda_e_ = (expr);                 \
+    if (kdn_cuda_e_ != cudaSuccess) return CudaFailed(what, kdn_cuda_e_); \
+  } while (0)
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {}
+  std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
+  bool emulated() const override { return false; }
+
+  Result<chunk::Payload> Allocate(size_t n) override {
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    void* p = nullptr;
+    KDN_CUDA_OR_RETURN("cudaMalloc", cudaMalloc(&p, n == 0 ? 1 : n));
+    const int ordinal = ordinal_;
+    std::shared_ptr<void> owner(p, [ordinal](void* q) {
+      (void)cudaSetDevice(ordinal);
+      (void)cudaFree(q);  // synchronizes: no kernel still reads it
+    });
+    return chunk::Payload::Adopt(static_cast<std::uint8_t*>(p), n, std::move(owner));
+  }
+  Status CopyToDevice(void* dst, const void* src, size_t n) override {
+    return Copy(dst, src, n, cudaMemcpyHostToDevice, h2d_);
+  }
+  Status CopyToHost(void* dst, const void* src, size_t n) override {
+    KDN_RETURN_IF_ERROR(Copy(dst, src, n, cudaMemcpyDeviceToHost, d2h_));
+    return Synchronize();  // the host reads it next
+  }
+  Status CopyOnDevice(void* dst, const void* src, size_t n) override {
+    return Copy(dst, src, n, cudaMemcpyDeviceToDevice, d2d_);
+  }
+  Status Scatter(const void* chunk, const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens,
+                 std::int64_t layer_begin, std::int64_t layer_end) override {
+    KDN_RETURN_IF_ERROR(Launch(view, const_cast<void*>(chunk), token_begin, tokens, layer_begin, layer_end, true));
+    ++scatters_;
+    return Status::Ok();
+  }
+  Status Gather(const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens, std::int64_t layer_begin,
+                std::int64_t layer_end, void* chunk) override {
+    KDN_RETURN_IF_ERROR(Launch(view, chunk, token_begin, tokens, layer_begin, layer_end, false));
+    ++gathers_;
+    return Status::Ok();
+  }
+  Status Decode(const codec::Shape& shape, codec::CodecId id, const std::uint8_t* payload, size_t size,
+                void* out) override {
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    void* stream = cudaStreamPerThread;
+    Status st;
+    switch (id) {
+      case codec::CodecId::kKdn: st = codec::KdnDecodeOnDevice(shape, payload, size, out, stream); break;
+      case codec::CodecId::kCacheGen: st = codec::CacheGenDecodeOnDevice(shape, payload, size, out, stream); break;
+      case codec::CodecId::kTc: st = codec::TcDecodeOnDevice(shape, payload, size, out, stream); break;
+      default:
+        return Status::Unsupported("codec " + std::to_string(static_cast<std::uint32_t>(id)) +
+                                   " has no device decode");
+    }
+    h2d_ += size;
+    if (st.ok()) ++device_decodes_;
+    if (st.code() == Code::kInternal || st.code() == Code::kUnsupported) return st;  // the device, not the bytes
+    return AsDecodeStatus(id, st);
+  }
+  Status Synchronize() override {
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    KDN_CUDA_OR_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(cudaStreamPerThread));
+    return Status::Ok();
+  }
+
+ private:
+  Status Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, std::atomic<std::uint64_t>& counter) {
+    if (n == 0) return Status::Ok();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    KDN_CUDA_OR_RETURN("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, n, kind, cudaStreamPerThread));
+    counter += n;
+    return Status::Ok();
+  }
+  // The view's arrays go to the device (stream-ordered scratch, freed after
+  // the kernel), then the gather or scatter kernel runs.
+  Status Launch(const kernels::KvView& view, void* chunk, std::int64_t token_begin, std::int64_t tokens,
+                std::int64_t layer_begin, std::int64_t layer_end, bool scatter) {
+    if (tokens <= 0 || layer_begin >= layer_end) return Status::Ok();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    const cudaStream_t stream = cudaStreamPerThread;
+    const auto layers = static_cast<size_t>(view.shape.layers);
+    std::vector<void*> bases(2 * layers);
+    for (size_t l = 0; l < layers; ++l) {
+      bases[l] = view.k_base[l];
+      bases[layers + l] = view.v_base[l];
+    }
+    const size_t table = view.paged ? static_cast<size_t>(view.table_len) : 0;
+    const size_t bytes = bases.size() * sizeof(void*) + table * sizeof(std::int32_t);
+    void* scratch = nullptr;
+    KDN_CUDA_OR_RETURN("cudaMallocAsync", cudaMallocAsync(&scratch, bytes, stream));
+    auto* dev_bases = static_cast<void**>(scratch);
+    auto* dev_table = reinterpret_cast<std::int32_t*>(dev_bases + bases.size());
+    cudaError_t e = cudaMemcpyAsync(dev_bases, bases.data(), bases.size() * sizeof(void*), cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess && table != 0) {
+      e = cudaMemcpyAsync(dev_table, view.block_table, table * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream);
+    }
+    if (e == cudaSuccess) {
+      kernels::KvViewArgs a;
+      a.view = view;
+      a.view.k_base = dev_bases;
+      a.view.v_base = dev_bases + layers;
+      a.view.block_table = table != 0 ? dev_table : nullptr;
+      a.chunk = chunk;
+      a.token_begin = token_begin;
+      a.tokens = tokens;
+      a.layer_begin = layer_begin;
+      a.layer_end = layer_end;
+      e = scatter ? kernels::launch_view_scatter(a, stream) : kernels::launch_view_gather(a, stream);
+    }
+    (void)cudaFreeAsync(scratch, stream);
+    if (e != cudaSuccess) return CudaFailed(scatter ? "view scatter" : "view gather", e);
+    return Status::Ok();
+  }
+
+  const int ordinal_;
+};
+
+#endif  // KDN_HAVE_CUDA
+
+}  // namespace
+
+std::shared_ptr<Device> MakeEmulatedDevice() { return std::make_shared<EmulatedDevice>(); }
+
+Result<std::shared_ptr<Device>> MakeCudaDevice(int ordinal) {
+#ifdef KDN_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
+    return Status::Unsupported("no usable CUDA device (use the emulated device on a machine without a GPU)");
+  }
+  if (ordinal < 0 || ordinal >= n) {
+    return Status::InvalidArgument("CUDA device " + std::to_string(ordinal) + " does not exist (" +
+                                   std::to_string(n) + " present)");
+  }
+  return std::shared_ptr<Device>(std::make_shared<CudaDevice>(ordinal));
+#else
+  (void)ordinal;
+  return Status::Unsupported("this build has no CUDA (use the emulated device)");
+#endif
+}
+
+}  // namespace kdn::store

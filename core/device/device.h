@@ -1,0 +1,96 @@
+// The GPU side of delivery: a Device runs what the store does to KV that
+// lives in GPU memory (an engine's KV view, a device tier's blocks):
+// copies, the gather and scatter kernels between views and canonical
+// chunks, and the codecs' decode kernels (core/codec/device.h), so that a
+// load into a device view reads a device tier's chunk device to device, and
+// an encoded chunk from a lower tier is decoded on the GPU, straight into
+// device memory: no host round trip of the canonical KV.
+//
+// Two implementations:
+// - the CUDA device (MakeCudaDevice): cudaMalloc'd memory, the kernels of
+//   kernels/*.cu on the calling thread's default stream
+//   (cudaStreamPerThread); a store call synchronizes that stream before it
+//   returns, so the KV is in place when the call is done;
+// - the emulated device (MakeEmulatedDevice): host memory stands in for the
+//   GPU's, and every operation runs the CPU path of the same kernel (the
+//   same per-thread functions: kernels/ref/*), so a machine without a GPU
+//   runs, and the tests check, the logic and the bytes of every device path.
+//
+// Both count what crossed which way (DeviceCounters), so a test can say that
+// a load from a device tier moved nothing between host and device.
+// Thread-safety: every member may be called from any thread at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/chunk/chunk.h"
+#include "core/codec/codec.h"
+#include "kernels/common/kv_view.h"
+#include "core/util/status.h"
+
+namespace kdn::store {
+
+struct DeviceCounters {
+  std::uint64_t h2d_bytes = 0;   // host -> device (payloads to decode, raw chunks from host tiers)
+  std::uint64_t d2h_bytes = 0;   // device -> host (saves to tiers that are not on the device)
+  std::uint64_t d2d_bytes = 0;   // device -> device copies (into a device tier)
+  std::uint64_t scatters = 0, gathers = 0;  // kernel launches (or their CPU path)
+  std::uint64_t device_decodes = 0;         // payloads decoded by the device's decode kernels
+  std::uint64_t host_decodes = 0;           // payloads decoded on the CPU, then copied (codecs without kernels)
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // "cuda:N" or "emulated".
+  virtual std::string name() const = 0;
+  virtual bool emulated() const = 0;
+
+  // n bytes of device memory, freed when the payload goes (its pointer is a
+  // device address: never read it on the host). kNoMemory when out of it.
+  virtual Result<chunk::Payload> Allocate(size_t n) = 0;
+  virtual Status CopyToDevice(void* dst, const void* src, size_t n) = 0;
+  virtual Status CopyToHost(void* dst, const void* src, size_t n) = 0;
+  virtual Status CopyOnDevice(void* dst, const void* src, size_t n) = 0;
+
+  // The kernels of kernels/kv_view.cuh: `view`'s arrays (per-layer bases,
+  // block table) are host memory, as the caller described them, and the
+  // elements they point to device memory; `chunk` is a canonical chunk of
+  // `tokens` tokens in device memory. Check the view (kernels::view_valid)
+  // first: these do not.
+  virtual Status Scatter(const void* chunk, const kernels::KvView& view, std::int64_t token_begin,
+                         std::int64_t tokens, std::int64_t layer_begin, std::int64_t layer_end) = 0;
+  virtual Status Gather(const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens,
+                        std::int64_t layer_begin, std::int64_t layer_end, void* chunk) = 0;
+
+  // Whether the device decodes this codec's payloads itself (kdn, cachegen,
+  // tc); others are decoded on the CPU and copied (Deliver does that).
+  static bool DecodesOnDevice(codec::CodecId id);
+  // Decodes a payload in host memory into `out` (shape.bytes() of device
+  // memory, canonical layout): only for DecodesOnDevice codecs. kCorrupt for
+  // a payload that does not decode (as the CPU decoder would say).
+  virtual Status Decode(const codec::Shape& shape, codec::CodecId id, const std::uint8_t* payload, size_t size,
+                        void* out) = 0;
+  // Waits for the work this thread queued.
+  virtual Status Synchronize() = 0;
+
+  DeviceCounters counters() const;
+
+ protected:
+  std::atomic<std::uint64_t> h2d_{0}, d2h_{0}, d2d_{0}, scatters_{0}, gathers_{0}, device_decodes_{0};
+
+ private:
+  friend class KvStore;
+  std::atomic<std::uint64_t> host_decodes_{0};
+};
+
+// Host memory standing in for a GPU's; the kernels' CPU paths.
+std::shared_ptr<Device> MakeEmulatedDevice();
+// The CUDA device `ordinal`; kUnsupported when this build has no CUDA or the
+// machine no usable GPU.
+Result<std::shared_ptr<Device>> MakeCudaDevice(int ordinal);
+
+}  // namespace kdn::store

@@ -1,0 +1,299 @@
+// The KV store of a runtime: splits a request's tokens into chunks, keys
+// them (chained prefix keys over token ids, or over the engine's own block
+// hashes), keeps them in a chain of tiers (store/tiered_store.h), and moves
+// KV between engines' views (kernels/common/kv_view.h) and canonical chunks.
+//
+// The tokens after the last whole chunk are stored too, as pieces of
+// decreasing powers of two (of tokens, or of the engine's blocks): 200
+// tokens past a chunk boundary are pieces of 128, 64 and 8, each keyed like
+// a chunk (chained on the one before). A later request finds them by trying
+// each power once, largest first: a request that shares any piece boundary
+// with a stored one reuses that prefix, and a lookup costs at most log2 of
+// chunk_tokens probes and one chunk's worth of hashing, however many
+// requests were stored. No index lives in memory: what the tiers hold is
+// what a lookup finds, before and after a restart, and pieces are evicted
+// like any chunk.
+// Thread-safety: every member function may be called concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/common/kv_copy.h"
+#include "kernels/common/kv_view.h"
+#include "core/keys/hash.h"
+#include "core/device/device.h"
+#include "core/store/policy.h"
+#include "core/store/tiered_store.h"
+#include "core/tiers/tier_spec.h"
+#include "core/telemetry/histogram.h"
+#include "core/util/status.h"
+#include "core/util/thread_pool.h"
+
+namespace kdn::store {
+
+// A registered model as the store sees it.
+struct ModelKv {
+  keys::Digest fingerprint{};
+  kernels::KvShape shape;
+  std::uint32_t dtype = 0;  // kdn_dtype
+  std::int64_t bytes_per_token() const { return shape.layers * 2 * shape.heads * shape.head_dim * shape.elem_bytes; }
+};
+
+// One KV group of an engine's views: which model layers it holds, and where
+// (view layer j holds model layer layers[j]).
+struct KvGroup {
+  std::vector<std::uint32_t> layers;
+  kernels::KvView view;
+};
+
+// What identifies a request's tokens: their ids, or the engine's own chained
+// block hashes (hash_bytes each, one per block of block_tokens tokens).
+struct TokenKeys {
+  std::span<const std::int32_t> tokens;
+  std::span<const std::uint8_t> hashes;
+  std::uint32_t hash_bytes = 0;
+  std::uint32_t block_tokens = 0;
+  bool by_hash() const { return hash_bytes != 0; }
+  std::uint64_t size() const {
+    return by_hash() ? hashes.size() / hash_bytes * std::uint64_t{block_tokens} : tokens.size();
+  }
+};
+
+struct StoreOptions {
+  std::uint32_t chunk_tokens = 256;
+  std::uint64_t hash_seed = 0;
+  std::vector<TierSpec> tiers;  // highest first; empty: one host tier of host_capacity_bytes
+  std::uint64_t host_capacity_bytes = std::uint64_t{1} << 30;
+  size_t mover_queue_objects = 256;
+  std::uint64_t mover_queue_bytes = std::uint64_t{1} << 30;
+  const Clock* clock = nullptr;
+  std::shared_ptr<ChunkEditor> editor;
+  // Threads that read and decode the chunks of one retrieve or load at once,
+  // the caller among them, when two or more of its chunks come from a disk
+  // tier or a tier with a codec (reading one while decoding another, and
+  // decoding on several cores): 0 = the machine's cores, at most 4; 1 = one
+  // chunk after another. One call at a time uses them; calls meanwhile read
+  // their chunks one after another.
+  std::uint32_t fetch_threads = 0;
+  // Where engines' device views live (device/device.h): the CUDA device, or
+  // the emulated one. Null: no device; device views are refused, and a
+  // device tier is the GPU's when one is usable, else emulated.
+  std::shared_ptr<Device> device;
+};
+
+struct LookupResult {
+  std::uint64_t tokens = 0;                 // leading tokens cached in some tier
+  std::vector<std::uint64_t> tier_tokens;   // per tier: leading tokens held by that tier alone
+};
+
+// A range of a request's tokens whose KV could not be loaded.
+struct TokenRange {
+  std::uint64_t begin = 0, end = 0;
+};
+
+// The chunks of a request's cached prefix, fetched and leased.
+struct FetchedChunk {
+  Lease lease;
+  std::uint64_t begin = 0, tokens = 0;
+};
+struct Fetch {
+  std::vector<FetchedChunk> chunks;
+  std::uint64_t covered = 0;          // tokens the cached prefix covers (lookup)
+  std::vector<TokenRange> failed;     // chunks of it that could not be read
+  std::uint64_t edited_chunks = 0;    // chunks an editor rewrote
+  std::uint64_t lossy_chunks = 0;     // chunks decoded from a lossy codec
+  // Tokens loadable as a prefix: up to the first failure.
+  std::uint64_t prefix() const { return failed.empty() ? covered : failed.front().begin; }
+};
+
+struct Telemetry {
+  std::uint64_t lookups = 0, retrieves = 0, stores = 0, hits = 0, misses = 0;
+  std::uint64_t tokens_served = 0, tokens_stored = 0, bytes_served = 0, bytes_stored = 0, edited_served = 0;
+  std::uint64_t probes = 0;  // keys probed by the walks of lookups, retrieves and loads
+  std::uint64_t tokens_requested = 0;  // tokens the loads asked for
+  std::uint64_t lookup_tokens = 0, lookup_hit_tokens = 0;  // tokens the lookups covered, and found cached
+  // TTFT: the prefills engines reported (ReportPrefill), the prefill time
+  // the loads saved (each load's tokens x its model's mean reported prefill
+  // time per token then), the tokens served while their model had no
+  // report (not priced), and the time spent in loads.
+  std::uint64_t prefill_tokens = 0, prefill_ns = 0;
+  std::uint64_t ttft_saved_ns = 0, tokens_served_unpriced = 0, delivery_ns = 0;
+  telemetry::HistogramSnapshot lookup_us, load_us, store_us;
+};
+
+class KvStore {
+ public:
+  static Result<std::unique_ptr<KvStore>> Create(const StoreOptions& options);
+  const StoreOptions& options() const { return options_; }
+  // The threads a retrieve or load reads and decodes chunks on (the
+  // resolved StoreOptions::fetch_threads).
+  int fetch_threads() const { return fetch_pool_ ? fetch_pool_->threads() : 1; }
+  TieredStore& chain() { return *chain_; }
+  const TieredStore& chain() const { return *chain_; }
+
+  // Checks a request's keys against the store's chunking.
+  Status CheckKeys(const TokenKeys& keys) const;
+  // Leading tokens cached, per tier and overall; no side effects but counters.
+  LookupResult Lookup(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
+  // Stores the KV of the request's tokens from `view`; returns the leading
+  // tokens cached afterwards (a prefix, when the store cannot hold them all).
+  Result<std::uint64_t> Store(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                              const kernels::KvView& view);
+  // A store in two steps, for saves that gather layer by layer: the chunks
+  // to write (those no tier holds yet), then each one committed with its
+  // bytes. Store() is PlanStore + gather + CommitChunk.
+  struct PlannedChunk {
+    keys::Digest key{};
+    std::uint64_t begin = 0, tokens = 0;
+    bool present = false;   // already held: nothing to write
+    // The prefill work its presence saves (store/policy.h ChunkValue):
+    // ChunkMeta::prefill_value.
+    double value = 0;
+  };
+  Result<std::vector<PlannedChunk>> PlanStore(const ModelKv& model, std::string_view ns, const TokenKeys& keys);
+  // Puts a planned chunk whose payload holds its canonical KV.
+  Status CommitChunk(const ModelKv& model, std::string_view ns, const PlannedChunk& planned, Payload payload);
+  // The leading tokens of a plan, up to `committed`, that some tier holds
+  // now: what a store reports, since a put can evict an earlier chunk of
+  // the same store (one planned as present, least recently used).
+  std::uint64_t HeldPrefix(std::string_view ns, std::span<const PlannedChunk> plan, std::uint64_t committed) const;
+  void CountStore(double micros) {
+    ++stores_;
+    store_us_.Record(micros);
+  }
+
+  // Leases the chunks of the cached prefix: their canonical KV in host
+  // memory, or (Form::kStored) as their tiers hold them, for DeliverToDevice.
+  Fetch FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                    TieredStore::Form form = TieredStore::Form::kCanonical);
+  // Writes layers [layer_begin, layer_end) of fetched chunks into `view`.
+  static void Scatter(const Fetch& fetch, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end);
+  // Fetch + scatter of every layer, as a prefix: returns the tokens filled.
+  std::uint64_t Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
+  struct Retrieved {
+    std::uint64_t tokens = 0;   // the prefix written
+    std::uint64_t covered = 0;  // the cached prefix found
+    bool lossy = false;         // some of it was decoded from a lossy codec
+  };
+  Retrieved RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
+  // The same, writing each chunk of the prefix through `write` (views split
+  // into KV groups: kv_views.h), on the caller's thread.
+  Retrieved RetrieveWith(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                         const std::function<void(const FetchedChunk&)>& write);
+  // Records a finished load of `requested` tokens in the statistics; its
+  // `tokens` served are priced at the model's prefill time per token.
+  void CountLoad(const ModelKv& model, const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens,
+                 std::uint64_t bytes, double micros);
+  // An engine's prefill of `tokens` tokens of `model` that took `ns`
+  // nanoseconds (what a load would have saved it). The model's prefill time
+  // per token is the mean over its reports: total time / total tokens.
+  Status ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::uint64_t ns);
+  // That mean in nanoseconds per token; 0 while the model has no report.
+  double PrefillNsPerToken(const ModelKv& model) const;
+  // A blend that saved the prefill of `positions` positions (its context
+  // x the share of the layer x position work it did not recompute): priced
+  // at the model's mean into TTFT saved; nothing while it has no report.
+  void CountBlendSaving(const ModelKv& model, double positions);
+
+  Telemetry Stats() const;
+
+  // ---- Device views (device/device.h; kv_store_device.cc) -------------------
+  // The store's device, or null.
+  Device* device() const { return options_.device.get(); }
+  // Writes the chunks of a stored-form fetch into device views (`groups`:
+  // every model layer once, views whose elements are device memory), chunk
+  // by chunk in order: a device tier's chunk by the scatter kernel straight
+  // from its block; an encoded chunk (kdn, cachegen, tc) decoded by the
+  // device's kernels into a device staging buffer, then scattered; a raw
+  // chunk in host memory copied into staging; other codecs decoded on the
+  // CPU first. Two staging buffers alternate. A payload that fails to
+  // decode joins fetch.failed (and is removed from its tier); with
+  // `as_prefix` nothing after the first failure is written. Returns the
+  // tokens written, or a device error (kInternal, kNoMemory).
+  struct Delivered {
+    std::uint64_t tokens = 0;  // written (as_prefix: the prefix)
+    bool lossy = false;        // some of it decoded from a lossy codec
+  };
+  Result<Delivered> DeliverToDevice(const ModelKv& model, Fetch& fetch, std::span<const KvGroup> groups,
+                                    bool as_prefix);
+  // Retrieve and Store for device views (the groups of engine/kv_views.h).
+  // A store gathers each new chunk on the device; when the top tier takes
+  // device memory (a device tier, raw, no write-through, no editor) the
+  // chunk goes there device to device, otherwise it is copied to the host
+  // and put as usual.
+  Result<Retrieved> RetrieveToDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                     std::span<const KvGroup> groups);
+  Result<std::uint64_t> StoreFromDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                        std::span<const KvGroup> groups);
+  // Writes canonical KV in host memory (tokens [0, tokens) of every layer)
+  // into device views: one copy to the device, then the scatter kernel (the
+  // blender's composed KV).
+  Status ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
+                         std::span<const KvGroup> groups);
+
+  // Tells the tiers that keep a registry of knowledge items (remote nodes)
+  // of a change to one (see Tier::Document).
+  void AnnounceDocument(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms = 0);
+  // Position-free content key of one chunk of tokens (knowledge items).
+  keys::Digest ContentKey(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) const;
+  // Puts one chunk gathered from `view` under `key` (knowledge items).
+  Status PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key, const kernels::KvView& view,
+                  std::uint64_t begin, std::uint64_t tokens, std::int64_t first_position);
+  // Puts a chunk of canonical bytes under `key` (on_device: the payload is
+  // device memory, which only a top tier that takes it does:
+  // TieredStore::TakesDevicePayloads; kUnsupported otherwise).
+  Status PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
+                    std::int64_t first_position, Payload payload, bool on_device = false, double value = 0);
+
+ private:
+  KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
+  static keys::Digest KeyOf(const keys::ChunkKeyer& keyer, const TokenKeys& keys, const keys::Digest& prev,
+                            std::uint64_t begin, std::uint64_t len);
+  // The tokens a chunk or piece starting at `pos` of an n-token request
+  // covers when stored: a whole chunk, else the largest piece that fits.
+  std::uint64_t StoredLength(const TokenKeys& keys, std::uint64_t pos, std::uint64_t n) const;
+  // A remote tier files keys per namespace: the request's, for its reads.
+  void EnterNamespace(std::optional<NamespaceScope>& scope, std::string_view ns) const;
+  // Tells remote tiers which keys the walk is about to probe (one call);
+  // with will_read, that the ones no tier above holds are then read (the
+  // remote reads start at once and stream).
+  void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys, bool will_read = false) const;
+  // Walks the request's chunks while probe(key, begin, len) accepts them;
+  // returns the tokens walked.
+  template <typename Probe>
+  std::uint64_t Walk(const ModelKv& model, std::string_view ns, const TokenKeys& keys, Probe&& probe) const;
+
+  const StoreOptions options_;
+  std::unique_ptr<TieredStore> chain_;
+  std::unique_ptr<ThreadPool> fetch_pool_;  // null: one thread; used under fetch_mu_
+  std::mutex fetch_mu_;
+  std::vector<bool> costly_get_;  // per level: a get reads from disk or decodes
+  bool has_remote_ = false;       // some tier is a remote node or a redis tier
+  std::atomic<std::uint64_t> lookups_{0}, retrieves_{0}, stores_{0}, hits_{0}, misses_{0};
+  std::atomic<std::uint64_t> tokens_served_{0}, tokens_stored_{0}, bytes_served_{0}, bytes_stored_{0}, edited_served_{0};
+  mutable std::atomic<std::uint64_t> probes_{0};
+  std::atomic<std::uint64_t> lookup_tokens_{0}, lookup_hit_tokens_{0};
+  std::atomic<std::uint64_t> tokens_requested_{0}, ttft_saved_ns_{0}, tokens_served_unpriced_{0}, delivery_ns_{0};
+  // Reported prefills per model fingerprint (a few models per runtime; at
+  // most kMaxPrefillModels, then reports of new models are kBusy).
+  struct PrefillMeter {
+    std::uint64_t tokens = 0, ns = 0;
+  };
+  static constexpr size_t kMaxPrefillModels = 4096;
+  mutable std::mutex prefill_mu_;
+  std::unordered_map<keys::Digest, PrefillMeter, keys::DigestHash> prefill_;  // under prefill_mu_
+  std::uint64_t prefill_tokens_ = 0, prefill_ns_ = 0;  // all models, under prefill_mu_
+  telemetry::Histogram lookup_us_, load_us_, store_us_;
+};
+
+}  // namespace kdn::store

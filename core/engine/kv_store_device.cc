@@ -1,0 +1,218 @@
+// KvStore's paths for engines' KV views in device memory (device/device.h):
+// loads that never bring the canonical KV through the host, and stores that
+// keep it on the device when the top tier is a device tier.
+#include <algorithm>
+#include <chrono>
+
+#include "core/store/chunk_codec.h"
+#include "core/engine/engine_ops.h"
+#include "core/engine/kv_store.h"
+
+namespace kdn::store {
+namespace {
+
+double MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::uint64_t NsSince(std::chrono::steady_clock::time_point t0) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+codec::Shape ShapeOfMeta(const ChunkMeta& m) { return {m.layers, m.kv_heads, m.head_dim, m.tokens, m.dtype}; }
+
+// Runs `op(view, layer_begin, layer_end)` over every run of consecutive model
+// layers of every group, on a model-wide view of the group.
+template <typename Op>
+Status ForEachLayerRun(const ModelKv& model, std::span<const KvGroup> groups, Op&& op) {
+  std::vector<void*> k, v;
+  for (const KvGroup& g : groups) {
+    const kernels::KvView mv = ModelView(model, g, k, v);
+    std::vector<std::uint32_t> layers = g.layers;
+    std::sort(layers.begin(), layers.end());
+    for (size_t i = 0; i < layers.size();) {
+      size_t j = i + 1;
+      while (j < layers.size() && layers[j] == layers[j - 1] + 1) ++j;
+      KDN_RETURN_IF_ERROR(op(mv, std::int64_t{layers[i]}, std::int64_t{layers[j - 1]} + 1));
+      i = j;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch& f, std::span<const KvGroup> groups,
+                                                    bool as_prefix) {
+  Device* dev = device();
+  if (dev == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
+  // Two staging buffers of the largest chunk, alternating: on a GPU the
+  // copy or decode of chunk i+1 is queued while chunk i is scattered.
+  std::uint64_t largest = 0;
+  for (const FetchedChunk& c : f.chunks) {
+    const ChunkRef& ch = c.lease.chunk();
+    if (ch->meta.codec != codec::CodecId::kRaw || !ch->meta.device) largest = std::max(largest, c.tokens * per_token);
+  }
+  chunk::Payload staging[2];
+  if (largest > 0) {
+    for (chunk::Payload& s : staging) {
+      Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(largest));
+      if (!b.ok()) return b.status();
+      s = std::move(b).value();
+    }
+  }
+  Delivered out;
+  std::uint64_t stop = UINT64_MAX;  // as_prefix: the first failure's begin
+  std::vector<TokenRange> failed;   // decodes that failed here
+  int slot = 0;
+  for (const FetchedChunk& c : f.chunks) {
+    if (c.begin >= stop) break;
+    const ChunkRef& ch = c.lease.chunk();
+    const std::uint64_t bytes = c.tokens * per_token;
+    const void* src = nullptr;
+    bool lossy = ch->meta.lossy;
+    if (ch->meta.codec == codec::CodecId::kRaw) {
+      if (ch->meta.device) {
+        src = ch->payload.data();  // the device tier's own block
+      } else {
+        KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging[slot].data(), ch->payload.data(), static_cast<size_t>(bytes)));
+        src = staging[slot].data();
+      }
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st;
+      if (Device::DecodesOnDevice(ch->meta.codec)) {
+        st = dev->Decode(ShapeOfMeta(ch->meta), ch->meta.codec, ch->payload.data(), ch->payload.size(),
+                         staging[slot].data());
+      } else {
+        // No kernel for this codec (zstd, int8, fp8, kivi): the CPU decodes,
+        // the canonical bytes cross.
+        Result<ChunkRef> raw = DecodeChunk(ch);
+        st = raw.status();
+        if (raw.ok()) {
+          ++dev->host_decodes_;
+          st = dev->CopyToDevice(staging[slot].data(), (*raw)->payload.data(), static_cast<size_t>(bytes));
+        }
+      }
+      if (st.code() != Code::kCorrupt && !st.ok()) return st;  // the device failed, not the bytes
+      if (c.lease.level() >= 0) chain_->RecordDecode(static_cast<size_t>(c.lease.level()), ch->meta.key, st, NsSince(t0));
+      if (!st.ok()) {
+        if (!failed.empty() && failed.back().end == c.begin) {
+          failed.back().end = c.begin + c.tokens;
+        } else {
+          failed.push_back({c.begin, c.begin + c.tokens});
+        }
+        if (as_prefix) stop = c.begin;
+        continue;
+      }
+      lossy = lossy || codec::IsLossy(ch->meta.codec);
+      src = staging[slot].data();
+    }
+    KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+      return dev->Scatter(src, v, static_cast<std::int64_t>(c.begin), static_cast<std::int64_t>(c.tokens), lb, le);
+    }));
+    out.tokens += c.tokens;
+    out.lossy = out.lossy || lossy;
+    slot ^= 1;
+  }
+  KDN_RETURN_IF_ERROR(dev->Synchronize());
+  // The failures of this pass join the fetch's, in order of tokens.
+  if (!failed.empty()) {
+    f.failed.insert(f.failed.end(), failed.begin(), failed.end());
+    std::sort(f.failed.begin(), f.failed.end(), [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
+    std::erase_if(f.chunks, [&](const FetchedChunk& c) {
+      return std::any_of(failed.begin(), failed.end(), [&](const TokenRange& r) { return c.begin == r.begin || (c.begin > r.begin && c.begin < r.end); });
+    });
+  }
+  if (as_prefix) out.tokens = std::min(out.tokens, f.prefix());
+  return out;
+}
+
+Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
+                               std::span<const KvGroup> groups) {
+  Device* dev = device();
+  if (dev == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  const std::uint64_t bytes = tokens * static_cast<std::uint64_t>(model.bytes_per_token());
+  if (bytes == 0) return Status::Ok();
+  Result<chunk::Payload> staging = dev->Allocate(static_cast<size_t>(bytes));
+  if (!staging.ok()) return staging.status();
+  KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging->data(), canonical, static_cast<size_t>(bytes)));
+  KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+    return dev->Scatter(staging->data(), v, 0, static_cast<std::int64_t>(tokens), lb, le);
+  }));
+  return dev->Synchronize();
+}
+
+Result<KvStore::Retrieved> KvStore::RetrieveToDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+                                                     std::span<const KvGroup> groups) {
+  if (device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  const auto t0 = std::chrono::steady_clock::now();
+  Fetch f = FetchPrefix(model, ns, keys, TieredStore::Form::kStored);
+  // As a prefix: chunks past the first failure to read are not written.
+  const std::uint64_t read_prefix = f.prefix();
+  std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= read_prefix; });
+  Result<Delivered> d = DeliverToDevice(model, f, groups, /*as_prefix=*/true);
+  if (!d.ok()) return d.status();
+  const std::uint64_t prefix = f.prefix();
+  std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });  // not written: not served
+  CountLoad(model, f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
+  Retrieved r;
+  r.tokens = prefix;
+  r.covered = f.covered;
+  r.lossy = d->lossy;
+  return r;
+}
+
+Result<std::uint64_t> KvStore::StoreFromDevice(const ModelKv& model, std::string_view ns, const TokenKeys& k,
+                                               std::span<const KvGroup> groups) {
+  Device* dev = device();
+  if (dev == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = PlanStore(model, ns, k);
+  if (!plan.ok()) return plan.status();
+  const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
+  std::uint64_t largest = 0;
+  for (const PlannedChunk& p : *plan) {
+    if (!p.present) largest = std::max(largest, p.tokens * per_token);
+  }
+  chunk::Payload staging;
+  if (largest > 0) {
+    Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(largest));
+    if (!b.ok()) return b.status();
+    staging = std::move(b).value();
+  }
+  const bool keep_on_device = chain_->TakesDevicePayloads();
+  std::uint64_t stored = 0;
+  for (const PlannedChunk& p : *plan) {
+    if (!p.present) {
+      const std::uint64_t bytes = p.tokens * per_token;
+      KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+        return dev->Gather(v, static_cast<std::int64_t>(p.begin), static_cast<std::int64_t>(p.tokens), lb, le,
+                           staging.data());
+      }));
+      Status st = Status::Unsupported("not on the device");
+      if (keep_on_device) {
+        // The device tier copies it device to device into its own block
+        // (the put reads the staging buffer only while it runs).
+        KDN_RETURN_IF_ERROR(dev->Synchronize());
+        st = PutPayload(model, ns, p.key, p.tokens, static_cast<std::int64_t>(p.begin),
+                        chunk::Payload::Adopt(staging.data(), static_cast<size_t>(bytes), nullptr), /*on_device=*/true,
+                        p.value);
+      }
+      if (!st.ok()) {
+        // Any other tier reads the KV on the host.
+        Payload host = Payload::Uninitialized(static_cast<size_t>(bytes));
+        KDN_RETURN_IF_ERROR(dev->CopyToHost(host.data(), staging.data(), static_cast<size_t>(bytes)));
+        st = CommitChunk(model, ns, p, std::move(host));
+      }
+      if (!st.ok()) break;  // no tier could take it: keep the prefix
+    }
+    stored = p.begin + p.tokens;
+  }
+  CountStore(MicrosSince(t0));
+  return HeldPrefix(ns, *plan, stored);
+}
+
+}  // namespace kdn::store

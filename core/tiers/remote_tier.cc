@@ -1,0 +1,892 @@
+#include "core/tiers/remote_tier.h"
+
+#include <capnp/rpc-twoparty.h>
+#include <capnp/rpc.h>
+#include <kj/async-io.h>
+#include <kj/compat/tls.h>
+#include <kj/debug.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#include "core/wire/envelope.h"
+#include "core/wire/node.capnp.h"
+#include "core/wire/rpc.h"
+
+namespace kdn::store {
+
+namespace node = wire::node;
+
+namespace {
+
+#if defined(__SANITIZE_THREAD__)
+void TsanRelease(void* p) { __tsan_release(p); }
+void TsanAcquire(void* p) { __tsan_acquire(p); }
+#else
+void TsanRelease(void*) {}
+void TsanAcquire(void*) {}
+#endif
+
+std::int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+capnp::Data::Reader AsData(const keys::Digest& d) { return capnp::Data::Reader(d.data(), d.size()); }
+
+// A call that came back with an Error other than ok.
+constexpr char kRefused[] = "kdnd refused the call";
+kj::Exception CallError(node::Error::Reader e) {
+  return KJ_EXCEPTION(FAILED, kRefused, static_cast<int>(e.getCode()), e.getMessage());
+}
+bool IsRefusal(const kj::Exception& e) { return std::strstr(e.getDescription().cStr(), kRefused) != nullptr; }
+
+}  // namespace
+
+// ---- The event loop and its connection ------------------------------------------------
+
+struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
+  struct Connection {
+    Connection(kj::Own<kj::AsyncIoStream>&& s)
+        : stream(kj::mv(s)), network(*stream, capnp::rpc::twoparty::Side::CLIENT, wire::RpcReaderOptions()),
+          rpc(capnp::makeRpcClient(network)) {}
+    kj::Own<kj::AsyncIoStream> stream;
+    capnp::TwoPartyVatNetwork network;
+    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+    kj::Maybe<node::Session::Client> session;
+    bool broken = false;
+  };
+
+  explicit Impl(const RemoteTierOptions& o) : options(o) {}
+
+  // Starts the loop thread; false (with `error`) when it cannot.
+  bool Start(std::string& error) {
+    std::promise<std::string> started;
+    auto ready = started.get_future();
+    thread = std::thread([this, &started] {
+      try {
+        auto io = kj::setupAsyncIo();
+        auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
+        timer = &io.provider->getTimer();
+        network = &io.provider->getNetwork();
+        kj::Maybe<kj::TlsCertificate> trusted;
+        if (!options.tls_ca_file.empty()) {
+          kj::TlsContext::Options o;
+          o.useSystemTrustStore = false;
+          trusted = kj::TlsCertificate(kj::StringPtr(tls_ca_pem.c_str()));
+          o.trustedCertificates = kj::arrayPtr(&KJ_ASSERT_NONNULL(trusted), 1);
+          tls = kj::heap<kj::TlsContext>(kj::mv(o));
+        }
+        reads = kj::heap<kj::TaskSet>(*this);
+        stopper = kj::mv(stop.fulfiller);
+        executor = kj::getCurrentThreadExecutor().addRef();
+        started.set_value("");
+        stop.promise.wait(io.waitScope);
+        // Torn down here, on the loop's own thread.
+        reads = nullptr;
+        connecting = nullptr;
+        connection = nullptr;
+        disconnect_watch = nullptr;
+        tls = nullptr;
+      } catch (const std::exception& e) {
+        try {
+          started.set_value(e.what());
+        } catch (...) {
+        }
+      }
+    });
+    error = ready.get();
+    return error.empty();
+  }
+
+  void Stop() {
+    if (stopper) stopper->fulfill();
+    if (thread.joinable()) thread.join();
+  }
+
+  // On the loop thread: the session, connecting (and logging in) if needed.
+  kj::Promise<node::Session::Client> Session() {
+    KJ_IF_MAYBE(c, connection) {
+      if (!(*c)->broken) {
+        KJ_IF_MAYBE(s, (*c)->session) { return *s; }
+      }
+    }
+    KJ_IF_MAYBE(f, connecting) { return f->addBranch(); }
+    if (NowMs() < retry_after_ms) {
+      return KJ_EXCEPTION(DISCONNECTED, "kdnd unreachable; retrying later", options.address);
+    }
+    ++connects;
+    auto attempt = network->parseAddress(options.address)
+                       .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })
+                       .then([this](kj::Own<kj::AsyncIoStream>&& stream) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+                         KJ_IF_MAYBE(t, tls) { return (*t)->wrapClient(kj::mv(stream), server_name); }
+                         return kj::mv(stream);
+                       })
+                       .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
+                         auto conn = kj::heap<Connection>(kj::mv(stream));
+                         auto bootstrap = conn->rpc.bootstrap(capnp::MallocMessageBuilder().getRoot<capnp::rpc::twoparty::VatId>().asReader())
+                                              .castAs<node::KdnNode>();
+                         auto req = bootstrap.loginRequest();
+                         req.setToken(options.token);
+                         auto login = req.send();
+                         return login.then([conn = kj::mv(conn)](capnp::Response<node::KdnNode::LoginResults>&& r) mutable {
+                           if (r.getError().getCode() != node::ErrorCode::OK) {
+                             kj::throwFatalException(CallError(r.getError()));
+                           }
+                           conn->session = r.getSession();
+                           return kj::mv(conn);
+                         });
+                       })
+                       .then(
+                           [this](kj::Own<Connection>&& conn) -> node::Session::Client {
+                             node::Session::Client session = KJ_ASSERT_NONNULL(conn->session);
+                             Connection* raw = conn.get();
+                             // A dropped connection marks itself broken; the next call reconnects.
+                             disconnect_watch = conn->network.onDisconnect()
+                                                    .then([raw]() { raw->broken = true; })
+                                                    .eagerlyEvaluate([raw](kj::Exception&&) { raw->broken = true; });
+                             connection = kj::mv(conn);
+                             connecting = nullptr;
+                             return session;
+                           },
+                           [this](kj::Exception&& e) -> node::Session::Client {
+                             ++connect_failures;
+                             retry_after_ms = NowMs() + options.retry_ms;
+                             connecting = nullptr;
+                             kj::throwFatalException(kj::mv(e));
+                           });
+    auto forked = attempt.fork();
+    auto branch = forked.addBranch();
+    connecting = kj::mv(forked);
+    return branch;
+  }
+
+  // Runs `call` (given the session; returns a promise) on the loop thread
+  // with the tier's deadline; rethrows its failure on the caller's thread.
+  // executeSync orders the two threads through kj's own futex mutex, which
+  // ThreadSanitizer cannot see: the handoffs are annotated for it.
+  template <typename Call>
+  void Run(Call&& call) {
+    ++calls;
+    TsanRelease(this);
+    KJ_DEFER(TsanAcquire(this));  // also when executeSync rethrows the call's failure
+    executor->executeSync([this, &call]() -> kj::Promise<void> {
+      TsanAcquire(this);
+      auto work = Session().then([&call](node::Session::Client&& s) { return call(s); });
+      return timer->timeoutAfter(options.timeout_ms * kj::MILLISECONDS, kj::mv(work))
+          .then([this]() -> kj::Promise<void> {
+                  TsanRelease(this);
+                  return kj::READY_NOW;
+                },
+                [this](kj::Exception&& e) -> kj::Promise<void> {
+                  // A call that failed or timed out may have left the
+                  // connection in an unknown state: start afresh next time.
+                  KJ_IF_MAYBE(c, connection) { (*c)->broken = true; }
+                  if (e.getType() == kj::Exception::Type::OVERLOADED) ++timeouts;
+                  TsanRelease(this);
+                  return kj::mv(e);
+                });
+    });
+  }
+
+  // ---- Read-ahead (Prefetch with will_read) ----
+  struct Arrival {
+    std::int64_t deadline_ms = 0;  // the read's own deadline; a Get waits no longer
+    bool done = false;             // answered, failed, timed out or cancelled
+    bool failed = false, corrupt = false;
+    bool overflow = false;         // arrived while read_ahead_bytes were held: not kept
+    bool counted = false;          // its bytes are in arrival_bytes
+    ChunkRef chunk;                // the chunk, when held
+    std::uint64_t bytes = 0;
+  };
+  // On the loop thread: a get's reply.
+  void Fill(Arrival& a, const keys::Digest& key, node::Session::GetResults::Reader r) {
+    ChunkRef chunk;
+    bool corrupt = false, failed = false;
+    std::uint64_t bytes = 0;
+    if (r.getError().getCode() != node::ErrorCode::OK) {
+      failed = true;
+    } else if (r.getChunks().size() == 1 && r.getChunks()[0].isEnvelope()) {
+      auto data = r.getChunks()[0].getEnvelope();
+      bytes = data.size();
+      bool keep = true;
+      {
+        std::lock_guard<std::mutex> lock(arrivals_mu);
+        auto it = arrivals.find(key);
+        // Still waiting for its Get in the map: bounded by read_ahead_bytes.
+        keep = it == arrivals.end() || it->second.get() != &a || arrival_bytes + bytes <= options.read_ahead_bytes;
+      }
+      if (keep) {
+        // Checked and copied out here: the reply is the connection's.
+        Result<ChunkRef> c = wire::DecodeEnvelope(data.begin(), data.size(), &key);
+        if (c.ok()) {
+          chunk = std::move(c).value();
+        } else {
+          corrupt = true;
+        }
+      } else {
+        std::lock_guard<std::mutex> lock(arrivals_mu);
+        a.overflow = true;
+        ++reads_ahead_overflow;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mu);
+      if (!a.done) {
+        a.done = true;
+        a.chunk = std::move(chunk);
+        a.corrupt = corrupt;
+        a.failed = failed;
+        auto it = arrivals.find(key);
+        if (a.chunk && it != arrivals.end() && it->second.get() == &a) {
+          a.bytes = bytes;
+          a.counted = true;
+          arrival_bytes += bytes;
+        }
+      }
+    }
+    arrivals_cv.notify_all();
+  }
+  // On the loop thread: the read ended without a reply (failed: an error or
+  // its deadline; otherwise cancelled, past the node's prefix).
+  void Finish(Arrival& a, bool failed) {
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mu);
+      if (!a.done) {
+        a.done = true;
+        a.failed = failed;
+      }
+    }
+    arrivals_cv.notify_all();
+  }
+  // arrivals_mu held: takes the key's arrival out of the map (null: none).
+  std::shared_ptr<Arrival> TakeLocked(const keys::Digest& key) {
+    auto it = arrivals.find(key);
+    if (it == arrivals.end()) return nullptr;
+    std::shared_ptr<Arrival> a = std::move(it->second);
+    arrivals.erase(it);
+    if (a->counted) {
+      arrival_bytes -= a->bytes;
+      a->counted = false;
+    }
+    return a;
+  }
+  // arrivals_mu held: drops arrivals no Get took long after their deadline
+  // (the walk that asked for them stopped earlier).
+  void SweepLocked(std::int64_t now) {
+    const std::int64_t grace = std::max<std::int64_t>(options.timeout_ms, 10000);
+    for (auto it = arrivals.begin(); it != arrivals.end();) {
+      if (now > it->second->deadline_ms + grace) {
+        if (it->second->counted) arrival_bytes -= it->second->bytes;
+        it->second->counted = false;
+        ++reads_ahead_dropped;
+        it = arrivals.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  void taskFailed(kj::Exception&&) override {}  // every read handles its own failure
+
+  std::mutex arrivals_mu;
+  std::condition_variable arrivals_cv;
+  std::unordered_map<keys::Digest, std::shared_ptr<Arrival>, keys::DigestHash> arrivals;
+  std::uint64_t arrival_bytes = 0;  // held by arrivals in the map
+  std::atomic<std::uint64_t> reads_ahead{0}, reads_ahead_used{0}, reads_ahead_dropped{0}, reads_ahead_overflow{0};
+  kj::Maybe<kj::Own<kj::TaskSet>> reads;  // loop thread: the reads in flight
+
+  const RemoteTierOptions& options;
+  std::string tls_ca_pem;   // read at Create
+  kj::String server_name;   // what the node's certificate must name
+  kj::Maybe<kj::Own<kj::TlsContext>> tls;  // loop thread
+  std::thread thread;
+  kj::Own<const kj::Executor> executor;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopper;
+  // Loop thread only:
+  kj::Timer* timer = nullptr;
+  kj::Network* network = nullptr;
+  kj::Maybe<kj::Own<Connection>> connection;
+  kj::Maybe<kj::ForkedPromise<node::Session::Client>> connecting;
+  kj::Maybe<kj::Promise<void>> disconnect_watch;
+  std::int64_t retry_after_ms = 0;
+  // Counters (any thread).
+  std::atomic<std::uint64_t> calls{0}, timeouts{0}, connects{0}, connect_failures{0}, failed_calls{0};
+  // Presence learned from batched lookups (Prefetch), briefly.
+  struct Presence {
+    bool present;
+    std::int64_t until_ms;
+  };
+  std::mutex hints_mu;
+  std::unordered_map<keys::Digest, Presence, keys::DigestHash> hints;
+  // A key just read is held: the chain probes it again right after a get
+  // (for its policy), and that probe needs no call.
+  void Hint(const keys::Digest& key, bool present) {
+    std::lock_guard<std::mutex> lock(hints_mu);
+    if (hints.size() > 65536) hints.clear();
+    hints[key] = {present, NowMs() + 1000};
+  }
+};
+
+// ---- The tier ----------------------------------------------------------------------------
+
+RemoteTier::RemoteTier(const RemoteTierOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& options) {
+  if (options.address.empty()) return Status::InvalidArgument("remote tier: no address");
+  if (options.token.empty()) return Status::InvalidArgument("remote tier: no token");
+  if (options.timeout_ms == 0) return Status::InvalidArgument("remote tier: timeout_ms must be positive");
+  std::unique_ptr<RemoteTier> t(new RemoteTier(options));
+  t->impl_ = std::make_unique<Impl>(t->options_);
+  if (!options.tls_ca_file.empty()) {
+    std::ifstream in(options.tls_ca_file);
+    std::ostringstream pem;
+    pem << in.rdbuf();
+    if (!in || pem.str().empty()) {
+      return Status::InvalidArgument("remote tier: cannot read the TLS certificate file " + options.tls_ca_file);
+    }
+    t->impl_->tls_ca_pem = pem.str();
+    std::string name = options.tls_server_name;
+    if (name.empty()) name = options.address.substr(0, options.address.rfind(':'));
+    t->impl_->server_name = kj::heapString(name.c_str());
+  }
+  std::string error;
+  if (!t->impl_->Start(error)) return Status(Code::kUnavailable, "remote tier: cannot start its event loop: " + error);
+  t->sender_ = std::thread([p = t.get()] { p->SenderLoop(); });
+  return t;
+}
+
+RemoteTier::~RemoteTier() {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    stopping_ = true;
+  }
+  qcv_.notify_all();
+  if (sender_.joinable()) sender_.join();
+  if (impl_) impl_->Stop();
+}
+
+std::uint64_t RemoteTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+
+Status RemoteTier::Put(const ChunkRef& chunk) {
+  if (!chunk) return Status::InvalidArgument("remote tier: null chunk");
+  const std::uint64_t cost = Cost(*chunk);
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (pending_.count(chunk->meta.key)) return Status::Ok();
+    if (queued_bytes_ + cost > options_.write_queue_bytes && queued_bytes_ != 0) {
+      ++queue_full_;
+      return Status(Code::kBusy, options_.name + ": write-back queue full");
+    }
+    pending_.emplace(chunk->meta.key, chunk);
+    queue_.push_back(Entry{chunk, nullptr});
+    queued_bytes_ += cost;
+  }
+  qcv_.notify_one();
+  return Status::Ok();
+}
+
+void RemoteTier::SenderLoop() {
+  for (;;) {
+    std::vector<ChunkRef> batch;
+    std::shared_ptr<const DocumentCall> document;
+    {
+      std::unique_lock<std::mutex> lock(qmu_);
+      qcv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      if (queue_.front().document) {
+        document = std::move(queue_.front().document);
+        queue_.pop_front();
+        --queued_documents_;
+        in_flight_ = 1;
+      } else {
+        std::uint64_t bytes = 0;
+        // One namespace per call: the batch is the queue's head and the
+        // chunks that follow it in the same namespace, up to batch_bytes.
+        const keys::Digest ns = queue_.front().chunk->meta.ns_hash;
+        while (!queue_.empty() && queue_.front().chunk && queue_.front().chunk->meta.ns_hash == ns &&
+               (batch.empty() || bytes + Cost(*queue_.front().chunk) <= options_.batch_bytes)) {
+          bytes += Cost(*queue_.front().chunk);
+          batch.push_back(std::move(queue_.front().chunk));
+          queue_.pop_front();
+        }
+        in_flight_ = batch.size();
+      }
+    }
+    if (document) {
+      const bool answered = SendDocument(*document);
+      std::unique_lock<std::mutex> lock(qmu_);
+      ++send_attempts_;
+      in_flight_ = 0;
+      if (!answered && !stopping_) {
+        ++send_failures_;
+        queue_.push_front(Entry{nullptr, std::move(document)});
+        ++queued_documents_;
+        lock.unlock();
+        drained_.notify_all();
+        lock.lock();
+        qcv_.wait_for(lock, std::chrono::milliseconds(options_.retry_ms), [&] { return stopping_; });
+        continue;
+      }
+      lock.unlock();
+      drained_.notify_all();
+      continue;
+    }
+    std::vector<bool> stored(batch.size(), false);
+    bool unreachable = false;  // the node did not answer (down, timed out): worth another try
+    try {
+      impl_->Run([&](node::Session::Client& s) {
+        std::uint64_t words = 64;
+        for (const ChunkRef& c : batch) words += Cost(*c) / 8 + 4;
+        auto req = s.putRequest(capnp::MessageSize{words, 0});
+        req.setNamespace(AsData(batch.front()->meta.ns_hash));
+        auto list = req.initEnvelopes(static_cast<unsigned>(batch.size()));
+        for (unsigned i = 0; i < batch.size(); ++i) {
+          const std::uint64_t size = Cost(*batch[i]);
+          auto data = list.init(i, static_cast<unsigned>(size));
+          // Straight into the request: one copy of the payload.
+          Status st = wire::EncodeEnvelopeInto(*batch[i], data.begin(), size);
+          if (!st.ok()) KJ_FAIL_REQUIRE("cannot frame a chunk", st.message());
+        }
+        return req.send().then([&](capnp::Response<node::Session::PutResults>&& r) {
+          if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+          auto results = r.getResults();
+          for (unsigned i = 0; i < results.size() && i < batch.size(); ++i) {
+            stored[i] = results[i].getCode() == node::ErrorCode::OK;
+          }
+        });
+      });
+    } catch (const kj::Exception& e) {
+      ++impl_->failed_calls;
+      ++io_errors_;
+      // Anything but the node's own typed refusal (CallError) means it did
+      // not answer: not there, not reachable, too slow.
+      unreachable = !IsRefusal(e) && e.getType() != kj::Exception::Type::UNIMPLEMENTED;
+    }
+    {
+      std::unique_lock<std::mutex> lock(qmu_);
+      ++send_attempts_;
+      if (unreachable && !stopping_) {
+        // Back to the head of the queue, still served to readers from it;
+        // sent again once the node answers (after retry_ms). A refusal
+        // (typed error) is not retried.
+        ++send_failures_;
+        for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(Entry{std::move(*it), nullptr});
+        in_flight_ = 0;
+        lock.unlock();
+        drained_.notify_all();
+        lock.lock();
+        qcv_.wait_for(lock, std::chrono::milliseconds(options_.retry_ms), [&] { return stopping_; });
+        continue;
+      }
+    }
+    std::uint64_t sent = 0, refused = 0;
+    for (bool ok : stored) (ok ? sent : refused) += 1;
+    puts_sent_ += sent;
+    puts_refused_ += refused;
+    {
+      std::lock_guard<std::mutex> lock(qmu_);
+      for (const ChunkRef& c : batch) {
+        pending_.erase(c->meta.key);
+        queued_bytes_ -= Cost(*c);
+      }
+      in_flight_ = 0;
+    }
+    drained_.notify_all();
+  }
+}
+
+void RemoteTier::Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (queued_documents_ >= options_.document_queue) {
+      ++documents_dropped_;
+      return;
+    }
+    queue_.push_back(Entry{nullptr, std::make_shared<const DocumentCall>(DocumentCall{op, doc, ttl_ms})});
+    ++queued_documents_;
+  }
+  qcv_.notify_one();
+}
+
+bool RemoteTier::SendDocument(const DocumentCall& call) {
+  const DocumentRecord& d = call.doc;
+  try {
+    impl_->Run([&](node::Session::Client& s) -> kj::Promise<void> {
+      auto check = [](node::Error::Reader e) {
+        if (e.getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(e));
+      };
+      switch (call.op) {
+        case DocumentOp::kPut: {
+          auto req = s.knowledgePutRequest();
+          req.setNamespace(AsData(d.ns_hash));
+          auto item = req.initItem();
+          item.setDocId(d.doc_id);
+          item.setVersion(d.version);
+          item.setMetadata(d.metadata);
+          item.setTokens(d.tokens);
+          item.setModel(AsData(d.model));
+          auto keys = item.initKeys(static_cast<unsigned>(d.keys.size()));
+          for (unsigned i = 0; i < d.keys.size(); ++i) keys.set(i, AsData(d.keys[i]));
+          return req.send().then([check](auto&& r) { check(r.getError()); });
+        }
+        case DocumentOp::kPin:
+        case DocumentOp::kUnpin: {
+          auto req = s.knowledgePinRequest();
+          req.setNamespace(AsData(d.ns_hash));
+          req.setDocId(d.doc_id);
+          req.setModel(AsData(d.model));
+          req.setPin(call.op == DocumentOp::kPin);
+          req.setTtlMs(call.ttl_ms);
+          return req.send().then([check](auto&& r) { check(r.getError()); });
+        }
+        case DocumentOp::kDelete: {
+          auto req = s.knowledgeDeleteRequest();
+          req.setNamespace(AsData(d.ns_hash));
+          req.setDocId(d.doc_id);
+          req.setModel(AsData(d.model));
+          return req.send().then([check](auto&& r) { check(r.getError()); });
+        }
+      }
+      return kj::READY_NOW;
+    });
+  } catch (const kj::Exception& e) {
+    ++impl_->failed_calls;
+    if (IsRefusal(e) || e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+      ++documents_refused_;
+      return true;
+    }
+    ++io_errors_;
+    return false;
+  }
+  ++documents_sent_;
+  return true;
+}
+
+void RemoteTier::Flush() {
+  // Until the queue is sent, or a send fails after this call began (the
+  // node is unreachable now: what is queued waits for it, and a flush does
+  // not).
+  std::unique_lock<std::mutex> lock(qmu_);
+  const std::uint64_t failures = send_failures_;
+  drained_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || stopping_ || send_failures_ != failures; });
+}
+
+Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return it->second;
+  }
+  std::shared_ptr<Impl::Arrival> ahead;
+  {
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    ahead = impl_->TakeLocked(key);
+  }
+  if (ahead) {
+    std::unique_lock<std::mutex> lock(impl_->arrivals_mu);
+    // The read has its own deadline and ends by it; the wait is bounded
+    // again in case the loop cannot run it.
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(std::max<std::int64_t>(ahead->deadline_ms - NowMs(), 0) + 2 * options_.timeout_ms);
+    impl_->arrivals_cv.wait_until(lock, until, [&] { return ahead->done; });
+    if (!ahead->done || ahead->failed) {
+      ++io_errors_;
+      return Status(Code::kUnavailable, options_.name + ": node unavailable");
+    }
+    if (!ahead->overflow) {
+      ++impl_->reads_ahead_used;
+      if (ahead->corrupt) {
+        ++corrupt_;
+        return Status::NotFound(options_.name + ": not held");
+      }
+      if (!ahead->chunk) return Status::NotFound(options_.name + ": not held");
+      lock.unlock();
+      impl_->Hint(key, true);
+      return std::move(ahead->chunk);
+    }
+    // Not kept (read_ahead_bytes were held): asked for again below.
+  }
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns) {
+    ++no_namespace_;
+    return Status::NotFound(options_.name + ": no namespace for the read");
+  }
+  ChunkRef out;
+  bool corrupt = false;
+  try {
+    impl_->Run([&](node::Session::Client& s) {
+      auto req = s.getRequest();
+      req.setNamespace(AsData(*ns));
+      req.initKeys(1).set(0, AsData(key));
+      return req.send().then([&](capnp::Response<node::Session::GetResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        auto chunks = r.getChunks();
+        if (chunks.size() != 1 || !chunks[0].isEnvelope()) return;
+        auto data = chunks[0].getEnvelope();
+        // Checked and copied out here, on the loop thread: the reply is the
+        // connection's and must not leave it.
+        Result<ChunkRef> c = wire::DecodeEnvelope(data.begin(), data.size(), &key);
+        if (c.ok()) {
+          out = std::move(c).value();
+        } else {
+          corrupt = true;
+        }
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+    return Status(Code::kUnavailable, options_.name + ": node unavailable");
+  }
+  if (corrupt) ++corrupt_;
+  if (!out) return Status::NotFound(options_.name + ": not held");
+  impl_->Hint(key, true);
+  return out;
+}
+
+void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns || keys.empty()) return;
+  // The reads to start ahead: keys neither queued here (served from the
+  // queue) nor already on their way, while arrivals hold less than
+  // read_ahead_bytes.
+  std::vector<std::shared_ptr<Impl::Arrival>> ahead(keys.size());
+  if (will_read) {
+    std::vector<bool> queued(keys.size());
+    {
+      std::lock_guard<std::mutex> lock(qmu_);
+      for (size_t i = 0; i < keys.size(); ++i) queued[i] = pending_.count(keys[i]) != 0;
+    }
+    const std::int64_t now = NowMs();
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    if (!impl_->arrivals.empty()) impl_->SweepLocked(now);
+    std::uint32_t started = 0;
+    for (size_t i = 0; i < keys.size() && started < options_.read_ahead_keys &&
+                       impl_->arrival_bytes < options_.read_ahead_bytes;
+         ++i) {
+      if (queued[i] || impl_->arrivals.count(keys[i])) continue;
+      auto a = std::make_shared<Impl::Arrival>();
+      a->deadline_ms = now + options_.timeout_ms;
+      impl_->arrivals.emplace(keys[i], a);
+      ahead[i] = std::move(a);
+      ++started;
+    }
+    impl_->reads_ahead += started;
+  }
+  std::uint32_t prefix = 0;
+  bool sent = false;
+  try {
+    impl_->Run([&](node::Session::Client& s) {
+      auto req = s.lookupRequest();
+      req.setNamespace(AsData(*ns));
+      auto request = req.initRequests(1)[0];
+      request.setTokens(keys.size() * options_.chunk_tokens);
+      auto list = request.initKeys(static_cast<unsigned>(keys.size()));
+      for (unsigned i = 0; i < keys.size(); ++i) list.set(i, AsData(keys[i]));
+      auto lookup = req.send();  // first on the wire: its answer comes first
+      // Every read at once, each a get of one key (its chunk its own reply),
+      // cancelled when the lookup says the node's prefix ends before it.
+      // The replies come in order, so each read's deadline runs from the
+      // end of the one before it (timeout_ms of no progress, not of the
+      // whole request: a long request streams for as long as it flows); a
+      // read that failed or timed out fails the ones after it at once.
+      auto cancels = kj::heapArrayBuilder<kj::Own<kj::PromiseFulfiller<void>>>(keys.size());
+      Impl* impl = impl_.get();
+      const std::uint32_t timeout_ms = options_.timeout_ms;
+      kj::Maybe<kj::ForkedPromise<void>> previous;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto cancel = kj::newPromiseAndFulfiller<void>();
+        cancels.add(kj::mv(cancel.fulfiller));
+        if (!ahead[i]) continue;
+        auto g = s.getRequest();
+        g.setNamespace(AsData(*ns));
+        g.initKeys(1).set(0, AsData(keys[i]));
+        std::shared_ptr<Impl::Arrival> a = ahead[i];
+        const keys::Digest key = keys[i];
+        auto got = g.send().then([impl, a, key](capnp::Response<node::Session::GetResults>&& r) {
+          impl->Fill(*a, key, r);
+        });
+        kj::Promise<void> start = kj::READY_NOW;
+        KJ_IF_MAYBE(p, previous) { start = p->addBranch(); }
+        auto deadline = start.then([impl, timeout_ms]() {
+          return impl->timer->afterDelay(timeout_ms * kj::MILLISECONDS).then([impl]() -> kj::Promise<void> {
+            // No reply for timeout_ms: the connection is in an unknown state.
+            ++impl->timeouts;
+            KJ_IF_MAYBE(c, impl->connection) { (*c)->broken = true; }
+            return KJ_EXCEPTION(OVERLOADED, "kdnd: no reply in time");
+          });
+        });
+        auto outcome = got.exclusiveJoin(kj::mv(deadline)).fork();
+        KJ_ASSERT_NONNULL(impl->reads)
+            ->add(outcome.addBranch()
+                      .exclusiveJoin(cancel.promise.then([]() -> kj::Promise<void> { return kj::READY_NOW; },
+                                                         // Fulfiller dropped, not fulfilled: no cancel.
+                                                         [](kj::Exception&&) -> kj::Promise<void> {
+                                                           return kj::NEVER_DONE;
+                                                         }))
+                      .then([impl, a]() { impl->Finish(*a, false); },
+                            [impl, a](kj::Exception&&) { impl->Finish(*a, true); }));
+        previous = kj::mv(outcome);
+      }
+      sent = true;
+      return lookup.then([&prefix, cancels = cancels.finish()](capnp::Response<node::Session::LookupResults>&& r) mutable {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        if (r.getResults().size() == 1) prefix = r.getResults()[0].getPrefix();
+        for (size_t i = prefix; i < cancels.size(); ++i) cancels[i]->fulfill();
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+    if (!sent) {
+      // Never sent (no connection): the reads end here, as failed.
+      for (auto& a : ahead) {
+        if (a) impl_->Finish(*a, true);
+      }
+    }
+    return;
+  }
+  // The walk that follows asks for these keys in order, at once: what the
+  // node said holds for a moment (a later eviction there is a miss on get).
+  for (size_t i = 0; i < keys.size() && i <= prefix; ++i) impl_->Hint(keys[i], i < prefix);
+}
+
+bool RemoteTier::Contains(const keys::Digest& key) const {
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (pending_.count(key)) return true;
+  }
+  {
+    // Being read ahead: held unless its reply said otherwise (a Get that
+    // finds it missing after all is a miss, as after any probe).
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    auto it = impl_->arrivals.find(key);
+    if (it != impl_->arrivals.end()) {
+      const Impl::Arrival& a = *it->second;
+      return !a.done || a.chunk != nullptr || a.overflow;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->hints_mu);
+    auto it = impl_->hints.find(key);
+    if (it != impl_->hints.end()) {
+      const Impl::Presence h = it->second;
+      impl_->hints.erase(it);  // one probe per hint: later probes ask again
+      if (h.until_ms >= NowMs()) return h.present;
+    }
+  }
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns) {
+    ++no_namespace_;
+    return false;
+  }
+  bool held = false;
+  try {
+    impl_->Run([&](node::Session::Client& s) {
+      auto req = s.lookupRequest();
+      req.setNamespace(AsData(*ns));
+      auto request = req.initRequests(1)[0];
+      request.setTokens(options_.chunk_tokens);
+      request.initKeys(1).set(0, AsData(key));
+      return req.send().then([&](capnp::Response<node::Session::LookupResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        held = r.getResults().size() == 1 && r.getResults()[0].getPrefix() == 1;
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+    return false;
+  }
+  return held;
+}
+
+bool RemoteTier::Erase(const keys::Digest& key) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
+    impl_->TakeLocked(key);  // read ahead before the erase: not served after it
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->hints_mu);
+    impl_->hints.erase(key);
+  }
+  bool was_pending = false;
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    was_pending = pending_.count(key) != 0;
+  }
+  const keys::Digest* ns = NamespaceScope::Current();
+  if (!ns) {
+    ++no_namespace_;
+    return was_pending;
+  }
+  std::uint32_t erased = 0;
+  try {
+    impl_->Run([&](node::Session::Client& s) {
+      auto req = s.deleteRequest();
+      req.setNamespace(AsData(*ns));
+      req.initKeys(1).set(0, AsData(key));
+      return req.send().then([&](capnp::Response<node::Session::DeleteResults>&& r) {
+        if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        erased = r.getErased();
+      });
+    });
+  } catch (const kj::Exception&) {
+    ++impl_->failed_calls;
+    ++io_errors_;
+  }
+  return erased != 0 || was_pending;
+}
+
+TierCounters RemoteTier::counters() const {
+  TierCounters c;
+  c.corrupt_detected = corrupt_;
+  c.io_errors = io_errors_;
+  return c;
+}
+
+TransportCounters RemoteTier::transport_counters() const {
+  const RemoteCounters rc = remote_counters();
+  TransportCounters t;
+  t.calls = rc.calls;
+  t.failed_calls = rc.failed_calls;
+  t.timeouts = rc.timeouts;
+  t.queue_full = rc.queue_full;
+  t.queued_bytes = rc.queued_bytes;
+  return t;
+}
+
+RemoteCounters RemoteTier::remote_counters() const {
+  RemoteCounters c;
+  c.calls = impl_->calls;
+  c.failed_calls = impl_->failed_calls;
+  c.timeouts = impl_->timeouts;
+  c.connects = impl_->connects;
+  c.connect_failures = impl_->connect_failures;
+  c.puts_sent = puts_sent_;
+  c.puts_refused = puts_refused_;
+  c.queue_full = queue_full_;
+  c.no_namespace = no_namespace_;
+  c.reads_ahead = impl_->reads_ahead;
+  c.reads_ahead_used = impl_->reads_ahead_used;
+  c.reads_ahead_dropped = impl_->reads_ahead_dropped;
+  c.reads_ahead_overflow = impl_->reads_ahead_overflow;
+  c.documents_sent = documents_sent_;
+  c.documents_refused = documents_refused_;
+  c.documents_dropped = documents_dropped_;
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    c.queued_bytes = queued_bytes_;
+  }
+  return c;
+}
+
+}  // namespace kdn::store
