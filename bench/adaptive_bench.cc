@@ -85,13 +85,9 @@ Result<Outcome> Request(store::Runtime& rt, const store::ModelKv& m, const std::
   const std::int64_t t0 = NowNs();
   store::Fetch f;
   {
-    std::optional<store::DeliveryScope> scope;
-    if (target_ns > 0) {
-      store::DeliveryTarget target;
-      target.deadline_ns = t0 + target_ns;
-      scope.emplace(target);
-    }
-    f = rt.store().FetchPrefix(m, ns, Keys(cached));
+    store::DeliveryTarget target;  // none when target_ns is 0
+    if (target_ns > 0) target.deadline_ns = t0 + target_ns;
+    f = rt.store().FetchPrefix(m, ns, Keys(cached), store::TieredStore::Form::kCanonical, target);
   }
   // The fetched chunks into the transformer's cache (f16 -> f32).
   const int kv_dim = cache.kv_dim();

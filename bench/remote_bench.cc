@@ -198,8 +198,9 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   const std::uint64_t env = set.envelope_bytes();
   bool ok = true;
   auto erase_all = [&] {
-    const store::NamespaceScope scope(set.ns);
-    for (const ChunkRef& c : set.chunks) tier.Erase(c->meta.key);
+    store::ReadContext ctx;
+    ctx.ns = set.ns;
+    for (const ChunkRef& c : set.chunks) tier.Erase(c->meta.key, ctx);
   };
   // Put every chunk (waiting out a full write-back queue, as the chain
   // would retry), then Flush: back once the node has answered every put.
@@ -240,13 +241,14 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   };
   std::vector<ChunkRef> got(n);
   auto tier_get = [&]() -> double {
-    const store::NamespaceScope scope(set.ns);
+    store::ReadContext ctx;
+    ctx.ns = set.ns;
     std::vector<keys::Digest> keys(n);
     for (size_t i = 0; i < n; ++i) keys[i] = set.chunks[i]->meta.key;
     const double t0 = NowMs();
-    tier.Prefetch(keys, /*will_read=*/true);  // as the store's retrieve does
+    tier.Prefetch(keys, /*will_read=*/true, ctx);  // as the store's retrieve does
     for (size_t i = 0; i < n; ++i) {
-      Result<ChunkRef> r = tier.Get(set.chunks[i]->meta.key);
+      Result<ChunkRef> r = tier.Get(set.chunks[i]->meta.key, ctx);
       if (!r.ok()) {
         std::fprintf(stderr, "bench: remote get of chunk %zu: %s\n", i, r.status().message().c_str());
         ok = false;
@@ -330,7 +332,7 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
           gb / (Median(rp) / 1e3));
   p.erase("guarantee");
   p["path"] = "tier: RemoteTier::Prefetch of every key with will_read (as a retrieve does: the lookup and one get "
-              "call per key sent at once), then RemoteTier::Get of each chunk in turn inside a NamespaceScope (each "
+              "call per key sent at once), then RemoteTier::Get of each chunk in turn with the namespace in its ReadContext (each "
               "envelope checked, both checksums, and copied into a chunk of its own); raw: every 32-byte key written "
               "at once, then each chunk read whole into a new buffer of its own (allocated as the tier allocates a "
               "payload), held to the end of the run (no checksum)";

@@ -213,14 +213,15 @@ inline kdn_status ResolveViews(const kdn_model* model, const kdn_kv_view* views,
   return KDN_OK;
 }
 
-// A request's TTFT target as the store's delivery scope (none for 0).
-inline void Deliver(std::optional<kdn::store::DeliveryScope>& scope, std::uint64_t target_us) {
-  if (target_us == 0) return;
+// A request's TTFT target as the store's delivery target (none for 0): a
+// deadline that many microseconds from now.
+inline kdn::store::DeliveryTarget Deliver(std::uint64_t target_us) {
   kdn::store::DeliveryTarget t;
+  if (target_us == 0) return t;
   t.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now().time_since_epoch()).count() +
                   static_cast<std::int64_t>(target_us) * 1000;
-  scope.emplace(t);
+  return t;
 }
 
 // What every KV call of a request checks first: the model and namespace,
@@ -245,9 +246,8 @@ kdn_status StartOp(const kdn_model* model, const char* ns, size_t ns_len, const 
   if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us); s != KDN_OK) {
     return s;
   }
-  std::optional<kdn::store::DeliveryScope> delivery;  // a load op takes the target with it
-  Deliver(delivery, target_us);
-  auto op = start(*model->runtime, model->kv, std::string(ns, ns_len), std::move(keys), resolved);
+  // A load op takes the target with it.
+  auto op = start(*model->runtime, model->kv, std::string(ns, ns_len), std::move(keys), resolved, Deliver(target_us));
   if (!op.ok()) return FromStatus(op.status());
   auto handle = std::make_unique<kdn_op>();
   handle->runtime = model->runtime;

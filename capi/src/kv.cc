@@ -71,9 +71,8 @@ kdn_status kdn_kv_retrieve(const kdn_model* model, const char* ns, size_t ns_len
   if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us); s != KDN_OK) {
     return s;
   }
-  std::optional<kdn::store::DeliveryScope> delivery;
-  Deliver(delivery, target_us);
-  auto filled = model->runtime->Retrieve(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved);
+  auto filled =
+      model->runtime->Retrieve(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved, Deliver(target_us));
   if (!filled.ok()) return FromStatus(filled.status());
   kdn_kv_result r = KDN_KV_RESULT_INIT;
   r.state = KDN_OP_DONE;
@@ -90,7 +89,8 @@ kdn_status kdn_kv_load_async(const kdn_model* model, const char* ns, size_t ns_l
   KDN_BEGIN
   return StartOp(model, ns, ns_len, request, views, num_views, out, &kdn_op::load,
                  [](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
-                    const kdn::store::ResolvedViews& v) { return rt.Load(m, std::move(n), std::move(k), v); });
+                    const kdn::store::ResolvedViews& v,
+                    const kdn::store::DeliveryTarget& t) { return rt.Load(m, std::move(n), std::move(k), v, t); });
   KDN_END
 }
 
@@ -99,7 +99,8 @@ kdn_status kdn_kv_save_async(const kdn_model* model, const char* ns, size_t ns_l
   KDN_BEGIN
   return StartOp(model, ns, ns_len, request, views, num_views, out, &kdn_op::save,
                  [](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
-                    const kdn::store::ResolvedViews& v) { return rt.Save(m, std::move(n), std::move(k), v); });
+                    const kdn::store::ResolvedViews& v,
+                    const kdn::store::DeliveryTarget&) { return rt.Save(m, std::move(n), std::move(k), v); });
   KDN_END
 }
 

@@ -116,12 +116,12 @@ void EngineOp::Finish(OpState state, Status status) {
 
 Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor, const ModelKv& model,
                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
-                                              bool device) {
+                                              bool device, const DeliveryTarget& target) {
   KDN_RETURN_IF_ERROR(store.CheckKeys(keys.keys()));
   if (device && store.device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   std::shared_ptr<LoadOp> op(new LoadOp());
   op->device_ = device;
-  if (const DeliveryTarget* t = DeliveryScope::Current()) op->target_ = *t;
+  op->target_ = target;
   KDN_RETURN_IF_ERROR(AdoptGroups(model, keys.keys().size(), groups, op->pointers_, op->tables_));
   op->ns_ = std::move(ns);
   op->keys_ = std::move(keys);
@@ -133,10 +133,8 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
 
 void LoadOp::Run(KvStore& store, const ModelKv& model) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::optional<DeliveryScope> delivery;  // the caller's target, on this thread too
-  if (target_.deadline_ns != 0) delivery.emplace(target_);
   if (device_) {
-    Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys(), TieredStore::Form::kStored);
+    Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys(), TieredStore::Form::kStored, target_);
     if (cancelled()) {
       fetch.chunks.clear();
       Finish(OpState::kCancelled, Status(Code::kCancelled, "load cancelled"));
@@ -163,7 +161,7 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
     Finish(OpState::kDone, Status::Ok());
     return;
   }
-  Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys());
+  Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys(), TieredStore::Form::kCanonical, target_);
   std::vector<std::vector<void*>> k(groups_.size()), v(groups_.size());
   std::vector<kernels::KvView> views;
   for (size_t g = 0; g < groups_.size(); ++g) views.push_back(ModelView(model, groups_[g], k[g], v[g]));

@@ -82,10 +82,11 @@ class LoadOp final : public EngineOp {
   // Validates the groups, then loads on `executor`. `device`: the views are
   // device memory (device/device.h): the chunks are delivered by the store's
   // device (KvStore::DeliverToDevice), every layer at once, and then every
-  // WaitLayer returns.
+  // WaitLayer returns. `target`: the caller's delivery target (none: no
+  // deadline), for tiers with quality levels.
   static Result<std::shared_ptr<LoadOp>> Start(KvStore& store, Executor& executor, const ModelKv& model,
                                                std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
-                                               bool device = false);
+                                               bool device = false, const DeliveryTarget& target = {});
   // Until model layer `layer` is written (or the op ended). kNotFound when
   // the op ended without writing it (cancelled, failed).
   Status WaitLayer(std::uint32_t layer, std::int64_t timeout_ms);
@@ -102,7 +103,7 @@ class LoadOp final : public EngineOp {
   std::uint32_t layers_done_ = 0;              // guarded by mu_
   std::uint32_t layers_ = 0;
   bool device_ = false;
-  DeliveryTarget target_;  // the caller's (DeliveryScope at Start), re-entered on the worker
+  DeliveryTarget target_;  // the caller's (Start's argument), for the fetch on the worker
 };
 
 class SaveOp final : public EngineOp {

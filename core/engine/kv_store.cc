@@ -143,8 +143,11 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const Tok
 
 // ---- Lookup, store, retrieve ----------------------------------------------------
 
-void KvStore::EnterNamespace(std::optional<NamespaceScope>& scope, std::string_view ns) const {
-  if (has_remote_) scope.emplace(keys::NamespaceHash(ns));
+ReadContext KvStore::Context(std::string_view ns, const DeliveryTarget& target) const {
+  ReadContext ctx;
+  if (has_remote_) ctx.ns = keys::NamespaceHash(ns);
+  ctx.target = target;
+  return ctx;
 }
 
 void KvStore::AnnounceDocument(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) {
@@ -152,7 +155,8 @@ void KvStore::AnnounceDocument(DocumentOp op, const DocumentRecord& doc, std::ui
   for (size_t i = 0; i < chain_->levels(); ++i) chain_->tier(i).Document(op, doc, ttl_ms);
 }
 
-void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& k, bool will_read) const {
+void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& k, bool will_read,
+                             const ReadContext& ctx) const {
   if (!has_remote_) return;
   // The whole chunks' keys, as the walk computes them: one batched call per
   // remote tier instead of a call per probe. Pieces are probed one by one.
@@ -171,7 +175,7 @@ void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const To
   for (size_t i = 0; i < chain_->levels(); ++i) {
     if (options_.tiers[i].kind != TierSpec::Kind::kRemote && options_.tiers[i].kind != TierSpec::Kind::kRedis) continue;
     if (!will_read) {
-      chain_->tier(i).Prefetch(chain, false);
+      chain_->tier(i).Prefetch(chain, false, ctx);
       continue;
     }
     // Only what no tier above holds is probed here and read from here (the
@@ -180,26 +184,25 @@ void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const To
     wanted.clear();
     for (const keys::Digest& key : chain) {
       bool above = false;
-      for (size_t j = 0; j < i && !above; ++j) above = chain_->ContainsAt(j, key);
+      for (size_t j = 0; j < i && !above; ++j) above = chain_->ContainsAt(j, key, ctx);
       if (!above) wanted.push_back(key);
     }
-    if (!wanted.empty()) chain_->tier(i).Prefetch(wanted, true);
+    if (!wanted.empty()) chain_->tier(i).Prefetch(wanted, true, ctx);
   }
 }
 
 LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const TokenKeys& keys) {
   const auto t0 = std::chrono::steady_clock::now();
   ++lookups_;
-  std::optional<NamespaceScope> scope;
-  EnterNamespace(scope, ns);
-  PrefetchRemote(model, ns, keys);
+  const ReadContext ctx = Context(ns);
+  PrefetchRemote(model, ns, keys, /*will_read=*/false, ctx);
   LookupResult r;
   r.tier_tokens.assign(chain_->levels(), 0);
   std::vector<bool> contiguous(chain_->levels(), true);
   r.tokens = Walk(model, ns, keys, [&](const keys::Digest& key, std::uint64_t, std::uint64_t len) {
     bool any = false;
     for (size_t i = 0; i < chain_->levels(); ++i) {
-      const bool here = chain_->ContainsAt(i, key);
+      const bool here = chain_->ContainsAt(i, key, ctx);
       if (here && contiguous[i]) r.tier_tokens[i] += len;
       if (!here) contiguous[i] = false;
       any = any || here;
@@ -213,7 +216,8 @@ LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const To
 }
 
 Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
-                           std::int64_t first_position, Payload payload, bool on_device, double value) {
+                           std::int64_t first_position, Payload payload, bool on_device, double value,
+                           const ReadContext& ctx) {
   auto chunk = std::make_shared<Chunk>();
   chunk->meta.device = on_device;
   chunk->meta.prefill_value = value;
@@ -227,7 +231,7 @@ Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys
   chunk->meta.tokens = static_cast<std::uint32_t>(tokens);
   chunk->meta.first_position = first_position;
   chunk->payload = std::move(payload);
-  KDN_RETURN_IF_ERROR(chain_->Put(std::move(chunk)));
+  KDN_RETURN_IF_ERROR(chain_->Put(std::move(chunk), ctx));
   tokens_stored_ += tokens;
   bytes_stored_ += tokens * static_cast<std::uint64_t>(model.bytes_per_token());
   return Status::Ok();
@@ -235,19 +239,18 @@ Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys
 
 Status KvStore::PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key,
                          const kernels::KvView& view, std::uint64_t begin, std::uint64_t tokens,
-                         std::int64_t first_position) {
+                         std::int64_t first_position, const ReadContext& ctx) {
   Payload payload = Payload::Uninitialized(static_cast<size_t>(tokens * static_cast<std::uint64_t>(model.bytes_per_token())));
   kernels::view_gather_cpu(view, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), 0,
                            model.shape.layers, payload.data());
-  return PutPayload(model, ns, key, tokens, first_position, std::move(payload));
+  return PutPayload(model, ns, key, tokens, first_position, std::move(payload), /*on_device=*/false, 0, ctx);
 }
 
 Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& model, std::string_view ns,
                                                               const TokenKeys& k) {
-  std::optional<NamespaceScope> scope;
-  EnterNamespace(scope, ns);
+  const ReadContext ctx = Context(ns);
   KDN_RETURN_IF_ERROR(CheckKeys(k));
-  PrefetchRemote(model, ns, k);
+  PrefetchRemote(model, ns, k, /*will_read=*/false, ctx);
   const std::uint64_t n = k.size();
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
   const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
@@ -288,7 +291,7 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
     p.key = KeyOf(keyer, k, prev, pos, len);
     p.begin = pos;
     p.tokens = len;
-    p.present = chain_->Locate(p.key) >= 0;
+    p.present = chain_->Locate(p.key, ctx) >= 0;
     plan.push_back(p);
     prev = p.key;
     pos += len;
@@ -309,11 +312,10 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
 
 std::uint64_t KvStore::HeldPrefix(std::string_view ns, std::span<const PlannedChunk> plan,
                                   std::uint64_t committed) const {
-  std::optional<NamespaceScope> scope;
-  EnterNamespace(scope, ns);
+  const ReadContext ctx = Context(ns);
   std::uint64_t held = 0;
   for (const PlannedChunk& p : plan) {
-    if (p.begin + p.tokens > committed || chain_->Locate(p.key) < 0) break;
+    if (p.begin + p.tokens > committed || chain_->Locate(p.key, ctx) < 0) break;
     held = p.begin + p.tokens;
   }
   return held;
@@ -347,7 +349,8 @@ Result<std::uint64_t> KvStore::Store(const ModelKv& model, std::string_view ns, 
   return HeldPrefix(ns, *plan, stored);
 }
 
-Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k, TieredStore::Form form) {
+Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& k, TieredStore::Form form,
+                           const DeliveryTarget& target) {
   Fetch f;
   // The prefix is decided by presence (as a lookup); each chunk is then read
   // and leased. A chunk that fails to read (evicted meanwhile, corrupt) is
@@ -360,20 +363,18 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   };
   std::vector<Planned> plan;
   size_t costly = 0;  // chunks to read from disk or to decode
-  std::optional<NamespaceScope> scope;
-  EnterNamespace(scope, ns);
   // A load with a target: the leveled remote tiers choose each chunk's
   // quality level by it (tiers/leveled_tier.h), knowing what a recompute costs.
-  std::optional<DeliveryScope> delivery;
-  if (const DeliveryTarget* t = DeliveryScope::Current(); t != nullptr && t->deadline_ns != 0) {
-    DeliveryTarget full = *t;
+  DeliveryTarget full;
+  if (target.deadline_ns != 0) {
+    full = target;
     full.recompute_ns_per_token = PrefillNsPerToken(model);
     full.chunk_tokens = options_.chunk_tokens;
-    delivery.emplace(full);
   }
-  PrefetchRemote(model, ns, k, /*will_read=*/true);
+  const ReadContext ctx = Context(ns, full);
+  PrefetchRemote(model, ns, k, /*will_read=*/true, ctx);
   f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
-    const int level = chain_->Locate(key);
+    const int level = chain_->Locate(key, ctx);
     if (level < 0) return false;
     costly += costly_get_[static_cast<size_t>(level)];
     plan.push_back({key, begin, len, std::nullopt});
@@ -381,10 +382,8 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   });
   // Reading and decoding chunks costs: on several threads when they are
   // free. A lease of raw KV in memory is cheap.
-  auto read = [&](size_t b, size_t e) {
-    std::optional<NamespaceScope> here;  // on the pool's threads too
-    EnterNamespace(here, ns);
-    for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key, form));
+  auto read = [&](size_t b, size_t e) {  // on the pool's threads too: ctx goes with the call
+    for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key, form, ctx));
   };
   std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
   if (fetch_pool_ != nullptr && costly >= 2 && pool.try_lock()) {
@@ -453,17 +452,21 @@ std::uint64_t KvStore::Retrieve(const ModelKv& model, std::string_view ns, const
 }
 
 KvStore::Retrieved KvStore::RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                                         const kernels::KvView& view) {
-  return RetrieveWith(model, ns, keys, [&](const FetchedChunk& c) {
-    kernels::view_scatter_cpu(c.lease.chunk()->payload.data(), view, static_cast<std::int64_t>(c.begin),
-                              static_cast<std::int64_t>(c.tokens), 0, model.shape.layers);
-  });
+                                         const kernels::KvView& view, const DeliveryTarget& target) {
+  return RetrieveWith(
+      model, ns, keys,
+      [&](const FetchedChunk& c) {
+        kernels::view_scatter_cpu(c.lease.chunk()->payload.data(), view, static_cast<std::int64_t>(c.begin),
+                                  static_cast<std::int64_t>(c.tokens), 0, model.shape.layers);
+      },
+      target);
 }
 
 KvStore::Retrieved KvStore::RetrieveWith(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                                         const std::function<void(const FetchedChunk&)>& write) {
+                                         const std::function<void(const FetchedChunk&)>& write,
+                                         const DeliveryTarget& target) {
   const auto t0 = std::chrono::steady_clock::now();
-  Fetch f = FetchPrefix(model, ns, keys);
+  Fetch f = FetchPrefix(model, ns, keys, TieredStore::Form::kCanonical, target);
   // As a prefix: chunks past the first failure are dropped.
   const std::uint64_t prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });

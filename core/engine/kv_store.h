@@ -174,8 +174,10 @@ class KvStore {
 
   // Leases the chunks of the cached prefix: their canonical KV in host
   // memory, or (Form::kStored) as their tiers hold them, for DeliverToDevice.
+  // With a target (deadline_ns set), the tiers with quality levels choose
+  // each chunk's level by it (tiers/leveled_tier.h).
   Fetch FetchPrefix(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                    TieredStore::Form form = TieredStore::Form::kCanonical);
+                    TieredStore::Form form = TieredStore::Form::kCanonical, const DeliveryTarget& target = {});
   // Writes layers [layer_begin, layer_end) of fetched chunks into `view`.
   static void Scatter(const Fetch& fetch, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end);
   // Fetch + scatter of every layer, as a prefix: returns the tokens filled.
@@ -185,11 +187,12 @@ class KvStore {
     std::uint64_t covered = 0;  // the cached prefix found
     bool lossy = false;         // some of it was decoded from a lossy codec
   };
-  Retrieved RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view);
+  Retrieved RetrieveInto(const ModelKv& model, std::string_view ns, const TokenKeys& keys, const kernels::KvView& view,
+                         const DeliveryTarget& target = {});
   // The same, writing each chunk of the prefix through `write` (views split
   // into KV groups: kv_views.h), on the caller's thread.
   Retrieved RetrieveWith(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                         const std::function<void(const FetchedChunk&)>& write);
+                         const std::function<void(const FetchedChunk&)>& write, const DeliveryTarget& target = {});
   // Records a finished load of `requested` tokens in the statistics; its
   // `tokens` served are priced at the model's prefill time per token.
   void CountLoad(const ModelKv& model, const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens,
@@ -232,7 +235,7 @@ class KvStore {
   // chunk goes there device to device, otherwise it is copied to the host
   // and put as usual.
   Result<Retrieved> RetrieveToDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                                     std::span<const KvGroup> groups);
+                                     std::span<const KvGroup> groups, const DeliveryTarget& target = {});
   Result<std::uint64_t> StoreFromDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                         std::span<const KvGroup> groups);
   // Writes canonical KV in host memory (tokens [0, tokens) of every layer)
@@ -248,12 +251,13 @@ class KvStore {
   keys::Digest ContentKey(const ModelKv& model, std::string_view ns, std::span<const std::int32_t> tokens) const;
   // Puts one chunk gathered from `view` under `key` (knowledge items).
   Status PutChunk(const ModelKv& model, std::string_view ns, const keys::Digest& key, const kernels::KvView& view,
-                  std::uint64_t begin, std::uint64_t tokens, std::int64_t first_position);
+                  std::uint64_t begin, std::uint64_t tokens, std::int64_t first_position, const ReadContext& ctx = {});
   // Puts a chunk of canonical bytes under `key` (on_device: the payload is
   // device memory, which only a top tier that takes it does:
   // TieredStore::TakesDevicePayloads; kUnsupported otherwise).
   Status PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
-                    std::int64_t first_position, Payload payload, bool on_device = false, double value = 0);
+                    std::int64_t first_position, Payload payload, bool on_device = false, double value = 0,
+                    const ReadContext& ctx = {});
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
@@ -262,12 +266,18 @@ class KvStore {
   // The tokens a chunk or piece starting at `pos` of an n-token request
   // covers when stored: a whole chunk, else the largest piece that fits.
   std::uint64_t StoredLength(const TokenKeys& keys, std::uint64_t pos, std::uint64_t n) const;
-  // A remote tier files keys per namespace: the request's, for its reads.
-  void EnterNamespace(std::optional<NamespaceScope>& scope, std::string_view ns) const;
+  // What a call in namespace `ns` passes down the chain (store/tier.h): the
+  // namespace's hash when some tier files keys per namespace (a remote
+  // node), and the call's delivery target.
+ public:
+  ReadContext Context(std::string_view ns, const DeliveryTarget& target = {}) const;
+
+ private:
   // Tells remote tiers which keys the walk is about to probe (one call);
   // with will_read, that the ones no tier above holds are then read (the
   // remote reads start at once and stream).
-  void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys, bool will_read = false) const;
+  void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys, bool will_read,
+                      const ReadContext& ctx) const;
   // Walks the request's chunks while probe(key, begin, len) accepts them;
   // returns the tokens walked.
   template <typename Probe>

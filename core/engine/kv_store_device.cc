@@ -146,10 +146,11 @@ Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canoni
 }
 
 Result<KvStore::Retrieved> KvStore::RetrieveToDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                                                     std::span<const KvGroup> groups) {
+                                                     std::span<const KvGroup> groups,
+                                                       const DeliveryTarget& target) {
   if (device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   const auto t0 = std::chrono::steady_clock::now();
-  Fetch f = FetchPrefix(model, ns, keys, TieredStore::Form::kStored);
+  Fetch f = FetchPrefix(model, ns, keys, TieredStore::Form::kStored, target);
   // As a prefix: chunks past the first failure to read are not written.
   const std::uint64_t read_prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= read_prefix; });

@@ -30,10 +30,10 @@ DocumentRecord KnowledgeIndex::RecordOf(const DocKey& key, const Doc* doc) {
 }
 
 void KnowledgeIndex::DropLocked(DocMap::iterator it, bool announce) {
-  const NamespaceScope scope(keys::NamespaceHash(std::get<1>(it->first)));  // a sweep drops any namespace's
+  const ReadContext ctx = ContextOf(it->first);  // a sweep drops any namespace's
   if (announce) store_.AnnounceDocument(DocumentOp::kDelete, RecordOf(it->first, nullptr));
   Doc& doc = it->second;
-  ReleasePinsLocked(doc);
+  ReleasePinsLocked(doc, ctx);
   std::vector<keys::Digest> unshared;
   for (const keys::Digest& k : doc.stored_keys) {
     auto r = refs_.find(k);
@@ -41,7 +41,7 @@ void KnowledgeIndex::DropLocked(DocMap::iterator it, bool announce) {
     if (r != refs_.end()) refs_.erase(r);
     unshared.push_back(k);
   }
-  store_.chain().EraseMany(unshared);  // together: one batch per tier
+  store_.chain().EraseMany(unshared, ctx);  // together: one batch per tier
   if (doc.info.expires_at_ns != 0) by_deadline_.erase({doc.info.expires_at_ns, doc.seq});
   by_age_.erase(doc.seq);
   charged_ -= doc.charge;
@@ -55,7 +55,7 @@ void KnowledgeIndex::DropLocked(const DocKey& key, bool announce) {
   if (it != docs_.end()) DropLocked(it, announce);
 }
 
-Status KnowledgeIndex::ApplyPinLocked(const keys::Digest& k) {
+Status KnowledgeIndex::ApplyPinLocked(const keys::Digest& k, const ReadContext& ctx) {
   auto it = pins_.find(k);
   if (it == pins_.end() || it->second.empty()) {
     if (it != pins_.end()) pins_.erase(it);
@@ -64,10 +64,10 @@ Status KnowledgeIndex::ApplyPinLocked(const keys::Digest& k) {
   }
   // 0 (no deadline) sorts first and wins; otherwise the latest deadline.
   const std::int64_t deadline = *it->second.begin() == 0 ? 0 : *it->second.rbegin();
-  return store_.chain().PinUntil(k, deadline);
+  return store_.chain().PinUntil(k, deadline, ctx);
 }
 
-void KnowledgeIndex::ReleasePinsLocked(Doc& doc) {
+void KnowledgeIndex::ReleasePinsLocked(Doc& doc, const ReadContext& ctx) {
   if (!doc.info.pinned) return;
   doc.info.pinned = false;
   for (const keys::Digest& k : doc.stored_keys) {
@@ -75,7 +75,7 @@ void KnowledgeIndex::ReleasePinsLocked(Doc& doc) {
     if (it == pins_.end()) continue;
     if (auto one = it->second.find(doc.pin_deadline); one != it->second.end()) it->second.erase(one);
   }
-  for (const keys::Digest& k : doc.stored_keys) (void)ApplyPinLocked(k);  // a chunk gone from every tier has no pin
+  for (const keys::Digest& k : doc.stored_keys) (void)ApplyPinLocked(k, ctx);  // a chunk gone from every tier has no pin
   doc.pin_deadline = 0;
 }
 
@@ -166,9 +166,9 @@ std::uint64_t KnowledgeIndex::ChargeOf(size_t ns_bytes, size_t doc_id_bytes, siz
   return bytes + std::uint64_t{chunks} * (ref + pin);
 }
 
-bool KnowledgeIndex::DeadLocked(const Doc& doc) {
+bool KnowledgeIndex::DeadLocked(const Doc& doc, const ReadContext& ctx) {
   for (const keys::Digest& k : doc.stored_keys) {
-    if (store_.chain().Locate(k) < 0) return true;
+    if (store_.chain().Locate(k, ctx) < 0) return true;
   }
   return false;
 }
@@ -200,7 +200,7 @@ Status KnowledgeIndex::MakeRoomLocked(const DocKey& key, std::uint64_t need) {
     ++scans_.reclaim;
     if (d == old || d->second.info.pinned) continue;
     lookups += d->second.stored_keys.size();
-    if (DeadLocked(d->second)) DropLocked(d);
+    if (DeadLocked(d->second, ContextOf(d->first))) DropLocked(d);
   }
   reclaim_from_ = a == by_age_.end() ? 0 : a->first;
   if (fits()) return Status::Ok();
@@ -244,7 +244,7 @@ keys::Digest VariantKey(const keys::Digest& content, const Payload& bytes) {
 Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                                std::uint64_t version, const std::string& metadata,
                                std::span<const std::int32_t> tokens, const GatherFn& gather) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
   if (doc_id.empty()) return Status::InvalidArgument("knowledge: doc_id is empty");
   if (tokens.empty()) return Status::InvalidArgument("knowledge: a document needs tokens");
   const std::uint64_t C = store_.options().chunk_tokens;
@@ -278,8 +278,8 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
     gather(pos, len, payload.data());
     // The content key when it is free or holds these bytes; else the variant.
     bool present = false, taken = false;
-    if (store_.chain().Locate(content) >= 0) {
-      auto lease = store_.chain().Get(content);
+    if (store_.chain().Locate(content, ctx) >= 0) {
+      auto lease = store_.chain().Get(content, TieredStore::Form::kCanonical, ctx);
       if (lease.ok()) {
         const Payload& held = lease->chunk()->payload;
         present = held.size() == payload.size() && std::memcmp(held.data(), payload.data(), held.size()) == 0;
@@ -295,8 +295,9 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
     }
     const keys::Digest stored = taken ? VariantKey(content, payload) : content;
     // A variant key names its bytes: when a tier holds it, it holds these.
-    if (!present && (!taken || store_.chain().Locate(stored) < 0)) {
-      KDN_RETURN_IF_ERROR(store_.PutPayload(model, ns, stored, len, static_cast<std::int64_t>(pos), std::move(payload)));
+    if (!present && (!taken || store_.chain().Locate(stored, ctx) < 0)) {
+      KDN_RETURN_IF_ERROR(store_.PutPayload(model, ns, stored, len, static_cast<std::int64_t>(pos), std::move(payload),
+                                            /*on_device=*/false, 0, ctx));
     }
     mine.insert(stored);
     doc.chunk_keys.push_back(content);
@@ -319,16 +320,16 @@ Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const 
   return Status::Ok();
 }
 
-DocumentInfo KnowledgeIndex::DescribeLocked(const Doc& doc) {
+DocumentInfo KnowledgeIndex::DescribeLocked(const Doc& doc, const ReadContext& ctx) {
   DocumentInfo info = doc.info;
   info.pin_expires_at_ns = info.pinned ? doc.pin_deadline : 0;
   info.chunks_present = 0;
-  for (const keys::Digest& k : doc.stored_keys) info.chunks_present += store_.chain().Locate(k) >= 0;
+  for (const keys::Digest& k : doc.stored_keys) info.chunks_present += store_.chain().Locate(k, ctx) >= 0;
   return info;
 }
 
 std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string_view ns) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked();
   std::vector<DocumentInfo> out;
@@ -337,48 +338,48 @@ std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string
   for (auto it = docs_.lower_bound(DocKey{model.fingerprint, std::string(ns), std::string()});
        it != docs_.end() && std::get<0>(it->first) == model.fingerprint && std::get<1>(it->first) == ns; ++it) {
     ++scans_.list;
-    out.push_back(DescribeLocked(it->second));
+    out.push_back(DescribeLocked(it->second, ctx));
   }
   return out;
 }
 
 Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   const Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
   ++scans_.list;
-  return DescribeLocked(*doc);
+  return DescribeLocked(*doc, ctx);
 }
 
 Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std::string& doc_id, bool pin,
                            std::int64_t ttl_ns) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
   if (ttl_ns < 0) return Status::InvalidArgument("knowledge: pin TTL must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
   Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
   const DocKey key{model.fingerprint, std::string(ns), doc_id};
   if (!pin) {
-    ReleasePinsLocked(*doc);
+    ReleasePinsLocked(*doc, ctx);
     MarkDirty();
     store_.AnnounceDocument(DocumentOp::kUnpin, RecordOf(key, nullptr));
     return Status::Ok();
   }
   for (size_t i = 0; i < doc->stored_keys.size(); ++i) {
-    if (store_.chain().Locate(doc->stored_keys[i]) < 0) {
+    if (store_.chain().Locate(doc->stored_keys[i], ctx) < 0) {
       return Status::NotFound("knowledge: chunk " + std::to_string(i) + " of '" + doc_id +
                               "' is in no tier any more; put the document again");
     }
   }
-  ReleasePinsLocked(*doc);  // pinning again replaces the document's TTL
+  ReleasePinsLocked(*doc, ctx);  // pinning again replaces the document's TTL
   doc->info.pinned = true;
   doc->pin_deadline = ttl_ns == 0 ? 0 : DeadlineAfter(store_.chain().clock().NowNs(), ttl_ns);
   for (const keys::Digest& k : doc->stored_keys) pins_[k].insert(doc->pin_deadline);
   for (const keys::Digest& k : doc->stored_keys) {
-    const Status st = ApplyPinLocked(k);
+    const Status st = ApplyPinLocked(k, ctx);
     if (!st.ok()) {  // evicted since the check: all or nothing
-      ReleasePinsLocked(*doc);
+      ReleasePinsLocked(*doc, ctx);
       return st;
     }
   }
@@ -392,7 +393,6 @@ Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std:
 
 Status KnowledgeIndex::Expire(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                               std::int64_t ttl_ns) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   if (ttl_ns < 0) return Status::InvalidArgument("knowledge: TTL must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
   Doc* doc = Find(model, ns, doc_id);
@@ -406,7 +406,6 @@ Status KnowledgeIndex::Expire(const ModelKv& model, std::string_view ns, const s
 }
 
 Status KnowledgeIndex::Delete(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   if (!Find(model, ns, doc_id)) return Status::NotFound("knowledge: no document '" + doc_id + "'");
   DropLocked(DocKey{model.fingerprint, std::string(ns), doc_id});
@@ -415,7 +414,6 @@ Status KnowledgeIndex::Delete(const ModelKv& model, std::string_view ns, const s
 
 Result<std::vector<ChunkInfo>> KnowledgeIndex::Chunks(const ModelKv& model, std::string_view ns,
                                                       const std::string& doc_id) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   const Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
@@ -457,7 +455,7 @@ Status KnowledgeIndex::Fetch(const ModelKv& model, std::string_view ns, const st
 Status KnowledgeIndex::FetchWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                                  std::uint64_t room, const ScatterFn* scatter, std::vector<std::int32_t>* tokens,
                                  bool* lossy) {
-  const NamespaceScope scope(keys::NamespaceHash(ns));  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
   if (lossy) *lossy = false;
   std::vector<keys::Digest> chunk_keys;
   {
@@ -478,7 +476,7 @@ Status KnowledgeIndex::FetchWith(const ModelKv& model, std::string_view ns, cons
   // current now.
   std::vector<Lease> leases;
   for (size_t i = 0; i < chunk_keys.size(); ++i) {
-    auto lease = store_.chain().Get(chunk_keys[i]);
+    auto lease = store_.chain().Get(chunk_keys[i], TieredStore::Form::kCanonical, ctx);
     if (!lease.ok()) {
       return Status::NotFound("knowledge: chunk " + std::to_string(i) + " of '" + doc_id +
                               "' is in no tier any more; put the document again");
@@ -663,7 +661,7 @@ Status KnowledgeIndex::ParseLocked(std::span<const std::uint8_t> payload) {
   // The pins again, on the chunks the tiers kept (a chunk in no tier has none).
   for (const auto& [k, deadlines] : pins_) {
     (void)deadlines;
-    (void)ApplyPinLocked(k);
+    (void)ApplyPinLocked(k, ReadContext{});
   }
   generation_.fetch_add(1, std::memory_order_release);
   if (left_out != 0) {

@@ -236,14 +236,16 @@ class KnowledgeIndex {
   // kBusy if it still does not fit.
   Status MakeRoomLocked(const DocKey& key, std::uint64_t need);
   // mu_ held: true when a chunk of the document is in no tier.
-  bool DeadLocked(const Doc& doc);
+  bool DeadLocked(const Doc& doc, const ReadContext& ctx);
   // mu_ held: the document's info, with the chunks some tier holds now.
-  DocumentInfo DescribeLocked(const Doc& doc);
+  DocumentInfo DescribeLocked(const Doc& doc, const ReadContext& ctx);
   // mu_ held: sets the store's pin of a chunk to what the documents pinning
   // it ask for (the latest deadline; none: unpinned).
-  Status ApplyPinLocked(const keys::Digest& stored_key);
+  Status ApplyPinLocked(const keys::Digest& stored_key, const ReadContext& ctx);
   // mu_ held: withdraws a pinned document's pin from its chunks.
-  void ReleasePinsLocked(Doc& doc);
+  void ReleasePinsLocked(Doc& doc, const ReadContext& ctx);
+  // What calls about a document pass down the chain: its namespace's (store/tier.h).
+  ReadContext ContextOf(const DocKey& key) const { return store_.Context(std::get<1>(key)); }
   // Persistence: the payload of the file (mu_ held), its parse into an
   // empty index (mu_ held), the saver thread, and what wakes it.
   std::string SerializeLocked();

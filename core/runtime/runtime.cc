@@ -63,19 +63,21 @@ Result<std::uint64_t> Runtime::Store(const ModelKv& model, std::string_view ns, 
 }
 
 Result<KvStore::Retrieved> Runtime::Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                                             const ResolvedViews& views) {
-  if (views.device()) return store_->RetrieveToDevice(model, ns, keys, views.groups());
-  if (const kernels::KvView* whole = views.whole()) return store_->RetrieveInto(model, ns, keys, *whole);
+                                             const ResolvedViews& views, const DeliveryTarget& target) {
+  if (views.device()) return store_->RetrieveToDevice(model, ns, keys, views.groups(), target);
+  if (const kernels::KvView* whole = views.whole()) return store_->RetrieveInto(model, ns, keys, *whole, target);
   // Several groups: on the caller's thread too, and a prefix as above.
   KDN_RETURN_IF_ERROR(store_->CheckKeys(keys));
-  return store_->RetrieveWith(model, ns, keys, [&](const FetchedChunk& c) {
-    views.Scatter(model, c.lease.chunk()->payload.data(), c.begin, c.tokens);
-  });
+  return store_->RetrieveWith(
+      model, ns, keys,
+      [&](const FetchedChunk& c) { views.Scatter(model, c.lease.chunk()->payload.data(), c.begin, c.tokens); },
+      target);
 }
 
 Result<std::shared_ptr<LoadOp>> Runtime::Load(const ModelKv& model, std::string ns, OwnedKeys keys,
-                                              const ResolvedViews& views) {
-  return LoadOp::Start(*store_, *executor_, model, std::move(ns), std::move(keys), views.groups(), views.device());
+                                              const ResolvedViews& views, const DeliveryTarget& target) {
+  return LoadOp::Start(*store_, *executor_, model, std::move(ns), std::move(keys), views.groups(), views.device(),
+                       target);
 }
 
 Result<std::shared_ptr<SaveOp>> Runtime::Save(const ModelKv& model, std::string ns, OwnedKeys keys,

@@ -61,9 +61,12 @@ class Runtime {
   Result<std::uint64_t> Store(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                               const ResolvedViews& views);
   // Writes the longest cached prefix into the views (tokens 0: a miss).
+  // `target`: the call's delivery target (none: no deadline), passed down
+  // to the tiers with quality levels.
   Result<KvStore::Retrieved> Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
-                                      const ResolvedViews& views);
-  Result<std::shared_ptr<LoadOp>> Load(const ModelKv& model, std::string ns, OwnedKeys keys, const ResolvedViews& views);
+                                      const ResolvedViews& views, const DeliveryTarget& target = {});
+  Result<std::shared_ptr<LoadOp>> Load(const ModelKv& model, std::string ns, OwnedKeys keys, const ResolvedViews& views,
+                                       const DeliveryTarget& target = {});
   Result<std::shared_ptr<SaveOp>> Save(const ModelKv& model, std::string ns, OwnedKeys keys, const ResolvedViews& views);
 
  private:

@@ -64,6 +64,25 @@ struct DocumentRecord {
 };
 enum class DocumentOp { kPut, kPin, kUnpin, kDelete };
 
+// What a load with a target tells the tiers (a tier with quality levels,
+// tiers/leveled_tier.h).
+struct DeliveryTarget {
+  std::int64_t deadline_ns = 0;              // steady clock; 0: no target
+  double recompute_ns_per_token = 0;         // the model's mean prefill (0: unknown)
+  std::uint32_t chunk_tokens = 0;            // tokens per chunk of the request
+};
+
+// What a call carries down the chain to its tiers, as an argument (never in
+// a thread-local): the namespace (its hash) of the request it serves, for
+// tiers that file keys per namespace (a remote node: without one, a read is
+// a miss and an erase reaches nothing there), and the request's delivery
+// target. The chain's own moves (demotions, promotions, write-through
+// copies on its mover) carry none.
+struct ReadContext {
+  std::optional<keys::Digest> ns;
+  DeliveryTarget target;
+};
+
 class Tier {
  public:
   virtual ~Tier() = default;
@@ -79,21 +98,21 @@ class Tier {
   virtual Status Put(const ChunkRef& chunk) = 0;
   // The chunk, or kNotFound. A corrupt object is reported as kNotFound too,
   // after being counted and removed.
-  virtual Result<ChunkRef> Get(const keys::Digest& key) = 0;
-  virtual bool Contains(const keys::Digest& key) const = 0;
+  virtual Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) = 0;
+  virtual bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const = 0;
   // The chunk as this tier holds it, for a reader on the device (store/
   // device.h): a device tier's own block, in device memory (meta.device),
   // without a copy. Every other tier: Get.
-  virtual Result<ChunkRef> GetResident(const keys::Digest& key) { return Get(key); }
+  virtual Result<ChunkRef> GetResident(const keys::Digest& key, const ReadContext& ctx = {}) { return Get(key, ctx); }
   // Whether Put takes chunks whose payload is in device memory (meta.device).
   virtual bool TakesDevicePayloads() const { return false; }
   // Removes an object; false when absent.
-  virtual bool Erase(const keys::Digest& key) = 0;
+  virtual bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) = 0;
   // Removes several objects (a knowledge item's chunks) together; how many
   // were there. A tier that can batch them (one round trip) does.
-  virtual size_t EraseMany(std::span<const keys::Digest> keys) {
+  virtual size_t EraseMany(std::span<const keys::Digest> keys, const ReadContext& ctx = {}) {
     size_t n = 0;
-    for (const keys::Digest& k : keys) n += Erase(k) ? 1 : 0;
+    for (const keys::Digest& k : keys) n += Erase(k, ctx) ? 1 : 0;
     return n;
   }
   // Every object held (at open, or now).
@@ -114,9 +133,10 @@ class Tier {
   // held ones are also about to be read (Get), in order: such a tier starts
   // every read at once and serves each Get as its chunk arrives (the reads
   // stream: chunk i is decoded while chunk i+1 is on the wire).
-  virtual void Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
+  virtual void Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx = {}) const {
     (void)keys;
     (void)will_read;
+    (void)ctx;
   }
   // A knowledge item was put (replacing any of its doc_id), pinned for
   // ttl_ms (0: until unpinned), unpinned or deleted. A tier that keeps a
@@ -128,43 +148,5 @@ class Tier {
     (void)ttl_ms;
   }
 };
-
-// A value a thread carries for the calls below it, in nested scopes: the
-// innermost scope's value, or null outside any. Tag tells uses apart.
-template <typename T, typename Tag>
-class ThreadScope {
- public:
-  explicit ThreadScope(const T& value) : prev_(current_), had_(has_) {
-    current_ = value;
-    has_ = true;
-  }
-  ~ThreadScope() {
-    current_ = prev_;
-    has_ = had_;
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-  static const T* Current() { return has_ ? &current_ : nullptr; }
-
- private:
-  static inline thread_local T current_{};
-  static inline thread_local bool has_ = false;
-  T prev_;
-  bool had_;
-};
-
-// The namespace (its hash) of the request a thread is serving, for tiers
-// that file keys per namespace (a remote node): set by the store around
-// each request's probes and reads, on every thread that does them.
-using NamespaceScope = ThreadScope<keys::Digest, struct NamespaceTag>;
-
-// What a load with a target tells the tiers (a tier with quality levels,
-// tiers/leveled_tier.h), on the thread that serves it.
-struct DeliveryTarget {
-  std::int64_t deadline_ns = 0;              // steady clock; 0: no target
-  double recompute_ns_per_token = 0;         // the model's mean prefill (0: unknown)
-  std::uint32_t chunk_tokens = 0;            // tokens per chunk of the request
-};
-using DeliveryScope = ThreadScope<DeliveryTarget, struct DeliveryTag>;
 
 }  // namespace kdn::store

@@ -95,16 +95,16 @@ ChunkRef TieredStore::InTransit(const keys::Digest& key, size_t* target) const {
   return it->second.first;
 }
 
-bool TieredStore::ContainsAt(size_t level, const keys::Digest& key) const {
+bool TieredStore::ContainsAt(size_t level, const keys::Digest& key, const ReadContext& ctx) const {
   if (level >= levels_.size()) return false;
-  if (levels_[level]->tier->Contains(key)) return true;
+  if (levels_[level]->tier->Contains(key, ctx)) return true;
   size_t target = 0;
   return InTransit(key, &target) && target == level;
 }
 
-int TieredStore::Locate(const keys::Digest& key) const {
+int TieredStore::Locate(const keys::Digest& key, const ReadContext& ctx) const {
   for (size_t i = 0; i < levels_.size(); ++i) {
-    if (levels_[i]->tier->Contains(key)) return static_cast<int>(i);
+    if (levels_[i]->tier->Contains(key, ctx)) return static_cast<int>(i);
   }
   size_t target = 0;
   return InTransit(key, &target) ? static_cast<int>(target) : -1;
@@ -134,9 +134,9 @@ bool TieredStore::Evictable(const keys::Digest& key) {
   return false;
 }
 
-Status TieredStore::Pin(const keys::Digest& key, std::int64_t ttl_ns) {
+Status TieredStore::Pin(const keys::Digest& key, std::int64_t ttl_ns, const ReadContext& ctx) {
   if (ttl_ns < 0) return Status::InvalidArgument("pin TTL must not be negative");
-  if (Locate(key) < 0) return Status::NotFound("pin: no such chunk in any tier");
+  if (Locate(key, ctx) < 0) return Status::NotFound("pin: no such chunk in any tier");
   const std::int64_t deadline = ttl_ns == 0 ? 0 : DeadlineAfter(clock_->NowNs(), ttl_ns);
   std::lock_guard<std::mutex> lock(pin_mu_);
   auto [it, fresh] = pins_.emplace(key, deadline);
@@ -144,9 +144,9 @@ Status TieredStore::Pin(const keys::Digest& key, std::int64_t ttl_ns) {
   return Status::Ok();
 }
 
-Status TieredStore::PinUntil(const keys::Digest& key, std::int64_t deadline_ns) {
+Status TieredStore::PinUntil(const keys::Digest& key, std::int64_t deadline_ns, const ReadContext& ctx) {
   if (deadline_ns < 0) return Status::InvalidArgument("pin deadline must not be negative");
-  if (Locate(key) < 0) return Status::NotFound("pin: no such chunk in any tier");
+  if (Locate(key, ctx) < 0) return Status::NotFound("pin: no such chunk in any tier");
   std::lock_guard<std::mutex> lock(pin_mu_);
   pins_[key] = deadline_ns;
   return Status::Ok();
@@ -159,13 +159,13 @@ bool TieredStore::Unpin(const keys::Digest& key) {
 
 // ---- Put and eviction -------------------------------------------------------
 
-void TieredStore::Touch(Level& L, const keys::Digest& key) {
+void TieredStore::Touch(Level& L, const keys::Digest& key, const ReadContext& ctx) {
   std::lock_guard<std::mutex> lock(L.policy_mu);
-  if (L.tier->Contains(key)) L.policy->OnAccess(key);
+  if (L.tier->Contains(key, ctx)) L.policy->OnAccess(key);
 }
 
 std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool hard,
-                                            std::vector<keys::Digest>& dropped) {
+                                            std::vector<keys::Digest>& dropped, const ReadContext& ctx) {
   Level& L = *levels_[li];
   const auto cap = static_cast<double>(L.tier->capacity_bytes());
   std::vector<ChunkRef> victims;
@@ -183,7 +183,7 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
     }
     if (!victim) break;  // everything left is leased or pinned
     ChunkRef ref;
-    if (next_exists && !levels_[li + 1]->tier->Contains(*victim)) {
+    if (next_exists && !levels_[li + 1]->tier->Contains(*victim, ctx)) {
       auto got = L.tier->Get(*victim);
       if (got.ok()) {
         // A heap copy: the tier's block is free as soon as it is erased,
@@ -209,13 +209,13 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
   return victims;
 }
 
-Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, JobKind why) {
+Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, JobKind why, const ReadContext& ctx) {
   Level& L = *levels_[li];
   const keys::Digest& key = chunk->meta.key;
   ChunkRef stored = chunk;
   if (!pass_through_ && chunk->meta.codec != L.codec_id()) {
-    if (L.tier->Contains(key)) {  // present already: not worth an encode
-      Touch(L, key);
+    if (L.tier->Contains(key, ctx)) {  // present already: not worth an encode
+      Touch(L, key, ctx);
       return Status::Ok();
     }
     // Outside the level's lock: encoding is the slow part of a put.
@@ -234,8 +234,8 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
     // The tier's write (and fsync) and the evictions before it happen under
     // the level's write lock only: readers of the level never wait on them.
     std::lock_guard<std::mutex> write_lock(L.write_mu);
-    if (L.tier->Contains(key)) {
-      Touch(L, key);
+    if (L.tier->Contains(key, ctx)) {
+      Touch(L, key, ctx);
       return Status::Ok();
     }
     const std::uint64_t cost = L.tier->Cost(*stored);
@@ -243,10 +243,10 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       ++L.put_refusals;
       return Status(Code::kBusy, L.tier->name() + ": object larger than the tier");
     }
-    victims = MakeRoom(li, cost, /*hard=*/false, dropped);
+    victims = MakeRoom(li, cost, /*hard=*/false, dropped, ctx);
     st = L.tier->Put(stored);
     if (st.code() == Code::kBusy) {  // full after all: evict to the capacity and retry once
-      auto more = MakeRoom(li, cost, /*hard=*/true, dropped);
+      auto more = MakeRoom(li, cost, /*hard=*/true, dropped, ctx);
       victims.insert(victims.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
       st = L.tier->Put(stored);
     }
@@ -266,13 +266,13 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
   }
   if (on_drop_) {
     for (const keys::Digest& k : dropped) {
-      if (Locate(k) < 0) on_drop_(k);  // a higher level may still hold a copy
+      if (Locate(k, ctx) < 0) on_drop_(k);  // a higher level may still hold a copy
     }
   }
   Demote(li, std::move(victims), from_mover);
   if (inserted && L.write_through && li + 1 < levels_.size()) {
     if (from_mover) {
-      (void)PutAt(li + 1, chunk, true, JobKind::kCopy);
+      (void)PutAt(li + 1, chunk, true, JobKind::kCopy, ReadContext{});
     } else {
       Enqueue(Job{JobKind::kCopy, chunk, li + 1}, /*wait=*/true);
     }
@@ -306,7 +306,7 @@ void TieredStore::DemoteNow(size_t from, const ChunkRef& victim) {
     c = std::move(raw).value();
   }
   c = ApplyEdit(c);  // edits land before lower tiers see the chunk
-  const Status st = PutAt(from + 1, c, /*from_mover=*/true, JobKind::kDemote);
+  const Status st = PutAt(from + 1, c, /*from_mover=*/true, JobKind::kDemote, ReadContext{});
   EndTransit(victim);
   // No lower level took it (and none holds it): it is gone.
   if (!st.ok() && on_drop_ && Locate(victim->meta.key) < 0) on_drop_(victim->meta.key);
@@ -358,17 +358,17 @@ bool TieredStore::TakesDevicePayloads() const {
          !editor_ && !pass_through_;
 }
 
-Status TieredStore::Put(ChunkRef chunk) {
+Status TieredStore::Put(ChunkRef chunk, const ReadContext& ctx) {
   if (!chunk) return Status::InvalidArgument("put: null chunk");
   if (chunk->meta.device) {
     // Only the top level, when it holds device memory as it is: every other
     // path (encoding, lower tiers) reads the payload on the host.
     if (!TakesDevicePayloads()) return Status::Unsupported("put: the top tier does not take chunks in device memory");
-    return PutAt(0, chunk, /*from_mover=*/false, JobKind::kCopy);
+    return PutAt(0, chunk, /*from_mover=*/false, JobKind::kCopy, ctx);
   }
   Status last;
   for (size_t i = 0; i < levels_.size(); ++i) {
-    last = PutAt(i, chunk, /*from_mover=*/false, JobKind::kCopy);
+    last = PutAt(i, chunk, /*from_mover=*/false, JobKind::kCopy, ctx);
     if (last.ok()) {
       if (editor_ && !chunk->meta.edited) {
         {
@@ -385,21 +385,21 @@ Status TieredStore::Put(ChunkRef chunk) {
 
 // ---- Get --------------------------------------------------------------------
 
-Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
+Result<Lease> TieredStore::Get(const keys::Digest& key, Form form, const ReadContext& ctx) {
   const bool stored_form = form == Form::kStored;
   for (size_t i = 0; i < levels_.size(); ++i) {
     Level& L = *levels_[i];
-    if (!L.tier->Contains(key)) {
+    if (!L.tier->Contains(key, ctx)) {
       ++L.misses;
       continue;
     }
     // A device tier's own block only when it holds raw KV: a reader on the
     // device decodes payloads from host memory.
-    auto got = stored_form && L.codec_id() == codec::CodecId::kRaw ? L.tier->GetResident(key) : L.tier->Get(key);
+    auto got = stored_form && L.codec_id() == codec::CodecId::kRaw ? L.tier->GetResident(key, ctx) : L.tier->Get(key, ctx);
     if (!got.ok()) {  // evicted meanwhile, or corrupt (the tier removed it)
       ++L.misses;
       std::lock_guard<std::mutex> lock(L.policy_mu);
-      if (!L.tier->Contains(key)) L.policy->OnRemove(key);
+      if (!L.tier->Contains(key, ctx)) L.policy->OnRemove(key);
       continue;
     }
     Result<ChunkRef> raw = stored_form ? Result<ChunkRef>(*got) : Canonical(i, *got);
@@ -410,7 +410,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
         // tier removes objects that fail its own checks (counted in Canonical).
         // A write (rare): under the write lock, as every removal.
         std::lock_guard<std::mutex> write_lock(L.write_mu);
-        L.tier->Erase(key);
+        L.tier->Erase(key, ctx);
         std::lock_guard<std::mutex> lock(L.policy_mu);
         L.policy->OnRemove(key);
       }
@@ -425,10 +425,10 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form) {
     lease.store_ = this;
     lease.chunk_ = std::move(raw).value();
     lease.level_ = static_cast<int>(i);
-    Touch(L, key);
+    Touch(L, key, ctx);
     ++L.hits;
     L.bytes_out += lease.chunk_->payload.size();
-    if (i > 0 && !lease.chunk_->meta.device && !lease.chunk_->meta.degraded && !levels_[0]->tier->Contains(key)) {
+    if (i > 0 && !lease.chunk_->meta.device && !lease.chunk_->meta.degraded && !levels_[0]->tier->Contains(key, ctx)) {
       // Promote in the background; never make a reader wait for room.
       if (!Enqueue(Job{JobKind::kPromote, lease.chunk_, 0}, /*wait=*/false)) ++promotions_dropped_;
     }
@@ -480,9 +480,11 @@ void TieredStore::EndTransit(const ChunkRef& chunk) {
 
 // ---- Erase ------------------------------------------------------------------
 
-bool TieredStore::Erase(const keys::Digest& key) { return EraseMany(std::span<const keys::Digest>(&key, 1)); }
+bool TieredStore::Erase(const keys::Digest& key, const ReadContext& ctx) {
+  return EraseMany(std::span<const keys::Digest>(&key, 1), ctx);
+}
 
-bool TieredStore::EraseMany(std::span<const keys::Digest> keys) {
+bool TieredStore::EraseMany(std::span<const keys::Digest> keys, const ReadContext& ctx) {
   if (keys.empty()) return false;
   const std::unordered_set<keys::Digest, keys::DigestHash> gone(keys.begin(), keys.end());
   {
@@ -506,7 +508,7 @@ bool TieredStore::EraseMany(std::span<const keys::Digest> keys) {
   }
   for (auto& level : levels_) {
     std::lock_guard<std::mutex> write_lock(level->write_mu);
-    if (level->tier->EraseMany(keys) > 0) any = true;
+    if (level->tier->EraseMany(keys, ctx) > 0) any = true;
     std::lock_guard<std::mutex> lock(level->policy_mu);
     for (const keys::Digest& k : keys) level->policy->OnRemove(k);
   }
@@ -638,14 +640,14 @@ void TieredStore::RunJob(Job& job) {
     }
     case JobKind::kPromote:
       if (Locate(job.chunk->meta.key) < 0) return;  // erased or evicted everywhere meanwhile
-      (void)PutAt(job.target, job.chunk, /*from_mover=*/true, JobKind::kPromote);
+      (void)PutAt(job.target, job.chunk, /*from_mover=*/true, JobKind::kPromote, ReadContext{});
       return;
     case JobKind::kDemote:
       DemoteNow(job.target - 1, job.chunk);
       return;
     case JobKind::kCopy: {
       ChunkRef c = ApplyEdit(job.chunk);  // edits land before lower tiers see the chunk
-      (void)PutAt(job.target, c, /*from_mover=*/true, job.kind);
+      (void)PutAt(job.target, c, /*from_mover=*/true, job.kind, ReadContext{});
       return;
     }
   }

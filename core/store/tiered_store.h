@@ -167,12 +167,13 @@ class TieredStore {
   // erase behind the chain's back.
   Tier& tier(size_t level) { return *levels_[level]->tier; }
   // Presence, without side effects.
-  bool ContainsAt(size_t level, const keys::Digest& key) const;
+  // ctx: the request's (store/tier.h), for tiers that file keys per namespace.
+  bool ContainsAt(size_t level, const keys::Digest& key, const ReadContext& ctx = {}) const;
   // The highest level holding the key, or -1.
-  int Locate(const keys::Digest& key) const;
+  int Locate(const keys::Digest& key, const ReadContext& ctx = {}) const;
 
   // Stores a chunk in the highest tier that takes it.
-  Status Put(ChunkRef chunk);
+  Status Put(ChunkRef chunk, const ReadContext& ctx = {});
   // The chunk from the highest tier holding it, leased; kNotFound on a miss.
   // kCanonical: its canonical KV in host memory (decoded, copied out of a
   // device tier). kStored: as the tier holds it, for a reader on a device
@@ -182,7 +183,7 @@ class TieredStore {
   // is promoted like any other (decoded on the mover), unless it is in
   // device memory.
   enum class Form { kCanonical, kStored };
-  Result<Lease> Get(const keys::Digest& key, Form form = Form::kCanonical);
+  Result<Lease> Get(const keys::Digest& key, Form form = Form::kCanonical, const ReadContext& ctx = {});
   // A decode of a chunk read (Form::kStored) from `level`, done by its
   // reader: counted in the level's telemetry; a payload that does not decode
   // (kCorrupt) is removed from the level, as Get does with the ones it decodes.
@@ -192,18 +193,18 @@ class TieredStore {
   // no lower level on its own (no write-through) and has no editor to run.
   bool TakesDevicePayloads() const;
   // Removes the chunk from every tier, with its pin and pending moves.
-  bool Erase(const keys::Digest& key);
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {});
   // Erase of several chunks, each tier's part in one batch (Tier::EraseMany);
   // whether any tier held any of them.
-  bool EraseMany(std::span<const keys::Digest> keys);
+  bool EraseMany(std::span<const keys::Digest> keys, const ReadContext& ctx = {});
   // Pins a present chunk for ttl_ns (0: until unpinned): no tier evicts it.
   // A second pin keeps the later deadline. A TTL too large for the clock
   // saturates (DeadlineAfter).
-  Status Pin(const keys::Digest& key, std::int64_t ttl_ns);
+  Status Pin(const keys::Digest& key, std::int64_t ttl_ns, const ReadContext& ctx = {});
   // Sets a present chunk's pin to end at deadline_ns on the store's clock (0:
   // until unpinned), replacing any deadline it had: for owners that count
   // pins themselves (knowledge items, one pin per document).
-  Status PinUntil(const keys::Digest& key, std::int64_t deadline_ns);
+  Status PinUntil(const keys::Digest& key, std::int64_t deadline_ns, const ReadContext& ctx = {});
   bool Unpin(const keys::Digest& key);
   // Waits until the mover has nothing queued or in flight, then until each
   // tier has written what it accepted (Tier::Flush).
@@ -236,7 +237,7 @@ class TieredStore {
   };
   enum class JobKind { kDemote, kPromote, kCopy, kEdit };
   // A use of a held chunk, told to the level's policy (under policy_mu).
-  static void Touch(Level& L, const keys::Digest& key);
+  static void Touch(Level& L, const keys::Digest& key, const ReadContext& ctx);
   struct Job {
     JobKind kind;
     ChunkRef chunk;
@@ -246,11 +247,12 @@ class TieredStore {
   explicit TieredStore(TieredStoreOptions& options);
   // Puts into one level, evicting first; victims are demoted inline when
   // called from the mover (it must not wait on its own queue).
-  Status PutAt(size_t level, const ChunkRef& chunk, bool from_mover, JobKind why);
+  Status PutAt(size_t level, const ChunkRef& chunk, bool from_mover, JobKind why, const ReadContext& ctx);
   // Evicts from a level (its mu held) until `cost` more bytes fit under the
   // watermark (or, `hard`, under the capacity); returns chunks to demote.
   // (`dropped`: the keys of victims that leave the store, the last level's.)
-  std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard, std::vector<keys::Digest>& dropped);
+  std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard, std::vector<keys::Digest>& dropped,
+                                 const ReadContext& ctx);
   bool Evictable(const keys::Digest& key);
   void Demote(size_t from_level, std::vector<ChunkRef> victims, bool from_mover);
   // Puts a victim of `from_level` (in that level's stored form) into the

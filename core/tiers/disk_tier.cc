@@ -1018,7 +1018,7 @@ Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
   return Status::Ok();
 }
 
-Result<ChunkRef> DiskTier::Get(const keys::Digest& key) {
+Result<ChunkRef> DiskTier::Get(const keys::Digest& key, const ReadContext& /*ctx*/) {
   std::uint64_t generation, bytes;
   bool size_known;
   {
@@ -1150,12 +1150,12 @@ void DiskTier::RemoveLocked(const keys::Digest& key) {
   index_.erase(it);
 }
 
-bool DiskTier::Contains(const keys::Digest& key) const {
+bool DiskTier::Contains(const keys::Digest& key, const ReadContext& /*ctx*/) const {
   std::lock_guard<std::mutex> lock(mu_);
   return index_.contains(key);
 }
 
-bool DiskTier::Erase(const keys::Digest& key) {
+bool DiskTier::Erase(const keys::Digest& key, const ReadContext& /*ctx*/) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!index_.contains(key)) return false;

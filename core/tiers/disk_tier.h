@@ -141,9 +141,9 @@ class DiskTier final : public Tier {
   // The object's file size: its encoded envelope (wire::EncodedEnvelopeSize).
   std::uint64_t Cost(const Chunk& chunk) const override;
   Status Put(const ChunkRef& chunk) override;
-  Result<ChunkRef> Get(const keys::Digest& key) override;
-  bool Contains(const keys::Digest& key) const override;
-  bool Erase(const keys::Digest& key) override;
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override;
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override;
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override;
   std::vector<ObjectInfo> List() const override;
   std::uint64_t capacity_bytes() const override { return options_.capacity_bytes; }
   // Bytes of the objects held plus those of Puts in progress (reserved).

@@ -203,9 +203,9 @@ Status LeveledTier::Put(const ChunkRef& chunk) {
   return Status::Ok();
 }
 
-Result<ChunkRef> LeveledTier::Fetch(const keys::Digest& key, size_t level) const {
+Result<ChunkRef> LeveledTier::Fetch(const keys::Digest& key, size_t level, const ReadContext& ctx) const {
   const std::int64_t sent = NowNs();
-  Result<ChunkRef> got = inner_->Get(LevelKey(key, level));
+  Result<ChunkRef> got = inner_->Get(LevelKey(key, level), ctx);
   const std::int64_t arrived = NowNs();
   if (!got.ok()) return got;
   const ChunkRef& c = *got;
@@ -219,7 +219,7 @@ Result<ChunkRef> LeveledTier::Fetch(const keys::Digest& key, size_t level) const
   return level > 0 || (*raw)->meta.key != key ? Rekeyed(*raw, key, level > 0) : *raw;
 }
 
-Result<ChunkRef> LeveledTier::Get(const keys::Digest& key) {
+Result<ChunkRef> LeveledTier::Get(const keys::Digest& key, const ReadContext& ctx) {
   std::shared_ptr<Entry> e;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -228,42 +228,41 @@ Result<ChunkRef> LeveledTier::Get(const keys::Digest& key) {
       pending_.erase(it);
       if (e->done && e->stale_after_ns < NowNs()) {
         lock.unlock();
-        return Fetch(key, 0);
+        return Fetch(key, 0, ctx);
       }
       cv_.wait(lock, [&] { return e->done || stop_; });
       if (!e->done) return Status::NotFound("the tier is closing");
       return e->chunk;
     }
   }
-  return Fetch(key, 0);
+  return Fetch(key, 0, ctx);
 }
 
-bool LeveledTier::Erase(const keys::Digest& key) {
+bool LeveledTier::Erase(const keys::Digest& key, const ReadContext& ctx) {
   std::vector<keys::Digest> all;
   for (size_t l = 0; l < codecs_.size(); ++l) all.push_back(LevelKey(key, l));
-  return inner_->EraseMany(all) > 0;
+  return inner_->EraseMany(all, ctx) > 0;
 }
 
-size_t LeveledTier::EraseMany(std::span<const keys::Digest> keys) {
+size_t LeveledTier::EraseMany(std::span<const keys::Digest> keys, const ReadContext& ctx) {
   std::vector<keys::Digest> all;
   for (size_t l = 0; l < codecs_.size(); ++l) {
     for (const keys::Digest& k : keys) all.push_back(LevelKey(k, l));
   }
   // Counted by level 0: what the caller asked to erase.
   size_t held = 0;
-  for (const keys::Digest& k : keys) held += inner_->Contains(k) ? 1 : 0;
-  inner_->EraseMany(all);
+  for (const keys::Digest& k : keys) held += inner_->Contains(k, ctx) ? 1 : 0;
+  inner_->EraseMany(all, ctx);
   return held;
 }
 
-void LeveledTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
-  inner_->Prefetch(keys, false);  // the batched probe of level 0
-  const DeliveryTarget* target = DeliveryScope::Current();
-  if (!will_read || target == nullptr || target->deadline_ns == 0 || keys.empty()) return;
+void LeveledTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx) const {
+  inner_->Prefetch(keys, false, ctx);  // the batched probe of level 0
+  if (!will_read || ctx.target.deadline_ns == 0 || keys.empty()) return;
   auto s = std::make_shared<Stream>();
   s->keys.assign(keys.begin(), keys.end());
-  s->target = *target;
-  if (const keys::Digest* ns = NamespaceScope::Current()) s->ns = *ns;
+  s->target = ctx.target;
+  s->ns = ctx.ns;
   stream_count_.fetch_add(1, std::memory_order_relaxed);
   constexpr std::int64_t kStale = 2'000'000'000;
   const std::int64_t now = NowNs();
@@ -319,10 +318,10 @@ void LeveledTier::Work() const {
     } else if (level == -1) {
       recomputes_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      std::optional<NamespaceScope> scope;
-      if (s->ns) scope.emplace(*s->ns);
-      got = Fetch(key, static_cast<size_t>(level));
-      if (!got.ok() && got.status().code() == Code::kNotFound && !inner_->Contains(key)) level = -2;
+      ReadContext ctx;  // the stream's namespace, on this thread
+      ctx.ns = s->ns;
+      got = Fetch(key, static_cast<size_t>(level), ctx);
+      if (!got.ok() && got.status().code() == Code::kNotFound && !inner_->Contains(key, ctx)) level = -2;
     }
     lock.lock();
     s->inflight_bytes -= inflight;

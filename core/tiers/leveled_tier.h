@@ -12,8 +12,8 @@
 // fetched, so the chain sees a raw tier (its codec for this tier is raw).
 // Contains asks for level 0: the levels are put together.
 //
-// Adaptation: the store opens a DeliveryScope around a load that has a
-// target (KvStore::FetchPrefix). Prefetch(keys, will_read) then starts a
+// Adaptation: a load that has a target passes it down in its ReadContext
+// (KvStore::FetchPrefix). Prefetch(keys, will_read, ctx) then starts a
 // stream: `window` workers take the chunks in order and decide each one's
 // level when they take it (ChooseLevel, below) from the time left, the
 // tokens left, the link rate and each level's bytes and decode time per
@@ -117,10 +117,10 @@ class LeveledTier : public Tier {
   const std::string& name() const override { return inner_->name(); }
   std::uint64_t Cost(const Chunk& chunk) const override { return inner_->Cost(chunk); }
   Status Put(const ChunkRef& chunk) override;
-  Result<ChunkRef> Get(const keys::Digest& key) override;
-  bool Contains(const keys::Digest& key) const override { return inner_->Contains(key); }
-  bool Erase(const keys::Digest& key) override;
-  size_t EraseMany(std::span<const keys::Digest> keys) override;
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override;
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override { return inner_->Contains(key, ctx); }
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override;
+  size_t EraseMany(std::span<const keys::Digest> keys, const ReadContext& ctx = {}) override;
   std::vector<ObjectInfo> List() const override { return inner_->List(); }
   std::uint64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
@@ -128,7 +128,7 @@ class LeveledTier : public Tier {
   TierCounters counters() const override { return inner_->counters(); }
   TransportCounters transport_counters() const override { return inner_->transport_counters(); }
   void Flush() override { inner_->Flush(); }
-  void Prefetch(std::span<const keys::Digest> keys, bool will_read) const override;
+  void Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx = {}) const override;
   void Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) override {
     inner_->Document(op, doc, ttl_ms);
   }
@@ -152,7 +152,7 @@ class LeveledTier : public Tier {
   LeveledTier(std::unique_ptr<Tier> inner, std::vector<std::shared_ptr<const codec::Codec>> codecs,
               std::vector<std::string> specs, int window);
   // Fetches and decodes level `level` of `key`; records the link and the level's costs.
-  Result<ChunkRef> Fetch(const keys::Digest& key, size_t level) const;
+  Result<ChunkRef> Fetch(const keys::Digest& key, size_t level, const ReadContext& ctx) const;
   void Work() const;  // a worker: takes the next chunk of the oldest stream with chunks left
   void Learn(size_t level, double bytes_per_token, double decode_s_per_token) const;
   // mu_ held: each level's bytes per token, estimated where not seen yet.

@@ -65,14 +65,14 @@ Status MemoryTier::Put(const ChunkRef& chunk) {
   return Status::Ok();
 }
 
-Result<ChunkRef> MemoryTier::GetResident(const keys::Digest& key) {
+Result<ChunkRef> MemoryTier::GetResident(const keys::Digest& key, const ReadContext& /*ctx*/) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return Status::NotFound(name_ + ": no such chunk");
   return it->second;
 }
 
-Result<ChunkRef> MemoryTier::Get(const keys::Digest& key) {
+Result<ChunkRef> MemoryTier::Get(const keys::Digest& key, const ReadContext& /*ctx*/) {
   Result<ChunkRef> got = GetResident(key);
   if (!got.ok()) return got.status();
   const ChunkRef& c = *got;
@@ -88,12 +88,12 @@ Result<ChunkRef> MemoryTier::Get(const keys::Digest& key) {
   return ChunkRef(std::move(host));
 }
 
-bool MemoryTier::Contains(const keys::Digest& key) const {
+bool MemoryTier::Contains(const keys::Digest& key, const ReadContext& /*ctx*/) const {
   std::lock_guard<std::mutex> lock(mu_);
   return map_.count(key) != 0;
 }
 
-bool MemoryTier::Erase(const keys::Digest& key) {
+bool MemoryTier::Erase(const keys::Digest& key, const ReadContext& /*ctx*/) {
   ChunkRef dropped;  // released outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(key);

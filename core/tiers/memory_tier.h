@@ -29,11 +29,11 @@ class MemoryTier final : public Tier {
   const std::string& name() const override { return name_; }
   std::uint64_t Cost(const Chunk& chunk) const override { return HostPool::ClassSize(chunk.payload.size()); }
   Status Put(const ChunkRef& chunk) override;
-  Result<ChunkRef> Get(const keys::Digest& key) override;
-  Result<ChunkRef> GetResident(const keys::Digest& key) override;
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override;
+  Result<ChunkRef> GetResident(const keys::Digest& key, const ReadContext& ctx = {}) override;
   bool TakesDevicePayloads() const override { return on_device(); }
-  bool Contains(const keys::Digest& key) const override;
-  bool Erase(const keys::Digest& key) override;
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override;
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override;
   std::vector<ObjectInfo> List() const override;
   std::uint64_t capacity_bytes() const override { return capacity_; }
   std::uint64_t used_bytes() const override;

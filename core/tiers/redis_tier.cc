@@ -164,7 +164,7 @@ bool RedisTier::AwaitLocked(std::unique_lock<std::mutex>& lock, const keys::Dige
   }
 }
 
-Result<ChunkRef> RedisTier::Get(const keys::Digest& key) {
+Result<ChunkRef> RedisTier::Get(const keys::Digest& key, const ReadContext& /*ctx*/) {
   {
     std::unique_lock<std::mutex> lock(answers_mu_);
     if (!AwaitLocked(lock, key)) {
@@ -206,7 +206,7 @@ Result<ChunkRef> RedisTier::Get(const keys::Digest& key) {
   return Decode(key, **got[0]);
 }
 
-bool RedisTier::Contains(const keys::Digest& key) const {
+bool RedisTier::Contains(const keys::Digest& key, const ReadContext& /*ctx*/) const {
   {
     std::unique_lock<std::mutex> lock(answers_mu_);
     if (!AwaitLocked(lock, key)) {
@@ -260,9 +260,9 @@ void RedisTier::Forget(const keys::Digest& key) const {
   answers_cv_.notify_all();
 }
 
-bool RedisTier::Erase(const keys::Digest& key) { return EraseMany(std::span<const keys::Digest>(&key, 1)) == 1; }
+bool RedisTier::Erase(const keys::Digest& key, const ReadContext& /*ctx*/) { return EraseMany(std::span<const keys::Digest>(&key, 1)) == 1; }
 
-size_t RedisTier::EraseMany(std::span<const keys::Digest> keys) {
+size_t RedisTier::EraseMany(std::span<const keys::Digest> keys, const ReadContext& /*ctx*/) {
   if (keys.empty()) return 0;
   for (const keys::Digest& k : keys) Forget(k);
   auto c = client();
@@ -300,7 +300,7 @@ void RedisTier::SweepLocked(Clock::time_point now) const {
   }
 }
 
-void RedisTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
+void RedisTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& /*ctx*/) const {
   if (keys.empty()) return;
   const size_t n = std::min<size_t>(keys.size(), options_.read_ahead_keys);
   if (!will_read) {

@@ -85,17 +85,17 @@ class RedisTier final : public Tier {
   const std::string& name() const override { return options_.name; }
   std::uint64_t Cost(const Chunk& chunk) const override;
   Status Put(const ChunkRef& chunk) override;
-  Result<ChunkRef> Get(const keys::Digest& key) override;
-  bool Contains(const keys::Digest& key) const override;
-  bool Erase(const keys::Digest& key) override;
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override;
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override;
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override;
   // One pipelined DEL batch (one pipeline per node).
-  size_t EraseMany(std::span<const keys::Digest> keys) override;
+  size_t EraseMany(std::span<const keys::Digest> keys, const ReadContext& ctx = {}) override;
   std::vector<ObjectInfo> List() const override { return {}; }
   std::uint64_t capacity_bytes() const override { return std::uint64_t{1} << 62; }
   std::uint64_t used_bytes() const override { return 0; }
   std::uint64_t objects() const override { return 0; }
   TierCounters counters() const override;
-  void Prefetch(std::span<const keys::Digest> keys, bool will_read) const override;
+  void Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx = {}) const override;
 
   TransportCounters transport_counters() const override;
 

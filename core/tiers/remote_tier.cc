@@ -579,7 +579,7 @@ void RemoteTier::Flush() {
   drained_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || stopping_ || send_failures_ != failures; });
 }
 
-Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
+Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx) {
   {
     std::lock_guard<std::mutex> lock(qmu_);
     auto it = pending_.find(key);
@@ -614,7 +614,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
     }
     // Not kept (read_ahead_bytes were held): asked for again below.
   }
-  const keys::Digest* ns = NamespaceScope::Current();
+  const keys::Digest* ns = ctx.ns ? &*ctx.ns : nullptr;
   if (!ns) {
     ++no_namespace_;
     return Status::NotFound(options_.name + ": no namespace for the read");
@@ -652,8 +652,8 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key) {
   return out;
 }
 
-void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) const {
-  const keys::Digest* ns = NamespaceScope::Current();
+void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx) const {
+  const keys::Digest* ns = ctx.ns ? &*ctx.ns : nullptr;
   if (!ns || keys.empty()) return;
   // The reads to start ahead: keys neither queued here (served from the
   // queue) nor already on their way, while arrivals hold less than
@@ -759,7 +759,7 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read) co
   for (size_t i = 0; i < keys.size() && i <= prefix; ++i) impl_->Hint(keys[i], i < prefix);
 }
 
-bool RemoteTier::Contains(const keys::Digest& key) const {
+bool RemoteTier::Contains(const keys::Digest& key, const ReadContext& ctx) const {
   {
     std::lock_guard<std::mutex> lock(qmu_);
     if (pending_.count(key)) return true;
@@ -783,7 +783,7 @@ bool RemoteTier::Contains(const keys::Digest& key) const {
       if (h.until_ms >= NowMs()) return h.present;
     }
   }
-  const keys::Digest* ns = NamespaceScope::Current();
+  const keys::Digest* ns = ctx.ns ? &*ctx.ns : nullptr;
   if (!ns) {
     ++no_namespace_;
     return false;
@@ -809,7 +809,7 @@ bool RemoteTier::Contains(const keys::Digest& key) const {
   return held;
 }
 
-bool RemoteTier::Erase(const keys::Digest& key) {
+bool RemoteTier::Erase(const keys::Digest& key, const ReadContext& ctx) {
   {
     std::lock_guard<std::mutex> lock(impl_->arrivals_mu);
     impl_->TakeLocked(key);  // read ahead before the erase: not served after it
@@ -823,7 +823,7 @@ bool RemoteTier::Erase(const keys::Digest& key) {
     std::lock_guard<std::mutex> lock(qmu_);
     was_pending = pending_.count(key) != 0;
   }
-  const keys::Digest* ns = NamespaceScope::Current();
+  const keys::Digest* ns = ctx.ns ? &*ctx.ns : nullptr;
   if (!ns) {
     ++no_namespace_;
     return was_pending;

@@ -17,9 +17,9 @@
 //   destruction what is queued is tried once more, then dropped. Flush()
 //   waits for the queue, or until a send fails (the node is unreachable).
 // - Namespaces: the node files keys per namespace and checks each call's
-//   namespace against the token. A put takes it from the chunk; a read takes
-//   it from the NamespaceScope of the calling thread (tier.h), which the
-//   store sets for the request it serves. A read outside any scope misses.
+//   namespace against the token. A put takes it from the chunk; a read or an
+//   erase from its ReadContext (tier.h), which the store fills for the
+//   request it serves. A read without a namespace misses.
 // - Read-ahead: Prefetch(keys, will_read) sends the batched lookup and a get
 //   per key at once (one round trip for all of them; each chunk comes back
 //   in its own reply). Each reply is checked on the loop thread as it
@@ -84,7 +84,7 @@ struct RemoteTierOptions {
 struct RemoteCounters {
   std::uint64_t calls = 0, failed_calls = 0, timeouts = 0, connects = 0, connect_failures = 0;
   std::uint64_t puts_sent = 0, puts_refused = 0, queue_full = 0, queued_bytes = 0;
-  std::uint64_t no_namespace = 0;  // reads outside a NamespaceScope (misses)
+  std::uint64_t no_namespace = 0;  // reads without a namespace in their ReadContext (misses)
   // Read-ahead: reads started by Prefetch, Gets served from them, arrivals
   // dropped unread (the walk stopped before them, or they waited past their
   // deadline), and arrivals not kept (read_ahead_bytes were held; their Get
@@ -104,16 +104,16 @@ class RemoteTier final : public Tier {
   const std::string& name() const override { return options_.name; }
   std::uint64_t Cost(const Chunk& chunk) const override;
   Status Put(const ChunkRef& chunk) override;
-  Result<ChunkRef> Get(const keys::Digest& key) override;
-  bool Contains(const keys::Digest& key) const override;
-  bool Erase(const keys::Digest& key) override;
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override;
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override;
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override;
   std::vector<ObjectInfo> List() const override { return {}; }
   std::uint64_t capacity_bytes() const override { return std::uint64_t{1} << 62; }
   std::uint64_t used_bytes() const override { return 0; }
   std::uint64_t objects() const override { return 0; }
   TierCounters counters() const override;
   void Flush() override;
-  void Prefetch(std::span<const keys::Digest> keys, bool will_read) const override;
+  void Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx = {}) const override;
   void Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) override;
 
   TransportCounters transport_counters() const override;

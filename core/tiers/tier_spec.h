@@ -58,7 +58,7 @@ struct TierSpec {
   std::string codec;
   // Remote and redis tiers: quality levels, codec specs finest first (store/
   // leveled_tier.h): every chunk is kept at each, and a load with a target
-  // (DeliveryScope) fetches each chunk at the finest level that meets it.
+  // (ReadContext::target) fetches each chunk at the finest level that meets it.
   // With levels, `codec` must be empty (the chain's codec for the tier is raw).
   std::vector<std::string> levels;
 };

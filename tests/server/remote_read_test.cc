@@ -95,16 +95,17 @@ class RemoteReadTest : public ::testing::Test {
 TEST_F(RemoteReadTest, EveryChunkIsReadAheadAndEachGetTakesItsOwn) {
   Store(chunks_.size());
   auto tier = Tier();
-  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);  // the namespace the reads are of
   const std::uint64_t calls_before = tier->remote_counters().calls;
-  tier->Prefetch(keys_, /*will_read=*/true);
+  tier->Prefetch(keys_, /*will_read=*/true, ctx);
   // One synchronous call (the lookup; the gets went with it), and the
   // probes are answered from it.
   EXPECT_EQ(tier->remote_counters().calls, calls_before + 1);
-  for (size_t i = 0; i < keys_.size(); ++i) EXPECT_TRUE(tier->Contains(keys_[i])) << i;
+  for (size_t i = 0; i < keys_.size(); ++i) EXPECT_TRUE(tier->Contains(keys_[i], ctx)) << i;
   EXPECT_EQ(tier->remote_counters().calls, calls_before + 1);
   for (size_t i = 0; i < keys_.size(); ++i) {
-    auto got = tier->Get(keys_[i]);
+    auto got = tier->Get(keys_[i], ctx);
     ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
     EXPECT_TRUE(Same(*got, chunks_[i])) << i;
   }
@@ -114,7 +115,7 @@ TEST_F(RemoteReadTest, EveryChunkIsReadAheadAndEachGetTakesItsOwn) {
   EXPECT_EQ(c.calls, calls_before + 1);  // no Get made a call of its own
   EXPECT_EQ(tier->counters().io_errors, 0u);
   // Taken: a second Get of a key asks the node again, and still gets it.
-  auto again = tier->Get(keys_[0]);
+  auto again = tier->Get(keys_[0], ctx);
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(Same(*again, chunks_[0]));
   EXPECT_EQ(tier->remote_counters().calls, calls_before + 2);
@@ -124,10 +125,11 @@ TEST_F(RemoteReadTest, ReadsPastTheNodesPrefixEndAsMissesNotErrors) {
   const size_t held = chunks_.size() / 2;
   Store(held);
   auto tier = Tier();
-  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
-  tier->Prefetch(keys_, true);
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);  // the namespace the reads are of
+  tier->Prefetch(keys_, true, ctx);
   for (size_t i = 0; i < keys_.size(); ++i) {
-    auto got = tier->Get(keys_[i]);
+    auto got = tier->Get(keys_[i], ctx);
     if (i < held) {
       ASSERT_TRUE(got.ok()) << i;
       EXPECT_TRUE(Same(*got, chunks_[i]));
@@ -144,9 +146,10 @@ TEST_F(RemoteReadTest, ABoundedReadAheadFallsBackToPlainGets) {
   // Room for about one chunk: the others are not kept when they arrive and
   // each Get asks for its own.
   auto tier = Tier(chunks_[0]->payload.size() + 512);
-  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);  // the namespace the reads are of
   const std::uint64_t calls_before = tier->remote_counters().calls;
-  tier->Prefetch(keys_, true);
+  tier->Prefetch(keys_, true, ctx);
   // Every reply in before any Get: the first is kept, the rest are not.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (tier->remote_counters().reads_ahead_overflow < keys_.size() - 1 && std::chrono::steady_clock::now() < deadline) {
@@ -154,7 +157,7 @@ TEST_F(RemoteReadTest, ABoundedReadAheadFallsBackToPlainGets) {
   }
   EXPECT_EQ(tier->remote_counters().reads_ahead_overflow, keys_.size() - 1);
   for (size_t i = 0; i < keys_.size(); ++i) {
-    auto got = tier->Get(keys_[i]);
+    auto got = tier->Get(keys_[i], ctx);
     ASSERT_TRUE(got.ok()) << i;
     EXPECT_TRUE(Same(*got, chunks_[i])) << i;
   }
@@ -166,11 +169,12 @@ TEST_F(RemoteReadTest, ABoundedReadAheadFallsBackToPlainGets) {
 TEST_F(RemoteReadTest, AnEraseIsNotUndoneByAChunkReadAhead) {
   Store(chunks_.size());
   auto tier = Tier();
-  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
-  tier->Prefetch(keys_, true);
-  EXPECT_TRUE(tier->Erase(keys_[1]));
-  EXPECT_EQ(tier->Get(keys_[1]).status().code(), Code::kNotFound);
-  auto first = tier->Get(keys_[0]);
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);  // the namespace the reads are of
+  tier->Prefetch(keys_, true, ctx);
+  EXPECT_TRUE(tier->Erase(keys_[1], ctx));
+  EXPECT_EQ(tier->Get(keys_[1], ctx).status().code(), Code::kNotFound);
+  auto first = tier->Get(keys_[0], ctx);
   ASSERT_TRUE(first.ok());
   EXPECT_TRUE(Same(*first, chunks_[0]));
 }
@@ -180,14 +184,15 @@ TEST_F(RemoteReadTest, ReadsOutsideANamespaceOrWithoutANodeAreMissesWithinTheDea
   auto tier = Tier(std::uint64_t{256} << 20, 500);
   {
     // No namespace: nothing is asked.
-    tier->Prefetch(keys_, true);
+    tier->Prefetch(keys_, true, store::ReadContext{});
     EXPECT_EQ(tier->remote_counters().reads_ahead, 0u);
   }
-  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);  // the namespace the reads are of
   server_->Stop();
   const auto t0 = std::chrono::steady_clock::now();
-  tier->Prefetch(keys_, true);
-  for (const keys::Digest& k : keys_) EXPECT_FALSE(tier->Get(k).ok());
+  tier->Prefetch(keys_, true, ctx);
+  for (const keys::Digest& k : keys_) EXPECT_FALSE(tier->Get(k, ctx).ok());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_GT(tier->counters().io_errors, 0u);
 }
@@ -210,14 +215,15 @@ TEST_F(RemoteReadTest, AFullWriteBackQueueRefusesPutsWithBusyAndKeepsServingWhat
   EXPECT_EQ(third.code(), Code::kBusy) << third.message();
   EXPECT_EQ(tier->remote_counters().queue_full, 1u);
   EXPECT_TRUE(tier->Put(chunks_[0]).ok());  // queued already: no new bytes
-  const store::NamespaceScope scope(keys::NamespaceHash(kNs));
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);  // the namespace the reads are of
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_TRUE(tier->Contains(keys_[i]));
-    auto got = tier->Get(keys_[i]);
+    EXPECT_TRUE(tier->Contains(keys_[i], ctx));
+    auto got = tier->Get(keys_[i], ctx);
     ASSERT_TRUE(got.ok()) << i;
     EXPECT_TRUE(Same(*got, chunks_[i]));
   }
-  EXPECT_FALSE(tier->Get(keys_[2]).ok());
+  EXPECT_FALSE(tier->Get(keys_[2], ctx).ok());
   EXPECT_EQ(tier->remote_counters().queued_bytes, 2 * cost);
 }
 

@@ -117,8 +117,8 @@ class LinkTier : public Tier {
   const std::string& name() const override { return inner_->name(); }
   std::uint64_t Cost(const Chunk& c) const override { return inner_->Cost(c); }
   Status Put(const ChunkRef& c) override { return inner_->Put(c); }
-  Result<ChunkRef> Get(const keys::Digest& key) override {
-    auto got = inner_->Get(key);
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override {
+    auto got = inner_->Get(key, ctx);
     if (got.ok()) {
       std::lock_guard<std::mutex> lock(link_);
       std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>((*got)->payload.size()) / rate.load()));
@@ -126,8 +126,8 @@ class LinkTier : public Tier {
     ++gets;
     return got;
   }
-  bool Contains(const keys::Digest& key) const override { return inner_->Contains(key); }
-  bool Erase(const keys::Digest& key) override { return inner_->Erase(key); }
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override { return inner_->Contains(key, ctx); }
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override { return inner_->Erase(key, ctx); }
   std::vector<ObjectInfo> List() const override { return inner_->List(); }
   std::uint64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
@@ -197,8 +197,9 @@ class LeveledTierTest : public ::testing::Test {
     t.chunk_tokens = 64;
     std::vector<int> levels;
     {
-      DeliveryScope scope(t);
-      tier_->Prefetch(keys, true);
+      ReadContext ctx;
+      ctx.target = t;
+      tier_->Prefetch(keys, true, ctx);
     }
     std::vector<std::uint64_t> seen = before.fetched;
     for (int i = 0; i < kChunks; ++i) {
@@ -319,21 +320,26 @@ TEST_F(LeveledTierTest, WhatALoadLeftUntakenGoesOnceStale) {
   std::vector<keys::Digest> keys;
   for (const ChunkRef& c : chunks_) keys.push_back(c->meta.key);
   DeliveryTarget t;
-  t.deadline_ns = DeadlineIn(std::chrono::milliseconds(10));
+  // 100 ms: enough for the first chunks on a loaded machine (at 10 ms a
+  // worker that started late left chunk 0 to recompute); the entries are
+  // stale 2 s after it.
+  t.deadline_ns = DeadlineIn(std::chrono::milliseconds(100));
   t.chunk_tokens = 64;
   {
-    DeliveryScope scope(t);
-    tier_->Prefetch(keys, true);
+    ReadContext ctx;
+    ctx.target = t;
+    tier_->Prefetch(keys, true, ctx);
   }
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(tier_->Get(keys[static_cast<size_t>(i)]).ok());  // the load stops early
   EXPECT_EQ(tier_->pending(), static_cast<size_t>(kChunks - 3));
-  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));
   // The next load's stream drops them, holding only its own.
   std::vector<keys::Digest> two(keys.begin(), keys.begin() + 2);
   t.deadline_ns = DeadlineIn(std::chrono::seconds(1));
   {
-    DeliveryScope scope(t);
-    tier_->Prefetch(two, true);
+    ReadContext ctx;
+    ctx.target = t;
+    tier_->Prefetch(two, true, ctx);
   }
   EXPECT_EQ(tier_->pending(), 2u);
   for (const keys::Digest& k : two) EXPECT_TRUE(tier_->Get(k).ok());
@@ -366,9 +372,10 @@ TEST(LeveledTierChain, DegradedChunksAreNotPromoted) {
   t.deadline_ns = DeadlineIn(std::chrono::seconds(10));
   t.chunk_tokens = 64;
   {
-    DeliveryScope scope(t);
+    ReadContext ctx;
+    ctx.target = t;
     const std::vector<keys::Digest> one = {k0};
-    (*chain)->tier(1).Prefetch(one, true);
+    (*chain)->tier(1).Prefetch(one, true, ctx);
   }
   {
     auto lease = (*chain)->Get(k0);

@@ -202,6 +202,45 @@ class RedisSingle : public RedisTierTest {
     seeds_ = {server_->addr()};
   }
   void TearDown() override { server_.reset(); }
+  // Through the C ABI: a host tier written through to a redis tier on this
+  // server (kdn_tier_config tiers[1]: its address; the rest is the test's),
+  // the reference model's spec and a request of its tokens.
+  struct CAbi {
+    std::string address;
+    kdn_tier_config tiers[2];
+    kdn_runtime_options options;
+    kdn_model_spec spec;
+    kdn_request req;
+  };
+  void InitCAbi(CAbi& c) {
+    c.address = Join(seeds_);
+    ASSERT_EQ(kdn_tier_config_init(&c.tiers[0], sizeof c.tiers[0]), KDN_OK);
+    ASSERT_EQ(kdn_tier_config_init(&c.tiers[1], sizeof c.tiers[1]), KDN_OK);
+    c.tiers[0].capacity_bytes = 16 << 20;
+    c.tiers[0].write_through = 1;
+    c.tiers[1].kind = KDN_TIER_REDIS;
+    c.tiers[1].address = c.address.data();
+    c.tiers[1].address_len = c.address.size();
+    c.tiers[1].user = kUser;
+    c.tiers[1].user_len = std::strlen(kUser);
+    c.tiers[1].token = kPassword;
+    c.tiers[1].token_len = std::strlen(kPassword);
+    c.tiers[1].timeout_ms = 1000;
+    ASSERT_EQ(kdn_runtime_options_init(&c.options, sizeof c.options), KDN_OK);
+    c.options.chunk_tokens = kChunk;
+    c.options.tiers = c.tiers;
+    c.options.num_tiers = 2;
+    ASSERT_EQ(kdn_model_spec_init(&c.spec, sizeof c.spec), KDN_OK);
+    c.spec.num_layers = 5;
+    c.spec.num_kv_heads = 4;
+    c.spec.head_dim = 8;
+    c.spec.dtype = KDN_DTYPE_F32;
+    c.spec.fingerprint = "stories260K";
+    c.spec.fingerprint_len = 11;
+    ASSERT_EQ(kdn_request_init(&c.req, sizeof c.req), KDN_OK);
+    c.req.tokens = reinterpret_cast<const std::int32_t*>(ref_.tokens.data());
+    c.req.num_tokens = ref_.tokens.size();
+  }
   // A tier with a short command timeout that holds every chunk, its server
   // then stopped (SIGSTOP: connections stay open, replies never come).
   std::unique_ptr<RedisTier> StoppedServersTier() {
@@ -592,44 +631,16 @@ TEST_F(RedisSingle, AKnowledgeItemsKeysAreDeletedTogether) {
 // reports its transport counters through kdn_runtime_get_tier_stats as a
 // plain one does: they read 0 while the shim looked for the concrete tier.
 TEST_F(RedisSingle, ARedisTierWithLevelsReportsItsTransportCounters) {
-  const std::string address = Join(seeds_);
+  CAbi c;
+  ASSERT_NO_FATAL_FAILURE(InitCAbi(c));
   const std::string levels = "raw; kdn:balanced";
-  kdn_tier_config tiers[2];
-  ASSERT_EQ(kdn_tier_config_init(&tiers[0], sizeof tiers[0]), KDN_OK);
-  ASSERT_EQ(kdn_tier_config_init(&tiers[1], sizeof tiers[1]), KDN_OK);
-  tiers[0].capacity_bytes = 16 << 20;
-  tiers[0].write_through = 1;
-  tiers[1].kind = KDN_TIER_REDIS;
-  tiers[1].address = address.data();
-  tiers[1].address_len = address.size();
-  tiers[1].user = kUser;
-  tiers[1].user_len = std::strlen(kUser);
-  tiers[1].token = kPassword;
-  tiers[1].token_len = std::strlen(kPassword);
-  tiers[1].levels = levels.data();
-  tiers[1].levels_len = levels.size();
-  tiers[1].timeout_ms = 1000;
-  kdn_runtime_options ro;
-  ASSERT_EQ(kdn_runtime_options_init(&ro, sizeof ro), KDN_OK);
-  ro.chunk_tokens = kChunk;
-  ro.tiers = tiers;
-  ro.num_tiers = 2;
+  c.tiers[1].levels = levels.data();
+  c.tiers[1].levels_len = levels.size();
   kdn_runtime* rt = nullptr;
-  ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK) << kdn_last_error_message();
-  kdn_model_spec spec;
-  ASSERT_EQ(kdn_model_spec_init(&spec, sizeof spec), KDN_OK);
-  spec.num_layers = 5;
-  spec.num_kv_heads = 4;
-  spec.head_dim = 8;
-  spec.dtype = KDN_DTYPE_F32;
-  spec.fingerprint = "stories260K";
-  spec.fingerprint_len = 11;
+  ASSERT_EQ(kdn_runtime_create(&c.options, &rt), KDN_OK) << kdn_last_error_message();
   kdn_model* m = nullptr;
-  ASSERT_EQ(kdn_model_create(rt, &spec, &m), KDN_OK);
-  kdn_request req;
-  ASSERT_EQ(kdn_request_init(&req, sizeof req), KDN_OK);
-  req.tokens = reinterpret_cast<const std::int32_t*>(ref_.tokens.data());
-  req.num_tokens = ref_.tokens.size();
+  ASSERT_EQ(kdn_model_create(rt, &c.spec, &m), KDN_OK);
+  kdn_request& req = c.req;
   std::vector<float> in = ref_.canonical;
   kdn_kv_view v;
   ASSERT_EQ(kdn_kv_view_init(&v, sizeof v), KDN_OK);
@@ -655,46 +666,22 @@ TEST_F(RedisSingle, ARedisTierWithLevelsReportsItsTransportCounters) {
 // The C ABI: KDN_TIER_REDIS under a host tier, written through, read back by
 // a second runtime; its stats; a refused AUTH and a malformed address.
 TEST_F(RedisSingle, TheCAbisRedisTier) {
-  const std::string address = Join(seeds_);
-  kdn_tier_config tiers[2];
-  ASSERT_EQ(kdn_tier_config_init(&tiers[0], sizeof tiers[0]), KDN_OK);
-  ASSERT_EQ(kdn_tier_config_init(&tiers[1], sizeof tiers[1]), KDN_OK);
-  tiers[0].capacity_bytes = 16 << 20;
-  tiers[0].write_through = 1;
-  tiers[1].kind = KDN_TIER_REDIS;
-  tiers[1].address = address.data();
-  tiers[1].address_len = address.size();
-  tiers[1].user = kUser;
-  tiers[1].user_len = std::strlen(kUser);
+  CAbi c;
+  ASSERT_NO_FATAL_FAILURE(InitCAbi(c));
+  kdn_tier_config* tiers = c.tiers;
   tiers[1].token = "wrong-password";
   tiers[1].token_len = std::strlen(tiers[1].token);
   tiers[1].codec = "zstd";
   tiers[1].codec_len = 4;
-  tiers[1].timeout_ms = 1000;
-  kdn_runtime_options ro;
-  ASSERT_EQ(kdn_runtime_options_init(&ro, sizeof ro), KDN_OK);
-  ro.chunk_tokens = kChunk;
-  ro.tiers = tiers;
-  ro.num_tiers = 2;
+  kdn_runtime_options& ro = c.options;
   kdn_runtime* rt = nullptr;
   EXPECT_EQ(kdn_runtime_create(&ro, &rt), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(rt, nullptr);
   EXPECT_EQ(std::string(kdn_last_error_message()).find("wrong-password"), std::string::npos);
   tiers[1].token = kPassword;
   tiers[1].token_len = std::strlen(kPassword);
-
-  kdn_model_spec spec;
-  ASSERT_EQ(kdn_model_spec_init(&spec, sizeof spec), KDN_OK);
-  spec.num_layers = 5;
-  spec.num_kv_heads = 4;
-  spec.head_dim = 8;
-  spec.dtype = KDN_DTYPE_F32;
-  spec.fingerprint = "stories260K";
-  spec.fingerprint_len = 11;
-  kdn_request req;
-  ASSERT_EQ(kdn_request_init(&req, sizeof req), KDN_OK);
-  req.tokens = reinterpret_cast<const std::int32_t*>(ref_.tokens.data());
-  req.num_tokens = ref_.tokens.size();
+  kdn_model_spec& spec = c.spec;
+  kdn_request& req = c.req;
   auto view_of = [&](std::vector<float>& kv) {
     kdn_kv_view v;
     EXPECT_EQ(kdn_kv_view_init(&v, sizeof v), KDN_OK);

@@ -97,9 +97,9 @@ class StallingTier final : public Tier {
     }
     return inner_->Put(chunk);
   }
-  Result<ChunkRef> Get(const keys::Digest& key) override { return inner_->Get(key); }
-  bool Contains(const keys::Digest& key) const override { return inner_->Contains(key); }
-  bool Erase(const keys::Digest& key) override { return inner_->Erase(key); }
+  Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override { return inner_->Get(key, ctx); }
+  bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override { return inner_->Contains(key, ctx); }
+  bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override { return inner_->Erase(key, ctx); }
   std::vector<ObjectInfo> List() const override { return inner_->List(); }
   std::uint64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
