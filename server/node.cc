@@ -273,7 +273,7 @@ NodeError NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t>
     // A chunk of a pinned document that arrives after the pin is pinned now.
     std::lock_guard<std::mutex> lock(knowledge_mu_);
     const NsKey k{ns, key};
-    if (pins_.count(k) != 0) ApplyPinLocked(k);
+    if (pins_.Pinned(k)) ApplyPinLocked(k);
   }
   if (KvEventPublisher* events = events_.load()) {
     {
@@ -410,30 +410,24 @@ void NodeService::UnlinkLocked(const keys::Digest& ns, Doc& doc) {
 
 void NodeService::AddPinsLocked(const keys::Digest& ns, const Doc& doc) {
   if (!doc.pinned) return;
-  for (const keys::Digest& k : doc.distinct) pins_[NsKey{ns, k}].insert(doc.pin_deadline_ms);
+  for (const keys::Digest& k : doc.distinct) pins_.Add(NsKey{ns, k}, doc.pin_deadline_ms);
   ++pinned_documents_;
 }
 
 void NodeService::RemovePinsLocked(const keys::Digest& ns, const Doc& doc) {
   if (!doc.pinned) return;
-  for (const keys::Digest& k : doc.distinct) {
-    auto it = pins_.find(NsKey{ns, k});
-    if (it == pins_.end()) continue;
-    if (auto one = it->second.find(doc.pin_deadline_ms); one != it->second.end()) it->second.erase(one);
-    if (it->second.empty()) pins_.erase(it);
-  }
+  for (const keys::Digest& k : doc.distinct) pins_.Remove(NsKey{ns, k}, doc.pin_deadline_ms);
   --pinned_documents_;
 }
 
 bool NodeService::ApplyPinLocked(const NsKey& k) {
   const keys::Digest object = ObjectKey(k.ns, k.key);
-  auto it = pins_.find(k);
-  if (it == pins_.end()) {
+  const std::optional<std::uint64_t> pin = pins_.Effective(k);  // 0 wins, else the latest deadline
+  if (!pin) {
     chain_->Unpin(object);
     return false;
   }
-  // 0 (no deadline) sorts first and wins; otherwise the latest deadline.
-  const std::uint64_t deadline = *it->second.begin() == 0 ? 0 : *it->second.rbegin();
+  const std::uint64_t deadline = *pin;
   if (deadline == 0) return chain_->PinUntil(object, 0).ok();
   const std::uint64_t now = WallMs();
   if (deadline <= now) {
@@ -749,7 +743,7 @@ void NodeService::LoadKnowledge() {
     // not hold them. The file is set aside for a look, not overwritten.
     docs_.clear();
     refs_.clear();
-    pins_.clear();
+    pins_.Clear();
     total_keys_ = 0;
     pinned_documents_ = 0;
     ++registry_load_failures_;
@@ -762,10 +756,7 @@ void NodeService::LoadKnowledge() {
   documents_ = docs_.size();
   // Pins that were in force when the node stopped hold again, on the chunks
   // the tiers kept.
-  for (const auto& [k, deadlines] : pins_) {
-    (void)deadlines;
-    ApplyPinLocked(k);
-  }
+  pins_.ForEachKey([&](const NsKey& k) { ApplyPinLocked(k); });
 }
 
 

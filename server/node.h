@@ -57,6 +57,7 @@
 #include "server/config.h"
 #include "core/wire/node_stats.h"
 #include "core/knowledge/record_file.h"
+#include "core/store/pin_book.h"
 #include "core/store/tiered_store.h"
 #include "core/telemetry/histogram.h"
 #include "core/wire/node.capnp.h"
@@ -231,7 +232,7 @@ class NodeService {
   std::mutex knowledge_mu_;
   std::map<DocKey, std::unique_ptr<Doc>> docs_;                          // guarded by knowledge_mu_
   std::unordered_map<NsKey, std::vector<Doc*>, NsKeyHash> refs_;        // chunk -> documents; guarded by knowledge_mu_
-  std::unordered_map<NsKey, std::multiset<std::uint64_t>, NsKeyHash> pins_;  // chunk -> pinned documents' deadlines; guarded by knowledge_mu_
+  store::PinBook<NsKey, std::uint64_t, NsKeyHash> pins_;  // chunk -> pinned documents' deadlines; guarded by knowledge_mu_
   std::uint64_t total_keys_ = 0;                                         // guarded by knowledge_mu_
   std::atomic<std::uint64_t> documents_{0}, pinned_documents_{0}, registry_load_failures_{0};
   std::atomic<bool> hits_changed_{false};

@@ -56,25 +56,18 @@ void KnowledgeIndex::DropLocked(const DocKey& key, bool announce) {
 }
 
 Status KnowledgeIndex::ApplyPinLocked(const keys::Digest& k, const ReadContext& ctx) {
-  auto it = pins_.find(k);
-  if (it == pins_.end() || it->second.empty()) {
-    if (it != pins_.end()) pins_.erase(it);
+  const std::optional<std::int64_t> deadline = pins_.Effective(k);
+  if (!deadline) {
     store_.chain().Unpin(k);
     return Status::Ok();
   }
-  // 0 (no deadline) sorts first and wins; otherwise the latest deadline.
-  const std::int64_t deadline = *it->second.begin() == 0 ? 0 : *it->second.rbegin();
-  return store_.chain().PinUntil(k, deadline, ctx);
+  return store_.chain().PinUntil(k, *deadline, ctx);
 }
 
 void KnowledgeIndex::ReleasePinsLocked(Doc& doc, const ReadContext& ctx) {
   if (!doc.info.pinned) return;
   doc.info.pinned = false;
-  for (const keys::Digest& k : doc.stored_keys) {
-    auto it = pins_.find(k);
-    if (it == pins_.end()) continue;
-    if (auto one = it->second.find(doc.pin_deadline); one != it->second.end()) it->second.erase(one);
-  }
+  for (const keys::Digest& k : doc.stored_keys) pins_.Remove(k, doc.pin_deadline);
   for (const keys::Digest& k : doc.stored_keys) (void)ApplyPinLocked(k, ctx);  // a chunk gone from every tier has no pin
   doc.pin_deadline = 0;
 }
@@ -375,7 +368,7 @@ Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std:
   ReleasePinsLocked(*doc, ctx);  // pinning again replaces the document's TTL
   doc->info.pinned = true;
   doc->pin_deadline = ttl_ns == 0 ? 0 : DeadlineAfter(store_.chain().clock().NowNs(), ttl_ns);
-  for (const keys::Digest& k : doc->stored_keys) pins_[k].insert(doc->pin_deadline);
+  for (const keys::Digest& k : doc->stored_keys) pins_.Add(k, doc->pin_deadline);
   for (const keys::Digest& k : doc->stored_keys) {
     const Status st = ApplyPinLocked(k, ctx);
     if (!st.ok()) {  // evicted since the check: all or nothing
@@ -650,7 +643,7 @@ Status KnowledgeIndex::ParseLocked(std::span<const std::uint8_t> payload) {
     charged_ += doc.charge;
     for (const keys::Digest& k : doc.stored_keys) ++refs_[k];
     if (doc.info.pinned) {
-      for (const keys::Digest& k : doc.stored_keys) pins_[k].insert(doc.pin_deadline);
+      for (const keys::Digest& k : doc.stored_keys) pins_.Add(k, doc.pin_deadline);
     }
     const std::int64_t expiry = FromWall(static_cast<std::int64_t>(expiry_wall), now, wall_now);
     auto it = docs_.emplace(std::move(key), std::move(doc)).first;
@@ -659,10 +652,7 @@ Status KnowledgeIndex::ParseLocked(std::span<const std::uint8_t> payload) {
   }
   if (r.left() != 0) return Status::Corrupt("bytes after the last document");
   // The pins again, on the chunks the tiers kept (a chunk in no tier has none).
-  for (const auto& [k, deadlines] : pins_) {
-    (void)deadlines;
-    (void)ApplyPinLocked(k, ReadContext{});
-  }
+  pins_.ForEachKey([&](const keys::Digest& k) { (void)ApplyPinLocked(k, ReadContext{}); });
   generation_.fetch_add(1, std::memory_order_release);
   if (left_out != 0) {
     return Status(Code::kBusy, "knowledge index: " + std::to_string(left_out) +
@@ -687,7 +677,7 @@ Status KnowledgeIndex::Persist(const std::string& path, std::chrono::millisecond
       by_age_.clear();
       by_deadline_.clear();
       refs_.clear();
-      pins_.clear();
+      pins_.Clear();
       charged_ = 0;
     }
   }

@@ -74,6 +74,7 @@
 #include "core/engine/kv_store.h"
 #include "core/engine/kv_views.h"
 #include "core/knowledge/record_file.h"
+#include "core/store/pin_book.h"
 
 namespace kdn::store {
 
@@ -267,7 +268,7 @@ class KnowledgeIndex {
   std::unordered_map<keys::Digest, std::uint32_t, keys::DigestHash> refs_;    // stored key -> documents; guarded by mu_
   // stored key -> deadlines of the pinned documents holding it (0: none),
   // one per document and chunk; guarded by mu_
-  std::unordered_map<keys::Digest, std::multiset<std::int64_t>, keys::DigestHash> pins_;
+  PinBook<keys::Digest, std::int64_t, keys::DigestHash> pins_;
   std::atomic<std::uint64_t> generation_{0};                                   // written under mu_
 
   std::string path_;  // set once by Persist; empty: not persisted
