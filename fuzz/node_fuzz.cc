@@ -1,5 +1,5 @@
 // kdn_node_fuzz: a libFuzzer target for kdnd's handling of calls from
-// untrusted clients (server/node.cc): the parameters of every Session method,
+// untrusted clients (server/rpc.cc, server/service.cc): the parameters of every Session method,
 // read from the input as a Cap'n Proto message, go through the node's own
 // handlers (a local call on a session, as login makes it) against a real
 // pass-through chain. Built with -DKDN_FUZZ=ON; run by fuzz/run.
@@ -30,7 +30,7 @@
 #include <capnp/serialize.h>
 #include <kj/async-io.h>
 
-#include "server/node.h"
+#include "server/rpc.h"
 #include "core/wire/envelope.h"
 
 namespace {

@@ -68,11 +68,11 @@ struct TlsConfig {
   bool enabled() const { return !cert_file.empty(); }
 };
 
-// wire/node.capnp's maxKeysPerCall (node.cc checks that they agree): the
+// wire/node.capnp's maxKeysPerCall (registry.cc checks that they agree): the
 // most keys a document may have.
 inline constexpr std::uint32_t kMaxKeysPerDocument = 65536;
 
-// Bounds of the node's registry of knowledge items (server/node.h). It
+// Bounds of the node's registry of knowledge items (server/registry.h). It
 // costs about 200 bytes per key (the document's copy, the distinct copy,
 // the key's entry in the chunk -> documents index) and 300 per document
 // beyond its strings, so the defaults bound it near 0.8 GiB.

@@ -127,61 +127,31 @@ double Ratio(std::uint64_t part, std::uint64_t whole) {
   return std::min(1.0, AsDouble(part) / AsDouble(whole));
 }
 
-// The per-tier counters: name, help, field.
-struct TierCounter {
-  const char* name;
-  const char* help;
-  std::uint64_t TierStatsSnapshot::*field;
-};
-constexpr TierCounter kTierCounters[] = {
-    {"kdn_tier_hits_total", "Reads the tier served.", &TierStatsSnapshot::hits},
-    {"kdn_tier_misses_total", "Reads the tier did not hold.", &TierStatsSnapshot::misses},
-    {"kdn_tier_puts_total", "Objects stored into the tier (new, demoted or promoted).", &TierStatsSnapshot::puts},
-    {"kdn_tier_evictions_total", "Objects evicted from the tier to make room.", &TierStatsSnapshot::evictions},
-    {"kdn_tier_demotions_in_total", "Objects the tier received, evicted from the tier above.",
-     &TierStatsSnapshot::demotions_in},
-    {"kdn_tier_promotions_in_total", "Objects the tier received, promoted from a tier below.",
-     &TierStatsSnapshot::promotions_in},
-    {"kdn_tier_corrupt_objects_total", "Objects that failed a check on read and were removed from the tier.",
-     &TierStatsSnapshot::corrupt_detected},
-    {"kdn_tier_written_bytes_total", "Bytes stored into the tier.", &TierStatsSnapshot::bytes_in},
-    {"kdn_tier_read_bytes_total", "Bytes the tier served.", &TierStatsSnapshot::bytes_out},
-};
-
-std::uint64_t SumOfKind(const std::vector<TierStatsSnapshot>& tiers, const std::string& kind,
-                        std::uint64_t TierStatsSnapshot::*field) {
+std::uint64_t SumOfKind(const std::vector<TierStatsSnapshot>& tiers, const std::string& kind, TierStat stat) {
   std::uint64_t sum = 0;
   for (const TierStatsSnapshot& t : tiers) {
-    if (t.kind == kind) sum += t.*field;
+    if (t.kind == kind) sum += t[stat];
   }
   return sum;
 }
 
+pm::MetricType TypeOf(StatKind k) { return k == StatKind::kCounter ? pm::MetricType::Counter : pm::MetricType::Gauge; }
+
 void AddNode(const NodeStats& s, Page& p) {
-  p.Counter("kdn_lookups_total", "Prefix lookups answered (one per request in a lookup call).", AsDouble(s.lookups));
-  p.Counter("kdn_requested_tokens_total", "Tokens covered by the lookups that gave their token count.",
-            AsDouble(s.requested_tokens));
-  p.Counter("kdn_hit_tokens_total", "Tokens of the chunks served by get.", AsDouble(s.hit_tokens));
-  p.Counter("kdn_lookup_hit_tokens_total", "Tokens of the prefixes lookups found.", AsDouble(s.lookup_hit_tokens));
+  // Every statistic of the schema (core/wire/node_stats.h), then what is
+  // derived from them.
+  for (std::size_t k = 0; k < kNodeStatCount; ++k) {
+    const StatDef& d = kNodeStats[k];
+    if (d.kind == StatKind::kCounter) {
+      p.Counter(d.metric, d.help, AsDouble(s.values[k]));
+    } else {
+      p.Gauge(d.metric, d.help, AsDouble(s.values[k]));
+    }
+  }
   p.Gauge("kdn_retrieve_hit_ratio", "Hit tokens over requested tokens since start (at most 1).",
-          Ratio(s.hit_tokens, s.requested_tokens));
+          Ratio(s[NodeStat::kHitTokens], s[NodeStat::kRequestedTokens]));
   p.Gauge("kdn_lookup_hit_ratio", "Lookup hit tokens over requested tokens since start (at most 1).",
-          Ratio(s.lookup_hit_tokens, s.requested_tokens));
-  p.Counter("kdn_get_chunks_total", "Chunks served by get.", AsDouble(s.get_chunks));
-  p.Counter("kdn_get_misses_total", "Chunks asked of get that no tier held.", AsDouble(s.get_misses));
-  p.Counter("kdn_get_bytes_total", "Bytes served by get.", AsDouble(s.get_bytes));
-  p.Counter("kdn_put_chunks_total", "Chunks stored by put.", AsDouble(s.put_chunks));
-  p.Counter("kdn_put_bytes_total", "Bytes stored by put.", AsDouble(s.put_bytes));
-  p.Counter("kdn_put_refused_total", "Chunks put refused (bad envelope, wrong namespace, or no room).",
-            AsDouble(s.put_refused));
-  p.Counter("kdn_deletes_total", "Chunks deleted.", AsDouble(s.deletes));
-  p.Counter("kdn_auth_failures_total", "Calls refused: unknown token, or outside the token's grant.",
-            AsDouble(s.auth_failures));
-  p.Gauge("kdn_sessions", "Client sessions open now.", AsDouble(s.sessions));
-  p.Gauge("kdn_documents", "Knowledge items registered on the node now.", AsDouble(s.documents));
-  p.Counter("kdn_registry_load_failures_total",
-            "Knowledge registry files that could not be read at start (the node started without documents).",
-            AsDouble(s.registry_load_failures));
+          Ratio(s[NodeStat::kLookupHitTokens], s[NodeStat::kRequestedTokens]));
   p.Gauge("kdn_uptime_seconds", "Seconds since the node started.", AsDouble(s.uptime_ms) / 1000.0);
   p.Counter("kdn_ttft_saved_seconds_total",
             "Prefill time saved: hit tokens times the configured prefill time per token.", s.ttft_saved_ms / 1000.0);
@@ -193,12 +163,11 @@ void AddNode(const NodeStats& s, Page& p) {
 void AddTiers(const NodeStats& s, Page& p) {
   const auto& tiers = s.tiers;
   p.TierInfo(tiers);
-  p.PerTier(tiers, "kdn_tier_objects", "Objects the tier holds.", pm::MetricType::Gauge,
-            [](const TierStatsSnapshot& t) { return AsDouble(t.objects); });
-  p.PerTier(tiers, "kdn_tier_used_bytes", "Bytes the tier holds.", pm::MetricType::Gauge,
-            [](const TierStatsSnapshot& t) { return AsDouble(t.used_bytes); });
-  p.PerTier(tiers, "kdn_tier_capacity_bytes", "Bytes the tier may hold.", pm::MetricType::Gauge,
-            [](const TierStatsSnapshot& t) { return AsDouble(t.capacity_bytes); });
+  for (std::size_t k = 0; k < kTierStatCount; ++k) {
+    const StatDef& d = kTierStats[k];
+    p.PerTier(tiers, d.metric, d.help, TypeOf(d.kind),
+              [k](const TierStatsSnapshot& t) { return AsDouble(t.values[k]); });
+  }
   p.PerTier(tiers, "kdn_tier_high_watermark_ratio", "Fraction of capacity a put may not cross without evicting first.",
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.high_watermark; });
   p.PerTier(tiers, "kdn_tier_low_watermark_ratio", "Fraction of capacity eviction brings the tier down to.",
@@ -210,35 +179,31 @@ void AddTiers(const NodeStats& s, Page& p) {
   p.PerTier(measured, "kdn_tier_limit_bytes_per_second",
             "The tier's read rate measured at start (host: memcpy; disk: a cold read of a file in its directory).",
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s; });
-  for (const TierCounter& c : kTierCounters) {
-    p.PerTier(tiers, c.name, c.help, pm::MetricType::Counter,
-              [&c](const TierStatsSnapshot& t) { return AsDouble(t.*c.field); });
-  }
 }
 
 // LMCache's names for the same values (see the table in metrics.h).
 void AddLmcacheAliases(const NodeStats& s, Page& p) {
   p.Counter("lmcache:num_lookup_requests_total", "Alias of kdn_lookups_total, under LMCache's name.",
-            AsDouble(s.lookups));
+            AsDouble(s[NodeStat::kLookups]));
   p.Counter("lmcache:num_requested_tokens_total", "Alias of kdn_requested_tokens_total, under LMCache's name.",
-            AsDouble(s.requested_tokens));
+            AsDouble(s[NodeStat::kRequestedTokens]));
   p.Counter("lmcache:num_lookup_tokens_total", "Alias of kdn_requested_tokens_total, under LMCache's name.",
-            AsDouble(s.requested_tokens));
+            AsDouble(s[NodeStat::kRequestedTokens]));
   p.Counter("lmcache:num_hit_tokens_total", "Alias of kdn_hit_tokens_total, under LMCache's name.",
-            AsDouble(s.hit_tokens));
+            AsDouble(s[NodeStat::kHitTokens]));
   p.Counter("lmcache:num_lookup_hits_total", "Alias of kdn_lookup_hit_tokens_total, under LMCache's name.",
-            AsDouble(s.lookup_hit_tokens));
+            AsDouble(s[NodeStat::kLookupHitTokens]));
   p.Gauge("lmcache:retrieve_hit_rate", "Alias of kdn_retrieve_hit_ratio, under LMCache's name.",
-          Ratio(s.hit_tokens, s.requested_tokens));
+          Ratio(s[NodeStat::kHitTokens], s[NodeStat::kRequestedTokens]));
   p.Gauge("lmcache:lookup_hit_rate", "Alias of kdn_lookup_hit_ratio, under LMCache's name.",
-          Ratio(s.lookup_hit_tokens, s.requested_tokens));
+          Ratio(s[NodeStat::kLookupHitTokens], s[NodeStat::kRequestedTokens]));
   p.Gauge("lmcache:local_cache_usage", "Bytes held by the host tiers (sum of kdn_tier_used_bytes of kind host).",
-          AsDouble(SumOfKind(s.tiers, "host", &TierStatsSnapshot::used_bytes)));
+          AsDouble(SumOfKind(s.tiers, "host", TierStat::kUsedBytes)));
   p.Gauge("lmcache:local_storage_usage", "Bytes held by the disk tiers (sum of kdn_tier_used_bytes of kind disk).",
-          AsDouble(SumOfKind(s.tiers, "disk", &TierStatsSnapshot::used_bytes)));
+          AsDouble(SumOfKind(s.tiers, "disk", TierStat::kUsedBytes)));
   p.Counter("lmcache:local_cpu_evict_keys_count_total",
             "Objects evicted from the host tiers (sum of kdn_tier_evictions_total of kind host).",
-            AsDouble(SumOfKind(s.tiers, "host", &TierStatsSnapshot::evictions)));
+            AsDouble(SumOfKind(s.tiers, "host", TierStat::kEvictions)));
   p.Histogram("lmcache:time_to_retrieve", "Alias of kdn_get_duration_seconds, under LMCache's name.", s.get_us);
   p.Histogram("lmcache:time_to_store", "Alias of kdn_put_duration_seconds, under LMCache's name.", s.put_us);
   p.Histogram("lmcache:time_to_lookup", "Alias of kdn_lookup_duration_seconds, under LMCache's name.", s.lookup_us);

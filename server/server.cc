@@ -292,7 +292,7 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
     service_->chain().Flush();
     // The registry of knowledge items, saved now rather than when the
     // service is destroyed: a drain past its timeout exits without that.
-    if (Status saved = service_->SaveKnowledge(); !saved.ok()) std::fprintf(stderr, "kdnd: %s\n", saved.message().c_str());
+    if (Status saved = service_->knowledge().Save(); !saved.ok()) std::fprintf(stderr, "kdnd: %s\n", saved.message().c_str());
     if (events_) events_->Flush();
     // Let refusals and in-flight replies reach their clients, briefly.
     io.provider->getTimer().afterDelay(50 * kj::MILLISECONDS).wait(ws);

@@ -1,4 +1,4 @@
-// kdnd's server: the node service (server/node.h) on Cap'n Proto RPC over
+// kdnd's server: the node service (server/service.h) on Cap'n Proto RPC over
 // every configured listen address (TCP, Unix sockets; TLS when configured),
 // /metrics and /healthz over HTTP, and KV events over ZeroMQ, all on one
 // event loop thread (the one that calls Run).
@@ -22,7 +22,8 @@
 #include <kj/async.h>
 
 #include "server/config.h"
-#include "server/node.h"
+#include "server/rpc.h"
+#include "server/service.h"
 
 namespace kdn::server {
 

@@ -149,7 +149,7 @@ kdn_status kdn_knowledge_fetch(const kdn_model* model, const char* ns, size_t ns
   if (st.ok() || st.code() == kdn::Code::kBufferTooSmall) {
     kdn_kv_result r = KDN_KV_RESULT_INIT;
     r.state = st.ok() ? KDN_OP_DONE : KDN_OP_FAILED;
-    r.status = static_cast<kdn_status>(static_cast<int>(st.code()));
+    r.status = AbiStatus(st.code());
     r.tokens = doc_tokens.size();
     r.flags = lossy ? KDN_RESULT_LOSSY : 0u;
     WriteOut(r, out);

@@ -57,7 +57,7 @@ kdn_status kdn_op_get_result(kdn_op* op, kdn_kv_result* out) {
   const kdn::store::OpResult r = op->rep->Outcome();
   kdn_kv_result full = KDN_KV_RESULT_INIT;
   full.state = StateOf(r.state);
-  full.status = static_cast<kdn_status>(static_cast<int>(r.status.code()));
+  full.status = AbiStatus(r.status.code());
   full.tokens = r.tokens;
   full.covered = r.covered;
   full.num_failed = r.failed.size();

@@ -102,9 +102,20 @@ inline kdn_status Fail(kdn_status status, std::string message) {
   return status;
 }
 
+// A core code as the C ABI's status: the same number for every code kdn.h
+// has; core's two that it has not (kdnd's, core/util/status.h) as the
+// nearest it has.
+inline kdn_status AbiStatus(kdn::Code code) {
+  switch (code) {
+    case kdn::Code::kPermissionDenied: return KDN_ERR_UNAVAILABLE;
+    case kdn::Code::kTooLarge: return KDN_ERR_INVALID_ARGUMENT;
+    default: return static_cast<kdn_status>(static_cast<int>(code));
+  }
+}
+
 inline kdn_status FromStatus(const kdn::Status& s) {
   if (s.ok()) return KDN_OK;
-  return Fail(static_cast<kdn_status>(static_cast<int>(s.code())), s.message());
+  return Fail(AbiStatus(s.code()), s.message());
 }
 
 inline std::string VersionString() {

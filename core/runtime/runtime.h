@@ -1,6 +1,6 @@
 // A runtime: the KV store, its knowledge index and the workers of its
 // asynchronous loads and saves, as one object (the C ABI's kdn_runtime and
-// the C++ tools; kdnd hosts a chain of tiers of its own, server/node.h, not
+// the C++ tools; kdnd hosts a chain of tiers of its own, server/service.h, not
 // a runtime). Its synchronous calls take resolved views (engine/kv_views.h),
 // so a caller with several KV groups gets the same store and retrieve, as a
 // prefix on the caller's thread, as one with a single view.

@@ -1,17 +1,12 @@
 #include "core/tiers/remote_tier.h"
 
-#include <capnp/rpc-twoparty.h>
-#include <capnp/rpc.h>
 #include <kj/async-io.h>
-#include <kj/compat/tls.h>
 #include <kj/debug.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -19,7 +14,7 @@
 
 #include "core/wire/envelope.h"
 #include "core/wire/node.capnp.h"
-#include "core/wire/rpc.h"
+#include "core/wire/node_client.h"
 
 namespace kdn::store {
 
@@ -42,26 +37,17 @@ std::int64_t NowMs() {
 
 capnp::Data::Reader AsData(const keys::Digest& d) { return capnp::Data::Reader(d.data(), d.size()); }
 
-// A call that came back with an Error other than ok.
-constexpr char kRefused[] = "kdnd refused the call";
-kj::Exception CallError(node::Error::Reader e) {
-  return KJ_EXCEPTION(FAILED, kRefused, static_cast<int>(e.getCode()), e.getMessage());
-}
-bool IsRefusal(const kj::Exception& e) { return std::strstr(e.getDescription().cStr(), kRefused) != nullptr; }
+// A call that came back with an Error other than ok (wire::IsRefusal knows it).
+kj::Exception CallError(node::Error::Reader e) { return wire::RefusalException("the call", e); }
 
 }  // namespace
 
 // ---- The event loop and its connection ------------------------------------------------
 
 struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
+  // A logged-in connection (core/wire/node_client.h) and whether it broke.
   struct Connection {
-    Connection(kj::Own<kj::AsyncIoStream>&& s)
-        : stream(kj::mv(s)), network(*stream, capnp::rpc::twoparty::Side::CLIENT, wire::RpcReaderOptions()),
-          rpc(capnp::makeRpcClient(network)) {}
-    kj::Own<kj::AsyncIoStream> stream;
-    capnp::TwoPartyVatNetwork network;
-    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
-    kj::Maybe<node::Session::Client> session;
+    kj::Own<wire::NodeConnection> link;
     bool broken = false;
   };
 
@@ -77,14 +63,6 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
         auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
         timer = &io.provider->getTimer();
         network = &io.provider->getNetwork();
-        kj::Maybe<kj::TlsCertificate> trusted;
-        if (!options.tls_ca_file.empty()) {
-          kj::TlsContext::Options o;
-          o.useSystemTrustStore = false;
-          trusted = kj::TlsCertificate(kj::StringPtr(tls_ca_pem.c_str()));
-          o.trustedCertificates = kj::arrayPtr(&KJ_ASSERT_NONNULL(trusted), 1);
-          tls = kj::heap<kj::TlsContext>(kj::mv(o));
-        }
         reads = kj::heap<kj::TaskSet>(*this);
         stopper = kj::mv(stop.fulfiller);
         executor = kj::getCurrentThreadExecutor().addRef();
@@ -95,7 +73,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
         connecting = nullptr;
         connection = nullptr;
         disconnect_watch = nullptr;
-        tls = nullptr;
+        connector.reset();
       } catch (const std::exception& e) {
         try {
           started.set_value(e.what());
@@ -115,42 +93,22 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   // On the loop thread: the session, connecting (and logging in) if needed.
   kj::Promise<node::Session::Client> Session() {
     KJ_IF_MAYBE(c, connection) {
-      if (!(*c)->broken) {
-        KJ_IF_MAYBE(s, (*c)->session) { return *s; }
-      }
+      if (!(*c)->broken) return (*c)->link->session();
     }
     KJ_IF_MAYBE(f, connecting) { return f->addBranch(); }
     if (NowMs() < retry_after_ms) {
       return KJ_EXCEPTION(DISCONNECTED, "kdnd unreachable; retrying later", options.address);
     }
     ++connects;
-    auto attempt = network->parseAddress(options.address)
-                       .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })
-                       .then([this](kj::Own<kj::AsyncIoStream>&& stream) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
-                         KJ_IF_MAYBE(t, tls) { return (*t)->wrapClient(kj::mv(stream), server_name); }
-                         return kj::mv(stream);
-                       })
-                       .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
-                         auto conn = kj::heap<Connection>(kj::mv(stream));
-                         auto bootstrap = conn->rpc.bootstrap(capnp::MallocMessageBuilder().getRoot<capnp::rpc::twoparty::VatId>().asReader())
-                                              .castAs<node::KdnNode>();
-                         auto req = bootstrap.loginRequest();
-                         req.setToken(options.token);
-                         auto login = req.send();
-                         return login.then([conn = kj::mv(conn)](capnp::Response<node::KdnNode::LoginResults>&& r) mutable {
-                           if (r.getError().getCode() != node::ErrorCode::OK) {
-                             kj::throwFatalException(CallError(r.getError()));
-                           }
-                           conn->session = r.getSession();
-                           return kj::mv(conn);
-                         });
-                       })
+    auto attempt = connector->Connect(*network)
                        .then(
-                           [this](kj::Own<Connection>&& conn) -> node::Session::Client {
-                             node::Session::Client session = KJ_ASSERT_NONNULL(conn->session);
+                           [this](kj::Own<wire::NodeConnection>&& link) -> node::Session::Client {
+                             auto conn = kj::heap<Connection>();
+                             conn->link = kj::mv(link);
+                             node::Session::Client session = conn->link->session();
                              Connection* raw = conn.get();
                              // A dropped connection marks itself broken; the next call reconnects.
-                             disconnect_watch = conn->network.onDisconnect()
+                             disconnect_watch = conn->link->onDisconnect()
                                                     .then([raw]() { raw->broken = true; })
                                                     .eagerlyEvaluate([raw](kj::Exception&&) { raw->broken = true; });
                              connection = kj::mv(conn);
@@ -304,9 +262,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   kj::Maybe<kj::Own<kj::TaskSet>> reads;  // loop thread: the reads in flight
 
   const RemoteTierOptions& options;
-  std::string tls_ca_pem;   // read at Create
-  kj::String server_name;   // what the node's certificate must name
-  kj::Maybe<kj::Own<kj::TlsContext>> tls;  // loop thread
+  std::unique_ptr<wire::NodeConnector> connector;  // made at Create; used on the loop thread
   std::thread thread;
   kj::Own<const kj::Executor> executor;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopper;
@@ -345,18 +301,10 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& 
   if (options.timeout_ms == 0) return Status::InvalidArgument("remote tier: timeout_ms must be positive");
   std::unique_ptr<RemoteTier> t(new RemoteTier(options));
   t->impl_ = std::make_unique<Impl>(t->options_);
-  if (!options.tls_ca_file.empty()) {
-    std::ifstream in(options.tls_ca_file);
-    std::ostringstream pem;
-    pem << in.rdbuf();
-    if (!in || pem.str().empty()) {
-      return Status::InvalidArgument("remote tier: cannot read the TLS certificate file " + options.tls_ca_file);
-    }
-    t->impl_->tls_ca_pem = pem.str();
-    std::string name = options.tls_server_name;
-    if (name.empty()) name = options.address.substr(0, options.address.rfind(':'));
-    t->impl_->server_name = kj::heapString(name.c_str());
-  }
+  auto connector = wire::NodeConnector::Create(
+      wire::NodeEndpoint{options.address, options.token, options.tls_ca_file, options.tls_server_name});
+  if (!connector.ok()) return Status(connector.status().code(), "remote tier: " + connector.status().message());
+  t->impl_->connector = std::move(connector).value();
   std::string error;
   if (!t->impl_->Start(error)) return Status(Code::kUnavailable, "remote tier: cannot start its event loop: " + error);
   t->sender_ = std::thread([p = t.get()] { p->SenderLoop(); });
@@ -468,7 +416,7 @@ void RemoteTier::SenderLoop() {
       ++io_errors_;
       // Anything but the node's own typed refusal (CallError) means it did
       // not answer: not there, not reachable, too slow.
-      unreachable = !IsRefusal(e) && e.getType() != kj::Exception::Type::UNIMPLEMENTED;
+      unreachable = !wire::IsRefusal(e) && e.getType() != kj::Exception::Type::UNIMPLEMENTED;
     }
     {
       std::unique_lock<std::mutex> lock(qmu_);
@@ -559,7 +507,7 @@ bool RemoteTier::SendDocument(const DocumentCall& call) {
     });
   } catch (const kj::Exception& e) {
     ++impl_->failed_calls;
-    if (IsRefusal(e) || e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+    if (wire::IsRefusal(e) || e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
       ++documents_refused_;
       return true;
     }

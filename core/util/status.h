@@ -23,6 +23,12 @@ enum class Code : int {
   kCancelled = -10,      // the operation was cancelled
   kVersion = -11,        // a struct of a caller built against another version
   kBufferTooSmall = -12, // an output buffer is too small (the call says how much is needed)
+  // Two codes of kdnd's service that kdn.h has no status for yet: they
+  // never leave a node as such (the RPC layer sends them as the schema's
+  // typed errors) and the C shim reports them as KDN_ERR_UNAVAILABLE and
+  // KDN_ERR_INVALID_ARGUMENT should one reach it (capi/src/shim.h AbiStatus).
+  kPermissionDenied = -13,  // the caller's grant does not cover it
+  kTooLarge = -14,          // beyond a bound the receiver enforces
 };
 
 class [[nodiscard]] Status {
@@ -36,6 +42,10 @@ class [[nodiscard]] Status {
   static Status Corrupt(std::string m) { return {Code::kCorrupt, std::move(m)}; }
   static Status Unsupported(std::string m) { return {Code::kUnsupported, std::move(m)}; }
   static Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; }
+  static Status Busy(std::string m) { return {Code::kBusy, std::move(m)}; }
+  static Status Unavailable(std::string m) { return {Code::kUnavailable, std::move(m)}; }
+  static Status PermissionDenied(std::string m) { return {Code::kPermissionDenied, std::move(m)}; }
+  static Status TooLarge(std::string m) { return {Code::kTooLarge, std::move(m)}; }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

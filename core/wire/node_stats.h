@@ -7,6 +7,8 @@
 // Thread-safety: plain values.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,19 +18,112 @@
 
 namespace kdn::server {
 
+// The node's statistics, one schema (RocksDB's Tickers): an enum per level
+// (the node, each tier) and a table that names each entry once, as the
+// field of wire/node.capnp's Stats or TierStats that carries it and as its
+// Prometheus series. ToWire and FromWire copy by the field's name,
+// /metrics (server/metrics.cc) lists the table, and readers index by the
+// enum; a new statistic is an enum entry, a row and a capnp field (and the
+// code that counts it).
+enum class StatKind : std::uint8_t { kCounter, kGauge };
+struct StatDef {
+  const char* wire;    // the capnp field (lowerCamelCase)
+  const char* metric;  // the Prometheus series
+  const char* help;
+  StatKind kind;
+};
+
+enum class NodeStat : std::uint8_t {
+  kLookups,
+  kRequestedTokens,
+  kHitTokens,
+  kLookupHitTokens,
+  kGetChunks,
+  kGetMisses,
+  kGetBytes,
+  kPutChunks,
+  kPutBytes,
+  kPutRefused,
+  kDeletes,
+  kAuthFailures,
+  kSessions,
+  kDocuments,
+  kRegistryLoadFailures,
+  kCount
+};
+inline constexpr std::size_t kNodeStatCount = static_cast<std::size_t>(NodeStat::kCount);
+// Indexed by NodeStat.
+inline constexpr StatDef kNodeStats[kNodeStatCount] = {
+    {"lookups", "kdn_lookups_total", "Prefix lookups answered (one per request in a lookup call).", StatKind::kCounter},
+    {"requestedTokens", "kdn_requested_tokens_total", "Tokens covered by the lookups that gave their token count.",
+     StatKind::kCounter},
+    {"hitTokens", "kdn_hit_tokens_total", "Tokens of the chunks served by get.", StatKind::kCounter},
+    {"lookupHitTokens", "kdn_lookup_hit_tokens_total", "Tokens of the prefixes lookups found.", StatKind::kCounter},
+    {"getChunks", "kdn_get_chunks_total", "Chunks served by get.", StatKind::kCounter},
+    {"getMisses", "kdn_get_misses_total", "Chunks asked of get that no tier held.", StatKind::kCounter},
+    {"getBytes", "kdn_get_bytes_total", "Bytes served by get.", StatKind::kCounter},
+    {"putChunks", "kdn_put_chunks_total", "Chunks stored by put.", StatKind::kCounter},
+    {"putBytes", "kdn_put_bytes_total", "Bytes stored by put.", StatKind::kCounter},
+    {"putRefused", "kdn_put_refused_total", "Chunks put refused (bad envelope, wrong namespace, or no room).",
+     StatKind::kCounter},
+    {"deletes", "kdn_deletes_total", "Chunks deleted.", StatKind::kCounter},
+    {"authFailures", "kdn_auth_failures_total", "Calls refused: unknown token, or outside the token's grant.",
+     StatKind::kCounter},
+    {"sessions", "kdn_sessions", "Client sessions open now.", StatKind::kGauge},
+    {"documents", "kdn_documents", "Knowledge items registered on the node now.", StatKind::kGauge},
+    {"registryLoadFailures", "kdn_registry_load_failures_total",
+     "Knowledge registry files that could not be read at start (the node started without documents).",
+     StatKind::kCounter},
+};
+
+enum class TierStat : std::uint8_t {
+  kObjects,
+  kUsedBytes,
+  kCapacityBytes,
+  kHits,
+  kMisses,
+  kPuts,
+  kEvictions,
+  kDemotionsIn,
+  kPromotionsIn,
+  kCorruptDetected,
+  kBytesIn,
+  kBytesOut,
+  kCount
+};
+inline constexpr std::size_t kTierStatCount = static_cast<std::size_t>(TierStat::kCount);
+// Indexed by TierStat; each a series per tier, labelled tier="<name>".
+inline constexpr StatDef kTierStats[kTierStatCount] = {
+    {"objects", "kdn_tier_objects", "Objects the tier holds.", StatKind::kGauge},
+    {"usedBytes", "kdn_tier_used_bytes", "Bytes the tier holds.", StatKind::kGauge},
+    {"capacityBytes", "kdn_tier_capacity_bytes", "Bytes the tier may hold.", StatKind::kGauge},
+    {"hits", "kdn_tier_hits_total", "Reads the tier served.", StatKind::kCounter},
+    {"misses", "kdn_tier_misses_total", "Reads the tier did not hold.", StatKind::kCounter},
+    {"puts", "kdn_tier_puts_total", "Objects stored into the tier (new, demoted or promoted).", StatKind::kCounter},
+    {"evictions", "kdn_tier_evictions_total", "Objects evicted from the tier to make room.", StatKind::kCounter},
+    {"demotionsIn", "kdn_tier_demotions_in_total", "Objects the tier received, evicted from the tier above.",
+     StatKind::kCounter},
+    {"promotionsIn", "kdn_tier_promotions_in_total", "Objects the tier received, promoted from a tier below.",
+     StatKind::kCounter},
+    {"corruptDetected", "kdn_tier_corrupt_objects_total",
+     "Objects that failed a check on read and were removed from the tier.", StatKind::kCounter},
+    {"bytesIn", "kdn_tier_written_bytes_total", "Bytes stored into the tier.", StatKind::kCounter},
+    {"bytesOut", "kdn_tier_read_bytes_total", "Bytes the tier served.", StatKind::kCounter},
+};
+
 struct TierStatsSnapshot {
   std::string name;   // e.g. "host", "disk"
   std::string kind;   // "host", "disk", "remote", "redis", "device"
   std::string codec;  // the tier's codec spec ("raw", "zstd", ...)
-  std::uint64_t objects = 0, used_bytes = 0, capacity_bytes = 0;
-  std::uint64_t hits = 0, misses = 0, puts = 0, evictions = 0;
-  std::uint64_t demotions_in = 0, promotions_in = 0, corrupt_detected = 0;
-  std::uint64_t bytes_in = 0, bytes_out = 0;
+  std::array<std::uint64_t, kTierStatCount> values{};  // indexed by TierStat
   double high_watermark = 0.95, low_watermark = 0.85;
   // The tier's read rate measured at start (server/tier_limits.h), bytes/s;
   // 0: not measured (server.measure_tiers off, a kind not measured, a
   // failed measurement, or a node from before the field).
   double limit_bytes_per_s = 0;
+
+  std::uint64_t& operator[](TierStat s) { return values[static_cast<std::size_t>(s)]; }
+  std::uint64_t operator[](TierStat s) const { return values[static_cast<std::size_t>(s)]; }
 };
 
 // A latency distribution in microseconds: the summary, plus cumulative
@@ -45,17 +140,16 @@ struct LatencySnapshot {
 struct NodeStats {
   std::uint64_t time_ms = 0, uptime_ms = 0;
   std::vector<TierStatsSnapshot> tiers;
-  std::uint64_t lookups = 0, requested_tokens = 0, hit_tokens = 0, lookup_hit_tokens = 0;
-  std::uint64_t get_chunks = 0, get_misses = 0, get_bytes = 0;
-  std::uint64_t put_chunks = 0, put_bytes = 0, put_refused = 0, deletes = 0;
-  std::uint64_t auth_failures = 0, sessions = 0;
+  std::array<std::uint64_t, kNodeStatCount> values{};  // indexed by NodeStat
   LatencySnapshot lookup_us, get_us, put_us;
   double ttft_saved_ms = 0;
-  std::uint64_t documents = 0;               // knowledge items registered
-  std::uint64_t registry_load_failures = 0;  // registry files unreadable at start
+
+  std::uint64_t& operator[](NodeStat s) { return values[static_cast<std::size_t>(s)]; }
+  std::uint64_t operator[](NodeStat s) const { return values[static_cast<std::size_t>(s)]; }
 };
 
-// Fills a capnp Stats from a snapshot, and back.
+// Fills a capnp Stats from a snapshot, and back. A field the peer's schema
+// does not have (an older node) reads as 0.
 void ToWire(const NodeStats& s, wire::node::Stats::Builder out);
 NodeStats FromWire(wire::node::Stats::Reader in);
 

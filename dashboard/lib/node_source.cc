@@ -1,25 +1,21 @@
 #include "node_source.h"
 
-#include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
-#include <kj/compat/tls.h>
 #include <kj/debug.h>
 
 #include <QMetaObject>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
-#include <fstream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <utility>
 
 #include "core/keys/hash.h"
-#include "core/wire/node_stats.h"
 #include "core/wire/node.capnp.h"
+#include "core/wire/node_client.h"
+#include "core/wire/node_stats.h"
 
 namespace kdn::dash {
 
@@ -34,39 +30,29 @@ std::int64_t SteadyMs() {
 
 QString Q(const std::string& s) { return QString::fromStdString(s); }
 
-// Why a connection attempt or a connection ended, for a human.
-std::string Describe(const kj::Exception& e, std::uint32_t timeout_ms) {
-  std::string d = e.getDescription().cStr();
-  std::string lower = d;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (lower.find("refused") != std::string::npos) return "connection refused";
-  if (e.getType() == kj::Exception::Type::OVERLOADED && lower.find("timed out") != std::string::npos) {
-    return "no answer from kdnd within " + std::to_string(timeout_ms) + " ms";
-  }
-  if (e.getType() == kj::Exception::Type::DISCONNECTED) return "kdnd closed the connection (" + d + ")";
-  return "cannot reach kdnd: " + d;
-}
-
-// A refused call (its typed error), for a human.
-std::string Refusal(const char* what, node::Error::Reader e) {
-  switch (e.getCode()) {
-    case node::ErrorCode::UNAUTHENTICATED: return "login refused: bad token";
-    case node::ErrorCode::PERMISSION_DENIED: return "permission denied: the token has no stats grant";
-    case node::ErrorCode::UNAVAILABLE: return "kdnd is draining (shutting down)";
-    default: break;
-  }
-  std::string why = std::string(what) + " refused (error " + std::to_string(static_cast<int>(e.getCode())) + ")";
-  const std::string msg = e.getMessage().cStr();
-  if (!msg.empty()) why += ": " + msg;
-  return why;
-}
+// Where each of a node's tier statistics (core/wire/node_stats.h) goes in a sample.
+using server::TierStat;
+constexpr std::pair<TierStat, std::uint64_t TierSample::*> kSampleFields[] = {
+    {TierStat::kObjects, &TierSample::objects},
+    {TierStat::kUsedBytes, &TierSample::used_bytes},
+    {TierStat::kCapacityBytes, &TierSample::capacity_bytes},
+    {TierStat::kHits, &TierSample::hits},
+    {TierStat::kMisses, &TierSample::misses},
+    {TierStat::kPuts, &TierSample::puts},
+    {TierStat::kEvictions, &TierSample::evictions},
+    {TierStat::kDemotionsIn, &TierSample::demotions_in},
+    {TierStat::kPromotionsIn, &TierSample::promotions_in},
+    {TierStat::kCorruptDetected, &TierSample::corrupt_detected},
+    {TierStat::kBytesIn, &TierSample::bytes_in},
+    {TierStat::kBytesOut, &TierSample::bytes_out},
+};
 
 TierSample ToTier(const server::TierStatsSnapshot& t) {
   TierSample s;
   s.name = Q(t.name);
   s.kind = Q(t.kind);
   s.codec = Q(t.codec);
-  CopyTierCounters(t, s);
+  for (const auto& [stat, field] : kSampleFields) s.*field = t[stat];
   s.high_watermark = t.high_watermark;
   s.low_watermark = t.low_watermark;
   // The read rate the node measured for the tier at start (0: not measured,
@@ -80,12 +66,10 @@ TierSample ToTier(const server::TierStatsSnapshot& t) {
 }  // namespace
 
 struct NodeSource::Impl {
-  // One connection to the node (loop thread only).
+  // One connection to the node (loop thread only): logged in
+  // (core/wire/node_client.h), then subscribed.
   struct Connection {
-    explicit Connection(kj::Own<kj::AsyncIoStream>&& s) : stream(kj::mv(s)), rpc(*stream) {}
-    kj::Own<kj::AsyncIoStream> stream;
-    capnp::TwoPartyClient rpc;
-    kj::Maybe<node::Session::Client> session;
+    kj::Own<wire::NodeConnection> link;
     kj::Maybe<node::Subscription::Client> subscription;  // held: dropping it ends the pushes
   };
 
@@ -165,7 +149,7 @@ struct NodeSource::Impl {
     try {
       auto io = kj::setupAsyncIo();
       // The connection and TLS objects live on this loop: gone before it is.
-      KJ_DEFER(conn = nullptr; tls = nullptr; trusted = nullptr);
+      KJ_DEFER(conn = nullptr; connector.reset());
       auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -199,62 +183,35 @@ struct NodeSource::Impl {
     network = nullptr;
   }
 
-  // The TLS context, made on first use; a reason when it cannot be.
-  std::optional<std::string> PrepareTls() {
-    if (options.tls_ca_file.empty() || tls.get() != nullptr) return std::nullopt;
-    std::ifstream in(options.tls_ca_file);
-    std::ostringstream pem;
-    pem << in.rdbuf();
-    if (!in || pem.str().empty()) return "cannot read the TLS CA file " + options.tls_ca_file;
-    auto failure = kj::runCatchingExceptions([&] {
-      trusted = kj::heap<kj::TlsCertificate>(kj::StringPtr(pem.str().c_str()));
-      kj::TlsContext::Options o;
-      o.useSystemTrustStore = false;
-      o.trustedCertificates = kj::arrayPtr(trusted.get(), 1);
-      tls = kj::heap<kj::TlsContext>(kj::mv(o));
-    });
-    KJ_IF_MAYBE(e, failure) {
-      trusted = nullptr;
-      return "bad TLS CA file " + options.tls_ca_file + ": " + e->getDescription().cStr();
-    }
-    std::string name = options.tls_server_name;
-    if (name.empty()) {
-      name = options.address.substr(0, options.address.rfind(':'));
-      if (name.size() >= 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
-    }
-    server_name = kj::heapString(name.c_str());
+  // The connector (TLS context included), made on first use; a reason
+  // when it cannot be.
+  std::optional<std::string> PrepareConnector() {
+    if (connector) return std::nullopt;
+    auto made = wire::NodeConnector::Create(
+        wire::NodeEndpoint{options.address, options.token, options.tls_ca_file, options.tls_server_name});
+    if (!made.ok()) return made.status().message();
+    connector = std::move(made).value();
     return std::nullopt;
   }
 
   // Connects, logs in and subscribes; then serves until the connection is
   // lost. Resolves to why it ended.
   kj::Promise<std::string> Attempt(std::uint64_t gen) {
-    if (auto why = PrepareTls()) return *why;
-    if (options.address.empty()) return std::string("no kdnd address given");
+    if (auto why = PrepareConnector()) return *why;
     auto subscribed =
-        network->parseAddress(options.address)
-            .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })
-            .then([this](kj::Own<kj::AsyncIoStream>&& stream) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
-              if (tls.get() != nullptr) return tls->wrapClient(kj::mv(stream), server_name);
-              return kj::mv(stream);
-            })
-            .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
-              conn = kj::heap<Connection>(kj::mv(stream));
-              auto req = conn->rpc.bootstrap().castAs<node::KdnNode>().loginRequest();
-              req.setToken(options.token);
-              return req.send();
-            })
+        connector->Connect(*network)
             // Resolves to why the node refused, or "" once subscribed.
-            .then([this, gen](capnp::Response<node::KdnNode::LoginResults>&& r) -> kj::Promise<std::string> {
-              if (r.getError().getCode() != node::ErrorCode::OK) return Refusal("login", r.getError());
-              node::Session::Client session = r.getSession();
-              conn->session = session;
-              auto req = session.subscribeStatsRequest();
+            .then([this, gen](kj::Own<wire::NodeConnection>&& link) -> kj::Promise<std::string> {
+              conn = kj::heap<Connection>();
+              conn->link = kj::mv(link);
+              auto req = conn->link->session().subscribeStatsRequest();
               req.setIntervalMs(options.interval_ms);
               req.setSink(kj::heap<Sink>(*this, gen));
               return req.send().then(
                   [this](capnp::Response<node::Session::SubscribeStatsResults>&& s) -> std::string {
-                    if (s.getError().getCode() != node::ErrorCode::OK) return Refusal("subscribeStats", s.getError());
+                    if (s.getError().getCode() != node::ErrorCode::OK) {
+                      return wire::RefusalStatus("subscribeStats", s.getError()).message();
+                    }
                     conn->subscription = s.getSubscription();
                     return std::string();
                   });
@@ -266,14 +223,14 @@ struct NodeSource::Impl {
               if (!refused.empty()) return kj::mv(refused);
               last_push_ms = SteadyMs();
               PostState(gen, State::kConnected, "");
-              return Serve().catch_([timeout](kj::Exception&& e) { return Describe(e, timeout); });
+              return Serve().catch_([timeout](kj::Exception&& e) { return wire::DescribeFailure(e, timeout); });
             },
-            [timeout](kj::Exception&& e) -> kj::Promise<std::string> { return Describe(e, timeout); });
+            [timeout](kj::Exception&& e) -> kj::Promise<std::string> { return wire::DescribeFailure(e, timeout); });
   }
 
   // Connected: until the node goes away or goes silent.
   kj::Promise<std::string> Serve() {
-    auto closed = conn->rpc.onDisconnect().then([]() { return std::string("kdnd closed the connection"); });
+    auto closed = conn->link->onDisconnect().then([]() { return std::string("kdnd closed the connection"); });
     kj::Promise<std::string> ended = closed.exclusiveJoin(Watch());
     if (!options.namespaces.empty()) ended = ended.exclusiveJoin(ListDocuments());
     return ended;
@@ -294,7 +251,7 @@ struct NodeSource::Impl {
   // a failed list is left for the next round; a lost connection is seen
   // by Serve).
   kj::Promise<std::string> ListDocuments() {
-    node::Session::Client session = KJ_ASSERT_NONNULL(conn->session);
+    node::Session::Client session = conn->link->session();
     auto found = kj::heap<std::vector<DocumentSample>>();
     kj::Promise<void> all = kj::READY_NOW;
     for (const std::string& ns : options.namespaces) {
@@ -337,16 +294,17 @@ struct NodeSource::Impl {
     s.uptime_ms = n.uptime_ms;
     for (const auto& t : n.tiers) {
       s.tiers.push_back(ToTier(t));
-      s.corrupt_detected += t.corrupt_detected;
+      s.corrupt_detected += t[server::TierStat::kCorruptDetected];
     }
-    s.lookups = n.lookups;
-    s.requested_tokens = n.requested_tokens;
-    s.hit_tokens = n.lookup_hit_tokens;
-    s.served_tokens = n.hit_tokens;  // the node's hit tokens: served by get
-    s.loads = n.get_chunks;
-    s.failed_loads = n.get_misses;
-    s.stores = n.put_chunks;
-    s.documents = n.documents;
+    using server::NodeStat;
+    s.lookups = n[NodeStat::kLookups];
+    s.requested_tokens = n[NodeStat::kRequestedTokens];
+    s.hit_tokens = n[NodeStat::kLookupHitTokens];
+    s.served_tokens = n[NodeStat::kHitTokens];  // the node's hit tokens: served by get
+    s.loads = n[NodeStat::kGetChunks];
+    s.failed_loads = n[NodeStat::kGetMisses];
+    s.stores = n[NodeStat::kPutChunks];
+    s.documents = n[NodeStat::kDocuments];
     s.ttft_saved_ms = n.ttft_saved_ms;
     s.delivery_ms = n.get_us.summary.sum / 1000.0;
     s.documents_top = documents;
@@ -370,9 +328,7 @@ struct NodeSource::Impl {
   // Loop thread.
   kj::Timer* timer = nullptr;
   kj::Network* network = nullptr;
-  kj::Own<kj::TlsCertificate> trusted;
-  kj::Own<kj::TlsContext> tls;
-  kj::String server_name;
+  std::unique_ptr<wire::NodeConnector> connector;
   kj::Own<Connection> conn;
   std::int64_t last_push_ms = 0;
   QVector<DocumentSample> documents;  // the last listing

@@ -31,7 +31,7 @@ struct TierSample {
 };
 
 // Copies the counters that a source's tier statistics name as TierSample
-// does (server::TierStatsSnapshot, kdn_tier_stats).
+// does (kdn_tier_stats; a node's TierStatsSnapshot is read by TierStat).
 template <typename TierStats>
 void CopyTierCounters(const TierStats& t, TierSample& s) {
   s.objects = t.objects;

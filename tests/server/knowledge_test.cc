@@ -188,7 +188,7 @@ TEST_F(KnowledgeNodeTest, RegisteredDocumentsAreListedWithWhatTheNodeHolds) {
   std::vector<ListedDoc> all;
   ASSERT_EQ(KnowledgeList(c, s, "tenant-a", &all), ErrorCode::OK);
   EXPECT_EQ(all.size(), 3u);
-  EXPECT_EQ(node_->server().service().Stats().documents, 3u);
+  EXPECT_EQ(node_->server().service().Stats()[NodeStat::kDocuments], 3u);
   Session::Client ops = c.MustLogin(kTokenOps);
   auto st = ops.statsRequest().send().wait(c.io.waitScope);
   ASSERT_EQ(st.getError().getCode(), ErrorCode::OK);
@@ -237,7 +237,7 @@ TEST_F(KnowledgeNodeTest, ATokenForAnotherNamespaceNeitherSeesNorTouchesTheDocum
   // The operator's "*" token reaches A's documents.
   Session::Client ops = c.MustLogin(kTokenOps);
   EXPECT_EQ(List(c, ops, "tenant-a").size(), 1u);
-  EXPECT_GE(node_->server().service().Stats().auth_failures, 6u);
+  EXPECT_GE(node_->server().service().Stats()[NodeStat::kAuthFailures], 6u);
 }
 
 TEST_F(KnowledgeNodeTest, PinnedDocumentsSurviveEvictionPressureAndUnpinReleasesWhatNoOtherPinHolds) {
@@ -280,7 +280,7 @@ TEST_F(KnowledgeNodeTest, PinnedDocumentsSurviveEvictionPressureAndUnpinReleases
 
   // Five times the tier's capacity of other chunks.
   Fill(c, s, 120, 0xF1);
-  EXPECT_GT(node_->server().service().Stats().tiers[0].evictions, 90u);
+  EXPECT_GT(node_->server().service().Stats().tiers[0][TierStat::kEvictions], 90u);
   EXPECT_TRUE(Held(c, s, e0_.key));
   EXPECT_TRUE(Held(c, s, e1_.key));
   EXPECT_TRUE(Held(c, s, e3_.key));
@@ -320,14 +320,14 @@ TEST_F(KnowledgeNodeTest, DeleteErasesOnlyTheChunksNoOtherDocumentReferences) {
   EXPECT_EQ(docs.count("doc-b"), 1u);
   EXPECT_TRUE(docs["doc-b"].pinned);
   EXPECT_EQ(node_->server().service().chain().Counters().pins_active, 2u);  // B's k0 and k2
-  EXPECT_EQ(node_->server().service().Stats().deletes, 1u);                 // counted as a delete call's
+  EXPECT_EQ(node_->server().service().Stats()[NodeStat::kDeletes], 1u);                 // counted as a delete call's
 
   ASSERT_EQ(KnowledgeDelete(c, s, "tenant-a", model_, "doc-b", &erased), ErrorCode::OK);
   EXPECT_EQ(erased, 2u);
   EXPECT_FALSE(Held(c, s, e0_.key));
   EXPECT_FALSE(Held(c, s, e2_.key));
   EXPECT_TRUE(List(c, s).empty());
-  EXPECT_EQ(node_->server().service().Stats().documents, 0u);
+  EXPECT_EQ(node_->server().service().Stats()[NodeStat::kDocuments], 0u);
   EXPECT_EQ(node_->server().service().chain().Counters().pins_active, 0u);
   // Gone: a second delete, or a pin, finds nothing.
   EXPECT_EQ(KnowledgeDelete(c, s, "tenant-a", model_, "doc-b", &erased), ErrorCode::NOT_FOUND);
@@ -537,7 +537,7 @@ TEST_F(KnowledgeNodeTest, TheRegistryIsSavedBesideTheDiskTierAndLoadedAfterARest
     ASSERT_EQ(KnowledgePut(c, sb, "tenant-b", TestDoc{"doc-of-b", 3, "b", 4, model_, {e3_.key}}), ErrorCode::OK);
     saved = List(c, s);
   }
-  EXPECT_EQ(node_->server().service().knowledge_path(), (dir_ / "disk" / "knowledge.kdnreg").string());
+  EXPECT_EQ(node_->server().service().knowledge().path(), (dir_ / "disk" / "knowledge.kdnreg").string());
   node_.reset();  // a graceful shutdown
   ASSERT_TRUE(fs::exists(dir_ / "disk" / "knowledge.kdnreg"));
   EXPECT_EQ(fs::status(dir_ / "disk" / "knowledge.kdnreg").permissions() & fs::perms::others_read, fs::perms::none);
@@ -570,7 +570,7 @@ TEST_F(KnowledgeNodeTest, TheRegistryIsSavedBesideTheDiskTierAndLoadedAfterARest
   auto b_docs = List(c, sb, "tenant-b");
   ASSERT_EQ(b_docs.size(), 1u);
   EXPECT_EQ(b_docs["doc-of-b"].version, 3u);
-  EXPECT_EQ(node_->server().service().Stats().registry_load_failures, 0u);
+  EXPECT_EQ(node_->server().service().Stats()[NodeStat::kRegistryLoadFailures], 0u);
   // A delete after the restart erases what the disk kept.
   std::uint32_t erased = 0;
   ASSERT_EQ(KnowledgeDelete(c, s, "tenant-a", model_, "doc-a", &erased), ErrorCode::OK);
@@ -619,8 +619,8 @@ TEST_F(KnowledgeNodeTest, AnUnreadableRegistryFileIsSetAsideAndTheNodeStartsEmpt
       out << v.bytes;
     }
     Start(config);
-    EXPECT_EQ(node_->server().service().Stats().registry_load_failures, 1u);
-    EXPECT_EQ(node_->server().service().Stats().documents, 0u);
+    EXPECT_EQ(node_->server().service().Stats()[NodeStat::kRegistryLoadFailures], 1u);
+    EXPECT_EQ(node_->server().service().Stats()[NodeStat::kDocuments], 0u);
     EXPECT_TRUE(fs::exists(dir_ / "disk" / "knowledge.kdnreg.bad"));  // kept for a look
     Client c(node_->bound().rpc[0]);
     Session::Client s = c.MustLogin(kTokenA);
@@ -632,18 +632,18 @@ TEST_F(KnowledgeNodeTest, AnUnreadableRegistryFileIsSetAsideAndTheNodeStartsEmpt
   }
   // What the last node registered was saved and loads.
   Start(config);
-  EXPECT_EQ(node_->server().service().Stats().registry_load_failures, 0u);
-  EXPECT_EQ(node_->server().service().Stats().documents, 1u);
+  EXPECT_EQ(node_->server().service().Stats()[NodeStat::kRegistryLoadFailures], 0u);
+  EXPECT_EQ(node_->server().service().Stats()[NodeStat::kDocuments], 1u);
 }
 
 // A node without a disk tier keeps its registry in memory only.
 TEST_F(KnowledgeNodeTest, WithoutADiskTierNothingIsSaved) {
   Start(Config());
-  EXPECT_EQ(node_->server().service().knowledge_path(), "");
+  EXPECT_EQ(node_->server().service().knowledge().path(), "");
   Client c(node_->bound().rpc[0]);
   Session::Client s = c.MustLogin(kTokenA);
   ASSERT_EQ(KnowledgePut(c, s, "tenant-a", doc_a_), ErrorCode::OK);
-  EXPECT_TRUE(node_->server().service().SaveKnowledge().ok());
+  EXPECT_TRUE(node_->server().service().knowledge().Save().ok());
   node_.reset();
   for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
     EXPECT_EQ(entry.path().filename().string().find("kdnreg"), std::string::npos) << entry.path();
@@ -681,23 +681,23 @@ TEST_F(KnowledgeNodeTest, CallsFromManyThreadsKeepTheCountsExact) {
         d.keys = {e0_.key, e1_.key, own};
         EXPECT_TRUE(node.KnowledgePut(ns, d).ok());
         std::uint32_t n = 0;
-        EXPECT_TRUE(node.KnowledgePin(ns, model_, d.doc_id, true, i % 2 ? 0 : 60000, n).ok());
+        EXPECT_TRUE(node.knowledge().Pin(ns, model_, d.doc_id, true, i % 2 ? 0 : 60000, n).ok());
         EXPECT_EQ(n, 2u);  // k0 and k1; `own` is not stored
         const keys::Digest served[] = {own};
-        node.CreditKnowledgeHits(ns, served);
-        if (i % 5 == 0) (void)node.KnowledgeList(ns);
+        node.knowledge().CreditHits(ns, served);
+        if (i % 5 == 0) (void)node.knowledge().List(ns);
         if (i % 2 == 1) {
           std::uint32_t erased = 0;
-          EXPECT_TRUE(node.KnowledgeDelete(ns, model_, d.doc_id, erased).ok());
+          EXPECT_TRUE(node.knowledge().Delete(ns, model_, d.doc_id, erased).ok());
           EXPECT_EQ(erased, 0u);  // k0 and k1 are other documents' too; `own` is not held
         }
       }
     });
   }
   for (std::thread& th : threads) th.join();
-  const std::vector<KnowledgeDocInfo> docs = node.KnowledgeList(ns);
+  const std::vector<KnowledgeDocInfo> docs = node.knowledge().List(ns);
   ASSERT_EQ(docs.size(), static_cast<size_t>(kThreads * kDocs / 2));
-  EXPECT_EQ(node.Stats().documents, docs.size());
+  EXPECT_EQ(node.Stats()[NodeStat::kDocuments], docs.size());
   for (const KnowledgeDocInfo& d : docs) {
     // Document i of a thread was credited once by each of that thread's
     // later hits on `own`: kDocs - i of them.

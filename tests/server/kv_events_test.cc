@@ -30,7 +30,7 @@
 
 #include "cli_runner.h"
 #include "server/kv_events.h"
-#include "server/node.h"
+#include "server/service.h"
 #include "core/wire/envelope.h"
 
 namespace kdn::server {

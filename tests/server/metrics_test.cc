@@ -3,6 +3,7 @@
 // aliases carry kdn's values, and promtool accepts the page.
 #include "server/metrics.h"
 
+#include <capnp/message.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,16 +42,16 @@ NodeStats Populated() {
   host.name = "host";
   host.kind = "host";
   host.codec = "raw";
-  host.objects = 40;
-  host.used_bytes = 4096;
-  host.capacity_bytes = 1 << 20;
-  host.hits = 7;
-  host.misses = 2;
-  host.puts = 41;
-  host.evictions = 5;
-  host.promotions_in = 3;
-  host.bytes_in = 5000;
-  host.bytes_out = 900;
+  host[TierStat::kObjects] = 40;
+  host[TierStat::kUsedBytes] = 4096;
+  host[TierStat::kCapacityBytes] = 1 << 20;
+  host[TierStat::kHits] = 7;
+  host[TierStat::kMisses] = 2;
+  host[TierStat::kPuts] = 41;
+  host[TierStat::kEvictions] = 5;
+  host[TierStat::kPromotionsIn] = 3;
+  host[TierStat::kBytesIn] = 5000;
+  host[TierStat::kBytesOut] = 900;
   host.high_watermark = 0.9;
   host.low_watermark = 0.75;
   host.limit_bytes_per_s = 1.5e9;  // measured; the disk tier's is not (0)
@@ -58,29 +59,29 @@ NodeStats Populated() {
   disk.name = "disk";
   disk.kind = "disk";
   disk.codec = "zstd";
-  disk.objects = 11;
-  disk.used_bytes = 70000;
-  disk.capacity_bytes = 1 << 30;
-  disk.hits = 1;
-  disk.evictions = 4;
-  disk.demotions_in = 5;
-  disk.corrupt_detected = 2;
+  disk[TierStat::kObjects] = 11;
+  disk[TierStat::kUsedBytes] = 70000;
+  disk[TierStat::kCapacityBytes] = 1 << 30;
+  disk[TierStat::kHits] = 1;
+  disk[TierStat::kEvictions] = 4;
+  disk[TierStat::kDemotionsIn] = 5;
+  disk[TierStat::kCorruptDetected] = 2;
   s.tiers = {host, disk};
-  s.lookups = 9;
-  s.requested_tokens = 1000;
-  s.hit_tokens = 250;
-  s.lookup_hit_tokens = 500;
-  s.get_chunks = 123;
-  s.get_misses = 4;
-  s.get_bytes = 65536;
-  s.put_chunks = 44;
-  s.put_bytes = 32768;
-  s.put_refused = 1;
-  s.deletes = 6;
-  s.auth_failures = 2;
-  s.sessions = 3;
-  s.documents = 7;
-  s.registry_load_failures = 1;
+  s[NodeStat::kLookups] = 9;
+  s[NodeStat::kRequestedTokens] = 1000;
+  s[NodeStat::kHitTokens] = 250;
+  s[NodeStat::kLookupHitTokens] = 500;
+  s[NodeStat::kGetChunks] = 123;
+  s[NodeStat::kGetMisses] = 4;
+  s[NodeStat::kGetBytes] = 65536;
+  s[NodeStat::kPutChunks] = 44;
+  s[NodeStat::kPutBytes] = 32768;
+  s[NodeStat::kPutRefused] = 1;
+  s[NodeStat::kDeletes] = 6;
+  s[NodeStat::kAuthFailures] = 2;
+  s[NodeStat::kSessions] = 3;
+  s[NodeStat::kDocuments] = 7;
+  s[NodeStat::kRegistryLoadFailures] = 1;
   s.lookup_us = Latency(30, 1500);
   s.get_us = Latency(55, 2'000'000);  // 2 s in all
   s.put_us = Latency(0, 0);
@@ -236,8 +237,8 @@ TEST(ServerMetrics, RatiosAreZeroBeforeAnyRequestAndAtMostOne) {
   std::string text = RenderPrometheus(s);
   EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "0");
   EXPECT_EQ(ValueOf(text, "lmcache:retrieve_hit_rate"), "0");
-  s.requested_tokens = 10;
-  s.hit_tokens = 30;  // gets of tokens whose lookup did not declare them
+  s[NodeStat::kRequestedTokens] = 10;
+  s[NodeStat::kHitTokens] = 30;  // gets of tokens whose lookup did not declare them
   text = RenderPrometheus(s);
   EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "1");
 }
@@ -384,6 +385,51 @@ TEST(ServerMetricsPromtool, LmcacheAliasesOnlyDrawTheColonNotice) {
   for (const std::string& l : lines) {
     EXPECT_EQ(l.rfind("lmcache:", 0), 0u) << l;
     EXPECT_NE(l.find("metric names should not contain ':'"), std::string::npos) << l;
+  }
+}
+
+// The schema (core/wire/node_stats.h) is the one list of the node's
+// statistics: each travels through the Cap'n Proto field its row names (a
+// typo would throw in ToWire) and back, lands on its Prometheus series, and
+// no two rows share a field or a series.
+TEST(StatsSchema, EveryStatisticTravelsByItsFieldAndIsRendered) {
+  NodeStats s;
+  for (std::size_t k = 0; k < kNodeStatCount; ++k) s.values[k] = 1000 + k;
+  TierStatsSnapshot t;
+  t.name = "host";
+  t.kind = "host";
+  for (std::size_t k = 0; k < kTierStatCount; ++k) t.values[k] = 2000 + k;
+  s.tiers.push_back(t);
+
+  capnp::MallocMessageBuilder message;
+  ToWire(s, message.initRoot<wire::node::Stats>());
+  const wire::node::Stats::Reader wire = message.getRoot<wire::node::Stats>().asReader();
+  // The rows name the fields the schema means (spot checks through the typed getters).
+  EXPECT_EQ(wire.getLookups(), 1000 + static_cast<std::size_t>(NodeStat::kLookups));
+  EXPECT_EQ(wire.getHitTokens(), 1000 + static_cast<std::size_t>(NodeStat::kHitTokens));
+  EXPECT_EQ(wire.getRegistryLoadFailures(), 1000 + static_cast<std::size_t>(NodeStat::kRegistryLoadFailures));
+  EXPECT_EQ(wire.getTiers()[0].getObjects(), 2000 + static_cast<std::size_t>(TierStat::kObjects));
+  EXPECT_EQ(wire.getTiers()[0].getBytesOut(), 2000 + static_cast<std::size_t>(TierStat::kBytesOut));
+  const NodeStats back = FromWire(wire);
+  EXPECT_EQ(back.values, s.values);
+  ASSERT_EQ(back.tiers.size(), 1u);
+  EXPECT_EQ(back.tiers[0].values, t.values);
+
+  const std::string text = RenderPrometheus(s);
+  std::set<std::string> fields, series;
+  for (std::size_t k = 0; k < kNodeStatCount; ++k) {
+    EXPECT_EQ(ValueOf(text, kNodeStats[k].metric), std::to_string(1000 + k)) << kNodeStats[k].metric;
+    EXPECT_TRUE(HasLine(text, std::string("# TYPE ") + kNodeStats[k].metric +
+                                  (kNodeStats[k].kind == StatKind::kCounter ? " counter" : " gauge")));
+    EXPECT_TRUE(fields.insert(kNodeStats[k].wire).second) << kNodeStats[k].wire;
+    EXPECT_TRUE(series.insert(kNodeStats[k].metric).second) << kNodeStats[k].metric;
+  }
+  fields.clear();
+  for (std::size_t k = 0; k < kTierStatCount; ++k) {
+    EXPECT_EQ(ValueOf(text, std::string(kTierStats[k].metric) + "{tier=\"host\"}"), std::to_string(2000 + k))
+        << kTierStats[k].metric;
+    EXPECT_TRUE(fields.insert(kTierStats[k].wire).second) << kTierStats[k].wire;
+    EXPECT_TRUE(series.insert(kTierStats[k].metric).second) << kTierStats[k].metric;
   }
 }
 

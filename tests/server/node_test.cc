@@ -110,7 +110,7 @@ TEST_F(KdnNodeTest, HealthNeedsNoTokenAndAnUnknownTokenGetsATypedError) {
   EXPECT_EQ(code, ErrorCode::UNAUTHENTICATED);
   // The connection still serves.
   EXPECT_TRUE(c.node.healthRequest().send().wait(c.io.waitScope).getHealth().getServing());
-  EXPECT_GE(server_->server().service().Stats().auth_failures, 1u);
+  EXPECT_GE(server_->server().service().Stats()[NodeStat::kAuthFailures], 1u);
 }
 
 TEST_F(KdnNodeTest, PutLookupGetDeleteOverTcpAndUnixSocket) {
@@ -152,11 +152,11 @@ TEST_F(KdnNodeTest, PutLookupGetDeleteOverTcpAndUnixSocket) {
   EXPECT_EQ(del.send().wait(u.io.waitScope).getErased(), 1u);
   EXPECT_EQ(Lookup(c, s, "tenant-a", {e0.key, e1.key}), 0);
   const NodeStats st = server_->server().service().Stats();
-  EXPECT_EQ(st.put_chunks, 2u);
-  EXPECT_EQ(st.get_chunks, 2u);
-  EXPECT_EQ(st.get_misses, 1u);
-  EXPECT_EQ(st.hit_tokens, 16u);
-  EXPECT_EQ(st.deletes, 1u);
+  EXPECT_EQ(st[NodeStat::kPutChunks], 2u);
+  EXPECT_EQ(st[NodeStat::kGetChunks], 2u);
+  EXPECT_EQ(st[NodeStat::kGetMisses], 1u);
+  EXPECT_EQ(st[NodeStat::kHitTokens], 16u);
+  EXPECT_EQ(st[NodeStat::kDeletes], 1u);
 }
 
 TEST_F(KdnNodeTest, ATenantCanNeitherReadNorProbeAnotherTenantsKeys) {
@@ -238,7 +238,7 @@ TEST_F(KdnNodeTest, BadInputGetsTypedErrorsAndTheNodeKeepsServing) {
   EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 0);
   EXPECT_EQ(Put(c, s, "tenant-a", e), ErrorCode::OK);
   EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 1);
-  EXPECT_GE(server_->server().service().Stats().put_refused, 4u);
+  EXPECT_GE(server_->server().service().Stats()[NodeStat::kPutRefused], 4u);
 }
 
 // A raw connection to an address "host:port" (TCP); -1 on failure.
@@ -342,13 +342,13 @@ TEST_F(KdnNodeTest, StatisticsArePushedToASubscriberUntilItLetsGo) {
   Session::Client sa = c.MustLogin(kTokenA);
   ASSERT_EQ(Put(c, sa, "tenant-a", MakeEnvelope(ref_, "tenant-a", 0, 8)), ErrorCode::OK);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while ((got.size() < 3 || got.back().put_chunks == 0) && std::chrono::steady_clock::now() < deadline) {
+  while ((got.size() < 3 || got.back()[NodeStat::kPutChunks] == 0) && std::chrono::steady_clock::now() < deadline) {
     c.io.provider->getTimer().afterDelay(20 * kj::MILLISECONDS).wait(c.io.waitScope);
   }
   ASSERT_GE(got.size(), 3u);
-  EXPECT_EQ(got.back().put_chunks, 1u);
+  EXPECT_EQ(got.back()[NodeStat::kPutChunks], 1u);
   EXPECT_EQ(got.back().tiers.size(), 1u);
-  EXPECT_GE(got.back().sessions, 2u);
+  EXPECT_GE(got.back()[NodeStat::kSessions], 2u);
   // Dropped: the pushes stop.
   subscription = nullptr;
   c.io.provider->getTimer().afterDelay(100 * kj::MILLISECONDS).wait(c.io.waitScope);
@@ -430,7 +430,7 @@ TEST_F(KdnNodeTest, ACompressingRemoteTierSendsEncodedChunksAndTheReaderDecodes)
   // The node was sent, and keeps, fewer bytes than the canonical KV: the
   // encoding travels as it is (8-token chunks: the codec's per-chunk
   // tables weigh more than at the usual 256).
-  EXPECT_LT(st.put_bytes, ref_.canonical.size() * 4 * 3 / 4);
+  EXPECT_LT(st[NodeStat::kPutBytes], ref_.canonical.size() * 4 * 3 / 4);
 
   auto reader = RemoteRuntime(server_->bound().rpc[0], kTokenA, "kdn:balanced");
   std::vector<float> out(ref_.canonical.size(), 0.0f);
@@ -476,7 +476,7 @@ TEST(RemoteTier, OverTlsWithTheNodesCertificateAndName) {
   ASSERT_EQ(writer->Store(ref.m, "tenant-a", ref.Keys(), views).value(), T);
   writer->store().chain().Flush();
   EXPECT_EQ(tls_runtime("kdnd.test")->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, T);
-  EXPECT_EQ(server.server().service().Stats().put_chunks, writer->store().chain().Stats()[0].puts);
+  EXPECT_EQ(server.server().service().Stats()[NodeStat::kPutChunks], writer->store().chain().Stats()[0].puts);
   // The wrong name, or no TLS at all: misses.
   EXPECT_EQ(tls_runtime("other.test")->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, 0u);
   EXPECT_EQ(RemoteRuntime(address, kTokenA, "", 1000)->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens, 0u);

@@ -257,7 +257,7 @@ TEST_F(RemoteReadTest, ARuntimesKnowledgeItemsAreRegisteredOnTheNode) {
   EXPECT_EQ(docs[0].chunks, chunks);
   EXPECT_EQ(docs[0].chunks_held, chunks);  // its chunks went before it
   EXPECT_FALSE(docs[0].pinned);
-  EXPECT_EQ(server_->server().service().Stats().tiers[0].objects, chunks);
+  EXPECT_EQ(server_->server().service().Stats().tiers[0][TierStat::kObjects], chunks);
 
   const Status pinned = rt->knowledge().Pin(ref_.m, kNs, "lily.txt", true, std::int64_t{3600} * 1000000000);
   ASSERT_TRUE(pinned.ok()) << pinned.message();
@@ -275,8 +275,8 @@ TEST_F(RemoteReadTest, ARuntimesKnowledgeItemsAreRegisteredOnTheNode) {
   chain.Flush();
   ASSERT_EQ(KnowledgeList(c, s, kNs, &docs), wire::node::ErrorCode::OK);
   EXPECT_TRUE(docs.empty());
-  EXPECT_EQ(server_->server().service().Stats().documents, 0u);
-  EXPECT_EQ(server_->server().service().Stats().tiers[0].objects, 0u);  // its chunks erased there too
+  EXPECT_EQ(server_->server().service().Stats()[NodeStat::kDocuments], 0u);
+  EXPECT_EQ(server_->server().service().Stats().tiers[0][TierStat::kObjects], 0u);  // its chunks erased there too
   EXPECT_EQ(tier.remote_counters().documents_sent, 4u);
   EXPECT_EQ(tier.remote_counters().documents_refused, 0u);
 }

@@ -17,7 +17,7 @@
 #include "rpc_client.h"
 #include "running_server.h"
 #include "server/metrics.h"
-#include "server/node.h"
+#include "server/service.h"
 #include "core/tiers/disk_tier.h"
 
 namespace kdn::server {

@@ -31,7 +31,7 @@
 #include "../server/running_server.h"
 #include "core/keys/hash.h"
 #include "server/config.h"
-#include "server/node.h"
+#include "server/service.h"
 #include "core/runtime/runtime.h"
 #include "core/wire/envelope.h"
 
@@ -773,7 +773,7 @@ TEST_F(RedisSingle, AKdndKeepsItsChunksInRedis) {
     // keys it files them by (per namespace).
     auto tier = Tier(Options(seeds_));
     std::vector<keys::Digest> filed;
-    for (const keys::Digest& k : keys_) filed.push_back(server::NodeService::ObjectKey(keys::NamespaceHash(kNs), k));
+    for (const keys::Digest& k : keys_) filed.push_back(server::ObjectKey(keys::NamespaceHash(kNs), k));
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     while (!tier->Contains(filed.back()) && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

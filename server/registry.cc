@@ -1,0 +1,429 @@
+#include "server/registry.h"
+
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <unordered_set>
+
+#include "core/wire/node.capnp.h"
+
+namespace kdn::server {
+namespace {
+
+std::uint64_t WallMs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+}  // namespace
+
+keys::Digest ObjectKey(const keys::Digest& ns, const keys::Digest& key) {
+  keys::Hasher h;
+  h.Str("kdnd/1");
+  h.Bytes(ns.data(), ns.size());
+  h.Bytes(key.data(), key.size());
+  return h.Finish();
+}
+
+KnowledgeRegistry::KnowledgeRegistry(KnowledgeConfig config, std::string path, std::chrono::milliseconds save_delay,
+                                     store::TieredStore& chain, EraseFn erase)
+    : config_(config), path_(std::move(path)), chain_(chain), erase_(std::move(erase)) {
+  if (path_.empty()) return;
+  Load();
+  saver_ = std::make_unique<store::DebouncedSaver>(
+      save_delay, [this] { return Save(); },
+      [](const Status& st) { std::fprintf(stderr, "kdnd: %s\n", st.message().c_str()); });
+}
+
+KnowledgeRegistry::~KnowledgeRegistry() {
+  if (!saver_) return;
+  saver_->Stop();
+  // The last word: what changed since the saver's last save, and the hits
+  // counted since (they alone never wake the saver).
+  if (saver_->dirty() || hits_changed_.load()) {
+    if (Status st = Save(); !st.ok()) std::fprintf(stderr, "kdnd: %s\n", st.message().c_str());
+  }
+}
+
+void KnowledgeRegistry::Stored(const keys::Digest& ns, const keys::Digest& key) {
+  if (pinned_documents_.load(std::memory_order_relaxed) == 0) return;
+  // A chunk of a pinned document that arrives after the pin is pinned now.
+  std::lock_guard<std::mutex> lock(mu_);
+  const NsKey k{ns, key};
+  if (pins_.Pinned(k)) ApplyPinLocked(k);
+}
+
+// ---- Documents ---------------------------------------------------------------------
+
+static_assert(kMaxKeysPerDocument == wire::node::MAX_KEYS_PER_CALL, "config.h's bound must be the schema's");
+
+void KnowledgeRegistry::LinkLocked(const keys::Digest& ns, Doc& doc) {
+  for (const keys::Digest& k : doc.distinct) refs_[NsKey{ns, k}].push_back(&doc);
+  total_keys_ += doc.item.keys.size();
+}
+
+void KnowledgeRegistry::UnlinkLocked(const keys::Digest& ns, Doc& doc) {
+  for (const keys::Digest& k : doc.distinct) {
+    auto it = refs_.find(NsKey{ns, k});
+    if (it == refs_.end()) continue;
+    std::vector<Doc*>& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), &doc), v.end());
+    if (v.empty()) refs_.erase(it);
+  }
+  total_keys_ -= doc.item.keys.size();
+}
+
+void KnowledgeRegistry::AddPinsLocked(const keys::Digest& ns, const Doc& doc) {
+  if (!doc.pinned) return;
+  for (const keys::Digest& k : doc.distinct) pins_.Add(NsKey{ns, k}, doc.pin_deadline_ms);
+  ++pinned_documents_;
+}
+
+void KnowledgeRegistry::RemovePinsLocked(const keys::Digest& ns, const Doc& doc) {
+  if (!doc.pinned) return;
+  for (const keys::Digest& k : doc.distinct) pins_.Remove(NsKey{ns, k}, doc.pin_deadline_ms);
+  --pinned_documents_;
+}
+
+bool KnowledgeRegistry::ApplyPinLocked(const NsKey& k) {
+  const keys::Digest object = ObjectKey(k.ns, k.key);
+  const std::optional<std::uint64_t> pin = pins_.Effective(k);  // 0 wins, else the latest deadline
+  if (!pin) {
+    chain_.Unpin(object);
+    return false;
+  }
+  const std::uint64_t deadline = *pin;
+  if (deadline == 0) return chain_.PinUntil(object, 0).ok();
+  const std::uint64_t now = WallMs();
+  if (deadline <= now) {
+    chain_.Unpin(object);
+    return false;
+  }
+  // The registry keeps wall-clock deadlines (they survive a restart); the
+  // chain wants its own clock's.
+  const std::uint64_t left_ms = deadline - now;
+  const std::int64_t left_ns = left_ms > static_cast<std::uint64_t>(INT64_MAX / 1000000)
+                                   ? INT64_MAX
+                                   : static_cast<std::int64_t>(left_ms * 1000000);
+  return chain_.PinUntil(object, store::DeadlineAfter(chain_.clock().NowNs(), left_ns)).ok();
+}
+
+Status KnowledgeRegistry::Put(const keys::Digest& ns, KnowledgeDoc item) {
+  if (item.doc_id.empty()) return Status::InvalidArgument("knowledge item: docId is empty");
+  if (item.doc_id.size() > wire::node::MAX_DOC_ID_BYTES) {
+    return Status::TooLarge("knowledge item: docId of " + std::to_string(item.doc_id.size()) +
+                                      " bytes (at most " + std::to_string(wire::node::MAX_DOC_ID_BYTES) + ")");
+  }
+  if (item.metadata.size() > wire::node::MAX_METADATA_BYTES) {
+    return Status::TooLarge("knowledge item: metadata of " + std::to_string(item.metadata.size()) +
+                                      " bytes (at most " + std::to_string(wire::node::MAX_METADATA_BYTES) + ")");
+  }
+  if (item.keys.size() > config_.max_keys_per_document) {
+    return Status::TooLarge("knowledge item: " + std::to_string(item.keys.size()) + " keys (this node takes at most " +
+                                      std::to_string(config_.max_keys_per_document) +
+                                      " per document: [knowledge] max_keys_per_document)");
+  }
+  auto doc = std::make_unique<Doc>();
+  doc->item = std::move(item);
+  {
+    std::unordered_set<keys::Digest, keys::DigestHash> seen;
+    for (const keys::Digest& k : doc->item.keys) {
+      if (seen.insert(k).second) doc->distinct.push_back(k);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const DocKey dk{ns, doc->item.model, doc->item.doc_id};
+    auto it = docs_.find(dk);
+    Doc* old = it == docs_.end() ? nullptr : it->second.get();
+    if (!old && docs_.size() >= config_.max_documents) {
+      return Status::Busy("the node holds " + std::to_string(docs_.size()) +
+                                   " documents, its most ([knowledge] max_documents); delete some first");
+    }
+    const std::uint64_t keys_after = total_keys_ - (old ? old->item.keys.size() : 0) + doc->item.keys.size();
+    if (keys_after > config_.max_keys) {
+      return Status::Busy("the node's documents would have " + std::to_string(keys_after) + " keys, more than " +
+                                   std::to_string(config_.max_keys) +
+                                   " ([knowledge] max_keys); delete some documents first");
+    }
+    if (old && old->item.version == doc->item.version && old->item.keys == doc->item.keys) {
+      // The same version again (an engine registering what it registered
+      // before a restart): its registration time, hits and pin stand.
+      old->item.metadata = std::move(doc->item.metadata);
+      old->item.tokens = doc->item.tokens;
+    } else {
+      doc->registered_ms = WallMs();
+      // A pin is the operator's choice about the document, not about one
+      // version of it: it carries over to the new chunks. The new pins are
+      // applied before the old ones are withdrawn, so chunks both versions
+      // share stay pinned throughout.
+      if (old) {
+        doc->pinned = old->pinned;
+        doc->pin_deadline_ms = old->pin_deadline_ms;
+      }
+      LinkLocked(ns, *doc);
+      AddPinsLocked(ns, *doc);
+      if (doc->pinned) {
+        for (const keys::Digest& k : doc->distinct) ApplyPinLocked(NsKey{ns, k});
+      }
+      std::unique_ptr<Doc> replaced;
+      if (old) {
+        replaced = std::move(it->second);
+        it->second = std::move(doc);
+        UnlinkLocked(ns, *replaced);
+        RemovePinsLocked(ns, *replaced);
+        if (replaced->pinned) {
+          for (const keys::Digest& k : replaced->distinct) ApplyPinLocked(NsKey{ns, k});
+        }
+      } else {
+        docs_.emplace(dk, std::move(doc));
+      }
+      documents_ = docs_.size();
+    }
+  }
+  MarkDirty();
+  return Status::Ok();
+}
+
+std::vector<KnowledgeDocInfo> KnowledgeRegistry::List(const keys::Digest& ns) {
+  std::vector<KnowledgeDocInfo> out;
+  std::vector<std::vector<keys::Digest>> doc_keys;
+  const std::uint64_t now = WallMs();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Ordered by namespace first: the walk covers this namespace's documents only.
+    for (auto it = docs_.lower_bound(DocKey{ns, keys::Digest{}, std::string()});
+         it != docs_.end() && std::get<0>(it->first) == ns; ++it) {
+      const Doc& d = *it->second;
+      KnowledgeDocInfo info;
+      info.doc_id = d.item.doc_id;
+      info.version = d.item.version;
+      info.metadata = d.item.metadata;
+      info.tokens = d.item.tokens;
+      info.model = d.item.model;
+      info.chunks = static_cast<std::uint32_t>(d.item.keys.size());
+      info.pinned = d.pinned && (d.pin_deadline_ms == 0 || d.pin_deadline_ms > now);
+      info.pin_expires_ms = d.pinned ? d.pin_deadline_ms : 0;
+      info.registered_ms = d.registered_ms;
+      info.hits = d.hits;
+      out.push_back(std::move(info));
+      doc_keys.push_back(d.item.keys);
+    }
+  }
+  // Which chunks the tiers hold, outside the registry's lock (a list may
+  // look at many keys; gets must not wait for it).
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::uint32_t held = 0;
+    for (const keys::Digest& k : doc_keys[i]) held += chain_.Locate(ObjectKey(ns, k)) >= 0 ? 1 : 0;
+    out[i].chunks_held = held;
+  }
+  return out;
+}
+
+Status KnowledgeRegistry::Pin(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id,
+                              bool pin, std::uint64_t ttl_ms, std::uint32_t& pinned) {
+  pinned = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = docs_.find(DocKey{ns, model, doc_id});
+    if (it == docs_.end()) return Status::NotFound("no document '" + doc_id + "' of that model in this namespace");
+    Doc& d = *it->second;
+    const bool was = d.pinned;
+    RemovePinsLocked(ns, d);
+    d.pinned = pin;
+    if (pin) {
+      // Pinning again replaces the document's deadline.
+      const std::uint64_t now = WallMs();
+      d.pin_deadline_ms = ttl_ms == 0 ? 0 : (ttl_ms > UINT64_MAX - now ? UINT64_MAX : now + ttl_ms);
+    } else {
+      d.pin_deadline_ms = 0;
+    }
+    AddPinsLocked(ns, d);
+    if (pin || was) {
+      for (const keys::Digest& k : d.distinct) pinned += ApplyPinLocked(NsKey{ns, k}) ? 1 : 0;
+    }
+  }
+  MarkDirty();
+  return Status::Ok();
+}
+
+Status KnowledgeRegistry::Delete(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id,
+                                 std::uint32_t& erased) {
+  erased = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = docs_.find(DocKey{ns, model, doc_id});
+    if (it == docs_.end()) return Status::NotFound("no document '" + doc_id + "' of that model in this namespace");
+    Doc& d = *it->second;
+    RemovePinsLocked(ns, d);
+    UnlinkLocked(ns, d);
+    std::vector<keys::Digest> unshared;
+    for (const keys::Digest& k : d.distinct) {
+      const NsKey nk{ns, k};
+      if (refs_.count(nk) != 0) {
+        if (d.pinned) ApplyPinLocked(nk);  // another document holds it: its pins alone now
+        continue;
+      }
+      unshared.push_back(k);
+    }
+    docs_.erase(it);
+    documents_ = docs_.size();
+    // Under the registry's lock: a document registered meanwhile cannot
+    // claim a chunk that is about to go. Delete counts, unpins and publishes
+    // the removals as a delete call does.
+    erased = erase_(ns, unshared);
+  }
+  MarkDirty();
+  return Status::Ok();
+}
+
+void KnowledgeRegistry::CreditHits(const keys::Digest& ns, std::span<const keys::Digest> served) {
+  if (served.empty() || documents_.load(std::memory_order_relaxed) == 0) return;
+  bool any = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const keys::Digest& k : served) {
+    auto it = refs_.find(NsKey{ns, k});
+    if (it == refs_.end()) continue;
+    for (Doc* d : it->second) ++d->hits;
+    any = true;
+  }
+  if (any) hits_changed_ = true;
+}
+
+void KnowledgeRegistry::MarkDirty() {
+  if (saver_) saver_->Mark();
+}
+
+// ---- The registry file ----------------------------------------------------------
+//
+// A record file (knowledge/record_file.h): magic "kdnreg\r\n", format version 1,
+// domain "kdnd-registry-v1"; payload: u64 documents, then per document:
+//     namespace hash (32), model (32), u32 + docId bytes, u64 version,
+//     u32 + metadata bytes, u64 tokens, u64 registeredMs, u64 hits,
+//     u8 pinned, u64 pin deadline (wall ms; 0: none), u32 keys, 32 bytes each
+// Integers little-endian. Written to knowledge.kdnreg.tmp, fsynced, renamed
+// over knowledge.kdnreg, and the directory fsynced: a crash leaves the old
+// file or the new one, whole.
+
+namespace {
+
+constexpr store::RecordFormat kRegistryFormat{{'k', 'd', 'n', 'r', 'e', 'g', '\r', '\n'}, 1, "kdnd-registry-v1"};
+
+}  // namespace
+
+std::string KnowledgeRegistry::Serialize() {
+  store::RecordWriter w;
+  std::lock_guard<std::mutex> lock(mu_);
+  w.U64(docs_.size());
+  for (const auto& [key, doc] : docs_) {
+    const KnowledgeDoc& it = doc->item;
+    w.Digest(std::get<0>(key));
+    w.Digest(it.model);
+    w.Str(it.doc_id);
+    w.U64(it.version);
+    w.Str(it.metadata);
+    w.U64(it.tokens);
+    w.U64(doc->registered_ms);
+    w.U64(doc->hits);
+    w.U8(doc->pinned ? 1 : 0);
+    w.U64(doc->pin_deadline_ms);
+    w.U32(static_cast<std::uint32_t>(it.keys.size()));
+    for (const keys::Digest& k : it.keys) w.Digest(k);
+  }
+  return w.bytes();
+}
+
+Status KnowledgeRegistry::Save() {
+  if (path_.empty()) return Status::Ok();
+  std::lock_guard<std::mutex> file_lock(save_file_mu_);
+  hits_changed_ = false;  // before the snapshot: hits counted after it mark it again
+  const std::string payload = Serialize();
+  const Status st = store::WriteRecordFile(path_, kRegistryFormat, payload);
+  if (!st.ok()) return Status::Internal("knowledge registry: " + st.message());
+  return Status::Ok();
+}
+
+Status KnowledgeRegistry::Parse(std::span<const std::uint8_t> payload) {
+  store::RecordReader r(payload);
+  std::uint64_t count = 0;
+  if (!r.U64(count)) return Status::Corrupt("truncated");
+  std::uint64_t dropped = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    auto doc = std::make_unique<Doc>();
+    keys::Digest ns{};
+    KnowledgeDoc& it = doc->item;
+    std::uint8_t pinned = 0;
+    std::uint32_t nkeys = 0;
+    if (!r.Digest(ns) || !r.Digest(it.model) || !r.Str(it.doc_id, wire::node::MAX_DOC_ID_BYTES) || !r.U64(it.version) ||
+        !r.Str(it.metadata, wire::node::MAX_METADATA_BYTES) || !r.U64(it.tokens) || !r.U64(doc->registered_ms) ||
+        !r.U64(doc->hits) || !r.U8(pinned) || !r.U64(doc->pin_deadline_ms) || !r.U32(nkeys) ||
+        nkeys > wire::node::MAX_KEYS_PER_CALL || std::uint64_t{nkeys} * 32 > r.left()) {
+      return Status::Corrupt("document " + std::to_string(i) + " is malformed");
+    }
+    it.keys.resize(nkeys);
+    for (keys::Digest& k : it.keys) (void)r.Digest(k);
+    if (it.doc_id.empty() || pinned > 1) return Status::Corrupt("document " + std::to_string(i) + " is malformed");
+    doc->pinned = pinned == 1;
+    if (doc->pinned && doc->pin_deadline_ms != 0 && doc->pin_deadline_ms <= WallMs()) {
+      doc->pinned = false;  // the pin ran out while the node was down
+      doc->pin_deadline_ms = 0;
+    }
+    // Bounds lowered since the file was written: what no longer fits is
+    // left out (and said), the rest is served.
+    DocKey dk{ns, it.model, it.doc_id};
+    if (docs_.size() >= config_.max_documents || it.keys.size() > config_.max_keys_per_document ||
+        total_keys_ + it.keys.size() > config_.max_keys || docs_.count(dk) != 0) {
+      ++dropped;
+      continue;
+    }
+    std::unordered_set<keys::Digest, keys::DigestHash> seen;
+    for (const keys::Digest& k : it.keys) {
+      if (seen.insert(k).second) doc->distinct.push_back(k);
+    }
+    Doc& d = *doc;
+    docs_.emplace(std::move(dk), std::move(doc));
+    LinkLocked(ns, d);
+    AddPinsLocked(ns, d);
+  }
+  if (r.left() != 0) return Status::Corrupt("bytes after the last document");
+  if (dropped != 0) {
+    std::fprintf(stderr, "kdnd: knowledge registry: %llu documents beyond the [knowledge] bounds left out\n",
+                 static_cast<unsigned long long>(dropped));
+  }
+  return Status::Ok();
+}
+
+void KnowledgeRegistry::Load() {
+  // The largest file the bounds allow, and then some: anything bigger is not ours.
+  const std::uint64_t most = 8 + std::uint64_t{config_.max_keys} * 32 +
+                             std::uint64_t{config_.max_documents} *
+                                 (200 + wire::node::MAX_DOC_ID_BYTES + wire::node::MAX_METADATA_BYTES);
+  auto file = store::ReadRecordFile(path_, kRegistryFormat, most);
+  if (!file.ok() && file.status().code() == Code::kNotFound) return;  // a new node
+  std::lock_guard<std::mutex> lock(mu_);
+  const Status st = file.ok() ? Parse(*file) : file.status();
+  if (!st.ok()) {
+    // Started empty, never stopped: the registry describes chunks, it does
+    // not hold them. The file is set aside for a look, not overwritten.
+    docs_.clear();
+    refs_.clear();
+    pins_.Clear();
+    total_keys_ = 0;
+    pinned_documents_ = 0;
+    ++load_failures_;
+    const std::string aside = path_ + ".bad";
+    const std::string note = ::rename(path_.c_str(), aside.c_str()) == 0 ? " (the file is now " + aside + ")" : "";
+    std::fprintf(stderr, "kdnd: knowledge registry %s: %s; starting with no documents%s\n", path_.c_str(),
+                 st.message().c_str(), note.c_str());
+    return;
+  }
+  documents_ = docs_.size();
+  // Pins that were in force when the node stopped hold again, on the chunks
+  // the tiers kept.
+  pins_.ForEachKey([&](const NsKey& k) { ApplyPinLocked(k); });
+}
+
+
+}  // namespace kdn::server

@@ -1,0 +1,168 @@
+// kdnd's registry of knowledge items (protocol version 2): documents, each
+// named by (namespace, model, doc_id) and listing the client keys of its
+// chunks, with their reference counts and pins over the node's chain of
+// tiers. Chunks are counted per document: a chunk stays pinned while any
+// pinned document holds it (core/store/pin_book.h: no deadline wins, else
+// the latest), and a document's delete erases only the chunks no other
+// document references. A get credits each served chunk to the documents
+// that reference it (one hash lookup per served chunk, skipped while no
+// document is registered).
+//
+// With a path (the node's first disk tier's directory + knowledge.kdnreg)
+// the registry is saved there a moment after each change (debounced on a
+// saver thread) and when it is destroyed, and loaded when it is made; a file
+// that cannot be read is logged, counted (load_failures), renamed to
+// knowledge.kdnreg.bad and the registry starts empty. The file's format is
+// in registry.cc.
+//
+// Errors are Status values: kInvalidArgument, kTooLarge and kBusy (its
+// bounds, [knowledge] of kdnd.toml) and kNotFound (no such document); the
+// RPC layer (server/rpc.h) turns them into the schema's typed errors.
+// Thread-safety: every member may be called from any thread. Lock order:
+// the file's lock, then the registry's, then the chain's own locks and
+// whatever `erase` takes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "core/keys/hash.h"
+#include "core/knowledge/record_file.h"
+#include "core/store/pin_book.h"
+#include "core/store/tiered_store.h"
+#include "core/util/status.h"
+#include "server/config.h"
+
+namespace kdn::server {
+
+// The object a key of a namespace is filed under in the node's tiers:
+// SHA-256("kdnd/1", namespace hash, key), so one key in two namespaces names
+// two objects.
+keys::Digest ObjectKey(const keys::Digest& ns, const keys::Digest& key);
+
+// A knowledge item as a client registers it (wire KnowledgeItem).
+struct KnowledgeDoc {
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  keys::Digest model{};
+  std::vector<keys::Digest> keys;  // the client's keys of its chunks, in order
+};
+
+// What the node knows of one (wire KnowledgeInfo).
+struct KnowledgeDocInfo {
+  std::string doc_id;
+  std::uint64_t version = 0;
+  std::string metadata;
+  std::uint64_t tokens = 0;
+  keys::Digest model{};
+  std::uint32_t chunks = 0, chunks_held = 0;
+  bool pinned = false;
+  std::uint64_t pin_expires_ms = 0;  // wall clock; 0: no deadline
+  std::uint64_t registered_ms = 0;   // wall clock
+  std::uint64_t hits = 0;
+};
+
+class KnowledgeRegistry {
+ public:
+  // Erases chunks of a namespace from the node (counted and announced as a
+  // delete call's are); returns how many were held.
+  using EraseFn = std::function<std::uint32_t(const keys::Digest& ns, std::span<const keys::Digest> keys)>;
+
+  // `path` "": kept in memory only. Loads the file at `path` when there is
+  // one. `chain` and `erase` must outlive the registry.
+  KnowledgeRegistry(KnowledgeConfig config, std::string path, std::chrono::milliseconds save_delay,
+                    store::TieredStore& chain, EraseFn erase);
+  // Saves what changed since the last save.
+  ~KnowledgeRegistry();
+  KnowledgeRegistry(const KnowledgeRegistry&) = delete;
+  KnowledgeRegistry& operator=(const KnowledgeRegistry&) = delete;
+
+  // Registers (or replaces) a document: kInvalidArgument, kTooLarge or
+  // kBusy (the bounds) and nothing changes.
+  Status Put(const keys::Digest& ns, KnowledgeDoc doc);
+  // The namespace's documents, ordered by (model, doc_id).
+  std::vector<KnowledgeDocInfo> List(const keys::Digest& ns);
+  // Pins (ttl_ms 0: no deadline) or unpins the document; *pinned: its
+  // chunks pinned after the call. kNotFound for an unknown document.
+  Status Pin(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id, bool pin,
+             std::uint64_t ttl_ms, std::uint32_t& pinned);
+  // Unregisters the document and erases its chunks no other document
+  // references; *erased: how many were held. kNotFound for an unknown one.
+  Status Delete(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id, std::uint32_t& erased);
+  // Credits each of `served` (keys a get served) to the documents that reference it.
+  void CreditHits(const keys::Digest& ns, std::span<const keys::Digest> served);
+  // A chunk was stored: when a pinned document holds it, it is pinned now.
+  void Stored(const keys::Digest& ns, const keys::Digest& key);
+  // Writes the file now (a no-op without a path).
+  Status Save();
+
+  const std::string& path() const { return path_; }
+  std::uint64_t documents() const { return documents_.load(std::memory_order_relaxed); }
+  std::uint64_t load_failures() const { return load_failures_.load(std::memory_order_relaxed); }
+
+ private:
+  // A chunk of a namespace: the key the indexes use (no hashing: the object
+  // key is a SHA-256 away, and a get's credit must stay cheap).
+  struct NsKey {
+    keys::Digest ns, key;
+    bool operator==(const NsKey&) const = default;
+  };
+  struct NsKeyHash {
+    size_t operator()(const NsKey& k) const noexcept {
+      return keys::DigestHash()(k.key) ^ (keys::DigestHash()(k.ns) * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  struct Doc {
+    KnowledgeDoc item;
+    std::vector<keys::Digest> distinct;  // item.keys without repeats: what the reference counts count
+    std::uint64_t registered_ms = 0, hits = 0;
+    bool pinned = false;
+    std::uint64_t pin_deadline_ms = 0;  // wall clock, while pinned; 0: none
+  };
+  using DocKey = std::tuple<keys::Digest, keys::Digest, std::string>;  // ns, model, doc_id
+
+  // mu_ held: adds or withdraws the document's references and, when it is
+  // pinned, its pins (ApplyPinLocked is the caller's to call).
+  void LinkLocked(const keys::Digest& ns, Doc& doc);
+  void UnlinkLocked(const keys::Digest& ns, Doc& doc);
+  void AddPinsLocked(const keys::Digest& ns, const Doc& doc);
+  void RemovePinsLocked(const keys::Digest& ns, const Doc& doc);
+  // mu_ held: sets the chain's pin of one chunk to what the pinned
+  // documents holding it ask for (none, or every deadline passed:
+  // unpinned). True when the chunk is pinned now.
+  bool ApplyPinLocked(const NsKey& k);
+  void MarkDirty();
+  void Load();
+  std::string Serialize();                                  // takes mu_
+  Status Parse(std::span<const std::uint8_t> payload);      // into the (empty) registry; mu_ held
+
+  const KnowledgeConfig config_;
+  const std::string path_;
+  store::TieredStore& chain_;
+  const EraseFn erase_;
+
+  std::mutex mu_;
+  std::map<DocKey, std::unique_ptr<Doc>> docs_;                     // guarded by mu_
+  std::unordered_map<NsKey, std::vector<Doc*>, NsKeyHash> refs_;   // chunk -> documents; guarded by mu_
+  store::PinBook<NsKey, std::uint64_t, NsKeyHash> pins_;           // chunk -> pinned documents' deadlines; guarded by mu_
+  std::uint64_t total_keys_ = 0;                                    // guarded by mu_
+  std::atomic<std::uint64_t> documents_{0}, pinned_documents_{0}, load_failures_{0};
+  std::atomic<bool> hits_changed_{false};
+  std::mutex save_file_mu_;  // one writer of the file at a time
+  // The saver: wakes on a change, waits the delay, saves (with a path only).
+  std::unique_ptr<store::DebouncedSaver> saver_;
+};
+
+}  // namespace kdn::server

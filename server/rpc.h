@@ -1,0 +1,29 @@
+// kdnd's transport: the node service (server/service.h) as the Cap'n Proto
+// interfaces of core/wire/node.capnp. Each handler reads and bounds-checks
+// its request (sizes, key counts: a malformed message gets a typed
+// invalidArgument, never an exception), calls the service, and writes its
+// reply; the service's Status codes become the schema's ErrorCode one to
+// one (kPermissionDenied is permissionDenied, kTooLarge tooLarge, ...), and
+// an unknown token at login is unauthenticated.
+// Thread-safety: the capabilities live on the event loop that serves them;
+// the service they call is thread-safe.
+#pragma once
+
+#include <string>
+
+#include <capnp/capability.h>
+#include <kj/timer.h>
+
+#include "core/wire/node.capnp.h"
+#include "server/service.h"
+
+namespace kdn::server {
+
+// The bootstrap capability of a connection (KdnNode). `timer` paces the
+// statistics pushes; both must outlive every connection.
+capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version);
+// A session for a grant, as login makes it (tests and the fuzz target call
+// its methods as local capabilities, through the same handlers).
+wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant);
+
+}  // namespace kdn::server

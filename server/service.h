@@ -1,0 +1,149 @@
+// The node service: what kdnd does with each call, apart from how calls
+// arrive (server/rpc.h carries them over Cap'n Proto and turns this
+// service's Status values into the schema's typed errors).
+// It holds a pass-through chain of tiers (core/store/tiered_store.h): chunks
+// are kept as their writers encoded them and served so. Every call comes
+// with the grant of the token its session logged in with, and is checked
+// against it before any key is looked at.
+//
+// Objects are filed under ObjectKey(namespace hash, key) (server/registry.h),
+// so no call in namespace A can reach an object of namespace B. An envelope
+// is stored only when it checks (both checksums) and names the call's
+// namespace; the node rewrites its key to the object's and back when it
+// serves it. Knowledge items are kept by a KnowledgeRegistry
+// (server/registry.h), saved beside the first disk tier.
+//
+// Errors: kInvalidArgument (a malformed namespace or envelope field),
+// kPermissionDenied (outside the grant), kCorrupt (an envelope that fails
+// its checks), kBusy (no room), kUnavailable (draining), kTooLarge and
+// kNotFound (the registry's), kInternal.
+// Thread-safety: NodeService's members may be called from any thread. Lock
+// order: the registry's locks, then client_keys_mu_ or the chain's own.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/keys/hash.h"
+#include "core/store/tiered_store.h"
+#include "core/telemetry/histogram.h"
+#include "core/wire/node_stats.h"
+#include "server/config.h"
+#include "server/registry.h"
+
+namespace kdn::server {
+
+class KvEventPublisher;
+
+// What a token grants, resolved: namespace hashes, or every namespace.
+struct Grant {
+  std::string name;
+  bool all_namespaces = false;
+  std::unordered_set<keys::Digest, keys::DigestHash> namespaces;
+  bool stats = false;
+  bool Allows(const keys::Digest& ns_hash) const { return all_namespaces || namespaces.count(ns_hash) != 0; }
+};
+
+struct NodeOptions {
+  std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB
+  std::vector<TokenGrant> tokens;
+  double prefill_us_per_token = 0;     // TTFT saved = hit tokens x this
+  const Clock* clock = nullptr;
+  KnowledgeConfig knowledge;           // bounds of the registry of knowledge items
+  // How long the saver waits after a change before it saves the registry,
+  // so that a burst of registrations costs one write.
+  std::uint32_t knowledge_save_delay_ms = 200;
+  // Measure each tier's read rate once in Create (server/tier_limits.h) and
+  // report it as the tier's limit_bytes_per_s; kdnd's server.measure_tiers.
+  bool measure_tiers = false;
+};
+
+class NodeService {
+ public:
+  static Result<std::unique_ptr<NodeService>> Create(const NodeOptions& options);
+  ~NodeService();
+
+  // The grant of a token (compared in constant time against every token), or
+  // null: an unknown token (counted).
+  const Grant* Authenticate(std::string_view token);
+
+  // Per request (a list of chained keys), the leading keys held.
+  Status Lookup(const Grant& g, std::span<const std::uint8_t> ns, const std::vector<std::vector<keys::Digest>>& requests,
+                   std::span<const std::uint64_t> request_tokens, std::vector<std::uint32_t>& prefixes);
+  // Checks a call's namespace hash against the grant.
+  Status CheckNamespace(const Grant& g, std::span<const std::uint8_t> ns, keys::Digest& out);
+  // A held chunk, its key the caller's again (null: not held).
+  store::ChunkRef Get(const keys::Digest& ns, const keys::Digest& key);
+  // Records a finished get of `chunks` keys (served bytes, misses, latency).
+  void CountGet(std::uint64_t chunks, std::uint64_t misses, std::uint64_t bytes, std::uint64_t tokens, double micros);
+  // Stores one envelope of namespace `ns`.
+  Status Put(const keys::Digest& ns, std::span<const std::uint8_t> envelope);
+  void CountPut(double micros) { put_us_.Record(micros); }
+  std::uint32_t Delete(const keys::Digest& ns, std::span<const keys::Digest> keys);
+  std::uint32_t Pin(const keys::Digest& ns, std::span<const keys::Digest> keys, std::uint64_t ttl_ms);
+  std::uint32_t Unpin(const keys::Digest& ns, std::span<const keys::Digest> keys);
+  NodeStats Stats() const;
+  // Whether the grant includes statistics (kPermissionDenied, counted, when not).
+  Status CheckStats(const Grant& g);
+
+  // ---- Knowledge items (server/registry.h); `ns` was checked against the
+  // grant (CheckNamespace). A put while draining is kUnavailable.
+  Status KnowledgePut(const keys::Digest& ns, KnowledgeDoc doc);
+  KnowledgeRegistry& knowledge() { return *registry_; }
+
+  void CountAuthFailure() { Count(NodeStat::kAuthFailures); }
+  void SessionOpened() { ++sessions_; }
+  void SessionClosed() { --sessions_; }
+  // While draining, data calls get `unavailable`.
+  void SetDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+  std::uint64_t uptime_ms() const;
+  // Where stored and removed chunks are announced (may be null). When the
+  // node's tiers already hold objects (a disk tier after a restart), it
+  // first announces AllBlocksCleared: it cannot name what it held before
+  // (the client keys of objects filed by another run are not known), so a
+  // router forgets it, and relearns each such chunk as a BlockStored when a
+  // get serves it (after which its eviction is announced too).
+  void SetEventPublisher(KvEventPublisher* publisher);
+  store::TieredStore& chain() { return *chain_; }
+
+ private:
+  NodeService() = default;
+
+  std::unique_ptr<store::TieredStore> chain_;
+  std::unique_ptr<KnowledgeRegistry> registry_;  // after chain_: destroyed (and saved) first
+  std::vector<store::TierSpec> specs_;
+  std::vector<double> tier_limits_;  // per spec, bytes/s (0: not measured); set in Create only
+  std::vector<std::pair<std::string, Grant>> grants_;  // (token, grant)
+  double prefill_us_per_token_ = 0;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::atomic<bool> draining_{false};
+  std::atomic<KvEventPublisher*> events_{nullptr};
+  // The client's key of each object the node filed since it started, or
+  // served since (objects a restart found on disk enter it when a get serves
+  // them), for KV events about evictions; an object evicted before that is
+  // not announced (AllBlocksCleared at start made routers forget it).
+  void Dropped(const keys::Digest& object);
+  // A get served `object` as the client's `key`: learned (and announced as
+  // stored) when the node did not know that key yet.
+  void Learned(const keys::Digest& object, const keys::Digest& key, std::uint32_t tokens);
+  std::mutex client_keys_mu_;
+  std::unordered_map<keys::Digest, keys::Digest, keys::DigestHash> client_keys_;
+  // The counters of NodeStat (core/wire/node_stats.h) the service counts;
+  // the gauges (sessions, documents) and the registry's are read in Stats.
+  void Count(NodeStat s, std::uint64_t n = 1) { counts_[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed); }
+  std::array<std::atomic<std::uint64_t>, kNodeStatCount> counts_{};
+  std::atomic<std::int64_t> sessions_{0};
+  telemetry::Histogram lookup_us_, get_us_, put_us_;
+};
+
+}  // namespace kdn::server
