@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "bench/bench_kv.h"
 #include "bench/canonical_view.h"
 #include "bench/bench_util.h"
+#include "kernels/common/half.h"
 #include "core/codec/codec.h"
 #include "core/codec/device.h"
 #include "core/codec/tc_profile.h"
@@ -55,88 +57,159 @@ double MedianSeconds(int repeats, F&& once) {
   return s[s.size() / 2];
 }
 
-// Delivery into a device KV view through the store (KvStore::RetrieveToDevice),
+// What the delivery records run on: a model's KV in requests, each a
+// canonical host buffer ([layer][k|v][token][head][dim], f16) of its tokens.
+struct Request {
+  std::vector<std::int32_t> ids;    // its token ids (distinct per request)
+  const std::uint8_t* kv = nullptr;  // canonical, ids.size() tokens
+};
+struct Scenario {
+  std::string name;
+  store::TierSpec::Kind kind;
+  std::string codec;
+  bool device_baseline;  // against the device-to-device copy (else host-to-device)
+};
+struct Workload {
+  store::ModelKv model;
+  std::vector<Request> requests;
+  std::vector<Scenario> scenarios;
+  nlohmann::json params;
+};
+
+std::uint64_t RequestBytes(const store::ModelKv& m, const Request& r) {
+  return static_cast<std::uint64_t>(m.bytes_per_token()) * r.ids.size();
+}
+
+// Delivery into device KV views through the store (KvStore::RetrieveToDevice),
 // per source tier, against the copy of the same raw bytes that it replaces,
-// in the same run: one request per chunk (256 tokens of a held-out window,
-// f16), every chunk of the run retrieved once per timed run.
-//   <prefix>copy_h2d_gbps_raw   the raw f16 chunks host -> device (pinned host memory where a GPU is)
+// in the same run: each request retrieved once per timed run into a
+// canonical device view of its tokens (256-token chunks in the store).
+//   <prefix>copy_h2d_gbps_raw   each request's raw bytes host -> device (pinned host memory where a GPU is)
 //   <prefix>copy_d2d_gbps_raw   the same device -> device
-//   <prefix>get_device_tier_gbps          a device tier (raw) into the view, vs copy_d2d
-//   <prefix>deliver_host_raw_gbps         a host tier (raw) into the view, vs copy_h2d
-//   <prefix>deliver_disk_<codec>_gbps     a disk tier in zstd, kdn:balanced, tc:balanced (page cache warm:
-//                                         the decode path, not the disk), vs copy_h2d
-// GB/s of canonical KV written into the view.
-int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const std::vector<std::vector<std::uint8_t>>& chunks,
-                    const codec::Shape& shape, int repeats, const std::string& prefix, const nlohmann::json& base,
+//   <prefix><scenario>_gbps     a tier of the scenario's kind and codec into the views, vs copy_d2d (a device
+//                               tier) or copy_h2d (the others)
+//   <prefix>scatter_<layout>_gbps  the scatter kernel alone: device chunks of every request into a view of
+//                               that layout (canonical, paged NHD and HND of 16-token blocks), vs copy_d2d
+// GB/s of canonical KV written into the views.
+int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const Workload& w, int repeats, const std::string& prefix,
                     Records& records) {
   auto fail = [&](const std::string& m) {
     std::fprintf(stderr, "kdn bench gpu: %s%s\n", prefix.c_str(), m.c_str());
     return 2;
   };
-  const size_t n = chunks.size();
-  const std::uint64_t cb = shape.bytes(), total = cb * n;
-  store::ModelKv model;
-  model.shape = {shape.layers, shape.kv_heads, shape.head_dim, 2};
-  model.dtype = shape.dtype;
-  // The tc profile is fitted to this model's KV as the reference engine names
-  // it (its f16 fingerprint): every scenario uses that fingerprint.
-  std::filesystem::path profile(refengine::DefaultModelsDir());
-  profile /= "stories260K.kdntc";
-  auto prof = codec::LoadTcProfile(profile.string());
-  if (prof.ok() && (*prof)->fingerprints.size() > 1) {
-    std::memcpy(model.fingerprint.data(), (*prof)->fingerprints[1].data(), 32);
-  }
+  const store::ModelKv& model = w.model;
+  const size_t n = w.requests.size();
+  std::vector<std::uint64_t> at(n + 1, 0);  // each request's offset in the concatenated bytes
+  for (size_t i = 0; i < n; ++i) at[i + 1] = at[i] + RequestBytes(model, w.requests[i]);
+  const std::uint64_t total = at[n];
   // The baselines.
   auto pool = store::HostPool::Create(total, store::MemoryKind::kPinnedHost);
   if (!pool.ok()) return fail(pool.status().message());
   chunk::Payload host = (*pool)->Allocate(total);
   if (host.empty()) return fail("cannot allocate pinned host memory");
-  for (size_t i = 0; i < n; ++i) std::memcpy(host.data() + i * cb, chunks[i].data(), cb);
+  for (size_t i = 0; i < n; ++i) std::memcpy(host.data() + at[i], w.requests[i].kv, at[i + 1] - at[i]);
   Result<chunk::Payload> src = dev->Allocate(total), dst = dev->Allocate(total);
   if (!src.ok() || !dst.ok()) return fail("cannot allocate device memory");
   const double h2d_s = MedianSeconds(repeats, [&] {
     for (size_t i = 0; i < n; ++i) {
-      if (!dev->CopyToDevice(dst->data() + i * cb, host.data() + i * cb, cb).ok()) return false;
+      if (!dev->CopyToDevice(dst->data() + at[i], host.data() + at[i], at[i + 1] - at[i]).ok()) return false;
     }
     return dev->Synchronize().ok();
   });
   if (!dev->CopyToDevice(src->data(), host.data(), total).ok() || !dev->Synchronize().ok()) return fail("copy failed");
   const double d2d_s = MedianSeconds(repeats, [&] {
     for (size_t i = 0; i < n; ++i) {
-      if (!dev->CopyOnDevice(dst->data() + i * cb, src->data() + i * cb, cb).ok()) return false;
+      if (!dev->CopyOnDevice(dst->data() + at[i], src->data() + at[i], at[i + 1] - at[i]).ok()) return false;
     }
     return dev->Synchronize().ok();
   });
   if (h2d_s <= 0 || d2d_s <= 0) return fail("the baseline copies failed");
-  nlohmann::json params = base;
+  nlohmann::json params = w.params;
   params["device"] = dev->name();
-  params["chunks"] = n;
+  params["requests"] = n;
+  params["tokens_per_request"] = w.requests.empty() ? 0 : w.requests[0].ids.size();
   params["total_bytes"] = total;
   const double h2d = static_cast<double>(total) / h2d_s / 1e9, d2d = static_cast<double>(total) / d2d_s / 1e9;
   records.Add(prefix + "copy_h2d_gbps_raw", h2d, "GB/s", params);
   records.Add(prefix + "copy_d2d_gbps_raw", d2d, "GB/s", params);
 
-  std::string dir = (std::filesystem::temp_directory_path() / "kdn-bench-gpu-XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) return fail("cannot make a temporary directory");
-  struct Scenario {
-    std::string name;
-    store::TierSpec::Kind kind;
-    std::string codec;
-    bool device_baseline;
-  };
-  std::vector<Scenario> scenarios = {{"get_device_tier", store::TierSpec::Kind::kDevice, "raw", true},
-                                     {"deliver_host_raw", store::TierSpec::Kind::kHost, "raw", false},
-                                     {"deliver_disk_zstd", store::TierSpec::Kind::kDisk, "zstd", false},
-                                     {"deliver_disk_kdn", store::TierSpec::Kind::kDisk, "kdn:balanced", false}};
-  if (prof.ok()) {
-    scenarios.push_back({"deliver_disk_tc", store::TierSpec::Kind::kDisk, "tc:balanced,profile=" + profile.string(), false});
-  } else {
-    std::fprintf(stderr, "kdn bench gpu: warning: no tc scenario: %s\n", prof.status().message().c_str());
-  }
   int rc = 0;
-  for (const Scenario& sc : scenarios) {
+  // The scatter kernel alone, from device chunks (src) into views of each layout.
+  {
+    constexpr std::int64_t kBlock = 16;
+    const kernels::KvShape& shape = model.shape;
+    const std::int64_t row = shape.heads * shape.head_dim * shape.elem_bytes;  // one token of one layer's K
+    for (const char* layout : {"canonical", "paged_nhd", "paged_hnd"}) {
+      const bool paged = std::string(layout) != "canonical";
+      // Per request: its view (paged: per layer K and V block pools, blocks in a shuffled order).
+      std::vector<chunk::Payload> pools;
+      std::vector<std::vector<void*>> k(n), v(n);
+      std::vector<std::vector<std::int32_t>> tables(n);
+      std::vector<kernels::KvView> views(n);
+      bool ok = true;
+      for (size_t i = 0; i < n && ok; ++i) {
+        const auto tokens = static_cast<std::int64_t>(w.requests[i].ids.size());
+        if (!paged) {
+          const CanonicalView cv(model, dst->data() + at[i], static_cast<std::uint64_t>(tokens));
+          views[i] = cv.view();
+          k[i].assign(cv.view().k_base, cv.view().k_base + shape.layers);
+          v[i].assign(cv.view().v_base, cv.view().v_base + shape.layers);
+        } else {
+          const std::int64_t blocks = (tokens + kBlock - 1) / kBlock;
+          for (std::int64_t b = 0; b < blocks; ++b) tables[i].push_back(static_cast<std::int32_t>((b * 7 + 3) % blocks));
+          for (std::int64_t l = 0; l < 2 * shape.layers && ok; ++l) {
+            Result<chunk::Payload> p = dev->Allocate(static_cast<size_t>(blocks * kBlock * row));
+            ok = p.ok();
+            if (!ok) break;
+            (l % 2 == 0 ? k[i] : v[i]).push_back(p->data());
+            pools.push_back(std::move(p).value());
+          }
+          kernels::KvView& view = views[i];
+          view.shape = shape;
+          view.paged = true;
+          view.block_size = kBlock;
+          view.order = std::string(layout) == "paged_nhd" ? kernels::PageOrder::kNHD : kernels::PageOrder::kHND;
+          view.block_table = tables[i].data();
+          view.table_len = blocks;
+          view.num_blocks = blocks;
+        }
+        views[i].k_base = k[i].data();
+        views[i].v_base = v[i].data();
+      }
+      if (!ok) {
+        rc = fail(std::string(layout) + ": cannot allocate device memory for the view");
+        break;
+      }
+      std::string why;
+      const double secs = MedianSeconds(repeats, [&] {
+        for (size_t i = 0; i < n; ++i) {
+          const auto tokens = static_cast<std::int64_t>(w.requests[i].ids.size());
+          Status st = dev->Scatter(src->data() + at[i], views[i], 0, tokens, 0, shape.layers);
+          if (!st.ok()) {
+            why = st.message();
+            return false;
+          }
+        }
+        return dev->Synchronize().ok();
+      });
+      if (secs <= 0) {
+        rc = fail(std::string("scatter ") + layout + ": " + why);
+        break;
+      }
+      nlohmann::json p = params;
+      p["layout"] = layout;
+      if (paged) p["block_tokens"] = kBlock;
+      records.Add(prefix + "scatter_" + layout + "_gbps", static_cast<double>(total) / secs / 1e9, "GB/s", p,
+                  prefix + "copy_d2d_gbps_raw", d2d);
+    }
+  }
+
+  std::string dir = (std::filesystem::temp_directory_path() / "kdn-bench-gpu-XXXXXX").string();
+  if (rc == 0 && mkdtemp(dir.data()) == nullptr) return fail("cannot make a temporary directory");
+  for (const Scenario& sc : w.scenarios) {
+    if (rc != 0) break;
     store::StoreOptions so;
-    so.chunk_tokens = shape.tokens;
+    so.chunk_tokens = kChunkTokens;
     so.device = dev;
     store::TierSpec t;
     t.kind = sc.kind;
@@ -150,25 +223,22 @@ int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const std::vector
       rc = fail(sc.name + ": " + kv.status().message());
       break;
     }
-    // One request per chunk, each at positions 0..255 as it was prefilled.
-    std::vector<std::vector<std::int32_t>> ids(n);
     std::vector<store::KvGroup> groups(n);
     std::vector<std::unique_ptr<CanonicalView>> views;
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) {
-      for (std::uint32_t k = 0; k < shape.tokens; ++k) ids[i].push_back(static_cast<std::int32_t>(i * 100000 + k));
+      const Request& q = w.requests[i];
       store::TokenKeys keys;
-      keys.tokens = ids[i];
-      // Canonical buffers of cb bytes each: shape.tokens tokens of the model.
-      const CanonicalView hv(model, const_cast<std::uint8_t*>(chunks[i].data()), shape.tokens);
+      keys.tokens = q.ids;
+      const CanonicalView hv(model, const_cast<std::uint8_t*>(q.kv), q.ids.size());
       auto stored = (*kv)->Store(model, "bench", keys, hv.view());
-      ok = stored.ok() && *stored == shape.tokens;
-      views.push_back(std::make_unique<CanonicalView>(model, dst->data() + i * cb, shape.tokens));
-      for (std::uint32_t l = 0; l < shape.layers; ++l) groups[i].layers.push_back(l);
+      ok = stored.ok() && *stored == q.ids.size();
+      views.push_back(std::make_unique<CanonicalView>(model, dst->data() + at[i], q.ids.size()));
+      for (std::int64_t l = 0; l < model.shape.layers; ++l) groups[i].layers.push_back(static_cast<std::uint32_t>(l));
       groups[i].view = views.back()->view();
     }
     if (!ok) {
-      rc = fail(sc.name + ": the store did not take the chunks");
+      rc = fail(sc.name + ": the store did not take the requests");
       break;
     }
     (*kv)->chain().Flush();
@@ -176,9 +246,9 @@ int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const std::vector
     const double secs = MedianSeconds(repeats, [&] {
       for (size_t i = 0; i < n; ++i) {
         store::TokenKeys keys;
-        keys.tokens = ids[i];
+        keys.tokens = w.requests[i].ids;
         auto r = (*kv)->RetrieveToDevice(model, "bench", keys, std::span<const store::KvGroup>(&groups[i], 1));
-        if (!r.ok() || r->tokens != shape.tokens) {
+        if (!r.ok() || r->tokens != w.requests[i].ids.size()) {
           why = r.ok() ? "a retrieve found " + std::to_string(r->tokens) + " tokens" : r.status().message();
           return false;
         }
@@ -199,6 +269,98 @@ int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const std::vector
   }
   std::filesystem::remove_all(dir);
   return rc;
+}
+
+// The reference model's real KV: each 256-token chunk of the held-out text
+// its own request, every tier of the table, tc with the model's profile.
+Workload RefWorkload(const std::vector<std::vector<std::uint8_t>>& chunks, const codec::Shape& shape, int repeats) {
+  Workload w;
+  w.model.shape = {shape.layers, shape.kv_heads, shape.head_dim, 2};
+  w.model.dtype = shape.dtype;
+  // The tc profile is fitted to this model's KV as the reference engine names
+  // it (its f16 fingerprint): every scenario uses that fingerprint.
+  std::filesystem::path profile(refengine::DefaultModelsDir());
+  profile /= "stories260K.kdntc";
+  auto prof = codec::LoadTcProfile(profile.string());
+  if (prof.ok() && (*prof)->fingerprints.size() > 1) {
+    std::memcpy(w.model.fingerprint.data(), (*prof)->fingerprints[1].data(), 32);
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Request q;
+    for (std::uint32_t k = 0; k < shape.tokens; ++k) q.ids.push_back(static_cast<std::int32_t>(i * 100000 + k));
+    q.kv = chunks[i].data();
+    w.requests.push_back(std::move(q));
+  }
+  w.scenarios = {{"get_device_tier", store::TierSpec::Kind::kDevice, "raw", true},
+                 {"deliver_host_raw", store::TierSpec::Kind::kHost, "raw", false},
+                 {"deliver_disk_zstd", store::TierSpec::Kind::kDisk, "zstd", false},
+                 {"deliver_disk_kdn", store::TierSpec::Kind::kDisk, "kdn:balanced", false}};
+  if (prof.ok()) {
+    w.scenarios.push_back({"deliver_disk_tc", store::TierSpec::Kind::kDisk, "tc:balanced,profile=" + profile.string(), false});
+  } else {
+    std::fprintf(stderr, "kdn bench gpu: warning: no tc scenario: %s\n", prof.status().message().c_str());
+  }
+  w.params = {{"model", "stories260K"}, {"shape", "ref"}, {"chunk_tokens", kChunkTokens}, {"dtype", "f16"},
+              {"repeats", repeats}, {"text", "bench/texts/heldout.txt"}, {"kv", "real (the reference model's prefill)"}};
+  return w;
+}
+
+// Synthetic KV of Llama-3.1-8B's shape (32 layers, 8 KV heads, head_dim
+// 128, f16: 128 KiB per token): per channel (layer, k|v, head, dim) a scale
+// (log-uniform over e^-3..e^1.5, as real K has outlier channels) and an
+// offset, and a smooth drift along the tokens (an AR(1) walk per channel)
+// plus a little noise. Deterministic (seeded). Labelled synthetic in every
+// record: its compression ratios are not a real model's.
+std::vector<std::uint8_t> SyntheticLlama8b(std::uint32_t tokens) {
+  constexpr std::int64_t kLayers = 32, kHeads = 8, kDim = 128, kRow = kHeads * kDim;
+  std::vector<std::uint8_t> out(static_cast<size_t>(kLayers * 2 * tokens * kRow * 2));
+  auto* h = reinterpret_cast<std::uint16_t*>(out.data());
+  std::uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto next = [&x] {  // xorshift64*, uniform in [0, 1)
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return static_cast<double>((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
+  };
+  std::vector<float> scale(kRow), offset(kRow), state(kRow);
+  for (std::int64_t lk = 0; lk < kLayers * 2; ++lk) {
+    for (std::int64_t c = 0; c < kRow; ++c) {
+      scale[c] = static_cast<float>(std::exp(-3.0 + 4.5 * next()));
+      offset[c] = static_cast<float>((next() - 0.5) * 0.6) * scale[c];
+      state[c] = static_cast<float>(next() - 0.5);
+    }
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      std::uint16_t* row = h + (lk * tokens + t) * kRow;
+      for (std::int64_t c = 0; c < kRow; ++c) {
+        state[c] = 0.97f * state[c] + 0.2f * static_cast<float>(next() - 0.5);
+        const float noise = 0.05f * static_cast<float>(next() - 0.5);
+        row[c] = kernels::float_to_half(offset[c] + scale[c] * (state[c] + noise));
+      }
+    }
+  }
+  return out;
+}
+
+Workload Llama8bWorkload(const std::vector<std::uint8_t>& kv, std::uint32_t tokens, int repeats) {
+  Workload w;
+  w.model.shape = {32, 8, 128, 2};
+  w.model.dtype = 1;  // f16
+  w.model.fingerprint.fill(0x8b);
+  Request q;
+  for (std::uint32_t k = 0; k < tokens; ++k) q.ids.push_back(static_cast<std::int32_t>(k));
+  q.kv = kv.data();
+  w.requests.push_back(std::move(q));
+  w.scenarios = {{"get_device_tier", store::TierSpec::Kind::kDevice, "raw", true},
+                 {"deliver_host_raw", store::TierSpec::Kind::kHost, "raw", false},
+                 {"deliver_host_kdn", store::TierSpec::Kind::kHost, "kdn:balanced", false},
+                 {"deliver_host_cachegen", store::TierSpec::Kind::kHost, "cachegen", false},
+                 {"deliver_disk_kdn", store::TierSpec::Kind::kDisk, "kdn:balanced", false},
+                 {"deliver_disk_zstd", store::TierSpec::Kind::kDisk, "zstd", false}};
+  w.params = {{"model", "llama-3.1-8b shape"}, {"shape", "llama-8b"}, {"chunk_tokens", kChunkTokens},
+              {"dtype", "f16"}, {"repeats", repeats},
+              {"kv", "synthetic: per-channel scales, smooth token drift (bench/gpu_bench.cc SyntheticLlama8b)"},
+              {"tc", "not measured: tc needs a profile fitted to the model's KV, and there is none for a synthetic model"}};
+  return w;
 }
 
 // 256-token chunks of f16 KV of the held-out text, as the store keeps them;
@@ -231,23 +393,46 @@ std::vector<std::vector<std::uint8_t>> HeldOutChunks(codec::Shape* shape, std::s
 
 int RunGpuBench(const GpuBenchOptions& o) {
   Records records;
+  // The delivery records on `dev`, for the options' shape: the reference
+  // model's real KV, or the 8B shape's synthetic KV at each request size.
+  auto deliver = [&](const std::shared_ptr<store::Device>& dev, const std::string& prefix) -> int {
+    if (o.shape == "ref") {
+      codec::Shape shape;
+      std::string why;
+      const auto chunks = HeldOutChunks(&shape, &why);
+      if (chunks.empty()) {
+        std::fprintf(stderr, "kdn bench gpu: %s\n", why.c_str());
+        return 2;
+      }
+      Workload w = RefWorkload(chunks, shape, o.repeats);
+      if (dev->emulated()) w.params["emulated"] = "host memory stands in for the GPU's; CPU paths of the kernels";
+      return DeliveryRecords(dev, w, o.repeats, prefix, records);
+    }
+    for (std::uint32_t tokens : o.tokens) {
+      const std::vector<std::uint8_t> kv = SyntheticLlama8b(tokens);
+      Workload w = Llama8bWorkload(kv, tokens, o.repeats);
+      if (dev->emulated()) w.params["emulated"] = "host memory stands in for the GPU's; CPU paths of the kernels";
+      if (int rc = DeliveryRecords(dev, w, o.repeats, prefix + "llama8b_" + std::to_string(tokens) + "_", records); rc != 0) {
+        return rc;
+      }
+    }
+    return 0;
+  };
+  if (o.shape != "ref" && o.shape != "llama-8b") {
+    std::fprintf(stderr, "kdn bench gpu: unknown --shape %s (ref or llama-8b)\n", o.shape.c_str());
+    return 2;
+  }
+  for (std::uint32_t tokens : o.tokens) {
+    if (tokens == 0 || tokens % kChunkTokens != 0) {
+      std::fprintf(stderr, "kdn bench gpu: --tokens %u: a positive multiple of %u\n", tokens, kChunkTokens);
+      return 2;
+    }
+  }
   if (o.emulated) {
     // The delivery measures on the emulated device: the CPU paths of the
     // kernels over host memory. A check of the paths and of this bench, not
     // a GPU measurement (named emulated_*).
-    codec::Shape shape;
-    std::string why;
-    const auto chunks = HeldOutChunks(&shape, &why);
-    if (chunks.empty()) {
-      std::fprintf(stderr, "kdn bench gpu: %s\n", why.c_str());
-      return 2;
-    }
-    const nlohmann::json params = {{"model", "stories260K"}, {"chunk_tokens", kChunkTokens}, {"dtype", "f16"},
-                                   {"repeats", o.repeats}, {"text", "bench/texts/heldout.txt"},
-                                   {"emulated", "host memory stands in for the GPU's; CPU paths of the kernels"}};
-    if (int rc = DeliveryRecords(store::MakeEmulatedDevice(), chunks, shape, o.repeats, "emulated_", params, records); rc != 0) {
-      return rc;
-    }
+    if (int rc = deliver(store::MakeEmulatedDevice(), "emulated_"); rc != 0) return rc;
     return records.Finish(o.json_path, "kdn bench gpu");
   }
   const std::string why = WhyNoGpu();
@@ -339,7 +524,7 @@ int RunGpuBench(const GpuBenchOptions& o) {
   // Delivery through the store into a device view, per source tier.
   auto device = store::MakeCudaDevice(0);
   if (!device.ok()) return fail(device.status().message());
-  if (int rc = DeliveryRecords(*device, chunks, shape, o.repeats, "gpu_", params, records); rc != 0) return rc;
+  if (int rc = deliver(*device, "gpu_"); rc != 0) return rc;
   return records.Finish(o.json_path, "kdn bench gpu");
 #else
   return 0;

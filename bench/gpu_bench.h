@@ -5,7 +5,9 @@
 // Thread-safety: RunGpuBench is a whole command; run one at a time.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kdn::bench {
 
@@ -15,6 +17,11 @@ struct GpuBenchOptions {
   // The delivery measures on the emulated device (host memory, the kernels'
   // CPU paths), named emulated_*: runs anywhere; a check, not a GPU measure.
   bool emulated = false;
+  // "ref": the reference model's real KV (256-token chunks of the held-out
+  // text, a request each); "llama-8b": Llama-3.1-8B's shape (32 layers, 8 KV
+  // heads, head_dim 128, f16), synthetic KV, one request of each of `tokens`.
+  std::string shape = "ref";
+  std::vector<std::uint32_t> tokens = {4096, 16384};  // multiples of 256
 };
 
 // With a GPU, on the reference model's real KV (256-token chunks of the
@@ -28,7 +35,11 @@ struct GpuBenchOptions {
 // KV view (gpu_get_device_tier_gbps against a device-to-device copy of the
 // same bytes; gpu_deliver_{host_raw,disk_zstd,disk_kdn,disk_tc}_gbps against
 // the PCIe copy of the raw bytes: see DeliveryRecords in the .cc). Returns
-// an exit code.
+// an exit code. With --shape llama-8b the delivery records are named
+// <prefix>llama8b_<tokens>_*, from synthetic KV (labelled so), with host
+// tiers in kdn:balanced and cachegen besides; every run adds the scatter
+// kernel alone into canonical, paged NHD and paged HND views against the
+// device-to-device copy (scatter_<layout>_gbps).
 int RunGpuBench(const GpuBenchOptions& options);
 
 }  // namespace kdn::bench

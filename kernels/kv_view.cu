@@ -9,7 +9,8 @@ constexpr int kThreads = 256;
 static_assert(kThreads % 32 == 0, "whole warps");
 // The kernel takes its arguments by value, pointers and all.
 static_assert(std::is_trivially_copyable_v<KvViewArgs>, "kernel parameter");
-static_assert(sizeof(KvViewArgs) <= 4096, "fits the kernel parameter space");
+static_assert(sizeof(KvViewArgs) + sizeof(KvRowPlan) <= 4096, "fits the kernel parameter space");
+static_assert(std::is_trivially_copyable_v<KvRowPlan>, "kernel parameter");
 // Block tables are int32 physical block ids, as vLLM's.
 static_assert(std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(KvView::block_table)>>, std::int32_t>,
               "int32 block ids");
@@ -17,28 +18,15 @@ static_assert(static_cast<int>(PageOrder::kNHD) == 0 && static_cast<int>(PageOrd
 // The NHD, HND, interleaved and llama.cpp offsets the kernel computes.
 static_assert(detail::kv_view_layouts_pinned(), "layouts");
 
-// One thread per element of the selected layers' slices of the chunk
-// (grid-stride): element e of the launch is chunk element
-// layer_begin * per_layer + e.
-template <bool kToChunk>
-__global__ void KvViewKernel(const KvViewArgs a) {
-  const KvShape s = a.view.shape;
-  const std::int64_t per_layer = 2 * a.tokens * s.heads * s.head_dim;
-  const std::int64_t first = a.layer_begin * per_layer;
-  const std::int64_t n = (a.layer_end - a.layer_begin) * per_layer;
-  const KvStrides cs = canonical_strides(s, a.tokens);
-  auto* chunk = static_cast<unsigned char*>(a.chunk);
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const KvIndex i = canonical_index(s, a.tokens, first + e);
-    auto* base = static_cast<unsigned char*>((i.kv == 0 ? a.view.k_base : a.view.v_base)[i.layer]);
-    unsigned char* b = base + view_offset(a.view, i.kv, a.token_begin + i.token, i.head, i.dim) * s.elem_bytes;
-    unsigned char* c = chunk + element_offset(cs, i) * s.elem_bytes;
-    if (kToChunk) {
-      copy_element(b, c, s.elem_bytes);
-    } else {
-      copy_element(c, b, s.elem_bytes);
-    }
+// One thread per vector of a row (common/kv_rows.h), grid-stride: the
+// threads of a warp move consecutive vectors of a row, then of the next, so
+// their loads and stores are adjacent.
+template <bool kToChunk, typename I>
+__global__ void KvViewKernel(const KvViewArgs a, const KvRowPlan p) {
+  const std::int64_t n = p.items();
+  for (std::int64_t item = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; item < n;
+       item += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    move_row_vector<I>(a, p, static_cast<I>(item), kToChunk);
   }
 }
 
@@ -54,9 +42,16 @@ cudaError_t Launch(const KvViewArgs& a, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (v.k_base == nullptr || v.v_base == nullptr || a.chunk == nullptr) return cudaErrorInvalidValue;
   if (v.paged && (v.block_size <= 0 || v.block_table == nullptr)) return cudaErrorInvalidValue;
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  const KvRowPlan p = plan_rows(a);
+  const std::int64_t blocks = (p.items() + kThreads - 1) / kThreads;
+  // Enough blocks to fill the GPU several times over; the grid-stride loop
+  // covers the rest.
   const unsigned grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
-  KvViewKernel<kToChunk><<<grid, kThreads, 0, stream>>>(a);
+  if (rows_fit_32_bits(p)) {
+    KvViewKernel<kToChunk, std::uint32_t><<<grid, kThreads, 0, stream>>>(a, p);
+  } else {
+    KvViewKernel<kToChunk, std::uint64_t><<<grid, kThreads, 0, stream>>>(a, p);
+  }
   return cudaGetLastError();
 }
 

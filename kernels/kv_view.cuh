@@ -1,28 +1,22 @@
 // CUDA gather/scatter of KV between an engine's view (common/kv_view.h:
-// paged or contiguous per-layer K and V) and a canonical device chunk. The
-// per-element math is common/kv_view.h and common/kv_copy.h, the same the CPU
-// path (ref/kv_view_ref.h) uses.
+// paged or contiguous per-layer K and V) and a canonical device chunk, a
+// vector of up to 16 bytes per thread (common/kv_rows.h: the same functions
+// the emulated device runs, ref/kv_view_ref.h view_copy_emulated).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "kernels/common/kv_view.h"
+#include "kernels/common/kv_rows.h"
 
 namespace kdn::kernels {
 
-struct KvViewArgs {
-  // The view, with DEVICE arrays: k_base and v_base ([layers] pointers to
-  // device memory) and block_table. Check the host-side view with view_valid
-  // (ref/kv_view_ref.h) before uploading it: the launcher cannot read these.
-  KvView view;
-  void* chunk = nullptr;         // device: canonical chunk of `tokens` tokens, all layers
-  std::int64_t token_begin = 0;  // first view token of the chunk
-  std::int64_t tokens = 0;       // tokens in the chunk
-  std::int64_t layer_begin = 0;  // layers [layer_begin, layer_end) move; other
-  std::int64_t layer_end = 0;    // layers' slices of the chunk are untouched
-};
+// KvViewArgs (common/kv_rows.h) with DEVICE arrays: k_base and v_base
+// ([layers] pointers to device memory) and block_table. Check the host-side
+// view with view_valid (ref/kv_view_ref.h) before uploading it, and set
+// base_alignment from it (view_base_alignment): the launcher cannot read
+// these arrays.
 
 // view -> chunk. Returns cudaErrorInvalidValue on bad scalars (elem_bytes,
 // ranges, null arrays), cudaSuccess without launching when there is nothing

@@ -212,6 +212,11 @@ int main(int argc, char** argv) {
   gpub->add_option("--repeats", gbo.repeats, "timed runs per measure (median)")->check(CLI::Range(1, 100000));
   gpub->add_flag("--emulated", gbo.emulated,
                  "delivery on the emulated device (host memory, the kernels' CPU paths): a check, not a GPU measure");
+  gpub->add_option("--shape", gbo.shape,
+                   "ref: the reference model's real KV; llama-8b: Llama-3.1-8B's shape, synthetic KV (default ref)")
+      ->check(CLI::IsMember({"ref", "llama-8b"}));
+  gpub->add_option("--tokens", gbo.tokens, "tokens per request with --shape llama-8b (default 4096 16384)")
+      ->check(CLI::Range(256, 1 << 20));
 
   kdn::bench::EvictionBenchOptions ebo;
   auto* evictb = bench->add_subcommand(

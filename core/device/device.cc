@@ -70,13 +70,13 @@ class EmulatedDevice final : public Device {
   }
   Status Scatter(const void* chunk, const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens,
                  std::int64_t layer_begin, std::int64_t layer_end) override {
-    kernels::view_scatter_cpu(chunk, view, token_begin, tokens, layer_begin, layer_end);
+    Emulate(view, const_cast<void*>(chunk), token_begin, tokens, layer_begin, layer_end, false);
     ++scatters_;
     return Status::Ok();
   }
   Status Gather(const kernels::KvView& view, std::int64_t token_begin, std::int64_t tokens, std::int64_t layer_begin,
                 std::int64_t layer_end, void* chunk) override {
-    kernels::view_gather_cpu(view, token_begin, tokens, layer_begin, layer_end, chunk);
+    Emulate(view, chunk, token_begin, tokens, layer_begin, layer_end, true);
     ++gathers_;
     return Status::Ok();
   }
@@ -97,6 +97,21 @@ class EmulatedDevice final : public Device {
     return AsDecodeStatus(id, st);
   }
   Status Synchronize() override { return Status::Ok(); }
+
+ private:
+  // The view kernels' own work items, run on the CPU (kernels/common/kv_rows.h).
+  static void Emulate(const kernels::KvView& view, void* chunk, std::int64_t token_begin, std::int64_t tokens,
+                      std::int64_t layer_begin, std::int64_t layer_end, bool to_chunk) {
+    kernels::KvViewArgs a;
+    a.view = view;
+    a.chunk = chunk;
+    a.token_begin = token_begin;
+    a.tokens = tokens;
+    a.layer_begin = layer_begin;
+    a.layer_end = layer_end;
+    a.base_alignment = kernels::view_base_alignment(view);
+    kernels::view_copy_emulated(a, to_chunk);
+  }
 };
 
 #ifdef KDN_HAVE_CUDA
@@ -217,6 +232,7 @@ class CudaDevice final : public Device {
       a.tokens = tokens;
       a.layer_begin = layer_begin;
       a.layer_end = layer_end;
+      a.base_alignment = kernels::view_base_alignment(view);  // the host view: same base addresses
       e = scatter ? kernels::launch_view_scatter(a, stream) : kernels::launch_view_gather(a, stream);
     }
     (void)cudaFreeAsync(scratch, stream);

@@ -3,6 +3,8 @@
 // keep it on the device when the top tier is a device tier.
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <vector>
 
 #include "core/store/chunk_codec.h"
 #include "core/engine/engine_ops.h"
@@ -41,6 +43,24 @@ Status ForEachLayerRun(const ModelKv& model, std::span<const KvGroup> groups, Op
   return Status::Ok();
 }
 
+// Copies layers [lb, le) of a raw host chunk into a view that lays them out
+// as the chunk does (kernels::view_dense_like_chunk): one host-to-device copy
+// per layer's K and V, no staging and no kernel.
+Status CopyLayersToView(Device& dev, const std::uint8_t* chunk, const kernels::KvView& v, const FetchedChunk& c,
+                        std::int64_t lb, std::int64_t le) {
+  const kernels::KvShape& s = v.shape;
+  const auto tokens = static_cast<std::int64_t>(c.tokens);
+  const std::int64_t run = tokens * s.heads * s.head_dim * s.elem_bytes;  // one layer's K (or V) of the chunk
+  const std::int64_t at = kernels::view_offset(v, static_cast<std::int64_t>(c.begin), 0, 0) * s.elem_bytes;
+  for (std::int64_t l = lb; l < le; ++l) {
+    for (std::int64_t kv = 0; kv < 2; ++kv) {
+      auto* dst = static_cast<std::uint8_t*>((kv == 0 ? v.k_base : v.v_base)[l]) + at;
+      KDN_RETURN_IF_ERROR(dev.CopyToDevice(dst, chunk + (l * 2 + kv) * run, static_cast<size_t>(run)));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch& f, std::span<const KvGroup> groups,
@@ -50,10 +70,17 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
   // Two staging buffers of the largest chunk, alternating: on a GPU the
   // copy or decode of chunk i+1 is queued while chunk i is scattered.
+  // (Raw host chunks need none when every view takes them as they are.)
+  bool all_dense = true;
+  KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t, std::int64_t) {
+    all_dense = all_dense && kernels::view_dense_like_chunk(v);
+    return Status::Ok();
+  }));
   std::uint64_t largest = 0;
   for (const FetchedChunk& c : f.chunks) {
     const ChunkRef& ch = c.lease.chunk();
-    if (ch->meta.codec != codec::CodecId::kRaw || !ch->meta.device) largest = std::max(largest, c.tokens * per_token);
+    const bool raw = ch->meta.codec == codec::CodecId::kRaw;
+    if (!raw || (!ch->meta.device && !all_dense)) largest = std::max(largest, c.tokens * per_token);
   }
   chunk::Payload staging[2];
   if (largest > 0) {
@@ -67,37 +94,77 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   std::uint64_t stop = UINT64_MAX;  // as_prefix: the first failure's begin
   std::vector<TokenRange> failed;   // decodes that failed here
   int slot = 0;
-  for (const FetchedChunk& c : f.chunks) {
+  // Chunks of codecs without a device kernel (zstd, int8, fp8, kivi) decode
+  // on the CPU: on the fetch threads, all at once, up to kHostDecodeAhead
+  // bytes of decoded KV; any beyond that one by one as they come.
+  constexpr std::uint64_t kHostDecodeAhead = std::uint64_t{1} << 30;
+  struct HostDecoded {
+    std::optional<Result<ChunkRef>> raw;
+    std::uint64_t ns = 0;
+  };
+  std::vector<HostDecoded> host(f.chunks.size());
+  {
+    std::vector<size_t> todo;
+    std::uint64_t ahead = 0;
+    for (size_t i = 0; i < f.chunks.size(); ++i) {
+      const ChunkRef& ch = f.chunks[i].lease.chunk();
+      if (ch->meta.codec == codec::CodecId::kRaw || Device::DecodesOnDevice(ch->meta.codec)) continue;
+      ahead += f.chunks[i].tokens * per_token;
+      if (ahead > kHostDecodeAhead) break;
+      todo.push_back(i);
+    }
+    auto decode = [&](size_t b, size_t e) {
+      for (size_t j = b; j < e; ++j) {
+        const auto t0 = std::chrono::steady_clock::now();
+        host[todo[j]].raw.emplace(DecodeChunk(f.chunks[todo[j]].lease.chunk()));
+        host[todo[j]].ns = NsSince(t0);
+      }
+    };
+    std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
+    if (fetch_pool_ != nullptr && todo.size() >= 2 && pool.try_lock()) fetch_pool_->ParallelFor(todo.size(), 1, decode);
+  }
+  for (size_t index = 0; index < f.chunks.size(); ++index) {
+    const FetchedChunk& c = f.chunks[index];
     if (c.begin >= stop) break;
     const ChunkRef& ch = c.lease.chunk();
     const std::uint64_t bytes = c.tokens * per_token;
     const void* src = nullptr;
     bool lossy = ch->meta.lossy;
+    // Raw KV in host memory (a raw host chunk, or one the CPU decoded):
+    // straight into the views that lay it out as the chunk does (a layer's K
+    // or V one run), through staging and the scatter kernel into the others.
+    const std::uint8_t* host_raw = ch->meta.codec == codec::CodecId::kRaw && !ch->meta.device ? ch->payload.data() : nullptr;
+    ChunkRef decoded;  // a CPU-decoded chunk, alive until its copies are queued (a copy from pageable memory has read it when it returns)
+    bool staged = false;
     if (ch->meta.codec == codec::CodecId::kRaw) {
-      if (ch->meta.device) {
-        src = ch->payload.data();  // the device tier's own block
-      } else {
-        KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging[slot].data(), ch->payload.data(), static_cast<size_t>(bytes)));
-        src = staging[slot].data();
-      }
+      if (ch->meta.device) src = ch->payload.data();  // the device tier's own block
     } else {
       const auto t0 = std::chrono::steady_clock::now();
+      std::uint64_t ns = 0;
       Status st;
       if (Device::DecodesOnDevice(ch->meta.codec)) {
         st = dev->Decode(ShapeOfMeta(ch->meta), ch->meta.codec, ch->payload.data(), ch->payload.size(),
                          staging[slot].data());
+        src = staging[slot].data();
+        ns = NsSince(t0);
       } else {
-        // No kernel for this codec (zstd, int8, fp8, kivi): the CPU decodes,
-        // the canonical bytes cross.
-        Result<ChunkRef> raw = DecodeChunk(ch);
+        // No kernel for this codec: the CPU decoded it (above, or now), the
+        // canonical bytes cross.
+        if (!host[index].raw) {
+          host[index].raw.emplace(DecodeChunk(ch));
+          host[index].ns = NsSince(t0);
+        }
+        Result<ChunkRef>& raw = *host[index].raw;
+        ns = host[index].ns;
         st = raw.status();
         if (raw.ok()) {
           ++dev->host_decodes_;
-          st = dev->CopyToDevice(staging[slot].data(), (*raw)->payload.data(), static_cast<size_t>(bytes));
+          decoded = std::move(raw).value();
+          host_raw = decoded->payload.data();
         }
       }
       if (st.code() != Code::kCorrupt && !st.ok()) return st;  // the device failed, not the bytes
-      if (c.lease.level() >= 0) chain_->RecordDecode(static_cast<size_t>(c.lease.level()), ch->meta.key, st, NsSince(t0));
+      if (c.lease.level() >= 0) chain_->RecordDecode(static_cast<size_t>(c.lease.level()), ch->meta.key, st, ns);
       if (!st.ok()) {
         if (!failed.empty() && failed.back().end == c.begin) {
           failed.back().end = c.begin + c.tokens;
@@ -108,9 +175,14 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
         continue;
       }
       lossy = lossy || codec::IsLossy(ch->meta.codec);
-      src = staging[slot].data();
     }
     KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+      if (host_raw != nullptr && kernels::view_dense_like_chunk(v)) return CopyLayersToView(*dev, host_raw, v, c, lb, le);
+      if (host_raw != nullptr && !staged) {
+        KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging[slot].data(), host_raw, static_cast<size_t>(bytes)));
+        src = staging[slot].data();
+        staged = true;
+      }
       return dev->Scatter(src, v, static_cast<std::int64_t>(c.begin), static_cast<std::int64_t>(c.tokens), lb, le);
     }));
     out.tokens += c.tokens;

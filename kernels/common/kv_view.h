@@ -91,6 +91,14 @@ KDN_HD constexpr std::int64_t view_offset(const KvView& v, std::int64_t token, s
   return view_offset(v, 0, token, head, dim);
 }
 
+// Whether a contiguous view lays each layer's K and V out as the canonical
+// chunk does ([token][head][dim], dense): a chunk's slice of one layer's K
+// (or V) is then one run of bytes in the view, at view_offset(token_begin).
+KDN_HD constexpr bool view_dense_like_chunk(const KvView& v) {
+  return !v.paged && !view_v_own_strides(v) && v.stride_dim == 1 && v.stride_head == v.shape.head_dim &&
+         v.stride_token == v.shape.heads * v.shape.head_dim;
+}
+
 namespace detail {
 
 // The layouts pinned, against the engines' own index formulas, on a small

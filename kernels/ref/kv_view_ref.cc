@@ -169,6 +169,26 @@ void view_scatter_cpu(const void* chunk, const KvView& v, std::int64_t token_beg
        const_cast<unsigned char*>(static_cast<const unsigned char*>(chunk)), false);
 }
 
+std::int64_t view_base_alignment(const KvView& v) {
+  std::int64_t w = 16;
+  for (std::int64_t l = 0; l < v.shape.layers; ++l) {
+    w = gcd_pow2(w, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(v.k_base[l]) % 16));
+    w = gcd_pow2(w, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(v.v_base[l]) % 16));
+  }
+  return w;
+}
+
+void view_copy_emulated(const KvViewArgs& a, bool to_chunk) {
+  if (a.tokens <= 0 || a.layer_begin >= a.layer_end) return;
+  const KvRowPlan p = plan_rows(a);
+  const std::int64_t n = p.items();
+  if (rows_fit_32_bits(p)) {
+    for (std::int64_t i = 0; i < n; ++i) move_row_vector<std::uint32_t>(a, p, static_cast<std::uint32_t>(i), to_chunk);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) move_row_vector<std::uint64_t>(a, p, static_cast<std::uint64_t>(i), to_chunk);
+  }
+}
+
 bool view_in_bounds(const KvView& v, std::int64_t token_begin, std::int64_t tokens, const char** why) {
   if (token_begin < 0 || tokens < 0) return Fail(why, "negative token range");
   if (tokens == 0) return true;

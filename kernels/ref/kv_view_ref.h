@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/kv_rows.h"
 #include "kernels/common/kv_view.h"
 
 namespace kdn::kernels {
@@ -23,6 +24,15 @@ void view_gather_cpu(const KvView& v, std::int64_t token_begin, std::int64_t tok
 // and nothing else.
 void view_scatter_cpu(const void* chunk, const KvView& v, std::int64_t token_begin, std::int64_t tokens,
                       std::int64_t layer_begin, std::int64_t layer_end);
+
+// The largest power of two, at most 16, dividing every K and V base address
+// of a view whose base arrays are host memory (KvViewArgs::base_alignment).
+std::int64_t view_base_alignment(const KvView& v);
+// The view kernels' work (common/kv_rows.h) run on the CPU, item by item in
+// order: what the emulated device does for a scatter (to_chunk false) or a
+// gather, byte for byte the kernel's moves. The view's arrays are host
+// memory; base_alignment as for a launch. Preconditions as view_gather_cpu.
+void view_copy_emulated(const KvViewArgs& a, bool to_chunk);
 
 // Whether a host view can be read for tokens [0, tokens_needed): positive
 // shape, elem_bytes 2 or 4, non-null K and V base arrays and entries; paged:

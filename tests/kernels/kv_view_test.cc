@@ -470,6 +470,108 @@ TEST(KvView, ValidatorAndBoundsRejectBadContiguousViews) {
   }
 }
 
+// Two more views for the row kernels: K and V starting one element past an
+// aligned address (vectors narrow to what every row start meets), and heads
+// padded by one element (rows of 8 elements at a stride of 9).
+template <typename T>
+std::vector<Engine<T>> RowEngines() {
+  std::vector<Engine<T>> out = Engines<T>();
+  Engine<T> shifted = Contiguous<T>("llama_k_v_shifted_one_element", 0, 0, false);
+  for (auto& w : shifted.k_at) w.offset += 1;
+  for (auto& w : shifted.v_at) w.offset += 1;
+  for (auto& a : shifted.allocs) a.resize(a.size() + 1);
+  shifted.Bind();
+  out.push_back(std::move(shifted));
+  out.push_back(Contiguous<T>("padded_heads_by_one", 1, 0, false));
+  return out;
+}
+
+// The kernels' work items run on the CPU (what the emulated device does)
+// move exactly what the CPU path moves, both ways, over every layout.
+template <typename T>
+void EmulatedKernelMatchesTheCpuPath() {
+  for (Engine<T>& e : RowEngines<T>()) {
+    for (Range tr : TokenRanges(e.seq_tokens)) {
+      for (Range lr : LayerRanges()) {
+        const std::string where = Where(e.name, tr, lr);
+        const KvShape& s = e.view.shape;
+        const std::size_t n = static_cast<std::size_t>(chunk_elements(s, tr.second));
+        KvViewArgs a;
+        a.view = e.view;
+        a.token_begin = tr.first;
+        a.tokens = tr.second;
+        a.layer_begin = lr.first;
+        a.layer_end = lr.second;
+        a.base_alignment = view_base_alignment(e.view);
+
+        e.Fill(T(1));
+        std::vector<T> want(n, Sentinel<T>()), got(n, Sentinel<T>());
+        view_gather_cpu(e.view, tr.first, tr.second, lr.first, lr.second, want.data());
+        a.chunk = got.data();
+        view_copy_emulated(a, true);
+        EXPECT_EQ(FirstDiff(got, want), -1) << where << " gather";
+
+        std::vector<T> chunk = PatternChunk<T>(s, tr.second);
+        e.FillWith(Sentinel<T>());
+        view_scatter_cpu(chunk.data(), e.view, tr.first, tr.second, lr.first, lr.second);
+        const std::vector<std::vector<T>> expected = e.allocs;
+        e.FillWith(Sentinel<T>());
+        a.chunk = chunk.data();
+        view_copy_emulated(a, false);
+        for (std::size_t i = 0; i < expected.size(); ++i) {
+          EXPECT_EQ(FirstDiff(e.allocs[i], expected[i]), -1) << where << " scatter, allocation " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(KvViewRows, EmulatedKernelMatchesTheCpuPathF32) { EmulatedKernelMatchesTheCpuPath<std::uint32_t>(); }
+TEST(KvViewRows, EmulatedKernelMatchesTheCpuPathF16) { EmulatedKernelMatchesTheCpuPath<std::uint16_t>(); }
+
+// The vector width: the widest that every row start meets on both sides.
+TEST(KvViewRows, ThePlanPicksTheWidestVectorEveryRowMeets) {
+  auto plan = [](Engine<std::uint16_t>& e, std::int64_t tokens, void* chunk) {
+    KvViewArgs a;
+    a.view = e.view;
+    a.chunk = chunk;
+    a.tokens = tokens;
+    a.layer_begin = 0;
+    a.layer_end = kLayers;
+    a.base_alignment = view_base_alignment(e.view);
+    return plan_rows(a);
+  };
+  alignas(16) static unsigned char chunk[16];
+  // f16 rows of 8 elements: one 16-byte vector per row where everything is aligned.
+  Engine<std::uint16_t> nhd = Paged<std::uint16_t>("vllm_nhd", PageOrder::kNHD, false);
+  KvRowPlan p = plan(nhd, 20, chunk);
+  EXPECT_TRUE(p.contiguous_rows);
+  EXPECT_EQ(p.vec_bytes, 16);
+  EXPECT_EQ(p.vecs_per_row, 1);
+  EXPECT_EQ(p.rows, kLayers * 2 * 20 * kHeads);
+  // A chunk 8 bytes off a 16-byte boundary: 8-byte vectors.
+  p = plan(nhd, 20, chunk + 8);
+  EXPECT_EQ(p.vec_bytes, 8);
+  EXPECT_EQ(p.vecs_per_row, 2);
+  // Heads padded by one element: row starts 18 bytes apart, 2-byte vectors.
+  Engine<std::uint16_t> padded = Contiguous<std::uint16_t>("padded_heads_by_one", 1, 0, false);
+  p = plan(padded, 20, chunk);
+  EXPECT_EQ(p.vec_bytes, 2);
+  EXPECT_EQ(p.vecs_per_row, kDim);
+  // llama.cpp's transposed V: dims are not contiguous, one element per item.
+  Engine<std::uint16_t> transposed = Contiguous<std::uint16_t>("llama_v_transposed", 0, 0, true);
+  p = plan(transposed, 20, chunk);
+  EXPECT_FALSE(p.contiguous_rows);
+  EXPECT_EQ(p.vec_bytes, 2);
+  EXPECT_EQ(p.vecs_per_row, kDim);
+  // A base one element off: 2-byte vectors.
+  std::vector<Engine<std::uint16_t>> rows = RowEngines<std::uint16_t>();
+  Engine<std::uint16_t>& shifted = rows[rows.size() - 2];
+  ASSERT_EQ(shifted.name, "llama_k_v_shifted_one_element");
+  EXPECT_EQ(view_base_alignment(shifted.view), 2);
+  EXPECT_EQ(plan(shifted, 20, chunk).vec_bytes, 2);
+}
+
 #ifdef KDN_HAVE_CUDA
 bool HaveGpu() {
   int n = 0;
@@ -526,6 +628,7 @@ struct DeviceEngine {
   void** v = nullptr;
   std::int32_t* table = nullptr;
   KvView view;  // the engine's view with device arrays
+  std::int64_t base_alignment = 0;  // of the device base addresses
 
   DeviceEngine() = default;
   DeviceEngine(const DeviceEngine&) = delete;
@@ -555,6 +658,10 @@ void Upload(const Engine<T>& e, DeviceEngine<T>* d) {
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d->v), v.size() * sizeof(void*)));
   CUDA_OK(cudaMemcpy(d->k, k.data(), k.size() * sizeof(void*), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d->v, v.data(), v.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  KvView host = e.view;  // the device addresses in host arrays, for their alignment
+  host.k_base = k.data();
+  host.v_base = v.data();
+  d->base_alignment = view_base_alignment(host);
   d->view = e.view;
   d->view.k_base = d->k;
   d->view.v_base = d->v;
@@ -594,6 +701,7 @@ void CudaMatchesTheCpuPath() {
         a.tokens = tr.second;
         a.layer_begin = lr.first;
         a.layer_end = lr.second;
+        a.base_alignment = d.base_alignment;
 
         // Gather.
         std::vector<T> want(n, Sentinel<T>()), got(n);

@@ -384,7 +384,30 @@ TEST_P(DeviceDelivery, ASaveToAHostTierCopiesOnceAndRoundTrips) {
   const DeviceCounters before = d.counters();
   EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {Canonical(out)}).value()).value().tokens, r.tokens.size());
   EXPECT_EQ(d.counters().h2d_bytes - before.h2d_bytes, r.canonical.size() * 4) << "raw host chunks cross once";
+  // A view laid out as the chunks are takes them by copies: no staging, no scatter.
+  EXPECT_EQ(d.counters().scatters, before.scatters);
   EXPECT_EQ(Download(d, out), r.canonical);
+}
+
+// Raw chunks of a host tier go straight into a view that lays them out as
+// they are (above) and through staging and the scatter kernel into one that
+// does not (a paged view); each crosses once either way, and both views
+// receive the host path's bytes.
+TEST_P(DeviceDelivery, RawHostChunksGoStraightOnlyIntoViewsLaidOutAsTheChunks) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({HostTier()});
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+  Device& d = *device_;
+  Paged paged(d, r.m, r.tokens.size());
+  const DeviceCounters before = d.counters();
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {paged.Spec(r.tokens.size())}).value()).value().tokens,
+            r.tokens.size());
+  const DeviceCounters after = d.counters();
+  EXPECT_EQ(after.h2d_bytes - before.h2d_bytes, r.canonical.size() * 4);
+  EXPECT_GT(after.scatters, before.scatters) << "a paged view takes chunks through the scatter kernel";
+  EXPECT_EQ(paged.Canonical(d, r.tokens.size()), r.canonical);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceDelivery, ::testing::Values(false, true),

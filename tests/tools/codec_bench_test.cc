@@ -283,6 +283,43 @@ TEST(GpuBench, EmulatedDeliveryRecordsEveryPathAgainstItsCopy) {
   fs::remove(json);
 }
 
+// `kdn bench gpu --emulated --shape llama-8b`: Llama-3.1-8B's shape with
+// synthetic KV (labelled so), one request of 512 tokens: every tier of the
+// table (host kdn and cachegen besides raw) and the scatter kernel into each
+// layout, each against its copy of the same bytes in the same run. Checks
+// the records, not speed.
+TEST(GpuBench, EmulatedLlama8bShapeRecordsEveryPathAndLayout) {
+  const fs::path json = fs::temp_directory_path() / ("kdn_gpu_bench_8b_" + std::to_string(getpid()) + ".json");
+  const CliRun r = Kdn("bench gpu --emulated --shape llama-8b --tokens 512 --repeats 1 --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json records = nlohmann::json::parse(in);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& rec : records) by_name[rec["name"].get<std::string>()] = rec;
+  const std::string p = "emulated_llama8b_512_";
+  for (const char* name : {"copy_h2d_gbps_raw", "copy_d2d_gbps_raw", "scatter_canonical_gbps", "scatter_paged_nhd_gbps",
+                           "scatter_paged_hnd_gbps", "get_device_tier_gbps", "deliver_host_raw_gbps",
+                           "deliver_host_kdn_gbps", "deliver_host_cachegen_gbps", "deliver_disk_kdn_gbps",
+                           "deliver_disk_zstd_gbps"}) {
+    ASSERT_TRUE(by_name.count(p + name)) << name << " missing: " << r.out;
+    const nlohmann::json& rec = by_name[p + name];
+    EXPECT_GT(rec["value"].get<double>(), 0.0) << name;
+    EXPECT_EQ(rec["params"]["shape"], "llama-8b") << name;
+    EXPECT_EQ(rec["params"]["tokens_per_request"], 512) << name;
+    EXPECT_EQ(rec["params"]["total_bytes"], std::uint64_t{512} * 128 * 1024) << name;  // 128 KiB per token
+    EXPECT_NE(rec["params"]["kv"].get<std::string>().find("synthetic"), std::string::npos) << name;
+  }
+  EXPECT_EQ(by_name[p + "scatter_paged_nhd_gbps"]["baseline"], p + "copy_d2d_gbps_raw");
+  EXPECT_EQ(by_name[p + "get_device_tier_gbps"]["baseline"], p + "copy_d2d_gbps_raw");
+  EXPECT_EQ(by_name[p + "deliver_host_kdn_gbps"]["baseline"], p + "copy_h2d_gbps_raw");
+  EXPECT_EQ(by_name[p + "deliver_host_kdn_gbps"]["params"]["codec"].get<std::string>().rfind("kdn", 0), 0u);
+  fs::remove(json);
+  // A request size that is not whole chunks is refused, saying why.
+  const CliRun bad = Kdn("bench gpu --emulated --shape llama-8b --tokens 300 --json " + json.string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("multiple of 256"), std::string::npos) << bad.out;
+}
+
 // `kdn bench eviction --quick`: every policy at every capacity of both
 // workloads, LRU the baseline of the others and S3-FIFO a second one of the
 // cost policy; the shares are fractions. Checks the records, not the policy.
