@@ -100,7 +100,6 @@ class NodeService {
   Status KnowledgePut(const keys::Digest& ns, KnowledgeDoc doc);
   KnowledgeRegistry& knowledge() { return *registry_; }
 
-  void CountAuthFailure() { Count(NodeStat::kAuthFailures); }
   void SessionOpened() { ++sessions_; }
   void SessionClosed() { --sessions_; }
   // While draining, data calls get `unavailable`.

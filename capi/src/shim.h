@@ -105,13 +105,23 @@ inline kdn_status Fail(kdn_status status, std::string message) {
 // A core code as the C ABI's status: the same number for every code kdn.h
 // has; core's two that it has not (kdnd's, core/util/status.h) as the
 // nearest it has.
-inline kdn_status AbiStatus(kdn::Code code) {
+constexpr kdn_status AbiStatus(kdn::Code code) {
   switch (code) {
     case kdn::Code::kPermissionDenied: return KDN_ERR_UNAVAILABLE;
     case kdn::Code::kTooLarge: return KDN_ERR_INVALID_ARGUMENT;
     default: return static_cast<kdn_status>(static_cast<int>(code));
   }
 }
+// Every core code, down to the last (kdn::kLowestCode), is a status kdn.h
+// has: a core code added without a mapping here fails the build.
+constexpr bool AbiStatusesKnown() {
+  for (int c = 0; c >= static_cast<int>(kdn::kLowestCode); --c) {
+    const int s = static_cast<int>(AbiStatus(static_cast<kdn::Code>(c)));
+    if (s > KDN_OK || s < KDN_ERR_BUFFER_TOO_SMALL) return false;
+  }
+  return true;
+}
+static_assert(AbiStatusesKnown(), "a core status code without a kdn_status (AbiStatus)");
 
 inline kdn_status FromStatus(const kdn::Status& s) {
   if (s.ok()) return KDN_OK;

@@ -30,6 +30,9 @@ enum class Code : int {
   kPermissionDenied = -13,  // the caller's grant does not cover it
   kTooLarge = -14,          // beyond a bound the receiver enforces
 };
+// The last code: a new one goes below it and becomes this (the C shim checks
+// every code down to it against kdn.h's statuses, capi/src/shim.h).
+inline constexpr Code kLowestCode = Code::kTooLarge;
 
 class [[nodiscard]] Status {
  public:
