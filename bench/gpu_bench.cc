@@ -204,6 +204,91 @@ int DeliveryRecords(const std::shared_ptr<store::Device>& dev, const Workload& w
     }
   }
 
+  // kdn's batched decode alone: every request's chunks (256 tokens each,
+  // kdn:balanced, payloads in pinned host memory) decoded in one batch per
+  // request into its canonical view, payload upload included, vs copy_d2d.
+  if (rc == 0) {
+    auto codec_spec = codec::ParseSpec("kdn:balanced");
+    auto kdn = codec_spec.ok() ? codec::MakeCodec(*codec_spec) : Result<std::unique_ptr<codec::Codec>>(codec_spec.status());
+    if (!kdn.ok()) return fail(kdn.status().message());
+    const std::uint64_t per_token = static_cast<std::uint64_t>(model.bytes_per_token());
+    std::vector<std::vector<codec::KdnBatchJob>> jobs(n);
+    std::vector<codec::Bytes> encoded;
+    std::vector<std::uint8_t> chunk;
+    std::uint64_t payload_bytes = 0;
+    for (size_t i = 0; i < n && rc == 0; ++i) {
+      const std::uint64_t tokens = w.requests[i].ids.size();
+      for (std::uint64_t t0 = 0; t0 < tokens; t0 += kChunkTokens) {
+        const std::uint64_t t1 = std::min<std::uint64_t>(tokens, t0 + kChunkTokens);
+        const codec::Shape shape{static_cast<std::uint32_t>(model.shape.layers), static_cast<std::uint32_t>(model.shape.heads),
+                                 static_cast<std::uint32_t>(model.shape.head_dim), static_cast<std::uint32_t>(t1 - t0),
+                                 model.shape.elem_bytes == 4 ? 0u : 1u};
+        // The chunk's canonical bytes: per (layer, k|v) plane, its tokens' rows.
+        const std::uint64_t row = per_token / (2 * static_cast<std::uint64_t>(model.shape.layers));
+        chunk.resize((t1 - t0) * per_token);
+        for (std::uint64_t p = 0; p < 2ull * static_cast<std::uint64_t>(model.shape.layers); ++p) {
+          std::memcpy(chunk.data() + p * (t1 - t0) * row, w.requests[i].kv + (p * tokens + t0) * row, (t1 - t0) * row);
+        }
+        Result<codec::Bytes> enc = (*kdn)->Encode(shape, chunk.data());
+        if (!enc.ok()) {
+          rc = fail("kdn encode: " + enc.status().message());
+          break;
+        }
+        payload_bytes += enc->size();
+        encoded.push_back(std::move(enc).value());
+        codec::KdnBatchJob j;
+        j.shape = shape;
+        j.row = row / static_cast<std::uint64_t>(model.shape.elem_bytes);  // elements
+        const CanonicalView cv(model, dst->data() + at[i], tokens);
+        for (std::int64_t l = 0; l < model.shape.layers; ++l) {
+          for (void* const* base : {cv.view().k_base, cv.view().v_base}) {
+            j.planes.push_back(static_cast<std::uint8_t*>(base[l]) + t0 * row);
+          }
+        }
+        jobs[i].push_back(std::move(j));
+      }
+    }
+    // The payloads in pinned memory, back to back.
+    auto ppool = store::HostPool::Create(2 * payload_bytes + (std::uint64_t{1} << 20), store::MemoryKind::kPinnedHost);
+    chunk::Payload pinned = rc == 0 && ppool.ok() ? (*ppool)->Allocate(payload_bytes) : chunk::Payload();
+    if (rc == 0 && pinned.empty()) rc = fail("cannot allocate pinned memory for the payloads");
+    if (rc == 0) {
+      std::uint64_t off = 0, k = 0;
+      for (auto& js : jobs) {
+        for (codec::KdnBatchJob& j : js) {
+          std::memcpy(pinned.data() + off, encoded[k].data(), encoded[k].size());
+          j.payload = pinned.data() + off;
+          j.size = encoded[k].size();
+          off += encoded[k++].size();
+        }
+      }
+      std::string why;
+      const double secs = MedianSeconds(repeats, [&] {
+        for (auto& js : jobs) {
+          const Status st = dev->DecodeKdnBatch(js);
+          for (const codec::KdnBatchJob& j : js) {
+            if (!st.ok() || !j.status.ok()) {
+              why = st.ok() ? j.status.message() : st.message();
+              return false;
+            }
+          }
+        }
+        return dev->Synchronize().ok();
+      });
+      if (secs <= 0) {
+        rc = fail("kdn batch decode: " + why);
+      } else {
+        nlohmann::json p = params;
+        p["spec"] = (*kdn)->spec().ToString();
+        p["payload_bytes"] = payload_bytes;
+        p["ratio"] = static_cast<double>(total) / static_cast<double>(payload_bytes);
+        p["batch"] = "every chunk of a request in one DecodeKdnBatch (one launch on a GPU), payload upload included";
+        records.Add(prefix + "decode_kdn_batch_gbps", static_cast<double>(total) / secs / 1e9, "GB/s", p,
+                    prefix + "copy_d2d_gbps_raw", d2d);
+      }
+    }
+  }
+
   std::string dir = (std::filesystem::temp_directory_path() / "kdn-bench-gpu-XXXXXX").string();
   if (rc == 0 && mkdtemp(dir.data()) == nullptr) return fail("cannot make a temporary directory");
   for (const Scenario& sc : w.scenarios) {

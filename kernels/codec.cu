@@ -1,6 +1,8 @@
 // The codec kernels: each is a grid-stride loop over one per-thread work
 // function of common/codec_device_math.h (which thread does what is stated
-// there and in codec.cuh); the launchers check the scalars and launch.
+// there and in codec.cuh), or, for kdn's batched decode, a block per plane
+// whose lane groups call the per-lane functions of common/kdn_batch.h; the
+// launchers check the scalars and launch.
 #include "kernels/codec.cuh"
 
 #include <cstdint>
@@ -15,7 +17,6 @@ constexpr unsigned kWarp = 32;
 constexpr unsigned kMaxGrid = 65535;
 static_assert(kThreads % kWarp == 0 && kStreamThreads % kWarp == 0, "whole warps");
 // Kernels take their arguments by value.
-static_assert(std::is_trivially_copyable_v<KdnDecodeArgs> && sizeof(KdnDecodeArgs) <= 4096, "kernel parameter");
 static_assert(std::is_trivially_copyable_v<KdnQuantizeArgs> && sizeof(KdnQuantizeArgs) <= 4096, "kernel parameter");
 static_assert(std::is_trivially_copyable_v<KdnEncodeArgs> && sizeof(KdnEncodeArgs) <= 4096, "kernel parameter");
 static_assert(std::is_trivially_copyable_v<CacheGenDecodeArgs> && sizeof(CacheGenDecodeArgs) <= 4096, "kernel parameter");
@@ -24,6 +25,7 @@ static_assert(std::is_trivially_copyable_v<CacheGenQuantizeArgs> && sizeof(Cache
 static_assert(std::is_trivially_copyable_v<CacheGenEncodeArgs> && sizeof(CacheGenEncodeArgs) <= 4096,
               "kernel parameter");
 // The directory the host uploads as arrays of these (core/codec/device.cc).
+static_assert(std::is_trivially_copyable_v<KdnBatchArgs> && sizeof(KdnBatchArgs) <= 4096, "kernel parameter");
 static_assert(sizeof(KdnPlaneDir) == 32 && sizeof(CodecStreamDir) == 16 && sizeof(KdnCoding) == 16, "layouts");
 // A slot entry packs a symbol in 8 bits, start and freq - 1 in 12 each.
 static_assert(kKdnScaleBits == 12 && kKdnLutStride == 256, "slot entry layout");
@@ -36,38 +38,66 @@ unsigned GridFor(std::uint64_t n, unsigned threads) {
 __device__ std::uint64_t ThreadIndex() { return std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; }
 __device__ std::uint64_t ThreadCount() { return std::uint64_t{gridDim.x} * blockDim.x; }
 
-// ---- kdn decode
+// ---- kdn batched decode (common/kdn_batch.h)
 
-__global__ void KdnSlotKernel(const KdnDecodeArgs a) {
-  for (std::uint64_t i = ThreadIndex(); i < kdn_slot_threads(a); i += ThreadCount()) kdn_slot_work(a, i);
-}
+constexpr unsigned kBatchThreads = 256;  // 8 warps: with 8 lanes a stream, 32 streams (a 1,024-channel plane) at once
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
+// Block b takes planes b, b + gridDim.x, ...: the plane's slot table into
+// shared memory and its sink tokens (every thread), then its streams, 32 /
+// lanes of them per warp, each by `lanes` consecutive lanes in step. A lane
+// whose word lies past its stream stops; its group's streams end checked
+// together (every state back at kKdnRansLow, every word consumed), and the
+// group's first lane reports a failure.
 template <typename E>
-__global__ void KdnLutKernel(const KdnDecodeArgs a) {
-  for (std::uint64_t i = ThreadIndex(); i < kdn_lut_threads(a); i += ThreadCount()) kdn_lut_work<E>(a, i);
-}
-
-template <typename E>
-__global__ void KdnSinkKernel(const KdnDecodeArgs a) {
-  for (std::uint64_t i = ThreadIndex(); i < kdn_sink_threads(a); i += ThreadCount()) kdn_sink_work<E>(a, i);
-}
-
-template <typename E>
-__global__ void KdnStreamKernel(const KdnDecodeArgs a) {
-  for (std::uint64_t i = ThreadIndex(); i < kdn_stream_threads(a); i += ThreadCount()) {
-    if (!kdn_stream_work<E>(a, i)) atomicMin(a.failed, codec_index32(i));
+__global__ void __launch_bounds__(kBatchThreads) KdnBatchKernel(const KdnBatchArgs a) {
+  __shared__ std::uint32_t slots[kKdnSlots];
+  const unsigned lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (std::uint32_t pi = blockIdx.x; pi < a.n_planes; pi += gridDim.x) {
+    const KdnBatchPlane p = a.planes[pi];
+    __syncthreads();  // the previous plane's streams are done with the table
+    for (std::uint32_t k = threadIdx.x; k < kKdnSlots; k += blockDim.x) slots[k] = kdn_batch_slot(a, p, k);
+    for (std::uint64_t e = threadIdx.x; e < kdn_batch_sink_elements(p); e += blockDim.x) kdn_batch_sink<E>(a, p, e);
+    __syncthreads();
+    const std::uint32_t L = p.lanes, per_warp = kWarp / L, sub = lane / L, j = lane % L;
+    const unsigned group_mask = sub < per_warp ? (L == kWarp ? kFullMask : ((1u << L) - 1u) << (sub * L)) : 0u;
+    const unsigned below_mask = (1u << lane) - 1u;
+    const std::uint32_t per_round = warps * per_warp;
+    for (std::uint32_t r = 0; r * per_round < p.count; ++r) {
+      const std::uint32_t g = r * per_round + warp * per_warp + sub;
+      const bool mine = sub < per_warp && g < p.count;
+      KdnBatchSegment s;
+      KdnLane l;
+      bool ok = false;
+      const std::uint8_t* words = nullptr;
+      const std::uint8_t* end = nullptr;
+      std::uint64_t symbols = 0, steps = 0;
+      if (mine) {
+        s = a.segments[p.first + g];
+        ok = kdn_lane_begin(p, s, j, l);
+        words = kdn_segment_words(p, s);
+        end = s.bytes + s.length;
+        symbols = kdn_segment_symbols(p, s);
+        steps = kdn_segment_steps(p, s);
+      }
+      for (unsigned o = kWarp / 2; o > 0; o /= 2) {  // the warp steps as long as its longest stream
+        const unsigned long long other = __shfl_xor_sync(kFullMask, static_cast<unsigned long long>(steps), o);
+        steps = other > steps ? other : steps;
+      }
+      for (std::uint64_t k = 0; k < steps; ++k) {
+        const bool need = ok && k * L + j < symbols && kdn_lane_decode<E>(a, p, s, slots, l);
+        const unsigned ballot = __ballot_sync(kFullMask, need) & group_mask;
+        if (need) ok = kdn_lane_refill(l, words, end, static_cast<std::uint32_t>(__popc(ballot & below_mask)));
+        if (mine) {
+          words += 2 * __popc(ballot);
+          kdn_lane_next(p, s, l);
+        }
+      }
+      const bool lane_ok = !mine || (ok && kdn_lane_end(l) && words == end);
+      const bool group_ok = (__ballot_sync(kFullMask, !lane_ok) & group_mask) == 0;
+      if (mine && j == 0 && !group_ok) atomicMin(a.failed + p.job, codec_index32(p.first + g));
+    }
   }
-}
-
-template <typename E>
-cudaError_t LaunchKdnDecode(const KdnDecodeArgs& a, cudaStream_t stream) {
-  if (kdn_slot_threads(a) > 0) KdnSlotKernel<<<GridFor(kdn_slot_threads(a), kThreads), kThreads, 0, stream>>>(a);
-  if (kdn_lut_threads(a) > 0) KdnLutKernel<E><<<GridFor(kdn_lut_threads(a), kThreads), kThreads, 0, stream>>>(a);
-  if (kdn_sink_threads(a) > 0) KdnSinkKernel<E><<<GridFor(kdn_sink_threads(a), kThreads), kThreads, 0, stream>>>(a);
-  if (kdn_stream_threads(a) > 0) {
-    KdnStreamKernel<E><<<GridFor(kdn_stream_threads(a), kStreamThreads), kStreamThreads, 0, stream>>>(a);
-  }
-  return cudaGetLastError();
 }
 
 // ---- kdn encode
@@ -144,17 +174,19 @@ std::uint64_t CeilDiv(std::uint64_t n, std::uint64_t d) { return (n + d - 1) / d
 
 }  // namespace
 
-cudaError_t launch_kdn_decode(const KdnDecodeArgs& a, cudaStream_t stream) {
-  if (a.dtype > 2 || a.lanes < 1 || a.lanes > kKdnMaxLanes || a.group < 1 || a.sinks > a.tokens ||
-      a.groups != CeilDiv(a.channels, a.group)) {
+cudaError_t launch_kdn_decode_batch(const KdnBatchArgs& a, cudaStream_t stream) {
+  if (a.dtype > 2) return cudaErrorInvalidValue;
+  if (a.n_planes == 0) return cudaSuccess;
+  if (a.planes == nullptr || a.segments == nullptr || a.cum == nullptr || a.failed == nullptr) {
     return cudaErrorInvalidValue;
   }
-  if (a.n_planes == 0 || a.channels == 0) return cudaSuccess;
-  if (a.payload == nullptr || a.planes == nullptr || a.cum == nullptr || a.slots == nullptr || a.lut == nullptr ||
-      a.streams == nullptr || a.failed == nullptr || (a.tokens > 0 && a.out == nullptr)) {
-    return cudaErrorInvalidValue;
+  const unsigned grid = a.n_planes < (1u << 20) ? a.n_planes : (1u << 20);
+  if (a.dtype == 0) {
+    KdnBatchKernel<float><<<grid, kBatchThreads, 0, stream>>>(a);
+  } else {
+    KdnBatchKernel<std::uint16_t><<<grid, kBatchThreads, 0, stream>>>(a);
   }
-  return a.dtype == 0 ? LaunchKdnDecode<float>(a, stream) : LaunchKdnDecode<std::uint16_t>(a, stream);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_kdn_quantize(const KdnQuantizeArgs& a, cudaStream_t stream) {

@@ -18,13 +18,14 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/codec_device_math.h"
+#include "kernels/common/kdn_batch.h"
 
 namespace kdn::kernels {
 
-// kdn decode: four kernels in order on `stream`: per-plane slot tables
-// (a.slots), per-(plane, channel) dequantization tables (a.lut), the sink
-// tokens, then one thread per stream (kdn_decode_stream) into a.out.
-cudaError_t launch_kdn_decode(const KdnDecodeArgs& a, cudaStream_t stream);
+// kdn batched decode (common/kdn_batch.h): one kernel, a block per plane of
+// every payload, a lane group per stream; a.failed[job] lowered to the
+// index of a segment that does not decode.
+cudaError_t launch_kdn_decode_batch(const KdnBatchArgs& a, cudaStream_t stream);
 
 // kdn quantization of the non-sink tokens: one thread per element
 // (kdn_quantize), and each plane's code range (a.code_min / a.code_max,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -62,17 +63,88 @@ std::string KdnStreamName(const KdnDirectory& d, std::uint32_t i) {
   return "stream " + std::to_string(i % d.groups) + " of plane " + std::to_string(i / d.groups);
 }
 
-kernels::KdnDecodeArgs KdnArgs(const Shape& shape, const KdnDirectory& d) {
-  kernels::KdnDecodeArgs a;
-  a.n_planes = static_cast<std::uint32_t>(d.planes.size());
-  a.channels = shape.kv_heads * shape.head_dim;
-  a.tokens = shape.tokens;
-  a.sinks = d.sinks;
-  a.group = d.group;
-  a.groups = d.groups;
-  a.lanes = d.lanes;
-  a.dtype = shape.dtype;
-  return a;
+// The directory of a batch of kdn payloads of one dtype, built from each
+// job's parsed directory and the address the decoder reads its payload at
+// (device memory for the kernel, the host's bytes for the emulation).
+struct KdnBatch {
+  std::vector<kernels::KdnBatchPlane> planes;
+  std::vector<kernels::KdnBatchSegment> segments;
+  std::vector<std::uint32_t> cum;
+  std::vector<std::uint32_t> jobs;  // batch-local job index -> index in the caller's span
+};
+
+// Checks a job's outputs before anything is decoded.
+Status CheckKdnJob(const KdnBatchJob& job) {
+  if (job.planes.empty()) {
+    if (job.out == nullptr && job.shape.bytes() > 0) return Status::InvalidArgument("kdn batch decode: null output");
+    return Status::Ok();
+  }
+  const std::uint64_t C = std::uint64_t{job.shape.kv_heads} * job.shape.head_dim;
+  if (job.planes.size() != 2ull * job.shape.layers || job.row < C) {
+    return Status::InvalidArgument("kdn batch decode: plane outputs need 2 x layers planes and rows of >= C elements");
+  }
+  for (void* p : job.planes) {
+    if (p == nullptr && job.shape.tokens > 0) return Status::InvalidArgument("kdn batch decode: a null plane output");
+  }
+  return Status::Ok();
+}
+
+void AddKdnJob(KdnBatch& b, const KdnBatchJob& job, std::uint32_t index, const KdnDirectory& d,
+               const std::uint8_t* payload) {
+  const Shape& sh = job.shape;
+  const std::uint64_t C = std::uint64_t{sh.kv_heads} * sh.head_dim;
+  const std::uint32_t local = static_cast<std::uint32_t>(b.jobs.size());
+  b.jobs.push_back(index);
+  const std::uint32_t cum_base = static_cast<std::uint32_t>(b.cum.size());
+  b.cum.insert(b.cum.end(), d.cum.begin(), d.cum.end());
+  const size_t elem = DtypeBytes(sh.dtype);
+  for (size_t p = 0; p < d.planes.size(); ++p) {
+    const kernels::KdnPlaneDir& pd = d.planes[p];
+    kernels::KdnBatchPlane bp;
+    bp.halves = payload + pd.halves;
+    bp.sinks = payload + pd.sinks;
+    if (job.planes.empty()) {
+      bp.out = static_cast<std::uint8_t*>(job.out) + p * sh.tokens * C * elem;
+      bp.row = C;
+    } else {
+      bp.out = job.planes[p];
+      bp.row = job.row;
+    }
+    bp.channels = static_cast<std::uint32_t>(C);
+    bp.tokens = sh.tokens;
+    bp.sinks_n = d.sinks;
+    bp.cum = cum_base + pd.cum;
+    bp.n = pd.n;
+    bp.min_code = pd.min_code;
+    bp.lanes = d.lanes;
+    bp.job = local;
+    bp.first = b.segments.size();
+    bp.count = d.groups;
+    for (std::uint32_t g = 0; g < d.groups; ++g) {
+      const kernels::CodecStreamDir& st = d.streams[p * d.groups + g];
+      kernels::KdnBatchSegment seg;
+      seg.bytes = payload + st.offset;
+      seg.length = st.length;
+      seg.c0 = g * d.group;
+      seg.width = static_cast<std::uint32_t>(std::min<std::uint64_t>(C, seg.c0 + std::uint64_t{d.group}) - seg.c0);
+      b.segments.push_back(seg);
+    }
+    b.planes.push_back(bp);
+  }
+}
+
+// The job's status from its failed word (the lowest failing segment, batch-wide).
+Status KdnJobOutcome(const KdnBatch& b, std::uint32_t local, const KdnDirectory& d, std::uint32_t failed) {
+  if (failed == ~0u) return Status::Ok();
+  std::uint64_t first = 0;
+  for (const kernels::KdnBatchPlane& p : b.planes) {
+    if (p.job == local) {
+      first = p.first;
+      break;
+    }
+  }
+  return Status::Corrupt("kdn payload: " + KdnStreamName(d, static_cast<std::uint32_t>(failed - first)) +
+                         " does not decode");
 }
 
 kernels::CacheGenDecodeArgs CacheGenArgs(const Shape& shape, const CacheGenDirectory& d) {
@@ -86,6 +158,19 @@ kernels::CacheGenDecodeArgs CacheGenArgs(const Shape& shape, const CacheGenDirec
   a.groups = d.groups;
   a.dtype = shape.dtype;
   return a;
+}
+
+// One payload as a batch of one, through `batch`.
+template <typename Batch>
+Status KdnDecodeOne(const Shape& shape, const std::uint8_t* data, size_t size, void* out, const Batch& batch) {
+  KDN_RETURN_IF_ERROR(internal::CheckShape(shape));
+  KdnBatchJob job;
+  job.shape = shape;
+  job.payload = data;
+  job.size = size;
+  job.out = out;
+  KDN_RETURN_IF_ERROR(batch(std::span<KdnBatchJob>(&job, 1)));
+  return job.status;
 }
 
 }  // namespace
@@ -266,23 +351,36 @@ Result<CacheGenDirectory> ParseCacheGenDirectory(const Shape& shape, const std::
   return d;
 }
 
-Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) {
-  Result<KdnDirectory> d = ParseKdnDirectory(shape, data, size);
-  if (!d.ok()) return d.status();
-  kernels::KdnDecodeArgs a = KdnArgs(shape, *d);
-  std::vector<std::uint32_t> slots(std::uint64_t{a.n_planes} << kernels::kKdnScaleBits);
-  std::vector<std::uint8_t> lut(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride *
-                                DtypeBytes(shape.dtype));
-  a.payload = data;
-  a.planes = d->planes.data();
-  a.cum = d->cum.data();
-  a.streams = d->streams.data();
-  a.slots = slots.data();
-  a.lut = lut.data();
-  a.out = out;
-  const std::uint32_t failed = kernels::kdn_decode_ref(a);
-  if (failed != ~0u) return Status::Corrupt("kdn payload: " + KdnStreamName(*d, failed) + " does not decode");
+Status KdnDecodeBatchEmulated(std::span<KdnBatchJob> jobs) {
+  for (const KdnBatchJob& j : jobs) KDN_RETURN_IF_ERROR(CheckKdnJob(j));
+  for (std::uint32_t dtype = 0; dtype < 3; ++dtype) {
+    KdnBatch b;
+    std::vector<KdnDirectory> dirs;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i].shape.dtype != dtype) continue;
+      Result<KdnDirectory> d = ParseKdnDirectory(jobs[i].shape, jobs[i].payload, jobs[i].size);
+      jobs[i].status = d.status();
+      if (!d.ok()) continue;
+      AddKdnJob(b, jobs[i], static_cast<std::uint32_t>(i), *d, jobs[i].payload);
+      dirs.push_back(std::move(d).value());
+    }
+    if (b.jobs.empty()) continue;
+    std::vector<std::uint32_t> failed(b.jobs.size(), ~0u);
+    kernels::KdnBatchArgs a;
+    a.planes = b.planes.data();
+    a.segments = b.segments.data();
+    a.cum = b.cum.data();
+    a.failed = failed.data();
+    a.n_planes = static_cast<std::uint32_t>(b.planes.size());
+    a.dtype = dtype;
+    kernels::kdn_decode_batch_ref(a);
+    for (std::uint32_t k = 0; k < b.jobs.size(); ++k) jobs[b.jobs[k]].status = KdnJobOutcome(b, k, dirs[k], failed[k]);
+  }
   return Status::Ok();
+}
+
+Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) {
+  return KdnDecodeOne(shape, data, size, out, [](std::span<KdnBatchJob> j) { return KdnDecodeBatchEmulated(j); });
 }
 
 Status CacheGenDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out) {
@@ -304,6 +402,9 @@ Status CacheGenDecodeEmulated(const Shape& shape, const std::uint8_t* data, size
 bool DeviceCodecsBuilt() { return false; }
 
 Status KdnDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*) {
+  return Status::Unsupported("kdn decode on a device: this build has no CUDA kernels");
+}
+Status KdnDecodeBatchOnDevice(std::span<KdnBatchJob>, void*) {
   return Status::Unsupported("kdn decode on a device: this build has no CUDA kernels");
 }
 Status CacheGenDecodeOnDevice(const Shape&, const std::uint8_t*, size_t, void*, void*) {
@@ -368,43 +469,82 @@ cudaError_t Upload(const std::vector<T>& v, T* to, cudaStream_t stream) {
 
 bool DeviceCodecsBuilt() { return true; }
 
+Status KdnDecodeBatchOnDevice(std::span<KdnBatchJob> jobs, void* cuda_stream) {
+  for (const KdnBatchJob& j : jobs) KDN_RETURN_IF_ERROR(CheckKdnJob(j));
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  std::vector<std::optional<KdnDirectory>> dirs(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Result<KdnDirectory> d = ParseKdnDirectory(jobs[i].shape, jobs[i].payload, jobs[i].size);
+    jobs[i].status = d.status();
+    if (d.ok()) dirs[i].emplace(std::move(d).value());
+  }
+  // One arena: every payload, then per dtype the directory and the failed words.
+  Arena arena(stream);
+  std::vector<std::uint64_t> payload_at(jobs.size(), 0);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (dirs[i]) payload_at[i] = arena.Reserve(jobs[i].size);
+  }
+  if (std::none_of(dirs.begin(), dirs.end(), [](const auto& d) { return d.has_value(); })) return Status::Ok();
+  // Per dtype: planes, segments, cumulative frequencies, jobs.
+  std::uint64_t count[3][4] = {};
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!dirs[i]) continue;
+    std::uint64_t* c = count[jobs[i].shape.dtype];
+    c[0] += dirs[i]->planes.size();
+    c[1] += dirs[i]->streams.size();
+    c[2] += dirs[i]->cum.size();
+    c[3] += 1;
+  }
+  std::uint64_t planes_at[3], segments_at[3], cum_at[3], failed_at[3];
+  for (int t = 0; t < 3; ++t) {
+    planes_at[t] = arena.Reserve(count[t][0] * sizeof(kernels::KdnBatchPlane));
+    segments_at[t] = arena.Reserve(count[t][1] * sizeof(kernels::KdnBatchSegment));
+    cum_at[t] = arena.Reserve(count[t][2] * 4);
+    failed_at[t] = arena.Reserve(count[t][3] * 4);
+  }
+  KDN_CUDA_RETURN(arena.Allocate(), "kdn decode on a device: allocating scratch");
+  KdnBatch b[3];
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!dirs[i]) continue;
+    auto* at = arena.At<std::uint8_t>(payload_at[i]);
+    KDN_CUDA_RETURN(cudaMemcpyAsync(at, jobs[i].payload, jobs[i].size, cudaMemcpyHostToDevice, stream),
+                    "kdn decode on a device: uploading a payload");
+    AddKdnJob(b[jobs[i].shape.dtype], jobs[i], static_cast<std::uint32_t>(i), *dirs[i], at);
+  }
+  std::vector<std::uint32_t> failed[3];
+  for (std::uint32_t t = 0; t < 3; ++t) {
+    if (b[t].jobs.empty()) continue;
+    kernels::KdnBatchArgs a;
+    a.planes = arena.At<kernels::KdnBatchPlane>(planes_at[t]);
+    a.segments = arena.At<kernels::KdnBatchSegment>(segments_at[t]);
+    a.cum = arena.At<std::uint32_t>(cum_at[t]);
+    a.failed = arena.At<std::uint32_t>(failed_at[t]);
+    a.n_planes = static_cast<std::uint32_t>(b[t].planes.size());
+    a.dtype = t;
+    KDN_CUDA_RETURN(Upload(b[t].planes, arena.At<kernels::KdnBatchPlane>(planes_at[t]), stream), "kdn decode: uploading");
+    KDN_CUDA_RETURN(Upload(b[t].segments, arena.At<kernels::KdnBatchSegment>(segments_at[t]), stream),
+                    "kdn decode: uploading");
+    KDN_CUDA_RETURN(Upload(b[t].cum, arena.At<std::uint32_t>(cum_at[t]), stream), "kdn decode: uploading");
+    KDN_CUDA_RETURN(cudaMemsetAsync(a.failed, 0xFF, b[t].jobs.size() * 4, stream), "kdn decode on a device");
+    KDN_CUDA_RETURN(kernels::launch_kdn_decode_batch(a, stream), "kdn decode on a device: launching");
+    failed[t].resize(b[t].jobs.size());
+    KDN_CUDA_RETURN(cudaMemcpyAsync(failed[t].data(), a.failed, failed[t].size() * 4, cudaMemcpyDeviceToHost, stream),
+                    "kdn decode on a device");
+  }
+  KDN_CUDA_RETURN(cudaStreamSynchronize(stream), "kdn decode on a device");
+  for (std::uint32_t t = 0; t < 3; ++t) {
+    for (std::uint32_t k = 0; k < b[t].jobs.size(); ++k) {
+      const std::uint32_t i = b[t].jobs[k];
+      jobs[i].status = KdnJobOutcome(b[t], k, *dirs[i], failed[t][k]);
+    }
+  }
+  return Status::Ok();
+}
+
 Status KdnDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
                          void* cuda_stream) {
-  Result<KdnDirectory> d = ParseKdnDirectory(shape, payload_host, size);
-  if (!d.ok()) return d.status();
-  if (out_device == nullptr && shape.bytes() > 0) return Status::InvalidArgument("kdn decode on a device: null output");
-  const auto stream = static_cast<cudaStream_t>(cuda_stream);
-  kernels::KdnDecodeArgs a = KdnArgs(shape, *d);
-  Arena arena(stream);
-  const std::uint64_t payload_at = arena.Reserve(size);
-  const std::uint64_t planes_at = arena.Reserve(d->planes.size() * sizeof(kernels::KdnPlaneDir));
-  const std::uint64_t cum_at = arena.Reserve(d->cum.size() * 4);
-  const std::uint64_t streams_at = arena.Reserve(d->streams.size() * sizeof(kernels::CodecStreamDir));
-  const std::uint64_t slots_at = arena.Reserve((std::uint64_t{a.n_planes} << kernels::kKdnScaleBits) * 4);
-  const std::uint64_t lut_at =
-      arena.Reserve(std::uint64_t{a.n_planes} * a.channels * kernels::kKdnLutStride * DtypeBytes(shape.dtype));
-  const std::uint64_t failed_at = arena.Reserve(4);
-  KDN_CUDA_RETURN(arena.Allocate(), "kdn decode on a device: allocating scratch");
-  a.payload = arena.At<std::uint8_t>(payload_at);
-  a.planes = arena.At<kernels::KdnPlaneDir>(planes_at);
-  a.cum = arena.At<std::uint32_t>(cum_at);
-  a.streams = arena.At<kernels::CodecStreamDir>(streams_at);
-  a.slots = arena.At<std::uint32_t>(slots_at);
-  a.lut = arena.At<void>(lut_at);
-  a.failed = arena.At<std::uint32_t>(failed_at);
-  a.out = out_device;
-  KDN_CUDA_RETURN(cudaMemcpyAsync(arena.At<std::uint8_t>(payload_at), payload_host, size, cudaMemcpyHostToDevice, stream),
-                  "kdn decode on a device: uploading the payload");
-  KDN_CUDA_RETURN(Upload(d->planes, arena.At<kernels::KdnPlaneDir>(planes_at), stream), "kdn decode: uploading");
-  KDN_CUDA_RETURN(Upload(d->cum, arena.At<std::uint32_t>(cum_at), stream), "kdn decode: uploading");
-  KDN_CUDA_RETURN(Upload(d->streams, arena.At<kernels::CodecStreamDir>(streams_at), stream), "kdn decode: uploading");
-  KDN_CUDA_RETURN(cudaMemsetAsync(a.failed, 0xFF, 4, stream), "kdn decode on a device");
-  KDN_CUDA_RETURN(kernels::launch_kdn_decode(a, stream), "kdn decode on a device: launching");
-  std::uint32_t failed = 0;
-  KDN_CUDA_RETURN(cudaMemcpyAsync(&failed, a.failed, 4, cudaMemcpyDeviceToHost, stream), "kdn decode on a device");
-  KDN_CUDA_RETURN(cudaStreamSynchronize(stream), "kdn decode on a device");
-  if (failed != ~0u) return Status::Corrupt("kdn payload: " + KdnStreamName(*d, failed) + " does not decode");
-  return Status::Ok();
+  return KdnDecodeOne(shape, payload_host, size, out_device,
+                      [cuda_stream](std::span<KdnBatchJob> j) { return KdnDecodeBatchOnDevice(j, cuda_stream); });
 }
 
 Status CacheGenDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,

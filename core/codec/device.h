@@ -17,11 +17,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/codec/codec.h"
 #include "core/codec/tc_profile.h"
 #include "kernels/common/codec_device_math.h"
+#include "kernels/common/kdn_batch.h"
 #include "kernels/common/tc_device_math.h"
 #include "core/util/status.h"
 
@@ -38,6 +40,24 @@ struct KdnDirectory {
 };
 // Parses and checks everything but the streams' contents.
 Result<KdnDirectory> ParseKdnDirectory(const Shape& shape, const std::uint8_t* data, size_t size);
+
+// One payload of a batched kdn decode (kernels/common/kdn_batch.h: every
+// stream of every payload in one launch) and where it goes: the canonical
+// chunk at `out` (plane p at out + p * tokens * C elements, rows of C) unless
+// `planes` is set: then plane p = (layer, k|v) starts at planes[p] (2 *
+// layers of them) and its token rows are `row` >= C elements apart (an
+// engine's view of the same dtype laid out token-major, one array per layer's
+// K or V). `status` is the job's outcome: Ok, or kCorrupt (or the parse's
+// error) for a payload the CPU codec would reject too.
+struct KdnBatchJob {
+  Shape shape;
+  const std::uint8_t* payload = nullptr;  // host memory
+  size_t size = 0;
+  void* out = nullptr;
+  std::vector<void*> planes;
+  std::uint64_t row = 0;
+  Status status;
+};
 
 // What the cachegen decode kernel needs besides the payload bytes
 // (kernels::CacheGenDecodeArgs).
@@ -78,6 +98,10 @@ kernels::TcFinishArgs TcFinishScalars(const Shape& shape, const TcDirectory& d);
 // The device decode emulated on the CPU, into `out` (shape.bytes() bytes,
 // host memory, canonical layout). Same contract as Codec::Decode.
 Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out);
+// The batched device decode emulated on the CPU (host memory outputs).
+// kInvalidArgument if a job's outputs are missing; each job's own outcome in
+// its `status`.
+Status KdnDecodeBatchEmulated(std::span<KdnBatchJob> jobs);
 Status CacheGenDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out);
 // The transform codec's: the kernels' per-thread work and tc_accumulate for
 // the product (the CPU codec decodes with it).
@@ -97,6 +121,12 @@ bool DeviceCodecsBuilt();
 // stream. On error `out_device` is unspecified.
 Status KdnDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
                          void* cuda_stream);
+// Every job at once (outputs in device memory): parses each payload on the
+// host, uploads them all and one directory, launches one kernel per dtype
+// and synchronizes once. A payload that does not decode is its job's status;
+// the return value is the device's (kInternal, kUnsupported) or a job's bad
+// outputs (kInvalidArgument). KdnDecodeOnDevice is a batch of one.
+Status KdnDecodeBatchOnDevice(std::span<KdnBatchJob> jobs, void* cuda_stream);
 Status CacheGenDecodeOnDevice(const Shape& shape, const std::uint8_t* payload_host, size_t size, void* out_device,
                               void* cuda_stream);
 // The transform codec: the payload, the directory, the profile's tables and

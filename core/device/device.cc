@@ -41,6 +41,18 @@ Status AsDecodeStatus(codec::CodecId id, const Status& st) {
                          st.message());
 }
 
+}  // namespace
+
+void Device::CountBatch(std::span<codec::KdnBatchJob> jobs) {
+  for (codec::KdnBatchJob& j : jobs) {
+    h2d_ += j.size;  // the payload crosses, not the canonical KV
+    if (j.status.ok()) ++device_decodes_;
+    j.status = AsDecodeStatus(codec::CodecId::kKdn, j.status);
+  }
+}
+
+namespace {
+
 class EmulatedDevice final : public Device {
  public:
   std::string name() const override { return "emulated"; }
@@ -95,6 +107,11 @@ class EmulatedDevice final : public Device {
     h2d_ += size;  // the payload crosses, not the canonical KV
     if (st.ok()) ++device_decodes_;
     return AsDecodeStatus(id, st);
+  }
+  Status DecodeKdnBatch(std::span<codec::KdnBatchJob> jobs) override {
+    KDN_RETURN_IF_ERROR(codec::KdnDecodeBatchEmulated(jobs));
+    CountBatch(jobs);
+    return Status::Ok();
   }
   Status Synchronize() override { return Status::Ok(); }
 
@@ -183,6 +200,12 @@ class CudaDevice final : public Device {
     if (st.ok()) ++device_decodes_;
     if (st.code() == Code::kInternal || st.code() == Code::kUnsupported) return st;  // the device, not the bytes
     return AsDecodeStatus(id, st);
+  }
+  Status DecodeKdnBatch(std::span<codec::KdnBatchJob> jobs) override {
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    KDN_RETURN_IF_ERROR(codec::KdnDecodeBatchOnDevice(jobs, cudaStreamPerThread));
+    CountBatch(jobs);
+    return Status::Ok();
   }
   Status Synchronize() override {
     KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));

@@ -24,10 +24,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/chunk/chunk.h"
 #include "core/codec/codec.h"
+#include "core/codec/device.h"
 #include "kernels/common/kv_view.h"
 #include "core/util/status.h"
 
@@ -74,12 +76,21 @@ class Device {
   // a payload that does not decode (as the CPU decoder would say).
   virtual Status Decode(const codec::Shape& shape, codec::CodecId id, const std::uint8_t* payload, size_t size,
                         void* out) = 0;
+  // Decodes kdn payloads in host memory all at once into device memory
+  // (codec::KdnBatchJob: canonical chunks, or per-plane outputs such as an
+  // engine's view): on a GPU one upload, one launch and one synchronize for
+  // the lot. Each job's outcome is its status (kCorrupt for a payload that
+  // does not decode, as Decode says); the return value is the device's.
+  virtual Status DecodeKdnBatch(std::span<codec::KdnBatchJob> jobs) = 0;
   // Waits for the work this thread queued.
   virtual Status Synchronize() = 0;
 
   DeviceCounters counters() const;
 
  protected:
+  // After a batch decode: the payloads crossed, the decoded ones counted,
+  // each failure stated as Decode states it.
+  void CountBatch(std::span<codec::KdnBatchJob> jobs);
   std::atomic<std::uint64_t> h2d_{0}, d2h_{0}, d2d_{0}, scatters_{0}, gathers_{0}, device_decodes_{0};
 
  private:

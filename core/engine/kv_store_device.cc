@@ -61,6 +61,41 @@ Status CopyLayersToView(Device& dev, const std::uint8_t* chunk, const kernels::K
   return Status::Ok();
 }
 
+// Where each plane (layer, k|v) of chunk `c` goes when every layer of the
+// model has one view and the views lay the chunk's rows out as the chunk
+// does (kernels::view_dense_like_chunk, one row stride): a batched kdn decode
+// writes there directly, with no staging and no scatter. Empty if not.
+struct PlaneTargets {
+  std::vector<void*> planes;
+  std::uint64_t row = 0;
+};
+std::optional<PlaneTargets> DirectPlanes(const ModelKv& model, std::span<const KvGroup> groups, const FetchedChunk& c,
+                                         std::uint32_t layers) {
+  PlaneTargets t;
+  t.planes.assign(2ull * layers, nullptr);
+  bool ok = true;
+  const Status st = ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+    const auto row = static_cast<std::uint64_t>(v.stride_token);
+    if (!kernels::view_dense_like_chunk(v) || (t.row != 0 && t.row != row)) {
+      ok = false;
+      return Status::Ok();
+    }
+    t.row = row;
+    const std::int64_t at = kernels::view_offset(v, static_cast<std::int64_t>(c.begin), 0, 0) * v.shape.elem_bytes;
+    for (std::int64_t l = lb; l < le; ++l) {
+      if (l >= static_cast<std::int64_t>(layers) || t.planes[2 * l] != nullptr) {
+        ok = false;
+        return Status::Ok();
+      }
+      t.planes[2 * l] = static_cast<std::uint8_t*>(v.k_base[l]) + at;
+      t.planes[2 * l + 1] = static_cast<std::uint8_t*>(v.v_base[l]) + at;
+    }
+    return Status::Ok();
+  });
+  if (!st.ok() || !ok || std::find(t.planes.begin(), t.planes.end(), nullptr) != t.planes.end()) return std::nullopt;
+  return t;
+}
+
 }  // namespace
 
 Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch& f, std::span<const KvGroup> groups,
@@ -80,6 +115,7 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   for (const FetchedChunk& c : f.chunks) {
     const ChunkRef& ch = c.lease.chunk();
     const bool raw = ch->meta.codec == codec::CodecId::kRaw;
+    if (ch->meta.codec == codec::CodecId::kKdn) continue;  // batched, below
     if (!raw || (!ch->meta.device && !all_dense)) largest = std::max(largest, c.tokens * per_token);
   }
   chunk::Payload staging[2];
@@ -123,6 +159,78 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
     std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
     if (fetch_pool_ != nullptr && todo.size() >= 2 && pool.try_lock()) fetch_pool_->ParallelFor(todo.size(), 1, decode);
   }
+  // kdn chunks decode in batches, one device launch each (on a GPU every
+  // stream of every chunk at once): straight into the views where they lay
+  // the chunk out (DirectPlanes), else into a staging area of up to
+  // kKdnStaging bytes that the scatter kernel reads. Direct decodes may
+  // write the tokens of chunks past a failed one (as a prefix they are then
+  // not counted as written: the engine recomputes them).
+  constexpr std::uint64_t kKdnStaging = std::uint64_t{256} << 20;
+  struct KdnDecoded {
+    bool done = false, direct = false;
+    Status st;
+    const void* src = nullptr;
+    std::uint64_t ns = 0;
+  };
+  std::vector<KdnDecoded> kdn(f.chunks.size());
+  std::vector<std::optional<PlaneTargets>> direct(f.chunks.size());
+  std::uint64_t staged_kdn = 0, largest_kdn = 0;
+  for (size_t i = 0; i < f.chunks.size(); ++i) {
+    const ChunkRef& ch = f.chunks[i].lease.chunk();
+    if (ch->meta.codec != codec::CodecId::kKdn) continue;
+    direct[i] = DirectPlanes(model, groups, f.chunks[i], ch->meta.layers);
+    if (!direct[i]) {
+      staged_kdn += f.chunks[i].tokens * per_token;
+      largest_kdn = std::max(largest_kdn, f.chunks[i].tokens * per_token);
+    }
+  }
+  chunk::Payload kdn_staging;
+  if (staged_kdn > 0) {
+    Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(std::max(largest_kdn, std::min(staged_kdn, kKdnStaging))));
+    if (!b.ok()) return b.status();
+    kdn_staging = std::move(b).value();
+  }
+  // Decodes the kdn chunks from `first` on that are not decoded yet, as many
+  // as the staging holds (every direct one).
+  auto decode_kdn_from = [&](size_t first) -> Status {
+    std::vector<codec::KdnBatchJob> jobs;
+    std::vector<size_t> which;
+    std::uint64_t used = 0;
+    bool full = false;  // staged chunks stop at the first that does not fit: those before it are placed before the staging is reused
+    for (size_t i = first; i < f.chunks.size(); ++i) {
+      const ChunkRef& ch = f.chunks[i].lease.chunk();
+      if (ch->meta.codec != codec::CodecId::kKdn || kdn[i].done) continue;
+      codec::KdnBatchJob j;
+      j.shape = ShapeOfMeta(ch->meta);
+      j.payload = ch->payload.data();
+      j.size = ch->payload.size();
+      if (direct[i]) {
+        j.planes = direct[i]->planes;
+        j.row = direct[i]->row;
+      } else {
+        const std::uint64_t bytes = f.chunks[i].tokens * per_token;
+        full = full || used + bytes > kdn_staging.size();
+        if (full) continue;  // the next batch's
+        j.out = kdn_staging.data() + used;
+        used += bytes;
+      }
+      jobs.push_back(std::move(j));
+      which.push_back(i);
+    }
+    if (jobs.empty()) return Status::Ok();
+    const auto t0 = std::chrono::steady_clock::now();
+    KDN_RETURN_IF_ERROR(dev->DecodeKdnBatch(jobs));
+    const std::uint64_t ns = NsSince(t0) / jobs.size();
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      KdnDecoded& d = kdn[which[k]];
+      d.done = true;
+      d.direct = !jobs[k].planes.empty();
+      d.st = jobs[k].status;
+      d.src = jobs[k].out;
+      d.ns = ns;
+    }
+    return Status::Ok();
+  };
   for (size_t index = 0; index < f.chunks.size(); ++index) {
     const FetchedChunk& c = f.chunks[index];
     if (c.begin >= stop) break;
@@ -135,14 +243,20 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
     // or V one run), through staging and the scatter kernel into the others.
     const std::uint8_t* host_raw = ch->meta.codec == codec::CodecId::kRaw && !ch->meta.device ? ch->payload.data() : nullptr;
     ChunkRef decoded;  // a CPU-decoded chunk, alive until its copies are queued (a copy from pageable memory has read it when it returns)
-    bool staged = false;
+    bool staged = false, in_place = false;
     if (ch->meta.codec == codec::CodecId::kRaw) {
       if (ch->meta.device) src = ch->payload.data();  // the device tier's own block
     } else {
       const auto t0 = std::chrono::steady_clock::now();
       std::uint64_t ns = 0;
       Status st;
-      if (Device::DecodesOnDevice(ch->meta.codec)) {
+      if (ch->meta.codec == codec::CodecId::kKdn) {
+        if (!kdn[index].done) KDN_RETURN_IF_ERROR(decode_kdn_from(index));
+        st = kdn[index].st;
+        ns = kdn[index].ns;
+        src = kdn[index].src;
+        in_place = kdn[index].direct;
+      } else if (Device::DecodesOnDevice(ch->meta.codec)) {
         st = dev->Decode(ShapeOfMeta(ch->meta), ch->meta.codec, ch->payload.data(), ch->payload.size(),
                          staging[slot].data());
         src = staging[slot].data();
@@ -176,7 +290,7 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
       }
       lossy = lossy || codec::IsLossy(ch->meta.codec);
     }
-    KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
+    if (!in_place) KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
       if (host_raw != nullptr && kernels::view_dense_like_chunk(v)) return CopyLayersToView(*dev, host_raw, v, c, lb, le);
       if (host_raw != nullptr && !staged) {
         KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging[slot].data(), host_raw, static_cast<size_t>(bytes)));

@@ -88,92 +88,11 @@ struct CodecStreamDir {
 struct KdnPlaneDir {
   std::uint64_t halves = 0;  // offset of off[channels] f16, then step[channels] f16
   std::uint64_t sinks = 0;   // offset of sinks x channels f16 (token-major)
-  std::uint32_t cum = 0;     // index in KdnDecodeArgs::cum of the plane's n + 1 cumulative frequencies
+  std::uint32_t cum = 0;     // index in KdnDirectory::cum of the plane's n + 1 cumulative frequencies
   std::uint32_t n = 0;       // alphabet size: symbols 0..n-1 are codes min_code..min_code+n-1
   std::int32_t min_code = 0;
   std::uint32_t reserved = 0;
 };
-
-struct KdnDecodeArgs {
-  const std::uint8_t* payload = nullptr;   // the whole payload, header included
-  const KdnPlaneDir* planes = nullptr;     // [n_planes]
-  const std::uint32_t* cum = nullptr;      // cumulative frequencies, scale 2^kKdnScaleBits
-  const CodecStreamDir* streams = nullptr; // [n_planes * groups]
-  std::uint32_t* slots = nullptr;          // scratch [n_planes << kKdnScaleBits]
-  void* lut = nullptr;                     // scratch [n_planes * channels * kKdnLutStride] elements
-  void* out = nullptr;                     // the canonical chunk: E[n_planes * tokens * channels]
-  std::uint32_t* failed = nullptr;         // the lowest failing stream index; the caller sets ~0u
-  std::uint32_t n_planes = 0, channels = 0, tokens = 0;
-  std::uint32_t sinks = 0;  // sink tokens actually stored: min(param0, tokens)
-  std::uint32_t group = 1, groups = 0, lanes = 1;
-  std::uint32_t dtype = 0;
-};
-
-// Work sizes: one thread per ...
-KDN_HD std::uint64_t kdn_slot_threads(const KdnDecodeArgs& a) {  // (plane, slot)
-  return std::uint64_t{a.n_planes} << kKdnScaleBits;
-}
-KDN_HD std::uint64_t kdn_lut_threads(const KdnDecodeArgs& a) {  // (plane, channel, symbol)
-  return std::uint64_t{a.n_planes} * a.channels * kKdnLutStride;
-}
-KDN_HD std::uint64_t kdn_sink_threads(const KdnDecodeArgs& a) {  // sink element
-  return std::uint64_t{a.n_planes} * a.sinks * a.channels;
-}
-KDN_HD std::uint64_t kdn_stream_threads(const KdnDecodeArgs& a) {  // stream
-  return std::uint64_t{a.n_planes} * a.groups;
-}
-
-// Slot k of plane p's decode table: the packed (symbol, start, freq) of the
-// symbol whose range holds k.
-KDN_HD void kdn_slot_work(const KdnDecodeArgs& a, std::uint64_t i) {
-  const std::uint64_t plane = i >> kKdnScaleBits;
-  const std::uint32_t k = static_cast<std::uint32_t>(i & ((1u << kKdnScaleBits) - 1u));
-  const KdnPlaneDir& d = a.planes[plane];
-  const std::uint32_t* cum = a.cum + d.cum;
-  const std::uint32_t s = codec_find_symbol(cum, d.n, k);
-  a.slots[i] = kdn_slot_pack(s, cum[s], cum[s + 1] - cum[s]);
-}
-
-// Entry (plane, channel c, symbol s) of the dequantization table: the value
-// of code min_code + s in channel c, as an element (only s < n are written;
-// the decode never reads the others).
-template <typename E>
-KDN_HD void kdn_lut_work(const KdnDecodeArgs& a, std::uint64_t i) {
-  const std::uint32_t s = static_cast<std::uint32_t>(i % kKdnLutStride);
-  const std::uint64_t pc = i / kKdnLutStride;
-  const std::uint64_t plane = pc / a.channels, c = pc % a.channels;
-  const KdnPlaneDir& d = a.planes[plane];
-  if (s >= d.n) return;
-  const std::uint8_t* halves = a.payload + d.halves;
-  const float off = codec_read_half(halves + 2 * c);
-  const float step = codec_read_half(halves + 2 * (a.channels + c));
-  static_cast<E*>(a.lut)[i] = codec_to_element<E>(a.dtype, kdn_dequantize(d.min_code + static_cast<std::int32_t>(s), off, step));
-}
-
-// Sink element (plane, token t < sinks, channel c): its half, as an element.
-template <typename E>
-KDN_HD void kdn_sink_work(const KdnDecodeArgs& a, std::uint64_t i) {
-  const std::uint64_t per_plane = std::uint64_t{a.sinks} * a.channels;
-  const std::uint64_t plane = i / per_plane, tc = i % per_plane;
-  const float v = codec_read_half(a.payload + a.planes[plane].sinks + 2 * tc);
-  static_cast<E*>(a.out)[plane * a.tokens * a.channels + tc] = codec_to_element<E>(a.dtype, v);
-}
-
-// Stream i = (plane, g), decoded into its channels' columns of tokens
-// [sinks, tokens); false (and `failed` lowered to i by the caller) if it is
-// malformed. Reads the plane's slots and its channels' LUT rows, which the
-// slot and LUT work must have written first.
-template <typename E>
-KDN_HD bool kdn_stream_work(const KdnDecodeArgs& a, std::uint64_t i) {
-  const std::uint64_t plane = i / a.groups, g = i % a.groups;
-  const std::uint64_t c0 = g * a.group;
-  const std::uint64_t c1 = c0 + a.group < a.channels ? c0 + a.group : a.channels;
-  const CodecStreamDir& s = a.streams[i];
-  const E* lut = static_cast<const E*>(a.lut) + (plane * a.channels + c0) * kKdnLutStride;
-  E* out = static_cast<E*>(a.out) + (plane * a.tokens + a.sinks) * a.channels + c0;
-  return kdn_decode_stream<E>(a.payload + s.offset, s.length, a.slots + (plane << kKdnScaleBits), a.lanes,
-                              static_cast<std::uint32_t>(c1 - c0), a.tokens - a.sinks, lut, out, a.channels);
-}
 
 // ---- kdn encode, the per-element and per-stream parts
 //

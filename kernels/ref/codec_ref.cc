@@ -6,16 +6,44 @@ namespace kdn::kernels {
 namespace {
 
 template <typename E>
-std::uint32_t KdnDecode(const KdnDecodeArgs& a) {
-  for (std::uint64_t i = 0; i < kdn_slot_threads(a); ++i) kdn_slot_work(a, i);
-  for (std::uint64_t i = 0; i < kdn_lut_threads(a); ++i) kdn_lut_work<E>(a, i);
-  for (std::uint64_t i = 0; i < kdn_sink_threads(a); ++i) kdn_sink_work<E>(a, i);
-  std::uint32_t failed = ~0u;
-  for (std::uint64_t i = 0; i < kdn_stream_threads(a); ++i) {
-    if (!kdn_stream_work<E>(a, i) && failed == ~0u) failed = codec_index32(i);
+bool KdnSegment(const KdnBatchArgs& a, const KdnBatchPlane& p, const KdnBatchSegment& s, const std::uint32_t* slots) {
+  KdnLane lane[kKdnMaxLanes];
+  bool ok = true;
+  for (std::uint32_t j = 0; j < p.lanes; ++j) ok = kdn_lane_begin(p, s, j, lane[j]) && ok;
+  if (!ok) return false;
+  const std::uint8_t* words = kdn_segment_words(p, s);
+  const std::uint8_t* const end = s.bytes + s.length;
+  const std::uint64_t symbols = kdn_segment_symbols(p, s);
+  for (std::uint64_t base = 0; base < symbols; base += p.lanes) {
+    bool need[kKdnMaxLanes];
+    for (std::uint32_t j = 0; j < p.lanes; ++j) need[j] = base + j < symbols && kdn_lane_decode<E>(a, p, s, slots, lane[j]);
+    std::uint32_t below = 0;  // the ballot's population below lane j
+    for (std::uint32_t j = 0; j < p.lanes; ++j) {
+      if (!need[j]) continue;
+      if (!kdn_lane_refill(lane[j], words, end, below)) return false;
+      ++below;
+    }
+    words += 2ull * below;
+    for (std::uint32_t j = 0; j < p.lanes; ++j) kdn_lane_next(p, s, lane[j]);
   }
-  if (a.failed != nullptr) *a.failed = failed;
-  return failed;
+  for (std::uint32_t j = 0; j < p.lanes; ++j) ok = kdn_lane_end(lane[j]) && ok;
+  return ok && words == end;
+}
+
+template <typename E>
+void KdnDecodeBatch(const KdnBatchArgs& a) {
+  std::uint32_t slots[kKdnSlots];
+  for (std::uint32_t i = 0; i < a.n_planes; ++i) {
+    const KdnBatchPlane& p = a.planes[i];
+    for (std::uint32_t k = 0; k < kKdnSlots; ++k) slots[k] = kdn_batch_slot(a, p, k);
+    for (std::uint64_t e = 0; e < kdn_batch_sink_elements(p); ++e) kdn_batch_sink<E>(a, p, e);
+    for (std::uint32_t g = 0; g < p.count; ++g) {
+      if (!KdnSegment<E>(a, p, a.segments[p.first + g], slots)) {
+        std::uint32_t& f = a.failed[p.job];
+        f = std::min(f, codec_index32(p.first + g));
+      }
+    }
+  }
 }
 
 template <typename E>
@@ -30,8 +58,12 @@ std::uint32_t CacheGenDecode(const CacheGenDecodeArgs& a) {
 
 }  // namespace
 
-std::uint32_t kdn_decode_ref(const KdnDecodeArgs& a) {
-  return a.dtype == 0 ? KdnDecode<float>(a) : KdnDecode<std::uint16_t>(a);
+void kdn_decode_batch_ref(const KdnBatchArgs& a) {
+  if (a.dtype == 0) {
+    KdnDecodeBatch<float>(a);
+  } else {
+    KdnDecodeBatch<std::uint16_t>(a);
+  }
 }
 
 void kdn_quantize_ref(const KdnQuantizeArgs& a) {

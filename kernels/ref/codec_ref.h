@@ -10,15 +10,16 @@
 #include <cstdint>
 
 #include "kernels/common/codec_device_math.h"
+#include "kernels/common/kdn_batch.h"
 
 namespace kdn::kernels {
 
-// kdn decode: slot tables, dequantization tables, sink tokens, then one
-// stream after another. Returns the lowest failing stream index, ~0u if
-// every stream decoded (also stored in *a.failed when it is not null).
-// a.out, a.slots and a.lut are written; the directory must be valid
-// (core/codec/device.h builds it).
-std::uint32_t kdn_decode_ref(const KdnDecodeArgs& a);
+// kdn batched decode (kdn_batch.h), plane after plane as the kernel's
+// blocks: the plane's slot table, its sink tokens, then its streams, each by
+// its lane group, lane after lane at every step (the warp's ballot as a
+// loop). A stream that does not decode lowers a.failed[plane.job] to its
+// segment index (the caller sets every word to ~0u first).
+void kdn_decode_batch_ref(const KdnBatchArgs& a);
 
 // kdn quantization: every code, and each plane's code range (a.sinks <=
 // a.tokens, as the launcher checks).
@@ -28,7 +29,9 @@ void kdn_quantize_ref(const KdnQuantizeArgs& a);
 // entry is ~0).
 bool kdn_encode_ref(const KdnEncodeArgs& a);
 
-// cachegen decode, one stream after another: as kdn_decode_ref.
+// cachegen decode, one stream after another. Returns the lowest failing
+// stream index, ~0u if every stream decoded (also stored in *a.failed when
+// it is not null).
 std::uint32_t cachegen_decode_ref(const CacheGenDecodeArgs& a);
 
 // cachegen quantization, row by row: scales and symbols. Returns the lowest

@@ -22,7 +22,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -265,6 +267,130 @@ void ExpectCacheGenEncodeMatches(const std::string& spec, const Shape& shape, co
     const std::uint8_t* first = out.data() + i * kernels::cachegen_stream_cap(e);
     EXPECT_TRUE(Bytes(first, first + lengths[i]) == want[i]) << "stream " << i;
   }
+}
+
+// ---- batches: every payload of a load decoded at once
+
+// Payloads of several shapes, dtypes and lane counts (1, 3, 5, 8, 32), with
+// the CPU codec's decode of each; payload `damaged` has a stream whose
+// states are zeroed (it parses, and does not decode), `truncated` a byte
+// less (it does not parse).
+struct BatchCase {
+  std::vector<Shape> shapes;
+  std::vector<Bytes> payloads;
+  std::vector<std::vector<std::uint8_t>> want;
+  size_t damaged = 0, truncated = 0;
+};
+
+BatchCase MakeBatchCase() {
+  BatchCase b;
+  const char* const specs[] = {"kdn", "kdn:lanes=32", "kdn:group=7,lanes=5", "kdn:hifi,lanes=1", "kdn:lanes=3,sink=0"};
+  std::vector<std::pair<Shape, Floats>> chunks;
+  if (testing::ModelsPresent()) {
+    for (std::uint32_t dtype : {1u, 2u, 0u}) chunks.emplace_back(test::RefShape(dtype), test::ReferenceKv());
+  }
+  for (std::uint32_t dtype : {1u, 0u}) {
+    for (const Shape& shape : SyntheticShapes(dtype)) chunks.emplace_back(shape, SyntheticKv(shape, 3 + shape.tokens));
+  }
+  size_t k = 0;
+  for (const auto& [shape, kv] : chunks) {
+    const std::unique_ptr<Codec> codec = test::Make(specs[k++ % std::size(specs)]);
+    b.shapes.push_back(shape);
+    b.payloads.push_back(EncodeOrDie(*codec, shape, kv));
+    b.want.emplace_back(shape.bytes());
+    EXPECT_TRUE(codec->Decode(shape, b.payloads.back().data(), b.payloads.back().size(), b.want.back().data()).ok());
+  }
+  b.damaged = 1;
+  Result<KdnDirectory> d = ParseKdnDirectory(b.shapes[b.damaged], b.payloads[b.damaged].data(), b.payloads[b.damaged].size());
+  EXPECT_TRUE(d.ok());
+  if (d.ok()) std::memset(b.payloads[b.damaged].data() + d->streams[3].offset, 0, 4);
+  b.truncated = 2;
+  b.payloads[b.truncated].pop_back();
+  return b;
+}
+
+// Plane p's element (t, c) of a canonical chunk, as bytes.
+std::vector<std::uint8_t> CanonicalElement(const Shape& s, const std::vector<std::uint8_t>& chunk, std::uint64_t p,
+                                           std::uint64_t t, std::uint64_t c) {
+  const std::uint64_t C = std::uint64_t{s.kv_heads} * s.head_dim, e = DtypeBytes(s.dtype);
+  const std::uint8_t* at = chunk.data() + ((p * s.tokens + t) * C + c) * e;
+  return {at, at + e};
+}
+
+// Runs the batch through `decode` (emulated, or on a device), odd jobs into
+// per-plane outputs with rows 3 elements wider than the plane, and checks
+// every good job byte for byte against the CPU codec and the bad ones'
+// verdicts. `alloc(n)` gives n bytes the decode can write and `read` brings
+// them back.
+template <typename Alloc, typename Read, typename Decode>
+void ExpectBatchMatches(const Alloc& alloc, const Read& read, const Decode& decode) {
+  BatchCase b = MakeBatchCase();
+  std::vector<KdnBatchJob> jobs(b.payloads.size());
+  std::vector<std::vector<void*>> buffers(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Shape& s = b.shapes[i];
+    const std::uint64_t C = std::uint64_t{s.kv_heads} * s.head_dim, e = DtypeBytes(s.dtype);
+    jobs[i].shape = s;
+    jobs[i].payload = b.payloads[i].data();
+    jobs[i].size = b.payloads[i].size();
+    if (i % 2 == 0) {
+      buffers[i].push_back(alloc(s.bytes()));
+      jobs[i].out = buffers[i][0];
+    } else {
+      jobs[i].row = C + 3;
+      for (std::uint64_t p = 0; p < 2ull * s.layers; ++p) buffers[i].push_back(alloc(s.tokens * (C + 3) * e));
+      jobs[i].planes = buffers[i];
+    }
+  }
+  ASSERT_TRUE(decode(std::span<KdnBatchJob>(jobs))) << "the batch as a whole";
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE("job " + std::to_string(i));
+    const Shape& s = b.shapes[i];
+    if (i == b.damaged || i == b.truncated) {
+      EXPECT_EQ(jobs[i].status.code(), Code::kCorrupt) << jobs[i].status.message();
+      if (i == b.damaged) {
+        EXPECT_NE(jobs[i].status.message().find("does not decode"), std::string::npos) << jobs[i].status.message();
+      }
+      continue;
+    }
+    ASSERT_TRUE(jobs[i].status.ok()) << jobs[i].status.message();
+    if (i % 2 == 0) {
+      EXPECT_TRUE(read(buffers[i][0], s.bytes()) == b.want[i]) << "differs from the CPU codec";
+      continue;
+    }
+    const std::uint64_t C = std::uint64_t{s.kv_heads} * s.head_dim, e = DtypeBytes(s.dtype);
+    size_t bad = 0;
+    for (std::uint64_t p = 0; p < 2ull * s.layers; ++p) {
+      const std::vector<std::uint8_t> plane = read(buffers[i][p], s.tokens * (C + 3) * e);
+      for (std::uint64_t t = 0; t < s.tokens; ++t) {
+        for (std::uint64_t c = 0; c < C; ++c) {
+          const std::uint8_t* got = plane.data() + (t * (C + 3) + c) * e;
+          bad += std::vector<std::uint8_t>(got, got + e) != CanonicalElement(s, b.want[i], p, t, c);
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0u) << "elements of the per-plane outputs differ from the CPU codec";
+  }
+}
+
+TEST(CodecDeviceEmulation, ABatchDecodesEveryPayloadAsTheCodecAndFlagsOnlyTheBadOnes) {
+  std::vector<std::unique_ptr<std::vector<std::uint8_t>>> held;
+  auto alloc = [&](std::uint64_t n) -> void* {
+    held.push_back(std::make_unique<std::vector<std::uint8_t>>(n, 0xCD));
+    return held.back()->data();
+  };
+  auto read = [](void* p, std::uint64_t n) {
+    auto* b = static_cast<std::uint8_t*>(p);
+    return std::vector<std::uint8_t>(b, b + n);
+  };
+  ExpectBatchMatches(alloc, read, [](std::span<KdnBatchJob> jobs) { return KdnDecodeBatchEmulated(jobs).ok(); });
+  // Outputs missing: refused before anything is decoded.
+  KdnBatchJob j;
+  j.shape = Shape{1, 1, 8, 4, 1};
+  EXPECT_EQ(KdnDecodeBatchEmulated(std::span<KdnBatchJob>(&j, 1)).code(), Code::kInvalidArgument);
+  j.planes = {nullptr, nullptr};
+  j.row = 8;
+  EXPECT_EQ(KdnDecodeBatchEmulated(std::span<KdnBatchJob>(&j, 1)).code(), Code::kInvalidArgument);
 }
 
 TEST(CodecDeviceEmulation, EncodeSideReproducesPayloads) {
@@ -588,21 +714,14 @@ TEST(CodecDevice, WithoutADeviceTheEntryPointsSayUnsupported) {
 
 TEST(CodecDevice, LaunchersCheckTheirArguments) {
   // Checked before anything touches a device: runs without a GPU too.
-  kernels::KdnDecodeArgs a;
+  kernels::KdnBatchArgs a;
   a.n_planes = 2;
-  a.channels = 16;
-  a.tokens = 4;
-  a.group = 8;
-  a.groups = 2;
-  a.lanes = 0;
-  EXPECT_EQ(kernels::launch_kdn_decode(a, nullptr), cudaErrorInvalidValue);  // lanes
-  a.lanes = 8;
-  a.groups = 3;
-  EXPECT_EQ(kernels::launch_kdn_decode(a, nullptr), cudaErrorInvalidValue);  // groups do not cover the channels
-  a.groups = 2;
-  EXPECT_EQ(kernels::launch_kdn_decode(a, nullptr), cudaErrorInvalidValue);  // null pointers
+  a.dtype = 3;
+  EXPECT_EQ(kernels::launch_kdn_decode_batch(a, nullptr), cudaErrorInvalidValue);  // dtype
+  a.dtype = 1;
+  EXPECT_EQ(kernels::launch_kdn_decode_batch(a, nullptr), cudaErrorInvalidValue);  // null pointers
   a.n_planes = 0;
-  EXPECT_EQ(kernels::launch_kdn_decode(a, nullptr), cudaSuccess);  // nothing to do
+  EXPECT_EQ(kernels::launch_kdn_decode_batch(a, nullptr), cudaSuccess);  // nothing to do
   kernels::CacheGenDecodeArgs c;
   c.n_planes = 2;
   c.channels = 3;
@@ -671,6 +790,25 @@ TEST(CodecDevice, DecodeMatchesCodec) {
       ExpectDeviceDecodeMatches("kdn:sink=0,group=7,lanes=5", shape, kv);
     }
   }
+}
+
+TEST(CodecDevice, ABatchDecodesEveryPayloadAsTheCodecAndFlagsOnlyTheBadOnes) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: the kernels are compiled, their work is checked on the CPU above";
+  std::vector<std::unique_ptr<DeviceVector<std::uint8_t>>> held;
+  auto alloc = [&](std::uint64_t n) -> void* {
+    held.push_back(std::make_unique<DeviceVector<std::uint8_t>>(std::vector<std::uint8_t>(n, 0xCD)));
+    return held.back()->get();
+  };
+  auto read = [](void* p, std::uint64_t n) {
+    std::vector<std::uint8_t> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  };
+  ExpectBatchMatches(alloc, read, [](std::span<KdnBatchJob> jobs) {
+    const Status s = KdnDecodeBatchOnDevice(jobs, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return s.ok();
+  });
 }
 
 TEST(CodecDevice, DecodeReportsBadStreams) {

@@ -283,6 +283,25 @@ TEST_P(DeviceDelivery, EncodedChunksAreDecodedIntoTheViewAsTheHostPathDecodesThe
   }
 }
 
+// The second chunk (tokens 8..15) of the reference request as a kdn chunk
+// whose payload is garbage.
+ChunkRef GarbageKdnChunk(const Reference& r, const keys::Digest& key) {
+  auto bad = std::make_shared<Chunk>();
+  bad->meta.key = key;
+  bad->meta.model = r.m.fingerprint;
+  bad->meta.ns_hash = keys::NamespaceHash("t");
+  bad->meta.dtype = 0;
+  bad->meta.layers = 5;
+  bad->meta.kv_heads = 4;
+  bad->meta.head_dim = 8;
+  bad->meta.tokens = 8;
+  bad->meta.first_position = 8;
+  bad->meta.codec = codec::CodecId::kKdn;
+  std::vector<std::uint8_t> junk(600, 0x5A);
+  bad->payload = Payload(junk.data(), junk.size());
+  return bad;
+}
+
 // A payload that does not decode on the device is a miss, counted and
 // removed, as the CPU path treats it; a retrieve stops before it.
 TEST_P(DeviceDelivery, APayloadThatDoesNotDecodeIsAMissCountedAndRemoved) {
@@ -297,20 +316,7 @@ TEST_P(DeviceDelivery, APayloadThatDoesNotDecodeIsAMissCountedAndRemoved) {
   ASSERT_GE(plan.size(), 3u);
   const keys::Digest second = plan[1].key;
   ASSERT_TRUE(store.chain().Erase(second));
-  auto bad = std::make_shared<Chunk>();
-  bad->meta.key = second;
-  bad->meta.model = r.m.fingerprint;
-  bad->meta.ns_hash = keys::NamespaceHash("t");
-  bad->meta.dtype = 0;
-  bad->meta.layers = 5;
-  bad->meta.kv_heads = 4;
-  bad->meta.head_dim = 8;
-  bad->meta.tokens = 8;
-  bad->meta.first_position = 8;
-  bad->meta.codec = codec::CodecId::kKdn;
-  std::vector<std::uint8_t> junk(600, 0x5A);
-  bad->payload = Payload(junk.data(), junk.size());
-  ASSERT_TRUE(store.chain().Put(bad).ok());
+  ASSERT_TRUE(store.chain().Put(GarbageKdnChunk(r, second)).ok());
 
   Device& d = *device_;
   const size_t row = 32, T = r.tokens.size();
@@ -342,6 +348,55 @@ TEST_P(DeviceDelivery, APayloadThatDoesNotDecodeIsAMissCountedAndRemoved) {
     EXPECT_NE(dev[((l * 2) * T + 7) * row], -7.0f) << "layer " << l;
     for (size_t t = 8; t < T; ++t) EXPECT_EQ(dev[((l * 2) * T + t) * row], -7.0f) << "layer " << l << " token " << t;
   }
+}
+
+// kdn chunks decode in batches, one device launch for the load: straight
+// into a view that lays them out as the chunk does (no staging, no scatter),
+// through staging and the scatter kernel into a paged one; the same bytes
+// as the CPU decoder either way. A chunk that does not decode is reported
+// alone, and a retrieve stops before it.
+TEST_P(DeviceDelivery, KdnChunksDecodeInOneBatchStraightIntoDenseViews) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({HostTier("kdn:balanced")});
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+  const size_t T = r.tokens.size();
+  std::vector<float> host_out(r.canonical.size(), 0.0f);
+  ViewSpec ho = HostView(host_out);
+  ASSERT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {ho}).value()).value().tokens, T);
+  Device& d = *device_;
+  std::vector<float> sentinel(r.canonical.size(), -7.0f);
+  Payload dense = Upload(d, sentinel.data(), sentinel.size() * 4);
+  const DeviceCounters before = d.counters();
+  const KvStore::Retrieved got = rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {Canonical(dense)}).value()).value();
+  const DeviceCounters after = d.counters();
+  EXPECT_EQ(got.tokens, T);
+  EXPECT_TRUE(got.lossy);
+  EXPECT_EQ(Download(d, dense), host_out) << "the batched decode's bytes differ from the CPU decoder's";
+  EXPECT_EQ(after.scatters, before.scatters) << "a dense view took kdn chunks through the scatter kernel";
+  EXPECT_GE(after.device_decodes - before.device_decodes, 3u);
+  EXPECT_EQ(after.h2d_bytes - before.h2d_bytes, rt->store().chain().Stats().at(0).bytes_after_encoding)
+      << "more than the encoded payloads crossed";
+
+  // The second chunk (tokens 8..15) replaced by one whose payload is garbage.
+  KvStore& store = rt->store();
+  auto plan = store.PlanStore(r.m, "t", r.Keys()).value();
+  ASSERT_GE(plan.size(), 3u);
+  ASSERT_TRUE(store.chain().Erase(plan[1].key));
+  ASSERT_TRUE(store.chain().Put(GarbageKdnChunk(r, plan[1].key)).ok());
+  Payload again = Upload(d, sentinel.data(), sentinel.size() * 4);
+  const KvStore::Retrieved part = rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {Canonical(again)}).value()).value();
+  EXPECT_EQ(part.tokens, 8u) << "a retrieve stops before the chunk that does not decode";
+  const std::vector<float> first = Download(d, again);
+  const size_t row = 32;
+  for (size_t l = 0; l < 5; ++l) {
+    for (size_t t = 0; t < 8; ++t) {
+      EXPECT_EQ(first[((l * 2) * T + t) * row], host_out[((l * 2) * T + t) * row]) << "layer " << l << " token " << t;
+    }
+  }
+  EXPECT_EQ(store.chain().Stats().at(0).decode_failures, 1u);
+  EXPECT_FALSE(store.chain().ContainsAt(0, plan[1].key)) << "the chunk that does not decode was kept";
 }
 
 // The asynchronous ops with device views: a save gathers each layer on the

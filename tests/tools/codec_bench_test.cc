@@ -285,8 +285,8 @@ TEST(GpuBench, EmulatedDeliveryRecordsEveryPathAgainstItsCopy) {
 
 // `kdn bench gpu --emulated --shape llama-8b`: Llama-3.1-8B's shape with
 // synthetic KV (labelled so), one request of 512 tokens: every tier of the
-// table (host kdn and cachegen besides raw) and the scatter kernel into each
-// layout, each against its copy of the same bytes in the same run. Checks
+// table (host kdn and cachegen besides raw), the scatter kernel into each
+// layout and kdn's batched decode alone, each against its copy of the same bytes in the same run. Checks
 // the records, not speed.
 TEST(GpuBench, EmulatedLlama8bShapeRecordsEveryPathAndLayout) {
   const fs::path json = fs::temp_directory_path() / ("kdn_gpu_bench_8b_" + std::to_string(getpid()) + ".json");
@@ -300,7 +300,7 @@ TEST(GpuBench, EmulatedLlama8bShapeRecordsEveryPathAndLayout) {
   for (const char* name : {"copy_h2d_gbps_raw", "copy_d2d_gbps_raw", "scatter_canonical_gbps", "scatter_paged_nhd_gbps",
                            "scatter_paged_hnd_gbps", "get_device_tier_gbps", "deliver_host_raw_gbps",
                            "deliver_host_kdn_gbps", "deliver_host_cachegen_gbps", "deliver_disk_kdn_gbps",
-                           "deliver_disk_zstd_gbps"}) {
+                           "deliver_disk_zstd_gbps", "decode_kdn_batch_gbps"}) {
     ASSERT_TRUE(by_name.count(p + name)) << name << " missing: " << r.out;
     const nlohmann::json& rec = by_name[p + name];
     EXPECT_GT(rec["value"].get<double>(), 0.0) << name;
@@ -313,6 +313,8 @@ TEST(GpuBench, EmulatedLlama8bShapeRecordsEveryPathAndLayout) {
   EXPECT_EQ(by_name[p + "get_device_tier_gbps"]["baseline"], p + "copy_d2d_gbps_raw");
   EXPECT_EQ(by_name[p + "deliver_host_kdn_gbps"]["baseline"], p + "copy_h2d_gbps_raw");
   EXPECT_EQ(by_name[p + "deliver_host_kdn_gbps"]["params"]["codec"].get<std::string>().rfind("kdn", 0), 0u);
+  EXPECT_EQ(by_name[p + "decode_kdn_batch_gbps"]["baseline"], p + "copy_d2d_gbps_raw");
+  EXPECT_GT(by_name[p + "decode_kdn_batch_gbps"]["params"]["ratio"].get<double>(), 2.0) << "kdn:balanced compresses";
   fs::remove(json);
   // A request size that is not whole chunks is refused, saying why.
   const CliRun bad = Kdn("bench gpu --emulated --shape llama-8b --tokens 300 --json " + json.string());

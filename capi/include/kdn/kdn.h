@@ -559,7 +559,10 @@ KDN_API kdn_status kdn_kv_store(const kdn_model *model, const char *ns, size_t n
 /* Writes the KV of the longest cached prefix of the request into the views.
  * out (required): tokens = its length, 0 on a miss (which is KDN_OK);
  * covered = the cached prefix found (tokens is shorter when a chunk of it
- * could not be read: evicted meanwhile, or corrupt); flags. */
+ * could not be read: evicted meanwhile, or corrupt); flags. Positions past
+ * `tokens` are the engine's to recompute: into device views laid out as
+ * kdn's chunks (contiguous, token-major), a chunk after one that did not
+ * decode may have been written there too. */
 KDN_API kdn_status kdn_kv_retrieve(const kdn_model *model, const char *ns, size_t ns_len, const kdn_request *request,
                                    const kdn_kv_view *views, size_t num_views, kdn_kv_result *out);
 
