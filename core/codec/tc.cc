@@ -543,7 +543,18 @@ Status TcDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t siz
   if (!d.ok()) return d.status();
   const TcProfile& pr = *d->profile;
   const std::uint32_t C = pr.channels(), T = shape.tokens, planes = shape.layers * 2;
-  std::vector<float> y(size_t{planes} * T * C, 0.0f), acc(y.size(), 0.0f);
+  // The components (zeroed: streams write the coded ones) and the product.
+  // Reused per thread up to kKeep bytes: a fresh buffer of this size comes
+  // from mmap as zero pages, and faulting them in cost more than the decode.
+  constexpr size_t kKeep = size_t{32} << 20;
+  const size_t n = size_t{planes} * T * C;
+  thread_local std::vector<float> kept;
+  std::vector<float> own;
+  std::vector<float>& scratch = 2 * n * sizeof(float) <= kKeep ? kept : own;
+  if (scratch.size() < 2 * n) scratch.resize(2 * n);
+  float* const y = scratch.data();
+  float* const acc = y + n;
+  std::fill(y, y + n, 0.0f);
   kernels::TcDecodeArgs a = TcStreamScalars(shape, *d);
   a.payload = data;
   a.streams = d->streams.data();
@@ -552,18 +563,18 @@ Status TcDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t siz
   a.range = d->range.data();
   a.step = d->step.data();
   a.slots = pr.slots.data();
-  a.y = y.data();
+  a.y = y;
   const std::uint32_t bad = kernels::tc_streams_ref(a);
   if (bad != ~0u) {
     return Status::Corrupt("tc payload: stream " + std::to_string(bad) + " (plane " +
                            std::to_string(d->streams[bad].plane) + ") does not decode");
   }
-  kernels::tc_accumulate_ref(y.data(), pr.bases_t.data(), planes, T, d->sinks, C, acc.data());
+  kernels::tc_accumulate_ref(y, pr.bases_t.data(), planes, T, d->sinks, C, acc);
   kernels::TcFinishArgs f = TcFinishScalars(shape, *d);
   f.payload = data;
   f.sinks_at = d->sinks_at.data();
   f.mean = d->mean.data();
-  f.acc = acc.data();
+  f.acc = acc;
   f.out = out;
   if (kernels::tc_finish_ref(f) != ~std::uint64_t{0}) {
     return Status::Corrupt("tc payload: values overflow the dtype");

@@ -75,6 +75,7 @@ struct TcFinishArgs {
   const std::uint64_t* sinks_at = nullptr;  // [plane]: payload offset of its sink halves
   const float* mean = nullptr;              // [plane * C + c]
   const float* acc = nullptr;               // [plane][token][C]: B y
+  const double* cs = nullptr;               // optional [token][pair] (cos, sin) (tc_finish_cos_sin); null: each thread computes its own
   void* out = nullptr;                      // canonical KV of dtype
   std::uint32_t* failed = nullptr;          // lowest (plane, token, head) that overflows (kernels only)
 };
@@ -83,11 +84,30 @@ KDN_HD std::uint64_t tc_finish_threads(const TcFinishArgs& a) {
   return std::uint64_t{a.planes} * a.tokens * a.kv_heads;
 }
 
+// (cos, sin) of the rotation of every rotary pair j of token t (at position
+// first + t) into cs[2 j], cs[2 j + 1]: what tc_finish_work uses, shared by
+// every layer and head of the token (a CPU decode computes them once per
+// token; a GPU thread computes its own).
+KDN_HD void tc_finish_cos_sin(const TcFinishArgs& a, std::uint64_t t, double* cs) {
+  const int pairs = rope_pairs(a.rope);
+  for (int j = 0; j < pairs; ++j) {
+    rope_delta_cos_sin(a.first + static_cast<std::int64_t>(t), rope_spec_inv_freq(a.rope, j), cs[2 * j], cs[2 * j + 1]);
+  }
+}
+
 // (plane, token, head) i: writes its head_dim elements; false if one is not
 // finite or does not fit the dtype (then the decode fails).
+KDN_HD bool tc_finish_head(const TcFinishArgs& a, std::uint64_t plane, std::uint64_t t, std::uint64_t h);
+
 KDN_HD bool tc_finish_work(const TcFinishArgs& a, std::uint64_t i) {
-  const std::uint32_t D = static_cast<std::uint32_t>(a.rope.head_dim);
   const std::uint64_t h = i % a.kv_heads, t = (i / a.kv_heads) % a.tokens, plane = i / (std::uint64_t{a.kv_heads} * a.tokens);
+  return tc_finish_head(a, plane, t, h);
+}
+
+// The same, for (plane, token t, head h) (a CPU loop over the three indices
+// saves tc_finish_work's divisions).
+KDN_HD bool tc_finish_head(const TcFinishArgs& a, std::uint64_t plane, std::uint64_t t, std::uint64_t h) {
+  const std::uint32_t D = static_cast<std::uint32_t>(a.rope.head_dim);
   const std::uint64_t at = (plane * a.tokens + t) * a.channels + h * D;  // element of the head's first value
   float row[kTcMaxHeadDim];
   if (t < a.sinks) {
@@ -99,9 +119,15 @@ KDN_HD bool tc_finish_work(const TcFinishArgs& a, std::uint64_t i) {
     if (plane % 2 == 0) {  // keys
       const bool neox = a.rope.style == RopeStyle::kNeox;
       const int pairs = rope_pairs(a.rope), r = rope_rotary_dim(a.rope);
+      const double* table = a.cs != nullptr ? a.cs + t * 2 * static_cast<std::uint64_t>(pairs) : nullptr;
       for (int j = 0; j < pairs; ++j) {
         double c, s;
-        rope_delta_cos_sin(a.first + static_cast<std::int64_t>(t), rope_spec_inv_freq(a.rope, j), c, s);
+        if (table != nullptr) {
+          c = table[2 * j];
+          s = table[2 * j + 1];
+        } else {
+          rope_delta_cos_sin(a.first + static_cast<std::int64_t>(t), rope_spec_inv_freq(a.rope, j), c, s);
+        }
         rope_rotate_precise(row[rope_first(j, neox)], row[rope_second(j, r, neox)], c, s);
       }
     }

@@ -101,7 +101,26 @@ KDN_HD bool tc_decode_stream(const std::uint8_t* p, std::uint64_t len, std::uint
   if (!kdn_stream_begin(p, len, lanes, x, &ptr)) return false;
   const std::uint8_t* const end = p + len;
   std::uint32_t lane = 0;
-  for (std::uint32_t t = t0; t < t1; ++t) {
+  std::uint32_t t = t0;
+  // Rows far from the stream's end (a row moves at most one word a symbol):
+  // no bounds checks, the word shifted in without a branch (kdn_decode_one's
+  // arithmetic, the same bits).
+  for (; t < t1 && static_cast<std::uint64_t>(end - ptr) >= 2ull * n; ++t) {
+    float* yt = y + static_cast<std::uint64_t>(t) * C;
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const std::uint32_t i = comps[j];
+      std::uint32_t& sx = x[lane];
+      const std::uint32_t e = slots(i)[sx & ((1u << kKdnScaleBits) - 1u)];
+      yt[i] = static_cast<float>(static_cast<std::int32_t>(e >> 24) - range[i]) * step[i];
+      sx = ((e & 0xFFFu) + 1u) * (sx >> kKdnScaleBits) + (sx & ((1u << kKdnScaleBits) - 1u)) - ((e >> 12) & 0xFFFu);
+      const std::uint32_t word = static_cast<std::uint32_t>(ptr[0]) | (static_cast<std::uint32_t>(ptr[1]) << 8);
+      const bool low = sx < kKdnRansLow;
+      sx = low ? (sx << 16) | word : sx;
+      ptr += low ? 2 : 0;
+      lane = lane + 1 == lanes ? 0 : lane + 1;
+    }
+  }
+  for (; t < t1; ++t) {
     float* yt = y + static_cast<std::uint64_t>(t) * C;
     for (std::uint32_t j = 0; j < n; ++j) {
       const std::uint32_t i = comps[j];
