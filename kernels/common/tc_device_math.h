@@ -132,22 +132,23 @@ KDN_HD bool tc_finish_head(const TcFinishArgs& a, std::uint64_t plane, std::uint
       }
     }
   }
+  // Finite in the dtype (core/codec's FitsDtype): NaN and inf fail too. For
+  // a half or bf16 the stored element tells: both round the magnitude apart
+  // from the sign, so its bits without the sign are those of |v| (-0.0 as
+  // +0.0: a key of zeros rotated by a negative cosine is -0.0).
   bool ok = true;
+  if (a.dtype == 0) {
+    for (std::uint32_t d = 0; d < D; ++d) {
+      ok = ok && codec_finite(row[d]);
+      static_cast<float*>(a.out)[at + d] = row[d];
+    }
+    return ok;
+  }
+  const std::uint32_t inf = a.dtype == 1 ? 0x7C00u : 0x7F80u;
   for (std::uint32_t d = 0; d < D; ++d) {
-    const float v = row[d];
-    // Finite in the dtype (core/codec's FitsDtype): NaN and inf fail too.
-    // |v|, with -0.0 as +0.0 (its sign bit would read as out of range: a key
-    // of zeros rotated by a negative cosine is -0.0).
-    const float mag = v < 0.0f ? -v : (v > 0.0f ? v : (v == 0.0f ? 0.0f : v));
-    if (a.dtype == 0 ? !codec_finite(v)
-                     : (a.dtype == 1 ? float_to_half(mag) >= 0x7C00u : float_to_bf16(mag) >= 0x7F80u)) {
-      ok = false;
-    }
-    if (a.dtype == 0) {
-      static_cast<float*>(a.out)[at + d] = v;
-    } else {
-      static_cast<std::uint16_t*>(a.out)[at + d] = codec_to_element<std::uint16_t>(a.dtype, v);
-    }
+    const std::uint16_t e = codec_to_element<std::uint16_t>(a.dtype, row[d]);
+    ok = ok && (e & 0x7FFFu) < inf;
+    static_cast<std::uint16_t*>(a.out)[at + d] = e;
   }
   return ok;
 }
