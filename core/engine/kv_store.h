@@ -89,6 +89,10 @@ struct StoreOptions {
   // the emulated one. Null: no device; device views are refused, and a
   // device tier is the GPU's when one is usable, else emulated.
   std::shared_ptr<Device> device;
+  // Device memory for the kdn chunks of a load that are decoded in batches
+  // and then scattered (views not laid out as the chunks): a load's batches
+  // hold at most this much decoded KV (at least one chunk).
+  std::uint64_t device_staging_bytes = std::uint64_t{256} << 20;
 };
 
 struct LookupResult {

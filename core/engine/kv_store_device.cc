@@ -162,10 +162,10 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   // kdn chunks decode in batches, one device launch each (on a GPU every
   // stream of every chunk at once): straight into the views where they lay
   // the chunk out (DirectPlanes), else into a staging area of up to
-  // kKdnStaging bytes that the scatter kernel reads. Direct decodes may
-  // write the tokens of chunks past a failed one (as a prefix they are then
-  // not counted as written: the engine recomputes them).
-  constexpr std::uint64_t kKdnStaging = std::uint64_t{256} << 20;
+  // options_.device_staging_bytes that the scatter kernel reads. Direct
+  // decodes may write the tokens of chunks past a failed one (as a prefix
+  // they are then not counted as written: the engine recomputes them).
+  const std::uint64_t staging_cap = options_.device_staging_bytes;
   struct KdnDecoded {
     bool done = false, direct = false;
     Status st;
@@ -186,7 +186,7 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   }
   chunk::Payload kdn_staging;
   if (staged_kdn > 0) {
-    Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(std::max(largest_kdn, std::min(staged_kdn, kKdnStaging))));
+    Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(std::max(largest_kdn, std::min(staged_kdn, staging_cap))));
     if (!b.ok()) return b.status();
     kdn_staging = std::move(b).value();
   }

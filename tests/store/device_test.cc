@@ -143,9 +143,11 @@ class DeviceDelivery : public ::testing::TestWithParam<bool> {
       device_ = MakeEmulatedDevice();
     }
   }
-  std::shared_ptr<Runtime> Make(std::vector<TierSpec> tiers, std::uint32_t chunk_tokens = 8) {
+  std::shared_ptr<Runtime> Make(std::vector<TierSpec> tiers, std::uint32_t chunk_tokens = 8,
+                                std::uint64_t staging_bytes = std::uint64_t{256} << 20) {
     StoreOptions o;
     o.chunk_tokens = chunk_tokens;
+    o.device_staging_bytes = staging_bytes;
     o.tiers = std::move(tiers);
     o.device = device_;
     auto rt = Runtime::Create(o, 2);
@@ -397,6 +399,32 @@ TEST_P(DeviceDelivery, KdnChunksDecodeInOneBatchStraightIntoDenseViews) {
   }
   EXPECT_EQ(store.chain().Stats().at(0).decode_failures, 1u);
   EXPECT_FALSE(store.chain().ContainsAt(0, plan[1].key)) << "the chunk that does not decode was kept";
+}
+
+// kdn chunks into a paged view go through staging in batches; with room for
+// a chunk and a half, a load takes several batches, each reusing the staging
+// only after the chunks of the one before were scattered: the same bytes as
+// the CPU decoder.
+TEST_P(DeviceDelivery, KdnBatchesThroughSmallStagingReuseItInOrder) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  const std::uint64_t chunk_bytes = 8 * static_cast<std::uint64_t>(r.m.bytes_per_token());
+  auto rt = Make({HostTier("kdn:balanced")}, 8, chunk_bytes + chunk_bytes / 2);
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+  const size_t T = r.tokens.size();
+  ASSERT_GE(T, 24u) << "three chunks at least";
+  std::vector<float> host_out(r.canonical.size(), 0.0f);
+  ViewSpec ho = HostView(host_out);
+  ASSERT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {ho}).value()).value().tokens, T);
+  Device& d = *device_;
+  Paged out(d, r.m, T);
+  const DeviceCounters before = d.counters();
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(T)}).value()).value().tokens, T);
+  const DeviceCounters after = d.counters();
+  EXPECT_EQ(out.Canonical(d, T), host_out) << "a batch overwrote staged chunks before they were scattered";
+  EXPECT_GE(after.device_decodes - before.device_decodes, 3u);
+  EXPECT_GT(after.scatters, before.scatters);
 }
 
 // The asynchronous ops with device views: a save gathers each layer on the
