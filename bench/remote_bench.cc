@@ -10,6 +10,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@
 #include "server/server.h"
 #include "core/store/chunk_codec.h"
 #include "core/engine/kv_views.h"
+#include "core/tiers/host_pool.h"
 #include "core/tiers/remote_tier.h"
 #include "core/runtime/runtime.h"
 #include "core/wire/envelope.h"
@@ -63,14 +65,17 @@ constexpr const char* kToken = kNodeToken;
 // on its own thread. Every exchange starts with a header of three uint64
 // {op, a, b} from the client:
 //   'P' (bytes, count): reads `count` messages of `bytes` each, each fully
-//       into a new buffer of its own (kept, as a store keeps them), then
-//       writes one byte: "I hold them all".
+//       into a block of its own from a memory pool (kept, as the node's host
+//       tier keeps them in its pool), then writes one byte: "I hold them all".
 //   'G' (count, 0): `count` times, reads a 32-byte key and writes back the
 //       chunk it names (its index in the key's first four bytes), whole.
 //   'S' (total, piece): writes `total` bytes, `piece` per write (a stream).
 class RawPeer {
  public:
   explicit RawPeer(const std::vector<Bytes>* chunks) : chunks_(chunks) {
+    auto pool = store::HostPool::Create(std::uint64_t{3} << 30, store::MemoryKind::kHost);
+    if (!pool.ok()) return;
+    pool_ = std::move(pool).value();
     listen_fd_ = ListenLoopback(&port_);
     if (listen_fd_ >= 0) thread_ = std::thread([this] { Serve(); });
   }
@@ -117,13 +122,13 @@ class RawPeer {
     std::vector<std::uint8_t> buf;
     for (std::uint64_t h[3]; RecvAll(fd, h, sizeof h);) {
       if (h[0] == 'P') {
-        // Each message kept in a buffer of its own, as a store keeps what
-        // it is given, until all are acknowledged.
-        // (Allocated as the tier allocates a chunk's payload.)
+        // Each message kept in a block of its own, as the node's host tier
+        // keeps what it is given (a block of a HostPool, reused from run to
+        // run as the node's are), until all are acknowledged.
         std::vector<chunk::Payload> held(h[2]);
         for (std::uint64_t i = 0; i < h[2]; ++i) {
-          held[i] = chunk::Payload::Uninitialized(h[1]);
-          if (!RecvAll(fd, held[i].data(), h[1])) return;
+          held[i] = pool_->Allocate(h[1]);
+          if (held[i].size() != h[1] || !RecvAll(fd, held[i].data(), h[1])) return;
         }
         const std::uint8_t ack = 1;
         if (!SendAll(fd, &ack, 1)) return;
@@ -151,6 +156,7 @@ class RawPeer {
   }
 
   const std::vector<Bytes>* chunks_;
+  std::shared_ptr<store::HostPool> pool_;  // what 'P' keeps messages in
   int listen_fd_ = -1;
   std::uint16_t port_ = 0;
   std::thread thread_;
@@ -158,6 +164,14 @@ class RawPeer {
   bool stop_ = false;
   int conn_fd_ = -1;
 };
+
+// CPU time of this process so far (user + system, every thread), ms.
+double ProcessCpuMs() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_usec) / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
 
 // A client connection to a port, closed with the object.
 struct Conn {
@@ -250,7 +264,15 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
     for (size_t i = 0; i < n; ++i) {
       Result<ChunkRef> r = tier.Get(set.chunks[i]->meta.key, ctx);
       if (!r.ok()) {
-        std::fprintf(stderr, "bench: remote get of chunk %zu: %s\n", i, r.status().message().c_str());
+        const store::RemoteCounters rc = tier.remote_counters();
+        std::fprintf(stderr,
+                     "bench: remote get of chunk %zu: %s (calls %llu, failed %llu, timeouts %llu, reads ahead %llu, "
+                     "used %llu, dropped %llu, overflow %llu)\n",
+                     i, r.status().message().c_str(), static_cast<unsigned long long>(rc.calls),
+                     static_cast<unsigned long long>(rc.failed_calls), static_cast<unsigned long long>(rc.timeouts),
+                     static_cast<unsigned long long>(rc.reads_ahead), static_cast<unsigned long long>(rc.reads_ahead_used),
+                     static_cast<unsigned long long>(rc.reads_ahead_dropped),
+                     static_cast<unsigned long long>(rc.reads_ahead_overflow));
         ok = false;
         break;
       }
@@ -286,29 +308,41 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
     return ms;
   };
 
-  std::vector<double> tp, rp, tg, rg;
+  // Each measure also takes the process's CPU time (user + system, every
+  // thread: the node, the tier's threads, the raw peer all run here): on
+  // loopback both ends' copies are CPU work on the same cores.
+  std::vector<double> tp, rp, tg, rg, tp_cpu, rp_cpu, tg_cpu, rg_cpu;
+  auto timed = [](const std::function<double()>& f, double& cpu_ms) {
+    const double c0 = ProcessCpuMs();
+    const double ms = f();
+    cpu_ms = ProcessCpuMs() - c0;
+    return ms;
+  };
   for (int r = -1; r < repeats; ++r) {  // r = -1 warms up
-    double t = 0, w = 0;
+    double t = 0, w = 0, tc = 0, wc = 0;
     if (r % 2 == 0) {
-      t = tier_put();
+      t = timed(tier_put, tc);
       erase_all();
-      w = raw_put();
+      w = timed(raw_put, wc);
     } else {
-      w = raw_put();
-      t = tier_put();
+      w = timed(raw_put, wc);
+      t = timed(tier_put, tc);
       erase_all();
     }
     if (!ok) return 1;
     if (r >= 0) {
       tp.push_back(t);
       rp.push_back(w);
+      tp_cpu.push_back(tc);
+      rp_cpu.push_back(wc);
     }
   }
   (void)tier_put();  // what the gets read
   for (int r = -1; r < repeats; ++r) {
     const bool tier_first = r % 2 == 0;
-    const double a = tier_first ? tier_get() : raw_get();
-    const double b = tier_first ? raw_get() : tier_get();
+    double ac = 0, bc = 0;
+    const double a = tier_first ? timed(tier_get, ac) : timed(raw_get, ac);
+    const double b = tier_first ? timed(raw_get, bc) : timed(tier_get, bc);
     if (!ok) {
       std::fprintf(stderr, "bench: remote get returned a miss or other bytes (%s)\n", set.shape.suffix);
       return 1;
@@ -316,6 +350,8 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
     if (r >= 0) {
       tg.push_back(tier_first ? a : b);
       rg.push_back(tier_first ? b : a);
+      tg_cpu.push_back(tier_first ? ac : bc);
+      rg_cpu.push_back(tier_first ? bc : ac);
     }
   }
   erase_all();
@@ -324,18 +360,25 @@ int PutGet(const ChunkSet& set, const Node& node, int repeats, Records& out) {
   p["transport"] = "TCP on loopback (127.0.0.1), TCP_NODELAY on the raw sockets; kdnd in this process";
   p["tier"] = {{"batch_bytes", o.batch_bytes}, {"write_queue_bytes", o.write_queue_bytes}, {"timeout_ms", o.timeout_ms}};
   p["guarantee"] = "tier: Put of every chunk then Flush, which returns once the node has answered every put call "
-                   "(stored in its host tier); raw: one write per chunk to a receiver that reads each whole into a "
-                   "new buffer of its own (allocated as the tier allocates a payload), kept until its 1-byte "
-                   "acknowledgement once it has every byte";
+                   "(each envelope checked, both checksums, and stored in its host tier's memory pool); raw: one write "
+                   "per chunk to a receiver that reads each whole into a block of its own from a memory pool "
+                   "(store::HostPool, as the node's host tier keeps chunks; reused from run to run as the node's "
+                   "blocks are), kept until its 1-byte acknowledgement once it has every byte (no checksum)";
   p["bytes"] = "envelope bytes (the chunk framed, as both sides send it)";
+  p["cpu_is"] = "process CPU time (user + system, all threads) per GB moved, median over the runs";
+  p["cpu_s_per_gb"] = Median(tp_cpu) / 1e3 / gb;
+  p["raw_cpu_s_per_gb"] = Median(rp_cpu) / 1e3 / gb;
   out.Add(std::string("remote_put_gbps_") + set.shape.suffix, gb / (Median(tp) / 1e3), "GB/s", p, "raw_tcp_put_gbps",
           gb / (Median(rp) / 1e3));
   p.erase("guarantee");
+  p["cpu_s_per_gb"] = Median(tg_cpu) / 1e3 / gb;
+  p["raw_cpu_s_per_gb"] = Median(rg_cpu) / 1e3 / gb;
   p["path"] = "tier: RemoteTier::Prefetch of every key with will_read (as a retrieve does: the lookup and one get "
               "call per key sent at once), then RemoteTier::Get of each chunk in turn with the namespace in its ReadContext (each "
-              "envelope checked, both checksums, and copied into a chunk of its own); raw: every 32-byte key written "
-              "at once, then each chunk read whole into a new buffer of its own (allocated as the tier allocates a "
-              "payload), held to the end of the run (no checksum)";
+              "envelope checked, both checksums, its payload kept in the buffer its reply was read into: a chunk of "
+              "its own); the node sends each envelope from the block its host tier keeps it in; raw: every 32-byte "
+              "key written at once, then each chunk read whole into a new buffer of its own (allocated as the tier "
+              "allocates a payload), held to the end of the run (no checksum)";
   out.Add(std::string("remote_get_gbps_") + set.shape.suffix, gb / (Median(tg) / 1e3), "GB/s", p, "raw_tcp_get_gbps",
           gb / (Median(rg) / 1e3));
   return 0;
@@ -705,7 +748,7 @@ int RunRemoteBench(const RemoteBenchOptions& o) {
     std::fprintf(stderr, "kdn bench remote: %s\n", e.what());
     return 2;
   }
-  if (rc == 0 && real.model) rc = Delivery(real, node, repeats, records);
+  if (rc == 0 && real.model && !o.put_get_only) rc = Delivery(real, node, repeats, records);
   if (rc != 0) return rc;
   return records.Finish(o.json_path, "kdn bench remote");
 }

@@ -13,6 +13,9 @@ struct RemoteBenchOptions {
   std::string json_path;
   int repeats = 0;  // 0: 5, or 2 with quick
   bool quick = false;
+  // Only the put/get records (no model prefill, no shaped links): for
+  // working on the transfer path itself.
+  bool put_get_only = false;
 };
 
 // The measures (JSON records as DESIGN.md "Benchmarks" has them):

@@ -105,8 +105,22 @@ class SessionImpl final : public Session::Server {
     return error;
   }
 
-  SessionImpl(NodeService& service, kj::Timer& timer, const Grant& grant)
-      : service_(service), timer_(timer), grant_(grant) {
+  // Whether a held chunk's envelope goes into a reply from where it lies:
+  // the connection can hold it until written, and it is whole words (a
+  // segment shows the bytes up to its end's word boundary).
+  // A connection holds at most kMaxHeldBytes of stored chunks for replies
+  // not yet written; beyond it, replies copy (a client that never reads
+  // keeps no more than that of evicted chunks alive).
+  static constexpr std::uint64_t kMaxHeldBytes = std::uint64_t{1} << 30;
+  // `more`: what this reply holds already.
+  bool InPlace(const store::Chunk& c, std::uint64_t more) const {
+    return buffers_ && c.envelope && c.envelope_bytes % sizeof(capnp::word) == 0 &&
+           reinterpret_cast<std::uintptr_t>(c.envelope) % sizeof(capnp::word) == 0 &&
+           buffers_->held_bytes() + more + c.envelope_bytes <= kMaxHeldBytes;
+  }
+
+  SessionImpl(NodeService& service, kj::Timer& timer, const Grant& grant, std::shared_ptr<wire::StreamBuffers> buffers)
+      : service_(service), timer_(timer), grant_(grant), buffers_(std::move(buffers)) {
     service_.SessionOpened();
   }
   ~SessionImpl() noexcept(false) { service_.SessionClosed(); }
@@ -166,23 +180,33 @@ class SessionImpl final : public Session::Server {
       std::vector<keys::Digest> keys;
       Status error = NamespaceAndKeys(params, ns, keys);
       std::vector<store::ChunkRef> chunks;
-      std::uint64_t words = 16, misses = 0, bytes = 0, tokens = 0;
+      std::vector<bool> in_place;  // per chunk: sent from where it lies
+      std::uint64_t words = 16, misses = 0, bytes = 0, tokens = 0, holding = 0;
       if (error.ok()) {
         chunks.reserve(keys.size());
         for (const keys::Digest& k : keys) {
           chunks.push_back(service_.Get(ns, k));
+          in_place.push_back(chunks.back() && InPlace(*chunks.back(), holding));
           if (chunks.back()) {
-            const std::uint64_t size = wire::EncodedEnvelopeSize(chunks.back()->payload.size());
-            words += size / 8 + 4;
+            const store::Chunk& c = *chunks.back();
+            const std::uint64_t size = c.envelope ? c.envelope_bytes : wire::EncodedEnvelopeSize(c.payload.size());
+            if (in_place.back()) {
+              holding += size;
+            } else {
+              words += size / 8 + 4;
+            }
             bytes += size;
-            tokens += chunks.back()->meta.tokens;
+            tokens += c.meta.tokens;
           } else {
             ++misses;
           }
         }
       }
-      // One segment sized for every envelope: each is encoded straight into
-      // the reply (a word-aligned, zeroed Data), one copy of its payload.
+      // One segment sized for every envelope sent from it: each is encoded
+      // straight into the reply (a word-aligned, zeroed Data), one copy of
+      // its payload, or copied there as it was put. An envelope the node
+      // kept as it was put is sent from where it lies (a segment of its own,
+      // held until written: no copy at all) where the connection allows.
       auto results = context.initResults(capnp::MessageSize{words + 4 * keys.size(), 0});
       if (!error.ok()) {
         SetError(results.initError(), error);
@@ -195,9 +219,21 @@ class SessionImpl final : public Session::Server {
           list[i].setMissing();
           continue;
         }
-        const std::uint64_t size = wire::EncodedEnvelopeSize(chunks[i]->payload.size());
+        const store::Chunk& c = *chunks[i];
+        if (in_place[i]) {
+          capnp::Data::Reader bytes(c.envelope, c.envelope_bytes);
+          list[i].adoptEnvelope(capnp::Orphanage::getForMessageContaining(results).referenceExternalData(bytes));
+          buffers_->Hold(c.envelope, chunks[i], c.envelope_bytes);
+          continue;
+        }
+        if (c.envelope) {
+          auto data = list[i].initEnvelope(static_cast<unsigned>(c.envelope_bytes));
+          std::memcpy(data.begin(), c.envelope, c.envelope_bytes);
+          continue;
+        }
+        const std::uint64_t size = wire::EncodedEnvelopeSize(c.payload.size());
         auto data = list[i].initEnvelope(static_cast<unsigned>(size));
-        Status st = wire::EncodeEnvelopeInto(*chunks[i], data.begin(), size);
+        Status st = wire::EncodeEnvelopeInto(c, data.begin(), size);
         if (!st.ok()) {  // cannot happen for a chunk that decoded on put; a miss all the same
           list[i].setMissing();
           ++misses;
@@ -237,7 +273,8 @@ class SessionImpl final : public Session::Server {
         auto e = envelopes[i];
         Status r = e.size() > wire::node::MAX_ENVELOPE_BYTES
                           ? Status::TooLarge("envelope larger than the node takes")
-                          : service_.Put(ns, {e.begin(), e.size()});
+                          : service_.Put(ns, {e.begin(), e.size()},
+                                         buffers_ ? buffers_->OwnerOf(e.begin(), e.size()) : nullptr);
         SetError(list[i], r);
       }
       service_.CountPut(MicrosSince(t0));
@@ -429,12 +466,13 @@ class SessionImpl final : public Session::Server {
   NodeService& service_;
   kj::Timer& timer_;
   const Grant& grant_;
+  std::shared_ptr<wire::StreamBuffers> buffers_;  // null: replies copy what they send
 };
 
 class NodeImpl final : public KdnNode::Server {
  public:
-  NodeImpl(NodeService& service, kj::Timer& timer, std::string version)
-      : service_(service), timer_(timer), version_(std::move(version)) {}
+  NodeImpl(NodeService& service, kj::Timer& timer, std::string version, std::shared_ptr<wire::StreamBuffers> buffers)
+      : service_(service), timer_(timer), version_(std::move(version)), buffers_(std::move(buffers)) {}
 
  protected:
   kj::Promise<void> health(HealthContext context) override {
@@ -457,7 +495,7 @@ class NodeImpl final : public KdnNode::Server {
       return kj::READY_NOW;
     }
     SetError(results.initError(), Status::Ok());
-    results.setSession(kj::heap<SessionImpl>(service_, timer_, *grant));
+    results.setSession(kj::heap<SessionImpl>(service_, timer_, *grant, buffers_));
     return kj::READY_NOW;
   }
 
@@ -465,16 +503,19 @@ class NodeImpl final : public KdnNode::Server {
   NodeService& service_;
   kj::Timer& timer_;
   std::string version_;
+  std::shared_ptr<wire::StreamBuffers> buffers_;
 };
 
 }  // namespace
 
-capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version) {
-  return kj::heap<NodeImpl>(service, timer, version);
+capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version,
+                                            std::shared_ptr<wire::StreamBuffers> buffers) {
+  return kj::heap<NodeImpl>(service, timer, version, std::move(buffers));
 }
 
-wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant) {
-  return kj::heap<SessionImpl>(service, timer, grant);
+wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant,
+                                        std::shared_ptr<wire::StreamBuffers> buffers) {
+  return kj::heap<SessionImpl>(service, timer, grant, std::move(buffers));
 }
 
 }  // namespace kdn::server

@@ -9,21 +9,27 @@
 // the service they call is thread-safe.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <capnp/capability.h>
 #include <kj/timer.h>
 
+#include "core/wire/message_stream.h"
 #include "core/wire/node.capnp.h"
 #include "server/service.h"
 
 namespace kdn::server {
 
 // The bootstrap capability of a connection (KdnNode). `timer` paces the
-// statistics pushes; both must outlive every connection.
-capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version);
+// statistics pushes; both must outlive every connection. `buffers`: the
+// connection's (core/wire/message_stream.h), through which its sessions
+// reply with stored envelopes in place; null: they copy them into replies.
+capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version,
+                                            std::shared_ptr<wire::StreamBuffers> buffers = nullptr);
 // A session for a grant, as login makes it (tests and the fuzz target call
 // its methods as local capabilities, through the same handlers).
-wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant);
+wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant,
+                                        std::shared_ptr<wire::StreamBuffers> buffers = nullptr);
 
 }  // namespace kdn::server

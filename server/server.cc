@@ -21,10 +21,12 @@
 #include <kj/debug.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "server/kv_events.h"
 #include "server/metrics.h"
+#include "core/wire/message_stream.h"
 #include "core/wire/rpc.h"
 
 #ifndef KDN_SERVER_VERSION
@@ -41,13 +43,21 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// One RPC connection: its network and RPC system live as long as it does.
+// Makes a connection's bootstrap capability, given its message buffers.
+using BootstrapFactory = std::function<capnp::Capability::Client(std::shared_ptr<wire::StreamBuffers>)>;
+
+// One RPC connection: its message stream, network and RPC system live as
+// long as it does; its capabilities share its message buffers.
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream>&& s, capnp::Capability::Client bootstrap)
+  Connection(kj::Own<kj::AsyncIoStream>&& s, const BootstrapFactory& bootstrap)
       : stream(kj::mv(s)),
-        network(*stream, capnp::rpc::twoparty::Side::SERVER, wire::RpcReaderOptions()),
-        rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+        buffers(std::make_shared<wire::StreamBuffers>()),
+        messages(*stream, buffers),
+        network(messages, capnp::rpc::twoparty::Side::SERVER, wire::RpcReaderOptions()),
+        rpc(capnp::makeRpcServer(network, bootstrap(buffers))) {}
   kj::Own<kj::AsyncIoStream> stream;
+  std::shared_ptr<wire::StreamBuffers> buffers;
+  wire::BulkMessageStream messages;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
 };
@@ -103,13 +113,13 @@ struct LogErrors final : kj::TaskSet::ErrorHandler {
 
 // Accepts connections until dropped; each serves RPC until it disconnects.
 kj::Promise<void> AcceptLoop(kj::ConnectionReceiver& receiver, kj::TaskSet& connections,
-                             capnp::Capability::Client bootstrap) {
+                             const BootstrapFactory& bootstrap) {
   return receiver.accept().then(
-      [&receiver, &connections, bootstrap = kj::mv(bootstrap)](kj::Own<kj::AsyncIoStream>&& stream) mutable {
+      [&receiver, &connections, &bootstrap](kj::Own<kj::AsyncIoStream>&& stream) mutable {
         auto conn = kj::heap<Connection>(kj::mv(stream), bootstrap);
         auto done = conn->network.onDisconnect();
         connections.add(done.attach(kj::mv(conn)));
-        return AcceptLoop(receiver, connections, kj::mv(bootstrap));
+        return AcceptLoop(receiver, connections, bootstrap);
       });
 }
 
@@ -204,7 +214,9 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
       o.defaultKeypair = KJ_ASSERT_NONNULL(keypair);
       tls = kj::heap<kj::TlsContext>(kj::mv(o));
     }
-    capnp::Capability::Client bootstrap = MakeNodeBootstrap(*service_, io.provider->getTimer(), KDN_SERVER_VERSION);
+    const BootstrapFactory bootstrap = [this, &io](std::shared_ptr<wire::StreamBuffers> buffers) {
+      return MakeNodeBootstrap(*service_, io.provider->getTimer(), KDN_SERVER_VERSION, std::move(buffers));
+    };
     LogErrors log_errors;
     kj::TaskSet connections(log_errors);
     kj::Vector<kj::Own<kj::ConnectionReceiver>> listeners;

@@ -212,6 +212,8 @@ store::ChunkRef NodeService::Get(const keys::Digest& ns, const keys::Digest& key
   out->meta = stored->meta;
   out->meta.key = key;
   out->payload = store::Payload::Adopt(const_cast<std::uint8_t*>(stored->payload.data()), stored->payload.size(), std::const_pointer_cast<store::Chunk>(stored));
+  out->envelope = stored->envelope;  // put with the caller's key, which it holds
+  out->envelope_bytes = stored->envelope_bytes;
   return out;
 }
 
@@ -224,9 +226,26 @@ void NodeService::CountGet(std::uint64_t chunks, std::uint64_t misses, std::uint
   get_us_.Record(micros);
 }
 
-Status NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t> envelope) {
+Status NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t> envelope, std::shared_ptr<void> owner) {
   if (draining_) return Status::Unavailable("the node is shutting down");
-  Result<store::ChunkRef> chunk = wire::DecodeEnvelope(envelope.data(), envelope.size(), nullptr);
+  // Where the envelope's bytes stay valid (an owner), it is copied into a
+  // block of the top tier's memory while its checksum is taken (one pass),
+  // and the tier keeps that block: the chunk's one copy on the node.
+  std::shared_ptr<store::Payload> block;
+  bool in_block = false;
+  wire::PayloadChecksummer copy_in;
+  if (owner) {
+    store::Payload b = chain_->Reserve(envelope.size());
+    if (b.size() == envelope.size()) block = std::make_shared<store::Payload>(std::move(b));
+  }
+  if (block) {
+    copy_in = [&](const std::uint8_t* p, size_t n) -> std::uint64_t {
+      if (p < envelope.data() || p + n > envelope.data() + envelope.size()) return wire::PayloadChecksum(p, n);
+      in_block = true;
+      return wire::CopyWithChecksum(block->data() + (p - envelope.data()), p, n);
+    };
+  }
+  Result<store::ChunkRef> chunk = wire::DecodeEnvelope(envelope.data(), envelope.size(), nullptr, std::move(owner), copy_in);
   if (!chunk.ok()) {
     Count(NodeStat::kPutRefused);
     return Status(chunk.status().code() == Code::kUnsupported ? Code::kInvalidArgument : Code::kCorrupt,
@@ -241,7 +260,27 @@ Status NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t> en
   auto filed = std::make_shared<store::Chunk>();
   filed->meta = c->meta;
   filed->meta.key = ObjectKey(ns, key);
-  filed->payload = store::Payload::Adopt(const_cast<std::uint8_t*>(c->payload.data()), c->payload.size(), std::const_pointer_cast<store::Chunk>(c));
+  const bool inside = c->payload.data() >= envelope.data() &&
+                      c->payload.data() + c->payload.size() <= envelope.data() + envelope.size();
+  if (inside && in_block) {
+    // The payload is in the block already; the rest of the envelope (its
+    // header, the padding after the payload) follows it there.
+    const auto off = static_cast<size_t>(c->payload.data() - envelope.data());
+    std::memcpy(block->data(), envelope.data(), off);
+    std::memcpy(block->data() + off + c->payload.size(), envelope.data() + off + c->payload.size(),
+                envelope.size() - off - c->payload.size());
+    filed->payload = store::Payload::Adopt(block->data() + off, c->payload.size(), block);
+    filed->envelope = block->data();
+    filed->envelope_bytes = envelope.size();
+  } else {
+    filed->payload = store::Payload::Adopt(const_cast<std::uint8_t*>(c->payload.data()), c->payload.size(),
+                                           std::const_pointer_cast<store::Chunk>(c));
+    if (inside) {
+      // Decoded in place: the envelope's bytes live as long as the payload.
+      filed->envelope = envelope.data();
+      filed->envelope_bytes = envelope.size();
+    }
+  }
   Status st = chain_->Put(filed);
   if (!st.ok()) {
     Count(NodeStat::kPutRefused);

@@ -81,12 +81,18 @@ class NodeService {
                    std::span<const std::uint64_t> request_tokens, std::vector<std::uint32_t>& prefixes);
   // Checks a call's namespace hash against the grant.
   Status CheckNamespace(const Grant& g, std::span<const std::uint8_t> ns, keys::Digest& out);
-  // A held chunk, its key the caller's again (null: not held).
+  // A held chunk, its key the caller's again (null: not held). Where the
+  // node kept the envelope it was put in (a memory tier), the chunk's
+  // `envelope` is those bytes, to be sent as they are.
   store::ChunkRef Get(const keys::Digest& ns, const keys::Digest& key);
   // Records a finished get of `chunks` keys (served bytes, misses, latency).
   void CountGet(std::uint64_t chunks, std::uint64_t misses, std::uint64_t bytes, std::uint64_t tokens, double micros);
-  // Stores one envelope of namespace `ns`.
-  Status Put(const keys::Digest& ns, std::span<const std::uint8_t> envelope);
+  // Stores one envelope of namespace `ns`, checked as DecodeEnvelope checks
+  // it. With `owner` (which keeps the envelope's bytes alive: the message it
+  // arrived in), the chunk is filed from those bytes as they are: its
+  // payload is not copied out of them, and a memory tier keeps the envelope
+  // whole (one copy, into the tier), which gets then send back unchanged.
+  Status Put(const keys::Digest& ns, std::span<const std::uint8_t> envelope, std::shared_ptr<void> owner = nullptr);
   void CountPut(double micros) { put_us_.Record(micros); }
   std::uint32_t Delete(const keys::Digest& ns, std::span<const keys::Digest> keys);
   std::uint32_t Pin(const keys::Digest& ns, std::span<const keys::Digest> keys, std::uint64_t ttl_ms);

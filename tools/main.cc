@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
   remoteb->add_option("--json", rbo.json_path, "output file")->required();
   remoteb->add_option("--repeats", rbo.repeats, "timed runs per measure")->check(CLI::Range(1, 100000));
   remoteb->add_flag("--quick", rbo.quick, "few chunks and repeats (a smoke test, not a measurement)");
+  remoteb->add_flag("--put-get-only", rbo.put_get_only, "only the put/get records against raw TCP (no delivery or TTFT)");
   kdn::bench::RedisBenchOptions rdo;
   auto* redisb = bench->add_subcommand("redis", "Redis tier vs raw hiredis (single node, cluster): put/get, lookup, delivery");
   redisb->add_option("--json", rdo.json_path, "output file")->required();

@@ -95,6 +95,13 @@ struct ChunkMeta {
 struct Chunk {
   ChunkMeta meta;
   Payload payload;
+  // The envelope (wire/envelope.h) this chunk arrived in, as it arrived,
+  // where a tier keeps it whole (kdnd's memory tiers: a get replies with
+  // these bytes, not a new encoding). It holds `payload` and lives as long
+  // as it (one owner). Its key is the one it was put with, which a node's
+  // meta.key (the node's own object key) is not. Null: none.
+  const std::uint8_t* envelope = nullptr;
+  std::uint64_t envelope_bytes = 0;
 };
 using ChunkRef = std::shared_ptr<const Chunk>;
 

@@ -106,6 +106,15 @@ class Tier {
   virtual Result<ChunkRef> GetResident(const keys::Digest& key, const ReadContext& ctx = {}) { return Get(key, ctx); }
   // Whether Put takes chunks whose payload is in device memory (meta.device).
   virtual bool TakesDevicePayloads() const { return false; }
+  // Memory in which this tier would keep a chunk of `bytes` (its pool), for
+  // a writer that builds the chunk there: Put then keeps a chunk whose
+  // envelope (Chunk::envelope) is such a block as it is, without a copy.
+  // The block is the writer's alone until then; dropped unused, it goes
+  // back. Empty: the tier has no such memory (the default), or none now.
+  virtual Payload Reserve(std::uint64_t bytes) {
+    (void)bytes;
+    return {};
+  }
   // Removes an object; false when absent.
   virtual bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) = 0;
   // Removes several objects (a knowledge item's chunks) together; how many

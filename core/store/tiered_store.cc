@@ -358,6 +358,11 @@ bool TieredStore::TakesDevicePayloads() const {
          !editor_ && !pass_through_;
 }
 
+Payload TieredStore::Reserve(std::uint64_t bytes) {
+  if (!pass_through_ || levels_.empty()) return {};
+  return levels_[0]->tier->Reserve(bytes);
+}
+
 Status TieredStore::Put(ChunkRef chunk, const ReadContext& ctx) {
   if (!chunk) return Status::InvalidArgument("put: null chunk");
   if (chunk->meta.device) {

@@ -174,6 +174,10 @@ class TieredStore {
 
   // Stores a chunk in the highest tier that takes it.
   Status Put(ChunkRef chunk, const ReadContext& ctx = {});
+  // A pass-through store: memory of its top tier to build a chunk of
+  // `bytes` in, which a Put keeps without a copy when the top tier takes it
+  // (Tier::Reserve). Empty: none (not pass-through, or the tier has none).
+  Payload Reserve(std::uint64_t bytes);
   // The chunk from the highest tier holding it, leased; kNotFound on a miss.
   // kCanonical: its canonical KV in host memory (decoded, copied out of a
   // device tier). kStored: as the tier holds it, for a reader on a device

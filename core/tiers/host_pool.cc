@@ -154,6 +154,15 @@ void HostPool::Free(std::uint8_t* data) {
   free_[slab->second.block].push_back(data);
 }
 
+bool HostPool::Holds(const void* p) const {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slabs_.upper_bound(const_cast<std::uint8_t*>(b));
+  if (it == slabs_.begin()) return false;
+  --it;
+  return b < it->second.base + it->second.bytes;
+}
+
 PoolUsage HostPool::Usage() const {
   std::lock_guard<std::mutex> lock(mu_);
   return PoolUsage{capacity_, reserved_, in_use_, slabs_.size()};

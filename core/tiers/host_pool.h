@@ -54,6 +54,8 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   // after the pool itself is destroyed).
   Payload Allocate(std::uint64_t n);
   PoolUsage Usage() const;
+  // Whether `p` lies in a slab of this pool.
+  bool Holds(const void* p) const;
   MemoryKind kind() const { return kind_; }
 
  private:

@@ -50,17 +50,44 @@ Status MemoryTier::Put(const ChunkRef& chunk) {
     std::lock_guard<std::mutex> lock(mu_);
     if (used_ + cost > capacity_) return Status(Code::kBusy, name_ + " tier full");
   }
-  Payload block = pool_->Allocate(chunk->payload.size());
-  if (block.empty() && !chunk->payload.empty()) return Status(Code::kBusy, name_ + " tier: pool full");
-  CopyIn(block.data(), chunk->payload.data(), chunk->payload.size(), chunk->meta.device);
+  const bool whole = KeepsEnvelope(*chunk);
+  if (whole && pool_->Holds(chunk->envelope)) {
+    // Built in a block of this pool (Reserve): kept as it is.
+    auto stored = std::make_shared<Chunk>();
+    stored->meta = chunk->meta;
+    stored->envelope = chunk->envelope;
+    stored->envelope_bytes = chunk->envelope_bytes;
+    stored->payload = Payload::Adopt(const_cast<std::uint8_t*>(chunk->payload.data()), chunk->payload.size(),
+                                     std::const_pointer_cast<Chunk>(chunk));
+    return Insert(std::move(stored), cost);
+  }
+  const std::uint64_t bytes = whole ? chunk->envelope_bytes : chunk->payload.size();
+  Payload block = pool_->Allocate(bytes);
+  if (block.empty() && bytes != 0) return Status(Code::kBusy, name_ + " tier: pool full");
   auto stored = std::make_shared<Chunk>();
   stored->meta = chunk->meta;
   stored->meta.device = on_device();
-  stored->payload = std::move(block);
+  if (whole) {
+    // The envelope as it came, one copy; the payload is where it lies in it.
+    CopyIn(block.data(), chunk->envelope, bytes, false);
+    const auto offset = static_cast<size_t>(chunk->payload.data() - chunk->envelope);
+    auto holder = std::make_shared<Payload>(std::move(block));
+    stored->envelope = holder->data();
+    stored->envelope_bytes = bytes;
+    stored->payload = Payload::Adopt(holder->data() + offset, chunk->payload.size(), holder);
+  } else {
+    CopyIn(block.data(), chunk->payload.data(), chunk->payload.size(), chunk->meta.device);
+    stored->payload = std::move(block);
+  }
+  return Insert(std::move(stored), cost);
+}
+
+Status MemoryTier::Insert(std::shared_ptr<Chunk> stored, std::uint64_t cost) {
+  const keys::Digest key = stored->meta.key;
   std::lock_guard<std::mutex> lock(mu_);
-  if (map_.count(chunk->meta.key)) return Status::Ok();  // a concurrent put won
+  if (map_.count(key)) return Status::Ok();  // a concurrent put won
   if (used_ + cost > capacity_) return Status(Code::kBusy, name_ + " tier full");
-  map_.emplace(chunk->meta.key, std::move(stored));
+  map_.emplace(key, std::move(stored));
   used_ += cost;
   return Status::Ok();
 }

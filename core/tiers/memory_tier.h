@@ -27,11 +27,17 @@ class MemoryTier final : public Tier {
   static Result<std::unique_ptr<MemoryTier>> Create(std::string name, std::uint64_t capacity_bytes, MemoryKind kind);
 
   const std::string& name() const override { return name_; }
-  std::uint64_t Cost(const Chunk& chunk) const override { return HostPool::ClassSize(chunk.payload.size()); }
+  // A chunk that came with its envelope (Chunk::envelope) is kept whole in
+  // host memory, the envelope's bytes as they came: what it costs.
+  std::uint64_t Cost(const Chunk& chunk) const override {
+    return HostPool::ClassSize(KeepsEnvelope(chunk) ? chunk.envelope_bytes : chunk.payload.size());
+  }
   Status Put(const ChunkRef& chunk) override;
   Result<ChunkRef> Get(const keys::Digest& key, const ReadContext& ctx = {}) override;
   Result<ChunkRef> GetResident(const keys::Digest& key, const ReadContext& ctx = {}) override;
   bool TakesDevicePayloads() const override { return on_device(); }
+  // A block of the pool, in host memory only.
+  Payload Reserve(std::uint64_t bytes) override { return on_device() ? Payload() : pool_->Allocate(bytes); }
   bool Contains(const keys::Digest& key, const ReadContext& ctx = {}) const override;
   bool Erase(const keys::Digest& key, const ReadContext& ctx = {}) override;
   std::vector<ObjectInfo> List() const override;
@@ -42,6 +48,12 @@ class MemoryTier final : public Tier {
   PoolUsage pool_usage() const { return pool_->Usage(); }
   MemoryKind kind() const { return pool_->kind(); }
   bool on_device() const { return kind() == MemoryKind::kDevice || kind() == MemoryKind::kDeviceEmulated; }
+  // Whether Put keeps `chunk` as the envelope it came in: a host tier, and
+  // an envelope that holds the chunk's payload.
+  bool KeepsEnvelope(const Chunk& chunk) const {
+    return chunk.envelope && !on_device() && !chunk.meta.device && chunk.payload.data() >= chunk.envelope &&
+           chunk.payload.data() + chunk.payload.size() <= chunk.envelope + chunk.envelope_bytes;
+  }
   // Bytes a device tier copied out to the host for Get.
   std::uint64_t host_copy_bytes() const { return host_copy_bytes_; }
 
@@ -51,6 +63,9 @@ class MemoryTier final : public Tier {
   // Copies between host memory (or device memory, from_device) and this tier's memory.
   void CopyIn(std::uint8_t* dst, const std::uint8_t* src, size_t n, bool from_device) const;
   void CopyOut(std::uint8_t* dst, const std::uint8_t* src, size_t n) const;
+  // Files a chunk made for this tier, unless a concurrent put filed its key
+  // first (Ok) or it no longer fits (kBusy).
+  Status Insert(std::shared_ptr<Chunk> stored, std::uint64_t cost);
 
   const std::string name_;
   const std::uint64_t capacity_;

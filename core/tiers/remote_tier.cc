@@ -127,6 +127,20 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
     return branch;
   }
 
+  // On the loop thread: the message buffers of the connection calls go out
+  // on now (null: none yet).
+  wire::StreamBuffers* Buffers() {
+    KJ_IF_MAYBE(c, connection) { return &(*c)->link->buffers(); }
+    return nullptr;
+  }
+  // On the loop thread: `data` (an envelope of a reply), checked against
+  // `key` and kept where it arrived when the connection read it into a
+  // buffer of its own (no copy), else copied out.
+  Result<ChunkRef> Decode(capnp::Data::Reader data, const keys::Digest& key) {
+    wire::StreamBuffers* b = Buffers();
+    return wire::DecodeEnvelope(data.begin(), data.size(), &key, b ? b->OwnerOf(data.begin(), data.size()) : nullptr);
+  }
+
   // Runs `call` (given the session; returns a promise) on the loop thread
   // with the tier's deadline; rethrows its failure on the caller's thread.
   // executeSync orders the two threads through kj's own futex mutex, which
@@ -183,8 +197,8 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
         keep = it == arrivals.end() || it->second.get() != &a || arrival_bytes + bytes <= options.read_ahead_bytes;
       }
       if (keep) {
-        // Checked and copied out here: the reply is the connection's.
-        Result<ChunkRef> c = wire::DecodeEnvelope(data.begin(), data.size(), &key);
+        // Checked here; kept in the buffer it arrived in, or copied out.
+        Result<ChunkRef> c = Decode(data, key);
         if (c.ok()) {
           chunk = std::move(c).value();
         } else {
@@ -307,7 +321,9 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Create(const RemoteTierOptions& 
   t->impl_->connector = std::move(connector).value();
   std::string error;
   if (!t->impl_->Start(error)) return Status(Code::kUnavailable, "remote tier: cannot start its event loop: " + error);
-  t->sender_ = std::thread([p = t.get()] { p->SenderLoop(); });
+  for (std::uint32_t i = 0; i < std::max<std::uint32_t>(options.senders, 1); ++i) {
+    t->senders_.emplace_back([p = t.get()] { p->SenderLoop(); });
+  }
   return t;
 }
 
@@ -317,7 +333,7 @@ RemoteTier::~RemoteTier() {
     stopping_ = true;
   }
   qcv_.notify_all();
-  if (sender_.joinable()) sender_.join();
+  for (std::thread& t : senders_) t.join();
   if (impl_) impl_->Stop();
 }
 
@@ -347,13 +363,17 @@ void RemoteTier::SenderLoop() {
     std::shared_ptr<const DocumentCall> document;
     {
       std::unique_lock<std::mutex> lock(qmu_);
-      qcv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // A document goes once the chunks queued before it were answered (no
+      // other sender has a batch out).
+      qcv_.wait(lock, [&] {
+        return stopping_ || (!queue_.empty() && (queue_.front().chunk || in_flight_ == 0));
+      });
       if (queue_.empty()) return;  // stopping, nothing left
       if (queue_.front().document) {
         document = std::move(queue_.front().document);
         queue_.pop_front();
         --queued_documents_;
-        in_flight_ = 1;
+        in_flight_ += 1;
       } else {
         std::uint64_t bytes = 0;
         // One namespace per call: the batch is the queue's head and the
@@ -365,14 +385,14 @@ void RemoteTier::SenderLoop() {
           batch.push_back(std::move(queue_.front().chunk));
           queue_.pop_front();
         }
-        in_flight_ = batch.size();
+        in_flight_ += batch.size();
       }
     }
     if (document) {
       const bool answered = SendDocument(*document);
       std::unique_lock<std::mutex> lock(qmu_);
       ++send_attempts_;
-      in_flight_ = 0;
+      in_flight_ -= 1;
       if (!answered && !stopping_) {
         ++send_failures_;
         queue_.push_front(Entry{nullptr, std::move(document)});
@@ -387,27 +407,48 @@ void RemoteTier::SenderLoop() {
       drained_.notify_all();
       continue;
     }
+    // Each envelope framed here, on this sender's thread (while the other
+    // senders' batches are on the wire), in memory of its own (chunk::
+    // Payload's: huge pages for large chunks). The request takes each as a
+    // segment of its own where the connection can hold it until written
+    // (no copy), else copies it in. A chunk that cannot be framed is
+    // refused here (counted), not sent.
+    std::vector<std::shared_ptr<chunk::Payload>> framed(batch.size());
     std::vector<bool> stored(batch.size(), false);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::uint64_t size = Cost(*batch[i]);
+      auto f = std::make_shared<chunk::Payload>(chunk::Payload::Uninitialized(size));
+      if (wire::EncodeEnvelopeOver(*batch[i], f->data(), size).ok()) framed[i] = std::move(f);
+    }
+    std::vector<unsigned> sending;  // indices into batch of the framed chunks
+    for (unsigned i = 0; i < batch.size(); ++i) {
+      if (framed[i]) sending.push_back(i);
+    }
     bool unreachable = false;  // the node did not answer (down, timed out): worth another try
-    try {
+    if (!sending.empty()) try {
       impl_->Run([&](node::Session::Client& s) {
+        wire::StreamBuffers* buffers = impl_->Buffers();
         std::uint64_t words = 64;
-        for (const ChunkRef& c : batch) words += Cost(*c) / 8 + 4;
+        for (unsigned i : sending) words += (buffers ? 0 : framed[i]->size() / 8) + 4;
         auto req = s.putRequest(capnp::MessageSize{words, 0});
         req.setNamespace(AsData(batch.front()->meta.ns_hash));
-        auto list = req.initEnvelopes(static_cast<unsigned>(batch.size()));
-        for (unsigned i = 0; i < batch.size(); ++i) {
-          const std::uint64_t size = Cost(*batch[i]);
-          auto data = list.init(i, static_cast<unsigned>(size));
-          // Straight into the request: one copy of the payload.
-          Status st = wire::EncodeEnvelopeInto(*batch[i], data.begin(), size);
-          if (!st.ok()) KJ_FAIL_REQUIRE("cannot frame a chunk", st.message());
+        auto list = req.initEnvelopes(static_cast<unsigned>(sending.size()));
+        auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<node::Session::PutParams::Builder&>(req));
+        for (unsigned j = 0; j < sending.size(); ++j) {
+          const std::shared_ptr<chunk::Payload>& f = framed[sending[j]];
+          if (buffers) {
+            list.adopt(j, orphanage.referenceExternalData(capnp::Data::Reader(f->data(), f->size())));
+            buffers->Hold(f->data(), f, f->size());
+          } else {
+            auto data = list.init(j, static_cast<unsigned>(f->size()));
+            std::memcpy(data.begin(), f->data(), f->size());
+          }
         }
         return req.send().then([&](capnp::Response<node::Session::PutResults>&& r) {
           if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
           auto results = r.getResults();
-          for (unsigned i = 0; i < results.size() && i < batch.size(); ++i) {
-            stored[i] = results[i].getCode() == node::ErrorCode::OK;
+          for (unsigned j = 0; j < results.size() && j < sending.size(); ++j) {
+            stored[sending[j]] = results[j].getCode() == node::ErrorCode::OK;
           }
         });
       });
@@ -426,8 +467,8 @@ void RemoteTier::SenderLoop() {
         // sent again once the node answers (after retry_ms). A refusal
         // (typed error) is not retried.
         ++send_failures_;
+        in_flight_ -= batch.size();
         for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(Entry{std::move(*it), nullptr});
-        in_flight_ = 0;
         lock.unlock();
         drained_.notify_all();
         lock.lock();
@@ -445,9 +486,10 @@ void RemoteTier::SenderLoop() {
         pending_.erase(c->meta.key);
         queued_bytes_ -= Cost(*c);
       }
-      in_flight_ = 0;
+      in_flight_ -= batch.size();
     }
     drained_.notify_all();
+    qcv_.notify_all();  // a document waiting for the batches before it
   }
 }
 
@@ -579,9 +621,9 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
         auto chunks = r.getChunks();
         if (chunks.size() != 1 || !chunks[0].isEnvelope()) return;
         auto data = chunks[0].getEnvelope();
-        // Checked and copied out here, on the loop thread: the reply is the
-        // connection's and must not leave it.
-        Result<ChunkRef> c = wire::DecodeEnvelope(data.begin(), data.size(), &key);
+        // Checked here, on the loop thread; kept in the buffer it arrived
+        // in (the connection's registry is the loop's), or copied out.
+        Result<ChunkRef> c = impl_->Decode(data, key);
         if (c.ok()) {
           out = std::move(c).value();
         } else {

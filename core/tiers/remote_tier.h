@@ -10,7 +10,9 @@
 //   reconnects; the tier heals by itself.
 // - Puts are write-back: queued (bounded by write_queue_bytes: beyond it a
 //   put is refused with kBusy, which the chain counts) and sent in batches
-//   by a sender thread. Until it is sent, a queued chunk is served from the
+//   by `senders` sender threads (one batch each on the wire, the next one
+//   framed meanwhile; a knowledge-item announcement waits for the batches
+//   before it). Until it is sent, a queued chunk is served from the
 //   queue (a runtime reads its own writes). A batch the node did not answer
 //   (down, timed out) goes back to the queue and is sent again after
 //   retry_ms; one it refused (a typed error) is dropped and counted. At
@@ -23,7 +25,8 @@
 // - Read-ahead: Prefetch(keys, will_read) sends the batched lookup and a get
 //   per key at once (one round trip for all of them; each chunk comes back
 //   in its own reply). Each reply is checked on the loop thread as it
-//   arrives and waits, bounded by read_ahead_bytes, for the Get of its key,
+//   arrives (its payload stays in the buffer the reply was read into:
+//   wire/message_stream.h) and waits, bounded by read_ahead_bytes, for the Get of its key,
 //   which takes it (or, when it is late, waits for it until the deadline).
 //   Gets of keys past the node's prefix are cancelled when the lookup's
 //   answer comes back. Arrivals no Get takes are dropped after a deadline.
@@ -48,6 +51,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/store/tier.h"
 
@@ -60,7 +64,10 @@ struct RemoteTierOptions {
   std::uint32_t timeout_ms = 2000;      // per call, connecting included
   std::uint32_t retry_ms = 1000;        // after a failed connect, miss at once this long
   std::uint64_t write_queue_bytes = std::uint64_t{256} << 20;
-  std::uint64_t batch_bytes = std::uint64_t{16} << 20;  // one put call carries up to this much
+  std::uint64_t batch_bytes = std::uint64_t{4} << 20;  // one put call carries up to this much
+  // Put calls out at once, each from a sender thread of its own that frames
+  // its batch while the others' are on the wire (at least 1).
+  std::uint32_t senders = 2;
   // Read-ahead (Prefetch with will_read): chunks that arrived and no Get has
   // taken yet are held up to this many bytes; beyond it reads are not
   // started ahead (Get then asks for its chunk itself). At most
@@ -149,9 +156,9 @@ class RemoteTier final : public Tier {
   std::unordered_map<keys::Digest, ChunkRef, keys::DigestHash> pending_;  // queued or being sent
   std::uint64_t queued_bytes_ = 0;
   bool stopping_ = false;
-  size_t in_flight_ = 0;
+  size_t in_flight_ = 0;  // chunks and documents the senders have out
   std::uint64_t send_attempts_ = 0, send_failures_ = 0;  // under qmu_
-  std::thread sender_;
+  std::vector<std::thread> senders_;
   mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, no_namespace_{0}, queue_full_{0};
   mutable std::atomic<std::uint64_t> puts_sent_{0}, puts_refused_{0};
   std::atomic<std::uint64_t> documents_sent_{0}, documents_refused_{0}, documents_dropped_{0};

@@ -397,6 +397,12 @@ bool FillEnvelope(const chunk::Chunk& chunk, ChunkEnvelope::Builder e, const std
 
 std::uint64_t PayloadChecksum(const std::uint8_t* data, size_t size) { return XXH3_64bits(data, size); }
 
+std::uint64_t CopyWithChecksum(std::uint8_t* dst, const std::uint8_t* src, size_t n) {
+  CopyHasher h;
+  h.Copy(dst, src, n, nullptr);
+  return h.Digest();
+}
+
 std::uint64_t HeaderChecksum(const EnvelopeHeader& h) {
   CanonicalWriter w;
   w.Int(h.version_major);

@@ -99,6 +99,9 @@ struct EnvelopeHeader {
 
 // XXH3-64 (seed 0) of the payload bytes.
 std::uint64_t PayloadChecksum(const std::uint8_t* data, size_t size);
+// PayloadChecksum of [src, src + n), taken while copying those bytes to dst
+// (one pass: each block is hashed while it is still in cache).
+std::uint64_t CopyWithChecksum(std::uint8_t* dst, const std::uint8_t* src, size_t n);
 // XXH3-64 (seed 0) of the canonical header encoding (documented in chunk.capnp).
 std::uint64_t HeaderChecksum(const EnvelopeHeader& header);
 

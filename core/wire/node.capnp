@@ -11,7 +11,9 @@
 # stores them: a payload encoded by a codec stays encoded on the wire and is
 # decoded by the runtime that receives it. The node checks every envelope it
 # is given (both checksums, the namespace) and stores nothing it cannot
-# check. A put is atomic per chunk: a reader sees the whole chunk or none.
+# check; it keeps an envelope as it came, and a get returns those bytes
+# (a chunk it moved to disk comes back framed anew, the same chunk). A put
+# is atomic per chunk: a reader sees the whole chunk or none.
 #
 # Keys are the runtime's chunk keys (SHA-256 digests, 32 bytes). Calls name
 # their namespace by its hash (`namespace`: the envelope's namespaceHash,

@@ -82,7 +82,9 @@ std::string DescribeFailure(const kj::Exception& e, std::uint32_t timeout_ms) {
 
 NodeConnection::NodeConnection(kj::Own<kj::AsyncIoStream>&& stream)
     : stream_(kj::mv(stream)),
-      network_(*stream_, capnp::rpc::twoparty::Side::CLIENT, RpcReaderOptions()),
+      buffers_(std::make_shared<StreamBuffers>()),
+      messages_(*stream_, buffers_),
+      network_(messages_, capnp::rpc::twoparty::Side::CLIENT, RpcReaderOptions()),
       rpc_(capnp::makeRpcClient(network_)),
       node_(rpc_.bootstrap(capnp::MallocMessageBuilder().getRoot<capnp::rpc::twoparty::VatId>().asReader())
                 .castAs<node::KdnNode>()),

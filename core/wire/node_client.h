@@ -22,6 +22,7 @@
 #include <kj/compat/tls.h>
 
 #include "core/util/status.h"
+#include "core/wire/message_stream.h"
 #include "core/wire/node.capnp.h"
 
 namespace kdn::wire {
@@ -60,10 +61,16 @@ class NodeConnection {
   node::Session::Client session() { return session_; }
   // Resolves (or rejects) when the connection is lost.
   kj::Promise<void> onDisconnect() { return network_.onDisconnect(); }
+  // The connection's message buffers (message_stream.h): what a call puts
+  // into a request from memory of its own is held here until written, and
+  // a reply's bytes can be kept where they arrived.
+  StreamBuffers& buffers() { return *buffers_; }
 
  private:
   friend class NodeConnector;
   kj::Own<kj::AsyncIoStream> stream_;
+  std::shared_ptr<StreamBuffers> buffers_;
+  BulkMessageStream messages_;
   capnp::TwoPartyVatNetwork network_;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc_;
   node::KdnNode::Client node_;

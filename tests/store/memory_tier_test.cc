@@ -130,6 +130,79 @@ TEST(MemoryTier, DeviceEmulationBehavesLikeTheHostTier) {
   }
 }
 
+// A chunk that arrived in an envelope: `before` bytes of header, the
+// payload, `after` bytes of padding, in one buffer the payload shares.
+ChunkRef InEnvelope(int key, size_t before, size_t n, size_t after, std::uint8_t fill) {
+  auto buffer = std::make_shared<Payload>(before + n + after);
+  for (size_t i = 0; i < buffer->size(); ++i) (*buffer)[i] = static_cast<std::uint8_t>(fill + i);
+  auto c = std::make_shared<Chunk>();
+  c->meta.key = Key(key);
+  c->payload = Payload::Adopt(buffer->data() + before, n, buffer);
+  c->envelope = buffer->data();
+  c->envelope_bytes = buffer->size();
+  return c;
+}
+
+TEST(MemoryTier, AChunkThatCameInAnEnvelopeIsKeptWholeAndCostsItsEnvelope) {
+  auto tier = Tier(1 << 20);
+  ChunkRef in = InEnvelope(1, 200, 70000, 8, 3);
+  EXPECT_EQ(tier->Cost(*in), HostPool::ClassSize(70208));
+  ASSERT_TRUE(tier->Put(in).ok());
+  EXPECT_EQ(tier->used_bytes(), HostPool::ClassSize(70208));
+  auto got = tier->Get(Key(1));
+  ASSERT_TRUE(got.ok());
+  const Chunk& c = **got;
+  ASSERT_NE(c.envelope, nullptr);
+  EXPECT_NE(c.envelope, in->envelope);  // a copy in the tier's pool
+  ASSERT_EQ(c.envelope_bytes, 70208u);
+  EXPECT_EQ(std::memcmp(c.envelope, in->envelope, 70208), 0);
+  EXPECT_EQ(c.payload.data(), c.envelope + 200);
+  EXPECT_EQ(c.payload.size(), 70000u);
+  EXPECT_TRUE(tier->Erase(Key(1)));
+  EXPECT_EQ(tier->used_bytes(), 0u);
+  // A payload outside its envelope is not one: the payload alone is kept.
+  auto odd = std::make_shared<Chunk>();
+  odd->meta.key = Key(2);
+  odd->payload = Payload(4096);
+  odd->envelope = in->envelope;
+  odd->envelope_bytes = in->envelope_bytes;
+  ASSERT_TRUE(tier->Put(odd).ok());
+  EXPECT_EQ((*tier->Get(Key(2)))->envelope, nullptr);
+  EXPECT_EQ(tier->used_bytes(), 4096u);
+  // A device tier keeps payloads only.
+  auto dev = Tier(1 << 20, MemoryKind::kDeviceEmulated);
+  EXPECT_TRUE(dev->Reserve(4096).empty());
+  ASSERT_TRUE(dev->Put(InEnvelope(3, 64, 8192, 0, 1)).ok());
+  EXPECT_EQ(dev->used_bytes(), 8192u);
+}
+
+TEST(MemoryTier, AChunkBuiltInAReservedBlockIsKeptWithoutACopy) {
+  auto tier = Tier(1 << 20);
+  Payload block = tier->Reserve(70208);
+  ASSERT_EQ(block.size(), 70208u);
+  for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<std::uint8_t>(i * 5);
+  auto holder = std::make_shared<Payload>(std::move(block));
+  auto c = std::make_shared<Chunk>();
+  c->meta.key = Key(4);
+  c->payload = Payload::Adopt(holder->data() + 200, 70000, holder);
+  c->envelope = holder->data();
+  c->envelope_bytes = holder->size();
+  const std::uint8_t* where = holder->data();
+  holder = nullptr;
+  ASSERT_TRUE(tier->Put(c).ok());
+  c = nullptr;
+  auto got = tier->Get(Key(4));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)->envelope, where);  // the very block
+  EXPECT_EQ((*got)->payload.data(), where + 200);
+  EXPECT_EQ((*got)->payload[0], static_cast<std::uint8_t>(200 * 5));
+  EXPECT_EQ(tier->used_bytes(), HostPool::ClassSize(70208));
+  got = Status::NotFound("");
+  EXPECT_TRUE(tier->Erase(Key(4)));
+  // Back in the pool, taken by the next reservation of its class.
+  EXPECT_EQ(tier->Reserve(70208).data(), where);
+}
+
 TEST(MemoryTier, ConcurrentPutsAndGets) {
   auto t = Tier(64 * 4096);
   std::vector<std::thread> threads;

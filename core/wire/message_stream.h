@@ -1,0 +1,102 @@
+// How kdnd's RPC (wire/node.capnp) moves its messages over a byte stream, so
+// that a chunk crosses each end without a copy of its own: Cap'n Proto's
+// standard framing (a segment table, then the segments), read and written
+// with two differences from capnp::AsyncIoMessageStream.
+//
+// - Reading: each message is read into one buffer of the chunk payloads'
+//   allocator (chunk::Payload: pages of their own, huge pages from 4 MiB),
+//   not malloc's heap, where a message larger than glibc's mmap threshold
+//   (32 MiB: a chunk of an 8B model) was mapped afresh and faulted in 4 KiB
+//   at a time for every message. While the message lives, OwnerOf() hands out
+//   that buffer, so a reader can keep an envelope's payload where it arrived
+//   (wire::DecodeEnvelope with an owner) instead of copying it out.
+// - Writing: a writer that puts memory of its own into a message
+//   (capnp::Orphanage::referenceExternalData: a stored envelope, an encoded
+//   one) asks the stream to Hold() its owner; the stream keeps it until the
+//   message whose segment starts there has been written (or the stream is
+//   gone), which is exactly as long as Cap'n Proto reads it.
+//
+// The checks are Cap'n Proto's own: at most 512 segments, and no more words
+// than ReaderOptions::traversalLimitInWords (refused before anything is
+// allocated); a stream that ends inside a message is DISCONNECTED. No file
+// descriptors travel (kdnd's connections carry none).
+// Thread-safety: a stream and its Buffers belong to the event loop thread
+// that reads and writes the connection.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include <capnp/serialize-async.h>
+#include <kj/async-io.h>
+#include <kj/vector.h>
+
+namespace kdn::wire {
+
+// What the stream shares with the code that builds and reads its messages
+// (the connection's calls): it may outlive the stream (a capability kept
+// after its connection closed), and then holds and finds nothing.
+class StreamBuffers {
+ public:
+  // Keeps `owner` (`bytes` of memory) until a message with a segment
+  // starting at `segment` has been written, or the stream is destroyed.
+  void Hold(const void* segment, std::shared_ptr<const void> owner, std::uint64_t bytes = 0);
+  // The buffer of a received message holding [p, p + n), while that message
+  // lives; null when [p, p + n) is in none.
+  std::shared_ptr<void> OwnerOf(const void* p, size_t n) const;
+  // Holds not yet written (a stream that was destroyed dropped its own),
+  // and the bytes they keep: a writer bounds what it holds per connection
+  // (a message the RPC system never writes, a call cancelled, say, keeps
+  // its holds until the connection goes).
+  size_t holds() const { return holds_.size(); }
+  std::uint64_t held_bytes() const { return held_bytes_; }
+  size_t received() const { return received_.size(); }
+
+ private:
+  friend class BulkMessageStream;
+  friend class BulkMessageStreamAccess;
+  struct Received {
+    size_t bytes;
+    std::weak_ptr<void> owner;
+  };
+  struct Held {
+    std::shared_ptr<const void> owner;
+    std::uint64_t bytes;
+  };
+  std::multimap<const void*, Held> holds_;
+  std::uint64_t held_bytes_ = 0;
+  std::map<const std::uint8_t*, Received> received_;  // by the buffer's start
+};
+
+class BulkMessageStream final : public capnp::MessageStream {
+ public:
+  BulkMessageStream(kj::AsyncIoStream& stream, std::shared_ptr<StreamBuffers> buffers);
+  ~BulkMessageStream();
+  using capnp::MessageStream::tryReadMessage;
+  using capnp::MessageStream::writeMessage;
+  using capnp::MessageStream::writeMessages;
+
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(kj::ArrayPtr<kj::AutoCloseFd> fdSpace,
+                                                                    capnp::ReaderOptions options,
+                                                                    kj::ArrayPtr<capnp::word> scratchSpace) override;
+  kj::Promise<void> writeMessage(kj::ArrayPtr<const int> fds,
+                                 kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) override;
+  kj::Promise<void> writeMessages(
+      kj::ArrayPtr<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> messages) override;
+  kj::Maybe<int> getSendBufferSize() override;
+  kj::Promise<void> end() override;
+
+  const std::shared_ptr<StreamBuffers>& buffers() const { return buffers_; }
+
+ private:
+  // The holds of a message's segments, taken out of the registry.
+  kj::Array<std::shared_ptr<const void>> TakeHolds(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments);
+
+  kj::AsyncIoStream& stream_;
+  capnp::AsyncIoMessageStream writer_;
+  std::shared_ptr<StreamBuffers> buffers_;
+};
+
+}  // namespace kdn::wire
