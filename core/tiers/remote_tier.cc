@@ -405,6 +405,7 @@ void RemoteTier::SenderLoop() {
       }
       lock.unlock();
       drained_.notify_all();
+      qcv_.notify_all();  // an announcement waiting for this one
       continue;
     }
     // Each envelope framed here, on this sender's thread (while the other

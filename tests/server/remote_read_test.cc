@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -225,6 +226,41 @@ TEST_F(RemoteReadTest, AFullWriteBackQueueRefusesPutsWithBusyAndKeepsServingWhat
   }
   EXPECT_FALSE(tier->Get(keys_[2], ctx).ok());
   EXPECT_EQ(tier->remote_counters().queued_bytes, 2 * cost);
+}
+
+// Several senders (each chunk a batch of its own here): every chunk is sent,
+// and announcements made after them wait for them and for each other; a
+// second one right behind the first goes once the first is answered (a
+// flush returns).
+TEST_F(RemoteReadTest, SeveralSendersSendEveryChunkAndTheAnnouncementsAfterThem) {
+  store::RemoteTierOptions o;
+  o.address = server_->bound().rpc[0];
+  o.token = kToken;
+  o.batch_bytes = 1;
+  o.senders = 3;
+  auto tier = store::RemoteTier::Create(o).value();
+  for (const store::ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  for (const char* id : {"first.txt", "second.txt", "third.txt"}) {
+    store::DocumentRecord d;
+    d.ns_hash = keys::NamespaceHash(kNs);
+    d.model = ref_.m.fingerprint;
+    d.doc_id = id;
+    d.version = 1;
+    d.tokens = chunks_.size() * 8;
+    d.keys = keys_;
+    tier->Document(store::DocumentOp::kPut, d, 0);
+  }
+  auto flushed = std::async(std::launch::async, [&] { tier->Flush(); });
+  ASSERT_EQ(flushed.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "a flush did not return";
+  const store::RemoteCounters rc = tier->remote_counters();
+  EXPECT_EQ(rc.puts_sent, chunks_.size());
+  EXPECT_EQ(rc.documents_sent, 3u);
+  Client c(server_->bound().rpc[0]);
+  Session::Client s = c.MustLogin(kToken);
+  std::vector<ListedDoc> docs;
+  ASSERT_EQ(KnowledgeList(c, s, kNs, &docs), wire::node::ErrorCode::OK);
+  ASSERT_EQ(docs.size(), 3u);
+  for (const ListedDoc& d : docs) EXPECT_EQ(d.chunks_held, chunks_.size()) << d.doc_id;
 }
 
 // A runtime's knowledge items reach the node's registry: a put registers the
