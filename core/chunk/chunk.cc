@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -39,8 +41,12 @@ class PageCache {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = free_.find(bytes); it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
+        const std::uint64_t age = it->second.back();  // the newest of its size
         it->second.pop_back();
+        if (it->second.empty()) free_.erase(it);
+        auto a = by_age_.find(age);
+        void* p = a->second.p;
+        by_age_.erase(a);
         cached_ -= bytes;
         return p;
       }
@@ -50,16 +56,34 @@ class PageCache {
     if (p == MAP_FAILED) throw std::bad_alloc();
     return p;
   }
+  // Keeps the mapping for the next payload of its size; to stay within
+  // kCachedBytes, the mappings given back longest ago go first, whatever
+  // their size (a cache full of sizes no longer asked for would otherwise
+  // turn every new size away: after a varied workload, each payload of a
+  // new size was mapped and faulted afresh).
   void Give(void* p, size_t bytes) {
+    if (bytes > kCachedBytes) {
+      ::munmap(p, bytes);
+      return;
+    }
+    std::vector<Mapping> drop;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ + bytes <= kCachedBytes) {
-        free_[bytes].push_back(p);
-        cached_ += bytes;
-        return;
+      while (cached_ + bytes > kCachedBytes) {
+        auto oldest = by_age_.begin();
+        auto ages = free_.find(oldest->second.bytes);
+        ages->second.pop_front();  // each size's ages are in order: the oldest is its first
+        if (ages->second.empty()) free_.erase(ages);
+        cached_ -= oldest->second.bytes;
+        drop.push_back(oldest->second);
+        by_age_.erase(oldest);
       }
+      const std::uint64_t age = next_age_++;
+      by_age_.emplace(age, Mapping{p, bytes});
+      free_[bytes].push_back(age);
+      cached_ += bytes;
     }
-    ::munmap(p, bytes);
+    for (const Mapping& m : drop) ::munmap(m.p, m.bytes);
   }
 
  private:
@@ -86,9 +110,17 @@ class PageCache {
   // 32 MiB chunks of an 8B model; at 16 MiB, none of them was ever reused,
   // and a get of 320 KiB chunks ran at 0.3 GB/s against 2-3 with 64).
   static constexpr size_t kCachedBytes = size_t{64} << 20;
+  struct Mapping {
+    void* p;
+    size_t bytes;
+  };
   std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;  // mapping size -> mappings; guarded by mu_
-  size_t cached_ = 0;                                     // guarded by mu_
+  // Cached mappings by the order they were given back (an age), and each
+  // size's ages in that order; guarded by mu_.
+  std::map<std::uint64_t, Mapping> by_age_;
+  std::unordered_map<size_t, std::deque<std::uint64_t>> free_;
+  std::uint64_t next_age_ = 0;
+  size_t cached_ = 0;
 };
 
 std::shared_ptr<void> AllocHeap(size_t n) {

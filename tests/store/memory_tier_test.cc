@@ -1,6 +1,7 @@
 #include "core/tiers/memory_tier.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstring>
 #include <thread>
@@ -78,6 +79,29 @@ TEST(HostPool, PayloadsOutliveTheirTier) {
   }
   EXPECT_EQ(kept->payload.size(), 5000u);
   EXPECT_EQ(kept->payload[4999], 7);
+}
+
+// Payloads of a page and more reuse mappings given back (core/chunk/chunk.cc):
+// after many sizes have filled the cache, a new size is still kept (the
+// oldest go), and its next payload faults in no page again.
+TEST(Payload, ANewSizeIsReusedAfterManyOthersFilledTheCache) {
+  for (size_t i = 0; i < 200; ++i) {  // 200+ MiB of sizes given back once each: more than the cache holds
+    Payload p = Payload::Uninitialized((std::size_t{1} << 20) + i * 4096);
+    p[0] = 1;
+  }
+  const size_t n = (std::size_t{3} << 20) - 8192;  // 766 pages, below the huge-page size
+  {
+    Payload p = Payload::Uninitialized(n);
+    std::memset(p.data(), 1, n);
+  }
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_SELF, &before);
+  {
+    Payload p = Payload::Uninitialized(n);
+    std::memset(p.data(), 2, n);
+  }
+  ::getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_minflt - before.ru_minflt, 64) << "its pages were faulted in again: the mapping was not kept";
 }
 
 TEST(MemoryTier, PutGetContainsEraseUsage) {
