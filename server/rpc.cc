@@ -106,17 +106,15 @@ class SessionImpl final : public Session::Server {
   }
 
   // Whether a held chunk's envelope goes into a reply from where it lies:
-  // the connection can hold it until written, and it is whole words (a
-  // segment shows the bytes up to its end's word boundary).
-  // A connection holds at most kMaxHeldBytes of stored chunks for replies
-  // not yet written; beyond it, replies copy (a client that never reads
-  // keeps no more than that of evicted chunks alive).
-  static constexpr std::uint64_t kMaxHeldBytes = std::uint64_t{1} << 30;
-  // `more`: what this reply holds already.
+  // the connection has room to hold it until written (StreamBuffers'
+  // bound, 1 GiB: a client that never reads keeps no more than that of
+  // evicted chunks alive; beyond it, replies copy), and it is whole words
+  // (a segment shows the bytes up to its end's word boundary). `more`:
+  // what this reply holds already.
   bool InPlace(const store::Chunk& c, std::uint64_t more) const {
     return buffers_ && c.envelope && c.envelope_bytes % sizeof(capnp::word) == 0 &&
            reinterpret_cast<std::uintptr_t>(c.envelope) % sizeof(capnp::word) == 0 &&
-           buffers_->held_bytes() + more + c.envelope_bytes <= kMaxHeldBytes;
+           buffers_->CanHold(c.envelope_bytes, more);
   }
 
   SessionImpl(NodeService& service, kj::Timer& timer, const Grant& grant, std::shared_ptr<wire::StreamBuffers> buffers)

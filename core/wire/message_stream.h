@@ -40,6 +40,14 @@ namespace kdn::wire {
 // after its connection closed), and then holds and finds nothing.
 class StreamBuffers {
  public:
+  // At most `max_held_bytes` held at once (CanHold): a writer that finds no
+  // room copies into its message instead.
+  explicit StreamBuffers(std::uint64_t max_held_bytes = std::uint64_t{1} << 30) : max_held_bytes_(max_held_bytes) {}
+  // Whether `bytes` more may be held now, beside `pending` a writer is about
+  // to hold for the same message.
+  bool CanHold(std::uint64_t bytes, std::uint64_t pending = 0) const {
+    return held_bytes_ + pending + bytes <= max_held_bytes_;
+  }
   // Keeps `owner` (`bytes` of memory) until a message with a segment
   // starting at `segment` has been written, or the stream is destroyed.
   void Hold(const void* segment, std::shared_ptr<const void> owner, std::uint64_t bytes = 0);
@@ -67,6 +75,7 @@ class StreamBuffers {
   };
   std::multimap<const void*, Held> holds_;
   std::uint64_t held_bytes_ = 0;
+  const std::uint64_t max_held_bytes_;
   std::map<const std::uint8_t*, Received> received_;  // by the buffer's start
 };
 

@@ -106,6 +106,35 @@ TEST(BulkMessageStream, AnExternalSegmentIsHeldUntilItsMessageIsWritten) {
   for (size_t i = 0; i < n; i += 4093) ASSERT_EQ(got[i], static_cast<std::uint8_t>(i * 7 + 1)) << i;
 }
 
+TEST(BulkMessageStream, WhatIsHeldIsBoundedAndFreedAsMessagesAreWritten) {
+  kj::AsyncIoContext io = kj::setupAsyncIo();
+  kj::TwoWayPipe pipe = io.provider->newTwoWayPipe();
+  auto buffers = std::make_shared<StreamBuffers>(64 << 10);
+  BulkMessageStream bulk(*pipe.ends[0], buffers);
+  capnp::AsyncIoMessageStream plain_stream(*pipe.ends[1]);
+  capnp::MessageStream& plain = plain_stream;
+  std::vector<std::shared_ptr<std::vector<capnp::word>>> blocks;
+  capnp::MallocMessageBuilder m;
+  auto pieces = m.initRoot<schema::ChunkEnvelope>().initPayload(4);
+  for (unsigned i = 0; i < 4; ++i) {
+    auto block = std::make_shared<std::vector<capnp::word>>(2048);  // 16 KiB
+    ASSERT_TRUE(buffers->CanHold(16 << 10));
+    pieces.adopt(i, capnp::Orphanage::getForMessageContaining(pieces)
+                        .referenceExternalData(capnp::Data::Reader(reinterpret_cast<const std::uint8_t*>(block->data()), 16 << 10)));
+    buffers->Hold(block->data(), block, 16 << 10);
+    blocks.push_back(std::move(block));
+  }
+  EXPECT_EQ(buffers->held_bytes(), std::uint64_t{64} << 10);
+  EXPECT_FALSE(buffers->CanHold(8));  // full
+  EXPECT_TRUE(buffers->CanHold(0));
+  auto write = bulk.writeMessage(m);
+  auto read = plain.readMessage().wait(io.waitScope);
+  write.wait(io.waitScope);
+  EXPECT_EQ(buffers->held_bytes(), 0u);
+  EXPECT_TRUE(buffers->CanHold(64 << 10));
+  EXPECT_FALSE(buffers->CanHold(48 << 10, 32 << 10));  // with what a writer is about to hold
+}
+
 TEST(BulkMessageStream, HoldsOfAStreamThatGoesAreReleased) {
   auto p = std::make_unique<Pipe>();
   auto owner = std::make_shared<int>(7);
