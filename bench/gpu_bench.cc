@@ -379,6 +379,7 @@ Workload RefWorkload(const std::vector<std::vector<std::uint8_t>>& chunks, const
   w.scenarios = {{"get_device_tier", store::TierSpec::Kind::kDevice, "raw", true},
                  {"deliver_host_raw", store::TierSpec::Kind::kHost, "raw", false},
                  {"deliver_disk_zstd", store::TierSpec::Kind::kDisk, "zstd", false},
+                 {"deliver_disk_raw", store::TierSpec::Kind::kDisk, "raw", false},
                  {"deliver_disk_kdn", store::TierSpec::Kind::kDisk, "kdn:balanced", false}};
   if (prof.ok()) {
     w.scenarios.push_back({"deliver_disk_tc", store::TierSpec::Kind::kDisk, "tc:balanced,profile=" + profile.string(), false});
@@ -440,7 +441,9 @@ Workload Llama8bWorkload(const std::vector<std::uint8_t>& kv, std::uint32_t toke
                  {"deliver_host_kdn", store::TierSpec::Kind::kHost, "kdn:balanced", false},
                  {"deliver_host_cachegen", store::TierSpec::Kind::kHost, "cachegen", false},
                  {"deliver_disk_kdn", store::TierSpec::Kind::kDisk, "kdn:balanced", false},
-                 {"deliver_disk_zstd", store::TierSpec::Kind::kDisk, "zstd", false}};
+                 {"deliver_disk_zstd", store::TierSpec::Kind::kDisk, "zstd", false},
+                 // The disk's default with a GPU (store/chunk_codec.h kDefaultColdGpuCodec), beside zstd's.
+                 {"deliver_disk_raw", store::TierSpec::Kind::kDisk, "raw", false}};
   w.params = {{"model", "llama-3.1-8b shape"}, {"shape", "llama-8b"}, {"chunk_tokens", kChunkTokens},
               {"dtype", "f16"}, {"repeats", repeats},
               {"kv", "synthetic: per-channel scales, smooth token drift (bench/gpu_bench.cc SyntheticLlama8b)"},

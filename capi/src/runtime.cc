@@ -17,6 +17,11 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
   if (options != nullptr) {
     if (kdn_status s = ReadIn(options, KDN_RUNTIME_OPTIONS_SIZE_V1, "kdn_runtime_options", &o); s != KDN_OK) return s;
     if (kdn_status s = CheckReserved(o.reserved0, "kdn_runtime_options"); s != KDN_OK) return s;
+    if (kdn_status s = CheckReserved(o.reserved1, "kdn_runtime_options"); s != KDN_OK) return s;
+  }
+  if (o.load_slower_than_prefill > 1) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT,
+                "load_slower_than_prefill " + std::to_string(o.load_slower_than_prefill) + " is neither 0 nor 1");
   }
   if (o.num_tiers > KDN_MAX_TIERS) return Fail(KDN_ERR_INVALID_ARGUMENT, "at most " + std::to_string(KDN_MAX_TIERS) + " tiers");
   if (o.num_tiers > 0 && o.tiers == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "tiers is NULL");
@@ -43,6 +48,7 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     default: return Fail(KDN_ERR_INVALID_ARGUMENT, "unknown device mode " + std::to_string(Raw(o.device)));
   }
   so.chunk_tokens = o.chunk_tokens;
+  so.recompute_when_faster = o.load_slower_than_prefill == 0;
   so.host_capacity_bytes = o.host_capacity_bytes;
   so.hash_seed = o.hash_seed;
   size_t stride = 0;
@@ -188,6 +194,7 @@ kdn_status kdn_runtime_get_stats(kdn_runtime* runtime, kdn_stats* out) {
   full.delivery_ns = t.delivery_ns;
   full.lookup_tokens = t.lookup_tokens;
   full.lookup_hit_tokens = t.lookup_hit_tokens;
+  full.recompute_tokens = t.recompute_tokens;
   WriteOut(full, out);
   return KDN_OK;
   KDN_END
@@ -281,6 +288,11 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
   full.remote_timeouts = tc.timeouts;
   full.write_queue_full = tc.queue_full;
   full.write_queued_bytes = tc.queued_bytes;
+  const kdn::store::KvStore::DeliveryRate host = runtime->rep->store().Rate(index, false);
+  const kdn::store::KvStore::DeliveryRate dev = runtime->rep->store().Rate(index, true);
+  full.delivery_ns_per_token = host.ns_per_token;
+  full.device_delivery_ns_per_token = dev.ns_per_token;
+  full.recompute_chunks = host.recompute_chunks + dev.recompute_chunks;
   WriteOut(full, out);
   return KDN_OK;
   KDN_END

@@ -32,6 +32,7 @@ KvStore::KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain
     costly_get_.push_back(t.kind == TierSpec::Kind::kDisk || remote || t.codec != DefaultTierCodec(TierSpec::Kind::kHost));
     has_remote_ = has_remote_ || remote;
   }
+  rates_.resize(chain_->levels());
 }
 
 Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
@@ -45,6 +46,8 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     specs.push_back(host);
   }
   TieredStoreOptions to;
+  // With a GPU the cold tiers default to raw (DefaultTierCodec).
+  const bool gpu = options.device != nullptr && !options.device->emulated();
   for (size_t i = 0; i < specs.size(); ++i) {
     if (auto st = ValidateTierSpec(specs[i]); !st.ok()) {
       return Status(st.code(), "tier " + std::to_string(i) + ": " + st.message());
@@ -52,7 +55,7 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     // A tier with levels keeps them itself (tiers/leveled_tier.h): the chain hands it canonical chunks.
     if (!specs[i].levels.empty()) specs[i].codec = "raw";
     // The codec first: a bad spec fails before any directory is touched.
-    if (specs[i].codec.empty()) specs[i].codec = std::string(DefaultTierCodec(specs[i].kind));
+    if (specs[i].codec.empty()) specs[i].codec = std::string(DefaultTierCodec(specs[i].kind, gpu));
     auto codec = MakeTierCodec(specs[i].codec);
     if (!codec.ok()) return Status::InvalidArgument("tier " + std::to_string(i) + ": " + codec.status().message());
     specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
@@ -359,10 +362,11 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   struct Planned {
     keys::Digest key;
     std::uint64_t begin, len;
+    int level;
     std::optional<Result<Lease>> lease;  // set by the read
+    std::uint64_t ns = 0;                // the read's time
   };
   std::vector<Planned> plan;
-  size_t costly = 0;  // chunks to read from disk or to decode
   // A load with a target: the leveled remote tiers choose each chunk's
   // quality level by it (tiers/leveled_tier.h), knowing what a recompute costs.
   DeliveryTarget full;
@@ -376,17 +380,41 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   f.covered = Walk(model, ns, k, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
     const int level = chain_->Locate(key, ctx);
     if (level < 0) return false;
-    costly += costly_get_[static_cast<size_t>(level)];
-    plan.push_back({key, begin, len, std::nullopt});
+    plan.push_back({key, begin, len, level, std::nullopt});
     return true;
   });
+  f.device = form == TieredStore::Form::kStored;
+  // Never slower than prefill: the chunks whose tiers deliver slower than
+  // the engine recomputes are left to recompute.
+  TokenRange left{};
+  if (options_.recompute_when_faster && !plan.empty()) {
+    std::vector<std::pair<int, std::uint64_t>> levels;
+    for (const Planned& p : plan) levels.emplace_back(p.level, p.len);
+    const size_t keep = ChunksWorthLoading(model, levels, f.device);
+    if (keep < plan.size()) {
+      left = {plan[keep].begin, plan.back().begin + plan.back().len};
+      f.recompute_chunks = plan.size() - keep;
+      f.recompute_tokens = left.end - left.begin;
+      plan.resize(keep);
+    }
+  }
+  size_t costly = 0;  // chunks to read from disk or to decode
+  for (const Planned& p : plan) costly += costly_get_[static_cast<size_t>(p.level)];
   // Reading and decoding chunks costs: on several threads when they are
   // free. A lease of raw KV in memory is cheap.
+  f.reads_started = std::chrono::steady_clock::now();
   auto read = [&](size_t b, size_t e) {  // on the pool's threads too: ctx goes with the call
-    for (size_t i = b; i < e; ++i) plan[i].lease.emplace(chain_->Get(plan[i].key, form, ctx));
+    for (size_t i = b; i < e; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      plan[i].lease.emplace(chain_->Get(plan[i].key, form, ctx));
+      plan[i].ns = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
   };
+  std::uint64_t sharing = 1;  // threads that shared the reads
   std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
   if (fetch_pool_ != nullptr && costly >= 2 && pool.try_lock()) {
+    sharing = std::min<std::uint64_t>(static_cast<std::uint64_t>(fetch_pool_->threads()), plan.size());
     fetch_pool_->ParallelFor(plan.size(), 1, read);
     pool.unlock();
   } else {
@@ -413,9 +441,86 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
     }
     if (lease->chunk()->meta.edited) ++f.edited_chunks;
     if (lease->chunk()->meta.lossy) ++f.lossy_chunks;
-    f.chunks.push_back({std::move(lease).value(), begin, len});
+    f.chunks.push_back({std::move(lease).value(), begin, len, p.ns / sharing});
+  }
+  if (left.end > left.begin) {
+    if (!f.failed.empty() && f.failed.back().end == left.begin) {
+      f.failed.back().end = left.end;
+    } else {
+      f.failed.push_back(left);
+    }
   }
   return f;
+}
+
+size_t KvStore::ChunksWorthLoading(const ModelKv& model, std::span<const std::pair<int, std::uint64_t>> levels,
+                                   bool device) {
+  const double prefill = PrefillNsPerToken(model);
+  const size_t n = levels.size();
+  if (prefill <= 0) return n;  // no report yet: nothing to compare with
+  std::vector<double> deliver(n), recompute(n);
+  const size_t d = device ? 1 : 0;
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  for (size_t i = 0; i < n; ++i) {
+    const auto level = static_cast<size_t>(levels[i].first);
+    const auto tokens = static_cast<double>(levels[i].second);
+    recompute[i] = prefill * tokens;
+    // Raw KV in memory is always loaded: its delivery is a copy, the
+    // fastest path there is (and prefill is slower than a copy of its KV
+    // on any engine kdn serves). A tier with quality levels chooses per
+    // chunk itself, by the load's target (tiers/leveled_tier.h). An
+    // unmeasured tier is fetched, and so measured.
+    const DeliveryRate& r = rates_[level][d].rate;
+    const bool decides = costly_get_[level] && options_.tiers[level].levels.empty();
+    deliver[i] = !decides || r.samples == 0 ? 0 : r.ns_per_token * tokens;
+  }
+  const size_t keep = CheapestPrefix(deliver, recompute);
+  if (keep == n) return n;
+  if (++rates_[static_cast<size_t>(levels[keep].first)][d].declined % kRateProbeEvery == 0) {
+    ++rate_probes_;  // fetched anyway: measured again
+    return n;
+  }
+  std::uint64_t tokens = 0;
+  for (size_t i = keep; i < n; ++i) {
+    ++rates_[static_cast<size_t>(levels[i].first)][d].rate.recompute_chunks;
+    tokens += levels[i].second;
+  }
+  recompute_chunks_ += n - keep;
+  recompute_tokens_ += tokens;
+  return keep;
+}
+
+void KvStore::RecordRates(const Fetch& f) {
+  if (f.chunks.empty() || f.reads_started == std::chrono::steady_clock::time_point{}) return;
+  const double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - f.reads_started).count();
+  // Per level: tokens delivered and the read and decode time spent on them;
+  // the rest of the wall time (copies into the views, waits) by tokens.
+  std::vector<double> tokens(rates_.size(), 0.0), work(rates_.size(), 0.0);
+  double all_tokens = 0, all_work = 0;
+  for (const FetchedChunk& c : f.chunks) {
+    const int level = c.lease.level();
+    if (level < 0 || static_cast<size_t>(level) >= rates_.size()) continue;
+    tokens[static_cast<size_t>(level)] += static_cast<double>(c.tokens);
+    work[static_cast<size_t>(level)] += static_cast<double>(c.work_ns);
+    all_tokens += static_cast<double>(c.tokens);
+    all_work += static_cast<double>(c.work_ns);
+  }
+  if (all_tokens <= 0) return;
+  const double rest = std::max(0.0, wall - all_work);
+  const size_t d = f.device ? 1 : 0;
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  for (size_t level = 0; level < rates_.size(); ++level) {
+    if (tokens[level] <= 0) continue;
+    const double sample = (work[level] + rest * tokens[level] / all_tokens) / tokens[level];
+    DeliveryRate& r = rates_[level][d].rate;
+    r.ns_per_token = r.samples == 0 ? sample : (1.0 - kRateWeight) * r.ns_per_token + kRateWeight * sample;
+    ++r.samples;
+  }
+}
+
+KvStore::DeliveryRate KvStore::Rate(size_t level, bool device) const {
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  return level < rates_.size() ? rates_[level][device ? 1 : 0].rate : DeliveryRate{};
 }
 
 void KvStore::Scatter(const Fetch& f, const kernels::KvView& view, std::int64_t layer_begin, std::int64_t layer_end) {
@@ -444,6 +549,7 @@ void KvStore::CountLoad(const ModelKv& model, const Fetch& f, std::uint64_t requ
   bytes_served_ += bytes;
   edited_served_ += f.edited_chunks;
   load_us_.Record(micros);
+  RecordRates(f);
 }
 
 std::uint64_t KvStore::Retrieve(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
@@ -542,6 +648,9 @@ Telemetry KvStore::Stats() const {
   t.ttft_saved_ns = ttft_saved_ns_;
   t.tokens_served_unpriced = tokens_served_unpriced_;
   t.delivery_ns = delivery_ns_;
+  t.recompute_chunks = recompute_chunks_;
+  t.recompute_tokens = recompute_tokens_;
+  t.rate_probes = rate_probes_;
   {
     std::lock_guard<std::mutex> lock(prefill_mu_);
     t.prefill_tokens = prefill_tokens_;

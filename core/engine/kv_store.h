@@ -16,7 +16,9 @@
 // Thread-safety: every member function may be called concurrently.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -93,6 +95,14 @@ struct StoreOptions {
   // and then scattered (views not laid out as the chunks): a load's batches
   // hold at most this much decoded KV (at least one chunk).
   std::uint64_t device_staging_bytes = std::uint64_t{256} << 20;
+  // Never slower than prefill: once the engine has reported its prefill
+  // time (ReportPrefill), a load leaves to recompute the chunks whose
+  // delivery, at the rate measured for their tier (DeliveryRate), would
+  // take longer than prefilling them (policy.h CheapestPrefix). Tiers that
+  // hold raw KV in memory, and tiers with quality levels (which choose by
+  // the load's target themselves), are always loaded. False: every cached
+  // chunk is loaded.
+  bool recompute_when_faster = true;
 };
 
 struct LookupResult {
@@ -109,6 +119,9 @@ struct TokenRange {
 struct FetchedChunk {
   Lease lease;
   std::uint64_t begin = 0, tokens = 0;
+  // The read and decode time spent on it, as wall time (work shared by n
+  // threads counts 1/n): what its tier's delivery rate is measured by.
+  std::uint64_t work_ns = 0;
 };
 struct Fetch {
   std::vector<FetchedChunk> chunks;
@@ -116,6 +129,12 @@ struct Fetch {
   std::vector<TokenRange> failed;     // chunks of it that could not be read
   std::uint64_t edited_chunks = 0;    // chunks an editor rewrote
   std::uint64_t lossy_chunks = 0;     // chunks decoded from a lossy codec
+  // Chunks of the cached prefix left to recompute because the engine
+  // prefills them faster than their tiers deliver them (the last range of
+  // `failed`).
+  std::uint64_t recompute_chunks = 0, recompute_tokens = 0;
+  bool device = false;                                  // fetched for device views
+  std::chrono::steady_clock::time_point reads_started;  // after the walk: delivery time starts
   // Tokens loadable as a prefix: up to the first failure.
   std::uint64_t prefix() const { return failed.empty() ? covered : failed.front().begin; }
 };
@@ -132,6 +151,11 @@ struct Telemetry {
   // report (not priced), and the time spent in loads.
   std::uint64_t prefill_tokens = 0, prefill_ns = 0;
   std::uint64_t ttft_saved_ns = 0, tokens_served_unpriced = 0, delivery_ns = 0;
+  // Cached chunks (and their tokens) that loads left to recompute because
+  // their tiers deliver slower than the engine prefills
+  // (StoreOptions::recompute_when_faster), and the loads that fetched such
+  // chunks anyway to measure their tier again.
+  std::uint64_t recompute_chunks = 0, recompute_tokens = 0, rate_probes = 0;
   telemetry::HistogramSnapshot lookup_us, load_us, store_us;
 };
 
@@ -207,6 +231,23 @@ class KvStore {
   Status ReportPrefill(const ModelKv& model, std::uint64_t tokens, std::uint64_t ns);
   // That mean in nanoseconds per token; 0 while the model has no report.
   double PrefillNsPerToken(const ModelKv& model) const;
+  // How fast a tier delivers, measured on the loads it served: into host
+  // views (device = false) or device views. A load's wall time from its
+  // first read to its last write is split among its chunks: each chunk's
+  // own read and decode time (FetchedChunk::work_ns), and the rest (the
+  // copies into the views) by tokens. ns_per_token is a moving average
+  // (each load weighs kRateWeight); 0 before the first sample.
+  struct DeliveryRate {
+    double ns_per_token = 0;
+    std::uint64_t samples = 0;           // loads that measured it
+    std::uint64_t recompute_chunks = 0;  // its chunks left to recompute as slower than prefill
+  };
+  static constexpr double kRateWeight = 0.25;
+  // A tier found slower than prefill is fetched from anyway once in this
+  // many loads that would leave it (its rate measured again: page caches
+  // warm up, links speed up).
+  static constexpr std::uint64_t kRateProbeEvery = 8;
+  DeliveryRate Rate(size_t level, bool device) const;
   // A blend that saved the prefill of `positions` positions (its context
   // x the share of the layer x position work it did not recompute): priced
   // at the model's mean into TTFT saved; nothing while it has no report.
@@ -307,6 +348,19 @@ class KvStore {
   mutable std::mutex prefill_mu_;
   std::unordered_map<keys::Digest, PrefillMeter, keys::DigestHash> prefill_;  // under prefill_mu_
   std::uint64_t prefill_tokens_ = 0, prefill_ns_ = 0;  // all models, under prefill_mu_
+  // Delivery rates per tier, [host views, device views] (Rate()).
+  struct RateSlot {
+    DeliveryRate rate;
+    std::uint64_t declined = 0;  // loads that would have left it (kRateProbeEvery)
+  };
+  // Leaves the tail of `plan` that costs more to deliver than to recompute
+  // (StoreOptions::recompute_when_faster): returns the chunks to fetch.
+  size_t ChunksWorthLoading(const ModelKv& model, std::span<const std::pair<int, std::uint64_t>> levels_tokens,
+                            bool device);
+  void RecordRates(const Fetch& fetch);
+  mutable std::mutex rate_mu_;
+  std::vector<std::array<RateSlot, 2>> rates_;  // per level, under rate_mu_
+  std::atomic<std::uint64_t> recompute_chunks_{0}, recompute_tokens_{0}, rate_probes_{0};
   telemetry::Histogram lookup_us_, load_us_, store_us_;
 };
 

@@ -137,6 +137,7 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   struct HostDecoded {
     std::optional<Result<ChunkRef>> raw;
     std::uint64_t ns = 0;
+    std::uint64_t sharing = 1;  // threads that decoded ahead together
   };
   std::vector<HostDecoded> host(f.chunks.size());
   {
@@ -157,7 +158,11 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
       }
     };
     std::unique_lock<std::mutex> pool(fetch_mu_, std::defer_lock);
-    if (fetch_pool_ != nullptr && todo.size() >= 2 && pool.try_lock()) fetch_pool_->ParallelFor(todo.size(), 1, decode);
+    if (fetch_pool_ != nullptr && todo.size() >= 2 && pool.try_lock()) {
+      fetch_pool_->ParallelFor(todo.size(), 1, decode);
+      const auto sharing = std::min<std::uint64_t>(static_cast<std::uint64_t>(fetch_pool_->threads()), todo.size());
+      for (size_t i : todo) host[i].sharing = sharing;
+    }
   }
   // kdn chunks decode in batches, one device launch each (on a GPU every
   // stream of every chunk at once): straight into the views where they lay
@@ -279,6 +284,7 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
       }
       if (st.code() != Code::kCorrupt && !st.ok()) return st;  // the device failed, not the bytes
       if (c.lease.level() >= 0) chain_->RecordDecode(static_cast<size_t>(c.lease.level()), ch->meta.key, st, ns);
+      f.chunks[index].work_ns += ns / host[index].sharing;  // its tier's delivery rate (RecordRates)
       if (!st.ok()) {
         if (!failed.empty() && failed.back().end == c.begin) {
           failed.back().end = c.begin + c.tokens;

@@ -31,6 +31,12 @@ inline constexpr std::string_view kDefaultHotCodec = "raw";
 // lossy: only a tier that names it (or another lossy codec) uses it, and
 // loads report KV it served (ChunkMeta::lossy, KDN_RESULT_LOSSY).
 inline constexpr std::string_view kDefaultColdCodec = "zstd";
+// The same where the runtime has a GPU: raw. Lossless coding of KV buys
+// 1.1-1.4x at best (zstd 1.16x on real KV), and zstd decodes on the CPU at
+// a fraction of what a disk reads and the GPU prefills (issue 30: 0.38 GB/s
+// on the H200's host, against a 262 ms prefill of 1 GiB of KV): it would
+// make the disk slower, never faster (docs/gpu.md).
+inline constexpr std::string_view kDefaultColdGpuCodec = "raw";
 // The codec of redis tiers unless configured (issue 15): kdn's balanced
 // preset, so that a chunk crosses the network compressed. Lossy, like any
 // kdn codec: loads of KV such a tier served say so.

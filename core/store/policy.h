@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "core/keys/hash.h"
@@ -73,6 +74,28 @@ inline double PrefillCost(std::int64_t first_position, std::uint64_t tokens) {
 inline double ChunkValue(double mean, std::uint64_t tokens, size_t index, size_t count) {
   const double later = count > 1 ? static_cast<double>(index) / static_cast<double>(count - 1) : 0.0;
   return static_cast<double>(tokens) * mean * (1.0 - 0.01 * later);
+}
+
+
+// ---- Load or recompute (never slower than prefill) -------------------------
+// A load's chunks, in order: `deliver[i]` the time chunk i's delivery is
+// expected to take from the tier that holds it (0: unknown, taken as free:
+// it is fetched, which measures it), `recompute[i]` the time the engine
+// would take to prefill its tokens instead. Engines use a cached prefix:
+// loading n chunks and recomputing the rest costs the first n deliveries
+// plus the other recomputes. Returns the n that costs least (the largest
+// of equal ones: a tie loads).
+inline size_t CheapestPrefix(std::span<const double> deliver, std::span<const double> recompute) {
+  size_t best = 0;
+  double gain = 0, best_gain = 0;  // sum over the first n of (recompute - deliver)
+  for (size_t i = 0; i < deliver.size() && i < recompute.size(); ++i) {
+    gain += recompute[i] - deliver[i];
+    if (gain >= best_gain) {
+      best_gain = gain;
+      best = i + 1;
+    }
+  }
+  return best;
 }
 
 }  // namespace kdn::store

@@ -177,12 +177,12 @@ std::uint64_t EstimatedCost(const TierSpec& spec, std::uint64_t bytes) {
   return memory ? HostPool::ClassSize(bytes) : bytes;
 }
 
-std::string_view DefaultTierCodec(TierSpec::Kind kind) {
+std::string_view DefaultTierCodec(TierSpec::Kind kind, bool gpu) {
   switch (kind) {
     case TierSpec::Kind::kHost:
     case TierSpec::Kind::kDevice: return kDefaultHotCodec;
     case TierSpec::Kind::kDisk:
-    case TierSpec::Kind::kRemote: return kDefaultColdCodec;
+    case TierSpec::Kind::kRemote: return gpu ? kDefaultColdGpuCodec : kDefaultColdCodec;
     case TierSpec::Kind::kRedis: return kDefaultRedisCodec;
   }
   return kDefaultHotCodec;

@@ -48,7 +48,8 @@ struct TierSpec {
   // How the tier stores chunks: a codec spec (codec/codec.h: "raw", "int8",
   // "cachegen:bins=16", "kdn:hifi", ...). Empty: the kind's default, raw for
   // host and device tiers (kDefaultHotCodec), lossless zstd for disk and
-  // remote tiers (kDefaultColdCodec, store/chunk_codec.h), kdn:balanced for
+  // remote tiers (kDefaultColdCodec, store/chunk_codec.h; raw where the
+  // runtime has a GPU: kDefaultColdGpuCodec), kdn:balanced for
   // redis tiers (kDefaultRedisCodec: chunks cross the network compressed;
   // lossy, so such a tier's loads are flagged lossy); otherwise a lossy
   // codec only if named.
@@ -101,6 +102,10 @@ LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier);
 std::uint64_t EstimatedCost(const TierSpec& spec, std::uint64_t bytes);
 
 // The codec spec a tier of `kind` uses when its TierSpec::codec is empty.
-std::string_view DefaultTierCodec(TierSpec::Kind kind);
+// `gpu`: the runtime has a CUDA device (not the emulated one). Its disk and
+// remote tiers then default to raw (kDefaultColdGpuCodec): the CPU's zstd
+// decode is slower than the disk and than the GPU's prefill (docs/gpu.md
+// "The disk tier's default with a GPU").
+std::string_view DefaultTierCodec(TierSpec::Kind kind, bool gpu = false);
 
 }  // namespace kdn::store

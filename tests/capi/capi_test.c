@@ -922,6 +922,13 @@ static void test_bad_runtime_options(void) {
   ro.reserved0 = 1; /* must be 0: a later version's field, set */
   CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_create(&ro, &out_rt));
   CHECK(out_rt == NULL);
+  ro = (kdn_runtime_options)KDN_RUNTIME_OPTIONS_INIT;
+  ro.reserved1 = 1; /* 1.7's padding */
+  CHECK_ERROR(KDN_ERR_VERSION, kdn_runtime_create(&ro, &out_rt));
+  ro = (kdn_runtime_options)KDN_RUNTIME_OPTIONS_INIT;
+  ro.load_slower_than_prefill = 2; /* 0 or 1 */
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "load_slower_than_prefill", kdn_runtime_create(&ro, &out_rt));
+  CHECK(out_rt == NULL);
   {
     /* A newer caller's larger struct with a field this library does not
      * know set: refused, naming the struct (abi/newer_caller.c has more). */

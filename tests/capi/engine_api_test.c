@@ -742,6 +742,81 @@ static void test_tiers_one_directory(void) {
   group_end();
 }
 
+/* Never slower than prefill (1.7): a load measures its tier's delivery
+ * (kdn_tier_stats.delivery_ns_per_token); once the engine reports a prefill
+ * 100x faster than that, a load leaves the disk's chunks to recompute (a
+ * failed range, nothing written, kdn_stats.recompute_tokens), and with
+ * load_slower_than_prefill = 1 it loads them whatever the rates. */
+static kdn_runtime *zstd_disk_runtime(const char *dir, uint32_t load_slower) {
+  kdn_tier_config t = disk_tier(dir);
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_runtime *rt = NULL;
+  t.codec = "zstd";
+  t.codec_len = 4;
+  o.chunk_tokens = CHUNK;
+  o.tiers = &t;
+  o.num_tiers = 1;
+  o.load_slower_than_prefill = load_slower;
+  CHECK_OK(kdn_runtime_create(&o, &rt));
+  return rt;
+}
+
+static void test_tiers_slower_than_prefill(void) {
+  static const int32_t table[SEQ_BLOCKS] = {0, 1, 2, 3, 4, 5};
+  const kdn_request req = token_request(kTokens, POSITIONS);
+  char dir[300];
+  kdn_runtime *rt;
+  kdn_model *m = NULL;
+  engine_kv *kv = ekv_paged(EKV_NHD, 6, table, SEQ_BLOCKS);
+  view_buf vb;
+  kdn_kv_result res;
+  kdn_tier_stats ts;
+  group_begin("tiers: chunks slower than prefill are left to recompute");
+  subdir(dir, sizeof dir, "slow");
+  rt = zstd_disk_runtime(dir, 0);
+  if (rt != NULL) m = new_model(rt, FINGERPRINT);
+  if (m != NULL) {
+    ekv_write_ref(kv, POSITIONS);
+    CHECK_EQ(SAVE(m, "slow", &req, whole_view(&vb, kv), 1).tokens, POSITIONS);
+    ekv_reset(kv);
+    res = LOAD(m, "slow", &req, whole_view(&vb, kv), 1); /* no report yet: loaded, and measured */
+    CHECK_EQ(res.tokens, POSITIONS);
+    CHECK(ekv_holds_ref(kv, POSITIONS));
+    ts = tier_stats(rt, 0);
+    CHECK(ts.delivery_ns_per_token > 0.0);
+    CHECK(ts.device_delivery_ns_per_token == 0.0 && ts.recompute_chunks == 0);
+    CHECK_OK(kdn_model_report_prefill(m, 1000000, (uint64_t)((ts.delivery_ns_per_token / 100 + 1) * 1e6)));
+    ekv_reset(kv);
+    res = LOAD(m, "slow", &req, whole_view(&vb, kv), 1);
+    CHECK(res.state == KDN_OP_DONE && res.status == KDN_OK);
+    CHECK_EQ(res.tokens, 0);
+    CHECK_EQ(res.covered, POSITIONS);
+    CHECK_EQ(res.num_failed, 1);
+    CHECK(ekv_untouched(kv));
+    CHECK_EQ(get_stats(rt).recompute_tokens, POSITIONS);
+    CHECK_EQ(tier_stats(rt, 0).recompute_chunks, POSITIONS / CHUNK);
+  }
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  /* The same directory, loading whatever the rates say. */
+  m = NULL;
+  rt = zstd_disk_runtime(dir, 1);
+  if (rt != NULL) m = new_model(rt, FINGERPRINT);
+  if (m != NULL) {
+    CHECK_OK(kdn_model_report_prefill(m, 1000000, 1000000)); /* 1 ns per token */
+    ekv_reset(kv);
+    CHECK_EQ(LOAD(m, "slow", &req, whole_view(&vb, kv), 1).tokens, POSITIONS);
+    ekv_reset(kv);
+    CHECK_EQ(LOAD(m, "slow", &req, whole_view(&vb, kv), 1).tokens, POSITIONS);
+    CHECK(ekv_holds_ref(kv, POSITIONS));
+    CHECK_EQ(get_stats(rt).recompute_tokens, 0);
+  }
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+  ekv_free(kv);
+  group_end();
+}
+
 /* Whether every layer holds the reference KV of its first `count` tokens
  * within int8's error bound (half a quantization step, absmax / 127 / 2 of
  * the (layer, k|v, token) block, plus float rounding), and whether every
@@ -3410,6 +3485,7 @@ static const test_case kCases[] = {
   CASE(tiers_host_over_disk),
   CASE(tiers_defaults),
   CASE(tiers_one_directory),
+  CASE(tiers_slower_than_prefill),
   CASE(tier_codec_defaults),
   CASE(device_views_emulated),
   CASE(device_views_refused),

@@ -493,6 +493,35 @@ TEST_P(DeviceDelivery, RawHostChunksGoStraightOnlyIntoViewsLaidOutAsTheChunks) {
   EXPECT_EQ(paged.Canonical(d, r.tokens.size()), r.canonical);
 }
 
+// Never slower than prefill, into device views: the rate of a tier into
+// device views is measured apart from its rate into host views, and once the
+// engine prefills faster than a disk tier delivers to the device, a
+// retrieve leaves its chunks to recompute (nothing crosses).
+TEST_P(DeviceDelivery, ChunksSlowerThanPrefillAreLeftToRecomputeForDeviceViewsToo) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  const std::string dir = TempDir();
+  auto rt = Make({Disk(dir, "zstd")});
+  ASSERT_NE(rt, nullptr);
+  ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+  Device& d = *device_;
+  Paged out(d, r.m, r.tokens.size());
+  ASSERT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(r.tokens.size())}).value()).value().tokens,
+            r.tokens.size());
+  KvStore& store = rt->store();
+  const KvStore::DeliveryRate rate = store.Rate(0, /*device=*/true);
+  EXPECT_EQ(rate.samples, 1u);
+  ASSERT_GT(rate.ns_per_token, 0.0);
+  EXPECT_EQ(store.Rate(0, /*device=*/false).samples, 0u);
+  ASSERT_TRUE(store.ReportPrefill(r.m, 1000000, static_cast<std::uint64_t>(std::max(1.0, rate.ns_per_token / 100) * 1e6)).ok());
+  const DeviceCounters before = d.counters();
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(r.tokens.size())}).value()).value().tokens, 0u);
+  EXPECT_EQ(d.counters().h2d_bytes, before.h2d_bytes) << "a chunk left to recompute crosses nothing";
+  EXPECT_GT(store.Rate(0, true).recompute_chunks, 0u);
+  EXPECT_EQ(store.Stats().recompute_tokens, r.tokens.size());
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceDelivery, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Cuda" : "Emulated"; });
 

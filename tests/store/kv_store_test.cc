@@ -124,6 +124,26 @@ class KvStoreTest : public ::testing::Test {
     return o;
   }
 
+  // An empty directory of this process.
+  static std::filesystem::path FreshDir(const std::string& name) {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("kdn-kvstore-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    return dir;
+  }
+  // One disk tier in `dir` (its default codec), 8-token chunks (6 chunks
+  // of the 48 tokens).
+  static StoreOptions OnDisk(const std::filesystem::path& dir) {
+    StoreOptions o;
+    o.chunk_tokens = 8;
+    TierSpec disk;
+    disk.kind = TierSpec::Kind::kDisk;
+    disk.path = dir.string();
+    disk.capacity_bytes = 64u << 20;
+    o.tiers.push_back(disk);
+    return o;
+  }
+
   std::vector<float> kv_;
   ModelKv model_;
 };
@@ -351,17 +371,10 @@ TEST_F(KvStoreTest, LookupProbesStayLogarithmicWhateverTailsWereStored) {
 // Issue 10, item 11: the tail after the last whole chunk is found after a
 // restart (it was indexed in memory only: lost, and its files never found).
 TEST_F(KvStoreTest, TailsAreFoundAfterARestart) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("kdn-kvstore-restart-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  StoreOptions o;
+  const std::filesystem::path dir = FreshDir("restart");
+  StoreOptions o = OnDisk(dir);
   o.chunk_tokens = 16;
-  TierSpec disk;
-  disk.kind = TierSpec::Kind::kDisk;
-  disk.path = dir.string();
-  disk.capacity_bytes = 64u << 20;
-  disk.codec = "raw";
-  o.tiers.push_back(disk);
+  o.tiers[0].codec = "raw";
   // 30 sequences of 17..46 tokens, each its own text (a different first token).
   const auto sequence = [&](int i) {
     std::vector<std::int32_t> t(kTokens.begin(), kTokens.begin() + 17 + i);
@@ -392,16 +405,8 @@ TEST_F(KvStoreTest, TailsAreFoundAfterARestart) {
 // lost, whichever thread read it; and callers that find the threads busy
 // read on their own.
 TEST_F(KvStoreTest, ChunksFromADiskTierAreReadOnSeveralThreadsAsOnOne) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("kdn-kvstore-fetch-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  StoreOptions o;
-  o.chunk_tokens = 8;  // 6 chunks of the 48 tokens
-  TierSpec disk;
-  disk.kind = TierSpec::Kind::kDisk;
-  disk.path = dir.string();
-  disk.capacity_bytes = 64u << 20;
-  o.tiers.push_back(disk);  // the default codec: lossless zstd
+  const std::filesystem::path dir = FreshDir("fetch");
+  StoreOptions o = OnDisk(dir);  // the default codec: lossless zstd
   {
     auto s = Make(o);
     ASSERT_EQ(Store(*s, "t", Tokens(48), View(kv_, 48)), 48u);
@@ -526,6 +531,70 @@ TEST_F(KvStoreTest, BuffersAreChecked) {
   EXPECT_TRUE(resolve(v, 48).ok());
   v.stride_layer = 2 * 48 * 32 + 1;  // the last layer now reaches past the end
   EXPECT_FALSE(resolve(v, 48).ok());
+}
+
+
+// Never slower than prefill: a load measures its tier's delivery rate; once
+// the engine reports a prefill faster than that, loads leave the chunks to
+// recompute (a failed range the engine prefills), fetching them anyway
+// once in kRateProbeEvery loads to measure again; a slower prefill, or the
+// option off, loads them again.
+TEST_F(KvStoreTest, ChunksATierDeliversSlowerThanPrefillAreLeftToRecompute) {
+  const std::filesystem::path dir = FreshDir("rate");
+  StoreOptions o = OnDisk(dir);  // zstd: read and decoded on the CPU
+  o.fetch_threads = 1;
+  auto s = Make(o);
+  ASSERT_EQ(Store(*s, "t", Tokens(48), View(kv_, 48)), 48u);
+  std::vector<float> out(kv_.size(), -1.0f);
+  // No prefill reported: nothing to compare with; the load measures the disk.
+  ASSERT_EQ(Retrieve(*s, "t", Tokens(48), View(out, 48)), 48u);
+  const KvStore::DeliveryRate measured = s->Rate(0, /*device=*/false);
+  EXPECT_EQ(measured.samples, 1u);
+  ASSERT_GT(measured.ns_per_token, 0.0);
+  EXPECT_EQ(s->Rate(0, /*device=*/true).samples, 0u);
+  // The engine prefills 100x faster than the disk delivers.
+  const auto fast = static_cast<std::uint64_t>(std::max(1.0, measured.ns_per_token / 100.0) * 1e6);
+  ASSERT_TRUE(s->ReportPrefill(model_, 1000000, fast).ok());
+  for (std::uint64_t load = 1; load < KvStore::kRateProbeEvery; ++load) {
+    std::fill(out.begin(), out.end(), -1.0f);
+    ASSERT_EQ(Retrieve(*s, "t", Tokens(48), View(out, 48)), 0u) << load;
+    EXPECT_TRUE(HoldsPrefix(out, 0));
+  }
+  Telemetry t = s->Stats();
+  EXPECT_EQ(t.recompute_chunks, 6 * (KvStore::kRateProbeEvery - 1));
+  EXPECT_EQ(t.recompute_tokens, 48 * (KvStore::kRateProbeEvery - 1));
+  EXPECT_EQ(s->Rate(0, false).recompute_chunks, t.recompute_chunks);
+  EXPECT_EQ(s->Rate(0, false).samples, 1u);  // nothing fetched: nothing measured
+  // A load op's view of it: the whole cached prefix is covered and failed.
+  // (This call is the kRateProbeEvery-th that would leave the disk: a probe.)
+  Fetch probe = s->FetchPrefix(model_, "t", K(Tokens(48)));
+  EXPECT_EQ(probe.covered, 48u);
+  EXPECT_TRUE(probe.failed.empty());
+  EXPECT_EQ(probe.chunks.size(), 6u);
+  EXPECT_EQ(s->Stats().rate_probes, 1u);
+  probe.chunks.clear();
+  Fetch left = s->FetchPrefix(model_, "t", K(Tokens(48)));
+  EXPECT_EQ(left.covered, 48u);
+  ASSERT_EQ(left.failed.size(), 1u);
+  EXPECT_EQ(left.failed[0].begin, 0u);
+  EXPECT_EQ(left.failed[0].end, 48u);
+  EXPECT_EQ(left.recompute_chunks, 6u);
+  EXPECT_TRUE(left.chunks.empty());
+  // Prefill turns slow (an hour for one token moves the mean far above the
+  // disk's rate): the disk is worth loading again.
+  ASSERT_TRUE(s->ReportPrefill(model_, 1, std::uint64_t{3600} * 1000 * 1000 * 1000).ok());
+  std::fill(out.begin(), out.end(), -1.0f);
+  ASSERT_EQ(Retrieve(*s, "t", Tokens(48), View(out, 48)), 48u);
+  EXPECT_TRUE(HoldsPrefix(out, 48));
+  // With the option off, a store loads whatever the rates say.
+  o.recompute_when_faster = false;
+  s.reset();
+  auto off = Make(o);
+  ASSERT_EQ(Retrieve(*off, "t", Tokens(48), View(out, 48)), 48u);
+  ASSERT_TRUE(off->ReportPrefill(model_, 1000000, 1000000).ok());  // 1 ns per token
+  ASSERT_EQ(Retrieve(*off, "t", Tokens(48), View(out, 48)), 48u);
+  EXPECT_EQ(off->Stats().recompute_chunks, 0u);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -511,5 +511,23 @@ TEST(CostPolicy, PrefillCostGrowsWithPosition) {
   EXPECT_DOUBLE_EQ(ChunkValue(2.0, 256, 3, 4), 512.0 * 0.99);
 }
 
+
+// Load or recompute: the prefix whose deliveries plus the rest's recomputes
+// cost least; unknown deliveries (0) load; a slow chunk is loaded when the
+// fast ones after it make up for it, and left (with all after it) when not.
+TEST(CheapestPrefix, LoadsWhatPaysAndLeavesTheRestToRecompute) {
+  using V = std::vector<double>;
+  const V recompute = {10, 10, 10, 10};
+  EXPECT_EQ(CheapestPrefix(V{1, 1, 1, 1}, recompute), 4u);
+  EXPECT_EQ(CheapestPrefix(V{0, 0, 0, 0}, recompute), 4u);                // unmeasured: fetched
+  EXPECT_EQ(CheapestPrefix(V{50, 50, 50, 50}, recompute), 0u);            // every tier slower than prefill
+  EXPECT_EQ(CheapestPrefix(V{1, 1, 50, 50}, recompute), 2u);              // a fast head, a slow tail
+  EXPECT_EQ(CheapestPrefix(V{1, 15, 1, 1}, recompute), 4u);               // one slow chunk, paid back after it
+  EXPECT_EQ(CheapestPrefix(V{1, 40, 1, 1}, recompute), 1u);               // not paid back
+  EXPECT_EQ(CheapestPrefix(V{20, 1, 1, 1}, recompute), 4u);               // a slow first chunk, paid back
+  EXPECT_EQ(CheapestPrefix(V{10, 10, 10, 10}, recompute), 4u);            // a tie loads
+  EXPECT_EQ(CheapestPrefix(V{}, V{}), 0u);
+}
+
 }  // namespace
 }  // namespace kdn::store

@@ -179,6 +179,12 @@ TEST(TierCodecSpec, DefaultsAndBadSpecs) {
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kRemote), kDefaultColdCodec);
   // A redis tier: compressed on the wire by default (issue 15), a codec that parses.
   EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kRedis), "kdn:balanced");
+  // With a GPU: the cold tiers raw (the CPU's zstd decode would be the
+  // bottleneck); the others as without.
+  EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kDisk, /*gpu=*/true), "raw");
+  EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kRemote, true), "raw");
+  EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kHost, true), "raw");
+  EXPECT_EQ(DefaultTierCodec(TierSpec::Kind::kRedis, true), "kdn:balanced");
   EXPECT_TRUE(MakeTierCodec(kDefaultRedisCodec).ok());
   // Lossless: a disk tier is lossy only where its configuration says so.
   EXPECT_EQ(kDefaultColdCodec, "zstd");

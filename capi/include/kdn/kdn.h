@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 6
+#define KDN_VERSION_MINOR 7
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -206,8 +206,10 @@ typedef struct kdn_tier_config {
   uint32_t write_through;    /* 1: new chunks are copied to the next tier too */
   /* How the tier stores chunks: a codec spec ("raw", "zstd", "fp8", "int8",
    * "kivi2", "cachegen", "kdn", "kdn:hifi", ...). Empty: raw for host and
-   * device tiers, lossless "zstd" for disk and remote tiers, "kdn:balanced"
-   * (compressed, lossy) for redis tiers. "raw" and "zstd" are
+   * device tiers, lossless "zstd" for disk and remote tiers (since 1.7:
+   * "raw" where the runtime has a CUDA device, whose loads zstd's CPU decode
+   * would slow down), "kdn:balanced" (compressed, lossy) for redis tiers.
+   * kdn_runtime_get_tier_stats names the codec in use. "raw" and "zstd" are
    * lossless; the others are lossy, used only where named, and loads of KV
    * they served say so (KDN_RESULT_LOSSY). An unknown codec or parameter is
    * KDN_ERR_INVALID_ARGUMENT. "tc:balanced,profile=FILE" (the transform
@@ -302,10 +304,20 @@ typedef struct kdn_runtime_options {
   /* Since 1.5. */
   kdn_device_mode device;       /* default KDN_DEVICE_AUTO */
   int32_t device_ordinal;       /* the CUDA device; default 0 */
+  /* Since 1.7. Never slower than prefill: once the engine has reported its
+   * prefill time (kdn_model_report_prefill), a load leaves to recompute the
+   * cached chunks whose delivery, at the rate measured for their tier and
+   * kind of view (kdn_tier_stats.delivery_ns_per_token), would take longer
+   * than prefilling them: the prefix it writes ends before them (a load op
+   * reports them in `failed`), counted in kdn_stats.recompute_tokens. Once
+   * in 8 such loads the tier is read anyway, to measure it again. 0 (the
+   * default): so; 1: load every cached chunk, however slow its tier. */
+  uint32_t load_slower_than_prefill;
+  uint32_t reserved1;           /* must be 0 */
 } kdn_runtime_options;
 #define KDN_RUNTIME_OPTIONS_SIZE_V1 48u
 #define KDN_RUNTIME_OPTIONS_INIT \
-  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0 }
+  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0, 0u, 0u }
 KDN_API kdn_status kdn_runtime_options_init(kdn_runtime_options *options, size_t struct_size);
 
 /* Creates a runtime. options may be NULL (defaults). */
@@ -730,11 +742,14 @@ typedef struct kdn_stats {
   uint64_t delivery_ns;      /* time spent in loads (retrieves and load ops), hits and misses */
   uint64_t lookup_tokens;    /* tokens the looked-up requests covered */
   uint64_t lookup_hit_tokens; /* of them, the leading tokens found cached (kdn_lookup_result.cached_tokens) */
+  /* Since 1.7. */
+  uint64_t recompute_tokens; /* cached tokens loads left to recompute: their tiers deliver slower than
+                                the engine prefills (kdn_runtime_options.load_slower_than_prefill) */
 } kdn_stats;
 #define KDN_STATS_SIZE_V1 160u
 #define KDN_STATS_INIT \
   { sizeof(kdn_stats), 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u }
 KDN_API kdn_status kdn_stats_init(kdn_stats *stats, size_t struct_size);
 KDN_API kdn_status kdn_runtime_get_stats(kdn_runtime *runtime, kdn_stats *out);
 
@@ -784,11 +799,18 @@ typedef struct kdn_tier_stats {
   /* Since 1.4: fractions of capacity; a put that would cross high evicts
    * first, down to low. 0 and 0: the tier has none (remote, redis). */
   double high_watermark, low_watermark;
+  /* Since 1.7: how fast this tier delivers, measured on the loads it
+   * served (read, decode and copy into the views, per token of KV; a moving
+   * average), into host views and into device views; 0 until measured. A
+   * load compares them with the engine's prefill time per token
+   * (kdn_runtime_options.load_slower_than_prefill). */
+  double delivery_ns_per_token, device_delivery_ns_per_token;
+  uint64_t recompute_chunks; /* its chunks loads left to recompute as slower than prefill */
 } kdn_tier_stats;
 #define KDN_TIER_STATS_SIZE_V1 208u
 #define KDN_TIER_STATS_INIT                                                                          \
   { sizeof(kdn_tier_stats), 0u, KDN_TIER_HOST, 0u, {0}, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0 }
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0, 0.0, 0.0, 0u }
 KDN_API kdn_status kdn_tier_stats_init(kdn_tier_stats *stats, size_t struct_size);
 
 KDN_API kdn_status kdn_runtime_get_tier_count(kdn_runtime *runtime, uint32_t *out);

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 228;
+const size_t kdn_layout_count = 234;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -44,6 +44,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_runtime_options", "reserved0", 0, 0, offsetof(kdn_runtime_options, reserved0)},
   {"kdn_runtime_options", "device", 0, 0, offsetof(kdn_runtime_options, device)},
   {"kdn_runtime_options", "device_ordinal", 0, 0, offsetof(kdn_runtime_options, device_ordinal)},
+  {"kdn_runtime_options", "load_slower_than_prefill", 0, 0, offsetof(kdn_runtime_options, load_slower_than_prefill)},
+  {"kdn_runtime_options", "reserved1", 0, 0, offsetof(kdn_runtime_options, reserved1)},
   {"kdn_model_spec", "", sizeof(kdn_model_spec), _Alignof(kdn_model_spec), 0},
   {"kdn_model_spec", "struct_size", 0, 0, offsetof(kdn_model_spec, struct_size)},
   {"kdn_model_spec", "num_layers", 0, 0, offsetof(kdn_model_spec, num_layers)},
@@ -155,6 +157,7 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_stats", "delivery_ns", 0, 0, offsetof(kdn_stats, delivery_ns)},
   {"kdn_stats", "lookup_tokens", 0, 0, offsetof(kdn_stats, lookup_tokens)},
   {"kdn_stats", "lookup_hit_tokens", 0, 0, offsetof(kdn_stats, lookup_hit_tokens)},
+  {"kdn_stats", "recompute_tokens", 0, 0, offsetof(kdn_stats, recompute_tokens)},
   {"kdn_latency", "", sizeof(kdn_latency), _Alignof(kdn_latency), 0},
   {"kdn_latency", "struct_size", 0, 0, offsetof(kdn_latency, struct_size)},
   {"kdn_latency", "filled_size", 0, 0, offsetof(kdn_latency, filled_size)},
@@ -197,6 +200,9 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_stats", "write_queued_bytes", 0, 0, offsetof(kdn_tier_stats, write_queued_bytes)},
   {"kdn_tier_stats", "high_watermark", 0, 0, offsetof(kdn_tier_stats, high_watermark)},
   {"kdn_tier_stats", "low_watermark", 0, 0, offsetof(kdn_tier_stats, low_watermark)},
+  {"kdn_tier_stats", "delivery_ns_per_token", 0, 0, offsetof(kdn_tier_stats, delivery_ns_per_token)},
+  {"kdn_tier_stats", "device_delivery_ns_per_token", 0, 0, offsetof(kdn_tier_stats, device_delivery_ns_per_token)},
+  {"kdn_tier_stats", "recompute_chunks", 0, 0, offsetof(kdn_tier_stats, recompute_chunks)},
   {"kdn_chunk_info", "", sizeof(kdn_chunk_info), _Alignof(kdn_chunk_info), 0},
   {"kdn_chunk_info", "struct_size", 0, 0, offsetof(kdn_chunk_info, struct_size)},
   {"kdn_chunk_info", "filled_size", 0, 0, offsetof(kdn_chunk_info, filled_size)},

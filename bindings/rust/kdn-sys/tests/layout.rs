@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 228];
+    static kdn_layout_rows: [Row; 234];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -60,6 +60,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_runtime_options", "reserved0", 0, 0, offset_of!(kdn_runtime_options, reserved0)),
         ("kdn_runtime_options", "device", 0, 0, offset_of!(kdn_runtime_options, device)),
         ("kdn_runtime_options", "device_ordinal", 0, 0, offset_of!(kdn_runtime_options, device_ordinal)),
+        ("kdn_runtime_options", "load_slower_than_prefill", 0, 0, offset_of!(kdn_runtime_options, load_slower_than_prefill)),
+        ("kdn_runtime_options", "reserved1", 0, 0, offset_of!(kdn_runtime_options, reserved1)),
         ("kdn_model_spec", "", size_of::<kdn_model_spec>(), align_of::<kdn_model_spec>(), 0),
         ("kdn_model_spec", "struct_size", 0, 0, offset_of!(kdn_model_spec, struct_size)),
         ("kdn_model_spec", "num_layers", 0, 0, offset_of!(kdn_model_spec, num_layers)),
@@ -171,6 +173,7 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_stats", "delivery_ns", 0, 0, offset_of!(kdn_stats, delivery_ns)),
         ("kdn_stats", "lookup_tokens", 0, 0, offset_of!(kdn_stats, lookup_tokens)),
         ("kdn_stats", "lookup_hit_tokens", 0, 0, offset_of!(kdn_stats, lookup_hit_tokens)),
+        ("kdn_stats", "recompute_tokens", 0, 0, offset_of!(kdn_stats, recompute_tokens)),
         ("kdn_latency", "", size_of::<kdn_latency>(), align_of::<kdn_latency>(), 0),
         ("kdn_latency", "struct_size", 0, 0, offset_of!(kdn_latency, struct_size)),
         ("kdn_latency", "filled_size", 0, 0, offset_of!(kdn_latency, filled_size)),
@@ -213,6 +216,9 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_stats", "write_queued_bytes", 0, 0, offset_of!(kdn_tier_stats, write_queued_bytes)),
         ("kdn_tier_stats", "high_watermark", 0, 0, offset_of!(kdn_tier_stats, high_watermark)),
         ("kdn_tier_stats", "low_watermark", 0, 0, offset_of!(kdn_tier_stats, low_watermark)),
+        ("kdn_tier_stats", "delivery_ns_per_token", 0, 0, offset_of!(kdn_tier_stats, delivery_ns_per_token)),
+        ("kdn_tier_stats", "device_delivery_ns_per_token", 0, 0, offset_of!(kdn_tier_stats, device_delivery_ns_per_token)),
+        ("kdn_tier_stats", "recompute_chunks", 0, 0, offset_of!(kdn_tier_stats, recompute_chunks)),
         ("kdn_chunk_info", "", size_of::<kdn_chunk_info>(), align_of::<kdn_chunk_info>(), 0),
         ("kdn_chunk_info", "struct_size", 0, 0, offset_of!(kdn_chunk_info, struct_size)),
         ("kdn_chunk_info", "filled_size", 0, 0, offset_of!(kdn_chunk_info, filled_size)),
