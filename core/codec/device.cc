@@ -98,7 +98,8 @@ void AddKdnJob(KdnBatch& b, const KdnBatchJob& job, std::uint32_t index, const K
   const std::uint32_t cum_base = static_cast<std::uint32_t>(b.cum.size());
   b.cum.insert(b.cum.end(), d.cum.begin(), d.cum.end());
   const size_t elem = DtypeBytes(sh.dtype);
-  for (size_t p = 0; p < d.planes.size(); ++p) {
+  const size_t plane_end = std::min<size_t>(job.plane_end, d.planes.size());
+  for (size_t p = job.plane_begin; p < plane_end; ++p) {
     const kernels::KdnPlaneDir& pd = d.planes[p];
     kernels::KdnBatchPlane bp;
     bp.halves = payload + pd.halves;
@@ -134,7 +135,8 @@ void AddKdnJob(KdnBatch& b, const KdnBatchJob& job, std::uint32_t index, const K
 }
 
 // The job's status from its failed word (the lowest failing segment, batch-wide).
-Status KdnJobOutcome(const KdnBatch& b, std::uint32_t local, const KdnDirectory& d, std::uint32_t failed) {
+Status KdnJobOutcome(const KdnBatch& b, std::uint32_t local, const KdnBatchJob& job, const KdnDirectory& d,
+                     std::uint32_t failed) {
   if (failed == ~0u) return Status::Ok();
   std::uint64_t first = 0;
   for (const kernels::KdnBatchPlane& p : b.planes) {
@@ -143,8 +145,9 @@ Status KdnJobOutcome(const KdnBatch& b, std::uint32_t local, const KdnDirectory&
       break;
     }
   }
-  return Status::Corrupt("kdn payload: " + KdnStreamName(d, static_cast<std::uint32_t>(failed - first)) +
-                         " does not decode");
+  // The job's first segment is its first plane's first stream.
+  const std::uint64_t index = failed - first + std::uint64_t{job.plane_begin} * d.groups;
+  return Status::Corrupt("kdn payload: " + KdnStreamName(d, static_cast<std::uint32_t>(index)) + " does not decode");
 }
 
 kernels::CacheGenDecodeArgs CacheGenArgs(const Shape& shape, const CacheGenDirectory& d) {
@@ -374,7 +377,9 @@ Status KdnDecodeBatchEmulated(std::span<KdnBatchJob> jobs) {
     a.n_planes = static_cast<std::uint32_t>(b.planes.size());
     a.dtype = dtype;
     kernels::kdn_decode_batch_ref(a);
-    for (std::uint32_t k = 0; k < b.jobs.size(); ++k) jobs[b.jobs[k]].status = KdnJobOutcome(b, k, dirs[k], failed[k]);
+    for (std::uint32_t k = 0; k < b.jobs.size(); ++k) {
+      jobs[b.jobs[k]].status = KdnJobOutcome(b, k, jobs[b.jobs[k]], dirs[k], failed[k]);
+    }
   }
   return Status::Ok();
 }
@@ -482,7 +487,7 @@ Status KdnDecodeBatchOnDevice(std::span<KdnBatchJob> jobs, void* cuda_stream) {
   Arena arena(stream);
   std::vector<std::uint64_t> payload_at(jobs.size(), 0);
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (dirs[i]) payload_at[i] = arena.Reserve(jobs[i].size);
+    if (dirs[i] && jobs[i].device_payload == nullptr) payload_at[i] = arena.Reserve(jobs[i].size);
   }
   if (std::none_of(dirs.begin(), dirs.end(), [](const auto& d) { return d.has_value(); })) return Status::Ok();
   // Per dtype: planes, segments, cumulative frequencies, jobs.
@@ -506,9 +511,13 @@ Status KdnDecodeBatchOnDevice(std::span<KdnBatchJob> jobs, void* cuda_stream) {
   KdnBatch b[3];
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (!dirs[i]) continue;
-    auto* at = arena.At<std::uint8_t>(payload_at[i]);
-    KDN_CUDA_RETURN(cudaMemcpyAsync(at, jobs[i].payload, jobs[i].size, cudaMemcpyHostToDevice, stream),
-                    "kdn decode on a device: uploading a payload");
+    const std::uint8_t* at = jobs[i].device_payload;
+    if (at == nullptr) {
+      auto* up = arena.At<std::uint8_t>(payload_at[i]);
+      KDN_CUDA_RETURN(cudaMemcpyAsync(up, jobs[i].payload, jobs[i].size, cudaMemcpyHostToDevice, stream),
+                      "kdn decode on a device: uploading a payload");
+      at = up;
+    }
     AddKdnJob(b[jobs[i].shape.dtype], jobs[i], static_cast<std::uint32_t>(i), *dirs[i], at);
   }
   std::vector<std::uint32_t> failed[3];
@@ -535,7 +544,7 @@ Status KdnDecodeBatchOnDevice(std::span<KdnBatchJob> jobs, void* cuda_stream) {
   for (std::uint32_t t = 0; t < 3; ++t) {
     for (std::uint32_t k = 0; k < b[t].jobs.size(); ++k) {
       const std::uint32_t i = b[t].jobs[k];
-      jobs[i].status = KdnJobOutcome(b[t], k, *dirs[i], failed[t][k]);
+      jobs[i].status = KdnJobOutcome(b[t], k, jobs[i], *dirs[i], failed[t][k]);
     }
   }
   return Status::Ok();

@@ -56,6 +56,14 @@ struct KdnBatchJob {
   void* out = nullptr;
   std::vector<void*> planes;
   std::uint64_t row = 0;
+  // The planes decoded: [plane_begin, plane_end) of the payload's 2 x
+  // layers (layer l's K and V are planes 2l and 2l + 1); the others are not
+  // written. A load that writes its layers in steps decodes each step's.
+  std::uint32_t plane_begin = 0, plane_end = ~0u;
+  // The same bytes as `payload`, already in device memory (uploaded once
+  // for several steps): the device decoder reads them there instead of
+  // uploading `payload`. Null: it uploads. The emulation reads `payload`.
+  const std::uint8_t* device_payload = nullptr;
   Status status;
 };
 

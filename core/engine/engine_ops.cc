@@ -140,7 +140,20 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
       Finish(OpState::kCancelled, Status(Code::kCancelled, "load cancelled"));
       return;
     }
-    Result<KvStore::Delivered> d = store.DeliverToDevice(model, fetch, groups_, /*as_prefix=*/false);
+    // Layers in order, a step at a time: kdn_op_wait_layer(l) returns once
+    // layer l is in place (the result's ranges are known at the end).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_.covered = fetch.covered;
+    }
+    Result<KvStore::Delivered> d = store.DeliverToDevice(
+        model, fetch, groups_, /*as_prefix=*/false, [this](std::uint32_t layers) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            layers_done_ = layers;
+          }
+          cv_.notify_all();
+        });
     if (!d.ok()) {
       fetch.chunks.clear();
       Finish(OpState::kFailed, d.status());

@@ -268,12 +268,20 @@ class KvStore {
   // decode joins fetch.failed (and is removed from its tier); with
   // `as_prefix` nothing after the first failure is written. Returns the
   // tokens written, or a device error (kInternal, kNoMemory).
+  // With `layers_done`, layers are written in order, in up to
+  // kDeviceLayerSteps steps of consecutive layers, each synchronized and
+  // then reported (layers_done(n): layers [0, n) are in place); a chunk that
+  // fails in a later step has its earlier layers written (its KV, correct)
+  // and is reported failed. Loads with cachegen or tc chunks (decoded whole)
+  // take one step. Without it: one step, every layer.
   struct Delivered {
     std::uint64_t tokens = 0;  // written (as_prefix: the prefix)
     bool lossy = false;        // some of it decoded from a lossy codec
   };
+  using LayersDone = std::function<void(std::uint32_t layers)>;
+  static constexpr std::int64_t kDeviceLayerSteps = 8;
   Result<Delivered> DeliverToDevice(const ModelKv& model, Fetch& fetch, std::span<const KvGroup> groups,
-                                    bool as_prefix);
+                                    bool as_prefix, const LayersDone& layers_done = {});
   // Retrieve and Store for device views (the groups of engine/kv_views.h).
   // A store gathers each new chunk on the device; when the top tier takes
   // device memory (a device tier, raw, no write-through, no editor) the

@@ -99,10 +99,27 @@ std::optional<PlaneTargets> DirectPlanes(const ModelKv& model, std::span<const K
 }  // namespace
 
 Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch& f, std::span<const KvGroup> groups,
-                                                    bool as_prefix) {
+                                                    bool as_prefix, const LayersDone& layers_done) {
   Device* dev = device();
   if (dev == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
+  const auto L = static_cast<std::int64_t>(model.shape.layers);
+  // Layer steps: with `layers_done`, the layers are written in order, a
+  // step of them at a time, each step synchronized and reported before the
+  // next begins (an engine computes layer l while later ones load); without
+  // it, in one step. cachegen and tc decode whole chunks: a load with any
+  // takes one step.
+  std::int64_t step = L;
+  if (layers_done) {
+    step = std::max<std::int64_t>(1, (L + kDeviceLayerSteps - 1) / kDeviceLayerSteps);
+    for (const FetchedChunk& c : f.chunks) {
+      const codec::CodecId id = c.lease.chunk()->meta.codec;
+      if (id == codec::CodecId::kCacheGen || id == codec::CodecId::kTc) step = L;
+    }
+  }
+  // Where a chunk's layers [lb, le) lie in its canonical bytes (one run:
+  // the canonical layout is layer-major).
+  const auto layer_bytes = [&](const FetchedChunk& c) { return c.tokens * per_token / static_cast<std::uint64_t>(L); };
   // Two staging buffers of the largest chunk, alternating: on a GPU the
   // copy or decode of chunk i+1 is queued while chunk i is scattered.
   // (Raw host chunks need none when every view takes them as they are.)
@@ -126,9 +143,9 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
       s = std::move(b).value();
     }
   }
-  Delivered out;
   std::uint64_t stop = UINT64_MAX;  // as_prefix: the first failure's begin
   std::vector<TokenRange> failed;   // decodes that failed here
+  std::vector<bool> bad(f.chunks.size(), false);
   int slot = 0;
   // Chunks of codecs without a device kernel (zstd, int8, fp8, kivi) decode
   // on the CPU: on the fetch threads, all at once, up to kHostDecodeAhead
@@ -165,11 +182,12 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
     }
   }
   // kdn chunks decode in batches, one device launch each (on a GPU every
-  // stream of every chunk at once): straight into the views where they lay
-  // the chunk out (DirectPlanes), else into a staging area of up to
-  // options_.device_staging_bytes that the scatter kernel reads. Direct
-  // decodes may write the tokens of chunks past a failed one (as a prefix
-  // they are then not counted as written: the engine recomputes them).
+  // stream of every chunk of the step at once): straight into the views
+  // where they lay the chunk out (DirectPlanes), else into a staging area of
+  // up to options_.device_staging_bytes that the scatter kernel reads.
+  // Direct decodes may write the tokens of chunks past a failed one (as a
+  // prefix they are then not counted as written: the engine recomputes
+  // them). With several steps the payloads cross once, before the first.
   const std::uint64_t staging_cap = options_.device_staging_bytes;
   struct KdnDecoded {
     bool done = false, direct = false;
@@ -177,139 +195,179 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
     const void* src = nullptr;
     std::uint64_t ns = 0;
   };
-  std::vector<KdnDecoded> kdn(f.chunks.size());
   std::vector<std::optional<PlaneTargets>> direct(f.chunks.size());
-  std::uint64_t staged_kdn = 0, largest_kdn = 0;
+  std::vector<const std::uint8_t*> kdn_on_device(f.chunks.size(), nullptr);
+  std::uint64_t staged_kdn = 0, largest_kdn = 0, kdn_payloads = 0;
   for (size_t i = 0; i < f.chunks.size(); ++i) {
     const ChunkRef& ch = f.chunks[i].lease.chunk();
     if (ch->meta.codec != codec::CodecId::kKdn) continue;
+    kdn_payloads += ch->payload.size();
     direct[i] = DirectPlanes(model, groups, f.chunks[i], ch->meta.layers);
     if (!direct[i]) {
       staged_kdn += f.chunks[i].tokens * per_token;
       largest_kdn = std::max(largest_kdn, f.chunks[i].tokens * per_token);
     }
   }
-  chunk::Payload kdn_staging;
+  chunk::Payload kdn_staging, kdn_uploaded;
   if (staged_kdn > 0) {
     Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(std::max(largest_kdn, std::min(staged_kdn, staging_cap))));
     if (!b.ok()) return b.status();
     kdn_staging = std::move(b).value();
   }
-  // Decodes the kdn chunks from `first` on that are not decoded yet, as many
-  // as the staging holds (every direct one).
-  auto decode_kdn_from = [&](size_t first) -> Status {
-    std::vector<codec::KdnBatchJob> jobs;
-    std::vector<size_t> which;
-    std::uint64_t used = 0;
-    bool full = false;  // staged chunks stop at the first that does not fit: those before it are placed before the staging is reused
-    for (size_t i = first; i < f.chunks.size(); ++i) {
-      const ChunkRef& ch = f.chunks[i].lease.chunk();
-      if (ch->meta.codec != codec::CodecId::kKdn || kdn[i].done) continue;
-      codec::KdnBatchJob j;
-      j.shape = ShapeOfMeta(ch->meta);
-      j.payload = ch->payload.data();
-      j.size = ch->payload.size();
-      if (direct[i]) {
-        j.planes = direct[i]->planes;
-        j.row = direct[i]->row;
-      } else {
-        const std::uint64_t bytes = f.chunks[i].tokens * per_token;
-        full = full || used + bytes > kdn_staging.size();
-        if (full) continue;  // the next batch's
-        j.out = kdn_staging.data() + used;
-        used += bytes;
-      }
-      jobs.push_back(std::move(j));
-      which.push_back(i);
-    }
-    if (jobs.empty()) return Status::Ok();
-    const auto t0 = std::chrono::steady_clock::now();
-    KDN_RETURN_IF_ERROR(dev->DecodeKdnBatch(jobs));
-    const std::uint64_t ns = NsSince(t0) / jobs.size();
-    for (size_t k = 0; k < jobs.size(); ++k) {
-      KdnDecoded& d = kdn[which[k]];
-      d.done = true;
-      d.direct = !jobs[k].planes.empty();
-      d.st = jobs[k].status;
-      d.src = jobs[k].out;
-      d.ns = ns;
-    }
-    return Status::Ok();
-  };
-  for (size_t index = 0; index < f.chunks.size(); ++index) {
-    const FetchedChunk& c = f.chunks[index];
-    if (c.begin >= stop) break;
-    const ChunkRef& ch = c.lease.chunk();
-    const std::uint64_t bytes = c.tokens * per_token;
-    const void* src = nullptr;
-    bool lossy = ch->meta.lossy;
-    // Raw KV in host memory (a raw host chunk, or one the CPU decoded):
-    // straight into the views that lay it out as the chunk does (a layer's K
-    // or V one run), through staging and the scatter kernel into the others.
-    const std::uint8_t* host_raw = ch->meta.codec == codec::CodecId::kRaw && !ch->meta.device ? ch->payload.data() : nullptr;
-    ChunkRef decoded;  // a CPU-decoded chunk, alive until its copies are queued (a copy from pageable memory has read it when it returns)
-    bool staged = false, in_place = false;
-    if (ch->meta.codec == codec::CodecId::kRaw) {
-      if (ch->meta.device) src = ch->payload.data();  // the device tier's own block
-    } else {
-      const auto t0 = std::chrono::steady_clock::now();
-      std::uint64_t ns = 0;
-      Status st;
-      if (ch->meta.codec == codec::CodecId::kKdn) {
-        if (!kdn[index].done) KDN_RETURN_IF_ERROR(decode_kdn_from(index));
-        st = kdn[index].st;
-        ns = kdn[index].ns;
-        src = kdn[index].src;
-        in_place = kdn[index].direct;
-      } else if (Device::DecodesOnDevice(ch->meta.codec)) {
-        st = dev->Decode(ShapeOfMeta(ch->meta), ch->meta.codec, ch->payload.data(), ch->payload.size(),
-                         staging[slot].data());
-        src = staging[slot].data();
-        ns = NsSince(t0);
-      } else {
-        // No kernel for this codec: the CPU decoded it (above, or now), the
-        // canonical bytes cross.
-        if (!host[index].raw) {
-          host[index].raw.emplace(DecodeChunk(ch));
-          host[index].ns = NsSince(t0);
-        }
-        Result<ChunkRef>& raw = *host[index].raw;
-        ns = host[index].ns;
-        st = raw.status();
-        if (raw.ok()) {
-          ++dev->host_decodes_;
-          decoded = std::move(raw).value();
-          host_raw = decoded->payload.data();
-        }
-      }
-      if (st.code() != Code::kCorrupt && !st.ok()) return st;  // the device failed, not the bytes
-      if (c.lease.level() >= 0) chain_->RecordDecode(static_cast<size_t>(c.lease.level()), ch->meta.key, st, ns);
-      f.chunks[index].work_ns += ns / host[index].sharing;  // its tier's delivery rate (RecordRates)
-      if (!st.ok()) {
-        if (!failed.empty() && failed.back().end == c.begin) {
-          failed.back().end = c.begin + c.tokens;
-        } else {
-          failed.push_back({c.begin, c.begin + c.tokens});
-        }
-        if (as_prefix) stop = c.begin;
-        continue;
-      }
-      lossy = lossy || codec::IsLossy(ch->meta.codec);
-    }
-    if (!in_place) KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
-      if (host_raw != nullptr && kernels::view_dense_like_chunk(v)) return CopyLayersToView(*dev, host_raw, v, c, lb, le);
-      if (host_raw != nullptr && !staged) {
-        KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging[slot].data(), host_raw, static_cast<size_t>(bytes)));
-        src = staging[slot].data();
-        staged = true;
-      }
-      return dev->Scatter(src, v, static_cast<std::int64_t>(c.begin), static_cast<std::int64_t>(c.tokens), lb, le);
-    }));
-    out.tokens += c.tokens;
-    out.lossy = out.lossy || lossy;
-    slot ^= 1;
+  if (step < L && kdn_payloads > 0 && !dev->emulated()) {
+    // Without room for them all, each step uploads its batch's payloads.
+    Result<chunk::Payload> b = dev->Allocate(static_cast<size_t>(kdn_payloads));
+    if (b.ok()) kdn_uploaded = std::move(b).value();
   }
-  KDN_RETURN_IF_ERROR(dev->Synchronize());
+  if (kdn_uploaded.size() > 0) {
+    std::uint64_t at = 0;
+    for (size_t i = 0; i < f.chunks.size(); ++i) {
+      const ChunkRef& ch = f.chunks[i].lease.chunk();
+      if (ch->meta.codec != codec::CodecId::kKdn) continue;
+      KDN_RETURN_IF_ERROR(dev->CopyToDevice(kdn_uploaded.data() + at, ch->payload.data(), ch->payload.size()));
+      kdn_on_device[i] = kdn_uploaded.data() + at;
+      at += ch->payload.size();
+    }
+  }
+  Delivered out;
+  for (std::int64_t lb = 0; lb < L; lb += step) {
+    const std::int64_t le = std::min(L, lb + step);
+    std::vector<KdnDecoded> kdn(f.chunks.size());
+    // Decodes layers [lb, le) of the kdn chunks from `first` on that are not
+    // decoded yet in this step, as many as the staging holds (every direct one).
+    auto decode_kdn_from = [&](size_t first) -> Status {
+      std::vector<codec::KdnBatchJob> jobs;
+      std::vector<size_t> which;
+      std::uint64_t used = 0;
+      bool full = false;  // staged chunks stop at the first that does not fit: those before it are placed before the staging is reused
+      for (size_t i = first; i < f.chunks.size(); ++i) {
+        const ChunkRef& ch = f.chunks[i].lease.chunk();
+        if (ch->meta.codec != codec::CodecId::kKdn || kdn[i].done || bad[i]) continue;
+        codec::KdnBatchJob j;
+        j.shape = ShapeOfMeta(ch->meta);
+        j.payload = ch->payload.data();
+        j.size = ch->payload.size();
+        j.device_payload = kdn_on_device[i];
+        j.plane_begin = static_cast<std::uint32_t>(2 * lb);
+        j.plane_end = static_cast<std::uint32_t>(2 * le);
+        if (direct[i]) {
+          j.planes = direct[i]->planes;
+          j.row = direct[i]->row;
+        } else {
+          const std::uint64_t bytes = f.chunks[i].tokens * per_token;
+          full = full || used + bytes > kdn_staging.size();
+          if (full) continue;  // the next batch's
+          j.out = kdn_staging.data() + used;
+          used += bytes;
+        }
+        jobs.push_back(std::move(j));
+        which.push_back(i);
+      }
+      if (jobs.empty()) return Status::Ok();
+      const auto t0 = std::chrono::steady_clock::now();
+      KDN_RETURN_IF_ERROR(dev->DecodeKdnBatch(jobs));
+      const std::uint64_t ns = NsSince(t0) / jobs.size();
+      for (size_t k = 0; k < jobs.size(); ++k) {
+        KdnDecoded& d = kdn[which[k]];
+        d.done = true;
+        d.direct = !jobs[k].planes.empty();
+        d.st = jobs[k].status;
+        d.src = jobs[k].out;
+        d.ns = ns;
+      }
+      return Status::Ok();
+    };
+    for (size_t index = 0; index < f.chunks.size(); ++index) {
+      const FetchedChunk& c = f.chunks[index];
+      if (c.begin >= stop) break;
+      if (bad[index]) continue;  // failed in an earlier step
+      const ChunkRef& ch = c.lease.chunk();
+      const std::uint64_t run = layer_bytes(c), run_at = static_cast<std::uint64_t>(lb) * run;
+      const std::uint64_t bytes = static_cast<std::uint64_t>(le - lb) * run;  // this step's layers
+      const void* src = nullptr;
+      // Raw KV in host memory (a raw host chunk, or one the CPU decoded):
+      // straight into the views that lay it out as the chunk does (a layer's K
+      // or V one run), through staging and the scatter kernel into the others.
+      const std::uint8_t* host_raw = ch->meta.codec == codec::CodecId::kRaw && !ch->meta.device ? ch->payload.data() : nullptr;
+      ChunkRef decoded;  // a CPU-decoded chunk, alive until its copies are queued (a copy from pageable memory has read it when it returns)
+      bool staged = false, in_place = false;
+      if (ch->meta.codec == codec::CodecId::kRaw) {
+        if (ch->meta.device) src = ch->payload.data();  // the device tier's own block
+      } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::uint64_t ns = 0;
+        Status st;
+        const bool first_step = lb == 0;  // a chunk's decode is counted once (a CPU decode serves every step)
+        bool on_cpu = false;
+        if (ch->meta.codec == codec::CodecId::kKdn) {
+          if (!kdn[index].done) KDN_RETURN_IF_ERROR(decode_kdn_from(index));
+          st = kdn[index].st;
+          ns = kdn[index].ns;
+          src = kdn[index].src;
+          in_place = kdn[index].direct;
+        } else if (Device::DecodesOnDevice(ch->meta.codec)) {
+          st = dev->Decode(ShapeOfMeta(ch->meta), ch->meta.codec, ch->payload.data(), ch->payload.size(),
+                           staging[slot].data());
+          src = staging[slot].data();
+          ns = NsSince(t0);
+        } else {
+          // No kernel for this codec: the CPU decoded it (above, or now), the
+          // canonical bytes cross.
+          on_cpu = true;
+          if (!host[index].raw) {
+            host[index].raw.emplace(DecodeChunk(ch));
+            host[index].ns = NsSince(t0);
+          }
+          Result<ChunkRef>& raw = *host[index].raw;
+          ns = host[index].ns;
+          st = raw.status();
+          if (raw.ok()) {
+            if (first_step) ++dev->host_decodes_;
+            decoded = le == L ? std::move(raw).value() : raw.value();  // kept for the next steps
+            host_raw = decoded->payload.data();
+          }
+        }
+        if (st.code() != Code::kCorrupt && !st.ok()) return st;  // the device failed, not the bytes
+        if ((first_step || !st.ok()) && c.lease.level() >= 0) {
+          chain_->RecordDecode(static_cast<size_t>(c.lease.level()), ch->meta.key, st, ns);
+        }
+        // Its tier's delivery rate (RecordRates): a CPU decode once, a device decode per step.
+        if (!on_cpu || first_step) f.chunks[index].work_ns += ns / host[index].sharing;
+        if (!st.ok()) {
+          bad[index] = true;
+          if (!failed.empty() && failed.back().end == c.begin) {
+            failed.back().end = c.begin + c.tokens;
+          } else {
+            failed.push_back({c.begin, c.begin + c.tokens});
+          }
+          if (as_prefix) stop = c.begin;
+          continue;
+        }
+      }
+      if (!in_place) KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t rb, std::int64_t re) {
+        rb = std::max(rb, lb);
+        re = std::min(re, le);
+        if (rb >= re) return Status::Ok();
+        if (host_raw != nullptr && kernels::view_dense_like_chunk(v)) return CopyLayersToView(*dev, host_raw, v, c, rb, re);
+        if (host_raw != nullptr && !staged) {
+          // This step's layers of the chunk, where they lie in it.
+          KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging[slot].data() + run_at, host_raw + run_at, static_cast<size_t>(bytes)));
+          src = staging[slot].data();
+          staged = true;
+        }
+        return dev->Scatter(src, v, static_cast<std::int64_t>(c.begin), static_cast<std::int64_t>(c.tokens), rb, re);
+      }));
+      slot ^= 1;
+    }
+    KDN_RETURN_IF_ERROR(dev->Synchronize());
+    if (layers_done) layers_done(static_cast<std::uint32_t>(le));
+  }
+  for (size_t i = 0; i < f.chunks.size(); ++i) {
+    const FetchedChunk& c = f.chunks[i];
+    if (bad[i] || c.begin >= stop) continue;
+    out.tokens += c.tokens;
+    out.lossy = out.lossy || codec::IsLossy(c.lease.chunk()->meta.codec) || c.lease.chunk()->meta.lossy;
+  }
   // The failures of this pass join the fetch's, in order of tokens.
   if (!failed.empty()) {
     f.failed.insert(f.failed.end(), failed.begin(), failed.end());

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -391,6 +392,55 @@ TEST(CodecDeviceEmulation, ABatchDecodesEveryPayloadAsTheCodecAndFlagsOnlyTheBad
   j.planes = {nullptr, nullptr};
   j.row = 8;
   EXPECT_EQ(KdnDecodeBatchEmulated(std::span<KdnBatchJob>(&j, 1)).code(), Code::kInvalidArgument);
+}
+
+// A job's plane range (a load that writes its layers in steps): only those
+// planes are written, each as the whole decode writes it; a stream that does
+// not decode fails the range it lies in, named by its plane, and not the
+// others.
+TEST(CodecDeviceEmulation, APlaneRangeDecodesThosePlanesOnly) {
+  const Shape shape{3, 2, 8, 40, 1};  // 6 planes of f16
+  const std::unique_ptr<Codec> codec = test::Make("kdn:balanced");
+  Bytes payload = EncodeOrDie(*codec, shape, SyntheticKv(shape, 5));
+  ASSERT_FALSE(payload.empty());
+  std::vector<std::uint8_t> whole(shape.bytes(), 0xAB);
+  ASSERT_TRUE(KdnDecodeEmulated(shape, payload.data(), payload.size(), whole.data()).ok());
+  const std::uint64_t plane_bytes = shape.bytes() / 6;
+  const auto decode = [&](const Bytes& bytes, std::uint32_t begin, std::uint32_t end, std::vector<std::uint8_t>& out) {
+    out.assign(shape.bytes(), 0xCD);
+    KdnBatchJob j;
+    j.shape = shape;
+    j.payload = bytes.data();
+    j.size = bytes.size();
+    j.out = out.data();
+    j.plane_begin = begin;
+    j.plane_end = end;
+    EXPECT_TRUE(KdnDecodeBatchEmulated(std::span<KdnBatchJob>(&j, 1)).ok());
+    return j.status;
+  };
+  std::vector<std::uint8_t> got;
+  ASSERT_TRUE(decode(payload, 2, 5, got).ok());
+  for (std::uint64_t p = 0; p < 6; ++p) {
+    const bool in = p >= 2 && p < 5;
+    const auto* g = got.data() + p * plane_bytes;
+    if (in) {
+      EXPECT_EQ(std::memcmp(g, whole.data() + p * plane_bytes, plane_bytes), 0) << "plane " << p;
+    } else {
+      EXPECT_TRUE(std::all_of(g, g + plane_bytes, [](std::uint8_t b) { return b == 0xCD; })) << "plane " << p;
+    }
+  }
+  // Plane 3's first stream, damaged: the range holding it fails, naming it.
+  Result<KdnDirectory> d = ParseKdnDirectory(shape, payload.data(), payload.size());
+  ASSERT_TRUE(d.ok());
+  const kernels::CodecStreamDir& st = d->streams[3 * d->groups];
+  ASSERT_GE(st.length, 4u);
+  for (std::uint64_t i = 0; i < st.length; ++i) payload[st.offset + i] = static_cast<std::uint8_t>(0x3D * i + 7);
+  EXPECT_TRUE(decode(payload, 0, 2, got).ok()) << "planes 0 and 1 do not hold the damage";
+  EXPECT_EQ(std::memcmp(got.data(), whole.data(), 2 * plane_bytes), 0);
+  const Status bad = decode(payload, 2, 4, got);
+  EXPECT_EQ(bad.code(), Code::kCorrupt);
+  EXPECT_NE(bad.message().find("stream 0 of plane 3"), std::string::npos) << bad.message();
+  EXPECT_EQ(bad.message(), decode(payload, 0, 6, got).message()) << "a range names a stream as the whole decode does";
 }
 
 TEST(CodecDeviceEmulation, EncodeSideReproducesPayloads) {

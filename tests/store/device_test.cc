@@ -12,8 +12,10 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
 
 #include "core/codec/tc_profile.h"
@@ -520,6 +522,95 @@ TEST_P(DeviceDelivery, ChunksSlowerThanPrefillAreLeftToRecomputeForDeviceViewsTo
   EXPECT_GT(store.Rate(0, true).recompute_chunks, 0u);
   EXPECT_EQ(store.Stats().recompute_tokens, r.tokens.size());
   std::filesystem::remove_all(dir);
+}
+
+// A device that does what the one it wraps does, but holds its callers in
+// Synchronize from the `hold_at`-th call on until Release (fault injection:
+// a load's later layer steps made slow, to see the earlier ones reported).
+class GatedDevice final : public Device {
+ public:
+  explicit GatedDevice(std::shared_ptr<Device> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  bool emulated() const override { return inner_->emulated(); }
+  Result<chunk::Payload> Allocate(size_t n) override { return inner_->Allocate(n); }
+  Status CopyToDevice(void* d, const void* s, size_t n) override { return inner_->CopyToDevice(d, s, n); }
+  Status CopyToHost(void* d, const void* s, size_t n) override { return inner_->CopyToHost(d, s, n); }
+  Status CopyOnDevice(void* d, const void* s, size_t n) override { return inner_->CopyOnDevice(d, s, n); }
+  Status Scatter(const void* chunk, const kernels::KvView& view, std::int64_t tb, std::int64_t tokens, std::int64_t lb,
+                 std::int64_t le) override {
+    return inner_->Scatter(chunk, view, tb, tokens, lb, le);
+  }
+  Status Gather(const kernels::KvView& view, std::int64_t tb, std::int64_t tokens, std::int64_t lb, std::int64_t le,
+                void* chunk) override {
+    return inner_->Gather(view, tb, tokens, lb, le, chunk);
+  }
+  Status Decode(const codec::Shape& shape, codec::CodecId id, const std::uint8_t* payload, size_t size,
+                void* out) override {
+    return inner_->Decode(shape, id, payload, size, out);
+  }
+  Status DecodeKdnBatch(std::span<codec::KdnBatchJob> jobs) override { return inner_->DecodeKdnBatch(jobs); }
+  Status Synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (++syncs_ >= hold_at_) cv_.wait(lock, [&] { return released_; });
+    lock.unlock();
+    return inner_->Synchronize();
+  }
+  void HoldFromCall(std::uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_at_ = syncs_ + n;
+    released_ = false;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Device> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t syncs_ = 0, hold_at_ = UINT64_MAX;
+  bool released_ = true;
+};
+
+// Item 3 of issue 30: a load op into device views writes its layers in
+// order, a step at a time (here a layer per step: the model has 5), and
+// reports each step as it lands: kdn_op_wait_layer(0) returns while the
+// later layers are still held back. Raw, kdn (decoded a plane range per
+// step) and zstd (decoded once on the CPU) chunks end with the same bytes
+// as a retrieve writes.
+TEST_P(DeviceDelivery, ALoadOpIntoDeviceViewsCompletesItsLayersInOrder) {
+  KDN_REQUIRE_MODEL();
+  const std::shared_ptr<Device> plain = device_;
+  for (const std::string codec : {"raw", "kdn:balanced", "zstd"}) {
+    SCOPED_TRACE(codec);
+    Reference r = Prefill();
+    auto gated = std::make_shared<GatedDevice>(plain);
+    device_ = gated;
+    auto rt = Make({HostTier(codec)});
+    ASSERT_NE(rt, nullptr);
+    ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
+    Device& d = *device_;
+    Paged want(d, r.m, r.tokens.size());
+    ASSERT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {want.Spec(r.tokens.size())}).value()).value().tokens,
+              r.tokens.size());
+    Paged out(d, r.m, r.tokens.size());
+    gated->HoldFromCall(2);  // the first step's synchronize passes, the second's waits
+    auto load = rt->Load(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {out.Spec(r.tokens.size())}).value());
+    ASSERT_TRUE(load.ok()) << load.status().message();
+    EXPECT_TRUE((*load)->WaitLayer(0, 30000).ok()) << "layer 0 was not reported before the later layers landed";
+    EXPECT_EQ((*load)->Outcome().state, OpState::kPending);
+    EXPECT_EQ((*load)->WaitLayer(1, 50).code(), Code::kTimeout);
+    gated->Release();
+    ASSERT_TRUE((*load)->Wait(-1).ok()) << (*load)->Outcome().status.message();
+    for (std::uint32_t l = 0; l < 5; ++l) EXPECT_TRUE((*load)->WaitLayer(l, 0).ok());
+    EXPECT_EQ((*load)->Outcome().tokens, r.tokens.size());
+    EXPECT_EQ(out.Canonical(d, r.tokens.size()), want.Canonical(d, r.tokens.size()));
+    device_ = plain;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceDelivery, ::testing::Values(false, true),

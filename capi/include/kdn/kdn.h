@@ -426,8 +426,9 @@ typedef enum kdn_memory_kind {
    * refuse it (KDN_ERR_UNSUPPORTED), as does a runtime without a device. Loads write the views on the device: a device tier's chunks
    * device to device, encoded chunks of lower tiers decoded on the GPU
    * (codecs kdn, tc, cachegen; others on the CPU, then copied). The KV is in
-   * place when the call returns (a load op: when it ends; its layers all at
-   * once). The views' arrays (k_layers, v_layers, block_table) are host
+   * place when the call returns (a load op: layer by layer, in up to 8
+   * steps of consecutive layers, each in place when kdn_op_wait_layer
+   * returns for it; cachegen and tc chunks make it one step). The views' arrays (k_layers, v_layers, block_table) are host
    * memory as always. kdn_kv_blend (experimental) takes them too: it
    * composes on the host, then writes the views through the device. */
   KDN_MEMORY_DEVICE = 1,
