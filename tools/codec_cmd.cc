@@ -85,6 +85,7 @@ int CalibrateTransform(const CodecCalibrateOptions& o, const refengine::LoadedMo
   co.eval.continue_tokens = o.continue_tokens;
   co.max_contexts = o.max_contexts;
   co.vmul = o.vmul;
+  co.balanced_contexts = o.balanced_contexts;
   co.rope.head_dim = c.head_dim();
   co.rope.theta = 10000.0;  // llama2.c's
   co.work_path = o.out + ".partial";
@@ -216,6 +217,9 @@ CodecCommand::CodecCommand(CLI::App& app) {
   calibrate_cmd_->add_flag("--transform", calibrate_.transform,
                            "fit the transform codec (tc): per-layer KLT bases and presets, a binary profile at --out");
   calibrate_cmd_->add_option("--vmul", calibrate_.vmul, "tc: values' step relative to keys'")->capture_default_str();
+  calibrate_cmd_->add_option("--balanced-also-at", calibrate_.balanced_contexts,
+                             "tc: context lengths at which tc:balanced must also keep its margin under cachegen's KL "
+                             "(fitted at each; the smallest step wins)");
   calibrate_cmd_->add_option("--fingerprint", calibrate_.fingerprint,
                              "tc: the model fingerprint the engine gives kdn (default: the reference engine's)");
 }

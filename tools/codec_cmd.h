@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 namespace kdn::tools {
 
@@ -31,6 +32,7 @@ struct CodecCalibrateOptions {
   bool transform = false;
   double vmul = 2.5;
   std::string fingerprint;  // the engine's model fingerprint; default: the reference engine's
+  std::vector<int> balanced_contexts;  // tc: other context lengths the balanced preset must hold at
 };
 
 // Measures kdn's codec on a model (lab/codec/calibrate.h), prints the

@@ -1,9 +1,12 @@
 // The kdn command: generate, demo, bench, disk, codec.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,16 +37,69 @@ namespace {
 
 using namespace kdn;
 
-// `kdn generate`: greedy decoding with the reference transformer.
-int Generate(const std::string& model_path, const std::string& tok_path, const std::string& prompt, int steps,
-             bool ids, const std::string& dump_prefix) {
-  auto loaded = refengine::LoadModel(model_path, tok_path, /*allow_random=*/false);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "kdn generate: %s\n", loaded.status().message().c_str());
-    return 2;
+// Sampling for `kdn generate --stories`: softmax at `temperature`, then the
+// smallest set of the most likely tokens whose probability reaches top_p
+// (nucleus sampling), one draw from `rng`.
+int SampleTopP(const std::vector<float>& logits, double temperature, double top_p, std::mt19937_64& rng) {
+  const float top = *std::max_element(logits.begin(), logits.end());
+  std::vector<std::pair<double, int>> p;
+  double sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double e = std::exp((static_cast<double>(logits[i]) - top) / temperature);
+    p.emplace_back(e, static_cast<int>(i));
+    sum += e;
   }
-  const model::Tokenizer& tok = *loaded->tokenizer;
-  model::Transformer t(*loaded->weights);
+  std::sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  size_t keep = 0;
+  double mass = 0;
+  while (keep < p.size() && mass < top_p * sum) mass += p[keep++].first;
+  const double u = std::uniform_real_distribution<double>(0.0, mass)(rng);
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i].first;
+    if (u < acc) return p[i].second;
+  }
+  return p[keep - 1].second;
+}
+
+// `kdn generate --stories N`: N stories sampled from BOS, each until the
+// model's BOS or EOS or its context, printed one paragraph each (blank lines
+// inside a story folded to one newline), separated by blank lines: how
+// bench/texts/heldout.txt was made (seed 11) and heldout2.txt (seed 12).
+int GenerateStories(const refengine::LoadedModel& loaded, int stories, double temperature, double top_p,
+                    std::uint64_t seed) {
+  const model::Tokenizer& tok = *loaded.tokenizer;
+  model::Transformer t(*loaded.weights);
+  std::mt19937_64 rng(seed);
+  const int ctx = t.config().seq_len;
+  for (int n = 0; n < stories; ++n) {
+    model::KvCache cache = t.NewCache();
+    std::vector<float> logits;
+    std::vector<int> out, in = {1};  // BOS
+    for (int pos = 0; pos < ctx; ++pos) {
+      if (Status st = t.Forward(in, pos, cache, &logits); !st.ok()) {
+        std::fprintf(stderr, "kdn generate: %s\n", st.message().c_str());
+        return 2;
+      }
+      const int next = SampleTopP(logits, temperature, top_p, rng);
+      if (next == 1 || next == 2) break;  // BOS or EOS: the story ends
+      out.push_back(next);
+      in.assign(1, next);
+    }
+    std::string text = tok.DecodeAll(out, 1);
+    while (!text.empty() && (text.front() == ' ' || text.front() == '\n')) text.erase(text.begin());
+    while (!text.empty() && (text.back() == ' ' || text.back() == '\n')) text.pop_back();
+    for (size_t at; (at = text.find("\n\n")) != std::string::npos;) text.erase(at, 1);
+    std::printf("%s\n\n", text.c_str());
+  }
+  return 0;
+}
+
+// `kdn generate`: greedy decoding with the reference transformer.
+int Generate(const refengine::LoadedModel& loaded, const std::string& prompt, int steps, bool ids,
+             const std::string& dump_prefix) {
+  const model::Tokenizer& tok = *loaded.tokenizer;
+  model::Transformer t(*loaded.weights);
   model::KvCache cache = t.NewCache();
   std::vector<int> tokens = tok.Encode(prompt, /*bos=*/true);
   const int ctx = t.config().seq_len;
@@ -118,13 +174,21 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(kdn_version()));
 
   std::string model, tokenizer, prompt, dump;
-  int steps = 0;
+  int steps = 0, stories = 0;
+  double temperature = 1.0, top_p = 0.9;
+  std::uint64_t seed = 11;
   bool ids = false;
-  auto* gen = app.add_subcommand("generate", "Greedy generation with the reference transformer");
+  auto* gen = app.add_subcommand("generate", "Greedy generation with the reference transformer (or sampled stories)");
   gen->add_option("--model", model, "llama2.c checkpoint")->required();
   gen->add_option("--tokenizer", tokenizer, "tokenizer file (tok512.bin format)")->required();
   gen->add_option("--prompt", prompt, "prompt text (default: none, start from BOS)");
-  gen->add_option("--steps", steps, "tokens to generate after the prompt")->required()->check(CLI::Range(1, 1 << 20));
+  auto* steps_opt = gen->add_option("--steps", steps, "tokens to generate after the prompt")->check(CLI::Range(1, 1 << 20));
+  auto* stories_opt = gen->add_option("--stories", stories, "instead: this many stories sampled from BOS (top-p), a paragraph each")
+                          ->check(CLI::Range(1, 100000));
+  stories_opt->excludes(steps_opt);
+  gen->add_option("--temperature", temperature, "--stories: sampling temperature (default 1)")->check(CLI::Range(1e-3, 100.0));
+  gen->add_option("--top-p", top_p, "--stories: nucleus mass (default 0.9)")->check(CLI::Range(1e-6, 1.0));
+  gen->add_option("--seed", seed, "--stories: the sampler's seed (std::mt19937_64; default 11)");
   gen->add_flag("--ids", ids, "print token ids instead of text");
   gen->add_option("--dump-kv", dump, "write PREFIX.k.f32 and PREFIX.v.f32 ([layer][pos][kv_head][head_dim]) and PREFIX.tokens.i32 (the id at each pos)");
 
@@ -286,7 +350,19 @@ int main(int argc, char** argv) {
     return 2;
   }
 #endif
-  if (*gen) return Generate(model, tokenizer, prompt, steps, ids, dump);
+  if (*gen) {
+    if (steps == 0 && stories == 0) {
+      std::fprintf(stderr, "kdn generate: --steps N (or --stories N) is required\n");
+      return 2;
+    }
+    auto loaded = refengine::LoadModel(model, tokenizer, /*allow_random=*/false);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "kdn generate: %s\n", loaded.status().message().c_str());
+      return 2;
+    }
+    if (stories > 0) return GenerateStories(*loaded, stories, temperature, top_p, seed);
+    return Generate(*loaded, prompt, steps, ids, dump);
+  }
   if (*dm && !demo.join_address.empty()) return kdn::tools::RunRemoteJoin(demo);
   if (*dm && demo.remote) return kdn::tools::RunRemoteDemo(demo, argv[0]);
   if (*dm) return kdn::tools::RunDemo(demo);

@@ -187,13 +187,14 @@ Result<TcCalibration> CalibrateTransform(const model::Checkpoint& weights, const
     return "tc:profile=" + o.work_path + ",sink=" + std::to_string(o.sinks) + ",step=" + Number(step) +
            ",vmul=" + Number(o.vmul);
   };
-  auto eval = [&](const std::string& text) -> Result<EvalResult> {
+  // A codec spec evaluated on the text at `at`'s context (o.eval's by default).
+  auto eval = [&](const std::string& text, const EvalOptions* at = nullptr) -> Result<EvalResult> {
     ++cal.evaluations;
     Result<Spec> spec = ParseSpec(text);
     if (!spec.ok()) return spec.status();
     Result<std::unique_ptr<Codec>> codec = MakeCodec(*spec);
     if (!codec.ok()) return codec.status();
-    return Evaluate(weights, tokens, **codec, o.eval);
+    return Evaluate(weights, tokens, **codec, at != nullptr ? *at : o.eval);
   };
   Result<EvalResult> cg = eval("cachegen");
   if (!cg.ok()) return cg.status();
@@ -205,6 +206,20 @@ Result<TcCalibration> CalibrateTransform(const model::Checkpoint& weights, const
                                      std::pair<std::string, double>{"hifi", o.hifi_kl}}) {
     Result<PresetFit> fit = FitStep(target, probe_step, [&](double step) { return eval(spec_of(step)); });
     if (!fit.ok()) return Status::InvalidArgument(fit.status().message() + " for preset " + name);
+    if (name == "balanced" && o.balanced_kl <= 0) {
+      for (int context : o.balanced_contexts) {
+        EvalOptions at = o.eval;
+        at.context = context;
+        auto eval_at = [&](const std::string& text) { return eval(text, &at); };
+        Result<EvalResult> cg_at = eval_at("cachegen");
+        if (!cg_at.ok()) return cg_at.status();
+        Result<PresetFit> there = FitStep(o.balanced_margin * cg_at->kl_mean, probe_step,
+                                          [&](double step) { return eval_at(spec_of(step)); });
+        if (!there.ok()) return Status::InvalidArgument(there.status().message() + " for preset balanced at " +
+                                                        std::to_string(context) + " tokens");
+        if (there->step < fit->step) fit = there;
+      }
+    }
     fit->name = name;
     const double lo = fit->step;
     cal.presets.push_back(*fit);

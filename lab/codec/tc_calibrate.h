@@ -40,6 +40,13 @@ struct TcCalibrateOptions {
   double vmul = 2.5;
   double balanced_kl = 0;  // 0: balanced_margin x cachegen's KL mean on the text
   double balanced_margin = 0.8;
+  // Other context lengths at which the balanced preset must keep its margin
+  // against cachegen's KL at that length (balanced_kl 0): it is fitted at
+  // each as well, and the smallest step wins. The transform's advantage over
+  // cachegen shrinks with the context (on the tuning text, at the step
+  // fitted at 256 tokens, 0.77x cachegen's KL at 256 and 0.95x at 448), so
+  // a preset fitted at one length has no margin left at the other.
+  std::vector<int> balanced_contexts;
   double hifi_kl = 1.2e-3;
   bool fit_presets = true;  // false: bases and tables only (tests)
   kernels::RopeSpec rope;   // the model's RoPE (head_dim set from the model)

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "cli_runner.h"
 #include "test_models.h"
@@ -103,6 +104,28 @@ TEST(Cli, GenerateReportsBadInput) {
   r = Kdn("generate --steps 4");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--model"), std::string::npos) << r.out;
+}
+
+// The held-out texts are the reference model's own stories: `--stories 36`
+// with seed 11 writes bench/texts/heldout.txt, with seed 12 heldout2.txt, byte
+// for byte (the sampler is std::mt19937_64, nucleus 0.9, temperature 1).
+TEST(Cli, GenerateStoriesWritesTheHeldOutTexts) {
+  KDN_REQUIRE_MODEL();
+  for (const auto& [seed, file] : {std::pair<int, const char*>{11, "heldout.txt"}, {12, "heldout2.txt"}}) {
+    const CliRun r = kdn::testing::RunShell(std::string(KDN_CLI) + " generate " + ModelArgs() +
+                                            " --stories 36 --seed " + std::to_string(seed));
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::ifstream in(std::string(KDN_TEXTS_DIR) + "/" + file, std::ios::binary);
+    const std::string want((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(want.empty()) << file;
+    EXPECT_TRUE(r.out == want) << file << ": the stories differ from the committed text";
+  }
+  const CliRun both = Kdn("generate " + ModelArgs() + " --stories 2 --steps 4");
+  EXPECT_NE(both.code, 0);
+  EXPECT_NE(both.out.find("excludes"), std::string::npos) << both.out;
+  const CliRun neither = Kdn("generate " + ModelArgs());
+  EXPECT_NE(neither.code, 0);
+  EXPECT_NE(neither.out.find("--stories"), std::string::npos) << neither.out;
 }
 
 TEST(Cli, DemoReusesKvWithIdenticalContinuations) {
