@@ -505,16 +505,22 @@ TEST(TcCodecTest, StoreEncodesOnlyTheProfilesModel) {
 }
 
 // Presets fitted on a small text meet their KL targets there, hifi finer.
-TEST(TcCalibrateTest, FitsPresetsToTargets) {
-  KDN_REQUIRE_MODEL();
-  Result<model::Checkpoint> w = model::Checkpoint::Load(kdn::testing::ModelPath());
-  ASSERT_TRUE(w.ok());
+// A quick calibration: 3 contexts of 48 tokens, 8 continued.
+TcCalibrateOptions SmallCalibration(const std::string& work_name) {
   TcCalibrateOptions o;
   o.eval.context = 48;
   o.eval.continue_tokens = 8;
   o.max_contexts = 3;
   o.rope.head_dim = kDim;
-  o.work_path = ::testing::TempDir() + "/kdn_tc_presets.kdntc";
+  o.work_path = ::testing::TempDir() + "/" + work_name;
+  return o;
+}
+
+TEST(TcCalibrateTest, FitsPresetsToTargets) {
+  KDN_REQUIRE_MODEL();
+  Result<model::Checkpoint> w = model::Checkpoint::Load(kdn::testing::ModelPath());
+  ASSERT_TRUE(w.ok());
+  TcCalibrateOptions o = SmallCalibration("kdn_tc_presets.kdntc");
   Result<TcCalibration> cal = CalibrateTransform(*w, CalibrationTokens(), o);
   ASSERT_TRUE(cal.ok()) << cal.status().message();
   std::remove(o.work_path.c_str());
@@ -536,6 +542,29 @@ TEST(TcCalibrateTest, FitsPresetsToTargets) {
   }
   EXPECT_TRUE(MakeCodec(*ParseSpec("tc:hifi,profile=" + path)).ok());
   std::remove(path.c_str());
+}
+
+// The balanced preset fitted at a second context length as well keeps the
+// margin there: its step is the smaller of the two fits, and at that step
+// its KL is under margin x cachegen's at the second length.
+TEST(TcCalibrateTest, TheBalancedPresetHoldsAtEveryContextItIsFittedAt) {
+  KDN_REQUIRE_MODEL();
+  Result<model::Checkpoint> w = model::Checkpoint::Load(kdn::testing::ModelPath());
+  ASSERT_TRUE(w.ok());
+  TcCalibrateOptions o = SmallCalibration("kdn_tc_presets3.kdntc");
+  Result<TcCalibration> one = CalibrateTransform(*w, CalibrationTokens(), o);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  o.balanced_contexts = {96};
+  Result<TcCalibration> two = CalibrateTransform(*w, CalibrationTokens(), o);
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  std::remove(o.work_path.c_str());
+  const PresetFit& a = one->presets.at(0);
+  const PresetFit& b = two->presets.at(0);
+  ASSERT_EQ(b.name, "balanced");
+  EXPECT_LE(b.step, a.step);
+  EXPECT_LE(b.result.kl_mean, b.target_kl);
+  EXPECT_EQ(two->presets.at(1).step, one->presets.at(1).step) << "hifi is fitted as before";
+  EXPECT_GT(two->evaluations, one->evaluations);
 }
 
 // ---- the device path (core/codec/device.h): the CPU codec decodes with the
