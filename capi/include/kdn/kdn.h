@@ -524,7 +524,8 @@ typedef struct kdn_kv_result {
   uint64_t tokens;       /* store/save: leading tokens cached after it; retrieve/load: tokens
                             written (retrieve: the prefix); fetch: the document's length */
   uint64_t covered;      /* retrieve/load: the cached prefix found at the start */
-  uint64_t num_failed;   /* load: ranges of the prefix that could not be read */
+  uint64_t num_failed;   /* load: ranges of the prefix that could not be read (or, 1.7, were
+                            left to recompute as slower than prefill) */
   uint32_t flags;        /* KDN_RESULT_* bits */
   uint32_t reserved0;
 } kdn_kv_result;
@@ -572,7 +573,9 @@ KDN_API kdn_status kdn_kv_store(const kdn_model *model, const char *ns, size_t n
 /* Writes the KV of the longest cached prefix of the request into the views.
  * out (required): tokens = its length, 0 on a miss (which is KDN_OK);
  * covered = the cached prefix found (tokens is shorter when a chunk of it
- * could not be read: evicted meanwhile, or corrupt); flags. Positions past
+ * could not be read: evicted meanwhile, or corrupt; or, since 1.7, when its
+ * tier delivers slower than the engine prefills: load_slower_than_prefill
+ * in kdn_runtime_options); flags. Positions past
  * `tokens` are the engine's to recompute: into device views laid out as
  * kdn's chunks (contiguous, token-major), a chunk after one that did not
  * decode may have been written there too. */
