@@ -132,6 +132,13 @@ std::uint64_t StoreFromHost(Runtime& rt, const Reference& r) {
   return stored.ok() ? *stored : 0;
 }
 
+// A retrieve of the reference request into a paged device view; the tokens written.
+std::uint64_t RetrievePaged(Runtime& rt, const Reference& r, Paged& view) {
+  auto got = rt.Retrieve(r.m, "t", r.Keys(), Resolve(r, {view.Spec(r.tokens.size())}).value());
+  EXPECT_TRUE(got.ok()) << got.status().message();
+  return got.ok() ? got->tokens : 0;
+}
+
 // Runs each scenario on the emulated device and, where one is usable, on
 // the GPU.
 class DeviceDelivery : public ::testing::TestWithParam<bool> {
@@ -487,8 +494,7 @@ TEST_P(DeviceDelivery, RawHostChunksGoStraightOnlyIntoViewsLaidOutAsTheChunks) {
   Device& d = *device_;
   Paged paged(d, r.m, r.tokens.size());
   const DeviceCounters before = d.counters();
-  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {paged.Spec(r.tokens.size())}).value()).value().tokens,
-            r.tokens.size());
+  EXPECT_EQ(RetrievePaged(*rt, r, paged), r.tokens.size());
   const DeviceCounters after = d.counters();
   EXPECT_EQ(after.h2d_bytes - before.h2d_bytes, r.canonical.size() * 4);
   EXPECT_GT(after.scatters, before.scatters) << "a paged view takes chunks through the scatter kernel";
@@ -508,8 +514,7 @@ TEST_P(DeviceDelivery, ChunksSlowerThanPrefillAreLeftToRecomputeForDeviceViewsTo
   ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
   Device& d = *device_;
   Paged out(d, r.m, r.tokens.size());
-  ASSERT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(r.tokens.size())}).value()).value().tokens,
-            r.tokens.size());
+  ASSERT_EQ(RetrievePaged(*rt, r, out), r.tokens.size());
   KvStore& store = rt->store();
   const KvStore::DeliveryRate rate = store.Rate(0, /*device=*/true);
   EXPECT_EQ(rate.samples, 1u);
@@ -517,7 +522,7 @@ TEST_P(DeviceDelivery, ChunksSlowerThanPrefillAreLeftToRecomputeForDeviceViewsTo
   EXPECT_EQ(store.Rate(0, /*device=*/false).samples, 0u);
   ASSERT_TRUE(store.ReportPrefill(r.m, 1000000, static_cast<std::uint64_t>(std::max(1.0, rate.ns_per_token / 100) * 1e6)).ok());
   const DeviceCounters before = d.counters();
-  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(r.tokens.size())}).value()).value().tokens, 0u);
+  EXPECT_EQ(RetrievePaged(*rt, r, out), 0u);
   EXPECT_EQ(d.counters().h2d_bytes, before.h2d_bytes) << "a chunk left to recompute crosses nothing";
   EXPECT_GT(store.Rate(0, true).recompute_chunks, 0u);
   EXPECT_EQ(store.Stats().recompute_tokens, r.tokens.size());
@@ -595,8 +600,7 @@ TEST_P(DeviceDelivery, ALoadOpIntoDeviceViewsCompletesItsLayersInOrder) {
     ASSERT_EQ(StoreFromHost(*rt, r), r.tokens.size());
     Device& d = *device_;
     Paged want(d, r.m, r.tokens.size());
-    ASSERT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {want.Spec(r.tokens.size())}).value()).value().tokens,
-              r.tokens.size());
+    ASSERT_EQ(RetrievePaged(*rt, r, want), r.tokens.size());
     Paged out(d, r.m, r.tokens.size());
     gated->HoldFromCall(2);  // the first step's synchronize passes, the second's waits
     auto load = rt->Load(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {out.Spec(r.tokens.size())}).value());
