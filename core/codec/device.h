@@ -112,7 +112,8 @@ Status KdnDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t si
 Status KdnDecodeBatchEmulated(std::span<KdnBatchJob> jobs);
 Status CacheGenDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out);
 // The transform codec's: the kernels' per-thread work and tc_accumulate for
-// the product (the CPU codec decodes with it).
+// the product (the CPU codec's TcDecodeCpu gives its bytes with less work;
+// the tests compare them).
 Status TcDecodeEmulated(const Shape& shape, const std::uint8_t* data, size_t size, std::uint8_t* out,
                         std::shared_ptr<const TcProfile> hint = nullptr);
 

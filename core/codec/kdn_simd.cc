@@ -61,22 +61,7 @@ KdnSimd DetectSimd() {
   return avx512 && zmm_state ? KdnSimd::kAvx512 : KdnSimd::kAvx2;
 }
 
-// For a mask m of the lanes that renormalize: lane k's word is word number
-// popcount(m & ((1 << k) - 1)) of those at ptr, 3 bits per lane (the AVX2
-// decoder's permutation).
-constexpr std::array<std::uint32_t, 256> MakeWordIndex() {
-  std::array<std::uint32_t, 256> t{};
-  for (std::uint32_t m = 0; m < 256; ++m) {
-    std::uint32_t packed = 0, before = 0;
-    for (std::uint32_t k = 0; k < 8; ++k) {
-      packed |= (before & 7u) << (3 * k);
-      before += (m >> k) & 1u;
-    }
-    t[m] = packed;
-  }
-  return t;
-}
-constexpr std::array<std::uint32_t, 256> kWordIndex = MakeWordIndex();
+constexpr const std::array<std::uint32_t, 256>& kWordIndex = kKdnSimdWordIndex;
 
 #else
 KdnSimd DetectSimd() { return KdnSimd::kNone; }

@@ -10,6 +10,7 @@
 // Thread-safety: plain functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace kdn::codec::internal {
@@ -60,5 +61,23 @@ bool KdnSimdComputes(std::uint32_t lanes, std::uint32_t channels);
 inline constexpr int kKdnSimdStreams = 4;
 int DecodeKdnStreams(const KdnStream<std::uint16_t>* streams, int count);
 int DecodeKdnStreams(const KdnStream<float>* streams, int count);
+
+// For a mask m of the 8 lanes that renormalize (bit k: lane k): lane k's
+// word is word number popcount(m & ((1 << k) - 1)) of those at the stream's
+// cursor, 3 bits per lane (the AVX2 renormalization's permutation;
+// core/codec/tc_cpu.cc uses it too).
+constexpr std::array<std::uint32_t, 256> MakeKdnSimdWordIndex() {
+  std::array<std::uint32_t, 256> t{};
+  for (std::uint32_t m = 0; m < 256; ++m) {
+    std::uint32_t packed = 0, before = 0;
+    for (std::uint32_t k = 0; k < 8; ++k) {
+      packed |= (before & 7u) << (3 * k);
+      before += (m >> k) & 1u;
+    }
+    t[m] = packed;
+  }
+  return t;
+}
+inline constexpr std::array<std::uint32_t, 256> kKdnSimdWordIndex = MakeKdnSimdWordIndex();
 
 }  // namespace kdn::codec::internal

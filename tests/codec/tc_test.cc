@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/codec/device.h"
+#include "core/codec/tc_cpu.h"
 #include "lab/codec/tc_calibrate.h"
 #include "core/codec/tc_profile.h"
 #include "codec_test_util.h"
@@ -567,9 +568,10 @@ TEST(TcCalibrateTest, TheBalancedPresetHoldsAtEveryContextItIsFittedAt) {
   EXPECT_GT(two->evaluations, one->evaluations);
 }
 
-// ---- the device path (core/codec/device.h): the CPU codec decodes with the
-// kernels' per-thread work (kernels/common/tc_device_math.h), so every test
-// above checks it; here, the entry points.
+// ---- the device path (core/codec/device.h): the CPU codec's decode
+// (tc_cpu.h) gives the bytes of the kernels' per-thread work
+// (kernels/common/tc_device_math.h) run on the CPU (TcCpuTest below), so
+// every test above checks it; here, the entry points.
 
 using kdn::testing::HaveGpu;
 
@@ -593,6 +595,88 @@ TEST(TcDeviceTest, TheCpuCodecDecodesWithTheEmulation) {
     for (std::uint32_t j = 0; j < sd.comps; ++j) EXPECT_EQ(d->comps[sd.comp_at + j] / 8, s % 4);
   }
   EXPECT_EQ(d->sinks, 2u);
+}
+
+// The CPU decode (tc_cpu.h: vector streams, the product over non-zero
+// terms, rows finished as they come) gives the emulation's bytes, with and
+// without its vector code, in every dtype and payload layout: 8 lanes with
+// one stream a plane (the vector path's dense case), several streams a plane
+// (values scattered), a group that is no multiple of 8 (a period of
+// lcm(n, 8) symbols), other lane counts (the kernels' scalar stream),
+// sinks, and token counts that leave symbols after the last whole vector.
+TEST(TcCpuTest, DecodesTheEmulationsBytes) {
+  KDN_REQUIRE_PROFILE();
+  const std::vector<float> kv = ReferenceKv();
+  // The first `tokens` positions of the reference chunk, canonical.
+  auto first = [&](std::uint32_t tokens) {
+    std::vector<float> out;
+    const size_t row = size_t{kHeads} * kDim;
+    for (size_t plane = 0; plane < size_t{kLayers} * 2; ++plane) {
+      out.insert(out.end(), kv.begin() + static_cast<std::ptrdiff_t>(plane * kTokens * row),
+                 kv.begin() + static_cast<std::ptrdiff_t>((plane * kTokens + tokens) * row));
+    }
+    return out;
+  };
+  int compared = 0;
+  for (const char* params : {",step=0.3", ",step=0.3,sink=2", ",step=0.3,group=8", ",step=0.3,group=5,sink=1",
+                             ",step=0.3,lanes=4", ",step=0.3,lanes=3,group=7", ",step=0.1"}) {
+    for (std::uint32_t tokens : {48u, 13u, 3u}) {
+      for (std::uint32_t dtype : {0u, 1u, 2u}) {
+        const Shape shape{kLayers, kHeads, kDim, tokens, dtype};
+        const std::vector<std::uint8_t> bytes = ToBytes(first(tokens), dtype);
+        auto codec = Make("tc:profile=" + fitted->path + params);
+        Result<Bytes> p = codec->Encode(shape, bytes.data());
+        ASSERT_TRUE(p.ok()) << params << ": " << p.status().message();
+        std::vector<std::uint8_t> want(bytes.size(), 0xAB);
+        ASSERT_TRUE(TcDecodeEmulated(shape, p->data(), p->size(), want.data()).ok());
+        for (bool vectors : {true, false}) {
+          std::vector<std::uint8_t> got(bytes.size(), 0xCD);
+          const Status st = TcDecodeCpuWith(shape, p->data(), p->size(), got.data(), nullptr, vectors);
+          ASSERT_TRUE(st.ok()) << st.message();
+          ASSERT_EQ(got, want) << "tc" << params << ", " << tokens << " tokens, dtype " << dtype
+                               << (vectors ? ", vectors" : ", scalar");
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 7 * 3 * 3 * 2);
+}
+
+// Damaged payloads: the CPU decode's verdict is the emulation's (the same
+// error, naming the same stream), and what decodes is the same KV.
+TEST(TcCpuTest, DamagedPayloadsGetTheEmulationsVerdict) {
+  KDN_REQUIRE_PROFILE();
+  const std::vector<std::uint8_t> bytes = ToBytes(ReferenceKv(), 1);
+  std::mt19937 rng(23);
+  int failed = 0, decoded = 0;
+  for (const char* params : {"", ",group=8,sink=1", ",lanes=4"}) {
+    Result<Bytes> p = Make("tc:profile=" + fitted->path + ",step=0.3" + params)->Encode(test::RefShape(1), bytes.data());
+    ASSERT_TRUE(p.ok());
+    for (int trial = 0; trial < 200; ++trial) {
+      Bytes b = *p;
+      // Damage in the streams' part mostly (the directory's checks are
+      // shared): one byte, or a cut.
+      const size_t at = b.size() / 2 + rng() % (b.size() / 2);
+      if (trial % 4 == 3) {
+        b.resize(at);
+      } else {
+        b[at] ^= static_cast<std::uint8_t>(1 + rng() % 255);
+      }
+      std::vector<std::uint8_t> want(bytes.size()), got(bytes.size());
+      const Status e = TcDecodeEmulated(test::RefShape(1), b.data(), b.size(), want.data());
+      for (bool vectors : {true, false}) {
+        const Status c = TcDecodeCpuWith(test::RefShape(1), b.data(), b.size(), got.data(), nullptr, vectors);
+        ASSERT_EQ(c.code(), e.code()) << params << " trial " << trial << ": " << c.message() << " / " << e.message();
+        ASSERT_EQ(c.message(), e.message()) << params << " trial " << trial;
+        if (e.ok()) {
+          ASSERT_EQ(got, want) << params << " trial " << trial;
+        }
+      }
+      (e.ok() ? decoded : failed) += 1;
+    }
+  }
+  EXPECT_GT(failed, 100);  // most damage is caught (the rest decodes to other finite KV)
 }
 
 TEST(TcDeviceTest, WithoutADeviceTheEntryPointSaysUnsupported) {
