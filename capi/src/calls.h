@@ -187,6 +187,7 @@ inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, si
     if (v.block_table != nullptr) s.block_table = {v.block_table, v.block_table_len};
     s.num_blocks = v.num_blocks;
     s.block_stride = v.block_stride;
+    s.engine_stream = v.cuda_stream;  // read only by callers of 1.8 and later (struct_size says)
     out->push_back(s);
   }
   return KDN_OK;

@@ -24,6 +24,9 @@ DeviceCounters Device::counters() const {
   c.gathers = gathers_;
   c.device_decodes = device_decodes_;
   c.host_decodes = host_decodes_;
+  c.stream_marks = stream_marks_;
+  c.mark_waits = mark_waits_;
+  c.stream_waits = stream_waits_;
   return c;
 }
 
@@ -114,6 +117,21 @@ class EmulatedDevice final : public Device {
     return Status::Ok();
   }
   Status Synchronize() override { return Status::Ok(); }
+  // Work here is done when queued: nothing to wait for, only counted. A
+  // mark stands for the stream it was taken on (never dereferenced).
+  Result<StreamMark> MarkStream(void* stream) override {
+    if (stream == nullptr) return StreamMark();
+    ++stream_marks_;
+    return StreamMark(stream, [](void*) {});
+  }
+  Status AfterMark(const StreamMark& mark) override {
+    if (mark) ++mark_waits_;
+    return Status::Ok();
+  }
+  Status StreamAfterUs(void* stream) override {
+    if (stream != nullptr) ++stream_waits_;
+    return Status::Ok();
+  }
 
  private:
   // The view kernels' own work items, run on the CPU (kernels/common/kv_rows.h).
@@ -210,6 +228,38 @@ class CudaDevice final : public Device {
   Status Synchronize() override {
     KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
     KDN_CUDA_OR_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(cudaStreamPerThread));
+    return Status::Ok();
+  }
+  Result<StreamMark> MarkStream(void* stream) override {
+    if (stream == nullptr) return StreamMark();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    cudaEvent_t e = nullptr;
+    KDN_CUDA_OR_RETURN("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    StreamMark mark(e, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+    KDN_CUDA_OR_RETURN("cudaEventRecord", cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+    ++stream_marks_;
+    return mark;
+  }
+  Status AfterMark(const StreamMark& mark) override {
+    if (!mark) return Status::Ok();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    KDN_CUDA_OR_RETURN("cudaStreamWaitEvent",
+                       cudaStreamWaitEvent(cudaStreamPerThread, static_cast<cudaEvent_t>(mark.get()), 0));
+    ++mark_waits_;
+    return Status::Ok();
+  }
+  Status StreamAfterUs(void* stream) override {
+    if (stream == nullptr) return Status::Ok();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    cudaEvent_t e = nullptr;
+    KDN_CUDA_OR_RETURN("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    // Destroying a recorded event that a stream waits for is allowed: its
+    // resources go once it has completed.
+    const cudaError_t rec = cudaEventRecord(e, cudaStreamPerThread);
+    const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), e, 0) : rec;
+    cudaEventDestroy(e);
+    KDN_CUDA_OR_RETURN("cudaEventRecord / cudaStreamWaitEvent", wait);
+    ++stream_waits_;
     return Status::Ok();
   }
 

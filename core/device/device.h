@@ -42,6 +42,9 @@ struct DeviceCounters {
   std::uint64_t scatters = 0, gathers = 0;  // kernel launches (or their CPU path)
   std::uint64_t device_decodes = 0;         // payloads decoded by the device's decode kernels
   std::uint64_t host_decodes = 0;           // payloads decoded on the CPU, then copied (codecs without kernels)
+  std::uint64_t stream_marks = 0;           // engine streams marked (MarkStream with a stream)
+  std::uint64_t mark_waits = 0;             // kdn's work made to wait for a mark
+  std::uint64_t stream_waits = 0;           // engine streams made to wait for kdn's work
 };
 
 class Device {
@@ -85,6 +88,20 @@ class Device {
   // Waits for the work this thread queued.
   virtual Status Synchronize() = 0;
 
+  // An engine's CUDA stream (KvGroup::engine_stream): MarkStream records
+  // what it holds now (a CUDA event; null for a null stream), AfterMark
+  // makes the work this thread queues from then on wait for the mark (a
+  // stream wait: the host does not block), and StreamAfterUs makes what the
+  // stream runs from then on wait for the work this thread queued so far. A
+  // mark may be taken on one thread and waited for on another (a load op's
+  // worker); it is released when the last copy goes. On the emulated device
+  // work is done when queued: these only count (DeviceCounters), so tests
+  // see that a call ordered itself against the engine's stream.
+  using StreamMark = std::shared_ptr<void>;
+  virtual Result<StreamMark> MarkStream(void* stream) = 0;
+  virtual Status AfterMark(const StreamMark& mark) = 0;
+  virtual Status StreamAfterUs(void* stream) = 0;
+
   DeviceCounters counters() const;
 
  protected:
@@ -92,6 +109,7 @@ class Device {
   // each failure stated as Decode states it.
   void CountBatch(std::span<codec::KdnBatchJob> jobs);
   std::atomic<std::uint64_t> h2d_{0}, d2h_{0}, d2d_{0}, scatters_{0}, gathers_{0}, device_decodes_{0};
+  std::atomic<std::uint64_t> stream_marks_{0}, mark_waits_{0}, stream_waits_{0};
 
  private:
   friend class KvStore;

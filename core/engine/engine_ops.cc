@@ -127,6 +127,11 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
   op->keys_ = std::move(keys);
   op->groups_ = std::move(groups);
   op->layers_ = static_cast<std::uint32_t>(model.shape.layers);
+  if (void* stream = KvStore::EngineStream(op->groups_); device && stream != nullptr) {
+    Result<Device::StreamMark> mark = store.device()->MarkStream(stream);
+    if (!mark.ok()) return mark.status();
+    op->engine_mark_ = std::move(mark).value();
+  }
   executor.Submit([op, &store, model] { op->Run(store, model); });
   return op;
 }
@@ -153,7 +158,8 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
             layers_done_ = layers;
           }
           cv_.notify_all();
-        });
+        },
+        engine_mark_);
     if (!d.ok()) {
       fetch.chunks.clear();
       Finish(OpState::kFailed, d.status());
@@ -258,6 +264,14 @@ Result<std::shared_ptr<SaveOp>> SaveOp::Start(KvStore& store, Executor& executor
 }
 
 Status SaveOp::SaveLayer(std::uint32_t layer) {
+  // The engine may have queued the layer's writes on its stream without
+  // waiting for them: the gather waits for what the stream holds now.
+  Device::StreamMark after;
+  if (void* stream = KvStore::EngineStream(groups_); device_ && stream != nullptr) {
+    Result<Device::StreamMark> mark = store_->device()->MarkStream(stream);
+    if (!mark.ok()) return mark.status();
+    after = std::move(mark).value();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cancel_) return Status::Ok();  // it ends (or ended) cancelled: nothing more is stored
@@ -272,13 +286,16 @@ Status SaveOp::SaveLayer(std::uint32_t layer) {
     requested_[layer] = true;
   }
   // The op stays alive until its last task ran: the task holds a reference.
-  executor_->Submit([self = std::static_pointer_cast<SaveOp>(shared_from_this()), layer] { self->GatherLayer(layer); });
+  executor_->Submit([self = std::static_pointer_cast<SaveOp>(shared_from_this()), layer, after] {
+    self->GatherLayer(layer, after);
+  });
   return Status::Ok();
 }
 
-void SaveOp::GatherLayer(std::uint32_t layer) {
+void SaveOp::GatherLayer(std::uint32_t layer, const Device::StreamMark& after) {
   std::vector<void*> k, v;
   Status failed;
+  if (device_) failed = store_->FollowEngineStream(groups_, after);
   for (const KvGroup& g : groups_) {
     bool here = false;
     for (std::uint32_t l : g.layers) here = here || l == layer;

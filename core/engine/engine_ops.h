@@ -104,6 +104,7 @@ class LoadOp final : public EngineOp {
   std::uint32_t layers_ = 0;
   bool device_ = false;
   DeliveryTarget target_;  // the caller's (Start's argument), for the fetch on the worker
+  Device::StreamMark engine_mark_;  // the engine's stream as Start found it (device views naming one)
 };
 
 class SaveOp final : public EngineOp {
@@ -125,7 +126,9 @@ class SaveOp final : public EngineOp {
 
  private:
   SaveOp() = default;
-  void GatherLayer(std::uint32_t layer);
+  // `after`: the engine's stream as SaveLayer found it (the layer's KV is
+  // written once the work queued on it by then has run).
+  void GatherLayer(std::uint32_t layer, const Device::StreamMark& after);
   Status GatherLayerOnDevice(const kernels::KvView& view, size_t chunk, std::uint32_t layer);
   void Commit();
   void EndIfCancelledAndIdle();

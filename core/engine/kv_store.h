@@ -56,6 +56,11 @@ struct ModelKv {
 struct KvGroup {
   std::vector<std::uint32_t> layers;
   kernels::KvView view;
+  // Device views: the engine's CUDA stream (a cudaStream_t) or null. kdn's
+  // work on the view waits for what the stream held when the call was made,
+  // and the stream then waits for kdn's writes (Device::MarkStream). Every
+  // group of a call names the same one.
+  void* engine_stream = nullptr;
 };
 
 // What identifies a request's tokens: their ids, or the engine's own chained
@@ -280,8 +285,13 @@ class KvStore {
   };
   using LayersDone = std::function<void(std::uint32_t layers)>;
   static constexpr std::int64_t kDeviceLayerSteps = 8;
+  // The views' engine stream (KvGroup::engine_stream): the device work
+  // waits for `after` (a mark taken when the call was made: a load op's
+  // Start) or, without one, for what the stream holds now; once every layer
+  // is written, the stream waits for kdn's writes.
   Result<Delivered> DeliverToDevice(const ModelKv& model, Fetch& fetch, std::span<const KvGroup> groups,
-                                    bool as_prefix, const LayersDone& layers_done = {});
+                                    bool as_prefix, const LayersDone& layers_done = {},
+                                    const Device::StreamMark& after = {});
   // Retrieve and Store for device views (the groups of engine/kv_views.h).
   // A store gathers each new chunk on the device; when the top tier takes
   // device memory (a device tier, raw, no write-through, no editor) the
@@ -291,6 +301,13 @@ class KvStore {
                                      std::span<const KvGroup> groups, const DeliveryTarget& target = {});
   Result<std::uint64_t> StoreFromDevice(const ModelKv& model, std::string_view ns, const TokenKeys& keys,
                                         std::span<const KvGroup> groups);
+  // The engine stream of a call's groups (null without one), and the
+  // ordering of this thread's device work after it: after `mark` when one
+  // was taken, else after what the stream holds now.
+  static void* EngineStream(std::span<const KvGroup> groups) {
+    return groups.empty() ? nullptr : groups.front().engine_stream;
+  }
+  Status FollowEngineStream(std::span<const KvGroup> groups, const Device::StreamMark& mark = {});
   // Writes canonical KV in host memory (tokens [0, tokens) of every layer)
   // into device views: one copy to the device, then the scatter kernel (the
   // blender's composed KV).

@@ -99,9 +99,11 @@ std::optional<PlaneTargets> DirectPlanes(const ModelKv& model, std::span<const K
 }  // namespace
 
 Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch& f, std::span<const KvGroup> groups,
-                                                    bool as_prefix, const LayersDone& layers_done) {
+                                                    bool as_prefix, const LayersDone& layers_done,
+                                                    const Device::StreamMark& after) {
   Device* dev = device();
   if (dev == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  KDN_RETURN_IF_ERROR(FollowEngineStream(groups, after));
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
   const auto L = static_cast<std::int64_t>(model.shape.layers);
   // Layer steps: with `layers_done`, the layers are written in order, a
@@ -377,7 +379,18 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
     });
   }
   if (as_prefix) out.tokens = std::min(out.tokens, f.prefix());
+  KDN_RETURN_IF_ERROR(dev->StreamAfterUs(EngineStream(groups)));
   return out;
+}
+
+Status KvStore::FollowEngineStream(std::span<const KvGroup> groups, const Device::StreamMark& mark) {
+  Device* dev = device();
+  void* stream = EngineStream(groups);
+  if (dev == nullptr || stream == nullptr) return Status::Ok();
+  if (mark) return dev->AfterMark(mark);
+  Result<Device::StreamMark> now = dev->MarkStream(stream);
+  if (!now.ok()) return now.status();
+  return dev->AfterMark(*now);
 }
 
 Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
@@ -388,10 +401,12 @@ Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canoni
   if (bytes == 0) return Status::Ok();
   Result<chunk::Payload> staging = dev->Allocate(static_cast<size_t>(bytes));
   if (!staging.ok()) return staging.status();
+  KDN_RETURN_IF_ERROR(FollowEngineStream(groups));
   KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging->data(), canonical, static_cast<size_t>(bytes)));
   KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
     return dev->Scatter(staging->data(), v, 0, static_cast<std::int64_t>(tokens), lb, le);
   }));
+  KDN_RETURN_IF_ERROR(dev->StreamAfterUs(EngineStream(groups)));
   return dev->Synchronize();
 }
 
@@ -400,11 +415,18 @@ Result<KvStore::Retrieved> KvStore::RetrieveToDevice(const ModelKv& model, std::
                                                        const DeliveryTarget& target) {
   if (device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   const auto t0 = std::chrono::steady_clock::now();
+  // The engine's stream as the call found it: the writes wait for that.
+  Device::StreamMark mark;
+  if (void* stream = EngineStream(groups); stream != nullptr) {
+    Result<Device::StreamMark> m = device()->MarkStream(stream);
+    if (!m.ok()) return m.status();
+    mark = std::move(m).value();
+  }
   Fetch f = FetchPrefix(model, ns, keys, TieredStore::Form::kStored, target);
   // As a prefix: chunks past the first failure to read are not written.
   const std::uint64_t read_prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= read_prefix; });
-  Result<Delivered> d = DeliverToDevice(model, f, groups, /*as_prefix=*/true);
+  Result<Delivered> d = DeliverToDevice(model, f, groups, /*as_prefix=*/true, {}, mark);
   if (!d.ok()) return d.status();
   const std::uint64_t prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });  // not written: not served
@@ -435,6 +457,7 @@ Result<std::uint64_t> KvStore::StoreFromDevice(const ModelKv& model, std::string
     staging = std::move(b).value();
   }
   const bool keep_on_device = chain_->TakesDevicePayloads();
+  KDN_RETURN_IF_ERROR(FollowEngineStream(groups));  // the engine's writes to the views come first
   std::uint64_t stored = 0;
   for (const PlannedChunk& p : *plan) {
     if (!p.present) {
@@ -462,6 +485,7 @@ Result<std::uint64_t> KvStore::StoreFromDevice(const ModelKv& model, std::string
     }
     stored = p.begin + p.tokens;
   }
+  KDN_RETURN_IF_ERROR(dev->StreamAfterUs(EngineStream(groups)));
   CountStore(MicrosSince(t0));
   return HeldPrefix(ns, *plan, stored);
 }

@@ -109,6 +109,12 @@ Result<ResolvedViews> ResolvedViews::Resolve(const ModelKv& model, std::span<con
       return Bad(i, "its memory kind differs from view 0's: the views of a call are all host or all device memory");
     }
     out.device_ = s.memory == 1;
+    if (s.engine_stream != nullptr && s.memory != 1) {
+      return Bad(i, "cuda_stream is set on a view in host memory (a stream orders device work only)");
+    }
+    if (s.engine_stream != views[0].engine_stream) {
+      return Bad(i, "its cuda_stream differs from view 0's: the views of a call name one stream");
+    }
     if (s.dtype != model.dtype) {
       return Bad(i, "dtype " + std::to_string(s.dtype) + " differs from the model's " + std::to_string(model.dtype));
     }
@@ -117,6 +123,7 @@ Result<ResolvedViews> ResolvedViews::Resolve(const ModelKv& model, std::span<con
     }
     // Which model layers.
     KvGroup g;
+    g.engine_stream = s.engine_stream;
     if (s.layers.empty()) {
       if (s.num_layers != 0 && s.num_layers != L) {
         return Bad(i, "layers is NULL, so num_layers must be 0 or the model's " + std::to_string(L));

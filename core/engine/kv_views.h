@@ -41,6 +41,7 @@ struct ViewSpec {
   std::span<const std::int32_t> block_table;
   std::uint64_t num_blocks = 0;
   std::int64_t block_stride = 0;
+  void* engine_stream = nullptr;  // device memory: the engine's CUDA stream (KvGroup::engine_stream)
 };
 
 // Views checked and turned into KV groups that cover every model layer once.

@@ -1084,6 +1084,9 @@ static void device_views_round_trip(const char *codec, const char *subdir_name, 
   sv.memory = KDN_MEMORY_DEVICE;
   dv = *whole_view(&vdst, dst);
   dv.memory = KDN_MEMORY_DEVICE;
+  /* The engine's stream (1.8): a stand-in handle, which the emulated device
+   * never dereferences (tests/store/device_test.cc counts what it orders). */
+  sv.cuda_stream = dv.cuda_stream = (void *)tiers;
   CHECK_OK(kdn_kv_store(m, ns, strlen(ns), &req, &sv, 1, &res));
   CHECK_EQ(res.tokens, POSITIONS);
   /* Three chunks, room for two: the first goes down to disk, encoded. */
@@ -1161,6 +1164,12 @@ static void test_device_views_refused(void) {
   CHECK(op == NULL);
   v.memory = (kdn_memory_kind)2;
   CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_kv_store(m, ns, strlen(ns), &req, &v, 1, &res));
+  /* A stream orders device work only (1.8). */
+  v.memory = KDN_MEMORY_HOST;
+  v.cuda_stream = (void *)&options;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "cuda_stream", kdn_kv_store(m, ns, strlen(ns), &req, &v, 1, &res));
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "cuda_stream", kdn_kv_retrieve(m, ns, strlen(ns), &req, &v, 1, &res));
+  v.cuda_stream = NULL;
   CHECK(ekv_holds_ref(e, POSITIONS)); /* nothing was touched */
   ekv_free(e);
   kdn_model_destroy(m);

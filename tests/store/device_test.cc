@@ -25,6 +25,10 @@
 #include "test_gpu.h"
 #include "test_models.h"
 
+#ifdef KDN_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace kdn::store {
 namespace {
 
@@ -554,6 +558,9 @@ class GatedDevice final : public Device {
     return inner_->Decode(shape, id, payload, size, out);
   }
   Status DecodeKdnBatch(std::span<codec::KdnBatchJob> jobs) override { return inner_->DecodeKdnBatch(jobs); }
+  Result<StreamMark> MarkStream(void* stream) override { return inner_->MarkStream(stream); }
+  Status AfterMark(const StreamMark& mark) override { return inner_->AfterMark(mark); }
+  Status StreamAfterUs(void* stream) override { return inner_->StreamAfterUs(stream); }
   Status Synchronize() override {
     std::unique_lock<std::mutex> lock(mu_);
     if (++syncs_ >= hold_at_) cv_.wait(lock, [&] { return released_; });
@@ -617,8 +624,120 @@ TEST_P(DeviceDelivery, ALoadOpIntoDeviceViewsCompletesItsLayersInOrder) {
   }
 }
 
+// An engine's CUDA stream in the views (kdn_kv_view.cuda_stream, 1.8):
+// every call marks it when made, its device work waits for the mark, and
+// the stream then waits for kdn's writes; a save marks it per layer (the
+// engine saves a layer right after queueing its writes). On the emulated
+// device these only count (a stand-in handle, never dereferenced); on a GPU
+// a real stream orders real work. The bytes are the same either way.
+TEST_P(DeviceDelivery, CallsOrderTheirDeviceWorkAfterTheEnginesStream) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  auto rt = Make({HostTier()});
+  ASSERT_NE(rt, nullptr);
+  Device& d = *device_;
+  void* stream = reinterpret_cast<void*>(std::uintptr_t{0x5EED});
+#ifdef KDN_HAVE_CUDA
+  cudaStream_t cuda_stream = nullptr;
+  if (GetParam()) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&cuda_stream, cudaStreamNonBlocking), cudaSuccess);
+    stream = cuda_stream;
+  }
+#endif
+  auto with_stream = [&](ViewSpec s) {
+    s.engine_stream = stream;
+    return s;
+  };
+  const size_t T = r.tokens.size();
+  Payload in = Upload(d, r.canonical.data(), r.canonical.size() * 4);
+  DeviceCounters c0 = d.counters();
+  ASSERT_EQ(rt->Store(r.m, "t", r.Keys(), Resolve(r, {with_stream(Canonical(in))}).value()).value(), T);
+  DeviceCounters c1 = d.counters();
+  EXPECT_EQ(c1.stream_marks - c0.stream_marks, 1u);
+  EXPECT_EQ(c1.mark_waits - c0.mark_waits, 1u) << "the gathers did not wait for the engine's stream";
+  EXPECT_EQ(c1.stream_waits - c0.stream_waits, 1u);
+
+  Paged out(d, r.m, T);
+  c0 = d.counters();
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {with_stream(out.Spec(T))}).value()).value().tokens, T);
+  c1 = d.counters();
+  EXPECT_EQ(c1.stream_marks - c0.stream_marks, 1u);
+  EXPECT_EQ(c1.mark_waits - c0.mark_waits, 1u) << "the writes did not wait for the engine's stream";
+  EXPECT_EQ(c1.stream_waits - c0.stream_waits, 1u) << "the engine's stream does not wait for the writes";
+  EXPECT_EQ(out.Canonical(d, T), r.canonical);
+
+  Paged loaded(d, r.m, T);
+  c0 = d.counters();
+  auto load = rt->Load(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {with_stream(loaded.Spec(T))}).value());
+  ASSERT_TRUE(load.ok()) << load.status().message();
+  EXPECT_EQ(d.counters().stream_marks - c0.stream_marks, 1u) << "a load op marks the stream when it starts";
+  ASSERT_TRUE((*load)->Wait(-1).ok());
+  c1 = d.counters();
+  EXPECT_EQ(c1.mark_waits - c0.mark_waits, 1u);
+  EXPECT_EQ(c1.stream_waits - c0.stream_waits, 1u);
+  EXPECT_EQ(loaded.Canonical(d, T), r.canonical);
+
+  auto rt2 = Make({HostTier()});
+  ASSERT_NE(rt2, nullptr);
+  c0 = d.counters();
+  auto save = rt2->Save(r.m, "t", OwnedKeys::Of(r.Keys()), Resolve(r, {with_stream(Canonical(in))}).value());
+  ASSERT_TRUE(save.ok()) << save.status().message();
+  for (std::uint32_t l = 0; l < 5; ++l) ASSERT_TRUE((*save)->SaveLayer(l).ok());
+  ASSERT_TRUE((*save)->Wait(-1).ok()) << (*save)->Outcome().status.message();
+  c1 = d.counters();
+  EXPECT_EQ(c1.stream_marks - c0.stream_marks, 5u) << "one mark per layer saved";
+  EXPECT_EQ(c1.mark_waits - c0.mark_waits, 5u);
+  Paged back(d, r.m, T);
+  EXPECT_EQ(rt2->Retrieve(r.m, "t", r.Keys(), Resolve(r, {back.Spec(T)}).value()).value().tokens, T);
+  EXPECT_EQ(back.Canonical(d, T), r.canonical);
+
+  // Without a stream nothing is marked or waited for.
+  c0 = d.counters();
+  EXPECT_EQ(rt->Retrieve(r.m, "t", r.Keys(), Resolve(r, {out.Spec(T)}).value()).value().tokens, T);
+  c1 = d.counters();
+  EXPECT_EQ(c1.stream_marks, c0.stream_marks);
+  EXPECT_EQ(c1.mark_waits, c0.mark_waits);
+  EXPECT_EQ(c1.stream_waits, c0.stream_waits);
+#ifdef KDN_HAVE_CUDA
+  if (cuda_stream != nullptr) {
+    EXPECT_EQ(cudaStreamSynchronize(cuda_stream), cudaSuccess);
+    cudaStreamDestroy(cuda_stream);
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceDelivery, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Cuda" : "Emulated"; });
+
+// A stream orders device work only, and a call names one.
+TEST(DeviceViews, AnEngineStreamIsForDeviceViewsAndOnePerCall) {
+  KDN_REQUIRE_MODEL();
+  Reference r = Prefill();
+  std::vector<float> host(r.canonical.size());
+  ViewSpec h = HostView(host);
+  h.engine_stream = reinterpret_cast<void*>(std::uintptr_t{1});
+  auto bad = Resolve(r, {h});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cuda_stream"), std::string::npos) << bad.status().message();
+  // Two device views over the layers, naming two streams.
+  std::vector<float> a(r.canonical.size()), b(r.canonical.size());
+  const std::uint32_t first[] = {0, 1, 2}, rest[] = {3, 4};
+  ViewSpec va = HostView(a), vb = HostView(b);
+  va.memory = vb.memory = 1;
+  va.layers = first;
+  va.num_layers = 3;
+  vb.layers = rest;
+  vb.num_layers = 2;
+  va.engine_stream = reinterpret_cast<void*>(std::uintptr_t{1});
+  vb.engine_stream = reinterpret_cast<void*>(std::uintptr_t{2});
+  auto two = Resolve(r, {va, vb});
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("cuda_stream differs"), std::string::npos) << two.status().message();
+  vb.engine_stream = va.engine_stream;
+  auto one = Resolve(r, {va, vb});
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  for (const KvGroup& g : one->groups()) EXPECT_EQ(g.engine_stream, va.engine_stream);
+}
 
 TEST(DeviceViews, AreRefusedWithoutADeviceAndMixedWithHostViews) {
   KDN_REQUIRE_MODEL();

@@ -96,7 +96,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 7
+#define KDN_VERSION_MINOR 8
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -492,11 +492,24 @@ typedef struct kdn_kv_view {
   size_t block_table_len;
   uint64_t num_blocks;              /* paged: blocks per layer allocation; 0 = unchecked */
   int64_t block_stride;             /* paged: elements between blocks; 0 = dense */
+  /* Since 1.8. The engine's CUDA stream (a cudaStream_t) for a view in
+   * device memory; NULL: none. kdn's work on the view (its copies and
+   * kernels, on its own stream) starts after the work this stream held when
+   * the call was made (an event recorded on it then), so KV the engine is
+   * still writing is not read early and KV the engine is still reading is
+   * not overwritten; and what the engine queues on this stream after the
+   * call returns (an op: after it ends) runs after kdn's writes. kdn still
+   * waits for its own work before a call returns and before an op reports
+   * a layer. Every view of a call names the same stream; a view in host
+   * memory names none (KDN_ERR_INVALID_ARGUMENT). With KDN_DEVICE_EMULATED
+   * any non-NULL value is accepted and never dereferenced (there is no
+   * stream to wait for). */
+  void *cuda_stream;
 } kdn_kv_view;
 #define KDN_KV_VIEW_SIZE_V1 184u
 #define KDN_KV_VIEW_INIT                                                                       \
   { sizeof(kdn_kv_view), KDN_MEMORY_HOST, KDN_DTYPE_F32, KDN_LAYOUT_CONTIGUOUS, NULL, 0u, NULL, \
-    NULL, NULL, 0u, 0, 0, 0, 0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, NULL, 0u, 0u, 0 }
+    NULL, NULL, 0u, 0, 0, 0, 0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, NULL, 0u, 0u, 0, NULL }
 KDN_API kdn_status kdn_kv_view_init(kdn_kv_view *view, size_t struct_size);
 
 /* ---- Lookup, store, retrieve ------------------------------------------- */

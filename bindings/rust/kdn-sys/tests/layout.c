@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 234;
+const size_t kdn_layout_count = 235;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -94,6 +94,7 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_kv_view", "block_table_len", 0, 0, offsetof(kdn_kv_view, block_table_len)},
   {"kdn_kv_view", "num_blocks", 0, 0, offsetof(kdn_kv_view, num_blocks)},
   {"kdn_kv_view", "block_stride", 0, 0, offsetof(kdn_kv_view, block_stride)},
+  {"kdn_kv_view", "cuda_stream", 0, 0, offsetof(kdn_kv_view, cuda_stream)},
   {"kdn_kv_result", "", sizeof(kdn_kv_result), _Alignof(kdn_kv_result), 0},
   {"kdn_kv_result", "struct_size", 0, 0, offsetof(kdn_kv_result, struct_size)},
   {"kdn_kv_result", "filled_size", 0, 0, offsetof(kdn_kv_result, filled_size)},

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 234];
+    static kdn_layout_rows: [Row; 235];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -110,6 +110,7 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_kv_view", "block_table_len", 0, 0, offset_of!(kdn_kv_view, block_table_len)),
         ("kdn_kv_view", "num_blocks", 0, 0, offset_of!(kdn_kv_view, num_blocks)),
         ("kdn_kv_view", "block_stride", 0, 0, offset_of!(kdn_kv_view, block_stride)),
+        ("kdn_kv_view", "cuda_stream", 0, 0, offset_of!(kdn_kv_view, cuda_stream)),
         ("kdn_kv_result", "", size_of::<kdn_kv_result>(), align_of::<kdn_kv_result>(), 0),
         ("kdn_kv_result", "struct_size", 0, 0, offset_of!(kdn_kv_result, struct_size)),
         ("kdn_kv_result", "filled_size", 0, 0, offset_of!(kdn_kv_result, filled_size)),
