@@ -2,7 +2,8 @@
 # The one script a session lent a GPU machine runs there (issue 30's checks), from the
 # repository root, after packing here:
 #
-#   ../shared/gpu/pack.sh build .gpu build/kdn build/tests/kernels/kernels_test build/tests/store/store_test
+#   ../shared/gpu/pack.sh build .gpu build/kdn build/tests/kernels/kernels_test build/tests/store/store_test \
+#     build/tests/codec/tc_test build/tests/capi/capi_blend_test
 #   (device) bash bench/gpu/run.sh .gpu           # writes everything under $OUT (default: out-gpu)
 #
 # It runs the GPU tests (the CUDA instances of the device tests, the codec and tc kernels, the
@@ -26,9 +27,12 @@ step() {  # step NAME TIMEOUT_S COMMAND...
   echo "$name rc=$rc $((SECONDS - t0)) s: $(tail -1 "$out/$name.log")" >> "$summary"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.csv" 2>&1
-step kernels_test 120 "$pack/bin/kernels_test" --gtest_output=xml:"$out/kernels_test.xml" \
-  --gtest_filter='CodecDevice*:TcDevice*:KvViewCuda*:RopeCuda*:BlendDevice*:CodecDeviceEmulation*'
+step kernels_test 90 "$pack/bin/kernels_test" --gtest_output=xml:"$out/kernels_test.xml" \
+  --gtest_filter='CodecDevice*:KvViewCuda*:RopeCuda*:CodecDeviceEmulation*'
+step tc_test 60 "$pack/bin/tc_test" --gtest_output=xml:"$out/tc_test.xml" --gtest_filter='TcDevice*:TcCpu*'
+step capi_blend_test 60 "$pack/bin/capi_blend_test" --gtest_output=xml:"$out/capi_blend_test.xml" \
+  --gtest_filter='BlendDevice*'
 step store_test 120 "$pack/bin/store_test" --gtest_output=xml:"$out/store_test.xml" --gtest_filter='*/Cuda:DeviceViews*'
-step bench_gpu_8b 300 "$pack/bin/kdn" bench gpu --shape llama-8b --tokens 4096 16384 --repeats 5 --json "$out/gpu_llama8b.json"
-step bench_gpu_ref 120 "$pack/bin/kdn" bench gpu --shape ref --json "$out/gpu_ref.json"
+step bench_gpu_8b 240 "$pack/bin/kdn" bench gpu --shape llama-8b --tokens 4096 16384 --repeats 5 --json "$out/gpu_llama8b.json"
+step bench_gpu_ref 60 "$pack/bin/kdn" bench gpu --shape ref --json "$out/gpu_ref.json"
 cat "$summary"
