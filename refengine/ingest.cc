@@ -1,9 +1,14 @@
 #include "refengine/ingest.h"
 
+#include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <chrono>
 #include <filesystem>
@@ -75,6 +80,9 @@ bool Blank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; });
 }
 
+// The longest knowledge item id (kdn_knowledge_put's doc_id).
+constexpr size_t kMaxItemIdBytes = 255;
+
 // What identifies a file's content on disk, to see it change.
 struct Stamp {
   std::uint64_t size = 0, ino = 0;
@@ -82,15 +90,68 @@ struct Stamp {
   bool operator==(const Stamp&) const = default;
 };
 
-Result<Stamp> StampOf(const std::string& path) {
-  struct stat sb {};
-  if (::lstat(path.c_str(), &sb) != 0) return Status::Internal(std::string("cannot stat: ") + std::strerror(errno));
+Stamp StampOfStat(const struct stat& sb) {
   Stamp s;
   s.size = static_cast<std::uint64_t>(sb.st_size);
   s.ino = static_cast<std::uint64_t>(sb.st_ino);
   s.mtime_ns = static_cast<std::int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
   s.ctime_ns = static_cast<std::int64_t>(sb.st_ctim.tv_sec) * 1000000000 + sb.st_ctim.tv_nsec;
   return s;
+}
+
+// A file descriptor, closed when it goes.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f = -1) : fd(f) {}
+  Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd, o.fd);
+    return *this;
+  }
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Opens `rel` (relative, '/'-separated, no "." or ".." component) under
+// the directory `dir_fd` for reading, following no symbolic link on the way
+// and never blocking (a FIFO opens at once, and fstat then says what it is):
+// openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS where the kernel has
+// it, else one component at a time with O_NOFOLLOW. A file or directory
+// swapped for a link after the listing is refused (ELOOP, ENOTDIR), never
+// followed out of the directory. -1 with errno on failure.
+int OpenBeneath(int dir_fd, const std::string& rel) {
+  constexpr int kFileFlags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+  open_how how{};
+  how.flags = kFileFlags;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const long fd = ::syscall(SYS_openat2, dir_fd, rel.c_str(), &how, sizeof how);
+  if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return static_cast<int>(fd);  // EPERM: a seccomp filter
+  Fd at(::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0));
+  if (at.fd < 0) return -1;
+  size_t begin = 0;
+  for (;;) {
+    const size_t slash = rel.find('/', begin);
+    const std::string part = rel.substr(begin, slash == std::string::npos ? std::string::npos : slash - begin);
+    if (part.empty() || part == "." || part == "..") {
+      errno = EINVAL;
+      return -1;
+    }
+    if (slash == std::string::npos) return ::openat(at.fd, part.c_str(), kFileFlags);
+    Fd next(::openat(at.fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (next.fd < 0) return -1;
+    at = std::move(next);
+    begin = slash + 1;
+  }
+}
+
+// What is at `rel` under `dir_fd` now, without following a link at its end.
+Result<Stamp> StampAt(int dir_fd, const std::string& rel) {
+  struct stat sb {};
+  if (::fstatat(dir_fd, rel.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+    return Status::Internal(std::string("cannot stat: ") + std::strerror(errno));
+  }
+  return StampOfStat(sb);
 }
 
 // The tokenizer merges greedily over its whole input (quadratic in its
@@ -192,6 +253,22 @@ Result<HeldMap> ListHeld(kdn_model* model, const std::string& ns) {
 
 }  // namespace
 
+std::string PrintableName(const std::string& name) {
+  const bool text = IsText(name);
+  std::string out;
+  for (const char ch : name) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7F || c == '\\' || (!text && c >= 0x80)) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::uint64_t ContentVersion(const std::string& content) {
   keys::Hasher h;
   h.Bytes(content.data(), content.size());
@@ -251,6 +328,9 @@ Result<IngestSummary> Ingest(const LoadedModel& model, kdn_runtime* runtime, con
   const auto t0 = std::chrono::steady_clock::now();
   auto files = FindDocuments(options.dir);
   if (!files.ok()) return files.status();
+  // Every file is opened under this descriptor of the directory listed.
+  Fd root(::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (root.fd < 0) return Status::InvalidArgument("cannot open " + options.dir + ": " + std::strerror(errno));
   if (options.after_listing) options.after_listing();
   const int context = model.weights->config().seq_len;
   const size_t max_tokens = options.max_tokens == 0 ? static_cast<size_t>(context)
@@ -309,7 +389,6 @@ Result<IngestSummary> Ingest(const LoadedModel& model, kdn_runtime* runtime, con
       const size_t i = next.fetch_add(1);
       if (i >= files->size()) return;
       const FoundFile& f = (*files)[i];
-      const std::string full = (fs::path(options.dir) / f.path).string();
       FileEvent ev;
       ev.path = f.path;
       ev.bytes = f.bytes;
@@ -318,33 +397,58 @@ Result<IngestSummary> Ingest(const LoadedModel& model, kdn_runtime* runtime, con
         ev.detail = std::move(detail);
         report(ev, 0, 0, 0, 0);
       };
-      // Read it whole, seeing whether it changed while being read.
-      auto before = StampOf(full);
-      if (!before.ok()) {
-        skip(FileOutcome::kUnreadable, before.status().message());
+      // Its path names its items: text (and, below, short enough for an id).
+      if (!IsText(f.path)) {
+        skip(FileOutcome::kUnreadable, "its name is not UTF-8 text (item ids are): rename it to ingest it");
         continue;
       }
-      ev.bytes = before->size;
-      if (before->size > options.max_file_bytes) {
-        skip(FileOutcome::kTooLarge, std::to_string(before->size) + " bytes, over the limit of " +
+      // Opened under the listed directory following no link (one swapped in
+      // since the listing is refused), without blocking (a FIFO); read
+      // whole from that descriptor, seeing whether it changed meanwhile.
+      Fd fd(OpenBeneath(root.fd, f.path));
+      if (fd.fd < 0) {
+        const int e = errno;
+        skip(FileOutcome::kUnreadable, e == ELOOP || e == EXDEV || e == ENOTDIR
+                                           ? std::string("a symbolic link now, or under one (links are not followed)")
+                                           : std::string("cannot open: ") + std::strerror(e));
+        continue;
+      }
+      struct stat sb {};
+      if (::fstat(fd.fd, &sb) != 0) {
+        skip(FileOutcome::kUnreadable, std::string("cannot stat: ") + std::strerror(errno));
+        continue;
+      }
+      if (!S_ISREG(sb.st_mode)) {
+        skip(FileOutcome::kUnreadable, "not a regular file now (a FIFO, device or directory is not read)");
+        continue;
+      }
+      const Stamp before = StampOfStat(sb);
+      ev.bytes = before.size;
+      if (before.size > options.max_file_bytes) {
+        skip(FileOutcome::kTooLarge, std::to_string(before.size) + " bytes, over the limit of " +
                                          std::to_string(options.max_file_bytes));
         continue;
       }
-      std::string content;
-      {
-        std::ifstream in(full, std::ios::binary);
-        if (!in) {
-          skip(FileOutcome::kUnreadable, std::string("cannot open: ") + std::strerror(errno));
-          continue;
+      std::string content(static_cast<size_t>(before.size) + 1, '\0');  // one more: a file that grew shows it
+      size_t got = 0;
+      bool read_failed = false;
+      while (got < content.size()) {
+        const ssize_t n = ::read(fd.fd, content.data() + got, content.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+          read_failed = true;
+          break;
         }
-        content.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        if (in.bad()) {
-          skip(FileOutcome::kUnreadable, std::string("cannot read: ") + std::strerror(errno));
-          continue;
-        }
+        if (n == 0) break;
+        got += static_cast<size_t>(n);
       }
-      auto after = StampOf(full);
-      if (!after.ok() || !(*after == *before) || content.size() != before->size) {
+      if (read_failed) {
+        skip(FileOutcome::kUnreadable, std::string("cannot read: ") + std::strerror(errno));
+        continue;
+      }
+      content.resize(got);
+      struct stat sa {};
+      if (::fstat(fd.fd, &sa) != 0 || !(StampOfStat(sa) == before) || content.size() != before.size) {
         skip(FileOutcome::kChanged, "it changed while it was read");
         continue;
       }
@@ -361,6 +465,12 @@ Result<IngestSummary> Ingest(const LoadedModel& model, kdn_runtime* runtime, con
       const auto parts = Split(*model.tokenizer, tokens, max_tokens);
       ev.tokens = tokens.size();
       ev.parts = static_cast<std::uint32_t>(parts.size());
+      const size_t longest = parts.empty() ? 0 : ItemId(f.path, parts.size() - 1, parts.size()).size();
+      if (longest > kMaxItemIdBytes) {
+        skip(FileOutcome::kUnreadable, "its item id would be " + std::to_string(longest) + " bytes, over the " +
+                                           std::to_string(kMaxItemIdBytes) + " a knowledge item id may take");
+        continue;
+      }
       std::vector<Held> mine;
       if (auto h = held.find(f.path); h != held.end()) mine = h->second;  // read-only after the listing
       // Unchanged: exactly the items this run would put, at this version, whole.
@@ -395,8 +505,8 @@ Result<IngestSummary> Ingest(const LoadedModel& model, kdn_runtime* runtime, con
         std::uint64_t pre = 0, put = 0;
         const Status st = engine.PutDocument(options.ns, id, version, meta, span, &pre, &put, [&]() -> Status {
           if (options.before_put) options.before_put(f.path);
-          auto now = StampOf(full);
-          if (!now.ok() || !(*now == *before)) {
+          auto now = StampAt(root.fd, f.path);  // the path still names the file read, unchanged
+          if (!now.ok() || !(*now == before)) {
             changed = true;
             return Status(Code::kCancelled, "changed");
           }

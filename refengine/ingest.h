@@ -68,6 +68,10 @@ enum class FileOutcome {
   kFailed,       // a call failed (the message in detail): skipped
 };
 const char* OutcomeName(FileOutcome outcome);
+// A file's name as a terminal line may show it: control bytes (newlines,
+// escapes), backslashes and, in a name that is not UTF-8, its bytes over
+// 0x7F written as \xHH; anything else as it is.
+std::string PrintableName(const std::string& name);
 inline bool Skipped(FileOutcome o) { return o != FileOutcome::kIngested && o != FileOutcome::kReplaced; }
 
 struct FileEvent {

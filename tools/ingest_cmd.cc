@@ -58,7 +58,7 @@ class Progress {
                             ev.outcome != FileOutcome::kUnchanged;
     if (!bar_) {
       std::printf("[%llu/%llu] %s %s", static_cast<unsigned long long>(p.files_done),
-                  static_cast<unsigned long long>(p.files_total), refengine::OutcomeName(ev.outcome), ev.path.c_str());
+                  static_cast<unsigned long long>(p.files_total), refengine::OutcomeName(ev.outcome), refengine::PrintableName(ev.path).c_str());
       if (!refengine::Skipped(ev.outcome)) {
         std::printf(" (%llu tokens, %u item%s)", static_cast<unsigned long long>(ev.tokens), ev.parts,
                     ev.parts == 1 ? "" : "s");
@@ -69,7 +69,8 @@ class Progress {
       return;
     }
     if (noteworthy) {
-      std::fprintf(stderr, "\r\033[Kskipped %s: %s%s%s\n", ev.path.c_str(), refengine::OutcomeName(ev.outcome),
+      std::fprintf(stderr, "\r\033[Kskipped %s: %s%s%s\n", refengine::PrintableName(ev.path).c_str(),
+                   refengine::OutcomeName(ev.outcome),
                    ev.detail.empty() ? "" : ", ", ev.detail.c_str());
     }
     const double now = p.elapsed_s;
