@@ -331,7 +331,7 @@ class Parser {
     KDN_RETURN_IF_ERROR(CheckKeys(server, path,
                                   {"listen", "metrics", "kv_events", "kv_events_topic", "kv_events_format",
                                    "kv_events_hashes", "lmcache_metric_names", "prefill_us_per_token",
-                                   "drain_timeout_ms", "measure_tiers", "tls"}));
+                                   "drain_timeout_ms", "measure_tiers", "secret_file", "tls"}));
     bool present = false;
     std::vector<std::string> listen;
     KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
@@ -363,6 +363,7 @@ class Parser {
     }
     KDN_RETURN_IF_ERROR(GetU32(server, path, "drain_timeout_ms", &config->drain_timeout_ms));
     KDN_RETURN_IF_ERROR(GetBool(server, path, "measure_tiers", &config->measure_tiers));
+    KDN_RETURN_IF_ERROR(GetString(server, path, "secret_file", &config->secret_file));
 
     auto tls = GetTable(server, path, "tls");
     if (!tls.ok()) return tls.status();

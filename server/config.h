@@ -14,6 +14,8 @@
 //   prefill_us_per_token = 150.0         # for TTFT saved (hit tokens x this); 0 = not reported
 //   drain_timeout_ms = 5000
 //   measure_tiers = true                 # time each tier's read rate once at start (server/tier_limits.h)
+//   secret_file = "/etc/kdn/secret"      # the deployment secret (>= 32 bytes, mode 600): redis tiers seal
+//                                        # what they store and take back only what is sealed (wire/seal.h)
 //   [server.tls]                          # optional: both files, PEM
 //   cert = "/etc/kdn/cert.pem"
 //   key = "/etc/kdn/key.pem"
@@ -95,6 +97,7 @@ struct ServerConfig {
   // Each host and disk tier's read rate, measured once before the node
   // serves (under a second), reported as the tier's delivery limit.
   bool measure_tiers = true;
+  std::string secret_file;  // empty: none (a redis tier serves what its server holds; said once at start)
   TlsConfig tls;
   std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB
   std::vector<TokenGrant> tokens;

@@ -156,6 +156,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   no.prefill_us_per_token = config.prefill_us_per_token;
   no.knowledge = config.knowledge;
   no.measure_tiers = config.measure_tiers;
+  no.secret_file = config.secret_file;
   auto service = NodeService::Create(no);
   if (!service.ok()) return service.status();
   s->service_ = std::move(service).value();

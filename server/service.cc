@@ -12,6 +12,7 @@
 #include "server/tier_limits.h"
 #include "core/util/clock.h"
 #include "core/wire/envelope.h"
+#include "core/wire/seal.h"
 
 namespace kdn::server {
 namespace {
@@ -74,13 +75,22 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   to.pass_through = true;
   to.on_drop = [p = s.get()](const keys::Digest& object) { p->Dropped(object); };
   to.clock = options.clock;
+  std::shared_ptr<const wire::ChunkSealer> sealer;
+  if (!options.secret_file.empty()) {
+    auto sl = wire::ChunkSealer::FromFile(options.secret_file);
+    if (!sl.ok()) return sl.status();
+    sealer = std::move(sl).value();
+  } else if (std::any_of(specs.begin(), specs.end(), [](const store::TierSpec& t) { return t.kind == store::TierSpec::Kind::kRedis; })) {
+    std::fprintf(stderr, "kdnd: a redis tier without a secret (server.secret_file): whoever can write to its server "
+                         "decides the KV this node serves (docs/security.md)\n");
+  }
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!specs[i].codec.empty() && specs[i].codec != "raw") {
       return Status::InvalidArgument("tier " + std::to_string(i) +
                                      ": a node stores chunks as its clients encoded them; give codecs to the clients' remote tiers");
     }
     specs[i].codec = "raw";
-    auto tier = store::MakeTier(specs[i], i);
+    auto tier = store::MakeTier(specs[i], i, 0, nullptr, sealer);
     if (!tier.ok()) return tier.status();
     to.levels.push_back(store::LevelFor(specs[i], std::move(tier).value()));
   }

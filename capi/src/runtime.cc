@@ -49,6 +49,13 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
   }
   so.chunk_tokens = o.chunk_tokens;
   so.recompute_when_faster = o.load_slower_than_prefill == 0;
+  if (o.secret_file == nullptr && o.secret_file_len != 0) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "secret_file is NULL with a length");
+  }
+  if (o.secret_file != nullptr) {
+    if (o.secret_file_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "secret_file is empty (secret_file_len is 0)");
+    so.secret_file.assign(o.secret_file, o.secret_file_len);
+  }
   so.host_capacity_bytes = o.host_capacity_bytes;
   so.hash_seed = o.hash_seed;
   size_t stride = 0;
@@ -293,6 +300,7 @@ kdn_status kdn_runtime_get_tier_stats(kdn_runtime* runtime, uint32_t index, kdn_
   full.delivery_ns_per_token = host.ns_per_token;
   full.device_delivery_ns_per_token = dev.ns_per_token;
   full.recompute_chunks = host.recompute_chunks + dev.recompute_chunks;
+  full.auth_failures = l.auth_failures;
   WriteOut(full, out);
   return KDN_OK;
   KDN_END

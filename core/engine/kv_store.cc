@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstdio>
+#include <mutex>
 #include <cmath>
 #include <optional>
 #include <thread>
@@ -45,6 +47,20 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     host.high_watermark = host.low_watermark = 1.0;
     specs.push_back(host);
   }
+  // The deployment secret, for the tiers others can write to.
+  std::shared_ptr<const wire::ChunkSealer> sealer;
+  if (!options.secret_file.empty()) {
+    auto s = wire::ChunkSealer::FromFile(options.secret_file);
+    if (!s.ok()) return s.status();
+    sealer = std::move(s).value();
+  } else if (std::any_of(specs.begin(), specs.end(), [](const TierSpec& t) { return t.kind == TierSpec::Kind::kRedis; })) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      std::fprintf(stderr,
+                   "kdn: a redis tier without a secret (secret_file): whoever can write to its server decides the "
+                   "KV this runtime loads (docs/security.md)\n");
+    });
+  }
   TieredStoreOptions to;
   // With a GPU the cold tiers default to raw (DefaultTierCodec).
   const bool gpu = options.device != nullptr && !options.device->emulated();
@@ -59,7 +75,7 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     auto codec = MakeTierCodec(specs[i].codec);
     if (!codec.ok()) return Status::InvalidArgument("tier " + std::to_string(i) + ": " + codec.status().message());
     specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
-    auto tier = MakeTier(specs[i], i, options.chunk_tokens, options.device.get());
+    auto tier = MakeTier(specs[i], i, options.chunk_tokens, options.device.get(), sealer);
     if (!tier.ok()) return tier.status();
     LevelOptions lo = LevelFor(specs[i], std::move(tier).value());
     lo.codec = std::move(codec).value();

@@ -40,6 +40,9 @@ struct ObjectInfo {
 struct TierCounters {
   std::uint64_t corrupt_detected = 0;  // objects that failed a check on read (and were removed)
   std::uint64_t io_errors = 0;
+  // Of those, objects whose seal failed (wire/seal.h: none, another
+  // secret's, or a MAC that does not match): a tier with a secret.
+  std::uint64_t auth_failures = 0;
 };
 
 // Counters of a tier that reaches its objects over a network (a node, a

@@ -687,6 +687,7 @@ std::vector<LevelStats> TieredStore::Stats() const {
     s.capacity_bytes = l->tier->capacity_bytes();
     const TierCounters tc = l->tier->counters();
     s.corrupt_detected = tc.corrupt_detected + l->decode_failures;
+    s.auth_failures = tc.auth_failures;
     s.io_errors = tc.io_errors;
     s.codec = l->codec ? l->codec->spec().ToString() : "raw";
     s.encoded_chunks = l->encoded;

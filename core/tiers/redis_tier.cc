@@ -100,15 +100,25 @@ std::shared_ptr<redis::Client> RedisTier::client() const {
   return client_;
 }
 
+// A reply saying the key holds a value of another type than a string.
+bool RedisTier::WrongType(const Status& st) { return st.message().find("WRONGTYPE") != std::string::npos; }
+
 std::string RedisTier::KeyOf(const keys::Digest& key) const { return options_.key_prefix + keys::ToHex(key); }
 
-std::uint64_t RedisTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+std::uint64_t RedisTier::Cost(const Chunk& chunk) const {
+  return wire::EncodedEnvelopeSize(chunk.payload.size()) + (options_.sealer ? wire::kSealTrailerBytes : 0);
+}
 
 Status RedisTier::Put(const ChunkRef& chunk) {
   if (!chunk) return Status::InvalidArgument("redis tier: null chunk");
   Forget(chunk->meta.key);  // an answer held from before is stale now
   auto envelope = wire::EncodeEnvelope(*chunk);
   if (!envelope.ok()) return envelope.status();
+  if (options_.sealer) {
+    const size_t n = envelope->size();
+    envelope->resize(n + wire::kSealTrailerBytes);
+    KDN_RETURN_IF_ERROR(options_.sealer->Seal(envelope->data(), n, envelope->data() + n));
+  }
   auto c = client();
   if (!c) {
     ++io_errors_;
@@ -132,11 +142,20 @@ Status RedisTier::Put(const ChunkRef& chunk) {
 Result<ChunkRef> RedisTier::Decode(const keys::Digest& key, const redis::Value& value) const {
   // Zero copy: the chunk's payload stays in the reply, which it keeps alive.
   std::shared_ptr<void> owner = std::const_pointer_cast<void>(value.owner);
-  Result<ChunkRef> chunk = wire::DecodeEnvelope(value.data, value.size, &key, std::move(owner));
-  if (chunk.ok()) return chunk;
-  // Not an envelope of this key: a miss, counted, and the key removed (as the
-  // disk tier removes a corrupt file). Best effort: a failed DEL is a miss all
-  // the same.
+  // Without a secret, a sealed value's envelope is read as it is (another
+  // runtime sealed it; this one cannot check it and takes what the server holds).
+  size_t envelope = wire::EnvelopeBytesIgnoringSeal(value.data, value.size);
+  Status sealed = Status::Ok();
+  if (options_.sealer) sealed = options_.sealer->Open(value.data, value.size, &envelope);
+  if (sealed.ok()) {
+    Result<ChunkRef> chunk = wire::DecodeEnvelope(value.data, envelope, &key, std::move(owner));
+    if (chunk.ok()) return chunk;
+  } else {
+    ++auth_failures_;
+  }
+  // Not an envelope of this key (or not sealed with this tier's secret): a
+  // miss, counted, and the key removed (as the disk tier removes a corrupt
+  // file). Best effort: a failed DEL is a miss all the same.
   ++corrupt_;
   if (auto c = client()) {
     const std::string k = KeyOf(key);
@@ -197,6 +216,14 @@ Result<ChunkRef> RedisTier::Get(const keys::Digest& key, const ReadContext& /*ct
   const std::string k = KeyOf(key);
   const std::string_view kv = k;
   auto got = c->Get(std::span<const std::string_view>(&kv, 1));
+  if (got.size() == 1 && !got[0].ok() && WrongType(got[0].status())) {
+    // Not a string (a list, a hash...): no chunk, and left there it would
+    // count as cached in every probe and never be stored over. Removed, as
+    // a corrupt value is; the next store puts the chunk.
+    ++corrupt_;
+    (void)c->Del(std::span<const std::string_view>(&kv, 1));
+    return Status::NotFound(options_.name + ": not held (a value of another type was removed)");
+  }
   if (got.size() != 1 || !got[0].ok()) {
     ++io_errors_;
     ++failed_commands_;
@@ -425,6 +452,10 @@ void RedisTier::ReadBatches(const ReadJob& job) const {
         auto it = answers_.find(job.keys[i]);
         // Forgotten meanwhile (a put or erase of the key): the value read is stale.
         if (it == answers_.end() || !it->second.pending || it->second.ticket != job.ticket) continue;
+        if (!r.ok() && WrongType(r.status())) {
+          answers_.erase(it);  // its Get reads it again, and removes it (a value of another type)
+          continue;
+        }
         if (!r.ok()) {
           // A node failing: its Get misses at once (and counts it) rather
           // than wait out the same timeout again.
@@ -466,6 +497,7 @@ TierCounters RedisTier::counters() const {
   TierCounters c;
   c.corrupt_detected = corrupt_;
   c.io_errors = io_errors_;
+  c.auth_failures = auth_failures_;
   return c;
 }
 

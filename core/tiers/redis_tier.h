@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "core/redis/client.h"
+#include "core/wire/seal.h"
 #include "core/store/tier.h"
 
 namespace kdn::store {
@@ -64,6 +65,12 @@ struct RedisTierOptions {
   std::uint32_t hint_ms = 2000;      // how long a prefetched answer serves
   std::uint64_t read_ahead_bytes = std::uint64_t{256} << 20;
   std::uint32_t read_ahead_keys = 1024;
+  // With a deployment secret (wire/seal.h): every value this tier SETs is
+  // sealed, and a value read back is taken only if its seal is this
+  // secret's and matches its bytes; any other is a miss, counted
+  // (TierCounters::auth_failures) and deleted. Null: values are taken as
+  // they are (whoever can write to the server decides the KV).
+  std::shared_ptr<const wire::ChunkSealer> sealer;
 };
 
 // Counters beyond TierCounters.
@@ -106,6 +113,7 @@ class RedisTier final : public Tier {
 
  private:
   explicit RedisTier(const RedisTierOptions& options) : options_(options) {}
+  static bool WrongType(const Status& st);
   using Clock = std::chrono::steady_clock;
   // The client, connecting when none is there and retry_ms passed since the
   // last try; null meanwhile, and while another caller connects (the caller
@@ -160,7 +168,7 @@ class RedisTier final : public Tier {
   mutable bool reader_stop_ = false;          // GUARDED_BY(reader_mu_)
   mutable std::thread reader_;                // started by the first read-ahead
 
-  mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, failed_commands_{0};
+  mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, failed_commands_{0}, auth_failures_{0};
   mutable std::atomic<std::uint64_t> connects_{0}, connect_failures_{0}, puts_{0}, puts_failed_{0};
   mutable std::atomic<std::uint64_t> prefetched_{0}, prefetch_used_{0}, prefetch_overflow_{0}, prefetch_expired_{0};
 };

@@ -26,7 +26,7 @@ Result<std::unique_ptr<Tier>> WithLevels(const TierSpec& spec, size_t index, std
 }  // namespace
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens,
-                                       const Device* device) {
+                                       const Device* device, std::shared_ptr<const wire::ChunkSealer> sealer) {
   switch (spec.kind) {
     case TierSpec::Kind::kHost: {
       auto t = MemoryTier::Create("host", spec.capacity_bytes, MemoryKind::kPinnedHost);
@@ -74,6 +74,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.key_prefix = spec.key_prefix;
       o.ttl_ms = spec.ttl_ms;
       o.hint_ms = std::max<std::uint32_t>(spec.timeout_ms, 1000);
+      o.sealer = std::move(sealer);
       auto t = RedisTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return WithLevels(spec, index, std::move(t).value());

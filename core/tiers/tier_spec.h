@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/wire/seal.h"
 #include "core/device/device.h"
 #include "core/store/policy.h"
 #include "core/store/tier.h"
@@ -91,8 +92,11 @@ Result<std::vector<std::string>> ParseLevels(std::string_view text);
 // with each lookup (0: not told). A device tier's memory is `device`'s (the
 // emulated device's: host memory); without one, the GPU's when one is
 // usable, else emulated.
+// `sealer`: the deployment secret's (StoreOptions::secret_file), for the
+// tiers that others can write (redis); null: none.
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens = 0,
-                                       const Device* device = nullptr);
+                                       const Device* device = nullptr,
+                                       std::shared_ptr<const wire::ChunkSealer> sealer = nullptr);
 // The chain level of a spec's tier (policy, watermarks, write-through; no codec).
 LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier);
 

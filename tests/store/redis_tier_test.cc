@@ -15,6 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sys/stat.h>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -34,6 +37,7 @@
 #include "server/service.h"
 #include "core/runtime/runtime.h"
 #include "core/wire/envelope.h"
+#include "core/wire/seal.h"
 
 namespace kdn::store {
 namespace {
@@ -212,6 +216,24 @@ class RedisSingle : public RedisTierTest {
     kdn_model_spec spec;
     kdn_request req;
   };
+  // A kdn_kv_view of the canonical layout over `kv`.
+  static kdn_kv_view CView(std::vector<float>& kv) {
+    kdn_kv_view v;
+    EXPECT_EQ(kdn_kv_view_init(&v, sizeof v), KDN_OK);
+    v.data = kv.data();
+    v.size_bytes = kv.size() * 4;
+    return v;
+  }
+  // A kdnd config: a host tier written through to a redis tier on this
+  // server, the token kToken for kNs, and `server_extra` under [server].
+  static constexpr char kToken[] = "token-for-tenant-a-0001";
+  std::string KdndToml(const std::string& server_extra) const {
+    return std::string("[server]\nlisten = [\"127.0.0.1:0\"]\n") + server_extra +
+           "[[tier]]\nkind = \"host\"\ncapacity = \"16MiB\"\nwrite_through = true\n" +
+           "[[tier]]\nkind = \"redis\"\naddress = \"" + seeds_[0] + "\"\nuser = \"" + kUser +
+           "\"\npassword = \"" + kPassword + "\"\ntimeout_ms = 1000\n" + "[[token]]\ntoken = \"" + kToken +
+           "\"\nnamespaces = [\"" + kNs + "\"]\n";
+  }
   void InitCAbi(CAbi& c) {
     c.address = Join(seeds_);
     ASSERT_EQ(kdn_tier_config_init(&c.tiers[0], sizeof c.tiers[0]), KDN_OK);
@@ -450,6 +472,110 @@ TEST_F(RedisSingle, AValueCorruptedInTheServerIsAMissCountedAndRemoved) {
   for (size_t i = 4; i < chunks_.size(); ++i) {
     auto got = tier->Get(keys_[i]);
     ASSERT_TRUE(got.ok()) << i;
+    EXPECT_TRUE(Same(*got, chunks_[i]));
+  }
+}
+
+// Issue 31 item 1: a forged envelope (the victim's key, model and
+// namespace, another payload, its checksums recomputed: all an attacker who
+// can write to the server needs) is KV to a tier without a secret (the
+// trust model docs/security.md states) and a miss to a tier with one:
+// counted as an authentication failure and deleted. A tier with the secret
+// reads what it sealed; one with another secret refuses it; one without a
+// secret reads sealed values as they are.
+TEST_F(RedisSingle, AForgedEnvelopeIsAMissToATierWithASecret) {
+  auto secret = wire::ChunkSealer::FromSecret("a deployment secret of at least 32 bytes, 0001");
+  auto other = wire::ChunkSealer::FromSecret("a deployment secret of at least 32 bytes, 0002");
+  ASSERT_TRUE(secret.ok() && other.ok());
+  RedisTierOptions with = Options(seeds_);
+  with.sealer = *secret;
+  auto sealed = Tier(with);
+  auto plain = Tier(Options(seeds_));
+  ASSERT_TRUE(sealed && plain);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(sealed->Put(c).ok());
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto got = sealed->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+    EXPECT_TRUE(Same(*got, chunks_[i]));
+    auto as_is = plain->Get(keys_[i]);  // no secret: the sealed value read as it is
+    ASSERT_TRUE(as_is.ok()) << i << ": " << as_is.status().message();
+    EXPECT_TRUE(Same(*as_is, chunks_[i]));
+  }
+  EXPECT_EQ(sealed->counters().auth_failures, 0u);
+  // The forgery: chunk 0's key, model and namespace over chunk 1's KV, a
+  // well-formed envelope with correct checksums.
+  auto forged_chunk = std::make_shared<Chunk>();
+  forged_chunk->meta = chunks_[0]->meta;
+  forged_chunk->payload = Payload(chunks_[1]->payload.data(), chunks_[1]->payload.size());
+  const auto forged = wire::EncodeEnvelope(*forged_chunk).value();
+  auto raw = Raw(seeds_);
+  ASSERT_TRUE(raw);
+  const std::string k0 = sealed->KeyOf(keys_[0]);
+  auto plant = [&](const std::vector<std::uint8_t>& value) {
+    const redis::KeyValue item{k0, value};
+    for (const Status& s : raw->Set(std::span<const redis::KeyValue>(&item, 1))) ASSERT_TRUE(s.ok()) << s.message();
+  };
+  plant(forged);
+  auto fooled = plain->Get(keys_[0]);
+  ASSERT_TRUE(fooled.ok()) << "without a secret the forged KV is served (the stated trust model)";
+  EXPECT_TRUE(Same(*fooled, forged_chunk));
+  plant(forged);
+  EXPECT_EQ(sealed->Get(keys_[0]).status().code(), Code::kNotFound);
+  EXPECT_EQ(sealed->counters().auth_failures, 1u);
+  EXPECT_EQ(sealed->counters().corrupt_detected, 1u);
+  const std::vector<std::string_view> names = {k0};
+  ASSERT_EQ(raw->Exists(names).size(), 1u);
+  EXPECT_FALSE(*raw->Exists(names)[0]) << "the forged value was not deleted";
+  // Sealed with another secret; and the honest seal kept over a forged
+  // envelope of the same size.
+  std::vector<std::uint8_t> theirs = forged;
+  theirs.resize(forged.size() + wire::kSealTrailerBytes);
+  ASSERT_TRUE((*other)->Seal(theirs.data(), forged.size(), theirs.data() + forged.size()).ok());
+  plant(theirs);
+  EXPECT_EQ(sealed->Get(keys_[0]).status().code(), Code::kNotFound);
+  ASSERT_TRUE(sealed->Put(chunks_[0]).ok());
+  const std::vector<std::string_view> one = {k0};
+  auto honest = raw->Get(one);
+  ASSERT_EQ(honest.size(), 1u);
+  ASSERT_TRUE(honest[0].ok() && honest[0]->has_value());
+  const redis::Value& hv = **honest[0];
+  std::vector<std::uint8_t> swapped = forged;
+  swapped.insert(swapped.end(), hv.data + hv.size - wire::kSealTrailerBytes, hv.data + hv.size);
+  ASSERT_EQ(swapped.size(), hv.size) << "the forgery has the honest value's size";
+  plant(swapped);
+  EXPECT_EQ(sealed->Get(keys_[0]).status().code(), Code::kNotFound);
+  EXPECT_EQ(sealed->counters().auth_failures, 3u);
+  // The other chunks still read.
+  for (size_t i = 1; i < chunks_.size(); ++i) EXPECT_TRUE(sealed->Get(keys_[i]).ok()) << i;
+}
+
+// Issue 31 item 6: a value of another type under a chunk key (a list) was
+// a permanent miss: probes counted it as cached, reads failed, and nothing
+// stored over it. Now a read removes it (counted as corrupt) and the next
+// put stores the chunk; through a prefetch too.
+TEST_F(RedisSingle, AValueOfAnotherTypeIsRemovedAndStoredOver) {
+  auto tier = Tier(Options(seeds_));
+  ASSERT_TRUE(tier);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(tier->Put(c).ok());
+  rt::Raw raw(std::stoi(seeds_[0].substr(seeds_[0].rfind(':') + 1)));
+  ASSERT_EQ(raw.Cmd({"AUTH", kUser, kPassword}), "OK");
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    const std::string k = tier->KeyOf(keys_[i]);
+    raw.Cmd({"DEL", k});
+    raw.Cmd({"RPUSH", k, "not a chunk"});
+    ASSERT_EQ(raw.Cmd({"TYPE", k}), "list");
+  }
+  EXPECT_TRUE(tier->Contains(keys_[0]));  // EXISTS cannot tell
+  EXPECT_EQ(tier->Get(keys_[0]).status().code(), Code::kNotFound);
+  tier->Prefetch(std::vector<keys::Digest>{keys_[1]}, /*will_read=*/true);
+  EXPECT_EQ(tier->Get(keys_[1]).status().code(), Code::kNotFound);
+  EXPECT_EQ(tier->counters().corrupt_detected, 2u);
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    EXPECT_EQ(raw.Cmd({"EXISTS", tier->KeyOf(keys_[i])}), "0") << i;
+    EXPECT_FALSE(tier->Contains(keys_[i])) << i;
+    ASSERT_TRUE(tier->Put(chunks_[i]).ok());
+    auto got = tier->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
     EXPECT_TRUE(Same(*got, chunks_[i]));
   }
 }
@@ -753,14 +879,82 @@ TEST_F(RedisSingle, TheCAbisRedisTier) {
 // kdnd with a redis tier (its TOML, as an operator writes it): the chunks an
 // engine sends it land in Redis, and a fresh kdnd over the same server (its
 // host tier empty) serves them to a fresh engine.
+// The secret through the C ABI (kdn_runtime_options.secret_file, 1.8):
+// runtimes that share it share KV through the server; one with another
+// secret gets misses (counted: kdn_tier_stats.auth_failures); files that are
+// missing, open to others or too short are refused at creation.
+TEST_F(RedisSingle, TheCAbisSecretFile) {
+  CAbi c;
+  ASSERT_NO_FATAL_FAILURE(InitCAbi(c));
+  c.tiers[0].capacity_bytes = 1 << 20;
+  const std::string dir = (tmp_.path / "secrets").string();
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& bytes, mode_t mode) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << bytes;
+    EXPECT_EQ(::chmod(path.c_str(), mode), 0);
+    return path;
+  };
+  const std::string ours = write("ours", "secret-of-this-deployment-32-bytes-at-least", 0600);
+  const std::string theirs = write("theirs", "secret-of-another-deployment-32-bytes-at-least", 0600);
+  const std::string open_to_all = write("open", "secret-of-this-deployment-32-bytes-at-least", 0644);
+  const std::string short_one = write("short", "too short", 0600);
+  auto create = [&](const std::string& secret_file, kdn_status want) -> kdn_runtime* {
+    c.options.secret_file = secret_file.empty() ? nullptr : secret_file.data();
+    c.options.secret_file_len = secret_file.size();
+    kdn_runtime* rt = nullptr;
+    EXPECT_EQ(kdn_runtime_create(&c.options, &rt), want) << secret_file << ": " << kdn_last_error_message();
+    return rt;
+  };
+  EXPECT_EQ(create(open_to_all, KDN_ERR_INVALID_ARGUMENT), nullptr);
+  EXPECT_NE(std::string(kdn_last_error_message()).find("chmod"), std::string::npos) << kdn_last_error_message();
+  EXPECT_EQ(create(short_one, KDN_ERR_INVALID_ARGUMENT), nullptr);
+  EXPECT_EQ(create(dir + "/missing", KDN_ERR_INVALID_ARGUMENT), nullptr);
+  // Store with ours; read with ours, with none (taken as it is) and with theirs.
+  auto run = [&](kdn_runtime* rt, bool store, std::uint64_t* auth_failures) -> std::uint64_t {
+    kdn_model* m = nullptr;
+    EXPECT_EQ(kdn_model_create(rt, &c.spec, &m), KDN_OK);
+    std::vector<float> kv = store ? ref_.canonical : std::vector<float>(ref_.canonical.size(), 0.0f);
+    const kdn_kv_view v = CView(kv);
+    kdn_kv_result res;
+    EXPECT_EQ(kdn_kv_result_init(&res, sizeof res), KDN_OK);
+    const kdn_status st = store ? kdn_kv_store(m, kNs, std::strlen(kNs), &c.req, &v, 1, &res)
+                                : kdn_kv_retrieve(m, kNs, std::strlen(kNs), &c.req, &v, 1, &res);
+    EXPECT_EQ(st, KDN_OK) << kdn_last_error_message();
+    kdn_tier_stats ts;
+    EXPECT_EQ(kdn_tier_stats_init(&ts, sizeof ts), KDN_OK);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);  // a store's SETs: written through, soon
+    do {
+      EXPECT_EQ(kdn_runtime_get_tier_stats(rt, 1, &ts), KDN_OK);
+    } while (store && ts.remote_calls < Objects() && Clock::now() < deadline);
+    if (auth_failures) *auth_failures = ts.auth_failures;
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+    return res.tokens;
+  };
+  kdn_runtime* writer = create(ours, KDN_OK);
+  ASSERT_NE(writer, nullptr);
+  EXPECT_EQ(run(writer, true, nullptr), ref_.tokens.size());
+  std::uint64_t failures = 0;
+  kdn_runtime* reader = create(ours, KDN_OK);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(run(reader, false, &failures), Whole());
+  EXPECT_EQ(failures, 0u);
+  kdn_runtime* trusting = create("", KDN_OK);
+  ASSERT_NE(trusting, nullptr);
+  EXPECT_EQ(run(trusting, false, nullptr), Whole()) << "without a secret, sealed chunks are read as they are";
+  kdn_runtime* stranger = create(theirs, KDN_OK);
+  ASSERT_NE(stranger, nullptr);
+  EXPECT_EQ(run(stranger, false, &failures), 0u);
+  EXPECT_GE(failures, 1u);
+  c.options.secret_file = nullptr;
+  c.options.secret_file_len = 5;
+  kdn_runtime* rt = nullptr;
+  EXPECT_EQ(kdn_runtime_create(&c.options, &rt), KDN_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(RedisSingle, AKdndKeepsItsChunksInRedis) {
-  constexpr char kToken[] = "token-for-tenant-a-0001";
-  const std::string toml = std::string("[server]\nlisten = [\"127.0.0.1:0\"]\n") +
-                           "[[tier]]\nkind = \"host\"\ncapacity = \"16MiB\"\nwrite_through = true\n" +
-                           "[[tier]]\nkind = \"redis\"\naddress = \"" + seeds_[0] + "\"\nuser = \"" + kUser +
-                           "\"\npassword = \"" + kPassword + "\"\ntimeout_ms = 1000\n" +
-                           "[[token]]\ntoken = \"" + kToken + "\"\nnamespaces = [\"" + kNs + "\"]\n";
-  auto config = server::ParseConfig(toml, "kdnd.toml");
+  auto config = server::ParseConfig(KdndToml(""), "kdnd.toml");
   ASSERT_TRUE(config.ok()) << config.status().message();
   namespace ts = server::testing_support;
   {
@@ -794,6 +988,67 @@ TEST_F(RedisSingle, AKdndKeepsItsChunksInRedis) {
   const size_t T = ref_.tokens.size(), row = 32;
   for (size_t lk = 0; lk < 10; ++lk) {
     ASSERT_EQ(std::memcmp(&out[lk * T * row], &ref_.canonical[lk * T * row], Whole() * row * 4), 0) << lk;
+  }
+}
+
+// kdnd with a secret (server.secret_file): its redis tier seals what it
+// writes through, and a chunk planted in the server under a key the node
+// files (another payload, correct checksums) is a miss, deleted; the same
+// plant through a node without a secret is served (the trust model).
+TEST_F(RedisSingle, AKdndWithASecretServesNoPlantedChunk) {
+  const std::string secret = (tmp_.path / "kdnd.secret").string();
+  std::ofstream(secret) << "the node's secret, 32 bytes at the very least";
+  ASSERT_EQ(::chmod(secret.c_str(), 0600), 0);
+  for (const bool sealed : {true, false}) {
+    SCOPED_TRACE(sealed ? "with a secret" : "without");
+    Flush(seeds_[0]);
+    auto config = server::ParseConfig(KdndToml(sealed ? "secret_file = \"" + secret + "\"\n" : ""), "kdnd.toml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    EXPECT_EQ(config->secret_file, sealed ? secret : "");
+    namespace ts = server::testing_support;
+    std::vector<keys::Digest> filed;
+    for (const keys::Digest& k : keys_) filed.push_back(server::ObjectKey(keys::NamespaceHash(kNs), k));
+    auto plain = Tier(Options(seeds_));  // reads sealed values as they are
+    {
+      ts::RunningServer node(*config);
+      auto engine = ts::RemoteRuntime(node.bound().rpc[0], kToken, "zstd");
+      ASSERT_TRUE(engine);
+      EXPECT_EQ(StoreAll(*engine), ref_.tokens.size());
+      engine->store().chain().Flush();
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while (!plain->Contains(filed.back()) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    // The plant: chunk 0's filed key and meta over chunk 1's bytes.
+    auto honest0 = plain->Get(filed[0]);
+    auto honest1 = plain->Get(filed[1]);
+    ASSERT_TRUE(honest0.ok() && honest1.ok());
+    auto forged = std::make_shared<Chunk>();
+    forged->meta = (*honest0)->meta;
+    forged->meta.tokens = (*honest1)->meta.tokens;
+    forged->payload = Payload((*honest1)->payload.data(), (*honest1)->payload.size());
+    const auto bytes = wire::EncodeEnvelope(*forged).value();
+    auto raw = Raw(seeds_);
+    ASSERT_TRUE(raw);
+    const std::string k0 = plain->KeyOf(filed[0]);
+    const redis::KeyValue item{k0, bytes};
+    for (const Status& st : raw->Set(std::span<const redis::KeyValue>(&item, 1))) ASSERT_TRUE(st.ok());
+    ts::RunningServer fresh(*config);  // an empty host tier: chunks come from Redis
+    auto engine = ts::RemoteRuntime(fresh.bound().rpc[0], kToken, "zstd");
+    ASSERT_TRUE(engine);
+    std::vector<float> out;
+    const KvStore::Retrieved r = RetrieveAll(*engine, &out);
+    if (sealed) {
+      EXPECT_EQ(r.tokens, 0u) << "the planted first chunk was served";
+      const std::vector<std::string_view> names = {k0};
+      EXPECT_FALSE(*raw->Exists(names)[0]) << "the planted value was not deleted";
+    } else {
+      EXPECT_EQ(r.tokens, Whole()) << "without a secret the node serves what Redis holds";
+      const size_t T = ref_.tokens.size(), row = 32;
+      EXPECT_NE(std::memcmp(&out[0], &ref_.canonical[0], kChunk * row * 4), 0) << "and the plant is what it serves";
+      (void)T;
+    }
   }
 }
 

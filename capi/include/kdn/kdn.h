@@ -314,10 +314,22 @@ typedef struct kdn_runtime_options {
    * default): so; 1: load every cached chunk, however slow its tier. */
   uint32_t load_slower_than_prefill;
   uint32_t reserved1;           /* must be 0 */
+  /* Since 1.8. A file holding the deployment's secret (at least 32 bytes,
+   * e.g. `head -c 32 /dev/urandom`; readable by the service only): every
+   * chunk a redis tier stores is sealed with it (a MAC over the whole
+   * envelope: header, key, model, namespace and payload), and a chunk read
+   * back counts only if sealed with it; any other is a miss, counted in
+   * kdn_tier_stats.auth_failures and deleted. Runtimes that share a redis
+   * tier share the secret. NULL: none: the tier serves whatever its server
+   * holds (whoever can write to it decides the KV; docs/security.md), and
+   * kdn says so once on stderr. A file that cannot be read, is open to
+   * others or is too short: KDN_ERR_INVALID_ARGUMENT. */
+  const char *secret_file;
+  size_t secret_file_len;
 } kdn_runtime_options;
 #define KDN_RUNTIME_OPTIONS_SIZE_V1 48u
 #define KDN_RUNTIME_OPTIONS_INIT \
-  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0, 0u, 0u }
+  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0, 0u, 0u, NULL, 0u }
 KDN_API kdn_status kdn_runtime_options_init(kdn_runtime_options *options, size_t struct_size);
 
 /* Creates a runtime. options may be NULL (defaults). */
@@ -823,11 +835,14 @@ typedef struct kdn_tier_stats {
    * (kdn_runtime_options.load_slower_than_prefill). */
   double delivery_ns_per_token, device_delivery_ns_per_token;
   uint64_t recompute_chunks; /* its chunks loads left to recompute as slower than prefill */
+  /* Since 1.8: of corrupt_detected, the chunks whose seal failed (a runtime
+   * with a secret: none, another secret's, or a MAC that does not match). */
+  uint64_t auth_failures;
 } kdn_tier_stats;
 #define KDN_TIER_STATS_SIZE_V1 208u
 #define KDN_TIER_STATS_INIT                                                                          \
   { sizeof(kdn_tier_stats), 0u, KDN_TIER_HOST, 0u, {0}, {0}, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, \
-    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0, 0.0, 0.0, 0u }
+    0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0, 0.0, 0.0, 0u, 0u }
 KDN_API kdn_status kdn_tier_stats_init(kdn_tier_stats *stats, size_t struct_size);
 
 KDN_API kdn_status kdn_runtime_get_tier_count(kdn_runtime *runtime, uint32_t *out);

@@ -580,12 +580,14 @@ pub struct kdn_runtime_options {
     pub device_ordinal: i32,
     pub load_slower_than_prefill: u32,
     pub reserved1: u32,
+    pub secret_file: *const ::std::os::raw::c_char,
+    pub secret_file_len: usize,
 }
 #[test]
 fn bindgen_test_layout_kdn_runtime_options() {
     assert_eq!(
         ::std::mem::size_of::<kdn_runtime_options>(),
-        64usize,
+        80usize,
         concat!("Size of: ", stringify!(kdn_runtime_options))
     );
     assert_eq!(
@@ -797,6 +799,40 @@ fn bindgen_test_layout_kdn_runtime_options() {
         );
     }
     test_field_reserved1();
+    fn test_field_secret_file() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).secret_file) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_runtime_options),
+                "::",
+                stringify!(secret_file)
+            )
+        );
+    }
+    test_field_secret_file();
+    fn test_field_secret_file_len() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).secret_file_len) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_runtime_options),
+                "::",
+                stringify!(secret_file_len)
+            )
+        );
+    }
+    test_field_secret_file_len();
 }
 extern "C" {
     pub fn kdn_runtime_options_init(
@@ -3301,12 +3337,13 @@ pub struct kdn_tier_stats {
     pub delivery_ns_per_token: f64,
     pub device_delivery_ns_per_token: f64,
     pub recompute_chunks: u64,
+    pub auth_failures: u64,
 }
 #[test]
 fn bindgen_test_layout_kdn_tier_stats() {
     assert_eq!(
         ::std::mem::size_of::<kdn_tier_stats>(),
-        296usize,
+        304usize,
         concat!("Size of: ", stringify!(kdn_tier_stats))
     );
     assert_eq!(
@@ -3909,6 +3946,23 @@ fn bindgen_test_layout_kdn_tier_stats() {
         );
     }
     test_field_recompute_chunks();
+    fn test_field_auth_failures() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).auth_failures) as usize - ptr as usize
+            },
+            296usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_tier_stats),
+                "::",
+                stringify!(auth_failures)
+            )
+        );
+    }
+    test_field_auth_failures();
 }
 extern "C" {
     pub fn kdn_tier_stats_init(stats: *mut kdn_tier_stats, struct_size: usize) -> kdn_status;

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 235;
+const size_t kdn_layout_count = 238;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -46,6 +46,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_runtime_options", "device_ordinal", 0, 0, offsetof(kdn_runtime_options, device_ordinal)},
   {"kdn_runtime_options", "load_slower_than_prefill", 0, 0, offsetof(kdn_runtime_options, load_slower_than_prefill)},
   {"kdn_runtime_options", "reserved1", 0, 0, offsetof(kdn_runtime_options, reserved1)},
+  {"kdn_runtime_options", "secret_file", 0, 0, offsetof(kdn_runtime_options, secret_file)},
+  {"kdn_runtime_options", "secret_file_len", 0, 0, offsetof(kdn_runtime_options, secret_file_len)},
   {"kdn_model_spec", "", sizeof(kdn_model_spec), _Alignof(kdn_model_spec), 0},
   {"kdn_model_spec", "struct_size", 0, 0, offsetof(kdn_model_spec, struct_size)},
   {"kdn_model_spec", "num_layers", 0, 0, offsetof(kdn_model_spec, num_layers)},
@@ -204,6 +206,7 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_stats", "delivery_ns_per_token", 0, 0, offsetof(kdn_tier_stats, delivery_ns_per_token)},
   {"kdn_tier_stats", "device_delivery_ns_per_token", 0, 0, offsetof(kdn_tier_stats, device_delivery_ns_per_token)},
   {"kdn_tier_stats", "recompute_chunks", 0, 0, offsetof(kdn_tier_stats, recompute_chunks)},
+  {"kdn_tier_stats", "auth_failures", 0, 0, offsetof(kdn_tier_stats, auth_failures)},
   {"kdn_chunk_info", "", sizeof(kdn_chunk_info), _Alignof(kdn_chunk_info), 0},
   {"kdn_chunk_info", "struct_size", 0, 0, offsetof(kdn_chunk_info, struct_size)},
   {"kdn_chunk_info", "filled_size", 0, 0, offsetof(kdn_chunk_info, filled_size)},

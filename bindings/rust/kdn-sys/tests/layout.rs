@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 235];
+    static kdn_layout_rows: [Row; 238];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -62,6 +62,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_runtime_options", "device_ordinal", 0, 0, offset_of!(kdn_runtime_options, device_ordinal)),
         ("kdn_runtime_options", "load_slower_than_prefill", 0, 0, offset_of!(kdn_runtime_options, load_slower_than_prefill)),
         ("kdn_runtime_options", "reserved1", 0, 0, offset_of!(kdn_runtime_options, reserved1)),
+        ("kdn_runtime_options", "secret_file", 0, 0, offset_of!(kdn_runtime_options, secret_file)),
+        ("kdn_runtime_options", "secret_file_len", 0, 0, offset_of!(kdn_runtime_options, secret_file_len)),
         ("kdn_model_spec", "", size_of::<kdn_model_spec>(), align_of::<kdn_model_spec>(), 0),
         ("kdn_model_spec", "struct_size", 0, 0, offset_of!(kdn_model_spec, struct_size)),
         ("kdn_model_spec", "num_layers", 0, 0, offset_of!(kdn_model_spec, num_layers)),
@@ -220,6 +222,7 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_stats", "delivery_ns_per_token", 0, 0, offset_of!(kdn_tier_stats, delivery_ns_per_token)),
         ("kdn_tier_stats", "device_delivery_ns_per_token", 0, 0, offset_of!(kdn_tier_stats, device_delivery_ns_per_token)),
         ("kdn_tier_stats", "recompute_chunks", 0, 0, offset_of!(kdn_tier_stats, recompute_chunks)),
+        ("kdn_tier_stats", "auth_failures", 0, 0, offset_of!(kdn_tier_stats, auth_failures)),
         ("kdn_chunk_info", "", size_of::<kdn_chunk_info>(), align_of::<kdn_chunk_info>(), 0),
         ("kdn_chunk_info", "struct_size", 0, 0, offset_of!(kdn_chunk_info, struct_size)),
         ("kdn_chunk_info", "filled_size", 0, 0, offset_of!(kdn_chunk_info, filled_size)),
