@@ -14,7 +14,7 @@
 //   prefill_us_per_token = 150.0         # for TTFT saved (hit tokens x this); 0 = not reported
 //   drain_timeout_ms = 5000
 //   measure_tiers = true                 # time each tier's read rate once at start (server/tier_limits.h)
-//   secret_file = "/etc/kdn/secret"      # the deployment secret (>= 32 bytes, mode 600): redis tiers seal
+//   secret_file = "/etc/kdn/secret"      # the deployment secret (>= 32 bytes, mode 600): redis and disk tiers seal
 //                                        # what they store and take back only what is sealed (wire/seal.h)
 //   [server.tls]                          # optional: both files, PEM
 //   cert = "/etc/kdn/cert.pem"

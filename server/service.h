@@ -66,8 +66,8 @@ struct NodeOptions {
   // report it as the tier's limit_bytes_per_s; kdnd's server.measure_tiers.
   bool measure_tiers = false;
   // The deployment secret's file (wire/seal.h; kdnd's server.secret_file):
-  // the node's redis tiers seal what they store and read back only what is
-  // sealed with it. Empty: none.
+  // the node's redis and disk tiers seal what they store and read back only
+  // what is sealed with it. Empty: none.
   std::string secret_file;
 };
 

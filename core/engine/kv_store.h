@@ -109,8 +109,8 @@ struct StoreOptions {
   // chunk is loaded.
   bool recompute_when_faster = true;
   // A deployment secret's file (wire/seal.h): with one, every chunk a redis
-  // tier stores is sealed and only chunks sealed with it are read back
-  // (others: misses, counted in TierCounters::auth_failures, deleted).
+  // or disk tier stores is sealed and only chunks sealed with it are read
+  // back (others: misses, counted in TierCounters::auth_failures, deleted).
   // Empty: none; such tiers serve whatever their server holds, and
   // KvStore::Create says so once in the log. A file that cannot be read, is
   // open to others or holds fewer than 32 bytes fails Create.

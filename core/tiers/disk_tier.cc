@@ -426,12 +426,15 @@ std::string FileStatProblem(const struct stat& st, std::uint64_t expected, std::
 }
 
 // Why a file of `size` bytes is not an object, by its header (the first `n`
-// bytes read, `p`): "" when the segment table says that size.
+// bytes read, `p`): "" when the segment table says that size, or that size
+// less a seal's trailer (wire/seal.h: checked when the object is decoded).
 std::string HeaderProblem(std::uint64_t size, const std::uint8_t* p, size_t n) {
   if (n < std::min<std::uint64_t>(size, kDirectAlignment)) return "shorter than its size";
   const std::optional<std::uint64_t> said = MessageBytes(p, n);
   if (!said) return "no valid header";
-  if (*said != size) return "its header says " + std::to_string(*said) + " bytes, the file has " + std::to_string(size);
+  if (*said != size && *said + wire::kSealTrailerBytes != size) {
+    return "its header says " + std::to_string(*said) + " bytes, the file has " + std::to_string(size);
+  }
   return "";
 }
 
@@ -834,7 +837,9 @@ std::string DiskTier::ObjectPath(const keys::Digest& key) const {
   return ShardDir(key) + "/" + keys::ToHex(key) + std::string(kObjectSuffix);
 }
 
-std::uint64_t DiskTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+std::uint64_t DiskTier::Cost(const Chunk& chunk) const {
+  return wire::EncodedEnvelopeSize(chunk.payload.size()) + (options_.sealer ? wire::kSealTrailerBytes : 0);
+}
 
 Status DiskTier::Put(const ChunkRef& chunk) {
   if (!chunk) return Status::InvalidArgument("disk tier: null chunk");
@@ -979,8 +984,12 @@ Status DiskTier::WriteObject(const Chunk& chunk, std::uint64_t cost) {
     }
   };
   if (pipelined) (void)::fallocate(fd.get(), 0, 0, static_cast<off_t>(padded));  // advice: fine if refused
-  Status st = wire::EncodeEnvelopeOver(chunk, encoded, cost,
+  // With a secret the seal follows the envelope (in the last segment, which
+  // goes after the copy), made once the whole envelope is final.
+  const std::uint64_t envelope = options_.sealer ? cost - wire::kSealTrailerBytes : cost;
+  Status st = wire::EncodeEnvelopeOver(chunk, encoded, envelope,
                                        pipelined ? std::function<void(std::uint64_t)>(send_ready) : nullptr);
+  if (st.ok() && options_.sealer) st = options_.sealer->Seal(encoded, envelope, encoded + envelope);
   if (!st.ok()) {
     aio.Finish();
     ::unlinkat(tmp_fd_, name.c_str(), 0);
@@ -1090,7 +1099,16 @@ Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, std::uint64_t byt
       return XXH3_64bits_digest(file->hash.get());
     };
   }
-  Result<ChunkRef> chunk = wire::DecodeEnvelope(base, file->size, &key, owner, checksum);
+  // The envelope's bytes: sealed with this tier's secret when it has one;
+  // without one, a seal is skipped (it cannot be checked).
+  size_t envelope = wire::EnvelopeBytesIgnoringSeal(base, file->size);
+  if (options_.sealer) {
+    if (Status sealed = options_.sealer->Open(base, file->size, &envelope); !sealed.ok()) {
+      *why = ReadFailure::kUnsealed;
+      return sealed;
+    }
+  }
+  Result<ChunkRef> chunk = wire::DecodeEnvelope(base, envelope, &key, owner, checksum);
   *why = chunk.status().code() == Code::kNoMemory ? ReadFailure::kTransient : ReadFailure::kCorrupt;
   return chunk;
 }
@@ -1133,8 +1151,9 @@ void DiskTier::DropFailed(const keys::Digest& key, std::uint64_t generation, Rea
   // we found wanting.
   if (it == index_.end() || it->second.generation != generation) return;
   RemoveLocked(key);
-  if (why == ReadFailure::kCorrupt) {
+  if (why == ReadFailure::kCorrupt || why == ReadFailure::kUnsealed) {
     ++counters_.corrupt_detected;
+    if (why == ReadFailure::kUnsealed) ++counters_.auth_failures;
   } else {
     ++counters_.io_errors;
   }

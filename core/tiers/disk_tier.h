@@ -103,6 +103,7 @@
 #include <vector>
 
 #include "core/store/tier.h"
+#include "core/wire/seal.h"
 #include "core/util/status.h"
 
 namespace kdn::store {
@@ -127,6 +128,12 @@ struct DiskTierOptions {
   // A seam for tests, which inject a filesystem that refuses O_DIRECT (as
   // tmpfs did before Linux 6.6, and some FUSE and network filesystems do).
   std::function<int(const std::string& path, int flags)> open_file;
+  // With a deployment secret (wire/seal.h): every object file ends with the
+  // seal of its envelope, and a file read back counts only if its seal is
+  // this secret's and matches its bytes; any other is a miss, counted
+  // (TierCounters::auth_failures) and removed. Null: files are taken as
+  // they are (whoever can write to the directory decides the KV).
+  std::shared_ptr<const wire::ChunkSealer> sealer;
 };
 
 class DiskTier final : public Tier {
@@ -172,7 +179,7 @@ class DiskTier final : public Tier {
   // check or a lost file (removed, counted as corrupt), unreadable media
   // (removed, counted as an I/O error), or a passing shortage of memory or
   // file descriptors (kept, the error returned as is).
-  enum class ReadFailure { kCorrupt, kBadMedia, kTransient };
+  enum class ReadFailure { kCorrupt, kUnsealed, kBadMedia, kTransient };
   struct FileBytes;   // a whole file in an O_DIRECT-aligned buffer
   class BufferPool;   // aligned buffers kept for reuse
 

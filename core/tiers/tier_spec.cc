@@ -46,6 +46,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.capacity_bytes = spec.capacity_bytes;
       o.name = "disk";
       o.fsync = spec.fsync ? FsyncPolicy::kData : FsyncPolicy::kNone;
+      o.sealer = sealer;
       auto t = DiskTier::Open(o);
       if (!t.ok()) return t.status();
       return std::unique_ptr<Tier>(std::move(t).value());

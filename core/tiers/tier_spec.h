@@ -93,7 +93,7 @@ Result<std::vector<std::string>> ParseLevels(std::string_view text);
 // emulated device's: host memory); without one, the GPU's when one is
 // usable, else emulated.
 // `sealer`: the deployment secret's (StoreOptions::secret_file), for the
-// tiers that others can write (redis); null: none.
+// tiers that others can write (redis, disk); null: none.
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens = 0,
                                        const Device* device = nullptr,
                                        std::shared_ptr<const wire::ChunkSealer> sealer = nullptr);

@@ -25,6 +25,7 @@
 
 #include "disk_test_util.h"
 #include "core/wire/envelope.h"
+#include "core/wire/seal.h"
 
 namespace kdn::store {
 namespace {
@@ -109,6 +110,53 @@ TEST_F(DiskTierTest, PutGetRoundTripsAndAccountsTheFileSize) {
   EXPECT_EQ(t->List().size(), 6u);
   EXPECT_EQ(t->counters().corrupt_detected, 0u);
   EXPECT_EQ(FilesIn(Tmp()), 0u);
+}
+
+// With a deployment secret (issue 31 item 1): every file carries the seal
+// of its envelope (large objects too: written in segments while the payload
+// is copied, the seal in the last); a file planted in the directory (a valid
+// envelope of the key, another payload, correct checksums) is a miss,
+// counted as an authentication failure and removed. A tier without the
+// secret reads sealed files as they are.
+TEST_F(DiskTierTest, WithASecretOnlySealedFilesAreRead) {
+  auto secret = wire::ChunkSealer::FromSecret("the deployment secret, 32 bytes or more: 0001");
+  ASSERT_TRUE(secret.ok());
+  DiskTierOptions o = Options();
+  o.sealer = *secret;
+  {
+    auto t = Open(o);
+    for (int i = 0; i < 4; ++i) {
+      const ChunkRef c = MakeChunk(i, 1 + 997 * static_cast<std::uint32_t>(i));
+      ASSERT_TRUE(t->Put(c).ok());
+      EXPECT_EQ(t->Cost(*c), wire::EncodedEnvelopeSize(c->payload.size()) + wire::kSealTrailerBytes);
+      EXPECT_EQ(fs::file_size(ObjectFile(i)), t->Cost(*c));
+    }
+    const ChunkRef big = MakeChunk(4, 5u << 20);  // 40 MiB: written in segments
+    ASSERT_TRUE(t->Put(big).ok());
+    for (int i = 0; i < 4; ++i) ExpectIntact(*t, i, 1 + 997 * static_cast<std::uint32_t>(i));
+    ExpectIntact(*t, 4, 5u << 20);
+    EXPECT_EQ(t->counters().auth_failures, 0u);
+  }
+  {
+    auto plain = Open();  // no secret: the sealed files read as they are
+    for (int i = 0; i < 4; ++i) ExpectIntact(*plain, i, 1 + 997 * static_cast<std::uint32_t>(i));
+  }
+  // The plant: object 0's file replaced by an unsealed envelope of its key
+  // over object 1's payload.
+  const ChunkRef one = MakeChunk(1, 998);
+  auto forged = std::make_shared<chunk::Chunk>();
+  forged->meta = MakeChunk(0, 1)->meta;
+  forged->meta.head_dim = one->meta.head_dim;
+  forged->payload = chunk::Payload(one->payload.data(), one->payload.size());
+  const auto bytes = wire::EncodeEnvelope(*forged).value();
+  {
+    std::ofstream f(ObjectFile(0), std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  auto t = Open(o);
+  ExpectCorruptMiss(*t, 0, "an unsealed file");
+  EXPECT_EQ(t->counters().auth_failures, 1u);
+  for (int i = 1; i < 4; ++i) ExpectIntact(*t, i, 1 + 997 * static_cast<std::uint32_t>(i));
 }
 
 TEST_F(DiskTierTest, CostIsTheEnvelopeSize) {

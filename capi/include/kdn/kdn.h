@@ -316,13 +316,13 @@ typedef struct kdn_runtime_options {
   uint32_t reserved1;           /* must be 0 */
   /* Since 1.8. A file holding the deployment's secret (at least 32 bytes,
    * e.g. `head -c 32 /dev/urandom`; readable by the service only): every
-   * chunk a redis tier stores is sealed with it (a MAC over the whole
-   * envelope: header, key, model, namespace and payload), and a chunk read
-   * back counts only if sealed with it; any other is a miss, counted in
-   * kdn_tier_stats.auth_failures and deleted. Runtimes that share a redis
-   * tier share the secret. NULL: none: the tier serves whatever its server
-   * holds (whoever can write to it decides the KV; docs/security.md), and
-   * kdn says so once on stderr. A file that cannot be read, is open to
+   * chunk a redis or disk tier stores is sealed with it (a MAC over the
+   * whole envelope: header, key, model, namespace and payload), and a chunk
+   * read back counts only if sealed with it; any other is a miss, counted in
+   * kdn_tier_stats.auth_failures and deleted. Runtimes that share such a
+   * tier share the secret. NULL: none: a tier serves whatever its server or
+   * directory holds (whoever can write to it decides the KV;
+   * docs/security.md; for a redis tier kdn says so once on stderr). A file that cannot be read, is open to
    * others or is too short: KDN_ERR_INVALID_ARGUMENT. */
   const char *secret_file;
   size_t secret_file_len;
