@@ -46,8 +46,6 @@ constexpr std::string_view kTempSuffix = ".tmp";
 // object's place would wait for a writer forever), never following a link,
 // never becoming a controlling terminal.
 constexpr int kObjectReadFlags = O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC;
-// Cap'n Proto's own bound on a message's segment count (ReaderOptions).
-constexpr std::uint64_t kMaxSegments = 512;
 
 std::int64_t NowNs() {
   // Wall-clock time, so that it orders with the mtimes a restart reads.
@@ -396,25 +394,6 @@ bool IsTempName(std::string_view name) {
   return true;
 }
 
-// The size of the message whose first `n` bytes are `p`, as its segment
-// table says (a count, then each segment's length in words); nullopt when
-// the table is not whole in those bytes or is not one a writer makes.
-std::optional<std::uint64_t> MessageBytes(const std::uint8_t* p, size_t n) {
-  auto u32 = [p](size_t i) {
-    std::uint32_t v;
-    std::memcpy(&v, p + 4 * i, sizeof v);
-    return v;
-  };
-  if (n < 8) return std::nullopt;
-  const std::uint64_t segments = std::uint64_t{u32(0)} + 1;
-  if (segments > kMaxSegments) return std::nullopt;
-  const std::uint64_t table_bytes = (4 * (1 + segments) + 7) / 8 * 8;
-  if (table_bytes > n) return std::nullopt;
-  std::uint64_t bytes = table_bytes;
-  for (std::uint64_t i = 0; i < segments; ++i) bytes += std::uint64_t{u32(1 + i)} * 8;
-  return bytes;
-}
-
 // Why a file is not an object, by its metadata: "" when `st` is a regular
 // file of `expected` bytes, at most `max` bytes.
 std::string FileStatProblem(const struct stat& st, std::uint64_t expected, std::uint64_t max) {
@@ -430,7 +409,7 @@ std::string FileStatProblem(const struct stat& st, std::uint64_t expected, std::
 // less a seal's trailer (wire/seal.h: checked when the object is decoded).
 std::string HeaderProblem(std::uint64_t size, const std::uint8_t* p, size_t n) {
   if (n < std::min<std::uint64_t>(size, kDirectAlignment)) return "shorter than its size";
-  const std::optional<std::uint64_t> said = MessageBytes(p, n);
+  const std::optional<std::uint64_t> said = wire::FramedMessageBytes(p, n);
   if (!said) return "no valid header";
   if (*said != size && *said + wire::kSealTrailerBytes != size) {
     return "its header says " + std::to_string(*said) + " bytes, the file has " + std::to_string(size);

@@ -31,24 +31,27 @@ struct CipherCtx {
 
 }  // namespace
 
+std::optional<std::uint64_t> FramedMessageBytes(const std::uint8_t* p, size_t n) {
+  auto u32 = [p](size_t i) {
+    std::uint32_t v;
+    std::memcpy(&v, p + 4 * i, sizeof v);
+    return v;
+  };
+  if (p == nullptr || n < 8) return std::nullopt;
+  const std::uint64_t segments = std::uint64_t{u32(0)} + 1;
+  if (segments > 512) return std::nullopt;
+  const std::uint64_t table_bytes = (4 * (1 + segments) + 7) / 8 * 8;
+  if (table_bytes > n) return std::nullopt;
+  std::uint64_t bytes = table_bytes;
+  for (std::uint64_t i = 0; i < segments; ++i) bytes += std::uint64_t{u32(1 + i)} * 8;
+  return bytes;
+}
+
 Result<size_t> EnvelopeBytes(const std::uint8_t* data, size_t size) {
-  // Cap'n Proto's stream framing: u32 segment count - 1, u32 size in words
-  // per segment, padded to a word; then the segments.
-  if (data == nullptr || size < 8) return Corrupt("too short for a message");
-  std::uint32_t count_minus_one;
-  std::memcpy(&count_minus_one, data, 4);
-  if (count_minus_one >= 512) return Corrupt("not an envelope (segment table)");
-  const size_t segments = size_t{count_minus_one} + 1;
-  const size_t table = ((4 + 4 * segments) + 7) / 8 * 8;
-  if (size < table) return Corrupt("truncated segment table");
-  size_t total = table;
-  for (size_t i = 0; i < segments; ++i) {
-    std::uint32_t words;
-    std::memcpy(&words, data + 4 + 4 * i, 4);
-    total += size_t{words} * 8;
-    if (total > size) return Corrupt("the message runs past the bytes");
-  }
-  return total;
+  const std::optional<std::uint64_t> n = FramedMessageBytes(data, size);
+  if (!n) return Corrupt("not an envelope (no whole segment table)");
+  if (*n > size) return Corrupt("the message runs past the bytes");
+  return static_cast<size_t>(*n);
 }
 
 size_t EnvelopeBytesIgnoringSeal(const std::uint8_t* data, size_t size) {

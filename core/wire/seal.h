@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/util/status.h"
@@ -66,8 +67,14 @@ class ChunkSealer {
   std::array<std::uint8_t, 8> key_id_{};
 };
 
-// The length of the Cap'n Proto message (one segment, as envelopes are) at
-// the start of `data`, from its segment table; kCorrupt if there is none.
+// The length of the Cap'n Proto message whose stream framing begins at p
+// (n bytes of it read), from its segment table alone: the count, then each
+// segment's length in words; nullopt when the table is not whole in those
+// bytes or has more segments than Cap'n Proto's readers take (512). The
+// message itself may run past the n bytes (a file's first block).
+std::optional<std::uint64_t> FramedMessageBytes(const std::uint8_t* p, size_t n);
+// The same for a whole buffer: the message must lie within it; kCorrupt if
+// it does not, or there is no table.
 Result<size_t> EnvelopeBytes(const std::uint8_t* data, size_t size);
 
 // For a reader without a secret (which takes what its tier holds): the
