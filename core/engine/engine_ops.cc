@@ -127,8 +127,8 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
   op->keys_ = std::move(keys);
   op->groups_ = std::move(groups);
   op->layers_ = static_cast<std::uint32_t>(model.shape.layers);
-  if (void* stream = KvStore::EngineStream(op->groups_); device && stream != nullptr) {
-    Result<Device::StreamMark> mark = store.device()->MarkStream(stream);
+  if (device) {
+    Result<Device::StreamMark> mark = store.MarkEngineStream(op->groups_);
     if (!mark.ok()) return mark.status();
     op->engine_mark_ = std::move(mark).value();
   }
@@ -267,8 +267,8 @@ Status SaveOp::SaveLayer(std::uint32_t layer) {
   // The engine may have queued the layer's writes on its stream without
   // waiting for them: the gather waits for what the stream holds now.
   Device::StreamMark after;
-  if (void* stream = KvStore::EngineStream(groups_); device_ && stream != nullptr) {
-    Result<Device::StreamMark> mark = store_->device()->MarkStream(stream);
+  if (device_) {
+    Result<Device::StreamMark> mark = store_->MarkEngineStream(groups_);
     if (!mark.ok()) return mark.status();
     after = std::move(mark).value();
   }

@@ -315,6 +315,9 @@ class KvStore {
     return groups.empty() ? nullptr : groups.front().engine_stream;
   }
   Status FollowEngineStream(std::span<const KvGroup> groups, const Device::StreamMark& mark = {});
+  // A mark of the groups' engine stream as it is now (null without a
+  // device or a stream): what a call takes when made, for its work later.
+  Result<Device::StreamMark> MarkEngineStream(std::span<const KvGroup> groups);
   // Writes canonical KV in host memory (tokens [0, tokens) of every layer)
   // into device views: one copy to the device, then the scatter kernel (the
   // blender's composed KV).

@@ -383,14 +383,18 @@ Result<KvStore::Delivered> KvStore::DeliverToDevice(const ModelKv& model, Fetch&
   return out;
 }
 
-Status KvStore::FollowEngineStream(std::span<const KvGroup> groups, const Device::StreamMark& mark) {
-  Device* dev = device();
+Result<Device::StreamMark> KvStore::MarkEngineStream(std::span<const KvGroup> groups) {
   void* stream = EngineStream(groups);
-  if (dev == nullptr || stream == nullptr) return Status::Ok();
-  if (mark) return dev->AfterMark(mark);
-  Result<Device::StreamMark> now = dev->MarkStream(stream);
+  if (device() == nullptr || stream == nullptr) return Device::StreamMark();
+  return device()->MarkStream(stream);
+}
+
+Status KvStore::FollowEngineStream(std::span<const KvGroup> groups, const Device::StreamMark& mark) {
+  if (device() == nullptr || EngineStream(groups) == nullptr) return Status::Ok();
+  if (mark) return device()->AfterMark(mark);
+  Result<Device::StreamMark> now = MarkEngineStream(groups);
   if (!now.ok()) return now.status();
-  return dev->AfterMark(*now);
+  return device()->AfterMark(*now);
 }
 
 Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
@@ -416,17 +420,13 @@ Result<KvStore::Retrieved> KvStore::RetrieveToDevice(const ModelKv& model, std::
   if (device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
   const auto t0 = std::chrono::steady_clock::now();
   // The engine's stream as the call found it: the writes wait for that.
-  Device::StreamMark mark;
-  if (void* stream = EngineStream(groups); stream != nullptr) {
-    Result<Device::StreamMark> m = device()->MarkStream(stream);
-    if (!m.ok()) return m.status();
-    mark = std::move(m).value();
-  }
+  Result<Device::StreamMark> mark = MarkEngineStream(groups);
+  if (!mark.ok()) return mark.status();
   Fetch f = FetchPrefix(model, ns, keys, TieredStore::Form::kStored, target);
   // As a prefix: chunks past the first failure to read are not written.
   const std::uint64_t read_prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= read_prefix; });
-  Result<Delivered> d = DeliverToDevice(model, f, groups, /*as_prefix=*/true, {}, mark);
+  Result<Delivered> d = DeliverToDevice(model, f, groups, /*as_prefix=*/true, {}, *mark);
   if (!d.ok()) return d.status();
   const std::uint64_t prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });  // not written: not served
