@@ -135,6 +135,11 @@ int Decode(const KdnStream<E>* s, int count) {
 
 KdnSimd KdnSimdInUse() { return Simd(); }
 
+KdnSimd KdnSimdOfCpu() {
+  static const KdnSimd simd = DetectSimd();
+  return simd;
+}
+
 bool KdnSimdComputes(std::uint32_t lanes, std::uint32_t channels) { return Computes(lanes, channels); }
 
 int DecodeKdnStreams(const KdnStream<std::uint16_t>* streams, int count) { return Decode(streams, count); }

@@ -50,6 +50,12 @@ enum class KdnSimd { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
 // and for comparing them), read once.
 KdnSimd KdnSimdInUse();
 
+// The best the CPU has (AVX2 with F16C and POPCNT and the OS saving the YMM
+// state, or AVX-512 too), whatever KDN_CPU_SIMD says: for callers that
+// choose vectors themselves (tests compare both paths). From cpuid: clang
+// 14's __builtin_cpu_supports does not know "f16c".
+KdnSimd KdnSimdOfCpu();
+
 // Whether streams of `lanes` lanes over `channels` channels take the vector
 // path in this process, with values computed (no lut needed).
 bool KdnSimdComputes(std::uint32_t lanes, std::uint32_t channels);

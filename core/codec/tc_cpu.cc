@@ -334,8 +334,7 @@ Status TcDecodeCpuWith(const Shape& shape, const std::uint8_t* data, size_t size
   const TcProfile& pr = *d->profile;
   const std::uint32_t C = pr.channels(), T = shape.tokens, planes = shape.layers * 2, S = d->sinks;
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  const bool use_avx2 = vectors && avx2;
+  const bool use_avx2 = vectors && internal::KdnSimdOfCpu() != internal::KdnSimd::kNone;
   const bool use_avx512 = use_avx2 && internal::KdnSimdInUse() == internal::KdnSimd::kAvx512;
 #else
   (void)vectors;
