@@ -133,15 +133,27 @@ inline std::string VersionString() {
          std::to_string(KDN_VERSION_PATCH);
 }
 
+// One rule for every struct, single or in an array, input or output: its
+// struct_size is a size the struct can have (a multiple of its alignment:
+// the compiler pads every version to one), never one that ends inside a
+// field.
+inline kdn_status CheckAlignedSize(uint32_t size, size_t align, const char* name) {
+  if (size % align == 0) return KDN_OK;
+  return Fail(KDN_ERR_VERSION, std::string(name) + ": struct_size " + std::to_string(size) +
+                                   " is not a size of this struct (every version's size is a multiple of " +
+                                   std::to_string(align) + "; initialise it with " + name + "_init(&s, sizeof s))");
+}
+
 // Checks a struct_size against the struct's first published size and, for
 // a caller built with a larger struct, that every byte this library does not
 // know is zero (a field set there asks for a feature this library lacks).
-inline kdn_status CheckSize(const void* p, uint32_t size, size_t known, uint32_t v1, const char* name) {
+inline kdn_status CheckSize(const void* p, uint32_t size, size_t known, size_t align, uint32_t v1, const char* name) {
   if (size < v1) {
     return Fail(KDN_ERR_VERSION, std::string(name) + ": struct_size " + std::to_string(size) +
                                      " is below its first published size " + std::to_string(v1) +
                                      " (initialise it with " + name + "_init(&s, sizeof s))");
   }
+  if (kdn_status s = CheckAlignedSize(size, align, name); s != KDN_OK) return s;
   if (size > kMaxStructSize) {
     return Fail(KDN_ERR_VERSION, std::string(name) + ": struct_size " + std::to_string(size) + " is not a struct size");
   }
@@ -160,7 +172,7 @@ inline kdn_status CheckSize(const void* p, uint32_t size, size_t known, uint32_t
 // Reads a caller's input struct over the defaults in *out.
 template <typename T>
 kdn_status ReadIn(const T* in, uint32_t v1, const char* name, T* out) {
-  if (kdn_status s = CheckSize(in, in->struct_size, sizeof(T), v1, name); s != KDN_OK) return s;
+  if (kdn_status s = CheckSize(in, in->struct_size, sizeof(T), alignof(T), v1, name); s != KDN_OK) return s;
   std::memcpy(out, in, std::min<size_t>(in->struct_size, sizeof(T)));
   out->struct_size = static_cast<uint32_t>(sizeof(T));
   return KDN_OK;
@@ -223,7 +235,7 @@ kdn_status CheckOut(const T* out, uint32_t v1, const char* name) {
                                      " is not a size of this struct (initialise it with " + name +
                                      "_init(&s, sizeof s))");
   }
-  return KDN_OK;
+  return CheckAlignedSize(size, alignof(T), name);
 }
 
 // Copies `full` into the caller's struct as far as its struct_size reaches,

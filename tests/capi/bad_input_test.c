@@ -915,6 +915,30 @@ static void case_request_size(void) {
   kdn_lookup_result_init(&res, sizeof res);
   EXPECT(KDN_ERR_VERSION, kdn_kv_lookup(g_m, NS, &req, 1, &res));
   CHECK_EQ(res.filled_size, 0);
+  /* A size that ends inside a field (52: half of the 8-byte field after
+   * the first 48 bytes) is no size of the struct, for every call alike: the
+   * single-request calls refused it as the lookup did not (they read half a
+   * field). */
+  memset(&big, 0, sizeof big);
+  big.r = ref_request();
+  big.r.struct_size = KDN_REQUEST_SIZE_V1 + 4;
+  EXPECT_BAD_REQUEST(&big.r, KDN_ERR_VERSION);
+  kdn_lookup_result_init(&res, sizeof res);
+  EXPECT(KDN_ERR_VERSION, kdn_kv_lookup(g_m, NS, &big.r, 1, &res));
+  CHECK_EQ(res.filled_size, 0);
+  /* The same rule for what the library writes: an output struct whose size
+   * ends inside a field is refused, and not written. */
+  {
+    const kdn_kv_view dst = dst_view();
+    kdn_kv_result out;
+    req = ref_request();
+    dst_reset();
+    kdn_kv_result_init(&out, sizeof out);
+    out.struct_size = KDN_KV_RESULT_SIZE_V1 + 4;
+    EXPECT(KDN_ERR_VERSION, kdn_kv_retrieve(g_m, NS, &req, &dst, 1, &out));
+    CHECK_EQ(out.filled_size, 0);
+    CHECK(dst_untouched());
+  }
   /* a newer caller's array is laid out at its own stride: the request that
    * sets an unknown field fails alone, in its result */
   memset(batch, 0, sizeof batch);
