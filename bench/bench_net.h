@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/util/loopback.h"
 #include "server/server.h"
 #include "core/util/status.h"
 
@@ -32,23 +33,6 @@ inline constexpr const char* kNodeToken = "kdn-bench-remote-token-0001";
 inline void NoDelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-// A socket listening on 127.0.0.1 at a port the OS picks; -1 on failure.
-inline int ListenLoopback(std::uint16_t* port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
 }
 
 inline int ConnectLoopback(std::uint16_t port) {

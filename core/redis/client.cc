@@ -151,6 +151,63 @@ struct Node {
   std::atomic<std::int64_t> failed_at{0};  // steady-clock ns of its last failure (0: none)
 };
 
+// What one reply may make the reader build and hold (hiredis 0.14 bounds
+// neither): an array of more than kMaxArrayElements elements, or a reply of
+// more than kMaxReplyObjects objects, is a protocol error, and so is a reply
+// whose unparsed bytes pass Options::max_reply_bytes (a bulk string that
+// never ends). kdn's replies are single values, counts and CLUSTER SLOTS
+// maps (at most 16384 ranges of a few elements each).
+constexpr int kMaxArrayElements = 1 << 20;
+constexpr std::uint64_t kMaxReplyObjects = std::uint64_t{1} << 21;
+// At most this much is read per pass over a connection before its replies
+// are parsed and the deadline looked at again.
+constexpr size_t kReadPassBytes = size_t{16} << 20;
+
+// Per connection (the reader's privdata): the objects of the reply being
+// read, and hiredis' own functions, which build them.
+struct ReaderGuard {
+  const redisReplyObjectFunctions* orig = nullptr;
+  std::uint64_t objects = 0;
+  bool refused = false;  // an object past the bounds was refused
+};
+ReaderGuard* GuardOf(const redisReadTask* t) { return static_cast<ReaderGuard*>(t->privdata); }
+// A null object is hiredis' "out of memory": the reader stops with an error.
+void* GuardedString(const redisReadTask* t, char* s, size_t n) {
+  ReaderGuard* g = GuardOf(t);
+  if (++g->objects > kMaxReplyObjects) return g->refused = true, nullptr;
+  return g->orig->createString(t, s, n);
+}
+void* GuardedArray(const redisReadTask* t, int elements) {
+  ReaderGuard* g = GuardOf(t);
+  if (++g->objects > kMaxReplyObjects || elements > kMaxArrayElements) return g->refused = true, nullptr;
+  return g->orig->createArray(t, elements);
+}
+void* GuardedInteger(const redisReadTask* t, long long v) {
+  ReaderGuard* g = GuardOf(t);
+  if (++g->objects > kMaxReplyObjects) return g->refused = true, nullptr;
+  return g->orig->createInteger(t, v);
+}
+void* GuardedNil(const redisReadTask* t) {
+  ReaderGuard* g = GuardOf(t);
+  if (++g->objects > kMaxReplyObjects) return g->refused = true, nullptr;
+  return g->orig->createNil(t);
+}
+redisReplyObjectFunctions guarded_functions = {GuardedString, GuardedArray, GuardedInteger, GuardedNil, freeReplyObject};
+
+// Puts a new connection's reader under a guard.
+void Guard(redisContext* c) {
+  auto* g = new ReaderGuard;
+  g->orig = c->reader->fn;
+  guarded_functions.freeObject = c->reader->fn->freeObject;
+  c->reader->fn = &guarded_functions;
+  c->reader->privdata = g;
+}
+void FreeContext(redisContext* c) {
+  if (c == nullptr) return;
+  delete static_cast<ReaderGuard*>(c->reader != nullptr ? c->reader->privdata : nullptr);
+  redisFree(c);
+}
+
 // A connection leased from a node's pool.
 struct Lease {
   redisContext* ctx = nullptr;
@@ -205,7 +262,7 @@ struct Client::Impl {
 
   ~Impl() {
     for (auto& [addr, node] : nodes) {
-      for (redisContext* c : node->idle) redisFree(c);
+      for (redisContext* c : node->idle) FreeContext(c);
     }
   }
 
@@ -240,6 +297,7 @@ struct Client::Impl {
     // Small commands go out at once (hiredis sets this too; say it here).
     const int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    Guard(c);
     // From here on the I/O is ours (poll + send/recv): non-blocking.
     const int flags = fcntl(c->fd, F_GETFL, 0);
     fcntl(c->fd, F_SETFL, flags | O_NONBLOCK);
@@ -296,7 +354,7 @@ struct Client::Impl {
       node->cv.notify_one();
     }
     lease.ctx = nullptr;
-    if (drop != nullptr) redisFree(drop);
+    if (drop != nullptr) FreeContext(drop);
   }
 
   // The node failed: its idle connections are likely dead too.
@@ -310,7 +368,7 @@ struct Client::Impl {
       node->open -= static_cast<std::uint32_t>(drop.size());
       node->cv.notify_all();
     }
-    for (redisContext* c : drop) redisFree(c);
+    for (redisContext* c : drop) FreeContext(c);
   }
 
   // ---- pipelines ----
@@ -400,6 +458,7 @@ struct Client::Impl {
     redisReader* rd = p.lease.ctx->reader;
     bool eof = false;
     int err = 0;
+    size_t pass = 0;  // bytes read in this pass (kReadPassBytes at most)
     for (;;) {
       // Straight into the reader's buffer (what redisReaderFeed would copy
       // there), giving back a big buffer once it is drained, as Feed does.
@@ -417,12 +476,16 @@ struct Client::Impl {
         }
         rd->buf = grown;
       }
-      const size_t room = std::min<size_t>(sdsavail(rd->buf), 1u << 30);
+      const size_t room = std::min<size_t>(sdsavail(rd->buf), kReadPassBytes - pass);
       const ssize_t got = recv(p.lease.ctx->fd, rd->buf + rd->len, room, MSG_DONTWAIT);
       if (got > 0) {
         sdsIncrLen(rd->buf, static_cast<int>(got));
         rd->len = sdslen(rd->buf);
-        if (static_cast<size_t>(got) < room) break;
+        pass += static_cast<size_t>(got);
+        // The rest waits for the next pass, after the poll loop has looked
+        // at the deadline: a server that streams without end cannot hold
+        // the caller here.
+        if (static_cast<size_t>(got) < room || pass >= kReadPassBytes) break;
         continue;
       }
       if (got == 0) {
@@ -438,15 +501,30 @@ struct Client::Impl {
     while (!p.done) {
       void* reply = nullptr;
       if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
+        const bool refused = static_cast<ReaderGuard*>(rd->privdata)->refused;
         Fail(p, Pipeline::Fail::kIo,
-             Status(Code::kUnavailable, "redis: protocol error from " + p.node->addr + ": " + rd->errstr));
+             Status(Code::kUnavailable, "redis: protocol error from " + p.node->addr + ": " +
+                                            (refused ? "a reply of more than " + std::to_string(kMaxReplyObjects) +
+                                                           " objects or an array of more than " +
+                                                           std::to_string(kMaxArrayElements) + " elements"
+                                                     : std::string(rd->errstr))));
         p.lease.ctx->err = REDIS_ERR_PROTOCOL;
         return;
       }
       if (reply == nullptr) break;
+      static_cast<ReaderGuard*>(rd->privdata)->objects = 0;  // the next reply's count
       Consume(p, ReplyPtr(static_cast<redisReply*>(reply)));
     }
     if (p.done) return;
+    // What is left unparsed is (part of) one reply: beyond the bound it is
+    // no reply kdn asked for.
+    if (rd->len - rd->pos > opt.max_reply_bytes) {
+      p.lease.ctx->err = REDIS_ERR_PROTOCOL;
+      Fail(p, Pipeline::Fail::kIo,
+           Status(Code::kUnavailable, "redis: a reply from " + p.node->addr + " of more than " +
+                                          std::to_string(opt.max_reply_bytes) + " bytes (max_reply_bytes)"));
+      return;
+    }
     if (eof) {
       p.lease.ctx->err = REDIS_ERR_EOF;
       Fail(p, Pipeline::Fail::kIo, Status(Code::kUnavailable, "redis: " + p.node->addr + " closed the connection"));

@@ -35,6 +35,11 @@ struct Options {
   std::uint32_t connect_timeout_ms = 500;
   std::uint32_t command_timeout_ms = 2000;  // per pipeline (one node's replies)
   std::uint32_t connections_per_node = 4;   // callers beyond it wait for one
+  // A reply larger than this is a protocol error (Redis' own limit on a
+  // value, proto-max-bulk-len, is 512 MiB by default), and so is one of more
+  // than two million objects: a broken or hostile server cannot make the
+  // client hold more.
+  std::uint64_t max_reply_bytes = (std::uint64_t{512} << 20) + 64;
 };
 
 // What the client met so far (monotonic).

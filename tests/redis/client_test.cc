@@ -3,8 +3,14 @@
 #include "core/redis/client.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include "test_redis.h"
+#include "test_sockets.h"
+
+#include <atomic>
+#include <fstream>
 
 #include <chrono>
 #include <cstring>
@@ -61,6 +67,84 @@ TEST(RedisClient, MalformedSeedAndNoSeed) {
   EXPECT_EQ(c.status().code(), Code::kUnavailable);
   EXPECT_LT(ElapsedMs(t0), 1000);
   EXPECT_NE(c.status().message().find("no seed answered"), std::string::npos) << c.status().message();
+}
+
+// A server that answers every connection with `head` and then streams
+// `body` over and over until the client hangs up: a hostile or broken
+// Redis (a reply that never ends).
+class HostileServer {
+ public:
+  HostileServer(std::string head, std::string body) : head_(std::move(head)), body_(std::move(body)) {
+    fd_ = kdn::ListenLoopback(&port_, 16);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~HostileServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::uint64_t sent() const { return sent_; }
+
+ private:
+  void Serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      char buf[4096];
+      (void)::recv(c, buf, sizeof buf, 0);  // the command, whatever it is
+      bool ok = ::send(c, head_.data(), head_.size(), MSG_NOSIGNAL) > 0;
+      std::string block;
+      while (!body_.empty() && block.size() < (1u << 16)) block += body_;
+      while (ok && !stop_ && !body_.empty()) {
+        const ssize_t w = ::send(c, block.data(), block.size(), MSG_NOSIGNAL);
+        ok = w > 0;
+        if (ok) sent_ += static_cast<std::uint64_t>(w);
+      }
+      ::close(c);
+    }
+  }
+  std::string head_, body_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> sent_{0};
+  std::thread thread_;
+};
+
+// A reply that never ends (an array header of two billion elements, a bulk
+// string of 4 GB, each then streamed for as long as the client reads) cost
+// kdn_runtime_create 7.4 s with a 300 ms timeout, and memory in proportion.
+// Now: an error within the timeouts, and memory bounded.
+TEST(RedisClient, AReplyThatNeverEndsCostsTheTimeoutAndBoundedMemory) {
+  struct Case {
+    const char* what;
+    std::string head, body;
+  };
+  const Case cases[] = {
+      {"an array of 2^31-1 elements, streamed", "*2147483647\r\n", ":1\r\n"},
+      {"nested arrays, streamed", "*2147483647\r\n", "*1\r\n"},
+      {"a bulk string of 4 GB, streamed", "$4000000000\r\n", std::string(4096, 'x')},
+      {"an array header alone", "*2147483647\r\n", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    HostileServer server(c.head, c.body);
+    Options o;
+    o.seeds = {server.address()};
+    o.connect_timeout_ms = 300;
+    o.command_timeout_ms = 300;
+    const std::uint64_t rss0 = kdn::testing::RssBytes();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto client = Client::Connect(o);
+    const long long ms = ElapsedMs(t0);
+    EXPECT_FALSE(client.ok());
+    EXPECT_LT(ms, 1500) << "Connect took " << ms << " ms; the server sent " << server.sent() << " bytes";
+    const std::uint64_t rss1 = kdn::testing::RssBytes();
+    EXPECT_LT(rss1, rss0 + (std::uint64_t{256} << 20)) << "RSS grew by " << ((rss1 - rss0) >> 20) << " MiB";
+  }
 }
 
 class RedisClientSingle : public ::testing::Test {
