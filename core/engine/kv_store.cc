@@ -162,10 +162,15 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const Tok
 
 // ---- Lookup, store, retrieve ----------------------------------------------------
 
-ReadContext KvStore::Context(std::string_view ns, const DeliveryTarget& target) const {
+ReadContext KvStore::Context(std::string_view ns, const DeliveryTarget& target, bool one_deadline) const {
   ReadContext ctx;
   if (has_remote_) ctx.ns = keys::NamespaceHash(ns);
   ctx.target = target;
+  if (one_deadline) {
+    ctx.started_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch())
+                         .count();
+  }
   return ctx;
 }
 

@@ -348,9 +348,12 @@ class KvStore {
   std::uint64_t StoredLength(const TokenKeys& keys, std::uint64_t pos, std::uint64_t n) const;
   // What a call in namespace `ns` passes down the chain (store/tier.h): the
   // namespace's hash when some tier files keys per namespace (a remote
-  // node), and the call's delivery target.
+  // node), the call's delivery target, and its start (now), from which
+  // remote tiers count one deadline for all of the call's round trips.
+  // Management calls that walk many keys (a knowledge item's listing,
+  // pinning, dropping) pass one_deadline false: each round trip its own.
  public:
-  ReadContext Context(std::string_view ns, const DeliveryTarget& target = {}) const;
+  ReadContext Context(std::string_view ns, const DeliveryTarget& target = {}, bool one_deadline = true) const;
 
  private:
   // Tells remote tiers which keys the walk is about to probe (one call);

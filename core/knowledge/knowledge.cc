@@ -237,7 +237,7 @@ keys::Digest VariantKey(const keys::Digest& content, const Payload& bytes) {
 Status KnowledgeIndex::PutWith(const ModelKv& model, std::string_view ns, const std::string& doc_id,
                                std::uint64_t version, const std::string& metadata,
                                std::span<const std::int32_t> tokens, const GatherFn& gather) {
-  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns, {}, false);  // for tiers that file keys per namespace (a node)
   if (doc_id.empty()) return Status::InvalidArgument("knowledge: doc_id is empty");
   if (tokens.empty()) return Status::InvalidArgument("knowledge: a document needs tokens");
   const std::uint64_t C = store_.options().chunk_tokens;
@@ -322,7 +322,7 @@ DocumentInfo KnowledgeIndex::DescribeLocked(const Doc& doc, const ReadContext& c
 }
 
 std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string_view ns) {
-  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns, {}, false);  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked();
   std::vector<DocumentInfo> out;
@@ -337,7 +337,7 @@ std::vector<DocumentInfo> KnowledgeIndex::List(const ModelKv& model, std::string
 }
 
 Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view ns, const std::string& doc_id) {
-  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns, {}, false);  // for tiers that file keys per namespace (a node)
   std::lock_guard<std::mutex> lock(mu_);
   const Doc* doc = Find(model, ns, doc_id);
   if (!doc) return Status::NotFound("knowledge: no document '" + doc_id + "'");
@@ -347,7 +347,7 @@ Result<DocumentInfo> KnowledgeIndex::Info(const ModelKv& model, std::string_view
 
 Status KnowledgeIndex::Pin(const ModelKv& model, std::string_view ns, const std::string& doc_id, bool pin,
                            std::int64_t ttl_ns) {
-  const ReadContext ctx = store_.Context(ns);  // for tiers that file keys per namespace (a node)
+  const ReadContext ctx = store_.Context(ns, {}, false);  // for tiers that file keys per namespace (a node)
   if (ttl_ns < 0) return Status::InvalidArgument("knowledge: pin TTL must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
   Doc* doc = Find(model, ns, doc_id);

@@ -246,7 +246,7 @@ class KnowledgeIndex {
   // mu_ held: withdraws a pinned document's pin from its chunks.
   void ReleasePinsLocked(Doc& doc, const ReadContext& ctx);
   // What calls about a document pass down the chain: its namespace's (store/tier.h).
-  ReadContext ContextOf(const DocKey& key) const { return store_.Context(std::get<1>(key)); }
+  ReadContext ContextOf(const DocKey& key) const { return store_.Context(std::get<1>(key), {}, false); }
   // Persistence: the payload of the file (mu_ held), its parse into an
   // empty index (mu_ held), the saver thread, and what wakes it.
   std::string SerializeLocked();

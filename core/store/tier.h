@@ -79,11 +79,15 @@ struct DeliveryTarget {
 // a thread-local): the namespace (its hash) of the request it serves, for
 // tiers that file keys per namespace (a remote node: without one, a read is
 // a miss and an erase reaches nothing there), and the request's delivery
-// target. The chain's own moves (demotions, promotions, write-through
-// copies on its mover) carry none.
+// target, and when the call began: a tier that waits on another process
+// (a remote node) counts its timeout from there, so that one call waits at
+// most one timeout for answers however many round trips it makes. The
+// chain's own moves (demotions, promotions, write-through copies on its
+// mover) carry none of these.
 struct ReadContext {
   std::optional<keys::Digest> ns;
   DeliveryTarget target;
+  std::int64_t started_ms = 0;  // steady clock, milliseconds; 0: each round trip its own timeout
 };
 
 class Tier {

@@ -96,9 +96,6 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
       if (!(*c)->broken) return (*c)->link->session();
     }
     KJ_IF_MAYBE(f, connecting) { return f->addBranch(); }
-    if (NowMs() < retry_after_ms) {
-      return KJ_EXCEPTION(DISCONNECTED, "kdnd unreachable; retrying later", options.address);
-    }
     ++connects;
     auto attempt = connector->Connect(*network)
                        .then(
@@ -117,7 +114,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
                            },
                            [this](kj::Exception&& e) -> node::Session::Client {
                              ++connect_failures;
-                             retry_after_ms = NowMs() + options.retry_ms;
+                             MarkDown();
                              connecting = nullptr;
                              kj::throwFatalException(kj::mv(e));
                            });
@@ -141,32 +138,100 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
     return wire::DecodeEnvelope(data.begin(), data.size(), &key, b ? b->OwnerOf(data.begin(), data.size()) : nullptr);
   }
 
+  // ---- The circuit breaker (loop thread) ----
+  // A node that did not answer a call by its deadline, or could not be
+  // connected to, is marked down: calls skip it (a miss at once) for
+  // retry_ms, then one call goes through as a probe while the others still
+  // skip. A probe that is answered (even with a refusal: the node is there)
+  // closes the breaker; one that is not marks the node down again, each
+  // time for twice as long, up to kMaxDownMs or retry_ms if larger.
+  static constexpr std::int64_t kMaxDownMs = 30000;
+  void MarkDown() {
+    if (NowMs() < down_until_ms) return;  // already down (a call and the reads it started)
+    const std::int64_t retry = std::max<std::int64_t>(options.retry_ms, 1);
+    const std::int64_t cap = std::max<std::int64_t>(retry, kMaxDownMs);
+    const std::int64_t down = std::min<std::int64_t>(retry << std::min<std::uint32_t>(misses_in_row, 5), cap);
+    ++misses_in_row;
+    down_until_ms = NowMs() + down;
+    ++marked_down;
+  }
+  // Whether a call may go out now; sets `probe` when it is the one that
+  // tries a node marked down.
+  bool Admit(bool& probe) {
+    probe = false;
+    if (misses_in_row == 0) return true;
+    if (probing || NowMs() < down_until_ms) return false;
+    probing = probe = true;
+    return true;
+  }
+
   // Runs `call` (given the session; returns a promise) on the loop thread
-  // with the tier's deadline; rethrows its failure on the caller's thread.
-  // executeSync orders the two threads through kj's own futex mutex, which
-  // ThreadSanitizer cannot see: the handoffs are annotated for it.
+  // until `deadline_ms` (NowMs's clock); rethrows its failure on the
+  // caller's thread. A call past its deadline, or to a node marked down,
+  // fails at once (counted). executeSync orders the two threads through
+  // kj's own futex mutex, which ThreadSanitizer cannot see: the handoffs
+  // are annotated for it.
   template <typename Call>
-  void Run(Call&& call) {
+  void Run(std::int64_t deadline_ms, Call&& call) {
     ++calls;
+    const std::int64_t left = std::min<std::int64_t>(deadline_ms - NowMs(), options.timeout_ms);
+    if (left <= 0) {
+      ++past_deadline;
+      kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "kdnd: the call's deadline has passed", options.address));
+    }
+    // Only a round trip given the whole timeout that still gets no answer
+    // says the node is not answering; one cut short by its call's deadline
+    // says nothing about the node.
+    const bool whole = left == static_cast<std::int64_t>(options.timeout_ms);
     TsanRelease(this);
     KJ_DEFER(TsanAcquire(this));  // also when executeSync rethrows the call's failure
-    executor->executeSync([this, &call]() -> kj::Promise<void> {
+    executor->executeSync([this, &call, left, whole]() -> kj::Promise<void> {
       TsanAcquire(this);
+      bool probe = false;
+      if (!Admit(probe)) {
+        ++down_skips;
+        TsanRelease(this);
+        return KJ_EXCEPTION(DISCONNECTED, "kdnd marked down (no answer in time); skipped until a probe is answered",
+                            options.address);
+      }
+      auto expired = kj::heap<bool>(false);
+      bool* expired_flag = expired.get();
       auto work = Session().then([&call](node::Session::Client&& s) { return call(s); });
-      return timer->timeoutAfter(options.timeout_ms * kj::MILLISECONDS, kj::mv(work))
-          .then([this]() -> kj::Promise<void> {
-                  TsanRelease(this);
-                  return kj::READY_NOW;
-                },
-                [this](kj::Exception&& e) -> kj::Promise<void> {
-                  // A call that failed or timed out may have left the
-                  // connection in an unknown state: start afresh next time.
-                  KJ_IF_MAYBE(c, connection) { (*c)->broken = true; }
-                  if (e.getType() == kj::Exception::Type::OVERLOADED) ++timeouts;
-                  TsanRelease(this);
-                  return kj::mv(e);
-                });
+      auto deadline = timer->afterDelay(left * kj::MILLISECONDS).then([expired_flag]() -> kj::Promise<void> {
+        *expired_flag = true;
+        return KJ_EXCEPTION(OVERLOADED, "kdnd: no answer by the call's deadline");
+      });
+      return work.exclusiveJoin(kj::mv(deadline))
+          .then(
+              [this, probe]() -> kj::Promise<void> {
+                if (probe) probing = false;
+                misses_in_row = 0;
+                TsanRelease(this);
+                return kj::READY_NOW;
+              },
+              [this, probe, whole, expired = kj::mv(expired)](kj::Exception&& e) -> kj::Promise<void> {
+                if (probe) probing = false;
+                // A call that failed or timed out may have left the
+                // connection in an unknown state: start afresh next time.
+                KJ_IF_MAYBE(c, connection) { (*c)->broken = true; }
+                if (*expired) {
+                  ++timeouts;
+                  // A connection (or its login) that never completed is
+                  // abandoned too: the next probe connects afresh.
+                  connecting = nullptr;
+                  if (whole || probe) MarkDown();
+                } else if (wire::IsRefusal(e) || e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+                  misses_in_row = 0;  // the node answered
+                }
+                TsanRelease(this);
+                return kj::mv(e);
+              });
     });
+  }
+  // The deadline (NowMs's clock) of a round trip of the call `ctx` is of:
+  // the call's start plus timeout_ms, or from now when it carries no start.
+  std::int64_t DeadlineOf(const ReadContext& ctx) const {
+    return (ctx.started_ms != 0 ? ctx.started_ms : NowMs()) + options.timeout_ms;
   }
 
   // ---- Read-ahead (Prefetch with will_read) ----
@@ -286,9 +351,13 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   kj::Maybe<kj::Own<Connection>> connection;
   kj::Maybe<kj::ForkedPromise<node::Session::Client>> connecting;
   kj::Maybe<kj::Promise<void>> disconnect_watch;
-  std::int64_t retry_after_ms = 0;
+  // The breaker's state.
+  std::int64_t down_until_ms = 0;
+  std::uint32_t misses_in_row = 0;  // unanswered probes and calls since the last answer
+  bool probing = false;
   // Counters (any thread).
   std::atomic<std::uint64_t> calls{0}, timeouts{0}, connects{0}, connect_failures{0}, failed_calls{0};
+  std::atomic<std::uint64_t> marked_down{0}, down_skips{0}, past_deadline{0};
   // Presence learned from batched lookups (Prefetch), briefly.
   struct Presence {
     bool present;
@@ -427,7 +496,7 @@ void RemoteTier::SenderLoop() {
     }
     bool unreachable = false;  // the node did not answer (down, timed out): worth another try
     if (!sending.empty()) try {
-      impl_->Run([&](node::Session::Client& s) {
+      impl_->Run(NowMs() + options_.timeout_ms, [&](node::Session::Client& s) {
         wire::StreamBuffers* buffers = impl_->Buffers();
         std::uint64_t words = 64;
         for (unsigned i : sending) words += (buffers ? 0 : framed[i]->size() / 8) + 4;
@@ -510,7 +579,7 @@ void RemoteTier::Document(DocumentOp op, const DocumentRecord& doc, std::uint64_
 bool RemoteTier::SendDocument(const DocumentCall& call) {
   const DocumentRecord& d = call.doc;
   try {
-    impl_->Run([&](node::Session::Client& s) -> kj::Promise<void> {
+    impl_->Run(NowMs() + options_.timeout_ms, [&](node::Session::Client& s) -> kj::Promise<void> {
       auto check = [](node::Error::Reader e) {
         if (e.getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(e));
       };
@@ -588,11 +657,14 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(std::max<std::int64_t>(ahead->deadline_ms - NowMs(), 0) + 2 * options_.timeout_ms);
     impl_->arrivals_cv.wait_until(lock, until, [&] { return ahead->done; });
-    if (!ahead->done || ahead->failed) {
+    if (!ahead->done) {
       ++io_errors_;
       return Status(Code::kUnavailable, options_.name + ": node unavailable");
     }
-    if (!ahead->overflow) {
+    // A read that failed (no answer, the connection lost) says nothing of
+    // the key: asked for again below, within the call's deadline and the
+    // breaker's say.
+    if (!ahead->overflow && !ahead->failed) {
       ++impl_->reads_ahead_used;
       if (ahead->corrupt) {
         ++corrupt_;
@@ -613,7 +685,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
   ChunkRef out;
   bool corrupt = false;
   try {
-    impl_->Run([&](node::Session::Client& s) {
+    impl_->Run(impl_->DeadlineOf(ctx), [&](node::Session::Client& s) {
       auto req = s.getRequest();
       req.setNamespace(AsData(*ns));
       req.initKeys(1).set(0, AsData(key));
@@ -650,6 +722,7 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, co
   // queue) nor already on their way, while arrivals hold less than
   // read_ahead_bytes.
   std::vector<std::shared_ptr<Impl::Arrival>> ahead(keys.size());
+  const std::int64_t call_deadline = impl_->DeadlineOf(ctx);
   if (will_read) {
     std::vector<bool> queued(keys.size());
     {
@@ -665,7 +738,7 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, co
          ++i) {
       if (queued[i] || impl_->arrivals.count(keys[i])) continue;
       auto a = std::make_shared<Impl::Arrival>();
-      a->deadline_ms = now + options_.timeout_ms;
+      a->deadline_ms = call_deadline;
       impl_->arrivals.emplace(keys[i], a);
       ahead[i] = std::move(a);
       ++started;
@@ -675,7 +748,7 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, co
   std::uint32_t prefix = 0;
   bool sent = false;
   try {
-    impl_->Run([&](node::Session::Client& s) {
+    impl_->Run(call_deadline, [&](node::Session::Client& s) {
       auto req = s.lookupRequest();
       req.setNamespace(AsData(*ns));
       auto request = req.initRequests(1)[0];
@@ -709,9 +782,11 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, co
         KJ_IF_MAYBE(p, previous) { start = p->addBranch(); }
         auto deadline = start.then([impl, timeout_ms]() {
           return impl->timer->afterDelay(timeout_ms * kj::MILLISECONDS).then([impl]() -> kj::Promise<void> {
-            // No reply for timeout_ms: the connection is in an unknown state.
+            // No reply for timeout_ms: the connection is in an unknown
+            // state, and the node is not answering.
             ++impl->timeouts;
             KJ_IF_MAYBE(c, impl->connection) { (*c)->broken = true; }
+            impl->MarkDown();
             return KJ_EXCEPTION(OVERLOADED, "kdnd: no reply in time");
           });
         });
@@ -762,7 +837,11 @@ bool RemoteTier::Contains(const keys::Digest& key, const ReadContext& ctx) const
     auto it = impl_->arrivals.find(key);
     if (it != impl_->arrivals.end()) {
       const Impl::Arrival& a = *it->second;
-      return !a.done || a.chunk != nullptr || a.overflow;
+      if (!a.done || !a.failed) return !a.done || a.chunk != nullptr || a.overflow;
+      // A read that failed says nothing of the key (and no Get will take
+      // it: the walk stops here): dropped, and the node asked.
+      if (a.counted) impl_->arrival_bytes -= a.bytes;
+      impl_->arrivals.erase(it);
     }
   }
   {
@@ -781,7 +860,7 @@ bool RemoteTier::Contains(const keys::Digest& key, const ReadContext& ctx) const
   }
   bool held = false;
   try {
-    impl_->Run([&](node::Session::Client& s) {
+    impl_->Run(impl_->DeadlineOf(ctx), [&](node::Session::Client& s) {
       auto req = s.lookupRequest();
       req.setNamespace(AsData(*ns));
       auto request = req.initRequests(1)[0];
@@ -821,7 +900,7 @@ bool RemoteTier::Erase(const keys::Digest& key, const ReadContext& ctx) {
   }
   std::uint32_t erased = 0;
   try {
-    impl_->Run([&](node::Session::Client& s) {
+    impl_->Run(impl_->DeadlineOf(ctx), [&](node::Session::Client& s) {
       auto req = s.deleteRequest();
       req.setNamespace(AsData(*ns));
       req.initKeys(1).set(0, AsData(key));
@@ -862,6 +941,9 @@ RemoteCounters RemoteTier::remote_counters() const {
   c.timeouts = impl_->timeouts;
   c.connects = impl_->connects;
   c.connect_failures = impl_->connect_failures;
+  c.marked_down = impl_->marked_down;
+  c.down_skips = impl_->down_skips;
+  c.past_deadline = impl_->past_deadline;
   c.puts_sent = puts_sent_;
   c.puts_refused = puts_refused_;
   c.queue_full = queue_full_;

@@ -5,9 +5,17 @@
 //
 // - Reads (Contains, Get) are synchronous calls with a deadline: a node that
 //   is down, slow or refusing costs a miss and a counter (io_errors) within
-//   RemoteTierOptions::timeout_ms, never an error and never a hang. After a
-//   failed connection, calls miss at once for retry_ms, then one of them
-//   reconnects; the tier heals by itself.
+//   RemoteTierOptions::timeout_ms, never an error and never a hang. The
+//   deadline is the call's (ReadContext::started_ms + timeout_ms): however
+//   many round trips one lookup or retrieve makes, it waits on the node at
+//   most timeout_ms (a read-ahead stream that keeps delivering goes on: its
+//   limit is timeout_ms without progress).
+// - A circuit breaker: a node that leaves a call unanswered for timeout_ms,
+//   or cannot be connected to, is marked down; calls miss at once (counted:
+//   down_skips) for retry_ms, then one call probes it while the others still
+//   skip; an answer (a refusal too) closes the breaker, no answer marks it
+//   down again for twice as long (up to 30 s, or retry_ms if larger). The
+//   tier heals by itself.
 // - Puts are write-back: queued (bounded by write_queue_bytes: beyond it a
 //   put is refused with kBusy, which the chain counts) and sent in batches
 //   by `senders` sender threads (one batch each on the wire, the next one
@@ -62,7 +70,7 @@ struct RemoteTierOptions {
   std::string address;                  // "host:port" or "unix:/path"
   std::string token;                    // bearer token (kdnd's [[token]])
   std::uint32_t timeout_ms = 2000;      // per call, connecting included
-  std::uint32_t retry_ms = 1000;        // after a failed connect, miss at once this long
+  std::uint32_t retry_ms = 1000;        // marked down (the breaker): miss at once this long, then probe
   std::uint64_t write_queue_bytes = std::uint64_t{256} << 20;
   std::uint64_t batch_bytes = std::uint64_t{4} << 20;  // one put call carries up to this much
   // Put calls out at once, each from a sender thread of its own that frames
@@ -90,6 +98,11 @@ struct RemoteTierOptions {
 // Counters beyond TierCounters.
 struct RemoteCounters {
   std::uint64_t calls = 0, failed_calls = 0, timeouts = 0, connects = 0, connect_failures = 0;
+  // The circuit breaker: times the node was marked down (a call unanswered
+  // by its deadline, a failed connect), calls skipped while it was (misses
+  // at once), and round trips not started because their call's deadline had
+  // passed (earlier round trips of the call used it up).
+  std::uint64_t marked_down = 0, down_skips = 0, past_deadline = 0;
   std::uint64_t puts_sent = 0, puts_refused = 0, queue_full = 0, queued_bytes = 0;
   std::uint64_t no_namespace = 0;  // reads without a namespace in their ReadContext (misses)
   // Read-ahead: reads started by Prefetch, Gets served from them, arrivals

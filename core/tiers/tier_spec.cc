@@ -10,6 +10,7 @@
 #include "core/tiers/memory_tier.h"
 #include "core/tiers/redis_tier.h"
 #include "core/tiers/remote_tier.h"
+#include "core/wire/node_client.h"
 
 namespace kdn::store {
 
@@ -135,6 +136,7 @@ Status ValidateTierSpec(const TierSpec& spec) {
   if (HasNul(spec.address) || HasNul(spec.token) || HasNul(spec.user)) {
     return Status::InvalidArgument("address, token or user contains a NUL byte");
   }
+  if (remote) KDN_RETURN_IF_ERROR(wire::CheckNodeAddress(spec.address));
   if ((!spec.tls_ca_file.empty() || !spec.tls_server_name.empty()) && redis) {
     return Status::InvalidArgument("a redis tier has no TLS (tls_ca_file, tls_server_name)");
   }

@@ -1,7 +1,11 @@
 #include "core/wire/node_client.h"
 
+#include <arpa/inet.h>
+#include <sys/un.h>
+
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -36,6 +40,50 @@ std::string RefusalText(std::string_view call, node::Error::Reader error) {
 }
 
 }  // namespace
+
+Status CheckNodeAddress(std::string_view address, bool listening) {
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("address '" + std::string(address) + "': " + why);
+  };
+  if (address.empty()) return bad("empty");
+  for (char ch : address) {
+    if (static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f) return bad("has a space or a control character");
+  }
+  if (address.substr(0, 5) == "unix:") {
+    const std::string_view path = address.substr(5);
+    if (path.empty()) return bad("a unix socket needs a path (unix:/path)");
+    if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      return bad("a unix socket's path has at most " + std::to_string(sizeof(sockaddr_un{}.sun_path) - 1) + " bytes");
+    }
+    return Status::Ok();
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) return bad("no port (want host:port, [v6]:port or unix:/path)");
+  std::string_view host = address.substr(0, colon);
+  const std::string_view port = address.substr(colon + 1);
+  std::uint32_t p = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (port.empty() || ec != std::errc() || end != port.data() + port.size() || p > 65535) {
+    return bad("the port must be a number from " + std::string(listening ? "0" : "1") + " to 65535");
+  }
+  if (p == 0 && !listening) return bad("port 0 is no port to connect to");
+  if (host.empty()) return bad("no host");
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return bad("an IPv6 address goes in brackets: [v6]:port");
+    in6_addr v6{};
+    if (inet_pton(AF_INET6, std::string(host.substr(1, host.size() - 2)).c_str(), &v6) != 1) {
+      return bad("not an IPv6 address in the brackets");
+    }
+    return Status::Ok();
+  }
+  if (host == "*") return listening ? Status::Ok() : bad("'*' is an address to listen at, not to connect to");
+  for (char ch : host) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_')) {
+      return bad(ch == ':' ? "an IPv6 address goes in brackets: [v6]:port" : "not a host name or IP address");
+    }
+  }
+  return Status::Ok();
+}
 
 std::string TlsServerName(const NodeEndpoint& endpoint) {
   if (!endpoint.tls_server_name.empty()) return endpoint.tls_server_name;
@@ -92,6 +140,7 @@ NodeConnection::NodeConnection(kj::Own<kj::AsyncIoStream>&& stream)
 
 Result<std::unique_ptr<NodeConnector>> NodeConnector::Create(NodeEndpoint endpoint) {
   if (endpoint.address.empty()) return Status::InvalidArgument("no kdnd address given");
+  if (Status st = CheckNodeAddress(endpoint.address); !st.ok()) return Status::InvalidArgument("kdnd " + st.message());
   if (endpoint.token.empty()) return Status::InvalidArgument("no token given to log in to kdnd with");
   std::unique_ptr<NodeConnector> c(new NodeConnector(std::move(endpoint)));
   const std::string& ca = c->endpoint_.tls_ca_file;

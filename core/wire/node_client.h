@@ -35,6 +35,13 @@ struct NodeEndpoint {
   std::string tls_server_name;  // what the node's certificate must name; "": the address's host
 };
 
+// Whether `address` is one a node can be reached at ("host:port",
+// "[v6]:port" with a port of 1-65535, or "unix:/path" that fits a socket
+// address) or, with `listening`, one it can listen at (port 0: any; host
+// "*": every interface). kInvalidArgument saying what is wrong; the name is
+// not resolved (that is the connection's business).
+Status CheckNodeAddress(std::string_view address, bool listening = false);
+
 // The name the node's certificate must carry: tls_server_name, else the
 // address's host (without the brackets of an IPv6 literal).
 std::string TlsServerName(const NodeEndpoint& endpoint);

@@ -93,6 +93,16 @@ TEST(NodeClient, NobodyListeningIsATransportFailureNotARefusal) {
 TEST(NodeClient, TheEndpointIsChecked) {
   EXPECT_EQ(wire::NodeConnector::Create({"", kToken, "", ""}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(wire::NodeConnector::Create({"127.0.0.1:1", "", "", ""}).status().code(), Code::kInvalidArgument);
+  // The address is checked when the tier is made, not when it first
+  // fails to connect.
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "*:7450", "[::1:7450", "unix:", "a b:1"}) {
+    const auto r = wire::NodeConnector::Create({bad, kToken, "", ""});
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().message();
+  }
+  for (const char* good : {"127.0.0.1:7450", "[::1]:7450", "kdnd.internal:7450", "unix:/run/kdn/kdnd.sock"}) {
+    EXPECT_TRUE(wire::NodeConnector::Create({good, kToken, "", ""}).ok()) << good;
+  }
   const auto missing = wire::NodeConnector::Create({"127.0.0.1:1", kToken, "/no/such/ca.pem", ""});
   EXPECT_EQ(missing.status().code(), Code::kInvalidArgument);
   EXPECT_NE(missing.status().message().find("/no/such/ca.pem"), std::string::npos);

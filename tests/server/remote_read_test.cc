@@ -5,6 +5,7 @@
 // goes away mid-read costs misses within the deadline. Real kdnd on a thread
 // of this process, real KV of the reference model.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "reference_kv.h"
 #include "rpc_client.h"
 #include "running_server.h"
+#include "test_sockets.h"
 #include "core/tiers/remote_tier.h"
 #include "core/runtime/runtime.h"
 #include "core/wire/envelope.h"
@@ -203,7 +205,8 @@ TEST_F(RemoteReadTest, ReadsOutsideANamespaceOrWithoutANodeAreMissesWithinTheDea
 // is queued is still served to this runtime's reads.
 TEST_F(RemoteReadTest, AFullWriteBackQueueRefusesPutsWithBusyAndKeepsServingWhatItHolds) {
   store::RemoteTierOptions o;
-  o.address = "unix:" + (dir_ / "nobody-listens.sock").string();
+  // (A short path: a unix socket's must fit 107 bytes, and the tier checks.)
+  o.address = "unix:" + (fs::temp_directory_path() / ("kdn-nobody-" + std::to_string(::getpid()) + ".sock")).string();
   o.token = kToken;
   o.timeout_ms = 300;
   o.retry_ms = 60000;  // no second attempt during the test
@@ -344,6 +347,104 @@ TEST_F(RemoteReadTest, ARetrieveOfWholeChunksIsOneCall) {
   for (size_t lk = 0; lk < 10; ++lk) {
     for (size_t i = 0; i < T * row; ++i) ASSERT_EQ(out[lk * all * row + i], ref_.canonical[lk * all * row + i]) << lk << " " << i;
   }
+}
+
+// A node that is there and never answers (a hung kdnd, a black hole on the
+// path): a TCP listener that never accepts. The kernel completes each
+// connection and takes what the tier writes; no reply ever comes.
+class BlackHole {
+ public:
+  BlackHole() { fd_ = ListenLoopback(&port_, 128); }
+  ~BlackHole() { Close(); }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One deadline per call: against a node that never answers, a lookup and a
+// retrieve (several round trips each: the batched lookup, a probe or get
+// per chunk, reconnects) wait at most about one timeout_ms, not one per
+// round trip. The node is then marked down and calls miss at once; after
+// retry_ms one call probes it; once a node answers at that address, a probe
+// finds it and the tier serves again by itself.
+TEST_F(RemoteReadTest, ANodeThatNeverAnswersCostsOneDeadlinePerCallThenIsSkippedUntilItAnswers) {
+  constexpr std::uint32_t kTimeoutMs = 400;
+  auto hole = std::make_unique<BlackHole>();
+  const std::string address = hole->address();
+  auto rt = RemoteRuntime(address, kToken, "", kTimeoutMs);
+  ASSERT_NE(rt, nullptr);
+  const auto& tier = dynamic_cast<const store::RemoteTier&>(rt->store().chain().tier(0));
+  const size_t T = ref_.tokens.size();
+  std::vector<float> out(ref_.canonical.size());
+  auto out_views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(out)}, T).value();
+
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rt->store().Lookup(ref_.m, kNs, ref_.Keys()).tokens, 0u);
+  const double lookup_ms = MsSince(t0);
+  EXPECT_GE(lookup_ms, kTimeoutMs * 0.9);  // it did wait for an answer
+  EXPECT_LT(lookup_ms, kTimeoutMs * 1.75) << "one lookup waited " << lookup_ms << " ms";
+  store::RemoteCounters c = tier.remote_counters();
+  EXPECT_GE(c.timeouts, 1u);
+  EXPECT_EQ(c.marked_down, 1u);
+
+  // Marked down: the next calls miss at once.
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rt->Retrieve(ref_.m, kNs, ref_.Keys(), out_views).value().tokens, 0u);
+  EXPECT_EQ(rt->store().Lookup(ref_.m, kNs, ref_.Keys()).tokens, 0u);
+  EXPECT_LT(MsSince(t0), kTimeoutMs * 0.5);
+  EXPECT_GT(tier.remote_counters().down_skips, c.down_skips);
+
+  // After retry_ms (1 s by default) one call probes, and waits its
+  // deadline once: a retrieve that gets no answer costs one timeout too.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(rt->Retrieve(ref_.m, kNs, ref_.Keys(), out_views).value().tokens, 0u);
+  const double retrieve_ms = MsSince(t0);
+  EXPECT_LT(retrieve_ms, kTimeoutMs * 1.75) << "one retrieve waited " << retrieve_ms << " ms";
+  c = tier.remote_counters();
+  EXPECT_EQ(c.marked_down, 2u);
+
+  // A node answers at that address now: the KV stored there is found by
+  // the same runtime once its probe goes through (down for 2 s now).
+  hole->Close();
+  ServerConfig config;
+  config.listen = {address};
+  store::TierSpec host;
+  host.capacity_bytes = 64 << 20;
+  config.tiers = {host};
+  config.tokens = {{"a", kToken, {kNs}, false}};
+  RunningServer node(config);
+  ASSERT_EQ(node.bound().rpc.size(), 1u);
+  {
+    auto writer = RemoteRuntime(address, kToken);
+    std::vector<float> in = ref_.canonical;
+    auto views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+    ASSERT_TRUE(writer->Store(ref_.m, kNs, ref_.Keys(), views).ok());
+    writer->store().chain().Flush();
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::uint64_t found = 0;
+  while (found != T && std::chrono::steady_clock::now() < until) {
+    found = rt->store().Lookup(ref_.m, kNs, ref_.Keys()).tokens;
+    if (found != T) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  c = tier.remote_counters();
+  EXPECT_EQ(found, T) << "calls " << c.calls << " failed " << c.failed_calls << " timeouts " << c.timeouts << " connects "
+                      << c.connects << " connect_failures " << c.connect_failures << " marked_down " << c.marked_down
+                      << " down_skips " << c.down_skips << " past_deadline " << c.past_deadline;
+  EXPECT_EQ(rt->Retrieve(ref_.m, kNs, ref_.Keys(), out_views).value().tokens, T);
+  EXPECT_EQ(tier.remote_counters().marked_down, 2u);
+  node.Stop();
 }
 
 }  // namespace
