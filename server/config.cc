@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "core/tiers/redis_tier.h"
+#include "core/wire/node_client.h"
 
 namespace kdn::server {
 namespace {
@@ -45,6 +46,8 @@ constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{1} << 20;
 constexpr std::uint64_t kMaxTokenFileBytes = std::uint64_t{64} << 10;
 // Short bearer tokens can be guessed; 16 characters is the least we take.
 constexpr size_t kMinTokenChars = 16;
+// Nor can tokens of few distinct characters ("aaaaaaaaaaaaaaaa").
+constexpr size_t kMinTokenDistinct = 5;
 
 std::string OctalMode(mode_t mode) {
   char buf[16];
@@ -290,6 +293,23 @@ class Parser {
     return Status::Ok();
   }
 
+  // Bytes: an integer, or a string such as "256MiB". Absent: *out stays.
+  Status GetByteSize(const toml::table& table, std::string_view path, std::string_view key, std::uint64_t* out) {
+    const toml::node* node = table.get(key);
+    if (node == nullptr) return Status::Ok();
+    if (node->is_string()) {
+      auto parsed = ParseBytes(node->as_string()->get());
+      if (!parsed.ok()) return Error(node->source(), Join(path, key), parsed.status().message());
+      *out = *parsed;
+      return Status::Ok();
+    }
+    if (node->is_integer() && node->as_integer()->get() >= 0) {
+      *out = static_cast<std::uint64_t>(node->as_integer()->get());
+      return Status::Ok();
+    }
+    return TypeError(*node, Join(path, key), "bytes (an integer, or a string such as \"256MiB\")");
+  }
+
   Status GetU32(const toml::table& table, std::string_view path, std::string_view key, std::uint32_t* out) {
     const toml::node* node = table.get(key);
     if (node == nullptr) return Status::Ok();
@@ -331,7 +351,9 @@ class Parser {
     KDN_RETURN_IF_ERROR(CheckKeys(server, path,
                                   {"listen", "metrics", "kv_events", "kv_events_topic", "kv_events_format",
                                    "kv_events_hashes", "lmcache_metric_names", "prefill_us_per_token",
-                                   "drain_timeout_ms", "measure_tiers", "secret_file", "tls"}));
+                                   "drain_timeout_ms", "measure_tiers", "secret_file", "tls", "max_connections",
+                                   "max_reply_bytes", "max_inflight_bytes", "pre_auth_max_bytes", "login_timeout_ms", "message_timeout_ms",
+                                   "max_login_failures", "max_subscriptions", "max_subscriptions_per_connection"}));
     bool present = false;
     std::vector<std::string> listen;
     KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
@@ -340,9 +362,21 @@ class Parser {
       if (listen.empty()) {
         return Error(server.get("listen")->source(), "server.listen", "needs at least one address");
       }
+      for (const std::string& a : listen) {
+        if (Status st = wire::CheckNodeAddress(a, /*listening=*/true); !st.ok()) {
+          return Error(server.get("listen")->source(), "server.listen", st.message());
+        }
+      }
       config->listen = std::move(listen);
     }
     KDN_RETURN_IF_ERROR(GetString(server, path, "metrics", &config->metrics));
+    if (!config->metrics.empty()) {
+      // A host alone listens at the default port (9450).
+      const bool has_port = config->metrics.rfind(':') != std::string::npos && config->metrics.back() != ']';
+      if (Status st = wire::CheckNodeAddress(has_port ? config->metrics : config->metrics + ":9450", true); !st.ok()) {
+        return Error(server.get("metrics")->source(), "server.metrics", st.message());
+      }
+    }
     KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events", &config->kv_events));
     KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events_topic", &config->kv_events_topic));
     KDN_RETURN_IF_ERROR(GetString(server, path, "kv_events_format", &config->kv_events_format));
@@ -364,6 +398,30 @@ class Parser {
     KDN_RETURN_IF_ERROR(GetU32(server, path, "drain_timeout_ms", &config->drain_timeout_ms));
     KDN_RETURN_IF_ERROR(GetBool(server, path, "measure_tiers", &config->measure_tiers));
     KDN_RETURN_IF_ERROR(GetString(server, path, "secret_file", &config->secret_file));
+    ServerBounds& b = config->bounds;
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "max_connections", &b.max_connections));
+    KDN_RETURN_IF_ERROR(GetByteSize(server, path, "max_reply_bytes", &b.max_reply_bytes));
+    KDN_RETURN_IF_ERROR(GetByteSize(server, path, "pre_auth_max_bytes", &b.pre_auth_max_bytes));
+    KDN_RETURN_IF_ERROR(GetByteSize(server, path, "max_inflight_bytes", &b.max_inflight_bytes));
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "login_timeout_ms", &b.login_timeout_ms));
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "message_timeout_ms", &b.message_timeout_ms));
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "max_login_failures", &b.max_login_failures));
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "max_subscriptions", &b.max_subscriptions));
+    KDN_RETURN_IF_ERROR(
+        GetU32(server, path, "max_subscriptions_per_connection", &b.max_subscriptions_per_connection));
+    for (const auto& [key, zero] : {std::pair<const char*, bool>{"max_reply_bytes", b.max_reply_bytes == 0},
+                                    {"max_inflight_bytes", b.max_inflight_bytes < (1u << 20)},
+                                    {"pre_auth_max_bytes", b.pre_auth_max_bytes < 1024},
+                                    {"login_timeout_ms", b.login_timeout_ms == 0},
+                                    {"message_timeout_ms", b.message_timeout_ms == 0},
+                                    {"max_login_failures", b.max_login_failures == 0}}) {
+      if (zero) {
+        return Error(server.get(key)->source(), Join(path, key),
+                     std::string(key) == "pre_auth_max_bytes"   ? "must be at least 1KiB (a login fits)"
+                     : std::string(key) == "max_inflight_bytes" ? "must be at least 1MiB"
+                                                                : "must be more than 0");
+      }
+    }
 
     auto tls = GetTable(server, path, "tls");
     if (!tls.ok()) return tls.status();
@@ -384,14 +442,22 @@ class Parser {
 
   Status ParseKnowledge(const toml::table& table, KnowledgeConfig* k) {
     const std::string_view path = "knowledge";
-    KDN_RETURN_IF_ERROR(CheckKeys(table, path, {"max_documents", "max_keys_per_document", "max_keys"}));
+    KDN_RETURN_IF_ERROR(CheckKeys(table, path,
+                                  {"max_documents", "max_keys_per_document", "max_keys", "max_documents_per_namespace",
+                                   "max_keys_per_namespace"}));
     KDN_RETURN_IF_ERROR(GetU32(table, path, "max_documents", &k->max_documents));
     KDN_RETURN_IF_ERROR(GetU32(table, path, "max_keys_per_document", &k->max_keys_per_document));
     KDN_RETURN_IF_ERROR(GetU32(table, path, "max_keys", &k->max_keys));
+    KDN_RETURN_IF_ERROR(GetU32(table, path, "max_documents_per_namespace", &k->max_documents_per_namespace));
+    KDN_RETURN_IF_ERROR(GetU32(table, path, "max_keys_per_namespace", &k->max_keys_per_namespace));
     // 0 would refuse every document: leave knowledge items unused instead.
     for (auto [key, value] : {std::pair<std::string_view, std::uint32_t>{"max_documents", k->max_documents},
                               std::pair<std::string_view, std::uint32_t>{"max_keys_per_document", k->max_keys_per_document},
-                              std::pair<std::string_view, std::uint32_t>{"max_keys", k->max_keys}}) {
+                              std::pair<std::string_view, std::uint32_t>{"max_keys", k->max_keys},
+                              std::pair<std::string_view, std::uint32_t>{"max_documents_per_namespace",
+                                                                         k->max_documents_per_namespace},
+                              std::pair<std::string_view, std::uint32_t>{"max_keys_per_namespace",
+                                                                         k->max_keys_per_namespace}}) {
       if (value == 0) return Error(table.get(key)->source(), Join(path, key), "must be at least 1");
     }
     if (k->max_keys_per_document > kMaxKeysPerDocument) {
@@ -628,10 +694,32 @@ class Parser {
     if (HasSpaceOrControl(secret)) {
       return Error(where, key, what + " contains whitespace or control characters");
     }
+    // Printable ASCII only: a token is one word in a header or a file, and
+    // Unicode has spaces of its own (U+00A0, U+3000, ...) that look like
+    // nothing and split nothing here.
+    for (char c : secret) {
+      if (static_cast<unsigned char>(c) > 0x7e) {
+        return Error(where, key, what + " has a character outside printable ASCII (Unicode spaces among them)");
+      }
+    }
     if (secret.size() < kMinTokenChars) {
       return Error(where, key,
                    what + " is too short (" + std::to_string(secret.size()) + " characters; at least " +
                        std::to_string(kMinTokenChars) + ")");
+    }
+    // Length is no strength when the characters repeat: 16 copies of one
+    // character are guessed at once. A random token of 16 hex digits has
+    // fewer than kMinTokenDistinct distinct ones once in 200,000.
+    bool seen[128] = {};
+    size_t distinct = 0;
+    for (char c : secret) {
+      if (!seen[static_cast<unsigned char>(c)]) ++distinct;
+      seen[static_cast<unsigned char>(c)] = true;
+    }
+    if (distinct < kMinTokenDistinct) {
+      return Error(where, key,
+                   what + " has only " + std::to_string(distinct) + " distinct characters (at least " +
+                       std::to_string(kMinTokenDistinct) + "; make one with: openssl rand -hex 32)");
     }
     return Status::Ok();
   }
@@ -680,6 +768,71 @@ Result<ServerConfig> LoadConfig(const std::string& path) {
   auto key = ReadPrivateFile(config->tls.key_file, kMaxConfigBytes);
   if (!key.ok()) return Status(key.status().code(), "server.tls.key: " + key.status().message());
   return config;
+}
+
+namespace {
+
+// Whether files can be created in `dir` (an existing directory): an
+// unnamed temporary file (O_TMPFILE), or where the file system has none, a
+// named one removed at once.
+Status ProbeDirectory(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return Status::Ok();
+  }
+  int err = errno;
+  if (err == EOPNOTSUPP || err == EISDIR || err == EINVAL) {
+    std::string name = (dir / ".kdnd-check-XXXXXX").string();
+    fd = ::mkstemp(name.data());
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(name.c_str());
+      return Status::Ok();
+    }
+    err = errno;
+  }
+  return Status(Code::kUnavailable, "cannot create files in " + dir.string() + ": " + std::strerror(err));
+}
+
+// `path`'s nearest existing ancestor (itself when it exists), which must be
+// a directory.
+Result<fs::path> NearestDirectory(const fs::path& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  if (ec) return Status(Code::kUnavailable, path.string() + ": " + ec.message());
+  while (!fs::exists(p, ec)) {
+    if (!p.has_parent_path() || p.parent_path() == p) break;
+    p = p.parent_path();
+  }
+  if (!fs::is_directory(p, ec)) return Status(Code::kUnavailable, p.string() + " is not a directory");
+  return p;
+}
+
+}  // namespace
+
+Status CheckStartable(const ServerConfig& config) {
+  for (size_t i = 0; i < config.tiers.size(); ++i) {
+    const store::TierSpec& t = config.tiers[i];
+    if (t.kind != store::TierSpec::Kind::kDisk) continue;
+    const std::string what = "tier[" + std::to_string(i) + "] (disk, path " + t.path + ")";
+    Result<fs::path> dir = NearestDirectory(t.path);
+    if (!dir.ok()) return Status(Code::kUnavailable, what + ": " + dir.status().message());
+    if (Status st = ProbeDirectory(*dir); !st.ok()) return Status(Code::kUnavailable, what + ": " + st.message());
+  }
+  for (const std::string& a : config.listen) {
+    if (a.rfind("unix:", 0) != 0) continue;
+    const fs::path dir = fs::path(a.substr(5)).parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(dir.empty() ? fs::path(".") : dir, ec)) {
+      return Status(Code::kUnavailable, "server.listen " + a + ": the directory " + dir.string() +
+                                                   " does not exist (create it, owned by kdnd's user)");
+    }
+    if (Status st = ProbeDirectory(dir.empty() ? fs::path(".") : dir); !st.ok()) {
+      return Status(Code::kUnavailable, "server.listen " + a + ": " + st.message());
+    }
+  }
+  return Status::Ok();
 }
 
 Result<std::uint64_t> ParseBytes(std::string_view text) {

@@ -78,10 +78,45 @@ inline constexpr std::uint32_t kMaxKeysPerDocument = 65536;
 // costs about 200 bytes per key (the document's copy, the distinct copy,
 // the key's entry in the chunk -> documents index) and 300 per document
 // beyond its strings, so the defaults bound it near 0.8 GiB.
+// Each namespace (tenant) has bounds of its own within the node's, so that
+// one tenant filling its share refuses nobody else (a node of one tenant
+// sets them to the node's).
 struct KnowledgeConfig {
   std::uint32_t max_documents = 100000;
   std::uint32_t max_keys_per_document = kMaxKeysPerDocument;
   std::uint32_t max_keys = 4194304;
+  std::uint32_t max_documents_per_namespace = 25000;
+  std::uint32_t max_keys_per_namespace = 1048576;
+};
+
+// What kdnd allows each client, so that no client, hostile or broken, can
+// take the node from the others ([server] keys of the same names; each
+// bound hit is counted in /metrics).
+struct ServerBounds {
+  // Connections held at once; past it a new one is closed as it comes
+  // (kdn_connections_refused_total). 0: the file descriptor limit less 64.
+  std::uint32_t max_connections = 0;
+  // Bytes of envelopes in one get's reply; the keys past it are answered
+  // missing (kdn_replies_capped_total).
+  std::uint64_t max_reply_bytes = std::uint64_t{256} << 20;
+  // Bytes of replies a connection may have queued and not yet sent (a
+  // client that does not read); past it its next get waits, and its
+  // requests are not read while their calls wait (Cap'n Proto's flow
+  // limit, the same number of bytes of calls in flight).
+  std::uint64_t max_inflight_bytes = std::uint64_t{256} << 20;
+  // The largest message a connection may send before it logs in.
+  std::uint64_t pre_auth_max_bytes = std::uint64_t{64} << 10;
+  // A connection that has not logged in by then is closed; so is one whose
+  // message stops arriving halfway for this long.
+  std::uint32_t login_timeout_ms = 60000;
+  std::uint32_t message_timeout_ms = 60000;
+  // Failed logins on one connection: each answered later than the last
+  // (100 ms, doubling to 2 s), and past this many the connection is closed.
+  std::uint32_t max_login_failures = 8;
+  // Statistics subscriptions open at once, on the node and per connection;
+  // past either, subscribeStats is refused with busy.
+  std::uint32_t max_subscriptions = 256;
+  std::uint32_t max_subscriptions_per_connection = 4;
 };
 
 struct ServerConfig {
@@ -98,6 +133,7 @@ struct ServerConfig {
   // serves (under a second), reported as the tier's delivery limit.
   bool measure_tiers = true;
   std::string secret_file;  // empty: none (a redis tier serves what its server holds; said once at start)
+  ServerBounds bounds;
   TlsConfig tls;
   std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB
   std::vector<TokenGrant> tokens;
@@ -109,6 +145,12 @@ Result<ServerConfig> ParseConfig(std::string_view toml_text, std::string_view or
 // Reads and parses a file. A config or token file that group or others can
 // read is refused with kInvalidArgument, naming the file and its mode.
 Result<ServerConfig> LoadConfig(const std::string& path);
+// What parsing cannot see and a start would fail on (kdnd --check runs it),
+// checked without leaving anything behind: each disk tier's directory (or,
+// before it exists, its nearest existing parent) is a directory this
+// process can create files in, and so is each unix socket's directory.
+// kUnavailable naming the tier or address and the reason.
+Status CheckStartable(const ServerConfig& config);
 // "4GiB", "512MiB", "1048576" -> bytes.
 Result<std::uint64_t> ParseBytes(std::string_view text);
 

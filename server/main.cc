@@ -6,7 +6,9 @@
 // the TLS key it names.
 // --ready-file: once every address is bound, writes them there (one per line:
 // "rpc <address>", "metrics <address>"), atomically; for scripts and tests
-// that start kdnd on port 0. --check: validates the configuration and exits.
+// that start kdnd on port 0. SIGHUP reloads the tokens from the file.
+// --check: validates the configuration (and what
+// a start needs of the machine: server::CheckStartable) and exits.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -32,6 +34,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (check) {
+    if (kdn::Status st = kdn::server::CheckStartable(*config); !st.ok()) {
+      std::fprintf(stderr, "kdnd: %s: %s\n", config_path.c_str(), st.message().c_str());
+      return 2;
+    }
     std::printf("kdnd: %s is valid (%zu listen addresses, %zu tiers, %zu tokens)\n", config_path.c_str(),
                 config->listen.size(), config->tiers.size(), config->tokens.size());
     return 0;
@@ -41,6 +47,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kdnd: %s\n", server.status().message().c_str());
     return 1;
   }
+  // SIGHUP: the tokens again, from the same file, checked as at start.
+  (*server)->SetTokenSource([config_path]() -> kdn::Result<std::vector<kdn::server::TokenGrant>> {
+    auto again = kdn::server::LoadConfig(config_path);
+    if (!again.ok()) return again.status();
+    return std::move(again->tokens);
+  });
   kdn::Status st = (*server)->Run(
       [&](const kdn::server::BoundAddresses& bound) {
         std::string lines;

@@ -59,20 +59,45 @@ void KnowledgeRegistry::Stored(const keys::Digest& ns, const keys::Digest& key) 
 
 static_assert(kMaxKeysPerDocument == wire::node::MAX_KEYS_PER_CALL, "config.h's bound must be the schema's");
 
+std::uint64_t KnowledgeRegistry::HitsOfLocked(const Doc& doc) {
+  std::uint64_t hits = doc.hits;
+  for (size_t i = 0; i < doc.refs.size(); ++i) hits += doc.refs[i]->hits - doc.base[i];
+  return hits;
+}
+
 void KnowledgeRegistry::LinkLocked(const keys::Digest& ns, Doc& doc) {
-  for (const keys::Digest& k : doc.distinct) refs_[NsKey{ns, k}].push_back(&doc);
+  doc.refs.clear();
+  doc.base.clear();
+  for (const keys::Digest& k : doc.distinct) {
+    KeyRef& r = refs_[NsKey{ns, k}];  // a node of its own: its address stays while it is referenced
+    r.docs.push_back(&doc);
+    doc.refs.push_back(&r);
+    doc.base.push_back(r.hits);
+  }
   total_keys_ += doc.item.keys.size();
+  NsUsage& u = ns_usage_[ns];
+  u.documents += 1;
+  u.keys += doc.item.keys.size();
 }
 
 void KnowledgeRegistry::UnlinkLocked(const keys::Digest& ns, Doc& doc) {
+  doc.hits = HitsOfLocked(doc);  // what its chunks earned it stays with it
+  doc.refs.clear();
+  doc.base.clear();
   for (const keys::Digest& k : doc.distinct) {
     auto it = refs_.find(NsKey{ns, k});
     if (it == refs_.end()) continue;
-    std::vector<Doc*>& v = it->second;
+    std::vector<Doc*>& v = it->second.docs;
     v.erase(std::remove(v.begin(), v.end(), &doc), v.end());
     if (v.empty()) refs_.erase(it);
   }
   total_keys_ -= doc.item.keys.size();
+  auto u = ns_usage_.find(ns);
+  if (u != ns_usage_.end()) {
+    u->second.documents -= 1;
+    u->second.keys -= doc.item.keys.size();
+    if (u->second.documents == 0) ns_usage_.erase(u);
+  }
 }
 
 void KnowledgeRegistry::AddPinsLocked(const keys::Digest& ns, const Doc& doc) {
@@ -148,6 +173,19 @@ Status KnowledgeRegistry::Put(const keys::Digest& ns, KnowledgeDoc item) {
                                    std::to_string(config_.max_keys) +
                                    " ([knowledge] max_keys); delete some documents first");
     }
+    // The namespace's own share, within the node's.
+    const auto used = ns_usage_.find(ns);
+    const NsUsage u = used == ns_usage_.end() ? NsUsage{} : used->second;
+    if (!old && u.documents >= config_.max_documents_per_namespace) {
+      return Status::Busy("this namespace holds " + std::to_string(u.documents) +
+                          " documents, its most ([knowledge] max_documents_per_namespace); delete some first");
+    }
+    const std::uint64_t ns_keys_after = u.keys - (old ? old->item.keys.size() : 0) + doc->item.keys.size();
+    if (ns_keys_after > config_.max_keys_per_namespace) {
+      return Status::Busy("this namespace's documents would have " + std::to_string(ns_keys_after) +
+                          " keys, more than " + std::to_string(config_.max_keys_per_namespace) +
+                          " ([knowledge] max_keys_per_namespace); delete some documents first");
+    }
     if (old && old->item.version == doc->item.version && old->item.keys == doc->item.keys) {
       // The same version again (an engine registering what it registered
       // before a restart): its registration time, hits and pin stand.
@@ -207,7 +245,7 @@ std::vector<KnowledgeDocInfo> KnowledgeRegistry::List(const keys::Digest& ns) {
       info.pinned = d.pinned && (d.pin_deadline_ms == 0 || d.pin_deadline_ms > now);
       info.pin_expires_ms = d.pinned ? d.pin_deadline_ms : 0;
       info.registered_ms = d.registered_ms;
-      info.hits = d.hits;
+      info.hits = HitsOfLocked(d);
       out.push_back(std::move(info));
       doc_keys.push_back(d.item.keys);
     }
@@ -286,7 +324,7 @@ void KnowledgeRegistry::CreditHits(const keys::Digest& ns, std::span<const keys:
   for (const keys::Digest& k : served) {
     auto it = refs_.find(NsKey{ns, k});
     if (it == refs_.end()) continue;
-    for (Doc* d : it->second) ++d->hits;
+    ++it->second.hits;  // every document referencing it, at once (Doc)
     any = true;
   }
   if (any) hits_changed_ = true;
@@ -326,7 +364,7 @@ std::string KnowledgeRegistry::Serialize() {
     w.Str(it.metadata);
     w.U64(it.tokens);
     w.U64(doc->registered_ms);
-    w.U64(doc->hits);
+    w.U64(HitsOfLocked(*doc));
     w.U8(doc->pinned ? 1 : 0);
     w.U64(doc->pin_deadline_ms);
     w.U32(static_cast<std::uint32_t>(it.keys.size()));
@@ -373,8 +411,11 @@ Status KnowledgeRegistry::Parse(std::span<const std::uint8_t> payload) {
     // Bounds lowered since the file was written: what no longer fits is
     // left out (and said), the rest is served.
     DocKey dk{ns, it.model, it.doc_id};
+    const NsUsage u = ns_usage_.count(ns) != 0 ? ns_usage_[ns] : NsUsage{};
     if (docs_.size() >= config_.max_documents || it.keys.size() > config_.max_keys_per_document ||
-        total_keys_ + it.keys.size() > config_.max_keys || docs_.count(dk) != 0) {
+        total_keys_ + it.keys.size() > config_.max_keys || docs_.count(dk) != 0 ||
+        u.documents >= config_.max_documents_per_namespace ||
+        u.keys + it.keys.size() > config_.max_keys_per_namespace) {
       ++dropped;
       continue;
     }
@@ -409,6 +450,7 @@ void KnowledgeRegistry::Load() {
     // not hold them. The file is set aside for a look, not overwritten.
     docs_.clear();
     refs_.clear();
+    ns_usage_.clear();
     pins_.Clear();
     total_keys_ = 0;
     pinned_documents_ = 0;

@@ -124,9 +124,22 @@ class KnowledgeRegistry {
       return keys::DigestHash()(k.key) ^ (keys::DigestHash()(k.ns) * 0x9E3779B97F4A7C15ull);
     }
   };
+  // What the registry knows of one chunk: the documents that reference it,
+  // and how many times a get served it since it was first referenced.
+  struct Doc;
+  struct KeyRef {
+    std::vector<Doc*> docs;
+    std::uint64_t hits = 0;
+  };
   struct Doc {
     KnowledgeDoc item;
     std::vector<keys::Digest> distinct;  // item.keys without repeats: what the reference counts count
+    // A document's hits are `hits` plus what its chunks were served since
+    // it was linked: per distinct key, its KeyRef and that key's hits then
+    // (a get credits each served key once, whatever the documents sharing
+    // it: a key in 100,000 documents costs one increment, not 100,000).
+    std::vector<const KeyRef*> refs;
+    std::vector<std::uint64_t> base;
     std::uint64_t registered_ms = 0, hits = 0;
     bool pinned = false;
     std::uint64_t pin_deadline_ms = 0;  // wall clock, while pinned; 0: none
@@ -135,6 +148,8 @@ class KnowledgeRegistry {
 
   // mu_ held: adds or withdraws the document's references and, when it is
   // pinned, its pins (ApplyPinLocked is the caller's to call).
+  // mu_ held: a document's hits (see Doc).
+  static std::uint64_t HitsOfLocked(const Doc& doc);
   void LinkLocked(const keys::Digest& ns, Doc& doc);
   void UnlinkLocked(const keys::Digest& ns, Doc& doc);
   void AddPinsLocked(const keys::Digest& ns, const Doc& doc);
@@ -155,9 +170,14 @@ class KnowledgeRegistry {
 
   std::mutex mu_;
   std::map<DocKey, std::unique_ptr<Doc>> docs_;                     // guarded by mu_
-  std::unordered_map<NsKey, std::vector<Doc*>, NsKeyHash> refs_;   // chunk -> documents; guarded by mu_
+  std::unordered_map<NsKey, KeyRef, NsKeyHash> refs_;   // chunk -> documents, hits; guarded by mu_
   store::PinBook<NsKey, std::uint64_t, NsKeyHash> pins_;           // chunk -> pinned documents' deadlines; guarded by mu_
   std::uint64_t total_keys_ = 0;                                    // guarded by mu_
+  // Per namespace: its documents and their keys (the per-namespace bounds).
+  struct NsUsage {
+    std::uint64_t documents = 0, keys = 0;
+  };
+  std::unordered_map<keys::Digest, NsUsage, keys::DigestHash> ns_usage_;  // guarded by mu_
   std::atomic<std::uint64_t> documents_{0}, pinned_documents_{0}, load_failures_{0};
   std::atomic<bool> hits_changed_{false};
   std::mutex save_file_mu_;  // one writer of the file at a time

@@ -69,10 +69,29 @@ bool ReadKeys(capnp::List<capnp::Data>::Reader in, std::vector<keys::Digest>& ou
   return true;
 }
 
+// What the sessions of one connection share: its statistics
+// subscriptions, bounded (event loop thread only).
+struct ConnectionShare {
+  std::uint32_t max_subscriptions = 4;
+  std::uint32_t subscriptions = 0;
+};
+
 class SubscriptionImpl final : public wire::node::Subscription::Server {
  public:
-  SubscriptionImpl(NodeService& service, kj::Timer& timer, wire::node::StatsSink::Client sink, std::uint32_t interval_ms)
-      : service_(service), timer_(timer), sink_(kj::mv(sink)), interval_ms_(interval_ms), loop_(Loop()) {}
+  // Made after the node and the connection took it (SubscriptionOpened,
+  // share->subscriptions); gives both back when dropped.
+  SubscriptionImpl(NodeService& service, kj::Timer& timer, wire::node::StatsSink::Client sink, std::uint32_t interval_ms,
+                   std::shared_ptr<ConnectionShare> share)
+      : service_(service),
+        timer_(timer),
+        sink_(kj::mv(sink)),
+        interval_ms_(interval_ms),
+        share_(std::move(share)),
+        loop_(Loop()) {}
+  ~SubscriptionImpl() noexcept(false) {
+    --share_->subscriptions;
+    service_.SubscriptionClosed();
+  }
 
  private:
   kj::Promise<void> Loop() {
@@ -89,6 +108,7 @@ class SubscriptionImpl final : public wire::node::Subscription::Server {
   kj::Timer& timer_;
   wire::node::StatsSink::Client sink_;
   std::uint32_t interval_ms_;
+  std::shared_ptr<ConnectionShare> share_;
   // Ends when the subscriber drops the subscription (this is destroyed) or
   // its sink fails (disconnected): the error ends the loop quietly.
   kj::Promise<void> loop_;
@@ -99,26 +119,26 @@ class SessionImpl final : public Session::Server {
   // A call's namespace and keys, checked (sizes, count, the grant).
   template <typename Params>
   Status NamespaceAndKeys(Params params, keys::Digest& ns, std::vector<keys::Digest>& keys) {
-    Status error;
+    // The grant first: a token without the namespace gets no work done.
     auto nsb = params.getNamespace();
-    if (ReadKeys(params.getKeys(), keys, error)) error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
+    Status error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, ns);
+    if (error.ok()) ReadKeys(params.getKeys(), keys, error);
     return error;
   }
 
-  // Whether a held chunk's envelope goes into a reply from where it lies:
-  // the connection has room to hold it until written (StreamBuffers'
-  // bound, 1 GiB: a client that never reads keeps no more than that of
-  // evicted chunks alive; beyond it, replies copy), and it is whole words
-  // (a segment shows the bytes up to its end's word boundary). `more`:
-  // what this reply holds already.
-  bool InPlace(const store::Chunk& c, std::uint64_t more) const {
+  // Whether a held chunk's envelope goes into a reply from where it lies
+  // (held until written, and counted in the connection's held bytes), not
+  // copied: it is whole words (a segment shows the bytes up to its end's
+  // word boundary). What the connection holds is bounded before the get
+  // starts (get: max_inflight_bytes, then at most one reply more).
+  bool InPlace(const store::Chunk& c) const {
     return buffers_ && c.envelope && c.envelope_bytes % sizeof(capnp::word) == 0 &&
-           reinterpret_cast<std::uintptr_t>(c.envelope) % sizeof(capnp::word) == 0 &&
-           buffers_->CanHold(c.envelope_bytes, more);
+           reinterpret_cast<std::uintptr_t>(c.envelope) % sizeof(capnp::word) == 0;
   }
 
-  SessionImpl(NodeService& service, kj::Timer& timer, const Grant& grant, std::shared_ptr<wire::StreamBuffers> buffers)
-      : service_(service), timer_(timer), grant_(grant), buffers_(std::move(buffers)) {
+  SessionImpl(NodeService& service, kj::Timer& timer, const Grant& grant, std::shared_ptr<wire::StreamBuffers> buffers,
+              std::shared_ptr<ConnectionShare> share)
+      : service_(service), timer_(timer), grant_(grant), buffers_(std::move(buffers)), share_(std::move(share)) {
     service_.SessionOpened();
   }
   ~SessionImpl() noexcept(false) { service_.SessionClosed(); }
@@ -142,7 +162,20 @@ class SessionImpl final : public Session::Server {
     return Guard(context, [&]() -> kj::Promise<void> {
       auto params = context.getParams();
       auto requests = params.getRequests();
-      Status error;
+      // The grant first, then the sizes, and only then anything allocated:
+      // a list of empty requests costs its sender nothing (a 150-byte
+      // message can claim 2^29 of them) and a token without the namespace
+      // gets no work done.
+      keys::Digest checked{};
+      auto nsb = params.getNamespace();
+      Status error = service_.CheckNamespace(grant_, {nsb.begin(), nsb.size()}, checked);
+      if (error.ok() && requests.size() > wire::node::MAX_KEYS_PER_CALL) {
+        error = Status::TooLarge("more than " + std::to_string(wire::node::MAX_KEYS_PER_CALL) + " requests in one call");
+      }
+      if (!error.ok()) {
+        SetError(context.getResults().initError(), error);
+        return kj::READY_NOW;
+      }
       std::vector<std::vector<keys::Digest>> keys(requests.size());
       std::vector<std::uint64_t> tokens(requests.size());
       std::uint64_t total = 0;
@@ -170,6 +203,10 @@ class SessionImpl final : public Session::Server {
     });
   }
 
+  // Every envelope a get sends is held by the connection until written
+  // (in place, or encoded into memory of its own): its stream reads no
+  // further request while they pass max_inflight_bytes (a client that does
+  // not read stops being read; core/wire/message_stream.h).
   kj::Promise<void> get(GetContext context) override {
     return Guard(context, [&]() -> kj::Promise<void> {
       const auto t0 = std::chrono::steady_clock::now();
@@ -179,23 +216,32 @@ class SessionImpl final : public Session::Server {
       Status error = NamespaceAndKeys(params, ns, keys);
       std::vector<store::ChunkRef> chunks;
       std::vector<bool> in_place;  // per chunk: sent from where it lies
-      std::uint64_t words = 16, misses = 0, bytes = 0, tokens = 0, holding = 0;
+      std::uint64_t words = 16, misses = 0, bytes = 0, tokens = 0;
+      bool capped = false;  // the reply reached max_reply_bytes: the rest are missing
       if (error.ok()) {
         chunks.reserve(keys.size());
         for (const keys::Digest& k : keys) {
-          chunks.push_back(service_.Get(ns, k));
-          in_place.push_back(chunks.back() && InPlace(*chunks.back(), holding));
+          chunks.push_back(capped ? nullptr : service_.Get(ns, k));
           if (chunks.back()) {
             const store::Chunk& c = *chunks.back();
             const std::uint64_t size = c.envelope ? c.envelope_bytes : wire::EncodedEnvelopeSize(c.payload.size());
-            if (in_place.back()) {
-              holding += size;
-            } else {
+            // (The first chunk always goes: a reply holds at least one.)
+            if (bytes != 0 && bytes + size > service_.max_reply_bytes()) {
+              capped = true;
+              chunks.back() = nullptr;
+            }
+          }
+          in_place.push_back(chunks.back() && InPlace(*chunks.back()));
+          if (chunks.back()) {
+            const store::Chunk& c = *chunks.back();
+            const std::uint64_t size = c.envelope ? c.envelope_bytes : wire::EncodedEnvelopeSize(c.payload.size());
+            // Copied into the reply's own segment: room for it there.
+            if (!in_place.back() && !(buffers_ && !c.envelope && size % sizeof(capnp::word) == 0)) {
               words += size / 8 + 4;
             }
             bytes += size;
             tokens += c.meta.tokens;
-          } else {
+          } else if (!capped) {
             ++misses;
           }
         }
@@ -230,6 +276,20 @@ class SessionImpl final : public Session::Server {
           continue;
         }
         const std::uint64_t size = wire::EncodedEnvelopeSize(c.payload.size());
+        if (buffers_ && size % sizeof(capnp::word) == 0) {
+          // Encoded into memory of its own, held (and counted against the
+          // connection's in-flight bytes) until the reply is written.
+          auto encoded = std::make_shared<chunk::Payload>(chunk::Payload::Uninitialized(size));
+          if (wire::EncodeEnvelopeOver(c, encoded->data(), size).ok()) {  // over uninitialized memory
+            list[i].adoptEnvelope(capnp::Orphanage::getForMessageContaining(results).referenceExternalData(
+                capnp::Data::Reader(encoded->data(), size)));
+            buffers_->Hold(encoded->data(), encoded, size);
+          } else {
+            list[i].setMissing();
+            ++misses;
+          }
+          continue;
+        }
         auto data = list[i].initEnvelope(static_cast<unsigned>(size));
         Status st = wire::EncodeEnvelopeInto(c, data.begin(), size);
         if (!st.ok()) {  // cannot happen for a chunk that decoded on put; a miss all the same
@@ -237,6 +297,7 @@ class SessionImpl final : public Session::Server {
           ++misses;
         }
       }
+      if (capped) service_.CountBound(NodeStat::kRepliesCapped);
       service_.CountGet(keys.size(), misses, bytes, tokens, MicrosSince(t0));
       if (service_.knowledge().documents() != 0) {
         std::vector<keys::Digest> served;
@@ -456,7 +517,20 @@ class SessionImpl final : public Session::Server {
   kj::Promise<void> subscribeStats(SubscribeStatsContext context) override {
     return StatsCall(context, [&](auto params, auto results) {
       const std::uint32_t interval = std::max<std::uint32_t>(50, params.getIntervalMs());
-      results.setSubscription(kj::heap<SubscriptionImpl>(service_, timer_, params.getSink(), interval));
+      // Each subscription pushes on its own: their number is bounded per
+      // connection and on the node, or a client could open thousands.
+      if (share_->subscriptions >= share_->max_subscriptions) {
+        service_.CountBound(NodeStat::kSubscriptionsRefused);
+        SetError(results.initError(), Status::Busy("this connection holds its most statistics subscriptions (" +
+                                                   std::to_string(share_->max_subscriptions) + ")"));
+        return;
+      }
+      if (!service_.SubscriptionOpened()) {
+        SetError(results.initError(), Status::Busy("the node holds its most statistics subscriptions"));
+        return;
+      }
+      ++share_->subscriptions;
+      results.setSubscription(kj::heap<SubscriptionImpl>(service_, timer_, params.getSink(), interval, share_));
     });
   }
 
@@ -465,12 +539,21 @@ class SessionImpl final : public Session::Server {
   kj::Timer& timer_;
   const Grant& grant_;
   std::shared_ptr<wire::StreamBuffers> buffers_;  // null: replies copy what they send
+  std::shared_ptr<ConnectionShare> share_;
 };
 
 class NodeImpl final : public KdnNode::Server {
  public:
-  NodeImpl(NodeService& service, kj::Timer& timer, std::string version, std::shared_ptr<wire::StreamBuffers> buffers)
-      : service_(service), timer_(timer), version_(std::move(version)), buffers_(std::move(buffers)) {}
+  NodeImpl(NodeService& service, kj::Timer& timer, std::string version, std::shared_ptr<wire::StreamBuffers> buffers,
+           std::uint32_t max_login_failures, std::uint32_t max_subscriptions)
+      : service_(service),
+        timer_(timer),
+        version_(std::move(version)),
+        buffers_(std::move(buffers)),
+        max_login_failures_(max_login_failures),
+        share_(std::make_shared<ConnectionShare>()) {
+    share_->max_subscriptions = max_subscriptions;
+  }
 
  protected:
   kj::Promise<void> health(HealthContext context) override {
@@ -482,6 +565,9 @@ class NodeImpl final : public KdnNode::Server {
     return kj::READY_NOW;
   }
 
+  // Guessing tokens on one connection gets slow, then impossible: each
+  // failed login is answered later than the one before (100 ms, doubling
+  // to 2 s), and after max_login_failures_ the connection is closed.
   kj::Promise<void> login(LoginContext context) override {
     auto token = context.getParams().getToken();
     auto results = context.getResults();
@@ -490,10 +576,18 @@ class NodeImpl final : public KdnNode::Server {
       auto error = results.initError();
       error.setCode(ErrorCode::UNAUTHENTICATED);  // no Status code of its own: only login says it
       error.setMessage("unknown token");
-      return kj::READY_NOW;
+      if (max_login_failures_ == 0) return kj::READY_NOW;
+      ++failures_;
+      if (failures_ >= max_login_failures_ && buffers_) {
+        buffers_->Drop();
+        return kj::READY_NOW;
+      }
+      const std::uint64_t pause_ms = std::min<std::uint64_t>(std::uint64_t{100} << std::min(failures_ - 1, 10u), 2000);
+      return timer_.afterDelay(pause_ms * kj::MILLISECONDS);
     }
+    if (buffers_) buffers_->Authenticated();
     SetError(results.initError(), Status::Ok());
-    results.setSession(kj::heap<SessionImpl>(service_, timer_, *grant, buffers_));
+    results.setSession(kj::heap<SessionImpl>(service_, timer_, *grant, buffers_, share_));
     return kj::READY_NOW;
   }
 
@@ -502,18 +596,22 @@ class NodeImpl final : public KdnNode::Server {
   kj::Timer& timer_;
   std::string version_;
   std::shared_ptr<wire::StreamBuffers> buffers_;
+  std::uint32_t max_login_failures_ = 0;  // 0: no throttling
+  std::uint32_t failures_ = 0;
+  std::shared_ptr<ConnectionShare> share_;  // its sessions'
 };
 
 }  // namespace
 
 capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version,
-                                            std::shared_ptr<wire::StreamBuffers> buffers) {
-  return kj::heap<NodeImpl>(service, timer, version, std::move(buffers));
+                                            std::shared_ptr<wire::StreamBuffers> buffers,
+                                            std::uint32_t max_login_failures, std::uint32_t max_subscriptions) {
+  return kj::heap<NodeImpl>(service, timer, version, std::move(buffers), max_login_failures, max_subscriptions);
 }
 
 wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant,
                                         std::shared_ptr<wire::StreamBuffers> buffers) {
-  return kj::heap<SessionImpl>(service, timer, grant, std::move(buffers));
+  return kj::heap<SessionImpl>(service, timer, grant, std::move(buffers), std::make_shared<ConnectionShare>());
 }
 
 }  // namespace kdn::server

@@ -25,8 +25,12 @@ namespace kdn::server {
 // statistics pushes; both must outlive every connection. `buffers`: the
 // connection's (core/wire/message_stream.h), through which its sessions
 // reply with stored envelopes in place; null: they copy them into replies.
+// `max_login_failures`: failed logins on the connection before it is
+// closed (each answered later than the last); 0: no limit (tests).
+// `max_subscriptions`: statistics subscriptions its sessions hold at once.
 capnp::Capability::Client MakeNodeBootstrap(NodeService& service, kj::Timer& timer, const std::string& version,
-                                            std::shared_ptr<wire::StreamBuffers> buffers = nullptr);
+                                            std::shared_ptr<wire::StreamBuffers> buffers = nullptr,
+                                            std::uint32_t max_login_failures = 0, std::uint32_t max_subscriptions = 4);
 // A session for a grant, as login makes it (tests and the fuzz target call
 // its methods as local capabilities, through the same handlers).
 wire::node::Session::Client MakeSession(NodeService& service, kj::Timer& timer, const Grant& grant,

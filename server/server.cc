@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -46,20 +47,68 @@ std::string ReadFile(const std::string& path) {
 // Makes a connection's bootstrap capability, given its message buffers.
 using BootstrapFactory = std::function<capnp::Capability::Client(std::shared_ptr<wire::StreamBuffers>)>;
 
+// What every connection of one Run is held to (server.bounds, with
+// max_connections resolved), and what it counts on.
+struct Admission {
+  NodeService& service;
+  kj::Timer& timer;
+  ServerBounds bounds;
+};
+
 // One RPC connection: its message stream, network and RPC system live as
-// long as it does; its capabilities share its message buffers.
+// long as it does; its capabilities share its message buffers. It is
+// closed when it disconnects, or when a bound drops it (its buffers'
+// Drop(): no login in time, a message too large before a login or stalled
+// halfway, too many failed logins).
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream>&& s, const BootstrapFactory& bootstrap)
-      : stream(kj::mv(s)),
-        buffers(std::make_shared<wire::StreamBuffers>()),
-        messages(*stream, buffers),
+  Connection(kj::Own<kj::AsyncIoStream>&& s, const BootstrapFactory& bootstrap, Admission& a)
+      : admission(a),
+        stream(kj::mv(s)),
+        buffers(MakeBuffers(a)),
+        messages(*stream, buffers, &a.timer, a.bounds.message_timeout_ms),
         network(messages, capnp::rpc::twoparty::Side::SERVER, wire::RpcReaderOptions()),
-        rpc(capnp::makeRpcServer(network, bootstrap(buffers))) {}
+        rpc(capnp::makeRpcServer(network, bootstrap(buffers))) {
+    // Calls in flight (not yet returned): past this, the connection's
+    // requests are not read either (Cap'n Proto's flow limit; the replies
+    // its gets hold bound its reads too: core/wire/message_stream.h).
+    rpc.setFlowLimit(static_cast<size_t>(a.bounds.max_inflight_bytes / sizeof(capnp::word)));
+    admission.service.ConnectionOpened();
+    auto drop = kj::newPromiseAndFulfiller<void>();
+    dropped = kj::mv(drop.promise);
+    auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<void>>>(kj::mv(drop.fulfiller));
+    buffers->SetDropper([fulfiller, &a]() {
+      a.service.CountBound(NodeStat::kConnectionsDropped);
+      (*fulfiller)->fulfill();
+    });
+  }
+  ~Connection() noexcept(false) {
+    buffers->SetDropper(nullptr);  // the capabilities may outlive the connection
+    admission.service.ConnectionClosed();
+  }
+  static std::shared_ptr<wire::StreamBuffers> MakeBuffers(const Admission& a) {
+    auto b = std::make_shared<wire::StreamBuffers>(a.bounds.max_inflight_bytes);
+    b->SetPreAuthLimit(a.bounds.pre_auth_max_bytes);
+    return b;
+  }
+  // Ends when the connection should close: it disconnected, a bound
+  // dropped it, or it did not log in within login_timeout_ms.
+  kj::Promise<void> Done() {
+    std::shared_ptr<wire::StreamBuffers> b = buffers;
+    auto login = admission.timer.afterDelay(admission.bounds.login_timeout_ms * kj::MILLISECONDS)
+                     .then([b]() -> kj::Promise<void> {
+                       if (b->authenticated()) return kj::NEVER_DONE;
+                       b->Drop();
+                       return kj::READY_NOW;
+                     });
+    return network.onDisconnect().exclusiveJoin(kj::mv(dropped)).exclusiveJoin(kj::mv(login));
+  }
+  Admission& admission;
   kj::Own<kj::AsyncIoStream> stream;
   std::shared_ptr<wire::StreamBuffers> buffers;
   wire::BulkMessageStream messages;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  kj::Promise<void> dropped = kj::NEVER_DONE;
 };
 
 class MetricsHttp final : public kj::HttpService {
@@ -111,16 +160,48 @@ struct LogErrors final : kj::TaskSet::ErrorHandler {
   }
 };
 
-// Accepts connections until dropped; each serves RPC until it disconnects.
-kj::Promise<void> AcceptLoop(kj::ConnectionReceiver& receiver, kj::TaskSet& connections,
-                             const BootstrapFactory& bootstrap) {
-  return receiver.accept().then(
-      [&receiver, &connections, &bootstrap](kj::Own<kj::AsyncIoStream>&& stream) mutable {
-        auto conn = kj::heap<Connection>(kj::mv(stream), bootstrap);
-        auto done = conn->network.onDisconnect();
-        connections.add(done.attach(kj::mv(conn)));
-        return AcceptLoop(receiver, connections, bootstrap);
+// Accepts connections until dropped; each serves RPC until it disconnects
+// or a bound closes it. Past max_connections (RPC and HTTP together) a new
+// one is closed as it comes. An accept that fails (out of file
+// descriptors, say) is counted and retried after a pause (10 ms, doubling
+// to 1 s while they keep failing): the listener never stops for good.
+kj::Promise<void> AcceptLoop(kj::ConnectionReceiver& receiver, Admission& a,
+                             const std::function<void(kj::Own<kj::AsyncIoStream>&&)>& serve, std::uint32_t pause_ms = 0) {
+  // (accept() may throw at once, out of file descriptors: evalNow makes
+  // that a failed promise too.)
+  return kj::evalNow([&receiver]() { return receiver.accept(); }).then(
+      [&receiver, &a, &serve](kj::Own<kj::AsyncIoStream>&& stream) mutable -> kj::Promise<void> {
+        if (a.service.connections() >= static_cast<std::int64_t>(a.bounds.max_connections)) {
+          a.service.CountBound(NodeStat::kConnectionsRefused);  // `stream` closes here
+        } else {
+          serve(kj::mv(stream));
+        }
+        return AcceptLoop(receiver, a, serve);
+      },
+      [&receiver, &a, &serve, pause_ms](kj::Exception&& e) -> kj::Promise<void> {
+        a.service.CountBound(NodeStat::kAcceptErrors);
+        if (pause_ms == 0) KJ_LOG(WARNING, "kdnd: accept failed; retrying after a pause", e);
+        const std::uint32_t next = pause_ms == 0 ? 10 : std::min<std::uint32_t>(pause_ms * 2, 1000);
+        return a.timer.afterDelay(next * kj::MILLISECONDS).then([&receiver, &a, &serve, next]() {
+          return AcceptLoop(receiver, a, serve, next);
+        });
       });
+}
+
+// An HTTP connection, counted among the node's connections while it lives.
+struct HttpConnection {
+  explicit HttpConnection(NodeService& s) : service(s) { service.ConnectionOpened(); }
+  ~HttpConnection() { service.ConnectionClosed(); }
+  NodeService& service;
+};
+
+// The connection cap, resolved: the file descriptor limit less 64 (the
+// tiers' files, the listeners, the event loop) unless configured.
+std::uint32_t ResolveMaxConnections(std::uint32_t configured) {
+  if (configured != 0) return configured;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 65536;
+  return static_cast<std::uint32_t>(std::max<rlim_t>(rl.rlim_cur, 128) - 64);
 }
 
 // A Unix socket left by a kdnd that died (kill -9) would make the bind
@@ -157,6 +238,8 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   no.knowledge = config.knowledge;
   no.measure_tiers = config.measure_tiers;
   no.secret_file = config.secret_file;
+  no.max_reply_bytes = config.bounds.max_reply_bytes;
+  no.max_subscriptions = config.bounds.max_subscriptions;
   auto service = NodeService::Create(no);
   if (!service.ok()) return service.status();
   s->service_ = std::move(service).value();
@@ -179,7 +262,36 @@ Server::~Server() {
 void Server::CaptureSignals() {
   kj::UnixEventPort::captureSignal(SIGTERM);
   kj::UnixEventPort::captureSignal(SIGINT);
+  kj::UnixEventPort::captureSignal(SIGHUP);
 }
+
+Result<TokenReload> Server::ReloadTokens() {
+  if (!token_source_) return Status::Unsupported("kdnd: no token source to reload from");
+  Result<std::vector<TokenGrant>> tokens = token_source_();
+  if (!tokens.ok()) return tokens.status();
+  if (tokens->empty()) return Status::InvalidArgument("kdnd: the new configuration has no tokens");
+  return service_->ReloadTokens(*tokens);
+}
+
+namespace {
+
+// Each SIGHUP, on the loop: the tokens reloaded, what changed said on stderr.
+kj::Promise<void> ReloadOnHangup(kj::UnixEventPort& port, Server& server) {
+  return port.onSignal(SIGHUP).then([&port, &server](siginfo_t&&) {
+    Result<TokenReload> r = server.ReloadTokens();
+    if (r.ok()) {
+      std::fprintf(stderr,
+                   "kdnd: SIGHUP: tokens reloaded (%zu kept, %zu added, %zu revoked); other settings take effect at "
+                   "the next start\n",
+                   r->kept, r->added, r->revoked);
+    } else {
+      std::fprintf(stderr, "kdnd: SIGHUP: tokens unchanged: %s\n", r.status().message().c_str());
+    }
+    return ReloadOnHangup(port, server);
+  });
+}
+
+}  // namespace
 
 void Server::Shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -216,10 +328,18 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
       tls = kj::heap<kj::TlsContext>(kj::mv(o));
     }
     const BootstrapFactory bootstrap = [this, &io](std::shared_ptr<wire::StreamBuffers> buffers) {
-      return MakeNodeBootstrap(*service_, io.provider->getTimer(), KDN_SERVER_VERSION, std::move(buffers));
+      return MakeNodeBootstrap(*service_, io.provider->getTimer(), KDN_SERVER_VERSION, std::move(buffers),
+                               config_.bounds.max_login_failures, config_.bounds.max_subscriptions_per_connection);
     };
     LogErrors log_errors;
     kj::TaskSet connections(log_errors);
+    Admission admission{*service_, io.provider->getTimer(), config_.bounds};
+    admission.bounds.max_connections = ResolveMaxConnections(config_.bounds.max_connections);
+    const std::function<void(kj::Own<kj::AsyncIoStream>&&)> serve_rpc = [&](kj::Own<kj::AsyncIoStream>&& stream) {
+      auto conn = kj::heap<Connection>(kj::mv(stream), bootstrap, admission);
+      auto done = conn->Done();
+      connections.add(done.attach(kj::mv(conn)));
+    };
     kj::Vector<kj::Own<kj::ConnectionReceiver>> listeners;
     BoundAddresses bound;
     for (const std::string& addr : config_.listen) {
@@ -237,13 +357,18 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
     }
     // Each listener accepts until the node shuts down (the loops are dropped then).
     kj::Vector<kj::Promise<void>> accepting;
-    for (auto& l : listeners) accepting.add(AcceptLoop(*l, connections, bootstrap));
+    for (auto& l : listeners) accepting.add(AcceptLoop(*l, admission, serve_rpc));
     // /metrics and /healthz.
     kj::Own<kj::HttpHeaderTable> table;
     kj::Own<MetricsHttp> http_service;
     kj::Own<kj::HttpServer> http;
     kj::Own<kj::ConnectionReceiver> http_listener;
     kj::Promise<void> http_loop = kj::READY_NOW;
+    kj::TaskSet http_connections(log_errors);  // after `http`: destroyed before it
+    const std::function<void(kj::Own<kj::AsyncIoStream>&&)> serve_http = [&](kj::Own<kj::AsyncIoStream>&& stream) {
+      auto counted = kj::heap<HttpConnection>(*service_);
+      http_connections.add(http->listenHttp(kj::mv(stream)).attach(kj::mv(counted)));
+    };
     if (!config_.metrics.empty()) {
       table = kj::heap<kj::HttpHeaderTable>();
       http_service = kj::heap<MetricsHttp>(*service_, *table, config_.lmcache_metric_names);
@@ -252,7 +377,7 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
       http_listener = parsed->listen();
       const std::string host = config_.metrics.substr(0, config_.metrics.rfind(':'));
       bound.metrics = host + ":" + std::to_string(http_listener->getPort());
-      http_loop = http->listenHttp(*http_listener).eagerlyEvaluate([](kj::Exception&& e) {
+      http_loop = AcceptLoop(*http_listener, admission, serve_http).eagerlyEvaluate([](kj::Exception&& e) {
         KJ_LOG(WARNING, "kdnd: metrics listener failed", e);
       });
     }
@@ -272,7 +397,8 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
     if (handle_signals) {
       auto& port = io.unixEventPort;
       stopped = stopped.exclusiveJoin(port.onSignal(SIGTERM).ignoreResult())
-                    .exclusiveJoin(port.onSignal(SIGINT).ignoreResult());
+                    .exclusiveJoin(port.onSignal(SIGINT).ignoreResult())
+                    .exclusiveJoin(ReloadOnHangup(port, *this));
     }
     stopped.wait(ws);
 

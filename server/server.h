@@ -3,6 +3,11 @@
 // /metrics and /healthz over HTTP, and KV events over ZeroMQ, all on one
 // event loop thread (the one that calls Run).
 //
+// SIGHUP (when Run handles signals) reloads the tokens from the token
+// source (kdnd: the configuration file again): revoking a token needs no
+// restart. Other settings take effect at the next start. A source that
+// fails (an invalid file) leaves the tokens as they were, and says why.
+//
 // Shutdown (SIGTERM or SIGINT when Run handles signals, or Shutdown() from
 // any thread): the node stops accepting connections, answers data calls with
 // `unavailable`, waits for the tiers' queued moves (write-back to disk), and
@@ -40,11 +45,19 @@ class Server {
   static Result<std::unique_ptr<Server>> Create(const ServerConfig& config);
   ~Server();
 
-  // Blocks SIGTERM and SIGINT for the loop to take them: call first thing in
-  // main, before any thread starts (threads inherit the mask).
+  // Blocks SIGTERM, SIGINT and SIGHUP for the loop to take them: call first
+  // thing in main, before any thread starts (threads inherit the mask).
   static void CaptureSignals();
+  // Where SIGHUP reads the tokens again (before Run; none: SIGHUP is
+  // ignored, and said so).
+  using TokenSource = std::function<Result<std::vector<TokenGrant>>()>;
+  void SetTokenSource(TokenSource source) { token_source_ = std::move(source); }
+  // Reloads the tokens from the source now (what SIGHUP does), on the
+  // calling thread: the loop's, or before Run. Returns what changed.
+  Result<TokenReload> ReloadTokens();
   // Serves until a shutdown; `ready` is called once every address is bound.
-  // With handle_signals (after CaptureSignals), SIGTERM and SIGINT shut it down.
+  // With handle_signals (after CaptureSignals), SIGTERM and SIGINT shut it
+  // down and SIGHUP reloads the tokens.
   Status Run(const std::function<void(const BoundAddresses&)>& ready, bool handle_signals);
   // Asks Run to shut down (from any thread); returns at once.
   void Shutdown();
@@ -58,6 +71,7 @@ class Server {
   ServerConfig config_;
   std::unique_ptr<NodeService> service_;
   std::unique_ptr<KvEventPublisher> events_;
+  TokenSource token_source_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool ready_ = false, stop_requested_ = false, finished_ = false;

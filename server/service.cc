@@ -106,22 +106,10 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
     for (const store::LevelStats& l : s->chain_->Stats()) names.push_back(l.name);
     s->tier_limits_ = MeasureTierLimits(s->specs_, names);
   }
-  for (const TokenGrant& t : options.tokens) {
-    Grant g;
-    g.name = t.name;
-    g.stats = t.stats;
-    for (const std::string& ns : t.namespaces) {
-      if (ns == "*") {
-        g.all_namespaces = true;
-      } else {
-        g.namespaces.insert(keys::NamespaceHash(ns));
-      }
-    }
-    s->grants_.emplace_back(std::string(), std::move(g));
-    const keys::Digest d = TokenDigest(t.token);
-    s->grants_.back().first.assign(reinterpret_cast<const char*>(d.data()), d.size());
-  }
+  s->ReloadTokens(options.tokens);
   s->prefill_us_per_token_ = options.prefill_us_per_token;
+  s->max_reply_bytes_ = options.max_reply_bytes;
+  s->max_subscriptions_ = options.max_subscriptions;
   std::string registry_path;
   for (const store::TierSpec& spec : s->specs_) {
     if (spec.kind == store::TierSpec::Kind::kDisk) {
@@ -147,10 +135,47 @@ const Grant* NodeService::Authenticate(std::string_view token) {
   const Grant* found = nullptr;
   for (const auto& [digest, grant] : grants_) {
     const bool same = CRYPTO_memcmp(digest.data(), d.data(), d.size()) == 0;
-    if (same) found = &grant;
+    if (same) found = grant.get();
   }
   if (!found) Count(NodeStat::kAuthFailures);
   return found;
+}
+
+TokenReload NodeService::ReloadTokens(const std::vector<TokenGrant>& tokens) {
+  TokenReload r;
+  std::vector<std::pair<std::string, std::unique_ptr<Grant>>> next;
+  for (const TokenGrant& t : tokens) {
+    const keys::Digest d = TokenDigest(t.token);
+    std::string digest(reinterpret_cast<const char*>(d.data()), d.size());
+    std::unique_ptr<Grant> g;
+    for (auto& [old_digest, old_grant] : grants_) {
+      if (old_grant && old_digest == digest) g = std::move(old_grant);
+    }
+    (g ? r.kept : r.added) += 1;
+    if (!g) g = std::make_unique<Grant>();
+    g->name = t.name;
+    g->stats = t.stats;
+    g->all_namespaces = false;
+    g->namespaces.clear();
+    for (const std::string& ns : t.namespaces) {
+      if (ns == "*") {
+        g->all_namespaces = true;
+      } else {
+        g->namespaces.insert(keys::NamespaceHash(ns));
+      }
+    }
+    next.emplace_back(std::move(digest), std::move(g));
+  }
+  for (auto& [digest, grant] : grants_) {
+    if (!grant) continue;
+    grant->revoked = true;
+    grant->namespaces.clear();
+    grant->all_namespaces = grant->stats = false;
+    revoked_grants_.push_back(std::move(grant));
+    ++r.revoked;
+  }
+  grants_ = std::move(next);
+  return r;
 }
 
 Status NodeService::CheckNamespace(const Grant& g, std::span<const std::uint8_t> ns, keys::Digest& out) {
@@ -161,6 +186,7 @@ Status NodeService::CheckNamespace(const Grant& g, std::span<const std::uint8_t>
   std::memcpy(out.data(), ns.data(), out.size());
   if (!g.Allows(out)) {
     Count(NodeStat::kAuthFailures);
+    if (g.revoked) return Status::PermissionDenied("this token was revoked (kdnd reloaded its tokens)");
     return Status::PermissionDenied("this token does not grant that namespace");
   }
   if (draining_) return Status::Unavailable("the node is shutting down");
@@ -381,6 +407,8 @@ NodeStats NodeService::Stats() const {
   }
   for (std::size_t k = 0; k < kNodeStatCount; ++k) s.values[k] = counts_[k].load(std::memory_order_relaxed);
   s[NodeStat::kSessions] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, sessions_.load()));
+  s[NodeStat::kConnections] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, connections_.load()));
+  s[NodeStat::kSubscriptions] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, subscriptions_.load()));
   s[NodeStat::kDocuments] = registry_->documents();
   s[NodeStat::kRegistryLoadFailures] = registry_->load_failures();
   s.lookup_us = Latency(lookup_us_);
@@ -393,6 +421,7 @@ NodeStats NodeService::Stats() const {
 Status NodeService::CheckStats(const Grant& g) {
   if (g.stats) return Status::Ok();
   Count(NodeStat::kAuthFailures);
+  if (g.revoked) return Status::PermissionDenied("this token was revoked (kdnd reloaded its tokens)");
   return Status::PermissionDenied("this token has no stats grant");
 }
 

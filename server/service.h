@@ -45,12 +45,23 @@ namespace kdn::server {
 class KvEventPublisher;
 
 // What a token grants, resolved: namespace hashes, or every namespace.
+// A session refers to its grant for as long as it lives; a token dropped
+// by a reload (NodeService::ReloadTokens) is revoked, and its sessions' calls
+// are refused from then on.
 struct Grant {
   std::string name;
   bool all_namespaces = false;
   std::unordered_set<keys::Digest, keys::DigestHash> namespaces;
   bool stats = false;
-  bool Allows(const keys::Digest& ns_hash) const { return all_namespaces || namespaces.count(ns_hash) != 0; }
+  bool revoked = false;
+  bool Allows(const keys::Digest& ns_hash) const {
+    return !revoked && (all_namespaces || namespaces.count(ns_hash) != 0);
+  }
+};
+
+// What a reload of the tokens did.
+struct TokenReload {
+  size_t kept = 0, added = 0, revoked = 0;
 };
 
 struct NodeOptions {
@@ -69,6 +80,13 @@ struct NodeOptions {
   // the node's redis and disk tiers seal what they store and read back only
   // what is sealed with it. Empty: none.
   std::string secret_file;
+  // Statistics subscriptions open at once on the node (kdnd's
+  // server.max_subscriptions); past it subscribeStats gets busy.
+  std::uint32_t max_subscriptions = 256;
+  // A get's reply carries at most this many bytes of envelopes; the keys
+  // past it are answered missing (counted: repliesCapped). kdnd's
+  // server.max_reply_bytes.
+  std::uint64_t max_reply_bytes = std::uint64_t{256} << 20;
 };
 
 class NodeService {
@@ -79,6 +97,12 @@ class NodeService {
   // The grant of a token (compared in constant time against every token), or
   // null: an unknown token (counted).
   const Grant* Authenticate(std::string_view token);
+  // Replaces the tokens (kdnd's SIGHUP): a token still there keeps its
+  // sessions, under its new grant (namespaces, stats, name); a new one can
+  // log in; one no longer there is revoked: its sessions' calls are refused
+  // (kPermissionDenied, counted) from now on. On the thread that serves the
+  // sessions (the node's event loop), as every call that reads a grant.
+  TokenReload ReloadTokens(const std::vector<TokenGrant>& tokens);
 
   // Per request (a list of chained keys), the leading keys held.
   Status Lookup(const Grant& g, std::span<const std::uint8_t> ns, const std::vector<std::vector<keys::Digest>>& requests,
@@ -112,6 +136,23 @@ class NodeService {
 
   void SessionOpened() { ++sessions_; }
   void SessionClosed() { --sessions_; }
+  void ConnectionOpened() { ++connections_; }
+  void ConnectionClosed() { --connections_; }
+  std::int64_t connections() const { return connections_.load(); }
+  // A bound the transport enforced (server/server.cc, server/rpc.cc).
+  void CountBound(NodeStat s) { Count(s); }
+  std::uint64_t max_reply_bytes() const { return max_reply_bytes_; }
+  // A subscription opened (false, counted: the node holds its most) and
+  // closed.
+  bool SubscriptionOpened() {
+    if (subscriptions_.fetch_add(1) >= static_cast<std::int64_t>(max_subscriptions_)) {
+      --subscriptions_;
+      Count(NodeStat::kSubscriptionsRefused);
+      return false;
+    }
+    return true;
+  }
+  void SubscriptionClosed() { --subscriptions_; }
   // While draining, data calls get `unavailable`.
   void SetDraining() { draining_ = true; }
   bool draining() const { return draining_; }
@@ -132,7 +173,11 @@ class NodeService {
   std::unique_ptr<KnowledgeRegistry> registry_;  // after chain_: destroyed (and saved) first
   std::vector<store::TierSpec> specs_;
   std::vector<double> tier_limits_;  // per spec, bytes/s (0: not measured); set in Create only
-  std::vector<std::pair<std::string, Grant>> grants_;  // (token, grant)
+  // (token digest, grant). Grants live as long as the service: a session
+  // refers to its own, revoked ones too (a few hundred bytes a token a
+  // reload).
+  std::vector<std::pair<std::string, std::unique_ptr<Grant>>> grants_;
+  std::vector<std::unique_ptr<Grant>> revoked_grants_;
   double prefill_us_per_token_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<bool> draining_{false};
@@ -152,6 +197,10 @@ class NodeService {
   void Count(NodeStat s, std::uint64_t n = 1) { counts_[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed); }
   std::array<std::atomic<std::uint64_t>, kNodeStatCount> counts_{};
   std::atomic<std::int64_t> sessions_{0};
+  std::atomic<std::int64_t> connections_{0};
+  std::uint64_t max_reply_bytes_ = std::uint64_t{256} << 20;
+  std::atomic<std::int64_t> subscriptions_{0};
+  std::uint32_t max_subscriptions_ = 256;
   telemetry::Histogram lookup_us_, get_us_, put_us_;
 };
 

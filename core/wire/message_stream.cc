@@ -62,6 +62,20 @@ OwnedMessageReader::~OwnedMessageReader() {
 
 }  // namespace
 
+kj::Promise<void> StreamBuffers::WhenRoom() {
+  if (held_bytes_ < max_held_bytes_) return kj::READY_NOW;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  room_waiters_.add(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+void StreamBuffers::WakeIfRoom() {
+  if (held_bytes_ >= max_held_bytes_ || room_waiters_.empty()) return;
+  auto waiters = kj::mv(room_waiters_);
+  room_waiters_ = kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>();
+  for (auto& w : waiters) w->fulfill();
+}
+
 void StreamBuffers::Hold(const void* segment, std::shared_ptr<const void> owner, std::uint64_t bytes) {
   holds_.emplace(segment, Held{std::move(owner), bytes});
   held_bytes_ += bytes;
@@ -76,8 +90,26 @@ std::shared_ptr<void> StreamBuffers::OwnerOf(const void* p, size_t n) const {
   return it->second.owner.lock();
 }
 
-BulkMessageStream::BulkMessageStream(kj::AsyncIoStream& stream, std::shared_ptr<StreamBuffers> buffers)
-    : stream_(stream), writer_(stream), buffers_(std::move(buffers)) {}
+BulkMessageStream::BulkMessageStream(kj::AsyncIoStream& stream, std::shared_ptr<StreamBuffers> buffers,
+                                     kj::Timer* timer, std::uint32_t message_timeout_ms)
+    : stream_(stream),
+      writer_(stream),
+      buffers_(std::move(buffers)),
+      timer_(timer),
+      message_timeout_ms_(message_timeout_ms) {}
+
+kj::Promise<size_t> BulkMessageStream::ReadRest(void* buffer, size_t bytes) {
+  auto read = stream_.tryRead(buffer, bytes, bytes);
+  if (timer_ == nullptr || message_timeout_ms_ == 0) return read;
+  return timer_->timeoutAfter(message_timeout_ms_ * kj::MILLISECONDS, kj::mv(read))
+      .catch_([this](kj::Exception&& e) -> kj::Promise<size_t> {
+        if (e.getType() == kj::Exception::Type::OVERLOADED) {
+          if (buffers_) buffers_->Drop();
+          return KJ_EXCEPTION(DISCONNECTED, "a message stopped arriving halfway (message timeout)");
+        }
+        return kj::mv(e);
+      });
+}
 
 BulkMessageStream::~BulkMessageStream() {
   // Writes still pending were cancelled with their promises; what they held
@@ -89,10 +121,25 @@ BulkMessageStream::~BulkMessageStream() {
 }
 
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BulkMessageStream::tryReadMessage(
-    kj::ArrayPtr<kj::AutoCloseFd> /*fdSpace*/, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> /*scratchSpace*/) {
+    kj::ArrayPtr<kj::AutoCloseFd> fdSpace, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> scratchSpace) {
+  // No further message while the replies this peer has not taken yet are
+  // at the bound (StreamBuffers::WhenRoom).
+  if (buffers_ && buffers_->held_bytes_ >= buffers_->max_held_bytes_) {
+    return buffers_->WhenRoom().then([this, fdSpace, options, scratchSpace]() {
+      return tryReadMessage(fdSpace, options, scratchSpace);
+    });
+  }
   auto state = kj::heap<ReadState>();
   auto* s = state.get();
-  return stream_.tryRead(s->first, sizeof s->first, sizeof s->first)
+  // A message begins with its first byte; from there the rest (of the
+  // first word too) is bounded by the message timeout.
+  auto head = stream_.tryRead(s->first, 1, sizeof s->first).then([this, s](size_t n) -> kj::Promise<size_t> {
+    if (n == 0 || n == sizeof s->first) return n;
+    return ReadRest(reinterpret_cast<std::uint8_t*>(s->first) + n, sizeof s->first - n).then([n](size_t m) {
+      return n + m;
+    });
+  });
+  return head
       .then([this, s, options](size_t n) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
         if (n == 0) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);  // EOF between messages
         if (n < sizeof s->first) return KJ_EXCEPTION(DISCONNECTED, "Premature EOF.");
@@ -101,8 +148,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BulkMessageStream::tryReadMes
         // The rest of the table: a size per segment after the first, padded to a word.
         const size_t rest = (count & ~1u);  // (count + 1) sizes and the count, rounded up to even, less the two read
         s->rest = kj::heapArray<std::uint32_t>(rest);
-        auto table = rest == 0 ? kj::Promise<size_t>(size_t{0})
-                               : stream_.tryRead(s->rest.begin(), rest * 4, rest * 4);
+        auto table = rest == 0 ? kj::Promise<size_t>(size_t{0}) : ReadRest(s->rest.begin(), rest * 4);
         return table.then([this, s, count, rest, options](size_t got) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
           if (got < rest * 4) return KJ_EXCEPTION(DISCONNECTED, "Premature EOF.");
           s->words = s->first[1];
@@ -112,13 +158,19 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BulkMessageStream::tryReadMes
                                 "Message is too large. To increase the limit on the receiving end, see "
                                 "capnp::ReaderOptions.");
           }
+          if (buffers_ && !buffers_->authenticated_ && buffers_->pre_auth_limit_bytes_ != 0 &&
+              s->words * sizeof(capnp::word) > buffers_->pre_auth_limit_bytes_) {
+            buffers_->Drop();
+            return KJ_EXCEPTION(DISCONNECTED, "a message larger than the node takes before a login",
+                                s->words * sizeof(capnp::word), buffers_->pre_auth_limit_bytes_);
+          }
           const size_t bytes = static_cast<size_t>(s->words) * sizeof(capnp::word);
           if (bytes != 0) {
             auto payload = std::make_shared<chunk::Payload>(chunk::Payload::Uninitialized(bytes));
             s->data = payload->data();
             s->buffer = std::shared_ptr<void>(payload, payload->data());
           }
-          auto body = bytes == 0 ? kj::Promise<size_t>(size_t{0}) : stream_.tryRead(s->data, bytes, bytes);
+          auto body = bytes == 0 ? kj::Promise<size_t>(size_t{0}) : ReadRest(s->data, bytes);
           return body.then([this, s, count, bytes, options](size_t read) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
             if (read < bytes) return KJ_EXCEPTION(DISCONNECTED, "Premature EOF.");
             ReaderParts parts;
@@ -151,6 +203,7 @@ kj::Array<std::shared_ptr<const void>> BulkMessageStream::TakeHolds(
     buffers_->held_bytes_ -= it->second.bytes;
     buffers_->holds_.erase(it);
   }
+  buffers_->WakeIfRoom();
   return taken.releaseAsArray();
 }
 

@@ -26,11 +26,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 
 #include <capnp/serialize-async.h>
 #include <kj/async-io.h>
+#include <kj/timer.h>
 #include <kj/vector.h>
 
 namespace kdn::wire {
@@ -41,7 +44,10 @@ namespace kdn::wire {
 class StreamBuffers {
  public:
   // At most `max_held_bytes` held at once (CanHold): a writer that finds no
-  // room copies into its message instead.
+  // room copies into its message instead, or (a server's replies) holds
+  // anyway: the stream reads no further message while the held bytes are
+  // at the bound (a peer that does not read what it asked for stops being
+  // read), until writes take them.
   explicit StreamBuffers(std::uint64_t max_held_bytes = std::uint64_t{1} << 30) : max_held_bytes_(max_held_bytes) {}
   // Whether `bytes` more may be held now, beside `pending` a writer is about
   // to hold for the same message.
@@ -58,8 +64,24 @@ class StreamBuffers {
   // and the bytes they keep: a writer bounds what it holds per connection
   // (a message the RPC system never writes, a call cancelled, say, keeps
   // its holds until the connection goes).
+  // The largest message (in bytes) the stream reads until Authenticated()
+  // (0: no limit of its own, only ReaderOptions'): a server's connection
+  // takes no large message from a client that has not logged in.
+  void SetPreAuthLimit(std::uint64_t bytes) { pre_auth_limit_bytes_ = bytes; }
+  // Resolves once fewer than max_held_bytes are held (at once when so).
+  kj::Promise<void> WhenRoom();
+  void Authenticated() { authenticated_ = true; }
+  bool authenticated() const { return authenticated_; }
+  // Who closes the connection (its owner, a server) when a bound says so:
+  // the stream (a message too large before a login, one that stopped
+  // halfway) or a call (too many failed logins) calls Drop().
+  void SetDropper(std::function<void()> dropper) { dropper_ = std::move(dropper); }
+  void Drop() {
+    if (dropper_) std::exchange(dropper_, nullptr)();
+  }
   size_t holds() const { return holds_.size(); }
   std::uint64_t held_bytes() const { return held_bytes_; }
+  std::uint64_t max_held_bytes() const { return max_held_bytes_; }
   size_t received() const { return received_.size(); }
 
  private:
@@ -77,11 +99,20 @@ class StreamBuffers {
   std::uint64_t held_bytes_ = 0;
   const std::uint64_t max_held_bytes_;
   std::map<const std::uint8_t*, Received> received_;  // by the buffer's start
+  std::uint64_t pre_auth_limit_bytes_ = 0;
+  bool authenticated_ = false;
+  std::function<void()> dropper_;
+  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> room_waiters_;
+  void WakeIfRoom();
 };
 
 class BulkMessageStream final : public capnp::MessageStream {
  public:
-  BulkMessageStream(kj::AsyncIoStream& stream, std::shared_ptr<StreamBuffers> buffers);
+  // With `timer`, a message whose first bytes arrived must arrive whole
+  // within `message_timeout_ms`, or the read fails (DISCONNECTED): a peer
+  // that stops halfway does not hold the connection.
+  BulkMessageStream(kj::AsyncIoStream& stream, std::shared_ptr<StreamBuffers> buffers, kj::Timer* timer = nullptr,
+                    std::uint32_t message_timeout_ms = 0);
   ~BulkMessageStream();
   using capnp::MessageStream::tryReadMessage;
   using capnp::MessageStream::writeMessage;
@@ -103,9 +134,14 @@ class BulkMessageStream final : public capnp::MessageStream {
   // The holds of a message's segments, taken out of the registry.
   kj::Array<std::shared_ptr<const void>> TakeHolds(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments);
 
+  // The rest of a message that began: bounded by the message timeout.
+  kj::Promise<size_t> ReadRest(void* buffer, size_t bytes);
+
   kj::AsyncIoStream& stream_;
   capnp::AsyncIoMessageStream writer_;
   std::shared_ptr<StreamBuffers> buffers_;
+  kj::Timer* timer_ = nullptr;
+  std::uint32_t message_timeout_ms_ = 0;
 };
 
 }  // namespace kdn::wire

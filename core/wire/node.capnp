@@ -150,6 +150,13 @@ struct Stats {
   ttftSavedMs @19 :Float64;      # hit tokens x the configured prefill time per token
   documents @20 :UInt64;         # (version 2) knowledge items registered on the node now
   registryLoadFailures @21 :UInt64;  # (version 2) registry files that could not be read at start (the node started empty)
+  connections @22 :UInt64;          # connections open now (RPC and HTTP)
+  connectionsRefused @23 :UInt64;   # closed as they came (server.max_connections)
+  acceptErrors @24 :UInt64;         # accepts that failed (the listener went on after a pause)
+  connectionsDropped @25 :UInt64;   # closed for a bound (no login in time, a stalled message, ...)
+  repliesCapped @26 :UInt64;        # get replies cut at server.max_reply_bytes
+  subscriptions @27 :UInt64;        # statistics subscriptions open now
+  subscriptionsRefused @28 :UInt64; # subscribeStats refused (server.max_subscriptions, per connection too)
 }
 
 # Receives statistics pushed by the node every intervalMs.

@@ -49,6 +49,13 @@ enum class NodeStat : std::uint8_t {
   kSessions,
   kDocuments,
   kRegistryLoadFailures,
+  kConnections,
+  kConnectionsRefused,
+  kAcceptErrors,
+  kConnectionsDropped,
+  kRepliesCapped,
+  kSubscriptions,
+  kSubscriptionsRefused,
   kCount
 };
 inline constexpr std::size_t kNodeStatCount = static_cast<std::size_t>(NodeStat::kCount);
@@ -73,6 +80,23 @@ inline constexpr StatDef kNodeStats[kNodeStatCount] = {
     {"documents", "kdn_documents", "Knowledge items registered on the node now.", StatKind::kGauge},
     {"registryLoadFailures", "kdn_registry_load_failures_total",
      "Knowledge registry files that could not be read at start (the node started without documents).",
+     StatKind::kCounter},
+    {"connections", "kdn_connections", "Connections open now (RPC and HTTP).", StatKind::kGauge},
+    {"connectionsRefused", "kdn_connections_refused_total",
+     "Connections closed as they came: the node held server.max_connections.", StatKind::kCounter},
+    {"acceptErrors", "kdn_accept_errors_total",
+     "Accepts that failed (out of file descriptors, say); the listener went on after a pause.", StatKind::kCounter},
+    {"connectionsDropped", "kdn_connections_dropped_total",
+     "Connections closed for a bound: no login in time, a message stalled half-sent, a message too large before "
+     "login, or too many failed logins.",
+     StatKind::kCounter},
+    {"repliesCapped", "kdn_replies_capped_total",
+     "Get calls whose reply reached server.max_reply_bytes (the keys past it were answered missing).",
+     StatKind::kCounter},
+    {"subscriptions", "kdn_subscriptions", "Statistics subscriptions open now.", StatKind::kGauge},
+    {"subscriptionsRefused", "kdn_subscriptions_refused_total",
+     "subscribeStats calls refused (busy): server.max_subscriptions, or per connection "
+     "server.max_subscriptions_per_connection.",
      StatKind::kCounter},
 };
 

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -294,6 +295,40 @@ TEST(ServerConfigParse, RedisTierGivesItsValues) {
   EXPECT_TRUE(d.codec.empty());
 }
 
+// Addresses that cannot be listened at are refused by the check, not met
+// at start (--check passed "port 99999").
+TEST(ServerConfigErrors, AddressesThatCannotBeListenedAtAreRefused) {
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1:", "127.0.0.1", ":7450", "::1:7450",
+                          "[::1:7450", "[not-v6]:7450", "unix:", "local host:7450"}) {
+    ExpectRefused(std::string("[server]\nlisten = [\"") + bad + "\"]\n" + kOneToken, "server.listen");
+  }
+  const std::string long_path = "unix:/" + std::string(120, 'p');
+  ExpectRefused("[server]\nlisten = [\"" + long_path + "\"]\n" + kOneToken, "server.listen");
+  ExpectRefused("[server]\nmetrics = \"127.0.0.1:70000\"\n" + kOneToken, "server.metrics");
+  for (const char* good : {"127.0.0.1:0", "*:7450", "[::1]:7450", "localhost:7450", "unix:/run/kdn/kdnd.sock"}) {
+    auto r = ParseConfig(std::string("[server]\nlisten = [\"") + good + "\"]\nmetrics = \"127.0.0.1\"\n" + kOneToken,
+                         "test.toml");
+    EXPECT_TRUE(r.ok()) << good << ": " << r.status().message();
+  }
+}
+
+// Tokens of Unicode spaces, or of one character repeated, were accepted.
+TEST(ServerConfigErrors, TokensOfUnicodeSpacesOrFewDistinctCharactersAreRefused) {
+  const auto grant = [](const std::string& token) {
+    return "[[token]]\ntoken = \"" + token + "\"\nnamespaces = [\"a\"]\n";
+  };
+  ExpectRefused(grant(std::string(16, 'a')), "token[0].token");
+  ExpectRefused(grant("abababababababababab"), "token[0].token");
+  ExpectRefused(grant("abcdabcdabcdabcd"), "token[0].token");
+  std::string nbsp;  // U+00A0 eight times: 16 bytes, "blank"
+  for (int i = 0; i < 8; ++i) nbsp += "\xc2\xa0";
+  ExpectRefused(grant(nbsp), "token[0].token");
+  std::string ideographic = "token-for-tenant";  // U+3000 inside an otherwise fine token
+  ideographic += "\xe3\x80\x80" "0001";
+  ExpectRefused(grant(ideographic), "token[0].token");
+  EXPECT_TRUE(ParseConfig(grant("abcdeabcdeabcdea"), "test.toml").ok());  // five distinct: taken
+}
+
 TEST(ServerConfigErrors, RedisTierMistakes) {
   const std::string redis = "[[tier]]\nkind = \"redis\"\n";
   ExpectRefused(redis + kOneToken, "tier[0].address");
@@ -434,6 +469,48 @@ class ServerConfigFiles : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// kdnd --check passed configs that could not start: a disk tier at
+// /proc/self, a unix socket in a directory that does not exist. It checks
+// them now, and leaves nothing behind.
+TEST_F(ServerConfigFiles, CheckRefusesWhatCannotStartAndLeavesNothingBehind) {
+  const auto config = [&](const std::string& disk, const std::string& listen) {
+    return "[server]\nlisten = [\"" + listen + "\"]\n[[tier]]\nkind = \"disk\"\npath = \"" + disk +
+           "\"\ncapacity = \"64MiB\"\n" + kOneToken;
+  };
+  const std::string sock = "unix:" + (dir_ / "kdnd.sock").string();
+  auto ok = ParseConfig(config((dir_ / "new" / "tier").string(), sock), "test.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_TRUE(CheckStartable(*ok).ok()) << CheckStartable(*ok).message();
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+  EXPECT_TRUE(fs::is_empty(dir_));
+
+  auto proc = ParseConfig(config("/proc/self", sock), "test.toml");
+  ASSERT_TRUE(proc.ok()) << proc.status().message();
+  Status st = CheckStartable(*proc);
+  EXPECT_EQ(st.code(), Code::kUnavailable);
+  EXPECT_TRUE(Contains(st.message(), "tier[0]")) << st.message();
+  EXPECT_TRUE(Contains(st.message(), "/proc/self")) << st.message();
+
+  Write("a-file", "x", 0600);
+  auto file = ParseConfig(config((dir_ / "a-file" / "tier").string(), sock), "test.toml");
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(CheckStartable(*file).code(), Code::kUnavailable);
+
+  auto nodir = ParseConfig(config((dir_ / "tier").string(), "unix:" + (dir_ / "run" / "kdn" / "kdnd.sock").string()),
+                           "test.toml");
+  ASSERT_TRUE(nodir.ok());
+  st = CheckStartable(*nodir);
+  EXPECT_EQ(st.code(), Code::kUnavailable);
+  EXPECT_TRUE(Contains(st.message(), "does not exist")) << st.message();
+
+  // The command says so too, with a non-zero exit.
+  const std::string path = Write("proc.toml", config("/proc/self", sock), 0600);
+  const std::string cmd = std::string(KDND_PATH) + " --config " + path + " --check > /dev/null 2>&1";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+}
 
 TEST_F(ServerConfigFiles, PrivateFileIsLoaded) {
   std::string path = Write("kdnd.toml", "[server]\nmetrics = \"127.0.0.1:9450\"\n" + kOneToken, 0600);

@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +25,7 @@
 
 #include "reference_kv.h"
 #include "rpc_client.h"
+#include "test_sockets.h"
 #include "core/runtime/runtime.h"
 
 namespace kdn::server {
@@ -34,13 +39,18 @@ constexpr const char* kToken = "token-for-tenant-a-0001";
 class Kdnd {
  public:
   // Starts kdnd on `config`; waits (bounded) until it serves.
-  explicit Kdnd(const fs::path& config) {
+  // `fd_limit`: its RLIMIT_NOFILE (0: inherited).
+  explicit Kdnd(const fs::path& config, rlim_t fd_limit = 0) {
     ready_ = config.string() + ".ready";
     fs::remove(ready_);
     pid_ = ::fork();
     if (pid_ == 0) {
       // Dies with the test: a test binary that aborts leaves no kdnd behind.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (fd_limit != 0) {
+        rlimit rl{fd_limit, fd_limit};
+        ::setrlimit(RLIMIT_NOFILE, &rl);
+      }
       const std::string log = config.string() + ".log";
       FILE* f = std::freopen(log.c_str(), "a", stdout);
       (void)f;
@@ -54,6 +64,7 @@ class Kdnd {
     std::string kind, addr;
     while (in >> kind >> addr) {
       if (kind == "rpc" && rpc_.empty()) rpc_ = addr;
+      if (kind == "metrics") metrics_ = addr;
     }
   }
   ~Kdnd() {
@@ -63,6 +74,7 @@ class Kdnd {
     }
   }
   const std::string& rpc() const { return rpc_; }
+  const std::string& metrics() const { return metrics_; }
   pid_t pid() const { return pid_; }
   // Sends `sig` and returns the exit status (bounded wait; -1 on a hang).
   int Signal(int sig) {
@@ -81,7 +93,7 @@ class Kdnd {
 
  private:
   pid_t pid_ = -1;
-  std::string ready_, rpc_;
+  std::string ready_, rpc_, metrics_;
 };
 
 fs::path WriteConfig(const fs::path& dir, const std::string& listen) {
@@ -218,15 +230,7 @@ TEST_F(KdndProcess, KillNineMidRunCostsMissesOnlyAndHitsComeBackAfterARestart) {
   EXPECT_GT(calls.load(), 0);
 }
 
-// kdnd's resident memory now (VmRSS), in bytes; 0 when unknown.
-std::uint64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+using testing::RssBytes;
 
 // 64 clients at once, each storing, looking up and reading its own chunks of
 // real KV through a 4 MiB host tier (so the node evicts all the time), for
@@ -316,6 +320,135 @@ TEST_F(KdndProcess, SixtyFourClientsGetNoErrorsAndKdndsMemoryStaysBounded) {
 #else
   EXPECT_LT(rss_max, bound);
 #endif
+}
+
+// SIGHUP killed kdnd without its drain, and revoking a token needed a
+// restart. Now SIGHUP reloads the tokens from the file: a token removed is
+// refused at once (its open sessions too), a token added logs in, a token
+// kept keeps its sessions under its new grant; an invalid file changes
+// nothing; kdnd keeps serving throughout and still drains on SIGTERM.
+TEST_F(KdndProcess, SighupReloadsTheTokensAndRevokesOpenSessions) {
+  using testing_support::Client;
+  using testing_support::Session;
+  using wire::node::ErrorCode;
+  const std::string kB = "token-for-tenant-b-0002", kC = "token-for-tenant-c-0003";
+  const fs::path config = dir_ / "kdnd.toml";
+  const auto write = [&](const std::string& tokens) {
+    std::ofstream(config) << "[server]\nlisten = [\"127.0.0.1:0\"]\n[[tier]]\nkind = \"host\"\ncapacity = \"16MiB\"\n"
+                          << tokens;
+    ::chmod(config.c_str(), 0600);
+  };
+  const auto grant = [](const std::string& token, const std::string& ns) {
+    return "[[token]]\ntoken = \"" + token + "\"\nnamespaces = [\"" + ns + "\"]\n";
+  };
+  write(grant(kToken, "tenant-a") + grant(kB, "tenant-b"));
+  Kdnd node(config);
+  ASSERT_FALSE(node.rpc().empty()) << "kdnd did not start";
+  Client c(node.rpc());
+  Session::Client a = c.MustLogin(kToken);
+  Session::Client b = c.MustLogin(kB);
+  // A lookup's error code in namespace `ns` (OK when answered).
+  const auto lookup = [&](Session::Client& s, const std::string& ns) {
+    auto req = s.lookupRequest();
+    const keys::Digest h = keys::NamespaceHash(ns);
+    req.setNamespace(testing_support::AsData(h));
+    auto r = req.initRequests(1)[0];
+    r.initKeys(1).set(0, testing_support::AsData(h));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  };
+  ASSERT_EQ(lookup(a, "tenant-a"), ErrorCode::OK);
+  ASSERT_EQ(lookup(b, "tenant-a"), ErrorCode::PERMISSION_DENIED);
+  ErrorCode code = ErrorCode::OK;
+
+  // A revoked, B granted tenant-a too, C new.
+  write(grant(kB, "tenant-a\", \"tenant-b") + grant(kC, "tenant-c"));
+  ::kill(node.pid(), SIGHUP);
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (c.Login(kC, &code) == nullptr && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(code, ErrorCode::OK) << "the new token was not taken";
+  EXPECT_EQ(::waitpid(node.pid(), nullptr, WNOHANG), 0) << "kdnd exited on SIGHUP";
+  EXPECT_EQ(lookup(a, "tenant-a"), ErrorCode::PERMISSION_DENIED);  // the open session of a revoked token
+  EXPECT_EQ(c.Login(kToken, &code), nullptr);
+  EXPECT_EQ(code, ErrorCode::UNAUTHENTICATED);
+  EXPECT_EQ(lookup(b, "tenant-a"), ErrorCode::OK);  // the same session, its new grant
+  EXPECT_EQ(lookup(b, "tenant-b"), ErrorCode::OK);
+
+  // An invalid file (a token too short): nothing changes, kdnd serves on.
+  write(grant("tiny-tok", "tenant-a"));
+  ::kill(node.pid(), SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(::waitpid(node.pid(), nullptr, WNOHANG), 0);
+  c.Login(kC, &code);
+  EXPECT_EQ(code, ErrorCode::OK);
+  EXPECT_EQ(lookup(b, "tenant-a"), ErrorCode::OK);
+  std::string log;
+  {
+    std::ifstream in(config.string() + ".log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    log = ss.str();
+  }
+  EXPECT_NE(log.find("tokens reloaded (1 kept, 1 added, 1 revoked)"), std::string::npos) << log;
+  EXPECT_NE(log.find("tokens unchanged"), std::string::npos) << log;
+  EXPECT_EQ(log.find("tiny-tok"), std::string::npos) << "a token was echoed: " << log;
+
+  const int status = node.Signal(SIGTERM);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// The body of GET /metrics at "host:port" (empty when nothing answered).
+std::string GetMetrics(const std::string& address) {
+  const int fd = testing::ConnectTcp(address);
+  if (fd < 0) return "";
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  char buf[65536];
+  // Until the body's Content-Length is in (the server may keep the
+  // connection open), or the server closes.
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    out.append(buf, static_cast<size_t>(n));
+    const size_t head = out.find("\r\n\r\n"), cl = out.find("Content-Length: ");
+    if (head != std::string::npos && cl != std::string::npos && cl < head &&
+        out.size() >= head + 4 + std::stoull(out.substr(cl + 16))) {
+      break;
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// After a brief exhaustion of file descriptors, the RPC and /metrics
+// listeners stopped accepting for good. Now an accept that fails is
+// counted and retried: once the flood is gone, both serve again.
+TEST_F(KdndProcess, ListenersServeAgainAfterTheFileDescriptorsRanOut) {
+  const fs::path config = dir_ / "kdnd.toml";
+  std::ofstream(config) << "[server]\nlisten = [\"127.0.0.1:0\"]\nmetrics = \"127.0.0.1:0\"\n"
+                        << "max_connections = 10000\n"  // above the fd limit: the accepts fail first
+                        << "[[tier]]\nkind = \"host\"\ncapacity = \"16MiB\"\n"
+                        << "[[token]]\ntoken = \"" << kToken << "\"\nnamespaces = [\"tenant-a\"]\n"
+                        << "stats = true\n";
+  ::chmod(config.c_str(), 0600);
+  Kdnd node(config, 96);
+  ASSERT_FALSE(node.rpc().empty()) << "kdnd did not start";
+  ASSERT_FALSE(node.metrics().empty());
+  std::vector<int> flood;
+  for (int i = 0; i < 160; ++i) {
+    const int fd = testing::ConnectTcp(i % 2 == 0 ? node.rpc() : node.metrics());
+    if (fd >= 0) flood.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int fd : flood) ::close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the pauses end (1 s at most)
+  const std::string metrics = GetMetrics(node.metrics());
+  EXPECT_NE(metrics.find("kdn_accept_errors_total"), std::string::npos) << metrics.substr(0, 300);
+  EXPECT_EQ(metrics.find("kdn_accept_errors_total 0\n"), std::string::npos) << "no accept failed: the test did not exhaust";
+  auto engine = Engine(node.rpc());
+  Store(*engine);
+  EXPECT_EQ(FreshRetrieve(node.rpc()), std::make_pair(std::uint64_t{ref_.tokens.size()}, true));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <capnp/rpc.capnp.h>
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
@@ -17,14 +18,17 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "reference_kv.h"
 #include "rpc_client.h"
 #include "running_server.h"
+#include "test_sockets.h"
 #include "server/server.h"
 #include "core/tiers/remote_tier.h"
 #include "core/runtime/runtime.h"
@@ -351,33 +355,8 @@ TEST_F(KdnNodeTest, BadInputGetsTypedErrorsAndTheNodeKeepsServing) {
 }
 
 // A raw connection to an address "host:port" (TCP); -1 on failure.
-int RawConnect(const std::string& address) {
-  const auto colon = address.rfind(':');
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))));
-  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Whether the peer closed `fd` within `ms` (reads what it sends meanwhile).
-bool ClosedWithin(int fd, int ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  char buf[4096];
-  while (std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) > 0) {
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return true;
-    }
-  }
-  return false;
-}
+using testing::ClosedWithin;
+int RawConnect(const std::string& address) { return testing::ConnectTcp(address); }
 
 TEST_F(KdnNodeTest, GarbageStalledAndOversizedConnectionsDoNotDisturbOthers) {
   const std::string tcp = server_->bound().rpc[0];
@@ -417,6 +396,127 @@ TEST_F(KdnNodeTest, GarbageStalledAndOversizedConnectionsDoNotDisturbOthers) {
   }
   EXPECT_EQ(Lookup(c, s, "tenant-a", {e.key}), 1);
   for (int fd : {garbage, oversized, stalled, silent}) ::close(fd);
+}
+
+// kdnd's bounds against hostile clients, each hit and counted while a
+// well-behaved client is served: a large message before a login, a silent
+// connection, a message stopped halfway, token guessing, the connection
+// cap, a get whose reply would be huge (one key repeated), and a lookup of
+// a million empty requests with a token that lacks the namespace.
+TEST_F(KdnNodeTest, HostileClientsHitEachBoundAndOthersAreStillServed) {
+  ServerConfig config = TestConfig(dir_);
+  config.listen = {"127.0.0.1:0"};
+  config.bounds.max_connections = 6;
+  config.bounds.max_reply_bytes = 64 << 10;
+  config.bounds.pre_auth_max_bytes = 4096;
+  config.bounds.login_timeout_ms = 700;
+  config.bounds.message_timeout_ms = 300;
+  config.bounds.max_login_failures = 3;
+  RunningServer node(config);
+  const std::string tcp = node.bound().rpc[0];
+  const auto stat = [&](NodeStat s) { return node.server().service().Stats()[s]; };
+  Envelope e = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  Client good(tcp);
+  Session::Client s = good.MustLogin(kTokenA);
+  ASSERT_EQ(Put(good, s, "tenant-a", e), ErrorCode::OK);
+
+  // Before a login: a 1 MiB message is refused as its header arrives; a
+  // connection that sends half a header and stops is closed at the message
+  // timeout; one that says nothing, at the login timeout.
+  const int big = RawConnect(tcp), half = RawConnect(tcp), silent = RawConnect(tcp);
+  ASSERT_GE(big, 0);
+  ASSERT_GE(half, 0);
+  ASSERT_GE(silent, 0);
+  const std::uint32_t frame[2] = {0, (1u << 20) / 8};
+  ASSERT_EQ(::send(big, frame, sizeof frame, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof frame));
+  ASSERT_EQ(::send(half, frame, 4, MSG_NOSIGNAL), 4);
+  EXPECT_TRUE(ClosedWithin(big, 2000));
+  EXPECT_TRUE(ClosedWithin(half, 2000));
+  EXPECT_TRUE(ClosedWithin(silent, 3000));
+  EXPECT_GE(stat(NodeStat::kConnectionsDropped), 3u);
+  EXPECT_EQ(Lookup(good, s, "tenant-a", {e.key}), 1);  // the logged-in client is not dropped
+
+  // Guessing tokens: each failure answered later, the third closes the
+  // connection (20,000 guesses took 0.9 s on one connection before).
+  {
+    Client guesser(tcp);
+    ErrorCode code = ErrorCode::OK;
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(guesser.Login("guess-0000000000000", &code), nullptr);
+    EXPECT_EQ(code, ErrorCode::UNAUTHENTICATED);
+    EXPECT_EQ(guesser.Login("guess-0000000000001", &code), nullptr);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));  // 100 + 200 ms
+    bool closed = false;
+    try {
+      guesser.Login("guess-0000000000002", &code);
+      guesser.Login("guess-0000000000003", &code);
+    } catch (const kj::Exception&) {
+      closed = true;
+    }
+    EXPECT_TRUE(closed) << "a fourth guess was answered";
+  }
+
+  // The connection cap: with 6 held, the next is closed as it comes.
+  std::vector<int> held;
+  for (int i = 0; i < 6; ++i) held.push_back(RawConnect(tcp));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::uint64_t refused_before = stat(NodeStat::kConnectionsRefused);
+  const int over = RawConnect(tcp);
+  ASSERT_GE(over, 0);
+  EXPECT_TRUE(ClosedWithin(over, 1000));
+  EXPECT_GT(stat(NodeStat::kConnectionsRefused), refused_before);
+  for (int fd : held) ::close(fd);
+  ::close(over);
+  for (int fd : {big, half, silent}) ::close(fd);
+  EXPECT_EQ(Lookup(good, s, "tenant-a", {e.key}), 1);
+
+  // A get of one key 2,000 times: the reply stops at max_reply_bytes, the
+  // rest answered missing (before: ~2,000 copies of the chunk).
+  const std::uint64_t rss0 = testing::RssBytes();
+  {
+    auto req = s.getRequest();
+    const keys::Digest h = keys::NamespaceHash("tenant-a");
+    req.setNamespace(AsData(h));
+    auto list = req.initKeys(2000);
+    for (unsigned i = 0; i < 2000; ++i) list.set(i, AsData(e.key));
+    auto r = req.send().wait(good.io.waitScope);
+    ASSERT_EQ(r.getError().getCode(), ErrorCode::OK);
+    std::uint64_t bytes = 0, served = 0;
+    for (auto c : r.getChunks()) {
+      if (c.isEnvelope()) {
+        bytes += c.getEnvelope().size();
+        ++served;
+      }
+    }
+    EXPECT_GE(served, 1u);
+    EXPECT_LE(bytes, std::uint64_t{64} << 10);
+    EXPECT_LT(served, 2000u);
+    EXPECT_EQ(stat(NodeStat::kRepliesCapped), 1u);
+  }
+  // A lookup of 2^20 empty requests with a token that does not grant the
+  // namespace: refused before anything is allocated; with one that does,
+  // too many requests is tooLarge.
+  {
+    Session::Client sb = good.MustLogin(kTokenB);
+    auto req = sb.lookupRequest();
+    const keys::Digest h = keys::NamespaceHash("tenant-a");
+    req.setNamespace(AsData(h));
+    req.initRequests(1u << 20);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(req.send().wait(good.io.waitScope).getError().getCode(), ErrorCode::PERMISSION_DENIED);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    auto req2 = s.lookupRequest();
+    req2.setNamespace(AsData(h));
+    req2.initRequests(70000);
+    EXPECT_EQ(req2.send().wait(good.io.waitScope).getError().getCode(), ErrorCode::TOO_LARGE);
+  }
+  const std::uint64_t rss1 = testing::RssBytes();
+  EXPECT_LT(rss1, rss0 + (std::uint64_t{128} << 20)) << "RSS grew by " << ((rss1 - rss0) >> 20) << " MiB";
+  // And the well-behaved client is served all along.
+  EXPECT_EQ(Lookup(good, s, "tenant-a", {e.key}), 1);
+  Client late(tcp);
+  Session::Client s2 = late.MustLogin(kTokenA);
+  EXPECT_EQ(Lookup(late, s2, "tenant-a", {e.key}), 1);
 }
 
 // Receives pushed statistics.
@@ -470,6 +570,157 @@ TEST_F(KdnNodeTest, StatisticsArePushedToASubscriberUntilItLetsGo) {
   std::vector<NodeStats> none;
   denied.setSink(kj::heap<Sink>(none));
   EXPECT_EQ(denied.send().wait(c.io.waitScope).getError().getCode(), ErrorCode::PERMISSION_DENIED);
+}
+
+// Writes one Cap'n Proto message (standard framing) to a raw socket.
+void SendMessage(int fd, capnp::MessageBuilder& m) {
+  const kj::Array<capnp::word> words = capnp::messageToFlatArray(m);
+  const auto bytes = words.asBytes();
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t w = ::send(fd, bytes.begin() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (w <= 0) return;
+    sent += static_cast<size_t>(w);
+  }
+}
+
+// A client that never reads: over a raw socket it logs in and sends gets of
+// one chunk, thousands of them, pipelined on the promised session (the RPC
+// messages written by hand), and reads none of the replies. kdnd queued
+// them all (416 MiB in the attack); now at most max_inflight_bytes of
+// replies wait for a connection, and its requests are not read meanwhile.
+// Other clients are served throughout.
+TEST_F(KdnNodeTest, AClientThatNeverReadsGetsAtMostTheInFlightBoundQueued) {
+  ServerConfig config = TestConfig(dir_);
+  config.listen = {"127.0.0.1:0"};
+  config.bounds.max_inflight_bytes = 4 << 20;
+  RunningServer node(config);
+  const std::string tcp = node.bound().rpc[0];
+  // A chunk of ~10 KiB to ask for.
+  Client good(tcp);
+  Session::Client s = good.MustLogin(kTokenA);
+  Envelope e = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  ASSERT_EQ(Put(good, s, "tenant-a", e), ErrorCode::OK);
+  const int fd = RawConnect(tcp);
+  ASSERT_GE(fd, 0);
+  const int small = 4096;  // a small receive buffer: the kernel holds little for us
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<capnp::rpc::Message>().initBootstrap().setQuestionId(0);
+    SendMessage(fd, m);
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    auto call = m.initRoot<capnp::rpc::Message>().initCall();
+    call.setQuestionId(1);
+    call.initTarget().initPromisedAnswer().setQuestionId(0);
+    call.setInterfaceId(capnp::typeId<KdnNode>());
+    call.setMethodId(1);  // login
+    call.initParams().getContent().initAs<KdnNode::LoginParams>().setToken(kTokenA);
+    SendMessage(fd, m);
+  }
+  const keys::Digest h = keys::NamespaceHash("tenant-a");
+  const std::uint64_t rss0 = testing::RssBytes();
+  constexpr int kGets = 20000;  // ~200 MiB of replies
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int q = 2; q < kGets + 2 && !done; ++q) {
+      capnp::MallocMessageBuilder m;
+      auto call = m.initRoot<capnp::rpc::Message>().initCall();
+      call.setQuestionId(static_cast<std::uint32_t>(q));
+      auto promised = call.initTarget().initPromisedAnswer();
+      promised.setQuestionId(1);
+      promised.initTransform(1)[0].setGetPointerField(1);  // LoginResults.session
+      call.setInterfaceId(capnp::typeId<Session>());
+      call.setMethodId(1);  // get
+      auto params = call.initParams().getContent().initAs<Session::GetParams>();
+      params.setNamespace(AsData(h));
+      params.initKeys(1).set(0, AsData(e.key));
+      SendMessage(fd, m);  // blocks once kdnd stops reading
+    }
+  });
+  // Meanwhile another client is served, and kdnd's memory stays bounded.
+  std::uint64_t rss_max = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(Lookup(good, s, "tenant-a", {e.key}), 1);
+    rss_max = std::max(rss_max, testing::RssBytes());
+  }
+  const std::uint64_t served = node.server().service().Stats()[NodeStat::kGetChunks];
+  EXPECT_LT(served, static_cast<std::uint64_t>(kGets)) << "every get was answered to a client that reads nothing";
+  EXPECT_LT(rss_max, rss0 + (std::uint64_t{96} << 20)) << "RSS grew by " << ((rss_max - rss0) >> 20) << " MiB";
+  done = true;
+  ::shutdown(fd, SHUT_RDWR);
+  writer.join();
+  ::close(fd);
+}
+
+// A sink that takes pushes and never answers them (a subscriber that is
+// slow, or hostile).
+class StuckSink final : public wire::node::StatsSink::Server {
+ protected:
+  kj::Promise<void> push(PushContext) override { return kj::NEVER_DONE; }
+};
+
+// subscribeStats grew kdnd's memory without bound (2.9 GiB in 30 s): each
+// subscription pushes on its own, and a client could open thousands. Now a
+// connection holds at most max_subscriptions_per_connection of them (the
+// node max_subscriptions); past it, busy (counted); one dropped frees its
+// place; a stuck sink holds back its own pushes only.
+TEST_F(KdnNodeTest, StatisticsSubscriptionsAreBoundedPerConnectionAndOnTheNode) {
+  ServerConfig config = TestConfig(dir_);
+  config.listen = {"127.0.0.1:0"};
+  config.bounds.max_subscriptions_per_connection = 3;
+  config.bounds.max_subscriptions = 4;
+  RunningServer node(config);
+  const auto stat = [&](NodeStat st) { return node.server().service().Stats()[st]; };
+  Client c(node.bound().rpc[0]);
+  Session::Client ops = c.MustLogin(kTokenOps);
+  const auto subscribe = [&](Session::Client& s, kj::Maybe<wire::node::Subscription::Client>* out) {
+    auto req = s.subscribeStatsRequest();
+    req.setIntervalMs(50);
+    req.setSink(kj::heap<StuckSink>());
+    auto r = req.send().wait(c.io.waitScope);
+    if (r.getError().getCode() == ErrorCode::OK) *out = r.getSubscription();
+    return r.getError().getCode();
+  };
+  const std::uint64_t rss0 = testing::RssBytes();
+  std::vector<kj::Maybe<wire::node::Subscription::Client>> held(6);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(subscribe(ops, &held[i]), ErrorCode::OK) << i;
+  Session::Client ops2 = c.MustLogin(kTokenOps);  // another session of the same connection
+  EXPECT_EQ(subscribe(ops2, &held[3]), ErrorCode::BUSY);
+  EXPECT_EQ(stat(NodeStat::kSubscriptions), 3u);
+  EXPECT_EQ(stat(NodeStat::kSubscriptionsRefused), 1u);
+  // Another connection: one more fits the node, the next does not.
+  Client c2(node.bound().rpc[0]);
+  Session::Client other = c2.MustLogin(kTokenOps);
+  {
+    auto req = other.subscribeStatsRequest();
+    req.setIntervalMs(50);
+    req.setSink(kj::heap<StuckSink>());
+    auto r = req.send().wait(c2.io.waitScope);
+    ASSERT_EQ(r.getError().getCode(), ErrorCode::OK);
+    held[4] = r.getSubscription();
+    auto req2 = other.subscribeStatsRequest();
+    req2.setIntervalMs(50);
+    req2.setSink(kj::heap<StuckSink>());
+    EXPECT_EQ(req2.send().wait(c2.io.waitScope).getError().getCode(), ErrorCode::BUSY);
+  }
+  // The stuck sinks cost the node nothing it keeps: two seconds of pushes.
+  c.io.provider->getTimer().afterDelay(2000 * kj::MILLISECONDS).wait(c.io.waitScope);
+  const std::uint64_t rss1 = testing::RssBytes();
+  EXPECT_LT(rss1, rss0 + (std::uint64_t{64} << 20)) << "RSS grew by " << ((rss1 - rss0) >> 20) << " MiB";
+  // One dropped frees its place.
+  held[0] = nullptr;
+  c.io.provider->getTimer().afterDelay(100 * kj::MILLISECONDS).wait(c.io.waitScope);
+  EXPECT_EQ(subscribe(ops2, &held[5]), ErrorCode::OK);
+  EXPECT_EQ(stat(NodeStat::kSubscriptions), 4u);
+  // And calls are served meanwhile.
+  Session::Client sa = c.MustLogin(kTokenA);
+  Envelope e = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  EXPECT_EQ(Put(c, sa, "tenant-a", e), ErrorCode::OK);
+  EXPECT_EQ(Lookup(c, sa, "tenant-a", {e.key}), 1);
 }
 
 TEST_F(KdnNodeTest, MetricsAndHealthOverHttp) {
