@@ -166,10 +166,29 @@ struct LogErrors final : kj::TaskSet::ErrorHandler {
 // descriptors, say) is counted and retried after a pause (10 ms, doubling
 // to 1 s while they keep failing): the listener never stops for good.
 kj::Promise<void> AcceptLoop(kj::ConnectionReceiver& receiver, Admission& a,
-                             const std::function<void(kj::Own<kj::AsyncIoStream>&&)>& serve, std::uint32_t pause_ms = 0) {
-  // (accept() may throw at once, out of file descriptors: evalNow makes
-  // that a failed promise too.)
-  return kj::evalNow([&receiver]() { return receiver.accept(); }).then(
+                             const std::function<void(kj::Own<kj::AsyncIoStream>&&)>& serve, std::uint32_t pause_ms = 0);
+
+// After a failed accept: counted, a pause, and on.
+kj::Promise<void> AcceptAfterPause(kj::ConnectionReceiver& receiver, Admission& a,
+                                   const std::function<void(kj::Own<kj::AsyncIoStream>&&)>& serve, std::uint32_t pause_ms,
+                                   const kj::Exception& e) {
+  a.service.CountBound(NodeStat::kAcceptErrors);
+  if (pause_ms == 0) KJ_LOG(WARNING, "kdnd: accept failed; retrying after a pause", e);
+  const std::uint32_t next = pause_ms == 0 ? 10 : std::min<std::uint32_t>(pause_ms * 2, 1000);
+  return a.timer.afterDelay(next * kj::MILLISECONDS).then([&receiver, &a, &serve, next]() {
+    return AcceptLoop(receiver, a, serve, next);
+  });
+}
+
+kj::Promise<void> AcceptLoop(kj::ConnectionReceiver& receiver, Admission& a,
+                             const std::function<void(kj::Own<kj::AsyncIoStream>&&)>& serve, std::uint32_t pause_ms) {
+  // accept() may fail at once (out of file descriptors: it throws) or later
+  // (its promise breaks): both pause and go on.
+  kj::Maybe<kj::Promise<kj::Own<kj::AsyncIoStream>>> accepting;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { accepting = receiver.accept(); })) {
+    return AcceptAfterPause(receiver, a, serve, pause_ms, *e);
+  }
+  return KJ_ASSERT_NONNULL(accepting).then(
       [&receiver, &a, &serve](kj::Own<kj::AsyncIoStream>&& stream) mutable -> kj::Promise<void> {
         if (a.service.connections() >= static_cast<std::int64_t>(a.bounds.max_connections)) {
           a.service.CountBound(NodeStat::kConnectionsRefused);  // `stream` closes here
@@ -179,12 +198,7 @@ kj::Promise<void> AcceptLoop(kj::ConnectionReceiver& receiver, Admission& a,
         return AcceptLoop(receiver, a, serve);
       },
       [&receiver, &a, &serve, pause_ms](kj::Exception&& e) -> kj::Promise<void> {
-        a.service.CountBound(NodeStat::kAcceptErrors);
-        if (pause_ms == 0) KJ_LOG(WARNING, "kdnd: accept failed; retrying after a pause", e);
-        const std::uint32_t next = pause_ms == 0 ? 10 : std::min<std::uint32_t>(pause_ms * 2, 1000);
-        return a.timer.afterDelay(next * kj::MILLISECONDS).then([&receiver, &a, &serve, next]() {
-          return AcceptLoop(receiver, a, serve, next);
-        });
+        return AcceptAfterPause(receiver, a, serve, pause_ms, e);
       });
 }
 
