@@ -734,7 +734,8 @@ struct Client::Impl {
 
   // ---- batches ----
   // `command key` for every key, answered by an integer: per key, whether
-  // it was > 0 (EXISTS: there; DEL: removed), or why not.
+  // it was > 0 (EXISTS: there; DEL: removed; STRLEN: a non-empty string),
+  // or why not.
   std::vector<Result<bool>> CountPerKey(std::string_view command, std::span<const std::string_view> keys);
 
 
@@ -961,6 +962,10 @@ std::vector<std::string> Client::masters() const {
 
 std::vector<Result<bool>> Client::Exists(std::span<const std::string_view> keys) {
   return impl_->CountPerKey("EXISTS", keys);
+}
+
+std::vector<Result<bool>> Client::HoldsString(std::span<const std::string_view> keys) {
+  return impl_->CountPerKey("STRLEN", keys);
 }
 
 std::vector<Result<std::optional<Value>>> Client::Get(std::span<const std::string_view> keys) {

@@ -85,6 +85,10 @@ class Client {
 
   // EXISTS key: per key, whether it is there.
   std::vector<Result<bool>> Exists(std::span<const std::string_view> keys);
+  // STRLEN key: per key, whether it holds a non-empty string (a value of
+  // another type is the server's WRONGTYPE error): a probe that a value of
+  // another type cannot pass for a stored one, at EXISTS' cost.
+  std::vector<Result<bool>> HoldsString(std::span<const std::string_view> keys);
   // GET key: per key, its value, or nullopt when absent.
   std::vector<Result<std::optional<Value>>> Get(std::span<const std::string_view> keys);
   // SET key value [PX ttl_ms] (ttl_ms 0: none): per item, done or why not.

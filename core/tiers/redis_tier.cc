@@ -267,7 +267,11 @@ bool RedisTier::Contains(const keys::Digest& key, const ReadContext& /*ctx*/) co
   }
   const std::string k = KeyOf(key);
   const std::string_view kv = k;
-  auto held = c->Exists(std::span<const std::string_view>(&kv, 1));
+  // STRLEN, not EXISTS: a value of another type under a chunk key (a list,
+  // planted or left by something else) is not a chunk, so the engine stores
+  // over it rather than skip storing for ever; a read removes it.
+  auto held = c->HoldsString(std::span<const std::string_view>(&kv, 1));
+  if (held.size() == 1 && !held[0].ok() && WrongType(held[0].status())) return false;
   if (held.size() != 1 || !held[0].ok()) {
     ++io_errors_;
     ++failed_commands_;
@@ -337,20 +341,20 @@ void RedisTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, con
     names.reserve(n);
     for (size_t i = 0; i < n; ++i) names.push_back(KeyOf(keys[i]));
     const std::vector<std::string_view> views(names.begin(), names.end());
-    auto held = c->Exists(views);
+    auto held = c->HoldsString(views);  // as Contains asks
     if (held.size() != n) return;
     const Clock::time_point now = Clock::now(), until = now + std::chrono::milliseconds(options_.hint_ms);
     std::lock_guard<std::mutex> lock(answers_mu_);
     SweepLocked(now);
     for (size_t i = 0; i < n; ++i) {
-      if (!held[i].ok()) {
+      if (!held[i].ok() && !WrongType(held[i].status())) {
         ++failed_commands_;
         continue;  // its probe asks again (and counts the error if it persists)
       }
       auto [it, fresh] = answers_.try_emplace(keys[i]);
       if (!fresh && (it->second.has_value || it->second.pending)) continue;  // a read's answer says more
       it->second = Answer{};
-      it->second.present = *held[i];
+      it->second.present = held[i].ok() && *held[i];  // another type: not held
       it->second.until = until;
       ++prefetched_;
     }

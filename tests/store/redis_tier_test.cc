@@ -565,7 +565,13 @@ TEST_F(RedisSingle, AValueOfAnotherTypeIsRemovedAndStoredOver) {
     raw.Cmd({"RPUSH", k, "not a chunk"});
     ASSERT_EQ(raw.Cmd({"TYPE", k}), "list");
   }
-  EXPECT_TRUE(tier->Contains(keys_[0]));  // EXISTS cannot tell
+  // A probe does not take it for a chunk (EXISTS did, and the engine then
+  // never stored over it), and counts no error.
+  const std::uint64_t io_before = tier->counters().io_errors;
+  EXPECT_FALSE(tier->Contains(keys_[0]));
+  tier->Prefetch(std::vector<keys::Digest>{keys_[0]}, /*will_read=*/false);
+  EXPECT_FALSE(tier->Contains(keys_[0]));
+  EXPECT_EQ(tier->counters().io_errors, io_before);
   EXPECT_EQ(tier->Get(keys_[0]).status().code(), Code::kNotFound);
   tier->Prefetch(std::vector<keys::Digest>{keys_[1]}, /*will_read=*/true);
   EXPECT_EQ(tier->Get(keys_[1]).status().code(), Code::kNotFound);
