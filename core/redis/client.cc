@@ -192,14 +192,14 @@ void* GuardedNil(const redisReadTask* t) {
   if (++g->objects > kMaxReplyObjects) return g->refused = true, nullptr;
   return g->orig->createNil(t);
 }
+// hiredis' own freeReplyObject frees what its create functions made.
 redisReplyObjectFunctions guarded_functions = {GuardedString, GuardedArray, GuardedInteger, GuardedNil, freeReplyObject};
 
 // Puts a new connection's reader under a guard.
 void Guard(redisContext* c) {
   auto* g = new ReaderGuard;
   g->orig = c->reader->fn;
-  guarded_functions.freeObject = c->reader->fn->freeObject;
-  c->reader->fn = &guarded_functions;
+  c->reader->fn = &guarded_functions;  // never written: shared by every connection's reader
   c->reader->privdata = g;
 }
 void FreeContext(redisContext* c) {

@@ -190,9 +190,11 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
       bool probe = false;
       if (!Admit(probe)) {
         ++down_skips;
+        // Made before the release: the caller's thread rethrows and frees it.
+        kj::Exception skipped = KJ_EXCEPTION(
+            DISCONNECTED, "kdnd marked down (no answer in time); skipped until a probe is answered", options.address);
         TsanRelease(this);
-        return KJ_EXCEPTION(DISCONNECTED, "kdnd marked down (no answer in time); skipped until a probe is answered",
-                            options.address);
+        return kj::mv(skipped);
       }
       auto expired = kj::heap<bool>(false);
       bool* expired_flag = expired.get();
