@@ -81,7 +81,6 @@ class StreamBuffers {
   }
   size_t holds() const { return holds_.size(); }
   std::uint64_t held_bytes() const { return held_bytes_; }
-  std::uint64_t max_held_bytes() const { return max_held_bytes_; }
   size_t received() const { return received_.size(); }
 
  private:
