@@ -9,11 +9,18 @@
 // document is registered).
 //
 // With a path (the node's first disk tier's directory + knowledge.kdnreg)
-// the registry is saved there a moment after each change (debounced on a
-// saver thread) and when it is destroyed, and loaded when it is made; a file
-// that cannot be read is logged, counted (load_failures), renamed to
-// knowledge.kdnreg.bad and the registry starts empty. The file's format is
-// in registry.cc.
+// the registry is kept in two files: a snapshot (knowledge.kdnreg) and a log
+// of the changes since (knowledge.kdnreg.log, core/knowledge/record_file.h's
+// RecordLog). A change is appended to the log a moment after it is made
+// (debounced on a saver thread: a burst of changes is one write and one
+// fdatasync), so it costs its own bytes; the snapshot is rewritten when the
+// log has grown past max(the snapshot, 4 MiB), when an append failed, and
+// when the registry is saved (Save: at shutdown, and when it is destroyed).
+// At load the snapshot is read and its log replayed (a torn last record, a
+// crash in an append, is dropped and said). A snapshot that cannot be read
+// is logged, counted (load_failures), renamed to knowledge.kdnreg.bad (its
+// log to knowledge.kdnreg.log.bad) and the registry starts empty. The
+// formats are in registry.cc.
 //
 // Errors are Status values: kInvalidArgument, kTooLarge and kBusy (its
 // bounds, [knowledge] of kdnd.toml) and kNotFound (no such document); the
@@ -105,8 +112,16 @@ class KnowledgeRegistry {
   void CreditHits(const keys::Digest& ns, std::span<const keys::Digest> served);
   // A chunk was stored: when a pinned document holds it, it is pinned now.
   void Stored(const keys::Digest& ns, const keys::Digest& key);
-  // Writes the file now (a no-op without a path).
+  // Writes a snapshot now and starts a new log (a no-op without a path).
   Status Save();
+  // Appends the changes made since the last write to the log (or writes a
+  // snapshot, when the log is due for one): what the saver thread runs.
+  Status Flush();
+
+  // What the files cost: bytes written to them since the registry was made,
+  // and the snapshots among the writes.
+  std::uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+  std::uint64_t snapshots_written() const { return snapshots_written_.load(std::memory_order_relaxed); }
 
   const std::string& path() const { return path_; }
   std::uint64_t documents() const { return documents_.load(std::memory_order_relaxed); }
@@ -158,10 +173,22 @@ class KnowledgeRegistry {
   // documents holding it ask for (none, or every deadline passed:
   // unpinned). True when the chunk is pinned now.
   bool ApplyPinLocked(const NsKey& k);
+  // mu_ held: a change for the log (the records' layouts: registry.cc).
+  void LogDocLocked(const keys::Digest& ns, const Doc& doc);
+  void LogPinLocked(const keys::Digest& ns, const Doc& doc);
+  void LogDeleteLocked(const keys::Digest& ns, const keys::Digest& model, const std::string& doc_id);
   void MarkDirty();
   void Load();
-  std::string Serialize();                                  // takes mu_
-  Status Parse(std::span<const std::uint8_t> payload);      // into the (empty) registry; mu_ held
+  std::string SerializeLocked(std::uint64_t generation);  // mu_ held
+  // Into the (empty) registry; mu_ held. *generation: the snapshot's.
+  Status Parse(std::span<const std::uint8_t> payload, bool with_generation, std::uint64_t* generation);
+  // A log record replayed; mu_ held. False: malformed.
+  bool ReplayLocked(std::span<const std::uint8_t> body);
+  // A loaded document into the registry, unless the bounds leave it out
+  // (false); mu_ held.
+  bool InsertLoadedLocked(const keys::Digest& ns, std::unique_ptr<Doc> doc);
+  void ClearLocked();
+  Status SnapshotLocked();  // save_file_mu_ held
 
   const KnowledgeConfig config_;
   const std::string path_;
@@ -180,7 +207,12 @@ class KnowledgeRegistry {
   std::unordered_map<keys::Digest, NsUsage, keys::DigestHash> ns_usage_;  // guarded by mu_
   std::atomic<std::uint64_t> documents_{0}, pinned_documents_{0}, load_failures_{0};
   std::atomic<bool> hits_changed_{false};
-  std::mutex save_file_mu_;  // one writer of the file at a time
+  std::vector<std::string> pending_;  // records not yet in the log; guarded by mu_
+  std::mutex save_file_mu_;  // one writer of the files at a time; guards what follows
+  std::uint64_t generation_ = 0;       // the snapshot's, which the log continues
+  std::uint64_t snapshot_bytes_ = 0;
+  std::unique_ptr<store::RecordLog> log_;  // null: the next write is a snapshot
+  std::atomic<std::uint64_t> bytes_written_{0}, snapshots_written_{0};
   // The saver: wakes on a change, waits the delay, saves (with a path only).
   std::unique_ptr<store::DebouncedSaver> saver_;
 };

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -110,6 +111,69 @@ class RecordReader {
   }
   std::span<const std::uint8_t> b_;
   size_t at_ = 0;
+};
+
+// An append-only log of changes beside a record file (its snapshot), so a
+// change costs its own bytes, not a rewrite of the whole file:
+//
+//   header (24 bytes): magic (the caller's), u32 format version 1, u32 zero,
+//                      u64 generation (the snapshot it continues)
+//   records:           u32 body bytes, 8 bytes: the first 8 of
+//                      SHA-256(domain, generation, body), body
+//
+// A log belongs to one snapshot: its owner writes the snapshot with a new
+// generation, then starts a new log (written to PATH.tmp, fsynced, renamed,
+// the directory fsynced) with that generation; a log whose generation is not
+// the snapshot's is left over from before it and is not replayed. Appends
+// are written and fdatasynced before Append returns; a crash in one leaves a
+// torn last record, which ReadRecordLog drops (and says so): the records
+// before it are whole.
+// Thread-safety: a RecordLog is used by one thread at a time (its owner's lock).
+struct LogFormat {
+  char magic[8];
+  const char* domain;
+};
+
+// What a log holds.
+struct LogContents {
+  std::uint64_t generation = 0;
+  std::vector<std::string> records;  // bodies, whole and checked, in order
+  std::uint64_t bytes = 0;           // of the file
+  bool torn = false;                 // bytes after the last good record (a crash in an append)
+};
+
+// The log at `path`. kNotFound: no such file; kCorrupt: not a log of this
+// kind (magic, version, not a regular file, a header cut short); kInternal:
+// unreadable. At most `max_bytes` are read: records past them count as torn.
+Result<LogContents> ReadRecordLog(const std::string& path, const LogFormat& format, std::uint64_t max_bytes);
+
+class RecordLog {
+ public:
+  // Starts an empty log of `generation` at `path`, replacing any there.
+  static Result<std::unique_ptr<RecordLog>> Create(const std::string& path, const LogFormat& format,
+                                                   std::uint64_t generation);
+  // Opens the log at `path` (read before: `contents`, not torn) for appends.
+  static Result<std::unique_ptr<RecordLog>> Open(const std::string& path, const LogFormat& format,
+                                                 const LogContents& contents);
+  ~RecordLog();
+  RecordLog(const RecordLog&) = delete;
+  RecordLog& operator=(const RecordLog&) = delete;
+
+  // Appends the records (bodies), durably. On an error the log may end in a
+  // torn record: its owner must start a new one before appending again.
+  Status Append(const std::vector<std::string>& bodies);
+
+  std::uint64_t generation() const { return generation_; }
+  std::uint64_t bytes() const { return bytes_; }  // of the file, header included
+  static constexpr std::uint64_t kHeaderBytes = 24;
+
+ private:
+  RecordLog(int fd, std::string path, const LogFormat& format, std::uint64_t generation, std::uint64_t bytes)
+      : fd_(fd), path_(std::move(path)), format_(format), generation_(generation), bytes_(bytes) {}
+  int fd_;
+  std::string path_;
+  LogFormat format_;
+  std::uint64_t generation_, bytes_;
 };
 
 // Saves a file a moment after it changes, on a thread of its own: Mark()

@@ -676,6 +676,145 @@ TEST_F(KnowledgeNodeTest, AnUnreadableRegistryFileIsSetAsideAndTheNodeStartsEmpt
   EXPECT_EQ(node_->server().service().Stats()[NodeStat::kDocuments], 1u);
 }
 
+// Every knowledge change rewrote and fsynced the whole registry (66 pins of
+// one document wrote 2.1 GB). Now a change is a record appended to the log
+// beside the snapshot, and the snapshot is rewritten only when the log has
+// grown past max(snapshot, 4 MiB). What a crash leaves (the files as they
+// were after the last write, no shutdown) loads whole; a record cut short by
+// the crash is dropped, the changes before it stand.
+TEST_F(KnowledgeNodeTest, AChangeCostsItsOwnBytesAndACrashKeepsWhatWasWritten) {
+  const fs::path disk = dir_ / "disk";
+  const keys::Digest ns = keys::NamespaceHash("tenant-a");
+  auto make = [&](const fs::path& path) {
+    NodeOptions o;
+    store::TierSpec host;
+    host.capacity_bytes = 4 << 20;
+    store::TierSpec d;
+    d.kind = store::TierSpec::Kind::kDisk;
+    d.path = path.string();
+    d.capacity_bytes = 4 << 20;
+    d.fsync = false;
+    o.tiers = {host, d};
+    o.knowledge_save_delay_ms = 3600 * 1000;  // no saver: the test writes (Flush) when it wants
+    auto created = NodeService::Create(o);
+    EXPECT_TRUE(created.ok()) << created.status().message();
+    return created.ok() ? std::move(created).value() : nullptr;
+  };
+  auto listed = [&](NodeService& node) {
+    std::map<std::string, std::tuple<std::uint64_t, bool, std::uint64_t, std::uint64_t, std::size_t>> out;
+    for (const KnowledgeDocInfo& d : node.knowledge().List(ns)) {
+      out[d.doc_id] = {d.version, d.pinned, d.pin_expires_ms, d.registered_ms, d.chunks};
+    }
+    return out;
+  };
+  auto doc = [&](const std::string& id, std::uint64_t version, int keys) {
+    KnowledgeDoc d;
+    d.doc_id = id;
+    d.version = version;
+    d.model = model_;
+    for (int i = 0; i < keys; ++i) {
+      keys::Digest k{};
+      k[0] = static_cast<std::uint8_t>(version);
+      std::memcpy(k.data() + 1, id.data(), std::min<size_t>(id.size(), 20));
+      k[28] = static_cast<std::uint8_t>(i);
+      k[29] = static_cast<std::uint8_t>(i >> 8);
+      d.keys.push_back(k);
+    }
+    return d;
+  };
+  auto copy_files = [&](const fs::path& to) {
+    fs::remove_all(to);
+    fs::create_directories(to);
+    for (const char* f : {"knowledge.kdnreg", "knowledge.kdnreg.log"}) fs::copy_file(disk / f, to / f);
+  };
+
+  std::unique_ptr<NodeService> node = make(disk);
+  ASSERT_NE(node, nullptr);
+  KnowledgeRegistry& reg = node->knowledge();
+  // 40 documents of 1,000 keys: a snapshot of 1.3 MB.
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(reg.Put(ns, doc("doc-" + std::to_string(i), 1, 1000)).ok());
+  ASSERT_TRUE(reg.Flush().ok());
+  EXPECT_EQ(reg.snapshots_written(), 1u);  // the first write of a node
+  const std::uint64_t snapshot = reg.bytes_written();
+  EXPECT_GT(snapshot, 1280000u);
+  // 66 pins and unpins, each written on its own.
+  for (int i = 0; i < 66; ++i) {
+    std::uint32_t pinned = 0;
+    ASSERT_TRUE(reg.Pin(ns, model_, "doc-" + std::to_string(i % 40), i % 3 != 2, i % 2 ? 0 : 3600 * 1000, pinned).ok());
+    ASSERT_TRUE(reg.Flush().ok());
+  }
+  const std::uint64_t pins = reg.bytes_written() - snapshot;
+  std::printf("66 pins wrote %llu bytes (the snapshot: %llu)\n", static_cast<unsigned long long>(pins),
+              static_cast<unsigned long long>(snapshot));
+  EXPECT_LT(pins, 66u * 128u);
+  EXPECT_EQ(reg.snapshots_written(), 1u);
+  // A delete, a replacement and a new document: a put costs its document.
+  std::uint32_t erased = 0;
+  ASSERT_TRUE(reg.Delete(ns, model_, "doc-39", erased).ok());
+  ASSERT_TRUE(reg.Put(ns, doc("doc-38", 2, 500)).ok());
+  ASSERT_TRUE(reg.Put(ns, doc("late", 1, 10)).ok());
+  ASSERT_TRUE(reg.Flush().ok());
+  EXPECT_LT(reg.bytes_written() - snapshot - pins, 20000u);
+  EXPECT_EQ(reg.snapshots_written(), 1u);
+  const auto before = listed(*node);
+  ASSERT_EQ(before.size(), 40u);
+
+  // What a crash leaves: the files as they are now. All of it loads.
+  copy_files(dir_ / "crash");
+  {
+    std::unique_ptr<NodeService> after = make(dir_ / "crash");
+    ASSERT_NE(after, nullptr);
+    EXPECT_EQ(after->knowledge().load_failures(), 0u);
+    EXPECT_EQ(listed(*after), before);
+    EXPECT_EQ(after->knowledge().snapshots_written(), 0u);  // loading writes nothing
+  }
+  // A crash in the last append: its record cut short. The changes before it stand.
+  copy_files(dir_ / "torn");
+  fs::resize_file(dir_ / "torn" / "knowledge.kdnreg.log", fs::file_size(dir_ / "torn" / "knowledge.kdnreg.log") - 5);
+  {
+    std::unique_ptr<NodeService> after = make(dir_ / "torn");
+    ASSERT_NE(after, nullptr);
+    EXPECT_EQ(after->knowledge().load_failures(), 0u);
+    auto expect = before;
+    expect.erase("late");
+    EXPECT_EQ(listed(*after), expect);
+    // The next write does not append after the torn record: a snapshot, then a new log.
+    ASSERT_TRUE(after->knowledge().Put(ns, doc("later", 1, 3)).ok());
+    ASSERT_TRUE(after->knowledge().Flush().ok());
+    EXPECT_EQ(after->knowledge().snapshots_written(), 1u);
+  }
+  {
+    std::unique_ptr<NodeService> again = make(dir_ / "torn");
+    auto expect = before;
+    expect.erase("late");
+    auto got = listed(*again);
+    EXPECT_EQ(got.count("later"), 1u);
+    got.erase("later");
+    EXPECT_EQ(got, expect);
+  }
+
+  // The log is compacted once it outgrows max(snapshot, 4 MiB): replacing a
+  // 1,000-key document (a 32 KiB record) 160 times writes one more snapshot.
+  for (int v = 2; v < 162; ++v) {
+    ASSERT_TRUE(reg.Put(ns, doc("doc-0", static_cast<std::uint64_t>(v), 1000)).ok());
+    ASSERT_TRUE(reg.Flush().ok());
+  }
+  EXPECT_EQ(reg.snapshots_written(), 2u);
+  EXPECT_LT(fs::file_size(disk / "knowledge.kdnreg.log"), std::uint64_t{4} << 20);
+  const auto compacted = listed(*node);
+  EXPECT_EQ(std::get<0>(compacted.at("doc-0")), 161u);
+  copy_files(dir_ / "compacted");
+  {
+    std::unique_ptr<NodeService> after = make(dir_ / "compacted");
+    EXPECT_EQ(listed(*after), compacted);
+  }
+  // A shutdown leaves a snapshot and an empty log.
+  node.reset();
+  EXPECT_EQ(fs::file_size(disk / "knowledge.kdnreg.log"), store::RecordLog::kHeaderBytes);
+  node = make(disk);
+  EXPECT_EQ(listed(*node), compacted);
+}
+
 // A node without a disk tier keeps its registry in memory only.
 TEST_F(KnowledgeNodeTest, WithoutADiskTierNothingIsSaved) {
   Start(Config());

@@ -648,8 +648,23 @@ TEST_F(KdnNodeTest, AClientThatNeverReadsGetsAtMostTheInFlightBoundQueued) {
     rss_max = std::max(rss_max, testing::RssBytes());
   }
   const std::uint64_t served = node.server().service().Stats()[NodeStat::kGetChunks];
-  EXPECT_LT(served, static_cast<std::uint64_t>(kGets)) << "every get was answered to a client that reads nothing";
+  // What was answered fits in the bound plus what the kernel holds of the
+  // connection (a send buffer of at most tcp_wmem's 4 MiB here, the tiny
+  // receive buffer): twice the bound and 4 MiB more, in chunks.
+  const std::uint64_t reply_bytes = e.bytes.size();
+  const std::uint64_t most = ((2 * config.bounds.max_inflight_bytes) + (std::uint64_t{4} << 20)) / reply_bytes;
+  EXPECT_LT(served, most) << "answered " << served << " gets of " << reply_bytes << " bytes to a client that reads nothing";
+  std::printf("a client that never reads: %llu of %d gets answered, RSS +%lld MiB\n",
+              static_cast<unsigned long long>(served), kGets,
+              static_cast<long long>((static_cast<std::int64_t>(rss_max) - static_cast<std::int64_t>(rss0)) >> 20));
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // ASan's quarantine keeps up to 256 MiB of freed memory resident (CI saw
+  // +221 MiB): RSS is not kdnd's there; the count of answers above is.
+  (void)rss_max;
+  (void)rss0;
+#else
   EXPECT_LT(rss_max, rss0 + (std::uint64_t{96} << 20)) << "RSS grew by " << ((rss_max - rss0) >> 20) << " MiB";
+#endif
   done = true;
   ::shutdown(fd, SHUT_RDWR);
   writer.join();
