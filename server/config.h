@@ -15,7 +15,8 @@
 //   drain_timeout_ms = 5000
 //   measure_tiers = true                 # time each tier's read rate once at start (server/tier_limits.h)
 //   secret_file = "/etc/kdn/secret"      # the deployment secret (>= 32 bytes, mode 600): redis and disk tiers seal
-//                                        # what they store and take back only what is sealed (wire/seal.h)
+//                                        # what they store and take back only what is sealed (wire/seal.h);
+//                                        # every envelope a get sends carries the node's seal
 //   [server.tls]                          # optional: both files, PEM
 //   cert = "/etc/kdn/cert.pem"
 //   key = "/etc/kdn/key.pem"

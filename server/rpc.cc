@@ -251,7 +251,8 @@ class SessionImpl final : public Session::Server {
       // its payload, or copied there as it was put. An envelope the node
       // kept as it was put is sent from where it lies (a segment of its own,
       // held until written: no copy at all) where the connection allows.
-      auto results = context.initResults(capnp::MessageSize{words + 4 * keys.size(), 0});
+      const std::uint64_t seal_words = service_.sealer() ? wire::kSealTrailerBytes / 8 : 0;
+      auto results = context.initResults(capnp::MessageSize{words + (4 + seal_words) * keys.size(), 0});
       if (!error.ok()) {
         SetError(results.initError(), error);
         return kj::READY_NOW;
@@ -295,6 +296,21 @@ class SessionImpl final : public Session::Server {
         if (!st.ok()) {  // cannot happen for a chunk that decoded on put; a miss all the same
           list[i].setMissing();
           ++misses;
+        }
+      }
+      // With a secret, each envelope goes with its seal: a runtime with the
+      // secret takes only what this node (or another holder of it) sent.
+      if (const wire::ChunkSealer* sealer = service_.sealer()) {
+        for (unsigned i = 0; i < chunks.size(); ++i) {
+          if (!list[i].isEnvelope()) continue;
+          // As a reader: an envelope sent from where it lies is external
+          // data, which has no builder.
+          capnp::Data::Reader envelope = list[i].asReader().getEnvelope();
+          auto seal = list[i].initSeal(static_cast<unsigned>(wire::kSealTrailerBytes));
+          if (!sealer->Seal(envelope.begin(), envelope.size(), seal.begin()).ok()) {
+            list[i].setMissing();  // no random bytes: a miss, not an unsealed chunk
+            ++misses;
+          }
         }
       }
       if (capped) service_.CountBound(NodeStat::kRepliesCapped);

@@ -80,6 +80,7 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
     auto sl = wire::ChunkSealer::FromFile(options.secret_file);
     if (!sl.ok()) return sl.status();
     sealer = std::move(sl).value();
+    s->sealer_ = sealer;
   } else if (std::any_of(specs.begin(), specs.end(), [](const store::TierSpec& t) { return t.kind == store::TierSpec::Kind::kRedis; })) {
     std::fprintf(stderr, "kdnd: a redis tier without a secret (server.secret_file): whoever can write to its server "
                          "decides the KV this node serves (docs/security.md)\n");

@@ -37,6 +37,7 @@
 #include "core/store/tiered_store.h"
 #include "core/telemetry/histogram.h"
 #include "core/wire/node_stats.h"
+#include "core/wire/seal.h"
 #include "server/config.h"
 #include "server/registry.h"
 
@@ -133,6 +134,9 @@ class NodeService {
   // grant (CheckNamespace). A put while draining is kUnavailable.
   Status KnowledgePut(const keys::Digest& ns, KnowledgeDoc doc);
   KnowledgeRegistry& knowledge() { return *registry_; }
+  // The deployment secret's sealer (null: none): the node seals each
+  // envelope it sends with it (wire/node.capnp GetResult.seal).
+  const wire::ChunkSealer* sealer() const { return sealer_.get(); }
 
   void SessionOpened() { ++sessions_; }
   void SessionClosed() { --sessions_; }
@@ -172,6 +176,7 @@ class NodeService {
   std::unique_ptr<store::TieredStore> chain_;
   std::unique_ptr<KnowledgeRegistry> registry_;  // after chain_: destroyed (and saved) first
   std::vector<store::TierSpec> specs_;
+  std::shared_ptr<const wire::ChunkSealer> sealer_;
   std::vector<double> tier_limits_;  // per spec, bytes/s (0: not measured); set in Create only
   // (token digest, grant). Grants live as long as the service: a session
   // refers to its own, revoked ones too (a few hundred bytes a token a

@@ -89,7 +89,9 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
   if (!chain.ok()) return chain.status();
   StoreOptions kept = options;
   kept.tiers = specs;
-  return std::unique_ptr<KvStore>(new KvStore(kept, std::move(chain).value()));
+  std::unique_ptr<KvStore> store(new KvStore(kept, std::move(chain).value()));
+  store->sealer_ = std::move(sealer);
+  return store;
 }
 
 // ---- Keys ---------------------------------------------------------------------

@@ -175,6 +175,8 @@ class KvStore {
  public:
   static Result<std::unique_ptr<KvStore>> Create(const StoreOptions& options);
   const StoreOptions& options() const { return options_; }
+  // The deployment secret's sealer (StoreOptions::secret_file; null: none).
+  const std::shared_ptr<const wire::ChunkSealer>& sealer() const { return sealer_; }
   // The threads a retrieve or load reads and decodes chunks on (the
   // resolved StoreOptions::fetch_threads).
   int fetch_threads() const { return fetch_pool_ ? fetch_pool_->threads() : 1; }
@@ -368,6 +370,7 @@ class KvStore {
 
   const StoreOptions options_;
   std::unique_ptr<TieredStore> chain_;
+  std::shared_ptr<const wire::ChunkSealer> sealer_;
   std::unique_ptr<ThreadPool> fetch_pool_;  // null: one thread; used under fetch_mu_
   std::mutex fetch_mu_;
   std::vector<bool> costly_get_;  // per level: a get reads from disk or decodes

@@ -554,6 +554,12 @@ Status KnowledgeIndex::SaveNow() {
     std::lock_guard<std::mutex> lock(mu_);
     payload = SerializeLocked();
   }
+  if (sealer_) {  // the payload, then its seal
+    const size_t n = payload.size();
+    payload.resize(n + wire::kSealTrailerBytes);
+    auto* p = reinterpret_cast<std::uint8_t*>(payload.data());
+    KDN_RETURN_IF_ERROR(sealer_->Seal(p, n, p + n));
+  }
   const Status st = WriteRecordFile(path_, kIndexFormat, payload);
   if (!st.ok()) return Status::Internal("knowledge index: " + st.message());
   saves_.fetch_add(1, std::memory_order_relaxed);
@@ -661,15 +667,28 @@ Status KnowledgeIndex::ParseLocked(std::span<const std::uint8_t> payload) {
   return Status::Ok();
 }
 
-Status KnowledgeIndex::Persist(const std::string& path, std::chrono::milliseconds delay) {
+Status KnowledgeIndex::Persist(const std::string& path, std::chrono::milliseconds delay,
+                               std::shared_ptr<const wire::ChunkSealer> sealer) {
   if (!path_.empty()) return Status::InvalidArgument("knowledge index: already kept in " + path_);
   if (path.empty()) return Status::InvalidArgument("knowledge index: an empty path");
   Status result;
   auto file = ReadRecordFile(path, kIndexFormat, kMaxFileBytes);
   if (!file.ok() && file.status().code() != Code::kNotFound) result = file.status();
   if (file.ok()) {
+    // The seal (wire/seal.h) after the payload: checked with a secret, set
+    // apart without one.
+    std::vector<std::uint8_t>& bytes = *file;
+    const size_t n = bytes.size() - std::min(bytes.size(), wire::kSealTrailerBytes);
+    if (sealer) {
+      result = wire::EndsInSeal(bytes.data(), bytes.size())
+                   ? sealer->Check(bytes.data(), n, bytes.data() + n, wire::kSealTrailerBytes)
+                   : Status::Corrupt("not sealed (a secret was given: only an index sealed with it is read)");
+    }
+    if (result.ok() && wire::EndsInSeal(bytes.data(), bytes.size())) bytes.resize(n);
+  }
+  if (file.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    result = ParseLocked(*file);
+    if (result.ok()) result = ParseLocked(*file);
     if (!result.ok() && result.code() != Code::kBusy) {
       // Started empty (no pin was applied yet): the file describes chunks,
       // it does not hold them.
@@ -688,6 +707,7 @@ Status KnowledgeIndex::Persist(const std::string& path, std::chrono::millisecond
                                        (moved ? " (the file is now " + aside + ")" : ""));
   }
   path_ = path;
+  sealer_ = std::move(sealer);
   // Failures are retried; the owner learns of a lasting one from Flush.
   saver_ = std::make_unique<DebouncedSaver>(delay, [this] { return SaveNow(); });
   return result;

@@ -125,7 +125,13 @@ class KnowledgeIndex {
   // at the first call; pins whose deadline passed are not applied again;
   // documents beyond the capacity are left out (counted in the status).
   // Deadlines are kept as wall-clock times.
-  Status Persist(const std::string& path, std::chrono::milliseconds delay = std::chrono::milliseconds(200));
+  // With a sealer (the deployment secret: wire/seal.h) the file is sealed
+  // whole, and a file whose seal is not the secret's is refused as a corrupt
+  // one is (set aside; the status says why): whoever can write to the
+  // directory cannot hand the index documents that name other KV. Without
+  // one a sealed file is read as it is (its seal unchecked).
+  Status Persist(const std::string& path, std::chrono::milliseconds delay = std::chrono::milliseconds(200),
+                 std::shared_ptr<const wire::ChunkSealer> sealer = nullptr);
   // Saves now if anything changed since the last save (no-op when not persisted).
   Status Flush();
   // Saves written since Persist (tests).
@@ -272,6 +278,7 @@ class KnowledgeIndex {
   std::atomic<std::uint64_t> generation_{0};                                   // written under mu_
 
   std::string path_;  // set once by Persist; empty: not persisted
+  std::shared_ptr<const wire::ChunkSealer> sealer_;  // set once by Persist; null: files unsealed
   std::mutex file_mu_;  // one save at a time (they share PATH.tmp)
   std::atomic<std::uint64_t> saves_{0};
   std::unique_ptr<DebouncedSaver> saver_;  // set once by Persist

@@ -1,5 +1,7 @@
 #include "core/runtime/runtime.h"
 
+#include <cstdio>
+
 namespace kdn::store {
 
 Status ValidateRuntimeOptions(const RuntimeOptions& o) {
@@ -36,7 +38,9 @@ Result<std::shared_ptr<Runtime>> Runtime::Create(const RuntimeOptions& ro) {
   // aside and the runtime starts with no documents (knowledge_status()).
   for (const TierSpec& t : options.tiers) {
     if (t.kind != TierSpec::Kind::kDisk) continue;
-    rt->knowledge_status_ = rt->knowledge_->Persist(t.path + "/knowledge.kdnidx");
+    rt->knowledge_status_ =
+        rt->knowledge_->Persist(t.path + "/knowledge.kdnidx", std::chrono::milliseconds(200), rt->store_->sealer());
+    if (!rt->knowledge_status_.ok()) std::fprintf(stderr, "kdn: %s\n", rt->knowledge_status_.message().c_str());
     break;
   }
   rt->executor_ = std::make_unique<Executor>(worker_threads);

@@ -133,7 +133,19 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   // On the loop thread: `data` (an envelope of a reply), checked against
   // `key` and kept where it arrived when the connection read it into a
   // buffer of its own (no copy), else copied out.
-  Result<ChunkRef> Decode(capnp::Data::Reader data, const keys::Digest& key) {
+  // With a secret, the node's seal of it is checked first (*unsealed: it
+  // was not the secret's).
+  Result<ChunkRef> Decode(node::GetResult::Reader result, const keys::Digest& key, bool* unsealed) {
+    capnp::Data::Reader data = result.getEnvelope();
+    *unsealed = false;
+    if (options.sealer) {
+      capnp::Data::Reader seal = result.getSeal();
+      Status st = options.sealer->Check(data.begin(), data.size(), seal.begin(), seal.size());
+      if (!st.ok()) {
+        *unsealed = true;
+        return st;
+      }
+    }
     wire::StreamBuffers* b = Buffers();
     return wire::DecodeEnvelope(data.begin(), data.size(), &key, b ? b->OwnerOf(data.begin(), data.size()) : nullptr);
   }
@@ -240,7 +252,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   struct Arrival {
     std::int64_t deadline_ms = 0;  // the read's own deadline; a Get waits no longer
     bool done = false;             // answered, failed, timed out or cancelled
-    bool failed = false, corrupt = false;
+    bool failed = false, corrupt = false, unsealed = false;
     bool overflow = false;         // arrived while read_ahead_bytes were held: not kept
     bool counted = false;          // its bytes are in arrival_bytes
     ChunkRef chunk;                // the chunk, when held
@@ -249,7 +261,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
   // On the loop thread: a get's reply.
   void Fill(Arrival& a, const keys::Digest& key, node::Session::GetResults::Reader r) {
     ChunkRef chunk;
-    bool corrupt = false, failed = false;
+    bool corrupt = false, failed = false, unsealed = false;
     std::uint64_t bytes = 0;
     if (r.getError().getCode() != node::ErrorCode::OK) {
       failed = true;
@@ -265,7 +277,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
       }
       if (keep) {
         // Checked here; kept in the buffer it arrived in, or copied out.
-        Result<ChunkRef> c = Decode(data, key);
+        Result<ChunkRef> c = Decode(r.getChunks()[0], key, &unsealed);
         if (c.ok()) {
           chunk = std::move(c).value();
         } else {
@@ -283,6 +295,7 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
         a.done = true;
         a.chunk = std::move(chunk);
         a.corrupt = corrupt;
+        a.unsealed = unsealed;
         a.failed = failed;
         auto it = arrivals.find(key);
         if (a.chunk && it != arrivals.end() && it->second.get() == &a) {
@@ -670,6 +683,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
       ++impl_->reads_ahead_used;
       if (ahead->corrupt) {
         ++corrupt_;
+        if (ahead->unsealed) ++auth_failures_;
         return Status::NotFound(options_.name + ": not held");
       }
       if (!ahead->chunk) return Status::NotFound(options_.name + ": not held");
@@ -685,7 +699,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
     return Status::NotFound(options_.name + ": no namespace for the read");
   }
   ChunkRef out;
-  bool corrupt = false;
+  bool corrupt = false, unsealed = false;
   try {
     impl_->Run(impl_->DeadlineOf(ctx), [&](node::Session::Client& s) {
       auto req = s.getRequest();
@@ -695,10 +709,9 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
         if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
         auto chunks = r.getChunks();
         if (chunks.size() != 1 || !chunks[0].isEnvelope()) return;
-        auto data = chunks[0].getEnvelope();
         // Checked here, on the loop thread; kept in the buffer it arrived
         // in (the connection's registry is the loop's), or copied out.
-        Result<ChunkRef> c = impl_->Decode(data, key);
+        Result<ChunkRef> c = impl_->Decode(chunks[0], key, &unsealed);
         if (c.ok()) {
           out = std::move(c).value();
         } else {
@@ -712,6 +725,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
     return Status(Code::kUnavailable, options_.name + ": node unavailable");
   }
   if (corrupt) ++corrupt_;
+  if (unsealed) ++auth_failures_;
   if (!out) return Status::NotFound(options_.name + ": not held");
   impl_->Hint(key, true);
   return out;
@@ -921,6 +935,7 @@ bool RemoteTier::Erase(const keys::Digest& key, const ReadContext& ctx) {
 TierCounters RemoteTier::counters() const {
   TierCounters c;
   c.corrupt_detected = corrupt_;
+  c.auth_failures = auth_failures_;
   c.io_errors = io_errors_;
   return c;
 }

@@ -46,6 +46,12 @@
 //   nothing, and the chain never evicts from it.
 // - Corrupt replies (checksums, another key) are misses, counted as
 //   corrupt_detected.
+// - With a deployment secret (`sealer`) every envelope must come with the
+//   node's seal of it (wire/node.capnp GetResult.seal; kdnd with the same
+//   server.secret_file): one without it, with another secret's, or whose
+//   bytes do not match it is a miss, counted as auth_failures (and
+//   corrupt_detected). Whoever answers at the node's address without the
+//   secret cannot make this tier load KV.
 // Thread-safety: every member may be called concurrently. All RPC runs on
 // the tier's own event loop thread.
 #pragma once
@@ -62,6 +68,7 @@
 #include <vector>
 
 #include "core/store/tier.h"
+#include "core/wire/seal.h"
 
 namespace kdn::store {
 
@@ -93,6 +100,9 @@ struct RemoteTierOptions {
   // cover (keys x chunk_tokens), which the node's statistics count as
   // requested tokens (and found ones as lookup hit tokens). 0: not told.
   std::uint64_t chunk_tokens = 0;
+  // The deployment secret's sealer (wire/seal.h); null: replies are taken
+  // as the node (or whoever answers at its address) sends them.
+  std::shared_ptr<const wire::ChunkSealer> sealer;
 };
 
 // Counters beyond TierCounters.
@@ -172,7 +182,7 @@ class RemoteTier final : public Tier {
   size_t in_flight_ = 0;  // chunks and documents the senders have out
   std::uint64_t send_attempts_ = 0, send_failures_ = 0;  // under qmu_
   std::vector<std::thread> senders_;
-  mutable std::atomic<std::uint64_t> corrupt_{0}, io_errors_{0}, no_namespace_{0}, queue_full_{0};
+  mutable std::atomic<std::uint64_t> corrupt_{0}, auth_failures_{0}, io_errors_{0}, no_namespace_{0}, queue_full_{0};
   mutable std::atomic<std::uint64_t> puts_sent_{0}, puts_refused_{0};
   std::atomic<std::uint64_t> documents_sent_{0}, documents_refused_{0}, documents_dropped_{0};
 };

@@ -60,6 +60,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.tls_ca_file = spec.tls_ca_file;
       o.tls_server_name = spec.tls_server_name;
       o.chunk_tokens = chunk_tokens;
+      o.sealer = sealer;
       auto t = RemoteTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return WithLevels(spec, index, std::move(t).value());

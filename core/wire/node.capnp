@@ -95,6 +95,10 @@ struct GetResult {
     missing @0 :Void;
     envelope @1 :Data;    # the chunk as stored (wire/chunk.capnp)
   }
+  # A node with a deployment secret (server.secret_file) seals each envelope
+  # it sends: the 48-byte trailer of wire/seal.h over the envelope's bytes.
+  # A runtime with the secret takes only envelopes whose seal it can check.
+  seal @2 :Data;
 }
 
 struct Latency {

@@ -60,6 +60,10 @@ size_t EnvelopeBytesIgnoringSeal(const std::uint8_t* data, size_t size) {
   return *n;
 }
 
+bool EndsInSeal(const std::uint8_t* data, size_t size) {
+  return size >= kSealTrailerBytes && std::memcmp(data + size - kSealTrailerBytes, kMagic, 8) == 0;
+}
+
 ChunkSealer::ChunkSealer(std::string secret) : secret_(std::move(secret)) {
   std::string id_input(kKeyIdLabel);
   id_input += secret_;
@@ -147,13 +151,18 @@ Status ChunkSealer::Open(const std::uint8_t* data, size_t size, size_t* envelope
   if (!n.ok()) return n.status();
   if (size == *n) return Corrupt("not sealed (this tier takes only chunks sealed with its secret)");
   if (size - *n != kSealTrailerBytes) return Corrupt("bytes after the envelope are not a seal");
-  const std::uint8_t* t = data + *n;
-  if (std::memcmp(t, kMagic, 8) != 0) return Corrupt("bytes after the envelope are not a seal");
+  KDN_RETURN_IF_ERROR(Check(data, *n, data + *n, kSealTrailerBytes));
+  *envelope_bytes = *n;
+  return Status::Ok();
+}
+
+Status ChunkSealer::Check(const std::uint8_t* bytes, size_t n, const std::uint8_t* t, size_t trailer_size) const {
+  if (trailer_size == 0) return Corrupt("not sealed (a secret was given: only chunks sealed with it are taken)");
+  if (trailer_size != kSealTrailerBytes || std::memcmp(t, kMagic, 8) != 0) return Corrupt("the seal is not one");
   if (std::memcmp(t + 8, key_id_.data(), 8) != 0) return Corrupt("sealed with another secret");
   std::uint8_t tag[kTagBytes];
-  KDN_RETURN_IF_ERROR(Tag(t + 16, data, *n, tag));
+  KDN_RETURN_IF_ERROR(Tag(t + 16, bytes, n, tag));
   if (CRYPTO_memcmp(tag, t + 32, kTagBytes) != 0) return Corrupt("the seal does not match its bytes (forged or damaged)");
-  *envelope_bytes = *n;
   return Status::Ok();
 }
 

@@ -56,6 +56,9 @@ class ChunkSealer {
   // kCorrupt: no trailer, a trailer of another secret, a wrong MAC, or bytes
   // that are no envelope.
   Status Open(const std::uint8_t* data, size_t size, size_t* envelope_bytes) const;
+  // Checks a trailer kept apart from the bytes it seals (a node's reply
+  // carries it beside the envelope): kCorrupt as Open.
+  Status Check(const std::uint8_t* bytes, size_t n, const std::uint8_t* trailer, size_t trailer_size) const;
 
   const std::array<std::uint8_t, 8>& key_id() const { return key_id_; }
 
@@ -82,5 +85,10 @@ Result<size_t> EnvelopeBytes(const std::uint8_t* data, size_t size);
 // size and magic after the message: its length; else `size`, all of it).
 // The seal itself is not checked: without the secret it cannot be.
 size_t EnvelopeBytesIgnoringSeal(const std::uint8_t* data, size_t size);
+
+// Whether `size` bytes end in what looks like a seal's trailer (its magic
+// 48 bytes from the end); not checked. For files sealed whole (a runtime's
+// knowledge index), read by a reader without the secret.
+bool EndsInSeal(const std::uint8_t* data, size_t size);
 
 }  // namespace kdn::wire

@@ -794,6 +794,64 @@ TEST_F(KdnNodeTest, TwoRuntimesShareKvThroughTheNode) {
   EXPECT_EQ(other->store().Lookup(ref_.m, "tenant-a", ref_.Keys()).tokens, 0u);
 }
 
+// Whoever answered at a node's address decided the KV a runtime loaded:
+// the node's replies were taken as they came. With a deployment secret a
+// node seals each envelope it sends, and a runtime with the secret takes
+// only envelopes it can check: an impostor (a node without the secret,
+// holding KV of the same keys), or a node with another secret, gives
+// misses, counted as auth failures, never KV.
+TEST_F(KdnNodeTest, WithASecretARuntimeTakesOnlyChunksTheNodeSealed) {
+  auto write_secret = [&](const std::string& name, char fill) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << std::string(32, fill) << "-the-rest-of-a-secret";
+    fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write);
+    return p.string();
+  };
+  const std::string secret = write_secret("secret", 'k'), other = write_secret("other", 'q');
+  auto node = [&](const std::string& name, const std::string& secret_file) {
+    fs::create_directories(dir_ / name);
+    ServerConfig c = TestConfig(dir_ / name);
+    c.listen = {"127.0.0.1:0"};
+    c.metrics = "";
+    c.secret_file = secret_file;
+    return std::make_unique<RunningServer>(c);
+  };
+  auto sealed = node("sealed", secret), impostor = node("impostor", ""), another = node("another", other);
+  const size_t T = ref_.tokens.size();
+  std::vector<float> in = ref_.canonical;
+  auto views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+  for (RunningServer* n : {sealed.get(), impostor.get(), another.get()}) {
+    auto writer = RemoteRuntime(n->bound().rpc[0], kTokenA, "", 2000, "", "", secret);
+    ASSERT_EQ(writer->Store(ref_.m, "tenant-a", ref_.Keys(), views).value(), T);
+    writer->store().chain().Flush();
+  }
+  struct Read {
+    size_t tokens;
+    std::uint64_t auth_failures;
+    bool equal;
+  };
+  auto read = [&](RunningServer& n, const std::string& secret_file) -> Read {
+    auto reader = RemoteRuntime(n.bound().rpc[0], kTokenA, "", 2000, "", "", secret_file);
+    std::vector<float> out(ref_.canonical.size(), -7.0f);
+    auto out_views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(out)}, T).value();
+    const size_t got = reader->Retrieve(ref_.m, "tenant-a", ref_.Keys(), out_views).value().tokens;
+    return {got, reader->store().chain().tier(0).counters().auth_failures, out == ref_.canonical};
+  };
+  const Read good = read(*sealed, secret);
+  EXPECT_EQ(good.tokens, T);
+  EXPECT_TRUE(good.equal);
+  EXPECT_EQ(good.auth_failures, 0u);
+  for (RunningServer* bad : {impostor.get(), another.get()}) {
+    SCOPED_TRACE(bad == impostor.get() ? "a node without the secret" : "a node with another secret");
+    const Read r = read(*bad, secret);
+    EXPECT_EQ(r.tokens, 0u);
+    EXPECT_GE(r.auth_failures, 1u);
+  }
+  // Without a secret a runtime takes what the node sends (docs/security.md).
+  EXPECT_EQ(read(*impostor, "").tokens, T);
+  EXPECT_EQ(read(*sealed, "").tokens, T);
+}
+
 TEST_F(KdnNodeTest, ACompressingRemoteTierSendsEncodedChunksAndTheReaderDecodes) {
   const size_t T = ref_.tokens.size();
   auto writer = RemoteRuntime(server_->bound().rpc[0], kTokenA, "kdn:balanced");

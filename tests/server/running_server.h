@@ -41,9 +41,11 @@ class RunningServer {
 // A runtime whose only tier is the node at `address` (8-token chunks).
 inline std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const std::string& token,
                                               const std::string& codec = "", std::uint32_t timeout_ms = 2000,
-                                              const std::string& tls_ca_file = "", const std::string& tls_name = "") {
+                                              const std::string& tls_ca_file = "", const std::string& tls_name = "",
+                                              const std::string& secret_file = "") {
   store::StoreOptions o;
   o.chunk_tokens = 8;
+  o.secret_file = secret_file;
   store::TierSpec remote;
   remote.kind = store::TierSpec::Kind::kRemote;
   remote.address = address;

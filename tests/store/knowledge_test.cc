@@ -3,6 +3,7 @@
 // their bytes are the same), pins counted per document, TTLs that saturate,
 // and the index's own bound and cost (no call walks every document).
 #include "core/knowledge/knowledge.h"
+#include "core/wire/seal.h"
 
 #include <gtest/gtest.h>
 
@@ -92,12 +93,13 @@ class KnowledgeTest : public ::testing::Test {
   std::string IndexPath() const { return (dir_ / "knowledge.kdnidx").string(); }
   // A restart: the index (saving what changed) and the store go, a new
   // store opens the same disk directory and a new index loads the file.
-  Status Restart(std::chrono::milliseconds delay = std::chrono::milliseconds(200)) {
+  Status Restart(std::chrono::milliseconds delay = std::chrono::milliseconds(200),
+                 std::shared_ptr<const wire::ChunkSealer> sealer = nullptr) {
     index_.reset();
     store_.reset();
     store_ = KvStore::Create(options_).value();
     index_ = std::make_unique<KnowledgeIndex>(*store_);
-    return index_->Persist(IndexPath(), delay);
+    return index_->Persist(IndexPath(), delay, std::move(sealer));
   }
   void TearDown() override {
     index_.reset();
@@ -726,6 +728,40 @@ TEST_F(KnowledgeTest, AFileThatCannotBeLoadedIsSetAsideAndTheIndexStartsEmpty) {
   }
   EXPECT_EQ(Restart().code(), Code::kCorrupt);
   EXPECT_TRUE(index_->List(m_, "ns").empty());
+}
+
+// Whoever could write to the disk tier's directory could hand a runtime an
+// index whose documents name other KV (a document's fetch then loads it).
+// With the deployment secret the index is sealed whole: a file without the
+// secret's seal is refused as a corrupt one is; without a secret a sealed
+// file is read as it is.
+TEST_F(KnowledgeTest, WithASecretOnlyAnIndexSealedWithItIsLoaded) {
+  auto sealer = wire::ChunkSealer::FromSecret(std::string(40, 's')).value();
+  auto other = wire::ChunkSealer::FromSecret(std::string(40, 'o')).value();
+  ASSERT_TRUE(Restart(std::chrono::milliseconds(200), sealer).ok());
+  Kv kv(16);
+  ASSERT_TRUE(index_->Put(m_, "ns", "doc", 1, "", Tokens(16, 1), kv.view).ok());
+  ASSERT_TRUE(index_->Flush().ok());
+  ASSERT_TRUE(Restart(std::chrono::milliseconds(200), sealer).ok());
+  ASSERT_EQ(index_->List(m_, "ns").size(), 1u);
+  ASSERT_TRUE(Restart().ok());  // no secret: read as it is
+  ASSERT_EQ(index_->List(m_, "ns").size(), 1u);
+  ASSERT_TRUE(Restart(std::chrono::milliseconds(200), sealer).ok()) << "a sealed file loads again with the secret";
+  ASSERT_EQ(index_->List(m_, "ns").size(), 1u);
+  // A forged index (written without the secret) and one of another secret.
+  for (const auto& forger : {std::shared_ptr<const wire::ChunkSealer>(), other}) {
+    SCOPED_TRACE(forger ? "another secret" : "no secret");
+    std::filesystem::remove(IndexPath() + ".bad");
+    ASSERT_TRUE(Restart(std::chrono::milliseconds(200), forger).ok());
+    ASSERT_TRUE(index_->Put(m_, "ns", "forged", 1, "", Tokens(8, 5), kv.view).ok());
+    ASSERT_TRUE(index_->Flush().ok());
+    const Status st = Restart(std::chrono::milliseconds(200), sealer);
+    EXPECT_EQ(st.code(), Code::kCorrupt);
+    EXPECT_NE(st.message().find(forger ? "another secret" : "not sealed"), std::string::npos) << st.message();
+    EXPECT_TRUE(index_->List(m_, "ns").empty());
+    EXPECT_TRUE(std::filesystem::exists(IndexPath() + ".bad"));
+    index_.reset();  // nothing changed: nothing saved over the forged file's place
+  }
 }
 
 TEST_F(KnowledgeTest, ABurstOfChangesIsSavedOnce) {
