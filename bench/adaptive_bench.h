@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench adaptive`: bandwidth-adaptive delivery (tiers/leveled_tier.h)
 // through the bench's shaping proxy, against fixed-level delivery and
 // against recomputing (issue 18, part 3).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // See bench_kv.h.
 #include "bench/bench_kv.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the benchmarks that move chunks through a tier (remote, redis):
 // the two chunk shapes, the reference model's real KV (prefilled windows of
 // a held-out text), chunks of a shape framed as envelopes, and the views and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bench's network pieces: loopback sockets, a shaping proxy (a link of a
 // set rate, which may change at a set time) and a kdnd on a thread of this
 // process. `kdn bench remote` and `kdn bench adaptive` use them.

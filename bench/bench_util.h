@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the benchmarks: timing, medians and the JSON records of DESIGN.md
 // ({"name", "value", "unit", "baseline", "baseline_value", "ratio", "params"}).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench blend`: blending on the reference model at ratios 0, 5, 10, 15,
 // 20, 30 and 100% (issue 5, section 3), with a PNG of KL against ratio.
 // Thread-safety: RunBlendBench is a whole command; run one at a time.

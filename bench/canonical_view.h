@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A canonical KV buffer as a view, for benchmarks that keep KV in one
 // allocation per request.
 // Thread-safety: a plain value.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # ctest bench.redis: runs `kdn bench redis --quick --repeats 1` once and
 # checks that its JSON parses and holds every record the bench promises, each
 # with a positive value and baseline (no timing is compared with anything).

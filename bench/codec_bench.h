@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench codec`: the KV codecs measured on the reference model's real KV
 // (issue 4, sections 5 and 7).
 // Thread-safety: RunCodecBench is a whole command; run one at a time.

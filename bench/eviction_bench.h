@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench eviction`: eviction policies by the prefill time they save per
 // GB of cache (issue 18, part 2): the cost-aware policy against LRU and
 // S3-FIFO at the same capacities, on traces simulated as kdn's store serves

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bench/gpu_bench.h"
 
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench gpu`: the GPU path's delivery against the copies it competes
 // with, in the same run (issue 17, part 2). Without a CUDA GPU (or in a build
 // without the CUDA kernels) it says it needs one, writes an empty JSON array

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bench/ingest_bench.h"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench ingest`: what storing costs on top of prefill when a document
 // set is ingested (issue 18, part 1), and the time to inject the reference
 // corpus.

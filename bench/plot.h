@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PNG plots for the benchmarks, drawn by gnuplot (Debian: gnuplot-nox) run
 // as a subprocess. A missing or failing gnuplot is a warning, never an error:
 // the JSON records are the benchmark's result, the plot a view of them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench redis`: the Redis tier (tiers/redis_tier.h) against
 // redis-server processes started here on loopback (redis/local_servers.h):
 // one node, and a cluster of 3 masters without replicas (a replica would

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench redis`: the Redis tier (tiers/redis_tier.h) against redis-server
 // processes it starts on loopback (a single node and a 3-master cluster) and
 // stops, each measure beside raw hiredis doing the same work in the same run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench remote`: a runtime's remote tier (tiers/remote_tier.h) against
 // a kdnd (server/server.h) run on a thread of this process on loopback. Each
 // measure has a baseline doing the same work under the same guarantee in the

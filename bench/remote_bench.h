@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench remote`: a runtime's remote tier against a kdnd (server/) run
 // in-process on loopback, each measure beside a baseline that does the same
 // work under the same guarantee in the same run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SHA256_Init and friends (the keyer's primitives, the chunkwise baseline)
 // are deprecated in OpenSSL 3 in favour of EVP.
 #define OPENSSL_SUPPRESS_DEPRECATED

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # One static library per source folder, each seeing only its own headers and
 # those of the libraries it links: a wrong include between floors fails to
 # compile, instead of building and hiding the dependency.

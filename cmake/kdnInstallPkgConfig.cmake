@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs at install time (capi/CMakeLists.txt's install(CODE)): writes kdn.pc
 # for the prefix being installed to (CMAKE_INSTALL_PREFIX here is the one of
 # `cmake --install --prefix`) and installs it to <libdir>/pkgconfig.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn_codec_fuzz: a libFuzzer target for the decoders that read untrusted
 // bytes: the KV codec decoders (core/codec, every id DecoderFor knows), the
 // rANS table and stream parser (codec/rans.h) and the chunk envelope

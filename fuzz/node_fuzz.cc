@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn_node_fuzz: a libFuzzer target for kdnd's handling of calls from
 // untrusted clients (server/rpc.cc, server/service.cc): the parameters of every Session method,
 // read from the input as a Cap'n Proto message, go through the node's own

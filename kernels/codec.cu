@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The codec kernels: each is a grid-stride loop over one per-thread work
 // function of common/codec_device_math.h (which thread does what is stated
 // there and in codec.cuh), or, for kdn's batched decode, a block per plane

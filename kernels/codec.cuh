@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA kernels of the compressing codecs (core/codec/kdn.cc: kdn's own codec;
 // core/codec/cachegen.cc: the CacheGen baseline): dequantize + entropy
 // decode, quantize + entropy encode. Each kernel is a grid-stride loop around

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "kernels/kv_view.cuh"
 
 #include <type_traits>

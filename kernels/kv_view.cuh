@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA gather/scatter of KV between an engine's view (common/kv_view.h:
 // paged or contiguous per-layer K and V) and a canonical device chunk, a
 // vector of up to 16 bytes per thread (common/kv_rows.h: the same functions

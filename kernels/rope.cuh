@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA re-positioning of cached keys: rotates each token's keys from the
 // position they were computed at to a new one, in place. The element math is
 // common/rope_reposition.h (formulas there), the same the CPU path

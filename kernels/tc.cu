@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transform codec's decode kernels: grid-stride loops over the
 // per-thread work of common/tc_device_math.h (tc.cuh says which thread does
 // what).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA kernels of the transform codec's decode (core/codec/tc.cc): each is a
 // grid-stride loop around one per-thread work function of
 // common/tc_device_math.h, which the CPU path (ref/tc_ref.h) runs too. The

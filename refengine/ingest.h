@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ingestion of a document set: every text file under a directory becomes a
 // knowledge item (doc_id = its path relative to the directory, version = a
 // hash of its content), prefilled by the reference engine and stored through

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "refengine/model_loader.h"
 
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference model's files: where they are looked for, and loading them
 // (or a random stand-in of the same shape). Used by the reference engine and
 // by every command and benchmark that runs the reference transformer; it

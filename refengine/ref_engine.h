@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference engine: the reference transformer wired to kdn through the C
 // ABI (and nothing else of kdn), as a serving engine would be. It prefills
 // and stores documents, and answers a prompt cold (full prefill) or warm

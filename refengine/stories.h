@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Short stories in the TinyStories style (the reference model was trained on
 // such text), written for kdn's demo and benchmarks.
 #pragma once

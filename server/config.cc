@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's configuration loader (server/config.h): TOML through toml++, every
 // key checked against the keys the format knows and every value against its
 // type and range, so a typo stops the node instead of quietly changing what

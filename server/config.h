@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's configuration: a TOML file (toml++), read once at start. It names
 // where the node listens, its tiers, the bearer tokens and what each grants,
 // TLS, metrics and KV events. A file that others can read (any group or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KvEventPublisher: vLLM-format KV events over ZeroMQ PUB (the wire format is
 // described in kv_events.h). Callers queue events under a mutex; one thread
 // owns the socket, encodes batches with msgpack-cxx and sends them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KV events from kdnd in vLLM's format, so a KV-aware router that subscribes
 // to vLLM engines (llm-d, Dynamo, AIBrix, ...) can subscribe to kdnd too.
 // The node tells the publisher what it stored and removed; the publisher

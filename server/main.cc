@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd: serves a node (server/server.h) as its configuration file says.
 //
 //   kdnd --config /etc/kdn/kdnd.toml [--ready-file F] [--check]

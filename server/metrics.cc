@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's Prometheus text: NodeStats -> prometheus-cpp MetricFamily values ->
 // TextSerializer. The names, and which LMCache names alias which kdn
 // series, are listed in metrics.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's /metrics and /healthz bodies: a NodeStats snapshot rendered in the
 // Prometheus text exposition format 0.0.4. The families are built by hand
 // as prometheus-cpp MetricFamily values and written by its TextSerializer

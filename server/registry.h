@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's registry of knowledge items (protocol version 2): documents, each
 // named by (namespace, model, doc_id) and listing the client keys of its
 // chunks, with their reference counts and pins over the node's chain of

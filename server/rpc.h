@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's transport: the node service (server/service.h) as the Cap'n Proto
 // interfaces of core/wire/node.capnp. Each handler reads and bounds-checks
 // its request (sizes, key counts: a malformed message gets a typed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's server: the node service (server/service.h) on Cap'n Proto RPC over
 // every configured listen address (TCP, Unix sockets; TLS when configured),
 // /metrics and /healthz over HTTP, and KV events over ZeroMQ, all on one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The node service: what kdnd does with each call, apart from how calls
 // arrive (server/rpc.h carries them over Cap'n Proto and turns this
 // service's Status values into the schema's typed errors).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiers' delivery limits (server/tier_limits.h): a timed memcpy for
 // memory, a timed cold read of a file the measurement writes for a disk.
 #include "server/tier_limits.h"

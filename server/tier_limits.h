@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How fast each of kdnd's tiers can deliver: measured once at start (when
 // server.measure_tiers is on, before the node serves) and reported with the
 // tier's statistics (TierStatsSnapshot::limit_bytes_per_s, kdn_tier_limit_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn blend eval`: blending quality and TTFT on the reference model (issue
 // 5, section 3; the measure itself is blend::EvaluateBlend in
 // lab/blend/eval.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn codec eval` and `kdn codec calibrate`: a codec's quality on the reference model (issue 4,
 // section 4; the measure itself is codec::Evaluate in lab/codec/eval.h).
 // Thread-safety: single-threaded command code.

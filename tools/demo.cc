@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RAG scene uses the experimental blending calls (kdn_kv_blend).
 #define KDN_EXPERIMENTAL
 #include "demo.h"

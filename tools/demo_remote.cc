@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn demo --remote`: two engines in two processes share one kdnd. This
 // process starts a kdnd (a temporary directory, a Unix socket, a fresh
 // token), ingests the stories through a runtime whose tiers are its own

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "disk_cmd.h"
 
 #include <nlohmann/json.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn disk fill` and `kdn disk verify`: exercise a disk tier directory the
 // way a crash test needs. `fill` writes chunks whose every byte follows from
 // (seed, chunk index) and may be killed at any moment; `verify` reopens the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "ingest_cmd.h"
 
 #include <signal.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn ingest`: every text file under a directory becomes a knowledge item
 // of a store (refengine/ingest.h), with a progress bar on a terminal (plain
 // lines otherwise), Ctrl-C to stop after the files in progress, and a

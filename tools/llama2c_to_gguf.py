@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """llama2.c checkpoint (+ tok512.bin tokenizer) -> GGUF v3, llama architecture, all F32.
 
 Standard library only (no numpy, no gguf-py): the weights are float32 in the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kdn command: generate, demo, bench, disk, codec.
 #include <CLI/CLI.hpp>
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The one script a session lent a GPU machine runs there (issue 30's checks), from the
 # repository root, after packing here:
 #

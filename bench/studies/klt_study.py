@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A study for a transform codec (issue 17): does a per-layer KLT (PCA) pay on stories260K's KV?
 
 A numpy re-implementation of the reference model's forward pass (checked against

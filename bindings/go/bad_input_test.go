@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package kdn
 
 // The bad inputs every binding is tested with (the same rows, in the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Package kdn is the Go binding of kdn, the KV-cache runtime: a runtime of
 // storage tiers, models registered with it, and the calls that store, find
 // and load a model's KV (synchronously, or layer by layer in the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The Go binding's C shims (see kdn_go.h). cgo compiles this file with the
  * package. */
 #include "kdn_go.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C side of the Go binding: shims that take every Go pointer as a direct
  * argument and build kdn's structs here, in C memory, so that no Go memory
  * ever holds a pointer to Go memory (cgo's rule; Go 1.19 cannot pin).

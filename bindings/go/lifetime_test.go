@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package kdn
 
 // Regression tests of a review: a HostBuffer's memory under a live Bytes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Java module over bindings/swig/kdn_binding.hpp: the generated classes
 // go to dev.kdn.swig (hidden behind the hand-written API in dev.kdn).
 //

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kdn's Python binding bench, run by `kdn bench bindings` beside the same
 calls from C (bench/bindings_bench.cc): a 32 MiB retrieve into a numpy
 array, and the per-call time of a 256-token lookup.

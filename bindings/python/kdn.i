@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The SWIG module under the Python package `kdn`: kdn_swig.py plus the
 // extension _kdn_swig, over the C++ layer bindings/swig/kdn_binding.hpp.
 // The package (kdn/*.py) is the API; this module is its private engine.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The layer between kdn.h and SWIG's Java and Python modules.
 //
 // kdn.h is C: out-parameters, borrowed strings, versioned structs, a status

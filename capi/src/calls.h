@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reading of a call's common arguments, shared by the shims: handles,
 // namespaces, doc ids, tokens, requests, views; the editor and the ops.
 #pragma once

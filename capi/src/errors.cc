@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: versions, status strings and the thread's last error message.
 #include "calls.h"
 #include "shim.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: knowledge items (put, info, list, pin, expire, delete, fetch).
 #include "calls.h"
 #include "shim.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: lookups, stores, retrieves, asynchronous loads and saves.
 #include "calls.h"
 #include "shim.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: kdn_model (a model spec registered with a runtime).
 #include "calls.h"
 #include "shim.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: kdn_op (an asynchronous load or save in flight).
 #include "calls.h"
 #include "shim.h"

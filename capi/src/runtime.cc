@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: kdn_runtime (create from options, stats, tier stats).
 #include "calls.h"
 #include "shim.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every extern "C" shim over kdn::core uses: the handles, the struct
 // mechanics (sizes, reading callers' structs, writing outputs), errors (the
 // thread's last message, Status to kdn_status) and KDN_BEGIN/KDN_END. The

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: the _init functions of its versioned structs.
 #include "calls.h"
 #include "shim.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Blending (CacheBlend, issue 5): compose a context from pieces whose KV was
 // computed alone (RAG chunks in any order) by re-positioning their keys and
 // recomputing only the tokens whose KV matters most.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A chunk of KV as every layer above the kernels exchanges it: its bytes
 // (Payload: owned, move-only, heap or pool memory) and what describes them
 // (ChunkMeta). The store's tiers keep chunks, the wire envelope encodes them,

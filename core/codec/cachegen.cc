@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cachegen: a re-implementation of LMCache's CacheGen, kdn's baseline.
 //
 // Quantization (kernels/common/quant.h, symmetric): one float32 scale per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Spec parsing and printing, and the dispatch from a spec or a codec id to
 // a codec. Names: raw, fp8, int8, kivi2, cachegen, kdn, zstd, tc.
 #include "core/codec/codec.h"

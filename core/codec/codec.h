@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KV codecs: encode a canonical chunk's KV ([layer][k|v][token][kv_head]
 // [head_dim], in the model's dtype) into a self-describing payload, and
 // decode it back. Every parameter a decoder needs travels in the payload;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The directory parsers mirror the CPU decoders' checks (kdn.cc's and
 // cachegen.cc's Decode, in the same order; their constants are restated
 // here): a payload is accepted here iff the CPU codec accepts it, which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host side of the compressing codecs' CUDA path (kernels/codec.cuh): the
 // host parses a payload's headers and tables into a directory (where each
 // plane's tables and each stream sit, the parsed frequency tables) with the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fp8: OCP e4m3 (FN) codes with float32 scales, as vLLM's fp8 KV cache.
 // Spec: fp8[:scale=token|head] (token is the default).
 // - scale=token (param0 = 0): one scale per (layer, k|v, token), over that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // int8: symmetric int8 with one float32 scale per (layer, k|v, token), over
 // that token's kv_heads x head_dim elements.
 // scale = absmax / 127 (0 for an all-zero block); code = rint(x / scale) in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn: kdn's own compressing codec. Uniform scalar quantization with a step
 // per (layer, k|v, channel), followed by static-model rANS with interleaved
 // states; the first few tokens of the chunk (attention sinks) travel as half

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX2 loops of the kdn encoder; the contract is in kdn_encode_avx2.h.
 //
 // Statistics and quantization run over several channels per vector: each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kdn encoder's loops (core/codec/kdn.cc) with AVX2: the per-channel
 // statistics of a plane, its quantization, and the coding of 8-lane streams
 // several at a time. Each gives the same results, bit for bit, as the

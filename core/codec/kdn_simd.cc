@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Vector decoding of kdn streams; the contract is in kdn_simd.h, the
 // decoder itself in kdn_simd_x86.inc.
 #include "core/codec/kdn_simd.h"

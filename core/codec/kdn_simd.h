@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn streams (kernels/common/kdn_quant.h) decoded with vector
 // instructions (AVX2 and F16C, or AVX-512), several streams at once: the
 // CPU's fast path for the kdn codec (x86-64; elsewhere, and on CPUs without

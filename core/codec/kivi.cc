@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kivi2: KIVI's asymmetric low-bit quantization (Liu et al., 2024): keys per
 // channel, values per token, min/max groups.
 // Spec: kivi2[:bits=2|4][,group=G] (defaults bits=2, group=32; G in [1, 65536]).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal to core/codec: the header every codec payload starts with, the
 // element access of the three KV dtypes, and the codec factories codec.cc
 // dispatches to.

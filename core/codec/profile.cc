@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading a codec profile (the file `kdn codec calibrate` writes). Apart
 // from calibrate.cc so that decoding with a profile does not pull the
 // calibration (and with it the reference transformer) into libkdn.so.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Codec profiles: one "PRESET SPEC" line per preset, '#' comments.
 // Thread-safety: pure functions (reads a file).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Static-model rANS over bytes; formats and contracts in rans.h, state math in
 // kernels/common/rans.h.
 #include "core/codec/rans.h"

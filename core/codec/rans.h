@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn's entropy coder: static-model rANS over byte symbols (alphabet <= 256),
 // with 1..kMaxLanes interleaved states sharing one byte stream (symbol i is
 // coded by state i % lanes), so a decoder has `lanes` independent dependency

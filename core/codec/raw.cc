@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // raw: the chunk's bytes as they are.
 // Payload: header (param0 = param1 = 0), then shape.bytes() bytes of KV in
 // the canonical layout and shape.dtype. Size: kHeaderBytes + shape.bytes().

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tc: kdn's transform codec (issue 17). Per plane (one layer's keys or
 // values of a chunk), with a profile learned once per model
 // (core/codec/tc_profile.h, `kdn codec calibrate --transform`):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transform codec's decode on a CPU (core/codec/tc.cc's payloads): the
 // same bytes as TcDecodeEmulated (core/codec/device.h), which runs the GPU
 // kernels' per-thread functions in thread order, and the same verdict on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transform codec's profile (issue 17): what `kdn codec calibrate
 // --transform` learns of one model's KV, once, for every chunk of it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // zstd: lossless. The chunk's bytes, optionally split into byte planes
 // ("shuffle": byte 0 of every element, then byte 1, ...; the sign and
 // exponent bytes of KV are alike from element to element, the low mantissa

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU side of delivery: a Device runs what the store does to KV that
 // lives in GPU memory (an engine's KV view, a device tier's blocks):
 // copies, the gather and scatter kernels between views and canonical

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Asynchronous, layer-by-layer loads and saves, as serving engines overlap
 // KV transfer with their forward pass (vLLM's start_load_kv /
 // wait_for_layer_load / save_kv_layer / wait_for_save).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV store of a runtime: splits a request's tokens into chunks, keys
 // them (chained prefix keys over token ids, or over the engine's own block
 // hashes), keeps them in a chain of tiers (store/tiered_store.h), and moves

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KvStore's paths for engines' KV views in device memory (device/device.h):
 // loads that never bring the canonical KV through the host, and stores that
 // keep it on the device when the top tier is a device tier.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Callers' KV views (the C ABI's kdn_kv_view, as plain C++) resolved into
 // KV groups over a model's layers: checked against the model and a request
 // before anything is touched, with every caller array copied: the C ABI's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/keys/hash.h"
 
 // SHA256_Init and friends are deprecated in OpenSSL 3 in favour of EVP, but

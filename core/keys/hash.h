@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deterministic keys: SHA-256 (OpenSSL) over canonical little-endian byte
 // encodings with a domain tag and an explicit seed, so every process,
 // language and machine derives the same key from the same inputs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Blending of knowledge items: the orchestration every front end needs
 // (the C ABI's kdn_kv_blend, kdnd): documents are read from the knowledge
 // index, each under one snapshot, converted to float, composed by Compose

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Knowledge items: named documents (doc_id, version, metadata) whose KV is
 // kept under position-free content keys, chunk by chunk, so that operators
 // choose which documents are served and the blender can fetch a document's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Matching without separators: finds the stored content chunks of knowledge
 // items (knowledge/knowledge.h) inside a query's tokens at any offset, so an
 // engine need not mark where one retrieved chunk ends and the next begins.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small file of records that survives crashes whole or not at all: the
 // knowledge registries (kdnd's knowledge.kdnreg, a runtime's
 // knowledge.kdnidx) are kept in one.

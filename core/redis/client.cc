@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis / Redis Cluster client (see client.h).
 //
 // hiredis does the protocol: commands are formatted with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A client of Redis and Redis Cluster (or Valkey) over Debian's hiredis
 // (0.14, which has no cluster support: the cluster logic is here): CRC16
 // key slots, the slot map from CLUSTER SLOTS, MOVED and ASK redirects, a

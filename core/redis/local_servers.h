@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Real redis-server processes on loopback, for the tests (tests/redis,
 // tests/store) and `kdn bench redis`: one node, or a cluster of masters (3
 // by default, with a replica each) made by `redis-cli --cluster create`, on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A runtime: the KV store, its knowledge index and the workers of its
 // asynchronous loads and saves, as one object (the C ABI's kdn_runtime and
 // the C++ tools; kdnd hosts a chain of tiers of its own, server/service.h, not

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Chunks in a tier's codec: which codec a tier uses, and the two steps
 // between a chunk's canonical KV and its stored form. A chunk whose
 // meta.codec is kRaw holds the canonical bytes; any other chunk holds that

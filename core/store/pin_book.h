@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pins that several owners (documents) hold on one object (a chunk): per
 // key, one deadline per pin. What the object's pin is, is the rule of every
 // registry of documents (the runtime's knowledge index, kdnd's): a pin

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Eviction policies: LRU, S3-FIFO and the cost-aware GDSF.
 //
 // Both keep intrusive-free std::list queues plus a hash index from key to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Eviction policies: which object of a tier goes next. A policy tracks keys
 // and sizes only; the tier slot in the chain calls it under its own lock.
 // Thread-safety: none; the caller serializes every call.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the tiers of a store exchange, and the interface every tier
 // implements. A tier only stores: it never evicts on its own; the chain
 // (store/tiered_store.h) decides what to evict, where to demote and what to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The chain of tiers: highest (fastest) first. It decides what each tier
 // holds: puts go to the highest tier that takes them; a tier that would
 // cross its high watermark evicts down to its low watermark (by its policy,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Latency histograms: lock-free recording into logarithmic buckets (about
 // 19% wide, from 0.1 µs to about 10^4 s), and snapshots with percentiles.
 // Thread-safety: Record and Snapshot may be called concurrently.

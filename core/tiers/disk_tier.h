@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The disk tier: one file per object, in the chunk envelope format
 // (wire/envelope.h), under a byte capacity, surviving restarts and crashes.
 //

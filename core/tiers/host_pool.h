@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Memory for the memory tiers: blocks in size classes carved from slabs, so
 // uniform chunks (every full chunk of a model has the same size) reuse
 // blocks of exactly their size and there is no first-fit fragmentation.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bandwidth-adaptive delivery (CacheGen's streaming adaptation) for the
 // remote tiers: a LeveledTier wraps a remote or redis tier and keeps every
 // chunk at several quality levels side by side, and a load with a TTFT

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host and device tiers: chunks in a HostPool of one MemoryKind. The
 // host tier uses pinned memory when a GPU is present; the device tier uses
 // device memory, or a host-memory emulation of it where there is no GPU (so

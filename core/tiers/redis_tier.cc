@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/tiers/redis_tier.h"
 
 #include <algorithm>

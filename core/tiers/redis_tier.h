@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tier in Redis or Redis Cluster (or Valkey), shared by every runtime and
 // kdnd that points at it, over redis/client.h.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tier that is another node: a kdnd (server/), reached over Cap'n Proto
 // RPC (wire/node.capnp). Chunks travel as envelopes in the chain's form for
 // this tier (its codec: a compressing codec sends fewer bytes), and the chain

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a tier is made from: TierSpec (the kind, its capacity, address,
 // codec, policy and watermarks), the one place its rules are checked
 // (ValidateTierSpec: the C ABI and kdnd's config call it), and the factory

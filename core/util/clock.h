@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Time, injected: the system's steady clock in production, a manual one in
 // tests of TTLs and expiry.
 // Thread-safety: Now() may be called from any thread.

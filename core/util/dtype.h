@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element conversions between a model's KV dtype (kdn_dtype: 0 f32, 1 f16,
 // 2 bf16) and float32, for code that computes in float on KV stored in the
 // model's own type (blending).

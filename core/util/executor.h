@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fixed pool of worker threads running queued tasks in order of arrival
 // (the runtime's background loads and saves).
 // Thread-safety: Submit may be called from any thread; the destructor runs

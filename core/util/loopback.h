@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A TCP socket listening on 127.0.0.1, for the benchmarks' links and the
 // tests' misbehaving peers (a listener that never accepts: the kernel still
 // completes connections into its backlog).

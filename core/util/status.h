@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Expected failures as values. Status carries a code (mirroring kdn_status)
 // and a human message; Result<T> is a value or a Status.
 // Thread-safety: plain values; no shared state.

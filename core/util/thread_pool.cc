@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/util/thread_pool.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fixed set of worker threads that split a loop with the caller.
 // Thread-safety: ParallelFor may be called from one thread at a time (the
 // owner); it returns when every part is done.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The chunk envelope: one stored chunk, self-describing and self-checking.
 # It is what the disk tier writes as one file, and what remote tiers move as
 # one value. Everything needed to check and decode the KV travels with it.

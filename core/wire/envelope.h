@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The chunk envelope (wire/chunk.capnp): how one chunk is stored as bytes,
 // on disk and on the network. Decoding checks everything a reader can check
 // (format version, both checksums, the payload size against the shape and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How kdnd's RPC (wire/node.capnp) moves its messages over a byte stream, so
 // that a chunk crosses each end without a copy of its own: Cap'n Proto's
 // standard framing (a segment table, then the segments), read and written

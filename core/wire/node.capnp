@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kdnd's RPC interface: a node that holds chunks for many engines.
 #
 # A client connects (TCP or a Unix socket), asks the bootstrap capability

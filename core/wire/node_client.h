@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The client side of kdnd's protocol (wire/node.capnp), shared by everything
 // that talks to a node (the remote tier, the dashboard): where the node is
 // and how to reach it (address, token, TLS), connecting and logging in, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/wire/node_stats.h"
 
 #include <capnp/dynamic.h>

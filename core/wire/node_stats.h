@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a node reports about itself: the C++ form of wire/node.capnp's Stats,
 // filled by the node service (server/) and rendered as Cap'n Proto (the stats
 // call and its subscription: ToWire, FromWire) and as Prometheus text

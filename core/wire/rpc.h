@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What both ends of kdnd's RPC (wire/node.capnp) agree on besides the schema.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Authenticated chunk envelopes for tiers that others can write (issue 31):
 // with a deployment secret, a tier appends to each envelope it stores a
 // trailer with a keyed MAC over every byte of the envelope (its header: the

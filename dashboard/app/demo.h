@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn-dashboard --demo`: a kdnd and a workload in this process, so the
 // dashboard has real numbers to show with one command.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn-dashboard: the operator's window over a kdnd (its stats subscription),
 // or over a kdnd and a workload it starts itself (--demo).
 //

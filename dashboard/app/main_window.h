@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The dashboard's window: a connection banner over the views of one source.
 // It owns the recorder and the models (kdn_dashboard) and only shows them:
 // every number comes from a model's kValueRole, every text from its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bearer token a dashboard logs in with, read from a file as kdnd reads
 // its token files (server/config.cc): a regular file that neither group nor
 // others may read (it holds a secret), at most 64 KiB, one word; trailing

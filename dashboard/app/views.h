@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The dashboard's views over kdn_dashboard's models: a line chart over time
 // columns of a model, per-tier bars (occupancy against capacity with the
 // watermarks; delivery bandwidth against the tier's limit), and a delegate

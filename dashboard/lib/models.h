@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Item models over the recorder's history, apart from the views (the app's
 // widgets and charts only read them). Each follows the recorder: updates are
 // incremental (rows inserted, removed and changed, never a reset per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A kdnd as a data source: logs in with a token that has the stats grant,
 // subscribes to its statistics (Session.subscribeStats, pushed every
 // interval_ms) and turns each push into a Snapshot. Optionally lists the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The recorder: a bounded history of snapshots (a ring buffer of `capacity`
 // readings, so charts can show the last minutes), and the rates between two
 // readings. It never grows past its capacity; a source restart (a counter

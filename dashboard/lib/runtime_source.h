@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A runtime in this process as a data source: polls its C ABI counters
 // (kdn_runtime_get_stats, _get_tier_stats, _get_latency) every interval_ms on
 // a worker thread and turns them into Snapshots. TTFT saved is the runtime's

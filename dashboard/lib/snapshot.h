@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One reading of what a kdn store is doing, whatever it came from: a kdnd's
 // pushed statistics (wire/node.capnp Stats) or a runtime's C ABI counters.
 // Every counter is cumulative since the source started (monotonic); rates

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A data source: where snapshots come from. Two kinds: a kdnd (its stats
 // subscription over Cap'n Proto RPC, node_source.h) and a runtime in this
 // process (its C ABI counters, polled: runtime_source.h). A source works off

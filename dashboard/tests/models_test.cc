@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The item models over a recorder: checked by QAbstractItemModelTester while
 // a recorder is fed (the snapshots are built here and added directly: a
 // source's part is tested in node_source_test and runtime_source_test).

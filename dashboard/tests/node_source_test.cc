@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NodeSource against a real kdnd (server::Server on a thread of this
 // process, on loopback): the snapshots it turns pushes into, with the traffic
 // of real runtimes whose tier is that node; refused logins and grants; a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The recorder: its bounded history and the rates between two readings.
 #include <QSignalSpy>
 #include <QTest>

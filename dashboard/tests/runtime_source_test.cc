@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RuntimeSource over a real runtime made through the C ABI: the reference
 // model's KV (models/reference/kv260k.{k,v}.f32: stories260K, 48 positions)
 // stored and retrieved, then read back as a Snapshot; the polling worker's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* kdn from a host program, through the installed C ABI alone: keep the KV
  * cache of a prompt, find it again, read it back, check every byte, print
  * the runtime's statistics.

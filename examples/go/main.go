@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kdn example in Go: store the reference model's KV of a prompt (as
 // `kdn generate --dump-kv PREFIX` wrote it), find it, read it back and check
 // every byte, keep it as a knowledge item, print the statistics.

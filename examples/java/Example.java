@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn from Java: keep the KV cache of a prompt, find it again, read it back, check every byte,
 // keep it as a knowledge item, print the statistics. The KV is real: what `kdn generate --dump-kv
 // PREFIX` wrote for 48 positions of the reference model (stories260K: 5 layers, 4 KV heads of 8

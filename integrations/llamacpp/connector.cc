@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The llama.cpp connector; the contract is in connector.h.
 #include "connector.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The llama.cpp connector: what a llama.cpp host calls around its decode to
 // keep the KV of the prompts it has read in kdn, through kdn's C ABI.
 //

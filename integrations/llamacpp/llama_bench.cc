@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench llama`: TTFT in llama.cpp cold and with kdn, and a codec's KL
 // inside llama.cpp beside the reference model's; see llama_command.h.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn llama`; see llama_command.h.
 #include "llama_command.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn llama`: a prompt on llama.cpp with the reference model's GGUF, cold
 // and with kdn (the connector), both TTFTs and whether the continuations are
 // identical.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tier codec's quality inside llama.cpp; the protocol is in llama_eval.h.
 #include "llama_eval.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tier codec's quality inside llama.cpp, by codec::Evaluate's protocol
 // (lab/codec/eval.h) with llama.cpp as the engine: per context of N
 // positions (a window of the token stream, BOS first), the original run

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A llama.cpp session; the contract is in llama_session.h.
 #include "llama_session.h"
 

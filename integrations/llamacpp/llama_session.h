@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A llama.cpp model and one context over it, through the prebuilt libllama
 // that scripts/fetch-llamacpp fetches: what kdn's llama.cpp integration (the
 // connector, `kdn llama`, the tests) drives. Errors are Status values; no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama.cpp's sequence state and kdn's canonical KV; the format is in
 // state_blob.h.
 #include "state_blob.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama.cpp's saved state of one sequence (llama_state_seq_get_data /
 // _set_data) and kdn's canonical KV layout, each from the other.
 //

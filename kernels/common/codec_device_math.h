@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The per-thread work of the codec kernels (kernels/codec.cu), shared with
 // their CPU reference (kernels/ref/codec_ref.h), which runs the same
 // functions in the order of the kernels' thread indices. Every function here

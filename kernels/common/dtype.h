@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A model's KV element type (kdn_dtype: 0 f32, 1 f16, 2 bf16) and its size in
 // bytes: the one definition, for host and device code alike.
 #pragma once

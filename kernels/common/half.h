@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conversions between float and the narrow floating-point formats KV is
 // stored in: IEEE binary16 (fp16), bfloat16 and OCP fp8 e4m3 (the "FN"
 // variant: no infinities, NaN = 0x7F / 0xFF, largest finite 448).

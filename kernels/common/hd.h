@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDN_HD marks element and index math shared by CUDA kernels and the CPU
 // path: __host__ __device__ under nvcc, plain inline elsewhere.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn's batched decode: every stream of every payload of a load decoded in
 // one launch (kernels/codec.cu: launch_kdn_decode_batch), shared with its
 // CPU emulation (kernels/ref/codec_ref.cc), which runs the same per-lane

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element math of kdn's own codec (core/codec/kdn.cc), shared by the CPU
 // codec and the CUDA kernels (kernels/codec.cu):
 // - a plane (one layer's keys or values of a chunk) is quantized per channel

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Index math of moving KV between a caller's strided buffer and canonical
 // chunks ([layer][k|v][token][kv_head][head_dim], contiguous). Shared by the
 // CPU path (kernels/ref) and the CUDA kernel (kernels/kv_copy.cu).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How the view kernels move KV (kv_view.cu), as functions the CPU runs too
 // (ref/kv_view_ref.h view_copy_emulated, the emulated device): by rows, not
 // elements. A row is one (layer, k|v, token, head)'s head_dim elements,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Index math of an engine's KV view: per-layer K and V base pointers, laid
 // out either contiguously (token, head, dim strides within a layer, as
 // llama.cpp's per-layer caches) or paged (a block table of physical blocks of

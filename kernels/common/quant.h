@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element math of scalar quantization, shared by the CPU codecs
 // (core/codec) and their CUDA kernels:
 // - symmetric: code = round(x / scale) in [-qmax, qmax], x' = code * scale,

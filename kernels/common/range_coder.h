@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A 32-bit carry-less range coder (Subbotin's), shared by the CPU codec
 // (core/codec/cachegen.cc) and a CUDA path: one coder state per stream, so
 // one GPU thread can run one stream. Frequencies are 16-bit: every table's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // State transitions of 32-bit rANS (Duda's asymmetric numeral systems, range
 // variant) with byte-wise renormalization, shared by the CPU codec
 // (core/codec/rans.cc) and CUDA decoders. No allocation, no std:: containers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rotary position embedding math shared by the reference transformer, the
 // CPU path and the CUDA kernels.
 #pragma once

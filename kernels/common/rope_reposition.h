@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Re-positioning cached keys: the element math shared by the CPU path
 // (ref/rope_ref.h) and the CUDA kernel (rope.cuh).
 //

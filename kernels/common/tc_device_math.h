@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The per-thread work of the transform codec's decode (core/codec/tc.cc),
 // shared by the CUDA kernels (kernels/tc.cu) and their CPU reference
 // (kernels/ref/tc_ref.h), which the CPU codec itself runs: so the tests of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element math of the transform codec (core/codec/tc.cc), shared by the CPU
 // codec and, later, the CUDA path:
 // - a token's C channels x (keys with RoPE undone) minus the chunk's channel

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the codec kernels (kernels/codec.cuh): each function runs
 // the per-thread work of common/codec_device_math.h for every thread index
 // in ascending order, one kernel after another, exactly as the GPU launches

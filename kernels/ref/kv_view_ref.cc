@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "kernels/ref/kv_view_ref.h"
 
 #include <algorithm>

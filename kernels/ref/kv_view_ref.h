@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU path of moving KV between an engine's view (common/kv_view.h: paged or
 // contiguous per-layer K and V) and canonical chunks
 // ([layer][k|v][token][kv_head][head_dim]), plus the checks a caller runs on

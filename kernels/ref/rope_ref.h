@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU path of re-positioning cached keys (common/rope_reposition.h: the math
 // and the formulas, shared with the CUDA kernel in rope.cuh).
 //

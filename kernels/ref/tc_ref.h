@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the transform codec's decode kernels (kernels/tc.cuh):
 // the per-thread work of common/tc_device_math.h for every thread index in
 // ascending order, and the product step on the CPU (tc_accumulate). The CPU

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Blending quality and speed on the reference model (issue 5, section 3).
 //
 // The text's token stream (BOS tokens dropped) is cut into chunks of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference transformer as a blend engine (tests, `kdn blend eval`, the
 // demo): LayerEngine::Layer is Transformer::ForwardLayer.
 // Thread-safety: as the transformer (one thread at a time).

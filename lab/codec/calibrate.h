@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration of kdn's codec for one model (issue 4: "bit allocation per
 // layer from measured sensitivity, not hard-coded by model name").
 //

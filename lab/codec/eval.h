@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Codec quality on the reference model (issue 4, section 4): cut a token
 // stream into contexts, compute their KV with the reference transformer
 // (fp32), encode and decode it with a codec, and compare the model's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration of the transform codec (tc) for one model: `kdn codec
 // calibrate --transform`.
 //

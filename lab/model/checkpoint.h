@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama2.c checkpoints: the header, the fp32 weights, and validation.
 // Thread-safety: a Checkpoint is immutable after loading; share it freely.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The llama2.c / SentencePiece-style BPE tokenizer (tok512.bin format), and a
 // byte-level fallback for runs without a tokenizer file.
 // Thread-safety: immutable after construction; share freely.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference transformer: a llama-family forward pass on the CPU in fp32.
 // Batched prefill runs N tokens as matrix-matrix products; it resumes from a
 // KV prefix already in the cache (the path reused KV takes); a decode step is

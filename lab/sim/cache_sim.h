@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small cache simulator for the eviction-policy benchmarks: a Zipf
 // workload over documents made of chunks, and one cache of uniform objects
 // driven by an EvictionPolicy.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The ABI check of libkdn.so: abidw (Debian's abigail-tools) describes the
 # library's ABI, its exported functions and every type they reach, from its
 # DWARF (build with -g: RelWithDebInfo or Debug), and abidiff compares that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The blender (core/blend/blend.h) on the reference model: ratio 100%
 // reproduces full prefill's KV, ratio 0% is naive reuse (placed, re-positioned
 // KV; only fresh tokens computed), selection follows the options, a failing

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn blend eval` and `kdn bench blend`, run as a user runs them.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The blend's quality goal, KL(blend) / KL(naive reuse) <= 0.2 at 15%
 // (issue 5; docs/blending.md reports it), on the reference model over a text
 // the blend's settings were not chosen on (bench/texts/calibration.txt; the

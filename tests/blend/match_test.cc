@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Matching stored knowledge chunks inside a query without separators: chunks
 // at arbitrary offsets, first-window look-alikes and forced rolling-hash
 // collisions rejected by the full content key, scopes (namespace, model),

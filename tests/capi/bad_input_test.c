@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Bad input through every function of the C ABI: each case is its own ctest
  * test (capi.bad_input.<case>; docs/abi.md has the table). Every case checks
  * the exact status, that kdn_last_error_message() says why, that

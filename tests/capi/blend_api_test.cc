@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn_kv_blend through the C ABI: documents put as knowledge items, blended
 // by the reference transformer behind the callback, compared with the C++
 // blender; the callback's buffers have the lengths it is told; a failing

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C ABI from a plain C99 program (after leveldb's db/c_test.c): real KV
  * of the reference model (stories260K) goes through libkdn.so in several
  * layouts and comes back bit for bit; prefixes, tenants, fingerprints,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The checks of the C ABI test programs: counters, CHECK macros, groups of
  * checks printed a line each, and the case runner (each program is a table
  * of named cases; ctest runs each case in its own process). Each program

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The exported symbols of libkdn.so only grow, and all are kdn_*:
 #   cmake -DNM=<nm> -DLIB=<libkdn.so> -DBASELINE=<symbols.txt> -P check_symbols.cmake
 # Fails when the library exports a symbol not named kdn_*, when a baseline

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The engine API of the C ABI from a plain C99 program, with the real KV of
  * the reference model (stories260K): tiers (host over disk), batched
  * lookups, asynchronous layer-by-layer saves and loads through vLLM-like

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The public header as strict C99 (-std=c99 -Wall -Wextra -pedantic -Werror),
  * built twice: as is, and with KDN_EXPERIMENTAL defined. It must be
  * self-contained (the only include); its layout rules hold (struct_size

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public header as strict C++20 (-Wall -Wextra -pedantic -Werror), built
 // twice: as is, and with KDN_EXPERIMENTAL defined. It must be self-contained
 // (the only include), its _INIT macros must be valid constant initialisers,

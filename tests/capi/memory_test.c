@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Memory under a long workload of distinct prompts and namespaces (issue
  * 10, items 13 and 14), through the C ABI: for KDN_MEMORY_SECONDS (default
  * 15), one runtime with a 64 MiB host tier takes

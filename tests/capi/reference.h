@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The reference model's real KV for the C ABI test programs: stories260K
  * (5 layers, 4 KV heads of 8 dims, float32), 48 positions: BOS and the first
  * 47 greedily generated tokens, read from <models>/reference/kv260k.{k,v}.f32.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Robustness of the C ABI (included by tests/capi/CMakeLists.txt):
 #   capi.bad_input.<case>  one bad input through the C ABI per test (docs/abi.md's table)
 #   capi.bad_input.list    capi_bad_input --list prints exactly KDN_BAD_INPUT_CASES

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Helpers of the robustness programs (bad_input_test.c, stress_test.c):
  * their checks, and the reference model's KV laid out the ways the C ABI
  * takes it, with a per-sequence offset so that every byte is a known

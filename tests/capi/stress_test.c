@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Concurrency stress of the C ABI: seven threads use one runtime at once for
  * KDN_STRESS_SECONDS (default 20) or KDN_STRESS_OPS operations per thread
  * (default 1,000,000), whichever ends first. The host tier holds about a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cachegen (core/codec/cachegen.cc) and the range coder it shares with a
 // CUDA path (kernels/common/range_coder.h).
 #include <gtest/gtest.h>

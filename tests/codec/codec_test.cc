@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KV codecs (core/codec) and their shared element math
 // (kernels/common/half.h, quant.h), on the reference model's real KV.
 #include <gtest/gtest.h>

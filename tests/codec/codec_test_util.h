@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the codec tests: the reference run's KV as a canonical chunk,
 // conversions to and from a dtype's bytes, and making a codec from a spec.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn's own codec (core/codec/kdn.cc) and its shared math
 // (kernels/common/kdn_quant.h): error bounds per element on the reference
 // model's KV, sinks, the entropy-coded stream paths (unrolled and general),

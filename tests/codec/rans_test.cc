@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn's rANS entropy coder (core/codec/rans.h) and its state math
 // (kernels/common/rans.h): round trips, compression against the empirical
 // entropy, table format, and rejection of corrupt input (runs under ASan).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transform codec (core/codec/tc.cc), its profile and its calibration,
 // on the reference model's real KV.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lossless zstd codec (codec/zstd.cc): bit-exact on the reference
 // model's real KV in every dtype and setting, smaller than the KV, and
 // bounds-safe on damaged payloads (every truncation and every bit flip of a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn's codec presets against cachegen, at the setting README.md and
 // docs/codecs.md report: the held-out text (bench/texts/heldout.txt),
 // contexts of the store's 256-token chunk held as f16 (size and KL from the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs a command line through the shell and collects what it prints, for
 // tests that run the kdn command as a user does.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference model's KV of a short text, in the canonical layout
 // ([layer][k|v][token][head][dim], f32), with the ModelKv that describes it:
 // real KV for tests of the tiers and the node.

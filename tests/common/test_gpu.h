@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whether a CUDA device is usable: device tests run only then (they skip,
 // saying so, elsewhere); the CPU runs of the kernels' work are tested always.
 #pragma once

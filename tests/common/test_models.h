@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where tests find the reference model (the repository's models/, or $KDN_MODELS).
 // KDN_REQUIRE_MODEL() skips the test when it is absent, saying so, unless
 // KDN_REQUIRE_MODELS=1 is set (as CI does), when it fails the test instead.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis suites need a real redis-server and redis-cli (Debian's, or
 // KDN_REDIS_BIN_DIR's). KDN_REQUIRE_REDIS_SERVER(have) skips the test without
 // them, saying so, unless KDN_REQUIRE_REDIS=1 is set (as CI does), when it

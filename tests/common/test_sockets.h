@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the tests that play a misbehaving peer share: loopback TCP sockets
 // made by hand (a listener that never accepts, a raw client), whether the
 // other end closed one, and a process's resident memory.

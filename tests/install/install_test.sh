@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # install.example: installs the build into a fresh prefix and uses it as a
 # user would. Checks that the install holds the C ABI and nothing else
 # (kdn.h, libkdn.so with SONAME libkdn.so.<major>, kdn.pc, the CMake
@@ -38,14 +39,15 @@ cmake --install "$build" --prefix "$prefix" > "$work/install.log" 2>&1 ||
 # ---- What is installed: the C ABI, all of it, and nothing else ----------
 expected=$(printf '%s\n' "include/kdn/kdn.h" "$libdir/libkdn.so" "$libdir/libkdn.so.$major" \
              "$libdir/libkdn.so.$version" "$libdir/pkgconfig/kdn.pc" "$libdir/cmake/kdn/kdnConfig.cmake" \
-             "$libdir/cmake/kdn/kdnConfigVersion.cmake" "$libdir/cmake/kdn/kdnTargets.cmake" | sort)
+             "$libdir/cmake/kdn/kdnConfigVersion.cmake" "$libdir/cmake/kdn/kdnTargets.cmake" \
+             "share/doc/kdn/LICENSE" "share/doc/kdn/NOTICE" "share/doc/kdn/THIRD_PARTY_NOTICES.md" | sort)
 installed=$(cd "$prefix" && find . \( -type f -o -type l \) | sed 's|^\./||' | sort)
 # kdnTargets-<config>.cmake: one per build type.
 installed_core=$(echo "$installed" | grep -v -E "^$libdir/cmake/kdn/kdnTargets-[a-z]+\.cmake\$" || true)
 if [ "$installed_core" != "$expected" ]; then
   echo "installed:"; echo "$installed" | sed 's/^/  /'
   echo "expected:"; echo "$expected" | sed 's/^/  /'
-  fail "the install is not exactly the C ABI (header, libkdn.so, kdn.pc, CMake package)"
+  fail "the install is not exactly the C ABI (header, libkdn.so, kdn.pc, CMake package) and its licence"
 fi
 grep -q -E "^$libdir/cmake/kdn/kdnTargets-[a-z]+\.cmake\$" <<< "$installed" ||
   fail "no kdnTargets-<config>.cmake"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* install.version: the version macros of <kdn/kdn.h>, kdn_version() and
  * kdn_version_number() agree with each other and with the CMake project
  * version (KDN_PROJECT_VERSION, "MAJOR.MINOR.PATCH", given by the build). */

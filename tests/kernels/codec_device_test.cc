@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The codecs' device path (kernels/codec.cuh, core/codec/device.h) against
 // the CPU codecs (core/codec: kdn.cc, cachegen.cc):
 // - on the CPU: the host directory parse plus the CPU emulation of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU path of view gather/scatter against the element-by-element
 // definition over engines' layouts (vLLM-like paged NHD, HND, FlashInfer's
 // interleaved K/V blocks, llama.cpp's per-layer K and V, its transposed V,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Re-positioning cached keys (common/rope_reposition.h, ref/rope_ref.h and
 // the CUDA kernel in rope.cuh):
 // - against recompute on the reference model (llama2.c stories260K:

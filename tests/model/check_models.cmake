@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # models.checksums: the reference model the repository carries (models/) is
 # the published one, byte for byte (the SHA-256 pinned in models/README.md),
 # not a Git LFS pointer or a truncated copy.

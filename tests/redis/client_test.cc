@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis client against one real redis-server (see redis/local_servers.h):
 // commands, binary values, TTL, AUTH, and nodes that die or stop.
 #include "core/redis/client.h"

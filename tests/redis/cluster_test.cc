@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis client against a real Redis Cluster (3 masters + 3 replicas on
 // loopback, made by redis-cli --cluster create; see redis/local_servers.h): the
 // slot map, redirects, a resharding under reads, a master's failover, and

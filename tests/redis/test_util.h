@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the Redis client's tests share: byte views of strings and timing.
 #pragma once
 

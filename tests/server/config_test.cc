@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's configuration (server/config.h): a full file parses to the values
 // it says, an empty-but-valid one to the documented defaults, every kind of
 // mistake is refused with a message naming the key (and never the secret),

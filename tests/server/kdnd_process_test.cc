@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd as a process: started from a configuration file, stopped by SIGTERM
 // (drained: what its disk tier was given survives into the next kdnd) and
 // killed by SIGKILL in the middle of an engine's work (the engine sees

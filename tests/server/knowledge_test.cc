@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Knowledge items on the node (wire/node.capnp, protocol version 2) over
 // real Cap'n Proto RPC on loopback: a kdnd on a thread of this process,
 // clients on the test's thread, chunks of the reference model's real KV.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KvEventPublisher against real ZeroMQ subscribers: a SUB socket of the test
 // (libzmq's C API) that decodes each message with msgpack-cxx and checks
 // every frame, tag, field, order and value; and a Python subscriber

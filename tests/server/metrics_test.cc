@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdnd's Prometheus text: values land on the right series, histograms are
 // cumulative and end at their count, label values are escaped, LMCache's
 // aliases carry kdn's values, and promtool accepts the page.

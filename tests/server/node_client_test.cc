@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one kdnd client (core/wire/node_client.h) that the remote tier and the
 // dashboard share, against a real node over loopback: logging in, a bad
 // token as a typed refusal (a Status and a message, not a broken link), the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The node over real Cap'n Proto RPC on loopback (a Server on a thread of
 // this process, clients on the test's thread), the remote tier of a runtime
 // against it, and /metrics over HTTP. KV comes from the reference model.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The remote tier's streamed reads (Prefetch with will_read): the lookup and
 // a get per key leave at once, each Get takes its chunk as it arrives, reads
 // past the node's prefix are cancelled, a bounded read-ahead falls back to

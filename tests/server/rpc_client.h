@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the server tests share: a client of a node on the test's thread (its
 // event loop is the thread's), and envelopes of the reference model's KV.
 #pragma once

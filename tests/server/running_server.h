@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A kdnd (server::Server) on a thread of this process, for tests that talk
 // to it over real RPC on loopback, and runtimes whose tier is that node.
 #pragma once

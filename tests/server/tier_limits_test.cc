@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tiers' delivery limits (server/tier_limits.h): a real host tier's and
 // a real disk tier's read rates are positive and finite and the disk's
 // measurement leaves its directory as it found it; a kdnd measures its tiers

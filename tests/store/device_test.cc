@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KV views in device memory (device/device.h, KvStore's device paths): a
 // device tier serves device views device to device, encoded chunks of lower
 // tiers are decoded by the device straight into the view, saves gather on

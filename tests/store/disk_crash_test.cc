@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // store.disk_crash: the disk tier survives being killed at any moment.
 //
 // Loop: start `kdn disk fill` on one directory (capacity smaller than what

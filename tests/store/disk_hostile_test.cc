@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The disk tier under hostile use of its directory (issue 10, items 4-6 and
 // the smaller ones): non-regular files in place of objects, a tmp/ holding
 // files that are not kdn's or pointing elsewhere, objects grown to absurd

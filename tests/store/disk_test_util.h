@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the disk tier's tests share (disk_tier_test.cc, disk_hostile_test.cc):
 // chunks whose every byte is a function of their number, and a fixture that
 // opens a tier on a fresh directory and names its files.

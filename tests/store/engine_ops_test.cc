@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine API of the store: asynchronous layer-by-layer loads and saves
 // over contiguous and paged views, KV groups, engine block hashes, per-tier
 // lookups and failed ranges; and an asynchronous layer-by-layer load into the

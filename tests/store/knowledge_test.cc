@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Knowledge items: put, list, fetch, versions, pins, expiry, deletion from
 // every tier, tenant isolation, chunks shared between documents (only where
 // their bytes are the same), pins counted per document, TTLs that saturate,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bandwidth-adaptive delivery (tiers/leveled_tier.h): the level decision on
 // small cases, the link meter, and a leveled tier over a memory tier behind
 // a simulated link (fault injection: a tier whose reads take bytes / rate)

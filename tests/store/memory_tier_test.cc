@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/tiers/memory_tier.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pin book both registries of documents use (the knowledge index, kdnd's
 // node): per key, a pin without a deadline wins, else the latest deadline;
 // a key's pin goes with the last of its owners.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/store/policy.h"
 
 #include <gtest/gtest.h>

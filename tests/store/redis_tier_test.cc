@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The redis tier (tiers/redis_tier.h) against real redis-server processes
 // that the tests start on loopback (core/redis/local_servers.h): a single
 // node with an ACL user (put, get, probes, prefetch, erase, TTL, a refused

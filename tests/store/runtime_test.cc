@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime as front ends share it (runtime/runtime.h) and callers' views
 // resolved into KV groups (engine/kv_views.h): one view or several, checked
 // before anything is touched; a runtime that outlives its creator's handle;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Codecs in the store: tiers that store chunks encoded (store/chunk_codec.h,
 // the codec part of store/tiered_store.h), through real disk tiers in real
 // directories, with the reference model's KV where quality matters.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The chain of tiers: placement, watermark eviction, asynchronous demotion,
 // promotion on hit, leases, pins with TTLs, erase everywhere, the editor.
 #include "core/store/tiered_store.h"

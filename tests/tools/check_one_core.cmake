@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The kdn command holds one copy of the core: it links the C ABI statically
 # (refengine/CMakeLists.txt), so it must not also load libkdn.so, which has a
 # copy of its own; and the C ABI it calls must be in the binary.

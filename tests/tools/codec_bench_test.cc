@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench codec --quick`, run as a user runs it: the records it writes and
 // their plausibility. Timings are only checked to be positive, never against
 // a threshold.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kdn ingest's library (refengine/ingest.h) on the reference model and a
 // real store (a host tier written through to a disk tier): a first run
 // ingests, a second skips what is stored at the same version (also after a

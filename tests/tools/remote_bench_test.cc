@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench remote --quick`, run as a user runs it (once for the suite: it
 // starts a kdnd in-process and a shaping proxy): the put and get records
 // stand beside their raw TCP baselines, the delivery records beside the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kdn bench store --quick`, run as a user runs it: the disk records state
 // both sides' durability and whether O_DIRECT was in effect, every record
 // names the scratch filesystem, and a memory filesystem is refused unless

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Test only: the chunk envelope as a future minor version might extend it
 # (core/wire/chunk.capnp plus fields at the next ordinals). Messages built
 # with it must decode with today's reader, the new fields ignored.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BulkMessageStream (core/wire/message_stream.h) over a kj pipe: it reads
 // what Cap'n Proto's own stream writes (and the reverse), keeps received
 // buffers findable while their message lives, holds external segments until

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sealed envelopes (core/wire/seal.h): what a tier with a deployment secret
 // writes and reads back. A seal opens only with its secret and only over the
 // bytes it was made for: any byte of the envelope or the trailer changed, a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kdn: the Knowledge Delivery Network runtime (KV cache store) for Python.
 
 A thin, zero-copy layer over kdn's C ABI (through a SWIG module and the C++

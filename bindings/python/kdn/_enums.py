@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kdn's enums as IntEnums.
 
 kdn's enums are open: a newer library may return a value this package does

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kdn's exceptions: one class per status, under kdn.Error.
 
 The classes also derive from the builtin exception that means the same in

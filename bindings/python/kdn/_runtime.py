@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runtime, Model, Op, Request, KvView and Editor: kdn's handles in Python.
 
 Resources: Runtime, Model and Op are context managers with an idempotent

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kdn's value types: configuration in (Tier, ModelSpec) and results out."""
 import array
 import dataclasses

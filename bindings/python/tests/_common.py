@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared by the tests: a small model and KV whose every element is known."""
 import numpy as np
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bindings.python.bench_smoke: the bench script runs and prints its JSON line
 (no timing is asserted: the machine is shared). Usage: bench_smoke.py BENCH"""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bindings.python.pip_install: the package CMake assembled installs with pip,
 offline, into a fresh venv, and imports from there (not from the build tree).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Bad input gives a Python exception, never a crash (plan14 section 7: the
 same cases, under the same names, in every language; the editor that raises
 is test_bad_editor_raises in test_editor.py)."""

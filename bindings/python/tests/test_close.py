@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """close() from any thread at any time: calls in flight on the handle are
 waited for (a wait on an op ends at once with ClosedError), later calls raise
 ClosedError; a close on kdn's mover thread (inside an editor) is done on

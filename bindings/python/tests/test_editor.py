@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The editor: Python code kdn's mover thread calls (a SWIG director, under
 the GIL) on each stored chunk."""
 import gc

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The binding's API: runtimes, models, store / retrieve / lookup, views,
 async ops, knowledge items, statistics, enums and errors."""
 import array

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Links libkdn, and compiles tests/layout.c (the C compiler's view of every
 //! struct, for the layout test) with the system's C compiler: no cc crate.
 use std::env;

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes the layout test's two tables from bindgen's output (regen.sh runs it).
 
 Every kdn_* struct with fields in BINDINGS.rs (opaque handles have none) gives

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Regenerates kdn-sys from capi/include/kdn/kdn.h: src/bindings.rs (bindgen,
 # with the experimental section) and the layout test's two tables,
 # tests/layout.c and tests/layout.rs (gen_layout.py). The output is committed.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! kdn-sys's rpath (a `rustc-link-arg`) does not reach this crate's tests,
 //! examples and doctests: emit it again from kdn-sys's `lib_dir`.
 fn main() {

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kdn: Knowledge Delivery Network runtime, C ABI, version 1.
  *
  * This is the only installed header. It is C99 and C++ clean.

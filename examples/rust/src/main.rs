@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! kdn from a Rust host program: keep the KV cache of a prompt, find it
 //! again, read it back, check every byte, keep it as a knowledge item, print
 //! the statistics. The KV is real: the reference model's (stories260K: 5

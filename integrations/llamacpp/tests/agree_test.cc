@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two independent engines agree on the reference model: llama.cpp (the
 // prebuilt libllama, reading the GGUF that tools/llama2c_to_gguf.py makes)
 // and kdn's reference transformer give the same greedy ids from the same

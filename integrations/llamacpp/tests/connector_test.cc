@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The llama.cpp connector through kdn's C ABI:
 // - a prompt prefilled and saved in one context is restored in a new one
 //   (a host tier; and a disk tier across a restart of the runtime), and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tier codec's quality inside llama.cpp (llama_eval.h) against the same
 // codec's on kdn's reference transformer (codec::Evaluate), on the same
 // contexts of the held-out text: lossless KV restores with KL 0 and every

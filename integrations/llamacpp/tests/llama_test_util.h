@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the llama.cpp tests share: a session on the reference model's GGUF.
 #pragma once
 

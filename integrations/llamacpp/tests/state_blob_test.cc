@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama.cpp's saved sequence state and kdn's canonical layout:
 // - the canonical KV of llama.cpp's prefill of the reference run (BOS and 47
 //   greedy tokens) equals the reference KV files, which an independent

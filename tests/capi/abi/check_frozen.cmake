@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Fails when the frozen 1.0 header (tests/capi/abi/kdn_v1.h) was changed:
 # it is what a caller built against 1.0 compiled with, and stays as it is.
 # Usage: cmake -DHEADER=<kdn_v1.h> -DEXPECTED=<sha256> -P check_frozen.cmake

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* A caller built against kdn 1.0: compiled against the frozen kdn_v1.h only
  * (no other kdn header is on its include path), linked against today's
  * libkdn.so. It runs the stable API end to end with the reference model's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Makes tests/capi/abi/kdn_v1.h from capi/include/kdn/kdn.h: the FROZEN banner,
 # then the header with its KDN_EXPERIMENTAL section left out. For the one
 # re-freeze before 1.0 is published (never after): run

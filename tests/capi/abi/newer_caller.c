@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Callers built against another version of kdn.h than the library's.
  *
  * A NEWER caller: its structs embed today's fields and append fields this

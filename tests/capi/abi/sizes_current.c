@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Today's kdn.h against the frozen 1.0 layout (sizes_v1.c): every 1.0 field
  * is where it was and as wide, every KDN_X_SIZE_V1 and every named value is
  * unchanged, and every struct is at least its 1.0 size (fields are only

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The 1.0 layout, compiled against the frozen kdn_v1.h only (C11): each
  * KDN_X_SIZE_V1 is sizeof(X) there and ends exactly at X's last field (no
  * tail padding), checked at compile time. The tables below are what

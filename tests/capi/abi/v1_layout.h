@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The 1.0 layout of every struct of the stable C ABI, as X-macro lists:
  * included by sizes_v1.c (compiled against the frozen kdn_v1.h) and by
  * sizes_current.c (compiled against today's kdn.h), which expand the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Command kdn-bench-go measures the Go binding's retrieve bandwidth and
 // lookup latency with the parameters every binding's bench shares (kdn
 // bench bindings runs it beside the same calls from C): a Llama-3-8B shape

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The Rust side of `kdn bench bindings`: a 32 MiB retrieve into a `Vec<u8>`
 //! and a 256-token lookup, with the parameters every binding's bench uses
 //! (notes: Llama-3-8B's KV shape, bf16, one chunk of 256 tokens). Prints one

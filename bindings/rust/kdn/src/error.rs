@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Errors: every failed kdn call is an [`Error`] carrying its [`Status`] and
 //! the library's message for it.
 

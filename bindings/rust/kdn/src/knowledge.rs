@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Knowledge items: named documents whose KV is kept under position-free
 //! content keys (`kdn_knowledge_*`).
 

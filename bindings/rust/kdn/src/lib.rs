@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! # kdn: the KV-cache runtime, from Rust
 //!
 //! A safe API over kdn's C ABI (`kdn.h`, through the [`kdn_sys`] crate):

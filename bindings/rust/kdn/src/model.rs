@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Models, requests, and the synchronous KV calls: store, retrieve, lookup.
 
 use crate::error::{check, Error, Result, Status};

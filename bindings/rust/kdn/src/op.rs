@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Asynchronous, layer-by-layer loads and saves (`kdn_op`).
 
 use crate::error::{check, Error, Result, Status};

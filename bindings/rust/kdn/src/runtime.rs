@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The runtime: the store and its tiers, statistics, and the editor.
 
 use crate::error::{check, Error, Result, Status};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The ABI's enums (open: every one has an `Unknown` case for values this
 //! crate does not know), the element types KV memory may hold, and versions.
 

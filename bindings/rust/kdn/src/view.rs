@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! KV views: where a caller's KV lives (`kdn_kv_view`), over memory the view
 //! borrows: [`KvView`] for reading (store, put), [`KvViewMut`] for writing
 //! (retrieve, fetch). Every layout the ABI has is here: canonical, strided

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Bad input gives an `Err` (never a crash): the cases every binding tests
 //! under the same names (plan section 7), and a few Rust-only ones. The
 //! editor's two cases are in editor.rs; what the types rule out (a closed

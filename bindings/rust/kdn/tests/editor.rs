@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The editor callback: a Rust closure behind an `extern "C"` shim, run on
 //! kdn's own mover thread. One that edits, one that fails, one that panics.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Store, retrieve, lookup, async ops, knowledge items, statistics and tiers,
 //! through every kind of KV view. KV with a unique value per element makes
 //! each round trip byte-exact; `real_kv_*` uses the reference model's KV.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Shared by the integration tests: a small model's shape, KV with a
 //! deterministic pattern (byte-exact round trips test the plumbing), and the
 //! reference model's real KV.

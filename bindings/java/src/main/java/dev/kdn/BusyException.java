@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** KDN_ERR_BUSY: no room now (a full index or queue); retry later. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** The call was wrong (an argument, a struct version, a buffer's size): retrying it unchanged fails again. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** How a tier picks what to evict (kdn_eviction_policy). */

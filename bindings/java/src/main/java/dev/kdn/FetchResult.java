@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** A fetched knowledge item: the outcome and the document's tokens. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** KDN_ERR_INTERNAL: a bug in kdn (or a callback that threw). */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** KDN_ERR_INVALID_ARGUMENT: a bad value (a size, a dtype, a name, a view that does not fit its buffer). */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** How a view's KV lies within a layer (kdn_kv_layout). */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** A latency histogram's summary (kdn_latency), in microseconds; {@code count} is unsigned. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** Which calls a latency histogram covers (kdn_latency_kind). */

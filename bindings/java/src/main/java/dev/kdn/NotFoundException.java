@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** KDN_ERR_NOT_FOUND: no such named object (a document). A KV miss is never this: it is 0 tokens. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** Where an asynchronous load or save is (kdn_op_state). */

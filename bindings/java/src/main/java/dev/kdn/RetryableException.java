@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** The same call may succeed later (kdn was busy, a remote tier was unreachable or slow). */

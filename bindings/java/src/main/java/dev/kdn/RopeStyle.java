@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** Which pairs of dimensions RoPE rotates (kdn_rope_style). */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** KDN_ERR_UNAVAILABLE: a remote tier or device cannot be reached now. */

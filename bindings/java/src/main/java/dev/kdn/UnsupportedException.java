@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 package dev.kdn;
 
 /** KDN_ERR_UNSUPPORTED: not supported by this build or on this machine. */
