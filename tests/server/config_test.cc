@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -511,6 +512,70 @@ TEST_F(ServerConfigFiles, CheckRefusesWhatCannotStartAndLeavesNothingBehind) {
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));
   EXPECT_EQ(WEXITSTATUS(rc), 2);
+}
+
+// A first start as server/kdnd.toml.example says: tokens made with `kdnd
+// token new --file`, `--check`, then a start that serves until SIGTERM. The
+// example failed a newcomer with a raw bind error (its /run/kdn missing):
+// a start now checks what --check checks and names the missing directory.
+TEST_F(ServerConfigFiles, TheExampleConfigStartsAsItSays) {
+  std::string example;
+  {
+    std::ifstream in(std::string(KDN_SOURCE_DIR) + "/server/kdnd.toml.example");
+    ASSERT_TRUE(in) << "server/kdnd.toml.example";
+    example.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const size_t at = example.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    for (size_t i = at; (i = example.find(from, i)) != std::string::npos; i += to.size()) example.replace(i, from.size(), to);
+  };
+  // Its paths and ports, here: a directory of the test's and ports the kernel picks.
+  replace("/var/lib/kdn", (dir_ / "state").string());
+  replace("/run/kdn", (dir_ / "run").string());
+  replace("127.0.0.1:7450", "127.0.0.1:0");
+  replace("127.0.0.1:9450", "127.0.0.1:0");
+  const std::string config = Write("kdnd.toml", example, 0600);
+  auto run = [](const std::string& cmd, std::string* out) {
+    std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+    char buf[512];
+    out->clear();
+    while (p && std::fgets(buf, sizeof buf, p)) *out += buf;
+    const int rc = p ? ::pclose(p) : -1;
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  };
+  const std::string kdnd = KDND_PATH;
+  std::string out;
+  // A token, printed: 32 hex digits.
+  ASSERT_EQ(run(kdnd + " token new", &out), 0) << out;
+  EXPECT_EQ(out.size(), 33u) << out;
+  EXPECT_EQ(out.find_first_not_of("0123456789abcdef\n"), std::string::npos) << out;
+  for (const char* name : {"tenant-a.token", "ops.token"}) {
+    const std::string file = (dir_ / name).string();
+    ASSERT_EQ(run(kdnd + " token new --file " + file, &out), 0) << out;
+    EXPECT_EQ(fs::status(file).permissions() & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
+    EXPECT_EQ(fs::file_size(file), 33u);
+    EXPECT_NE(run(kdnd + " token new --file " + file, &out), 0) << "a token file is never overwritten";
+    EXPECT_TRUE(Contains(out, "never overwritten")) << out;
+  }
+  // Without the socket's directory: --check and a start both say which is missing.
+  for (const char* flag : {" --check", ""}) {
+    SCOPED_TRACE(flag);
+    EXPECT_EQ(run(kdnd + " --config " + config + flag, &out), 2) << out;
+    EXPECT_TRUE(Contains(out, (dir_ / "run").string() + " does not exist")) << out;
+  }
+  fs::create_directories(dir_ / "run");
+  ASSERT_EQ(run(kdnd + " --config " + config + " --check", &out), 0) << out;
+  // It starts, serves on both addresses, and drains on SIGTERM (exit 0).
+  const std::string ready = (dir_ / "ready").string();
+  const int rc = run("timeout --preserve-status -s TERM 4 " + kdnd + " --config " + config + " --ready-file " + ready, &out);
+  EXPECT_EQ(rc, 0) << out;
+  std::ifstream in(ready);
+  std::string addresses((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_TRUE(Contains(addresses, "rpc 127.0.0.1:")) << addresses;
+  EXPECT_TRUE(Contains(addresses, "rpc unix:" + (dir_ / "run" / "kdnd.sock").string())) << addresses;
+  EXPECT_TRUE(Contains(addresses, "metrics 127.0.0.1:")) << addresses;
+  EXPECT_TRUE(Contains(out, "kdnd: stopped")) << out;
 }
 
 TEST_F(ServerConfigFiles, PrivateFileIsLoaded) {
