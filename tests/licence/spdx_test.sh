@@ -15,7 +15,8 @@ fi
 missing=0
 while IFS= read -r f; do
   case "$f" in
-    models/*|fuzz/corpus/*|*.rs.lock|*/bindings.rs) continue ;;
+    # Generated files (regen.sh compares them byte for byte) and the frozen 1.0 header.
+    models/*|fuzz/corpus/*|*.rs.lock|*/bindings.rs|bindings/rust/kdn-sys/tests/layout.*|tests/capi/abi/kdn_v1.h) continue ;;
   esac
   case "$f" in
     *.cc|*.h|*.c|*.cu|*.cuh|*.hpp|*.java|*.rs|*.go|*.i|*.py|*.sh|*.cmake|*.capnp|*CMakeLists.txt|scripts/*|.ci/run|fuzz/run) ;;

@@ -1,4 +1,3 @@
-// SPDX-License-Identifier: Apache-2.0
 /* FROZEN: tests/capi/abi/kdn_v1.h is a copy of the stable part of
  * capi/include/kdn/kdn.h as published in version 1.0 (its experimental
  * section left out). It must NEVER change again: it is what a caller built
