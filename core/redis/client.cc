@@ -470,7 +470,15 @@ struct Client::Impl {
       }
       constexpr size_t kChunk = 256 * 1024;
       if (sdsavail(rd->buf) < kChunk) {
-        sds grown = sdsMakeRoomFor(rd->buf, kChunk);
+        // Grown in proportion to what it holds (sdsMakeRoomFor alone adds
+        // 1 MiB at a time past 1 MiB, so a reply of n MiB cost n copies of
+        // the buffer), up to about max_reply_bytes.
+        const std::uint64_t cap = opt.max_reply_bytes + kChunk;
+        size_t want = std::max<size_t>(kChunk, rd->len);
+        if (rd->len + want > cap) {
+          want = static_cast<size_t>(std::max<std::uint64_t>(kChunk, cap - std::min<std::uint64_t>(cap, rd->len)));
+        }
+        sds grown = sdsMakeRoomFor(rd->buf, want);
         if (grown == nullptr) {
           err = ENOMEM;
           break;
