@@ -13,6 +13,13 @@ foreach(dir LIBDIR INCLUDEDIR)
     set(KDN_PC_${dir}_FULL "\${prefix}/${KDN_PC_${dir}}")
   endif()
 endforeach()
+# A prefix outside the linker's own search path gets a run path in Libs, so
+# that a program linked with `pkg-config --libs kdn` finds libkdn.so where it
+# was installed (no LD_LIBRARY_PATH).
+set(KDN_PC_LIBS_EXTRA "")
+if(NOT CMAKE_INSTALL_PREFIX MATCHES "^/usr/?$")
+  set(KDN_PC_LIBS_EXTRA " -Wl,-rpath,\${libdir}")
+endif()
 # One staging file per prefix: two installs at once do not share it.
 string(MD5 kdn_pc_tag "${CMAKE_INSTALL_PREFIX}")
 set(kdn_pc_staged "${KDN_PC_STAGING_DIR}/kdn-${kdn_pc_tag}.pc")

@@ -66,6 +66,8 @@ if grep -q -F -e "$build" -e "$src" <<< "$runpath"; then
   echo "$runpath"
   fail "the installed libkdn.so has a run path into the build or source tree"
 fi
+bash "$src/tests/install/runpath_test.sh" readelf "$lib/libkdn.so.$version" ||
+  fail "the installed libkdn.so has an empty or relative run path entry"
 deps=$(env -u LD_LIBRARY_PATH ldd "$lib/libkdn.so.$version")
 if grep -q -F -e "not found" -e "$build" -e "$src" <<< "$deps"; then
   echo "$deps"
@@ -81,7 +83,9 @@ pc() { pkg-config "$@" kdn || fail "pkg-config $* kdn failed"; }
 cflags=$(pc --cflags | sed "s/ *$//")
 libs=$(pc --libs | sed "s/ *$//")
 [ "$cflags" = "-I$prefix/include" ] || fail "pkg-config --cflags kdn: '$cflags', not -I$prefix/include"
-[ "$libs" = "-L$lib -lkdn" ] || fail "pkg-config --libs kdn: '$libs', not -L$lib -lkdn"
+# A prefix outside /usr gets a run path, so that a program linked with these
+# flags runs without LD_LIBRARY_PATH.
+[ "$libs" = "-L$lib -Wl,-rpath,$lib -lkdn" ] || fail "pkg-config --libs kdn: '$libs', not -L$lib -Wl,-rpath,$lib -lkdn"
 say "kdn.pc: $version, $cflags $libs"
 
 # ---- The CMake package's version rule: SameMajorVersion ------------------
@@ -125,7 +129,7 @@ say "(b) $cc -std=c99 -Wall -Wextra -pedantic -Werror $san main.c $cflags $libs"
   -o "$work/kdn_example_pc" || fail "building examples/c/main.c with pkg-config's flags failed"
 example_pc=$work/kdn_example_pc
 
-# ---- Run both: (a) through the run path CMake gave it, (b) LD_LIBRARY_PATH --
+# ---- Run both: (a) through the run path CMake gave it, (b) kdn.pc's ----------
 # (grep reads a variable, never a pipe: with pipefail, grep -q ending the
 # pipe early would make a match look like a failure.)
 resolves_to_prefix() {  # binary, environment...
@@ -135,7 +139,7 @@ resolves_to_prefix() {  # binary, environment...
     { echo "$loads"; fail "$binary does not load $lib/libkdn.so.$major"; }
 }
 resolves_to_prefix "$example_cmake"
-resolves_to_prefix "$example_pc" LD_LIBRARY_PATH="$lib"
+resolves_to_prefix "$example_pc"
 
 skipped=0
 run() {  # name, binary, environment...
@@ -149,7 +153,7 @@ run() {  # name, binary, environment...
   esac
 }
 run "(a) find_package" "$example_cmake"
-run "(b) pkg-config" "$example_pc" LD_LIBRARY_PATH="$lib"
+run "(b) pkg-config" "$example_pc"
 if [ "$skipped" = 1 ]; then
   [ "${KDN_REQUIRE_MODELS:-0}" = 1 ] && fail "the reference KV is missing under $models (KDN_REQUIRE_MODELS=1)"
   say "SKIPPED running the examples: the reference KV is missing under $models"
