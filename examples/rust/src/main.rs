@@ -6,8 +6,9 @@
 //! wrote it: PREFIX.k.f32 and .v.f32 ([layer][position][head][dim]) and
 //! PREFIX.tokens.i32.
 //!
-//! Run, with libkdn.so in KDN_LIB_DIR (linking) and on the loader's path:
-//!   KDN_LIB_DIR=DIR LD_LIBRARY_PATH=DIR cargo run -- PREFIX
+//! Run, with pkg-config finding kdn (a build tree's `build/pkgconfig`, or an
+//! installed kdn.pc); build.rs gives the binary a run path to libkdn:
+//!   PKG_CONFIG_PATH=BUILD/pkgconfig cargo run -- PREFIX
 use kdn::{DType, KvView, KvViewMut, ModelSpec, Request, Runtime, RuntimeOptions, TierConfig, ViewSpec};
 
 const LAYERS: usize = 5;

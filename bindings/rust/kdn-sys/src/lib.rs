@@ -6,8 +6,14 @@
 //! `bindings.rust.bindgen_current` fails when it is not current, and
 //! `tests/layout.rs` checks every struct against the C compiler.
 //!
-//! Linking: the build script links `libkdn.so` from `$KDN_LIB_DIR` (with an
-//! rpath to it), or from the linker's default path when that is not set.
+//! Linking: the build script finds libkdn with `pkg-config kdn` (set
+//! `PKG_CONFIG_PATH=<kdn build>/pkgconfig`, or `<prefix>/lib/pkgconfig` of an
+//! install), or in `$KDN_LIB_DIR` (`$KDN_INCLUDE_DIR` for kdn.h), which
+//! override it; else the linker's default path. This crate's own tests get a
+//! run path to it; cargo passes no crate's link arguments on to another, so
+//! the directory is links metadata too: a crate that depends on kdn-sys
+//! directly reads `DEP_KDN_LIB_DIR` in its build script and adds
+//! `-Wl,-rpath,<dir>` for its binaries (see the binding's README).
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]
 include!("bindings.rs");

@@ -3,9 +3,9 @@
 //! content keys (`kdn_knowledge_*`).
 
 use crate::error::{check, Error, Result, Status};
-use crate::model::{KvResult, Model};
+use crate::model::{c_ids, KvResult, Model, TokenId};
 use crate::runtime::c_string as c_chars_to_string;
-use crate::types::{bytes, init};
+use crate::types::{bytes, init, millis_ceil};
 use crate::view::{KvView, KvViewMut};
 use kdn_sys as sys;
 use std::ptr;
@@ -75,8 +75,10 @@ pub struct Knowledge<'m> {
     ns: &'m [u8],
 }
 
+/// A duration for C: whole milliseconds rounded up (a non-zero TTL never
+/// becomes 0, "no TTL"), at most `i64::MAX`.
 fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    millis_ceil(d, i64::MAX as u64) as i64
 }
 
 impl<'m> Knowledge<'m> {
@@ -86,20 +88,29 @@ impl<'m> Knowledge<'m> {
 
     /// Stores a document: its tokens and their KV computed from position 0,
     /// replacing an older version of the same id (1..255 bytes). `Busy` when
-    /// the runtime's index of documents is full.
-    pub fn put(&self, doc_id: &str, version: u64, metadata: &[u8], tokens: &[i32], view: &KvView<'_>) -> Result<()> {
-        self.put_views(doc_id, version, metadata, tokens, std::slice::from_ref(view))
-    }
-
-    /// [`put`](Self::put) from several views.
-    pub fn put_views(
+    /// the runtime's index of documents is full. `tokens`: `i32` or `u32`
+    /// ids ([`TokenId`]).
+    pub fn put<T: TokenId>(
         &self,
         doc_id: &str,
         version: u64,
         metadata: &[u8],
-        tokens: &[i32],
+        tokens: &[T],
+        view: &KvView<'_>,
+    ) -> Result<()> {
+        self.put_views(doc_id, version, metadata, tokens, std::slice::from_ref(view))
+    }
+
+    /// [`put`](Self::put) from several views.
+    pub fn put_views<T: TokenId>(
+        &self,
+        doc_id: &str,
+        version: u64,
+        metadata: &[u8],
+        tokens: &[T],
         views: &[KvView<'_>],
     ) -> Result<()> {
+        let tokens = c_ids(tokens)?;
         let raw: Vec<sys::kdn_kv_view> =
             views.iter().map(|v| v.parts.resolve(self.model.row())).collect::<Result<_>>()?;
         let (ns, ns_len) = bytes(self.ns);
@@ -154,7 +165,8 @@ impl<'m> Knowledge<'m> {
         }
     }
 
-    /// Pins every chunk of the document for `ttl` (`None`: until unpinned).
+    /// Pins every chunk of the document for `ttl` (`None`, or zero: until
+    /// unpinned), rounded up to whole milliseconds.
     pub fn pin(&self, doc_id: &str, ttl: Option<Duration>) -> Result<()> {
         let (ns, ns_len) = bytes(self.ns);
         let (id, id_len) = bytes(doc_id.as_bytes());
@@ -170,7 +182,8 @@ impl<'m> Knowledge<'m> {
         check(unsafe { sys::kdn_knowledge_unpin(self.model.raw(), ns, ns_len, id, id_len) })
     }
 
-    /// Deletes the document `after` from now (zero: now).
+    /// Deletes the document `after` from now (zero: now), rounded up to
+    /// whole milliseconds.
     pub fn expire(&self, doc_id: &str, after: Duration) -> Result<()> {
         let (ns, ns_len) = bytes(self.ns);
         let (id, id_len) = bytes(doc_id.as_bytes());
@@ -193,7 +206,8 @@ impl<'m> Knowledge<'m> {
     /// document's length. `BufferTooSmall`, with nothing written, when the
     /// view or `tokens` is shorter than the document: [`Error::needed`] is
     /// its length. `NotFound` when there is no such document or its KV left
-    /// every tier.
+    /// every tier. The ids come back as the C ABI's `i32`s, each >= 0
+    /// (`id as u32` is the tokenizer's id).
     pub fn fetch(
         &self,
         doc_id: &str,

@@ -13,7 +13,7 @@
 //!
 //! let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(16).with_tier(TierConfig::host(64 << 20)))?;
 //! let model = rt.model(&ModelSpec::new(4, 2, 8, DType::F32, "my-model-v1"))?;
-//! let tokens: Vec<i32> = (100..132).collect();
+//! let tokens: Vec<u32> = (100..132).collect(); // token ids, as a tokenizer gives them (or i32)
 //! let kv = vec![1.5f32; tokens.len() * 4 * 2 * 2 * 8]; // [layer][k|v][token][head][dim]
 //! model.store("tenant-a", &tokens, &KvView::canonical(&kv, DType::F32))?;
 //!
@@ -54,7 +54,7 @@ mod view;
 
 pub use error::{Error, Family, Result, Status};
 pub use knowledge::{DocumentInfo, Knowledge};
-pub use model::{KvResult, Lookup, Model, ModelSpec, Request};
+pub use model::{KvResult, Lookup, Model, ModelSpec, Request, TokenId};
 pub use op::Op;
 pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
 pub use types::{

@@ -56,13 +56,83 @@ impl ModelSpec {
     }
 }
 
+/// A type of token ids the API takes: `i32`, the C ABI's, or `u32`, what
+/// tokenizers give (the `tokenizers` crate's `Encoding::get_ids`, tiktoken's
+/// ranks). Sealed. kdn takes ids 0..=`i32::MAX`: a `u32` id above
+/// `i32::MAX` is [`Status::InvalidArgument`], before any C call; so is a
+/// negative `i32` (from the library). Ids pass to C without a copy.
+pub trait TokenId: Copy + private::Sealed {}
+impl TokenId for i32 {}
+impl TokenId for u32 {}
+
+/// The ids as the C ABI's `int32_t`s, without a copy (see [`TokenId`]).
+pub(crate) fn c_ids<T: TokenId>(ids: &[T]) -> Result<&[i32]> {
+    T::as_c(ids)
+}
+
+mod private {
+    use super::Request;
+    use crate::error::{Error, Result};
+
+    /// What the crate does with a [`TokenId`](super::TokenId) slice; not
+    /// nameable outside the crate, so no other type can be a `TokenId`.
+    pub trait Sealed: Sized {
+        /// The request for these ids.
+        fn request(ids: &[Self]) -> Request<'_>;
+        /// The ids as the C ABI's `int32_t`s.
+        fn as_c(ids: &[Self]) -> Result<&[i32]>;
+    }
+
+    impl Sealed for i32 {
+        fn request(ids: &[i32]) -> Request<'_> {
+            Request::Tokens(ids)
+        }
+        fn as_c(ids: &[i32]) -> Result<&[i32]> {
+            Ok(ids) // a negative id: the library says InvalidArgument
+        }
+    }
+
+    impl Sealed for u32 {
+        fn request(ids: &[u32]) -> Request<'_> {
+            Request::TokensU32(ids)
+        }
+        fn as_c(ids: &[u32]) -> Result<&[i32]> {
+            if let Some(at) = ids.iter().position(|&id| id > i32::MAX as u32) {
+                return Err(Error::invalid(format!(
+                    "token id {} (at {at}) is above i32::MAX, the largest id kdn takes",
+                    ids[at]
+                )));
+            }
+            // SAFETY: u32 and i32 have the same size and alignment and every
+            // bit pattern is valid in both; each id is <= i32::MAX, so it
+            // reads as the same number.
+            Ok(unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<i32>(), ids.len()) })
+        }
+    }
+}
+
 /// The tokens a KV call is about: their ids from the start of the context,
 /// or the engine's own chained block hashes. Made from token slices with
-/// `into()`, so `&[i32]`, `&Vec<i32>` and `&[i32; N]` can be passed directly.
+/// `into()`, so `&[i32]`, `&[u32]`, `&Vec<_>` and `&[_; N]` of either can be
+/// passed directly (see [`TokenId`]).
+///
+/// ```
+/// # use kdn::{DType, ModelSpec, Runtime, RuntimeOptions, Status};
+/// # let rt = Runtime::new(&RuntimeOptions::default())?;
+/// # let model = rt.model(&ModelSpec::new(1, 1, 8, DType::F16, "m"))?;
+/// let ids: Vec<u32> = vec![101, 2023, 102]; // as a tokenizer gives them
+/// assert_eq!(model.lookup("ns", &ids)?.cached_tokens, 0);
+/// let err = model.lookup("ns", &[101, u32::MAX]).unwrap_err();
+/// assert_eq!(err.status(), Status::InvalidArgument); // kdn takes ids up to i32::MAX
+/// # Ok::<(), kdn::Error>(())
+/// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
     /// Token ids, each >= 0.
     Tokens(&'a [i32]),
+    /// Token ids as tokenizers give them, each <= `i32::MAX` (since 1.5).
+    TokensU32(&'a [u32]),
     /// Block hashes: `hashes.len() / hash_bytes` blocks of `block_tokens`
     /// tokens (chunk_tokens must be a multiple of block_tokens; a length
     /// that is not a whole number of hashes is refused).
@@ -76,27 +146,34 @@ pub enum Request<'a> {
     },
 }
 
-impl<'a> From<&'a [i32]> for Request<'a> {
-    fn from(t: &'a [i32]) -> Self {
-        Request::Tokens(t)
+impl<'a, T: TokenId> From<&'a [T]> for Request<'a> {
+    fn from(ids: &'a [T]) -> Self {
+        T::request(ids)
     }
 }
-impl<'a> From<&'a Vec<i32>> for Request<'a> {
-    fn from(t: &'a Vec<i32>) -> Self {
-        Request::Tokens(t)
+impl<'a, T: TokenId> From<&'a Vec<T>> for Request<'a> {
+    fn from(ids: &'a Vec<T>) -> Self {
+        T::request(ids)
     }
 }
-impl<'a, const N: usize> From<&'a [i32; N]> for Request<'a> {
-    fn from(t: &'a [i32; N]) -> Self {
-        Request::Tokens(t)
+impl<'a, T: TokenId, const N: usize> From<&'a [T; N]> for Request<'a> {
+    fn from(ids: &'a [T; N]) -> Self {
+        T::request(ids)
     }
 }
 
 impl Request<'_> {
-    pub(crate) fn raw(&self) -> sys::kdn_request {
+    /// The C request; it borrows what `self` borrows. `InvalidArgument`
+    /// for a `u32` id the C ABI cannot take.
+    pub(crate) fn raw(&self) -> Result<sys::kdn_request> {
         let mut r: sys::kdn_request = init(sys::kdn_request_init);
         match *self {
             Request::Tokens(t) => {
+                r.tokens = t.as_ptr();
+                r.num_tokens = t.len();
+            }
+            Request::TokensU32(t) => {
+                let t = c_ids(t)?;
                 r.tokens = t.as_ptr();
                 r.num_tokens = t.len();
             }
@@ -109,7 +186,7 @@ impl Request<'_> {
                 r.block_tokens = block_tokens;
             }
         }
-        r
+        Ok(r)
     }
 }
 
@@ -158,6 +235,8 @@ pub struct Lookup {
 }
 
 impl Lookup {
+    const EMPTY: Lookup = Lookup { cached_tokens: 0, num_tiers: 0, tier_tokens: [0; sys::KDN_MAX_TIERS as usize] };
+
     /// Per tier, highest first: the leading tokens that tier alone holds.
     pub fn tier_tokens(&self) -> &[u64] {
         &self.tier_tokens[..(self.num_tiers as usize).min(self.tier_tokens.len())]
@@ -315,7 +394,7 @@ impl Model {
     ) -> Result<KvResult> {
         let raw_views: Vec<sys::kdn_kv_view> =
             views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
-        let req = request.into().raw();
+        let req = request.into().raw()?;
         let (ns, ns_len) = ns_arg(ns.as_ref());
         let mut out: sys::kdn_kv_result = init(sys::kdn_kv_result_init);
         // SAFETY: every pointer is valid for the call; the views' memory is
@@ -352,7 +431,7 @@ impl Model {
     }
 
     fn retrieve_raw(&self, ns: &[u8], request: &Request<'_>, views: &[sys::kdn_kv_view]) -> Result<KvResult> {
-        let req = request.raw();
+        let req = request.raw()?;
         let (ns, ns_len) = ns_arg(ns);
         let mut out: sys::kdn_kv_result = init(sys::kdn_kv_result_init);
         // SAFETY: every pointer is valid for the call; the views' memory is
@@ -364,7 +443,7 @@ impl Model {
     /// How many leading tokens of the request are cached, without side
     /// effects (no statistics of hits, no promotion, no change of eviction order).
     pub fn lookup<'r>(&self, ns: impl AsRef<[u8]>, request: impl Into<Request<'r>>) -> Result<Lookup> {
-        let req = request.into().raw();
+        let req = request.into().raw()?;
         let (ns, ns_len) = ns_arg(ns.as_ref());
         let mut out: sys::kdn_lookup_result = init(sys::kdn_lookup_result_init);
         // SAFETY: one request, one result.
@@ -385,15 +464,31 @@ impl Model {
     /// # Ok::<(), kdn::Error>(())
     /// ```
     pub fn lookup_batch(&self, ns: impl AsRef<[u8]>, requests: &[Request<'_>]) -> Result<Vec<Result<Lookup>>> {
-        if requests.is_empty() {
-            return Ok(Vec::new()); // (the C call refuses an empty batch)
+        // A request the binding refuses (a u32 id above i32::MAX) fails
+        // alone too: the others go to C, their results come back in place.
+        let mut answers: Vec<Result<Lookup>> = Vec::with_capacity(requests.len());
+        let mut reqs: Vec<sys::kdn_request> = Vec::with_capacity(requests.len());
+        for request in requests {
+            match request.raw() {
+                Ok(r) => {
+                    reqs.push(r);
+                    answers.push(Ok(Lookup::EMPTY)); // replaced below
+                }
+                Err(e) => answers.push(Err(e)),
+            }
         }
-        let reqs: Vec<sys::kdn_request> = requests.iter().map(Request::raw).collect();
+        if reqs.is_empty() {
+            return Ok(answers); // (the C call refuses an empty batch)
+        }
         let mut out: Vec<sys::kdn_lookup_result> = (0..reqs.len()).map(|_| init(sys::kdn_lookup_result_init)).collect();
         let (ns, ns_len) = ns_arg(ns.as_ref());
         // SAFETY: as many results as requests.
         check(unsafe { sys::kdn_kv_lookup(self.raw(), ns, ns_len, reqs.as_ptr(), reqs.len(), out.as_mut_ptr()) })?;
-        Ok(out.iter().map(Lookup::from_raw).collect())
+        let mut results = out.iter().map(Lookup::from_raw);
+        for answer in answers.iter_mut().filter(|a| a.is_ok()) {
+            *answer = results.next().expect("one result per request sent");
+        }
+        Ok(answers)
     }
 
     /// Starts loading the cached prefix of the request into `buffer`, laid

@@ -4,7 +4,7 @@
 use crate::error::{check, Error, Result, Status};
 use crate::model::{KvResult, Model, Request};
 use crate::runtime::Keep;
-use crate::types::{bytes, init, OpState};
+use crate::types::{bytes, init, millis_ceil, OpState};
 use crate::view::{owned_parts, KvBuffer, ViewSpec};
 use kdn_sys as sys;
 use std::ops::Range;
@@ -49,8 +49,10 @@ pub struct Op<B: KvBuffer = Vec<u8>> {
 unsafe impl<B: KvBuffer> Send for Op<B> {}
 unsafe impl<B: KvBuffer> Sync for Op<B> {}
 
+/// A wait's timeout for C: -1 for none, else whole milliseconds rounded up
+/// (a non-zero wait never becomes a poll), at most `i64::MAX`.
 fn timeout_ms(timeout: Option<Duration>) -> i64 {
-    timeout.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    timeout.map_or(-1, |d| millis_ceil(d, i64::MAX as u64) as i64)
 }
 
 impl<B: KvBuffer> Op<B> {
@@ -81,7 +83,8 @@ impl<B: KvBuffer> Op<B> {
         check(unsafe { sys::kdn_op_layer_ready(self.raw(), layer) })
     }
 
-    /// Load: waits until model layer `layer` is written (`None`: no limit).
+    /// Load: waits until model layer `layer` is written (`None`: no limit;
+    /// a timeout is rounded up to whole milliseconds).
     /// `Timeout` when the time ran out (the load goes on); `Cancelled`, or
     /// the op's error, when it ended without the layer.
     pub fn wait_layer(&self, layer: u32, timeout: Option<Duration>) -> Result<()> {
@@ -89,7 +92,8 @@ impl<B: KvBuffer> Op<B> {
         check(unsafe { sys::kdn_op_wait_layer(self.raw(), layer, timeout_ms(timeout)) })
     }
 
-    /// Waits until the op ends (`None`: no limit) and gives its result; the
+    /// Waits until the op ends (`None`: no limit; a timeout is rounded up to
+    /// whole milliseconds) and gives its result; the
     /// op's own error if it failed (`Cancelled` if cancelled); `Timeout`
     /// when the time ran out first (the op goes on).
     pub fn wait(&self, timeout: Option<Duration>) -> Result<KvResult> {
@@ -171,7 +175,7 @@ pub(crate) unsafe fn start_raw(
     request: &Request<'_>,
     views: &[sys::kdn_kv_view],
 ) -> Result<NonNull<sys::kdn_op>> {
-    let req = request.raw();
+    let req = request.raw()?;
     let (ns, ns_len) = bytes(ns);
     let mut raw = ptr::null_mut();
     // SAFETY: the arrays are read during the call only; the memory as the caller promised.

@@ -3,7 +3,7 @@
 
 use crate::error::{check, Error, Result, Status};
 use crate::model::{Model, ModelSpec};
-use crate::types::{init, DType, EvictionPolicy, LatencyKind, TierKind};
+use crate::types::{init, millis_ceil, DType, EvictionPolicy, LatencyKind, TierKind};
 use kdn_sys as sys;
 use std::ffi::{c_char, c_int, c_void};
 use std::os::unix::ffi::OsStrExt;
@@ -11,6 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// One tier of a runtime's store (`kdn_tier_config`). Build one with
 /// [`TierConfig::host`], [`disk`](TierConfig::disk), [`device`](TierConfig::device),
@@ -51,8 +52,10 @@ pub struct TierConfig {
     pub address: String,
     /// Remote: a bearer token the node takes. Redis: the password (empty: no AUTH).
     pub token: String,
-    /// Remote, redis: deadline of each call to the node in ms; 0 = 2000.
-    pub timeout_ms: u32,
+    /// Remote, redis: deadline of each call to the node; zero: 2 s. Passed
+    /// to C in whole milliseconds, rounded up, at most `u32::MAX` ms (since
+    /// 1.5; was `timeout_ms: u32`).
+    pub timeout: Duration,
     /// Remote over TLS: a PEM file of the certificates to trust.
     pub tls_ca_file: Option<PathBuf>,
     /// Remote over TLS: the name the node's certificate must carry.
@@ -60,9 +63,10 @@ pub struct TierConfig {
     /// Redis (since 1.3): the ACL user of AUTH; empty: the password alone.
     /// Other kinds refuse it.
     pub user: String,
-    /// Redis (since 1.3): the keys expire after this many ms; 0: never.
-    /// Other kinds refuse it.
-    pub ttl_ms: u64,
+    /// Redis (since 1.3): the keys expire this long after they are written;
+    /// zero: never. Other kinds refuse it. Passed to C in whole milliseconds,
+    /// rounded up (since 1.5; was `ttl_ms: u64`).
+    pub ttl: Duration,
 }
 
 impl Default for TierConfig {
@@ -78,11 +82,11 @@ impl Default for TierConfig {
             codec: String::new(),
             address: String::new(),
             token: String::new(),
-            timeout_ms: 0,
+            timeout: Duration::ZERO,
             tls_ca_file: None,
             tls_server_name: String::new(),
             user: String::new(),
-            ttl_ms: 0,
+            ttl: Duration::ZERO,
         }
     }
 }
@@ -133,9 +137,9 @@ impl TierConfig {
         self.write_through = on;
         self
     }
-    /// Remote, redis: the per-call deadline.
-    pub fn with_timeout_ms(mut self, ms: u32) -> Self {
-        self.timeout_ms = ms;
+    /// Remote, redis: the per-call deadline (see [`timeout`](Self::timeout)).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
     /// Redis: the ACL user of AUTH (needs a password).
@@ -143,9 +147,10 @@ impl TierConfig {
         self.user = user.into();
         self
     }
-    /// Redis: the keys expire after `ms` milliseconds; 0: never.
-    pub fn with_ttl_ms(mut self, ms: u64) -> Self {
-        self.ttl_ms = ms;
+    /// Redis: the keys expire `ttl` after they are written; zero: never
+    /// (see [`ttl`](Self::ttl)).
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
         self
     }
     /// Remote: TLS with a CA file and (empty: the address's host) a server name.
@@ -175,12 +180,12 @@ impl TierConfig {
         (c.codec, c.codec_len) = s(self.codec.as_bytes());
         (c.address, c.address_len) = s(self.address.as_bytes());
         (c.token, c.token_len) = s(self.token.as_bytes());
-        c.timeout_ms = self.timeout_ms;
+        c.timeout_ms = millis_ceil(self.timeout, u32::MAX.into()) as u32;
         (c.tls_ca_file, c.tls_ca_file_len) =
             s(self.tls_ca_file.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
         (c.tls_server_name, c.tls_server_name_len) = s(self.tls_server_name.as_bytes());
         (c.user, c.user_len) = s(self.user.as_bytes());
-        c.ttl_ms = self.ttl_ms;
+        c.ttl_ms = millis_ceil(self.ttl, u64::MAX);
         c
     }
 }
@@ -704,5 +709,24 @@ impl From<&sys::kdn_tier_stats> for TierStats {
             high_watermark: t.high_watermark,
             low_watermark: t.low_watermark,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TierConfig;
+    use std::time::Duration;
+
+    #[test]
+    fn tier_durations_reach_c_in_whole_milliseconds_rounded_up() {
+        let tier = TierConfig::redis("localhost:6379", "");
+        let c = tier.raw();
+        assert_eq!((c.timeout_ms, c.ttl_ms), (0, 0), "zero: the default deadline, no expiry");
+        let c = tier.clone().with_timeout(Duration::from_micros(1)).with_ttl(Duration::from_micros(1500)).raw();
+        assert_eq!((c.timeout_ms, c.ttl_ms), (1, 2));
+        let c = tier.clone().with_timeout(Duration::from_secs(3)).with_ttl(Duration::from_secs(86_400)).raw();
+        assert_eq!((c.timeout_ms, c.ttl_ms), (3000, 86_400_000));
+        let c = tier.with_timeout(Duration::from_secs(50 * 86_400)).with_ttl(Duration::MAX).raw();
+        assert_eq!((c.timeout_ms, c.ttl_ms), (u32::MAX, u64::MAX), "saturated");
     }
 }

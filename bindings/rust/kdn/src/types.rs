@@ -4,6 +4,7 @@
 
 use kdn_sys as sys;
 use std::ffi::CStr;
+use std::time::Duration;
 
 macro_rules! open_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $raw:path,)* }) => {
@@ -183,4 +184,30 @@ pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::kdn_status)
 #[inline]
 pub(crate) fn bytes(s: &[u8]) -> (*const std::os::raw::c_char, usize) {
     (s.as_ptr() as *const std::os::raw::c_char, s.len())
+}
+
+/// `d` in whole milliseconds, for the C ABI's `*_ms` fields and arguments:
+/// rounded up, so that no non-zero duration becomes 0 (which C reads as the
+/// default, never, or do not wait), and at most `max` (saturating).
+pub(crate) fn millis_ceil(d: Duration, max: u64) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX).min(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::millis_ceil;
+    use std::time::Duration;
+
+    #[test]
+    fn millis_round_up_and_saturate() {
+        assert_eq!(millis_ceil(Duration::ZERO, u64::MAX), 0);
+        assert_eq!(millis_ceil(Duration::from_nanos(1), u64::MAX), 1);
+        assert_eq!(millis_ceil(Duration::from_micros(1500), u64::MAX), 2);
+        assert_eq!(millis_ceil(Duration::from_millis(2000), u64::MAX), 2000);
+        assert_eq!(millis_ceil(Duration::from_secs(3) + Duration::from_nanos(1), u64::MAX), 3001);
+        assert_eq!(millis_ceil(Duration::from_millis(u64::from(u32::MAX) + 1), u32::MAX.into()), u64::from(u32::MAX));
+        assert_eq!(millis_ceil(Duration::MAX, u64::MAX), u64::MAX);
+        assert_eq!(millis_ceil(Duration::MAX, i64::MAX as u64), i64::MAX as u64);
+    }
 }

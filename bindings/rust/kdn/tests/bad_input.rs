@@ -162,8 +162,8 @@ fn test_bad_redis_fields_on_host_tier() {
     let bad = |tier: TierConfig| Runtime::new(&RuntimeOptions::default().with_tier(tier)).map(|_| ());
     let e = assert_status(bad(TierConfig::host(1 << 20).with_user("kdn")), Status::InvalidArgument);
     assert!(e.message().contains("redis"), "{e}");
-    assert_status(bad(TierConfig::host(1 << 20).with_ttl_ms(60_000)), Status::InvalidArgument);
-    assert_status(bad(TierConfig::disk("/unused", 1 << 20).with_ttl_ms(1)), Status::InvalidArgument);
+    assert_status(bad(TierConfig::host(1 << 20).with_ttl(Duration::from_secs(60))), Status::InvalidArgument);
+    assert_status(bad(TierConfig::disk("/unused", 1 << 20).with_ttl(Duration::from_nanos(1))), Status::InvalidArgument);
 }
 
 #[test]
@@ -257,6 +257,49 @@ fn test_bad_batched_lookup() {
     assert_eq!(found[1].as_ref().unwrap_err().status(), Status::InvalidArgument);
     assert_eq!(found[2].as_ref().unwrap_err().status(), Status::InvalidArgument);
     assert_eq!(found[3].as_ref().unwrap().cached_tokens, 32);
+}
+
+#[test]
+fn test_bad_u32_token_id() {
+    // Rust only: a u32 id above i32::MAX (the C ABI's ids are int32) is
+    // refused before any C call, by every call that takes tokens.
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    let mut ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+    ids[20] = 1 << 31;
+    let e = assert_status(model.lookup(NS, &ids), Status::InvalidArgument);
+    assert!(e.is_caller_error() && e.message().contains("2147483648") && e.message().contains("at 20"), "{e}");
+    assert_status(model.lookup(NS, &[u32::MAX]), Status::InvalidArgument);
+    assert_status(model.store(NS, &ids, &KvView::canonical(&kv, DType::F32)), Status::InvalidArgument);
+    let mut out = vec![0f32; kv.len()];
+    assert_status(model.retrieve(NS, &ids, &mut KvViewMut::canonical(&mut out, DType::F32)), Status::InvalidArgument);
+    assert!(out.iter().all(|&x| x == 0.0), "nothing written");
+    assert_status(
+        model.load_async(NS, &ids, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32)).map(|_| ()),
+        Status::InvalidArgument,
+    );
+    assert_status(
+        model.knowledge(NS).put("doc", 1, b"", &ids, &KvView::canonical(&kv, DType::F32)),
+        Status::InvalidArgument,
+    );
+    assert_status(model.knowledge(NS).info("doc"), Status::NotFound);
+    // In a batch the bad request fails alone, in its place.
+    let found = model
+        .lookup_batch(
+            NS,
+            &[Request::from(&ids), Request::from(&tokens), Request::from(&[u32::MAX]), Request::from(&ids[..16])],
+        )
+        .unwrap();
+    assert_eq!(found.len(), 4);
+    assert_eq!(found[0].as_ref().unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(found[1].as_ref().unwrap().cached_tokens, 48);
+    assert_eq!(found[2].as_ref().unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(found[3].as_ref().unwrap().cached_tokens, 16);
+    // Only bad requests: every one its error (and no C call, which refuses an empty batch).
+    let found = model.lookup_batch(NS, &[Request::from(&ids)]).unwrap();
+    assert_eq!(found[0].as_ref().unwrap_err().status(), Status::InvalidArgument);
 }
 
 #[test]

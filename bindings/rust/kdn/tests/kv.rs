@@ -74,6 +74,36 @@ fn lookups_single_and_batched() {
 }
 
 #[test]
+fn u32_token_ids_as_tokenizers_give_them() {
+    // The same ids as u32 (what tokenizers give) name the same tokens as i32.
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+    let kv = canonical(TOKENS);
+    assert_eq!(model.store(NS, &ids[..32], &KvView::canonical(&canonical(32), DType::F32)).unwrap().tokens, 32);
+    assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, 32);
+    model.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap();
+    assert_eq!(model.lookup(NS, &ids).unwrap().cached_tokens, 48);
+    assert_eq!(model.lookup(NS, Request::TokensU32(&ids[..40])).unwrap().cached_tokens, 32);
+    let found = model.lookup_batch(NS, &[Request::from(&ids), Request::from(&tokens[..16])]).unwrap();
+    assert_eq!(found.iter().map(|r| r.as_ref().unwrap().cached_tokens).collect::<Vec<_>>(), [48, 16]);
+    let mut out = vec![0f32; kv.len()];
+    assert_eq!(model.retrieve(NS, &ids, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(out, kv);
+    let op = model.load_async(NS, &ids, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32)).unwrap();
+    let (result, loaded) = op.finish().unwrap();
+    assert_eq!((result.tokens, &loaded), (48, &kv));
+    // The largest id kdn takes, i32::MAX, passes as u32 too.
+    let top = [u32::MAX >> 1; 16];
+    assert_eq!(model.store(NS, &top, &KvView::canonical(&canonical(16), DType::F32)).unwrap().tokens, 16);
+    assert_eq!(model.lookup(NS, &[i32::MAX; 16]).unwrap().cached_tokens, 16);
+    // Knowledge items take u32 ids; they come back as the same i32s.
+    let docs = model.knowledge(NS);
+    docs.put("doc", 1, b"", &ids, &KvView::canonical(&kv, DType::F32)).unwrap();
+    assert_eq!(docs.fetch_to_vec("doc").unwrap(), (tokens, kdn::as_bytes(&kv).to_vec()));
+}
+
+#[test]
 fn block_hash_requests() {
     let (_rt, model) = setup();
     let hashes: Vec<u8> = (0..3u64).flat_map(|b| (0xfeed_0000 + b * 7919).to_le_bytes()).collect();
@@ -502,7 +532,7 @@ fn remote_tier_that_is_not_there_is_a_miss() {
     let options = RuntimeOptions::default()
         .with_chunk_tokens(CHUNK)
         .with_tier(TierConfig::host(1 << 20))
-        .with_tier(TierConfig::remote("127.0.0.1:9", "no-token").with_timeout_ms(200));
+        .with_tier(TierConfig::remote("127.0.0.1:9", "no-token").with_timeout(Duration::from_millis(200)));
     let rt = Runtime::new(&options).unwrap();
     let model = rt.model(&spec("remote")).unwrap();
     let tokens = tokens(TOKENS);
