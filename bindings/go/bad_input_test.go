@@ -33,7 +33,7 @@ func TestBadSmallBuffer(t *testing.T) {
 	for i := range small {
 		small[i] = 0xab
 	}
-	_, err := f.m.Retrieve(ns, Tokens(tokens), small)
+	_, err := f.m.Retrieve(bg, ns, Tokens(tokens), small)
 	wantStatus(t, "Retrieve into a short buffer", err, ErrInvalidArgument)
 	if !IsCaller(err) || IsRetryable(err) {
 		t.Fatal("a short buffer is not a caller error")
@@ -43,21 +43,21 @@ func TestBadSmallBuffer(t *testing.T) {
 			t.Fatalf("byte %d written by a refused retrieve", i)
 		}
 	}
-	_, err = f.m.Store(ns, Tokens(testTokens(positions + 1)[1:]), Float32s(kv[:len(kv)-1]))
+	_, err = f.m.Store(bg, ns, Tokens(testTokens(positions + 1)[1:]), Float32s(kv[:len(kv)-1]))
 	wantStatus(t, "Store from a short buffer", err, ErrInvalidArgument)
 	// Per-layer offsets reaching past the slice are refused on the Go side.
 	view := KVView{KOffsets: make([]int64, layers), VOffsets: make([]int64, layers)}
 	view.VOffsets[layers-1] = int64(len(kv) + 1)
-	_, err = f.m.Retrieve(ns, Tokens(tokens), Float32s(kv), view)
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(kv), view)
 	wantStatus(t, "an offset past the slice", err, ErrInvalidArgument)
 	paged := KVView{Layout: LayoutPagedNHD, BlockSize: chunk, BlockTable: []int32{0, 1, 2}, NumBlocks: 1000,
 		KOffsets: make([]int64, layers), VOffsets: make([]int64, layers)}
-	_, err = f.m.Retrieve(ns, Tokens(tokens), Float32s(kv), paged)
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(kv), paged)
 	wantStatus(t, "NumBlocks past the slice", err, ErrInvalidArgument)
 	// A block table entry beyond the slab's blocks: kdn's own bound check.
 	paged.NumBlocks = 0
 	paged.BlockTable = []int32{0, 1, 1 << 20}
-	_, err = f.m.Retrieve(ns, Tokens(tokens), Float32s(kv), paged)
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(kv), paged)
 	wantStatus(t, "a block beyond the slice", err, ErrInvalidArgument)
 }
 
@@ -67,9 +67,9 @@ func TestBadReadOnlyBuffer(t *testing.T) {
 	f := newFixture(t, nil)
 	tokens := testTokens(positions)
 	f.store(t, tokens, canonical(positions, 1))
-	_, err := f.m.Retrieve(ns, Tokens(tokens), nil)
+	_, err := f.m.Retrieve(bg, ns, Tokens(tokens), nil)
 	wantStatus(t, "Retrieve into nil", err, ErrInvalidArgument)
-	_, err = f.m.Retrieve(ns, Tokens(tokens), []byte{})
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), []byte{})
 	wantStatus(t, "Retrieve into an empty slice", err, ErrInvalidArgument)
 }
 
@@ -78,15 +78,15 @@ func TestBadDtype(t *testing.T) {
 	f := newFixture(t, nil)
 	tokens := testTokens(positions)
 	half := make([]uint16, layers*2*positions*row)
-	_, err := f.m.Store(ns, Tokens(tokens), Uint16s(half), KVView{DType: F16})
+	_, err := f.m.Store(bg, ns, Tokens(tokens), Uint16s(half), KVView{DType: F16})
 	wantStatus(t, "an F16 view of an F32 model", err, ErrInvalidArgument)
-	_, err = f.m.Retrieve(ns, Tokens(tokens), Uint16s(half), KVView{DType: BF16})
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), Uint16s(half), KVView{DType: BF16})
 	wantStatus(t, "a BF16 view of an F32 model", err, ErrInvalidArgument)
 	spec := testSpec()
 	spec.DType = 7
 	_, err = f.rt.NewModel(spec)
 	wantStatus(t, "a model of dtype 7", err, ErrInvalidArgument)
-	_, err = f.m.Retrieve(ns, Tokens(tokens), Uint16s(half), KVView{DType: 9, KOffsets: []int64{0}, VOffsets: []int64{0}})
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), Uint16s(half), KVView{DType: 9, KOffsets: []int64{0}, VOffsets: []int64{0}})
 	wantStatus(t, "per-layer offsets of an unknown dtype", err, ErrInvalidArgument)
 }
 
@@ -105,13 +105,13 @@ func TestBadClosedHandle(t *testing.T) {
 	tokens := testTokens(positions)
 	out := make([]byte, int(m.KVBytesPerToken())*positions)
 	calls := map[string]error{}
-	_, calls["Store"] = m.Store(ns, Tokens(tokens), out)
-	_, calls["Retrieve"] = m.Retrieve(ns, Tokens(tokens), out)
-	_, calls["Lookup"] = m.Lookup(ns, Tokens(tokens))
-	_, calls["LookupBatch"] = m.LookupBatch(ns, []Request{Tokens(tokens)})
+	_, calls["Store"] = m.Store(bg, ns, Tokens(tokens), out)
+	_, calls["Retrieve"] = m.Retrieve(bg, ns, Tokens(tokens), out)
+	_, calls["Lookup"] = m.Lookup(bg, ns, Tokens(tokens))
+	_, calls["LookupBatch"] = m.LookupBatch(bg, ns, []Request{Tokens(tokens)})
 	_, calls["LoadAsync"] = m.LoadAsync(ns, Tokens(tokens), buf)
-	calls["KnowledgePut"] = m.KnowledgePut(ns, "d", 1, "", tokens, out)
-	_, calls["KnowledgeFetch"] = m.KnowledgeFetch(ns, "d", tokens, out)
+	calls["KnowledgePut"] = m.KnowledgePut(bg, ns, "d", 1, "", tokens, out)
+	_, calls["KnowledgeFetch"] = m.KnowledgeFetch(bg, ns, "d", tokens, out)
 	_, calls["KnowledgeList"] = m.KnowledgeList(ns)
 	calls["KnowledgeDelete"] = m.KnowledgeDelete(ns, "d")
 	calls["ReportPrefill"] = m.ReportPrefill(positions, time.Millisecond)
@@ -148,15 +148,15 @@ func TestBadNilArgument(t *testing.T) {
 	wantStatus(t, "a nil editor", err, ErrInvalidArgument)
 	_, err = f.m.LoadAsync(ns, Tokens(tokens), nil)
 	wantStatus(t, "LoadAsync into a nil HostBuffer", err, ErrInvalidArgument)
-	_, err = f.m.Store("", Tokens(tokens), out)
+	_, err = f.m.Store(bg, "", Tokens(tokens), out)
 	wantStatus(t, "Store to an empty namespace", err, ErrInvalidArgument)
-	_, err = f.m.Lookup("", Tokens(tokens))
+	_, err = f.m.Lookup(bg, "", Tokens(tokens))
 	wantStatus(t, "Lookup in an empty namespace", err, ErrInvalidArgument)
-	_, err = f.m.LookupBatch("", []Request{Tokens(tokens)})
+	_, err = f.m.LookupBatch(bg, "", []Request{Tokens(tokens)})
 	wantStatus(t, "LookupBatch in an empty namespace", err, ErrInvalidArgument)
-	_, err = f.m.Store(ns, Request{}, out)
+	_, err = f.m.Store(bg, ns, Request{}, out)
 	wantStatus(t, "Store of no tokens", err, ErrInvalidArgument)
-	_, err = f.m.Store(ns, Tokens(tokens), out, KVView{Layout: LayoutPagedNHD})
+	_, err = f.m.Store(bg, ns, Tokens(tokens), out, KVView{Layout: LayoutPagedNHD})
 	wantStatus(t, "a paged view without a block table", err, ErrInvalidArgument)
 	_, err = NewHostBuffer(0)
 	wantStatus(t, "NewHostBuffer(0)", err, ErrInvalidArgument)
@@ -168,13 +168,13 @@ func TestBadNegativeToken(t *testing.T) {
 	tokens := testTokens(positions)
 	tokens[20] = -5
 	out := make([]byte, int(f.m.KVBytesPerToken())*positions)
-	_, err := f.m.Store(ns, Tokens(tokens), out)
+	_, err := f.m.Store(bg, ns, Tokens(tokens), out)
 	wantStatus(t, "Store of a negative id", err, ErrInvalidArgument)
-	_, err = f.m.Retrieve(ns, Tokens(tokens), out)
+	_, err = f.m.Retrieve(bg, ns, Tokens(tokens), out)
 	wantStatus(t, "Retrieve of a negative id", err, ErrInvalidArgument)
-	_, err = f.m.Lookup(ns, Tokens(tokens))
+	_, err = f.m.Lookup(bg, ns, Tokens(tokens))
 	wantStatus(t, "Lookup of a negative id", err, ErrInvalidArgument)
-	err = f.m.KnowledgePut(ns, "neg", 1, "", tokens, out)
+	err = f.m.KnowledgePut(bg, ns, "neg", 1, "", tokens, out)
 	wantStatus(t, "KnowledgePut of a negative id", err, ErrInvalidArgument)
 }
 
@@ -270,7 +270,7 @@ func TestBadUnknownDocument(t *testing.T) {
 	f := newFixture(t, nil)
 	out := make([]byte, int(f.m.KVBytesPerToken())*positions)
 	tokens := make([]int32, positions)
-	_, err := f.m.KnowledgeFetch(ns, "nope", tokens, out)
+	_, err := f.m.KnowledgeFetch(bg, ns, "nope", tokens, out)
 	wantStatus(t, "KnowledgeFetch of an unknown document", err, ErrNotFound)
 	if IsCaller(err) || IsRetryable(err) {
 		t.Fatal("ErrNotFound is in a family")
@@ -278,11 +278,11 @@ func TestBadUnknownDocument(t *testing.T) {
 	_, err = f.m.KnowledgeInfo(ns, "nope")
 	wantStatus(t, "KnowledgeInfo of an unknown document", err, ErrNotFound)
 	long := strings.Repeat("x", 256)
-	err = f.m.KnowledgePut(ns, long, 1, "", testTokens(positions), Float32s(canonical(positions, 1)))
+	err = f.m.KnowledgePut(bg, ns, long, 1, "", testTokens(positions), Float32s(canonical(positions, 1)))
 	wantStatus(t, "KnowledgePut of a 256-byte id", err, ErrInvalidArgument)
-	_, err = f.m.KnowledgeFetch(ns, long, tokens, out)
+	_, err = f.m.KnowledgeFetch(bg, ns, long, tokens, out)
 	wantStatus(t, "KnowledgeFetch of a 256-byte id", err, ErrInvalidArgument)
-	err = f.m.KnowledgePut(ns, "", 1, "", testTokens(positions), Float32s(canonical(positions, 1)))
+	err = f.m.KnowledgePut(bg, ns, "", 1, "", testTokens(positions), Float32s(canonical(positions, 1)))
 	wantStatus(t, "KnowledgePut of an empty id", err, ErrInvalidArgument)
 	err = f.m.KnowledgePin(ns, "d", -time.Second)
 	wantStatus(t, "a negative TTL", err, ErrInvalidArgument)
@@ -293,7 +293,7 @@ func TestBadUnknownDocument(t *testing.T) {
 func TestBadFetchTooSmall(t *testing.T) {
 	f := newFixture(t, nil)
 	kv := canonical(positions, 1)
-	if err := f.m.KnowledgePut(ns, "story", 1, "", testTokens(positions), Float32s(kv)); err != nil {
+	if err := f.m.KnowledgePut(bg, ns, "story", 1, "", testTokens(positions), Float32s(kv)); err != nil {
 		t.Fatal(err)
 	}
 	bpt := int(f.m.KVBytesPerToken())
@@ -307,7 +307,7 @@ func TestBadFetchTooSmall(t *testing.T) {
 		"under one": {nil, make([]byte, bpt-1)},
 	}
 	for name, c := range cases {
-		_, err := f.m.KnowledgeFetch(ns, "story", c.tokens, c.data)
+		_, err := f.m.KnowledgeFetch(bg, ns, "story", c.tokens, c.data)
 		wantStatus(t, name, err, ErrBufferTooSmall)
 		var e *Error
 		errors.As(err, &e)
@@ -334,7 +334,7 @@ func TestBadBatchedLookup(t *testing.T) {
 	f.store(t, tokens, canonical(positions, 1))
 	neg := append([]int32(nil), tokens...)
 	neg[3] = -1
-	got, err := f.m.LookupBatch(ns, []Request{
+	got, err := f.m.LookupBatch(bg, ns, []Request{
 		Tokens(tokens),
 		Tokens(neg),
 		{BlockHashes: make([]byte, 10), HashBytes: 100}, // hash_bytes above 64
@@ -353,7 +353,7 @@ func TestBadBatchedLookup(t *testing.T) {
 		}
 	}
 	// The single lookup of a bad request is an error.
-	_, err = f.m.Lookup(ns, Tokens(neg))
+	_, err = f.m.Lookup(bg, ns, Tokens(neg))
 	wantStatus(t, "Lookup of a bad request", err, ErrInvalidArgument)
 }
 
@@ -399,7 +399,7 @@ func TestBadWaitAfterClose(t *testing.T) {
 			t.Errorf("%s after Close = %v", name, err)
 		}
 	}
-	if got, _ := f.m.Lookup(ns, Tokens(testTokens(positions))); got.CachedTokens != 0 {
+	if got, _ := f.m.Lookup(bg, ns, Tokens(testTokens(positions))); got.CachedTokens != 0 {
 		t.Fatal("a closed save stored KV")
 	}
 }

@@ -19,7 +19,7 @@ func benchModel(b *testing.B) (*Model, Request, []byte) {
 		tokens[i] = int32(i)
 	}
 	kv := make([]byte, 256*int(m.KVBytesPerToken()))
-	if _, err := m.Store("bench", Tokens(tokens), kv); err != nil {
+	if _, err := m.Store(bg, "bench", Tokens(tokens), kv); err != nil {
 		b.Fatal(err)
 	}
 	return m, Tokens(tokens), kv
@@ -30,7 +30,7 @@ func BenchmarkLookup(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if r, err := m.Lookup("bench", req); err != nil || r.CachedTokens != 256 {
+		if r, err := m.Lookup(bg, "bench", req); err != nil || r.CachedTokens != 256 {
 			b.Fatal(r, err)
 		}
 	}
@@ -42,7 +42,7 @@ func BenchmarkRetrieve32MiB(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if r, err := m.Retrieve("bench", req, kv); err != nil || r.Tokens != 256 {
+		if r, err := m.Retrieve(bg, "bench", req, kv); err != nil || r.Tokens != 256 {
 			b.Fatal(r, err)
 		}
 	}

@@ -84,7 +84,7 @@ func TestEditorEdits(t *testing.T) {
 	out := make([]float32, len(f.kv))
 	// The edited chunk replaces the stored one a moment after the edit counts.
 	waitFor(t, "the edited chunk", func() bool {
-		res, err := f.m.Retrieve(ns, Tokens(f.tokens), Float32s(out))
+		res, err := f.m.Retrieve(bg, ns, Tokens(f.tokens), Float32s(out))
 		return err == nil && res.Tokens == positions && bytes.Equal(Float32s(out), Float32s(want))
 	})
 	if s, _ := f.rt.Stats(); s.EditedServed == 0 || s.Edits != 1 {
@@ -110,7 +110,7 @@ func TestEditorLifetime(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt.Close()
-	if _, err := m.Store(ns, Tokens(testTokens(positions)), Float32s(canonical(positions, 1))); err != nil {
+	if _, err := m.Store(bg, ns, Tokens(testTokens(positions)), Float32s(canonical(positions, 1))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the editor after the runtime's Close", func() bool { return calls.Load() == 1 })
@@ -154,7 +154,7 @@ func TestBadEditor(t *testing.T) {
 			waitFor(t, "the editor call", func() bool { return f.calls.Load() >= 1 })
 			time.Sleep(20 * time.Millisecond) // time for a (wrong) replacement to land
 			out := make([]float32, len(f.kv))
-			res, err := f.m.Retrieve(ns, Tokens(f.tokens), Float32s(out))
+			res, err := f.m.Retrieve(bg, ns, Tokens(f.tokens), Float32s(out))
 			if err != nil || res.Tokens != positions || !bytes.Equal(Float32s(out), Float32s(f.kv)) {
 				t.Fatalf("after a failed edit: %+v, %v, equal %v", res, err, bytes.Equal(Float32s(out), Float32s(f.kv)))
 			}
@@ -164,7 +164,7 @@ func TestBadEditor(t *testing.T) {
 			}
 			// Still working: another store, edited (and failing) again.
 			other := testTokens(positions + 1)[1:]
-			if res, err := f.m.Store(ns, Tokens(other), Float32s(f.kv)); err != nil || res.Tokens != positions {
+			if res, err := f.m.Store(bg, ns, Tokens(other), Float32s(f.kv)); err != nil || res.Tokens != positions {
 				t.Fatalf("Store after a failed edit = %+v, %v", res, err)
 			}
 			waitFor(t, "the second editor call", func() bool { return f.calls.Load() >= 2 })

@@ -4,10 +4,21 @@
 // and load a model's KV (synchronously, or layer by layer in the
 // background), named knowledge items, and the runtime's statistics.
 //
-// It calls libkdn's C ABI (kdn/kdn.h) through cgo. Build with the header and
-// the library on cgo's paths, for example:
+// It calls libkdn's C ABI (kdn/kdn.h) through cgo, and finds the header and
+// the library with pkg-config (package kdn): an installed kdn.pc, or a build
+// tree's kdn-uninstalled.pc, whose flags carry a run path to libkdn.so:
 //
-//	CGO_CFLAGS=-I<kdn>/capi/include CGO_LDFLAGS="-L<libdir> -Wl,-rpath,<libdir>" go test ./...
+//	PKG_CONFIG_PATH=<kdn>/build/pkgconfig go test ./...
+//
+// # Contexts
+//
+// The calls that can wait on a remote or redis tier take a context.Context
+// first. Every one of them returns ctx.Err() without calling kdn when ctx
+// has ended already. Lookups (no side effects) also return ctx.Err() as
+// soon as ctx ends while kdn works; Store, Retrieve and the knowledge calls
+// cannot be given up once started (kdn reads or writes the caller's memory
+// until it returns) and wait at most a tier's Timeout per call to it; Op's
+// waits return ctx.Err() when ctx ends (the op goes on until Cancel).
 //
 // # Errors
 //
@@ -48,7 +59,7 @@ package kdn
 
 /*
 #cgo CFLAGS: -DKDN_EXPERIMENTAL
-#cgo LDFLAGS: -lkdn
+#cgo pkg-config: kdn
 #include <stdlib.h>
 #include "kdn_go.h"
 */

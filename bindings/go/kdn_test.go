@@ -26,6 +26,10 @@ const (
 	ns        = "test"
 )
 
+// bg is the context of the calls whose context a test is not about (a
+// package-level name no test's own ctx shadows).
+var bg = context.Background()
+
 func testTokens(n int) []int32 {
 	t := make([]int32, n)
 	for i := range t {
@@ -75,7 +79,7 @@ func newFixture(t *testing.T, opts *RuntimeOptions) fixture {
 
 func (f fixture) store(t *testing.T, tokens []int32, kv []float32) {
 	t.Helper()
-	res, err := f.m.Store(ns, Tokens(tokens), Float32s(kv))
+	res, err := f.m.Store(bg, ns, Tokens(tokens), Float32s(kv))
 	if err != nil {
 		t.Fatalf("Store: %v", err)
 	}
@@ -105,17 +109,17 @@ func TestStoreLookupRetrieve(t *testing.T) {
 	}
 	f.store(t, tokens, kv)
 
-	got, err := f.m.Lookup(ns, Tokens(tokens))
+	got, err := f.m.Lookup(bg, ns, Tokens(tokens))
 	if err != nil || got.CachedTokens != positions || len(got.TierTokens) != 1 || got.TierTokens[0] != positions {
 		t.Fatalf("Lookup = %+v, %v", got, err)
 	}
-	got, err = f.m.Lookup(ns, Tokens(tokens[:40]))
+	got, err = f.m.Lookup(bg, ns, Tokens(tokens[:40]))
 	if err != nil || got.CachedTokens != 32 {
 		t.Fatalf("Lookup of 40 = %+v, %v (want the 2 whole chunks)", got, err)
 	}
 
 	out := make([]float32, len(kv))
-	res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(out))
+	res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(out))
 	if err != nil || res.Tokens != positions || res.Covered != positions || res.State != OpDone || res.Lossy() {
 		t.Fatalf("Retrieve = %+v, %v", res, err)
 	}
@@ -124,11 +128,11 @@ func TestStoreLookupRetrieve(t *testing.T) {
 	}
 
 	// A miss is a success with 0 tokens: another namespace, other tokens.
-	res, err = f.m.Retrieve("someone-else", Tokens(tokens), Float32s(out))
+	res, err = f.m.Retrieve(bg, "someone-else", Tokens(tokens), Float32s(out))
 	if err != nil || res.Tokens != 0 {
 		t.Fatalf("Retrieve from another namespace = %+v, %v", res, err)
 	}
-	got, err = f.m.Lookup(ns, Tokens(testTokens(positions)[1:]))
+	got, err = f.m.Lookup(bg, ns, Tokens(testTokens(positions)[1:]))
 	if err != nil || got.CachedTokens != 0 {
 		t.Fatalf("Lookup of other tokens = %+v, %v", got, err)
 	}
@@ -158,13 +162,13 @@ func TestReportedPrefillPricesLoads(t *testing.T) {
 	out := make([]float32, layers*2*(positions+chunk)*row)
 	// A whole hit, then a request a chunk longer than what is cached.
 	for _, req := range [][]int32{tokens[:positions], tokens} {
-		res, err := f.m.Retrieve(ns, Tokens(req), Float32s(out[:layers*2*len(req)*row]))
+		res, err := f.m.Retrieve(bg, ns, Tokens(req), Float32s(out[:layers*2*len(req)*row]))
 		if err != nil || res.Tokens != positions {
 			t.Fatalf("Retrieve of %d tokens = %+v, %v", len(req), res, err)
 		}
 	}
 	// A lookup is no load: counted apart.
-	if got, err := f.m.Lookup(ns, Tokens(tokens)); err != nil || got.CachedTokens != positions {
+	if got, err := f.m.Lookup(bg, ns, Tokens(tokens)); err != nil || got.CachedTokens != positions {
 		t.Fatalf("Lookup = %+v, %v", got, err)
 	}
 	s, err := f.rt.Stats()
@@ -201,11 +205,11 @@ func TestStridedView(t *testing.T) {
 	}
 	view := KVView{DType: F32, StrideLayer: positions * row, StrideKV: int64(file), StrideToken: row,
 		StrideHead: headDim, StrideDim: 1}
-	if _, err := f.m.Store(ns, Tokens(tokens), Float32s(engine), view); err != nil {
+	if _, err := f.m.Store(bg, ns, Tokens(tokens), Float32s(engine), view); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]float32, 2*file)
-	if res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(out)); err != nil || res.Tokens != positions {
+	if res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(out)); err != nil || res.Tokens != positions {
 		t.Fatalf("Retrieve = %+v, %v", res, err)
 	}
 	for l := 0; l < layers; l++ {
@@ -219,7 +223,7 @@ func TestStridedView(t *testing.T) {
 	}
 	// The same view back: into the engine's layout.
 	back := make([]float32, 2*file)
-	if res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(back), view); err != nil || res.Tokens != positions {
+	if res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(back), view); err != nil || res.Tokens != positions {
 		t.Fatalf("Retrieve (strided) = %+v, %v", res, err)
 	}
 	if !bytes.Equal(Float32s(back), Float32s(engine)) {
@@ -245,7 +249,7 @@ func TestPagedView(t *testing.T) {
 			view.KOffsets = append(view.KOffsets, int64((2*l)*layerElems))
 			view.VOffsets = append(view.VOffsets, int64((2*l+1)*layerElems))
 		}
-		res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(slab), view)
+		res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(slab), view)
 		if err != nil || res.Tokens != positions {
 			t.Fatalf("%v: Retrieve = %+v, %v", layout, res, err)
 		}
@@ -278,11 +282,11 @@ func TestPagedView(t *testing.T) {
 		}
 		// And stored from the paged slab, found again under other tokens.
 		other := testTokens(positions + 1)[1:]
-		if res, err := f.m.Store(ns, Tokens(other), Float32s(slab), view); err != nil || res.Tokens != positions {
+		if res, err := f.m.Store(bg, ns, Tokens(other), Float32s(slab), view); err != nil || res.Tokens != positions {
 			t.Fatalf("%v: Store (paged) = %+v, %v", layout, res, err)
 		}
 		out := make([]float32, len(kv))
-		if res, err := f.m.Retrieve(ns, Tokens(other), Float32s(out)); err != nil || res.Tokens != positions ||
+		if res, err := f.m.Retrieve(bg, ns, Tokens(other), Float32s(out)); err != nil || res.Tokens != positions ||
 			!bytes.Equal(Float32s(out), Float32s(kv)) {
 			t.Fatalf("%v: paged store, canonical retrieve: %+v, %v", layout, res, err)
 		}
@@ -319,7 +323,7 @@ func TestSeveralViews(t *testing.T) {
 		v.Layers = append(v.Layers, uint32(l))
 		canonicalOffsets(v, l)
 	}
-	if res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(slab), views[:]...); err != nil || res.Tokens != positions {
+	if res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(slab), views[:]...); err != nil || res.Tokens != positions {
 		t.Fatalf("Retrieve = %+v, %v", res, err)
 	}
 	// Per layer K then V, token-major: the canonical layout again.
@@ -336,15 +340,15 @@ func TestBlockHashes(t *testing.T) {
 		hashes[i] = byte(i*31 + 7)
 	}
 	req := Request{BlockHashes: hashes, HashBytes: 16, BlockTokens: chunk}
-	if res, err := f.m.Store(ns, req, Float32s(kv)); err != nil || res.Tokens != positions {
+	if res, err := f.m.Store(bg, ns, req, Float32s(kv)); err != nil || res.Tokens != positions {
 		t.Fatalf("Store by hashes = %+v, %v", res, err)
 	}
-	if got, err := f.m.Lookup(ns, Request{BlockHashes: hashes[:32], HashBytes: 16, BlockTokens: chunk}); err != nil ||
+	if got, err := f.m.Lookup(bg, ns, Request{BlockHashes: hashes[:32], HashBytes: 16, BlockTokens: chunk}); err != nil ||
 		got.CachedTokens != 32 {
 		t.Fatalf("Lookup by hashes = %+v, %v", got, err)
 	}
 	out := make([]float32, len(kv))
-	if res, err := f.m.Retrieve(ns, req, Float32s(out)); err != nil || res.Tokens != positions ||
+	if res, err := f.m.Retrieve(bg, ns, req, Float32s(out)); err != nil || res.Tokens != positions ||
 		!bytes.Equal(Float32s(out), Float32s(kv)) {
 		t.Fatalf("Retrieve by hashes = %+v, %v", res, err)
 	}
@@ -354,7 +358,7 @@ func TestLookupBatch(t *testing.T) {
 	f := newFixture(t, nil)
 	tokens := testTokens(positions)
 	f.store(t, tokens, canonical(positions, 1))
-	got, err := f.m.LookupBatch(ns, []Request{Tokens(tokens), Tokens(tokens[:40]), Tokens(testTokens(8))})
+	got, err := f.m.LookupBatch(bg, ns, []Request{Tokens(tokens), Tokens(tokens[:40]), Tokens(testTokens(8))})
 	if err != nil || len(got) != 3 {
 		t.Fatalf("LookupBatch = %v, %v", got, err)
 	}
@@ -490,7 +494,7 @@ func TestOpCancel(t *testing.T) {
 	if res, _ := save.Result(); res.State != OpCancelled || res.Status != StatusCancelled || res.Tokens != 0 {
 		t.Fatalf("Result = %+v", res)
 	}
-	if got, _ := f.m.Lookup(ns, Tokens(tokens)); got.CachedTokens != 0 {
+	if got, _ := f.m.Lookup(bg, ns, Tokens(tokens)); got.CachedTokens != 0 {
 		t.Fatalf("a cancelled save stored %d tokens", got.CachedTokens)
 	}
 }
@@ -499,10 +503,10 @@ func TestKnowledge(t *testing.T) {
 	f := newFixture(t, nil)
 	tokens := testTokens(positions)
 	kv := canonical(positions, 11)
-	if err := f.m.KnowledgePut(ns, "doc-b", 2, `{"src":"b"}`, tokens[:32], Float32s(canonical(32, 2))); err != nil {
+	if err := f.m.KnowledgePut(bg, ns, "doc-b", 2, `{"src":"b"}`, tokens[:32], Float32s(canonical(32, 2))); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.m.KnowledgePut(ns, "doc-a", 7, "", tokens, Float32s(kv)); err != nil {
+	if err := f.m.KnowledgePut(bg, ns, "doc-a", 7, "", tokens, Float32s(kv)); err != nil {
 		t.Fatal(err)
 	}
 	info, err := f.m.KnowledgeInfo(ns, "doc-a")
@@ -516,7 +520,7 @@ func TestKnowledge(t *testing.T) {
 	}
 	gotTokens := make([]int32, positions)
 	out := make([]float32, len(kv))
-	res, err := f.m.KnowledgeFetch(ns, "doc-a", gotTokens, Float32s(out))
+	res, err := f.m.KnowledgeFetch(bg, ns, "doc-a", gotTokens, Float32s(out))
 	if err != nil || res.Tokens != positions {
 		t.Fatalf("KnowledgeFetch = %+v, %v", res, err)
 	}
@@ -533,7 +537,7 @@ func TestKnowledge(t *testing.T) {
 		t.Fatalf("KnowledgeInfo after a fetch = %+v, %v, want %d hits", got, err, info.Chunks)
 	}
 	// Tokens only.
-	if res, err := f.m.KnowledgeFetch(ns, "doc-b", gotTokens[:32], nil); err != nil || res.Tokens != 32 {
+	if res, err := f.m.KnowledgeFetch(bg, ns, "doc-b", gotTokens[:32], nil); err != nil || res.Tokens != 32 {
 		t.Fatalf("KnowledgeFetch (tokens only) = %+v, %v", res, err)
 	}
 
@@ -620,7 +624,7 @@ func TestTiers(t *testing.T) {
 	}
 	// Everything is still found below the host tier, byte for byte.
 	out := make([]float32, layers*2*positions*row)
-	res, err := f.m.Retrieve(ns, Tokens(testTokens(positions)), Float32s(out))
+	res, err := f.m.Retrieve(bg, ns, Tokens(testTokens(positions)), Float32s(out))
 	if err != nil || res.Tokens != positions || !bytes.Equal(Float32s(out), Float32s(canonical(positions, 0))) {
 		t.Fatalf("Retrieve through the tiers = %+v, %v", res, err)
 	}
@@ -635,7 +639,7 @@ func TestLossyCodec(t *testing.T) {
 	kv := canonical(positions, 1)
 	f.store(t, tokens, kv)
 	out := make([]float32, len(kv))
-	res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(out))
+	res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(out))
 	if err != nil || res.Tokens != positions || !res.Lossy() {
 		t.Fatalf("Retrieve from int8 = %+v, %v", res, err)
 	}
@@ -670,7 +674,7 @@ func TestCloseOrder(t *testing.T) {
 	}
 	tokens := testTokens(positions)
 	kv := canonical(positions, 1)
-	if res, err := m.Store(ns, Tokens(tokens), Float32s(kv)); err != nil || res.Tokens != positions {
+	if res, err := m.Store(bg, ns, Tokens(tokens), Float32s(kv)); err != nil || res.Tokens != positions {
 		t.Fatalf("Store after the runtime's Close = %+v, %v", res, err)
 	}
 	if _, err := rt.Stats(); err != ErrClosed {
@@ -693,12 +697,12 @@ func TestConcurrent(t *testing.T) {
 			defer wg.Done()
 			out := make([]float32, len(kv))
 			for i := 0; i < 50; i++ {
-				res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(out))
+				res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(out))
 				if err == nil && (res.Tokens != positions || !bytes.Equal(Float32s(out), Float32s(kv))) {
 					err = errors.New("a concurrent retrieve differs")
 				}
 				if err == nil {
-					_, err = f.m.Lookup(ns, Tokens(tokens))
+					_, err = f.m.Lookup(bg, ns, Tokens(tokens))
 				}
 				if err != nil {
 					errs <- err
@@ -757,7 +761,7 @@ func TestManyViewsAndRequests(t *testing.T) {
 			VOffsets: []int64{int64((2*l + 1) * layerElems)}, StrideToken: row, StrideHead: headDim, StrideDim: 1}
 	}
 	out := make([]float32, len(kv))
-	if res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(out), views...); err != nil || res.Tokens != positions ||
+	if res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(out), views...); err != nil || res.Tokens != positions ||
 		!bytes.Equal(Float32s(out), Float32s(kv)) {
 		t.Fatalf("five views: %+v, %v", res, err)
 	}
@@ -766,7 +770,7 @@ func TestManyViewsAndRequests(t *testing.T) {
 	for i := range reqs {
 		reqs[i] = Tokens(tokens[:i+1])
 	}
-	got, err := f.m.LookupBatch(ns, reqs)
+	got, err := f.m.LookupBatch(bg, ns, reqs)
 	if err != nil || len(got) != len(reqs) {
 		t.Fatalf("LookupBatch of 40 = %v, %v", len(got), err)
 	}
@@ -792,11 +796,11 @@ func TestManyViewsAndRequests(t *testing.T) {
 		view.VOffsets = append(view.VOffsets, int64((2*l+1)*chunk*4))
 		view.StrideToken, view.StrideHead, view.StrideDim = 4, 4, 1
 	}
-	if res, err := big.Store(ns, Tokens(tokens[:chunk]), Float32s(deep), view); err != nil || res.Tokens != chunk {
+	if res, err := big.Store(bg, ns, Tokens(tokens[:chunk]), Float32s(deep), view); err != nil || res.Tokens != chunk {
 		t.Fatalf("Store, 40 layers = %+v, %v", res, err)
 	}
 	back := make([]float32, len(deep))
-	if res, err := big.Retrieve(ns, Tokens(tokens[:chunk]), Float32s(back)); err != nil || res.Tokens != chunk ||
+	if res, err := big.Retrieve(bg, ns, Tokens(tokens[:chunk]), Float32s(back)); err != nil || res.Tokens != chunk ||
 		!bytes.Equal(Float32s(back), Float32s(deep)) {
 		t.Fatalf("Retrieve, 40 layers = %+v, %v", res, err)
 	}
@@ -816,7 +820,7 @@ func TestCloseWhileInUse(t *testing.T) {
 	}
 	tokens := testTokens(positions)
 	kv := canonical(positions, 1)
-	if _, err := m.Store(ns, Tokens(tokens), Float32s(kv)); err != nil {
+	if _, err := m.Store(bg, ns, Tokens(tokens), Float32s(kv)); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -827,9 +831,9 @@ func TestCloseWhileInUse(t *testing.T) {
 			defer wg.Done()
 			out := make([]float32, len(kv))
 			for {
-				_, err := m.Retrieve(ns, Tokens(tokens), Float32s(out))
+				_, err := m.Retrieve(bg, ns, Tokens(tokens), Float32s(out))
 				if err == nil {
-					_, err = m.Lookup(ns, Tokens(tokens))
+					_, err = m.Lookup(bg, ns, Tokens(tokens))
 				}
 				if err == ErrClosed {
 					return

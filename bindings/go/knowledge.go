@@ -7,6 +7,7 @@ package kdn
 import "C"
 
 import (
+	"context"
 	"math"
 	"time"
 )
@@ -40,8 +41,15 @@ func documentInfo(d *C.kdn_document_info) DocumentInfo {
 // tokens and their KV computed from position 0, read from data through the
 // views (none: canonical). It replaces an older version of the same id.
 // ErrBusy when the runtime's document index is full.
-func (m *Model) KnowledgePut(ns, docID string, version uint64, metadata string, tokens []int32, data []byte,
-	views ...KVView) error {
+//
+// A ctx that has ended returns ctx.Err() and stores nothing; once started,
+// the put is not interrupted by ctx (as Store: kdn reads data until it
+// returns, waiting for a remote or redis tier at most its Timeout).
+func (m *Model) KnowledgePut(ctx context.Context, ns, docID string, version uint64, metadata string, tokens []int32,
+	data []byte, views ...KVView) error {
+	if err := ctxErr(ctx); err != nil {
+		return err
+	}
 	if !m.g.enter() {
 		return ErrClosed
 	}
@@ -64,7 +72,16 @@ func (m *Model) KnowledgePut(ns, docID string, version uint64, metadata string, 
 // the views are shorter than the document nothing is written and the error
 // is ErrBufferTooSmall, whose Needed is the document's length.
 // ErrNotFound: no such document, or its KV is gone.
-func (m *Model) KnowledgeFetch(ns, docID string, tokens []int32, data []byte, views ...KVView) (KVResult, error) {
+//
+// A ctx that has ended returns ctx.Err() and writes nothing; once started,
+// the fetch is not interrupted by ctx (as Retrieve: kdn writes data and
+// tokens until it returns, waiting for a remote or redis tier at most its
+// Timeout).
+func (m *Model) KnowledgeFetch(ctx context.Context, ns, docID string, tokens []int32, data []byte,
+	views ...KVView) (KVResult, error) {
+	if err := ctxErr(ctx); err != nil {
+		return KVResult{}, err
+	}
 	if !m.g.enter() {
 		return KVResult{}, ErrClosed
 	}

@@ -7,6 +7,7 @@ package kdn
 import "C"
 
 import (
+	"context"
 	"unsafe"
 )
 
@@ -298,7 +299,11 @@ func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n 
 	return kvResult(&r.result), newError(r.status, r.msg)
 }
 
-func (m *Model) kvCall(which C.int, ns string, req *Request, data []byte, views []KVView) (KVResult, error) {
+func (m *Model) kvCall(ctx context.Context, which C.int, ns string, req *Request, data []byte,
+	views []KVView) (KVResult, error) {
+	if err := ctxErr(ctx); err != nil {
+		return KVResult{}, err
+	}
 	if !m.g.enter() {
 		return KVResult{}, ErrClosed
 	}
@@ -306,25 +311,101 @@ func (m *Model) kvCall(which C.int, ns string, req *Request, data []byte, views 
 	return m.kv(which, ns, req, bytesPtr(data), len(data), views, nil)
 }
 
+// ctxErr is why a call must not start: a nil ctx (a caller's mistake,
+// refused rather than a panic) or one that has ended.
+func ctxErr(ctx context.Context) error {
+	if ctx == nil {
+		return invalid("the context is nil (use context.Background())")
+	}
+	return ctx.Err()
+}
+
+// outcome is what a call of abandonable returned (Go 1.19 has no type
+// declarations inside generic functions).
+type outcome[T any] struct {
+	v   T
+	err error
+}
+
+// abandonable runs call on a goroutine of its own and returns its outcome,
+// or ctx.Err() as soon as ctx ends first; the call then runs to its end
+// unobserved. Only for calls without side effects whose arguments the
+// caller cannot change under them (lookups of copied requests): kdn offers
+// no way to interrupt them, and Go memory they read or write must stay
+// theirs after the caller has returned.
+func abandonable[T any](ctx context.Context, call func() (T, error)) (T, error) {
+	done := make(chan outcome[T], 1) // buffered: an abandoned call's goroutine still ends
+	go func() {
+		v, err := call()
+		done <- outcome[T]{v, err}
+	}()
+	select {
+	case o := <-done:
+		return o.v, o.err
+	case <-ctx.Done():
+		select {
+		case o := <-done: // both at once: the answer is worth more than the error
+			return o.v, o.err
+		default:
+		}
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
 // Store keeps the request's KV, read from data through the views (none:
 // data is the canonical layout in the model's dtype). Chunks already cached
 // are skipped; when not all fit, the longest prefix that fits is kept.
 // The result's Tokens is the leading tokens cached after the call.
-func (m *Model) Store(ns string, req Request, data []byte, views ...KVView) (KVResult, error) {
-	return m.kvCall(C.KDN_GO_STORE, ns, &req, data, views)
+//
+// A ctx that has ended returns ctx.Err() and stores nothing. Once started,
+// the store is not interrupted by ctx: kdn reads data until it returns (Go
+// cannot lend its memory to kdn's asynchronous save), and it waits for a
+// remote or redis tier at most that tier's Timeout per call to it.
+func (m *Model) Store(ctx context.Context, ns string, req Request, data []byte, views ...KVView) (KVResult, error) {
+	return m.kvCall(ctx, C.KDN_GO_STORE, ns, &req, data, views)
 }
 
 // Retrieve writes the KV of the request's longest cached prefix into data
 // through the views (none: the canonical layout). A miss is not an error:
 // the result's Tokens is then 0.
-func (m *Model) Retrieve(ns string, req Request, data []byte, views ...KVView) (KVResult, error) {
-	return m.kvCall(C.KDN_GO_RETRIEVE, ns, &req, data, views)
+//
+// A ctx that has ended returns ctx.Err() and writes nothing. Once started,
+// the retrieve is not interrupted by ctx, and returns its result even if
+// ctx ended meanwhile: kdn writes data until it returns (Go cannot lend
+// its memory to kdn's asynchronous load, which would go on writing after
+// an early return), and it waits for a remote or redis tier at most that
+// tier's Timeout per call to it. For a load that a context can give up
+// on, use LoadAsync into a HostBuffer and Op.Wait(ctx) (the op itself
+// notices Cancel only after its fetch, so its Close may still wait).
+func (m *Model) Retrieve(ctx context.Context, ns string, req Request, data []byte, views ...KVView) (KVResult, error) {
+	return m.kvCall(ctx, C.KDN_GO_RETRIEVE, ns, &req, data, views)
 }
 
 // Lookup says how many leading tokens of the request are cached, without
 // side effects. A miss is not an error. A bad request is an error here;
 // in LookupBatch it is the request's own Status.
-func (m *Model) Lookup(ns string, req Request) (LookupResult, error) {
+//
+// A ctx that has ended returns ctx.Err() without calling kdn. A lookup
+// can wait on a remote or redis tier (up to that tier's Timeout), which
+// kdn cannot interrupt: when ctx can end (its Done is not nil), the lookup
+// runs on its own goroutine over a copy of the request, and Lookup returns
+// ctx.Err() as soon as ctx ends; the abandoned lookup finishes in the
+// background, and the model's Close waits for it.
+func (m *Model) Lookup(ctx context.Context, ns string, req Request) (LookupResult, error) {
+	if err := ctxErr(ctx); err != nil {
+		return LookupResult{}, err
+	}
+	if ctx.Done() == nil {
+		return m.lookup1(ns, &req)
+	}
+	// The caller may reuse its slices once Lookup returned early.
+	req.Tokens = append([]int32(nil), req.Tokens...)
+	req.BlockHashes = append([]byte(nil), req.BlockHashes...)
+	return abandonable(ctx, func() (LookupResult, error) { return m.lookup1(ns, &req) })
+}
+
+func (m *Model) lookup1(ns string, req *Request) (LookupResult, error) {
 	if !m.g.enter() {
 		return LookupResult{}, ErrClosed
 	}
@@ -344,11 +425,15 @@ func (m *Model) Lookup(ns string, req Request) (LookupResult, error) {
 // LookupBatch looks up several requests at once. Each result carries its
 // request's own status (a bad request fails alone); the error is only for
 // a call that is wrong as a whole (a bad namespace, a closed model).
-func (m *Model) LookupBatch(ns string, reqs []Request) ([]LookupResult, error) {
-	if !m.g.enter() {
-		return nil, ErrClosed
+//
+// ctx works as in Lookup: an ended ctx returns ctx.Err() without calling
+// kdn, and one that ends during the lookup returns ctx.Err() at once
+// (the requests are copied for the call in any case).
+func (m *Model) LookupBatch(ctx context.Context, ns string, reqs []Request) ([]LookupResult, error) {
+	if err := ctxErr(ctx); err != nil {
+		return nil, err
 	}
-	defer m.g.leave()
+	// Flattened (so copied) here, before the call may go on without us.
 	var tokens []int32
 	var hashes []byte
 	creqs := make([]C.kdn_go_req, len(reqs))
@@ -357,18 +442,30 @@ func (m *Model) LookupBatch(ns string, reqs []Request) ([]LookupResult, error) {
 		tokens = append(tokens, reqs[i].Tokens...)
 		hashes = append(hashes, reqs[i].BlockHashes...)
 	}
-	results := make([]C.kdn_lookup_result, len(reqs))
+	call := func() ([]LookupResult, error) { return m.lookupBatch(ns, creqs, tokens, hashes) }
+	if ctx.Done() == nil {
+		return call()
+	}
+	return abandonable(ctx, call)
+}
+
+func (m *Model) lookupBatch(ns string, creqs []C.kdn_go_req, tokens []int32, hashes []byte) ([]LookupResult, error) {
+	if !m.g.enter() {
+		return nil, ErrClosed
+	}
+	defer m.g.leave()
+	results := make([]C.kdn_lookup_result, len(creqs))
 	var reqPtr *C.kdn_go_req
 	var resPtr *C.kdn_lookup_result
-	if len(reqs) > 0 {
+	if len(creqs) > 0 {
 		reqPtr, resPtr = &creqs[0], &results[0]
 	}
-	err := retError(C.kdn_go_lookup(m.m, strPtr(ns), C.size_t(len(ns)), reqPtr, C.size_t(len(reqs)),
+	err := retError(C.kdn_go_lookup(m.m, strPtr(ns), C.size_t(len(ns)), reqPtr, C.size_t(len(creqs)),
 		int32sPtr(tokens), (*C.uint8_t)(bytesPtr(hashes)), resPtr))
 	if err != nil {
 		return nil, err
 	}
-	out := make([]LookupResult, len(reqs))
+	out := make([]LookupResult, len(creqs))
 	for i := range results {
 		out[i] = lookupResult(&results[i])
 	}

@@ -112,20 +112,20 @@ func TestEmptyLayersMeanAll(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out := make([]float32, len(kv))
-			res, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(out), c.view)
+			res, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(out), c.view)
 			if err != nil || res.Tokens != positions {
 				t.Fatalf("Retrieve = %+v, %v", res, err)
 			}
 			if !bytes.Equal(Float32s(out), Float32s(kv)) {
 				t.Fatal("the retrieved KV differs")
 			}
-			if _, err := f.m.Store(ns, Tokens(tokens), Float32s(kv), c.view); err != nil {
+			if _, err := f.m.Store(bg, ns, Tokens(tokens), Float32s(kv), c.view); err != nil {
 				t.Fatalf("Store: %v", err)
 			}
 		})
 	}
 	// Offsets for some layers only: still refused.
-	_, err := f.m.Retrieve(ns, Tokens(tokens), Float32s(kv), KVView{Layers: []uint32{}, KOffsets: []int64{0},
+	_, err := f.m.Retrieve(bg, ns, Tokens(tokens), Float32s(kv), KVView{Layers: []uint32{}, KOffsets: []int64{0},
 		VOffsets: []int64{positions * row}})
 	wantStatus(t, "empty layers with one offset", err, ErrInvalidArgument)
 }
@@ -188,7 +188,9 @@ func TestBuildsWithLaterMinorHeader(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", ".")
-		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-I"+dir+" "+os.Getenv("CGO_CFLAGS"))
+		// CGO_CPPFLAGS: cgo puts them first, before pkg-config's -I of the
+		// real kdn.h (CGO_CFLAGS come after it).
+		cmd.Env = append(os.Environ(), "CGO_CPPFLAGS=-I"+dir+" "+os.Getenv("CGO_CPPFLAGS"))
 		out, err := cmd.CombinedOutput()
 		return err == nil, string(out)
 	}

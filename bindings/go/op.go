@@ -213,7 +213,7 @@ const waitStepMs = 10
 
 // wait repeats a timed wait until it ends or ctx does.
 func (o *Op) wait(ctx context.Context, step func(op *C.kdn_op, ms C.int64_t) C.kdn_go_ret) error {
-	if err := ctx.Err(); err != nil {
+	if err := ctxErr(ctx); err != nil {
 		return err
 	}
 	ms := C.int64_t(waitStepMs)

@@ -7,6 +7,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"log"
@@ -37,6 +38,7 @@ func main() {
 	tokens := make([]int32, len(ids)/4)
 	binary.Read(bytes.NewReader(ids), binary.LittleEndian, tokens)
 	fmt.Printf("kdn %s, %d tokens of KV\n", kdn.Version(), len(tokens))
+	ctx := context.Background() // the calls that may wait on a remote tier take one
 
 	rt, err := kdn.NewRuntime(&kdn.RuntimeOptions{ChunkTokens: 16, Tiers: []kdn.TierConfig{kdn.HostTier(16 << 20)}})
 	check(err)
@@ -51,18 +53,18 @@ func main() {
 	engine := append(k, v...)
 	view := kdn.KVView{DType: kdn.F32, StrideLayer: positions * row, StrideKV: fileElems,
 		StrideToken: row, StrideHead: headDim, StrideDim: 1}
-	stored, err := m.Store(ns, kdn.Tokens(tokens), engine, view)
+	stored, err := m.Store(ctx, ns, kdn.Tokens(tokens), engine, view)
 	check(err)
 	fmt.Printf("stored: %d tokens cached\n", stored.Tokens)
 
-	found, err := m.LookupBatch(ns, []kdn.Request{kdn.Tokens(tokens), kdn.Tokens(tokens[:40])})
+	found, err := m.LookupBatch(ctx, ns, []kdn.Request{kdn.Tokens(tokens), kdn.Tokens(tokens[:40])})
 	check(err)
 	fmt.Printf("lookup: %d of 48 cached, %d of 40 (whole chunks only)\n", found[0].CachedTokens, found[1].CachedTokens)
 	expect(found[0].CachedTokens == 48 && found[1].CachedTokens == 32, "lookups of 48 and 32 tokens")
 
 	// Retrieve into the canonical layout [layer][k|v][position][head][dim].
 	out := make([]byte, positions*int(m.KVBytesPerToken()))
-	got, err := m.Retrieve(ns, kdn.Tokens(tokens), out)
+	got, err := m.Retrieve(ctx, ns, kdn.Tokens(tokens), out)
 	check(err)
 	expect(got.Tokens == positions, "48 tokens retrieved")
 	for l, n := 0, positions*row*4; l < layers; l++ { // layer l's K, then its V
@@ -72,14 +74,14 @@ func main() {
 	fmt.Printf("retrieved: %d tokens, all %d bytes equal to the files\n", got.Tokens, len(out))
 
 	// The same KV as a knowledge item: put, list, fetch.
-	check(m.KnowledgePut(ns, "story", 1, "Once upon a time", tokens, out))
+	check(m.KnowledgePut(ctx, ns, "story", 1, "Once upon a time", tokens, out))
 	docs, err := m.KnowledgeList(ns)
 	check(err)
 	for _, d := range docs {
 		fmt.Printf("document %q: version %d, %d tokens, %d chunks\n", d.DocID, d.Version, d.NumTokens, d.Chunks)
 	}
 	docTokens, docKV := make([]int32, positions), make([]byte, len(out))
-	if _, err := m.KnowledgeFetch(ns, "story", docTokens, docKV); err != nil {
+	if _, err := m.KnowledgeFetch(ctx, ns, "story", docTokens, docKV); err != nil {
 		log.Fatal(err)
 	}
 	expect(bytes.Equal(docKV, out) && fmt.Sprint(docTokens) == fmt.Sprint(tokens), "the fetched document equals the files")

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log"
@@ -55,6 +56,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer m.Close()
+	ctx := context.Background() // never ends: the calls take their direct path
 	tokens := make([]int32, 256)
 	for i := range tokens {
 		tokens[i] = int32(i % 32000)
@@ -64,14 +66,14 @@ func main() {
 	for i := range src {
 		src[i] = uint16(i*2654435761>>16) | 0x3f00
 	}
-	if res, err := m.Store("bench", req, kdn.Uint16s(src)); err != nil || res.Tokens != 256 {
+	if res, err := m.Store(ctx, "bench", req, kdn.Uint16s(src)); err != nil || res.Tokens != 256 {
 		log.Fatalf("store: %+v, %v", res, err)
 	}
 
 	dst := make([]byte, chunkBytes)
 	retrieve := func() float64 {
 		start := time.Now()
-		res, err := m.Retrieve("bench", req, dst)
+		res, err := m.Retrieve(ctx, "bench", req, dst)
 		secs := time.Since(start).Seconds()
 		if err != nil || res.Tokens != 256 {
 			log.Fatalf("retrieve: %+v, %v", res, err)
@@ -89,7 +91,7 @@ func main() {
 	for b := range means {
 		start := time.Now()
 		for i := 0; i < lookupCalls; i++ {
-			if r, err := m.Lookup("bench", req); err != nil || r.CachedTokens != 256 {
+			if r, err := m.Lookup(ctx, "bench", req); err != nil || r.CachedTokens != 256 {
 				log.Fatalf("lookup: %+v, %v", r, err)
 			}
 		}
