@@ -70,23 +70,12 @@ static void KdnJavaThrow(JNIEnv* jenv, const kdn::binding::Error& e) {
   }
 }
 
-// The JNI class loads the library: System.loadLibrary("kdn_java") from
-// java.library.path, or the file the system property kdn.jni.library names.
+// The JNI class loads the library through LibraryLoader (src/main/java/dev/kdn/swig):
+// -Dkdn.library.path=DIR, else the copies kdn.jar carries, else
+// System.loadLibrary("kdn_java").
 %pragma(java) jniclasscode=%{
   static {
-    String path = System.getProperty("kdn.jni.library");
-    try {
-      if (path != null && !path.isEmpty()) {
-        System.load(path);
-      } else {
-        System.loadLibrary("kdn_java");
-      }
-    } catch (UnsatisfiedLinkError e) {
-      UnsatisfiedLinkError hint = new UnsatisfiedLinkError(e.getMessage() + " (kdn's JNI library, libkdn_java.so:"
-          + " put its directory on -Djava.library.path, or name the file with -Dkdn.jni.library)");
-      hint.initCause(e);
-      throw hint;
-    }
+    LibraryLoader.load();
   }
 %}
 
@@ -197,7 +186,7 @@ class string;
 
 // ---- The editor: kdn's memory as a direct ByteBuffer, for the call only -----
 %feature("director") kdn::binding::Editor;
-// A Java exception from edit(): dev.kdn keeps it (Runtime.editorFailure()); here
+// A Java exception from edit(): dev.kdn keeps it (KdnRuntime.editorFailure()); here
 // it is cleared and becomes a C++ exception, which kdn_binding.hpp's trampoline
 // turns into KDN_ERR_INTERNAL (the chunk stays as it was). The local reference
 // is deleted: kdn's thread stays attached and never returns to Java to free it.
@@ -207,7 +196,7 @@ class string;
     jenv->ExceptionClear();
     jenv->DeleteLocalRef($error);
     if (swigjobj) jenv->DeleteLocalRef(swigjobj);  // SWIG's name for the editor's Java object
-    throw std::runtime_error("the Java editor threw (see Runtime.editorFailure())");
+    throw std::runtime_error("the Java editor threw (see KdnRuntime.editorFailure())");
   }
 %}
 // SWIG's director leaves a Java exception pending and returns false when it
@@ -216,7 +205,7 @@ class string;
 // on with it pending, and the edit would count as a success. GuardedEditor is
 // what kdn calls instead: it forwards to the director, then clears such an
 // exception and fails the edit (KDN_ERR_INTERNAL through the trampoline), so
-// the thread is left clean; lost_calls() counts them (Runtime.editorFailure()).
+// the thread is left clean; lost_calls() counts them (KdnRuntime.editorFailure()).
 %{
 namespace kdn_java {
 class GuardedEditor : public kdn::binding::Editor {

@@ -4,9 +4,8 @@
 // PREFIX` wrote for 48 positions of the reference model (stories260K: 5 layers, 4 KV heads of 8
 // dims, float32), PREFIX.k.f32 and .v.f32 ([layer][position][head][dim]) and PREFIX.tokens.i32.
 //
-// Run: java -Djava.library.path=<build>/bindings/java -cp <build>/bindings/java/kdn.jar Example.java PREFIX
+// Run: java -cp <build>/bindings/java/kdn.jar Example.java PREFIX   (kdn.jar carries the native libraries)
 import dev.kdn.*;
-import dev.kdn.Runtime; // not java.lang.Runtime
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -30,7 +29,7 @@ public class Example {
     RuntimeOptions options = RuntimeOptions.builder().chunkTokens(16).tier(TierConfig.host(16 << 20)).build();
     ModelSpec spec = ModelSpec.builder().layers(LAYERS).kvHeads(HEADS).headDim(HEAD_DIM).dtype(DType.F32)
         .fingerprint("stories260K").build();
-    try (Runtime rt = Runtime.create(options); Model model = rt.createModel(spec)) {
+    try (KdnRuntime rt = KdnRuntime.create(options); Model model = rt.createModel(spec)) {
       // The engine's KV where it lies: the K file, then the V file, in one direct buffer.
       ByteBuffer engine = Kdn.allocate(k.length + v.length).put(k).put(v);
       KvView strided = KvView.contiguous().strideLayer(POSITIONS * TOKEN_ELEMS).strideKv(FILE_ELEMS)

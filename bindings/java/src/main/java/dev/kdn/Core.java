@@ -90,7 +90,7 @@ final class Core {
       try {
         return editor.edit(Natives.chunkInfo(info), kv.order(ByteOrder.nativeOrder()));
       } catch (Throwable t) {
-        // Kept for Runtime.editorFailure(); thrown on, it becomes a failed status in C++ and the
+        // Kept for KdnRuntime.editorFailure(); thrown on, it becomes a failed status in C++ and the
         // chunk stays as it was.
         failure.set(t);
         throw t;

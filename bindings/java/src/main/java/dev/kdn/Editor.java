@@ -5,7 +5,7 @@ import java.nio.ByteBuffer;
 
 /**
  * Rewrites each stored chunk's KV in place, after it is stored and before it reaches the lower
- * tiers (offline KV editing; experimental in kdn.h). Given to {@link Runtime#create(RuntimeOptions,
+ * tiers (offline KV editing; experimental in kdn.h). Given to {@link KdnRuntime#create(RuntimeOptions,
  * Editor)}.
  *
  * <p>Called on the runtime's background mover thread (a thread the JVM did not create: the binding
@@ -14,7 +14,7 @@ import java.nio.ByteBuffer;
  * only during the call: never keep it. The editor must not call kdn (its calls fail there).
  *
  * <p>Return true when it changed the KV. An exception it throws leaves the chunk as it was and is
- * kept in {@link Runtime#editorFailure()}; the runtime goes on.
+ * kept in {@link KdnRuntime#editorFailure()}; the runtime goes on.
  */
 @FunctionalInterface
 public interface Editor {

@@ -53,13 +53,13 @@ public class KdnException extends RuntimeException {
       case BUFFER_TOO_SMALL: return new BufferTooSmallException(message, needed);
       case BUSY: return new BusyException(message);
       case UNAVAILABLE: return new UnavailableException(message);
-      case TIMEOUT: return new TimeoutException(message);
+      case TIMEOUT: return new KdnTimeoutException(message);
       case NOT_FOUND: return new NotFoundException(message);
       case CORRUPT: return new CorruptException(message);
       case UNSUPPORTED: return new UnsupportedException(message);
       case NO_MEMORY: return new NoMemoryException(message);
       case INTERNAL: return new InternalException(message);
-      case CANCELLED: return new CancelledException(message);
+      case CANCELLED: return new KdnCancelledException(message);
       default: return new KdnException(code, message);
     }
   }

@@ -16,7 +16,7 @@ import java.util.Objects;
 import java.util.function.UnaryOperator;
 
 /**
- * A model of a {@link Runtime} (kdn_model): stores, finds and loads KV of its shape, under a
+ * A model of a {@link KdnRuntime} (kdn_model): stores, finds and loads KV of its shape, under a
  * namespace (a tenant: KV stored under one is never visible under another).
  *
  * <p>KV memory is a <b>direct</b> {@link ByteBuffer} (see {@link Kdn#allocate}), which kdn reads or
@@ -38,13 +38,13 @@ import java.util.function.UnaryOperator;
 public final class Model implements AutoCloseable {
   private final NativeModel handle;
   private final ModelSpec spec;
-  private final Runtime runtime;
+  private final KdnRuntime runtime;
   private final Core core;
   private final Core.Release release;
   private final Object listLock = new Object();
   private volatile boolean closed;
 
-  Model(NativeModel handle, ModelSpec spec, Runtime runtime, Core core) {
+  Model(NativeModel handle, ModelSpec spec, KdnRuntime runtime, Core core) {
     this.handle = handle;
     this.spec = spec;
     this.runtime = runtime;
@@ -64,7 +64,7 @@ public final class Model implements AutoCloseable {
   }
 
   /** The runtime this model belongs to. */
-  public Runtime runtime() {
+  public KdnRuntime runtime() {
     return runtime;
   }
 

@@ -15,11 +15,11 @@ import java.util.concurrent.TimeUnit;
  * waits until kdn no longer touches the buffer.
  *
  * <p>The waits are {@code await} ({@code Object.wait} is final in Java): true when the op ended
- * (it throws the op's {@link KdnException} if it failed, {@link CancelledException} if it was
+ * (it throws the op's {@link KdnException} if it failed, {@link KdnCancelledException} if it was
  * cancelled), false when the time ran out first (the op goes on).
  *
  * <p>Thread-safe. {@link #close()} (idempotent, throws nothing) may race another thread's call, an
- * {@code await} for instance: that call returns, or throws {@link CancelledException} or {@link
+ * {@code await} for instance: that call returns, or throws {@link KdnCancelledException} or {@link
  * IllegalStateException}. A closed op's methods throw {@link IllegalStateException}.
  */
 public final class Op implements AutoCloseable {

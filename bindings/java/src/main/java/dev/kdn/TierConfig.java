@@ -73,7 +73,7 @@ public final class TierConfig implements Cloneable {
    * Redis, Redis Cluster or Valkey shared with other engines (since kdn 1.3): {@code address} is
    * "host:port" of one node or more, comma-separated (of a cluster, any of its nodes); {@code
    * password} "" for no AUTH. Reads the server cannot answer in time are misses; a malformed
-   * address or a refused AUTH is an {@link InvalidArgumentException} at {@link Runtime#create}.
+   * address or a refused AUTH is an {@link InvalidArgumentException} at {@link KdnRuntime#create}.
    */
   public static TierConfig redis(String address, String password) {
     TierConfig t = new TierConfig(TierKind.REDIS);
@@ -124,7 +124,7 @@ public final class TierConfig implements Cloneable {
   /**
    * How the tier stores chunks ("raw", "zstd", "fp8", "int8", "kivi2", "cachegen", "kdn",
    * "kdn:hifi", ...); "" is the tier's default. Unknown: {@link InvalidArgumentException} at
-   * {@link Runtime#create}.
+   * {@link KdnRuntime#create}.
    */
   public TierConfig withCodec(String codec) {
     TierConfig t = copy();
@@ -149,7 +149,7 @@ public final class TierConfig implements Cloneable {
 
   /**
    * Redis: the ACL user of AUTH (needs a password; "": the password alone). Other kinds refuse a
-   * user: {@link InvalidArgumentException} at {@link Runtime#create}.
+   * user: {@link InvalidArgumentException} at {@link KdnRuntime#create}.
    */
   public TierConfig withUser(String user) {
     TierConfig t = copy();
@@ -159,7 +159,7 @@ public final class TierConfig implements Cloneable {
 
   /**
    * Redis: the keys expire after {@code ttl}, rounded up to whole milliseconds (zero: never).
-   * Other kinds refuse a TTL: {@link InvalidArgumentException} at {@link Runtime#create}.
+   * Other kinds refuse a TTL: {@link InvalidArgumentException} at {@link KdnRuntime#create}.
    *
    * @throws IllegalArgumentException if {@code ttl} is negative
    */

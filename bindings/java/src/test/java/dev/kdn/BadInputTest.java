@@ -17,12 +17,12 @@ import org.junit.jupiter.api.Test;
  * test names in every binding (the editor that throws is EditorTest.testBadEditorThrows).
  */
 class BadInputTest {
-  private Runtime rt;
+  private KdnRuntime rt;
   private Model m;
 
   @BeforeEach
   void open() {
-    rt = Runtime.create(options());
+    rt = KdnRuntime.create(options());
     m = rt.createModel(spec());
   }
 
@@ -88,7 +88,7 @@ class BadInputTest {
   @Test
   void testBadClosedHandle() {
     Request req = Request.ofTokens(tokens(4, 1));
-    Runtime r = Runtime.create(options());
+    KdnRuntime r = KdnRuntime.create(options());
     Model model = r.createModel(spec());
     model.close();
     IllegalStateException e = assertThrows(IllegalStateException.class, () -> model.lookup("ns", req));
@@ -107,8 +107,8 @@ class BadInputTest {
   void testBadNullArgument() {
     Request req = Request.ofTokens(tokens(4, 1));
     ByteBuffer b = kv(4, 0);
-    assertThrows(NullPointerException.class, () -> Runtime.create(null));
-    assertThrows(NullPointerException.class, () -> Runtime.create(options(), null));
+    assertThrows(NullPointerException.class, () -> KdnRuntime.create(null));
+    assertThrows(NullPointerException.class, () -> KdnRuntime.create(options(), null));
     assertThrows(NullPointerException.class, () -> rt.createModel(null));
     assertThrows(NullPointerException.class, () -> m.store(null, req, b));
     assertThrows(NullPointerException.class, () -> m.store("ns", null, b));
@@ -134,27 +134,28 @@ class BadInputTest {
   @Test
   void testBadTierConfig() {
     assertThrows(InvalidArgumentException.class,
-        () -> Runtime.create(RuntimeOptions.builder().tier(TierConfig.host(0)).build()));
+        () -> KdnRuntime.create(RuntimeOptions.builder().tier(TierConfig.host(0)).build()));
     KdnException e = assertThrows(InvalidArgumentException.class,
-        () -> Runtime.create(RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withCodec("nope")).build()));
+        () -> KdnRuntime.create(RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withCodec("nope")).build()));
     assertTrue(e.getMessage().contains("nope"), e.getMessage());
-    assertThrows(InvalidArgumentException.class, () -> Runtime.create(RuntimeOptions.builder().chunkTokens(0).build()));
+    assertThrows(InvalidArgumentException.class,
+        () -> KdnRuntime.create(RuntimeOptions.builder().chunkTokens(0).build()));
   }
 
   @Test
   void testBadRedisAddress() {
     // Refused when the runtime is created; no server is contacted.
     KdnException e = assertThrows(InvalidArgumentException.class,
-        () -> Runtime.create(RuntimeOptions.builder().tier(TierConfig.redis("not-an-address", "")).build()));
+        () -> KdnRuntime.create(RuntimeOptions.builder().tier(TierConfig.redis("not-an-address", "")).build()));
     assertTrue(e.getMessage().contains("not-an-address"), e.getMessage());
   }
 
   @Test
   void testBadRedisFieldsOnHostTier() {
     KdnException e = assertThrows(InvalidArgumentException.class,
-        () -> Runtime.create(RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withUser("kdn")).build()));
+        () -> KdnRuntime.create(RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withUser("kdn")).build()));
     assertTrue(e.getMessage().contains("redis"), e.getMessage());
-    assertThrows(InvalidArgumentException.class, () -> Runtime.create(
+    assertThrows(InvalidArgumentException.class, () -> KdnRuntime.create(
         RuntimeOptions.builder().tier(TierConfig.host(1 << 20).withTtl(Duration.ofMinutes(1))).build()));
     assertThrows(IllegalArgumentException.class,
         () -> TierConfig.redis("127.0.0.1:1", "").withTtl(Duration.ofSeconds(-1)));
@@ -233,7 +234,7 @@ class BadInputTest {
     other.close();
     running.cancel();
     for (int l = 0; l < LAYERS; ++l) running.layerReady(l);
-    assertThrows(CancelledException.class, () -> running.await(Duration.ofSeconds(10)));
+    assertThrows(KdnCancelledException.class, () -> running.await(Duration.ofSeconds(10)));
     running.close();
   }
 

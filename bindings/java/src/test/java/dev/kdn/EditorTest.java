@@ -38,7 +38,7 @@ class EditorTest {
   @Test
   void testEditorEditsOnTheMoverThread() {
     AddOne editor = new AddOne();
-    try (Runtime rt = Runtime.create(options(), editor); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options(), editor); Model m = rt.createModel(spec())) {
       Request req = Request.ofTokens(tokens(CHUNK, 33));
       ByteBuffer in = kv(CHUNK, 0);
       assertEquals(CHUNK, m.store("ns", req, in).tokens());
@@ -75,7 +75,7 @@ class EditorTest {
       kv.putFloat(0, 1e9f); // a write before the throw must not stick
       throw new IllegalStateException("editor failed on purpose");
     };
-    try (Runtime rt = Runtime.create(options(), throwing); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options(), throwing); Model m = rt.createModel(spec())) {
       Request req = Request.ofTokens(tokens(CHUNK, 44));
       ByteBuffer in = kv(CHUNK, 2);
       assertEquals(CHUNK, m.store("ns", req, in).tokens());
@@ -102,7 +102,7 @@ class EditorTest {
       kv.putFloat(0, -1);
       return true;
     };
-    try (Runtime rt = Runtime.create(options(), flaky); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options(), flaky); Model m = rt.createModel(spec())) {
       for (int i = 0; i < 16; ++i) {
         m.store("ns", Request.ofTokens(tokens(8 * CHUNK, 1000 + 100 * i)), kv(8 * CHUNK, i));
       }
@@ -114,7 +114,7 @@ class EditorTest {
   @Test
   void testEditorReturningFalseChangesNothing() {
     Editor untouched = (chunk, kv) -> false;
-    try (Runtime rt = Runtime.create(options(), untouched); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options(), untouched); Model m = rt.createModel(spec())) {
       Request req = Request.ofTokens(tokens(CHUNK, 66));
       m.store("ns", req, kv(CHUNK, 1));
       ByteBuffer out = Kdn.allocate(CHUNK * BYTES_PER_TOKEN);
@@ -127,7 +127,7 @@ class EditorTest {
   void testEditorOutlivesRuntimeHandle() {
     // The runtime is closed first and nothing references the editor but the binding: the
     // model's stores still reach it.
-    Runtime rt = Runtime.create(options(), new AddOne());
+    KdnRuntime rt = KdnRuntime.create(options(), new AddOne());
     Model m = rt.createModel(spec());
     rt.close();
     System.gc();
@@ -148,7 +148,7 @@ class EditorTest {
   @Test
   void testBadEditorWithNoJavaMethod() {
     RuntimeOptions options = options();
-    try (Runtime rt = Runtime.make(options::toNative, () -> new Core(new NativeEditor()));
+    try (KdnRuntime rt = KdnRuntime.make(options::toNative, () -> new Core(new NativeEditor()));
         Model m = rt.createModel(spec())) {
       Request req = Request.ofTokens(tokens(CHUNK, 88));
       ByteBuffer in = kv(CHUNK, 3);

@@ -12,12 +12,12 @@ import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
 class KnowledgeTest {
-  private Runtime rt;
+  private KdnRuntime rt;
   private Model m;
 
   @BeforeEach
   void open() {
-    rt = Runtime.create(options());
+    rt = KdnRuntime.create(options());
     m = rt.createModel(spec());
   }
 

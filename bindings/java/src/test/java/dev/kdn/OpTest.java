@@ -14,12 +14,12 @@ import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
 class OpTest {
-  private Runtime rt;
+  private KdnRuntime rt;
   private Model m;
 
   @BeforeEach
   void open() {
-    rt = Runtime.create(options());
+    rt = KdnRuntime.create(options());
     m = rt.createModel(spec());
   }
 
@@ -104,8 +104,8 @@ class OpTest {
     op.cancel();
     op.cancel();
     op.layerReady(1);
-    assertThrows(CancelledException.class, () -> op.await(Duration.ofSeconds(10)));
-    assertThrows(CancelledException.class, () -> op.await(Duration.ZERO));
+    assertThrows(KdnCancelledException.class, () -> op.await(Duration.ofSeconds(10)));
+    assertThrows(KdnCancelledException.class, () -> op.await(Duration.ZERO));
     assertEquals(OpState.CANCELLED, op.poll());
     KvResult r = op.result();
     assertEquals(OpState.CANCELLED, r.state());
@@ -147,7 +147,7 @@ class OpTest {
           } else {
             op.await();
           }
-        } catch (IllegalStateException | CancelledException ended) {
+        } catch (IllegalStateException | KdnCancelledException ended) {
           // closed under the wait, or cancelled by close(): both are the wait ending
         } catch (Throwable e) {
           unexpected.compareAndSet(null, e);
@@ -174,12 +174,12 @@ class OpTest {
     CountDownLatch started = new CountDownLatch(3);
     AtomicReference<Throwable> unexpected = new AtomicReference<>();
     Thread[] threads = {
-      RuntimeTest.callUntilClosed(started, unexpected, op::poll),
-      RuntimeTest.callUntilClosed(started, unexpected, op::result),
-      RuntimeTest.callUntilClosed(started, unexpected, () -> {
+      KdnRuntimeTest.callUntilClosed(started, unexpected, op::poll),
+      KdnRuntimeTest.callUntilClosed(started, unexpected, op::result),
+      KdnRuntimeTest.callUntilClosed(started, unexpected, () -> {
         try {
           op.await(Duration.ofMillis(1));
-        } catch (CancelledException cancelled) {
+        } catch (KdnCancelledException cancelled) {
           // close() cancels the op first
         }
       }),

@@ -3,11 +3,11 @@ package dev.kdn.bench;
 
 import dev.kdn.DType;
 import dev.kdn.Kdn;
+import dev.kdn.KdnRuntime;
 import dev.kdn.KvResult;
 import dev.kdn.Model;
 import dev.kdn.ModelSpec;
 import dev.kdn.Request;
-import dev.kdn.Runtime;
 import dev.kdn.RuntimeOptions;
 import dev.kdn.TierConfig;
 import java.nio.ByteBuffer;
@@ -44,7 +44,7 @@ public final class Bench {
     int[] ids = new int[TOKENS];
     for (int i = 0; i < TOKENS; ++i) ids[i] = i % 32000;
 
-    try (Runtime rt = Runtime.create(options); Model model = rt.createModel(spec)) {
+    try (KdnRuntime rt = KdnRuntime.create(options); Model model = rt.createModel(spec)) {
       if (model.kvBytesPerToken() * TOKENS != BYTES) throw new AssertionError("not 32 MiB of KV");
       Request request = Request.ofTokens(ids);
       ByteBuffer src = Kdn.allocate(BYTES);

@@ -18,16 +18,15 @@ import java.util.function.Supplier;
  * {@link #create}, make {@link Model}s from it, and close it:
  *
  * <pre>{@code
- * try (Runtime rt = Runtime.create(RuntimeOptions.builder().chunkTokens(16).build());
+ * try (KdnRuntime rt = KdnRuntime.create(RuntimeOptions.builder().chunkTokens(16).build());
  *      Model model = rt.createModel(spec)) {
  *   ...
  * }
  * }</pre>
  *
- * <p>The name is also {@link java.lang.Runtime}'s, which every file imports implicitly: under
- * {@code import dev.kdn.*;} alone, {@code Runtime} is ambiguous (a compile error where it is used).
- * Import it by name, {@code import dev.kdn.Runtime;} (a single-type import wins over
- * {@code java.lang}), or write {@code dev.kdn.Runtime}.
+ * <p>Named {@code KdnRuntime}, not {@code Runtime}: {@link java.lang.Runtime} is imported into
+ * every file, and a {@code dev.kdn.Runtime} would make {@code Runtime} ambiguous under {@code import
+ * dev.kdn.*;}.
  *
  * <p>Thread-safe: any method from any thread. {@link #close()} may race another thread's call: that
  * call completes or throws {@link IllegalStateException}, and later calls throw it. Closing is
@@ -35,13 +34,13 @@ import java.util.function.Supplier;
  * too. A runtime nobody closed is closed by a {@link Cleaner} (a backstop only), which also frees
  * the native object of a closed one.
  */
-public final class Runtime implements AutoCloseable {
+public final class KdnRuntime implements AutoCloseable {
   private final NativeRuntime handle;
   private final Core core;
   private final Core.Release release;
   private volatile boolean closed;
 
-  private Runtime(NativeRuntime handle, Core core) {
+  private KdnRuntime(NativeRuntime handle, Core core) {
     this.handle = handle;
     this.core = core;
     this.release = new Core.Release(handle::close, handle::delete, core, null);
@@ -49,7 +48,7 @@ public final class Runtime implements AutoCloseable {
   }
 
   /** A runtime; {@link InvalidArgumentException} for bad options (a tier of 0 bytes, an unknown codec). */
-  public static Runtime create(RuntimeOptions options) {
+  public static KdnRuntime create(RuntimeOptions options) {
     Objects.requireNonNull(options, "options");
     return make(options::toNative, () -> new Core((Editor) null));
   }
@@ -58,7 +57,7 @@ public final class Runtime implements AutoCloseable {
    * A runtime whose stored chunks {@code editor} rewrites (on the mover thread, see {@link Editor}).
    * The runtime keeps the editor until it, its models and its ops are all closed.
    */
-  public static Runtime create(RuntimeOptions options, Editor editor) {
+  public static KdnRuntime create(RuntimeOptions options, Editor editor) {
     Objects.requireNonNull(options, "options");
     Objects.requireNonNull(editor, "editor");
     return make(options::toNative, () -> new Core(editor));
@@ -68,7 +67,7 @@ public final class Runtime implements AutoCloseable {
    * The native options first, then the core (and its native editor), then the native runtime:
    * whichever step throws, what the earlier ones made is freed.
    */
-  static Runtime make(Supplier<NativeRuntimeOptions> nativeOptions, Supplier<Core> newCore) {
+  static KdnRuntime make(Supplier<NativeRuntimeOptions> nativeOptions, Supplier<Core> newCore) {
     NativeRuntimeOptions o = nativeOptions.get();
     try {
       Core core = newCore.get();
@@ -80,7 +79,7 @@ public final class Runtime implements AutoCloseable {
         core.release();
         throw e;
       }
-      return new Runtime(h, core);
+      return new KdnRuntime(h, core);
     } finally {
       o.delete();
     }

@@ -22,7 +22,7 @@ import java.util.function.Supplier;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
-class RuntimeTest {
+class KdnRuntimeTest {
   @Test
   void testVersion() {
     assertTrue(Kdn.version().matches("\\d+\\.\\d+\\.\\d+"), Kdn.version());
@@ -40,7 +40,7 @@ class RuntimeTest {
         .tier(TierConfig.disk(dir.resolve("tier"), 8 << 20).withCodec("zstd").withWriteThrough(false))
         .build();
     assertEquals(3, options.tiers().size());
-    try (Runtime rt = Runtime.create(options); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options); Model m = rt.createModel(spec())) {
       assertEquals(3, rt.tierCount());
       List<TierStats> tiers = rt.tierStats();
       assertEquals(List.of(TierKind.HOST, TierKind.DEVICE, TierKind.DISK),
@@ -73,7 +73,7 @@ class RuntimeTest {
   /** A reported prefill prices the tokens later loads serve (each load rounds to a ns). */
   @Test
   void testReportedPrefillPricesLoads() {
-    try (Runtime rt = Runtime.create(options()); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options()); Model m = rt.createModel(spec())) {
       int[] ids = tokens(3 * CHUNK, 100);
       assertEquals(2 * CHUNK, m.store("ns", Request.ofTokens(ids, 0, 2 * CHUNK), kv(2 * CHUNK, 1)).tokens());
       long n = 24;
@@ -113,7 +113,7 @@ class RuntimeTest {
 
   @Test
   void testModelBasics() {
-    try (Runtime rt = Runtime.create(options()); Model m = rt.createModel(spec())) {
+    try (KdnRuntime rt = KdnRuntime.create(options()); Model m = rt.createModel(spec())) {
       assertEquals(BYTES_PER_TOKEN, m.kvBytesPerToken());
       assertEquals(spec().kvBytesPerToken(), m.kvBytesPerToken());
       assertTrue(m.fingerprint().matches("[0-9a-f]{64}"), m.fingerprint());
@@ -127,7 +127,7 @@ class RuntimeTest {
 
   @Test
   void testCloseIsIdempotentAndOrderFree() {
-    Runtime rt = Runtime.create(options());
+    KdnRuntime rt = KdnRuntime.create(options());
     Model m = rt.createModel(spec());
     rt.close(); // the model keeps the native runtime alive
     assertTrue(rt.isClosed());
@@ -145,13 +145,13 @@ class RuntimeTest {
   void testUnclosedHandlesAreCleaned() throws Exception {
     // Nobody closes these: the Cleaner does, and nothing crashes.
     for (int i = 0; i < 20; ++i) {
-      Runtime rt = Runtime.create(options());
+      KdnRuntime rt = KdnRuntime.create(options());
       Model m = rt.createModel(spec());
       m.store("ns", Request.ofTokens(tokens(4, 1)), kv(4, 0));
     }
     System.gc();
     Thread.sleep(50);
-    try (Runtime rt = Runtime.create(options())) {
+    try (KdnRuntime rt = KdnRuntime.create(options())) {
       assertEquals(0, rt.stats().stores());
     }
   }
@@ -167,17 +167,17 @@ class RuntimeTest {
     };
     // The native options fail (an OutOfMemoryError, say): no core, no native editor may be left.
     OutOfMemoryError oom = new OutOfMemoryError("no room for the options");
-    assertSame(oom, assertThrows(OutOfMemoryError.class, () -> Runtime.make(() -> {
+    assertSame(oom, assertThrows(OutOfMemoryError.class, () -> KdnRuntime.make(() -> {
       throw oom;
     }, newCore)));
     for (Core c : cores) assertTrue(c.isReleased(), "the editor made before the options failed is released");
     // kdn refuses the options: the core made for them is released.
     RuntimeOptions bad = RuntimeOptions.builder().tier(TierConfig.host(0)).build();
-    assertThrows(InvalidArgumentException.class, () -> Runtime.make(bad::toNative, newCore));
+    assertThrows(InvalidArgumentException.class, () -> KdnRuntime.make(bad::toNative, newCore));
     assertFalse(cores.isEmpty());
     for (Core c : cores) assertTrue(c.isReleased());
     // And the good path keeps its core until the runtime is closed.
-    Runtime rt = Runtime.make(options()::toNative, newCore);
+    KdnRuntime rt = KdnRuntime.make(options()::toNative, newCore);
     Core last = cores.get(cores.size() - 1);
     assertFalse(last.isReleased());
     rt.close();
@@ -244,7 +244,7 @@ class RuntimeTest {
   @Test
   void testCloseWhileCallsRun() throws Exception {
     for (int round = 0; round < 20; ++round) {
-      Runtime rt = Runtime.create(options());
+      KdnRuntime rt = KdnRuntime.create(options());
       Model m = rt.createModel(spec());
       Request req = Request.ofTokens(tokens(8, 1));
       m.store("ns", req, kv(8, 0));
