@@ -5,7 +5,9 @@ check every byte, keep it as a knowledge item, print the runtime's statistics.
 The KV is real: the reference model's (stories260K: 5 layers, 4 KV heads of
 8 dims, float32) for a prompt, as `kdn generate --dump-kv PREFIX` wrote it:
 PREFIX.k.f32 and .v.f32 ([layer][position][head][dim]) and .tokens.i32.
-Run: PYTHONPATH=<build>/bindings/python/pkg python3 example.py PREFIX
+Run: PYTHONPATH=<build>/bindings/python/pkg /usr/bin/python3 example.py PREFIX
+(the Python kdn was built for, CMake's Python3_EXECUTABLE; kdn itself does
+not need numpy, this example does), or with kdn's wheel installed in a venv.
 """
 import sys
 

@@ -16,7 +16,7 @@ layer bindings/swig/kdn_binding.hpp)::
 Errors are exceptions (kdn.Error and one subclass per status); a cache miss
 is not an error. Runtime, Model and Op are context managers.
 """
-from . import kdn_swig as _s
+from ._native import native as _s  # first: on the wrong Python, fails saying so
 from ._enums import DType, EvictionPolicy, LatencyKind, Layout, OpState, RopeStyle, Status, TierKind
 from ._errors import (BufferTooSmallError, BusyError, CallerError, CancelledError, ClosedError, CorruptError, Error,
                       InternalError, InvalidArgumentError, NoMemoryError, NotFoundError, RetryableError, TimeoutError,
