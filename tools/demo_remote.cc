@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -36,8 +37,6 @@ using refengine::kStories;
 using refengine::LoadedModel;
 using refengine::LoadModel;
 using refengine::RefEngine;
-
-const char kNamespace[] = "demo";
 
 std::string SelfDir() {
   std::error_code ec;
@@ -147,6 +146,7 @@ int RunRemoteJoin(const DemoOptions& o) {
     std::printf("  [engine 2, pid %d] never saw the stories; asks follow-up questions (its only tier: kdnd)\n",
                 static_cast<int>(::getpid()));
     double cold_sum = 0, warm_sum = 0;
+    std::uint64_t from_node = 0;
     for (size_t i = 0; i < std::size(kStories) && code == 0; ++i) {
       for (const char* q : kStories[i].questions) {
         std::vector<int> t = StoryTokens(m, i, ctx);
@@ -157,7 +157,7 @@ int RunRemoteJoin(const DemoOptions& o) {
         refengine::Answer ca, wa;
         for (int r = 0; r < o.repeats; ++r) {
           auto c = (*engine)->Cold(t, o.steps);
-          auto w = (*engine)->Warm(kNamespace, t, o.steps);
+          auto w = (*engine)->Warm(o.ns, t, o.steps);
           if (!c.ok() || !w.ok()) {
             code = 2;
             break;
@@ -175,7 +175,15 @@ int RunRemoteJoin(const DemoOptions& o) {
                     Median(warm), Median(cold) / Median(warm), same ? "identical" : "DIFFERENT");
         cold_sum += Median(cold);
         warm_sum += Median(warm);
+        from_node += wa.reused_tokens;
       }
+    }
+    // Identical continuations prove nothing when every query was a miss (a
+    // token of another namespace, a node that dropped the writes).
+    if (code == 0 && from_node == 0) {
+      std::fprintf(stderr, "kdn demo --remote: engine 2 got no KV from kdnd (does the token grant namespace %s?)\n",
+                   o.ns.c_str());
+      code = 1;
     }
     if (code == 0) {
       std::printf("  [engine 2] total TTFT: cold %.3f ms, with the KV engine 1 stored in kdnd %.3f ms (%.1fx)\n", cold_sum,
@@ -190,8 +198,8 @@ int RunRemoteDemo(const DemoOptions& o, const std::string& argv0) {
   std::error_code exe_error;
   std::string self = fs::read_symlink("/proc/self/exe", exe_error).string();
   if (self.empty()) self = argv0;
-  const std::string kdnd = FindKdnd();
-  if (kdnd.empty()) {
+  const std::string kdnd = o.node.empty() ? FindKdnd() : "";
+  if (o.node.empty() && kdnd.empty()) {
     std::fprintf(stderr, "kdn demo --remote: kdnd not found beside %s (build it, or set KDN_KDND)\n", self.c_str());
     return 2;
   }
@@ -201,32 +209,50 @@ int RunRemoteDemo(const DemoOptions& o, const std::string& argv0) {
     return 2;
   }
   const LoadedModel& m = *loaded;
-  char tmpl[] = "/tmp/kdn-demo-remote.XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return 2;
-  const fs::path dir = tmpl;
-  const std::string token = RandomToken();
-  const std::string address = "unix:" + (dir / "kdnd.sock").string();
-  const fs::path config = dir / "kdnd.toml", token_file = dir / "token", ready = dir / "ready";
-  std::ofstream(token_file) << token << "\n";
-  std::ofstream(config) << "[server]\nlisten = [\"" << address << "\"]\n"
-                        << "[[tier]]\nkind = \"host\"\ncapacity = \"512MiB\"\n"
-                        << "[[token]]\ntoken_file = \"token\"\nnamespaces = [\"" << kNamespace << "\"]\n";
-  ::chmod(config.c_str(), 0600);
-  ::chmod(token_file.c_str(), 0600);
   std::printf("kdn %s demo --remote: two engines in two processes share one kdnd\n", kdn_version());
   std::printf("model: %s\n", m.description.c_str());
-  const pid_t node = Spawn({kdnd, "--config", config.string(), "--ready-file", ready.string()});
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (node > 0 && !fs::exists(ready) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  // Your kdnd (--node, --token-file), or one started here in a temporary
+  // directory with a fresh token.
+  fs::path dir, token_file;
+  std::string address = o.node, token;
+  pid_t node = 0;
   int code = 0;
-  if (node <= 0 || !fs::exists(ready)) {
-    std::fprintf(stderr, "kdn demo --remote: kdnd did not start\n");
-    code = 2;
+  if (!o.node.empty()) {
+    token_file = o.token_file;
+    std::ifstream(token_file) >> token;
+    if (token.empty()) {
+      std::fprintf(stderr, "kdn demo --remote: no token in %s (kdnd token new --file FILE makes one)\n",
+                   token_file.c_str());
+      return 2;
+    }
+    std::printf("  [kdnd] %s, namespace %s\n", address.c_str(), o.ns.c_str());
+  } else {
+    char tmpl[] = "/tmp/kdn-demo-remote.XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return 2;
+    dir = tmpl;
+    token = RandomToken();
+    address = "unix:" + (dir / "kdnd.sock").string();
+    token_file = dir / "token";
+    const fs::path config = dir / "kdnd.toml", ready = dir / "ready";
+    std::ofstream(token_file) << token << "\n";
+    std::ofstream(config) << "[server]\nlisten = [\"" << address << "\"]\n"
+                          << "[[tier]]\nkind = \"host\"\ncapacity = \"512MiB\"\n"
+                          << "[[token]]\ntoken_file = \"token\"\nnamespaces = [\"" << o.ns << "\"]\n";
+    ::chmod(config.c_str(), 0600);
+    ::chmod(token_file.c_str(), 0600);
+    node = Spawn({kdnd, "--config", config.string(), "--ready-file", ready.string()});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (node > 0 && !fs::exists(ready) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (node <= 0 || !fs::exists(ready)) {
+      std::fprintf(stderr, "kdn demo --remote: kdnd did not start\n");
+      code = 2;
+    } else {
+      std::printf("  [kdnd, pid %d] serving on %s\n", static_cast<int>(node), address.c_str());
+    }
   }
   if (code == 0) {
-    std::printf("  [kdnd, pid %d] serving on %s\n", static_cast<int>(node), address.c_str());
     kdn_runtime* rt = nullptr;
     if (kdn_status s = RemoteRuntime(address, token, o.chunk_tokens, /*host=*/true, &rt); s != KDN_OK) {
       std::fprintf(stderr, "kdn demo --remote: %s\n", FromKdn(s, "kdn_runtime_create").message().c_str());
@@ -241,7 +267,7 @@ int RunRemoteDemo(const DemoOptions& o, const std::string& argv0) {
           std::printf("  [engine 1, pid %d] ingests %zu stories (prefill, store; each chunk copied to kdnd)\n",
                       static_cast<int>(::getpid()), std::size(kStories));
           for (size_t i = 0; i < std::size(kStories) && code == 0; ++i) {
-            auto stored = (*engine)->Ingest(kNamespace, StoryTokens(m, i, ctx));
+            auto stored = (*engine)->Ingest(o.ns, StoryTokens(m, i, ctx));
             if (!stored.ok()) code = 2;
           }
         }
@@ -252,7 +278,7 @@ int RunRemoteDemo(const DemoOptions& o, const std::string& argv0) {
   if (code == 0) {
     const pid_t joiner = Spawn({self, "demo", "--remote-join", address, "--token-file", token_file.string(), "--chunk-tokens",
                                 std::to_string(o.chunk_tokens), "--steps", std::to_string(o.steps), "--repeats",
-                                std::to_string(o.repeats)});
+                                std::to_string(o.repeats), "--namespace", o.ns});
     code = joiner > 0 ? Wait(joiner) : 2;
   }
   if (node > 0) {
@@ -260,7 +286,7 @@ int RunRemoteDemo(const DemoOptions& o, const std::string& argv0) {
     Wait(node);
   }
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  if (!dir.empty()) fs::remove_all(dir, ec);
   std::printf("kdn demo --remote: %s\n", code == 0 ? "identical continuations, KV shared through kdnd" : "FAILED");
   return code;
 }

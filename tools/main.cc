@@ -200,10 +200,15 @@ int main(int argc, char** argv) {
   dm->add_option("--chunk-tokens", demo.chunk_tokens, "tokens per stored chunk")->check(CLI::Range(1, 65536));
   dm->add_option("--steps", demo.steps, "continuation tokens compared per query")->check(CLI::Range(1, 256));
   dm->add_option("--repeats", demo.repeats, "timed runs per query")->check(CLI::Range(1, 1000));
-  dm->add_flag("--remote", demo.remote, "two engines in two processes share the KV through a kdnd this starts");
+  auto* remote_flag =
+      dm->add_flag("--remote", demo.remote, "two engines in two processes share the KV through a kdnd (one this starts)");
+  auto* node_opt = dm->add_option("--node", demo.node, "with --remote: a running kdnd's address (host:port or unix:PATH)")
+                       ->needs(remote_flag);
+  node_opt->needs(
+      dm->add_option("--token-file", demo.token_file, "with --node: a file holding a token of the node (kdnd token new)"));
+  dm->add_option("--namespace", demo.ns, "with --node: the namespace the token grants (default: demo)");
   dm->add_option("--remote-join", demo.join_address, "(internal) the second engine of --remote: the kdnd's address")
       ->group("");
-  dm->add_option("--token-file", demo.token_file, "(internal) the token file of --remote-join")->group("");
 
   kdn::tools::IngestCmdOptions ing;
   auto* ingc = app.add_subcommand("ingest", "Every text file under a directory becomes a knowledge item of a store (resumable)");
