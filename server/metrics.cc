@@ -138,6 +138,24 @@ std::uint64_t SumOfKind(const std::vector<TierStatsSnapshot>& tiers, const std::
 
 pm::MetricType TypeOf(StatKind k) { return k == StatKind::kCounter ? pm::MetricType::Counter : pm::MetricType::Gauge; }
 
+// The hit ratios engines see, from the runtimes' reports of their requests
+// (Session.report: one count per engine request). A node whose runtimes
+// never reported (older than protocol 4) falls back to the per-probe counts,
+// which understate partial hits (every probe of a request counts its tokens
+// as requested).
+double LookupHitRatio(const NodeStats& s) {
+  if (s[NodeStat::kEngineLookupTokens] != 0) {
+    return Ratio(s[NodeStat::kEngineLookupHitTokens], s[NodeStat::kEngineLookupTokens]);
+  }
+  return Ratio(s[NodeStat::kLookupHitTokens], s[NodeStat::kRequestedTokens]);
+}
+double RetrieveHitRatio(const NodeStats& s) {
+  if (s[NodeStat::kEngineLoadTokens] != 0) {
+    return Ratio(s[NodeStat::kEngineLoadHitTokens], s[NodeStat::kEngineLoadTokens]);
+  }
+  return Ratio(s[NodeStat::kHitTokens], s[NodeStat::kRequestedTokens]);
+}
+
 void AddNode(const NodeStats& s, Page& p) {
   // Every statistic of the schema (core/wire/node_stats.h), then what is
   // derived from them.
@@ -149,10 +167,12 @@ void AddNode(const NodeStats& s, Page& p) {
       p.Gauge(d.metric, d.help, AsDouble(s.values[k]));
     }
   }
-  p.Gauge("kdn_retrieve_hit_ratio", "Hit tokens over requested tokens since start (at most 1).",
-          Ratio(s[NodeStat::kHitTokens], s[NodeStat::kRequestedTokens]));
-  p.Gauge("kdn_lookup_hit_ratio", "Lookup hit tokens over requested tokens since start (at most 1).",
-          Ratio(s[NodeStat::kLookupHitTokens], s[NodeStat::kRequestedTokens]));
+  p.Gauge("kdn_retrieve_hit_ratio",
+          "Tokens this node delivered to engine loads over the tokens they asked for, since start (RetrieveHitRatio).",
+          RetrieveHitRatio(s));
+  p.Gauge("kdn_lookup_hit_ratio",
+          "Leading tokens of engine requests this node held over their tokens, since start (LookupHitRatio).",
+          LookupHitRatio(s));
   p.Gauge("kdn_uptime_seconds", "Seconds since the node started.", AsDouble(s.uptime_ms) / 1000.0);
   p.Counter("kdn_ttft_saved_seconds_total",
             "Prefill time saved: hit tokens times the configured prefill time per token.", s.ttft_saved_ms / 1000.0);
@@ -184,20 +204,19 @@ void AddTiers(const NodeStats& s, Page& p) {
 
 // LMCache's names for the same values (see the table in metrics.h).
 void AddLmcacheAliases(const NodeStats& s, Page& p) {
-  p.Counter("lmcache:num_lookup_requests_total", "Alias of kdn_lookups_total, under LMCache's name.",
-            AsDouble(s[NodeStat::kLookups]));
-  p.Counter("lmcache:num_requested_tokens_total", "Alias of kdn_requested_tokens_total, under LMCache's name.",
-            AsDouble(s[NodeStat::kRequestedTokens]));
-  p.Counter("lmcache:num_lookup_tokens_total", "Alias of kdn_requested_tokens_total, under LMCache's name.",
-            AsDouble(s[NodeStat::kRequestedTokens]));
-  p.Counter("lmcache:num_hit_tokens_total", "Alias of kdn_hit_tokens_total, under LMCache's name.",
-            AsDouble(s[NodeStat::kHitTokens]));
-  p.Counter("lmcache:num_lookup_hits_total", "Alias of kdn_lookup_hit_tokens_total, under LMCache's name.",
-            AsDouble(s[NodeStat::kLookupHitTokens]));
-  p.Gauge("lmcache:retrieve_hit_rate", "Alias of kdn_retrieve_hit_ratio, under LMCache's name.",
-          Ratio(s[NodeStat::kHitTokens], s[NodeStat::kRequestedTokens]));
-  p.Gauge("lmcache:lookup_hit_rate", "Alias of kdn_lookup_hit_ratio, under LMCache's name.",
-          Ratio(s[NodeStat::kLookupHitTokens], s[NodeStat::kRequestedTokens]));
+  // LMCache counts per engine request: the runtimes' reports.
+  p.Counter("lmcache:num_lookup_requests_total", "Alias of kdn_engine_lookups_total, under LMCache's name.",
+            AsDouble(s[NodeStat::kEngineLookups]));
+  p.Counter("lmcache:num_requested_tokens_total", "Alias of kdn_engine_load_tokens_total, under LMCache's name.",
+            AsDouble(s[NodeStat::kEngineLoadTokens]));
+  p.Counter("lmcache:num_lookup_tokens_total", "Alias of kdn_engine_lookup_tokens_total, under LMCache's name.",
+            AsDouble(s[NodeStat::kEngineLookupTokens]));
+  p.Counter("lmcache:num_hit_tokens_total", "Alias of kdn_engine_load_hit_tokens_total, under LMCache's name.",
+            AsDouble(s[NodeStat::kEngineLoadHitTokens]));
+  p.Counter("lmcache:num_lookup_hits_total", "Alias of kdn_engine_lookup_hit_tokens_total, under LMCache's name.",
+            AsDouble(s[NodeStat::kEngineLookupHitTokens]));
+  p.Gauge("lmcache:retrieve_hit_rate", "Alias of kdn_retrieve_hit_ratio, under LMCache's name.", RetrieveHitRatio(s));
+  p.Gauge("lmcache:lookup_hit_rate", "Alias of kdn_lookup_hit_ratio, under LMCache's name.", LookupHitRatio(s));
   p.Gauge("lmcache:local_cache_usage", "Bytes held by the host tiers (sum of kdn_tier_used_bytes of kind host).",
           AsDouble(SumOfKind(s.tiers, "host", TierStat::kUsedBytes)));
   p.Gauge("lmcache:local_storage_usage", "Bytes held by the disk tiers (sum of kdn_tier_used_bytes of kind disk).",

@@ -17,18 +17,22 @@
 //
 //   kdn                              LMCache alias                            value / notes
 //   -------------------------------  ---------------------------------------  -------------------------------
-//   kdn_lookups_total                lmcache:num_lookup_requests_total        lookups, one per request of a
-//                                                                               call
-//   kdn_requested_tokens_total       lmcache:num_requested_tokens_total       tokens the lookups covered; kdn
-//                                    lmcache:num_lookup_tokens_total            learns a request's tokens once,
-//                                                                               at lookup: both carry this value
-//   kdn_hit_tokens_total             lmcache:num_hit_tokens_total             tokens of the chunks get served
-//   kdn_lookup_hit_tokens_total      lmcache:num_lookup_hits_total            tokens of the prefixes found
-//   kdn_retrieve_hit_ratio           lmcache:retrieve_hit_rate                hit / requested tokens since
-//                                                                               start (LMCache's: since its
-//                                                                               last log); capped at 1
-//   kdn_lookup_hit_ratio             lmcache:lookup_hit_rate                  lookup hit / requested tokens,
+//   kdn_engine_lookups_total         lmcache:num_lookup_requests_total        engine requests looked up, as the
+//                                                                               runtimes reported them (report)
+//   kdn_engine_load_tokens_total     lmcache:num_requested_tokens_total       tokens engine loads asked for
+//   kdn_engine_lookup_tokens_total   lmcache:num_lookup_tokens_total          tokens engine lookups had
+//   kdn_engine_load_hit_tokens_total lmcache:num_hit_tokens_total             tokens this node delivered to loads
+//   kdn_engine_lookup_hit_tokens_total lmcache:num_lookup_hits_total          leading tokens this node held
+//   kdn_retrieve_hit_ratio           lmcache:retrieve_hit_rate                load hit / load tokens since start
+//                                                                               (LMCache's: since its last log);
+//                                                                               per probe (kdn_hit_tokens_total
+//                                                                               / kdn_requested_tokens_total)
+//                                                                               while no runtime has reported
+//   kdn_lookup_hit_ratio             lmcache:lookup_hit_rate                  lookup hit / lookup tokens,
 //                                                                               likewise
+// (kdn_lookups_total, kdn_requested_tokens_total and kdn_lookup_hit_tokens_total
+// count per probe: each key run a runtime asked about, several per engine
+// request; kdn_hit_tokens_total the tokens of the chunks get served.)
 //   kdn_tier_used_bytes{tier}        lmcache:local_cache_usage                sum over tiers of kind "host"
 //                                    lmcache:local_storage_usage              sum over tiers of kind "disk"
 //   kdn_tier_evictions_total{tier}   lmcache:local_cpu_evict_keys_count_total objects evicted, host tiers

@@ -514,6 +514,23 @@ class SessionImpl final : public Session::Server {
     });
   }
 
+  kj::Promise<void> report(ReportContext context) override {
+    return Guard(context, [&]() -> kj::Promise<void> {
+      auto params = context.getParams();
+      auto r = params.getReport();
+      NodeService::RequestReport report;
+      report.lookups = r.getLookups();
+      report.lookup_tokens = r.getLookupTokens();
+      report.lookup_hit_tokens = r.getLookupHitTokens();
+      report.loads = r.getLoads();
+      report.load_tokens = r.getLoadTokens();
+      report.load_hit_tokens = r.getLoadHitTokens();
+      auto ns = params.getNamespace();
+      SetError(context.getResults().initError(), service_.Report(grant_, {ns.begin(), ns.size()}, report));
+      return kj::READY_NOW;
+    });
+  }
+
   // A statistics call: refused without the grant, else `act`.
   template <typename Context, typename Act>
   kj::Promise<void> StatsCall(Context& context, Act&& act) {

@@ -221,6 +221,21 @@ Status NodeService::Lookup(const Grant& g, std::span<const std::uint8_t> ns_byte
   return Status::Ok();
 }
 
+Status NodeService::Report(const Grant& g, std::span<const std::uint8_t> ns_bytes, const RequestReport& r) {
+  keys::Digest ns{};
+  KDN_RETURN_IF_ERROR(CheckNamespace(g, ns_bytes, ns));
+  if (r.lookup_hit_tokens > r.lookup_tokens || r.load_hit_tokens > r.load_tokens) {
+    return Status::InvalidArgument("report: more hit tokens than requested tokens");
+  }
+  Count(NodeStat::kEngineLookups, r.lookups);
+  Count(NodeStat::kEngineLookupTokens, r.lookup_tokens);
+  Count(NodeStat::kEngineLookupHitTokens, r.lookup_hit_tokens);
+  Count(NodeStat::kEngineLoads, r.loads);
+  Count(NodeStat::kEngineLoadTokens, r.load_tokens);
+  Count(NodeStat::kEngineLoadHitTokens, r.load_hit_tokens);
+  return Status::Ok();
+}
+
 void NodeService::SetEventPublisher(KvEventPublisher* publisher) {
   events_ = publisher;
   if (!publisher) return;

@@ -109,6 +109,14 @@ class NodeService {
   // Per request (a list of chained keys), the leading keys held.
   Status Lookup(const Grant& g, std::span<const std::uint8_t> ns, const std::vector<std::vector<keys::Digest>>& requests,
                    std::span<const std::uint64_t> request_tokens, std::vector<std::uint32_t>& prefixes);
+  // A runtime's report of its engines' requests in namespace `ns` (the
+  // engine* statistics): a lookup's hit tokens beyond its tokens, or a
+  // load's, are refused (kInvalidArgument), nothing counted.
+  struct RequestReport {
+    std::uint64_t lookups = 0, lookup_tokens = 0, lookup_hit_tokens = 0;
+    std::uint64_t loads = 0, load_tokens = 0, load_hit_tokens = 0;
+  };
+  Status Report(const Grant& g, std::span<const std::uint8_t> ns, const RequestReport& report);
   // Checks a call's namespace hash against the grant.
   Status CheckNamespace(const Grant& g, std::span<const std::uint8_t> ns, keys::Digest& out);
   // A held chunk, its key the caller's again (null: not held). Where the

@@ -175,7 +175,7 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
       layers_done_ = layers_;
     }
     cv_.notify_all();
-    store.CountLoad(model, fetch, keys_.keys().size(), d->tokens,
+    store.CountLoad(model, ns_, fetch, keys_.keys().size(), d->tokens,
                     d->tokens * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
     fetch.chunks.clear();
     Finish(OpState::kDone, Status::Ok());
@@ -213,8 +213,8 @@ void LoadOp::Run(KvStore& store, const ModelKv& model) {
     }
     cv_.notify_all();
   }
-  store.CountLoad(model, fetch, keys_.keys().size(), loaded, loaded * static_cast<std::uint64_t>(model.bytes_per_token()),
-                  MicrosSince(t0));
+  store.CountLoad(model, ns_, fetch, keys_.keys().size(), loaded,
+                  loaded * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
   fetch.chunks.clear();  // the leases end before the op does
   Finish(OpState::kDone, Status::Ok());
 }

@@ -226,20 +226,38 @@ LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const To
   LookupResult r;
   r.tier_tokens.assign(chain_->levels(), 0);
   std::vector<bool> contiguous(chain_->levels(), true);
+  std::vector<bool> here(chain_->levels());
   r.tokens = Walk(model, ns, keys, [&](const keys::Digest& key, std::uint64_t, std::uint64_t len) {
     bool any = false;
     for (size_t i = 0; i < chain_->levels(); ++i) {
-      const bool here = chain_->ContainsAt(i, key, ctx);
-      if (here && contiguous[i]) r.tier_tokens[i] += len;
-      if (!here) contiguous[i] = false;
-      any = any || here;
+      here[i] = chain_->ContainsAt(i, key, ctx);
+      any = any || here[i];
+    }
+    // A probe no tier holds is no gap: the walk tries a smaller piece at the
+    // same position next. A tier's run ends at the first probe another tier
+    // holds and it does not.
+    if (any) {
+      for (size_t i = 0; i < chain_->levels(); ++i) {
+        if (here[i] && contiguous[i]) r.tier_tokens[i] += len;
+        if (!here[i]) contiguous[i] = false;
+      }
     }
     return any;
   });
   lookup_tokens_ += keys.size();
   lookup_hit_tokens_ += r.tokens;
+  ReportOutcome(ns, /*load=*/false, keys.size(), r.tier_tokens);
   lookup_us_.Record(MicrosSince(t0));
   return r;
+}
+
+void KvStore::ReportOutcome(std::string_view ns, bool load, std::uint64_t tokens, const std::vector<std::uint64_t>& hit) {
+  if (!has_remote_ || tokens == 0) return;
+  const ReadContext ctx = Context(ns, {}, /*one_deadline=*/false);
+  for (size_t i = 0; i < chain_->levels() && i < hit.size(); ++i) {
+    if (options_.tiers[i].kind != TierSpec::Kind::kRemote && options_.tiers[i].kind != TierSpec::Kind::kRedis) continue;
+    chain_->tier(i).Report({load, tokens, std::min(hit[i], tokens)}, ctx);
+  }
 }
 
 Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
@@ -554,8 +572,19 @@ void KvStore::Scatter(const Fetch& f, const kernels::KvView& view, std::int64_t 
   }
 }
 
-void KvStore::CountLoad(const ModelKv& model, const Fetch& f, std::uint64_t requested, std::uint64_t tokens,
-                        std::uint64_t bytes, double micros) {
+void KvStore::CountLoad(const ModelKv& model, std::string_view ns, const Fetch& f, std::uint64_t requested,
+                        std::uint64_t tokens, std::uint64_t bytes, double micros) {
+  if (has_remote_) {
+    // What each tier delivered of the served prefix.
+    std::vector<std::uint64_t> from(chain_->levels(), 0);
+    for (const FetchedChunk& c : f.chunks) {
+      const int level = c.lease.level();
+      if (level >= 0 && static_cast<size_t>(level) < from.size() && c.begin < tokens) {
+        from[static_cast<size_t>(level)] += std::min(c.tokens, tokens - c.begin);
+      }
+    }
+    ReportOutcome(ns, /*load=*/true, requested, from);
+  }
   ++retrieves_;
   hits_ += f.chunks.size();
   if (tokens < requested) ++misses_;
@@ -601,7 +630,8 @@ KvStore::Retrieved KvStore::RetrieveWith(const ModelKv& model, std::string_view 
   const std::uint64_t prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });
   for (const FetchedChunk& c : f.chunks) write(c);
-  CountLoad(model, f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
+  CountLoad(model, ns, f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()),
+            MicrosSince(t0));
   Retrieved r;
   r.tokens = prefix;
   r.covered = f.covered;

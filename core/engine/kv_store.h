@@ -238,8 +238,8 @@ class KvStore {
                          const std::function<void(const FetchedChunk&)>& write, const DeliveryTarget& target = {});
   // Records a finished load of `requested` tokens in the statistics; its
   // `tokens` served are priced at the model's prefill time per token.
-  void CountLoad(const ModelKv& model, const Fetch& fetch, std::uint64_t requested, std::uint64_t tokens,
-                 std::uint64_t bytes, double micros);
+  void CountLoad(const ModelKv& model, std::string_view ns, const Fetch& fetch, std::uint64_t requested,
+                 std::uint64_t tokens, std::uint64_t bytes, double micros);
   // An engine's prefill of `tokens` tokens of `model` that took `ns`
   // nanoseconds (what a load would have saved it). The model's prefill time
   // per token is the mean over its reports: total time / total tokens.
@@ -357,6 +357,9 @@ class KvStore {
   // pinning, dropping) pass one_deadline false: each round trip its own.
  public:
   ReadContext Context(std::string_view ns, const DeliveryTarget& target = {}, bool one_deadline = true) const;
+  // Tells the remote and redis tiers how an engine request went for them
+  // (Tier::Report): per tier, `hit[i]` of `tokens`.
+  void ReportOutcome(std::string_view ns, bool load, std::uint64_t tokens, const std::vector<std::uint64_t>& hit);
 
  private:
   // Tells remote tiers which keys the walk is about to probe (one call);

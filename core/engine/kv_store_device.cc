@@ -431,7 +431,8 @@ Result<KvStore::Retrieved> KvStore::RetrieveToDevice(const ModelKv& model, std::
   if (!d.ok()) return d.status();
   const std::uint64_t prefix = f.prefix();
   std::erase_if(f.chunks, [&](const FetchedChunk& c) { return c.begin >= prefix; });  // not written: not served
-  CountLoad(model, f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()), MicrosSince(t0));
+  CountLoad(model, ns, f, keys.size(), prefix, prefix * static_cast<std::uint64_t>(model.bytes_per_token()),
+            MicrosSince(t0));
   Retrieved r;
   r.tokens = prefix;
   r.covered = f.covered;

@@ -164,6 +164,20 @@ class Tier {
     (void)doc;
     (void)ttl_ms;
   }
+  // An engine request the store served, as it concerned this tier: a
+  // lookup's tokens and the leading tokens this tier held, or a load's
+  // tokens and those this tier delivered (ctx.ns: its namespace). A tier
+  // that keeps statistics of its own (a kdnd) counts hit rates per engine
+  // request from these, not per probe. Best effort, never an error; most
+  // tiers: nothing.
+  struct RequestOutcome {
+    bool load = false;
+    std::uint64_t tokens = 0, hit_tokens = 0;
+  };
+  virtual void Report(const RequestOutcome& outcome, const ReadContext& ctx) {
+    (void)outcome;
+    (void)ctx;
+  }
 };
 
 }  // namespace kdn::store

@@ -442,19 +442,104 @@ Status RemoteTier::Put(const ChunkRef& chunk) {
   return Status::Ok();
 }
 
+void RemoteTier::ReportCounts::Add(const ReportCounts& o) {
+  lookups += o.lookups;
+  lookup_tokens += o.lookup_tokens;
+  lookup_hit_tokens += o.lookup_hit_tokens;
+  loads += o.loads;
+  load_tokens += o.load_tokens;
+  load_hit_tokens += o.load_hit_tokens;
+}
+
+void RemoteTier::Report(const RequestOutcome& outcome, const ReadContext& ctx) {
+  if (!ctx.ns || outcome.tokens == 0 || reports_unsupported_) return;
+  ReportCounts c;
+  if (outcome.load) {
+    c.loads = 1;
+    c.load_tokens = outcome.tokens;
+    c.load_hit_tokens = std::min(outcome.hit_tokens, outcome.tokens);
+  } else {
+    c.lookups = 1;
+    c.lookup_tokens = outcome.tokens;
+    c.lookup_hit_tokens = std::min(outcome.hit_tokens, outcome.tokens);
+  }
+  {
+    std::lock_guard<std::mutex> lock(qmu_);
+    if (reports_.empty()) reports_due_ms_ = NowMs() + options_.report_ms;
+    reports_[*ctx.ns].Add(c);
+  }
+  qcv_.notify_one();
+}
+
+bool RemoteTier::SendReports(const Reports& reports, Reports& left) {
+  for (auto it = reports.begin(); it != reports.end(); ++it) {
+    const ReportCounts& c = it->second;
+    try {
+      impl_->Run(NowMs() + options_.timeout_ms, [&](node::Session::Client& s) {
+        auto req = s.reportRequest();
+        req.setNamespace(AsData(it->first));
+        auto r = req.initReport();
+        r.setLookups(c.lookups);
+        r.setLookupTokens(c.lookup_tokens);
+        r.setLookupHitTokens(c.lookup_hit_tokens);
+        r.setLoads(c.loads);
+        r.setLoadTokens(c.load_tokens);
+        r.setLoadHitTokens(c.load_hit_tokens);
+        return req.send().then([](capnp::Response<node::Session::ReportResults>&& r) {
+          if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
+        });
+      });
+      ++reports_sent_;
+    } catch (const kj::Exception& e) {
+      ++impl_->failed_calls;
+      if (e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+        reports_unsupported_ = true;  // a node of protocol < 4: no more reports
+        ++reports_not_sent_;
+        continue;
+      }
+      if (wire::IsRefusal(e)) {
+        ++reports_refused_;
+        continue;
+      }
+      ++io_errors_;
+      for (; it != reports.end(); ++it) left[it->first].Add(it->second);
+      return false;
+    }
+  }
+  return true;
+}
+
 void RemoteTier::SenderLoop() {
   for (;;) {
     std::vector<ChunkRef> batch;
     std::shared_ptr<const DocumentCall> document;
+    Reports reports;
     {
       std::unique_lock<std::mutex> lock(qmu_);
       // A document goes once the chunks queued before it were answered (no
-      // other sender has a batch out).
-      qcv_.wait(lock, [&] {
-        return stopping_ || (!queue_.empty() && (queue_.front().chunk || in_flight_ == 0));
-      });
-      if (queue_.empty()) return;  // stopping, nothing left
-      if (queue_.front().document) {
+      // other sender has a batch out). Reports go when due (report_ms after
+      // the first of them), on a Flush, and before the tier stops.
+      for (;;) {
+        const bool chunk_ready = !queue_.empty() && (queue_.front().chunk || in_flight_ == 0);
+        const bool reports_ready =
+            !reports_.empty() && (stopping_ || reports_now_ || NowMs() >= reports_due_ms_);
+        if (reports_ready) {
+          reports.swap(reports_);
+          reports_now_ = false;
+          ++reports_in_flight_;
+          break;
+        }
+        if (chunk_ready || stopping_) break;
+        if (!reports_.empty()) {
+          qcv_.wait_for(lock, std::chrono::milliseconds(std::max<std::int64_t>(1, reports_due_ms_ - NowMs())));
+        } else {
+          qcv_.wait(lock);
+        }
+      }
+      if (reports.empty() && queue_.empty()) return;  // stopping, nothing left
+      if (!reports.empty()) {
+        // Sent below, outside the lock.
+      } else if (queue_.front().document) {
         document = std::move(queue_.front().document);
         queue_.pop_front();
         --queued_documents_;
@@ -472,6 +557,26 @@ void RemoteTier::SenderLoop() {
         }
         in_flight_ += batch.size();
       }
+    }
+    if (!reports.empty()) {
+      Reports left;
+      const bool answered = SendReports(reports, left);
+      std::unique_lock<std::mutex> lock(qmu_);
+      --reports_in_flight_;
+      if (!answered) {
+        ++send_failures_;
+        if (stopping_) {
+          reports_not_sent_ += left.size();  // the node is gone: dropped
+        } else {
+          for (auto& [ns, c] : left) {
+            if (reports_.empty()) reports_due_ms_ = NowMs() + std::max(options_.report_ms, options_.retry_ms);
+            reports_[ns].Add(c);
+          }
+        }
+      }
+      lock.unlock();
+      drained_.notify_all();
+      continue;
     }
     if (document) {
       const bool answered = SendDocument(*document);
@@ -652,7 +757,14 @@ void RemoteTier::Flush() {
   // not).
   std::unique_lock<std::mutex> lock(qmu_);
   const std::uint64_t failures = send_failures_;
-  drained_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || stopping_ || send_failures_ != failures; });
+  if (!reports_.empty()) {
+    reports_now_ = true;
+    qcv_.notify_all();
+  }
+  drained_.wait(lock, [&] {
+    return (queue_.empty() && in_flight_ == 0 && reports_.empty() && reports_in_flight_ == 0) || stopping_ ||
+           send_failures_ != failures;
+  });
 }
 
 Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx) {
@@ -964,6 +1076,9 @@ RemoteCounters RemoteTier::remote_counters() const {
   c.past_deadline = impl_->past_deadline;
   c.puts_sent = puts_sent_;
   c.puts_refused = puts_refused_;
+  c.reports_sent = reports_sent_;
+  c.reports_refused = reports_refused_;
+  c.reports_unsupported = reports_not_sent_;
   c.queue_full = queue_full_;
   c.no_namespace = no_namespace_;
   c.reads_ahead = impl_->reads_ahead;

@@ -43,6 +43,11 @@
 //   queued before it (a put of a document after its chunks), sent by the
 //   same sender thread and retried as they are; one the node refuses (or a
 //   node without knowledge items, protocol 1) is dropped and counted.
+// - Engine requests (Report): the store tells the tier how each lookup and
+//   load went for it; the tier adds them up per namespace and a sender sends
+//   them (Session.report, protocol 4) at most every report_ms, before it
+//   stops, and on Flush. A node that answers unreachable gets them again
+//   later; one without the method (protocol < 4) gets none again.
 // - Capacity is the node's business: this tier reports no usage, lists
 //   nothing, and the chain never evicts from it.
 // - Corrupt replies (checksums, another key) are misses, counted as
@@ -101,6 +106,8 @@ struct RemoteTierOptions {
   // cover (keys x chunk_tokens), which the node's statistics count as
   // requested tokens (and found ones as lookup hit tokens). 0: not told.
   std::uint64_t chunk_tokens = 0;
+  // Reports of engine requests (Report) are sent at most this often.
+  std::uint32_t report_ms = 200;
   // The deployment secret's sealer (wire/seal.h); null: replies are taken
   // as the node (or whoever answers at its address) sends them.
   std::shared_ptr<const wire::ChunkSealer> sealer;
@@ -125,6 +132,10 @@ struct RemoteCounters {
   // node (a typed error: an unknown document, a namespace not granted, a
   // node without knowledge items), dropped (document_queue full).
   std::uint64_t documents_sent = 0, documents_refused = 0, documents_dropped = 0;
+  // Reports of engine requests (Session.report calls): sent, refused by the
+  // node (a namespace not granted, counts it would not take), not sent
+  // because the node does not have the method (protocol < 4).
+  std::uint64_t reports_sent = 0, reports_refused = 0, reports_unsupported = 0;
 };
 
 class RemoteTier final : public Tier {
@@ -146,6 +157,7 @@ class RemoteTier final : public Tier {
   void Flush() override;
   void Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx = {}) const override;
   void Document(DocumentOp op, const DocumentRecord& doc, std::uint64_t ttl_ms) override;
+  void Report(const RequestOutcome& outcome, const ReadContext& ctx) override;
 
   TransportCounters transport_counters() const override;
 
@@ -173,6 +185,22 @@ class RemoteTier final : public Tier {
   // Sends one announcement; false when the node did not answer (worth
   // another try), true when it answered (took or refused it).
   bool SendDocument(const DocumentCall& call);
+  // Engine requests per namespace since the last report (under qmu_).
+  struct ReportCounts {
+    std::uint64_t lookups = 0, lookup_tokens = 0, lookup_hit_tokens = 0;
+    std::uint64_t loads = 0, load_tokens = 0, load_hit_tokens = 0;
+    void Add(const ReportCounts& o);
+  };
+  using Reports = std::unordered_map<keys::Digest, ReportCounts, keys::DigestHash>;
+  // Sends them; false when the node did not answer (worth another try):
+  // `left` then holds the ones not sent.
+  bool SendReports(const Reports& reports, Reports& left);
+  Reports reports_;
+  std::int64_t reports_due_ms_ = 0;   // when the pending reports go (NowMs)
+  bool reports_now_ = false;          // a Flush asked for them
+  size_t reports_in_flight_ = 0;
+  std::atomic<bool> reports_unsupported_{false};
+  std::atomic<std::uint64_t> reports_sent_{0}, reports_refused_{0}, reports_not_sent_{0};
   mutable std::mutex qmu_;
   std::condition_variable qcv_, drained_;
   std::deque<Entry> queue_;

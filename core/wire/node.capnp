@@ -42,7 +42,9 @@ $Cxx.namespace("kdn::wire::node");
 # knowledgeList, knowledgePin and knowledgeDelete, the error code notFound,
 # the limits maxDocIdBytes and maxMetadataBytes, and Stats.documents and
 # Stats.registryLoadFailures. Version 3 added TierStats.limitBytesPerS.
-const protocolVersion :UInt32 = 3;
+# Version 4 added Session.report (RequestReport) and the Stats of engine
+# requests (engineLookups ... engineLoadHitTokens).
+const protocolVersion :UInt32 = 4;
 
 # Limits the node enforces (a request beyond them gets tooLarge).
 const maxKeysPerCall :UInt32 = 65536;
@@ -162,6 +164,16 @@ struct Stats {
   repliesCapped @26 :UInt64;        # get replies cut at server.max_reply_bytes
   subscriptions @27 :UInt64;        # statistics subscriptions open now
   subscriptionsRefused @28 :UInt64; # subscribeStats refused (server.max_subscriptions, per connection too)
+  # (version 4) What runtimes reported of their engines' requests (report):
+  # the hit rates engines see of this node, one count per engine request
+  # rather than per probe (lookups and requestedTokens above count each
+  # key run a runtime asked about, several per request).
+  engineLookups @29 :UInt64;         # engine lookups (and loads' lookups) that asked this node
+  engineLookupTokens @30 :UInt64;    # tokens those requests had
+  engineLookupHitTokens @31 :UInt64; # leading tokens of them this node held
+  engineLoads @32 :UInt64;           # engine loads (retrieves) that could read from this node
+  engineLoadTokens @33 :UInt64;      # tokens those loads asked for
+  engineLoadHitTokens @34 :UInt64;   # tokens this node delivered to them
 }
 
 # Receives statistics pushed by the node every intervalMs.
@@ -217,6 +229,24 @@ interface Session {
   # Unregisters the document and erases its chunks that no other registered
   # document references, from every tier; `erased`: how many were held.
   knowledgeDelete @11 (namespace :Data, docId :Text, model :Data) -> (error :Error, erased :UInt32);
+
+  # ---- Version 4 ----
+  # A runtime's account of its engines' requests in the namespace since its
+  # last report (it sends them in the background, coalesced): what the node's
+  # engine* statistics and hit ratios count.
+  report @12 (namespace :Data, report :RequestReport) -> (error :Error);
+}
+
+# (version 4) Counts of engine requests, as the runtime that served them saw
+# this node: a lookup's tokens and the leading tokens the node held; a load's
+# tokens and those the node delivered.
+struct RequestReport {
+  lookups @0 :UInt64;
+  lookupTokens @1 :UInt64;
+  lookupHitTokens @2 :UInt64;
+  loads @3 :UInt64;
+  loadTokens @4 :UInt64;
+  loadHitTokens @5 :UInt64;
 }
 
 # ---- Version 2: knowledge items -------------------------------------------------

@@ -57,16 +57,28 @@ enum class NodeStat : std::uint8_t {
   kRepliesCapped,
   kSubscriptions,
   kSubscriptionsRefused,
+  kEngineLookups,
+  kEngineLookupTokens,
+  kEngineLookupHitTokens,
+  kEngineLoads,
+  kEngineLoadTokens,
+  kEngineLoadHitTokens,
   kCount
 };
 inline constexpr std::size_t kNodeStatCount = static_cast<std::size_t>(NodeStat::kCount);
 // Indexed by NodeStat.
 inline constexpr StatDef kNodeStats[kNodeStatCount] = {
-    {"lookups", "kdn_lookups_total", "Prefix lookups answered (one per request in a lookup call).", StatKind::kCounter},
-    {"requestedTokens", "kdn_requested_tokens_total", "Tokens covered by the lookups that gave their token count.",
+    {"lookups", "kdn_lookups_total",
+     "Prefix lookups answered: one per key run a runtime asked about (an engine request may make several; "
+     "kdn_engine_lookups_total counts engine requests).",
+     StatKind::kCounter},
+    {"requestedTokens", "kdn_requested_tokens_total",
+     "Tokens covered by the key runs lookups asked about (per probe; kdn_engine_lookup_tokens_total counts "
+     "each engine request once).",
      StatKind::kCounter},
     {"hitTokens", "kdn_hit_tokens_total", "Tokens of the chunks served by get.", StatKind::kCounter},
-    {"lookupHitTokens", "kdn_lookup_hit_tokens_total", "Tokens of the prefixes lookups found.", StatKind::kCounter},
+    {"lookupHitTokens", "kdn_lookup_hit_tokens_total", "Tokens of the prefixes lookups found (per probe).",
+     StatKind::kCounter},
     {"getChunks", "kdn_get_chunks_total", "Chunks served by get.", StatKind::kCounter},
     {"getMisses", "kdn_get_misses_total", "Chunks asked of get that no tier held.", StatKind::kCounter},
     {"getBytes", "kdn_get_bytes_total", "Bytes served by get.", StatKind::kCounter},
@@ -98,6 +110,17 @@ inline constexpr StatDef kNodeStats[kNodeStatCount] = {
     {"subscriptionsRefused", "kdn_subscriptions_refused_total",
      "subscribeStats calls refused (busy): server.max_subscriptions, or per connection "
      "server.max_subscriptions_per_connection.",
+     StatKind::kCounter},
+    {"engineLookups", "kdn_engine_lookups_total",
+     "Engine requests looked up against this node, as the runtimes that served them reported.", StatKind::kCounter},
+    {"engineLookupTokens", "kdn_engine_lookup_tokens_total", "Tokens of the engine requests looked up.",
+     StatKind::kCounter},
+    {"engineLookupHitTokens", "kdn_engine_lookup_hit_tokens_total",
+     "Leading tokens of those requests that this node held.", StatKind::kCounter},
+    {"engineLoads", "kdn_engine_loads_total", "Engine loads (retrieves) that could read from this node.",
+     StatKind::kCounter},
+    {"engineLoadTokens", "kdn_engine_load_tokens_total", "Tokens those loads asked for.", StatKind::kCounter},
+    {"engineLoadHitTokens", "kdn_engine_load_hit_tokens_total", "Tokens this node delivered to those loads.",
      StatKind::kCounter},
 };
 

@@ -298,9 +298,19 @@ struct NodeSource::Impl {
       s.corrupt_detected += t[server::TierStat::kCorruptDetected];
     }
     using server::NodeStat;
-    s.lookups = n[NodeStat::kLookups];
-    s.requested_tokens = n[NodeStat::kRequestedTokens];
-    s.hit_tokens = n[NodeStat::kLookupHitTokens];
+    // The hit rate engines see: per engine request, as the runtimes
+    // reported them (protocol 4); the per-probe counts only while no runtime
+    // has (every probe of a request counts as requested tokens: a partial hit
+    // looks like a fraction of itself).
+    if (n[NodeStat::kEngineLookupTokens] != 0) {
+      s.lookups = n[NodeStat::kEngineLookups];
+      s.requested_tokens = n[NodeStat::kEngineLookupTokens];
+      s.hit_tokens = n[NodeStat::kEngineLookupHitTokens];
+    } else {
+      s.lookups = n[NodeStat::kLookups];
+      s.requested_tokens = n[NodeStat::kRequestedTokens];
+      s.hit_tokens = n[NodeStat::kLookupHitTokens];
+    }
     s.served_tokens = n[NodeStat::kHitTokens];  // the node's hit tokens: served by get
     s.loads = n[NodeStat::kGetChunks];
     s.failed_loads = n[NodeStat::kGetMisses];

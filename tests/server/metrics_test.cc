@@ -72,6 +72,14 @@ NodeStats Populated() {
   s[NodeStat::kRequestedTokens] = 1000;
   s[NodeStat::kHitTokens] = 250;
   s[NodeStat::kLookupHitTokens] = 500;
+  // What runtimes reported of their engines' requests (per request, not
+  // per probe: fewer tokens, a higher rate).
+  s[NodeStat::kEngineLookups] = 4;
+  s[NodeStat::kEngineLookupTokens] = 320;
+  s[NodeStat::kEngineLookupHitTokens] = 256;
+  s[NodeStat::kEngineLoads] = 3;
+  s[NodeStat::kEngineLoadTokens] = 240;
+  s[NodeStat::kEngineLoadHitTokens] = 180;
   s[NodeStat::kGetChunks] = 123;
   s[NodeStat::kGetMisses] = 4;
   s[NodeStat::kGetBytes] = 65536;
@@ -130,8 +138,15 @@ TEST(ServerMetrics, NodeCountersAndGauges) {
   EXPECT_EQ(ValueOf(text, "kdn_requested_tokens_total"), "1000");
   EXPECT_EQ(ValueOf(text, "kdn_hit_tokens_total"), "250");
   EXPECT_EQ(ValueOf(text, "kdn_lookup_hit_tokens_total"), "500");
-  EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "0.25");
-  EXPECT_EQ(ValueOf(text, "kdn_lookup_hit_ratio"), "0.5");
+  // The ratios are the engines' (reported), not the probes' (0.25, 0.5).
+  EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "0.75");
+  EXPECT_EQ(ValueOf(text, "kdn_lookup_hit_ratio"), "0.8");
+  EXPECT_EQ(ValueOf(text, "kdn_engine_lookups_total"), "4");
+  EXPECT_EQ(ValueOf(text, "kdn_engine_lookup_tokens_total"), "320");
+  EXPECT_EQ(ValueOf(text, "kdn_engine_lookup_hit_tokens_total"), "256");
+  EXPECT_EQ(ValueOf(text, "kdn_engine_loads_total"), "3");
+  EXPECT_EQ(ValueOf(text, "kdn_engine_load_tokens_total"), "240");
+  EXPECT_EQ(ValueOf(text, "kdn_engine_load_hit_tokens_total"), "180");
   EXPECT_TRUE(HasLine(text, "# TYPE kdn_sessions gauge"));
   EXPECT_EQ(ValueOf(text, "kdn_sessions"), "3");
   EXPECT_TRUE(HasLine(text, "# TYPE kdn_documents gauge"));
@@ -244,6 +259,28 @@ TEST(ServerMetrics, RatiosAreZeroBeforeAnyRequestAndAtMostOne) {
   EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "1");
 }
 
+// Without reports (runtimes older than protocol 4) the ratios are the
+// probes'; once a runtime reported, the engines' alone.
+TEST(ServerMetrics, RatiosAreTheEnginesOnceReportedElseTheProbes) {
+  NodeStats s;
+  s[NodeStat::kRequestedTokens] = 400;  // 80-token requests, 64 cached: five probes each
+  s[NodeStat::kLookupHitTokens] = 176;
+  s[NodeStat::kHitTokens] = 88;
+  std::string text = RenderPrometheus(s);
+  EXPECT_EQ(ValueOf(text, "kdn_lookup_hit_ratio"), "0.44");
+  EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "0.22");
+  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_tokens_total"), "0");  // counters: reports only
+  s[NodeStat::kEngineLookupTokens] = 80;
+  s[NodeStat::kEngineLookupHitTokens] = 64;
+  s[NodeStat::kEngineLoadTokens] = 80;
+  s[NodeStat::kEngineLoadHitTokens] = 64;
+  text = RenderPrometheus(s);
+  EXPECT_EQ(ValueOf(text, "kdn_lookup_hit_ratio"), "0.8");
+  EXPECT_EQ(ValueOf(text, "kdn_retrieve_hit_ratio"), "0.8");
+  EXPECT_EQ(ValueOf(text, "lmcache:lookup_hit_rate"), "0.8");
+  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_tokens_total"), "80");
+}
+
 TEST(ServerMetrics, NoTiersNoTierFamilies) {
   const std::string text = RenderPrometheus(NodeStats{});
   for (const std::string& l : Lines(text)) {
@@ -257,14 +294,15 @@ TEST(ServerMetrics, NoTiersNoTierFamilies) {
 TEST(ServerMetrics, LmcacheAliasesCarryKdnValues) {
   const std::string text = RenderPrometheus(Populated());
   EXPECT_TRUE(HasLine(text, "# TYPE lmcache:num_hit_tokens_total counter"));
-  EXPECT_EQ(ValueOf(text, "lmcache:num_hit_tokens_total"), "250");
-  EXPECT_EQ(ValueOf(text, "lmcache:num_requested_tokens_total"), "1000");
-  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_tokens_total"), "1000");
-  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_hits_total"), "500");
-  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_requests_total"), "9");
+  // LMCache counts per engine request: the reported values.
+  EXPECT_EQ(ValueOf(text, "lmcache:num_hit_tokens_total"), "180");
+  EXPECT_EQ(ValueOf(text, "lmcache:num_requested_tokens_total"), "240");
+  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_tokens_total"), "320");
+  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_hits_total"), "256");
+  EXPECT_EQ(ValueOf(text, "lmcache:num_lookup_requests_total"), "4");
   EXPECT_TRUE(HasLine(text, "# TYPE lmcache:retrieve_hit_rate gauge"));
-  EXPECT_EQ(ValueOf(text, "lmcache:retrieve_hit_rate"), "0.25");
-  EXPECT_EQ(ValueOf(text, "lmcache:lookup_hit_rate"), "0.5");
+  EXPECT_EQ(ValueOf(text, "lmcache:retrieve_hit_rate"), "0.75");
+  EXPECT_EQ(ValueOf(text, "lmcache:lookup_hit_rate"), "0.8");
   EXPECT_EQ(ValueOf(text, "lmcache:local_cache_usage"), "4096");     // the host tier
   EXPECT_EQ(ValueOf(text, "lmcache:local_storage_usage"), "70000");  // the disk tier
   EXPECT_EQ(ValueOf(text, "lmcache:local_cpu_evict_keys_count_total"), "5");

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,7 @@
 #include "rpc_client.h"
 #include "running_server.h"
 #include "test_sockets.h"
+#include "server/metrics.h"
 #include "server/server.h"
 #include "core/tiers/remote_tier.h"
 #include "core/runtime/runtime.h"
@@ -793,6 +795,77 @@ TEST_F(KdnNodeTest, TwoRuntimesShareKvThroughTheNode) {
   EXPECT_EQ(other->store().Lookup(ref_.m, "tenant-b", ref_.Keys()).tokens, 0u);
   // A namespace its token does not grant: misses, not errors.
   EXPECT_EQ(other->store().Lookup(ref_.m, "tenant-a", ref_.Keys()).tokens, 0u);
+}
+
+// The node's hit rates are the engines': a runtime reports each lookup and
+// load (Session.report) with the tokens the engine asked for and those this
+// node held or delivered, once per engine request. Per probe (the runtime
+// asks about whole chunks, then each power-of-two piece of the tail), every
+// probe's tokens counted as requested and a partial hit looked like a
+// fraction of itself: 80-token requests with 64 cached showed 0.44.
+TEST_F(KdnNodeTest, HitRatiosCountEngineRequestsNotProbes) {
+  const size_t T = ref_.tokens.size();
+  auto writer = RemoteRuntime(server_->bound().rpc[0], kTokenA);
+  std::vector<float> in = ref_.canonical;
+  auto views = store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(in)}, T).value();
+  ASSERT_EQ(writer->Store(ref_.m, "tenant-a", ref_.Keys(), views).value(), T);
+  writer->store().chain().Flush();
+  const auto node = [&](NodeStat st) { return server_->server().service().Stats()[st]; };
+  const std::uint64_t probe_tokens0 = node(NodeStat::kRequestedTokens);
+
+  // Requests of the stored text followed by 0, 5, 13 and 21 tokens it does
+  // not have (several lengths: whole chunks and pieces missed at each), and
+  // one of its first 11 tokens alone.
+  auto reader = RemoteRuntime(server_->bound().rpc[1], kTokenA);
+  std::uint64_t want_tokens = 0, want_hits = 0;
+  for (int extra : {0, 5, 13, 21, -1}) {
+    std::vector<int> tokens = ref_.tokens;
+    if (extra < 0) tokens.resize(11);
+    for (int i = 0; i < extra; ++i) tokens.push_back(400 + i);
+    store::TokenKeys keys;
+    keys.tokens = {reinterpret_cast<const std::int32_t*>(tokens.data()), tokens.size()};
+    const store::LookupResult found = reader->store().Lookup(ref_.m, "tenant-a", keys);
+    // All of the stored text is found; of the 11 tokens, the whole chunk
+    // (the pieces stored are those of the whole text's tail).
+    EXPECT_EQ(found.tokens, extra < 0 ? 8u : T) << extra;
+    want_tokens += tokens.size();
+    want_hits += found.tokens;
+    std::vector<float> out(ref_.canonical.size() / T * tokens.size());
+    auto out_views =
+        store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(out)}, tokens.size()).value();
+    EXPECT_EQ(reader->Retrieve(ref_.m, "tenant-a", keys, out_views).value().tokens, found.tokens) << extra;
+  }
+  reader->store().chain().Flush();  // the reports sent
+  // The engine's own view (kdn_stats) and the node's agree exactly.
+  const store::Telemetry own = reader->store().Stats();
+  EXPECT_EQ(own.lookup_tokens, want_tokens);
+  EXPECT_EQ(own.lookup_hit_tokens, want_hits);
+  EXPECT_EQ(node(NodeStat::kEngineLookups), 5u);
+  EXPECT_EQ(node(NodeStat::kEngineLookupTokens), want_tokens);
+  EXPECT_EQ(node(NodeStat::kEngineLookupHitTokens), want_hits);
+  EXPECT_EQ(node(NodeStat::kEngineLoads), 5u);
+  EXPECT_EQ(node(NodeStat::kEngineLoadTokens), want_tokens);
+  EXPECT_EQ(node(NodeStat::kEngineLoadHitTokens), want_hits);  // the node was the only tier
+  const std::string metrics = RenderPrometheus(server_->server().service().Stats());
+  const double rate = static_cast<double>(want_hits) / static_cast<double>(want_tokens);
+  const auto value = [&](const std::string& name) {
+    const size_t at = metrics.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + name.size() + 2);
+  };
+  EXPECT_NEAR(value("kdn_lookup_hit_ratio"), rate, 1e-9) << metrics;
+  EXPECT_NEAR(value("kdn_retrieve_hit_ratio"), rate, 1e-9);
+  // What the probes would have said: well below what the engine saw.
+  const std::uint64_t probe_tokens = node(NodeStat::kRequestedTokens) - probe_tokens0;
+  EXPECT_GT(probe_tokens, want_tokens);
+  std::printf("engine requests: %llu of %llu tokens found (%.3f); the probes asked about %llu tokens\n",
+              static_cast<unsigned long long>(want_hits), static_cast<unsigned long long>(want_tokens), rate,
+              static_cast<unsigned long long>(probe_tokens));
+
+  // A token without the namespace: its runtime's reports are refused, not counted.
+  auto other = RemoteRuntime(server_->bound().rpc[0], kTokenB);
+  EXPECT_EQ(other->store().Lookup(ref_.m, "tenant-a", ref_.Keys()).tokens, 0u);
+  other->store().chain().Flush();
+  EXPECT_EQ(node(NodeStat::kEngineLookups), 5u);
 }
 
 // Whoever answered at a node's address decided the KV a runtime loaded:

@@ -265,6 +265,25 @@ TEST(EngineOps, CancelStopsALoadAndWaitsTimeOut) {
   EXPECT_NE(op->WaitLayer(0, 0).code(), Code::kOk);
 }
 
+// The tail of a request is probed in pieces of decreasing powers of two: a
+// larger piece that no tier holds is no gap (the walk tries a smaller one at
+// the same position), so a tier that holds the smaller ones holds the whole
+// prefix. It used to end the tier's run at the first missed probe: 16 of 21.
+TEST(EngineOps, ATiersPrefixGoesOnPastPiecesNoTierHolds) {
+  auto store = KvStore::Create(Options(16, {TierSpec{}})).value();
+  Executor ex(2);
+  const ModelKv m = SmallModel();
+  PagedKv src(16, 8, {0, 1, 2, 3, 4, 5, 6, 7});
+  Fill(src, 21, 2.0f);
+  SaveAllLayers(*store, ex, m, "t", Tokens(21), {src.Group()});  // a chunk of 16, pieces of 4 and 1
+  store->chain().Flush();
+  // 27 tokens: the chunk, then pieces of 8 (missed), 4, 2 (missed), 1, 1 (missed).
+  const LookupResult r = store->Lookup(m, "t", Tokens(27).keys());
+  EXPECT_EQ(r.tokens, 21u);
+  ASSERT_EQ(r.tier_tokens.size(), 1u);
+  EXPECT_EQ(r.tier_tokens[0], 21u);
+}
+
 TEST(EngineOps, LookupReportsEachTiersPrefix) {
   const auto dir = TempDir("kdn_engine_tiers");
   TierSpec host, disk;
