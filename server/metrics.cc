@@ -5,12 +5,18 @@
 // Thread-safety: pure functions; no shared state.
 #include "server/metrics.h"
 
+#include "core/wire/node.capnp.h"
+
 #include <prometheus/client_metric.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/metric_type.h>
 #include <prometheus/text_serializer.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -68,15 +74,19 @@ class Page {
     Add(std::move(name), std::move(help), pm::MetricType::Histogram, std::move(m));
   }
 
-  // A family with one series per tier, labelled tier="<name>".
+  // A family with one series per tier, labelled tier="<name>" and
+  // index="<its place in the chain>": two tiers of one name (two disks) are
+  // two series, not one that Prometheus drops as a duplicate. `skip`: tiers
+  // left out (their value unknown).
   template <typename Value>
   void PerTier(const std::vector<TierStatsSnapshot>& tiers, std::string name, std::string help, pm::MetricType type,
-               Value value) {
-    if (tiers.empty()) return;  // a HELP/TYPE block with no samples says nothing
+               Value value, const std::vector<bool>& skip = {}) {
     pm::MetricFamily f{std::move(name), std::move(help), type, {}};
-    for (const TierStatsSnapshot& t : tiers) {
+    for (std::size_t i = 0; i < tiers.size(); ++i) {
+      if (i < skip.size() && skip[i]) continue;
+      const TierStatsSnapshot& t = tiers[i];
       pm::ClientMetric m;
-      m.label = {{"tier", t.name}};
+      m.label = {{"index", std::to_string(i)}, {"tier", t.name}};
       if (type == pm::MetricType::Counter) {
         m.counter.value = value(t);
       } else {
@@ -84,19 +94,21 @@ class Page {
       }
       f.metric.push_back(std::move(m));
     }
+    if (f.metric.empty()) return;  // a HELP/TYPE block with no samples says nothing
     families_.push_back(std::move(f));
   }
 
   // The tier's kind and codec as labels of a constant 1 (the "info"
   // pattern), so they are not repeated on every per-tier series; a query
-  // joins them in with `* on(tier) group_left(kind, codec) kdn_tier_info`.
+  // joins them in with `* on(index, tier) group_left(kind, codec) kdn_tier_info`.
   void TierInfo(const std::vector<TierStatsSnapshot>& tiers) {
     if (tiers.empty()) return;
     pm::MetricFamily f{"kdn_tier_info", "The tier's kind and codec, as labels; the value is always 1.",
                        pm::MetricType::Gauge, {}};
-    for (const TierStatsSnapshot& t : tiers) {
+    for (std::size_t i = 0; i < tiers.size(); ++i) {
+      const TierStatsSnapshot& t = tiers[i];
       pm::ClientMetric m;
-      m.label = {{"tier", t.name}, {"kind", t.kind}, {"codec", t.codec}};
+      m.label = {{"index", std::to_string(i)}, {"tier", t.name}, {"kind", t.kind}, {"codec", t.codec}};
       m.gauge.value = 1.0;
       f.metric.push_back(std::move(m));
     }
@@ -194,12 +206,11 @@ void AddTiers(const NodeStats& s, Page& p) {
   p.PerTier(tiers, "kdn_tier_low_watermark_ratio", "Fraction of capacity eviction brings the tier down to.",
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.low_watermark; });
   // Only the tiers measured: a 0 would read as a tier that delivers nothing.
-  std::vector<TierStatsSnapshot> measured;
-  std::copy_if(tiers.begin(), tiers.end(), std::back_inserter(measured),
-               [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s > 0; });
-  p.PerTier(measured, "kdn_tier_limit_bytes_per_second",
+  std::vector<bool> unmeasured;
+  for (const TierStatsSnapshot& t : tiers) unmeasured.push_back(!(t.limit_bytes_per_s > 0));
+  p.PerTier(tiers, "kdn_tier_limit_bytes_per_second",
             "The tier's read rate measured at start (host: memcpy; disk: a cold read of a file in its directory).",
-            pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s; });
+            pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s; }, unmeasured);
 }
 
 // LMCache's names for the same values (see the table in metrics.h).
@@ -229,12 +240,69 @@ void AddLmcacheAliases(const NodeStats& s, Page& p) {
   p.Histogram("lmcache:time_to_lookup", "Alias of kdn_lookup_duration_seconds, under LMCache's name.", s.lookup_us);
 }
 
+// The process's own series, as Prometheus' client libraries name them
+// (their process collector reads the same files): /proc/self/stat's CPU
+// times, virtual size, resident pages and start time (in clock ticks after
+// boot: /proc/stat's btime), the open descriptors in /proc/self/fd, and the
+// descriptor limit. A file that cannot be read leaves its series out.
+void AddProcess(Page& p) {
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double page_bytes = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), {});
+  // After the command's closing parenthesis: field 3 (state) onward.
+  const std::size_t close = stat.rfind(')');
+  if (close != std::string::npos && ticks > 0) {
+    std::istringstream in(stat.substr(close + 2));
+    std::vector<std::string> f;
+    for (std::string x; in >> x;) f.push_back(x);
+    // f[0] is field 3; utime 14, stime 15, starttime 22, vsize 23, rss 24.
+    if (f.size() > 21) {
+      p.Counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+                (std::stod(f[11]) + std::stod(f[12])) / ticks);
+      p.Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", std::stod(f[20]));
+      p.Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", std::stod(f[21]) * page_bytes);
+      std::ifstream proc_stat("/proc/stat");
+      for (std::string line; std::getline(proc_stat, line);) {
+        if (line.rfind("btime ", 0) == 0) {
+          p.Gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                  std::stod(line.substr(6)) + std::stod(f[19]) / ticks);
+          break;
+        }
+      }
+    }
+  }
+  std::error_code ec;
+  double fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    ++fds;
+  }
+  if (!ec) p.Gauge("process_open_fds", "Number of open file descriptors.", fds);
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    p.Gauge("process_max_fds", "Maximum number of open file descriptors.", static_cast<double>(limit.rlim_cur));
+  }
+}
+
 }  // namespace
 
 std::string RenderPrometheus(const NodeStats& s, const PrometheusOptions& options) {
   Page page;
+  page.Gauge("kdn_build_info", "kdnd's version and the node protocol it speaks, as labels; the value is always 1.", 1.0,
+             {{"version", KDN_SERVER_VERSION}, {"protocol", std::to_string(wire::node::PROTOCOL_VERSION)}});
   AddNode(s, page);
   AddTiers(s, page);
+  if (options.kv_events) {
+    page.Counter("kdn_kv_events_queued_total", "KV events queued for the subscribers.",
+                 static_cast<double>(options.kv_events_queued));
+    page.Counter("kdn_kv_events_dropped_total",
+                 "KV events dropped: the publisher's queue was full (a subscriber that sees them has a gap).",
+                 static_cast<double>(options.kv_events_dropped));
+    page.Counter("kdn_kv_events_send_errors_total", "Batches of KV events the socket refused.",
+                 static_cast<double>(options.kv_events_send_errors));
+  }
+  if (options.process_metrics) AddProcess(page);
   if (options.lmcache_names) AddLmcacheAliases(s, page);
   return page.Serialize();
 }

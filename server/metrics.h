@@ -44,13 +44,17 @@
 // kdn-only series: kdn_get_chunks_total, kdn_get_misses_total,
 // kdn_get_bytes_total, kdn_put_chunks_total, kdn_put_bytes_total,
 // kdn_put_refused_total, kdn_deletes_total, kdn_auth_failures_total,
-// kdn_sessions, kdn_uptime_seconds, kdn_ttft_saved_seconds_total; per tier
-// {tier="<name>"}: kdn_tier_info{tier,kind,codec} (always 1),
+// kdn_sessions, kdn_uptime_seconds, kdn_ttft_saved_seconds_total,
+// kdn_build_info{version,protocol}, kdn_kv_events_{queued,dropped,send_errors}_total
+// (with KV events), the process_* series (PrometheusOptions::process_metrics);
+// per tier {index="<place in the chain>",tier="<name>"}:
+// kdn_tier_info{index,tier,kind,codec} (always 1),
 // kdn_tier_objects, kdn_tier_used_bytes, kdn_tier_capacity_bytes,
 // kdn_tier_high_watermark_ratio, kdn_tier_low_watermark_ratio, and the
 // counters kdn_tier_{hits,misses,puts,evictions,demotions_in,
 // promotions_in,corrupt_objects}_total, kdn_tier_written_bytes_total (bytes
-// stored into the tier) and kdn_tier_read_bytes_total (bytes served from it);
+// stored into the tier), kdn_tier_read_bytes_total (bytes served from it) and
+// kdn_tier_io_errors_total;
 // kdn_tier_limit_bytes_per_second (the read rate measured at start, for the
 // tiers measured: server.measure_tiers).
 //
@@ -66,6 +70,7 @@
 // lint-clean page.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/wire/node_stats.h"
@@ -75,6 +80,16 @@ namespace kdn::server {
 struct PrometheusOptions {
   // Also emit the LMCache-named aliases of the table above.
   bool lmcache_names = true;
+  // The serving process's own series, under the names Prometheus' client
+  // libraries give them (process_resident_memory_bytes,
+  // process_virtual_memory_bytes, process_cpu_seconds_total,
+  // process_open_fds, process_max_fds, process_start_time_seconds), read
+  // from /proc/self when the page is rendered: kdnd's /metrics sets it.
+  bool process_metrics = false;
+  // The KV event publisher's counts (kdn_kv_events_{queued,dropped,send_errors}_total),
+  // when the node publishes events.
+  bool kv_events = false;
+  std::uint64_t kv_events_queued = 0, kv_events_dropped = 0, kv_events_send_errors = 0;
 };
 
 // The /metrics body (Content-Type "text/plain; version=0.0.4").

@@ -131,7 +131,16 @@ class MetricsHttp final : public kj::HttpService {
       body = "only GET\n";
     } else if (url == "/metrics") {
       headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
-      body = RenderPrometheus(service_.Stats(), options_);
+      PrometheusOptions options = options_;
+      options.process_metrics = true;
+      if (const KvEventPublisher* events = service_.event_publisher()) {
+        const KvEventPublisher::Stats e = events->stats();
+        options.kv_events = true;
+        options.kv_events_queued = e.events_queued;
+        options.kv_events_dropped = e.events_dropped;
+        options.kv_events_send_errors = e.send_errors;
+      }
+      body = RenderPrometheus(service_.Stats(), options);
     } else if (url == "/healthz") {
       const bool serving = !service_.draining();
       status = serving ? 200 : 503;

@@ -50,6 +50,7 @@ constexpr std::pair<TierStat, std::uint64_t store::LevelStats::*> kLevelFields[]
     {TierStat::kCorruptDetected, &store::LevelStats::corrupt_detected},
     {TierStat::kBytesIn, &store::LevelStats::bytes_in},
     {TierStat::kBytesOut, &store::LevelStats::bytes_out},
+    {TierStat::kIoErrors, &store::LevelStats::io_errors},
 };
 static_assert(std::size(kLevelFields) == kTierStatCount, "every tier statistic comes from the chain");
 

@@ -177,6 +177,8 @@ class NodeService {
   // router forgets it, and relearns each such chunk as a BlockStored when a
   // get serves it (after which its eviction is announced too).
   void SetEventPublisher(KvEventPublisher* publisher);
+  // The publisher set there, or null.
+  const KvEventPublisher* event_publisher() const { return events_.load(); }
   store::TieredStore& chain() { return *chain_; }
 
  private:

@@ -42,8 +42,8 @@ $Cxx.namespace("kdn::wire::node");
 # knowledgeList, knowledgePin and knowledgeDelete, the error code notFound,
 # the limits maxDocIdBytes and maxMetadataBytes, and Stats.documents and
 # Stats.registryLoadFailures. Version 3 added TierStats.limitBytesPerS.
-# Version 4 added Session.report (RequestReport) and the Stats of engine
-# requests (engineLookups ... engineLoadHitTokens).
+# Version 4 added Session.report (RequestReport), the Stats of engine
+# requests (engineLookups ... engineLoadHitTokens) and TierStats.ioErrors.
 const protocolVersion :UInt32 = 4;
 
 # Limits the node enforces (a request beyond them gets tooLarge).
@@ -132,6 +132,7 @@ struct TierStats {
   highWatermark @15 :Float64;
   lowWatermark @16 :Float64;
   limitBytesPerS @17 :Float64;   # the tier's read rate measured at start (bytes/s); 0: not measured
+  ioErrors @18 :UInt64;          # (version 4) reads and writes of the tier that failed
 }
 
 struct Stats {

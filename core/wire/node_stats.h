@@ -137,10 +137,12 @@ enum class TierStat : std::uint8_t {
   kCorruptDetected,
   kBytesIn,
   kBytesOut,
+  kIoErrors,
   kCount
 };
 inline constexpr std::size_t kTierStatCount = static_cast<std::size_t>(TierStat::kCount);
-// Indexed by TierStat; each a series per tier, labelled tier="<name>".
+// Indexed by TierStat; each a series per tier, labelled tier="<name>" and
+// index="<its place in the chain>" (two tiers may share a name).
 inline constexpr StatDef kTierStats[kTierStatCount] = {
     {"objects", "kdn_tier_objects", "Objects the tier holds.", StatKind::kGauge},
     {"usedBytes", "kdn_tier_used_bytes", "Bytes the tier holds.", StatKind::kGauge},
@@ -157,6 +159,8 @@ inline constexpr StatDef kTierStats[kTierStatCount] = {
      "Objects that failed a check on read and were removed from the tier.", StatKind::kCounter},
     {"bytesIn", "kdn_tier_written_bytes_total", "Bytes stored into the tier.", StatKind::kCounter},
     {"bytesOut", "kdn_tier_read_bytes_total", "Bytes the tier served.", StatKind::kCounter},
+    {"ioErrors", "kdn_tier_io_errors_total", "Reads and writes of the tier that failed (a disk's I/O errors, say).",
+     StatKind::kCounter},
 };
 
 struct TierStatsSnapshot {

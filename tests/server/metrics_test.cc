@@ -6,6 +6,7 @@
 
 #include <capnp/message.h>
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -20,6 +22,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "core/wire/node.capnp.h"
 
 namespace kdn::server {
 namespace {
@@ -159,29 +163,29 @@ TEST(ServerMetrics, NodeCountersAndGauges) {
 
 TEST(ServerMetrics, PerTierSeries) {
   const std::string text = RenderPrometheus(Populated());
-  EXPECT_EQ(ValueOf(text, "kdn_tier_info{tier=\"host\",kind=\"host\",codec=\"raw\"}"), "1");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_info{tier=\"disk\",kind=\"disk\",codec=\"zstd\"}"), "1");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{tier=\"host\"}"), "40");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{tier=\"disk\"}"), "11");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_used_bytes{tier=\"disk\"}"), "70000");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_capacity_bytes{tier=\"host\"}"), "1048576");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_high_watermark_ratio{tier=\"host\"}"), "0.9");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_low_watermark_ratio{tier=\"host\"}"), "0.75");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_info{index=\"0\",tier=\"host\",kind=\"host\",codec=\"raw\"}"), "1");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_info{index=\"1\",tier=\"disk\",kind=\"disk\",codec=\"zstd\"}"), "1");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"0\",tier=\"host\"}"), "40");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"1\",tier=\"disk\"}"), "11");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_used_bytes{index=\"1\",tier=\"disk\"}"), "70000");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_capacity_bytes{index=\"0\",tier=\"host\"}"), "1048576");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_high_watermark_ratio{index=\"0\",tier=\"host\"}"), "0.9");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_low_watermark_ratio{index=\"0\",tier=\"host\"}"), "0.75");
   EXPECT_TRUE(HasLine(text, "# TYPE kdn_tier_hits_total counter"));
-  EXPECT_EQ(ValueOf(text, "kdn_tier_hits_total{tier=\"host\"}"), "7");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_misses_total{tier=\"host\"}"), "2");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_puts_total{tier=\"host\"}"), "41");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_evictions_total{tier=\"disk\"}"), "4");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_demotions_in_total{tier=\"disk\"}"), "5");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_promotions_in_total{tier=\"host\"}"), "3");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_corrupt_objects_total{tier=\"disk\"}"), "2");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_written_bytes_total{tier=\"host\"}"), "5000");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_read_bytes_total{tier=\"host\"}"), "900");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_hits_total{index=\"0\",tier=\"host\"}"), "7");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_misses_total{index=\"0\",tier=\"host\"}"), "2");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_puts_total{index=\"0\",tier=\"host\"}"), "41");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_evictions_total{index=\"1\",tier=\"disk\"}"), "4");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_demotions_in_total{index=\"1\",tier=\"disk\"}"), "5");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_promotions_in_total{index=\"0\",tier=\"host\"}"), "3");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_corrupt_objects_total{index=\"1\",tier=\"disk\"}"), "2");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_written_bytes_total{index=\"0\",tier=\"host\"}"), "5000");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_read_bytes_total{index=\"0\",tier=\"host\"}"), "900");
   // The limit: a gauge for the measured tiers only (0 would read as a tier
   // that delivers nothing).
   EXPECT_TRUE(HasLine(text, "# TYPE kdn_tier_limit_bytes_per_second gauge"));
-  EXPECT_EQ(ValueOf(text, "kdn_tier_limit_bytes_per_second{tier=\"host\"}"), "1500000000");
-  EXPECT_EQ(ValueOf(text, "kdn_tier_limit_bytes_per_second{tier=\"disk\"}"), "<absent>");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_limit_bytes_per_second{index=\"0\",tier=\"host\"}"), "1500000000");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_limit_bytes_per_second{index=\"1\",tier=\"disk\"}"), "<absent>");
   // No tier measured: no family at all (a HELP/TYPE block with no samples).
   NodeStats unmeasured = Populated();
   unmeasured.tiers[0].limit_bytes_per_s = 0;
@@ -240,11 +244,64 @@ TEST(ServerMetrics, ShortBucketListFromAnOlderPeerKeepsWhatItHas) {
   EXPECT_EQ(ValueOf(text, "kdn_put_duration_seconds_bucket{le=\"+Inf\"}"), "4");
 }
 
+// Two tiers of one name (two disks) were one series to Prometheus, which
+// dropped the second as a duplicate: each series carries the tier's place.
+TEST(ServerMetrics, TwoTiersOfOneNameAreTwoSeries) {
+  NodeStats s = Populated();
+  s.tiers[0].name = "disk";
+  const std::string text = RenderPrometheus(s);
+  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"0\",tier=\"disk\"}"), "40");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"1\",tier=\"disk\"}"), "11");
+  EXPECT_EQ(ValueOf(text, "kdn_tier_info{index=\"0\",tier=\"disk\",kind=\"host\",codec=\"raw\"}"), "1");
+}
+
+TEST(ServerMetrics, BuildInfoTierIoErrorsAndKvEvents) {
+  NodeStats s = Populated();
+  s.tiers[1][TierStat::kIoErrors] = 3;
+  PrometheusOptions o;
+  std::string text = RenderPrometheus(s, o);
+  EXPECT_EQ(ValueOf(text, "kdn_build_info{version=\"" KDN_TEST_VERSION "\",protocol=\"" +
+                              std::to_string(wire::node::PROTOCOL_VERSION) + "\"}"),
+            "1")
+      << text;
+  EXPECT_EQ(ValueOf(text, "kdn_tier_io_errors_total{index=\"1\",tier=\"disk\"}"), "3");
+  EXPECT_EQ(text.find("kdn_kv_events_"), std::string::npos);  // no publisher: no series
+  EXPECT_EQ(text.find("process_"), std::string::npos);
+  o.kv_events = true;
+  o.kv_events_queued = 10;
+  o.kv_events_dropped = 2;
+  text = RenderPrometheus(s, o);
+  EXPECT_EQ(ValueOf(text, "kdn_kv_events_queued_total"), "10");
+  EXPECT_EQ(ValueOf(text, "kdn_kv_events_dropped_total"), "2");
+  EXPECT_EQ(ValueOf(text, "kdn_kv_events_send_errors_total"), "0");
+}
+
+// The process's series, as Prometheus' client libraries name them, read
+// from /proc/self: this test process's own.
+TEST(ServerMetrics, ProcessSeriesAreThisProcesses) {
+  PrometheusOptions o;
+  o.process_metrics = true;
+  const std::string text = RenderPrometheus(NodeStats{}, o);
+  const auto number = [&](const std::string& name) {
+    const std::string v = ValueOf(text, name);
+    return v == "<absent>" ? -1.0 : std::stod(v);
+  };
+  EXPECT_GT(number("process_resident_memory_bytes"), 1e6) << text;
+  EXPECT_GE(number("process_virtual_memory_bytes"), number("process_resident_memory_bytes"));
+  EXPECT_GE(number("process_cpu_seconds_total"), 0.0);
+  EXPECT_GE(number("process_open_fds"), 3.0);  // stdin, stdout, stderr at least
+  EXPECT_GE(number("process_max_fds"), number("process_open_fds"));
+  // Started after 2020 and not in the future.
+  EXPECT_GT(number("process_start_time_seconds"), 1.58e9);
+  EXPECT_LE(number("process_start_time_seconds"), static_cast<double>(std::time(nullptr)) + 1);
+  EXPECT_TRUE(HasLine(text, "# TYPE process_cpu_seconds_total counter"));
+}
+
 TEST(ServerMetrics, TierNameIsEscapedInLabels) {
   NodeStats s = Populated();
   s.tiers[1].name = "dis\"k\\2\nx";
   const std::string text = RenderPrometheus(s);
-  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{tier=\"dis\\\"k\\\\2\\nx\"}"), "11") << text;
+  EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"1\",tier=\"dis\\\"k\\\\2\\nx\"}"), "11") << text;
   EXPECT_EQ(text.find("dis\"k"), std::string::npos);
 }
 
@@ -465,7 +522,7 @@ TEST(StatsSchema, EveryStatisticTravelsByItsFieldAndIsRendered) {
   }
   fields.clear();
   for (std::size_t k = 0; k < kTierStatCount; ++k) {
-    EXPECT_EQ(ValueOf(text, std::string(kTierStats[k].metric) + "{tier=\"host\"}"), std::to_string(2000 + k))
+    EXPECT_EQ(ValueOf(text, std::string(kTierStats[k].metric) + "{index=\"0\",tier=\"host\"}"), std::to_string(2000 + k))
         << kTierStats[k].metric;
     EXPECT_TRUE(fields.insert(kTierStats[k].wire).second) << kTierStats[k].wire;
     EXPECT_TRUE(series.insert(kTierStats[k].metric).second) << kTierStats[k].metric;

@@ -759,6 +759,11 @@ TEST_F(KdnNodeTest, MetricsAndHealthOverHttp) {
   EXPECT_EQ(status, 200u);
   EXPECT_NE(metrics.find("kdn_"), std::string::npos);
   EXPECT_NE(metrics.find("lmcache:"), std::string::npos);
+  // The serving process's own series and the build's, on a live scrape.
+  EXPECT_NE(metrics.find("\nkdn_build_info{version=\""), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nprocess_resident_memory_bytes "), std::string::npos);
+  EXPECT_NE(metrics.find("\nprocess_open_fds "), std::string::npos);
+  EXPECT_NE(metrics.find("\nkdn_tier_io_errors_total{index=\"0\",tier=\"host\"} 0"), std::string::npos);
   EXPECT_EQ(get("/healthz", status).empty(), false);
   EXPECT_EQ(status, 200u);
   get("/nothing", status);
@@ -833,7 +838,17 @@ TEST_F(KdnNodeTest, HitRatiosCountEngineRequestsNotProbes) {
     std::vector<float> out(ref_.canonical.size() / T * tokens.size());
     auto out_views =
         store::ResolvedViews::Resolve(ref_.m, std::vector<store::ViewSpec>{Canonical(out)}, tokens.size()).value();
-    EXPECT_EQ(reader->Retrieve(ref_.m, "tenant-a", keys, out_views).value().tokens, found.tokens) << extra;
+    const auto got = reader->Retrieve(ref_.m, "tenant-a", keys, out_views).value();
+    {
+      auto& rt = dynamic_cast<store::RemoteTier&>(reader->store().chain().tier(0));
+      const store::RemoteCounters rc = rt.remote_counters();
+      const store::TierCounters tc = rt.counters();
+      EXPECT_EQ(got.tokens, found.tokens) << extra << " covered " << got.covered << " calls " << rc.calls << " failed "
+                                          << rc.failed_calls << " timeouts " << rc.timeouts << " past " << rc.past_deadline
+                                          << " skips " << rc.down_skips << " ahead " << rc.reads_ahead << "/"
+                                          << rc.reads_ahead_used << "/" << rc.reads_ahead_dropped << " corrupt "
+                                          << tc.corrupt_detected << " io " << tc.io_errors;
+    }
   }
   reader->store().chain().Flush();  // the reports sent
   // The engine's own view (kdn_stats) and the node's agree exactly.

@@ -160,8 +160,8 @@ TEST_F(TierLimitsTest, AKdndReportsItsHostAndDiskTiersMeasuredLimits) {
   EXPECT_TRUE(fs::is_empty(dir_ / "disk" / "tmp"));
   // And /metrics carries each as a gauge.
   const std::string text = RenderPrometheus(s);
-  for (const char* tier : {"host", "disk"}) {
-    EXPECT_NE(text.find(std::string("kdn_tier_limit_bytes_per_second{tier=\"") + tier + "\"}"), std::string::npos)
+  for (const char* tier : {"index=\"0\",tier=\"host\"", "index=\"1\",tier=\"disk\""}) {
+    EXPECT_NE(text.find(std::string("kdn_tier_limit_bytes_per_second{") + tier + "}"), std::string::npos)
         << tier << "\n" << text;
   }
 }
