@@ -932,10 +932,18 @@ void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, co
         previous = kj::mv(outcome);
       }
       sent = true;
-      return lookup.then([&prefix, cancels = cancels.finish()](capnp::Response<node::Session::LookupResults>&& r) mutable {
+      return lookup.then([&prefix, &ahead, impl, cancels = cancels.finish()](
+                             capnp::Response<node::Session::LookupResults>&& r) mutable {
         if (r.getError().getCode() != node::ErrorCode::OK) kj::throwFatalException(CallError(r.getError()));
         if (r.getResults().size() == 1) prefix = r.getResults()[0].getPrefix();
-        for (size_t i = prefix; i < cancels.size(); ++i) cancels[i]->fulfill();
+        for (size_t i = prefix; i < cancels.size(); ++i) {
+          // Ended here, before this call returns: the cancel's own
+          // continuation runs later on this loop, and a walk that asked
+          // Contains meanwhile took the key as held ("being read ahead"),
+          // then missed it on Get and lost the tail pieces after it.
+          if (ahead[i]) impl->Finish(*ahead[i], false);
+          cancels[i]->fulfill();
+        }
       });
     });
   } catch (const kj::Exception&) {
