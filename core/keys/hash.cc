@@ -8,9 +8,14 @@
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <sys/random.h>
+#include <xxhash.h>
 
 #include <bit>
+#include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -257,6 +262,30 @@ Digest NamespaceHash(std::string_view ns) {
   Hasher h;
   h.Str("kdn-namespace-v1").Str(ns);
   return h.Finish();
+}
+
+namespace {
+// XXH3's secret: 192 random bytes (it needs at least XXH3_SECRET_SIZE_MIN).
+struct HashSecret {
+  alignas(64) std::uint8_t bytes[192];
+  HashSecret() {
+    size_t got = 0;
+    while (got < sizeof bytes) {
+      const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+      else if (n < 0 && errno != EINTR) break;
+    }
+    if (got < sizeof bytes) {  // no getrandom (an old kernel): std::random_device
+      std::random_device rd;
+      for (size_t i = got; i < sizeof bytes; ++i) bytes[i] = static_cast<std::uint8_t>(rd());
+    }
+  }
+};
+}  // namespace
+
+size_t DigestHash::operator()(const Digest& d) const noexcept {
+  static const HashSecret secret;
+  return static_cast<size_t>(XXH3_64bits_withSecret(d.data(), d.size(), secret.bytes, sizeof secret.bytes));
 }
 
 }  // namespace kdn::keys

@@ -15,13 +15,14 @@ namespace kdn::keys {
 
 using Digest = std::array<std::uint8_t, 32>;
 
+// The hash of a digest in kdn's hash tables. Keys reach those tables from
+// clients (a kdnd tenant's puts, lookups and documents name keys of their
+// choosing), so the value is a keyed hash (XXH3 under a secret drawn at
+// process start), never bytes of the digest itself: keys crafted to share
+// their leading bytes would otherwise all land in one bucket and make each
+// insert and find cost the whole table. Values differ between processes.
 struct DigestHash {
-  size_t operator()(const Digest& d) const noexcept {
-    size_t h;
-    static_assert(sizeof h <= sizeof(Digest));
-    __builtin_memcpy(&h, d.data(), sizeof h);  // a cryptographic digest is uniform already
-    return h;
-  }
+  size_t operator()(const Digest& d) const noexcept;
 };
 
 std::string ToHex(const Digest& d);
