@@ -126,15 +126,16 @@ KvEventPublisher::~KvEventPublisher() {
 
 void KvEventPublisher::BlockStored(std::vector<std::vector<std::uint8_t>> block_hashes,
                                    std::optional<std::vector<std::uint8_t>> parent, std::vector<std::int32_t> token_ids,
-                                   std::uint32_t block_size) {
-  Enqueue(Event{Kind::kStored, std::move(block_hashes), std::move(parent), std::move(token_ids), block_size});
+                                   std::uint32_t block_size, std::string medium) {
+  Enqueue(Event{Kind::kStored, std::move(block_hashes), std::move(parent), std::move(token_ids), block_size,
+                std::move(medium)});
 }
 
-void KvEventPublisher::BlockRemoved(std::vector<std::vector<std::uint8_t>> hashes) {
-  Enqueue(Event{Kind::kRemoved, std::move(hashes), std::nullopt, {}, 0});
+void KvEventPublisher::BlockRemoved(std::vector<std::vector<std::uint8_t>> hashes, std::string medium) {
+  Enqueue(Event{Kind::kRemoved, std::move(hashes), std::nullopt, {}, 0, std::move(medium)});
 }
 
-void KvEventPublisher::AllBlocksCleared() { Enqueue(Event{Kind::kCleared, {}, std::nullopt, {}, 0}); }
+void KvEventPublisher::AllBlocksCleared() { Enqueue(Event{Kind::kCleared, {}, std::nullopt, {}, 0, {}}); }
 
 void KvEventPublisher::Enqueue(Event e) {
   bool wake;
@@ -212,15 +213,19 @@ std::string KvEventPublisher::Encode(const std::vector<Event>& events, double ts
   pk.pack_array(3);  // EventBatch: [ts, events, data_parallel_rank]
   pk.pack_double(ts);
   pk.pack_array(static_cast<std::uint32_t>(events.size()));
+  const bool group = options_.group_idx.has_value();
   for (const Event& e : events) {
+    const std::string& medium = e.medium.empty() ? options_.medium : e.medium;
     switch (e.kind) {
       case Kind::kStored:
-        // Fields in vLLM's declaration order; the tag first.
+        // Fields in vLLM's declaration order; the tag first. group_idx
+        // follows extra_keys: a map leaves extra_keys out (its default, as
+        // msgspec's omit_defaults does), an array holds its place with nil.
         if (map) {
-          pk.pack_map(8);
+          pk.pack_map(group ? 9 : 8);
           PackStr(pk, "type");
         } else {
-          pk.pack_array(8);
+          pk.pack_array(group ? 10 : 8);
         }
         PackStr(pk, "BlockStored");
         if (map) PackStr(pk, "block_hashes");
@@ -239,22 +244,34 @@ std::string KvEventPublisher::Encode(const std::vector<Event>& events, double ts
         if (map) PackStr(pk, "lora_id");
         pk.pack_nil();
         if (map) PackStr(pk, "medium");
-        PackStr(pk, options_.medium);
+        PackStr(pk, medium);
         if (map) PackStr(pk, "lora_name");
         pk.pack_nil();
+        if (group) {
+          if (map) {
+            PackStr(pk, "group_idx");
+          } else {
+            pk.pack_nil();  // extra_keys
+          }
+          pk.pack_int64(*options_.group_idx);
+        }
         break;
       case Kind::kRemoved:
         if (map) {
-          pk.pack_map(3);
+          pk.pack_map(group ? 4 : 3);
           PackStr(pk, "type");
         } else {
-          pk.pack_array(3);
+          pk.pack_array(group ? 4 : 3);
         }
         PackStr(pk, "BlockRemoved");
         if (map) PackStr(pk, "block_hashes");
         PackHashes(pk, e.hashes, form);
         if (map) PackStr(pk, "medium");
-        PackStr(pk, options_.medium);
+        PackStr(pk, medium);
+        if (group) {
+          if (map) PackStr(pk, "group_idx");
+          pk.pack_int64(*options_.group_idx);
+        }
         break;
       case Kind::kCleared:
         if (map) {

@@ -25,30 +25,34 @@
 //        copies and every consumer we read (Dynamo, llm-d, SGLang's router,
 //        kthena, late 2026) have the batch as this array.
 //
-//   Events are msgspec tagged structs (tag=True: the tag is the class name).
-//   Since vLLM PR #42892 (merged June 2026; v0.22/v0.23 still used arrays,
-//   v0.26 sends maps) an event is a map whose first key is "type":
+//   Events are msgspec tagged structs (tag=True: the tag is the class name)
+//   with omit_defaults. Since vLLM PR #42892 (merged June 2026; v0.22/v0.23
+//   still used arrays, v0.26 sends maps) an event is a map whose first key is
+//   "type", the fields after it in declaration order:
 //     {"type": "BlockStored", "block_hashes": [h...], "parent_block_hash": h|nil,
 //      "token_ids": [int...], "block_size": int, "lora_id": nil,
-//      "medium": str, "lora_name": nil}
-//     {"type": "BlockRemoved", "block_hashes": [h...], "medium": str}
+//      "medium": str, "lora_name": nil, "group_idx": int}
+//     {"type": "BlockRemoved", "block_hashes": [h...], "medium": str, "group_idx": int}
 //     {"type": "AllBlocksCleared"}
-//   Keys come in declaration order. msgspec's omit_defaults drops fields
-//   whose value is their default; vLLM's later BlockStored fields
-//   (extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
-//   event_version, locality, ownership) all have defaults and kdnd leaves
-//   them out, as vLLM does when they are at their default. The fields up to
-//   lora_name have no default and are always sent, nil or not.
+//   vLLM's declaration (late 2026): BlockStored's block_hashes,
+//   parent_block_hash, token_ids, block_size, lora_id, medium, lora_name
+//   have no default (always sent); then extra_keys, group_idx,
+//   kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership,
+//   session_id default to None. BlockRemoved: block_hashes, medium; then
+//   group_idx, locality, ownership. A field at its default is left out of a
+//   map: kdnd leaves out all but group_idx (KvEventOptions::group_idx; null
+//   leaves it out too).
 //
 //   Before PR #42892 (array_like=True on the events too) an event was an
-//   array whose first element is the tag, then the fields in order:
-//     ["BlockStored", [h...], parent|nil, [tokens...], block_size, nil, medium, nil]
-//     ["BlockRemoved", [h...], medium]
+//   array whose first element is the tag, then the fields in order, up to
+//   the last one not at its default:
+//     ["BlockStored", [h...], parent|nil, [tokens...], block_size, nil, medium, nil, nil, group_idx]
+//     ["BlockRemoved", [h...], medium, group_idx]
 //     ["AllBlocksCleared"]
-//   KvEventEncoding::kTaggedArray sends that, for routers that only read
-//   the old form (msgspec ignores trailing elements a reader does not know,
-//   so readers of the older, shorter forms, before medium or lora_name were
-//   added, read it too).
+//   (BlockStored's ninth element is extra_keys, nil, holding group_idx's
+//   place.) KvEventEncoding::kTaggedArray sends that, for routers that only
+//   read the old form (msgspec ignores trailing elements a reader does not
+//   know, so readers of the older, shorter forms read it too).
 //
 // Block hashes: vLLM's ExternalBlockHash is `bytes | int`. A vLLM block hash
 // is a 32-byte SHA-256 digest; by default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
@@ -68,9 +72,12 @@
 // token_ids (Dynamo computes its block hashes from them) cannot index such a
 // block and will not route by it.
 //
-// medium: vLLM names where a block lives ("GPU" for its own cache; "CPU" and
-// "STORAGE" for offloaded tiers). kdnd's blocks are outside the engine, in
-// host memory or on disk: the default is "CPU".
+// medium: vLLM names where a block lives ("GPU" for its own cache, "CPU"
+// for CPU offloading). Each event names one medium: kdnd announces a block
+// per tier, as each tier takes and loses it ("CPU" for host memory, "DISK",
+// "GPU", "REDIS", "REMOTE"; server/service.cc), so a router can tell a hit
+// in host memory from one on disk. KvEventOptions::medium names the medium
+// of calls that give none.
 //
 // Left out: vLLM's optional replay socket (a ROUTER that resends buffered
 // batches from a sequence number on request). A subscriber that sees a gap
@@ -114,7 +121,13 @@ enum class KvBlockHashForm {
 struct KvEventOptions {
   KvEventEncoding encoding = KvEventEncoding::kTaggedMap;
   KvBlockHashForm hash_form = KvBlockHashForm::kBytes;
+  // The medium of events that name none.
   std::string medium = "CPU";
+  // group_idx of BlockStored and BlockRemoved: the KV cache group of the
+  // blocks. A kdn chunk holds every layer of its model, the one group of a
+  // model whose layers all share a cache (vLLM's group 0). Null: the field is
+  // left out (msgspec's default, None), as vLLM did before groups were sent.
+  std::optional<std::int64_t> group_idx = 0;
   std::int64_t data_parallel_rank = 0;
   // Events waiting to be sent; past this the oldest is dropped (and counted),
   // so a stalled thread never grows memory without bound.
@@ -154,9 +167,11 @@ class KvEventPublisher {
   // block_hashes: one key per block, in sequence order; parent: the key of
   // the block before the first (nullopt: the blocks start a sequence);
   // token_ids: the blocks' tokens, or empty when unknown.
+  // medium: where the blocks are (or were), "CPU", "DISK", ...; empty:
+  // KvEventOptions::medium.
   void BlockStored(std::vector<std::vector<std::uint8_t>> block_hashes, std::optional<std::vector<std::uint8_t>> parent,
-                   std::vector<std::int32_t> token_ids, std::uint32_t block_size);
-  void BlockRemoved(std::vector<std::vector<std::uint8_t>> hashes);
+                   std::vector<std::int32_t> token_ids, std::uint32_t block_size, std::string medium = {});
+  void BlockRemoved(std::vector<std::vector<std::uint8_t>> hashes, std::string medium = {});
   void AllBlocksCleared();
 
   // Returns once every event queued before the call has been handed to the
@@ -175,6 +190,7 @@ class KvEventPublisher {
     std::optional<std::vector<std::uint8_t>> parent;
     std::vector<std::int32_t> token_ids;
     std::uint32_t block_size = 0;
+    std::string medium;  // empty: options_.medium
   };
 
   KvEventPublisher(void* ctx, void* socket, std::string endpoint, std::string topic, KvEventOptions options);

@@ -65,6 +65,20 @@ std::string KindName(store::TierSpec::Kind k) {
   return "unknown";
 }
 
+// The `medium` of KV events about a tier's blocks, in vLLM's upper-case
+// style ("GPU", "CPU" are vLLM's own; it says "STORAGE" for offloaded
+// storage in general, kdnd names the kind).
+std::string Medium(store::TierSpec::Kind k) {
+  switch (k) {
+    case store::TierSpec::Kind::kHost: return "CPU";
+    case store::TierSpec::Kind::kDevice: return "GPU";
+    case store::TierSpec::Kind::kDisk: return "DISK";
+    case store::TierSpec::Kind::kRemote: return "REMOTE";
+    case store::TierSpec::Kind::kRedis: return "REDIS";
+  }
+  return "CPU";
+}
+
 }  // namespace
 
 // ---- The service ----------------------------------------------------------------
@@ -76,6 +90,7 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   store::TieredStoreOptions to;
   to.pass_through = true;
   to.on_drop = [p = s.get()](const keys::Digest& object) { p->Dropped(object); };
+  to.on_level = [p = s.get()](const keys::Digest& object, size_t level, bool held) { p->LevelChanged(object, level, held); };
   to.clock = options.clock;
   std::shared_ptr<const wire::ChunkSealer> sealer;
   if (!options.secret_file.empty()) {
@@ -101,6 +116,7 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
   if (!chain.ok()) return chain.status();
   s->chain_ = std::move(chain).value();
   s->specs_ = std::move(specs);
+  for (const store::TierSpec& spec : s->specs_) s->media_.push_back(Medium(spec.kind));
   s->tier_limits_.assign(s->specs_.size(), 0.0);
   if (options.measure_tiers) {
     // After the tiers are open (a disk tier's tmp/ exists then), before the
@@ -250,9 +266,31 @@ void NodeService::Learned(const keys::Digest& object, const keys::Digest& key, s
   if (!events) return;
   {
     std::lock_guard<std::mutex> lock(client_keys_mu_);
-    if (!client_keys_.emplace(object, key).second) return;  // known: announced when it was put
+    if (!client_keys_.emplace(object, ClientKey{key, tokens}).second) return;  // known: announced as it moved
   }
-  events->BlockStored({std::vector<std::uint8_t>(key.begin(), key.end())}, std::nullopt, {}, tokens);
+  // Where it is now, tier by tier. A move between the lookups and the
+  // insertion above is announced by LevelChanged, which now knows the key.
+  for (size_t i = 0; i < chain_->levels(); ++i) {
+    if (chain_->ContainsAt(i, object)) events->BlockStored({std::vector<std::uint8_t>(key.begin(), key.end())}, std::nullopt, {}, tokens, media_[i]);
+  }
+}
+
+void NodeService::LevelChanged(const keys::Digest& object, size_t level, bool held) {
+  KvEventPublisher* events = events_.load();
+  if (!events || level >= media_.size()) return;
+  ClientKey ck;
+  {
+    std::lock_guard<std::mutex> lock(client_keys_mu_);
+    auto it = client_keys_.find(object);
+    if (it == client_keys_.end()) return;  // found at start, not served since: routers were told to forget it
+    ck = it->second;
+  }
+  std::vector<std::vector<std::uint8_t>> hashes{std::vector<std::uint8_t>(ck.key.begin(), ck.key.end())};
+  if (held) {
+    events->BlockStored(std::move(hashes), std::nullopt, {}, ck.tokens, media_[level]);
+  } else {
+    events->BlockRemoved(std::move(hashes), media_[level]);
+  }
 }
 
 store::ChunkRef NodeService::Get(const keys::Digest& ns, const keys::Digest& key) {
@@ -335,52 +373,44 @@ Status NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t> en
       filed->envelope_bytes = envelope.size();
     }
   }
+  KvEventPublisher* events = events_.load();
+  if (events) {
+    // Before the put: the tiers announce the object under this key as they take it (LevelChanged).
+    std::lock_guard<std::mutex> lock(client_keys_mu_);
+    client_keys_[filed->meta.key] = ClientKey{key, c->meta.tokens};
+  }
   Status st = chain_->Put(filed);
   if (!st.ok()) {
+    if (events) {
+      bool held = false;
+      for (size_t i = 0; i < chain_->levels() && !held; ++i) held = chain_->ContainsAt(i, filed->meta.key);
+      std::lock_guard<std::mutex> lock(client_keys_mu_);
+      if (!held) client_keys_.erase(filed->meta.key);
+    }
     Count(NodeStat::kPutRefused);
     return Status(st.code() == Code::kBusy ? Code::kBusy : Code::kInternal, st.message());
   }
   Count(NodeStat::kPutChunks);
   Count(NodeStat::kPutBytes, envelope.size());
   registry_->Stored(ns, key);
-  if (KvEventPublisher* events = events_.load()) {
-    {
-      std::lock_guard<std::mutex> lock(client_keys_mu_);
-      client_keys_[filed->meta.key] = key;
-    }
-    events->BlockStored({std::vector<std::uint8_t>(key.begin(), key.end())}, std::nullopt, {}, c->meta.tokens);
-  }
   return Status::Ok();
 }
 
 void NodeService::Dropped(const keys::Digest& object) {
-  KvEventPublisher* events = events_.load();
-  if (!events) return;
-  keys::Digest key;
-  {
-    std::lock_guard<std::mutex> lock(client_keys_mu_);
-    auto it = client_keys_.find(object);
-    if (it == client_keys_.end()) return;
-    key = it->second;
-    client_keys_.erase(it);
-  }
-  events->BlockRemoved({std::vector<std::uint8_t>(key.begin(), key.end())});
+  // Its removal from the last tier holding it was announced (LevelChanged).
+  std::lock_guard<std::mutex> lock(client_keys_mu_);
+  client_keys_.erase(object);
 }
 
 std::uint32_t NodeService::Delete(const keys::Digest& ns, std::span<const keys::Digest> keys) {
   std::uint32_t n = 0;
-  std::vector<std::vector<std::uint8_t>> removed;
   for (const keys::Digest& k : keys) {
     const keys::Digest object = ObjectKey(ns, k);
-    if (chain_->Erase(object)) {
-      ++n;
-      removed.emplace_back(k.begin(), k.end());
-      std::lock_guard<std::mutex> lock(client_keys_mu_);
-      client_keys_.erase(object);
-    }
+    if (chain_->Erase(object)) ++n;  // each tier that held it announces it (LevelChanged)
+    std::lock_guard<std::mutex> lock(client_keys_mu_);
+    client_keys_.erase(object);
   }
   Count(NodeStat::kDeletes, n);
-  if (KvEventPublisher* events = events_.load(); events && !removed.empty()) events->BlockRemoved(std::move(removed));
   return n;
 }
 

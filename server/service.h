@@ -19,7 +19,8 @@
 // its checks), kBusy (no room), kUnavailable (draining), kTooLarge and
 // kNotFound (the registry's), kInternal.
 // Thread-safety: NodeService's members may be called from any thread. Lock
-// order: the registry's locks, then client_keys_mu_ or the chain's own.
+// order: the registry's locks, then the chain's own, then client_keys_mu_
+// (LevelChanged runs under a tier's write lock).
 #pragma once
 
 #include <array>
@@ -198,16 +199,25 @@ class NodeService {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<bool> draining_{false};
   std::atomic<KvEventPublisher*> events_{nullptr};
-  // The client's key of each object the node filed since it started, or
-  // served since (objects a restart found on disk enter it when a get serves
-  // them), for KV events about evictions; an object evicted before that is
-  // not announced (AllBlocksCleared at start made routers forget it).
+  // KV events. The client's key (and tokens) of each object the node filed
+  // since it started, or served since (objects a restart found on disk
+  // enter it when a get serves them): a tier taking or losing such an object
+  // is announced under that key with the tier's medium (media_: "CPU",
+  // "DISK", ... by tier); an object not known so is not announced
+  // (AllBlocksCleared at start made routers forget it).
+  struct ClientKey {
+    keys::Digest key{};
+    std::uint32_t tokens = 0;
+  };
+  std::vector<std::string> media_;
+  void LevelChanged(const keys::Digest& object, size_t level, bool held);
+  // Forgets the key of an object no tier holds any more.
   void Dropped(const keys::Digest& object);
   // A get served `object` as the client's `key`: learned (and announced as
-  // stored) when the node did not know that key yet.
+  // held by the tiers holding it) when the node did not know that key yet.
   void Learned(const keys::Digest& object, const keys::Digest& key, std::uint32_t tokens);
   std::mutex client_keys_mu_;
-  std::unordered_map<keys::Digest, keys::Digest, keys::DigestHash> client_keys_;
+  std::unordered_map<keys::Digest, ClientKey, keys::DigestHash> client_keys_;
   // The counters of NodeStat (core/wire/node_stats.h) the service counts;
   // the gauges (sessions, documents) and the registry's are read in Stats.
   void Count(NodeStat s, std::uint64_t n = 1) { counts_[static_cast<std::size_t>(s)].fetch_add(n, std::memory_order_relaxed); }

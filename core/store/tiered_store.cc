@@ -45,6 +45,7 @@ TieredStore::TieredStore(TieredStoreOptions& o)
       editor_(std::move(o.editor)),
       pass_through_(o.pass_through),
       on_drop_(std::move(o.on_drop)),
+      on_level_(std::move(o.on_level)),
       queue_objects_(std::max<size_t>(1, o.mover_queue_objects)),
       queue_bytes_(std::max<std::uint64_t>(1, o.mover_queue_bytes)) {}
 
@@ -197,11 +198,12 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
         in_transit_[*victim] = {ref, li + 1};
       }
     }
-    L.tier->Erase(*victim);
+    const bool erased = L.tier->Erase(*victim);
     {
       std::lock_guard<std::mutex> lock(L.policy_mu);
       L.policy->OnRemove(*victim);
     }
+    if (erased && on_level_) on_level_(*victim, li, false);
     ++L.evictions;
     if (!next_exists) dropped.push_back(*victim);
     if (ref) victims.push_back(std::move(ref));
@@ -257,6 +259,7 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
         L.policy->OnInsert(key, cost, PrefillValue(stored->meta));
       }
       inserted = true;
+      if (on_level_) on_level_(key, li, true);
       ++L.puts;
       L.bytes_in += cost;
       if (why == JobKind::kDemote) ++L.demotions_in;
@@ -416,7 +419,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form, const ReadCon
         // tier removes objects that fail its own checks (counted in Canonical).
         // A write (rare): under the write lock, as every removal.
         std::lock_guard<std::mutex> write_lock(L.write_mu);
-        L.tier->Erase(key, ctx);
+        if (L.tier->Erase(key, ctx) && on_level_) on_level_(key, i, false);
         std::lock_guard<std::mutex> lock(L.policy_mu);
         L.policy->OnRemove(key);
       }
@@ -473,7 +476,7 @@ void TieredStore::RecordDecode(size_t li, const keys::Digest& key, const Status&
   if (outcome.code() != Code::kCorrupt) return;
   ++L.decode_failures;
   std::lock_guard<std::mutex> write_lock(L.write_mu);
-  L.tier->Erase(key);
+  if (L.tier->Erase(key) && on_level_) on_level_(key, li, false);
   std::lock_guard<std::mutex> lock(L.policy_mu);
   L.policy->OnRemove(key);
 }
@@ -512,8 +515,17 @@ bool TieredStore::EraseMany(std::span<const keys::Digest> keys, const ReadContex
     std::lock_guard<std::mutex> lock(transit_mu_);
     for (const keys::Digest& k : keys) any = in_transit_.erase(k) != 0 || any;
   }
-  for (auto& level : levels_) {
+  for (size_t li = 0; li < levels_.size(); ++li) {
+    auto& level = levels_[li];
     std::lock_guard<std::mutex> write_lock(level->write_mu);
+    if (on_level_) {  // which of them this level holds, to tell (an erase is rare; a lookup each is cheap)
+      for (const keys::Digest& k : keys) {
+        if (level->tier->Contains(k, ctx) && level->tier->Erase(k, ctx)) {
+          any = true;
+          on_level_(k, li, false);
+        }
+      }
+    }
     if (level->tier->EraseMany(keys, ctx) > 0) any = true;
     std::lock_guard<std::mutex> lock(level->policy_mu);
     for (const keys::Digest& k : keys) level->policy->OnRemove(k);
@@ -610,6 +622,7 @@ bool TieredStore::ReplaceEverywhere(const ChunkRef& edited, const std::vector<Ch
     if (form && level->tier->Put(form).ok()) {
       placed = true;
     } else {
+      if (on_level_) on_level_(edited->meta.key, li, false);
       std::lock_guard<std::mutex> lock(level->policy_mu);
       level->policy->OnRemove(edited->meta.key);
     }

@@ -99,6 +99,15 @@ struct TieredStoreOptions {
   // to (evicted from the last level, or a demotion no lower level took),
   // outside the store's locks. Erase does not call it.
   std::function<void(const keys::Digest&)> on_drop;
+  // Told each time a level comes to hold an object (a put, a write-through
+  // copy, a demotion or a promotion into it: held true) and each time it
+  // stops holding one the store removed (evicted or demoted out, erased,
+  // found not to decode: held false), with the level's index. Called under
+  // that level's write lock, so the calls for one level come in the order
+  // its contents changed: it must be quick (queue and return) and must not
+  // call the store. Not told: objects a tier drops on its own (a failed
+  // checksum on read, a Redis key that expired) and objects found at start.
+  std::function<void(const keys::Digest& key, size_t level, bool held)> on_level;
 };
 
 struct LevelStats {
@@ -289,6 +298,7 @@ class TieredStore {
   std::shared_ptr<ChunkEditor> editor_;
   bool pass_through_ = false;
   std::function<void(const keys::Digest&)> on_drop_;
+  std::function<void(const keys::Digest&, size_t, bool)> on_level_;
   std::vector<std::unique_ptr<Level>> levels_;
 
   mutable std::mutex lease_mu_;

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@
 
 #include "cli_runner.h"
 #include "server/kv_events.h"
+#include "server/registry.h"
 #include "server/service.h"
 #include "core/wire/envelope.h"
 
@@ -220,8 +222,10 @@ TEST(ServerKvEvents, EachKindIsATaggedMapInVllmFieldOrder) {
     EXPECT_EQ(b.dp_rank, 0);
     ASSERT_EQ(b.events.size(), 1u);
     const msgpack::object& e = b.events[0];
+    // extra_keys, at its default (None), is left out as msgspec's
+    // omit_defaults leaves it; group_idx, set, follows it.
     ASSERT_EQ(Keys(e), (std::vector<std::string>{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-                                                 "lora_id", "medium", "lora_name"}));
+                                                 "lora_id", "medium", "lora_name", "group_idx"}));
     EXPECT_EQ(Str(Val(e, 0)), "BlockStored");
     const auto& hashes = Arr(Val(e, 1));
     ASSERT_EQ(hashes.size, 2u);
@@ -233,10 +237,13 @@ TEST(ServerKvEvents, EachKindIsATaggedMapInVllmFieldOrder) {
     EXPECT_EQ(Val(e, 5).type, msgpack::type::NIL);
     EXPECT_EQ(Str(Val(e, 6)), "CPU");
     EXPECT_EQ(Val(e, 7).type, msgpack::type::NIL);
+    EXPECT_EQ(Val(e, 8).type, msgpack::type::POSITIVE_INTEGER);
+    EXPECT_EQ(Val(e, 8).as<int>(), 0);
   }
 
-  // What kdnd sends when it stores by key: no parent, no tokens.
-  pub->BlockStored({Key(9)}, std::nullopt, {}, 256);
+  // What kdnd sends when it stores by key: no parent, no tokens; the medium
+  // of the tier that took the block.
+  pub->BlockStored({Key(9)}, std::nullopt, {}, 256, "DISK");
   pub->Flush();
   m = sub.Next(k);
   ASSERT_TRUE(m);
@@ -245,10 +252,11 @@ TEST(ServerKvEvents, EachKindIsATaggedMapInVllmFieldOrder) {
     Batch b = Decode(m->payload);
     ASSERT_EQ(b.events.size(), 1u);
     const msgpack::object& e = b.events[0];
-    ASSERT_EQ(Keys(e).size(), 8u);
+    ASSERT_EQ(Keys(e).size(), 9u);
     EXPECT_EQ(Val(e, 2).type, msgpack::type::NIL);
     EXPECT_EQ(Arr(Val(e, 3)).size, 0u);
     EXPECT_EQ(Val(e, 4).as<std::uint32_t>(), 256u);
+    EXPECT_EQ(Str(Val(e, 6)), "DISK");
   }
 
   pub->BlockRemoved({Key(0), Key(100)});
@@ -261,13 +269,14 @@ TEST(ServerKvEvents, EachKindIsATaggedMapInVllmFieldOrder) {
     Batch b = Decode(m->payload);
     ASSERT_EQ(b.events.size(), 1u);
     const msgpack::object& e = b.events[0];
-    ASSERT_EQ(Keys(e), (std::vector<std::string>{"type", "block_hashes", "medium"}));
+    ASSERT_EQ(Keys(e), (std::vector<std::string>{"type", "block_hashes", "medium", "group_idx"}));
     EXPECT_EQ(Str(Val(e, 0)), "BlockRemoved");
     const auto& hashes = Arr(Val(e, 1));
     ASSERT_EQ(hashes.size, 2u);
     EXPECT_EQ(Bin(hashes.ptr[0]), Key(0));
     EXPECT_EQ(Bin(hashes.ptr[1]), Key(100));
     EXPECT_EQ(Str(Val(e, 2)), "CPU");
+    EXPECT_EQ(Val(e, 3).as<int>(), 0);
   }
 
   pub->AllBlocksCleared();
@@ -293,6 +302,7 @@ TEST(ServerKvEvents, LegacyArrayEncodingWithIntHashes) {
   o.encoding = KvEventEncoding::kTaggedArray;
   o.hash_form = KvBlockHashForm::kUint64;
   o.medium = "STORAGE";
+  o.group_idx = 2;
   o.data_parallel_rank = 3;
   auto pub = Make(o, "");
   ASSERT_TRUE(pub);
@@ -312,9 +322,10 @@ TEST(ServerKvEvents, LegacyArrayEncodingWithIntHashes) {
   EXPECT_EQ(b.dp_rank, 3);
   ASSERT_EQ(b.events.size(), 3u);
 
-  // ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, lora_name]
+  // ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium,
+  //  lora_name, extra_keys, group_idx]: positions, so extra_keys is there (nil)
   const auto& st = Arr(b.events[0]);
-  ASSERT_EQ(st.size, 8u);
+  ASSERT_EQ(st.size, 10u);
   EXPECT_EQ(Str(st.ptr[0]), "BlockStored");
   const auto& hashes = Arr(st.ptr[1]);
   ASSERT_EQ(hashes.size, 2u);
@@ -329,13 +340,16 @@ TEST(ServerKvEvents, LegacyArrayEncodingWithIntHashes) {
   EXPECT_EQ(st.ptr[5].type, msgpack::type::NIL);
   EXPECT_EQ(Str(st.ptr[6]), "STORAGE");
   EXPECT_EQ(st.ptr[7].type, msgpack::type::NIL);
+  EXPECT_EQ(st.ptr[8].type, msgpack::type::NIL);
+  EXPECT_EQ(st.ptr[9].as<int>(), 2);
 
-  const auto& rm = Arr(b.events[1]);  // ["BlockRemoved", hashes, medium]
-  ASSERT_EQ(rm.size, 3u);
+  const auto& rm = Arr(b.events[1]);  // ["BlockRemoved", hashes, medium, group_idx]
+  ASSERT_EQ(rm.size, 4u);
   EXPECT_EQ(Str(rm.ptr[0]), "BlockRemoved");
   ASSERT_EQ(Arr(rm.ptr[1]).size, 1u);
   EXPECT_EQ(Arr(rm.ptr[1]).ptr[0].as<std::uint64_t>(), 0x88898a8b8c8d8e8full);
   EXPECT_EQ(Str(rm.ptr[2]), "STORAGE");
+  EXPECT_EQ(rm.ptr[3].as<int>(), 2);
 
   const auto& cl = Arr(b.events[2]);  // ["AllBlocksCleared"]
   ASSERT_EQ(cl.size, 1u);
@@ -484,6 +498,23 @@ TEST(ServerKvEvents, DestructorSendsWhatIsStillQueued) {
   EXPECT_EQ(Bin(Arr(Val(b.events[0], 1)).ptr[0]), Key(42));
 }
 
+// Puts a 16 KiB chunk (2 layers, 4 heads of 8, 32 tokens of f32, every
+// byte `fill`) under `key` into the node, as a runtime's envelope.
+void PutChunk(NodeService& node, const keys::Digest& ns, const keys::Digest& key, std::uint8_t fill) {
+  auto c = std::make_shared<chunk::Chunk>();
+  c->meta.key = key;
+  c->meta.ns_hash = ns;
+  c->meta.layers = 2;
+  c->meta.kv_heads = 4;
+  c->meta.head_dim = 8;
+  c->meta.tokens = 32;
+  std::vector<std::uint8_t> kv(c->meta.payload_bytes(), fill);
+  c->payload = chunk::Payload(kv.data(), kv.size());
+  auto bytes = wire::EncodeEnvelope(*c);
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_TRUE(node.Put(ns, {bytes->data(), bytes->size()}).ok());
+}
+
 // A node announces what it stores, what is deleted, and what its last tier
 // evicts, each under the client's own key (the node files it under another).
 TEST(ServerKvEvents, ANodeAnnouncesStoredDeletedAndEvictedChunks) {
@@ -502,19 +533,8 @@ TEST(ServerKvEvents, ANodeAnnouncesStoredDeletedAndEvictedChunks) {
   const keys::Digest ns = keys::NamespaceHash("tenant-a");
   std::vector<keys::Digest> keys(3);
   for (std::uint8_t i = 0; i < 3; ++i) {
-    auto c = std::make_shared<chunk::Chunk>();
     keys[i][0] = static_cast<std::uint8_t>(0xA0 + i);
-    c->meta.key = keys[i];
-    c->meta.ns_hash = ns;
-    c->meta.layers = 2;
-    c->meta.kv_heads = 4;
-    c->meta.head_dim = 8;
-    c->meta.tokens = 32;  // 16 KiB of f32
-    std::vector<std::uint8_t> kv(c->meta.payload_bytes(), static_cast<std::uint8_t>(i));
-    c->payload = chunk::Payload(kv.data(), kv.size());
-    auto bytes = wire::EncodeEnvelope(*c);
-    ASSERT_TRUE(bytes.ok());
-    ASSERT_TRUE((*service)->Put(ns, {bytes->data(), bytes->size()}).ok());
+    PutChunk(**service, ns, keys[i], i);
   }
   EXPECT_EQ((*service)->Delete(ns, std::vector<keys::Digest>{keys[2]}), 1u);
   (*service)->chain().Flush();
@@ -538,6 +558,95 @@ TEST(ServerKvEvents, ANodeAnnouncesStoredDeletedAndEvictedChunks) {
   (*service)->SetEventPublisher(nullptr);
 }
 
+// With a host tier above a disk tier, each event names the tier it is
+// about (medium "CPU" or "DISK"): chunks are stored in host memory, demoted
+// to disk when it fills, promoted back when read, deleted from both. Replayed
+// in order, the events leave a subscriber with exactly what each tier holds.
+TEST(ServerKvEvents, EachTiersBlocksAreAnnouncedWithItsMedium) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kdn-kv-events-media-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto pub = Make(Fixed());
+  ASSERT_TRUE(pub);
+  Subscriber sub(pub->endpoint(), "kv-events");
+  const std::uint64_t k = sub.Handshake(*pub);
+  ASSERT_GT(k, 0u);
+  NodeOptions no;
+  store::TierSpec host;
+  host.capacity_bytes = 40 << 10;  // two of the chunks below (16 KiB each), not three
+  store::TierSpec disk;
+  disk.kind = store::TierSpec::Kind::kDisk;
+  disk.path = dir.string();
+  disk.capacity_bytes = 1 << 20;
+  disk.fsync = false;
+  no.tiers = {host, disk};
+  auto service = NodeService::Create(no);
+  ASSERT_TRUE(service.ok()) << service.status().message();
+  NodeService& node = **service;
+  node.SetEventPublisher(pub.get());
+  const keys::Digest ns = keys::NamespaceHash("tenant-a");
+  constexpr int kChunks = 6;
+  std::vector<keys::Digest> keys(kChunks);
+  for (int i = 0; i < kChunks; ++i) {
+    keys[static_cast<size_t>(i)][0] = static_cast<std::uint8_t>(0xC0 + i);
+    PutChunk(node, ns, keys[static_cast<size_t>(i)], static_cast<std::uint8_t>(i));
+    node.chain().Flush();
+  }
+  // Reads of demoted chunks promote them (in the background), which demotes others.
+  for (int i : {0, 1, 0}) {
+    ASSERT_NE(node.Get(ns, keys[static_cast<size_t>(i)]), nullptr);
+    node.chain().Flush();
+  }
+  EXPECT_EQ(node.Delete(ns, std::vector<keys::Digest>{keys[0], keys[5]}), 2u);
+  node.chain().Flush();
+  pub->Flush();
+
+  // Replay: (key, medium) -> held.
+  std::map<std::pair<Bytes, std::string>, bool> view;
+  std::map<std::string, int> stored_by_medium;
+  std::uint64_t next = k;
+  for (;;) {
+    auto m = sub.Next(next, 500);
+    if (!m) break;
+    next = m->seq() + 1;
+    for (const msgpack::object& e : Decode(m->payload).events) {
+      const std::string type = Str(Val(e, 0));
+      if (type == "AllBlocksCleared") continue;
+      const std::string medium = Str(Val(e, type == "BlockStored" ? 6 : 2));
+      ASSERT_TRUE(medium == "CPU" || medium == "DISK") << medium;
+      for (std::uint32_t i = 0; i < Arr(Val(e, 1)).size; ++i) {
+        auto& held = view[{Bin(Arr(Val(e, 1)).ptr[i]), medium}];
+        EXPECT_NE(held, type == "BlockStored") << type << " twice in a row for one block in " << medium;
+        held = type == "BlockStored";
+        if (held) ++stored_by_medium[medium];
+      }
+    }
+  }
+  EXPECT_GE(stored_by_medium["CPU"], kChunks + 2);  // each put, and the promotions
+  EXPECT_GE(stored_by_medium["DISK"], kChunks - 2);  // the demotions
+  int held_anywhere = 0;
+  for (int i = 0; i < kChunks; ++i) {
+    const Bytes key(keys[static_cast<size_t>(i)].begin(), keys[static_cast<size_t>(i)].end());
+    const keys::Digest object = ObjectKey(ns, keys[static_cast<size_t>(i)]);
+    for (size_t level = 0; level < 2; ++level) {
+      const std::string medium = level == 0 ? "CPU" : "DISK";
+      const bool actual = node.chain().ContainsAt(level, object);
+      SCOPED_TRACE("chunk " + std::to_string(i) + " in " + medium);
+      const bool announced = view[{key, medium}];
+      EXPECT_EQ(announced, actual);
+      held_anywhere += actual;
+    }
+  }
+  EXPECT_GE(held_anywhere, kChunks - 2);  // everything but the deleted ones is somewhere
+  const Bytes deleted(keys[0].begin(), keys[0].end());
+  const bool in_cpu = view[{deleted, "CPU"}], in_disk = view[{deleted, "DISK"}];
+  EXPECT_FALSE(in_cpu);
+  EXPECT_FALSE(in_disk);
+  node.SetEventPublisher(nullptr);
+  service->reset();
+  std::filesystem::remove_all(dir);
+}
+
 // After a restart with a disk tier, the node cannot name the objects it
 // found: it announces AllBlocksCleared, then each such chunk as stored when a
 // get serves it, and from then on its eviction too.
@@ -554,19 +663,8 @@ TEST(ServerKvEvents, ARestartedNodeClearsThenRelearnsWhatAGetServes) {
   const keys::Digest ns = keys::NamespaceHash("tenant-a");
   std::vector<keys::Digest> keys(4);
   auto put = [&](NodeService& service, int i) {
-    auto c = std::make_shared<chunk::Chunk>();
     keys[static_cast<size_t>(i)][0] = static_cast<std::uint8_t>(0xB0 + i);
-    c->meta.key = keys[static_cast<size_t>(i)];
-    c->meta.ns_hash = ns;
-    c->meta.layers = 2;
-    c->meta.kv_heads = 4;
-    c->meta.head_dim = 8;
-    c->meta.tokens = 32;  // 16 KiB of f32
-    std::vector<std::uint8_t> kv(c->meta.payload_bytes(), static_cast<std::uint8_t>(i));
-    c->payload = chunk::Payload(kv.data(), kv.size());
-    auto bytes = wire::EncodeEnvelope(*c);
-    ASSERT_TRUE(bytes.ok());
-    ASSERT_TRUE(service.Put(ns, {bytes->data(), bytes->size()}).ok());
+    PutChunk(service, ns, keys[static_cast<size_t>(i)], static_cast<std::uint8_t>(i));
     service.chain().Flush();
   };
   {
@@ -641,20 +739,69 @@ TEST(ServerKvEvents, CreateRejectsBadEndpoints) {
 }
 
 // A consumer as routers write them for vLLM: pyzmq's recv_multipart, then
-// msgpack.unpackb to plain lists and dicts, then dispatch on the tag and read
-// the fields vLLM's schema requires (those without a default). It prints
-// what it read as JSON and exits; a required field missing is exit code 4.
+// msgpack.unpackb to plain lists and dicts, then a decoder of vLLM's event
+// types as vLLM declares them (vllm/distributed/kv_events.py, late 2026:
+// msgspec structs with tag=True and omit_defaults), written here from that
+// declaration: each field in order with its default, or none (required). An
+// event is a map {"type": tag, field: value, ...} (vLLM since PR #42892) or
+// an array [tag, value, ...] in declaration order (before it); as msgspec
+// does, a field left out takes its default, a required one left out is an
+// error (exit 4), an array's surplus trailing elements are ignored. It
+// prints every field of every event, defaults filled in, as JSON.
 constexpr const char* kPySubscriber = R"PY(
 import json, sys
 import msgpack, zmq
 
 endpoint, topic = sys.argv[1], sys.argv[2]
-REQUIRED = {
-    "BlockStored": ["block_hashes", "parent_block_hash", "token_ids",
-                    "block_size", "lora_id", "medium", "lora_name"],
-    "BlockRemoved": ["block_hashes", "medium"],
+REQUIRED = object()
+SCHEMA = {
+    "BlockStored": [("block_hashes", REQUIRED), ("parent_block_hash", REQUIRED),
+                    ("token_ids", REQUIRED), ("block_size", REQUIRED),
+                    ("lora_id", REQUIRED), ("medium", REQUIRED), ("lora_name", REQUIRED),
+                    ("extra_keys", None), ("group_idx", None), ("kv_cache_spec_kind", None),
+                    ("kv_cache_spec_sliding_window", None), ("locality", None),
+                    ("ownership", None), ("session_id", None)],
+    "BlockRemoved": [("block_hashes", REQUIRED), ("medium", REQUIRED), ("group_idx", None),
+                     ("locality", None), ("ownership", None)],
     "AllBlocksCleared": [],
 }
+TYPES = {"block_hashes": list, "parent_block_hash": (bytes, int, type(None)), "token_ids": list,
+         "block_size": int, "lora_id": (int, type(None)), "medium": (str, type(None)),
+         "lora_name": (str, type(None)), "group_idx": (int, type(None))}
+
+def fail(*why):
+    print(*why)
+    sys.exit(4)
+
+def decode(e):
+    if isinstance(e, dict):
+        tag = e.get("type")
+        if tag not in SCHEMA: fail("unknown tag", tag)
+        names = [n for n, _ in SCHEMA[tag]]
+        sent = [k for k in e if k != "type"]
+        for k in sent:
+            if k not in names: fail("unknown field", tag, k)
+        if sent != [n for n in names if n in e]: fail("not in declaration order", tag, sent)
+        values = {k: e[k] for k in sent}
+    elif isinstance(e, list) and e:
+        tag = e[0]
+        if tag not in SCHEMA: fail("unknown tag", tag)
+        values = dict(zip([n for n, _ in SCHEMA[tag]], e[1:]))
+    else:
+        fail("not an event", e)
+    out = {"type": tag}
+    for name, default in SCHEMA[tag]:
+        if name in values:
+            v = values[name]
+            if name in TYPES and not isinstance(v, TYPES[name]): fail("bad type", tag, name, v)
+            out[name] = v
+        elif default is REQUIRED:
+            fail("missing", tag, name)
+        else:
+            out[name] = default
+    for h in out.get("block_hashes", []):
+        if not isinstance(h, (bytes, int)): fail("bad hash", h)
+    return out
 
 def plain(v):
     if isinstance(v, bytes):
@@ -672,25 +819,15 @@ sub.connect(endpoint)
 if not sub.poll(10000):
     sys.exit(3)
 topic_b, seq_b, payload = sub.recv_multipart()
-seq = int.from_bytes(seq_b, "big")
 ts, events, dp_rank = msgpack.unpackb(payload, raw=False)
-for e in events:
-    if e["type"] not in REQUIRED:
-        print("unknown tag", e["type"]); sys.exit(4)
-    for f in REQUIRED[e["type"]]:
-        if f not in e:
-            print("missing", e["type"], f); sys.exit(4)
-    if e["type"] == "BlockStored":
-        assert all(isinstance(t, int) for t in e["token_ids"])
-        assert isinstance(e["block_size"], int)
-    for h in e.get("block_hashes", []):
-        assert isinstance(h, (bytes, int))
-print(json.dumps({"topic": topic_b.decode("utf-8"), "seq_frame": len(seq_b),
-                  "ts": ts, "events": plain(events), "data_parallel_rank": dp_rank},
+print(json.dumps({"topic": topic_b.decode("utf-8"), "seq_frame": len(seq_b), "ts": ts,
+                  "events": [plain(decode(e)) for e in events], "data_parallel_rank": dp_rank},
                  separators=(",", ":")))
 )PY";
 
-TEST(ServerKvEvents, PythonSubscriberReadsThemAsVllmsEvents) {
+// Both shapes kdnd sends decode, as vLLM's types, to the same events: every
+// field where a v2 consumer looks for it (medium per tier, group_idx).
+TEST(ServerKvEvents, PythonSubscriberDecodesBothShapesAsVllmsEvents) {
   const bool have = std::system("/usr/bin/python3 -c 'import zmq, msgpack' >/dev/null 2>&1") == 0;
   if (!have) {
     if (std::getenv("KDN_REQUIRE_PYZMQ") == nullptr) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
@@ -702,42 +839,81 @@ TEST(ServerKvEvents, PythonSubscriberReadsThemAsVllmsEvents) {
   const std::string script = dir + "/sub.py";
   std::ofstream(script) << kPySubscriber;
 
-  // Over ipc:// this time: the transport vLLM's docs suggest on one host.
-  auto r = KvEventPublisher::Create("ipc://" + dir + "/events", "kv-events", Fixed());
-  ASSERT_TRUE(r.ok()) << r.status().message();
-  auto pub = std::move(r).value();
-
-  std::atomic<bool> done{false};
-  testing::CliRun run;
-  std::thread py([&] {
-    run = testing::RunShell("/usr/bin/python3 " + script + " " + pub->endpoint() + " kv-events 2>&1");
-    done = true;
-  });
-  // Until the subscriber has its first message (it may join late), send the
-  // same batch again and again; it reads one and exits.
-  for (int i = 0; i < 100 && !done; ++i) {
-    pub->BlockStored({Key(0), Key(32)}, Key(64), {1, 2, 151644, 4}, 2);
-    pub->BlockRemoved({Key(0)});
-    pub->AllBlocksCleared();
-    pub->Flush();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  py.join();
-  ASSERT_EQ(run.code, 0) << run.out;
-
+  const std::string nulls = R"("extra_keys":null,"group_idx":0,"kv_cache_spec_kind":null,)"
+                            R"("kv_cache_spec_sliding_window":null,"locality":null,"ownership":null,"session_id":null)";
   const std::string expected =
       std::string(R"({"topic":"kv-events","seq_frame":8,"ts":1234.5,"events":[)") +
       R"({"type":"BlockStored","block_hashes":[{"bin":")" + Hex(Key(0)) + R"("},{"bin":")" + Hex(Key(32)) +
       R"("}],"parent_block_hash":{"bin":")" + Hex(Key(64)) +
-      R"("},"token_ids":[1,2,151644,4],"block_size":2,"lora_id":null,"medium":"CPU","lora_name":null},)" +
-      R"({"type":"BlockRemoved","block_hashes":[{"bin":")" + Hex(Key(0)) + R"("}],"medium":"CPU"},)" +
+      R"("},"token_ids":[1,2,151644,4],"block_size":2,"lora_id":null,"medium":"CPU","lora_name":null,)" + nulls + "}," +
+      R"({"type":"BlockStored","block_hashes":[{"bin":")" + Hex(Key(96)) +
+      R"("}],"parent_block_hash":null,"token_ids":[],"block_size":256,"lora_id":null,"medium":"DISK","lora_name":null,)" +
+      nulls + "}," + R"({"type":"BlockRemoved","block_hashes":[{"bin":")" + Hex(Key(0)) +
+      R"("}],"medium":"CPU","group_idx":0,"locality":null,"ownership":null},)" +
       R"({"type":"AllBlocksCleared"}],"data_parallel_rank":0})" + "\n";
-  EXPECT_EQ(run.out, expected);
 
-  pub.reset();
+  for (KvEventEncoding encoding : {KvEventEncoding::kTaggedMap, KvEventEncoding::kTaggedArray}) {
+    SCOPED_TRACE(encoding == KvEventEncoding::kTaggedMap ? "map" : "array");
+    KvEventOptions o = Fixed();
+    o.encoding = encoding;
+    // Over ipc:// this time: the transport vLLM's docs suggest on one host.
+    auto r = KvEventPublisher::Create("ipc://" + dir + "/events", "kv-events", o);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    auto pub = std::move(r).value();
+
+    std::atomic<bool> done{false};
+    testing::CliRun run;
+    std::thread py([&] {
+      run = testing::RunShell("/usr/bin/python3 " + script + " " + pub->endpoint() + " kv-events 2>&1");
+      done = true;
+    });
+    // Until the subscriber has its first message (it may join late), send the
+    // same batch again and again; it reads one and exits.
+    for (int i = 0; i < 100 && !done; ++i) {
+      pub->BlockStored({Key(0), Key(32)}, Key(64), {1, 2, 151644, 4}, 2, "CPU");
+      pub->BlockStored({Key(96)}, std::nullopt, {}, 256, "DISK");
+      pub->BlockRemoved({Key(0)}, "CPU");
+      pub->AllBlocksCleared();
+      pub->Flush();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    py.join();
+    ASSERT_EQ(run.code, 0) << run.out;
+    EXPECT_EQ(run.out, expected);
+    pub.reset();
+    std::remove((dir + "/events").c_str());
+  }
   std::remove(script.c_str());
-  std::remove((dir + "/events").c_str());
   rmdir(dir.c_str());
+}
+
+// Without a group (KvEventOptions::group_idx null) an event has the shape
+// vLLM sent before groups: group_idx (and extra_keys before it) left out.
+TEST(ServerKvEvents, WithoutAGroupTheFieldIsLeftOut) {
+  for (KvEventEncoding encoding : {KvEventEncoding::kTaggedMap, KvEventEncoding::kTaggedArray}) {
+    KvEventOptions o = Fixed();
+    o.encoding = encoding;
+    o.group_idx = std::nullopt;
+    auto pub = Make(o);
+    ASSERT_TRUE(pub);
+    Subscriber sub(pub->endpoint(), "kv-events");
+    const std::uint64_t k = sub.Handshake(*pub);
+    ASSERT_GT(k, 0u);
+    pub->BlockStored({Key(1)}, std::nullopt, {}, 16, "CPU");
+    pub->BlockRemoved({Key(1)}, "CPU");
+    pub->Flush();
+    auto m = sub.Next(k);
+    ASSERT_TRUE(m);
+    Batch b = Decode(m->payload);
+    ASSERT_EQ(b.events.size(), 2u);
+    if (encoding == KvEventEncoding::kTaggedMap) {
+      EXPECT_EQ(Keys(b.events[0]).size(), 8u);
+      EXPECT_EQ(Keys(b.events[1]), (std::vector<std::string>{"type", "block_hashes", "medium"}));
+    } else {
+      EXPECT_EQ(Arr(b.events[0]).size, 8u);
+      EXPECT_EQ(Arr(b.events[1]).size, 3u);
+    }
+  }
 }
 
 }  // namespace
