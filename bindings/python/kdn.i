@@ -23,6 +23,13 @@
 //   memoryview is kdn's memory: the package's bridge alone sees it (the
 //   user's editor gets a copy), and releases it before returning.
 // - in_editor() runs with the GIL held (a finalizer asks it).
+// - GPU arrays reach kdn as a kdn::binding::Memory (address, bytes, kind,
+//   CUDA stream) that the package fills: it reads __cuda_array_interface__
+//   and DLPack capsules itself (kdn/_arrays.py).
+// - Blending: kdn_py_blend calls Model::blend with a C++ BlendLayer over a
+//   Python callable (below), releasing the GIL while kdn works; the layer
+//   callback takes it again on the same thread. An exception the callable
+//   raises fails the blend and is raised by kdn_py_blend, as it was.
 //
 // threads="1": every call releases the GIL while kdn works, so other Python
 // threads run, and the mover thread can take the GIL to run an editor while
@@ -33,6 +40,7 @@
 #include "kdn_binding.hpp"
 
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -227,6 +235,9 @@ static PyObject *kdn_py_lookup_result(const kdn::binding::LookupResult &r) {
   return Py_BuildValue("(iKN)", r.status, (unsigned long long)r.cached_tokens, per_tier);
 }
 
+// Thrown by a wrapper's C++ code when a Python exception is already set.
+struct KdnPyRaised {};
+
 static PyObject *kdn_py_document_info(const kdn::binding::DocumentInfo &d) {
   // doc_id: text; bytes that are not UTF-8 survive a round trip (surrogateescape).
   PyObject *doc_id = PyUnicode_DecodeUTF8(d.doc_id.data(), (Py_ssize_t)d.doc_id.size(), "surrogateescape");
@@ -246,6 +257,8 @@ static PyObject *kdn_py_document_info(const kdn::binding::DocumentInfo &d) {
 %exception {
   try {
     $action
+  } catch (const KdnPyRaised &) {
+    SWIG_fail;  // a Python exception is set (a blend callback's)
   } catch (const kdn::binding::Error &e) {
     kdn_py_raise(e.status(), e.message().c_str(), e.closed(), e.needed());
     SWIG_fail;
@@ -325,7 +338,7 @@ void kdn_py_set_error_factory(PyObject *factory) {
 }
 %typemap(out) kdn::binding::Stats {
   const kdn::binding::Stats &s = $1;
-  $result = Py_BuildValue("(KKKKKKKKKKKKKKKKKKKKKKKKKKK)", (unsigned long long)s.lookups, (unsigned long long)s.retrieves,
+  $result = Py_BuildValue("(KKKKKKKKKKKKKKKKKKKKKKKKKKKK)", (unsigned long long)s.lookups, (unsigned long long)s.retrieves,
                           (unsigned long long)s.stores, (unsigned long long)s.hits, (unsigned long long)s.misses,
                           (unsigned long long)s.tokens_served, (unsigned long long)s.tokens_stored,
                           (unsigned long long)s.bytes_served, (unsigned long long)s.bytes_stored,
@@ -337,7 +350,8 @@ void kdn_py_set_error_factory(PyObject *factory) {
                           (unsigned long long)s.tokens_requested, (unsigned long long)s.prefill_tokens,
                           (unsigned long long)s.prefill_ns, (unsigned long long)s.ttft_saved_ns,
                           (unsigned long long)s.tokens_served_unpriced, (unsigned long long)s.delivery_ns,
-                          (unsigned long long)s.lookup_tokens, (unsigned long long)s.lookup_hit_tokens);
+                          (unsigned long long)s.lookup_tokens, (unsigned long long)s.lookup_hit_tokens,
+                          (unsigned long long)s.recompute_tokens);
   if ($result == NULL) SWIG_fail;
 }
 %typemap(out) kdn::binding::Latency {
@@ -354,8 +368,9 @@ void kdn_py_set_error_factory(PyObject *factory) {
                                   t.decode_failures, t.io_errors, t.remote_calls, t.remote_failed_calls,
                                   t.remote_timeouts, t.write_queue_full, t.write_queued_bytes};
   const size_t count = sizeof n / sizeof n[0];
-  // kind, name, codec, the counters, then the watermarks (1.4).
-  $result = PyTuple_New((Py_ssize_t)(3 + count + 2));
+  // kind, name, codec, the counters, then the watermarks (1.4), the delivery
+  // rates, recompute_chunks (1.7) and auth_failures (1.8).
+  $result = PyTuple_New((Py_ssize_t)(3 + count + 6));
   if ($result == NULL) SWIG_fail;
   PyTuple_SET_ITEM($result, 0, PyLong_FromLong(t.kind));
   PyTuple_SET_ITEM($result, 1, PyUnicode_DecodeUTF8(t.name.data(), (Py_ssize_t)t.name.size(), "replace"));
@@ -363,6 +378,16 @@ void kdn_py_set_error_factory(PyObject *factory) {
   for (size_t i = 0; i < count; ++i) PyTuple_SET_ITEM($result, (Py_ssize_t)(3 + i), PyLong_FromUnsignedLongLong(n[i]));
   PyTuple_SET_ITEM($result, (Py_ssize_t)(3 + count), PyFloat_FromDouble(t.high_watermark));
   PyTuple_SET_ITEM($result, (Py_ssize_t)(4 + count), PyFloat_FromDouble(t.low_watermark));
+  PyTuple_SET_ITEM($result, (Py_ssize_t)(5 + count), PyFloat_FromDouble(t.delivery_ns_per_token));
+  PyTuple_SET_ITEM($result, (Py_ssize_t)(6 + count), PyFloat_FromDouble(t.device_delivery_ns_per_token));
+  PyTuple_SET_ITEM($result, (Py_ssize_t)(7 + count), PyLong_FromUnsignedLongLong(t.recompute_chunks));
+  PyTuple_SET_ITEM($result, (Py_ssize_t)(8 + count), PyLong_FromUnsignedLongLong(t.auth_failures));
+}
+%typemap(out) kdn::binding::BlendReport {
+  const kdn::binding::BlendReport &r = $1;
+  $result = Py_BuildValue("(IIIId)", (unsigned int)r.positions, (unsigned int)r.cached_positions,
+                          (unsigned int)r.fresh_positions, (unsigned int)r.selected, r.recompute_fraction);
+  if ($result == NULL) SWIG_fail;
 }
 
 // ---- Handles -------------------------------------------------------------------------
@@ -370,6 +395,8 @@ void kdn_py_set_error_factory(PyObject *factory) {
 %newobject kdn::binding::Runtime::create_model;
 %newobject kdn::binding::Model::load_async;
 %newobject kdn::binding::Model::save_async;
+%newobject kdn::binding::Model::load_async_memory;
+%newobject kdn::binding::Model::save_async_memory;
 
 // Results travel as tuples (above) and errors as the package's exceptions:
 // their C++ classes need no Python proxies. Neither do the layer's helpers.
@@ -381,6 +408,11 @@ void kdn_py_set_error_factory(PyObject *factory) {
 %ignore kdn::binding::Stats;
 %ignore kdn::binding::Latency;
 %ignore kdn::binding::TierStats;
+%ignore kdn::binding::BlendReport;
+// Blending runs through kdn_py_blend below (the callback is a Python callable).
+%ignore kdn::binding::BlendLayer;
+%ignore kdn::binding::Model::blend;
+%ignore kdn::binding::Model::blend_memory;
 %ignore kdn::binding::ChunkInfo;
 %ignore kdn::binding::detail::Check;
 %ignore kdn::binding::detail::Closed;
@@ -413,3 +445,171 @@ void kdn_py_set_error_factory(PyObject *factory) {
 }
 
 %include "kdn_binding.hpp"
+
+// ---- Blending: the layer callback is a Python callable ---------------------------------
+
+%{
+// Layer callbacks running on this thread (inside kdn_py_blend).
+static thread_local int kdn_py_callback_depth = 0;
+
+// A memoryview of `base` (bytes or bytearray) as `fmt` elements, shaped
+// (rows,) when cols < 0, else (rows, cols).
+static PyObject *kdn_py_shaped(PyObject *base, const char *fmt, Py_ssize_t rows, Py_ssize_t cols) {
+  PyObject *raw = PyMemoryView_FromObject(base);
+  if (raw == NULL) return NULL;
+  PyObject *shaped = cols < 0 ? PyObject_CallMethod(raw, "cast", "s(n)", fmt, rows)
+                              : PyObject_CallMethod(raw, "cast", "s(nn)", fmt, rows, cols);
+  Py_DECREF(raw);  // the cast view keeps the buffer
+  return shaped;
+}
+
+// Ends a view handed to the callback: later use of it raises ValueError. A
+// view the callback exported further (numpy.asarray of it, kept) stays
+// valid: it is of a copy, never of kdn's memory.
+static void kdn_py_release_view(PyObject *view) {
+  if (view == NULL || view == Py_None) return;
+  PyObject *r = PyObject_CallMethod(view, "release", NULL);
+  if (r == NULL) PyErr_Clear();  // BufferError: still exported (by the callback)
+  Py_XDECREF(r);
+}
+
+// Copies a bytearray handed to the callback back into kdn's buffer.
+static bool kdn_py_copy_back(PyObject *from, void *to, size_t bytes) {
+  if (PyByteArray_GET_SIZE(from) != (Py_ssize_t)bytes) {
+    PyErr_SetString(PyExc_BufferError, "the layer callback resized a buffer kdn gave it");
+    return false;
+  }
+  if (bytes) std::memcpy(to, PyByteArray_AS_STRING(from), bytes);
+  return true;
+}
+
+// kdn's blend callback over a Python callable
+// fn(layer, positions, tokens, hidden, k, v), run on the thread that called
+// the blend, which released the GIL for kdn: the callback takes it again.
+// The callable gets views of copies of kdn's buffers (as an editor does: a
+// view Python cannot revoke must never be of kdn's memory), copied back
+// when it returns; an exception it raises (any BaseException) is kept here
+// for the caller to raise, and fails the blend.
+class KdnPyBlendLayer : public kdn::binding::BlendLayer {
+ public:
+  explicit KdnPyBlendLayer(PyObject *fn) : fn_(fn) {}
+  KdnPyBlendLayer(const KdnPyBlendLayer &) = delete;
+  KdnPyBlendLayer &operator=(const KdnPyBlendLayer &) = delete;
+
+  void layer(uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count, float *hidden,
+             size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) override {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    ++kdn_py_callback_depth;
+    const bool ok = error_type == NULL &&
+                    Call(layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total);
+    if (!ok && error_type == NULL) PyErr_Fetch(&error_type, &error_value, &error_tb);
+    --kdn_py_callback_depth;
+    PyGILState_Release(gil);
+    if (!ok) throw kdn::binding::Error(KDN_ERR_INTERNAL, "the Python layer callback raised");
+  }
+
+  // The callback's exception, owned (the caller restores it, with the GIL).
+  PyObject *error_type = NULL, *error_value = NULL, *error_tb = NULL;
+
+ private:
+  bool Call(uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count, float *hidden,
+            size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) {
+    const Py_ssize_t n = (Py_ssize_t)count;
+    const Py_ssize_t kv_dim = total ? (Py_ssize_t)(kv_len / total) : 0;
+    PyObject *bufs[5] = {
+        PyBytes_FromStringAndSize((const char *)positions, n * 4),
+        tokens ? PyBytes_FromStringAndSize((const char *)tokens, n * 4) : NULL,
+        PyByteArray_FromStringAndSize((const char *)hidden, (Py_ssize_t)(hidden_len * sizeof(float))),
+        PyByteArray_FromStringAndSize((const char *)k, (Py_ssize_t)(kv_len * sizeof(float))),
+        PyByteArray_FromStringAndSize((const char *)v, (Py_ssize_t)(kv_len * sizeof(float)))};
+    PyObject *views[5] = {NULL, NULL, NULL, NULL, NULL};
+    bool ok = bufs[0] && (bufs[1] || !tokens) && bufs[2] && bufs[3] && bufs[4];
+    if (ok) {
+      views[0] = kdn_py_shaped(bufs[0], "i", n, -1);
+      views[1] = tokens ? kdn_py_shaped(bufs[1], "i", n, -1) : (Py_INCREF(Py_None), Py_None);
+      views[2] = kdn_py_shaped(bufs[2], "f", n, (Py_ssize_t)hidden_dim);
+      views[3] = kdn_py_shaped(bufs[3], "f", (Py_ssize_t)total, kv_dim);
+      views[4] = kdn_py_shaped(bufs[4], "f", (Py_ssize_t)total, kv_dim);
+      ok = views[0] && views[1] && views[2] && views[3] && views[4];
+    }
+    PyObject *result = NULL;
+    if (ok) {
+      result = PyObject_CallFunction(fn_, "IOOOOO", (unsigned int)layer, views[0], views[1], views[2], views[3],
+                                     views[4]);
+      ok = result != NULL;
+    }
+    // The callback's error (if any) stays set across the releases.
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    PyErr_Fetch(&et, &ev, &etb);
+    for (PyObject *view : views) kdn_py_release_view(view);
+    PyErr_Restore(et, ev, etb);
+    if (ok) {
+      ok = kdn_py_copy_back(bufs[2], hidden, hidden_len * sizeof(float)) &&
+           kdn_py_copy_back(bufs[3], k, kv_len * sizeof(float)) && kdn_py_copy_back(bufs[4], v, kv_len * sizeof(float));
+    }
+    Py_XDECREF(result);
+    for (PyObject *view : views) Py_XDECREF(view);
+    for (PyObject *buf : bufs) Py_XDECREF(buf);
+    return ok;
+  }
+
+  PyObject *fn_;  // borrowed: the caller's argument, alive for the call
+};
+
+// A blend with the GIL released while kdn works (the callback takes it
+// again); the callback's exception, if it raised, is raised in the caller.
+static kdn::binding::BlendReport kdn_py_run_blend(kdn::binding::Model &model, const std::string &ns,
+                                                  const kdn::binding::BlendSegments &segments,
+                                                  const kdn::binding::BlendOptions &options,
+                                                  const kdn::binding::KvView &view,
+                                                  const kdn::binding::Memory &memory, PyObject *layer_fn) {
+  if (!PyCallable_Check(layer_fn)) {
+    kdn_py_invalid("layer_fn must be callable");
+    throw KdnPyRaised();
+  }
+  KdnPyBlendLayer layer(layer_fn);
+  kdn::binding::BlendReport report;
+  std::exception_ptr failure;
+  PyThreadState *saved = PyEval_SaveThread();
+  try {
+    report = model.blend_memory(ns, segments, options, view, memory, &layer);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  PyEval_RestoreThread(saved);
+  if (layer.error_type != NULL) {
+    PyErr_Restore(layer.error_type, layer.error_value, layer.error_tb);
+    throw KdnPyRaised();
+  }
+  if (failure) std::rethrow_exception(failure);
+  return report;
+}
+%}
+
+%typemap(in) PyObject *layer_fn "$1 = $input;";
+%nothread kdn_py_blend;
+%nothread kdn_py_blend_memory;
+%nothread kdn_py_in_callback;
+%inline %{
+// Model::blend with a Python callable as the layer callback, into a buffer
+// (the (data, bytes) typemap) or memory by address.
+kdn::binding::BlendReport kdn_py_blend(kdn::binding::Model &model, const std::string &ns,
+                                       const kdn::binding::BlendSegments &segments,
+                                       const kdn::binding::BlendOptions &options, const kdn::binding::KvView &view,
+                                       void *data, size_t bytes, PyObject *layer_fn) {
+  kdn::binding::Memory memory;
+  memory.address = reinterpret_cast<uintptr_t>(data);
+  memory.bytes = bytes;
+  return kdn_py_run_blend(model, ns, segments, options, view, memory, layer_fn);
+}
+kdn::binding::BlendReport kdn_py_blend_memory(kdn::binding::Model &model, const std::string &ns,
+                                              const kdn::binding::BlendSegments &segments,
+                                              const kdn::binding::BlendOptions &options,
+                                              const kdn::binding::KvView &view, const kdn::binding::Memory &memory,
+                                              PyObject *layer_fn) {
+  return kdn_py_run_blend(model, ns, segments, options, view, memory, layer_fn);
+}
+// True inside an editor or a blend's layer callback on this thread: a close
+// there is handed to another thread (it would wait for the call running it).
+bool kdn_py_in_callback() { return kdn::binding::in_editor() || kdn_py_callback_depth > 0; }
+%}

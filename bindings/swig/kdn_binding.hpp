@@ -10,7 +10,8 @@
 // (each language has its own enum types over them), and one buffer argument,
 // (void *data, size_t bytes), that each language's typemap fills from the
 // caller's own memory without a copy (a direct ByteBuffer, anything with
-// Python's buffer protocol).
+// Python's buffer protocol); or, for memory a language finds by itself (GPU
+// arrays), a Memory: address, length, host or device, CUDA stream.
 //
 // Header-only, C++17, used by the generated wrappers alone.
 // Thread-safety: a Runtime, Model or Op may be used from many threads at
@@ -153,6 +154,9 @@ struct TierConfig {
   std::string tls_ca_file, tls_server_name;  // remote
   std::string user;             // redis (1.3): the ACL user of AUTH
   uint64_t ttl_ms = 0;          // redis (1.3): the keys expire after this; 0: never
+  // remote, redis (1.6): quality levels, codec specs finest first separated
+  // by ';' (codec then empty); a load with a TTFT target picks each chunk's.
+  std::string levels;
 };
 
 struct RuntimeOptions {
@@ -160,6 +164,14 @@ struct RuntimeOptions {
   uint64_t host_capacity_bytes = 1ull << 30;
   uint64_t hash_seed = 0;
   uint32_t worker_threads = 0;
+  int device = KDN_DEVICE_AUTO;   // since 1.5: the GPU KV is delivered to (kdn_device_mode)
+  int32_t device_ordinal = 0;     // since 1.5: the CUDA device
+  // Since 1.7: load every cached chunk, even where its tier delivers slower
+  // than the engine prefills (false: such chunks are left to recompute).
+  bool load_slower_than_prefill = false;
+  // Since 1.8: the deployment's secret (a file of 32 bytes or more, closed
+  // to others): chunks of redis and disk tiers are sealed with it.
+  std::string secret_file;
   // Tiers, highest first; none: one host tier of host_capacity_bytes.
   void add_tier(const TierConfig& tier) { tiers.push_back(tier); }
   size_t tier_count() const { return tiers.size(); }
@@ -201,10 +213,22 @@ class Request {
   }
   size_t size() const { return hash_bytes_ ? hashes_.size() / hash_bytes_ : tokens_.size(); }
   bool uses_hashes() const { return hash_bytes_ != 0; }
+  // Since 1.6, for retrieve and load_async: the time from the call within
+  // which the cached prefix's KV should be in place, in microseconds (0:
+  // none). Remote tiers with quality levels pick each chunk's level by it.
+  void set_ttft_target_us(uint64_t us) { ttft_target_us_ = us; }
+  uint64_t ttft_target_us() const { return ttft_target_us_; }
+  // A copy with another target (the tokens copied too).
+  Request with_ttft_target_us(uint64_t us) const {
+    Request r = *this;
+    r.ttft_target_us_ = us;
+    return r;
+  }
 
 #ifndef SWIG
   kdn_request Native() const {
     kdn_request r = KDN_REQUEST_INIT;
+    r.ttft_target_us = ttft_target_us_;
     if (hash_bytes_) {
       r.hash_bytes = hash_bytes_;
       r.block_hashes = reinterpret_cast<const uint8_t*>(hashes_.data());
@@ -221,6 +245,7 @@ class Request {
   std::vector<int32_t> tokens_;
   std::string hashes_;
   uint32_t hash_bytes_ = 0, block_tokens_ = 0;
+  uint64_t ttft_target_us_ = 0;
 #endif
 };
 
@@ -331,6 +356,20 @@ struct KvView {
 #endif
 };
 
+// A call's KV memory by address (since 1.5): memory a language finds by
+// itself, not through its buffer typemap (Python: objects with
+// __cuda_array_interface__ or DLPack). kind KDN_MEMORY_DEVICE: memory of the
+// runtime's device (RuntimeOptions::device; emulated: host memory standing
+// in for it), with the engine's CUDA stream (1.8), whose queued work kdn's
+// waits for and which sees kdn's writes. The caller keeps the memory alive
+// and unmoved for the call (an op: until it is closed).
+struct Memory {
+  uint64_t address = 0;        // the first byte
+  uint64_t bytes = 0;          // bytes reachable from address
+  int kind = KDN_MEMORY_HOST;  // kdn_memory_kind
+  uint64_t cuda_stream = 0;    // a cudaStream_t, device memory only; 0: none
+};
+
 // ---- Results (outputs, copied out) ----------------------------------------
 
 struct KvResult {
@@ -425,6 +464,9 @@ struct Stats {
   // tokens looked-up requests covered and, of them, the cached leading ones.
   uint64_t tokens_requested = 0, prefill_tokens = 0, prefill_ns = 0, ttft_saved_ns = 0;
   uint64_t tokens_served_unpriced = 0, delivery_ns = 0, lookup_tokens = 0, lookup_hit_tokens = 0;
+  // Since 1.7: cached tokens loads left to recompute, their tiers slower
+  // than the engine's prefill (RuntimeOptions::load_slower_than_prefill).
+  uint64_t recompute_tokens = 0;
 };
 
 struct Latency {
@@ -443,6 +485,12 @@ struct TierStats {
   uint64_t remote_calls = 0, remote_failed_calls = 0, remote_timeouts = 0;
   uint64_t write_queue_full = 0, write_queued_bytes = 0;
   double high_watermark = 0, low_watermark = 0;  // since 1.4; 0 and 0: none (remote, redis)
+  // Since 1.7: the tier's measured delivery into host and device views (ns
+  // per token of KV; 0 until measured), and its chunks loads left to
+  // recompute as slower than prefill.
+  double delivery_ns_per_token = 0, device_delivery_ns_per_token = 0;
+  uint64_t recompute_chunks = 0;
+  uint64_t auth_failures = 0;  // since 1.8: of corrupt_detected, chunks whose seal failed
 };
 
 struct ChunkInfo {
@@ -499,6 +547,98 @@ inline kdn_status EditTrampoline(void* user, const kdn_chunk_info* info, void* k
 // thread: the wrappers hand such closes (a finalizer run by a collection
 // inside the callback, say) to another thread.
 inline bool in_editor() { return detail::EditorDepth() > 0; }
+
+// ---- Blending (experimental in kdn.h) ----------------------------------------
+
+// The pieces of a blended context, in order: documents (knowledge items) by
+// doc_id, and tokens computed now (the query). Copied in.
+class BlendSegments {
+ public:
+  void add_document(const std::string& doc_id) { segments_.push_back(Segment{KDN_SEGMENT_DOCUMENT, doc_id, {}}); }
+  // Each language's typemap fills (tokens, num_tokens) from its int array.
+  void add_tokens(const int32_t* tokens, size_t num_tokens) {
+    segments_.push_back(Segment{KDN_SEGMENT_TOKENS, std::string(), std::vector<int32_t>(tokens, tokens + num_tokens)});
+  }
+  size_t size() const { return segments_.size(); }
+  void clear() { segments_.clear(); }
+
+#ifndef SWIG
+  // The native segments, borrowing this object's strings and arrays.
+  std::vector<kdn_blend_segment> Native() const {
+    std::vector<kdn_blend_segment> out(segments_.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      const Segment& s = segments_[i];
+      detail::Check(kdn_blend_segment_init(&out[i], sizeof out[i]));
+      out[i].kind = static_cast<kdn_segment_kind>(s.kind);
+      if (s.kind == KDN_SEGMENT_DOCUMENT) {
+        out[i].doc_id = s.doc_id.data();
+        out[i].doc_id_len = s.doc_id.size();
+      } else {
+        out[i].tokens = s.tokens.data();
+        out[i].num_tokens = s.tokens.size();
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Segment {
+    int kind;
+    std::string doc_id;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Segment> segments_;
+#endif
+};
+
+// How to blend (kdn_blend_options without the callback); kdn.h's defaults.
+struct BlendOptions {
+  float ratio = 0.15f;       // fraction of cached tokens recomputed, in [0, 1]
+  float threshold = -1.0f;   // >= 0: select by key deviation >= threshold instead
+  uint32_t hidden_dim = 0;   // the engine's hidden width; must be set
+  int rope_scaling = KDN_ROPE_SCALING_NONE;
+  float rope_factor = 1.0f;
+  // The check layers, ascending (none: { 1 }, or { 0 } for a 1-layer model).
+  void add_check_layer(uint32_t layer) { check_layers.push_back(layer); }
+  void clear_check_layers() { check_layers.clear(); }
+#ifndef SWIG
+  std::vector<uint32_t> check_layers;
+#endif
+};
+
+struct BlendReport {
+  uint32_t positions = 0, cached_positions = 0, fresh_positions = 0, selected = 0;
+  double recompute_fraction = 0;  // layer x position work recomputed / a full prefill's
+};
+
+// The engine's recompute of one layer (kdn_blend_layer_fn's arguments), on
+// the thread that called Model::blend, layer by layer in order; every buffer
+// is borrowed for the call. Throwing fails the blend: an Error with its
+// status, anything else with KDN_ERR_INTERNAL.
+class BlendLayer {
+ public:
+  virtual ~BlendLayer() = default;
+  virtual void layer(uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count, float* hidden,
+                     size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len, size_t total) = 0;
+};
+
+#ifndef SWIG
+namespace detail {
+inline kdn_status BlendTrampoline(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens,
+                                  size_t count, float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k,
+                                  float* v, size_t kv_len, size_t total) {
+  try {
+    static_cast<BlendLayer*>(user)->layer(layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len,
+                                          total);
+    return KDN_OK;
+  } catch (const Error& e) {
+    return e.status() != KDN_OK ? e.status() : KDN_ERR_INTERNAL;
+  } catch (...) {
+    return KDN_ERR_INTERNAL;
+  }
+}
+}  // namespace detail
+#endif
 
 // ---- Handles ---------------------------------------------------------------
 
@@ -561,6 +701,7 @@ class Runtime {
     out.delivery_ns = s.delivery_ns;
     out.lookup_tokens = s.lookup_tokens;
     out.lookup_hit_tokens = s.lookup_hit_tokens;
+    out.recompute_tokens = s.recompute_tokens;
     return out;
   }
 
@@ -621,6 +762,10 @@ class Runtime {
     out.write_queued_bytes = t.write_queued_bytes;
     out.high_watermark = t.high_watermark;
     out.low_watermark = t.low_watermark;
+    out.delivery_ns_per_token = t.delivery_ns_per_token;
+    out.device_delivery_ns_per_token = t.device_delivery_ns_per_token;
+    out.recompute_chunks = t.recompute_chunks;
+    out.auth_failures = t.auth_failures;
     return out;
   }
 
@@ -661,6 +806,10 @@ class Runtime {
         c.user_len = t.user.size();
       }
       c.ttl_ms = t.ttl_ms;
+      if (!t.levels.empty()) {
+        c.levels = t.levels.data();
+        c.levels_len = t.levels.size();
+      }
     }
     kdn_runtime_options o;
     detail::Check(kdn_runtime_options_init(&o, sizeof o));
@@ -670,6 +819,13 @@ class Runtime {
     o.worker_threads = options.worker_threads;
     o.tiers = tiers.empty() ? nullptr : tiers.data();
     o.num_tiers = tiers.size();
+    o.device = static_cast<kdn_device_mode>(options.device);
+    o.device_ordinal = options.device_ordinal;
+    o.load_slower_than_prefill = options.load_slower_than_prefill ? 1u : 0u;
+    if (!options.secret_file.empty()) {
+      o.secret_file = options.secret_file.data();
+      o.secret_file_len = options.secret_file.size();
+    }
     if (editor) {
       detail::Check(kdn_runtime_create_with_editor(&o, &detail::EditTrampoline, editor, &rt_));
     } else {
@@ -769,12 +925,12 @@ class Model {
   }
 
   KvResult store(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes) const {
-    return Call(&kdn_kv_store, ns, request, view, data, bytes);
+    return Call(&kdn_kv_store, ns, request, view, Host(data, bytes));
   }
   // A miss is not an error: tokens is 0.
   KvResult retrieve(const std::string& ns, const Request& request, const KvView& view, void* data,
                     size_t bytes) const {
-    return Call(&kdn_kv_retrieve, ns, request, view, data, bytes);
+    return Call(&kdn_kv_retrieve, ns, request, view, Host(data, bytes));
   }
 
   // Asynchronous, layer by layer. The buffer must stay alive and unmoved
@@ -782,12 +938,62 @@ class Model {
   Op* load_async(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes);
   Op* save_async(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes);
 
+  // The same calls on memory given by address (since 1.5): device memory
+  // (Memory::kind KDN_MEMORY_DEVICE) or host memory a language found itself.
+  KvResult store_memory(const std::string& ns, const Request& request, const KvView& view,
+                        const Memory& memory) const {
+    return Call(&kdn_kv_store, ns, request, view, memory);
+  }
+  KvResult retrieve_memory(const std::string& ns, const Request& request, const KvView& view,
+                           const Memory& memory) const {
+    return Call(&kdn_kv_retrieve, ns, request, view, memory);
+  }
+  Op* load_async_memory(const std::string& ns, const Request& request, const KvView& view, const Memory& memory);
+  Op* save_async_memory(const std::string& ns, const Request& request, const KvView& view, const Memory& memory);
+
+  // Blending (experimental): composes the segments, in order, into the
+  // views; `layer` recomputes the selected tokens layer by layer (on this
+  // thread, during the call). A context with documents needs the view's
+  // room (KvView::num_tokens); too little: KDN_ERR_BUFFER_TOO_SMALL.
+  BlendReport blend(const std::string& ns, const BlendSegments& segments, const BlendOptions& options,
+                    const KvView& view, void* data, size_t bytes, BlendLayer* layer) const {
+    return blend_memory(ns, segments, options, view, Host(data, bytes), layer);
+  }
+  BlendReport blend_memory(const std::string& ns, const BlendSegments& segments, const BlendOptions& options,
+                           const KvView& view, const Memory& memory, BlendLayer* layer) const {
+    if (layer == nullptr) detail::Invalid("blend: the layer callback is null");
+    const detail::Life::Use use(life_);
+    const KvCallArgs a(*this, nullptr, view, memory);
+    const std::vector<kdn_blend_segment> segs = segments.Native();
+    kdn_blend_options o;
+    detail::Check(kdn_blend_options_init(&o, sizeof o));
+    o.ratio = options.ratio;
+    o.threshold = options.threshold;
+    o.hidden_dim = options.hidden_dim;
+    o.check_layers = options.check_layers.empty() ? nullptr : options.check_layers.data();
+    o.num_check_layers = options.check_layers.size();
+    o.rope_scaling = static_cast<kdn_rope_scaling>(options.rope_scaling);
+    o.rope_factor = options.rope_factor;
+    o.layer_fn = &detail::BlendTrampoline;
+    o.user = layer;
+    kdn_blend_report r;
+    detail::Check(kdn_blend_report_init(&r, sizeof r));
+    detail::Check(kdn_kv_blend(m_, ns.data(), ns.size(), segs.data(), segs.size(), &o, &a.view, 1, &r));
+    BlendReport out;
+    out.positions = r.positions;
+    out.cached_positions = r.cached_positions;
+    out.fresh_positions = r.fresh_positions;
+    out.selected = r.selected;
+    out.recompute_fraction = r.recompute_fraction;
+    return out;
+  }
+
   // ---- Knowledge items ----
   void knowledge_put(const std::string& ns, const std::string& doc_id, uint64_t version, const std::string& metadata,
                      const Request& tokens, const KvView& view, void* data, size_t bytes) const {
     if (tokens.uses_hashes()) detail::Invalid("a knowledge item takes token ids, not block hashes");
     const detail::Life::Use use(life_);
-    const KvCallArgs a(*this, &tokens, view, data, bytes);
+    const KvCallArgs a(*this, &tokens, view, Host(data, bytes));
     detail::Check(kdn_knowledge_put(m_, ns.data(), ns.size(), doc_id.data(), doc_id.size(), version,
                                     metadata.data(), metadata.size(), a.request.tokens, a.request.num_tokens,
                                     &a.view, 1));
@@ -842,7 +1048,7 @@ class Model {
   FetchResult knowledge_fetch(const std::string& ns, const std::string& doc_id, const KvView& view, void* data,
                               size_t bytes) const {
     const detail::Life::Use use(life_);
-    const KvCallArgs a(*this, nullptr, view, data, bytes);
+    const KvCallArgs a(*this, nullptr, view, Host(data, bytes));
     FetchResult out;
     const uint64_t per_token = uint64_t{spec_.num_layers} * 2 * spec_.num_kv_heads * spec_.head_dim *
                                detail::DtypeBytes(spec_.dtype);
@@ -865,12 +1071,23 @@ class Model {
   Model(kdn_model* m, const ModelSpec& spec) : m_(m), spec_(spec) {}
 
  private:
+  static Memory Host(void* data, size_t bytes) {
+    Memory m;
+    m.address = reinterpret_cast<uintptr_t>(data);
+    m.bytes = bytes;
+    return m;
+  }
+
   // What every KV call passes kdn: the request (if any) and the native view
-  // over the caller's buffer, with the pointer arrays that view needs.
+  // over the caller's memory, with the pointer arrays that view needs.
   struct KvCallArgs {
-    KvCallArgs(const Model& model, const Request* req, const KvView& kv, void* data, size_t bytes)
+    KvCallArgs(const Model& model, const Request* req, const KvView& kv, const Memory& memory)
         : request(NativeRequest(req)),
-          view(kv.Native(model.spec_, data, bytes, &k, &v)) {}
+          view(kv.Native(model.spec_, reinterpret_cast<void*>(static_cast<uintptr_t>(memory.address)),
+                         static_cast<size_t>(memory.bytes), &k, &v)) {
+      view.memory = static_cast<kdn_memory_kind>(memory.kind);
+      view.cuda_stream = reinterpret_cast<void*>(static_cast<uintptr_t>(memory.cuda_stream));
+    }
     KvCallArgs(const KvCallArgs&) = delete;
     KvCallArgs& operator=(const KvCallArgs&) = delete;
     std::vector<void*> k, v;  // before view: Native fills them
@@ -886,10 +1103,10 @@ class Model {
 
   using KvCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
                                 kdn_kv_result*);
-  KvResult Call(KvCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
-                size_t bytes) const {
+  KvResult Call(KvCall call, const std::string& ns, const Request& request, const KvView& view,
+                const Memory& memory) const {
     const detail::Life::Use use(life_);
-    const KvCallArgs a(*this, &request, view, data, bytes);
+    const KvCallArgs a(*this, &request, view, memory);
     kdn_kv_result res;
     detail::Check(kdn_kv_result_init(&res, sizeof res));
     detail::Check(call(m_, ns.data(), ns.size(), &a.request, &a.view, 1, &res));
@@ -897,8 +1114,8 @@ class Model {
   }
   using OpCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
                                 kdn_op**);
-  Op* Start(OpCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
-            size_t bytes) const;
+  Op* Start(OpCall call, const std::string& ns, const Request& request, const KvView& view,
+            const Memory& memory) const;
 
   kdn_model* m_ = nullptr;
   ModelSpec spec_;
@@ -1025,18 +1242,28 @@ inline Model* Runtime::create_model(const ModelSpec& spec) {
 
 inline Op* Model::load_async(const std::string& ns, const Request& request, const KvView& view, void* data,
                              size_t bytes) {
-  return Start(&kdn_kv_load_async, ns, request, view, data, bytes);
+  return Start(&kdn_kv_load_async, ns, request, view, Host(data, bytes));
 }
 
 inline Op* Model::save_async(const std::string& ns, const Request& request, const KvView& view, void* data,
                              size_t bytes) {
-  return Start(&kdn_kv_save_async, ns, request, view, data, bytes);
+  return Start(&kdn_kv_save_async, ns, request, view, Host(data, bytes));
 }
 
-inline Op* Model::Start(OpCall call, const std::string& ns, const Request& request, const KvView& view, void* data,
-                        size_t bytes) const {
+inline Op* Model::load_async_memory(const std::string& ns, const Request& request, const KvView& view,
+                                    const Memory& memory) {
+  return Start(&kdn_kv_load_async, ns, request, view, memory);
+}
+
+inline Op* Model::save_async_memory(const std::string& ns, const Request& request, const KvView& view,
+                                    const Memory& memory) {
+  return Start(&kdn_kv_save_async, ns, request, view, memory);
+}
+
+inline Op* Model::Start(OpCall call, const std::string& ns, const Request& request, const KvView& view,
+                        const Memory& memory) const {
   const detail::Life::Use use(life_);
-  const KvCallArgs a(*this, &request, view, data, bytes);
+  const KvCallArgs a(*this, &request, view, memory);
   kdn_op* op = nullptr;
   detail::Check(call(m_, ns.data(), ns.size(), &a.request, &a.view, 1, &op));
   return new Op(op);

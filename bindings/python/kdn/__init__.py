@@ -14,16 +14,22 @@ layer bindings/swig/kdn_binding.hpp)::
         m.lookup("tenant", tokens).cached_tokens
 
 Errors are exceptions (kdn.Error and one subclass per status); a cache miss
-is not an error. Runtime, Model and Op are context managers.
+is not an error. Runtime, Model and Op are context managers. KV memory is any
+buffer (numpy arrays, bytearray, ...) or, since 1.5, a GPU array
+(__cuda_array_interface__ or DLPack: torch, CuPy) on the runtime's device.
+
+The package covers kdn's C ABI 1.8 (and the experimental editor and
+blending); it needs libkdn 1.8 or a later 1.x, and its wheel carries one.
 """
 from ._native import native as _s  # first: on the wrong Python, fails saying so
-from ._enums import DType, EvictionPolicy, LatencyKind, Layout, OpState, RopeStyle, Status, TierKind
+from ._enums import (DeviceMode, DType, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState, RopeScaling,
+                     RopeStyle, SegmentKind, Status, TierKind)
 from ._errors import (BufferTooSmallError, BusyError, CallerError, CancelledError, ClosedError, CorruptError, Error,
                       InternalError, InvalidArgumentError, NoMemoryError, NotFoundError, RetryableError, TimeoutError,
                       UnavailableError, UnsupportedError, VersionError)
 from ._runtime import Editor, KvView, Model, Op, Request, Runtime
-from ._types import (RESULT_LOSSY, ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult, ModelSpec,
-                     Stats, Tier, TierStats)
+from ._types import (RESULT_LOSSY, BlendReport, ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult,
+                     ModelSpec, Segment, Stats, Tier, TierStats)
 
 
 def version():
@@ -47,7 +53,8 @@ __version__ = _s.version()
 __all__ = [
     "Runtime", "Model", "Op", "Request", "KvView", "Editor", "Tier", "ModelSpec", "KvResult", "LookupResult",
     "DocumentInfo", "FetchResult", "Stats", "Latency", "TierStats", "ChunkInfo", "RESULT_LOSSY", "DType", "TierKind",
-    "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "Status", "Error", "CallerError",
+    "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "Status", "DeviceMode", "MemoryKind",
+    "RopeScaling", "SegmentKind", "Segment", "BlendReport", "Error", "CallerError",
     "RetryableError", "InvalidArgumentError", "ClosedError", "VersionError", "BufferTooSmallError", "NotFoundError",
     "BusyError", "UnavailableError", "TimeoutError", "CorruptError", "UnsupportedError", "NoMemoryError",
     "InternalError", "CancelledError", "version", "version_number", "status_string",

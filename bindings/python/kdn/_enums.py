@@ -9,7 +9,10 @@ with InvalidArgumentError.)
 """
 import enum
 
-__all__ = ["Status", "DType", "TierKind", "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle"]
+__all__ = [
+    "Status", "DType", "TierKind", "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "DeviceMode",
+    "MemoryKind", "RopeScaling", "SegmentKind",
+]
 
 
 class _OpenEnum(enum.IntEnum):
@@ -93,3 +96,31 @@ class LatencyKind(_OpenEnum):
 class RopeStyle(_OpenEnum):
     INTERLEAVED = 0
     NEOX = 1
+
+
+class DeviceMode(_OpenEnum):
+    """The GPU a runtime delivers KV to (since 1.5; Runtime(device=...))."""
+    AUTO = 0  #: the CUDA device device_ordinal when kdn has CUDA and the machine a usable GPU; else none
+    NONE = 1  #: no device: device arrays are refused (UnsupportedError)
+    EMULATED = 2  #: host memory stands in for the GPU's (develop and test GPU integrations without one)
+    CUDA = 3  #: the CUDA device device_ordinal; Runtime() fails (UnsupportedError) without one
+
+
+class MemoryKind(_OpenEnum):
+    """Where a call's KV memory is (since 1.5): host memory, or the
+    runtime's device's (a GPU array: __cuda_array_interface__ or DLPack)."""
+    HOST = 0
+    DEVICE = 1
+
+
+class RopeScaling(_OpenEnum):
+    """How a blend re-rotates keys (Model.blend, experimental)."""
+    NONE = 0
+    LINEAR = 1  #: positions divided by rope_factor
+    NTK = 2  #: theta * rope_factor^(r / (r - 2))
+
+
+class SegmentKind(_OpenEnum):
+    """A piece of a blended context (kdn.Segment)."""
+    DOCUMENT = 0  #: a knowledge item by doc_id
+    TOKENS = 1  #: tokens computed now (the query, anything not cached)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The SWIG module, imported first: on a Python other than the one the
-extension was built for, the import fails saying so.
+extension was built for, the import fails saying so; with a libkdn older
+than the C ABI this package covers (1.8), it fails saying that.
 
 The extension's name carries the ABI it was built for
 (_kdn_swig.cpython-311-x86_64-linux-gnu.so). Another Python looks for its own
@@ -29,4 +30,24 @@ def _load():
             f"(-DPython3_EXECUTABLE={sys.executable})", name="kdn") from e
 
 
+# The C ABI level this package uses: libkdn 1.8 or a later 1.x serves it.
+BINDING_VERSION_MAJOR, BINDING_VERSION_MINOR = 1, 8
+
+
+def check_library_version(number):
+    """None when a libkdn of version number `number` (MAJOR * 10000 + MINOR
+    * 100 + PATCH) can serve this package: the same major version and a
+    minor no older than BINDING_VERSION_MINOR; else why not (ImportError)."""
+    major, minor, patch = number // 10000, number // 100 % 100, number % 100
+    if major == BINDING_VERSION_MAJOR and minor >= BINDING_VERSION_MINOR:
+        return None
+    return ImportError(
+        f"libkdn {major}.{minor}.{patch} is not usable by this Python binding: it needs libkdn "
+        f"{BINDING_VERSION_MAJOR}.{BINDING_VERSION_MINOR} or a later {BINDING_VERSION_MAJOR}.x "
+        f"(libkdn.so.{BINDING_VERSION_MAJOR})", name="kdn")
+
+
 native = _load()
+_mismatch = check_library_version(native.version_number())
+if _mismatch is not None:
+    raise _mismatch

@@ -14,22 +14,27 @@ Threads: a Runtime, Model or Op may be used from many threads at once (as
 kdn.h says); every call releases the GIL while kdn works. close() may come
 from any thread, even while other threads are inside calls on the handle:
 it waits until those calls have left (a wait on an op ends promptly and
-raises ClosedError), and calls after it raise ClosedError.
+raises ClosedError), and calls after it raise ClosedError. A close inside a
+blend's layer callback is handed to the closer thread too (the blend holds
+the model until it returns).
 """
 import abc
 import array
 import atexit
 import collections
 import math
+import os
 import sys
 import threading
 import weakref
 
 from . import kdn_swig as _s
-from ._enums import DType, Layout, LatencyKind, OpState, Status, TierKind
+from ._arrays import cuda_interface as _cuda_interface
+from ._arrays import foreign as _foreign
+from ._enums import DeviceMode, DType, Layout, LatencyKind, OpState, RopeScaling, SegmentKind, Status, TierKind
 from ._errors import InvalidArgumentError, _from_native
-from ._types import (ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult, ModelSpec, Stats, Tier,
-                     TierStats)
+from ._types import (BlendReport, ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult, ModelSpec,
+                     Segment, Stats, Tier, TierStats)
 
 __all__ = ["Runtime", "Model", "Op", "Request", "KvView", "Editor"]
 
@@ -69,27 +74,40 @@ class Request:
 
     Every KV call also takes a plain sequence of ints or an int32 buffer
     (numpy int32 array, array('i')) in place of a Request.
+
+    ttft_target_us (since 1.6): for retrieve and load_async, the time from
+    the call within which the cached prefix's KV should be in place, in
+    microseconds (0: none). Remote and redis tiers with quality levels
+    (Tier levels) pick each chunk's level by it, and leave the chunks no
+    level delivers in time to recompute. Other calls ignore it; over an hour
+    is refused (InvalidArgumentError: a unit mistake).
     """
 
     __slots__ = ("_r",)
 
-    def __init__(self, tokens=None):
+    def __init__(self, tokens=None, *, ttft_target_us=0):
         self._r = _s.Request()
         if tokens is not None:
             self._r.set_tokens(tokens)
+        if ttft_target_us:
+            _set_target(self._r, ttft_target_us)
 
     @classmethod
-    def from_block_hashes(cls, hashes, hash_bytes, block_tokens):
+    def from_block_hashes(cls, hashes, hash_bytes, block_tokens, *, ttft_target_us=0):
         """A request by the engine's block hashes: `hashes` is bytes-like,
         num_blocks * hash_bytes long; each block covers block_tokens tokens
         (the runtime's chunk_tokens must be a multiple of it)."""
-        r = cls()
+        r = cls(ttft_target_us=ttft_target_us)
         r._r.set_block_hashes(hashes, hash_bytes, block_tokens)
         return r
 
     @property
     def uses_hashes(self):
         return self._r.uses_hashes()
+
+    @property
+    def ttft_target_us(self):
+        return self._r.ttft_target_us()
 
     def __len__(self):
         """Token ids, or block hashes."""
@@ -99,12 +117,40 @@ class Request:
         return f"kdn.Request({len(self)} {'block hashes' if self.uses_hashes else 'tokens'})"
 
 
-def _request(tokens):
+def _set_target(r, us):
+    try:
+        r.set_ttft_target_us(us)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise InvalidArgumentError(f"ttft_target_us={us!r}: {e}") from e
+
+
+def _request(tokens, ttft_target_us=None):
     if type(tokens) is Request:
-        return tokens._r
+        if ttft_target_us is None:
+            return tokens._r
+        try:  # a copy: a Request is immutable (other threads may be reading it)
+            return tokens._r.with_ttft_target_us(ttft_target_us)
+        except (TypeError, OverflowError, ValueError) as e:
+            raise InvalidArgumentError(f"ttft_target_us={ttft_target_us!r}: {e}") from e
     r = _s.Request()
     r.set_tokens(tokens)
+    if ttft_target_us is not None:
+        _set_target(r, ttft_target_us)
     return r
+
+
+def _canonical_tokens(tokens, view):
+    """What a 5-dimensional array must hold for the canonical view: False
+    (the call has its own view), the request's token count, or None (block
+    hashes: the count is the engine's)."""
+    if view is not None:
+        return False
+    if type(tokens) is Request:
+        return None if tokens.uses_hashes else len(tokens)
+    try:
+        return len(tokens)
+    except TypeError:
+        return None
 
 
 class KvView:
@@ -347,7 +393,7 @@ atexit.register(_closer.drain, 60)
 
 
 def _close_handle(handle, core, buffer=None):
-    if _s.in_editor():  # on kdn's mover thread: close elsewhere, after the editor returns
+    if _s.kdn_py_in_callback():  # in an editor or a blend's callback: close elsewhere, after it returns
         _closer.submit(handle, core, buffer)
     else:
         _close_now(handle, core, buffer)
@@ -390,18 +436,47 @@ class Runtime(_Handle):
     hash_seed: the seed of every key hash (runtimes that share KV share it).
     worker_threads: background loads and saves (0: 2). editor: a kdn.Editor
     or a callable edit(info, kv) -> bool, run on each stored chunk.
+
+    device, device_ordinal (since 1.5): the GPU KV is delivered to, for GPU
+    arrays (see Model) and device tiers: DeviceMode.AUTO (the CUDA device
+    device_ordinal when kdn has CUDA and there is a GPU; else none),
+    NONE (GPU arrays are refused: UnsupportedError), EMULATED (host memory
+    stands in for the GPU's: a "GPU pointer" is a host address, and every
+    device path runs its CPU code; for testing GPU integrations without
+    one), CUDA (UnsupportedError without one).
+    load_slower_than_prefill (since 1.7): False (the default): once the
+    engine reported its prefill time (Model.report_prefill), a load leaves
+    the cached chunks whose tier delivers slower than that to recompute
+    (Stats.recompute_tokens); True: load them all, however slow.
+    secret_file (since 1.8): a file holding the deployment's secret (32
+    bytes or more, readable by the service only): chunks of redis and disk
+    tiers are sealed with it, and only chunks sealed with it are read
+    (others are misses: TierStats.auth_failures). A file that cannot be
+    read, is open to others or is too short: InvalidArgumentError.
     """
 
     def __init__(self, *, chunk_tokens=256, tiers=None, host_capacity_bytes=1 << 30, hash_seed=0, worker_threads=0,
-                 editor=None):
+                 editor=None, device=DeviceMode.AUTO, device_ordinal=0, load_slower_than_prefill=False,
+                 secret_file=None):
         o = _s.RuntimeOptions()
         try:
             o.chunk_tokens = chunk_tokens
             o.host_capacity_bytes = host_capacity_bytes
             o.hash_seed = hash_seed
             o.worker_threads = worker_threads
-        except (TypeError, OverflowError) as e:
+            o.device = int(device)
+            o.device_ordinal = device_ordinal
+            o.load_slower_than_prefill = bool(load_slower_than_prefill)
+        except (TypeError, OverflowError, ValueError) as e:
             raise InvalidArgumentError(f"runtime options: {e}") from e
+        if secret_file is not None:
+            try:
+                path = os.fsdecode(secret_file)
+            except TypeError as e:
+                raise InvalidArgumentError(f"secret_file must be a path, not {type(secret_file).__name__}") from e
+            if not path:
+                raise InvalidArgumentError("secret_file is empty (None: no secret)")
+            o.secret_file = os.fsencode(path)
         if isinstance(tiers, Tier):
             tiers = [tiers]
         for tier in tiers or ():
@@ -417,6 +492,8 @@ class Runtime(_Handle):
         else:
             self._h = _s.Runtime(o)
         self.chunk_tokens = chunk_tokens
+        self.device = DeviceMode(int(device))
+        self.device_ordinal = device_ordinal
         self._core = _Core(bridge)
         self._track(self._h, self._core)
 
@@ -470,6 +547,20 @@ class Runtime(_Handle):
         return TierStats(TierKind(t[0]), *t[1:])
 
 
+def _levels(levels):
+    """Tier.levels: a ';'-separated string, or a list of codec specs."""
+    if isinstance(levels, (str, bytes)):
+        return levels
+    try:
+        parts = [p.decode() if isinstance(p, bytes) else p for p in levels]
+    except TypeError as e:
+        raise InvalidArgumentError(f"levels must be codec specs, not {levels!r}") from e
+    for p in parts:
+        if not isinstance(p, str) or ";" in p:
+            raise InvalidArgumentError(f"levels: {p!r} is not one codec spec")
+    return ";".join(parts)
+
+
 def _native_tier(tier):
     t = _s.TierConfig()
     try:
@@ -490,6 +581,7 @@ def _native_tier(tier):
     t.tls_ca_file = tier.tls_ca_file
     t.tls_server_name = tier.tls_server_name
     t.user = tier.user
+    t.levels = _levels(tier.levels)
     return t
 
 
@@ -504,6 +596,25 @@ class Model(_Handle):
     float16 or uint16 for F16; uint16 for BF16); bytes fit any.
     `tokens` is a Request, a sequence of ints or an int32 buffer.
     `ns` is the tenant namespace, str or bytes.
+
+    GPU arrays (since 1.5): store, retrieve, load_async, save_async and
+    blend also take objects with __cuda_array_interface__ (torch and CuPy
+    tensors on the GPU, numba arrays) and DLPack producers (__dlpack__ and
+    __dlpack_device__: a CUDA tensor is device memory, a CPU one host
+    memory), used in place, C-contiguous, with the same element types (and
+    bfloat16 for BF16). Device memory must be the runtime's device's
+    (Runtime(device=...)); a runtime without one refuses it
+    (UnsupportedError). `stream` names the engine's CUDA stream (an int
+    cudaStream_t, or a torch or CuPy stream): kdn's work on the memory
+    starts after what the stream holds at the call, and what the engine
+    queues on it after the call (an op: after it ends) sees kdn's writes.
+    An array's own __cuda_array_interface__ stream is taken when the call
+    names none; a DLPack producer is asked for its tensor on the call's
+    stream (none named: the legacy default stream). With the canonical view
+    (view=None), a 5-dimensional array must have the model's shape
+    [layer][k|v][token][kv_head][head_dim] for the request's tokens.
+    The knowledge calls take host buffers only (kdn refuses device memory
+    for them).
     """
 
     def __init__(self, runtime, handle, spec):
@@ -554,8 +665,14 @@ class Model(_Handle):
         try:
             mv = memoryview(kv)
         except TypeError as e:
+            if hasattr(kv, "__cuda_array_interface__") or hasattr(kv, "__dlpack__"):
+                raise InvalidArgumentError(f"the KV buffer must be host memory with the buffer protocol, not "
+                                           f"{type(kv).__name__}: the knowledge calls take no GPU arrays") from e
             raise InvalidArgumentError(f"the KV buffer must support the buffer protocol, not {type(kv).__name__}") \
                 from e
+        return self._checked(mv, writable)
+
+    def _checked(self, mv, writable):
         if writable and mv.readonly:
             raise InvalidArgumentError("the KV buffer is read-only: kdn writes into it (use a bytearray or an array)")
         fmt = mv.format
@@ -566,6 +683,26 @@ class Model(_Handle):
                 f"a buffer of format {mv.format!r} for a {DType(self.spec.dtype).name} model "
                 f"(use {'float32' if self.spec.dtype == DType.F32 else 'uint16'} elements, or bytes)")
         return mv
+
+    def _memory(self, kv, writable, tokens, view, stream):
+        """The KV memory of a call, checked: a memoryview over a buffer, or
+        a _Foreign (a GPU array or a DLPack tensor: memory by address)."""
+        cai = _cuda_interface(kv)
+        if cai is None:
+            try:
+                mv = memoryview(kv)
+            except TypeError:
+                pass
+            else:
+                if stream is not None:
+                    raise InvalidArgumentError(f"stream is for device memory, and {type(kv).__name__} is a host "
+                                               f"buffer")
+                return self._checked(mv, writable)
+        f = _foreign(kv, self, writable, _canonical_tokens(tokens, view), stream, _s.Memory, cai=cai)
+        if f is None:
+            raise InvalidArgumentError(f"the KV memory must be a buffer (numpy array, bytearray, ...), an object with "
+                                       f"__cuda_array_interface__ or a DLPack producer, not {type(kv).__name__}")
+        return f
 
     # ---- Lookup, store, retrieve ----
 
@@ -591,31 +728,152 @@ class Model(_Handle):
             out.append(LookupResult(Status(t[0]), t[1], t[2]))
         return out
 
-    def store(self, ns, tokens, kv, view=None):
+    def store(self, ns, tokens, kv, view=None, *, stream=None):
         """Stores the tokens' KV from `kv` (read only: bytes are fine).
         Chunks already cached are skipped; when not all fit, the longest
         prefix that fits is kept. Returns a KvResult (tokens: the leading
         tokens cached after the call)."""
-        return KvResult._native(self._h.store(ns, _request(tokens), _view(view), self._kv(kv, False)))
+        mem = self._memory(kv, False, tokens, view, stream)
+        if type(mem) is memoryview:
+            return KvResult._native(self._h.store(ns, _request(tokens), _view(view), mem))
+        with mem:
+            return KvResult._native(self._h.store_memory(ns, _request(tokens), _view(view), mem.native))
 
-    def retrieve(self, ns, tokens, kv, view=None):
+    def retrieve(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None):
         """Writes the KV of the longest cached prefix into `kv`. Returns a
-        KvResult: tokens = its length, 0 on a miss (not an error)."""
-        return KvResult._native(self._h.retrieve(ns, _request(tokens), _view(view), self._kv(kv, True)))
+        KvResult: tokens = its length, 0 on a miss (not an error).
+        ttft_target_us: see Request (None: the Request's own, else 0)."""
+        mem = self._memory(kv, True, tokens, view, stream)
+        if type(mem) is memoryview:
+            return KvResult._native(self._h.retrieve(ns, _request(tokens, ttft_target_us), _view(view), mem))
+        with mem:
+            return KvResult._native(self._h.retrieve_memory(ns, _request(tokens, ttft_target_us), _view(view),
+                                                            mem.native))
 
-    def load_async(self, ns, tokens, kv, view=None):
+    def load_async(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None):
         """Starts loading the cached prefix into `kv` layer by layer in the
         background: an Op, which keeps `kv` exported (it cannot be resized
-        or freed) until it is closed."""
-        mv = self._kv(kv, True)
-        return Op(self, self._h.load_async(ns, _request(tokens), _view(view), mv), mv)
+        or freed; a DLPack tensor: not given back to its producer) until it
+        is closed. ttft_target_us: see Request."""
+        mem = self._memory(kv, True, tokens, view, stream)
+        if type(mem) is memoryview:
+            return Op(self, self._h.load_async(ns, _request(tokens, ttft_target_us), _view(view), mem), mem)
+        try:
+            return Op(self, self._h.load_async_memory(ns, _request(tokens, ttft_target_us), _view(view), mem.native),
+                      mem)
+        except BaseException:
+            mem.release()
+            raise
 
-    def save_async(self, ns, tokens, kv, view=None):
+    def save_async(self, ns, tokens, kv, view=None, *, stream=None):
         """Starts a save from `kv`: call op.layer_ready(layer) once per model
         layer as it becomes final, then op.wait(). `kv` stays exported until
         the Op is closed."""
-        mv = self._kv(kv, False)
-        return Op(self, self._h.save_async(ns, _request(tokens), _view(view), mv), mv)
+        mem = self._memory(kv, False, tokens, view, stream)
+        if type(mem) is memoryview:
+            return Op(self, self._h.save_async(ns, _request(tokens), _view(view), mem), mem)
+        try:
+            return Op(self, self._h.save_async_memory(ns, _request(tokens), _view(view), mem.native), mem)
+        except BaseException:
+            mem.release()
+            raise
+
+    # ---- Blending (experimental in kdn.h) ----
+
+    def blend(self, ns, segments, kv, view=None, *, layer_fn, hidden_dim, ratio=0.15, threshold=None,
+              check_layers=None, rope_scaling=RopeScaling.NONE, rope_factor=1.0, stream=None):
+        """Composes a context from pieces whose KV was computed alone
+        (CacheBlend; experimental in kdn.h): documents (knowledge items)
+        are placed and their keys rotated to their new positions; at the
+        check layers the cached tokens whose keys deviate most from a fresh
+        computation are selected, and only those and the tokens computed
+        now are recomputed in the later layers, by the engine, through
+        `layer_fn`. Writes the whole context's KV into `kv` (a buffer or a
+        GPU array, in the model's dtype); returns a BlendReport.
+
+        segments: in order, each a kdn.Segment, a str (a document's doc_id)
+        or a sequence of ints / int32 buffer (tokens computed now).
+        view: None is the canonical layout with room for the tokens `kv`
+        holds (a 5-dimensional array's third dimension, else its bytes /
+        kv_bytes_per_token); a KvView with documents must state its room
+        (num_tokens). A context longer than the room: BufferTooSmallError
+        (nothing written).
+
+        layer_fn(layer, positions, tokens, hidden, k, v): the engine's
+        recompute of model layer `layer` for the positions (ascending) of
+        the composed context, called on this thread, layer by layer in
+        order, holding the GIL. positions: an int32 memoryview (count,);
+        tokens: their ids at layer 0 (the engine embeds them), None after;
+        hidden: a float32 memoryview (count, hidden_dim), the layer's input
+        (unset at layer 0), to be overwritten with its output; k, v: float32
+        memoryviews (total positions, kv_heads * head_dim) of this layer's
+        KV: write the positions' K (after RoPE at their positions) and V,
+        and attend each position causally over [0, its own] of them.
+        numpy.asarray(view) edits one in place. The views are of copies of
+        kdn's buffers, written back when layer_fn returns, and released then
+        (an array kept past the call is a stale copy's). An exception raised
+        in layer_fn (any BaseException) stops the blend, which raises it.
+        layer_fn may call kdn; a close it makes of this model is done once
+        the blend has returned.
+
+        hidden_dim: the engine's hidden width (required). ratio: fraction of
+        cached tokens recomputed, in [0, 1] (0.15); threshold: select by key
+        deviation >= threshold instead (None: by ratio); check_layers: the
+        check layers, ascending (None: [1], or [0] for a one-layer model);
+        rope_scaling, rope_factor: how the model scales RoPE (the spec gives
+        theta, style and rotary_dim). NotFoundError when a document is
+        unknown or its KV is gone from every tier.
+        """
+        segs = _s.BlendSegments()
+        for i, seg in enumerate(segments):
+            if isinstance(seg, Segment):
+                kind, doc_id, ids = SegmentKind(seg.kind), seg.doc_id, seg.tokens
+            elif isinstance(seg, str):
+                kind, doc_id, ids = SegmentKind.DOCUMENT, seg, None
+            elif isinstance(seg, (bytes, bytearray)):
+                raise InvalidArgumentError(f"segment {i}: bytes are ambiguous: kdn.Segment.document(doc_id) or "
+                                           f"kdn.Segment.of_tokens(ids)")
+            else:
+                kind, doc_id, ids = SegmentKind.TOKENS, None, seg
+            if kind == SegmentKind.DOCUMENT:
+                segs.add_document(doc_id)
+            elif kind == SegmentKind.TOKENS:
+                segs.add_tokens(ids)
+            else:
+                raise InvalidArgumentError(f"segment {i}: kind {kind!r}")
+        o = _s.BlendOptions()
+        try:
+            o.ratio = ratio
+            o.threshold = -1.0 if threshold is None else threshold
+            o.hidden_dim = hidden_dim
+            o.rope_scaling = int(rope_scaling)
+            o.rope_factor = rope_factor
+            for layer in check_layers or ():
+                o.add_check_layer(int(layer))
+        except (TypeError, OverflowError, ValueError) as e:
+            raise InvalidArgumentError(f"blend options: {e}") from e
+        if not callable(layer_fn):
+            raise InvalidArgumentError("layer_fn must be callable")
+        mem = self._memory(kv, True, None, False, stream)  # (a view of its own: the shape is checked below)
+        if type(mem) is memoryview:
+            return BlendReport._make(_s.kdn_py_blend(self._h, ns, segs, o, self._blend_view(view, mem), mem,
+                                                     layer_fn))
+        with mem:
+            return BlendReport._make(_s.kdn_py_blend_memory(self._h, ns, segs, o, self._blend_view(view, mem),
+                                                            mem.native, layer_fn))
+
+    def _blend_view(self, view, mem):
+        """A blend's view: the caller's, or the canonical layout with room
+        for the tokens the memory holds (a context with documents needs it
+        stated)."""
+        if view is not None:
+            return _view(view)
+        if len(mem.shape) == 5:
+            room = mem.shape[2]
+            _check_canonical_shape(mem.shape, self.spec, room)
+        else:
+            room = mem.nbytes // self.spec.kv_bytes_per_token
+        return KvView(num_tokens=room)._v
 
     # ---- Knowledge items ----
 
@@ -660,6 +918,13 @@ class Model(_Handle):
         ids = array.array("i")
         ids.frombytes(tokens)
         return FetchResult(KvResult._native(result), ids)
+
+
+def _check_canonical_shape(shape, spec, tokens):
+    want = (spec.num_layers, 2, tokens, spec.num_kv_heads, spec.head_dim)
+    if tuple(shape) != want:
+        raise InvalidArgumentError(f"the KV array has shape {tuple(shape)}, but the canonical layout "
+                                   f"[layer][k|v][token][kv_head][head_dim] of this model is {want} (or pass a KvView)")
 
 
 class Op(_Handle):

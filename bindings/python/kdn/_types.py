@@ -2,13 +2,13 @@
 """kdn's value types: configuration in (Tier, ModelSpec) and results out."""
 import array
 import dataclasses
-from typing import NamedTuple, Tuple, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
-from ._enums import DType, EvictionPolicy, OpState, RopeStyle, Status, TierKind
+from ._enums import DType, EvictionPolicy, OpState, RopeStyle, SegmentKind, Status, TierKind
 
 __all__ = [
     "Tier", "ModelSpec", "KvResult", "LookupResult", "DocumentInfo", "FetchResult", "Stats", "Latency",
-    "TierStats", "ChunkInfo", "RESULT_LOSSY",
+    "TierStats", "ChunkInfo", "RESULT_LOSSY", "Segment", "BlendReport",
 ]
 
 #: KvResult.flags: some of the KV written was decoded from a lossy codec.
@@ -32,6 +32,14 @@ class Tier:
     call (0: 2000). user, ttl_ms (since 1.3): a redis tier's ACL user (needs
     a password) and the time after which its keys expire (0: never); other
     kinds refuse them (InvalidArgumentError).
+
+    policy: EvictionPolicy.LRU, S3FIFO, or COST (since 1.5: keeps what saves
+    the most prefill time per byte held). levels (since 1.6, remote and
+    redis tiers, without a codec): quality levels, codec specs finest first,
+    as a list or one ';'-separated string (["zstd", "kdn:hifi",
+    "kdn:balanced"]); a load with a TTFT target (ttft_target_us) fetches each
+    chunk at the finest level that arrives in time, and leaves the chunks no
+    level would to recompute.
     """
     kind: TierKind = TierKind.HOST
     capacity_bytes: int = 1 << 30
@@ -48,6 +56,7 @@ class Tier:
     tls_server_name: Text = ""
     user: Text = ""
     ttl_ms: int = 0
+    levels: Union[Text, Tuple[Text, ...], list] = ""
 
     @classmethod
     def host(cls, capacity_bytes=1 << 30, **kwargs):
@@ -183,6 +192,8 @@ class Stats:
     delivery_ns: int  #: time spent in loads (retrieves and load ops), hits and misses
     lookup_tokens: int  #: tokens the looked-up requests covered
     lookup_hit_tokens: int  #: of them, the leading tokens found cached (LookupResult.cached_tokens)
+    # Since 1.7.
+    recompute_tokens: int  #: cached tokens loads left to recompute: their tiers deliver slower than prefill
 
 
 class Latency(NamedTuple):
@@ -229,6 +240,15 @@ class TierStats:
     # first, down to low. 0.0 and 0.0: the tier has none (remote, redis).
     high_watermark: float
     low_watermark: float
+    # Since 1.7: how fast the tier delivers into host and device views (ns
+    # per token of KV, a moving average of its loads; 0.0 until measured),
+    # and its chunks loads left to recompute as slower than the prefill.
+    delivery_ns_per_token: float
+    device_delivery_ns_per_token: float
+    recompute_chunks: int
+    # Since 1.8: of corrupt_detected, the chunks whose seal failed (a runtime
+    # with a secret_file: none, another secret's, or a MAC that does not match).
+    auth_failures: int
 
 
 class ChunkInfo(NamedTuple):
@@ -240,3 +260,35 @@ class ChunkInfo(NamedTuple):
     num_tokens: int
     dtype: DType
     first_position: int
+
+
+class Segment(NamedTuple):
+    """One piece of a blended context (Model.blend, experimental): a
+    document by doc_id (a knowledge item), or tokens computed now (the
+    query). Model.blend also takes a str as a document and a sequence of
+    ints (or an int32 buffer) as tokens."""
+    kind: SegmentKind
+    doc_id: Optional[Text] = None
+    tokens: Any = None
+
+    @classmethod
+    def document(cls, doc_id):
+        """A knowledge item, by its doc_id (str or bytes)."""
+        return cls(SegmentKind.DOCUMENT, doc_id, None)
+
+    @classmethod
+    def of_tokens(cls, tokens):
+        """Tokens computed now: a sequence of ints or an int32 buffer."""
+        return cls(SegmentKind.TOKENS, None, tokens)
+
+
+class BlendReport(NamedTuple):
+    """What a blend did: the composed context's positions, of them those
+    placed from documents and those computed now, the cached positions
+    recomputed past the last check layer, and the fraction of a full
+    prefill's layer x position work that was recomputed."""
+    positions: int
+    cached_positions: int
+    fresh_positions: int
+    selected: int
+    recompute_fraction: float

@@ -21,7 +21,7 @@ class VersionTest(unittest.TestCase):
         self.assertRegex(kdn.version(), r"^\d+\.\d+\.\d+$")
         major, minor, patch = map(int, kdn.version().split("."))
         self.assertEqual(kdn.version_number(), major * 10000 + minor * 100 + patch)
-        self.assertGreaterEqual(kdn.version_number(), 10200)
+        self.assertGreaterEqual(kdn.version_number(), 10800)  # the C ABI level the package covers
         self.assertEqual(kdn.__version__, kdn.version())
         self.assertEqual(kdn.status_string(kdn.Status.NOT_FOUND), "KDN_ERR_NOT_FOUND")
 
@@ -29,7 +29,8 @@ class VersionTest(unittest.TestCase):
 class EnumTest(unittest.TestCase):
     def test_unknown_values_are_kept(self):
         for enum in (kdn.Status, kdn.DType, kdn.TierKind, kdn.EvictionPolicy, kdn.Layout, kdn.OpState,
-                     kdn.LatencyKind, kdn.RopeStyle):
+                     kdn.LatencyKind, kdn.RopeStyle, kdn.DeviceMode, kdn.MemoryKind, kdn.RopeScaling,
+                     kdn.SegmentKind):
             v = enum(1234)
             self.assertEqual(v, 1234)
             self.assertEqual(v.name, "UNKNOWN_1234")
@@ -221,7 +222,9 @@ class KvTest(unittest.TestCase):
         # nothing may change its tokens under them. It has no mutator, and
         # the ids it was made from are copied in.
         public = sorted(name for name in dir(kdn.Request) if not name.startswith("_"))
-        self.assertEqual(public, ["from_block_hashes", "uses_hashes"])
+        self.assertEqual(public, ["from_block_hashes", "ttft_target_us", "uses_hashes"])
+        with self.assertRaises(AttributeError):
+            kdn.Request(tokens(4)).ttft_target_us = 5  # a read-only property
         ids = tokens(2 * CHUNK)
         req = kdn.Request(ids)
         ids[:] = 7  # the caller reuses its array

@@ -25,7 +25,7 @@ def mapped_files():
 class PackageTest(unittest.TestCase):
     def test_files(self):
         self.assertEqual(sorted(n for n in os.listdir(PKG) if not n.startswith((".", "__pycache__"))),
-                         sorted(["__init__.py", "_enums.py", "_errors.py", "_native.py", "_runtime.py", "_types.py",
+                         sorted(["__init__.py", "_arrays.py", "_enums.py", "_errors.py", "_native.py", "_runtime.py", "_types.py",
                                  "kdn_swig.py", EXT, "libkdn.so.1"]))
 
     def test_libkdn_is_the_package_copy(self):
@@ -73,6 +73,30 @@ class PackageTest(unittest.TestCase):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.strip(), "ok without numpy")
+
+    def test_library_version_is_checked(self):
+        from kdn import _native
+        self.assertIsNone(_native.check_library_version(kdn.version_number()))
+        for ok in (10800, 10801, 10900, 19999):
+            self.assertIsNone(_native.check_library_version(ok), ok)
+        for old, text in ((10700, "1.7.0"), (10402, "1.4.2"), (20000, "2.0.0"), (9900, "0.99.0")):
+            e = _native.check_library_version(old)
+            self.assertIsInstance(e, ImportError)
+            self.assertEqual(str(e), f"libkdn {text} is not usable by this Python binding: it needs libkdn 1.8 or "
+                                     f"a later 1.x (libkdn.so.1)")
+        # The import itself refuses an older library: the extension loaded
+        # first with its version_number() made 1.7's, then the package.
+        code = ("import sys, types\n"
+                f"pkg = types.ModuleType('kdn'); pkg.__path__ = [{PKG!r}]; sys.modules['kdn'] = pkg\n"
+                "import kdn.kdn_swig as s\n"
+                "s.version_number = lambda: 10703\n"
+                "del sys.modules['kdn']\n"
+                "import kdn\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertEqual(out.stderr.strip().splitlines()[-1],
+                         "ImportError: libkdn 1.7.3 is not usable by this Python binding: it needs libkdn 1.8 or a "
+                         "later 1.x (libkdn.so.1)", out.stderr)
 
     def test_another_python_is_told_which(self):
         # The package with its extension renamed as another Python's: this

@@ -1,0 +1,300 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Blending (kdn_kv_blend, experimental) from Python, with a real layer
+callback: the reference model's forward pass in numpy (_refmodel), which the
+tests first check against the repository's reference KV. Two documents put
+as knowledge items (their KV computed alone) and a query are blended: with
+ratio 1 the result is the full prefill, bit for bit; with 0.25 the callback
+runs where kdn says, what it writes lands in the view, the rest is the
+documents' KV placed, and the query's KV is closer to the full prefill's
+than naive reuse's. Exceptions raised in the callback come back to the
+caller; device views (emulated) get what host views get."""
+import threading
+import traceback
+import unittest
+
+import numpy as np
+
+import kdn
+from _devarrays import CudaArray, DLPackCuda
+import _refmodel
+
+NS = "blend"
+LAYERS, HEADS, DIM = 5, 4, 8
+
+
+def ids(salt, n):
+    """n ids of the reference run, from a place that depends on salt (as the C test's Ids)."""
+    return [_refmodel.REFERENCE_IDS[(salt * 7 + i) % len(_refmodel.REFERENCE_IDS)] for i in range(n)]
+
+
+DOC_A, DOC_B, QUERY = ids(1, 19), ids(2, 23), ids(3, 5)
+CONTEXT = [_refmodel.BOS] + DOC_B + DOC_A + QUERY  # BOS, doc-b, doc-a, the query
+TOTAL = len(CONTEXT)  # 48
+SEGMENTS = [[_refmodel.BOS], "doc-b", kdn.Segment.document("doc-a"), kdn.Segment.of_tokens(QUERY)]
+FRESH = [0] + list(range(TOTAL - len(QUERY), TOTAL))  # BOS and the query
+
+
+class Engine:
+    """The engine side of a blend: the reference model's layer, recording
+    each call and what it wrote."""
+
+    def __init__(self, ref, fail_at=None, error=None):
+        self.ref = ref
+        self.fail_at = fail_at
+        self.error = error
+        self.calls = []  # (layer, positions, tokens, hidden shape, k shape)
+        self.wrote = {}  # layer -> (positions, K rows, V rows) the callback wrote
+
+    def __call__(self, layer, positions, tokens, hidden, k, v):
+        pos = np.asarray(positions)
+        self.calls.append((layer, pos.copy(), None if tokens is None else list(tokens), hidden.shape, k.shape))
+        if layer == self.fail_at:
+            raise self.error
+        h, kk, vv = np.asarray(hidden), np.asarray(k), np.asarray(v)
+        if layer == 0:
+            h[:] = self.ref.embed(np.asarray(tokens))
+        self.ref.layer(layer, pos, h, kk, vv)
+        self.wrote[layer] = (pos.copy(), kk[pos].copy(), vv[pos].copy())
+
+
+def canonical():
+    return np.full((LAYERS, 2, TOTAL, HEADS, DIM), -1.0, np.float32)
+
+
+class BlendTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not _refmodel.present():
+            if _refmodel.required():
+                raise AssertionError(f"reference model missing at {_refmodel.MODELS} and KDN_REQUIRE_MODELS=1")
+            raise unittest.SkipTest(f"reference model not found at {_refmodel.MODELS} (set KDN_MODELS)")
+        cls.ref = _refmodel.RefModel()
+        cls.full = cls.ref.prefill(CONTEXT)
+        cls.alone = {"doc-a": cls.ref.prefill(DOC_A), "doc-b": cls.ref.prefill(DOC_B)}
+
+    def setUp(self):
+        self.rt = kdn.Runtime(chunk_tokens=16, tiers=[kdn.Tier.host(16 << 20)], device=kdn.DeviceMode.EMULATED)
+        self.m = self.rt.model(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM, fingerprint="stories260K")
+        self.addCleanup(self.rt.close)
+        self.addCleanup(self.m.close)
+        self.m.knowledge_put(NS, "doc-a", DOC_A, self.alone["doc-a"])
+        self.m.knowledge_put(NS, "doc-b", DOC_B, self.alone["doc-b"])
+
+    def blend(self, out=None, engine=None, model=None, **kwargs):
+        engine = engine or Engine(self.ref)
+        out = canonical() if out is None else out
+        kwargs.setdefault("ratio", 0.25)
+        report = (model or self.m).blend(NS, SEGMENTS, out, layer_fn=engine, hidden_dim=self.ref.dim, **kwargs)
+        return report, out, engine
+
+    def test_the_forward_pass_is_the_reference_models(self):
+        tokens, k, v = _refmodel.reference_kv()
+        kv = self.ref.prefill(tokens)
+        np.testing.assert_allclose(kv[:, 0], k, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(kv[:, 1], v, rtol=1e-4, atol=1e-4)
+
+    def test_full_recompute_is_a_prefill(self):
+        report, out, engine = self.blend(ratio=1.0)
+        self.assertEqual(report, kdn.BlendReport(TOTAL, 42, 6, 42, 1.0))
+        np.testing.assert_array_equal(out, self.full)
+        self.assertEqual([c[0] for c in engine.calls], list(range(LAYERS)))
+        for layer, pos, tokens, hidden_shape, k_shape in engine.calls:
+            self.assertEqual(pos.tolist(), list(range(TOTAL)))
+            self.assertEqual(tokens, CONTEXT if layer == 0 else None)
+            self.assertEqual(hidden_shape, (TOTAL, self.ref.dim))
+            self.assertEqual(k_shape, (TOTAL, HEADS * DIM))
+
+    def test_cacheblend(self):
+        report, out, engine = self.blend(ratio=0.25)
+        self.assertEqual(report[:4], (TOTAL, 42, 6, 11))  # 25% of the 42 cached positions, rounded
+        self.assertGreater(report.recompute_fraction, 0.25)
+        self.assertLess(report.recompute_fraction, 1.0)
+        # Layers 0..1 (the check layer) run every position; after it, the
+        # fresh positions and the 11 selected.
+        counts = [len(c[1]) for c in engine.calls]
+        self.assertEqual(counts, [TOTAL, TOTAL, 17, 17, 17])
+        selected = sorted(set(engine.calls[2][1].tolist()) - set(FRESH))
+        self.assertEqual(len(selected), 11)
+        for layer in (3, 4):
+            self.assertEqual(engine.calls[layer][1].tolist(), engine.calls[2][1].tolist())
+        self.assertTrue(set(FRESH) <= set(engine.calls[2][1].tolist()))
+        self.assertEqual(engine.calls[0][2], CONTEXT)
+        # What the callback wrote is in the view, bit for bit.
+        for layer, (pos, k_rows, v_rows) in engine.wrote.items():
+            np.testing.assert_array_equal(out[layer, 0, pos].reshape(len(pos), -1), k_rows)
+            np.testing.assert_array_equal(out[layer, 1, pos].reshape(len(pos), -1), v_rows)
+        # Layers 0 and 1 ran every position as a prefill does: equal to it.
+        np.testing.assert_array_equal(out[:2], self.full[:2])
+        # Past the check layer the others keep the documents' KV, placed:
+        # V as computed alone, K rotated to the new positions.
+        placed = {1 + i: ("doc-b", i) for i in range(len(DOC_B))}
+        placed.update({1 + len(DOC_B) + i: ("doc-a", i) for i in range(len(DOC_A))})
+        kept = [p for p in placed if p not in selected]
+        self.assertEqual(len(kept), 31)
+        for p in kept:
+            doc, i = placed[p]
+            np.testing.assert_array_equal(out[2:, 1, p], self.alone[doc][2:, 1, i])
+            rotated = self.alone[doc][2:, 0, i].reshape(LAYERS - 2, HEADS * DIM).copy()
+            self.ref._rope(rotated, [p - i] * (LAYERS - 2), HEADS)  # RoPE composes: R(p) = R(p - i) R(i)
+            np.testing.assert_allclose(out[2:, 0, p].reshape(LAYERS - 2, -1), rotated, rtol=1e-5, atol=1e-5)
+        # The point of it: the query's KV in the last layer is nearer the
+        # full prefill's than with naive reuse (ratio 0: nothing cached recomputed).
+        naive, naive_out, _ = self.blend(ratio=0.0)
+        self.assertEqual(naive.selected, 0)
+        q = slice(TOTAL - len(QUERY), TOTAL)
+        err = np.abs(out[-1, :, q] - self.full[-1, :, q]).max()
+        naive_err = np.abs(naive_out[-1, :, q] - self.full[-1, :, q]).max()
+        self.assertLess(err, naive_err)
+
+    def test_options(self):
+        # Two check layers: gradual selection, ratio^(1/2) after the first.
+        _, _, engine = self.blend(ratio=0.25, check_layers=[1, 2])
+        self.assertEqual([len(c[1]) for c in engine.calls], [TOTAL, TOTAL, 21 + 6, 17, 17])
+        # A threshold of 0 selects every cached position (all deviate >= 0).
+        report, out, _ = self.blend(threshold=0.0)
+        self.assertEqual(report.selected, 42)
+        np.testing.assert_array_equal(out, self.full)
+        # Linear RoPE scaling by 1 is no scaling.
+        _, plain, _ = self.blend()
+        _, scaled, _ = self.blend(rope_scaling=kdn.RopeScaling.LINEAR, rope_factor=1.0)
+        np.testing.assert_array_equal(plain, scaled)
+        # The blend's saving is priced into TTFT saved (1.4): positions x the
+        # work not recomputed x the reported prefill time per token.
+        self.m.report_prefill(10, 10_000)  # 1,000 ns per token
+        before = self.rt.stats().ttft_saved_ns
+        report, _, _ = self.blend()
+        self.assertAlmostEqual(self.rt.stats().ttft_saved_ns - before, 1000 * TOTAL * (1 - report.recompute_fraction),
+                               delta=1.0)
+        self.assertGreater(self.m.knowledge_info(NS, "doc-a").hits, 0)
+
+    def test_device_views(self):
+        # Emulated device memory, through both kinds of GPU array: the same
+        # KV as the host view's.
+        _, host, _ = self.blend()
+        cai = canonical()
+        report, _, _ = self.blend(CudaArray(cai, stream=9))
+        self.assertEqual(report.selected, 11)
+        np.testing.assert_array_equal(cai, host)
+        dl = DLPackCuda(canonical())
+        self.blend(dl)
+        np.testing.assert_array_equal(dl.a, host)
+        self.assertEqual(dl.streams, [1])
+        # Without a device: kdn refuses the device view, the callback never runs.
+        with kdn.Runtime(device=kdn.DeviceMode.NONE) as rt, \
+                rt.model(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM, fingerprint="stories260K") as m:
+            engine = Engine(self.ref)
+            with self.assertRaises(kdn.UnsupportedError):
+                m.blend(NS, [QUERY], CudaArray(canonical()), layer_fn=engine, hidden_dim=self.ref.dim)
+            self.assertEqual(engine.calls, [])
+
+    def test_an_exception_in_the_callback_is_raised_by_blend(self):
+        class Boom(Exception):
+            pass
+
+        boom = Boom("layer 2 failed")
+        engine = Engine(self.ref, fail_at=2, error=boom)
+        try:
+            self.blend(engine=engine)
+            self.fail("blend did not raise")
+        except Boom as e:
+            self.assertIs(e, boom)
+            frames = [f.name for f in traceback.extract_tb(e.__traceback__)]
+        self.assertEqual([c[0] for c in engine.calls], [0, 1, 2])  # the blend stopped there
+        # The traceback runs from this test through blend into the callback.
+        self.assertEqual(frames[0], "test_an_exception_in_the_callback_is_raised_by_blend")
+        self.assertIn("blend", frames)
+        self.assertEqual(frames[-1], "__call__")
+        # kdn's errors and BaseExceptions alike; the model goes on working.
+        for error in (kdn.BusyError("not now"), KeyboardInterrupt(), SystemExit(3)):
+            with self.assertRaises(type(error)) as cm:
+                self.blend(engine=Engine(self.ref, fail_at=0, error=error))
+            self.assertIs(cm.exception, error)
+        report, out, _ = self.blend()
+        self.assertEqual(report.selected, 11)
+        # An exception thrown after a view was released (the callback kept
+        # it) is the same: ValueError, raised by blend.
+        kept = []
+
+        def keeps(layer, positions, tokens, hidden, k, v):
+            if kept:
+                kept[0].tolist()  # last call's view: released when that call returned
+            kept.append(k)
+            Engine(self.ref)(layer, positions, tokens, hidden, k, v)
+        with self.assertRaises(ValueError) as cm:
+            self.blend(engine=keeps)
+        self.assertIn("released", str(cm.exception))
+        # An array the callback kept is of a copy: valid, never kdn's memory.
+        arrays = []
+
+        def keeps_arrays(layer, positions, tokens, hidden, k, v):
+            arrays.append(np.asarray(k))
+            Engine(self.ref)(layer, positions, tokens, hidden, k, v)
+        _, out, _ = self.blend(engine=keeps_arrays)
+        self.assertEqual(len(arrays), LAYERS)
+        np.testing.assert_array_equal(arrays[-1][FRESH], out[-1, 0, FRESH].reshape(len(FRESH), -1))
+
+    def test_refused(self):
+        engine = Engine(self.ref)
+        with self.assertRaises(kdn.NotFoundError):
+            self.m.blend(NS, ["doc-x", QUERY], canonical(), layer_fn=engine, hidden_dim=self.ref.dim)
+        short = np.zeros((LAYERS, 2, TOTAL - 1, HEADS, DIM), np.float32)  # room for 47
+        with self.assertRaises(kdn.BufferTooSmallError):
+            self.m.blend(NS, SEGMENTS, short, layer_fn=engine, hidden_dim=self.ref.dim)
+        with self.assertRaises(kdn.InvalidArgumentError):  # another shape than the model's
+            self.m.blend(NS, SEGMENTS, np.zeros((LAYERS, 2, TOTAL, DIM, HEADS), np.float32), layer_fn=engine,
+                         hidden_dim=self.ref.dim)
+        for bad in (dict(ratio=2.0), dict(hidden_dim=0), dict(layer_fn=None), dict(check_layers=[9])):
+            args = dict(layer_fn=engine, hidden_dim=self.ref.dim)
+            args.update(bad)
+            with self.assertRaises(kdn.InvalidArgumentError, msg=bad):
+                self.m.blend(NS, SEGMENTS, canonical(), **args)
+        with self.assertRaises(kdn.InvalidArgumentError) as cm:
+            self.m.blend(NS, [b"doc-a"], canonical(), layer_fn=engine, hidden_dim=self.ref.dim)
+        self.assertIn("ambiguous", str(cm.exception))
+        with self.assertRaises(kdn.InvalidArgumentError):  # kdn writes into it
+            self.m.blend(NS, SEGMENTS, bytes(canonical().nbytes), layer_fn=engine, hidden_dim=self.ref.dim)
+        self.assertEqual(engine.calls, [])
+        # Raw bytes fit, with a view stating the room.
+        raw = bytearray(canonical().nbytes)
+        report = self.m.blend(NS, SEGMENTS, raw, kdn.KvView(num_tokens=TOTAL), layer_fn=engine,
+                              hidden_dim=self.ref.dim, ratio=1.0)
+        self.assertEqual(report.positions, TOTAL)
+        np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(self.full.shape), self.full)
+
+    def test_close_inside_the_callback_waits_for_the_blend(self):
+        engine = Engine(self.ref)
+
+        def closes(layer, *args):
+            if layer == 1:
+                self.m.close()  # handed to the closer thread: this blend holds the model
+                self.assertTrue(self.m.closed)
+            engine(layer, *args)
+        report, out, _ = self.blend(engine=closes, ratio=1.0)
+        self.assertEqual(report.positions, TOTAL)
+        np.testing.assert_array_equal(out, self.full)
+        with self.assertRaises(kdn.ClosedError):
+            self.m.lookup(NS, CONTEXT)
+
+    def test_threads(self):
+        # Blends on two threads at once: kdn runs without the GIL, each
+        # callback takes it on its own thread; the results are the same.
+        _, want, _ = self.blend()
+        outs, errors = [canonical(), canonical()], []
+
+        def run(out):
+            try:
+                self.blend(out)
+            except BaseException as e:  # pragma: no cover - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=run, args=(o,)) for o in outs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        for out in outs:
+            np.testing.assert_array_equal(out, want)
+
+
+if __name__ == "__main__":
+    unittest.main()
