@@ -17,6 +17,10 @@
 // - Editor is a director: kdn's mover thread calls Java. The thread is
 //   attached once as a daemon and detached when it ends.
 // - No finalizers: dev.kdn frees every native object (close, or a Cleaner).
+// - Device memory (kdn::binding::Memory) is an address and a size as longs,
+//   which the caller vouches for; direct_buffer_address gives a direct
+//   buffer's, for the emulated device (host memory standing in for the GPU's).
+// - Blending (experimental in kdn.h) is not wrapped: Java has no API for it.
 %module(directors="1") kdn
 
 %begin %{
@@ -294,10 +298,19 @@ class GuardedEditor : public kdn::binding::Editor {
 %newobject kdn::binding::Runtime::create_model;
 %newobject kdn::binding::Model::load_async;
 %newobject kdn::binding::Model::save_async;
+%newobject kdn::binding::Model::load_async_memory;
+%newobject kdn::binding::Model::save_async_memory;
 
 // Java sees the errors as exceptions, never this class.
 %ignore kdn::binding::Error;
 %ignore kdn::binding::detail;
+// Blending: C, Python and Rust only (bindings/java/README.md).
+%ignore kdn::binding::BlendSegments;
+%ignore kdn::binding::BlendOptions;
+%ignore kdn::binding::BlendReport;
+%ignore kdn::binding::BlendLayer;
+%ignore kdn::binding::Model::blend;
+%ignore kdn::binding::Model::blend_memory;
 
 // Native* in dev.kdn.swig, so dev.kdn's own names stay free.
 %rename(NativeTierConfig) kdn::binding::TierConfig;
@@ -305,6 +318,7 @@ class GuardedEditor : public kdn::binding::Editor {
 %rename(NativeModelSpec) kdn::binding::ModelSpec;
 %rename(NativeRequest) kdn::binding::Request;
 %rename(NativeKvView) kdn::binding::KvView;
+%rename(NativeMemory) kdn::binding::Memory;
 %rename(NativeKvResult) kdn::binding::KvResult;
 %rename(NativeLookupResult) kdn::binding::LookupResult;
 %rename(NativeDocumentInfo) kdn::binding::DocumentInfo;
@@ -323,6 +337,18 @@ class GuardedEditor : public kdn::binding::Editor {
 %rename(await_layer_ms) kdn::binding::Op::wait_layer;
 
 %include "kdn_binding.hpp"
+
+// A direct buffer's address (the typemap above refuses any other buffer), for
+// DeviceMemory.of(ByteBuffer): on the emulated device, host memory stands in
+// for the GPU's. dev.kdn keeps the buffer reachable while the address is used.
+%inline %{
+namespace kdn_java {
+inline uint64_t direct_buffer_address(void* data, size_t bytes) {
+  (void)bytes;
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
+}
+}  // namespace kdn_java
+%}
 
 // The editor kdn calls (above); the Java side never calls edit() itself.
 %rename(NativeGuardedEditor) kdn_java::GuardedEditor;

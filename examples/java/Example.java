@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kdn from Java: keep the KV cache of a prompt, find it again, read it back, check every byte,
-// keep it as a knowledge item, print the statistics. The KV is real: what `kdn generate --dump-kv
+// keep it as a knowledge item, move it through device memory on the emulated device, print the
+// statistics. The KV is real: what `kdn generate --dump-kv
 // PREFIX` wrote for 48 positions of the reference model (stories260K: 5 layers, 4 KV heads of 8
 // dims, float32), PREFIX.k.f32 and .v.f32 ([layer][position][head][dim]) and PREFIX.tokens.i32.
 //
@@ -60,6 +61,21 @@ public class Example {
       check(java.util.Arrays.equals(story.tokens(), prompt), "the story's tokens");
       checkCanonical(fetched, k, v);
       System.out.println("fetched: the story, every byte as generated");
+
+      // KV in a GPU's memory is a DeviceMemory: an address, its size and the engine's CUDA stream
+      // (DeviceMemory.of(devicePtr, bytes).withCudaStream(stream)). Without a GPU, a runtime on the
+      // emulated device takes direct buffers instead and runs every device path on the CPU: an
+      // engine's GPU integration, tested anywhere.
+      RuntimeOptions emulated = RuntimeOptions.builder().chunkTokens(16).device(DeviceMode.EMULATED)
+          .tier(TierConfig.device(16 << 20)).build();
+      try (KdnRuntime drt = KdnRuntime.create(emulated); Model dm = drt.createModel(spec)) {
+        dm.store("example", request, strided, DeviceMemory.of(engine));
+        ByteBuffer onDevice = Kdn.allocate(k.length + v.length);
+        KvResult got = dm.retrieve("example", request, KvView.canonical(), DeviceMemory.of(onDevice));
+        check(got.tokens() == POSITIONS && onDevice.equals(canonical), "the KV through device memory");
+        System.out.printf("device memory (emulated): %d tokens stored and retrieved, equal to the host path%n",
+            got.tokens());
+      }
 
       Stats s = rt.stats();
       System.out.printf("stats: %d stores, %d lookups, %d retrieves, %d chunks, %.2f MiB used%n", s.stores(),

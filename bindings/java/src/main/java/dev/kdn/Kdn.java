@@ -19,6 +19,30 @@ import java.nio.ByteOrder;
 public final class Kdn {
   private Kdn() {}
 
+  /**
+   * The libkdn this binding needs: major version {@value #REQUIRED_MAJOR} (libkdn.so.1), minor
+   * {@value #REQUIRED_MINOR} or later (the C ABI level it covers). {@link KdnRuntime#create} checks
+   * the library it loaded.
+   */
+  public static final int REQUIRED_MAJOR = 1;
+
+  /** See {@link #REQUIRED_MAJOR}. */
+  public static final int REQUIRED_MINOR = 8;
+
+  /**
+   * Throws {@link VersionException} unless a library of version {@code number} (MAJOR * 10000 +
+   * MINOR * 100 + PATCH) can serve this binding.
+   */
+  static void checkLibraryVersion(int number) {
+    int major = number / 10000;
+    int minor = number / 100 % 100;
+    if (major == REQUIRED_MAJOR && minor >= REQUIRED_MINOR) return;
+    throw new VersionException("libkdn " + major + "." + minor + "." + number % 100
+        + " is not usable by this Java binding: it needs libkdn " + REQUIRED_MAJOR + "." + REQUIRED_MINOR
+        + " or a later " + REQUIRED_MAJOR + ".x (libkdn.so." + REQUIRED_MAJOR + "); the library comes from kdn.jar,"
+        + " -Dkdn.library.path or java.library.path (see dev.kdn.swig.LibraryLoader)");
+  }
+
   /** The library's version, "MAJOR.MINOR.PATCH". */
   public static String version() {
     return kdn.version();

@@ -47,7 +47,11 @@ public final class KdnRuntime implements AutoCloseable {
     Natives.CLEANER.register(this, release);
   }
 
-  /** A runtime; {@link InvalidArgumentException} for bad options (a tier of 0 bytes, an unknown codec). */
+  /**
+   * A runtime; {@link InvalidArgumentException} for bad options (a tier of 0 bytes, an unknown
+   * codec), {@link VersionException} when the libkdn loaded is older than this binding needs
+   * ({@link Kdn#REQUIRED_MINOR}).
+   */
   public static KdnRuntime create(RuntimeOptions options) {
     Objects.requireNonNull(options, "options");
     return make(options::toNative, () -> new Core((Editor) null));
@@ -68,6 +72,7 @@ public final class KdnRuntime implements AutoCloseable {
    * whichever step throws, what the earlier ones made is freed.
    */
   static KdnRuntime make(Supplier<NativeRuntimeOptions> nativeOptions, Supplier<Core> newCore) {
+    Kdn.checkLibraryVersion(Kdn.versionNumber());
     NativeRuntimeOptions o = nativeOptions.get();
     try {
       Core core = newCore.get();

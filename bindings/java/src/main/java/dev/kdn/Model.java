@@ -4,6 +4,7 @@ package dev.kdn;
 import dev.kdn.swig.NativeFetchResult;
 import dev.kdn.swig.NativeKvView;
 import dev.kdn.swig.NativeLookupBatch;
+import dev.kdn.swig.NativeMemory;
 import dev.kdn.swig.NativeModel;
 import dev.kdn.swig.NativeRequest;
 import java.lang.ref.Cleaner;
@@ -26,6 +27,10 @@ import java.util.function.UnaryOperator;
  * where the layers, tokens and heads lie in it; the canonical layout is
  * [layer][k|v][token][kv_head][head_dim]. Java cannot bound a buffer beyond 2 GiB, so one call
  * moves at most that much.
+ *
+ * <p>The KV calls also take GPU memory ({@link DeviceMemory}, since 1.5): an address, a size and
+ * the engine's CUDA stream, on a runtime with a device ({@link RuntimeOptions.Builder#device}).
+ * Knowledge items take buffers only.
  *
  * <p>A miss is not an error: a retrieve or load of nothing returns 0 tokens. Failures throw the
  * {@link KdnException} for their status; null arguments throw {@link NullPointerException}.
@@ -166,7 +171,10 @@ public final class Model implements AutoCloseable {
 
   /**
    * Loads the cached prefix of the request into {@code kv}, laid out as {@code view} says; {@code
-   * tokens()} of the result says how many (0 on a miss).
+   * tokens()} of the result says how many (0 on a miss), {@code covered()} the cached prefix found:
+   * {@code tokens()} is shorter when a chunk could not be read, or (since 1.7) its tier delivers
+   * slower than the engine prefills ({@link RuntimeOptions.Builder#loadSlowerThanPrefill}). The
+   * request's TTFT target ({@link Request#withTtftTarget}) applies.
    */
   public KvResult retrieve(String ns, Request request, KvView view, ByteBuffer kv) {
     return Natives.kvResult(kvCall(ns, request, view, kv, Natives::writable, NativeModel::retrieve));
@@ -179,7 +187,9 @@ public final class Model implements AutoCloseable {
 
   /**
    * Starts loading the cached prefix layer by layer in the background. The op keeps {@code kv}
-   * until it is closed; do not touch the buffer before the op ends.
+   * until it is closed; do not touch the buffer before the op ends. The request's TTFT target
+   * ({@link Request#withTtftTarget}) applies; ranges left to recompute are in {@link
+   * Op#failedRanges()}.
    */
   public Op loadAsync(String ns, Request request, KvView view, ByteBuffer kv) {
     return new Op(kvCall(ns, request, view, kv, Natives::writable, NativeModel::load_async), kv, core);
@@ -191,6 +201,62 @@ public final class Model implements AutoCloseable {
    */
   public Op saveAsync(String ns, Request request, KvView view, ByteBuffer kv) {
     return new Op(kvCall(ns, request, view, kv, Natives::readable, NativeModel::save_async), kv, core);
+  }
+
+  // ---- The same calls on device memory (since 1.5) ----
+
+  /**
+   * Stores the request's KV from device memory, laid out as {@code view} says; {@link
+   * UnsupportedException} when the runtime has no device.
+   */
+  public KvResult store(String ns, Request request, KvView view, DeviceMemory kv) {
+    return Natives.kvResult(deviceCall(ns, request, view, kv, false, NativeModel::store_memory));
+  }
+
+  /**
+   * Loads the cached prefix of the request into device memory, laid out as {@code view} says
+   * (written on the device; in place when the call returns); {@code tokens()} of the result says
+   * how many.
+   */
+  public KvResult retrieve(String ns, Request request, KvView view, DeviceMemory kv) {
+    return Natives.kvResult(deviceCall(ns, request, view, kv, true, NativeModel::retrieve_memory));
+  }
+
+  /**
+   * Starts loading the cached prefix into device memory, layer by layer; each layer is in place
+   * when {@link Op#awaitLayer} returns for it. The op keeps {@code kv} until it is closed; the
+   * memory must stay allocated until then.
+   */
+  public Op loadAsync(String ns, Request request, KvView view, DeviceMemory kv) {
+    return new Op(deviceCall(ns, request, view, kv, true, NativeModel::load_async_memory), kv, core);
+  }
+
+  /** Starts a save from device memory (see {@link #saveAsync(String, Request, KvView, ByteBuffer)}). */
+  public Op saveAsync(String ns, Request request, KvView view, DeviceMemory kv) {
+    return new Op(deviceCall(ns, request, view, kv, false, NativeModel::save_async_memory), kv, core);
+  }
+
+  /** A native KV call on memory by address. */
+  @FunctionalInterface
+  private interface MemoryCall<T> {
+    T call(NativeModel model, String ns, NativeRequest request, NativeKvView view, NativeMemory memory);
+  }
+
+  /** {@link #kvCall} for device memory ({@code writes}: kdn writes it), with the same checks in order. */
+  private <T> T deviceCall(String ns, Request request, KvView view, DeviceMemory kv, boolean writes,
+      MemoryCall<T> call) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    Objects.requireNonNull(kv, "kv");
+    Natives.checkView(view, spec);
+    NativeModel h = handle();
+    if (writes) kv.writable();
+    try {
+      return call.call(h, ns, request.handle, view.handle, kv.handle);
+    } finally {
+      Natives.fence(this, request, view);
+      Natives.fence(kv);
+    }
   }
 
   /** A native KV call: store, retrieve, load_async or save_async. */

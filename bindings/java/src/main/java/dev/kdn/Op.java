@@ -11,8 +11,8 @@ import java.util.concurrent.TimeUnit;
 
 /**
  * An asynchronous load or save (kdn_op), from {@link Model#loadAsync} or {@link Model#saveAsync}.
- * It keeps its {@code ByteBuffer} until it is closed: closing cancels it if it still runs and
- * waits until kdn no longer touches the buffer.
+ * It keeps its {@code ByteBuffer} (or {@link DeviceMemory}) until it is closed: closing cancels it
+ * if it still runs and waits until kdn no longer touches the memory.
  *
  * <p>The waits are {@code await} ({@code Object.wait} is final in Java): true when the op ended
  * (it throws the op's {@link KdnException} if it failed, {@link KdnCancelledException} if it was
@@ -25,16 +25,27 @@ import java.util.concurrent.TimeUnit;
 public final class Op implements AutoCloseable {
   private final NativeOp handle;
   private final ByteBuffer buffer;
+  private final DeviceMemory device;
   private final Core.Release release;
   private volatile boolean closed;
 
   Op(NativeOp handle, ByteBuffer buffer, Core core) {
+    this(handle, buffer, null, core);
+  }
+
+  Op(NativeOp handle, DeviceMemory device, Core core) {
+    this(handle, device.buffer(), device, core);
+  }
+
+  private Op(NativeOp handle, ByteBuffer buffer, DeviceMemory device, Core core) {
     this.handle = handle;
     this.buffer = buffer;
+    this.device = device;
     core.acquire();
-    // The release keeps the buffer reachable until the native op is destroyed, even when nobody
-    // closed the op and the Cleaner does.
-    this.release = new Core.Release(handle::close, handle::delete, core, buffer);
+    // The release keeps the memory reachable until the native op is destroyed, even when nobody
+    // closed the op and the Cleaner does (device memory: its native copy, and the buffer that
+    // stands in for it on the emulated device).
+    this.release = new Core.Release(handle::close, handle::delete, core, device != null ? device : buffer);
     Natives.CLEANER.register(this, release);
   }
 
@@ -43,9 +54,17 @@ public final class Op implements AutoCloseable {
     return handle;
   }
 
-  /** The buffer the op reads or writes. */
+  /**
+   * The buffer the op reads or writes; of an op on {@link DeviceMemory}, the buffer standing in for
+   * it ({@link DeviceMemory#of(ByteBuffer)}), else null.
+   */
   public ByteBuffer buffer() {
     return buffer;
+  }
+
+  /** The device memory the op reads or writes; null for an op on a buffer. */
+  public DeviceMemory deviceMemory() {
+    return device;
   }
 
   /** Save: model layer {@code layer} is final in the buffer (copied in the background). */

@@ -3,6 +3,7 @@ package dev.kdn;
 
 import dev.kdn.swig.NativeRuntimeOptions;
 import dev.kdn.swig.NativeTierConfig;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -21,6 +22,10 @@ public final class RuntimeOptions {
   private final long hashSeed;
   private final int workerThreads;
   private final List<TierConfig> tiers;
+  private final DeviceMode device;
+  private final int deviceOrdinal;
+  private final boolean loadSlowerThanPrefill;
+  private final String secretFile;
 
   private RuntimeOptions(Builder b) {
     chunkTokens = b.chunkTokens;
@@ -28,6 +33,10 @@ public final class RuntimeOptions {
     hashSeed = b.hashSeed;
     workerThreads = b.workerThreads;
     tiers = Collections.unmodifiableList(new ArrayList<>(b.tiers));
+    device = b.device;
+    deviceOrdinal = b.deviceOrdinal;
+    loadSlowerThanPrefill = b.loadSlowerThanPrefill;
+    secretFile = b.secretFile;
   }
 
   /** kdn's defaults: chunks of 256 tokens, one host tier of 1 GiB. */
@@ -56,6 +65,26 @@ public final class RuntimeOptions {
     return tiers;
   }
 
+  /** The GPU KV is delivered to (since 1.5). */
+  public DeviceMode device() {
+    return device;
+  }
+
+  /** The CUDA device's ordinal (since 1.5). */
+  public int deviceOrdinal() {
+    return deviceOrdinal;
+  }
+
+  /** Whether loads read every cached chunk, however slowly its tier delivers (since 1.7). */
+  public boolean loadSlowerThanPrefill() {
+    return loadSlowerThanPrefill;
+  }
+
+  /** The file holding the deployment's secret (since 1.8); "" for none. */
+  public String secretFile() {
+    return secretFile;
+  }
+
   /** A native copy; the caller deletes it. */
   NativeRuntimeOptions toNative() {
     NativeRuntimeOptions n = new NativeRuntimeOptions();
@@ -64,6 +93,10 @@ public final class RuntimeOptions {
       n.setHost_capacity_bytes(hostCapacityBytes);
       n.setHash_seed(hashSeed);
       n.setWorker_threads(Integer.toUnsignedLong(workerThreads));
+      n.setDevice(device.value());
+      n.setDevice_ordinal(deviceOrdinal);
+      n.setLoad_slower_than_prefill(loadSlowerThanPrefill);
+      n.setSecret_file(secretFile);
       for (TierConfig t : tiers) {
         NativeTierConfig nt = t.toNative();
         try {
@@ -86,6 +119,10 @@ public final class RuntimeOptions {
     private long hashSeed;
     private int workerThreads;
     private final List<TierConfig> tiers = new ArrayList<>();
+    private DeviceMode device = DeviceMode.AUTO;
+    private int deviceOrdinal;
+    private boolean loadSlowerThanPrefill;
+    private String secretFile = "";
 
     private Builder() {}
 
@@ -116,6 +153,58 @@ public final class RuntimeOptions {
     /** Appends a tier (the first is the highest). */
     public Builder tier(TierConfig tier) {
       tiers.add(Objects.requireNonNull(tier, "tier"));
+      return this;
+    }
+
+    /**
+     * The GPU KV is delivered to, for {@link DeviceMemory} and device tiers (since 1.5; default
+     * {@link DeviceMode#AUTO}). {@link DeviceMode#EMULATED} stands host memory in for the GPU's.
+     *
+     * @throws IllegalArgumentException for {@link DeviceMode#UNKNOWN}
+     */
+    public Builder device(DeviceMode mode) {
+      if (Objects.requireNonNull(mode, "mode") == DeviceMode.UNKNOWN) {
+        throw new IllegalArgumentException("no device mode UNKNOWN");
+      }
+      device = mode;
+      return this;
+    }
+
+    /**
+     * The CUDA device (default 0) for {@link DeviceMode#AUTO} and {@link DeviceMode#CUDA}. A negative
+     * one is an {@link InvalidArgumentException} at {@link KdnRuntime#create}.
+     */
+    public Builder deviceOrdinal(int ordinal) {
+      deviceOrdinal = ordinal;
+      return this;
+    }
+
+    /**
+     * Since 1.7, false (the default): once the engine has reported its prefill time ({@link
+     * Model#reportPrefill}), a load leaves to recompute the cached chunks whose tier would deliver
+     * them slower than the engine prefills them (the prefix it writes ends before them; {@link
+     * Stats#recomputeTokens()}). True: load every cached chunk, however slow its tier.
+     */
+    public Builder loadSlowerThanPrefill(boolean load) {
+      loadSlowerThanPrefill = load;
+      return this;
+    }
+
+    /**
+     * The file holding the deployment's secret (since 1.8): at least 32 bytes ({@code head -c 32
+     * /dev/urandom}), readable by the service only. Every chunk a redis or disk tier stores is
+     * sealed with it, and a chunk read back counts only if sealed with it (any other is a miss,
+     * counted in {@link TierStats#authFailures()}); runtimes that share such a tier share the
+     * secret. A file that cannot be read, is open to others or is too short is an {@link
+     * InvalidArgumentException} at {@link KdnRuntime#create}.
+     */
+    public Builder secretFile(Path file) {
+      return secretFile(Objects.requireNonNull(file, "file").toString());
+    }
+
+    /** As {@link #secretFile(Path)}; "" for none (the default). */
+    public Builder secretFile(String file) {
+      secretFile = Objects.requireNonNull(file, "file");
       return this;
     }
 

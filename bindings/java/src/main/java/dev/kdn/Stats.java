@@ -16,6 +16,9 @@ import dev.kdn.swig.NativeStats;
  * ttftSavedNs}); {@code deliveryNs}, the time spent in loads, hits and misses; {@code
  * lookupTokens}, the tokens looked-up requests covered, and {@code lookupHitTokens}, of them the
  * leading tokens found cached ({@link LookupResult#cachedTokens()}).
+ *
+ * <p>Since 1.7, {@code recomputeTokens}: cached tokens loads left to recompute because their tiers
+ * deliver slower than the engine prefills ({@link RuntimeOptions.Builder#loadSlowerThanPrefill}).
  */
 public record Stats(
     long lookups,
@@ -44,7 +47,8 @@ public record Stats(
     long tokensServedUnpriced,
     long deliveryNs,
     long lookupTokens,
-    long lookupHitTokens) {
+    long lookupHitTokens,
+    long recomputeTokens) {
   static Stats from(NativeStats s) {
     try {
       return new Stats(s.getLookups(), s.getRetrieves(), s.getStores(), s.getHits(), s.getMisses(),
@@ -52,7 +56,8 @@ public record Stats(
           s.getChunks(), s.getUsed_bytes(), s.getCapacity_bytes(), s.getEvictions(), s.getEdited_served(),
           s.getLeases_active(), s.getPins_active(), s.getPins_forced_unpin(), s.getCorrupt_detected(),
           s.getEdits(), s.getTokens_requested(), s.getPrefill_tokens(), s.getPrefill_ns(), s.getTtft_saved_ns(),
-          s.getTokens_served_unpriced(), s.getDelivery_ns(), s.getLookup_tokens(), s.getLookup_hit_tokens());
+          s.getTokens_served_unpriced(), s.getDelivery_ns(), s.getLookup_tokens(), s.getLookup_hit_tokens(),
+          s.getRecompute_tokens());
     } finally {
       s.delete();
     }

@@ -4,6 +4,8 @@ package dev.kdn;
 import dev.kdn.swig.NativeTierConfig;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.Arrays;
+import java.util.List;
 import java.util.Objects;
 
 /**
@@ -31,6 +33,7 @@ public final class TierConfig implements Cloneable {
   private String tlsServerName = "";
   private String user = "";
   private long ttlMs;
+  private List<String> levels = List.of();
 
   private TierConfig(TierKind kind) {
     this.kind = Objects.requireNonNull(kind, "kind");
@@ -177,6 +180,32 @@ public final class TierConfig implements Cloneable {
     return t;
   }
 
+  /**
+   * Remote, redis (since 1.6): quality levels, codec specs finest first ("zstd", "kdn:hifi",
+   * "kdn:balanced"), at most 8, instead of one codec (leave {@link #withCodec} unset). Every chunk is
+   * kept at each level; a load whose request has a TTFT target ({@link Request#withTtftTarget})
+   * fetches each chunk at the finest level that arrives in time, at the link rate the runtime
+   * measures, and leaves a chunk to recompute when none would. Loads without a target get the
+   * finest level. None: one level, the codec. Other kinds, an empty or unknown level, or levels
+   * with a codec: {@link InvalidArgumentException} at {@link KdnRuntime#create}.
+   *
+   * @throws IllegalArgumentException if a level contains ';' (kdn.h's separator)
+   */
+  public TierConfig withLevels(String... codecs) {
+    return withLevels(Arrays.asList(Objects.requireNonNull(codecs, "codecs")));
+  }
+
+  /** As {@link #withLevels(String...)}. */
+  public TierConfig withLevels(List<String> codecs) {
+    List<String> copy = List.copyOf(Objects.requireNonNull(codecs, "codecs"));
+    for (String c : copy) {
+      if (c.indexOf(';') >= 0) throw new IllegalArgumentException("a level with a ';': \"" + c + "\"");
+    }
+    TierConfig t = copy();
+    t.levels = copy;
+    return t;
+  }
+
   public TierKind kind() {
     return kind;
   }
@@ -237,6 +266,11 @@ public final class TierConfig implements Cloneable {
     return Duration.ofMillis(ttlMs);
   }
 
+  /** The quality levels, finest first (empty: none). */
+  public List<String> levels() {
+    return levels;
+  }
+
   /** A native copy; the caller deletes it. */
   NativeTierConfig toNative() {
     NativeTierConfig n = new NativeTierConfig();
@@ -255,6 +289,7 @@ public final class TierConfig implements Cloneable {
     n.setTls_server_name(tlsServerName);
     n.setUser(user);
     n.setTtl_ms(ttlMs);
+    n.setLevels(String.join(";", levels));
     return n;
   }
 
@@ -262,6 +297,6 @@ public final class TierConfig implements Cloneable {
   public String toString() {
     return "TierConfig[" + kind + ", " + Long.toUnsignedString(capacityBytes) + " bytes"
         + (path.isEmpty() ? "" : ", path " + path) + (codec.isEmpty() ? "" : ", codec " + codec)
-        + (address.isEmpty() ? "" : ", address " + address) + "]";
+        + (address.isEmpty() ? "" : ", address " + address) + (levels.isEmpty() ? "" : ", levels " + levels) + "]";
   }
 }

@@ -15,6 +15,13 @@ class EnumsTest {
     assertEquals(TierKind.REDIS, TierKind.fromNative(4));
     assertEquals(TierKind.UNKNOWN, TierKind.fromNative(-1));
     assertEquals(EvictionPolicy.UNKNOWN, EvictionPolicy.fromNative(9));
+    assertEquals(EvictionPolicy.COST, EvictionPolicy.fromNative(2));
+    assertEquals(DeviceMode.AUTO, DeviceMode.fromNative(0));
+    assertEquals(DeviceMode.NONE, DeviceMode.fromNative(1));
+    assertEquals(DeviceMode.EMULATED, DeviceMode.fromNative(2));
+    assertEquals(DeviceMode.CUDA, DeviceMode.fromNative(3));
+    assertEquals(DeviceMode.UNKNOWN, DeviceMode.fromNative(4));
+    assertEquals(DeviceMode.UNKNOWN, DeviceMode.fromNative(-1));
     assertEquals(KvLayout.PAGED_HND, KvLayout.fromNative(2));
     assertEquals(OpState.UNKNOWN, OpState.fromNative(4));
     assertEquals(LatencyKind.STORE, LatencyKind.fromNative(2));
