@@ -27,7 +27,11 @@ type ChunkInfo struct {
 // one, else StatusInvalidArgument) or a panic (StatusInternal) leaves the
 // chunk as it was. It runs on the runtime's mover thread, one chunk at a
 // time, and must not call the runtime, its models or ops (they fail with
-// ErrInvalidArgument there).
+// ErrInvalidArgument there), except their Close: as kdn's destroy functions
+// there, Close then returns at once and the release (an op's cancel and
+// wait, the free of its memory; the runtime's, once the editor has
+// returned) runs on a goroutine of its own. That holds for the editor's own
+// goroutine only: a goroutine it starts and waits for is not inside it.
 type Editor func(info ChunkInfo, kv []byte) (changed bool, err error)
 
 // NewRuntimeWithEditor creates a runtime whose stored chunks go through

@@ -4,6 +4,7 @@ package kdn
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"runtime/cgo"
 	"sync"
 	"sync/atomic"
@@ -170,4 +171,277 @@ func TestBadEditor(t *testing.T) {
 			waitFor(t, "the second editor call", func() bool { return f.calls.Load() >= 2 })
 		})
 	}
+}
+
+// editorOp is what a test hands its editor: an op to close, and the buffer
+// the op holds.
+type editorOp struct {
+	op  *Op
+	buf *HostBuffer
+}
+
+// What the editor saw when it closed the op.
+type editorClose struct {
+	err      error         // Close's
+	took     time.Duration // Close's
+	pollErr  error         // a call on the op after its Close
+	bufUsers int           // right after Close
+}
+
+// An editor closes an op it was handed through a closure while the op's
+// load still runs: kdn_op_destroy only cancels there (it frees on a thread
+// of its own), so Close must not free what kdn still uses. It returns at
+// once, the op is closed, its buffer stays held until the load has ended
+// and is freed then; the runtime goes on working, and every handle is
+// released at the end. The load is another runtime's, waiting on a silent
+// remote tier for its timeout (a store into the editor's own runtime would
+// wait on that node first, and mark it down); kdn.h's rule is per thread,
+// whatever the op's runtime. TestEditorClosesTheLastHandles closes an op of
+// the editor's own runtime.
+func TestEditorClosesARunningLoad(t *testing.T) {
+	const timeout = time.Second
+	slow, slowModel := silentRuntime(t, timeout)
+	handed := make(chan editorOp, 1)
+	closed := make(chan editorClose, 1)
+	var calls atomic.Int32
+	rt, err := NewRuntimeWithEditor(&RuntimeOptions{ChunkTokens: chunk, HostCapacityBytes: 16 << 20},
+		func(ChunkInfo, []byte) (bool, error) {
+			if calls.Add(1) != 1 {
+				return false, nil
+			}
+			// The first chunk's edit waits for the op, and closes it.
+			select {
+			case h := <-handed:
+				start := time.Now()
+				err := h.op.Close()
+				took := time.Since(start)
+				_, pollErr := h.op.Poll()
+				closed <- editorClose{err, took, pollErr, bufUsers(h.buf)}
+			case <-time.After(30 * time.Second):
+				closed <- editorClose{err: errors.New("no op was handed to the editor")}
+			}
+			return false, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := rt.NewModel(testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fixture{rt, m}
+	tokens, kv := testTokens(positions), canonical(positions, 1)
+	f.store(t, tokens, kv) // its first chunk's edit waits for the op
+
+	buf, err := NewHostBuffer(len(kv) * 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	op, err := slowModel.LoadAsync(ns, Tokens(tokens), buf) // the silent node keeps it waiting
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.Close() // the op holds the memory
+	if st, err := op.Poll(); err != nil || st != OpPending {
+		t.Fatalf("the load before the editor closes it: %v, %v", st, err)
+	}
+	handed <- editorOp{op, buf}
+	var got editorClose
+	select {
+	case got = <-closed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the editor did not return: Close deadlocked inside it")
+	}
+	if got.err != nil || got.took > timeout/2 {
+		t.Fatalf("Close inside the editor: %v after %v (the load waits %v)", got.err, got.took, timeout)
+	}
+	if got.pollErr != ErrClosed {
+		t.Fatalf("a call on the op closed inside the editor = %v, want ErrClosed", got.pollErr)
+	}
+	if got.bufUsers != 1 {
+		t.Fatalf("right after Close inside the editor, the running load's buffer had %d users (freed under kdn)",
+			got.bufUsers)
+	}
+	if err := op.Close(); err != nil { // a second Close, outside: nothing more
+		t.Fatal(err)
+	}
+
+	// The runtime goes on working meanwhile: a retrieve, a store, its edits.
+	out := make([]float32, len(kv))
+	if res, err := m.Retrieve(bg, ns, Tokens(tokens), Float32s(out)); err != nil || res.Tokens != positions ||
+		!bytes.Equal(Float32s(out), Float32s(kv)) {
+		t.Fatalf("Retrieve after the editor closed the op = %+v, %v", res, err)
+	}
+	f.store(t, testTokens(positions + 2)[2:], kv)
+	waitFor(t, "the edits of both stores", func() bool { return calls.Load() == 6 })
+
+	// The op's release waited for the load (on the node until its timeout),
+	// then freed the buffer and let go of the load's runtime.
+	waitFor(t, "the buffer's free", func() bool { return bufUsers(buf) == 0 })
+	if freed := time.Since(start); freed < timeout-100*time.Millisecond {
+		t.Fatalf("the buffer was freed %v after the load started, before the load could end (%v)", freed, timeout)
+	}
+	if n := remoteTimeouts(t, slow); n != 1 {
+		t.Fatalf("the load's remote tier timed out %d times, want 1 (the load)", n)
+	}
+	refs := func(c *core) (cgo.Handle, int) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.editor, c.refs
+	}
+	waitFor(t, "the op's release", func() bool { _, n := refs(slow.core); return n == 2 })
+	m.Close()
+	rt.Close()
+	if h, n := refs(rt.core); h != 0 || n != 0 {
+		t.Fatalf("after the last Close: editor %v, refs %d", h, n)
+	}
+}
+
+// An editor closes the last handles, a save of its own runtime, the model
+// and then the runtime: each Close returns at once; the releases, on
+// goroutines, free the op and its buffer, and the runtime once the editor
+// has returned (its mover thread is joined), and only then the editor's
+// function, which the chunks still queued on the mover thread go through.
+func TestEditorClosesTheLastHandles(t *testing.T) {
+	type handles struct {
+		fixture
+		op *Op
+	}
+	handed := make(chan handles, 1)
+	closed := make(chan [3]error, 1)
+	var calls, edited atomic.Int32
+	rt, err := NewRuntimeWithEditor(&RuntimeOptions{ChunkTokens: chunk, HostCapacityBytes: 16 << 20},
+		func(ChunkInfo, []byte) (bool, error) {
+			if calls.Add(1) == 1 {
+				select {
+				case h := <-handed:
+					closed <- [3]error{h.op.Close(), h.m.Close(), h.rt.Close()}
+				case <-time.After(30 * time.Second):
+					closed <- [3]error{errors.New("no handles were handed to the editor")}
+				}
+			}
+			edited.Add(1)
+			return false, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rt.core
+	m, err := rt.NewModel(testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fixture{rt, m}
+	f.store(t, testTokens(positions), canonical(positions, 1)) // 3 chunks: 3 edits, the first waits
+	// A save that waits for its layers, holding its buffer.
+	buf, err := NewHostBuffer(positions * int(m.KVBytesPerToken()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := m.SaveAsync(ns, Tokens(testTokens(positions + 1)[1:]), buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.Close()
+	handed <- handles{f, op}
+	select {
+	case errs := <-closed:
+		if errs[0] != nil || errs[1] != nil || errs[2] != nil {
+			t.Fatalf("Close inside the editor = %v", errs)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the editor did not return: Close deadlocked inside it")
+	}
+	if _, err := m.Lookup(bg, ns, Tokens(testTokens(positions))); err != ErrClosed {
+		t.Fatalf("Lookup on a model closed inside the editor = %v", err)
+	}
+	if _, err := rt.Stats(); err != ErrClosed {
+		t.Fatalf("Stats of a runtime closed inside the editor = %v", err)
+	}
+	if err := op.LayerReady(0); err != ErrClosed {
+		t.Fatalf("LayerReady on an op closed inside the editor = %v", err)
+	}
+	waitFor(t, "the release of the runtime", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.refs == 0 && c.editor == 0
+	})
+	if n := bufUsers(buf); n != 0 {
+		t.Fatalf("the save's buffer has %d users after the release", n)
+	}
+	if n := edited.Load(); n != 3 {
+		t.Fatalf("the editor edited %d of the 3 chunks (its function was released too early)", n)
+	}
+}
+
+// An editor closes a model while a store on it waits for the editor's own
+// thread: the store pushes back on the mover's queue, full behind the
+// editor. Close must not wait for the store there (it would wait for
+// itself): it returns at once, the store finishes once the editor has
+// returned, and the model is released after it.
+func TestEditorClosesAModelInUse(t *testing.T) {
+	const chunks = 400 // past the mover's queue of 256
+	handed := make(chan *Model, 1)
+	closed := make(chan error, 1)
+	var calls atomic.Int32
+	rt, err := NewRuntimeWithEditor(&RuntimeOptions{ChunkTokens: chunk, HostCapacityBytes: 64 << 20},
+		func(ChunkInfo, []byte) (bool, error) {
+			if calls.Add(1) == 1 {
+				select {
+				case m := <-handed:
+					closed <- m.Close()
+				case <-time.After(30 * time.Second):
+					closed <- errors.New("no model was handed to the editor")
+				}
+			}
+			return false, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	m, err := rt.NewModel(testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := testTokens(chunks * chunk)
+	kv := make([]byte, len(tokens)*int(m.KVBytesPerToken()))
+	stored := make(chan error, 1)
+	go func() {
+		res, err := m.Store(bg, ns, Tokens(tokens), kv)
+		if err == nil && res.Tokens != uint64(len(tokens)) {
+			err = fmt.Errorf("the store kept %d of %d tokens", res.Tokens, len(tokens))
+		}
+		stored <- err
+	}()
+	waitFor(t, "the store to wait on the mover's queue", func() bool {
+		s, _ := rt.Stats()
+		return s.Chunks >= 256 && calls.Load() == 1
+	})
+	select {
+	case err := <-stored:
+		t.Fatalf("the store did not wait for the editor: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	handed <- m
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close inside the editor waited for a store that waits for the editor")
+	}
+	if err := <-stored; err != nil {
+		t.Fatalf("the store in progress when its model was closed: %v", err)
+	}
+	if _, err := m.Lookup(bg, ns, Tokens(tokens)); err != ErrClosed {
+		t.Fatalf("Lookup after Close = %v", err)
+	}
+	waitFor(t, "the model's release", func() bool {
+		rt.core.mu.Lock()
+		defer rt.core.mu.Unlock()
+		return rt.core.refs == 1
+	})
 }

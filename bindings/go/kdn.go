@@ -50,11 +50,19 @@
 // load or save, which C keeps using after the call returns: those take a
 // C-allocated HostBuffer.
 //
+// KV in a GPU's memory (since 1.5) is a DeviceMemory: an address the caller
+// vouches for (never Go memory), given to StoreDevice, RetrieveDevice,
+// LoadAsyncDevice and SaveAsyncDevice with the same views, and an optional
+// CUDA stream (since 1.8). A runtime created with Device DeviceEmulated
+// takes C-allocated host memory instead (HostBuffer.EmulatedDevice) and runs
+// every device path on the CPU, for tests without a GPU.
+//
 // # Threads
 //
 // Runtime, Model and Op are safe for concurrent use (as kdn.h says of their
 // handles). An editor (NewRuntimeWithEditor) runs on the runtime's mover
-// thread, a thread Go did not create.
+// thread, a thread Go did not create; it may Close handles, which then
+// release them on a goroutine of their own (see Editor).
 package kdn
 
 /*
@@ -78,7 +86,7 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 4 // Model.ReportPrefill and the Stats of 1.4 (kdn_model_report_prefill)
+	BindingVersionMinor = 8 // DeviceMemory's Stream and RuntimeOptions.SecretFile (kdn_kv_view.cuda_stream, 1.8)
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

@@ -41,6 +41,7 @@ static kdn_request make_request(kdn_go_req in, const int32_t *tokens, const uint
   r.block_hashes = in.hashes_off >= 0 && hashes != NULL ? hashes + in.hashes_off : NULL;
   r.num_blocks = (size_t)in.num_blocks;
   r.block_tokens = in.block_tokens;
+  r.ttft_target_us = in.ttft_target_us;
   return r;
 }
 
@@ -61,8 +62,9 @@ static void views_free(views *v) {
 /* Fills v->views from the templates; 0 on success, or a status. */
 static kdn_status views_build(views *v, const kdn_kv_view *tmpl, const kdn_go_view_aux *aux, size_t n,
                               const uint32_t *layers, const int64_t *offsets, const int32_t *table, void *data,
-                              size_t data_len) {
+                              size_t data_len, kdn_go_mem mem) {
   size_t i, j, total = 0, used = 0;
+  if (mem.device != 0) data = (void *)mem.device;
   v->views = v->stack_views;
   v->ptrs = v->stack_ptrs;
   for (i = 0; i < n; ++i)
@@ -77,6 +79,8 @@ static kdn_status views_build(views *v, const kdn_kv_view *tmpl, const kdn_go_vi
     kdn_kv_view *out = &v->views[i];
     *out = tmpl[i];
     out->struct_size = sizeof(kdn_kv_view);
+    out->memory = mem.device != 0 ? KDN_MEMORY_DEVICE : KDN_MEMORY_HOST;
+    out->cuda_stream = (void *)mem.stream;
     out->layers = aux[i].layers_off >= 0 ? layers + aux[i].layers_off : NULL;
     out->block_table = aux[i].table_off >= 0 ? table + aux[i].table_off : NULL;
     if (aux[i].k_off >= 0) {
@@ -102,8 +106,17 @@ static kdn_status views_build(views *v, const kdn_kv_view *tmpl, const kdn_go_vi
 
 /* ---- Runtime and model ------------------------------------------------------ */
 
+/* Set on the mover thread while the Go editor runs. */
+static __thread int in_editor;
+
+int kdn_go_in_editor(void) { return in_editor; }
+
 static kdn_status edit_shim(void *user, const kdn_chunk_info *info, void *kv, size_t kv_bytes, int *out_changed) {
-  return kdnGoEdit((uintptr_t)user, (kdn_chunk_info *)info, kv, kv_bytes, out_changed);
+  kdn_status s;
+  in_editor = 1;
+  s = kdnGoEdit((uintptr_t)user, (kdn_chunk_info *)info, kv, kv_bytes, out_changed);
+  in_editor = 0;
+  return s;
 }
 
 kdn_go_ret kdn_go_runtime_create(const kdn_runtime_options *options, uintptr_t editor, kdn_runtime **out) {
@@ -141,7 +154,7 @@ kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_
                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *tmpl,
                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
                             const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
-                            kdn_op **op) {
+                            kdn_go_mem mem, kdn_op **op) {
   kdn_go_kvret r;
   kdn_go_ret st;
   kdn_request req = make_request(req_in, tokens, hashes);
@@ -150,7 +163,7 @@ kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_
   kdn_status s;
   r.result = init;
   if (op != NULL) *op = NULL;
-  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len);
+  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, mem);
   if (s != KDN_OK) {
     st = fail(s, "out of memory building the views");
   } else {
@@ -207,7 +220,8 @@ kdn_go_ret kdn_go_knowledge_put(const kdn_model *m, const char *ns, size_t ns_le
                                 const int32_t *table, void *data, size_t data_len) {
   views v;
   kdn_go_ret r;
-  kdn_status s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len);
+  const kdn_go_mem host = {0, 0}; /* the knowledge calls take host memory only */
+  kdn_status s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, host);
   if (s != KDN_OK) return fail(s, "out of memory building the views");
   r = ret(kdn_knowledge_put(m, ns, ns_len, doc, doc_len, version, meta, meta_len, doc_tokens, num_tokens,
                             num_views ? v.views : NULL, num_views));
@@ -224,8 +238,9 @@ kdn_go_kvret kdn_go_knowledge_fetch(const kdn_model *m, const char *ns, size_t n
   kdn_go_ret st;
   views v;
   kdn_status s;
+  const kdn_go_mem host = {0, 0};
   kdn_kv_result_init(&r.result, sizeof r.result);
-  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len);
+  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, host);
   if (s != KDN_OK) {
     st = fail(s, "out of memory building the views");
   } else {

@@ -31,7 +31,18 @@ typedef struct kdn_go_req {
   int64_t num_blocks;
   uint32_t hash_bytes;
   uint32_t block_tokens;
+  uint64_t ttft_target_us; /* since 1.6 */
 } kdn_go_req;
+
+/* Where a KV call's memory is. device 0: host memory, the call's data
+ * argument (a Go pointer, which cgo checks and keeps alive for the call).
+ * Otherwise an address in the runtime's device memory (since 1.5), passed
+ * as an integer because it must never be a Go pointer, and the engine's
+ * CUDA stream (since 1.8; 0: none), which every view of the call names. */
+typedef struct kdn_go_mem {
+  uintptr_t device;
+  uintptr_t stream;
+} kdn_go_mem;
 
 /* Where a view's arrays start in the call's flat arrays (-1: none). The
  * kdn_kv_view beside it carries every other field; its pointers are unset. */
@@ -55,6 +66,11 @@ typedef struct kdn_go_lookupret {
   kdn_lookup_result result;
 } kdn_go_lookupret;
 
+/* Whether this thread runs an editor callback (the runtime's mover thread,
+ * inside kdnGoEdit): kdn's destroy functions only defer their work there,
+ * so the Go side defers its Close instead (see guard.closeThen). */
+int kdn_go_in_editor(void);
+
 /* Runtime and model. */
 kdn_go_ret kdn_go_runtime_create(const kdn_runtime_options *options, uintptr_t editor, kdn_runtime **out);
 kdn_go_ret kdn_go_model_create(kdn_runtime *rt, const kdn_model_spec *spec, const char *fingerprint,
@@ -68,13 +84,15 @@ enum { KDN_GO_STORE = 0, KDN_GO_RETRIEVE = 1, KDN_GO_LOAD = 2, KDN_GO_SAVE = 3 }
 
 /* A KV call with one request: tokens, hashes, layers, offsets and table
  * are the flat arrays the request and views index into; data is the memory
- * the views describe. A store or retrieve sets the result; a load or save
- * (data: C memory, which kdn keeps using) starts the op it puts in *op. */
+ * the views describe (or, with mem.device set, device memory: data is then
+ * NULL and data_len its size). A store or retrieve sets the result; a load
+ * or save (data: C memory, which kdn keeps using) starts the op it puts in
+ * *op. */
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,
                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *views,
                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
                             const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
-                            kdn_op **op);
+                            kdn_go_mem mem, kdn_op **op);
 
 /* One request's lookup. */
 kdn_go_lookupret kdn_go_lookup1(const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,

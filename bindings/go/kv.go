@@ -8,6 +8,8 @@ import "C"
 
 import (
 	"context"
+	"math"
+	"time"
 	"unsafe"
 )
 
@@ -19,6 +21,14 @@ type Request struct {
 	BlockHashes []byte  // len = blocks * HashBytes
 	HashBytes   uint32  // 0: Tokens; else 1..64
 	BlockTokens uint32  // tokens per engine block (chunk_tokens must be a multiple)
+	// TTFTTarget (since 1.6), for Retrieve and LoadAsync (other calls
+	// ignore it): the time from the call within which the cached prefix's
+	// KV should be in place. Remote and redis tiers with quality levels
+	// (TierConfig.Levels) choose each chunk's level by it, and leave a chunk
+	// to recompute when none arrives in time. 0: no target (the finest
+	// level). Rounded up to whole microseconds; negative or over an hour:
+	// ErrInvalidArgument.
+	TTFTTarget time.Duration
 }
 
 // Tokens is the request for these token ids.
@@ -26,7 +36,8 @@ func Tokens(ids []int32) Request { return Request{Tokens: ids} }
 
 func (q *Request) c(tokensOff, hashesOff int) C.kdn_go_req {
 	r := C.kdn_go_req{tokens_off: -1, hashes_off: -1, num_tokens: C.int64_t(len(q.Tokens)),
-		hash_bytes: C.uint32_t(q.HashBytes), block_tokens: C.uint32_t(q.BlockTokens)}
+		hash_bytes: C.uint32_t(q.HashBytes), block_tokens: C.uint32_t(q.BlockTokens),
+		ttft_target_us: C.uint64_t(targetMicros(q.TTFTTarget))}
 	if len(q.Tokens) > 0 {
 		r.tokens_off = C.int64_t(tokensOff)
 	}
@@ -40,6 +51,28 @@ func (q *Request) c(tokensOff, hashesOff int) C.kdn_go_req {
 		r.num_blocks = C.int64_t(len(q.BlockHashes))
 	}
 	return r
+}
+
+// targetMicros is a TTFTTarget in kdn's microseconds: a positive one rounded up
+// (never 0, which means none); a negative one the largest, which kdn
+// refuses (in a batched lookup, as that request's own status).
+func targetMicros(d time.Duration) uint64 {
+	switch {
+	case d < 0:
+		return math.MaxUint64
+	case d%time.Microsecond != 0:
+		return uint64(d/time.Microsecond) + 1
+	}
+	return uint64(d / time.Microsecond)
+}
+
+// check refuses on the Go side what kdn would refuse with a message that
+// does not say why.
+func (q *Request) check() error {
+	if q.TTFTTarget < 0 {
+		return invalid("Request.TTFTTarget is negative")
+	}
+	return nil
 }
 
 // Layout is how a view's layers are laid out.
@@ -284,10 +317,14 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 	return a, nil
 }
 
-// kv makes a KV call of kind which over the n bytes at data, through the
+// kv makes a KV call of kind which over the n bytes at data (or, with
+// mem.device set, at that device address; data is then nil), through the
 // views. A load or save (data: C memory) starts the op it puts in *op.
-func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n int, views []KVView,
-	op **C.kdn_op) (KVResult, error) {
+func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n int, mem C.kdn_go_mem,
+	views []KVView, op **C.kdn_op) (KVResult, error) {
+	if err := req.check(); err != nil {
+		return KVResult{}, err
+	}
 	a, err := m.views(views, n)
 	if err != nil {
 		return KVResult{}, err
@@ -295,7 +332,7 @@ func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n 
 	tmpl, aux := a.tmplPtr()
 	r := C.kdn_go_kv_call(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
 		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
-		int32sPtr(a.table), data, C.size_t(n), op)
+		int32sPtr(a.table), data, C.size_t(n), mem, op)
 	return kvResult(&r.result), newError(r.status, r.msg)
 }
 
@@ -308,7 +345,7 @@ func (m *Model) kvCall(ctx context.Context, which C.int, ns string, req *Request
 		return KVResult{}, ErrClosed
 	}
 	defer m.g.leave()
-	return m.kv(which, ns, req, bytesPtr(data), len(data), views, nil)
+	return m.kv(which, ns, req, bytesPtr(data), len(data), C.kdn_go_mem{}, views, nil)
 }
 
 // ctxErr is why a call must not start: a nil ctx (a caller's mistake,
@@ -410,6 +447,9 @@ func (m *Model) lookup1(ns string, req *Request) (LookupResult, error) {
 		return LookupResult{}, ErrClosed
 	}
 	defer m.g.leave()
+	if err := req.check(); err != nil {
+		return LookupResult{}, err
+	}
 	r := C.kdn_go_lookup1(m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
 		(*C.uint8_t)(bytesPtr(req.BlockHashes)))
 	if err := newError(r.status, r.msg); err != nil {

@@ -114,13 +114,17 @@ func (m *Model) ReportPrefill(tokens uint64, elapsed time.Duration) error {
 }
 
 // Close releases the model; ops started from it stay usable. Idempotent.
+// Inside an editor callback, Close returns at once and the release runs on
+// a goroutine of its own (see Op.Close).
 func (m *Model) Close() error {
-	if m == nil || !m.g.close() {
+	if m == nil {
 		return nil
 	}
-	runtime.SetFinalizer(m, nil)
-	C.kdn_model_destroy(m.m)
-	m.m = nil
-	m.core.release()
+	m.g.closeThen(func() {
+		runtime.SetFinalizer(m, nil)
+		C.kdn_model_destroy(m.m)
+		m.m = nil
+		m.core.release()
+	})
 	return nil
 }

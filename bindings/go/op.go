@@ -157,23 +157,32 @@ type Op struct {
 	g    guard
 	op   *C.kdn_op
 	core *core
-	buf  *HostBuffer
+	buf  *HostBuffer // nil: device memory the caller keeps valid
 }
 
 func (m *Model) async(which C.int, ns string, req *Request, buf *HostBuffer, views []KVView) (*Op, error) {
 	if buf == nil {
 		return nil, invalid("the HostBuffer is nil")
 	}
+	return m.startOp(which, ns, req, buf.p, buf.n, C.kdn_go_mem{}, buf, views)
+}
+
+// startOp starts a load or save over the n bytes at data (or at mem.device)
+// and holds buf, when not nil, until the op is closed.
+func (m *Model) startOp(which C.int, ns string, req *Request, data unsafe.Pointer, n int, mem C.kdn_go_mem,
+	buf *HostBuffer, views []KVView) (*Op, error) {
 	if !m.g.enter() {
 		return nil, ErrClosed
 	}
 	defer m.g.leave()
-	if !buf.acquire() {
+	if buf != nil && !buf.acquire() {
 		return nil, ErrClosed
 	}
 	var cop *C.kdn_op
-	if _, err := m.kv(which, ns, req, buf.p, buf.n, views, &cop); err != nil {
-		buf.release()
+	if _, err := m.kv(which, ns, req, data, n, mem, views, &cop); err != nil {
+		if buf != nil {
+			buf.release()
+		}
 		return nil, err
 	}
 	m.core.acquire()
@@ -312,15 +321,25 @@ func (o *Op) FailedRanges() ([]TokenRange, error) {
 }
 
 // Close cancels the op if it still runs, waits until kdn no longer uses
-// its buffer, and frees it. Idempotent.
+// its memory, and frees it (a HostBuffer's memory, when the buffer was
+// closed and this op was its last user). Idempotent.
+//
+// Inside an editor callback (on the runtime's mover thread) Close returns
+// at once, as kdn.h's kdn_op_destroy does there: the op is closed (later
+// calls get ErrClosed), and it is cancelled, waited for and freed on a
+// goroutine of its own; its buffer stays in use until then.
 func (o *Op) Close() error {
-	if o == nil || !o.g.close() {
+	if o == nil {
 		return nil
 	}
-	runtime.SetFinalizer(o, nil)
-	C.kdn_op_destroy(o.op)
-	o.op = nil
-	o.buf.release()
-	o.core.release()
+	o.g.closeThen(func() {
+		runtime.SetFinalizer(o, nil)
+		C.kdn_op_destroy(o.op)
+		o.op = nil
+		if o.buf != nil {
+			o.buf.release()
+		}
+		o.core.release()
+	})
 	return nil
 }

@@ -12,7 +12,9 @@ import (
 	"runtime"
 	"runtime/cgo"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -88,6 +90,16 @@ type TierConfig struct {
 	// answers.
 	User string
 	TTL  time.Duration
+	// Levels (since 1.6), for remote and redis tiers: quality levels, codec
+	// specs finest first (say "zstd", "kdn:hifi", "kdn:balanced"), at most
+	// 8; Codec must then be empty. Every chunk is kept at each level side by
+	// side; a load whose request sets TTFTTarget fetches each chunk at the
+	// finest level that arrives in time at the link rate the runtime
+	// measures, and leaves a chunk to recompute when no level would. Loads
+	// without a target get the finest level. Empty: one level, Codec. Other
+	// kinds, a level that is empty or not a codec, or one holding ';':
+	// ErrInvalidArgument.
+	Levels []string
 }
 
 // HostTier is a host-memory tier of capacity bytes.
@@ -133,6 +145,28 @@ type RuntimeOptions struct {
 	HashSeed          uint64 // runtimes that share KV must share the seed
 	Tiers             []TierConfig
 	WorkerThreads     uint32 // background loads and saves; 0: 2
+	// The GPU the runtime delivers KV to (since 1.5): for DeviceMemory and
+	// device tiers. DeviceOrdinal is the CUDA device (negative:
+	// ErrInvalidArgument).
+	Device        DeviceMode
+	DeviceOrdinal int32
+	// LoadSlowerThanPrefill (since 1.7): load every cached chunk, however
+	// slow its tier. false (the default): never slower than prefill: once
+	// the engine has reported its prefill time (Model.ReportPrefill), a load
+	// leaves to recompute the cached chunks whose delivery, at the rate
+	// measured for their tier (TierStats.DeliveryNsPerToken), would take
+	// longer than prefilling them (its prefix ends before them; a load op
+	// reports them in FailedRanges), counted in Stats.RecomputeTokens.
+	LoadSlowerThanPrefill bool
+	// SecretFile (since 1.8): a file holding the deployment's secret (at
+	// least 32 bytes; readable by the service only). Every chunk a redis or
+	// disk tier stores is sealed with it, and a chunk read back counts only
+	// if sealed with it: any other is a miss, counted in
+	// TierStats.AuthFailures. Runtimes that share such a tier share the
+	// secret. Empty: none (a tier serves whatever its server or directory
+	// holds). A file that cannot be read, is open to others or is too
+	// short: ErrInvalidArgument.
+	SecretFile string
 }
 
 // core is what a runtime's handles share: the C runtime is refcounted by
@@ -162,13 +196,13 @@ func (c *core) release() {
 // guard makes Close wait for the calls in progress and later calls fail
 // with ErrClosed.
 type guard struct {
-	mu     sync.RWMutex
-	closed bool
+	mu     sync.RWMutex // held shared by each call in progress
+	closed atomic.Bool
 }
 
 func (g *guard) enter() bool {
 	g.mu.RLock()
-	if g.closed {
+	if g.closed.Load() {
 		g.mu.RUnlock()
 		return false
 	}
@@ -177,15 +211,36 @@ func (g *guard) enter() bool {
 
 func (g *guard) leave() { g.mu.RUnlock() }
 
-// close marks the guard closed; false when it was already.
-func (g *guard) close() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return false
+// closeThen marks the guard closed (later calls fail with ErrClosed), then
+// waits for the calls in progress and runs release, which frees the handle;
+// nothing when the guard was closed already.
+//
+// Inside an editor callback, the wait and release run on a goroutine of
+// their own instead, and closeThen returns at once. There, on the runtime's
+// mover thread, kdn's destroy functions only defer their work to a thread of
+// their own (kdn.h, kdn_runtime_create_with_editor), and Go would not know
+// when it is done: an op's buffer, or the editor's handle, could be freed
+// while kdn still uses them. The goroutine runs on another thread (the mover
+// thread stays locked to the callback), so the destroy there is an ordinary
+// one: it waits for what it must (an op's load; the mover thread, which the
+// callback's return frees), then release frees what Go holds. A call in
+// progress that waits on the mover thread (a store pushing back on its
+// queue) would deadlock a wait inside the callback; on the goroutine it
+// simply ends once the callback has returned.
+func (g *guard) closeThen(release func()) {
+	if !g.closed.CompareAndSwap(false, true) {
+		return
 	}
-	g.closed = true
-	return true
+	drainAndRelease := func() {
+		g.mu.Lock() // the calls that entered before the mark have left
+		g.mu.Unlock()
+		release()
+	}
+	if C.kdn_go_in_editor() != 0 {
+		go drainAndRelease()
+		return
+	}
+	drainAndRelease()
 }
 
 // Runtime is a kdn runtime: the store and its tiers. Safe for concurrent
@@ -231,6 +286,12 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 		}
 		o.hash_seed = C.uint64_t(opts.HashSeed)
 		o.worker_threads = C.uint32_t(opts.WorkerThreads)
+		o.device = C.kdn_device_mode(opts.Device)
+		o.device_ordinal = C.int32_t(opts.DeviceOrdinal)
+		if opts.LoadSlowerThanPrefill {
+			o.load_slower_than_prefill = 1
+		}
+		o.secret_file, o.secret_file_len = cstr(opts.SecretFile)
 		if n := len(opts.Tiers); n > 0 {
 			mem := C.calloc(C.size_t(n), C.sizeof_kdn_tier_config)
 			if mem == nil {
@@ -266,6 +327,15 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 					return nil, err
 				}
 				c.ttl_ms = C.uint64_t(ttl)
+				if len(t.Levels) > 0 {
+					for _, l := range t.Levels {
+						if l == "" || strings.Contains(l, ";") {
+							return nil, invalid("TierConfig.Levels: level " + strconv.Quote(l) +
+								" is empty or holds ';' (give each level apart)")
+						}
+					}
+					c.levels, c.levels_len = cstr(strings.Join(t.Levels, ";"))
+				}
 			}
 			o.tiers = (*C.kdn_tier_config)(mem)
 			o.num_tiers = C.size_t(n)
@@ -289,14 +359,19 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 
 // Close releases the runtime. Models and ops made from it stay usable; the
 // store is freed with the last of them. Idempotent.
+//
+// Inside an editor callback, Close returns at once and the release runs on
+// a goroutine of its own (see Op.Close).
 func (r *Runtime) Close() error {
-	if r == nil || !r.g.close() {
+	if r == nil {
 		return nil
 	}
-	runtime.SetFinalizer(r, nil)
-	C.kdn_runtime_destroy(r.rt)
-	r.rt = nil
-	r.core.release()
+	r.g.closeThen(func() {
+		runtime.SetFinalizer(r, nil)
+		C.kdn_runtime_destroy(r.rt)
+		r.rt = nil
+		r.core.release()
+	})
 	return nil
 }
 
@@ -329,6 +404,10 @@ type Stats struct {
 	DeliveryTime         time.Duration
 	LookupTokens         uint64
 	LookupHitTokens      uint64
+	// Since 1.7: cached tokens loads left to recompute, their tiers
+	// delivering slower than the engine prefills
+	// (RuntimeOptions.LoadSlowerThanPrefill).
+	RecomputeTokens uint64
 }
 
 // Stats reads the runtime's counters.
@@ -355,6 +434,7 @@ func (r *Runtime) Stats() (Stats, error) {
 		PrefillTime: nanos(s.prefill_ns), TTFTSaved: nanos(s.ttft_saved_ns),
 		TokensServedUnpriced: uint64(s.tokens_served_unpriced), DeliveryTime: nanos(s.delivery_ns),
 		LookupTokens: uint64(s.lookup_tokens), LookupHitTokens: uint64(s.lookup_hit_tokens),
+		RecomputeTokens: uint64(s.recompute_tokens),
 	}, nil
 }
 
@@ -417,6 +497,16 @@ type TierStats struct {
 	// Fractions of capacity: a put that would cross HighWatermark evicts
 	// first, down to LowWatermark (since 1.4); 0 and 0: none (remote, redis).
 	HighWatermark, LowWatermark float64
+	// Since 1.7: how fast this tier delivers, measured on the loads it
+	// served (read, decode and copy into the views, per token; a moving
+	// average), into host memory and into device memory; 0 until measured.
+	// And its chunks loads left to recompute as slower than prefill.
+	DeliveryNsPerToken, DeviceDeliveryNsPerToken float64
+	RecomputeChunks                              uint64
+	// Since 1.8: of CorruptDetected, the chunks whose seal failed (a
+	// runtime with a SecretFile: none, another secret's, or a MAC that does
+	// not match).
+	AuthFailures uint64
 }
 
 // TierCount is the number of tiers.
@@ -458,5 +548,8 @@ func (r *Runtime) TierStats(index int) (TierStats, error) {
 		RemoteFailed: uint64(t.remote_failed_calls), RemoteTimeouts: uint64(t.remote_timeouts),
 		WriteQueueFull: uint64(t.write_queue_full), WriteQueuedBytes: uint64(t.write_queued_bytes),
 		HighWatermark: float64(t.high_watermark), LowWatermark: float64(t.low_watermark),
+		DeliveryNsPerToken:       float64(t.delivery_ns_per_token),
+		DeviceDeliveryNsPerToken: float64(t.device_delivery_ns_per_token),
+		RecomputeChunks:          uint64(t.recompute_chunks), AuthFailures: uint64(t.auth_failures),
 	}, nil
 }

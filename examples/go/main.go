@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The kdn example in Go: store the reference model's KV of a prompt (as
 // `kdn generate --dump-kv PREFIX` wrote it), find it, read it back and check
-// every byte, keep it as a knowledge item, print the statistics.
+// every byte, keep it as a knowledge item, move it through device memory on
+// the emulated device, print the statistics.
 // Run: go run . PREFIX (reads PREFIX.k.f32, PREFIX.v.f32, PREFIX.tokens.i32).
 package main
 
@@ -86,6 +87,32 @@ func main() {
 	}
 	expect(bytes.Equal(docKV, out) && fmt.Sprint(docTokens) == fmt.Sprint(tokens), "the fetched document equals the files")
 	fmt.Println("fetched \"story\": tokens and KV equal")
+
+	// KV in a GPU's memory is a kdn.DeviceMemory: an address (never Go
+	// memory) and the engine's CUDA stream. Without a GPU, a runtime on the
+	// emulated device takes C memory (a HostBuffer's) instead and runs every
+	// device path on the CPU: an engine's GPU integration, tested anywhere.
+	drt, err := kdn.NewRuntime(&kdn.RuntimeOptions{ChunkTokens: 16, Device: kdn.DeviceEmulated,
+		Tiers: []kdn.TierConfig{kdn.DeviceTier(16 << 20)}})
+	check(err)
+	defer drt.Close()
+	spec := m.Spec()
+	dm, err := drt.NewModel(&spec)
+	check(err)
+	defer dm.Close()
+	src, err := kdn.NewHostBuffer(len(engine))
+	check(err)
+	defer src.Close()
+	copy(src.Bytes(), engine)
+	_, err = dm.StoreDevice(ctx, ns, kdn.Tokens(tokens), src.EmulatedDevice(), view)
+	check(err)
+	dst, err := kdn.NewHostBuffer(len(out))
+	check(err)
+	defer dst.Close()
+	got, err = dm.RetrieveDevice(ctx, ns, kdn.Tokens(tokens), dst.EmulatedDevice())
+	check(err)
+	expect(got.Tokens == positions && bytes.Equal(dst.Bytes(), out), "the KV through device memory equals the host path's")
+	fmt.Printf("device memory (emulated): %d tokens stored and retrieved, equal to the host path\n", got.Tokens)
 
 	s, _ := rt.Stats()
 	fmt.Printf("stats: %d lookups, %d stores, %d retrieves, %d chunk hits, %d chunks held, %d tokens stored\n",
