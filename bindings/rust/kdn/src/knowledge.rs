@@ -2,7 +2,7 @@
 //! Knowledge items: named documents whose KV is kept under position-free
 //! content keys (`kdn_knowledge_*`).
 
-use crate::error::{check, Error, Result, Status};
+use crate::error::{check, Result, Status};
 use crate::model::{c_ids, KvResult, Model, TokenId};
 use crate::runtime::c_string as c_chars_to_string;
 use crate::types::{bytes, init, millis_ceil};
@@ -204,7 +204,7 @@ impl<'m> Knowledge<'m> {
     /// its room is `num_tokens`, or for a canonical view the whole buffer)
     /// and its tokens into `tokens` (if any). `tokens` of the result: the
     /// document's length. `BufferTooSmall`, with nothing written, when the
-    /// view or `tokens` is shorter than the document: [`Error::needed`] is
+    /// view or `tokens` is shorter than the document: [`Error::needed`](crate::Error::needed) is
     /// its length. `NotFound` when there is no such document or its KV left
     /// every tier. The ids come back as the C ABI's `i32`s, each >= 0
     /// (`id as u32` is the tokenizer's id).
@@ -215,20 +215,7 @@ impl<'m> Knowledge<'m> {
         tokens: Option<&mut [i32]>,
     ) -> Result<KvResult> {
         let raw_view = match view {
-            Some(v) => {
-                let mut raw = v.parts.resolve(self.model.row())?;
-                let canonical = raw.k_layers.is_null()
-                    && [raw.stride_layer, raw.stride_kv, raw.stride_token, raw.stride_head, raw.stride_dim]
-                        .iter()
-                        .all(|&s| s == 0);
-                if raw.num_tokens == 0 && canonical && self.model.kv_bytes_per_token() > 0 {
-                    raw.num_tokens = raw.size_bytes / self.model.kv_bytes_per_token();
-                    if raw.num_tokens == 0 {
-                        return Err(Error::new(Status::BufferTooSmall, "the view has room for no token"));
-                    }
-                }
-                Some(raw)
-            }
+            Some(v) => Some(v.parts.resolve_room(self.model.row(), self.model.kv_bytes_per_token())?),
             None => None,
         };
         let (views, num_views) = match &raw_view {

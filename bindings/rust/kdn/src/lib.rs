@@ -39,11 +39,20 @@
 //! ([`Model::load_async`]); engines that manage their own KV memory use the
 //! `unsafe` [`Model::load_async_unchecked`] and [`Model::save_async_unchecked`].
 //!
+//! ## Device memory
+//! With a device ([`RuntimeOptions::device`]: a CUDA GPU, or
+//! [`DeviceMode::Emulated`], host memory standing in for one), KV views may
+//! be in device memory: [`KvViewMut::from_device`] and [`KvView::from_device`]
+//! take the engine's raw device pointers (and its [`CudaStream`]), and are
+//! `unsafe`, as kdn reads and writes through pointers Rust cannot check.
+//!
 //! ## Experimental
-//! [`Runtime::with_editor`] wraps the experimental editor callback of
-//! `kdn.h` (`KDN_EXPERIMENTAL`): it may change in a minor release.
+//! [`Runtime::with_editor`] and [`Model::blend`] wrap the experimental editor
+//! and blending calls of `kdn.h` (`KDN_EXPERIMENTAL`): they may change in a
+//! minor release.
 #![deny(missing_docs)]
 
+mod blend;
 mod error;
 mod knowledge;
 mod model;
@@ -52,18 +61,19 @@ mod runtime;
 mod types;
 mod view;
 
+pub use blend::{BlendLayer, BlendOptions, BlendReport, Segment};
 pub use error::{Error, Family, Result, Status};
 pub use knowledge::{DocumentInfo, Knowledge};
-pub use model::{KvResult, Lookup, Model, ModelSpec, Request, TokenId};
+pub use model::{KvResult, LoadRequest, Lookup, Model, ModelSpec, Request, TokenId};
 pub use op::Op;
 pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
 pub use types::{
-    version, version_number, DType, Element, EvictionPolicy, LatencyKind, Layout, OpState, RopeStyle, TierKind,
-    HEADER_VERSION_NUMBER,
+    version, version_number, DType, DeviceMode, Element, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState,
+    RopeScaling, RopeStyle, TierKind, ABI_VERSION_NUMBER, HEADER_VERSION_NUMBER,
 };
-pub use view::{as_bytes, as_f32_mut, KvBuffer, KvView, KvViewMut, LayerOffsets, ViewSpec};
+pub use view::{as_bytes, as_f32_mut, CudaStream, KvBuffer, KvView, KvViewMut, LayerOffsets, ViewSpec};
 
-/// The raw C ABI, for what this crate does not wrap (the experimental blending API).
+/// The raw C ABI, for calls this crate does not wrap.
 pub use kdn_sys;
 
 // The handles are Send + Sync exactly as kdn.h's Thread-safety lines say

@@ -4,7 +4,7 @@
 use crate::error::{check, Error, Result, Status};
 use crate::op::{Op, OpKind};
 use crate::runtime::Keep;
-use crate::types::{bytes, init, DType, OpState, RopeStyle};
+use crate::types::{bytes, init, micros_ceil, DType, OpState, RopeStyle};
 use crate::view::{KvBuffer, KvView, KvViewMut, ViewSpec};
 use kdn_sys as sys;
 use std::ptr::{self, NonNull};
@@ -190,6 +190,73 @@ impl Request<'_> {
     }
 }
 
+impl<'a> Request<'a> {
+    /// This request, for a retrieve or a load, with a TTFT target: the time
+    /// from the call within which the cached prefix's KV should be in place
+    /// (`kdn_request.ttft_target_us`, since 1.6; passed in whole
+    /// microseconds, rounded up). Remote and redis tiers with quality levels
+    /// ([`TierConfig::levels`](crate::TierConfig::levels)) choose each chunk's
+    /// level by it, and leave a chunk to recompute when none arrives in time;
+    /// other tiers ignore it. Over an hour is `InvalidArgument` (a unit mistake).
+    ///
+    /// ```
+    /// # use kdn::{DType, KvView, KvViewMut, ModelSpec, Request, Runtime, RuntimeOptions};
+    /// # use std::time::Duration;
+    /// # let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(2))?;
+    /// # let model = rt.model(&ModelSpec::new(1, 1, 2, DType::F32, "m"))?;
+    /// let tokens = [5, 6, 7, 8];
+    /// # model.store("ns", &tokens, &KvView::canonical(&[1.0f32; 16], DType::F32))?;
+    /// let mut out = vec![0f32; 16];
+    /// let request = Request::from(&tokens).with_ttft_target(Duration::from_millis(40));
+    /// assert_eq!(model.retrieve("ns", request, &mut KvViewMut::canonical(&mut out, DType::F32))?.tokens, 4);
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn with_ttft_target(self, ttft_target: Duration) -> LoadRequest<'a> {
+        LoadRequest { request: self, ttft_target }
+    }
+}
+
+/// The request of a load ([`Model::retrieve`], [`Model::load_async`]): its
+/// tokens and a TTFT target ([`Request::with_ttft_target`]). Anything that
+/// makes a [`Request`] makes one, with no target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadRequest<'a> {
+    /// The tokens.
+    pub request: Request<'a>,
+    /// The time from the call within which the cached prefix's KV should be
+    /// in place (since 1.6); zero: no target (the finest quality level).
+    pub ttft_target: Duration,
+}
+
+impl LoadRequest<'_> {
+    pub(crate) fn raw(&self) -> Result<sys::kdn_request> {
+        let mut r = self.request.raw()?;
+        r.ttft_target_us = micros_ceil(self.ttft_target);
+        Ok(r)
+    }
+}
+
+impl<'a> From<Request<'a>> for LoadRequest<'a> {
+    fn from(request: Request<'a>) -> Self {
+        LoadRequest { request, ttft_target: Duration::ZERO }
+    }
+}
+impl<'a, T: TokenId> From<&'a [T]> for LoadRequest<'a> {
+    fn from(ids: &'a [T]) -> Self {
+        T::request(ids).into()
+    }
+}
+impl<'a, T: TokenId> From<&'a Vec<T>> for LoadRequest<'a> {
+    fn from(ids: &'a Vec<T>) -> Self {
+        T::request(ids).into()
+    }
+}
+impl<'a, T: TokenId, const N: usize> From<&'a [T; N]> for LoadRequest<'a> {
+    fn from(ids: &'a [T; N]) -> Self {
+        T::request(ids).into()
+    }
+}
+
 /// What a KV call did (`kdn_kv_result`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvResult {
@@ -202,7 +269,8 @@ pub struct KvResult {
     pub tokens: u64,
     /// Retrieve/load: the cached prefix found at the start.
     pub covered: u64,
-    /// Load: ranges of the prefix that could not be read.
+    /// Load: ranges of the prefix that could not be read (or, since 1.7,
+    /// were left to recompute as slower than prefill).
     pub num_failed: u64,
     /// `KDN_RESULT_*` bits.
     pub flags: u32,
@@ -411,7 +479,7 @@ impl Model {
     pub fn retrieve<'r>(
         &self,
         ns: impl AsRef<[u8]>,
-        request: impl Into<Request<'r>>,
+        request: impl Into<LoadRequest<'r>>,
         view: &mut KvViewMut<'_>,
     ) -> Result<KvResult> {
         let raw_view = view.parts.resolve(self.row)?;
@@ -422,7 +490,7 @@ impl Model {
     pub fn retrieve_views<'r>(
         &self,
         ns: impl AsRef<[u8]>,
-        request: impl Into<Request<'r>>,
+        request: impl Into<LoadRequest<'r>>,
         views: &mut [KvViewMut<'_>],
     ) -> Result<KvResult> {
         let raw_views: Vec<sys::kdn_kv_view> =
@@ -430,7 +498,7 @@ impl Model {
         self.retrieve_raw(ns.as_ref(), &request.into(), &raw_views)
     }
 
-    fn retrieve_raw(&self, ns: &[u8], request: &Request<'_>, views: &[sys::kdn_kv_view]) -> Result<KvResult> {
+    fn retrieve_raw(&self, ns: &[u8], request: &LoadRequest<'_>, views: &[sys::kdn_kv_view]) -> Result<KvResult> {
         let req = request.raw()?;
         let (ns, ns_len) = ns_arg(ns);
         let mut out: sys::kdn_kv_result = init(sys::kdn_kv_result_init);
@@ -512,7 +580,7 @@ impl Model {
     pub fn load_async<'r, B: KvBuffer>(
         &self,
         ns: impl AsRef<[u8]>,
-        request: impl Into<Request<'r>>,
+        request: impl Into<LoadRequest<'r>>,
         buffer: B,
         spec: &ViewSpec,
     ) -> Result<Op<B>> {
@@ -523,7 +591,7 @@ impl Model {
     pub fn load_async_views<'r, B: KvBuffer>(
         &self,
         ns: impl AsRef<[u8]>,
-        request: impl Into<Request<'r>>,
+        request: impl Into<LoadRequest<'r>>,
         buffer: B,
         specs: &[ViewSpec],
     ) -> Result<Op<B>> {
@@ -540,7 +608,14 @@ impl Model {
         buffer: B,
         spec: &ViewSpec,
     ) -> Result<Op<B>> {
-        Op::start(self, OpKind::Save, ns.as_ref(), &request.into(), buffer, std::slice::from_ref(spec))
+        Op::start(
+            self,
+            OpKind::Save,
+            ns.as_ref(),
+            &LoadRequest::from(request.into()),
+            buffer,
+            std::slice::from_ref(spec),
+        )
     }
 
     /// [`save_async`](Self::save_async) from several views over the one buffer.
@@ -551,7 +626,7 @@ impl Model {
         buffer: B,
         specs: &[ViewSpec],
     ) -> Result<Op<B>> {
-        Op::start(self, OpKind::Save, ns.as_ref(), &request.into(), buffer, specs)
+        Op::start(self, OpKind::Save, ns.as_ref(), &LoadRequest::from(request.into()), buffer, specs)
     }
 
     /// [`load_async`](Self::load_async) into memory the op does not own:
@@ -567,7 +642,7 @@ impl Model {
     pub unsafe fn load_async_unchecked<'r>(
         &self,
         ns: impl AsRef<[u8]>,
-        request: impl Into<Request<'r>>,
+        request: impl Into<LoadRequest<'r>>,
         views: &[KvViewMut<'_>],
     ) -> Result<Op<()>> {
         let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
@@ -590,7 +665,8 @@ impl Model {
     ) -> Result<Op<()>> {
         let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
         // SAFETY: as the caller promised.
-        let op = unsafe { crate::op::start_raw(self, OpKind::Save, ns.as_ref(), &request.into(), &raw)? };
+        let request = LoadRequest::from(request.into());
+        let op = unsafe { crate::op::start_raw(self, OpKind::Save, ns.as_ref(), &request, &raw)? };
         Ok(Op::borrowed(op, self))
     }
 

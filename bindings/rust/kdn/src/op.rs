@@ -2,7 +2,7 @@
 //! Asynchronous, layer-by-layer loads and saves (`kdn_op`).
 
 use crate::error::{check, Error, Result, Status};
-use crate::model::{KvResult, Model, Request};
+use crate::model::{KvResult, LoadRequest, Model};
 use crate::runtime::Keep;
 use crate::types::{bytes, init, millis_ceil, OpState};
 use crate::view::{owned_parts, KvBuffer, ViewSpec};
@@ -60,7 +60,7 @@ impl<B: KvBuffer> Op<B> {
         model: &Model,
         kind: OpKind,
         ns: &[u8],
-        request: &Request<'_>,
+        request: &LoadRequest<'_>,
         mut buffer: B,
         specs: &[ViewSpec],
     ) -> Result<Op<B>> {
@@ -172,7 +172,7 @@ pub(crate) unsafe fn start_raw(
     model: &Model,
     kind: OpKind,
     ns: &[u8],
-    request: &Request<'_>,
+    request: &LoadRequest<'_>,
     views: &[sys::kdn_kv_view],
 ) -> Result<NonNull<sys::kdn_op>> {
     let req = request.raw()?;

@@ -3,12 +3,14 @@
 
 use crate::error::{check, Error, Result, Status};
 use crate::model::{Model, ModelSpec};
-use crate::types::{init, millis_ceil, DType, EvictionPolicy, LatencyKind, TierKind};
+use crate::types::{
+    check_library_version, init, millis_ceil, version_number, DType, DeviceMode, EvictionPolicy, LatencyKind, TierKind,
+};
 use kdn_sys as sys;
 use std::ffi::{c_char, c_int, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,9 +46,17 @@ pub struct TierConfig {
     /// New chunks are copied to the next tier too.
     pub write_through: bool,
     /// Codec spec ("raw", "zstd", "fp8", "int8", "kivi2", "cachegen", "kdn", ...);
-    /// empty: raw for memory tiers, zstd for disk and remote, kdn:balanced
-    /// (lossy) for redis.
+    /// empty: raw for memory tiers, zstd for disk and remote (raw where the
+    /// runtime has a CUDA device, since 1.7), kdn:balanced (lossy) for redis.
     pub codec: String,
+    /// Remote, redis (since 1.6): quality levels, codec specs finest first
+    /// (say `["zstd", "kdn:hifi", "kdn:balanced"]`), at most 8; `codec` must
+    /// then be empty. Every chunk is kept at each level; a load whose request
+    /// has a TTFT target ([`Request::with_ttft_target`](crate::Request::with_ttft_target))
+    /// fetches each chunk at the finest level that arrives in time, and
+    /// leaves a chunk to recompute when none would. Empty: one level, `codec`.
+    /// Other kinds refuse it ([`Runtime::new`]: `InvalidArgument`).
+    pub levels: Vec<String>,
     /// Remote: the kdnd, `"host:port"` or `"unix:/path"`. Redis: one node or
     /// more, `"host:port"` comma-separated (of a cluster, any of its nodes).
     pub address: String,
@@ -80,6 +90,7 @@ impl Default for TierConfig {
             low_watermark: 0.0,
             write_through: false,
             codec: String::new(),
+            levels: Vec::new(),
             address: String::new(),
             token: String::new(),
             timeout: Duration::ZERO,
@@ -137,6 +148,11 @@ impl TierConfig {
         self.write_through = on;
         self
     }
+    /// Remote, redis: quality levels, finest first (see [`levels`](Self::levels)).
+    pub fn with_levels<S: Into<String>>(mut self, levels: impl IntoIterator<Item = S>) -> Self {
+        self.levels = levels.into_iter().map(Into::into).collect();
+        self
+    }
     /// Remote, redis: the per-call deadline (see [`timeout`](Self::timeout)).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -160,33 +176,45 @@ impl TierConfig {
         self
     }
 
-    /// The C struct; its strings borrow from `self`.
-    fn raw(&self) -> sys::kdn_tier_config {
+    /// The C struct; its strings borrow from `self` and from `levels`, the
+    /// levels joined as C takes them (`levels` must outlive the struct).
+    fn raw(&self, levels: &mut String) -> Result<sys::kdn_tier_config> {
         let mut c: sys::kdn_tier_config = init(sys::kdn_tier_config_init);
-        fn s(b: &[u8]) -> (*const c_char, usize) {
-            if b.is_empty() {
-                (ptr::null(), 0)
-            } else {
-                (b.as_ptr() as *const c_char, b.len())
-            }
+        // ';' separates the levels in C: one inside a level would split it,
+        // and a lone empty level would join to "", which C reads as none.
+        if let Some(level) = self.levels.iter().find(|l| l.contains(';') || l.is_empty()) {
+            return Err(Error::invalid(format!(
+                "tier levels: {level:?} is empty or contains ';', which separates levels"
+            )));
         }
+        *levels = self.levels.join(";");
+        (c.levels, c.levels_len) = c_str(levels.as_bytes());
         c.kind = self.kind.raw();
         c.capacity_bytes = self.capacity_bytes;
-        (c.path, c.path_len) = s(self.path.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
+        (c.path, c.path_len) = c_str(self.path.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
         c.policy = self.policy.raw();
         c.high_watermark = self.high_watermark;
         c.low_watermark = self.low_watermark;
         c.write_through = self.write_through as u32;
-        (c.codec, c.codec_len) = s(self.codec.as_bytes());
-        (c.address, c.address_len) = s(self.address.as_bytes());
-        (c.token, c.token_len) = s(self.token.as_bytes());
+        (c.codec, c.codec_len) = c_str(self.codec.as_bytes());
+        (c.address, c.address_len) = c_str(self.address.as_bytes());
+        (c.token, c.token_len) = c_str(self.token.as_bytes());
         c.timeout_ms = millis_ceil(self.timeout, u32::MAX.into()) as u32;
         (c.tls_ca_file, c.tls_ca_file_len) =
-            s(self.tls_ca_file.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
-        (c.tls_server_name, c.tls_server_name_len) = s(self.tls_server_name.as_bytes());
-        (c.user, c.user_len) = s(self.user.as_bytes());
+            c_str(self.tls_ca_file.as_deref().map(|p| p.as_os_str().as_bytes()).unwrap_or_default());
+        (c.tls_server_name, c.tls_server_name_len) = c_str(self.tls_server_name.as_bytes());
+        (c.user, c.user_len) = c_str(self.user.as_bytes());
         c.ttl_ms = millis_ceil(self.ttl, u64::MAX);
-        c
+        Ok(c)
+    }
+}
+
+/// A string or path for C: (NULL, 0) when empty.
+fn c_str(b: &[u8]) -> (*const c_char, usize) {
+    if b.is_empty() {
+        (ptr::null(), 0)
+    } else {
+        (b.as_ptr() as *const c_char, b.len())
     }
 }
 
@@ -210,6 +238,28 @@ pub struct RuntimeOptions {
     pub tiers: Vec<TierConfig>,
     /// Background load and save threads; 0 = 2, at most 64.
     pub worker_threads: u32,
+    /// The GPU KV is delivered to (since 1.5): for KV views in device memory
+    /// and device tiers. Default [`DeviceMode::Auto`].
+    pub device: DeviceMode,
+    /// The CUDA device of [`DeviceMode::Auto`] and [`DeviceMode::Cuda`]
+    /// (since 1.5); default 0.
+    pub device_ordinal: i32,
+    /// Since 1.7. `false` (the default): once the engine has reported its
+    /// prefill time ([`Model::report_prefill`]), a load leaves to recompute
+    /// the cached chunks whose tier delivers them slower than prefill would
+    /// compute them ([`TierStats::delivery_ns_per_token`]): its prefix ends
+    /// before them, counted in [`Stats::recompute_tokens`]. `true`: load
+    /// every cached chunk, however slow its tier.
+    pub load_slower_than_prefill: bool,
+    /// Since 1.8: a file holding the deployment's secret (at least 32
+    /// bytes, readable by its owner only, e.g. `head -c 32 /dev/urandom`):
+    /// every chunk a disk or redis tier stores is sealed with it, and a chunk
+    /// read back counts only if sealed with it (any other is a miss, counted
+    /// in [`TierStats::auth_failures`], and deleted). Runtimes sharing such a
+    /// tier share the secret. A file that cannot be read, is open to others
+    /// or is too short: `InvalidArgument`. `None`: tiers serve whatever they
+    /// hold.
+    pub secret_file: Option<PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -220,6 +270,10 @@ impl Default for RuntimeOptions {
             hash_seed: 0,
             tiers: Vec::new(),
             worker_threads: 0,
+            device: DeviceMode::Auto,
+            device_ordinal: 0,
+            load_slower_than_prefill: false,
+            secret_file: None,
         }
     }
 }
@@ -243,6 +297,27 @@ impl RuntimeOptions {
     /// With `n` background threads.
     pub fn with_worker_threads(mut self, n: u32) -> Self {
         self.worker_threads = n;
+        self
+    }
+    /// With a device mode (see [`device`](Self::device)).
+    pub fn with_device(mut self, device: DeviceMode) -> Self {
+        self.device = device;
+        self
+    }
+    /// With a CUDA device ordinal (see [`device_ordinal`](Self::device_ordinal)).
+    pub fn with_device_ordinal(mut self, ordinal: i32) -> Self {
+        self.device_ordinal = ordinal;
+        self
+    }
+    /// Whether loads take chunks slower than prefill (see
+    /// [`load_slower_than_prefill`](Self::load_slower_than_prefill)).
+    pub fn with_load_slower_than_prefill(mut self, on: bool) -> Self {
+        self.load_slower_than_prefill = on;
+        self
+    }
+    /// With the deployment's secret in `path` (see [`secret_file`](Self::secret_file)).
+    pub fn with_secret_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.secret_file = Some(path.as_ref().to_path_buf());
         self
     }
 }
@@ -395,7 +470,10 @@ impl Runtime {
     }
 
     fn create(options: &RuntimeOptions, keep: Keep) -> Result<Runtime> {
-        let tiers: Vec<sys::kdn_tier_config> = options.tiers.iter().map(TierConfig::raw).collect();
+        check_library_version(version_number())?;
+        let mut levels = vec![String::new(); options.tiers.len()];
+        let tiers: Vec<sys::kdn_tier_config> =
+            options.tiers.iter().zip(&mut levels).map(|(t, l)| t.raw(l)).collect::<Result<_>>()?;
         let mut o: sys::kdn_runtime_options = init(sys::kdn_runtime_options_init);
         o.chunk_tokens = options.chunk_tokens;
         o.host_capacity_bytes = options.host_capacity_bytes;
@@ -403,6 +481,16 @@ impl Runtime {
         o.tiers = if tiers.is_empty() { ptr::null() } else { tiers.as_ptr() };
         o.num_tiers = tiers.len();
         o.worker_threads = options.worker_threads;
+        o.device = options.device.raw();
+        o.device_ordinal = options.device_ordinal;
+        o.load_slower_than_prefill = options.load_slower_than_prefill as u32;
+        if let Some(path) = &options.secret_file {
+            // (an empty path would reach C as NULL: no secret at all)
+            if path.as_os_str().is_empty() {
+                return Err(Error::invalid("secret_file is an empty path"));
+            }
+            (o.secret_file, o.secret_file_len) = c_str(path.as_os_str().as_bytes());
+        }
         let mut raw = ptr::null_mut();
         // SAFETY: o and its arrays live across the call; the editor slot (if
         // any) lives as long as the runtime's handles (each holds `keep`).
@@ -553,6 +641,10 @@ pub struct Stats {
     pub lookup_tokens: u64,
     /// Of them, the leading tokens found cached ([`Lookup::cached_tokens`](crate::Lookup::cached_tokens); since 1.4).
     pub lookup_hit_tokens: u64,
+    /// Cached tokens loads left to recompute, their tiers delivering slower
+    /// than the engine prefills (since 1.7;
+    /// [`RuntimeOptions::load_slower_than_prefill`]).
+    pub recompute_tokens: u64,
 }
 
 impl From<&sys::kdn_stats> for Stats {
@@ -585,6 +677,7 @@ impl From<&sys::kdn_stats> for Stats {
             delivery_ns: s.delivery_ns,
             lookup_tokens: s.lookup_tokens,
             lookup_hit_tokens: s.lookup_hit_tokens,
+            recompute_tokens: s.recompute_tokens,
         }
     }
 }
@@ -669,6 +762,17 @@ pub struct TierStats {
     pub high_watermark: f64,
     /// Fraction of capacity eviction goes down to (since 1.4); 0: none.
     pub low_watermark: f64,
+    /// How fast the tier delivers into host views, ns per token of KV
+    /// (read, decode, copy; a moving average over the loads it served;
+    /// since 1.7); 0 until measured.
+    pub delivery_ns_per_token: f64,
+    /// The same into views in device memory (since 1.7); 0 until measured.
+    pub device_delivery_ns_per_token: f64,
+    /// Its chunks loads left to recompute as slower than prefill (since 1.7).
+    pub recompute_chunks: u64,
+    /// Of `corrupt_detected`, the chunks whose seal failed (since 1.8; a
+    /// runtime with a [`secret_file`](RuntimeOptions::secret_file)).
+    pub auth_failures: u64,
 }
 
 pub(crate) fn c_string(chars: &[c_char]) -> String {
@@ -708,6 +812,10 @@ impl From<&sys::kdn_tier_stats> for TierStats {
             write_queued_bytes: t.write_queued_bytes,
             high_watermark: t.high_watermark,
             low_watermark: t.low_watermark,
+            delivery_ns_per_token: t.delivery_ns_per_token,
+            device_delivery_ns_per_token: t.device_delivery_ns_per_token,
+            recompute_chunks: t.recompute_chunks,
+            auth_failures: t.auth_failures,
         }
     }
 }
@@ -715,18 +823,40 @@ impl From<&sys::kdn_tier_stats> for TierStats {
 #[cfg(test)]
 mod tests {
     use super::TierConfig;
+    use crate::Status;
     use std::time::Duration;
+
+    fn raw(tier: &TierConfig) -> kdn_sys::kdn_tier_config {
+        tier.raw(&mut String::new()).unwrap()
+    }
 
     #[test]
     fn tier_durations_reach_c_in_whole_milliseconds_rounded_up() {
         let tier = TierConfig::redis("localhost:6379", "");
-        let c = tier.raw();
+        let c = raw(&tier);
         assert_eq!((c.timeout_ms, c.ttl_ms), (0, 0), "zero: the default deadline, no expiry");
-        let c = tier.clone().with_timeout(Duration::from_micros(1)).with_ttl(Duration::from_micros(1500)).raw();
+        let c = raw(&tier.clone().with_timeout(Duration::from_micros(1)).with_ttl(Duration::from_micros(1500)));
         assert_eq!((c.timeout_ms, c.ttl_ms), (1, 2));
-        let c = tier.clone().with_timeout(Duration::from_secs(3)).with_ttl(Duration::from_secs(86_400)).raw();
+        let c = raw(&tier.clone().with_timeout(Duration::from_secs(3)).with_ttl(Duration::from_secs(86_400)));
         assert_eq!((c.timeout_ms, c.ttl_ms), (3000, 86_400_000));
-        let c = tier.with_timeout(Duration::from_secs(50 * 86_400)).with_ttl(Duration::MAX).raw();
+        let c = raw(&tier.with_timeout(Duration::from_secs(50 * 86_400)).with_ttl(Duration::MAX));
         assert_eq!((c.timeout_ms, c.ttl_ms), (u32::MAX, u64::MAX), "saturated");
+    }
+
+    #[test]
+    fn tier_levels_reach_c_joined_by_semicolons() {
+        let mut joined = String::new();
+        let tier = TierConfig::remote("127.0.0.1:1", "t");
+        let c = tier.raw(&mut joined).unwrap();
+        assert_eq!((c.levels, c.levels_len), (std::ptr::null(), 0), "no levels: NULL, as C's default");
+        let c = tier.clone().with_levels(["zstd", "kdn:hifi", "kdn:balanced"]).raw(&mut joined).unwrap();
+        assert_eq!(joined, "zstd;kdn:hifi;kdn:balanced");
+        let got = unsafe { std::slice::from_raw_parts(c.levels as *const u8, c.levels_len) };
+        assert_eq!(got, joined.as_bytes());
+        for bad in [&["zstd;kdn"][..], &[""], &["zstd", ""]] {
+            let e = tier.clone().with_levels(bad.iter().copied()).raw(&mut joined).unwrap_err();
+            assert_eq!(e.status(), Status::InvalidArgument);
+            assert!(e.message().contains("';'"), "{e}");
+        }
     }
 }

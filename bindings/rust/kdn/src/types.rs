@@ -90,6 +90,51 @@ open_enum! {
 }
 
 open_enum! {
+    /// The GPU a runtime delivers KV to (`kdn_device_mode`, since 1.5), for
+    /// KV views in device memory ([`KvViewMut::from_device`](crate::KvViewMut::from_device))
+    /// and device tiers.
+    DeviceMode {
+        /// The CUDA device `device_ordinal` when this build has CUDA and the
+        /// machine a usable GPU; otherwise none (device views are
+        /// `Unsupported`, a device tier is emulated in host memory).
+        Auto = sys::kdn_device_mode_KDN_DEVICE_AUTO,
+        /// No device: device views are `Unsupported`.
+        None = sys::kdn_device_mode_KDN_DEVICE_NONE,
+        /// Host memory stands in for the GPU's: device views are host
+        /// memory, and every device path runs its kernel's CPU path, byte
+        /// for byte. For developing and testing a GPU integration without a GPU.
+        Emulated = sys::kdn_device_mode_KDN_DEVICE_EMULATED,
+        /// The CUDA device `device_ordinal`; [`Runtime::new`](crate::Runtime::new)
+        /// fails with `Unsupported` when there is none.
+        Cuda = sys::kdn_device_mode_KDN_DEVICE_CUDA,
+    }
+}
+
+open_enum! {
+    /// Where a KV view's memory is (`kdn_memory_kind`).
+    MemoryKind {
+        /// Host memory.
+        Host = sys::kdn_memory_kind_KDN_MEMORY_HOST,
+        /// GPU memory of the runtime's device (since 1.5; with
+        /// [`DeviceMode::Emulated`], host memory standing in for it).
+        Device = sys::kdn_memory_kind_KDN_MEMORY_DEVICE,
+    }
+}
+
+open_enum! {
+    /// How a blend re-positions RoPE keys beyond the model's own rotation
+    /// (`kdn_rope_scaling`; experimental, [`Model::blend`](crate::Model::blend)).
+    RopeScaling {
+        /// The model spec's RoPE as it is.
+        None = sys::kdn_rope_scaling_KDN_ROPE_SCALING_NONE,
+        /// Positions divided by the factor.
+        Linear = sys::kdn_rope_scaling_KDN_ROPE_SCALING_LINEAR,
+        /// NTK-aware: theta x factor^(r / (r - 2)).
+        Ntk = sys::kdn_rope_scaling_KDN_ROPE_SCALING_NTK,
+    }
+}
+
+open_enum! {
     /// Which dimensions a model's rotary embedding pairs.
     RopeStyle {
         /// Pairs (2j, 2j+1): llama2.c, GPT-J, Meta Llama.
@@ -171,6 +216,44 @@ pub fn version_number() -> u32 {
 pub const HEADER_VERSION_NUMBER: u32 =
     sys::KDN_VERSION_MAJOR * 10000 + sys::KDN_VERSION_MINOR * 100 + sys::KDN_VERSION_PATCH;
 
+/// The C ABI this crate is written for, `MAJOR * 10000 + MINOR * 100`: 1.8
+/// (device views and their stream, blending, `secret_file`, quality levels,
+/// the delivery rates). [`Runtime::new`](crate::Runtime::new) refuses, with
+/// [`Status::Version`](crate::Status::Version), a libkdn of another major
+/// version or an older minor: its structs lack fields this crate sets, and
+/// its statistics would read as 0.
+pub const ABI_VERSION_NUMBER: u32 = 10800;
+
+// kdn-sys must come from a kdn.h of this major version and at least this minor.
+const _: () = assert!(
+    sys::KDN_VERSION_MAJOR == ABI_VERSION_NUMBER / 10000 && HEADER_VERSION_NUMBER >= ABI_VERSION_NUMBER,
+    "kdn-sys was generated from a kdn.h older than 1.8 (or of another major version)"
+);
+
+/// `Ok` when a libkdn of version `number` can serve this crate: the same
+/// major version as [`ABI_VERSION_NUMBER`], at least its minor.
+pub(crate) fn check_library_version(number: u32) -> crate::Result<()> {
+    let (major, minor) = (number / 10000, number / 100 % 100);
+    let (want_major, want_minor) = (ABI_VERSION_NUMBER / 10000, ABI_VERSION_NUMBER / 100 % 100);
+    if major == want_major && minor >= want_minor {
+        return Ok(());
+    }
+    Err(crate::Error::new(
+        crate::Status::Version,
+        format!(
+            "libkdn {major}.{minor}.{} is not usable by the kdn crate: it needs libkdn {want_major}.{want_minor} or a \
+             later {want_major}.x (libkdn.so.{want_major})",
+            number % 100
+        ),
+    ))
+}
+
+/// `d` in whole microseconds, rounded up (a non-zero duration never
+/// becomes 0, which C reads as "none"), saturating.
+pub(crate) fn micros_ceil(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX)
+}
+
 /// A C struct as its `kdn_x_init(&s, sizeof s)` leaves it.
 pub(crate) fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::kdn_status) -> T {
     let mut value = std::mem::MaybeUninit::<T>::zeroed();
@@ -196,8 +279,31 @@ pub(crate) fn millis_ceil(d: Duration, max: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::millis_ceil;
+    use super::{check_library_version, micros_ceil, millis_ceil};
     use std::time::Duration;
+
+    #[test]
+    fn micros_round_up_and_saturate() {
+        assert_eq!(micros_ceil(Duration::ZERO), 0);
+        assert_eq!(micros_ceil(Duration::from_nanos(1)), 1);
+        assert_eq!(micros_ceil(Duration::from_nanos(1500)), 2);
+        assert_eq!(micros_ceil(Duration::from_millis(50)), 50_000);
+        assert_eq!(micros_ceil(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn library_versions_this_crate_takes() {
+        for ok in [10800, 10801, 10900, 19999] {
+            assert!(check_library_version(ok).is_ok(), "{ok}");
+        }
+        for (old, shown) in
+            [(10400, "libkdn 1.4.0"), (10799, "libkdn 1.7.99"), (20000, "libkdn 2.0.0"), (800, "libkdn 0.8.0")]
+        {
+            let e = check_library_version(old).unwrap_err();
+            assert_eq!(e.status(), crate::Status::Version, "{old}");
+            assert!(e.message().starts_with(shown) && e.message().contains("needs libkdn 1.8"), "{e}");
+        }
+    }
 
     #[test]
     fn millis_round_up_and_saturate() {

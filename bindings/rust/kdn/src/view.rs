@@ -6,14 +6,20 @@
 //! block tables (vLLM). The binding fills every bound the library checks
 //! (`size_bytes`, `layer_elements`, `num_blocks`) from the slices it is
 //! given, so no view can reach outside them.
+//!
+//! Views in device memory (GPU memory of the runtime's device, since 1.5)
+//! are made from raw pointers by the `unsafe` constructors
+//! [`KvView::from_device`] and [`KvViewMut::from_device`] (and their
+//! `_per_layer` forms), with an optional [`CudaStream`] (since 1.8): Rust
+//! cannot see GPU memory, so the caller vouches for it.
 
 use crate::error::{Error, Result};
-use crate::types::{init, DType, Element, Layout};
+use crate::types::{init, DType, Element, Layout, MemoryKind};
 use kdn_sys as sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ops::Deref;
-use std::ptr;
+use std::ptr::{self, NonNull};
 
 /// A view's shape without its memory: dtype, layout, strides, layers, block
 /// table. All counts are in elements of the dtype, as in `kdn.h`.
@@ -272,6 +278,33 @@ impl Parts {
         }
     }
 
+    /// Marks the view as device memory, ordered after `stream` (if any).
+    fn on_device(mut self, stream: Option<CudaStream>) -> Parts {
+        self.raw.memory = sys::kdn_memory_kind_KDN_MEMORY_DEVICE;
+        self.raw.cuda_stream = stream.map_or(ptr::null_mut(), CudaStream::as_raw);
+        self
+    }
+
+    /// [`resolve`](Self::resolve) for calls that write a length the caller
+    /// may not know yet (a knowledge fetch, a blend), which need the view's
+    /// room stated: a canonical view of one allocation with `num_tokens` 0
+    /// has room for as many whole tokens as its memory holds (and is laid
+    /// out for that many); other views state it themselves.
+    pub(crate) fn resolve_room(&self, row: u64, kv_bytes_per_token: u64) -> Result<sys::kdn_kv_view> {
+        let mut raw = self.resolve(row)?;
+        let canonical = raw.k_layers.is_null()
+            && [raw.stride_layer, raw.stride_kv, raw.stride_token, raw.stride_head, raw.stride_dim]
+                .iter()
+                .all(|&s| s == 0);
+        if raw.num_tokens == 0 && canonical && kv_bytes_per_token > 0 {
+            raw.num_tokens = raw.size_bytes / kv_bytes_per_token;
+            if raw.num_tokens == 0 {
+                return Err(Error::new(crate::Status::BufferTooSmall, "the view has room for no token"));
+            }
+        }
+        Ok(raw)
+    }
+
     /// The struct for a call on a model with `row` elements per token and
     /// layer (kv_heads x head_dim): a paged view's num_blocks is its smallest
     /// layer allocation in blocks, so the library checks every table entry.
@@ -334,6 +367,92 @@ impl<'a> KvView<'a> {
         let v = v.iter().map(|s| byte_range(s).0).collect();
         Ok(KvView { parts: Parts::layered(spec, k, v, min)?, _memory: PhantomData })
     }
+
+    /// KV in device memory (since 1.5) that kdn may read (a store, a save):
+    /// `size_bytes` bytes at `data` on the runtime's device, laid out as
+    /// `spec` says (one allocation, or per-layer allocations at
+    /// `spec.layer_offsets`), and the engine's CUDA stream that orders them
+    /// (since 1.8; see [`CudaStream`]). A runtime without a device refuses
+    /// the view (`Unsupported`); with [`DeviceMode::Emulated`](crate::DeviceMode::Emulated)
+    /// the "device" memory is host memory.
+    ///
+    /// # Safety
+    /// kdn reads this memory through the device and cannot check it: `data`
+    /// must be the start of at least `size_bytes` bytes of memory the
+    /// runtime's device can read (with the emulated device: host memory),
+    /// valid and not freed for `'a`, not written while a call or op uses
+    /// the view unless `stream` orders the writes (kdn waits for the work the
+    /// stream held when the call was made). `stream`, when given, must be a
+    /// live CUDA stream of the runtime's device for as long as the view is
+    /// used (with the emulated device any value: it is never dereferenced).
+    pub unsafe fn from_device(
+        data: *const c_void,
+        size_bytes: usize,
+        spec: &ViewSpec,
+        stream: Option<CudaStream>,
+    ) -> Result<KvView<'a>> {
+        let parts = Parts::slab(spec, data as *mut u8, size_bytes)?;
+        Ok(KvView { parts: parts.on_device(stream), _memory: PhantomData })
+    }
+
+    /// KV in device memory, one allocation per layer of `layer_bytes`
+    /// bytes each: view layer j's K at `k[j]`, V at `v[j]` (see
+    /// [`from_device`](Self::from_device)).
+    ///
+    /// # Safety
+    /// As [`from_device`](Self::from_device), for each of the `k` and `v`
+    /// allocations with `layer_bytes` bytes.
+    pub unsafe fn from_device_per_layer(
+        k: &[*const c_void],
+        v: &[*const c_void],
+        layer_bytes: usize,
+        spec: &ViewSpec,
+        stream: Option<CudaStream>,
+    ) -> Result<KvView<'a>> {
+        let k = k.iter().map(|&p| p as *mut u8).collect();
+        let v = v.iter().map(|&p| p as *mut u8).collect();
+        let parts = Parts::layered(spec, k, v, layer_bytes)?;
+        Ok(KvView { parts: parts.on_device(stream), _memory: PhantomData })
+    }
+
+    /// Where the view's memory is.
+    pub fn memory(&self) -> MemoryKind {
+        MemoryKind::from_raw(self.parts.raw.memory)
+    }
+
+    /// The CUDA stream the view names, if any.
+    pub fn cuda_stream(&self) -> Option<CudaStream> {
+        NonNull::new(self.parts.raw.cuda_stream).map(CudaStream)
+    }
+}
+
+/// An engine's CUDA stream (a `cudaStream_t`), opaque to Rust, for views in
+/// device memory (`kdn_kv_view.cuda_stream`, since 1.8). kdn's work on such
+/// a view (its copies and kernels, on its own stream) starts after the work
+/// this stream held when the call was made, so KV the engine is still
+/// writing is not read early, and KV it is still reading is not
+/// overwritten; what the engine queues on the stream after the call returns
+/// (an op: after it ends) runs after kdn's writes. kdn still waits for its
+/// own work before a call returns and before an op reports a layer. Every
+/// view of a call names the same stream.
+///
+/// Making one is safe: it is only a value. Using it in a view is the
+/// `unsafe` part ([`KvView::from_device`], [`KvViewMut::from_device`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaStream(NonNull<c_void>);
+
+impl CudaStream {
+    /// The stream handle (a `cudaStream_t`, as the CUDA runtime or the
+    /// engine gives it); `None` for NULL, which names no stream. (CUDA's
+    /// legacy default stream is NULL too: name no stream for it.)
+    pub fn from_raw(stream: *mut c_void) -> Option<CudaStream> {
+        NonNull::new(stream).map(CudaStream)
+    }
+
+    /// The handle.
+    pub fn as_raw(self) -> *mut c_void {
+        self.0.as_ptr()
+    }
 }
 
 /// KV the library may write: the memory of a retrieve or a knowledge fetch.
@@ -393,6 +512,74 @@ impl<'a> KvViewMut<'a> {
             view: KvView { parts: Parts::layered(spec, k, v, min)?, _memory: PhantomData },
             _memory: PhantomData,
         })
+    }
+
+    /// KV in device memory (since 1.5) that kdn may write (a retrieve, a
+    /// load, a blend): `size_bytes` bytes at `data` on the runtime's device,
+    /// laid out as `spec` says, ordered by the engine's `stream` (since 1.8;
+    /// see [`CudaStream`]). Loads write it on the device: a device tier's
+    /// chunks device to device, encoded chunks of lower tiers decoded on the
+    /// GPU where their codec can; the KV is in place when the call returns.
+    ///
+    /// ```
+    /// use kdn::{DType, DeviceMode, KvView, KvViewMut, MemoryKind, ModelSpec, Runtime, RuntimeOptions, ViewSpec};
+    /// // The emulated device: host memory stands in for the GPU's.
+    /// let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(2).with_device(DeviceMode::Emulated))?;
+    /// let model = rt.model(&ModelSpec::new(1, 1, 2, DType::F32, "m"))?;
+    /// let kv: Vec<f32> = (0..16).map(|i| i as f32).collect(); // 4 tokens, canonical
+    /// let mut gpu = vec![0f32; 16]; // a cudaMalloc'd buffer on a real device
+    /// // SAFETY: `gpu` is the device's memory here, 64 bytes, alive and
+    /// // untouched while the view is used; no stream.
+    /// let mut view = unsafe {
+    ///     KvViewMut::from_device(gpu.as_mut_ptr().cast(), 64, &ViewSpec::canonical(DType::F32), None)?
+    /// };
+    /// assert_eq!(view.memory(), MemoryKind::Device);
+    /// model.store("ns", &[1, 2, 3, 4], &KvView::canonical(&kv, DType::F32))?;
+    /// assert_eq!(model.retrieve("ns", &[1, 2, 3, 4], &mut view)?.tokens, 4);
+    /// drop(view);
+    /// assert_eq!(gpu, kv);
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    /// kdn writes this memory through the device and cannot check it:
+    /// `data` must be the start of at least `size_bytes` bytes of memory the
+    /// runtime's device can write (with the emulated device: host memory),
+    /// valid and not freed for `'a`, and neither read nor written otherwise
+    /// while a call or op uses the view, unless `stream` orders that work
+    /// (kdn's writes run after the work the stream held at the call, and the
+    /// stream's later work after kdn's writes). `stream`, when given, must be
+    /// a live CUDA stream of the runtime's device for as long as the view is
+    /// used (with the emulated device any value: it is never dereferenced).
+    pub unsafe fn from_device(
+        data: *mut c_void,
+        size_bytes: usize,
+        spec: &ViewSpec,
+        stream: Option<CudaStream>,
+    ) -> Result<KvViewMut<'a>> {
+        // SAFETY: the caller's promise, which covers writes too.
+        let view = unsafe { KvView::from_device(data, size_bytes, spec, stream)? };
+        Ok(KvViewMut { view, _memory: PhantomData })
+    }
+
+    /// KV in device memory that kdn may write, one allocation per layer of
+    /// `layer_bytes` bytes each (see [`from_device`](Self::from_device)).
+    ///
+    /// # Safety
+    /// As [`from_device`](Self::from_device), for each of the `k` and `v`
+    /// allocations with `layer_bytes` bytes.
+    pub unsafe fn from_device_per_layer(
+        k: &[*mut c_void],
+        v: &[*mut c_void],
+        layer_bytes: usize,
+        spec: &ViewSpec,
+        stream: Option<CudaStream>,
+    ) -> Result<KvViewMut<'a>> {
+        let k: Vec<*const c_void> = k.iter().map(|&p| p as *const c_void).collect();
+        let v: Vec<*const c_void> = v.iter().map(|&p| p as *const c_void).collect();
+        // SAFETY: the caller's promise, which covers writes too.
+        let view = unsafe { KvView::from_device_per_layer(&k, &v, layer_bytes, spec, stream)? };
+        Ok(KvViewMut { view, _memory: PhantomData })
     }
 }
 

@@ -4,6 +4,8 @@
 //! reference model's real KV.
 #![allow(dead_code)]
 
+pub mod transformer;
+
 use kdn::{DType, Model, ModelSpec, Runtime, RuntimeOptions, TierConfig};
 use std::path::PathBuf;
 
@@ -72,6 +74,18 @@ pub fn reference_kv() -> (Vec<i32>, Vec<f32>, Vec<f32>) {
     ];
     let dir = models_dir().join("reference");
     (tokens, read_f32(&dir.join("kv260k.k.f32")), read_f32(&dir.join("kv260k.v.f32")))
+}
+
+/// The reference KV of [`reference_kv`] in the canonical layout
+/// `[layer][k|v][position][head][dim]`.
+pub fn reference_canonical() -> (Vec<i32>, Vec<f32>) {
+    let (tokens, k, v) = reference_kv();
+    let layer = tokens.len() * ROW;
+    let kv = (0..LAYERS)
+        .flat_map(|l| k[l * layer..(l + 1) * layer].iter().chain(&v[l * layer..(l + 1) * layer]))
+        .copied()
+        .collect();
+    (tokens, kv)
 }
 
 pub fn read_f32(path: &std::path::Path) -> Vec<f32> {
