@@ -354,7 +354,8 @@ class Parser {
                                    "kv_events_hashes", "lmcache_metric_names", "prefill_us_per_token",
                                    "drain_timeout_ms", "measure_tiers", "secret_file", "tls", "max_connections",
                                    "max_reply_bytes", "max_inflight_bytes", "pre_auth_max_bytes", "login_timeout_ms", "message_timeout_ms",
-                                   "max_login_failures", "max_subscriptions", "max_subscriptions_per_connection"}));
+                                   "max_login_failures", "max_subscriptions", "max_subscriptions_per_connection",
+                                   "max_usage_series"}));
     bool present = false;
     std::vector<std::string> listen;
     KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
@@ -410,6 +411,7 @@ class Parser {
     KDN_RETURN_IF_ERROR(GetU32(server, path, "max_subscriptions", &b.max_subscriptions));
     KDN_RETURN_IF_ERROR(
         GetU32(server, path, "max_subscriptions_per_connection", &b.max_subscriptions_per_connection));
+    KDN_RETURN_IF_ERROR(GetU32(server, path, "max_usage_series", &b.max_usage_series));
     for (const auto& [key, zero] : {std::pair<const char*, bool>{"max_reply_bytes", b.max_reply_bytes == 0},
                                     {"max_inflight_bytes", b.max_inflight_bytes < (1u << 20)},
                                     {"pre_auth_max_bytes", b.pre_auth_max_bytes < 1024},

@@ -119,6 +119,9 @@ struct ServerBounds {
   // past either, subscribeStats is refused with busy.
   std::uint32_t max_subscriptions = 256;
   std::uint32_t max_subscriptions_per_connection = 4;
+  // (namespace, model) pairs with kdn_usage_* series of their own on
+  // /metrics; the rest add up under namespace="other", model="other".
+  std::uint32_t max_usage_series = 64;
 };
 
 struct ServerConfig {

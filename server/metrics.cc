@@ -98,6 +98,21 @@ class Page {
     families_.push_back(std::move(f));
   }
 
+  // A counter family with one series per usage row, labelled namespace and
+  // model (server/usage.h: bounded).
+  template <typename Value>
+  void PerUsage(const std::vector<UsageRow>& rows, std::string name, std::string help, Value value) {
+    pm::MetricFamily f{std::move(name), std::move(help), pm::MetricType::Counter, {}};
+    for (const UsageRow& r : rows) {
+      pm::ClientMetric m;
+      m.label = {{"namespace", r.ns}, {"model", r.model}};
+      m.counter.value = value(r.counts);
+      f.metric.push_back(std::move(m));
+    }
+    if (f.metric.empty()) return;
+    families_.push_back(std::move(f));
+  }
+
   // The tier's kind and codec as labels of a constant 1 (the "info"
   // pattern), so they are not repeated on every per-tier series; a query
   // joins them in with `* on(index, tier) group_left(kind, codec) kdn_tier_info`.
@@ -213,6 +228,23 @@ void AddTiers(const NodeStats& s, Page& p) {
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s; }, unmeasured);
 }
 
+// Usage by namespace and model (server/usage.h; the labels bounded there).
+void AddUsage(const NodeStats& s, Page& p) {
+  const auto& rows = s.usage;
+  p.PerUsage(rows, "kdn_usage_lookup_tokens_total", "Tokens of the engines' looked-up requests (their runtimes' reports), by namespace and model.",
+             [](const UsageCounts& c) { return AsDouble(c.lookup_tokens); });
+  p.PerUsage(rows, "kdn_usage_lookup_hit_tokens_total", "Of kdn_usage_lookup_tokens_total, the leading tokens this node held.",
+             [](const UsageCounts& c) { return AsDouble(c.lookup_hit_tokens); });
+  p.PerUsage(rows, "kdn_usage_load_tokens_total", "Tokens the engines' loads asked for (their runtimes' reports), by namespace and model.",
+             [](const UsageCounts& c) { return AsDouble(c.load_tokens); });
+  p.PerUsage(rows, "kdn_usage_load_hit_tokens_total", "Of kdn_usage_load_tokens_total, the tokens this node delivered.",
+             [](const UsageCounts& c) { return AsDouble(c.load_hit_tokens); });
+  p.PerUsage(rows, "kdn_usage_put_bytes_total", "Envelope bytes stored by puts, by namespace and model.",
+             [](const UsageCounts& c) { return AsDouble(c.put_bytes); });
+  p.PerUsage(rows, "kdn_usage_get_bytes_total", "Envelope bytes served by gets, by namespace and model.",
+             [](const UsageCounts& c) { return AsDouble(c.get_bytes); });
+}
+
 // LMCache's names for the same values (see the table in metrics.h).
 void AddLmcacheAliases(const NodeStats& s, Page& p) {
   // LMCache counts per engine request: the runtimes' reports.
@@ -293,6 +325,7 @@ std::string RenderPrometheus(const NodeStats& s, const PrometheusOptions& option
              {{"version", KDN_SERVER_VERSION}, {"protocol", std::to_string(wire::node::PROTOCOL_VERSION)}});
   AddNode(s, page);
   AddTiers(s, page);
+  AddUsage(s, page);
   if (options.kv_events) {
     page.Counter("kdn_kv_events_queued_total", "KV events queued for the subscribers.",
                  static_cast<double>(options.kv_events_queued));

@@ -525,6 +525,15 @@ class SessionImpl final : public Session::Server {
       report.loads = r.getLoads();
       report.load_tokens = r.getLoadTokens();
       report.load_hit_tokens = r.getLoadHitTokens();
+      if (r.hasModel()) {
+        auto model = r.getModel();
+        if (model.size() != report.model.size()) {
+          SetError(context.getResults().initError(),
+                   Status::InvalidArgument("report: a model fingerprint is 32 bytes, got " + std::to_string(model.size())));
+          return kj::READY_NOW;
+        }
+        std::memcpy(report.model.data(), model.begin(), model.size());
+      }
       auto ns = params.getNamespace();
       SetError(context.getResults().initError(), service_.Report(grant_, {ns.begin(), ns.size()}, report));
       return kj::READY_NOW;

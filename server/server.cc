@@ -264,6 +264,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   no.secret_file = config.secret_file;
   no.max_reply_bytes = config.bounds.max_reply_bytes;
   no.max_subscriptions = config.bounds.max_subscriptions;
+  no.max_usage_series = config.bounds.max_usage_series;
   auto service = NodeService::Create(no);
   if (!service.ok()) return service.status();
   s->service_ = std::move(service).value();

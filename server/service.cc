@@ -125,6 +125,7 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
     for (const store::LevelStats& l : s->chain_->Stats()) names.push_back(l.name);
     s->tier_limits_ = MeasureTierLimits(s->specs_, names);
   }
+  s->usage_ = std::make_unique<UsageBook>(options.max_usage_series);
   s->ReloadTokens(options.tokens);
   s->prefill_us_per_token_ = options.prefill_us_per_token;
   s->max_reply_bytes_ = options.max_reply_bytes;
@@ -194,6 +195,13 @@ TokenReload NodeService::ReloadTokens(const std::vector<TokenGrant>& tokens) {
     ++r.revoked;
   }
   grants_ = std::move(next);
+  std::unordered_map<keys::Digest, std::string, keys::DigestHash> names;
+  for (const TokenGrant& t : tokens) {
+    for (const std::string& ns : t.namespaces) {
+      if (ns != "*") names.emplace(keys::NamespaceHash(ns), ns);
+    }
+  }
+  usage_->SetNamespaceNames(std::move(names));
   return r;
 }
 
@@ -250,6 +258,12 @@ Status NodeService::Report(const Grant& g, std::span<const std::uint8_t> ns_byte
   Count(NodeStat::kEngineLoads, r.loads);
   Count(NodeStat::kEngineLoadTokens, r.load_tokens);
   Count(NodeStat::kEngineLoadHitTokens, r.load_hit_tokens);
+  UsageCounts u;
+  u.lookup_tokens = r.lookup_tokens;
+  u.lookup_hit_tokens = r.lookup_hit_tokens;
+  u.load_tokens = r.load_tokens;
+  u.load_hit_tokens = r.load_hit_tokens;
+  usage_->Add(ns, r.model, u);
   return Status::Ok();
 }
 
@@ -299,6 +313,9 @@ store::ChunkRef NodeService::Get(const keys::Digest& ns, const keys::Digest& key
   if (!lease.ok()) return nullptr;
   store::ChunkRef stored = lease->chunk();
   Learned(object, key, stored->meta.tokens);
+  UsageCounts u;
+  u.get_bytes = stored->envelope ? stored->envelope_bytes : stored->payload.size();
+  usage_->Add(ns, stored->meta.model, u);
   // The same payload (shared, not copied) under the caller's key.
   auto out = std::make_shared<store::Chunk>();
   out->meta = stored->meta;
@@ -392,6 +409,9 @@ Status NodeService::Put(const keys::Digest& ns, std::span<const std::uint8_t> en
   }
   Count(NodeStat::kPutChunks);
   Count(NodeStat::kPutBytes, envelope.size());
+  UsageCounts u;
+  u.put_bytes = envelope.size();
+  usage_->Add(ns, c->meta.model, u);
   registry_->Stored(ns, key);
   return Status::Ok();
 }
@@ -438,6 +458,7 @@ NodeStats NodeService::Stats() const {
   s.time_ms = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   s.uptime_ms = uptime_ms();
+  s.usage = usage_->Rows();
   const std::vector<store::LevelStats> levels = chain_->Stats();
   for (size_t i = 0; i < levels.size(); ++i) {
     const store::LevelStats& l = levels[i];

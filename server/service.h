@@ -42,6 +42,7 @@
 #include "core/wire/seal.h"
 #include "server/config.h"
 #include "server/registry.h"
+#include "server/usage.h"
 
 namespace kdn::server {
 
@@ -90,6 +91,10 @@ struct NodeOptions {
   // past it are answered missing (counted: repliesCapped). kdnd's
   // server.max_reply_bytes.
   std::uint64_t max_reply_bytes = std::uint64_t{256} << 20;
+  // (namespace, model) pairs with series of their own on the metrics page
+  // (kdn_usage_*); the rest add up under "other" (server/usage.h). kdnd's
+  // server.max_usage_series.
+  std::uint32_t max_usage_series = 64;
 };
 
 class NodeService {
@@ -116,6 +121,7 @@ class NodeService {
   struct RequestReport {
     std::uint64_t lookups = 0, lookup_tokens = 0, lookup_hit_tokens = 0;
     std::uint64_t loads = 0, load_tokens = 0, load_hit_tokens = 0;
+    keys::Digest model{};  // the engines' model fingerprint; zero: not said
   };
   Status Report(const Grant& g, std::span<const std::uint8_t> ns, const RequestReport& report);
   // Checks a call's namespace hash against the grant.
@@ -210,6 +216,7 @@ class NodeService {
     std::uint32_t tokens = 0;
   };
   std::vector<std::string> media_;
+  std::unique_ptr<UsageBook> usage_;
   void LevelChanged(const keys::Digest& object, size_t level, bool held);
   // Forgets the key of an object no tier holds any more.
   void Dropped(const keys::Digest& object);

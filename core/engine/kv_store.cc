@@ -246,17 +246,18 @@ LookupResult KvStore::Lookup(const ModelKv& model, std::string_view ns, const To
   });
   lookup_tokens_ += keys.size();
   lookup_hit_tokens_ += r.tokens;
-  ReportOutcome(ns, /*load=*/false, keys.size(), r.tier_tokens);
+  ReportOutcome(model, ns, /*load=*/false, keys.size(), r.tier_tokens);
   lookup_us_.Record(MicrosSince(t0));
   return r;
 }
 
-void KvStore::ReportOutcome(std::string_view ns, bool load, std::uint64_t tokens, const std::vector<std::uint64_t>& hit) {
+void KvStore::ReportOutcome(const ModelKv& model, std::string_view ns, bool load, std::uint64_t tokens,
+                            const std::vector<std::uint64_t>& hit) {
   if (!has_remote_ || tokens == 0) return;
   const ReadContext ctx = Context(ns, {}, /*one_deadline=*/false);
   for (size_t i = 0; i < chain_->levels() && i < hit.size(); ++i) {
     if (options_.tiers[i].kind != TierSpec::Kind::kRemote && options_.tiers[i].kind != TierSpec::Kind::kRedis) continue;
-    chain_->tier(i).Report({load, tokens, std::min(hit[i], tokens)}, ctx);
+    chain_->tier(i).Report({load, tokens, std::min(hit[i], tokens), model.fingerprint}, ctx);
   }
 }
 
@@ -583,7 +584,7 @@ void KvStore::CountLoad(const ModelKv& model, std::string_view ns, const Fetch& 
         from[static_cast<size_t>(level)] += std::min(c.tokens, tokens - c.begin);
       }
     }
-    ReportOutcome(ns, /*load=*/true, requested, from);
+    ReportOutcome(model, ns, /*load=*/true, requested, from);
   }
   ++retrieves_;
   hits_ += f.chunks.size();

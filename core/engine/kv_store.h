@@ -358,8 +358,9 @@ class KvStore {
  public:
   ReadContext Context(std::string_view ns, const DeliveryTarget& target = {}, bool one_deadline = true) const;
   // Tells the remote and redis tiers how an engine request went for them
-  // (Tier::Report): per tier, `hit[i]` of `tokens`.
-  void ReportOutcome(std::string_view ns, bool load, std::uint64_t tokens, const std::vector<std::uint64_t>& hit);
+  // (Tier::Report): per tier, `hit[i]` of `tokens`, for `model`.
+  void ReportOutcome(const ModelKv& model, std::string_view ns, bool load, std::uint64_t tokens,
+                     const std::vector<std::uint64_t>& hit);
 
  private:
   // Tells remote tiers which keys the walk is about to probe (one call);

@@ -173,6 +173,7 @@ class Tier {
   struct RequestOutcome {
     bool load = false;
     std::uint64_t tokens = 0, hit_tokens = 0;
+    keys::Digest model{};  // the model's fingerprint (all zero: not said)
   };
   virtual void Report(const RequestOutcome& outcome, const ReadContext& ctx) {
     (void)outcome;

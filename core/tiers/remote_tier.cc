@@ -466,7 +466,7 @@ void RemoteTier::Report(const RequestOutcome& outcome, const ReadContext& ctx) {
   {
     std::lock_guard<std::mutex> lock(qmu_);
     if (reports_.empty()) reports_due_ms_ = NowMs() + options_.report_ms;
-    reports_[*ctx.ns].Add(c);
+    reports_[ReportKey{*ctx.ns, outcome.model}].Add(c);
   }
   qcv_.notify_one();
 }
@@ -477,8 +477,9 @@ bool RemoteTier::SendReports(const Reports& reports, Reports& left) {
     try {
       impl_->Run(NowMs() + options_.timeout_ms, [&](node::Session::Client& s) {
         auto req = s.reportRequest();
-        req.setNamespace(AsData(it->first));
+        req.setNamespace(AsData(it->first.ns));
         auto r = req.initReport();
+        if (it->first.model != keys::Digest{}) r.setModel(AsData(it->first.model));
         r.setLookups(c.lookups);
         r.setLookupTokens(c.lookup_tokens);
         r.setLookupHitTokens(c.lookup_hit_tokens);
@@ -568,9 +569,9 @@ void RemoteTier::SenderLoop() {
         if (stopping_) {
           reports_not_sent_ += left.size();  // the node is gone: dropped
         } else {
-          for (auto& [ns, c] : left) {
+          for (auto& [key, c] : left) {
             if (reports_.empty()) reports_due_ms_ = NowMs() + std::max(options_.report_ms, options_.retry_ms);
-            reports_[ns].Add(c);
+            reports_[key].Add(c);
           }
         }
       }

@@ -185,13 +185,22 @@ class RemoteTier final : public Tier {
   // Sends one announcement; false when the node did not answer (worth
   // another try), true when it answered (took or refused it).
   bool SendDocument(const DocumentCall& call);
-  // Engine requests per namespace since the last report (under qmu_).
+  // Engine requests per namespace and model since the last report (under qmu_).
   struct ReportCounts {
     std::uint64_t lookups = 0, lookup_tokens = 0, lookup_hit_tokens = 0;
     std::uint64_t loads = 0, load_tokens = 0, load_hit_tokens = 0;
     void Add(const ReportCounts& o);
   };
-  using Reports = std::unordered_map<keys::Digest, ReportCounts, keys::DigestHash>;
+  struct ReportKey {
+    keys::Digest ns{}, model{};
+    bool operator==(const ReportKey&) const = default;
+  };
+  struct ReportKeyHash {
+    size_t operator()(const ReportKey& k) const noexcept {
+      return keys::DigestHash()(k.ns) ^ (keys::DigestHash()(k.model) * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  using Reports = std::unordered_map<ReportKey, ReportCounts, ReportKeyHash>;
   // Sends them; false when the node did not answer (worth another try):
   // `left` then holds the ones not sent.
   bool SendReports(const Reports& reports, Reports& left);

@@ -248,6 +248,9 @@ struct RequestReport {
   loads @3 :UInt64;
   loadTokens @4 :UInt64;
   loadHitTokens @5 :UInt64;
+  # The engine's model: its fingerprint digest (32 bytes; kdn_model_get_fingerprint).
+  # Empty from older runtimes: counted under model "unknown".
+  model @6 :Data;
 }
 
 # ---- Version 2: knowledge items -------------------------------------------------

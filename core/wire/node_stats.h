@@ -189,12 +189,33 @@ struct LatencySnapshot {
   std::vector<std::uint64_t> buckets;  // one per kLatencyBoundsUs entry
 };
 
+// Usage of one namespace and model (server/usage.h): kept by kdnd for its
+// metrics page, not sent over RPC.
+struct UsageCounts {
+  std::uint64_t lookup_tokens = 0, lookup_hit_tokens = 0;
+  std::uint64_t load_tokens = 0, load_hit_tokens = 0;
+  std::uint64_t put_bytes = 0, get_bytes = 0;
+  void Add(const UsageCounts& o) {
+    lookup_tokens += o.lookup_tokens;
+    lookup_hit_tokens += o.lookup_hit_tokens;
+    load_tokens += o.load_tokens;
+    load_hit_tokens += o.load_hit_tokens;
+    put_bytes += o.put_bytes;
+    get_bytes += o.get_bytes;
+  }
+};
+struct UsageRow {
+  std::string ns, model;  // the labels
+  UsageCounts counts;
+};
+
 struct NodeStats {
   std::uint64_t time_ms = 0, uptime_ms = 0;
   std::vector<TierStatsSnapshot> tiers;
   std::array<std::uint64_t, kNodeStatCount> values{};  // indexed by NodeStat
   LatencySnapshot lookup_us, get_us, put_us;
   double ttft_saved_ms = 0;
+  std::vector<UsageRow> usage;  // kdnd's own page only (ToWire leaves it out)
 
   std::uint64_t& operator[](NodeStat s) { return values[static_cast<std::size_t>(s)]; }
   std::uint64_t operator[](NodeStat s) const { return values[static_cast<std::size_t>(s)]; }

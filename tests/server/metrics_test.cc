@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/wire/node.capnp.h"
+#include "server/usage.h"
 
 namespace kdn::server {
 namespace {
@@ -253,6 +254,44 @@ TEST(ServerMetrics, TwoTiersOfOneNameAreTwoSeries) {
   EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"0\",tier=\"disk\"}"), "40");
   EXPECT_EQ(ValueOf(text, "kdn_tier_objects{index=\"1\",tier=\"disk\"}"), "11");
   EXPECT_EQ(ValueOf(text, "kdn_tier_info{index=\"0\",tier=\"disk\",kind=\"host\",codec=\"raw\"}"), "1");
+}
+
+// Usage by namespace and model: a row per pair up to the bound, then one
+// "other" row for the rest, so no client grows the page by inventing
+// namespaces or models; a namespace the token file names is labelled by its
+// name, another by its hash; a model by its fingerprint.
+TEST(ServerMetrics, UsageSeriesAreLabelledAndBounded) {
+  UsageBook book(2);
+  const keys::Digest a = keys::NamespaceHash("tenant-a"), b = keys::NamespaceHash("tenant-b");
+  book.SetNamespaceNames({{a, "tenant-a"}});
+  keys::Digest m1{}, m2{};
+  m1[0] = 0xab;
+  m1[5] = 0xcd;
+  m2[0] = 0x12;
+  UsageCounts c;
+  c.load_tokens = 100;
+  c.load_hit_tokens = 80;
+  book.Add(a, m1, c);
+  book.Add(a, m1, c);
+  UsageCounts put;
+  put.put_bytes = 4096;
+  book.Add(b, keys::Digest{}, put);
+  for (int i = 0; i < 5; ++i) book.Add(a, m2, c);  // a third pair: past the bound
+  NodeStats s;
+  s.usage = book.Rows();
+  ASSERT_EQ(s.usage.size(), 3u);
+  const std::string page = RenderPrometheus(s);
+  const std::string b_label = "ns:" + keys::ToHex(b).substr(0, 8);
+  EXPECT_NE(page.find("kdn_usage_load_tokens_total{namespace=\"tenant-a\",model=\"fp:ab00000000cd\"} 200\n"),
+            std::string::npos) << page;
+  EXPECT_NE(page.find("kdn_usage_load_hit_tokens_total{namespace=\"tenant-a\",model=\"fp:ab00000000cd\"} 160\n"),
+            std::string::npos);
+  EXPECT_NE(page.find("kdn_usage_put_bytes_total{namespace=\"" + b_label + "\",model=\"unknown\"} 4096\n"),
+            std::string::npos);
+  EXPECT_NE(page.find("kdn_usage_load_tokens_total{namespace=\"other\",model=\"other\"} 500\n"), std::string::npos);
+  EXPECT_EQ(page.find("fp:120000000000"), std::string::npos);  // never a label of its own
+  // Nothing yet: no family at all.
+  EXPECT_EQ(RenderPrometheus(NodeStats{}).find("kdn_usage_"), std::string::npos);
 }
 
 TEST(ServerMetrics, BuildInfoTierIoErrorsAndKvEvents) {

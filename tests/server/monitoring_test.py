@@ -149,6 +149,11 @@ scrape_configs:
     if empty:
         fail("panel queries with no data from a scrape of a running kdnd:\n  " + "\n  ".join(empty))
     print("all %d panel queries return data" % len(queries))
+    # Usage is labelled by the namespace's name in the token file and a model fingerprint.
+    usage = query('kdn_usage_load_hit_tokens_total{namespace="team"}')
+    if not usage or not usage[0]["metric"].get("model", "").startswith("fp:") or float(usage[0]["value"][1]) <= 0:
+        fail("no kdn_usage_load_hit_tokens_total for namespace team and a model fingerprint: %r" % usage)
+    print("usage of namespace team, model %s: %s tokens served" % (usage[0]["metric"]["model"], usage[0]["value"][1]))
     hit = query("kdn_lookup_hit_ratio")
     print("kdn_lookup_hit_ratio on the scrape:", hit[0]["value"][1] if hit else None)
     print("passed")

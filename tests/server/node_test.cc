@@ -872,6 +872,16 @@ TEST_F(KdnNodeTest, HitRatiosCountEngineRequestsNotProbes) {
   // What the probes would have said: well below what the engine saw.
   const std::uint64_t probe_tokens = node(NodeStat::kRequestedTokens) - probe_tokens0;
   EXPECT_GT(probe_tokens, want_tokens);
+  // The same by namespace and model (kdn_usage_*): the namespace as the
+  // token file names it, the model by its fingerprint.
+  const std::string labels =
+      "{namespace=\"tenant-a\",model=\"fp:" + keys::ToHex(ref_.m.fingerprint).substr(0, 12) + "\"}";
+  EXPECT_EQ(value("kdn_usage_lookup_tokens_total" + labels), static_cast<double>(want_tokens)) << metrics;
+  EXPECT_EQ(value("kdn_usage_lookup_hit_tokens_total" + labels), static_cast<double>(want_hits));
+  EXPECT_EQ(value("kdn_usage_load_tokens_total" + labels), static_cast<double>(want_tokens));
+  EXPECT_EQ(value("kdn_usage_load_hit_tokens_total" + labels), static_cast<double>(want_hits));
+  EXPECT_EQ(value("kdn_usage_put_bytes_total" + labels), static_cast<double>(node(NodeStat::kPutBytes)));
+  EXPECT_GT(value("kdn_usage_get_bytes_total" + labels), 0.0);
   std::printf("engine requests: %llu of %llu tokens found (%.3f); the probes asked about %llu tokens\n",
               static_cast<unsigned long long>(want_hits), static_cast<unsigned long long>(want_tokens), rate,
               static_cast<unsigned long long>(probe_tokens));
