@@ -21,6 +21,9 @@
 #include "core/tiers/remote_tier.h"
 #include "core/runtime/runtime.h"
 #include "core/wire/envelope.h"
+#include "core/wire/node.capnp.h"
+
+#include <capnp/ez-rpc.h>
 
 namespace kdn::server {
 namespace {
@@ -446,6 +449,133 @@ TEST_F(RemoteReadTest, ANodeThatNeverAnswersCostsOneDeadlinePerCallThenIsSkipped
   EXPECT_EQ(rt->Retrieve(ref_.m, kNs, ref_.Keys(), out_views).value().tokens, T);
   EXPECT_EQ(tier.remote_counters().marked_down, 2u);
   node.Stop();
+}
+
+// Fault injection: a node of protocol 3 (before Session.report). It logs
+// any token in and answers lookups (nothing held); report is not there, so
+// Cap'n Proto answers it UNIMPLEMENTED, as an older kdnd does. Served over
+// a unix socket from a thread of its own until Stop().
+class OldSession final : public wire::node::Session::Server {
+ protected:
+  kj::Promise<void> lookup(LookupContext context) override {
+    context.getResults().initResults(context.getParams().getRequests().size());  // prefix 0 each
+    return kj::READY_NOW;
+  }
+};
+class OldNode final : public wire::node::KdnNode::Server {
+ protected:
+  kj::Promise<void> login(LoginContext context) override {
+    context.getResults().setSession(kj::heap<OldSession>());
+    return kj::READY_NOW;
+  }
+};
+class OldNodeThread {
+ public:
+  explicit OldNodeThread(std::string path) : address_("unix:" + path) {
+    std::promise<void> up;
+    auto ready = up.get_future();
+    thread_ = std::thread([this, &up] {
+      capnp::EzRpcServer server(kj::heap<OldNode>(), address_);
+      auto& ws = server.getWaitScope();
+      server.getPort().wait(ws);
+      up.set_value();
+      while (!stop_) server.getIoProvider().getTimer().afterDelay(10 * kj::MILLISECONDS).wait(ws);
+    });
+    ready.wait();
+  }
+  ~OldNodeThread() {
+    stop_ = true;
+    thread_.join();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string address_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+store::Tier::RequestOutcome Outcome(bool load, std::uint64_t tokens, std::uint64_t hits) {
+  store::Tier::RequestOutcome o;
+  o.load = load;
+  o.tokens = tokens;
+  o.hit_tokens = hits;
+  return o;
+}
+
+// Against a node without Session.report (protocol < 4) the first report is
+// answered UNIMPLEMENTED: the tier stops reporting (counted once), and its
+// lookups go on as before.
+TEST_F(RemoteReadTest, ANodeWithoutReportsIsToldNothingMoreAndStillServes) {
+  OldNodeThread old((dir_ / "old.sock").string());
+  store::RemoteTierOptions o;
+  o.address = old.address();
+  o.token = kToken;
+  o.retry_ms = 100;
+  auto created = store::RemoteTier::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  std::unique_ptr<store::RemoteTier> tier = std::move(created).value();
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);
+  tier->Report(Outcome(false, 48, 16), ctx);
+  tier->Flush();
+  store::RemoteCounters rc = tier->remote_counters();
+  EXPECT_EQ(rc.reports_sent, 0u);
+  EXPECT_EQ(rc.reports_unsupported, 1u);
+  // Later requests are not reported (nothing queued, nothing sent), and the
+  // node still answers lookups: a miss, not an error.
+  const std::uint64_t calls = rc.calls;
+  for (int i = 0; i < 5; ++i) tier->Report(Outcome(true, 48, 16), ctx);
+  tier->Flush();
+  EXPECT_FALSE(tier->Contains(keys_[0], ctx));
+  rc = tier->remote_counters();
+  EXPECT_EQ(rc.reports_unsupported, 1u);
+  EXPECT_EQ(rc.reports_sent, 0u);
+  EXPECT_GT(rc.calls, calls);  // the lookup went to the node
+  EXPECT_EQ(rc.failed_calls, 1u);  // the one report
+}
+
+// Reports made while the node is unreachable wait, and reach it once it is
+// back (a restart at the same address): the node counts each engine request
+// once.
+TEST_F(RemoteReadTest, ReportsMadeWhileTheNodeIsDownReachItWhenItIsBack) {
+  const std::string address = server_->bound().rpc[0];
+  ServerConfig c;
+  c.listen = {address};
+  store::TierSpec host;
+  host.capacity_bytes = 64 << 20;
+  c.tiers = {host};
+  c.tokens = {{"a", kToken, {kNs}, false}};
+  server_.reset();  // down
+  store::RemoteTierOptions o;
+  o.address = address;
+  o.token = kToken;
+  o.timeout_ms = 300;
+  o.retry_ms = 50;
+  auto created = store::RemoteTier::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  std::unique_ptr<store::RemoteTier> tier = std::move(created).value();
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);
+  for (int i = 0; i < 3; ++i) tier->Report(Outcome(false, 40, 8 * i), ctx);
+  tier->Report(Outcome(true, 40, 24), ctx);
+  tier->Flush();  // a send fails: the reports wait
+  EXPECT_EQ(tier->remote_counters().reports_sent, 0u);
+  server_ = std::make_unique<RunningServer>(c);  // back, at the same address
+  ASSERT_EQ(server_->bound().rpc[0], address);
+  const NodeService& node = server_->server().service();
+  for (int i = 0; i < 100 && node.Stats()[NodeStat::kEngineLookups] == 0; ++i) {
+    tier->Flush();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const NodeStats s = node.Stats();
+  EXPECT_EQ(s[NodeStat::kEngineLookups], 3u);
+  EXPECT_EQ(s[NodeStat::kEngineLookupTokens], 120u);
+  EXPECT_EQ(s[NodeStat::kEngineLookupHitTokens], 24u);
+  EXPECT_EQ(s[NodeStat::kEngineLoads], 1u);
+  EXPECT_EQ(s[NodeStat::kEngineLoadTokens], 40u);
+  EXPECT_EQ(s[NodeStat::kEngineLoadHitTokens], 24u);
+  EXPECT_GE(tier->remote_counters().reports_sent, 1u);
 }
 
 }  // namespace
