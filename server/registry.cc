@@ -472,7 +472,16 @@ Status KnowledgeRegistry::SnapshotLocked() {
 Status KnowledgeRegistry::Save() {
   if (path_.empty()) return Status::Ok();
   std::lock_guard<std::mutex> file_lock(save_file_mu_);
-  return SnapshotLocked();
+  // The snapshot holds every change made before it: the saver's mark of
+  // them is taken first (a change made after marks again), so neither the
+  // saver nor the destructor writes them a second time. A node saved at
+  // shutdown then writes nothing more when it is destroyed unless something
+  // changed since (before: a change up to save_delay old was snapshotted
+  // again, into a directory its owner may have removed by then).
+  if (saver_) saver_->TakeDirty();
+  Status st = SnapshotLocked();
+  if (!st.ok() && saver_) saver_->Mark();  // tried again by the saver (or the destructor)
+  return st;
 }
 
 Status KnowledgeRegistry::Flush() {

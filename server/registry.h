@@ -113,7 +113,8 @@ class KnowledgeRegistry {
   void CreditHits(const keys::Digest& ns, std::span<const keys::Digest> served);
   // A chunk was stored: when a pinned document holds it, it is pinned now.
   void Stored(const keys::Digest& ns, const keys::Digest& key);
-  // Writes a snapshot now and starts a new log (a no-op without a path).
+  // Writes a snapshot now and starts a new log (a no-op without a path); what
+  // it wrote is not written again by the saver or the destructor.
   Status Save();
   // Appends the changes made since the last write to the log (or writes a
   // snapshot, when the log is due for one): what the saver thread runs.

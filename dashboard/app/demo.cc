@@ -88,6 +88,7 @@ struct Demo::Impl {
   std::vector<std::vector<int>> docs;  // with BOS: prompts and stored prefixes
   double prefill_us = 0;
   fs::path dir;
+  std::string dir_name;  // dir, for directory()
   std::string address, workload_token, stats_token;
   std::unique_ptr<server::Server> server;
   kdn_runtime* runtime = nullptr;  // in process: the workload's, with its own tiers
@@ -96,13 +97,21 @@ struct Demo::Impl {
   std::atomic<bool> stop{false};
   DemoCounters counters;
 
+  // Everything that writes into `dir` is gone before it is removed: the
+  // workload, then the runtime (its disk tier), then the node, destroyed
+  // here and not after this body as a member: its knowledge registry and
+  // disk tier write their last state when destroyed (the registry saves
+  // again what changed since the drain's save), and a save into a removed
+  // directory fails ("cannot create .../knowledge.kdnreg.tmp").
   ~Impl() {
     stop = true;
     if (workload.joinable()) workload.join();
     engine.reset();
     kdn_runtime_destroy(runtime);
+    runtime = nullptr;
     if (server) server->Shutdown();
     if (server_thread.joinable()) server_thread.join();
+    server.reset();
     std::error_code ec;
     if (!dir.empty()) fs::remove_all(dir, ec);
   }
@@ -282,6 +291,7 @@ std::unique_ptr<Demo> Demo::Start(const DemoOptions& options, std::string* error
     return nullptr;
   }
   impl->dir = tmpl;
+  impl->dir_name = tmpl;
   Impl* raw = impl.get();
   if (options.in_process) {
     impl->runtime = LocalRuntime(options, impl->dir / "disk", error);
@@ -340,6 +350,8 @@ const kdn_model* Demo::model() const { return impl_->engine ? impl_->engine->mod
 const char* Demo::knowledge_namespace() { return kNamespace; }
 double Demo::prefill_us_per_token() const { return impl_->prefill_us; }
 const DemoCounters& Demo::counters() const { return impl_->counters; }
+server::Server* Demo::node() const { return impl_->server.get(); }
+const std::string& Demo::directory() const { return impl_->dir_name; }
 
 std::string Demo::describe() const {
   char line[512];

@@ -33,6 +33,10 @@
 struct kdn_runtime;
 struct kdn_model;
 
+namespace kdn::server {
+class Server;
+}
+
 namespace kdn::dash {
 
 struct DemoOptions {
@@ -55,7 +59,9 @@ class Demo {
   // Loads the model, measures its prefill, starts the node and the workload.
   // nullptr with *error set when any of it fails.
   static std::unique_ptr<Demo> Start(const DemoOptions& options, std::string* error);
-  ~Demo();  // stops the workload, then the node; removes its directory
+  // Stops the workload, then the node (destroyed: its knowledge registry's
+  // last save is written), then removes its directory.
+  ~Demo();
   Demo(const Demo&) = delete;
   Demo& operator=(const Demo&) = delete;
 
@@ -69,6 +75,10 @@ class Demo {
   double prefill_us_per_token() const;      // measured
   std::string describe() const;             // one line for the terminal
   const DemoCounters& counters() const;
+  // The kdnd in this process (nullptr in process), and the directory its
+  // disk tier (or the runtime's) lives in: for tests of the teardown.
+  server::Server* node() const;
+  const std::string& directory() const;
 
  private:
   struct Impl;

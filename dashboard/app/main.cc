@@ -11,12 +11,16 @@
 // --screenshot grabs the window after --after-ms and exits; with --check the
 // exit status says whether the models showed a non-zero hit rate, occupancy
 // and TTFT saved (the values are printed; values not there yet are waited
-// for, at most --check-wait-ms more). The hit rate is the overall one (the
-// source's tokens found / tokens asked for).
+// for, at most --check-wait-ms more), and whether the window showed them
+// whole: no label, group title or table column cut at this size, time axes
+// with labels on both charts, and only faults highlighted
+// (MainWindow::layoutProblems, highlightProblems). The hit rate is the
+// overall one (the source's tokens found / tokens asked for).
 #include <signal.h>
 
 #include <QApplication>
 #include <QElapsedTimer>
+#include <QEvent>
 #include <QMetaObject>
 #include <QPalette>
 #include <QPixmap>
@@ -229,6 +233,9 @@ int main(int argc, char** argv) {
   const auto finish = [&] {
     if (done) return;
     done = true;
+    // What the last readings changed is laid out before it is grabbed and checked.
+    QCoreApplication::sendPostedEvents(nullptr, QEvent::LayoutRequest);
+    QCoreApplication::processEvents();
     const bool saved = window.grab().save(QString::fromStdString(screenshot), "PNG");
     int code = saved ? 0 : 1;
     if (!saved) std::fprintf(stderr, "kdn-dashboard: cannot write %s\n", screenshot.c_str());
@@ -254,6 +261,26 @@ int main(int argc, char** argv) {
                   ok ? "passed: hit rate, occupancy and TTFT saved are non-zero"
                      : "FAILED: hit rate, occupancy and TTFT saved must all be non-zero");
       if (!ok) code = 1;
+      int routine_moved = 0;
+      QStringList layout = window.layoutProblems();
+      // At the size asked for: a window whose parts need more room grows past
+      // it (under Xvfb, without a window manager to hold it), and would pass
+      // at a size nobody asked about.
+      if (window.width() != size->width || window.height() != size->height) {
+        layout << QStringLiteral("the window is %1x%2, not %3x%4: its parts need at least %5x%6")
+                      .arg(window.width()).arg(window.height()).arg(size->width).arg(size->height)
+                      .arg(window.minimumSizeHint().width()).arg(window.minimumSizeHint().height());
+      }
+      const QStringList highlights = window.highlightProblems(&routine_moved);
+      for (const QString& p : layout) {
+        std::printf("kdn-dashboard: cut at %dx%d: %s\n", window.width(), window.height(), p.toUtf8().constData());
+      }
+      for (const QString& p : highlights) std::printf("kdn-dashboard: highlight: %s\n", p.toUtf8().constData());
+      std::printf("kdn-dashboard: check %s: every label, title and table column whole at %dx%d, time axes "
+                  "with labels, only faults highlighted (%d routine cells moved, drawn plainly)\n",
+                  layout.isEmpty() && highlights.isEmpty() ? "passed" : "FAILED", window.width(), window.height(),
+                  routine_moved);
+      if (!layout.isEmpty() || !highlights.isEmpty()) code = 1;
     }
     std::fflush(stdout);
     QCoreApplication::exit(code);

@@ -8,7 +8,11 @@
 //   banner: the source's state and why (a lost kdnd is said, its history kept)
 //   hit rate over time (per reading, cumulative, and per tier) | TTFT saved and delivery time | tier occupancy, bandwidth
 //   the tiers' table
-//   top knowledge items | events (rows that moved highlighted)
+//   top knowledge items | events (faults that moved highlighted)
+//
+// Every word is shown whole at 1280x800 and up (labels wrap; the tiers'
+// table fits its columns without scrolling): layoutProblems() says what is
+// cut, and --check fails on it.
 //
 // Thread-safety: the UI thread.
 #pragma once
@@ -20,8 +24,11 @@
 #include "source.h"
 
 class QLabel;
+class QTableView;
 
 namespace kdn::dash {
+
+class TimeChart;
 
 // What --check reads: the values behind the views, from the models.
 struct Headline {
@@ -51,9 +58,22 @@ class MainWindow final : public QMainWindow {
   const DocumentModel& documents() const { return *documents_; }
   Headline headline() const;
 
+  // For --check, at the window's current size: what is cut or hidden. A
+  // label whose text needs more room than it has, a group box whose title
+  // does not fit, a table that scrolls sideways (a column past its viewport,
+  // or narrower than its contents) or hides a tier's row, a chart whose time
+  // axis has no title or labels. Empty: nothing.
+  QStringList layoutProblems() const;
+  // For --check: highlighted cells that are not faults (routine evictions,
+  // demotions and promotions must be drawn plainly), and faults that moved
+  // but are not highlighted. `routine_moved`: routine cells that moved (and
+  // were drawn plainly), so a caller can tell the check saw some.
+  QStringList highlightProblems(int* routine_moved = nullptr) const;
+
  private:
   void onState(Source::State state, const QString& why);
   void updateHeadline();
+  void updateTtftNote();
 
   Source* source_;
   Recorder recorder_;
@@ -64,6 +84,10 @@ class MainWindow final : public QMainWindow {
   DocumentModel* documents_;
   QLabel* banner_ = nullptr;
   QLabel* numbers_ = nullptr;
+  TimeChart* hit_chart_ = nullptr;
+  TimeChart* ttft_chart_ = nullptr;
+  QTableView* tier_table_ = nullptr;
+  QTableView* event_table_ = nullptr;
 };
 
 }  // namespace kdn::dash

@@ -72,19 +72,22 @@ double Fraction(double part, double whole) { return whole > 0 ? part / whole : k
 // A hit rate as Rates carries it (-1: none) as a fraction or NaN.
 double HitRate(double rate) { return rate < 0 ? kNaN : rate; }
 
-// What a cell shows: its text, the number behind it, whether its counter moved.
+// What a cell shows: its text, the number behind it, whether its counter
+// moved, and whether that counter counts faults (kFaultRole: moved and fault).
 struct Cell {
   QString text;
   double value = kNaN;
   bool moved = false;
+  bool fault = false;
+  QString note;  // kNoteRole, and added to the tooltip
 };
 
-Cell Text(const QString& text) { return {text, kNaN, false}; }
-Cell Value(double v, const QString& text, bool moved = false) { return {text, v, moved}; }
+Cell Text(const QString& text) { return {text, kNaN, false, false, {}}; }
+Cell Value(double v, const QString& text, bool moved = false, bool fault = false) { return {text, v, moved, fault, {}}; }
 
 bool SameCell(const Cell& a, const Cell& b) {
   const bool same_value = (std::isnan(a.value) && std::isnan(b.value)) || a.value == b.value;
-  return same_value && a.moved == b.moved && a.text == b.text;
+  return same_value && a.moved == b.moved && a.fault == b.fault && a.text == b.text && a.note == b.note;
 }
 
 struct Column {
@@ -101,8 +104,13 @@ QVariant CellData(const Cell& c, int role, const Column& column) {
       return c.value;
     case kMovedRole:
       return c.moved;
+    case kFaultRole:
+      return c.moved && c.fault;
+    case kNoteRole:
+      return c.note;
     case Qt::ToolTipRole:
-      return QString::fromUtf8(column.tooltip);
+      return c.note.isEmpty() ? QString::fromUtf8(column.tooltip)
+                              : QString::fromUtf8(column.tooltip) + QStringLiteral(": ") + c.note;
     case Qt::TextAlignmentRole:
       return column.numeric ? QVariant((Qt::AlignRight | Qt::AlignVCenter).toInt()) : QVariant();
     default:
@@ -129,7 +137,8 @@ void ReplaceCells(QAbstractItemModel* m, const std::function<void()>& replace) {
   const int rows = m->rowCount(), cols = m->columnCount();
   auto grab = [m](int r, int c) {
     const QModelIndex i = m->index(r, c);
-    return Cell{m->data(i).toString(), m->data(i, kValueRole).toDouble(), m->data(i, kMovedRole).toBool()};
+    return Cell{m->data(i).toString(), m->data(i, kValueRole).toDouble(), m->data(i, kMovedRole).toBool(),
+                m->data(i, kFaultRole).toBool(), m->data(i, kNoteRole).toString()};
   };
   QVector<Cell> before;
   before.reserve(rows * cols);
@@ -145,7 +154,10 @@ void ReplaceCells(QAbstractItemModel* m, const std::function<void()>& replace) {
       if (first < 0) first = c;
       last = c;
     }
-    if (first >= 0) emit m->dataChanged(m->index(r, first), m->index(r, last), {Qt::DisplayRole, kValueRole, kMovedRole});
+    if (first >= 0) {
+      emit m->dataChanged(m->index(r, first), m->index(r, last),
+                          {Qt::DisplayRole, kValueRole, kMovedRole, kFaultRole, kNoteRole, Qt::ToolTipRole});
+    }
   }
 }
 
@@ -293,7 +305,8 @@ const Column kTierColumns[] = {
     {"Low watermark", "Occupancy the tier evicts or demotes down to", true},
     {"Hit rate", "Hits / (hits + misses) of the tier over the last interval", true},
     {"Delivery", "Bytes read from the tier per second over the last interval", true},
-    {"Limit", "The tier's measured delivery limit in bytes per second", true},
+    {"Limit", "The tier's measured delivery limit in bytes read per second (kdnd: a cold read at start; "
+              "a runtime: the rate its loads were served at)", true},
     {"Compression", "Bytes before encoding / bytes after encoding", true},
     {"Evictions", "Chunks evicted from the tier since the source started", true},
     {"Demotions", "Chunks demoted into the tier since the source started", true},
@@ -306,8 +319,11 @@ static_assert(std::size(kTierColumns) == TierModel::kColumns);
 Cell TierCell(const TierSample& t, const TierRates* rates, const TierSample& before, int column) {
   const auto moved = [](std::uint64_t now, std::uint64_t was) { return now > was; };
   const auto bytes = [](std::uint64_t b) { return Value(static_cast<double>(b), Bytes(static_cast<double>(b))); };
-  const auto count = [](std::uint64_t n, bool m) {
-    return Value(static_cast<double>(n), QString::number(static_cast<qulonglong>(n)), m);
+  // Routine movement (evictions, demotions, promotions) and faults (corrupt
+  // chunks, I/O errors): both say whether they moved, only faults are
+  // highlighted.
+  const auto count = [](std::uint64_t n, bool m, bool fault = false) {
+    return Value(static_cast<double>(n), QString::number(static_cast<qulonglong>(n)), m, fault);
   };
   const auto fraction = [](double f) { return Value(f, Percent(f)); };
   const auto watermark = [&](double f) { return fraction(f > 0 ? f : kNaN); };
@@ -338,7 +354,16 @@ Cell TierCell(const TierSample& t, const TierRates* rates, const TierSample& bef
     }
     case TierModel::kLimitBytesPerS: {
       const double v = t.limit_bytes_per_s > 0 ? t.limit_bytes_per_s : kNaN;
-      return Value(v, std::isnan(v) ? Unknown() : Bytes(v) + QStringLiteral("/s"));
+      Cell c = Value(v, std::isnan(v) ? Unknown() : Bytes(v) + QStringLiteral("/s"));
+      if (t.limit_from_loads) {
+        c.note = std::isnan(v) ? QStringLiteral("not measured until the tier serves a load")
+                               : QStringLiteral("measured on the loads it served");
+      } else {
+        c.note = std::isnan(v) ? QStringLiteral("not measured by kdnd (server.measure_tiers off, or a kind it does "
+                                                "not measure)")
+                               : QStringLiteral("measured by kdnd at start");
+      }
+      return c;
     }
     case TierModel::kCompression: {
       const double v = t.bytes_before_encoding == 0 ? kNaN
@@ -353,9 +378,9 @@ Cell TierCell(const TierSample& t, const TierRates* rates, const TierSample& bef
     case TierModel::kPromotions:
       return count(t.promotions_in, moved(t.promotions_in, before.promotions_in));
     case TierModel::kCorrupt:
-      return count(t.corrupt_detected, moved(t.corrupt_detected, before.corrupt_detected));
+      return count(t.corrupt_detected, moved(t.corrupt_detected, before.corrupt_detected), true);
     case TierModel::kIoErrors:
-      return count(t.io_errors, moved(t.io_errors, before.io_errors));
+      return count(t.io_errors, moved(t.io_errors, before.io_errors), true);
     default:
       return {};
   }
@@ -457,6 +482,11 @@ const Column kHistoryColumns[] = {
     {"Loads/s", "Loads served per second over the interval", true},
     {"Failed loads/s", "Loads that stopped short or failed, per second, over the interval", true},
     {"Used", "Bytes held by all tiers", true},
+    {"TTFT basis", "What TTFT saved is made of: \"priced\" (kdnd: tokens served x the prefill time per token "
+                   "configured in kdnd, server.prefill_us_per_token) or \"measured\" (a runtime: tokens served x "
+                   "the mean of the prefills its engines reported)", false},
+    {"Prefill / token", "The prefill time per token behind TTFT saved: kdnd's configured price, or the mean of "
+                        "the prefills the engines reported", true},
 };
 static_assert(std::size(kHistoryColumns) == HistoryModel::kColumns);
 
@@ -488,9 +518,21 @@ Cell HistoryCell(const Snapshot& s, const Rates& r, int column) {
     case HistoryModel::kLoadsPerS:
       return Value(rate(r.loads_per_s), PerSecond(rate(r.loads_per_s)));
     case HistoryModel::kFailedLoadsPerS:
-      return Value(rate(r.failed_loads_per_s), PerSecond(rate(r.failed_loads_per_s)), r.failed_loads_per_s > 0);
+      return Value(rate(r.failed_loads_per_s), PerSecond(rate(r.failed_loads_per_s)), r.failed_loads_per_s > 0,
+                   true);
     case HistoryModel::kUsedBytes:
       return Value(UsedBytes(s), Bytes(UsedBytes(s)));
+    case HistoryModel::kTtftBasis:
+      switch (s.ttft_basis) {
+        case Snapshot::TtftBasis::kPriced: return Value(1, QStringLiteral("priced"));
+        case Snapshot::TtftBasis::kMeasured: return Value(2, QStringLiteral("measured"));
+        case Snapshot::TtftBasis::kUnknown: break;
+      }
+      return Value(kNaN, Unknown());
+    case HistoryModel::kPrefillUsPerToken: {
+      const double v = s.prefill_us_per_token > 0 ? s.prefill_us_per_token : kNaN;
+      return Value(v, std::isnan(v) ? Unknown() : QString::number(v, 'g', 3) + QStringLiteral(" \u00b5s/token"));
+    }
     default:
       return {};
   }
@@ -624,19 +666,22 @@ const Column kEventColumns[] = {
 };
 static_assert(std::size(kEventColumns) == EventModel::kColumns);
 
-const char* const kEventNames[] = {"Evictions", "Demotions", "Promotions", "Corrupt chunks", "Failed loads",
-                                   "I/O errors"};
+const char* const kEventNames[] = {"Evictions",    "Demotions",  "Promotions",      "Corrupt chunks",
+                                   "Failed loads", "I/O errors", "Decode failures", "Auth failures"};
 const char* const kEventTips[] = {
-    "Chunks evicted from a tier",
-    "Chunks demoted to a lower tier",
-    "Chunks promoted to a higher tier",
-    "Chunks whose checksum did not match",
-    "Loads that stopped short (misses) or failed",
-    "Failed reads and writes of a tier (a remote or Redis tier's errors)",
+    "Chunks evicted from a tier (routine: a full tier makes room)",
+    "Chunks demoted to a lower tier (routine)",
+    "Chunks promoted to a higher tier (routine)",
+    "Chunks that failed a check on read and were removed (a fault)",
+    "Loads that stopped short (misses) or failed (a fault)",
+    "Failed reads and writes of a tier (a remote or Redis tier's errors; a fault)",
+    "Chunks read back that did not decode (of the corrupt chunks; a runtime's tiers, not reported by kdnd)",
+    "kdnd: calls refused for their token (unknown, or outside its grant); a runtime: chunks whose seal did "
+    "not verify (of the corrupt chunks). A fault",
 };
 static_assert(std::size(kEventNames) == EventModel::kRows && std::size(kEventTips) == EventModel::kRows);
 
-// The totals of a reading, per EventModel row.
+// The totals of a reading, per EventModel row (NaN: the source does not report it).
 void EventTotals(const Snapshot& s, double (&out)[EventModel::kRows]) {
   std::fill(std::begin(out), std::end(out), 0.0);
   double corrupt = 0;
@@ -645,8 +690,11 @@ void EventTotals(const Snapshot& s, double (&out)[EventModel::kRows]) {
     out[EventModel::kDemotions] += static_cast<double>(t.demotions_in);
     out[EventModel::kPromotions] += static_cast<double>(t.promotions_in);
     out[EventModel::kIoErrors] += static_cast<double>(t.io_errors);
+    out[EventModel::kDecodeFailures] += static_cast<double>(t.decode_failures);
     corrupt += static_cast<double>(t.corrupt_detected);
   }
+  if (!s.reports_decode_failures) out[EventModel::kDecodeFailures] = kNaN;
+  out[EventModel::kAuthFailures] = static_cast<double>(s.auth_failures);
   // A source may count corruption found outside its tiers too.
   out[EventModel::kCorrupt] = std::max(corrupt, static_cast<double>(s.corrupt_detected));
   out[EventModel::kFailedLoads] = static_cast<double>(s.failed_loads);
@@ -674,10 +722,10 @@ QVariant EventModel::data(const QModelIndex& index, int role) const {
       cell = Text(QString::fromUtf8(kEventNames[r]));
       break;
     case kTotal:
-      cell = Value(total_[r], Count(total_[r]), moved_[r]);
+      cell = Value(total_[r], Count(total_[r]), moved_[r], IsFault(r));
       break;
     case kPerSecond:
-      cell = Value(rate_[r], PerSecond(rate_[r]), moved_[r]);
+      cell = Value(rate_[r], PerSecond(rate_[r]), moved_[r], IsFault(r));
       break;
     default:
       return {};
@@ -713,12 +761,14 @@ void EventModel::update(std::size_t) {
     per_s[kPromotions] += t.promotions_per_s;
     per_s[kCorrupt] += t.corrupt_per_s;
     per_s[kIoErrors] += t.io_errors_per_s;
+    per_s[kDecodeFailures] += t.decode_failures_per_s;
   }
   per_s[kFailedLoads] = r.failed_loads_per_s;
+  per_s[kAuthFailures] = r.auth_failures_per_s;
   ReplaceCells(this, [&] {
     for (int i = 0; i < kRows; ++i) {
       total_[i] = now[i];
-      rate_[i] = r.seconds > 0 ? per_s[i] : kNaN;
+      rate_[i] = r.seconds > 0 && !std::isnan(now[i]) ? per_s[i] : kNaN;
       moved_[i] = now[i] > was[i];
     }
   });

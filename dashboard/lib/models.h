@@ -6,7 +6,11 @@
 // min_update_ms apart are shown together, by one update).
 // Roles: Qt::DisplayRole is the text shown; kValueRole the number behind it
 // (double; NaN where there is none); kMovedRole whether the counter moved in
-// the last reading (the views highlight it); Qt::ToolTipRole what it means.
+// the last reading; kFaultRole whether it is a fault's counter (corrupt
+// chunks, decode and seal failures, I/O errors, failed loads, refused calls)
+// that moved in the last reading: the views highlight only these, routine
+// movement (evictions, demotions, promotions) is shown plainly;
+// Qt::ToolTipRole what it means.
 // Thread-safety: the UI thread.
 #pragma once
 
@@ -21,7 +25,12 @@
 
 namespace kdn::dash {
 
-enum Role { kValueRole = Qt::UserRole + 1, kMovedRole };
+enum Role {
+  kValueRole = Qt::UserRole + 1,
+  kMovedRole,
+  kFaultRole,
+  kNoteRole,  // how the number was obtained, where sources differ (a tier's limit: "measured by kdnd at start"); else empty
+};
 
 // Base: follows a recorder, coalescing its readings.
 class RecorderModel : public QAbstractTableModel {
@@ -90,7 +99,10 @@ class HistoryModel final : public RecorderModel {
  public:
   enum Column {
     kTimeMs, kHitRate, kCumulativeHitRate, kTtftSavedMs, kTtftSavedPerMin, kDeliveryMsPerMin, kLoadsPerS,
-    kFailedLoadsPerS, kUsedBytes, kColumns
+    kFailedLoadsPerS, kUsedBytes,
+    kTtftBasis,          // "priced" (kValueRole 1: kdnd's configured price) or "measured" (2: a runtime's); NaN: unknown
+    kPrefillUsPerToken,  // the prefill time per token behind TTFT saved, in us (Snapshot::prefill_us_per_token)
+    kColumns
   };
   explicit HistoryModel(const Recorder* recorder, int min_update_ms = 250, QObject* parent = nullptr);
   int rowCount(const QModelIndex& parent = {}) const override;
@@ -140,7 +152,12 @@ class TierHitRateModel final : public RecorderModel {
 class EventModel final : public RecorderModel {
   Q_OBJECT
  public:
-  enum Row { kEvictions, kDemotions, kPromotions, kCorrupt, kFailedLoads, kIoErrors, kRows };
+  // Evictions, demotions and promotions are routine (a full tier makes
+  // room); the others are faults. Decode failures are "—" where the source
+  // does not tell them apart (a kdnd); auth failures are a kdnd's refused
+  // calls and a runtime's chunks whose seal did not verify.
+  enum Row { kEvictions, kDemotions, kPromotions, kCorrupt, kFailedLoads, kIoErrors, kDecodeFailures, kAuthFailures, kRows };
+  static bool IsFault(int row) { return row >= kCorrupt && row < kRows; }
   enum Column { kEvent, kTotal, kPerSecond, kColumns };
   explicit EventModel(const Recorder* recorder, int min_update_ms = 250, QObject* parent = nullptr);
   int rowCount(const QModelIndex& parent = {}) const override;

@@ -46,6 +46,7 @@ constexpr std::pair<TierStat, std::uint64_t TierSample::*> kSampleFields[] = {
     {TierStat::kCorruptDetected, &TierSample::corrupt_detected},
     {TierStat::kBytesIn, &TierSample::bytes_in},
     {TierStat::kBytesOut, &TierSample::bytes_out},
+    {TierStat::kIoErrors, &TierSample::io_errors},
 };
 
 TierSample ToTier(const server::TierStatsSnapshot& t) {
@@ -59,8 +60,8 @@ TierSample ToTier(const server::TierStatsSnapshot& t) {
   // The read rate the node measured for the tier at start (0: not measured,
   // or a node from before protocol version 3).
   s.limit_bytes_per_s = t.limit_bytes_per_s;
-  // Encoding sizes and I/O errors are not in the node's Stats: left 0 (not
-  // reported).
+  // Encoding sizes and decode or seal failures are not in the node's Stats:
+  // left 0 (not reported; Snapshot::reports_decode_failures stays false).
   return s;
 }
 
@@ -316,7 +317,13 @@ struct NodeSource::Impl {
     s.failed_loads = n[NodeStat::kGetMisses];
     s.stores = n[NodeStat::kPutChunks];
     s.documents = n[NodeStat::kDocuments];
+    s.auth_failures = n[NodeStat::kAuthFailures];
+    // kdnd prices every token it served at server.prefill_us_per_token
+    // (ttftSavedMs = hitTokens x that / 1000): the price is read back from
+    // the pair, so the view can say what TTFT saved is made of.
     s.ttft_saved_ms = n.ttft_saved_ms;
+    s.ttft_basis = Snapshot::TtftBasis::kPriced;
+    if (s.served_tokens > 0) s.prefill_us_per_token = n.ttft_saved_ms * 1000.0 / static_cast<double>(s.served_tokens);
     s.delivery_ms = n.get_us.summary.sum / 1000.0;
     s.documents_top = documents;
     s.source = description;

@@ -21,7 +21,7 @@ bool WentDown(const Snapshot& before, const Snapshot& after) {
       after.requested_tokens < before.requested_tokens || after.hit_tokens < before.hit_tokens ||
       after.loads < before.loads || after.failed_loads < before.failed_loads || after.stores < before.stores ||
       after.corrupt_detected < before.corrupt_detected || after.ttft_saved_ms < before.ttft_saved_ms ||
-      after.delivery_ms < before.delivery_ms) {
+      after.delivery_ms < before.delivery_ms || after.auth_failures < before.auth_failures) {
     return true;
   }
   for (const TierSample& a : after.tiers) {
@@ -30,7 +30,7 @@ bool WentDown(const Snapshot& before, const Snapshot& after) {
       if (a.hits < b.hits || a.misses < b.misses || a.puts < b.puts || a.evictions < b.evictions ||
           a.demotions_in < b.demotions_in || a.promotions_in < b.promotions_in ||
           a.corrupt_detected < b.corrupt_detected || a.bytes_in < b.bytes_in || a.bytes_out < b.bytes_out ||
-          a.io_errors < b.io_errors) {
+          a.io_errors < b.io_errors || a.decode_failures < b.decode_failures || a.auth_failures < b.auth_failures) {
         return true;
       }
     }
@@ -52,6 +52,8 @@ TierRates TierBetween(const TierSample& b, const TierSample& a, double seconds) 
   t.promotions_per_s = Delta(b.promotions_in, a.promotions_in) / seconds;
   t.corrupt_per_s = Delta(b.corrupt_detected, a.corrupt_detected) / seconds;
   t.io_errors_per_s = Delta(b.io_errors, a.io_errors) / seconds;
+  t.decode_failures_per_s = Delta(b.decode_failures, a.decode_failures) / seconds;
+  t.auth_failures_per_s = Delta(b.auth_failures, a.auth_failures) / seconds;
   return t;
 }
 
@@ -105,6 +107,7 @@ Rates Recorder::Between(const Snapshot& before, const Snapshot& after) {
   r.loads_per_s = Delta(before.loads, after.loads) / seconds;
   r.failed_loads_per_s = Delta(before.failed_loads, after.failed_loads) / seconds;
   r.stores_per_s = Delta(before.stores, after.stores) / seconds;
+  r.auth_failures_per_s = Delta(before.auth_failures, after.auth_failures) / seconds;
   r.tiers.reserve(after.tiers.size());
   for (const TierSample& a : after.tiers) {
     const auto b = std::find_if(before.tiers.begin(), before.tiers.end(),

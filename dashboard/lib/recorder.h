@@ -23,6 +23,7 @@ struct TierRates {
   double bytes_in_per_s = 0;
   double evictions_per_s = 0, demotions_per_s = 0, promotions_per_s = 0;
   double corrupt_per_s = 0, io_errors_per_s = 0;
+  double decode_failures_per_s = 0, auth_failures_per_s = 0;
 };
 
 struct Rates {
@@ -31,6 +32,7 @@ struct Rates {
   double ttft_saved_ms_per_min = 0;
   double delivery_ms_per_min = 0;
   double lookups_per_s = 0, loads_per_s = 0, failed_loads_per_s = 0, stores_per_s = 0;
+  double auth_failures_per_s = 0;  // Snapshot::auth_failures
   QVector<TierRates> tiers;      // as the later reading's tiers
 };
 

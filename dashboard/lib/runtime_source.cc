@@ -58,6 +58,22 @@ void ListDocuments(const kdn_model* model, const std::string& ns, std::int64_t n
   }
 }
 
+// How many bytes per second the tier can be read at, as the runtime
+// measured its loads (1.7: delivery_ns_per_token, the time to read, decode
+// and copy one token's KV into host views, a moving average; into device
+// views when no host view was loaded): the model's KV bytes per token as the
+// tier stores them (its codec's bytes after / before encoding), per that
+// time. 0 until the tier served a load, or without the model.
+double LimitBytesPerS(const kdn_tier_stats& t, std::uint64_t kv_bytes_per_token) {
+  const double ns = t.delivery_ns_per_token > 0 ? t.delivery_ns_per_token : t.device_delivery_ns_per_token;
+  if (!(ns > 0) || kv_bytes_per_token == 0) return 0;
+  double stored = static_cast<double>(kv_bytes_per_token);
+  if (t.bytes_before_encoding > 0 && t.bytes_after_encoding > 0) {
+    stored *= static_cast<double>(t.bytes_after_encoding) / static_cast<double>(t.bytes_before_encoding);
+  }
+  return stored * 1e9 / ns;
+}
+
 }  // namespace
 
 struct RuntimeSource::Impl {
@@ -204,6 +220,10 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
     if (options.prefill_us_per_token > 0) {
       s.ttft_saved_ms += static_cast<double>(st.tokens_served_unpriced) * options.prefill_us_per_token / 1000.0;
     }
+    s.ttft_basis = Snapshot::TtftBasis::kMeasured;
+    if (st.prefill_tokens > 0) {
+      s.prefill_us_per_token = static_cast<double>(st.prefill_ns) / static_cast<double>(st.prefill_tokens) / 1000.0;
+    }
     s.delivery_ms = static_cast<double>(st.delivery_ns) / 1e6;
   }
 
@@ -217,6 +237,13 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
     s.documents_top = QVector<DocumentSample>(docs.begin(), docs.end());
   }
 
+  // The KV bytes of one token of the model: a tier's delivery time per
+  // token becomes the bytes per second it can be read at.
+  std::uint64_t kv_bytes_per_token = 0;
+  if (options.model != nullptr && kdn_model_get_kv_bytes_per_token(options.model, &kv_bytes_per_token) != KDN_OK) {
+    kv_bytes_per_token = 0;
+  }
+  s.reports_decode_failures = true;
   std::uint32_t count = 0;
   if (kdn_runtime_get_tier_count(runtime, &count) == KDN_OK) {
     for (std::uint32_t i = 0; i < count; ++i) {
@@ -232,6 +259,11 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
       ts.bytes_before_encoding = t.bytes_before_encoding;
       ts.bytes_after_encoding = t.bytes_after_encoding;
       ts.io_errors = t.io_errors;
+      ts.decode_failures = t.decode_failures;
+      ts.auth_failures = t.auth_failures;  // 1.8
+      s.auth_failures += t.auth_failures;
+      ts.limit_bytes_per_s = LimitBytesPerS(t, kv_bytes_per_token);
+      ts.limit_from_loads = true;
       s.tiers.push_back(std::move(ts));
     }
   }

@@ -5,7 +5,9 @@
 // own measure (kdn_stats.ttft_saved_ns: the tokens each load served x the
 // model's mean prefill time per token, from the prefills the engine reported
 // with kdn_model_report_prefill), the delivery time the time spent in loads
-// (kdn_stats.delivery_ns).
+// (kdn_stats.delivery_ns). A tier's delivery limit is the rate its loads
+// were measured at (kdn_tier_stats.delivery_ns_per_token x the model's KV
+// bytes per token; needs RuntimeSourceOptions::model).
 // Thread-safety: as Source. The runtime handle is borrowed: it must stay
 // valid until stop() returns (kdn_runtime_destroy only after that).
 #pragma once
@@ -28,7 +30,8 @@ struct RuntimeSourceOptions {
   double prefill_us_per_token = 0;
   // Knowledge items: the documents of `model` in these namespaces, most hit
   // first, at most documents_top (no model or no namespace: none listed).
-  // The model is borrowed like the runtime.
+  // The model is borrowed like the runtime; its KV size per token also turns
+  // the tiers' measured delivery time per token into bytes per second.
   const kdn_model* model = nullptr;
   std::vector<std::string> namespaces;
   std::uint32_t documents_top = 20;

@@ -26,9 +26,17 @@ struct TierSample {
   // The codec's bytes before and after encoding (0 and 0: not reported).
   std::uint64_t bytes_before_encoding = 0, bytes_after_encoding = 0;
   std::uint64_t io_errors = 0;  // failed reads and writes (a remote or redis tier's misses)
-  // The tier's measured delivery limit in bytes/s (0: not known); the
-  // bandwidth view draws it beside the tier's rate.
+  // Of corrupt_detected, where the source tells them apart (a runtime's
+  // kdn_tier_stats; a kdnd's Stats do not): chunks that did not decode, and
+  // chunks whose seal did not verify (a runtime with a secret file).
+  std::uint64_t decode_failures = 0, auth_failures = 0;
+  // The tier's measured delivery limit in bytes read per second (0: not
+  // measured yet); the bandwidth view draws the rate against it.
   double limit_bytes_per_s = 0;
+  // How it was measured: false, by kdnd at start (a cold read of the tier,
+  // server.measure_tiers); true, on the loads the tier served (a runtime's
+  // kdn_tier_stats.delivery_ns_per_token, a moving average).
+  bool limit_from_loads = false;
 };
 
 // Copies the counters that a source's tier statistics name as TierSample
@@ -74,12 +82,27 @@ struct Snapshot {
   std::uint64_t failed_loads = 0;      // loads that stopped short (misses) or failed
   std::uint64_t stores = 0;
   std::uint64_t corrupt_detected = 0;  // all tiers
+  // Refused for authentication: a kdnd's calls with an unknown token or
+  // outside its grant; a runtime's chunks whose seal did not verify (all
+  // tiers; also in corrupt_detected).
+  std::uint64_t auth_failures = 0;
+  bool reports_decode_failures = false;  // TierSample::decode_failures are the source's (else unknown)
   std::uint64_t pins_active = 0;
   std::uint64_t documents = 0;         // knowledge items registered
   // TTFT: the prefill time the hits avoided (hit tokens x the measured or
   // configured prefill time per token) and the time spent delivering them.
   double ttft_saved_ms = 0;
   double delivery_ms = 0;
+  // Where the prefill time per token behind ttft_saved_ms comes from: a
+  // price (kdnd: server.prefill_us_per_token in its config, the same for
+  // every token; it does not see the engines' prefills) or a measure (a
+  // runtime: the prefills its engines reported, kdn_model_report_prefill).
+  enum class TtftBasis { kUnknown, kPriced, kMeasured };
+  TtftBasis ttft_basis = TtftBasis::kUnknown;
+  // That time per token in us: the price (kdnd: ttftSavedMs / hitTokens,
+  // which is how kdnd computes it; 0 before a token is served or when not
+  // configured) or the mean of the reported prefills (0: none reported).
+  double prefill_us_per_token = 0;
   // The documents of the namespaces the source may list, most hit first
   // (at most a source's configured count).
   QVector<DocumentSample> documents_top;

@@ -85,6 +85,7 @@ QVariant Get(const QAbstractItemModel& m, int row, int column, int role = Qt::Di
 
 double Value(const QAbstractItemModel& m, int row, int column) { return Get(m, row, column, kValueRole).toDouble(); }
 bool Moved(const QAbstractItemModel& m, int row, int column) { return Get(m, row, column, kMovedRole).toBool(); }
+bool Fault(const QAbstractItemModel& m, int row, int column) { return Get(m, row, column, kFaultRole).toBool(); }
 QString Text(const QAbstractItemModel& m, int row, int column) { return Get(m, row, column).toString(); }
 
 // The models show what the recorder holds (once updated).
@@ -558,6 +559,8 @@ class ModelsTest : public QObject {
     b.tiers[0].evictions = 7;
     b.tiers[1].io_errors = 3;
     b.documents_top[0].hits = 41;
+    b.ttft_basis = Snapshot::TtftBasis::kPriced;  // as a kdnd's: server.prefill_us_per_token
+    b.prefill_us_per_token = 72.5;
 
     Recorder rec;
     Models m(&rec, 0);
@@ -603,6 +606,13 @@ class ModelsTest : public QObject {
     QCOMPARE(Moved(m.tiers, 1, TierModel::kEvictions), false);
     QCOMPARE(Moved(m.tiers, 1, TierModel::kIoErrors), true);
     QCOMPARE(Moved(m.tiers, 0, TierModel::kUsedBytes), false);  // not a counter
+    // Highlighted: faults that moved (the disk's I/O errors), not the host's
+    // evictions, routine though they moved.
+    QCOMPARE(Fault(m.tiers, 0, TierModel::kEvictions), false);
+    QCOMPARE(Fault(m.tiers, 1, TierModel::kIoErrors), true);
+    QCOMPARE(Fault(m.tiers, 0, TierModel::kIoErrors), false);  // a fault's counter that did not move
+    QCOMPARE(Get(m.tiers, 0, TierModel::kLimitBytesPerS, kNoteRole).toString(), QStringLiteral("measured by kdnd at start"));
+    QVERIFY(Get(m.tiers, 0, TierModel::kLimitBytesPerS, Qt::ToolTipRole).toString().endsWith(QStringLiteral("measured by kdnd at start")));
     QCOMPARE(tier_changed.count(), 2);  // both rows changed (rates, counters)
     // History.
     QCOMPARE(m.history.rowCount(), 2);
@@ -617,7 +627,15 @@ class ModelsTest : public QObject {
     QCOMPARE(Text(m.history, 1, HistoryModel::kLoadsPerS), QStringLiteral("10.0/s"));
     QCOMPARE(Text(m.history, 1, HistoryModel::kFailedLoadsPerS), QStringLiteral("0.5/s"));
     QCOMPARE(Moved(m.history, 1, HistoryModel::kFailedLoadsPerS), true);
+    QCOMPARE(Fault(m.history, 1, HistoryModel::kFailedLoadsPerS), true);
     QCOMPARE(Value(m.history, 1, HistoryModel::kUsedBytes), static_cast<double>(host.used_bytes + 512));
+    // What TTFT saved is made of.
+    QCOMPARE(Text(m.history, 0, HistoryModel::kTtftBasis), QStringLiteral("\u2014"));
+    QVERIFY(std::isnan(Value(m.history, 0, HistoryModel::kPrefillUsPerToken)));
+    QCOMPARE(Text(m.history, 1, HistoryModel::kTtftBasis), QStringLiteral("priced"));
+    QCOMPARE(Value(m.history, 1, HistoryModel::kTtftBasis), 1.0);
+    QCOMPARE(Value(m.history, 1, HistoryModel::kPrefillUsPerToken), 72.5);
+    QCOMPARE(Text(m.history, 1, HistoryModel::kPrefillUsPerToken), QStringLiteral("72.5 \u00b5s/token"));
     // Events: summed over the tiers.
     QCOMPARE(Value(m.events, EventModel::kEvictions, EventModel::kTotal), 7.0);
     QCOMPARE(Value(m.events, EventModel::kEvictions, EventModel::kPerSecond), 2.0);
@@ -630,9 +648,20 @@ class ModelsTest : public QObject {
     QCOMPARE(Moved(m.events, EventModel::kPromotions, EventModel::kTotal), false);
     QCOMPARE(Value(m.events, EventModel::kPromotions, EventModel::kPerSecond), 0.0);
     QCOMPARE(Text(m.events, EventModel::kCorrupt, EventModel::kEvent), QStringLiteral("Corrupt chunks"));
+    // Routine movement is not highlighted; faults that moved are.
+    QCOMPARE(Fault(m.events, EventModel::kEvictions, EventModel::kTotal), false);
+    QCOMPARE(Fault(m.events, EventModel::kEvictions, EventModel::kPerSecond), false);
+    QCOMPARE(Fault(m.events, EventModel::kIoErrors, EventModel::kTotal), true);
+    QCOMPARE(Fault(m.events, EventModel::kFailedLoads, EventModel::kPerSecond), true);
+    QCOMPARE(Fault(m.events, EventModel::kCorrupt, EventModel::kTotal), false);  // did not move
+    // A source that does not tell decode failures apart (a kdnd): unknown, not 0.
+    QCOMPARE(Text(m.events, EventModel::kDecodeFailures, EventModel::kTotal), QStringLiteral("\u2014"));
+    QCOMPARE(Text(m.events, EventModel::kDecodeFailures, EventModel::kPerSecond), QStringLiteral("\u2014"));
+    QCOMPARE(Text(m.events, EventModel::kAuthFailures, EventModel::kTotal), QStringLiteral("0"));
     // Only the rows that changed: evictions, failed loads, I/O errors, and
-    // the per-second cells of the others (no rate before, 0 now).
-    QCOMPARE(event_changed.count(), int{EventModel::kRows});
+    // the per-second cells of the others (no rate before, 0 now); decode
+    // failures stay unknown.
+    QCOMPARE(event_changed.count(), int{EventModel::kRows} - 1);
     // Documents: the TTL left at the reading's time.
     QCOMPARE(m.docs.rowCount(), 1);
     QCOMPARE(Value(m.docs, 0, DocumentModel::kPinTtlS), 93.0);
@@ -683,6 +712,54 @@ class ModelsTest : public QObject {
     QCOMPARE(Moved(m.events, EventModel::kEvictions, EventModel::kTotal), false);
     QCOMPARE(Text(m.events, EventModel::kEvictions, EventModel::kPerSecond), QStringLiteral("\u2014"));
     QCOMPARE(Text(m.tiers, 0, TierModel::kBytesOutPerS), QStringLiteral("\u2014"));
+  }
+
+  // Every fault the events list is highlighted when it moves (a runtime's
+  // decode and seal failures, corrupt chunks); routine movement never is.
+  void OnlyFaultsAreHighlighted() {
+    Snapshot a;
+    a.time_ms = kEpochMs;
+    a.uptime_ms = 1'000;
+    a.reports_decode_failures = true;
+    TierSample disk;
+    disk.name = QStringLiteral("disk");
+    disk.kind = QStringLiteral("disk");
+    a.tiers = {disk};
+    Snapshot b = a;
+    b.time_ms += 1'000;
+    b.uptime_ms += 1'000;
+    b.tiers[0].evictions = 5;
+    b.tiers[0].demotions_in = 4;
+    b.tiers[0].promotions_in = 3;
+    b.tiers[0].corrupt_detected = 3;  // of them, 2 did not decode and 1 was not sealed with our secret
+    b.tiers[0].decode_failures = 2;
+    b.tiers[0].auth_failures = 1;
+    b.auth_failures = 1;
+    Recorder rec;
+    Models m(&rec, 0);
+    rec.add(a);
+    QCOMPARE(Text(m.events, EventModel::kDecodeFailures, EventModel::kTotal), QStringLiteral("0"));
+    rec.add(b);
+    for (int row = 0; row < EventModel::kRows; ++row) {
+      const bool fault = row != EventModel::kEvictions && row != EventModel::kDemotions && row != EventModel::kPromotions;
+      QCOMPARE(EventModel::IsFault(row), fault);
+      for (int c : {int{EventModel::kTotal}, int{EventModel::kPerSecond}}) {
+        const bool moved = row != EventModel::kFailedLoads && row != EventModel::kIoErrors;
+        QVERIFY2(Moved(m.events, row, c) == moved, qPrintable(Text(m.events, row, EventModel::kEvent)));
+        QVERIFY2(Fault(m.events, row, c) == (fault && moved), qPrintable(Text(m.events, row, EventModel::kEvent)));
+      }
+      QCOMPARE(Fault(m.events, row, EventModel::kEvent), false);
+    }
+    QCOMPARE(Value(m.events, EventModel::kDecodeFailures, EventModel::kTotal), 2.0);
+    QCOMPARE(Value(m.events, EventModel::kDecodeFailures, EventModel::kPerSecond), 2.0);
+    QCOMPARE(Value(m.events, EventModel::kAuthFailures, EventModel::kTotal), 1.0);
+    QCOMPARE(Value(m.events, EventModel::kAuthFailures, EventModel::kPerSecond), 1.0);
+    QCOMPARE(Text(m.events, EventModel::kAuthFailures, EventModel::kEvent), QStringLiteral("Auth failures"));
+    QCOMPARE(Fault(m.tiers, 0, TierModel::kCorrupt), true);
+    for (int c : {int{TierModel::kEvictions}, int{TierModel::kDemotions}, int{TierModel::kPromotions}}) {
+      QCOMPARE(Moved(m.tiers, 0, c), true);
+      QCOMPARE(Fault(m.tiers, 0, c), false);
+    }
   }
 
   void HeadersAndToolTips() {

@@ -19,6 +19,7 @@
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -171,8 +172,15 @@ void NodeSourceTest::snapshotsShowTheNodesTiersAndTraffic() {
     QCOMPARE(s.tiers[0].objects, std::uint64_t{0});
     // server.measure_tiers is on by default: the node timed its host tier.
     QVERIFY2(s.tiers[0].limit_bytes_per_s > 0, "the host tier's measured limit did not reach the snapshot");
+    QVERIFY(!s.tiers[0].limit_from_loads);  // kdnd's measurement at start
+    QCOMPARE(s.tiers[0].io_errors, std::uint64_t{0});
     QCOMPARE(s.stores, std::uint64_t{0});
     QVERIFY(s.time_ms > 0);
+    // TTFT saved is a price (server.prefill_us_per_token); no token served yet to read it back from.
+    QCOMPARE(s.ttft_basis, Snapshot::TtftBasis::kPriced);
+    QCOMPARE(s.prefill_us_per_token, 0.0);
+    QVERIFY(!s.reports_decode_failures);  // not in a node's Stats
+    QCOMPARE(s.auth_failures, std::uint64_t{0});
   }
 
   // Real traffic: one runtime stores the reference KV on the node and
@@ -246,14 +254,25 @@ void NodeSourceTest::snapshotsShowTheNodesTiersAndTraffic() {
   QCOMPARE(s.documents_top[1].hits, std::uint64_t{0});
   QVERIFY(s.documents_top[1].chunks > 0);
   QCOMPARE(s.documents_top[1].chunks_held, s.documents_top[1].chunks);
-  // TTFT saved: the node's hit tokens x its 100 us per token.
+  // TTFT saved: the node's hit tokens x its 100 us per token, the price read back.
   QCOMPARE(s.ttft_saved_ms, static_cast<double>(s.served_tokens) * 100.0 / 1000.0);
+  QCOMPARE(s.ttft_basis, Snapshot::TtftBasis::kPriced);
+  QVERIFY2(std::abs(s.prefill_us_per_token - 100.0) < 1e-9, qPrintable(QString::number(s.prefill_us_per_token)));
   QVERIFY(s.delivery_ms > 0);
   QCOMPARE(s.corrupt_detected, std::uint64_t{0});
   // Cumulative: later snapshots never go back.
   for (int i = 1; i < snaps.size(); ++i) {
     QVERIFY(snaps.at(i).at(0).value<Snapshot>().stores >= snaps.at(i - 1).at(0).value<Snapshot>().stores);
   }
+  // A login with a token the node does not know is a refused call: the
+  // events' "Auth failures" (a fault) counts it.
+  {
+    NodeSource stranger(Options(kdnd.address(), "not-a-token-the-node-knows"));
+    stranger.start();
+    QTRY_VERIFY_WITH_TIMEOUT(stranger.state() == Source::State::kDisconnected, 10000);
+    stranger.stop();
+  }
+  QTRY_VERIFY_WITH_TIMEOUT(Last(snaps).auth_failures >= 1, 10000);
   src.stop();
   QCOMPARE(src.state(), Source::State::kStopped);
 }

@@ -5,9 +5,11 @@
 // snapshots, and stop.
 #include <kdn/kdn.h>
 
+#include <QScopeGuard>
 #include <QSignalSpy>
 #include <QtTest>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -79,6 +81,8 @@ class RuntimeSourceTest : public QObject {
   void startDeliversSnapshotsUntilStop();
   void theWorkerListsDocumentsEveryDocumentsInterval();
   void noRuntimeIsAClearStateNotACrash();
+  void tierLimitIsTheRateItsLoadsWereMeasuredAt();
+  void faultsAndTtftBasisAreTheRuntimes();
 
  private:
   // Stores the reference KV under `ns` and retrieves it back (bit for bit).
@@ -287,6 +291,82 @@ void RuntimeSourceTest::ttftSavedIsTokensServedTimesThePrefillRate() {
   QCOMPARE(measured.ttft_saved_ms, kPositions * 2500.0 / 1e6);
   const Snapshot both = RuntimeSource::Read(runtime_, fallback);
   QCOMPARE(both.ttft_saved_ms, kPositions * 2500.0 / 1e6 + static_cast<double>(zero.served_tokens) * 250.0 / 1000.0);
+  // What the view says TTFT saved is made of: measured, at the mean of the
+  // reported prefills (64 tokens in 160 us: 2.5 us per token).
+  QCOMPARE(measured.ttft_basis, Snapshot::TtftBasis::kMeasured);
+  QCOMPARE(measured.prefill_us_per_token, 2.5);
+}
+
+// A tier's delivery limit in-process: the rate its loads were measured at
+// (kdn_tier_stats.delivery_ns_per_token x the model's KV bytes per token),
+// and 0 (not measured: the bandwidth view draws no bar) until a load.
+void RuntimeSourceTest::tierLimitIsTheRateItsLoadsWereMeasuredAt() {
+  // A runtime of its own: no load has been served from its tier.
+  kdn_tier_config host = KDN_TIER_CONFIG_INIT;
+  host.kind = KDN_TIER_HOST;
+  host.capacity_bytes = 16u << 20;
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  o.chunk_tokens = kChunkTokens;
+  o.tiers = &host;
+  o.num_tiers = 1;
+  kdn_runtime* fresh = nullptr;
+  QCOMPARE(kdn_runtime_create(&o, &fresh), KDN_OK);
+  auto destroy = qScopeGuard([&] { kdn_runtime_destroy(fresh); });
+  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
+  spec.num_layers = kLayers;
+  spec.num_kv_heads = 4;
+  spec.head_dim = 8;
+  spec.dtype = KDN_DTYPE_F32;
+  spec.fingerprint = "stories260K";
+  spec.fingerprint_len = 11;
+  kdn_model* model = nullptr;
+  QCOMPARE(kdn_model_create(fresh, &spec, &model), KDN_OK);
+  auto destroy_model = qScopeGuard([&] { kdn_model_destroy(model); });
+  RuntimeSourceOptions with_model;
+  with_model.model = model;
+  const Snapshot before = RuntimeSource::Read(fresh, with_model);
+  QCOMPARE(before.tiers.size(), 1);
+  QCOMPARE(before.tiers[0].limit_bytes_per_s, 0.0);  // not measured yet
+  QVERIFY(before.tiers[0].limit_from_loads);
+
+  // A store and a load: the tier's delivery time per token is measured.
+  kdn_request req = KDN_REQUEST_INIT;
+  req.tokens = kTokens;
+  req.num_tokens = kPositions;
+  kdn_kv_view in = CanonicalView(ref_);
+  kdn_kv_result r = KDN_KV_RESULT_INIT;
+  QCOMPARE(kdn_kv_store(model, "t", 1, &req, &in, 1, &r), KDN_OK);
+  std::vector<float> out(ref_.size());
+  kdn_kv_view ov = CanonicalView(out);
+  QCOMPARE(kdn_kv_retrieve(model, "t", 1, &req, &ov, 1, &r), KDN_OK);
+  QCOMPARE(r.tokens, std::uint64_t{kPositions});
+  kdn_tier_stats direct = KDN_TIER_STATS_INIT;
+  QCOMPARE(kdn_runtime_get_tier_stats(fresh, 0, &direct), KDN_OK);
+  QVERIFY2(direct.delivery_ns_per_token > 0, "a load measures its tier");
+  std::uint64_t kv_bytes = 0;
+  QCOMPARE(kdn_model_get_kv_bytes_per_token(model, &kv_bytes), KDN_OK);
+  QCOMPARE(kv_bytes, std::uint64_t{kLayers} * 2 * kRow * 4);  // 1,280 bytes
+  const Snapshot s = RuntimeSource::Read(fresh, with_model);
+  QVERIFY(s.tiers[0].limit_from_loads);
+  // A raw host tier stores the KV as it is: its bytes per token are the model's.
+  QCOMPARE(direct.bytes_before_encoding, std::uint64_t{0});
+  const double want = static_cast<double>(kv_bytes) * 1e9 / direct.delivery_ns_per_token;
+  QVERIFY2(std::abs(s.tiers[0].limit_bytes_per_s - want) <= want * 1e-9,
+           qPrintable(QStringLiteral("%1 != %2").arg(s.tiers[0].limit_bytes_per_s).arg(want)));
+  // Without the model the KV size per token is not known: not measured.
+  QCOMPARE(RuntimeSource::Read(fresh, {}).tiers[0].limit_bytes_per_s, 0.0);
+}
+
+void RuntimeSourceTest::faultsAndTtftBasisAreTheRuntimes() {
+  const Snapshot s = RuntimeSource::Read(runtime_, {});
+  kdn_tier_stats direct = KDN_TIER_STATS_INIT;
+  QCOMPARE(kdn_runtime_get_tier_stats(runtime_, 0, &direct), KDN_OK);
+  // A runtime tells decode and seal failures apart (none here).
+  QVERIFY(s.reports_decode_failures);
+  QCOMPARE(s.tiers[0].decode_failures, direct.decode_failures);
+  QCOMPARE(s.tiers[0].auth_failures, direct.auth_failures);
+  QCOMPARE(s.auth_failures, std::uint64_t{0});
+  QCOMPARE(s.ttft_basis, Snapshot::TtftBasis::kMeasured);
 }
 
 void RuntimeSourceTest::startDeliversSnapshotsUntilStop() {
