@@ -16,6 +16,7 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
   if (L <= 0 || shape.kv_heads <= 0 || shape.head_dim <= 0) return Status::InvalidArgument("blend: bad model shape");
   if (!(o.ratio >= 0 && o.ratio <= 1)) return Status::InvalidArgument("blend: ratio must be in [0, 1]");
   if (!(o.threshold < 0 || std::isfinite(o.threshold))) return Status::InvalidArgument("blend: bad threshold");
+  if (o.first_tokens < 0) return Status::InvalidArgument("blend: first_tokens must not be negative");
   for (size_t i = 0; i < o.check_layers.size(); ++i) {
     if (o.check_layers[i] < 0 || o.check_layers[i] >= L || (i > 0 && o.check_layers[i] <= o.check_layers[i - 1])) {
       return Status::InvalidArgument("blend: check layers must ascend within [0, " + std::to_string(L) + ")");
@@ -39,6 +40,7 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
   std::vector<std::int32_t> tokens;
   tokens.reserve(static_cast<size_t>(N));
   std::vector<char> cached(static_cast<size_t>(N), 0);
+  std::vector<char> anchored(static_cast<size_t>(N), 0);  // cached, but run through every layer
   BlendReport r;
   r.positions = N;
   int at = 0;
@@ -61,7 +63,10 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
         }
       }
       std::fill(cached.begin() + at, cached.begin() + at + n, 1);
+      const int k = std::min(n, o.first_tokens);
+      std::fill(anchored.begin() + at, anchored.begin() + at + k, 1);
       r.cached_positions += n;
+      r.anchored += k;
     } else {
       r.fresh_positions += n;
     }
@@ -73,7 +78,7 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
   const bool selecting = o.ratio > 0 || o.threshold >= 0;
   std::vector<int> rows;
   for (int p = 0; p < N; ++p) {
-    if (selecting || !cached[static_cast<size_t>(p)]) rows.push_back(p);
+    if (selecting || !cached[static_cast<size_t>(p)] || anchored[static_cast<size_t>(p)]) rows.push_back(p);
   }
   std::vector<float> h(rows.size() * static_cast<size_t>(hidden));
   std::vector<float> placed_k;
@@ -102,7 +107,7 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
     // Select among the cached rows by the deviation of their fresh keys.
     std::vector<std::pair<double, size_t>> dev;  // (deviation, row index)
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (!cached[static_cast<size_t>(rows[i])]) continue;
+      if (!cached[static_cast<size_t>(rows[i])] || anchored[static_cast<size_t>(rows[i])]) continue;
       double d = 0;
       const float* fresh = k_layer + static_cast<size_t>(rows[i]) * kvd;
       for (int e = 0; e < kvd; ++e) {
@@ -117,14 +122,14 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
       for (const auto& [d, i] : dev) keep += d >= o.threshold;
     } else {
       const double fraction = std::pow(o.ratio, static_cast<double>(check) / static_cast<double>(o.check_layers.size()));
-      keep = std::min(dev.size(), static_cast<size_t>(std::llround(fraction * r.cached_positions)));
+      keep = std::min(dev.size(), static_cast<size_t>(std::llround(fraction * (r.cached_positions - r.anchored))));
     }
     // The `keep` largest deviations (ties: the earlier position).
     std::stable_sort(dev.begin(), dev.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<char> stay(rows.size(), 0);
     for (size_t k = 0; k < keep; ++k) stay[dev[k].second] = 1;
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (!cached[static_cast<size_t>(rows[i])]) stay[i] = 1;  // fresh rows always run
+      if (!cached[static_cast<size_t>(rows[i])] || anchored[static_cast<size_t>(rows[i])]) stay[i] = 1;  // fresh and anchored rows always run
     }
     size_t w = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -139,7 +144,7 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
     h.resize(w * static_cast<size_t>(hidden));
   }
   for (int p : rows) {
-    if (cached[static_cast<size_t>(p)]) r.selected_positions.push_back(p);
+    if (cached[static_cast<size_t>(p)] && !anchored[static_cast<size_t>(p)]) r.selected_positions.push_back(p);
   }
   r.selected = static_cast<int>(r.selected_positions.size());
   const double work = std::accumulate(r.recomputed_per_layer.begin(), r.recomputed_per_layer.end(), 0.0);

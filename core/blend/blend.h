@@ -20,6 +20,11 @@
 //     (attending over the whole patched KV) and the rest keep their placed
 //     KV. With ratio 0 nothing cached is recomputed (naive reuse); with
 //     ratio 1 every position runs through every layer (full prefill).
+//     With first_tokens k > 0, the first k positions of each cached piece
+//     run through every layer as fresh ones do (EPIC, LegoLink: a piece
+//     computed alone puts its attention sink on its first tokens, which is
+//     wrong once it follows other text); the check layers select among the
+//     piece's other positions, `ratio` a fraction of those.
 //  3. Report what was recomputed: f = the fraction of layer x position work.
 // Thread-safety: Compose is reentrant; the engine is called from the calling
 // thread only, layer by layer in order.
@@ -71,16 +76,18 @@ struct BlendOptions {
   double threshold = -1;            // >= 0: select by deviation >= threshold instead of by ratio
   std::vector<int> check_layers = {1};  // ascending; the first one is where selection starts
   kernels::RopeSpec rope;           // how the model rotates keys (for re-positioning)
+  int first_tokens = 0;             // >= 0: leading positions of each cached piece recomputed at every layer
 };
 
 struct BlendReport {
   int positions = 0;                 // of the composed context
   int cached_positions = 0;          // placed from cached KV
   int fresh_positions = 0;           // computed now at every layer
-  int selected = 0;                  // cached positions recomputed past the last check layer
+  int anchored = 0;                  // cached positions recomputed at every layer (first_tokens of each piece)
+  int selected = 0;                  // other cached positions recomputed past the last check layer
   std::vector<int> recomputed_per_layer;  // positions run through each layer
   double recompute_fraction = 0;     // sum(recomputed_per_layer) / (layers * positions)
-  std::vector<int> selected_positions;    // ascending
+  std::vector<int> selected_positions;    // ascending (the anchored ones not among them)
 };
 
 // Composes the context; `kv_out` receives [layer][k|v][position][kv_dim]

@@ -64,7 +64,7 @@ Status Score(model::Transformer& t, model::KvCache& cache, int last, int n, int 
 Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const std::vector<int>& text_tokens,
                                       const std::vector<int>& suffix, const BlendEvalOptions& o) {
   Result<std::vector<BlendEvalResult>> r =
-      EvaluateBlends(weights, text_tokens, suffix, o, {BlendVariant{o.ratio, o.check_layers}});
+      EvaluateBlends(weights, text_tokens, suffix, o, {BlendVariant{o.ratio, o.check_layers, o.first_tokens}});
   if (!r.ok()) return r.status();
   return std::move(r->front());
 }
@@ -183,6 +183,7 @@ Result<std::vector<BlendEvalResult>> EvaluateBlends(const model::Checkpoint& wei
       if (run > 0) {
         bo.ratio = variants[run - 1].ratio;
         bo.check_layers = variants[run - 1].check_layers;
+        bo.first_tokens = variants[run - 1].first_tokens;
       }
       const auto s0 = std::chrono::steady_clock::now();
       std::vector<Piece> pieces;

@@ -35,6 +35,7 @@ struct BlendEvalOptions {
   int chunks = 4;                // per context
   double ratio = 0.15;
   std::vector<int> check_layers = {1};
+  int first_tokens = 0;          // BlendOptions::first_tokens (EPIC/LegoLink anchors)
   int continue_tokens = 31;      // positions compared after the last context position
   int max_contexts = 0;          // 0: as many as the chunks allow (each chunk used once)
   std::uint32_t seed = 1;        // the shuffles
@@ -56,6 +57,7 @@ struct BlendEvalResult {
 struct BlendVariant {
   double ratio = 0.15;
   std::vector<int> check_layers = {1};
+  int first_tokens = 0;
 };
 
 // kInvalidArgument when the text holds fewer than `chunks` chunks or the
@@ -64,7 +66,7 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
                                       const std::vector<int>& suffix, const BlendEvalOptions& options);
 
 // Several blend settings over the same contexts in one pass (options.ratio
-// and options.check_layers are ignored): per context naive reuse and then
+// options.check_layers and options.first_tokens are ignored): per context naive reuse and then
 // each variant, each run after a full prefill timed for it. One result per
 // variant, in order; all share one full-prefill series (ttft_full_ms is its
 // median, ttft_full_samples its length: contexts x (variants + 1)) and the

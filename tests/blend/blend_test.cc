@@ -171,6 +171,63 @@ TEST(BlendTest, SelectsTheRatioAndGradually) {
   EXPECT_EQ(prev, 0.0);
 }
 
+// first_tokens (EPIC/LegoLink): the first k positions of each cached piece
+// run through every layer, as fresh ones; the check layers select among the
+// rest, `ratio` of those. With ratio 0 only they (and the fresh ones) run.
+// A piece that sits where it was computed (right after the BOS) is exact
+// already: recomputing its first tokens changes nothing; the other piece's
+// first tokens, recomputed in context, move its KV closer to full prefill's.
+TEST(BlendTest, FirstTokensOfEachPieceRunThroughEveryLayer) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  std::vector<Piece> pieces = {Piece{{kBos}, {}, 0}, Cached(*f.t, Chunk(6, 30)), Cached(*f.t, Chunk(7, 30)),
+                               Piece{Chunk(8, 4), {}, 0}};
+  TransformerEngine engine(*f.t);
+  std::vector<float> kv;
+  BlendOptions o = Options(c, 0.0);
+  o.first_tokens = 3;
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, o, engine, &kv);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->anchored, 6);
+  EXPECT_EQ(r->selected, 0);
+  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>(5, 11)));  // BOS, 2 x 3 anchored, 4 query
+  EXPECT_NEAR(r->recompute_fraction, 11.0 / 65.0, 1e-12);
+  // Beside a ratio: 20% of the 54 other cached positions (11), selected past layer 1.
+  o.ratio = 0.2;
+  r = Compose(ShapeOf(c), pieces, o, engine, &kv);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->anchored, 6);
+  EXPECT_EQ(r->selected, 11);
+  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>{65, 65, 22, 22, 22}));
+  for (int p : r->selected_positions) {
+    EXPECT_FALSE((p >= 1 && p < 4) || (p >= 31 && p < 34)) << p << " is anchored, not selected";
+  }
+  // Closer to full prefill than naive reuse; the second piece's first tokens
+  // are exact at layer 0 (computed in context from their embeddings).
+  std::vector<int> ctx;
+  for (const Piece& p : pieces) ctx.insert(ctx.end(), p.tokens.begin(), p.tokens.end());
+  model::KvCache full = f.t->NewCache();
+  ASSERT_TRUE(f.t->Forward(ctx, 0, full, nullptr).ok());
+  const std::vector<float> want = full.Export(0, static_cast<int>(ctx.size()));
+  auto error_at = [&](const BlendOptions& bo) {
+    EXPECT_TRUE(Compose(ShapeOf(c), pieces, bo, engine, &kv).ok());
+    double err = 0;
+    for (size_t i = 0; i < kv.size(); ++i) err += (kv[i] - want[i]) * (kv[i] - want[i]);
+    return err;
+  };
+  BlendOptions naive = Options(c, 0.0), anchors = Options(c, 0.0);
+  anchors.first_tokens = 3;
+  EXPECT_LT(error_at(anchors), error_at(naive));
+  // Every cached position anchored is full prefill.
+  anchors.first_tokens = 30;
+  EXPECT_EQ(error_at(anchors), 0.0);
+  // A negative count is refused.
+  anchors.first_tokens = -1;
+  EXPECT_EQ(Compose(ShapeOf(c), pieces, anchors, engine, &kv).status().code(), Code::kInvalidArgument);
+}
+
 // An engine that fails at one layer.
 class FailingEngine final : public LayerEngine {
  public:

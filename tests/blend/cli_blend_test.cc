@@ -31,7 +31,7 @@ TEST(BlendEvalCli, PrintsTheIssuesJsonObject) {
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_TRUE(j.is_object());
-  EXPECT_EQ(j.size(), 10u) << r.out;
+  EXPECT_EQ(j.size(), 11u) << r.out;  // issue 5's ten, then first_tokens (issue 34)
   size_t at = 0;  // the fields in the issue's order
   for (const char* key : {"contexts", "ratio", "recompute_fraction", "kl_blend_mean", "kl_naive_mean", "top1_blend",
                           "top1_naive", "ttft_full_ms", "ttft_blend_ms", "ttft_naive_ms"}) {
@@ -53,6 +53,15 @@ TEST(BlendEvalCli, PrintsTheIssuesJsonObject) {
   EXPECT_EQ(f.at("kl_blend_mean").get<double>(), 0.0);
   EXPECT_EQ(f.at("top1_blend").get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(f.at("recompute_fraction").get<double>(), 1.0);
+  // The first tokens of each chunk alone (EPIC/LegoLink): they are the work,
+  // and they bring the blend closer to full prefill than naive reuse.
+  const auto anchors = Kdn(EvalArgs() + " --ratio 0 --first-tokens 4 --contexts 2 --json", "2>/dev/null");
+  ASSERT_EQ(anchors.code, 0) << anchors.out;
+  const nlohmann::json a = nlohmann::json::parse(anchors.out);
+  EXPECT_EQ(a.at("first_tokens").get<int>(), 4);
+  EXPECT_GT(a.at("recompute_fraction").get<double>(), 0.0);
+  EXPECT_LT(a.at("recompute_fraction").get<double>(), 0.2);
+  EXPECT_LT(a.at("kl_blend_mean").get<double>(), a.at("kl_naive_mean").get<double>());
 }
 
 TEST(BlendEvalCli, BadInputsFailWithAMessage) {
