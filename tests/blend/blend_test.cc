@@ -61,6 +61,27 @@ BlendOptions Options(const model::ModelConfig& c, double ratio) {
   return o;
 }
 
+// BOS, two cached chunks of 30, a query of 4: the context of the selection tests.
+std::vector<Piece> TwoChunksAndAQuery(model::Transformer& t) {
+  return {Piece{{kBos}, {}, 0}, Cached(t, Chunk(6, 30)), Cached(t, Chunk(7, 30)), Piece{Chunk(8, 4), {}, 0}};
+}
+
+// Full prefill's KV of the pieces' tokens, in Compose's layout.
+std::vector<float> FullPrefill(model::Transformer& t, const std::vector<Piece>& pieces) {
+  std::vector<int> ctx;
+  for (const Piece& p : pieces) ctx.insert(ctx.end(), p.tokens.begin(), p.tokens.end());
+  model::KvCache full = t.NewCache();
+  EXPECT_TRUE(t.Forward(ctx, 0, full, nullptr).ok());
+  return full.Export(0, static_cast<int>(ctx.size()));
+}
+
+double SquaredError(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double err = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) err += (a[i] - b[i]) * (a[i] - b[i]);
+  return err;
+}
+
 TEST(BlendTest, FullRatioReproducesPrefill) {
   KDN_REQUIRE_MODEL();
   Fixture f = Load();
@@ -129,8 +150,7 @@ TEST(BlendTest, SelectsTheRatioAndGradually) {
   Fixture f = Load();
   ASSERT_TRUE(f.t);
   const model::ModelConfig& c = f.t->config();
-  std::vector<Piece> pieces = {Piece{{kBos}, {}, 0}, Cached(*f.t, Chunk(6, 30)), Cached(*f.t, Chunk(7, 30)),
-                               Piece{Chunk(8, 4), {}, 0}};
+  std::vector<Piece> pieces = TwoChunksAndAQuery(*f.t);
   TransformerEngine engine(*f.t);
   std::vector<float> kv;
   BlendOptions o = Options(c, 0.2);
@@ -153,16 +173,11 @@ TEST(BlendTest, SelectsTheRatioAndGradually) {
   // composed KV closer to full prefill's. (The first chunk sits where it was
   // computed, right after the BOS: its KV is already exact, it deviates by
   // 0 and is picked last; half the cached tokens recomputed is exact.)
-  std::vector<int> ctx;
-  for (const Piece& p : pieces) ctx.insert(ctx.end(), p.tokens.begin(), p.tokens.end());
-  model::KvCache full = f.t->NewCache();
-  ASSERT_TRUE(f.t->Forward(ctx, 0, full, nullptr).ok());
-  const std::vector<float> want = full.Export(0, static_cast<int>(ctx.size()));
+  const std::vector<float> want = FullPrefill(*f.t, pieces);
   double prev = INFINITY;
   for (double ratio : {0.0, 0.1, 0.3, 0.5}) {
     ASSERT_TRUE(Compose(ShapeOf(c), pieces, Options(c, ratio), engine, &kv).ok());
-    double err = 0;
-    for (size_t i = 0; i < kv.size(); ++i) err += (kv[i] - want[i]) * (kv[i] - want[i]);
+    const double err = SquaredError(kv, want);
     if (ratio < 0.5) {
       EXPECT_LT(err, prev) << ratio;
     }
@@ -182,8 +197,7 @@ TEST(BlendTest, FirstTokensOfEachPieceRunThroughEveryLayer) {
   Fixture f = Load();
   ASSERT_TRUE(f.t);
   const model::ModelConfig& c = f.t->config();
-  std::vector<Piece> pieces = {Piece{{kBos}, {}, 0}, Cached(*f.t, Chunk(6, 30)), Cached(*f.t, Chunk(7, 30)),
-                               Piece{Chunk(8, 4), {}, 0}};
+  std::vector<Piece> pieces = TwoChunksAndAQuery(*f.t);
   TransformerEngine engine(*f.t);
   std::vector<float> kv;
   BlendOptions o = Options(c, 0.0);
@@ -206,16 +220,10 @@ TEST(BlendTest, FirstTokensOfEachPieceRunThroughEveryLayer) {
   }
   // Closer to full prefill than naive reuse; the second piece's first tokens
   // are exact at layer 0 (computed in context from their embeddings).
-  std::vector<int> ctx;
-  for (const Piece& p : pieces) ctx.insert(ctx.end(), p.tokens.begin(), p.tokens.end());
-  model::KvCache full = f.t->NewCache();
-  ASSERT_TRUE(f.t->Forward(ctx, 0, full, nullptr).ok());
-  const std::vector<float> want = full.Export(0, static_cast<int>(ctx.size()));
+  const std::vector<float> want = FullPrefill(*f.t, pieces);
   auto error_at = [&](const BlendOptions& bo) {
     EXPECT_TRUE(Compose(ShapeOf(c), pieces, bo, engine, &kv).ok());
-    double err = 0;
-    for (size_t i = 0; i < kv.size(); ++i) err += (kv[i] - want[i]) * (kv[i] - want[i]);
-    return err;
+    return SquaredError(kv, want);
   };
   BlendOptions naive = Options(c, 0.0), anchors = Options(c, 0.0);
   anchors.first_tokens = 3;
