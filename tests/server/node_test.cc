@@ -893,6 +893,37 @@ TEST_F(KdnNodeTest, HitRatiosCountEngineRequestsNotProbes) {
   EXPECT_EQ(node(NodeStat::kEngineLookups), 5u);
 }
 
+// A report's model is a 32-byte fingerprint digest: any other size is
+// refused (invalidArgument) and nothing of that report is counted; a good
+// one is counted under its namespace and model.
+TEST_F(KdnNodeTest, AReportWithAMalformedModelIsRefusedAndNotCounted) {
+  Client c(server_->bound().rpc[0]);
+  Session::Client s = c.MustLogin(kTokenA);
+  auto send = [&](std::size_t model_bytes) {
+    auto req = s.reportRequest();
+    req.setNamespace(AsData(keys::NamespaceHash("tenant-a")));
+    auto r = req.initReport();
+    r.setLookups(1);
+    r.setLookupTokens(40);
+    r.setLookupHitTokens(16);
+    const std::vector<std::uint8_t> model(model_bytes, 0x5a);
+    r.setModel(capnp::Data::Reader(model.data(), model.size()));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  };
+  EXPECT_EQ(send(5), ErrorCode::INVALID_ARGUMENT);
+  EXPECT_EQ(send(33), ErrorCode::INVALID_ARGUMENT);
+  const NodeStats before = server_->server().service().Stats();
+  EXPECT_EQ(before[NodeStat::kEngineLookups], 0u);
+  EXPECT_TRUE(before.usage.empty());
+  EXPECT_EQ(send(32), ErrorCode::OK);
+  const NodeStats after = server_->server().service().Stats();
+  EXPECT_EQ(after[NodeStat::kEngineLookupTokens], 40u);
+  ASSERT_EQ(after.usage.size(), 1u);
+  EXPECT_EQ(after.usage[0].ns, "tenant-a");
+  EXPECT_EQ(after.usage[0].model, "fp:5a5a5a5a5a5a");
+  EXPECT_EQ(after.usage[0].counts.lookup_hit_tokens, 16u);
+}
+
 // Whoever answered at a node's address decided the KV a runtime loaded:
 // the node's replies were taken as they came. With a deployment secret a
 // node seals each envelope it sends, and a runtime with the secret takes
