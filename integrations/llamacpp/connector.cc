@@ -67,8 +67,19 @@ Connector::Connector(Session& session, const kdn_model* model, std::string ns)
     : session_(session), model_(model), ns_(std::move(ns)) {}
 
 Result<Connector::Restored> Connector::Restore(const std::vector<std::int32_t>& prompt) {
+  if (prompt.size() < 2) return Restored{};  // nothing to restore before the last token
+  // Leave the last token to decode (its logits are not in the state).
+  return RestoreUpTo(prompt, prompt.size() - 1, 0);
+}
+
+Result<Connector::Restored> Connector::RestoreInto(const std::vector<std::int32_t>& tokens, std::int32_t seq) {
+  if (tokens.empty()) return Restored{};
+  return RestoreUpTo(tokens, tokens.size(), seq);
+}
+
+Result<Connector::Restored> Connector::RestoreUpTo(const std::vector<std::int32_t>& prompt, std::uint64_t most,
+                                                   std::int32_t seq) {
   Restored r;
-  if (prompt.size() < 2) return r;  // nothing to restore before the last token
   const KvShape shape = ShapeOf(session_);
   const std::uint32_t dtype = DtypeOf(session_);
   const std::uint64_t row = shape.channels() * kdn::DtypeBytes(dtype), n = prompt.size();
@@ -79,8 +90,7 @@ Result<Connector::Restored> Connector::Restore(const std::vector<std::int32_t>& 
   req.num_tokens = prompt.size();
   kdn_kv_result got = KDN_KV_RESULT_INIT;
   KDN_RETURN_IF_ERROR(FromC(kdn_kv_retrieve(model_, ns_.data(), ns_.size(), &req, &view, 1, &got), "retrieve"));
-  // Leave the last token to decode (its logits are not in the state).
-  const std::uint64_t m = std::min<std::uint64_t>(got.tokens, n - 1);
+  const std::uint64_t m = std::min<std::uint64_t>(got.tokens, most);
   if (m == 0) return r;
   CanonicalKv kv;
   kv.dtype = dtype;
@@ -91,8 +101,13 @@ Result<Connector::Restored> Connector::Restore(const std::vector<std::int32_t>& 
     std::memcpy(kv.bytes.data() + lk * m * row, buf.data() + lk * n * row, static_cast<std::size_t>(m * row));
   }
   Result<std::vector<std::uint8_t>> blob = CanonicalToBlob(kv, shape);
-  if (!blob.ok() || !session_.RestoreSequence(*blob).ok()) {
-    session_.Clear();  // a miss: the host recomputes
+  if (!blob.ok() || !session_.RestoreSequence(*blob, seq).ok()) {
+    // A miss: the host recomputes.
+    if (seq == 0) {
+      session_.Clear();
+    } else {
+      session_.SeqRemove(seq, -1, -1);
+    }
     return r;
   }
   r.tokens = m;

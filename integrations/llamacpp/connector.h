@@ -48,6 +48,11 @@ class Connector {
     bool lossy = false;        // decoded from a lossy tier codec
   };
   Result<Restored> Restore(const std::vector<std::int32_t>& prompt);
+  // For KV that is placed rather than continued (a RAG document's KV,
+  // computed alone, then moved to its place in another sequence): restores
+  // every cached token of `tokens` (none left to decode) into sequence `seq`,
+  // replacing it. tokens 0: a miss, nothing restored.
+  Result<Restored> RestoreInto(const std::vector<std::int32_t>& tokens, std::int32_t seq);
   // Decodes `tokens` at the sequence's next positions (the session's
   // Decode) and reports the time it took to kdn.
   Status Prefill(const std::vector<std::int32_t>& tokens);
@@ -56,6 +61,9 @@ class Connector {
   Result<std::uint64_t> Save(const std::vector<std::int32_t>& tokens);
 
  private:
+  // The cached prefix of `tokens`, at most `most` of them, into `seq`.
+  Result<Restored> RestoreUpTo(const std::vector<std::int32_t>& tokens, std::uint64_t most, std::int32_t seq);
+
   Session& session_;
   const kdn_model* model_;
   std::string ns_;

@@ -10,7 +10,11 @@
 // blob it saved, then the last token): the connector's conversion and kdn's
 // retrieve are the difference. Medians of 5 runs (1 with --quick).
 // KL: llama_eval.h's protocol for kdn:balanced and kdn:hifi, beside
-// codec::Evaluate on the reference model over the same contexts.
+// codec::Evaluate on the reference model over the same contexts. Naive
+// reuse of a document after a prefix, and RAG prompts of 3 and 4 documents
+// served from their KV computed alone with the first k tokens of each
+// decoded again (llama_eval.h, RagBlendKl): KL and TTFT against full
+// prefill for k = 0 (naive), 2, 4, 8, 16, 32 and the whole document.
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <utility>
 
 #include "core/codec/codec.h"
 #include "lab/codec/eval.h"
@@ -194,6 +199,67 @@ int RunLlamaBench(const LlamaBenchOptions& o) {
                         {"what", "KL(full prefill || a document's KV computed alone, shifted after the prefix "
                                  "with llama_memory_seq_add), no recompute"}};
     records.push_back(Record("llama_naive_reuse_kl", naive->kl_mean, "nats", p));
+  }
+  // RAG: documents' KV computed alone, from kdn, placed with their first k
+  // tokens decoded again in context (llama_eval.h, RagBlendKl).
+  {
+    std::vector<int> longer = codec::TokenizeStories(*m->tokenizer, text);
+    const std::vector<std::int32_t> s(longer.begin(), longer.end());
+    // (documents, tokens each): 201 and 249 prompt tokens; 265 crosses
+    // 256, where llama.cpp's attention widens from 256 cells to 512 (full
+    // prefill then takes twice as long).
+    using Shapes = std::vector<std::pair<int, int>>;
+    const Shapes shapes = o.quick ? Shapes{{4, 64}} : Shapes{{3, 64}, {4, 60}, {4, 64}};
+    for (const auto& [documents, document] : shapes) {
+      RagBlendOptions ro;
+      ro.documents = documents;
+      ro.document = document;
+      ro.suffix = 8;
+      ro.continue_tokens = 32;
+      ro.trials = o.quick ? 1 : 16;
+      ro.timing_runs = o.quick ? 1 : 3;
+      ro.order = documents == 4 ? std::vector<int>{2, 0, 3, 1} : std::vector<int>{2, 0, 1};
+      ro.recompute = {0, 2, 4, 8, 16, 32, ro.document};
+      auto rag = RagBlendKl(KDN_GGUF_PATH, s, ro);
+      if (!rag.ok()) return Fail(rag.status().message());
+      for (const RagBlendPoint& pt : rag->points) {
+        const double ratio = pt.ttft_full_ms > 0 ? pt.ttft_blend_ms / pt.ttft_full_ms : 0.0;
+        nlohmann::json p = {
+            {"method", pt.k == 0 ? "naive" : "first-k"},
+            {"k", pt.k},
+            {"documents", documents},
+            {"document_tokens", ro.document},
+            {"suffix_tokens", ro.suffix},
+            {"prompt_tokens", rag->prompt_tokens},
+            {"order", ro.order},
+            {"continue_tokens", ro.continue_tokens},
+            {"trials", rag->trials},
+            {"timing_runs", ro.timing_runs},
+            {"kl_mean", pt.kl_mean},
+            {"top1_agreement", pt.top1_agreement},
+            {"ttft_full_ms", pt.ttft_full_ms},
+            {"ttft_blend_ms", pt.ttft_blend_ms},
+            {"ttft_ratio", ratio},
+            {"recomputed_tokens", pt.recomputed_tokens},
+            {"recompute_fraction",
+             static_cast<double>(pt.recomputed_tokens) / static_cast<double>(rag->prompt_tokens)},
+            {"first_token_same", pt.first_token_same},
+            {"greedy_same", pt.greedy_same},
+            {"cache", "f32"},
+            {"threads", 1},
+            {"kv_from", "kdn host tier (the connector), each document computed alone"},
+            {"text", "bench/texts/heldout.txt"},
+            {"model", "stories260K.gguf"}};
+        const std::string suffix =
+            "_d" + std::to_string(documents) + "x" + std::to_string(document) + "_k" + std::to_string(pt.k);
+        p["what"] = "KL(full prefill || blended run) over the teacher-forced continuation";
+        records.push_back(Record("llama_rag_kl" + suffix, pt.kl_mean, "nats", p));
+        p["what"] = "TTFT of the blended run (restores from kdn, shifts, k tokens per document and the suffix "
+                    "decoded) against full prefill of the same prompt, interleaved";
+        records.push_back(Record("llama_rag_ttft_blend_ms" + suffix, pt.ttft_blend_ms, "ms", p,
+                                 "llama_rag_ttft_full_ms" + suffix, pt.ttft_full_ms));
+      }
+    }
   }
   std::ofstream out(o.json);
   out << records.dump(2) << "\n";

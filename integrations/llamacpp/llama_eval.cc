@@ -3,12 +3,71 @@
 #include "llama_eval.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "lab/codec/eval.h"
 #include "connector.h"
 
 namespace kdn::llamacpp {
+namespace {
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Sequence 0 of `s` as RagBlendKl's blended run (llama_eval.h): BOS, `docs`
+// in that order (each restored from kdn, where it is stored as BOS then the
+// document) with the first k tokens of each decoded again in place, then
+// `tail` decoded (none if empty).
+Status BuildBlend(Session& s, Connector& kdn, const std::vector<std::vector<std::int32_t>>& docs, std::size_t k,
+                  const std::vector<std::int32_t>& tail) {
+  s.Clear();
+  if (k > 0) KDN_RETURN_IF_ERROR(s.DecodeAt({1}, 0));
+  std::int32_t p = 1;  // the next document's first position
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    const std::vector<std::int32_t>& d = docs[i];
+    const std::size_t kk = std::min(k, d.size());
+    const auto ik = static_cast<std::int32_t>(kk);
+    // The first k tokens at their place, attending to the KV before them.
+    // (Decoding them before the rest of the document is placed gives the
+    // same attention and keeps that decode's span of cells short: measured,
+    // the other order is no faster.)
+    if (kk > 0) KDN_RETURN_IF_ERROR(s.DecodeAt(std::vector<std::int32_t>(d.begin(), d.begin() + ik), p));
+    if (kk < d.size()) {
+      // The rest from the document's KV computed alone. With nothing
+      // recomputed the first document's state, its BOS included, is already
+      // where it belongs.
+      const bool in_place = i == 0 && kk == 0;
+      std::vector<std::int32_t> alone = {1};
+      alone.insert(alone.end(), d.begin(), d.end());
+      Result<Connector::Restored> r = kdn.RestoreInto(alone, in_place ? 0 : 1);
+      if (!r.ok()) return r.status();
+      if (r->tokens != alone.size()) {
+        return Status::Internal("rag blend: document " + std::to_string(i) + " restored " +
+                                std::to_string(r->tokens) + " of " + std::to_string(alone.size()) + " tokens from kdn");
+      }
+      if (!in_place) {
+        s.SeqRemove(1, 0, 1 + ik);          // its BOS and the tokens decoded again
+        s.SeqShift(1, 1 + ik, -1, p - 1);  // 1+k.. -> p+k..
+        s.SeqCopy(1, 0, -1, -1);
+        s.SeqRemove(1, -1, -1);
+      }
+    }
+    p += static_cast<std::int32_t>(d.size());
+  }
+  if (!tail.empty()) KDN_RETURN_IF_ERROR(s.DecodeAt(tail, p));
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<LlamaKlResult> LlamaCodecKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
                                    const LlamaKlOptions& o) {
@@ -166,6 +225,161 @@ Result<NaiveReuseResult> NaiveReuseKl(const std::string& gguf, const std::vector
   }
   r.kl_mean = kl_sum / static_cast<double>(positions);
   r.top1_agreement = static_cast<double>(agree) / static_cast<double>(positions);
+  return r;
+}
+
+Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
+                                  const RagBlendOptions& o) {
+  if (o.documents < 1 || o.document < 1 || o.suffix < 1 || o.continue_tokens < 1 || o.trials < 1 ||
+      o.timing_runs < 0 || o.recompute.empty()) {
+    return Status::InvalidArgument("rag blend: bad sizes");
+  }
+  const std::size_t D = static_cast<std::size_t>(o.documents), L = static_cast<std::size_t>(o.document),
+                    Q = static_cast<std::size_t>(o.suffix), K = static_cast<std::size_t>(o.continue_tokens);
+  for (int k : o.recompute) {
+    if (k < 0) return Status::InvalidArgument("rag blend: a negative k");
+  }
+  std::vector<int> order(D);
+  std::iota(order.begin(), order.end(), 0);
+  if (!o.order.empty()) {
+    std::vector<int> sorted = o.order;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted != order) return Status::InvalidArgument("rag blend: the order is not a permutation of the documents");
+    order = o.order;
+  }
+  const std::size_t stride = D * L + Q, P = 1 + stride;
+  if (stream.size() < stride * static_cast<std::size_t>(o.trials)) {
+    return Status::InvalidArgument("rag blend: the stream has " + std::to_string(stream.size()) +
+                                   " tokens, fewer than " + std::to_string(o.trials) + " prompts of " +
+                                   std::to_string(stride));
+  }
+  SessionOptions so;
+  so.gguf = gguf;
+  so.backend_dir = KDN_LLAMACPP_LIBDIR;
+  // The blended context holds a document's cells in its second sequence
+  // beside the prompt's.
+  if (P + K + L + 1 > so.n_ctx) return Status::InvalidArgument("rag blend: the sizes exceed the context");
+  SessionOptions two = so;
+  two.n_seq_max = 2;
+  auto full = Session::Load(so), alone = Session::Load(so), blend = Session::Load(two);
+  for (auto* s : {&full, &alone, &blend}) {
+    if (!s->ok()) return s->status();
+  }
+  kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;  // one host tier, lossless
+  kdn_runtime* rt = nullptr;
+  if (kdn_runtime_create(&ro, &rt) != KDN_OK) return Status::InvalidArgument(kdn_last_error_message());
+  std::string fingerprint;
+  auto spec = ModelSpecFor(**alone, gguf, &fingerprint);
+  kdn_model* model = nullptr;
+  if (!spec.ok() || kdn_model_create(rt, &*spec, &model) != KDN_OK) {
+    kdn_runtime_destroy(rt);
+    return spec.ok() ? Status::InvalidArgument(kdn_last_error_message()) : spec.status();
+  }
+  Connector save(**alone, model, "rag"), load(**blend, model, "rag");
+  RagBlendResult r;
+  r.prompt_tokens = P;
+  struct Acc {
+    double kl = 0;
+    std::uint64_t positions = 0, agree = 0;
+    std::vector<double> full_ms, blend_ms;
+  };
+  std::vector<Acc> acc(o.recompute.size());
+  r.points.resize(o.recompute.size());
+  const std::size_t vocab = static_cast<std::size_t>((*full)->vocab_size());
+  Session& f = **full;
+  Session& b = **blend;
+  Status st = [&]() -> Status {
+    for (int t = 0; t < o.trials; ++t) {
+      const auto at = stream.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * stride);
+      // The documents as taken from the stream, each computed alone and
+      // stored in kdn (once: the blended runs restore from there).
+      std::vector<std::vector<std::int32_t>> taken(D);
+      for (std::size_t i = 0; i < D; ++i) {
+        taken[i].assign(at + static_cast<std::ptrdiff_t>(i * L), at + static_cast<std::ptrdiff_t>((i + 1) * L));
+        std::vector<std::int32_t> a = {1};
+        a.insert(a.end(), taken[i].begin(), taken[i].end());
+        (*alone)->Clear();
+        KDN_RETURN_IF_ERROR((*alone)->Decode(a));
+        Result<std::uint64_t> stored = save.Save(a);
+        if (!stored.ok()) return stored.status();
+      }
+      std::vector<std::vector<std::int32_t>> docs;
+      std::vector<std::int32_t> prompt = {1};
+      for (int i : order) {
+        docs.push_back(taken[static_cast<std::size_t>(i)]);
+        prompt.insert(prompt.end(), docs.back().begin(), docs.back().end());
+      }
+      const std::vector<std::int32_t> suffix(at + static_cast<std::ptrdiff_t>(D * L),
+                                             at + static_cast<std::ptrdiff_t>(stride));
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      // Full prefill: its greedy continuation, then its logits on it.
+      f.Clear();
+      KDN_RETURN_IF_ERROR(f.Decode(prompt));
+      const std::int32_t first = f.Argmax();
+      Result<std::vector<std::int32_t>> g = f.Greedy(static_cast<int>(K));
+      if (!g.ok()) return g.status();
+      std::vector<std::int32_t> forced = {prompt.back()};
+      forced.insert(forced.end(), g->begin(), g->end() - 1);
+      f.Clear();
+      KDN_RETURN_IF_ERROR(f.Decode(std::vector<std::int32_t>(prompt.begin(), prompt.end() - 1)));
+      Result<std::vector<float>> want = f.DecodeWithLogits(forced);
+      if (!want.ok()) return want.status();
+      const std::vector<std::int32_t> tail_but_last(suffix.begin(), suffix.end() - 1);
+      for (std::size_t j = 0; j < o.recompute.size(); ++j) {
+        const std::size_t k = static_cast<std::size_t>(o.recompute[j]);
+        RagBlendPoint& pt = r.points[j];
+        Acc& a = acc[j];
+        // Quality.
+        KDN_RETURN_IF_ERROR(BuildBlend(b, load, docs, k, tail_but_last));
+        Result<std::vector<float>> got = b.DecodeWithLogits(forced);
+        if (!got.ok()) return got.status();
+        for (std::size_t i = 0; i < K; ++i) {
+          const std::span<const float> x(want->data() + i * vocab, vocab), y(got->data() + i * vocab, vocab);
+          a.kl += codec::KlDivergence(x, y);
+          a.agree +=
+              std::max_element(x.begin(), x.end()) - x.begin() == std::max_element(y.begin(), y.end()) - y.begin();
+          ++a.positions;
+        }
+        // TTFT, full and blended interleaved so that both see the same
+        // machine; the first pair warms up.
+        for (int run = 0; run <= o.timing_runs; ++run) {
+          f.Clear();
+          double t0 = NowMs();
+          KDN_RETURN_IF_ERROR(f.Decode(prompt));
+          (void)f.Argmax();
+          const double tf = NowMs() - t0;
+          t0 = NowMs();
+          KDN_RETURN_IF_ERROR(BuildBlend(b, load, docs, k, suffix));
+          const std::int32_t mine = b.Argmax();
+          const double tb = NowMs() - t0;
+          if (run > 0) {
+            a.full_ms.push_back(tf);
+            a.blend_ms.push_back(tb);
+          }
+          if (run == o.timing_runs) {  // the last blended run, continued
+            pt.first_token_same &= mine == first;
+            Result<std::vector<std::int32_t>> mg = b.Greedy(static_cast<int>(K));
+            if (!mg.ok()) return mg.status();
+            pt.greedy_same &= *mg == *g;
+          }
+        }
+      }
+      ++r.trials;
+    }
+    return Status::Ok();
+  }();
+  kdn_model_destroy(model);
+  kdn_runtime_destroy(rt);
+  KDN_RETURN_IF_ERROR(st);
+  for (std::size_t j = 0; j < o.recompute.size(); ++j) {
+    RagBlendPoint& pt = r.points[j];
+    pt.k = o.recompute[j];
+    pt.kl_mean = acc[j].kl / static_cast<double>(acc[j].positions);
+    pt.top1_agreement = static_cast<double>(acc[j].agree) / static_cast<double>(acc[j].positions);
+    pt.ttft_full_ms = Median(acc[j].full_ms);
+    pt.ttft_blend_ms = Median(acc[j].blend_ms);
+    pt.recomputed_tokens = D * std::min<std::size_t>(static_cast<std::size_t>(pt.k), L);
+  }
   return r;
 }
 

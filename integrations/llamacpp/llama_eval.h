@@ -61,4 +61,62 @@ struct NaiveReuseResult {
 Result<NaiveReuseResult> NaiveReuseKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
                                       const NaiveReuseOptions& options);
 
+// RAG inside llama.cpp: a prompt of BOS, D documents of L tokens (windows
+// of the stream, placed in `order`) and a question-like suffix of Q tokens
+// (the stream's next tokens), served from each document's KV computed alone
+// (BOS, then the document, in a context of its own) and kept in kdn (stored
+// through the connector, a host tier, lossless), with the first k tokens of
+// every document decoded again in context: EPIC / LegoLink's rule (a chunk
+// computed alone puts its attention sink on its first tokens; those tokens,
+// recomputed, attend to everything placed before them). k = 0 is naive
+// reuse; k = L recomputes every document (it is full prefill, in pieces).
+//
+// The blended run, document by document at its place p (BOS at 0, document
+// i at 1 + i·L): decode its first k tokens at positions p .. p+k-1 (explicit
+// positions; llama.cpp's mask is by position, so they see the KV before
+// them); restore its stored KV into a second sequence (RestoreInto), drop
+// the cells of its BOS and of the k recomputed tokens (llama_memory_seq_rm),
+// shift the rest to p+k .. p+L-1 (llama_memory_seq_add; keys re-rotated at
+// the next decode) and copy them into the request's sequence. Then the
+// suffix. llama.cpp refuses a batch that does not start right after its
+// sequence's last position, so the recomputed tokens cannot be decoded in
+// one batch after every document is placed; placing the documents in turn
+// gives the same attention. The BOS is the first document's (position 0,
+// the same in every run) when k = 0, else decoded first.
+//
+// Quality, by NaiveReuseKl's protocol: the full run prefills all but the
+// prompt's last token; the blended run is built with the suffix but its last
+// token; both decode that token and the full run's greedy continuation
+// g1..g(K-1), KL(full || blend) and top-1 agreement at each of the K
+// positions. TTFT: the whole prompt, full prefill (one batch) against the
+// blended run (restores, shifts, the recomputed tokens and the suffix, up to
+// the first token's argmax), interleaved full, blend, full, ... per trial
+// and k (one warm-up pair first), medians. f32 cache, flash attention off.
+struct RagBlendOptions {
+  int documents = 4;         // D
+  int document = 64;         // L
+  int suffix = 8;            // Q
+  int continue_tokens = 32;  // K
+  int trials = 2;            // prompts, consecutive stretches of the stream
+  std::vector<int> recompute = {0};  // the k values, each on every prompt
+  std::vector<int> order;    // the documents' order in the prompt (a permutation of 0..D-1; empty: as taken)
+  int timing_runs = 1;       // TTFT pairs per trial and k (0: none)
+};
+struct RagBlendPoint {
+  int k = 0;
+  double kl_mean = 0;
+  double top1_agreement = 0;
+  double ttft_full_ms = 0, ttft_blend_ms = 0;  // medians over trials x runs
+  std::uint64_t recomputed_tokens = 0;          // per prompt: D · min(k, L)
+  bool first_token_same = true;  // the blended run's first token is full prefill's, every trial
+  bool greedy_same = true;       // and its K greedy ids, every trial
+};
+struct RagBlendResult {
+  int trials = 0;
+  std::uint64_t prompt_tokens = 0;  // 1 + D·L + Q
+  std::vector<RagBlendPoint> points;  // one per k, in the options' order
+};
+Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
+                                  const RagBlendOptions& options);
+
 }  // namespace kdn::llamacpp

@@ -92,6 +92,24 @@ Status Session::Decode(const std::vector<std::int32_t>& tokens) {
   return Status::Ok();
 }
 
+Status Session::DecodeAt(const std::vector<std::int32_t>& tokens, std::int32_t first) {
+  if (tokens.empty()) return Status::InvalidArgument("llama session: nothing to decode");
+  const auto n = static_cast<std::int32_t>(tokens.size());
+  llama_batch b = llama_batch_init(n, 0, 1);
+  for (std::int32_t i = 0; i < n; ++i) {
+    b.token[i] = tokens[static_cast<std::size_t>(i)];
+    b.pos[i] = first + i;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = 0;
+    b.logits[i] = i + 1 == n;
+  }
+  b.n_tokens = n;
+  const int rc = llama_decode(impl_->ctx, b);
+  llama_batch_free(b);
+  if (rc != 0) return Status::Internal("llama session: llama_decode returned " + std::to_string(rc));
+  return Status::Ok();
+}
+
 Result<std::vector<float>> Session::DecodeWithLogits(const std::vector<std::int32_t>& tokens) {
   if (tokens.empty()) return Status::InvalidArgument("llama session: nothing to decode");
   const auto n = static_cast<std::int32_t>(tokens.size());

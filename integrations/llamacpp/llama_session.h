@@ -41,6 +41,11 @@ class Session {
   // Decodes `tokens` at the end of sequence 0 (one batch). With `logits`,
   // the last token's logits are kept for Argmax.
   Status Decode(const std::vector<std::int32_t>& tokens);
+  // Decodes `tokens` at positions first, first + 1, ... of sequence 0 (one
+  // batch with explicit positions; the last token's logits kept). llama.cpp
+  // accepts only first = the sequence's largest position + 1: a batch may
+  // not go back into a sequence, nor leave gaps in it.
+  Status DecodeAt(const std::vector<std::int32_t>& tokens, std::int32_t first);
   // Decodes `tokens` at the end of sequence 0 and returns the logits of
   // every one of them ([tokens][vocab]).
   Result<std::vector<float>> DecodeWithLogits(const std::vector<std::int32_t>& tokens);

@@ -5,6 +5,8 @@
 //   continuation is bit-identical to prefill, for f32 and f16 caches with
 //   flash attention on and off;
 // - a longer prompt sharing the prefix restores it and decodes only the rest;
+// - RestoreInto puts every cached token (the last one's too) into another
+//   sequence, from which the KV moves and continues as prefill's;
 // - the connector's prefills are reported to kdn, which prices the tokens a
 //   restore serves at llama.cpp's measured rate (TTFT saved);
 // - KV stored for another GGUF (another fingerprint) is never restored, and
@@ -138,6 +140,42 @@ TEST(Connector, RestoresWhatPrefillComputedAndContinuesIdentically) {
       kdn_runtime_destroy(rt);
     }
   }
+}
+
+// For KV that is placed, not continued (a RAG document's): every cached
+// token, into a second sequence of a unified cache; moved into the first, it
+// continues as prefill does once the token after the prompt is decoded.
+TEST(Connector, RestoreIntoPlacesEveryCachedTokenInAnotherSequence) {
+  KDN_REQUIRE_MODEL();
+  const std::vector<std::int32_t> text = Text(200);
+  const std::vector<std::int32_t> prompt(text.begin(), text.begin() + 130);  // two chunks and a piece
+  kdn_runtime* rt = Runtime();
+  auto first = Open(false, false);
+  kdn_model* m = Model(rt, *first);
+  Connector save(*first, m, "t");
+  ASSERT_TRUE(first->Decode(prompt).ok());
+  ASSERT_EQ(save.Save(prompt).value(), prompt.size());
+  SessionOptions two;
+  two.gguf = KDN_GGUF_PATH;
+  two.backend_dir = KDN_LLAMACPP_LIBDIR;
+  two.n_seq_max = 2;
+  auto s = Session::Load(two);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  Connector load(**s, m, "t");
+  // Only the cached prefix of a longer request; nothing of an unknown one.
+  auto got = load.RestoreInto(std::vector<std::int32_t>(text.begin(), text.begin() + 150), 1);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(got->tokens, prompt.size());
+  std::vector<std::int32_t> unknown = prompt;
+  unknown[1] = unknown[1] == 7 ? 8 : 7;
+  EXPECT_EQ(load.RestoreInto(unknown, 1)->tokens, 0u);
+  (*s)->SeqCopy(1, 0, -1, -1);
+  (*s)->SeqRemove(1, -1, -1);
+  const std::vector<std::int32_t> want = Cold(false, false, prompt, 17);
+  ASSERT_TRUE((*s)->Decode({want[0]}).ok());
+  EXPECT_EQ((*s)->Greedy(16).value(), std::vector<std::int32_t>(want.begin() + 1, want.end()));
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
 }
 
 TEST(Connector, PrefillsAreReportedAndPriceWhatRestoresServe) {
