@@ -47,10 +47,25 @@ int RunBlendBench(const BlendBenchOptions& o) {
 
   // Every ratio, then gradual selection at 15%, in one pass: one full-prefill
   // series for the whole run, a prefill timed before each blend.
+  // The ratio sweep is CacheBlend as published (one whole check layer);
+  // then the methods of issue 34 at about the same work f.
   const std::vector<int> pcts = {0, 5, 10, 15, 20, 30, 100};
   std::vector<blend::BlendVariant> variants;
-  for (int pct : pcts) variants.push_back({pct / 100.0, {1}});
-  variants.push_back({0.15, {1, layers - 1}});
+  for (int pct : pcts) variants.push_back({pct / 100.0, {1}, 0, /*kv_pass=*/false});
+  variants.push_back({0.15, {1, layers - 1}, 0, false});
+  struct Method {
+    const char* name;
+    const char* what;
+    blend::BlendVariant v;
+  };
+  const std::vector<Method> methods = {
+      {"cacheblend", "CacheBlend: 15% by key deviation at one whole check layer (1)", {0.15, {1}, 0, false}},
+      {"kv_pass", "the same selection, check layer 1 by a KV pass (K and V only), 33%", {0.33, {1}, 0, true}},
+      {"kdn_default", "kdn's default: KV passes at check layers 1 and 2, 28% (gradual)", {0.28, {1, 2}, 0, true}},
+      {"first_k", "EPIC/LegoLink: the first 32 tokens of each chunk at every layer, nothing else", {0.0, {1}, 32, true}},
+      {"first_k_and_default", "the first 2 tokens of each chunk, then kdn's default at 26%", {0.26, {1, 2}, 2, true}},
+  };
+  for (const Method& m : methods) variants.push_back(m.v);
   blend::BlendEvalOptions eo;
   eo.max_contexts = o.contexts > 0 ? o.contexts : (o.quick ? 4 : 0);
   std::printf("%s: %s, chunks of 64 tokens, 4 per context\n", kTool, text_path.c_str());
@@ -114,7 +129,31 @@ int RunBlendBench(const BlendBenchOptions& o) {
               "", 0.0, true);
     }
   }
-  const blend::BlendEvalResult& gradual = all->back();
+  // The methods at about the same work: each record names the method and f.
+  const size_t first_method = pcts.size() + 1;
+  for (size_t i = 0; i < methods.size(); ++i) {
+    const Method& m = methods[i];
+    const blend::BlendEvalResult& r = (*all)[first_method + i];
+    const nlohmann::json params = {{"method", m.name},
+                                   {"what", m.what},
+                                   {"f", r.recompute_fraction},
+                                   {"ratio", m.v.ratio},
+                                   {"check_layers", m.v.check_layers},
+                                   {"first_tokens", m.v.first_tokens},
+                                   {"kv_pass", m.v.kv_pass},
+                                   {"contexts", r.contexts},
+                                   {"text", std::filesystem::path(text_path).filename().string()}};
+    const std::string p = std::string("blend_method_") + m.name;
+    rec.Add(p + "_kl_ratio_vs_naive", r.kl_blend_mean / r.kl_naive_mean, "x", params, "naive", 1.0, false);
+    rec.Add(p + "_kl", r.kl_blend_mean, "nats", params, "naive", r.kl_naive_mean, false);
+    rec.Add(p + "_top1", r.top1_blend, "frac", params, "naive", r.top1_naive, false);
+    rec.Add(p + "_f", r.recompute_fraction, "frac", params, "", 0.0, false);
+    rec.Add(p + "_ttft", r.ttft_blend_ms, "ms", against_full(params, r), full, r.ttft_full_ms, false);
+    std::printf("  %-20s f %.3f  KL/naive %.3f  top-1 %.3f  TTFT %.2f ms (full %.2f)\n", m.name,
+                r.recompute_fraction, r.kl_blend_mean / r.kl_naive_mean, r.top1_blend, r.ttft_blend_ms,
+                r.ttft_full_ms);
+  }
+  const blend::BlendEvalResult& gradual = (*all)[pcts.size()];
   nlohmann::json gp = {{"ratio", 0.15}, {"contexts", gradual.contexts}, {"check_layers", {1, layers - 1}}};
   rec.Add("blend_gradual_kl_r15", gradual.kl_blend_mean, "nats", gp, "naive", gradual.kl_naive_mean, false);
   rec.Add("blend_gradual_kl_ratio_vs_naive", gradual.kl_blend_mean / gradual.kl_naive_mean, "x",

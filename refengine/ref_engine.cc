@@ -27,9 +27,12 @@ struct BlendCallback {
   model::Transformer* transformer;
 };
 
-kdn_status BlendLayer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
-                      float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
-                      size_t total) {
+// The blend callbacks' arguments, checked as the header states them; then
+// one layer (whole, or its K and V alone) of the transformer.
+template <typename Run>
+kdn_status CallLayer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                     float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
+                     size_t total, Run run) {
   model::Transformer& t = *static_cast<BlendCallback*>(user)->transformer;
   const model::ModelConfig& c = t.config();
   if (layer >= static_cast<uint32_t>(c.n_layers) || hidden_dim != static_cast<uint32_t>(c.dim) ||
@@ -41,9 +44,26 @@ kdn_status BlendLayer(void* user, uint32_t layer, const int32_t* positions, cons
   const std::vector<int> pos(positions, positions + count);
   std::vector<int> ids;
   if (tokens != nullptr) ids.assign(tokens, tokens + count);
-  const Status s = t.ForwardLayer(static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
+  const Status s = run(t, static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
   if (s.ok()) return KDN_OK;
   return s.code() == Code::kInvalidArgument ? KDN_ERR_INVALID_ARGUMENT : KDN_ERR_INTERNAL;
+}
+
+kdn_status BlendLayer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                      float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
+                      size_t total) {
+  return CallLayer(user, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total,
+                   [](model::Transformer& t, int l, const std::vector<int>& pos, const std::vector<int>& ids,
+                      float* h, float* kk, float* vv, int n) { return t.ForwardLayer(l, pos, ids, h, kk, vv, n); });
+}
+
+// The KV pass (kv_fn): the layer's K and V alone.
+kdn_status BlendKv(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                   float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
+                   size_t total) {
+  return CallLayer(user, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total,
+                   [](model::Transformer& t, int l, const std::vector<int>& pos, const std::vector<int>& ids,
+                      float* h, float* kk, float* vv, int n) { return t.ForwardKv(l, pos, ids, h, kk, vv, n); });
 }
 
 }  // namespace
@@ -232,9 +252,18 @@ Result<std::vector<int>> RefEngine::DocumentTokens(const std::string& ns, const 
 }
 
 Result<Answer> RefEngine::Blended(const std::string& ns, const std::vector<std::string>& doc_ids,
-                                  const std::vector<int>& question, double ratio, int steps, std::vector<int>* prompt,
-                                  kdn_blend_report* report) {
+                                  const std::vector<int>& question, const BlendMethod& method, int steps,
+                                  std::vector<int>* prompt, kdn_blend_report* report) {
   if (question.empty()) return Status::InvalidArgument("empty question");
+  // The prompt the blend stands for, for a cold run of the same (and the
+  // context's length, which the KV pass's cost depends on); not timed.
+  prompt->assign(1, 1);
+  for (const std::string& id : doc_ids) {
+    Result<std::vector<int>> tokens = DocumentTokens(ns, id);
+    if (!tokens.ok()) return tokens.status();
+    prompt->insert(prompt->end(), tokens->begin(), tokens->end());
+  }
+  prompt->insert(prompt->end(), question.begin(), question.end());
   model::KvCache cache = transformer_.NewCache();
   const kdn_kv_view view = View(cache);
   Answer a;
@@ -261,10 +290,16 @@ Result<Answer> RefEngine::Blended(const std::string& ns, const std::vector<std::
   }
   BlendCallback callback{&transformer_};
   kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
-  o.ratio = static_cast<float>(ratio);
+  o.ratio = method.ratio;
   o.hidden_dim = static_cast<uint32_t>(transformer_.config().dim);
   o.layer_fn = BlendLayer;
   o.user = &callback;
+  o.first_tokens = method.first_tokens;
+  if (method.kv_pass) {
+    o.kv_fn = BlendKv;
+    o.kv_cost = static_cast<float>(transformer_.KvMacs() /
+                                   transformer_.LayerMacs(static_cast<int>(prompt->size()) - 1));
+  }
   *report = KDN_BLEND_REPORT_INIT;
   KDN_RETURN_IF_ERROR(FromKdn(
       kdn_kv_blend(model_, ns.data(), ns.size(), segs.data(), segs.size(), &o, &view, 1, report), "kdn_kv_blend"));
@@ -275,14 +310,6 @@ Result<Answer> RefEngine::Blended(const std::string& ns, const std::vector<std::
   a.ttft_ms = MsSince(t0);
   a.reused_tokens = report->cached_positions;
   KDN_RETURN_IF_ERROR(Decode(cache, n + 1, steps, &a));
-  // The prompt the blend stood for, for a cold run of the same.
-  prompt->assign(1, 1);
-  for (const std::string& id : doc_ids) {
-    Result<std::vector<int>> tokens = DocumentTokens(ns, id);
-    if (!tokens.ok()) return tokens.status();
-    prompt->insert(prompt->end(), tokens->begin(), tokens->end());
-  }
-  prompt->insert(prompt->end(), question.begin(), question.end());
   return a;
 }
 

@@ -84,9 +84,22 @@ class RefEngine {
   // callback) for every position but the last, which is run to get the
   // first token; then greedy decoding. `prompt` receives the whole prompt's
   // tokens (for a cold run of the same), `report` what was recomputed.
+  // How to blend (kdn_blend_options): ratio -1 is kdn's default for the
+  // method; kv_pass gives kdn the transformer's K and V alone (kv_fn).
+  struct BlendMethod {
+    float ratio = -1.0f;
+    bool kv_pass = true;
+    std::uint32_t first_tokens = 0;
+  };
+  Result<Answer> Blended(const std::string& ns, const std::vector<std::string>& doc_ids,
+                         const std::vector<int>& question, const BlendMethod& method, int steps,
+                         std::vector<int>* prompt, kdn_blend_report* report);
+  // CacheBlend's setting (15%, one whole check layer), as before 1.9.
   Result<Answer> Blended(const std::string& ns, const std::vector<std::string>& doc_ids,
                          const std::vector<int>& question, double ratio, int steps, std::vector<int>* prompt,
-                         kdn_blend_report* report);
+                         kdn_blend_report* report) {
+    return Blended(ns, doc_ids, question, BlendMethod{static_cast<float>(ratio), false, 0}, steps, prompt, report);
+  }
 
  private:
   RefEngine(const LoadedModel& model, int threads);

@@ -39,12 +39,15 @@ int RunBlendEval(const BlendEvalCliOptions& o) {
                                       {"ttft_full_ms", r->ttft_full_ms},
                                       {"ttft_blend_ms", r->ttft_blend_ms},
                                       {"ttft_naive_ms", r->ttft_naive_ms},
-                                      {"first_tokens", o.eval.first_tokens}};  // after issue 5's ten
+                                      {"first_tokens", o.eval.first_tokens},  // after issue 5's ten
+                                      {"kv_pass", o.eval.kv_pass}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("blend at ratio %.2f, first %d tokens of each chunk: %d contexts of %d tokens (%d chunks of %d)\n",
-              r->ratio, o.eval.first_tokens, r->contexts, r->context_tokens, o.eval.chunks, o.eval.chunk_tokens);
+  std::printf("blend at ratio %.2f, first %d tokens of each chunk, check layers %s: %d contexts of %d tokens (%d "
+              "chunks of %d)\n",
+              r->ratio, o.eval.first_tokens, o.eval.kv_pass ? "by a KV pass" : "whole", r->contexts,
+              r->context_tokens, o.eval.chunks, o.eval.chunk_tokens);
   std::printf("  recomputed  %.1f%% of the layer x token work\n", 100 * r->recompute_fraction);
   std::printf("  KL          blend %.4g, naive %.4g nats (teacher-forced, vs full prefill)\n", r->kl_blend_mean,
               r->kl_naive_mean);
@@ -72,6 +75,9 @@ BlendCommand::BlendCommand(CLI::App& app) {
   eval_cmd_->add_option("--first-tokens", options_.eval.first_tokens,
                         "leading tokens of each chunk recomputed at every layer (EPIC/LegoLink)")
       ->capture_default_str()->check(CLI::Range(0, 4096));
+  eval_cmd_->add_flag("--whole-check-layers{false}", options_.eval.kv_pass,
+                      "check layers run whole for every token (CacheBlend as published); default: only K and V "
+                      "there, then the whole layer for the selected tokens (the same KV, less work)");
   eval_cmd_->add_option("--continue", options_.eval.continue_tokens, "positions compared after the context")
       ->capture_default_str()->check(CLI::Range(0, 4096));
   eval_cmd_->add_option("--contexts", options_.eval.max_contexts, "at most this many contexts (0: all)")

@@ -114,6 +114,7 @@ func TestBadClosedHandle(t *testing.T) {
 	_, calls["KnowledgeFetch"] = m.KnowledgeFetch(bg, ns, "d", tokens, out)
 	_, calls["KnowledgeList"] = m.KnowledgeList(ns)
 	calls["KnowledgeDelete"] = m.KnowledgeDelete(ns, "d")
+	_, calls["Match"] = m.Match(ns, tokens)
 	calls["ReportPrefill"] = m.ReportPrefill(positions, time.Millisecond)
 	rt.Close()
 	_, calls["NewModel"] = rt.NewModel(testSpec())
@@ -176,6 +177,8 @@ func TestBadNegativeToken(t *testing.T) {
 	wantStatus(t, "Lookup of a negative id", err, ErrInvalidArgument)
 	err = f.m.KnowledgePut(bg, ns, "neg", 1, "", tokens, out)
 	wantStatus(t, "KnowledgePut of a negative id", err, ErrInvalidArgument)
+	_, err = f.m.Match(ns, tokens)
+	wantStatus(t, "Match of a negative id", err, ErrInvalidArgument)
 }
 
 // 7. A tier of capacity 0, an unknown codec, an unknown kind, bad watermarks.

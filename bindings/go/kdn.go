@@ -86,7 +86,7 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 8 // DeviceMemory's Stream and RuntimeOptions.SecretFile (kdn_kv_view.cuda_stream, 1.8)
+	BindingVersionMinor = 9 // Model.Match (kdn_kv_match, 1.9)
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

@@ -276,6 +276,11 @@ kdn_go_ret kdn_go_knowledge_admin(int which, const kdn_model *m, const char *ns,
   }
 }
 
+kdn_go_ret kdn_go_kv_match(const kdn_model *m, const char *ns, size_t ns_len, const int32_t *tokens,
+                           size_t num_tokens, kdn_token_range *out, size_t capacity, size_t *count) {
+  return ret(kdn_kv_match(m, ns, ns_len, tokens, num_tokens, out, capacity, count));
+}
+
 /* ---- Ops ---------------------------------------------------------------------- */
 
 kdn_go_ret kdn_go_op_wait(kdn_op *op, int64_t timeout_ms) { return ret(kdn_op_wait(op, timeout_ms)); }

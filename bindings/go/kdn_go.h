@@ -11,7 +11,7 @@
 #define KDN_GO_H
 
 #ifndef KDN_EXPERIMENTAL
-#define KDN_EXPERIMENTAL 1 /* kdn_runtime_create_with_editor, kdn_chunk_info */
+#define KDN_EXPERIMENTAL 1 /* kdn_runtime_create_with_editor, kdn_chunk_info, kdn_kv_match */
 #endif
 #include <kdn/kdn.h>
 #include <stddef.h>
@@ -119,6 +119,10 @@ kdn_go_ret kdn_go_knowledge_list(const kdn_model *m, const char *ns, size_t ns_l
 /* which: 0 pin, 1 unpin, 2 expire, 3 delete. */
 kdn_go_ret kdn_go_knowledge_admin(int which, const kdn_model *m, const char *ns, size_t ns_len, const char *doc,
                                   size_t doc_len, int64_t ttl_ms);
+/* Since 1.9 (experimental): kdn_kv_match, up to capacity ranges into out
+ * (capacity 0: out may be NULL). */
+kdn_go_ret kdn_go_kv_match(const kdn_model *m, const char *ns, size_t ns_len, const int32_t *tokens,
+                           size_t num_tokens, kdn_token_range *out, size_t capacity, size_t *count);
 
 /* Ops. */
 kdn_go_ret kdn_go_op_wait(kdn_op *op, int64_t timeout_ms);

@@ -162,6 +162,41 @@ func (m *Model) KnowledgeList(ns string) ([]DocumentInfo, error) {
 	}
 }
 
+// Match finds where the chunks of the namespace's knowledge items
+// (KnowledgePut) occur in a context's tokens, at any offset: the ranges
+// [Begin, End) of tokens, ascending and not overlapping (consecutive chunks
+// of one document that follow each other are one range). The tokens
+// outside them are the ones the engine must compute. Each hit is confirmed
+// by the chunk's content key, so a hash collision never matches. Since 1.9,
+// kdn_kv_match, in kdn.h's experimental section (it may change in a minor
+// release).
+//
+// Matching reads kdn's index, not the tiers: it never waits on a remote
+// tier (so it takes no context), and a range whose chunks were evicted
+// since is still reported. No tokens, or a negative id: ErrInvalidArgument.
+func (m *Model) Match(ns string, tokens []int32) ([]TokenRange, error) {
+	if !m.g.enter() {
+		return nil, ErrClosed
+	}
+	defer m.g.leave()
+	for capacity := 8; ; {
+		buf := make([]C.kdn_token_range, capacity)
+		var n C.size_t
+		if err := retError(C.kdn_go_kv_match(m.m, strPtr(ns), C.size_t(len(ns)), int32sPtr(tokens),
+			C.size_t(len(tokens)), &buf[0], C.size_t(capacity), &n)); err != nil {
+			return nil, err
+		}
+		if int(n) <= capacity {
+			out := make([]TokenRange, int(n))
+			for i := range out {
+				out[i] = TokenRange{Begin: uint64(buf[i].begin), End: uint64(buf[i].end)}
+			}
+			return out, nil
+		}
+		capacity = int(n) // more ranges than room (a put may add some meanwhile): again, with room for all
+	}
+}
+
 // millis is d in whole milliseconds for kdn, where 0 means "no wait",
 // "now", "until unpinned" or "the default": a positive d is rounded up (never
 // to 0: 1ns..1ms is 1 ms) and capped at max; any negative d is -1 (kdn's

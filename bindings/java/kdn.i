@@ -20,7 +20,9 @@
 // - Device memory (kdn::binding::Memory) is an address and a size as longs,
 //   which the caller vouches for; direct_buffer_address gives a direct
 //   buffer's, for the emulated device (host memory standing in for the GPU's).
-// - Blending (experimental in kdn.h) is not wrapped: Java has no API for it.
+// - Blending (experimental in kdn.h) is not wrapped: Java has no API for it
+//   (its callbacks would run Java on the blending thread). Model::match
+//   (kdn_kv_match, 1.9) is: a NativeTokenRanges that dev.kdn reads out.
 %module(directors="1") kdn
 
 %begin %{
@@ -311,6 +313,8 @@ class GuardedEditor : public kdn::binding::Editor {
 %ignore kdn::binding::BlendLayer;
 %ignore kdn::binding::Model::blend;
 %ignore kdn::binding::Model::blend_memory;
+%ignore kdn::binding::Model::blend_tokens;
+%ignore kdn::binding::Model::blend_tokens_memory;
 
 // Native* in dev.kdn.swig, so dev.kdn's own names stay free.
 %rename(NativeTierConfig) kdn::binding::TierConfig;
@@ -332,6 +336,7 @@ class GuardedEditor : public kdn::binding::Editor {
 %rename(NativeLookupBatch) kdn::binding::LookupBatch;
 %rename(NativeModel) kdn::binding::Model;
 %rename(NativeOp) kdn::binding::Op;
+%rename(NativeTokenRanges) kdn::binding::TokenRanges;
 // Object.wait(long) is final in Java.
 %rename(await_ms) kdn::binding::Op::wait;
 %rename(await_layer_ms) kdn::binding::Op::wait_layer;

@@ -26,10 +26,13 @@
 // - GPU arrays reach kdn as a kdn::binding::Memory (address, bytes, kind,
 //   CUDA stream) that the package fills: it reads __cuda_array_interface__
 //   and DLPack capsules itself (kdn/_arrays.py).
-// - Blending: kdn_py_blend calls Model::blend with a C++ BlendLayer over a
-//   Python callable (below), releasing the GIL while kdn works; the layer
-//   callback takes it again on the same thread. An exception the callable
-//   raises fails the blend and is raised by kdn_py_blend, as it was.
+// - Blending: kdn_py_blend (and kdn_py_blend_tokens, 1.9) calls
+//   Model::blend with a C++ BlendLayer over Python callables (below): the
+//   layer callback and, optionally, the KV pass. It releases the GIL while
+//   kdn works; each callback takes it again on the same thread. An
+//   exception a callable raises fails the blend and is raised by
+//   kdn_py_blend, as it was.
+// - Model::match (1.9) returns its TokenRanges as a list of (begin, end).
 //
 // threads="1": every call releases the GIL while kdn works, so other Python
 // threads run, and the mover thread can take the GIL to run an editor while
@@ -383,11 +386,30 @@ void kdn_py_set_error_factory(PyObject *factory) {
   PyTuple_SET_ITEM($result, (Py_ssize_t)(7 + count), PyLong_FromUnsignedLongLong(t.recompute_chunks));
   PyTuple_SET_ITEM($result, (Py_ssize_t)(8 + count), PyLong_FromUnsignedLongLong(t.auth_failures));
 }
+// (positions, cached, fresh, selected, recompute_fraction, then 1.9's
+// anchored, kv_passes, ratio, num_check_layers).
 %typemap(out) kdn::binding::BlendReport {
   const kdn::binding::BlendReport &r = $1;
-  $result = Py_BuildValue("(IIIId)", (unsigned int)r.positions, (unsigned int)r.cached_positions,
-                          (unsigned int)r.fresh_positions, (unsigned int)r.selected, r.recompute_fraction);
+  $result = Py_BuildValue("(IIIIdIIfI)", (unsigned int)r.positions, (unsigned int)r.cached_positions,
+                          (unsigned int)r.fresh_positions, (unsigned int)r.selected, r.recompute_fraction,
+                          (unsigned int)r.anchored, (unsigned int)r.kv_passes, r.ratio,
+                          (unsigned int)r.num_check_layers);
   if ($result == NULL) SWIG_fail;
+}
+// Token ranges as a list of (begin, end).
+%typemap(out) kdn::binding::TokenRanges {
+  const kdn::binding::TokenRanges &ranges = $1;
+  $result = PyList_New((Py_ssize_t)ranges.size());
+  if ($result == NULL) SWIG_fail;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)ranges.begin(i), (unsigned long long)ranges.end(i));
+    if (pair == NULL) {
+      Py_DECREF($result);
+      $result = NULL;
+      SWIG_fail;
+    }
+    PyList_SET_ITEM($result, (Py_ssize_t)i, pair);
+  }
 }
 
 // ---- Handles -------------------------------------------------------------------------
@@ -409,10 +431,13 @@ void kdn_py_set_error_factory(PyObject *factory) {
 %ignore kdn::binding::Latency;
 %ignore kdn::binding::TierStats;
 %ignore kdn::binding::BlendReport;
+%ignore kdn::binding::TokenRanges;
 // Blending runs through kdn_py_blend below (the callback is a Python callable).
 %ignore kdn::binding::BlendLayer;
 %ignore kdn::binding::Model::blend;
 %ignore kdn::binding::Model::blend_memory;
+%ignore kdn::binding::Model::blend_tokens;
+%ignore kdn::binding::Model::blend_tokens_memory;
 %ignore kdn::binding::ChunkInfo;
 %ignore kdn::binding::detail::Check;
 %ignore kdn::binding::detail::Closed;
@@ -483,37 +508,49 @@ static bool kdn_py_copy_back(PyObject *from, void *to, size_t bytes) {
   return true;
 }
 
-// kdn's blend callback over a Python callable
-// fn(layer, positions, tokens, hidden, k, v), run on the thread that called
-// the blend, which released the GIL for kdn: the callback takes it again.
-// The callable gets views of copies of kdn's buffers (as an editor does: a
-// view Python cannot revoke must never be of kdn's memory), copied back
-// when it returns; an exception it raises (any BaseException) is kept here
-// for the caller to raise, and fails the blend.
+// kdn's blend callbacks over Python callables
+// fn(layer, positions, tokens, hidden, k, v): the layer's recompute, and
+// (1.9, optional) the KV pass, with the same arguments. They run on the
+// thread that called the blend, which released the GIL for kdn: a callback
+// takes it again. The callable gets views of copies of kdn's buffers (as an
+// editor does: a view Python cannot revoke must never be of kdn's memory),
+// copied back when it returns; an exception it raises (any BaseException)
+// is kept here for the caller to raise, and fails the blend.
 class KdnPyBlendLayer : public kdn::binding::BlendLayer {
  public:
-  explicit KdnPyBlendLayer(PyObject *fn) : fn_(fn) {}
+  // kv_fn: NULL (or None) when the engine has no KV pass.
+  KdnPyBlendLayer(PyObject *fn, PyObject *kv_fn) : fn_(fn), kv_fn_(kv_fn == Py_None ? NULL : kv_fn) {}
   KdnPyBlendLayer(const KdnPyBlendLayer &) = delete;
   KdnPyBlendLayer &operator=(const KdnPyBlendLayer &) = delete;
 
   void layer(uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count, float *hidden,
              size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) override {
-    const PyGILState_STATE gil = PyGILState_Ensure();
-    ++kdn_py_callback_depth;
-    const bool ok = error_type == NULL &&
-                    Call(layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total);
-    if (!ok && error_type == NULL) PyErr_Fetch(&error_type, &error_value, &error_tb);
-    --kdn_py_callback_depth;
-    PyGILState_Release(gil);
-    if (!ok) throw kdn::binding::Error(KDN_ERR_INTERNAL, "the Python layer callback raised");
+    Run(fn_, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total);
+  }
+  bool has_kv_pass() const override { return kv_fn_ != NULL; }
+  void kv_pass(uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count, float *hidden,
+               size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) override {
+    Run(kv_fn_, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total);
   }
 
   // The callback's exception, owned (the caller restores it, with the GIL).
   PyObject *error_type = NULL, *error_value = NULL, *error_tb = NULL;
 
  private:
-  bool Call(uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count, float *hidden,
-            size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) {
+  void Run(PyObject *fn, uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count,
+           float *hidden, size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    ++kdn_py_callback_depth;
+    const bool ok = error_type == NULL &&
+                    Call(fn, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total);
+    if (!ok && error_type == NULL) PyErr_Fetch(&error_type, &error_value, &error_tb);
+    --kdn_py_callback_depth;
+    PyGILState_Release(gil);
+    if (!ok) throw kdn::binding::Error(KDN_ERR_INTERNAL, "the Python blend callback raised");
+  }
+
+  bool Call(PyObject *fn, uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count,
+            float *hidden, size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len, size_t total) {
     const Py_ssize_t n = (Py_ssize_t)count;
     const Py_ssize_t kv_dim = total ? (Py_ssize_t)(kv_len / total) : 0;
     PyObject *bufs[5] = {
@@ -534,7 +571,7 @@ class KdnPyBlendLayer : public kdn::binding::BlendLayer {
     }
     PyObject *result = NULL;
     if (ok) {
-      result = PyObject_CallFunction(fn_, "IOOOOO", (unsigned int)layer, views[0], views[1], views[2], views[3],
+      result = PyObject_CallFunction(fn, "IOOOOO", (unsigned int)layer, views[0], views[1], views[2], views[3],
                                      views[4]);
       ok = result != NULL;
     }
@@ -553,26 +590,36 @@ class KdnPyBlendLayer : public kdn::binding::BlendLayer {
     return ok;
   }
 
-  PyObject *fn_;  // borrowed: the caller's argument, alive for the call
+  PyObject *fn_;     // borrowed: the caller's arguments, alive for the call
+  PyObject *kv_fn_;
 };
 
-// A blend with the GIL released while kdn works (the callback takes it
-// again); the callback's exception, if it raised, is raised in the caller.
+// A blend with the GIL released while kdn works (the callbacks take it
+// again); a callback's exception, if one raised, is raised in the caller.
+// Of the segments (kdn_kv_blend) or, without them, of the context's tokens
+// (kdn_kv_blend_tokens).
 static kdn::binding::BlendReport kdn_py_run_blend(kdn::binding::Model &model, const std::string &ns,
-                                                  const kdn::binding::BlendSegments &segments,
+                                                  const kdn::binding::BlendSegments *segments,
+                                                  const kdn::binding::Request *context,
                                                   const kdn::binding::BlendOptions &options,
                                                   const kdn::binding::KvView &view,
-                                                  const kdn::binding::Memory &memory, PyObject *layer_fn) {
+                                                  const kdn::binding::Memory &memory, PyObject *layer_fn,
+                                                  PyObject *kv_fn) {
   if (!PyCallable_Check(layer_fn)) {
     kdn_py_invalid("layer_fn must be callable");
     throw KdnPyRaised();
   }
-  KdnPyBlendLayer layer(layer_fn);
+  if (kv_fn != Py_None && !PyCallable_Check(kv_fn)) {
+    kdn_py_invalid("kv_fn must be callable (or None)");
+    throw KdnPyRaised();
+  }
+  KdnPyBlendLayer layer(layer_fn, kv_fn);
   kdn::binding::BlendReport report;
   std::exception_ptr failure;
   PyThreadState *saved = PyEval_SaveThread();
   try {
-    report = model.blend_memory(ns, segments, options, view, memory, &layer);
+    report = segments != NULL ? model.blend_memory(ns, *segments, options, view, memory, &layer)
+                              : model.blend_tokens_memory(ns, *context, options, view, memory, &layer);
   } catch (...) {
     failure = std::current_exception();
   }
@@ -584,30 +631,54 @@ static kdn::binding::BlendReport kdn_py_run_blend(kdn::binding::Model &model, co
   if (failure) std::rethrow_exception(failure);
   return report;
 }
-%}
 
-%typemap(in) PyObject *layer_fn "$1 = $input;";
-%nothread kdn_py_blend;
-%nothread kdn_py_blend_memory;
-%nothread kdn_py_in_callback;
-%inline %{
-// Model::blend with a Python callable as the layer callback, into a buffer
-// (the (data, bytes) typemap) or memory by address.
-kdn::binding::BlendReport kdn_py_blend(kdn::binding::Model &model, const std::string &ns,
-                                       const kdn::binding::BlendSegments &segments,
-                                       const kdn::binding::BlendOptions &options, const kdn::binding::KvView &view,
-                                       void *data, size_t bytes, PyObject *layer_fn) {
+static kdn::binding::Memory kdn_py_host(void *data, size_t bytes) {
   kdn::binding::Memory memory;
   memory.address = reinterpret_cast<uintptr_t>(data);
   memory.bytes = bytes;
-  return kdn_py_run_blend(model, ns, segments, options, view, memory, layer_fn);
+  return memory;
+}
+%}
+
+%typemap(in) PyObject *layer_fn "$1 = $input;";
+%typemap(in) PyObject *kv_fn "$1 = $input;";
+%nothread kdn_py_blend;
+%nothread kdn_py_blend_memory;
+%nothread kdn_py_blend_tokens;
+%nothread kdn_py_blend_tokens_memory;
+%nothread kdn_py_in_callback;
+%inline %{
+// Model::blend with Python callables as the layer callback and the KV pass
+// (kv_fn: None for none), into a buffer (the (data, bytes) typemap) or
+// memory by address.
+kdn::binding::BlendReport kdn_py_blend(kdn::binding::Model &model, const std::string &ns,
+                                       const kdn::binding::BlendSegments &segments,
+                                       const kdn::binding::BlendOptions &options, const kdn::binding::KvView &view,
+                                       void *data, size_t bytes, PyObject *layer_fn, PyObject *kv_fn) {
+  return kdn_py_run_blend(model, ns, &segments, NULL, options, view, kdn_py_host(data, bytes), layer_fn, kv_fn);
 }
 kdn::binding::BlendReport kdn_py_blend_memory(kdn::binding::Model &model, const std::string &ns,
                                               const kdn::binding::BlendSegments &segments,
                                               const kdn::binding::BlendOptions &options,
                                               const kdn::binding::KvView &view, const kdn::binding::Memory &memory,
-                                              PyObject *layer_fn) {
-  return kdn_py_run_blend(model, ns, segments, options, view, memory, layer_fn);
+                                              PyObject *layer_fn, PyObject *kv_fn) {
+  return kdn_py_run_blend(model, ns, &segments, NULL, options, view, memory, layer_fn, kv_fn);
+}
+// Model::blend_tokens (1.9): the context given as its tokens.
+kdn::binding::BlendReport kdn_py_blend_tokens(kdn::binding::Model &model, const std::string &ns,
+                                              const kdn::binding::Request &context,
+                                              const kdn::binding::BlendOptions &options,
+                                              const kdn::binding::KvView &view, void *data, size_t bytes,
+                                              PyObject *layer_fn, PyObject *kv_fn) {
+  return kdn_py_run_blend(model, ns, NULL, &context, options, view, kdn_py_host(data, bytes), layer_fn, kv_fn);
+}
+kdn::binding::BlendReport kdn_py_blend_tokens_memory(kdn::binding::Model &model, const std::string &ns,
+                                                     const kdn::binding::Request &context,
+                                                     const kdn::binding::BlendOptions &options,
+                                                     const kdn::binding::KvView &view,
+                                                     const kdn::binding::Memory &memory, PyObject *layer_fn,
+                                                     PyObject *kv_fn) {
+  return kdn_py_run_blend(model, ns, NULL, &context, options, view, memory, layer_fn, kv_fn);
 }
 // True inside an editor or a blend's layer callback on this thread: a close
 // there is handed to another thread (it would wait for the call running it).

@@ -591,14 +591,22 @@ class BlendSegments {
 #endif
 };
 
-// How to blend (kdn_blend_options without the callback); kdn.h's defaults.
+// How to blend (kdn_blend_options without the callbacks); kdn.h's defaults.
 struct BlendOptions {
-  float ratio = 0.15f;       // fraction of cached tokens recomputed, in [0, 1]
+  // Fraction of cached tokens recomputed, in [0, 1]; -1 (since 1.9): the
+  // method's default (0.28 over check layers { 1, 2 } with a KV pass,
+  // CacheBlend's 0.15 at layer 1 without).
+  float ratio = -1.0f;
   float threshold = -1.0f;   // >= 0: select by key deviation >= threshold instead
   uint32_t hidden_dim = 0;   // the engine's hidden width; must be set
   int rope_scaling = KDN_ROPE_SCALING_NONE;
   float rope_factor = 1.0f;
-  // The check layers, ascending (none: { 1 }, or { 0 } for a 1-layer model).
+  // Since 1.9: with a KV pass (BlendLayer::has_kv_pass), its work per
+  // position over a whole layer's, in (0, 1] (kdn refuses it unset).
+  float kv_cost = 0.0f;
+  // Since 1.9: leading tokens of each document recomputed at every layer.
+  uint32_t first_tokens = 0;
+  // The check layers, ascending (none: the method's, see ratio).
   void add_check_layer(uint32_t layer) { check_layers.push_back(layer); }
   void clear_check_layers() { check_layers.clear(); }
 #ifndef SWIG
@@ -609,27 +617,47 @@ struct BlendOptions {
 struct BlendReport {
   uint32_t positions = 0, cached_positions = 0, fresh_positions = 0, selected = 0;
   double recompute_fraction = 0;  // layer x position work recomputed / a full prefill's
+  // Since 1.9: cached positions recomputed at every layer (first_tokens),
+  // positions x layers given only a KV pass, the ratio used (the default
+  // resolved) and how many check layers.
+  uint32_t anchored = 0, kv_passes = 0;
+  float ratio = 0;
+  uint32_t num_check_layers = 0;
 };
 
-// The engine's recompute of one layer (kdn_blend_layer_fn's arguments), on
-// the thread that called Model::blend, layer by layer in order; every buffer
-// is borrowed for the call. Throwing fails the blend: an Error with its
+// The engine's side of a blend (kdn_blend_layer_fn's arguments), on the
+// thread that called Model::blend, layer by layer in order; every buffer is
+// borrowed for the call. Throwing fails the blend: an Error with its
 // status, anything else with KDN_ERR_INTERNAL.
 class BlendLayer {
  public:
   virtual ~BlendLayer() = default;
+  // The recompute of one layer for `count` positions (kdn.h's layer_fn).
   virtual void layer(uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count, float* hidden,
                      size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len, size_t total) = 0;
+  // Since 1.9, kdn.h's kv_fn: the layer's K and V alone for the positions,
+  // bit for bit what layer() writes there, and nothing else. Called only
+  // when has_kv_pass() is true.
+  virtual bool has_kv_pass() const { return false; }
+  virtual void kv_pass(uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count, float* hidden,
+                       size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len, size_t total) {
+    (void)layer, (void)positions, (void)tokens, (void)count, (void)hidden, (void)hidden_len, (void)hidden_dim;
+    (void)k, (void)v, (void)kv_len, (void)total;
+    throw Error(KDN_ERR_INTERNAL, "this blend layer has no KV pass");
+  }
 };
 
 #ifndef SWIG
 namespace detail {
-inline kdn_status BlendTrampoline(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens,
-                                  size_t count, float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k,
-                                  float* v, size_t kv_len, size_t total) {
+// A BlendLayer member as kdn's callback: an exception becomes a status.
+template <void (BlendLayer::*Method)(uint32_t, const int32_t*, const int32_t*, size_t, float*, size_t, uint32_t,
+                                     float*, float*, size_t, size_t)>
+kdn_status BlendTrampoline(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                           float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
+                           size_t total) {
   try {
-    static_cast<BlendLayer*>(user)->layer(layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len,
-                                          total);
+    (static_cast<BlendLayer*>(user)->*Method)(layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v,
+                                               kv_len, total);
     return KDN_OK;
   } catch (const Error& e) {
     return e.status() != KDN_OK ? e.status() : KDN_ERR_INTERNAL;
@@ -639,6 +667,18 @@ inline kdn_status BlendTrampoline(void* user, uint32_t layer, const int32_t* pos
 }
 }  // namespace detail
 #endif
+
+// Token ranges [begin, end) (kdn_token_range), as a value: size(), then
+// begin(i) / end(i) (0 past the end).
+class TokenRanges {
+ public:
+  size_t size() const { return ranges_.size(); }
+  uint64_t begin(size_t i) const { return i < ranges_.size() ? ranges_[i].begin : 0; }
+  uint64_t end(size_t i) const { return i < ranges_.size() ? ranges_[i].end : 0; }
+#ifndef SWIG
+  std::vector<kdn_token_range> ranges_;
+#endif
+};
 
 // ---- Handles ---------------------------------------------------------------
 
@@ -953,38 +993,46 @@ class Model {
 
   // Blending (experimental): composes the segments, in order, into the
   // views; `layer` recomputes the selected tokens layer by layer (on this
-  // thread, during the call). A context with documents needs the view's
-  // room (KvView::num_tokens); too little: KDN_ERR_BUFFER_TOO_SMALL.
+  // thread, during the call), and gives the check layers' KV passes when it
+  // has one (1.9). A context with documents needs the view's room
+  // (KvView::num_tokens); too little: KDN_ERR_BUFFER_TOO_SMALL.
   BlendReport blend(const std::string& ns, const BlendSegments& segments, const BlendOptions& options,
                     const KvView& view, void* data, size_t bytes, BlendLayer* layer) const {
     return blend_memory(ns, segments, options, view, Host(data, bytes), layer);
   }
   BlendReport blend_memory(const std::string& ns, const BlendSegments& segments, const BlendOptions& options,
                            const KvView& view, const Memory& memory, BlendLayer* layer) const {
-    if (layer == nullptr) detail::Invalid("blend: the layer callback is null");
-    const detail::Life::Use use(life_);
-    const KvCallArgs a(*this, nullptr, view, memory);
     const std::vector<kdn_blend_segment> segs = segments.Native();
-    kdn_blend_options o;
-    detail::Check(kdn_blend_options_init(&o, sizeof o));
-    o.ratio = options.ratio;
-    o.threshold = options.threshold;
-    o.hidden_dim = options.hidden_dim;
-    o.check_layers = options.check_layers.empty() ? nullptr : options.check_layers.data();
-    o.num_check_layers = options.check_layers.size();
-    o.rope_scaling = static_cast<kdn_rope_scaling>(options.rope_scaling);
-    o.rope_factor = options.rope_factor;
-    o.layer_fn = &detail::BlendTrampoline;
-    o.user = layer;
-    kdn_blend_report r;
-    detail::Check(kdn_blend_report_init(&r, sizeof r));
-    detail::Check(kdn_kv_blend(m_, ns.data(), ns.size(), segs.data(), segs.size(), &o, &a.view, 1, &r));
-    BlendReport out;
-    out.positions = r.positions;
-    out.cached_positions = r.cached_positions;
-    out.fresh_positions = r.fresh_positions;
-    out.selected = r.selected;
-    out.recompute_fraction = r.recompute_fraction;
+    return Blend(ns, &segs, nullptr, options, view, memory, layer);
+  }
+  // Since 1.9: a blend of the context given as its tokens (kdn_kv_blend_tokens):
+  // the ranges match() finds are placed from their documents, the rest is
+  // computed. The view holds the context (num_tokens 0 or at least its length).
+  BlendReport blend_tokens(const std::string& ns, const Request& context, const BlendOptions& options,
+                           const KvView& view, void* data, size_t bytes, BlendLayer* layer) const {
+    return blend_tokens_memory(ns, context, options, view, Host(data, bytes), layer);
+  }
+  BlendReport blend_tokens_memory(const std::string& ns, const Request& context, const BlendOptions& options,
+                                  const KvView& view, const Memory& memory, BlendLayer* layer) const {
+    if (context.uses_hashes()) detail::Invalid("a blend by tokens takes token ids, not block hashes");
+    return Blend(ns, nullptr, &context, options, view, memory, layer);
+  }
+  // Since 1.9 (kdn_kv_match, experimental): the ranges [begin, end) of the
+  // context's tokens found in this namespace's knowledge items, ascending;
+  // the rest is what the engine must compute.
+  TokenRanges match(const std::string& ns, const Request& context) const {
+    if (context.uses_hashes()) detail::Invalid("match takes token ids, not block hashes");
+    const detail::Life::Use use(life_);
+    const kdn_request r = context.Native();
+    TokenRanges out;
+    size_t count = 0;
+    for (;;) {  // a put between the two calls may add ranges: ask again
+      out.ranges_.resize(count ? count : 8);
+      detail::Check(kdn_kv_match(m_, ns.data(), ns.size(), r.tokens, r.num_tokens, out.ranges_.data(),
+                                 out.ranges_.size(), &count));
+      if (count <= out.ranges_.size()) break;
+    }
+    out.ranges_.resize(count);
     return out;
   }
 
@@ -1076,6 +1124,47 @@ class Model {
     m.address = reinterpret_cast<uintptr_t>(data);
     m.bytes = bytes;
     return m;
+  }
+
+  // kdn_kv_blend (segments) or kdn_kv_blend_tokens (context).
+  BlendReport Blend(const std::string& ns, const std::vector<kdn_blend_segment>* segs, const Request* context,
+                    const BlendOptions& options, const KvView& view, const Memory& memory, BlendLayer* layer) const {
+    if (layer == nullptr) detail::Invalid("blend: the layer callback is null");
+    const detail::Life::Use use(life_);
+    const KvCallArgs a(*this, context, view, memory);
+    kdn_blend_options o;
+    detail::Check(kdn_blend_options_init(&o, sizeof o));
+    o.ratio = options.ratio;
+    o.threshold = options.threshold;
+    o.hidden_dim = options.hidden_dim;
+    o.check_layers = options.check_layers.empty() ? nullptr : options.check_layers.data();
+    o.num_check_layers = options.check_layers.size();
+    o.rope_scaling = static_cast<kdn_rope_scaling>(options.rope_scaling);
+    o.rope_factor = options.rope_factor;
+    o.layer_fn = &detail::BlendTrampoline<&BlendLayer::layer>;
+    o.user = layer;
+    if (layer->has_kv_pass()) o.kv_fn = &detail::BlendTrampoline<&BlendLayer::kv_pass>;
+    o.kv_cost = options.kv_cost;
+    o.first_tokens = options.first_tokens;
+    kdn_blend_report r;
+    detail::Check(kdn_blend_report_init(&r, sizeof r));
+    if (segs != nullptr) {
+      detail::Check(kdn_kv_blend(m_, ns.data(), ns.size(), segs->data(), segs->size(), &o, &a.view, 1, &r));
+    } else {
+      detail::Check(kdn_kv_blend_tokens(m_, ns.data(), ns.size(), a.request.tokens, a.request.num_tokens, &o,
+                                        &a.view, 1, &r));
+    }
+    BlendReport out;
+    out.positions = r.positions;
+    out.cached_positions = r.cached_positions;
+    out.fresh_positions = r.fresh_positions;
+    out.selected = r.selected;
+    out.recompute_fraction = r.recompute_fraction;
+    out.anchored = r.anchored;
+    out.kv_passes = r.kv_passes;
+    out.ratio = r.ratio;
+    out.num_check_layers = r.num_check_layers;
+    return out;
   }
 
   // What every KV call passes kdn: the request (if any) and the native view

@@ -29,7 +29,8 @@ KDN_DEFINE_INIT(kdn_tier_stats, KDN_TIER_STATS_SIZE_V1, KDN_TIER_STATS_INIT)
 // Experimental structs: their first size is their size today.
 KDN_DEFINE_INIT(kdn_chunk_info, sizeof(kdn_chunk_info), KDN_CHUNK_INFO_INIT)
 KDN_DEFINE_INIT(kdn_blend_segment, sizeof(kdn_blend_segment), KDN_BLEND_SEGMENT_INIT)
-KDN_DEFINE_INIT(kdn_blend_options, sizeof(kdn_blend_options), KDN_BLEND_OPTIONS_INIT)
-KDN_DEFINE_INIT(kdn_blend_report, sizeof(kdn_blend_report), KDN_BLEND_REPORT_INIT)
+// Grown in 1.9 (the KV pass, first tokens): older callers' sizes stay good.
+KDN_DEFINE_INIT(kdn_blend_options, KDN_BLEND_OPTIONS_SIZE_V1, KDN_BLEND_OPTIONS_INIT)
+KDN_DEFINE_INIT(kdn_blend_report, KDN_BLEND_REPORT_SIZE_V1, KDN_BLEND_REPORT_INIT)
 
 }  // extern "C"

@@ -10,10 +10,18 @@
 
 namespace kdn::blend {
 
-Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> pieces, const BlendOptions& o,
+std::vector<int> CheckLayersFor(const BlendOptions& options, int layers) {
+  if (!options.check_layers.empty()) return options.check_layers;
+  if (layers >= 3) return {1, 2};
+  return {layers == 2 ? 1 : 0};
+}
+
+Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> pieces, const BlendOptions& options,
                             LayerEngine& engine, std::vector<float>* kv_out) {
   const int L = shape.layers, kvd = shape.kv_dim();
   if (L <= 0 || shape.kv_heads <= 0 || shape.head_dim <= 0) return Status::InvalidArgument("blend: bad model shape");
+  BlendOptions o = options;
+  o.check_layers = CheckLayersFor(options, L);
   if (!(o.ratio >= 0 && o.ratio <= 1)) return Status::InvalidArgument("blend: ratio must be in [0, 1]");
   if (!(o.threshold < 0 || std::isfinite(o.threshold))) return Status::InvalidArgument("blend: bad threshold");
   if (o.first_tokens < 0) return Status::InvalidArgument("blend: first_tokens must not be negative");
@@ -85,6 +93,14 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
   std::vector<std::int32_t> row_tokens;
   size_t check = 0;
   r.recomputed_per_layer.assign(static_cast<size_t>(L), 0);
+  r.kv_pass_per_layer.assign(static_cast<size_t>(L), 0);
+  const bool kv_pass = o.kv_pass && engine.has_kv_pass();
+  if (kv_pass) {
+    r.kv_pass_cost = engine.kv_pass_cost(N);
+    if (!(r.kv_pass_cost > 0 && r.kv_pass_cost <= 1)) {
+      return Status::InvalidArgument("blend: the engine's KV-pass cost must be in (0, 1]");
+    }
+  }
   for (int l = 0; l < L; ++l) {
     const bool is_check = selecting && check < o.check_layers.size() && o.check_layers[check] == l;
     float* k_layer = kv_out->data() + static_cast<size_t>(l) * 2 * plane;
@@ -99,10 +115,41 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
     if (l == 0) {
       for (int p : rows) row_tokens.push_back(tokens[static_cast<size_t>(p)]);
     }
-    if (!rows.empty()) {
-      KDN_RETURN_IF_ERROR(engine.Layer(l, rows, row_tokens, h.data(), k_layer, v_layer, N));
+    // A KV pass pays only when the check drops rows: with a ratio that keeps
+    // every candidate (ratio 1) the layer runs whole at once.
+    bool by_pass = is_check && kv_pass;
+    if (by_pass && o.threshold < 0) {
+      const double fraction =
+          std::pow(o.ratio, static_cast<double>(check + 1) / static_cast<double>(o.check_layers.size()));
+      size_t candidates = 0;
+      for (int p : rows) candidates += cached[static_cast<size_t>(p)] && !anchored[static_cast<size_t>(p)];
+      by_pass = static_cast<size_t>(std::llround(fraction * (r.cached_positions - r.anchored))) < candidates;
     }
-    r.recomputed_per_layer[static_cast<size_t>(l)] = static_cast<int>(rows.size());
+    if (!rows.empty() && by_pass) {
+      // The candidates (cached rows neither anchored nor fresh) get K and V;
+      // of them only those the selection below keeps run the whole layer,
+      // with the fresh and anchored rows. The others stop here.
+      std::vector<int> cand;
+      std::vector<std::int32_t> cand_tokens;
+      std::vector<float> cand_h;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const size_t p = static_cast<size_t>(rows[i]);
+        if (!cached[p] || anchored[p]) continue;
+        cand.push_back(rows[i]);
+        if (l == 0) {
+          cand_tokens.push_back(tokens[p]);
+        } else {
+          cand_h.insert(cand_h.end(), h.begin() + static_cast<std::ptrdiff_t>(i * hidden),
+                        h.begin() + static_cast<std::ptrdiff_t>((i + 1) * hidden));
+        }
+      }
+      cand_h.resize(cand.size() * static_cast<size_t>(hidden));
+      if (!cand.empty()) KDN_RETURN_IF_ERROR(engine.KvPass(l, cand, cand_tokens, cand_h.data(), k_layer, v_layer, N));
+      r.kv_pass_per_layer[static_cast<size_t>(l)] = static_cast<int>(cand.size());
+    } else if (!rows.empty()) {
+      KDN_RETURN_IF_ERROR(engine.Layer(l, rows, row_tokens, h.data(), k_layer, v_layer, N));
+      r.recomputed_per_layer[static_cast<size_t>(l)] = static_cast<int>(rows.size());
+    }
     if (!is_check) continue;
     // Select among the cached rows by the deviation of their fresh keys.
     std::vector<std::pair<double, size_t>> dev;  // (deviation, row index)
@@ -142,12 +189,21 @@ Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> piec
     }
     rows.resize(w);
     h.resize(w * static_cast<size_t>(hidden));
+    if (by_pass && !rows.empty()) {  // the kept rows run the whole check layer (writing the same K and V)
+      row_tokens.clear();
+      if (l == 0) {
+        for (int p : rows) row_tokens.push_back(tokens[static_cast<size_t>(p)]);
+      }
+      KDN_RETURN_IF_ERROR(engine.Layer(l, rows, row_tokens, h.data(), k_layer, v_layer, N));
+      r.recomputed_per_layer[static_cast<size_t>(l)] = static_cast<int>(rows.size());
+    }
   }
   for (int p : rows) {
     if (cached[static_cast<size_t>(p)] && !anchored[static_cast<size_t>(p)]) r.selected_positions.push_back(p);
   }
   r.selected = static_cast<int>(r.selected_positions.size());
-  const double work = std::accumulate(r.recomputed_per_layer.begin(), r.recomputed_per_layer.end(), 0.0);
+  const double work = std::accumulate(r.recomputed_per_layer.begin(), r.recomputed_per_layer.end(), 0.0) +
+                      r.kv_pass_cost * std::accumulate(r.kv_pass_per_layer.begin(), r.kv_pass_per_layer.end(), 0.0);
   r.recompute_fraction = work / (static_cast<double>(L) * N);
   return r;
 }

@@ -25,7 +25,15 @@
 //     computed alone puts its attention sink on its first tokens, which is
 //     wrong once it follows other text); the check layers select among the
 //     piece's other positions, `ratio` a fraction of those.
-//  3. Report what was recomputed: f = the fraction of layer x position work.
+//     With a KV pass (an engine that can project K and V without running
+//     the rest of the layer: LayerEngine::KvPass), a check layer costs less:
+//     every row gets only its K and V there, the selection is made on those
+//     keys, and only the selected and fresh rows run the whole check layer.
+//     The KV is the same as without it (the selected rows write the same K
+//     and V again; an unselected row's whole-layer output was never used,
+//     since it stops at the check layer): the same blend for less work.
+//  3. Report what was recomputed: f = the fraction of layer x position work,
+//     a KV-pass row counted at the engine's stated cost (kv_pass_cost).
 // Thread-safety: Compose is reentrant; the engine is called from the calling
 // thread only, layer by layer in order.
 #pragma once
@@ -54,6 +62,23 @@ class LayerEngine {
   virtual Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
                        float* k_layer, float* v_layer, int total) = 0;
   virtual int hidden_dim() const = 0;
+  // Optional: K and V of layer `layer` for `positions` only (the layer's
+  // projections of its input `hidden`, K rotated to the positions; at layer
+  // 0 `tokens` are embedded into `hidden` first), written to k_layer /
+  // v_layer as Layer writes them, bit for bit; no attention, `hidden` left
+  // as the layer's input. An engine that cannot leaves it (Unsupported).
+  virtual Status KvPass(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                        float* k_layer, float* v_layer, int total) {
+    (void)layer, (void)positions, (void)tokens, (void)hidden, (void)k_layer, (void)v_layer, (void)total;
+    return Status::Unsupported("blend: the engine has no KV pass");
+  }
+  virtual bool has_kv_pass() const { return false; }
+  // The work of a KV pass per position over that of the whole layer, for a
+  // context of `total` positions, in (0, 1] (FLOPs; counted into f).
+  virtual double kv_pass_cost(int total) const {
+    (void)total;
+    return 1.0;
+  }
 };
 
 struct ModelShape {
@@ -71,12 +96,23 @@ struct Piece {
   std::int64_t cached_first = 0;
 };
 
+// The defaults were chosen on the tuning text (bench/texts/stories.txt, the
+// reference model; docs/blending.md): with a KV pass, ratio 0.28 over check
+// layers 1 and 2 costs f = 0.55 of a prefill (what CacheBlend's 15% at one
+// whole check layer costs) for a third of its KL. Without a KV pass the
+// engine gets CacheBlend's published setting (15%, check layer 1).
+inline constexpr double kDefaultRatio = 0.28;
+inline constexpr double kDefaultRatioWholeChecks = 0.15;
+
 struct BlendOptions {
-  double ratio = 0.15;              // fraction of cached positions recomputed after the checks, in [0, 1]
+  double ratio = kDefaultRatio;     // fraction of cached positions recomputed after the checks, in [0, 1]
   double threshold = -1;            // >= 0: select by deviation >= threshold instead of by ratio
-  std::vector<int> check_layers = {1};  // ascending; the first one is where selection starts
+  // Ascending; the first one is where selection starts. Empty: layers 1 and
+  // 2 (1 in a 2-layer model, 0 in a 1-layer one).
+  std::vector<int> check_layers;
   kernels::RopeSpec rope;           // how the model rotates keys (for re-positioning)
   int first_tokens = 0;             // >= 0: leading positions of each cached piece recomputed at every layer
+  bool kv_pass = true;              // check layers by a KV pass when the engine has one (same KV, less work)
 };
 
 struct BlendReport {
@@ -86,9 +122,16 @@ struct BlendReport {
   int anchored = 0;                  // cached positions recomputed at every layer (first_tokens of each piece)
   int selected = 0;                  // other cached positions recomputed past the last check layer
   std::vector<int> recomputed_per_layer;  // positions run through each layer
-  double recompute_fraction = 0;     // sum(recomputed_per_layer) / (layers * positions)
+  std::vector<int> kv_pass_per_layer;     // positions given only a KV pass at each layer (check layers)
+  double kv_pass_cost = 0;                // the engine's cost of a KV-pass row over a whole layer's
+  // (sum(recomputed_per_layer) + kv_pass_cost * sum(kv_pass_per_layer)) / (layers * positions)
+  double recompute_fraction = 0;
   std::vector<int> selected_positions;    // ascending (the anchored ones not among them)
 };
+
+// The check layers `options` gives for a model of `layers` layers (its
+// default when empty).
+std::vector<int> CheckLayersFor(const BlendOptions& options, int layers);
 
 // Composes the context; `kv_out` receives [layer][k|v][position][kv_dim]
 // float32. kInvalidArgument on inconsistent pieces or options; an engine

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/knowledge/blend_documents.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -18,7 +20,7 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
   // views must state their room, and a context longer than it is
   // kBufferTooSmall with nothing written, as a fetch says.
   bool documents = false;
-  for (const Segment& s : segments) documents = documents || s.document;
+  for (const Segment& s : segments) documents = documents || (s.document && !s.slice);
   std::uint64_t room = UINT64_MAX;
   if (documents) {
     auto stated = store::ResolvedViews::Resolve(model, views, std::nullopt);
@@ -28,6 +30,25 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
   const auto L = static_cast<size_t>(model.shape.layers);
   const auto row = static_cast<size_t>(model.shape.heads * model.shape.head_dim);
   const auto eb = static_cast<size_t>(model.shape.elem_bytes);
+  // A document read whole, under one snapshot: the chunks arrive in order,
+  // each scattered into the piece's float KV ([layer][k|v][token][row]).
+  auto read = [&](const std::string& doc_id, Piece* p) {
+    const store::KnowledgeIndex::ScatterFn scatter = [&](const std::uint8_t* chunk, std::uint64_t begin,
+                                                         std::uint64_t len) {
+      const size_t T = p->tokens.size();
+      if (p->kv.empty()) p->kv.resize(L * 2 * T * row);
+      for (size_t l = 0; l < L; ++l) {
+        for (size_t kv = 0; kv < 2; ++kv) {
+          const std::uint8_t* src = chunk + ((l * 2 + kv) * len) * row * eb;
+          float* dst = p->kv.data() + ((l * 2 + kv) * T + begin) * row;
+          ToFloat(model.dtype, src, len * row, dst);
+        }
+      }
+    };
+    return index.FetchScattered(model, ns, doc_id, scatter, &p->tokens);
+  };
+  // Documents that slices come from, each read once (empty: gone or unreadable).
+  std::map<std::string, Piece> whole;
   std::vector<Piece> pieces;
   std::uint64_t total = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -35,22 +56,30 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
     Piece p;
     if (!s.document) {
       p.tokens = s.tokens;
+    } else if (!s.slice) {
+      KDN_RETURN_IF_ERROR(read(s.doc_id, &p));
     } else {
-      // One snapshot: the chunks arrive in order, each scattered into the
-      // piece's float KV ([layer][k|v][token][row]) as it is read.
-      const store::KnowledgeIndex::ScatterFn scatter = [&](const std::uint8_t* chunk, std::uint64_t begin,
-                                                           std::uint64_t len) {
-        const size_t T = p.tokens.size();
-        if (p.kv.empty()) p.kv.resize(L * 2 * T * row);
-        for (size_t l = 0; l < L; ++l) {
-          for (size_t kv = 0; kv < 2; ++kv) {
-            const std::uint8_t* src = chunk + ((l * 2 + kv) * len) * row * eb;
-            float* dst = p.kv.data() + ((l * 2 + kv) * T + begin) * row;
-            ToFloat(model.dtype, src, len * row, dst);
-          }
+      auto it = whole.find(s.doc_id);
+      if (it == whole.end()) {
+        Piece doc;
+        const Status st = read(s.doc_id, &doc);
+        if (!st.ok() && st.code() != Code::kNotFound) return st;
+        if (!st.ok()) doc = Piece{};
+        it = whole.emplace(s.doc_id, std::move(doc)).first;
+      }
+      const Piece& doc = it->second;
+      const size_t n = s.tokens.size(), T = doc.tokens.size();
+      p.tokens = s.tokens;
+      // The document as it is now must still hold the matched tokens there;
+      // otherwise (replaced, deleted since the match) they are computed now.
+      if (s.doc_begin <= T && n <= T - s.doc_begin && !doc.kv.empty() &&
+          std::equal(s.tokens.begin(), s.tokens.end(), doc.tokens.begin() + static_cast<std::ptrdiff_t>(s.doc_begin))) {
+        p.kv.resize(L * 2 * n * row);
+        for (size_t lk = 0; lk < L * 2; ++lk) {
+          std::memcpy(p.kv.data() + lk * n * row, doc.kv.data() + (lk * T + s.doc_begin) * row, n * row * sizeof(float));
         }
-      };
-      KDN_RETURN_IF_ERROR(index.FetchScattered(model, ns, s.doc_id, scatter, &p.tokens));
+        p.cached_first = static_cast<std::int64_t>(s.doc_begin);
+      }
     }
     total += p.tokens.size();
     pieces.push_back(std::move(p));
@@ -78,6 +107,52 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
     out->Scatter(model, canonical.data(), 0, total);
   }
   return report;
+}
+
+std::vector<Segment> SegmentsOfTokens(ChunkMatcher& matcher, const store::ModelKv& model, std::string_view ns,
+                                      std::span<const std::int32_t> tokens, std::uint64_t min_alone,
+                                      std::vector<std::pair<std::uint64_t, std::uint64_t>>* cached) {
+  const Matches found = matcher.Match(model, ns, tokens);
+  std::vector<Segment> out;
+  if (cached != nullptr) cached->clear();
+  std::uint64_t at = 0;
+  auto fresh = [&](std::uint64_t end) {
+    if (end <= at) return;
+    if (!out.empty() && !out.back().document) {
+      out.back().tokens.insert(out.back().tokens.end(), tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                               tokens.begin() + static_cast<std::ptrdiff_t>(end));
+    } else {
+      Segment s;
+      s.tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(at), tokens.begin() + static_cast<std::ptrdiff_t>(end));
+      out.push_back(std::move(s));
+    }
+    at = end;
+  };
+  for (const ChunkMatch& m : found.matches) {
+    // The next chunk of the same document, right after the previous one (no
+    // tokens between them): one slice.
+    const bool extends = at == m.offset && !out.empty() && out.back().slice && out.back().doc_id == m.doc_id &&
+                         out.back().doc_begin + out.back().tokens.size() == m.doc_begin;
+    if (!extends && m.tokens < min_alone) continue;  // its tokens stay fresh
+    fresh(m.offset);
+    const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(m.offset);
+    if (extends) {
+      out.back().tokens.insert(out.back().tokens.end(), first, first + static_cast<std::ptrdiff_t>(m.tokens));
+      if (cached != nullptr) cached->back().second = m.offset + m.tokens;
+    } else {
+      Segment s;
+      s.document = true;
+      s.slice = true;
+      s.doc_id = m.doc_id;
+      s.doc_begin = m.doc_begin;
+      s.tokens.assign(first, first + static_cast<std::ptrdiff_t>(m.tokens));
+      out.push_back(std::move(s));
+      if (cached != nullptr) cached->emplace_back(m.offset, m.offset + m.tokens);
+    }
+    at = m.offset + m.tokens;
+  }
+  fresh(tokens.size());
+  return out;
 }
 
 }  // namespace kdn::blend

@@ -13,22 +13,41 @@
 #include <vector>
 
 #include "core/blend/blend.h"
+#include "core/knowledge/match.h"
 #include "core/knowledge/knowledge.h"
 #include "core/engine/kv_views.h"
 
 namespace kdn::blend {
 
-// One piece of the context: a document by id, or tokens computed now.
+// One piece of the context: a document by id, or tokens computed now, or
+// (found by matching) a slice of a document: its tokens [doc_begin,
+// doc_begin + tokens.size()), which must still be `tokens` when it is read
+// (else they are computed now, as fresh ones).
 struct Segment {
   bool document = false;
-  std::string doc_id;                // document
-  std::vector<std::int32_t> tokens;  // tokens
+  std::string doc_id;                // document, slice
+  std::vector<std::int32_t> tokens;  // tokens; a slice's expected tokens
+  bool slice = false;
+  std::uint64_t doc_begin = 0;       // slice
 };
+
+// A context given as tokens, as segments: the chunks of the scope's
+// knowledge items that `matcher` finds in it become slices (consecutive
+// chunks of one document, adjacent in the context, one slice), the rest
+// token segments. A chunk match shorter than `min_alone` tokens (a
+// document's short last chunk) is taken only right after its document's
+// previous chunk: alone, a few tokens recur in text by chance, and their KV,
+// computed after the rest of their document, would be placed where that
+// document is not. `cached` gets the slices' [begin, end) in the context.
+std::vector<Segment> SegmentsOfTokens(ChunkMatcher& matcher, const store::ModelKv& model, std::string_view ns,
+                                      std::span<const std::int32_t> tokens, std::uint64_t min_alone,
+                                      std::vector<std::pair<std::uint64_t, std::uint64_t>>* cached = nullptr);
 
 // Composes the segments, in order, into `views` (which must hold the whole
 // context). Views in device memory get the composed KV through the store's
 // device (KvStore::ScatterToDevice; kUnsupported without one): the keys are
-// re-positioned and the selected tokens recomputed on the host. kNotFound when a document is unknown or lost from every tier;
+// re-positioned and the selected tokens recomputed on the host. kNotFound when a document is unknown or lost from every
+// tier (a slice's document: its tokens are computed instead, as when they changed);
 // the engine's status when it fails.
 Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::ModelKv& model, std::string_view ns,
                                    std::span<const Segment> segments, const BlendOptions& options,

@@ -53,7 +53,7 @@ std::shared_ptr<const ChunkMatcher::Scope> ChunkMatcher::Build(const store::Mode
     for (const store::ChunkInfo& c : *chunks) {
       if (c.tokens.size() < options_.min_chunk_tokens) continue;
       const size_t w = std::min<size_t>(options_.window, c.tokens.size());
-      entries.push_back(Entry{doc.doc_id, c.index, static_cast<std::uint32_t>(c.tokens.size()), c.key});
+      entries.push_back(Entry{doc.doc_id, c.index, static_cast<std::uint32_t>(c.tokens.size()), c.key, c.begin});
       hashes.push_back(HashWindow(std::span<const std::int32_t>(c.tokens).first(w)));
     }
   }
@@ -150,7 +150,7 @@ Matches ChunkMatcher::Match(const store::ModelKv& model, std::string_view ns, st
           ++out.rejected;
           continue;
         }
-        out.matches.push_back(ChunkMatch{p, e.tokens, e.doc_id, e.chunk, e.key});
+        out.matches.push_back(ChunkMatch{p, e.tokens, e.doc_id, e.chunk, e.key, e.begin});
         p += e.tokens;
         found = true;
         break;

@@ -74,13 +74,15 @@ struct MatcherOptions {
 };
 
 // One chunk found in the query: query tokens [offset, offset + tokens) are
-// exactly the tokens of chunk `chunk` of document `doc_id` (content key `key`).
+// exactly the tokens of chunk `chunk` of document `doc_id` (content key `key`),
+// which sits at [doc_begin, doc_begin + tokens) of its document.
 struct ChunkMatch {
   std::uint64_t offset = 0;
   std::uint64_t tokens = 0;
   std::string doc_id;
   std::uint32_t chunk = 0;
   keys::Digest key{};
+  std::uint64_t doc_begin = 0;
 };
 
 struct Matches {
@@ -117,6 +119,7 @@ class ChunkMatcher {
     std::uint32_t chunk = 0;
     std::uint32_t tokens = 0;
     keys::Digest key{};
+    std::uint64_t begin = 0;  // in the document
   };
   // Chunks filed under one window width: hash -> entries (indices into Scope::entries).
   struct Width {

@@ -33,6 +33,7 @@ Result<std::shared_ptr<Runtime>> Runtime::Create(const RuntimeOptions& ro) {
   std::shared_ptr<Runtime> rt(new Runtime());
   rt->store_ = std::move(store).value();
   rt->knowledge_ = std::make_unique<KnowledgeIndex>(*rt->store_);
+  rt->matcher_ = std::make_unique<blend::ChunkMatcher>(*rt->knowledge_);
   // Documents survive a restart where their chunks do: the index is kept
   // beside the first disk tier's objects (the tier's LOCK keeps a second
   // runtime out of the directory). A file that could not be loaded was set

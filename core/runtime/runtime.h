@@ -18,6 +18,7 @@
 
 #include "core/engine/engine_ops.h"
 #include "core/knowledge/knowledge.h"
+#include "core/knowledge/match.h"
 #include "core/engine/kv_store.h"
 #include "core/engine/kv_views.h"
 #include "core/util/executor.h"
@@ -52,6 +53,8 @@ class Runtime {
 
   KvStore& store() { return *store_; }
   KnowledgeIndex& knowledge() { return *knowledge_; }
+  // Finds the knowledge items' chunks inside a context's tokens (blending by text).
+  blend::ChunkMatcher& matcher() { return *matcher_; }
   // How loading the knowledge index's file went (OK: loaded, or none yet).
   const Status& knowledge_status() const { return knowledge_status_; }
   Executor& executor() { return *executor_; }
@@ -74,6 +77,7 @@ class Runtime {
   Runtime() = default;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<KnowledgeIndex> knowledge_;
+  std::unique_ptr<blend::ChunkMatcher> matcher_;  // over knowledge_ (destroyed before it)
   Status knowledge_status_;
   std::unique_ptr<Executor> executor_;  // last: destroyed first, finishing queued work
 };

@@ -64,7 +64,7 @@ Status Score(model::Transformer& t, model::KvCache& cache, int last, int n, int 
 Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const std::vector<int>& text_tokens,
                                       const std::vector<int>& suffix, const BlendEvalOptions& o) {
   Result<std::vector<BlendEvalResult>> r =
-      EvaluateBlends(weights, text_tokens, suffix, o, {BlendVariant{o.ratio, o.check_layers, o.first_tokens}});
+      EvaluateBlends(weights, text_tokens, suffix, o, {BlendVariant{o.ratio, o.check_layers, o.first_tokens, o.kv_pass}});
   if (!r.ok()) return r.status();
   return std::move(r->front());
 }
@@ -184,6 +184,7 @@ Result<std::vector<BlendEvalResult>> EvaluateBlends(const model::Checkpoint& wei
         bo.ratio = variants[run - 1].ratio;
         bo.check_layers = variants[run - 1].check_layers;
         bo.first_tokens = variants[run - 1].first_tokens;
+        bo.kv_pass = variants[run - 1].kv_pass;
       }
       const auto s0 = std::chrono::steady_clock::now();
       std::vector<Piece> pieces;
@@ -208,6 +209,8 @@ Result<std::vector<BlendEvalResult>> EvaluateBlends(const model::Checkpoint& wei
       KDN_RETURN_IF_ERROR(t.Forward(std::span<const int>(&last, 1), N - 1, cache, &first));
       t_run[run].push_back(Ms(std::chrono::steady_clock::now() - s0));
       work[run] += std::accumulate(rep->recomputed_per_layer.begin(), rep->recomputed_per_layer.end(), 0.0) +
+                   rep->kv_pass_cost *
+                       std::accumulate(rep->kv_pass_per_layer.begin(), rep->kv_pass_per_layer.end(), 0.0) +
                    c.n_layers;  // the last token
       // Teacher-forced comparison (the cache now holds N positions; Score
       // re-runs the last token at N-1, as the full run's continuation did).

@@ -18,7 +18,8 @@
 // || run) in nats and top-1 agreement at the last context position and the
 // `continue_tokens` positions after it, for blend and naive.
 // recompute_fraction = layer x position work of the blend (the last token
-// included) over the full prefill's.
+// included) over the full prefill's; a KV-pass row counts at its share of a
+// layer's multiply-adds (Transformer::KvMacs / LayerMacs).
 // Thread-safety: reentrant (each call builds its own transformer and store).
 #pragma once
 
@@ -36,6 +37,7 @@ struct BlendEvalOptions {
   double ratio = 0.15;
   std::vector<int> check_layers = {1};
   int first_tokens = 0;          // BlendOptions::first_tokens (EPIC/LegoLink anchors)
+  bool kv_pass = true;           // BlendOptions::kv_pass (false: check layers run whole, as CacheBlend)
   int continue_tokens = 31;      // positions compared after the last context position
   int max_contexts = 0;          // 0: as many as the chunks allow (each chunk used once)
   std::uint32_t seed = 1;        // the shuffles
@@ -58,6 +60,7 @@ struct BlendVariant {
   double ratio = 0.15;
   std::vector<int> check_layers = {1};
   int first_tokens = 0;
+  bool kv_pass = true;
 };
 
 // kInvalidArgument when the text holds fewer than `chunks` chunks or the
@@ -66,7 +69,7 @@ Result<BlendEvalResult> EvaluateBlend(const model::Checkpoint& weights, const st
                                       const std::vector<int>& suffix, const BlendEvalOptions& options);
 
 // Several blend settings over the same contexts in one pass (options.ratio
-// options.check_layers and options.first_tokens are ignored): per context naive reuse and then
+// options.check_layers, options.first_tokens and options.kv_pass are ignored): per context naive reuse and then
 // each variant, each run after a full prefill timed for it. One result per
 // variant, in order; all share one full-prefill series (ttft_full_ms is its
 // median, ttft_full_samples its length: contexts x (variants + 1)) and the

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The reference transformer as a blend engine (tests, `kdn blend eval`, the
-// demo): LayerEngine::Layer is Transformer::ForwardLayer.
+// demo): LayerEngine::Layer is Transformer::ForwardLayer, KvPass ForwardKv.
 // Thread-safety: as the transformer (one thread at a time).
 #pragma once
 
@@ -17,9 +17,18 @@ class TransformerEngine final : public LayerEngine {
     return t_.ForwardLayer(layer, positions, tokens, hidden, k_layer, v_layer, total);
   }
   int hidden_dim() const override { return t_.config().dim; }
+  Status KvPass(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                float* k_layer, float* v_layer, int total) override {
+    return t_.ForwardKv(layer, positions, tokens, hidden, k_layer, v_layer, total);
+  }
+  bool has_kv_pass() const override { return kv_pass_; }
+  double kv_pass_cost(int total) const override { return t_.KvMacs() / t_.LayerMacs(total); }
+  // Without a KV pass, check layers run whole (CacheBlend as published).
+  void set_kv_pass(bool on) { kv_pass_ = on; }
 
  private:
   model::Transformer& t_;
+  bool kv_pass_ = true;
 };
 
 // The RoPE of a llama2.c model (interleaved pairs, theta 10000, the whole head).

@@ -223,7 +223,7 @@ void Transformer::Prepare(std::span<const int> positions) {
 
 void Transformer::Layer(int l, std::span<const int> positions, float* x, float* k_layer, float* v_layer) {
   const ModelConfig& c = config();
-  const int dim = c.dim, kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim(), pairs = hd / 2;
+  const int dim = c.dim, hid = c.hidden_dim, hd = c.head_dim(), pairs = hd / 2;
   const int n = static_cast<int>(positions.size());
   const size_t N = positions.size();
   auto rope = [&](float* rows, int width) {
@@ -241,15 +241,8 @@ void Transformer::Layer(int l, std::span<const int> positions, float* x, float* 
   const Checkpoint::Layer& L = w_.layer(l);
   for (int i = 0; i < n; ++i) RmsNorm(&x[static_cast<size_t>(i) * dim], L.rms_att, &xb_[static_cast<size_t>(i) * dim], dim);
   MatMul(xb_.data(), L.wq, q_.data(), n, dim, dim);
-  MatMul(xb_.data(), L.wk, k_.data(), n, dim, kvd);
-  MatMul(xb_.data(), L.wv, v_.data(), n, dim, kvd);
   rope(q_.data(), dim);
-  rope(k_.data(), kvd);
-  for (int i = 0; i < n; ++i) {
-    const size_t at = static_cast<size_t>(positions[i]) * kvd;
-    std::memcpy(k_layer + at, k_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
-    std::memcpy(v_layer + at, v_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
-  }
+  ProjectKv(L, positions, k_layer, v_layer);
   Attention(positions.data(), n, k_layer, v_layer);
   MatMul(att_.data(), L.wo, tmp_.data(), n, dim, dim);
   for (size_t e = 0; e < N * dim; ++e) x[e] += tmp_[e];
@@ -266,8 +259,61 @@ void Transformer::Layer(int l, std::span<const int> positions, float* x, float* 
   for (size_t e = 0; e < N * dim; ++e) x[e] += tmp_[e];
 }
 
-Status Transformer::ForwardLayer(int layer, std::span<const int> positions, std::span<const int> tokens,
-                                 float* hidden, float* k_layer, float* v_layer, int total_positions) {
+void Transformer::ProjectKv(const Checkpoint::Layer& L, std::span<const int> positions, float* k_layer,
+                            float* v_layer) {
+  const ModelConfig& c = config();
+  const int dim = c.dim, kvd = c.kv_dim(), hd = c.head_dim(), pairs = hd / 2;
+  const int n = static_cast<int>(positions.size());
+  MatMul(xb_.data(), L.wk, k_.data(), n, dim, kvd);
+  MatMul(xb_.data(), L.wv, v_.data(), n, dim, kvd);
+  for (int i = 0; i < n; ++i) {
+    float* r = k_.data() + static_cast<size_t>(i) * kvd;
+    for (int h = 0; h < kvd / hd; ++h) {
+      for (int j = 0; j < pairs; ++j) {
+        float* e = r + h * hd;
+        kernels::rope_rotate(e[kernels::rope_first(j, false)], e[kernels::rope_second(j, hd, false)],
+                             cs_[static_cast<size_t>(i) * pairs + j], sn_[static_cast<size_t>(i) * pairs + j]);
+      }
+    }
+    const size_t at = static_cast<size_t>(positions[i]) * kvd;
+    std::memcpy(k_layer + at, r, kvd * sizeof(float));
+    std::memcpy(v_layer + at, v_.data() + static_cast<size_t>(i) * kvd, kvd * sizeof(float));
+  }
+}
+
+Status Transformer::ForwardKv(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                              float* k_layer, float* v_layer, int total_positions) {
+  KDN_RETURN_IF_ERROR(CheckLayerCall(layer, positions, tokens, total_positions));
+  if (positions.empty()) return Status::Ok();
+  const ModelConfig& c = config();
+  const size_t dim = static_cast<size_t>(c.dim);
+  if (layer == 0) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::memcpy(hidden + i * dim, w_.tok_emb() + static_cast<size_t>(tokens[i]) * dim, dim * sizeof(float));
+    }
+  }
+  Prepare(positions);
+  const Checkpoint::Layer& L = w_.layer(layer);
+  for (size_t i = 0; i < positions.size(); ++i) RmsNorm(hidden + i * dim, L.rms_att, &xb_[i * dim], c.dim);
+  ProjectKv(L, positions, k_layer, v_layer);
+  return Status::Ok();
+}
+
+double Transformer::KvMacs() const {
+  const ModelConfig& c = config();
+  return 2.0 * c.dim * c.kv_dim();
+}
+
+double Transformer::LayerMacs(int total) const {
+  const ModelConfig& c = config();
+  const double dim = c.dim;
+  // Q and O, K and V, the feed-forward's three matrices, and attention
+  // (scores and the weighted sum: 2 x dim per attended position).
+  return 2.0 * dim * dim + KvMacs() + 3.0 * dim * c.hidden_dim + dim * (total + 1.0);
+}
+
+Status Transformer::CheckLayerCall(int layer, std::span<const int> positions, std::span<const int> tokens,
+                                   int total_positions) const {
   const ModelConfig& c = config();
   if (layer < 0 || layer >= c.n_layers) return Status::InvalidArgument("forward layer: no layer " + std::to_string(layer));
   if (positions.empty()) return Status::Ok();
@@ -283,6 +329,14 @@ Status Transformer::ForwardLayer(int layer, std::span<const int> positions, std:
       return Status::InvalidArgument("forward layer: token id " + std::to_string(tokens[i]) + " outside the vocabulary");
     }
   }
+  return Status::Ok();
+}
+
+Status Transformer::ForwardLayer(int layer, std::span<const int> positions, std::span<const int> tokens,
+                                 float* hidden, float* k_layer, float* v_layer, int total_positions) {
+  KDN_RETURN_IF_ERROR(CheckLayerCall(layer, positions, tokens, total_positions));
+  if (positions.empty()) return Status::Ok();
+  const ModelConfig& c = config();
   const size_t dim = static_cast<size_t>(c.dim);
   if (layer == 0) {
     for (size_t i = 0; i < tokens.size(); ++i) {

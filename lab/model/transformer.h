@@ -77,6 +77,17 @@ class Transformer {
   // position through every layer reproduces Forward's KV bit for bit.
   Status ForwardLayer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
                       float* k_layer, float* v_layer, int total_positions);
+  // Only the K and V of a layer for some positions (the blender's KV pass):
+  // as ForwardLayer writes them, bit for bit, without the attention and the
+  // feed-forward; `hidden` stays the layer's input (at layer 0 it is filled
+  // from `tokens`' embeddings).
+  Status ForwardKv(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                   float* k_layer, float* v_layer, int total_positions);
+  // Multiply-adds per position of one layer, in a context of `total`
+  // positions (causal attention: about (total + 1) / 2 of them per query),
+  // and of the K and V projections alone.
+  double LayerMacs(int total) const;
+  double KvMacs() const;
   // The logits ([rows][vocab]) of final hidden rows (after the last layer).
   void Logits(const float* hidden, int rows, std::vector<float>* logits);
 
@@ -88,6 +99,11 @@ class Transformer {
   // Layer l for rows x (one per position; Prepare first), KV of the layer.
   void Layer(int l, std::span<const int> positions, float* x, float* k_layer, float* v_layer);
   void Attention(const int* positions, int n, const float* k_layer, const float* v_layer);
+  // K and V of the n rows normalised in xb_ (Prepare first), rotated and
+  // written at their positions.
+  void ProjectKv(const Checkpoint::Layer& L, std::span<const int> positions, float* k_layer, float* v_layer);
+  Status CheckLayerCall(int layer, std::span<const int> positions, std::span<const int> tokens,
+                        int total_positions) const;
 
   const Checkpoint& w_;
   std::unique_ptr<ThreadPool> pool_;

@@ -54,9 +54,11 @@ Piece Cached(model::Transformer& t, const std::vector<std::int32_t>& tokens) {
   return Piece{tokens, cache.Export(1, 1 + static_cast<int>(tokens.size())), 1};
 }
 
+// One check layer (1), as CacheBlend: the mechanics tests count on it.
 BlendOptions Options(const model::ModelConfig& c, double ratio) {
   BlendOptions o;
   o.ratio = ratio;
+  o.check_layers = {1};
   o.rope = Llama2cRope(c);
   return o;
 }
@@ -154,6 +156,7 @@ TEST(BlendTest, SelectsTheRatioAndGradually) {
   TransformerEngine engine(*f.t);
   std::vector<float> kv;
   BlendOptions o = Options(c, 0.2);
+  o.kv_pass = false;  // check layers run whole, as CacheBlend publishes it (the KV pass: below)
   Result<BlendReport> r = Compose(ShapeOf(c), pieces, o, engine, &kv);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->selected, 12);  // 20% of 60
@@ -214,7 +217,10 @@ TEST(BlendTest, FirstTokensOfEachPieceRunThroughEveryLayer) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->anchored, 6);
   EXPECT_EQ(r->selected, 11);
-  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>{65, 65, 22, 22, 22}));
+  // Check layer 1 by a KV pass over the 54 candidates; the 11 selected, the
+  // 6 anchored and the 5 fresh run it whole.
+  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>{65, 22, 22, 22, 22}));
+  EXPECT_EQ(r->kv_pass_per_layer, (std::vector<int>{0, 54, 0, 0, 0}));
   for (int p : r->selected_positions) {
     EXPECT_FALSE((p >= 1 && p < 4) || (p >= 31 && p < 34)) << p << " is anchored, not selected";
   }
@@ -234,6 +240,91 @@ TEST(BlendTest, FirstTokensOfEachPieceRunThroughEveryLayer) {
   // A negative count is refused.
   anchors.first_tokens = -1;
   EXPECT_EQ(Compose(ShapeOf(c), pieces, anchors, engine, &kv).status().code(), Code::kInvalidArgument);
+}
+
+// A KV pass at the check layers (the engine gives a layer's K and V alone):
+// the same selection and the same KV as whole check layers, bit for bit,
+// for less work; the pass's rows are counted at the engine's stated cost. At
+// ratio 1 nothing would be dropped, so no pass is made.
+TEST(BlendTest, AKvPassAtTheCheckLayersGivesTheSameKvForLessWork) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  std::vector<Piece> pieces = TwoChunksAndAQuery(*f.t);
+  TransformerEngine engine(*f.t);
+  const double cost = engine.kv_pass_cost(65);
+  EXPECT_GT(cost, 0.0);
+  EXPECT_LT(cost, 0.1);  // K and V are a small part of a layer's work
+  struct Case {
+    double ratio;
+    std::vector<int> checks;
+    int first_tokens;
+    std::vector<int> whole_layers, pass_rows;
+  };
+  const Case cases[] = {
+      {0.2, {1}, 0, {65, 17, 17, 17, 17}, {0, 60, 0, 0, 0}},
+      {0.2, {1, 3}, 0, {65, 32, 32, 17, 17}, {0, 60, 0, 27, 0}},  // 27 after layer 1, 12 after layer 3
+      {0.2, {0}, 0, {17, 17, 17, 17, 17}, {60, 0, 0, 0, 0}},      // blind at layer 0, but valid
+      {0.2, {1}, 3, {65, 22, 22, 22, 22}, {0, 54, 0, 0, 0}},
+      {1.0, {1}, 0, {65, 65, 65, 65, 65}, {0, 0, 0, 0, 0}},
+  };
+  for (const Case& k : cases) {
+    BlendOptions o = Options(c, k.ratio);
+    o.check_layers = k.checks;
+    o.first_tokens = k.first_tokens;
+    std::vector<float> by_pass, whole;
+    Result<BlendReport> a = Compose(ShapeOf(c), pieces, o, engine, &by_pass);
+    o.kv_pass = false;
+    Result<BlendReport> b = Compose(ShapeOf(c), pieces, o, engine, &whole);
+    ASSERT_TRUE(a.ok() && b.ok()) << k.ratio;
+    EXPECT_EQ(a->selected_positions, b->selected_positions) << k.ratio;
+    EXPECT_EQ(a->recomputed_per_layer, k.whole_layers) << k.ratio;
+    EXPECT_EQ(a->kv_pass_per_layer, k.pass_rows) << k.ratio;
+    EXPECT_EQ(b->kv_pass_per_layer, std::vector<int>(5, 0));
+    ASSERT_EQ(by_pass.size(), whole.size());
+    for (size_t i = 0; i < by_pass.size(); ++i) ASSERT_EQ(by_pass[i], whole[i]) << k.ratio << " at " << i;
+    const double passes = std::accumulate(k.pass_rows.begin(), k.pass_rows.end(), 0.0);
+    EXPECT_NEAR(a->recompute_fraction,
+                (std::accumulate(k.whole_layers.begin(), k.whole_layers.end(), 0.0) + cost * passes) / (5 * 65.0),
+                1e-12);
+    if (passes > 0) {
+      EXPECT_LT(a->recompute_fraction, b->recompute_fraction) << k.ratio;
+    } else {
+      EXPECT_EQ(a->recompute_fraction, b->recompute_fraction);
+    }
+  }
+}
+
+// The defaults (chosen on the tuning text, docs/blending.md): ratio 0.28 over
+// check layers 1 and 2 by a KV pass; fewer check layers in shallower models.
+TEST(BlendTest, DefaultsAreTheTunedMethod) {
+  const BlendOptions d;
+  EXPECT_EQ(d.ratio, 0.28);
+  EXPECT_TRUE(d.kv_pass);
+  EXPECT_EQ(d.first_tokens, 0);
+  EXPECT_EQ(CheckLayersFor(d, 32), (std::vector<int>{1, 2}));
+  EXPECT_EQ(CheckLayersFor(d, 5), (std::vector<int>{1, 2}));
+  EXPECT_EQ(CheckLayersFor(d, 2), (std::vector<int>{1}));
+  EXPECT_EQ(CheckLayersFor(d, 1), (std::vector<int>{0}));
+  BlendOptions mine;
+  mine.check_layers = {3};
+  EXPECT_EQ(CheckLayersFor(mine, 5), (std::vector<int>{3}));
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  std::vector<Piece> pieces = TwoChunksAndAQuery(*f.t);
+  TransformerEngine engine(*f.t);
+  BlendOptions o;
+  o.rope = Llama2cRope(c);
+  std::vector<float> kv;
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, o, engine, &kv);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  // 60 cached: 60 x 0.28^(1/2) = 32 after layer 1, 60 x 0.28 = 17 after layer 2.
+  EXPECT_EQ(r->kv_pass_per_layer, (std::vector<int>{0, 60, 32, 0, 0}));
+  EXPECT_EQ(r->recomputed_per_layer, (std::vector<int>{65, 37, 22, 22, 22}));
+  EXPECT_EQ(r->selected, 17);
 }
 
 // An engine that fails at one layer.
@@ -268,6 +359,52 @@ TEST(BlendTest, AFailingEngineStopsTheBlendWithItsStatus) {
   EXPECT_EQ(r.status().code(), Code::kUnavailable);
   EXPECT_NE(r.status().message().find("layer 2"), std::string::npos);
   EXPECT_EQ(engine.calls, 3);  // layers 0, 1, 2: nothing after the failure
+}
+
+// An engine whose KV pass fails: the blend stops with its status.
+class FailingKvPassEngine final : public LayerEngine {
+ public:
+  explicit FailingKvPassEngine(LayerEngine& inner) : inner_(inner) {}
+  Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden, float* k,
+               float* v, int total) override {
+    ++layers;
+    return inner_.Layer(layer, positions, tokens, hidden, k, v, total);
+  }
+  Status KvPass(int layer, std::span<const int>, std::span<const int>, float*, float*, float*, int) override {
+    return Status(Code::kUnavailable, "engine: no K at layer " + std::to_string(layer));
+  }
+  bool has_kv_pass() const override { return true; }
+  double kv_pass_cost(int) const override { return cost; }
+  int hidden_dim() const override { return inner_.hidden_dim(); }
+  int layers = 0;
+  double cost = 0.05;
+
+ private:
+  LayerEngine& inner_;
+};
+
+TEST(BlendTest, AFailingKvPassStopsTheBlendAndABadCostIsRefused) {
+  KDN_REQUIRE_MODEL();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  std::vector<Piece> pieces = {Cached(*f.t, Chunk(9, 10)), Piece{Chunk(10, 3), {}, 0}};
+  TransformerEngine inner(*f.t);
+  FailingKvPassEngine engine(inner);
+  std::vector<float> kv;
+  Result<BlendReport> r = Compose(ShapeOf(c), pieces, Options(c, 0.5), engine, &kv);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_NE(r.status().message().find("no K at layer 1"), std::string::npos);
+  EXPECT_EQ(engine.layers, 1);  // layer 0, then the pass at layer 1 failed
+  BlendOptions whole = Options(c, 0.5);
+  whole.kv_pass = false;  // not asked for: the engine's pass is never called
+  EXPECT_TRUE(Compose(ShapeOf(c), pieces, whole, engine, &kv).ok());
+  for (double bad : {0.0, -1.0, 1.5, std::nan("")}) {
+    engine.cost = bad;
+    EXPECT_EQ(Compose(ShapeOf(c), pieces, Options(c, 0.5), engine, &kv).status().code(), Code::kInvalidArgument)
+        << bad;
+  }
 }
 
 TEST(BlendTest, RefusesBadInput) {

@@ -31,7 +31,7 @@ TEST(BlendEvalCli, PrintsTheIssuesJsonObject) {
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_TRUE(j.is_object());
-  EXPECT_EQ(j.size(), 11u) << r.out;  // issue 5's ten, then first_tokens (issue 34)
+  EXPECT_EQ(j.size(), 12u) << r.out;  // issue 5's ten, then first_tokens and kv_pass (issue 34)
   size_t at = 0;  // the fields in the issue's order
   for (const char* key : {"contexts", "ratio", "recompute_fraction", "kl_blend_mean", "kl_naive_mean", "top1_blend",
                           "top1_naive", "ttft_full_ms", "ttft_blend_ms", "ttft_naive_ms"}) {
@@ -102,6 +102,18 @@ TEST(BlendBenchCli, QuickWritesTheRecordsAndAPlot) {
                         "blend_gradual_kl_ratio_vs_naive"}) {
     EXPECT_TRUE(names.count(m)) << m;
   }
+  // Issue 34's methods at about the same work: each record names its method and f.
+  for (const char* method : {"cacheblend", "kv_pass", "kdn_default", "first_k", "first_k_and_default"}) {
+    for (const char* what : {"_kl_ratio_vs_naive", "_kl", "_top1", "_f", "_ttft"}) {
+      const std::string name = std::string("blend_method_") + method + what;
+      ASSERT_TRUE(names.count(name)) << name;
+      for (const auto& rec : records) {
+        if (rec.at("name") != name) continue;
+        EXPECT_EQ(rec.at("params").at("method"), method) << rec.dump();
+        EXPECT_GT(rec.at("params").at("f").get<double>(), 0.0) << rec.dump();
+      }
+    }
+  }
   // One full-prefill series per run: every TTFT ratio is against it.
   double full_ms = 0;
   int samples = 0;
@@ -112,7 +124,7 @@ TEST(BlendBenchCli, QuickWritesTheRecordsAndAPlot) {
     }
   }
   EXPECT_GT(full_ms, 0.0);
-  EXPECT_EQ(samples, 4 * 9);  // --quick: 4 contexts x (naive + 7 ratios + gradual)
+  EXPECT_EQ(samples, 4 * 14);  // --quick: 4 contexts x (naive + 7 ratios + gradual + 5 methods)
   int against_full = 0;
   for (const auto& rec : records) {
     const std::string name = rec.at("name").get<std::string>();
@@ -134,7 +146,7 @@ TEST(BlendBenchCli, QuickWritesTheRecordsAndAPlot) {
       EXPECT_EQ(rec.at("params").at("baseline_samples").get<int>(), samples) << rec.dump();
     }
   }
-  EXPECT_EQ(against_full, 9);  // naive, 7 ratios, gradual
+  EXPECT_EQ(against_full, 14);  // naive, 7 ratios, gradual, 5 methods
   if (r.out.find("gnuplot not found") == std::string::npos) {
     std::ifstream p(png, std::ios::binary);
     char sig[8] = {};

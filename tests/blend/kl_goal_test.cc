@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// The blend's quality goal, KL(blend) / KL(naive reuse) <= 0.2 at 15%
-// (issue 5; docs/blending.md reports it), on the reference model over a text
-// the blend's settings were not chosen on (bench/texts/calibration.txt; the
-// check layers were chosen on stories.txt), with blend::EvaluateBlends as
-// `kdn bench blend` runs it. Deterministic: a change that breaks the goal, or
-// worsens the one-check-layer figure the docs report, fails here. No timings.
+// The blend's quality goal (issue 34; docs/blending.md reports it):
+// KL(blend) / KL(naive reuse) <= 0.2 at f <= 0.55 of a prefill's work (what
+// CacheBlend's 15% at one whole check layer costs) with top-1 >= 0.97, met
+// by kdn's default method (KV passes at check layers 1 and 2, 28%), on the
+// reference model over a text the method was not chosen on
+// (bench/texts/calibration.txt; it was chosen on stories.txt), with
+// blend::EvaluateBlends as `kdn bench blend` runs it. Deterministic: a change
+// that breaks the goal, or worsens the CacheBlend figure the docs report,
+// fails here. No timings.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -12,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/blend/blend.h"
 #include "lab/blend/eval.h"
 #include "lab/codec/eval.h"
 #include "lab/model/checkpoint.h"
@@ -21,15 +25,15 @@
 namespace kdn::blend {
 namespace {
 
-// The claims (docs/blending.md): gradual selection (check layers 1 and the
-// last) meets the goal at 15% while recomputing at most 70% of the work;
-// CacheBlend's one check layer does not (0.31 here, 0.32 on stories.txt),
-// and must not get worse than 0.35.
+// The claims (docs/blending.md): kdn's default meets the goal at the work
+// of CacheBlend's 15% (0.11 here at f 0.547); CacheBlend's own setting does
+// not (0.31 here, 0.32 on stories.txt), and must not get worse than 0.35.
 constexpr double kGoal = 0.2;
-constexpr double kGradualMaxWork = 0.7;
-constexpr double kOneLayerMax = 0.35;
+constexpr double kMaxWork = 0.55;
+constexpr double kMinTop1 = 0.97;
+constexpr double kCacheBlendMax = 0.35;
 
-TEST(BlendKlGoal, GradualSelectionMeetsItOnAHeldOutText) {
+TEST(BlendKlGoal, TheDefaultMeetsItOnAHeldOutTextAtCacheBlendsWork) {
   KDN_REQUIRE_MODEL();
   auto w = model::Checkpoint::Load(kdn::testing::ModelPath());
   auto tok = model::Tokenizer::Load(kdn::testing::TokenizerPath(), 512);
@@ -42,32 +46,36 @@ TEST(BlendKlGoal, GradualSelectionMeetsItOnAHeldOutText) {
   // `kdn bench blend`'s question.
   const std::vector<int> suffix = tok->Encode(" Question: What happened in the story? Answer:", /*bos=*/false);
   const int layers = w->config().n_layers;
+  const BlendOptions defaults;
 
   BlendEvalOptions o;  // chunks of 64 tokens, 4 per context, 31 continued tokens
-  Result<std::vector<BlendEvalResult>> r =
-      EvaluateBlends(*w, tokens, suffix, o, {{0.15, {1}}, {0.15, {1, layers - 1}}});
+  Result<std::vector<BlendEvalResult>> r = EvaluateBlends(
+      *w, tokens, suffix, o,
+      {{0.15, {1}, 0, /*kv_pass=*/false}, {defaults.ratio, CheckLayersFor(defaults, layers), 0, defaults.kv_pass}});
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_EQ(r->size(), 2u);
-  const BlendEvalResult& one = (*r)[0];
-  const BlendEvalResult& gradual = (*r)[1];
-  EXPECT_GE(one.contexts, 15);
-  ASSERT_GT(one.kl_naive_mean, 0.0);
-  EXPECT_EQ(one.kl_naive_mean, gradual.kl_naive_mean);  // one naive run per context, shared
-  const double one_ratio = one.kl_blend_mean / one.kl_naive_mean;
-  const double gradual_ratio = gradual.kl_blend_mean / gradual.kl_naive_mean;
-  const std::string got = "KL naive " + std::to_string(one.kl_naive_mean) + "; check layer 1: KL " +
-                          std::to_string(one.kl_blend_mean) + " (x" + std::to_string(one_ratio) + ", f " +
-                          std::to_string(one.recompute_fraction) + "); gradual: KL " +
-                          std::to_string(gradual.kl_blend_mean) + " (x" + std::to_string(gradual_ratio) + ", f " +
-                          std::to_string(gradual.recompute_fraction) + ")";
-  EXPECT_LE(gradual_ratio, kGoal) << got;
-  EXPECT_LE(gradual.recompute_fraction, kGradualMaxWork) << got;
-  EXPECT_LE(one_ratio, kOneLayerMax) << got;
-  EXPECT_LT(one.recompute_fraction, gradual.recompute_fraction) << got;
+  const BlendEvalResult& cacheblend = (*r)[0];
+  const BlendEvalResult& kdn = (*r)[1];
+  EXPECT_GE(cacheblend.contexts, 15);
+  ASSERT_GT(cacheblend.kl_naive_mean, 0.0);
+  EXPECT_EQ(cacheblend.kl_naive_mean, kdn.kl_naive_mean);  // one naive run per context, shared
+  const double cb_ratio = cacheblend.kl_blend_mean / cacheblend.kl_naive_mean;
+  const double kdn_ratio = kdn.kl_blend_mean / kdn.kl_naive_mean;
+  const std::string got = "KL naive " + std::to_string(cacheblend.kl_naive_mean) + "; CacheBlend: KL " +
+                          std::to_string(cacheblend.kl_blend_mean) + " (x" + std::to_string(cb_ratio) + ", f " +
+                          std::to_string(cacheblend.recompute_fraction) + "); kdn's default: KL " +
+                          std::to_string(kdn.kl_blend_mean) + " (x" + std::to_string(kdn_ratio) + ", f " +
+                          std::to_string(kdn.recompute_fraction) + ", top-1 " + std::to_string(kdn.top1_blend) + ")";
+  EXPECT_LE(kdn_ratio, kGoal) << got;
+  EXPECT_LE(kdn.recompute_fraction, kMaxWork) << got;
+  EXPECT_GE(kdn.top1_blend, kMinTop1) << got;
+  EXPECT_LE(kdn.recompute_fraction, cacheblend.recompute_fraction + 0.01) << got;  // the same work, within 1%
+  EXPECT_LE(cb_ratio, kCacheBlendMax) << got;
+  EXPECT_LT(kdn_ratio, cb_ratio / 2) << got;
   // Both runs shared one full-prefill series: a prefill before naive and
   // before each blend, per context.
-  EXPECT_EQ(one.ttft_full_samples, 3 * one.contexts);
-  EXPECT_EQ(one.ttft_full_ms, gradual.ttft_full_ms);
+  EXPECT_EQ(cacheblend.ttft_full_samples, 3 * cacheblend.contexts);
+  EXPECT_EQ(cacheblend.ttft_full_ms, kdn.ttft_full_ms);
 }
 
 }  // namespace

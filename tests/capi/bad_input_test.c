@@ -2066,11 +2066,13 @@ static void case_blend_bad_options(void) {
   kdn_blend_options opts;
   kdn_kv_view view;
   int i;
-  for (i = 0; i < 6; ++i) {
+  for (i = 0; i < 8; ++i) {
     blend_setup(seg, &opts, &view);
     switch (i) {
       case 0: opts.ratio = 1.5f, printf("  ratio 1.5\n"); break;
-      case 1: opts.ratio = -0.5f, printf("  ratio -0.5\n"); break;
+      case 1: opts.ratio = -0.5f, printf("  ratio -0.5 (only -1 asks for the default)\n"); break;
+      case 6: opts.kv_fn = opts.layer_fn, opts.kv_cost = 0.0f, printf("  kv_fn without kv_cost\n"); break;
+      case 7: opts.kv_fn = opts.layer_fn, opts.kv_cost = 2.0f, printf("  kv_cost 2\n"); break;
       case 2: opts.check_layers = NULL, opts.num_check_layers = 1, printf("  check_layers NULL, 1 of them\n"); break;
       case 3: opts.check_layers = beyond, opts.num_check_layers = 1, printf("  check layer 5 of 5\n"); break;
       case 4: opts.rope_scaling = (kdn_rope_scaling)3, printf("  rope_scaling 3\n"); break;

@@ -26,6 +26,7 @@ struct Engine {
   kdn::model::Transformer* t = nullptr;
   int fail_at = -1;
   int calls = 0;
+  int kv_calls = 0;
   // Calls whose buffer lengths disagreed with count, total and the shapes.
   int bad_lengths = 0;
 };
@@ -51,6 +52,24 @@ kdn_status Layer(void* user, uint32_t layer, const int32_t* positions, const int
   std::vector<int> pos(positions, positions + count), ids;
   if (tokens != nullptr) ids.assign(tokens, tokens + count);
   const kdn::Status s = e->t->ForwardLayer(static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
+  return s.ok() ? KDN_OK : KDN_ERR_INTERNAL;
+}
+
+// The KV pass (1.9): the reference transformer's K and V of a layer alone.
+kdn_status KvOnly(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
+                  float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
+                  size_t total) {
+  Engine* e = static_cast<Engine*>(user);
+  ++e->kv_calls;
+  const kdn::model::ModelConfig& c = e->t->config();
+  if (hidden_dim != static_cast<uint32_t>(c.dim) || hidden_len != count * hidden_dim ||
+      kv_len != total * static_cast<size_t>(c.kv_dim()) || (layer == 0) != (tokens != nullptr)) {
+    ++e->bad_lengths;
+    return KDN_ERR_INVALID_ARGUMENT;
+  }
+  std::vector<int> pos(positions, positions + count), ids;
+  if (tokens != nullptr) ids.assign(tokens, tokens + count);
+  const kdn::Status s = e->t->ForwardKv(static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
   return s.ok() ? KDN_OK : KDN_ERR_INTERNAL;
 }
 
@@ -231,6 +250,7 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   kdn::blend::TransformerEngine engine(*t_);
   kdn::blend::BlendOptions bo;
   bo.ratio = 0.25;
+  bo.check_layers = {1};  // without a kv_fn the C ABI's default is CacheBlend's check layer
   bo.rope = kdn::blend::Llama2cRope(c);
   std::vector<kdn::blend::Piece> pieces = {kdn::blend::Piece{bos, {}, 0}, b, a, kdn::blend::Piece{query, {}, 0}};
   std::vector<float> want;
@@ -301,6 +321,229 @@ TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   kv.num_tokens = total;
   seg[1].kind = static_cast<kdn_segment_kind>(7);
   EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+}
+
+// 1.9: a KV pass (kv_fn) gives the same KV as whole check layers for less
+// work; the defaults resolve by method (ratio < 0: 0.28 over check layers 1
+// and 2 with kv_fn, CacheBlend's 0.15 at layer 1 without); first_tokens
+// anchors each document's first tokens; a 1.8 caller's smaller struct
+// still blends as before.
+TEST_F(BlendApiTest, AKvPassGivesTheSameKvForLessWorkAndDefaultsResolveByMethod) {
+  const auto& c = t_->config();
+  Put("doc-a", Ids(1, 19));
+  Put("doc-b", Ids(2, 23));
+  const std::vector<int32_t> bos = {kBos}, query = Ids(3, 5);
+  kdn_blend_segment seg[4] = {Tokens(bos), Document("doc-b"), Document("doc-a"), Tokens(query)};
+  const size_t total = 1 + 23 + 19 + 5;
+  const size_t floats = total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim();
+  std::vector<float> by_pass(floats, -1.0f), whole(floats, -2.0f);
+  kdn_kv_view kv_pass_view = Canonical(by_pass, total), whole_view = Canonical(whole, total);
+  Engine e{t_.get()};
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  EXPECT_LT(o.ratio, 0.0f);  // the default of the method
+  o.hidden_dim = static_cast<uint32_t>(c.dim);
+  o.layer_fn = Layer;
+  o.user = &e;
+  o.kv_fn = KvOnly;
+  o.kv_cost = 0.05f;
+  kdn_blend_report a = KDN_BLEND_REPORT_INIT, b = KDN_BLEND_REPORT_INIT;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &kv_pass_view, 1, &a), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(e.bad_lengths, 0);
+  EXPECT_EQ(e.kv_calls, 2);  // check layers 1 and 2
+  EXPECT_FLOAT_EQ(a.ratio, 0.28f);
+  EXPECT_EQ(a.num_check_layers, 2u);
+  EXPECT_EQ(a.selected, 12u);                // 42 x 0.28, rounded
+  EXPECT_EQ(a.kv_passes, 42u + 22u);         // 42 candidates at layer 1, 42 x 0.28^(1/2) = 22 at layer 2
+  // The same blend without the pass (explicit ratio and check layers).
+  kdn_blend_options w = o;
+  w.kv_fn = nullptr;
+  w.ratio = 0.28f;
+  const uint32_t checks[2] = {1, 2};
+  w.check_layers = checks;
+  w.num_check_layers = 2;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &w, &whole_view, 1, &b), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(b.kv_passes, 0u);
+  EXPECT_EQ(b.selected, a.selected);
+  for (size_t i = 0; i < floats; ++i) ASSERT_EQ(by_pass[i], whole[i]) << i;
+  // Work: whole rows 48 at layer 0, 6 fresh + 22 kept at layer 1, 6 + 12 at
+  // layers 2-4; pass rows 64 at 0.05; over 5 layers x 48 positions.
+  EXPECT_NEAR(a.recompute_fraction, (48.0 + 28 + 3 * 18 + 0.05 * 64) / (5.0 * 48), 1e-6);
+  EXPECT_LT(a.recompute_fraction, b.recompute_fraction);
+  // Without kv_fn the default is CacheBlend's: 0.15 at check layer 1.
+  kdn_blend_options plain = o;
+  plain.kv_fn = nullptr;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &plain, &whole_view, 1, &b), KDN_OK);
+  EXPECT_FLOAT_EQ(b.ratio, 0.15f);
+  EXPECT_EQ(b.num_check_layers, 1u);
+  EXPECT_EQ(b.selected, 6u);  // 42 x 0.15, rounded
+  // First tokens: each document's first 3 run every layer.
+  kdn_blend_options anchors = o;
+  anchors.first_tokens = 3;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &anchors, &kv_pass_view, 1, &a), KDN_OK);
+  EXPECT_EQ(a.anchored, 6u);
+  // A kv_fn without its cost, or a cost outside (0, 1], is refused.
+  for (float bad : {0.0f, -0.5f, 1.5f}) {
+    kdn_blend_options nocost = o;
+    nocost.kv_cost = bad;
+    EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &nocost, &kv_pass_view, 1, &a), KDN_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(kdn_last_error_message()).find("kv_cost"), std::string::npos);
+  }
+  // A 1.8 caller: its struct ends before kv_fn, its report before anchored.
+  kdn_blend_options old = o;
+  old.struct_size = KDN_BLEND_OPTIONS_SIZE_V1;
+  old.ratio = 0.15f;
+  old.kv_fn = KvOnly;  // beyond its size: never read
+  kdn_blend_report old_report = KDN_BLEND_REPORT_INIT;
+  old_report.struct_size = KDN_BLEND_REPORT_SIZE_V1;
+  old_report.anchored = 77;  // beyond its size: never written
+  const int kv_calls = e.kv_calls;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &old, &whole_view, 1, &old_report), KDN_OK)
+      << kdn_last_error_message();
+  EXPECT_EQ(e.kv_calls, kv_calls);
+  EXPECT_EQ(old_report.filled_size, KDN_BLEND_REPORT_SIZE_V1);
+  EXPECT_EQ(old_report.selected, 6u);
+  EXPECT_EQ(old_report.anchored, 77u);
+}
+
+// 1.9: blending by text. kdn_kv_match finds the documents' chunks in a
+// context's tokens at any offset; kdn_kv_blend_tokens places them and
+// computes the rest: the same KV, bit for bit, as kdn_kv_blend given the
+// same documents as segments.
+TEST_F(BlendApiTest, BlendsAContextGivenAsTokensAsTheSegmentsWould) {
+  const auto& c = t_->config();
+  const std::vector<int32_t> a = Ids(1, 19), b = Ids(2, 23), between = Ids(4, 3), query = Ids(3, 5);
+  Put("doc-a", a);
+  Put("doc-b", b);
+  std::vector<int32_t> ctx = {kBos};
+  ctx.insert(ctx.end(), b.begin(), b.end());
+  ctx.insert(ctx.end(), between.begin(), between.end());
+  ctx.insert(ctx.end(), a.begin(), a.end());
+  ctx.insert(ctx.end(), query.begin(), query.end());
+  const size_t total = ctx.size();  // 1 + 23 + 3 + 19 + 5
+  kdn_token_range ranges[4];
+  size_t count = 99;
+  ASSERT_EQ(kdn_kv_match(model_, "t", 1, ctx.data(), ctx.size(), ranges, 4, &count), KDN_OK) << kdn_last_error_message();
+  ASSERT_EQ(count, 2u);
+  EXPECT_EQ(ranges[0].begin, 1u);
+  EXPECT_EQ(ranges[0].end, 24u);
+  EXPECT_EQ(ranges[1].begin, 27u);
+  EXPECT_EQ(ranges[1].end, 46u);
+  // Room for one: the count says two, one is written.
+  kdn_token_range one[2] = {{7, 7}, {7, 7}};
+  ASSERT_EQ(kdn_kv_match(model_, "t", 1, ctx.data(), ctx.size(), one, 1, &count), KDN_OK);
+  EXPECT_EQ(count, 2u);
+  EXPECT_EQ(one[0].begin, 1u);
+  EXPECT_EQ(one[1].begin, 7u);
+  // Another tenant's context finds nothing of these documents.
+  ASSERT_EQ(kdn_kv_match(model_, "u", 1, ctx.data(), ctx.size(), ranges, 4, &count), KDN_OK);
+  EXPECT_EQ(count, 0u);
+  EXPECT_EQ(kdn_kv_match(model_, "t", 1, ctx.data(), ctx.size(), nullptr, 4, &count), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_match(model_, "t", 1, ctx.data(), ctx.size(), ranges, 4, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_match(model_, "t", 1, ctx.data(), 0, ranges, 4, &count), KDN_ERR_INVALID_ARGUMENT);
+
+  const size_t floats = total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim();
+  std::vector<float> by_text(floats, -1.0f), by_segments(floats, -2.0f);
+  kdn_kv_view text_view = Canonical(by_text, total), seg_view = Canonical(by_segments, total);
+  Engine e{t_.get()};
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  o.hidden_dim = static_cast<uint32_t>(c.dim);
+  o.layer_fn = Layer;
+  o.user = &e;
+  o.kv_fn = KvOnly;
+  o.kv_cost = 0.05f;
+  kdn_blend_report rt = KDN_BLEND_REPORT_INIT, rs = KDN_BLEND_REPORT_INIT;
+  ASSERT_EQ(kdn_kv_blend_tokens(model_, "t", 1, ctx.data(), ctx.size(), &o, &text_view, 1, &rt), KDN_OK)
+      << kdn_last_error_message();
+  const std::vector<int32_t> bos = {kBos};
+  kdn_blend_segment seg[5] = {Tokens(bos), Document("doc-b"), Tokens(between), Document("doc-a"), Tokens(query)};
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 5, &o, &seg_view, 1, &rs), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(rt.positions, total);
+  EXPECT_EQ(rt.cached_positions, 42u);
+  EXPECT_EQ(rt.fresh_positions, 9u);
+  EXPECT_EQ(rt.selected, rs.selected);
+  EXPECT_EQ(rt.recompute_fraction, rs.recompute_fraction);
+  for (size_t i = 0; i < floats; ++i) ASSERT_EQ(by_text[i], by_segments[i]) << i;
+  // A document replaced by other tokens is no longer found: its tokens are
+  // computed now (the context's KV is then what full prefill computes for
+  // that part at ratio 1).
+  Put("doc-b", Ids(9, 23));
+  ASSERT_EQ(kdn_kv_match(model_, "t", 1, ctx.data(), ctx.size(), ranges, 4, &count), KDN_OK);
+  ASSERT_EQ(count, 1u);
+  EXPECT_EQ(ranges[0].begin, 27u);
+  ASSERT_EQ(kdn_kv_blend_tokens(model_, "t", 1, ctx.data(), ctx.size(), &o, &text_view, 1, &rt), KDN_OK);
+  EXPECT_EQ(rt.cached_positions, 19u);
+  EXPECT_EQ(rt.fresh_positions, 32u);
+  // Bad arguments.
+  EXPECT_EQ(kdn_kv_blend_tokens(model_, "t", 1, ctx.data(), 0, &o, &text_view, 1, &rt), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend_tokens(model_, "t", 1, ctx.data(), ctx.size(), nullptr, &text_view, 1, &rt),
+            KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_kv_blend_tokens(model_, "t", 1, ctx.data(), ctx.size(), &o, nullptr, 0, &rt), KDN_ERR_INVALID_ARGUMENT);
+  text_view.num_tokens = total - 1;
+  EXPECT_NE(kdn_kv_blend_tokens(model_, "t", 1, ctx.data(), ctx.size(), &o, &text_view, 1, &rt), KDN_OK);
+  EXPECT_EQ(rt.filled_size, 0u);
+}
+
+// A part of a document (its chunks 1 and 2 of 3, with 8-token chunks) is
+// placed from where it sits in the document: the blend equals the library's
+// Compose of a piece whose KV was computed at positions 8..23.
+TEST_F(BlendApiTest, APartOfADocumentIsPlacedFromItsPlaceInTheDocument) {
+  const auto& c = t_->config();
+  kdn_runtime_options ro = KDN_RUNTIME_OPTIONS_INIT;
+  ro.chunk_tokens = 8;
+  kdn_runtime* rt = nullptr;
+  ASSERT_EQ(kdn_runtime_create(&ro, &rt), KDN_OK);
+  kdn_model* model = nullptr;
+  const kdn_model_spec spec = Spec();
+  ASSERT_EQ(kdn_model_create(rt, &spec, &model), KDN_OK);
+  const std::vector<int32_t> doc = Ids(5, 24), query = Ids(6, 4);
+  kdn::model::KvCache alone = t_->NewCache();
+  ASSERT_TRUE(t_->Forward(std::vector<int>(doc.begin(), doc.end()), 0, alone, nullptr).ok());
+  std::vector<float> kv0 = alone.Export(0, 24);
+  const kdn_kv_view put_view = Canonical(kv0, 24);
+  ASSERT_EQ(kdn_knowledge_put(model, "t", 1, "d", 1, 1, "", 0, doc.data(), doc.size(), &put_view, 1), KDN_OK);
+  std::vector<int32_t> ctx = {kBos};
+  ctx.insert(ctx.end(), doc.begin() + 8, doc.end());
+  ctx.insert(ctx.end(), query.begin(), query.end());
+  kdn_token_range ranges[2];
+  size_t count = 0;
+  ASSERT_EQ(kdn_kv_match(model, "t", 1, ctx.data(), ctx.size(), ranges, 2, &count), KDN_OK);
+  ASSERT_EQ(count, 1u);  // chunks 1 and 2, one range
+  EXPECT_EQ(ranges[0].begin, 1u);
+  EXPECT_EQ(ranges[0].end, 17u);
+  const size_t total = ctx.size();
+  std::vector<float> out(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f);
+  kdn_kv_view view = Canonical(out, total);
+  Engine e{t_.get()};
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  o.ratio = 0.25f;
+  o.hidden_dim = static_cast<uint32_t>(c.dim);
+  o.layer_fn = Layer;
+  o.user = &e;
+  kdn_blend_report rep = KDN_BLEND_REPORT_INIT;
+  ASSERT_EQ(kdn_kv_blend_tokens(model, "t", 1, ctx.data(), ctx.size(), &o, &view, 1, &rep), KDN_OK)
+      << kdn_last_error_message();
+  EXPECT_EQ(rep.cached_positions, 16u);
+  // The library: the slice's KV, computed at positions 8..23 of the document.
+  const size_t kvd = static_cast<size_t>(c.kv_dim());
+  std::vector<float> slice;
+  for (size_t lk = 0; lk < static_cast<size_t>(c.n_layers) * 2; ++lk) {
+    slice.insert(slice.end(), kv0.begin() + static_cast<std::ptrdiff_t>((lk * 24 + 8) * kvd),
+                 kv0.begin() + static_cast<std::ptrdiff_t>((lk * 24 + 24) * kvd));
+  }
+  kdn::blend::TransformerEngine engine(*t_);
+  kdn::blend::BlendOptions bo;
+  bo.ratio = 0.25;
+  bo.check_layers = {1};
+  bo.rope = kdn::blend::Llama2cRope(c);
+  const std::vector<kdn::blend::Piece> pieces = {
+      kdn::blend::Piece{{kBos}, {}, 0}, kdn::blend::Piece{std::vector<int32_t>(doc.begin() + 8, doc.end()), slice, 8},
+      kdn::blend::Piece{query, {}, 0}};
+  std::vector<float> want;
+  ASSERT_TRUE(kdn::blend::Compose(kdn::blend::ShapeOf(c), pieces, bo, engine, &want).ok());
+  ASSERT_EQ(want.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], want[i]) << i;
+  kdn_model_destroy(model);
+  kdn_runtime_destroy(rt);
 }
 
 }  // namespace

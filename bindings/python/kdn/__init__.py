@@ -18,8 +18,8 @@ is not an error. Runtime, Model and Op are context managers. KV memory is any
 buffer (numpy arrays, bytearray, ...) or, since 1.5, a GPU array
 (__cuda_array_interface__ or DLPack: torch, CuPy) on the runtime's device.
 
-The package covers kdn's C ABI 1.8 (and the experimental editor and
-blending); it needs libkdn 1.8 or a later 1.x, and its wheel carries one.
+The package covers kdn's C ABI 1.9 (and the experimental editor and
+blending); it needs libkdn 1.9 or a later 1.x, and its wheel carries one.
 """
 from ._native import native as _s  # first: on the wrong Python, fails saying so
 from ._enums import (DeviceMode, DType, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState, RopeScaling,

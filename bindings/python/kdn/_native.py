@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The SWIG module, imported first: on a Python other than the one the
 extension was built for, the import fails saying so; with a libkdn older
-than the C ABI this package covers (1.8), it fails saying that.
+than the C ABI this package covers (1.9), it fails saying that.
 
 The extension's name carries the ABI it was built for
 (_kdn_swig.cpython-311-x86_64-linux-gnu.so). Another Python looks for its own
@@ -30,8 +30,8 @@ def _load():
             f"(-DPython3_EXECUTABLE={sys.executable})", name="kdn") from e
 
 
-# The C ABI level this package uses: libkdn 1.8 or a later 1.x serves it.
-BINDING_VERSION_MAJOR, BINDING_VERSION_MINOR = 1, 8
+# The C ABI level this package uses: libkdn 1.9 or a later 1.x serves it.
+BINDING_VERSION_MAJOR, BINDING_VERSION_MINOR = 1, 9
 
 
 def check_library_version(number):

@@ -780,8 +780,9 @@ class Model(_Handle):
 
     # ---- Blending (experimental in kdn.h) ----
 
-    def blend(self, ns, segments, kv, view=None, *, layer_fn, hidden_dim, ratio=0.15, threshold=None,
-              check_layers=None, rope_scaling=RopeScaling.NONE, rope_factor=1.0, stream=None):
+    def blend(self, ns, segments, kv, view=None, *, layer_fn, hidden_dim, ratio=None, threshold=None,
+              check_layers=None, rope_scaling=RopeScaling.NONE, rope_factor=1.0, kv_fn=None, kv_cost=None,
+              first_tokens=0, stream=None):
         """Composes a context from pieces whose KV was computed alone
         (CacheBlend; experimental in kdn.h): documents (knowledge items)
         are placed and their keys rotated to their new positions; at the
@@ -816,13 +817,27 @@ class Model(_Handle):
         layer_fn may call kdn; a close it makes of this model is done once
         the blend has returned.
 
+        kv_fn (since 1.9): the KV pass, called like layer_fn: layer `layer`'s
+        K and V alone for the positions, written as layer_fn writes them,
+        bit for bit, and nothing else (no attention; hidden is the layer's
+        input, scratch after the call). With it a check layer costs, for the
+        tokens it drops, only their K and V: the KV is the same as without
+        it, the work less. kv_cost: its work per position over a whole
+        layer's, in (0, 1] (required with kv_fn; counted into
+        recompute_fraction). first_tokens (1.9): leading tokens of each
+        document recomputed at every layer (where a document computed alone
+        puts its attention sink; report.anchored counts them).
+
         hidden_dim: the engine's hidden width (required). ratio: fraction of
-        cached tokens recomputed, in [0, 1] (0.15); threshold: select by key
+        cached tokens recomputed, in [0, 1]; None: the method's default
+        (0.28 over check layers [1, 2] with kv_fn, 0.15 at check layer [1]
+        without; report.ratio says which). threshold: select by key
         deviation >= threshold instead (None: by ratio); check_layers: the
-        check layers, ascending (None: [1], or [0] for a one-layer model);
-        rope_scaling, rope_factor: how the model scales RoPE (the spec gives
-        theta, style and rotary_dim). NotFoundError when a document is
-        unknown or its KV is gone from every tier.
+        check layers, ascending (None: the method's, as for ratio; [0] for
+        a one-layer model); rope_scaling, rope_factor: how the model scales
+        RoPE (the spec gives theta, style and rotary_dim). NotFoundError when
+        a document is unknown or its KV is gone from every tier; kdn's
+        InvalidArgumentError (its message) for options it refuses.
         """
         segs = _s.BlendSegments()
         for i, seg in enumerate(segments):
@@ -841,26 +856,53 @@ class Model(_Handle):
                 segs.add_tokens(ids)
             else:
                 raise InvalidArgumentError(f"segment {i}: kind {kind!r}")
-        o = _s.BlendOptions()
-        try:
-            o.ratio = ratio
-            o.threshold = -1.0 if threshold is None else threshold
-            o.hidden_dim = hidden_dim
-            o.rope_scaling = int(rope_scaling)
-            o.rope_factor = rope_factor
-            for layer in check_layers or ():
-                o.add_check_layer(int(layer))
-        except (TypeError, OverflowError, ValueError) as e:
-            raise InvalidArgumentError(f"blend options: {e}") from e
-        if not callable(layer_fn):
-            raise InvalidArgumentError("layer_fn must be callable")
+        o = _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn,
+                           kv_cost, first_tokens)
         mem = self._memory(kv, True, None, False, stream)  # (a view of its own: the shape is checked below)
         if type(mem) is memoryview:
             return BlendReport._make(_s.kdn_py_blend(self._h, ns, segs, o, self._blend_view(view, mem), mem,
-                                                     layer_fn))
+                                                     layer_fn, kv_fn))
         with mem:
             return BlendReport._make(_s.kdn_py_blend_memory(self._h, ns, segs, o, self._blend_view(view, mem),
-                                                            mem.native, layer_fn))
+                                                            mem.native, layer_fn, kv_fn))
+
+    def blend_tokens(self, ns, tokens, kv, view=None, *, layer_fn, hidden_dim, ratio=None, threshold=None,
+                     check_layers=None, rope_scaling=RopeScaling.NONE, rope_factor=1.0, kv_fn=None, kv_cost=None,
+                     first_tokens=0, stream=None):
+        """blend() of the context given as its tokens (since 1.9,
+        kdn_kv_blend_tokens; experimental in kdn.h): the ranges match()
+        finds are placed from their documents' cached KV (a range whose
+        document no longer holds those tokens there is computed instead),
+        every other token is computed through layer_fn, and the blend
+        recomputes what the options select, as blend() does with the same
+        documents as segments. tokens: a kdn.Request of token ids, a
+        sequence of ints or an int32 buffer. view: None is the canonical
+        layout for the context (a 5-dimensional array's third dimension
+        must be its length); a KvView's room (num_tokens) is 0 or at least
+        the context. report.cached_positions says how much was placed. The
+        other arguments are blend()'s."""
+        o = _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn,
+                           kv_cost, first_tokens)
+        context = _request(tokens)
+        mem = self._memory(kv, True, tokens, view, stream)
+        if type(mem) is memoryview:
+            return BlendReport._make(_s.kdn_py_blend_tokens(self._h, ns, context, o, _view(view), mem, layer_fn,
+                                                            kv_fn))
+        with mem:
+            return BlendReport._make(_s.kdn_py_blend_tokens_memory(self._h, ns, context, o, _view(view),
+                                                                   mem.native, layer_fn, kv_fn))
+
+    def match(self, ns, tokens):
+        """Where this namespace's knowledge items occur in a context (since
+        1.9, kdn_kv_match; experimental in kdn.h): the ranges [begin, end)
+        of `tokens` (a kdn.Request of token ids, a sequence of ints or an
+        int32 buffer) that are chunks of documents, found at any offset, as
+        a list of (begin, end), ascending and not overlapping (consecutive
+        chunks of one document are one range). The tokens outside them are
+        the ones the engine must compute. Matching reads the index, not the
+        tiers: blend_tokens() computes a range whose chunks were evicted
+        since."""
+        return self._h.match(ns, _request(tokens))
 
     def _blend_view(self, view, mem):
         """A blend's view: the caller's, or the canonical layout with room
@@ -925,6 +967,32 @@ def _check_canonical_shape(shape, spec, tokens):
     if tuple(shape) != want:
         raise InvalidArgumentError(f"the KV array has shape {tuple(shape)}, but the canonical layout "
                                    f"[layer][k|v][token][kv_head][head_dim] of this model is {want} (or pass a KvView)")
+
+
+def _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn, kv_cost,
+                   first_tokens):
+    """The native BlendOptions of blend() and blend_tokens(): what Python
+    can tell is wrong is refused here; kdn checks the values."""
+    if not callable(layer_fn):
+        raise InvalidArgumentError("layer_fn must be callable")
+    if kv_fn is not None and not callable(kv_fn):
+        raise InvalidArgumentError("kv_fn must be callable (or None)")
+    if kv_fn is None and kv_cost is not None:
+        raise InvalidArgumentError("kv_cost is the cost of kv_fn's KV pass: pass kv_fn with it")
+    o = _s.BlendOptions()
+    try:
+        o.ratio = -1.0 if ratio is None else ratio  # kdn.h: -1 is the method's default
+        o.threshold = -1.0 if threshold is None else threshold
+        o.hidden_dim = hidden_dim
+        o.rope_scaling = int(rope_scaling)
+        o.rope_factor = rope_factor
+        o.kv_cost = 0.0 if kv_cost is None else kv_cost  # kdn refuses a kv_fn without its cost, saying so
+        o.first_tokens = first_tokens
+        for layer in check_layers or ():
+            o.add_check_layer(int(layer))
+    except (TypeError, OverflowError, ValueError) as e:
+        raise InvalidArgumentError(f"blend options: {e}") from e
+    return o
 
 
 class Op(_Handle):

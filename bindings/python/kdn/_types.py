@@ -286,9 +286,19 @@ class BlendReport(NamedTuple):
     """What a blend did: the composed context's positions, of them those
     placed from documents and those computed now, the cached positions
     recomputed past the last check layer, and the fraction of a full
-    prefill's layer x position work that was recomputed."""
+    prefill's layer x position work that was recomputed (KV passes counted
+    at kv_cost).
+
+    Since 1.9: anchored, the cached positions recomputed at every layer
+    (first_tokens); kv_passes, the positions x layers given only a KV pass
+    (kv_fn); ratio, the ratio used (the method's default resolved: 0.28 with
+    kv_fn, 0.15 without); num_check_layers, the check layers used."""
     positions: int
     cached_positions: int
     fresh_positions: int
     selected: int
     recompute_fraction: float
+    anchored: int = 0
+    kv_passes: int = 0
+    ratio: float = 0.0
+    num_check_layers: int = 0

@@ -10,6 +10,12 @@ output projection, then the SwiGLU feed-forward block, both residual. It is
 float32 like kdn's, not bitwise the same (another order of additions): the
 tests compare it with the repository's reference KV (computed in double
 precision by an independent forward pass) at a tolerance.
+
+Every row is computed alone, bit for bit the same whichever rows run with
+it: the products are numpy.einsum's (its own loops, one sum per output
+element), not a BLAS's, whose kernels may add in another order for another
+number of rows. A blend runs a layer for varying sets of positions, and the
+KV pass (kv) must write what the whole layer writes, bit for bit.
 """
 import os
 
@@ -100,6 +106,26 @@ class RefModel:
     def embed(self, tokens):
         return self.tok_emb[np.asarray(tokens, np.int64)].copy()
 
+    @staticmethod
+    def _mul(x, w):
+        """x [n][in] times w [out][in] transposed, row by row (see above)."""
+        return np.einsum("ni,oi->no", x, w)
+
+    def _kv_rows(self, l, positions, hidden, k, v):
+        """Writes the positions' K (after RoPE) and V of layer l into k, v;
+        returns the normed input, for the rest of the layer."""
+        xb = self._rms_norm(hidden, self.rms_att[l])
+        kk = self._mul(xb, self.wk[l])
+        self._rope(kk, positions, self.kv_heads)
+        k[positions] = kk
+        v[positions] = self._mul(xb, self.wv[l])
+        return xb
+
+    def kv(self, l, positions, hidden, k, v):
+        """The KV pass of layer l (a blend's kv_fn): the positions' K and V
+        alone, what layer() writes there; no attention, hidden untouched."""
+        self._kv_rows(l, np.asarray(positions, np.int64), hidden, k, v)
+
     def layer(self, l, positions, hidden, k, v):
         """Layer l for `positions` (ascending): hidden [n][dim] in and out;
         writes the positions' K (after RoPE) and V into k, v [total][kv_dim]
@@ -107,14 +133,9 @@ class RefModel:
         positions = np.asarray(positions, np.int64)
         n = len(positions)
         x = hidden
-        xb = self._rms_norm(x, self.rms_att[l])
-        q = xb @ self.wq[l].T
-        kk = xb @ self.wk[l].T
-        vv = xb @ self.wv[l].T
+        xb = self._kv_rows(l, positions, x, k, v)
+        q = self._mul(xb, self.wq[l])
         self._rope(q, positions, self.heads)
-        self._rope(kk, positions, self.kv_heads)
-        k[positions] = kk
-        v[positions] = vv
         span = int(positions[-1]) + 1
         group = self.heads // self.kv_heads
         keys = np.repeat(k[:span].reshape(span, self.kv_heads, self.head_dim), group, axis=1)
@@ -125,11 +146,11 @@ class RefModel:
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         scores /= scores.sum(axis=-1, keepdims=True)
         att = np.einsum("nht,thd->nhd", scores, values).reshape(n, self.dim)
-        x += att @ self.wo[l].T
+        x += self._mul(att, self.wo[l])
         xb = self._rms_norm(x, self.rms_ffn[l])
-        h1 = xb @ self.w1[l].T
-        h = h1 / (np.float32(1.0) + np.exp(-h1)) * (xb @ self.w3[l].T)
-        x += h @ self.w2[l].T
+        h1 = self._mul(xb, self.w1[l])
+        h = h1 / (np.float32(1.0) + np.exp(-h1)) * self._mul(xb, self.w3[l])
+        x += self._mul(h, self.w2[l])
 
     def prefill(self, tokens):
         """The KV of `tokens` from position 0: float32 in the canonical

@@ -21,7 +21,7 @@ class VersionTest(unittest.TestCase):
         self.assertRegex(kdn.version(), r"^\d+\.\d+\.\d+$")
         major, minor, patch = map(int, kdn.version().split("."))
         self.assertEqual(kdn.version_number(), major * 10000 + minor * 100 + patch)
-        self.assertGreaterEqual(kdn.version_number(), 10800)  # the C ABI level the package covers
+        self.assertGreaterEqual(kdn.version_number(), 10900)  # the C ABI level the package covers
         self.assertEqual(kdn.__version__, kdn.version())
         self.assertEqual(kdn.status_string(kdn.Status.NOT_FOUND), "KDN_ERR_NOT_FOUND")
 

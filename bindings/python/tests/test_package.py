@@ -77,25 +77,25 @@ class PackageTest(unittest.TestCase):
     def test_library_version_is_checked(self):
         from kdn import _native
         self.assertIsNone(_native.check_library_version(kdn.version_number()))
-        for ok in (10800, 10801, 10900, 19999):
+        for ok in (10900, 10901, 11000, 19999):
             self.assertIsNone(_native.check_library_version(ok), ok)
-        for old, text in ((10700, "1.7.0"), (10402, "1.4.2"), (20000, "2.0.0"), (9900, "0.99.0")):
+        for old, text in ((10803, "1.8.3"), (10700, "1.7.0"), (10402, "1.4.2"), (20000, "2.0.0"), (9900, "0.99.0")):
             e = _native.check_library_version(old)
             self.assertIsInstance(e, ImportError)
-            self.assertEqual(str(e), f"libkdn {text} is not usable by this Python binding: it needs libkdn 1.8 or "
+            self.assertEqual(str(e), f"libkdn {text} is not usable by this Python binding: it needs libkdn 1.9 or "
                                      f"a later 1.x (libkdn.so.1)")
         # The import itself refuses an older library: the extension loaded
-        # first with its version_number() made 1.7's, then the package.
+        # first with its version_number() made 1.8's, then the package.
         code = ("import sys, types\n"
                 f"pkg = types.ModuleType('kdn'); pkg.__path__ = [{PKG!r}]; sys.modules['kdn'] = pkg\n"
                 "import kdn.kdn_swig as s\n"
-                "s.version_number = lambda: 10703\n"
+                "s.version_number = lambda: 10803\n"
                 "del sys.modules['kdn']\n"
                 "import kdn\n")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(out.returncode, 0)
         self.assertEqual(out.stderr.strip().splitlines()[-1],
-                         "ImportError: libkdn 1.7.3 is not usable by this Python binding: it needs libkdn 1.8 or a "
+                         "ImportError: libkdn 1.8.3 is not usable by this Python binding: it needs libkdn 1.9 or a "
                          "later 1.x (libkdn.so.1)", out.stderr)
 
     def test_another_python_is_told_which(self):

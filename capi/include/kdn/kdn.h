@@ -97,7 +97,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 8
+#define KDN_VERSION_MINOR 9
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -941,21 +941,41 @@ typedef enum kdn_rope_scaling {
   KDN_ROPE_SCALING_FORCE32_ = 0x7FFFFFFF
 } kdn_rope_scaling;
 
-/* How to blend (input). */
+/* How to blend (input). The defaults (ratio -1, check_layers NULL) were
+ * chosen on a tuning text and reported on held-out ones (docs/blending.md):
+ * - with kv_fn: ratio 0.28, check layers { 1, 2 } (a 2-layer model { 1 }, a
+ *   1-layer one { 0 }): about the work of CacheBlend's 15% at one whole
+ *   check layer, for a third of its KL on the reference model;
+ * - without: ratio 0.15, check layer { 1 } ({ 0 }): CacheBlend's setting. */
 typedef struct kdn_blend_options {
   uint32_t struct_size;
-  float ratio;                    /* fraction of cached tokens recomputed, in [0, 1]; default 0.15 */
+  float ratio;                    /* fraction of cached tokens recomputed, in [0, 1]; -1 (default): see above */
   float threshold;                /* >= 0: select by key deviation >= threshold instead; default -1 */
   uint32_t hidden_dim;            /* the engine's hidden width (rows of `hidden`); must be set */
-  const uint32_t *check_layers;   /* ascending; NULL: { 1 } (or { 0 } for a 1-layer model) */
+  const uint32_t *check_layers;   /* ascending; NULL: see above */
   size_t num_check_layers;
   kdn_rope_scaling rope_scaling;  /* the model spec gives theta, style and rotary_dim */
   float rope_factor;              /* default 1 */
   kdn_blend_layer_fn layer_fn;    /* must be set */
-  void *user;                     /* passed to layer_fn; borrowed for the call */
+  void *user;                     /* passed to layer_fn and kv_fn; borrowed for the call */
+  /* Since 1.9. A KV pass: layer `layer`'s K and V alone for `positions`
+   * (the same arguments as layer_fn; write their K and V as layer_fn does,
+   * bit for bit, and nothing else: no attention; `hidden` is the layer's
+   * input, scratch after the call). With it a check layer costs, for the
+   * tokens it drops, only their K and V: each candidate gets a KV pass, the
+   * selection is made on those keys, and only the selected and fresh tokens
+   * run the whole layer. The KV is the same as without it; the work less.
+   * NULL: check layers run whole. */
+  kdn_blend_layer_fn kv_fn;
+  float kv_cost;                  /* with kv_fn, must be set: its work per position over a whole layer's, in (0, 1]
+                                     (counted into recompute_fraction; e.g. 2 x kv_dim x hidden_dim over the
+                                     layer's multiply-adds per token) */
+  uint32_t first_tokens;          /* leading tokens of each document recomputed at every layer (EPIC,
+                                     LegoLink: a document computed alone puts its attention sink there); default 0 */
 } kdn_blend_options;
+#define KDN_BLEND_OPTIONS_SIZE_V1 56u
 #define KDN_BLEND_OPTIONS_INIT \
-  { sizeof(kdn_blend_options), 0.15f, -1.0f, 0u, NULL, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL }
+  { sizeof(kdn_blend_options), -1.0f, -1.0f, 0u, NULL, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL, NULL, 0.0f, 0u }
 KDN_API kdn_status kdn_blend_options_init(kdn_blend_options *options, size_t struct_size);
 
 /* What a blend did (output). */
@@ -966,9 +986,15 @@ typedef struct kdn_blend_report {
   uint32_t cached_positions;    /* placed from documents */
   uint32_t fresh_positions;     /* computed now */
   uint32_t selected;            /* cached positions recomputed past the last check layer */
-  double recompute_fraction;    /* layer x position work recomputed / a full prefill's */
+  double recompute_fraction;    /* layer x position work recomputed / a full prefill's (KV passes at kv_cost) */
+  /* Since 1.9 (filled_size says whether the library filled them). */
+  uint32_t anchored;            /* cached positions recomputed at every layer (first_tokens) */
+  uint32_t kv_passes;           /* positions x layers given only a KV pass */
+  float ratio;                  /* the ratio used (the default resolved) */
+  uint32_t num_check_layers;    /* the check layers used */
 } kdn_blend_report;
-#define KDN_BLEND_REPORT_INIT { sizeof(kdn_blend_report), 0u, 0u, 0u, 0u, 0u, 0.0 }
+#define KDN_BLEND_REPORT_SIZE_V1 32u
+#define KDN_BLEND_REPORT_INIT { sizeof(kdn_blend_report), 0u, 0u, 0u, 0u, 0u, 0.0, 0u, 0u, 0.0f, 0u }
 KDN_API kdn_status kdn_blend_report_init(kdn_blend_report *report, size_t struct_size);
 
 /* Blends the segments (an array of versioned structs), in order, into the
@@ -985,6 +1011,34 @@ KDN_API kdn_status kdn_kv_blend(const kdn_model *model, const char *ns, size_t n
                                 const kdn_blend_segment *segments, size_t num_segments,
                                 const kdn_blend_options *options, const kdn_kv_view *views, size_t num_views,
                                 kdn_blend_report *report);
+
+/* Since 1.9. Blending by text, as the KDN paper's API has it: the engine
+ * hands kdn its whole context's tokens. kdn_kv_match finds where the chunks
+ * of this namespace's knowledge items (kdn_knowledge_put) occur in them, at
+ * any offset (a rolling hash over 16-token windows, each hit confirmed by the
+ * chunk's content key, so a collision never matches), and writes up to
+ * `capacity` of those ranges [begin, end) into `cached`, ascending and not
+ * overlapping (consecutive chunks of one document that follow each other
+ * are one range); *out_count gets how many there are. The positions outside
+ * them are the ones the engine must compute. A chunk shorter than 16 tokens
+ * (a document's short last chunk; with shorter chunk_tokens, shorter than a
+ * chunk) counts only right after its document's previous chunk: alone, a
+ * few tokens recur by chance. Matching reads the index, not
+ * the tiers: a range whose chunks were evicted since is computed by
+ * kdn_kv_blend_tokens. */
+KDN_API kdn_status kdn_kv_match(const kdn_model *model, const char *ns, size_t ns_len, const int32_t *tokens,
+                                size_t num_tokens, kdn_token_range *cached, size_t capacity, size_t *out_count);
+
+/* Since 1.9. kdn_kv_blend with the context given as its tokens: the ranges
+ * kdn_kv_match finds are placed from their documents' cached KV (each
+ * document read once, under one snapshot; a range whose document no longer
+ * holds those tokens there is computed instead), every other token is
+ * computed through layer_fn, and the blend recomputes what `options` select.
+ * The views hold num_tokens positions (their num_tokens 0 or at least
+ * that). report->cached_positions says how much was placed. */
+KDN_API kdn_status kdn_kv_blend_tokens(const kdn_model *model, const char *ns, size_t ns_len, const int32_t *tokens,
+                                       size_t num_tokens, const kdn_blend_options *options, const kdn_kv_view *views,
+                                       size_t num_views, kdn_blend_report *report);
 
 #endif /* KDN_EXPERIMENTAL */
 

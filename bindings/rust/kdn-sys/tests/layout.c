@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 238;
+const size_t kdn_layout_count = 245;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -236,6 +236,9 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_blend_options", "rope_factor", 0, 0, offsetof(kdn_blend_options, rope_factor)},
   {"kdn_blend_options", "layer_fn", 0, 0, offsetof(kdn_blend_options, layer_fn)},
   {"kdn_blend_options", "user", 0, 0, offsetof(kdn_blend_options, user)},
+  {"kdn_blend_options", "kv_fn", 0, 0, offsetof(kdn_blend_options, kv_fn)},
+  {"kdn_blend_options", "kv_cost", 0, 0, offsetof(kdn_blend_options, kv_cost)},
+  {"kdn_blend_options", "first_tokens", 0, 0, offsetof(kdn_blend_options, first_tokens)},
   {"kdn_blend_report", "", sizeof(kdn_blend_report), _Alignof(kdn_blend_report), 0},
   {"kdn_blend_report", "struct_size", 0, 0, offsetof(kdn_blend_report, struct_size)},
   {"kdn_blend_report", "filled_size", 0, 0, offsetof(kdn_blend_report, filled_size)},
@@ -244,4 +247,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_blend_report", "fresh_positions", 0, 0, offsetof(kdn_blend_report, fresh_positions)},
   {"kdn_blend_report", "selected", 0, 0, offsetof(kdn_blend_report, selected)},
   {"kdn_blend_report", "recompute_fraction", 0, 0, offsetof(kdn_blend_report, recompute_fraction)},
+  {"kdn_blend_report", "anchored", 0, 0, offsetof(kdn_blend_report, anchored)},
+  {"kdn_blend_report", "kv_passes", 0, 0, offsetof(kdn_blend_report, kv_passes)},
+  {"kdn_blend_report", "ratio", 0, 0, offsetof(kdn_blend_report, ratio)},
+  {"kdn_blend_report", "num_check_layers", 0, 0, offsetof(kdn_blend_report, num_check_layers)},
 };

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 238];
+    static kdn_layout_rows: [Row; 245];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -252,6 +252,9 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_blend_options", "rope_factor", 0, 0, offset_of!(kdn_blend_options, rope_factor)),
         ("kdn_blend_options", "layer_fn", 0, 0, offset_of!(kdn_blend_options, layer_fn)),
         ("kdn_blend_options", "user", 0, 0, offset_of!(kdn_blend_options, user)),
+        ("kdn_blend_options", "kv_fn", 0, 0, offset_of!(kdn_blend_options, kv_fn)),
+        ("kdn_blend_options", "kv_cost", 0, 0, offset_of!(kdn_blend_options, kv_cost)),
+        ("kdn_blend_options", "first_tokens", 0, 0, offset_of!(kdn_blend_options, first_tokens)),
         ("kdn_blend_report", "", size_of::<kdn_blend_report>(), align_of::<kdn_blend_report>(), 0),
         ("kdn_blend_report", "struct_size", 0, 0, offset_of!(kdn_blend_report, struct_size)),
         ("kdn_blend_report", "filled_size", 0, 0, offset_of!(kdn_blend_report, filled_size)),
@@ -260,6 +263,10 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_blend_report", "fresh_positions", 0, 0, offset_of!(kdn_blend_report, fresh_positions)),
         ("kdn_blend_report", "selected", 0, 0, offset_of!(kdn_blend_report, selected)),
         ("kdn_blend_report", "recompute_fraction", 0, 0, offset_of!(kdn_blend_report, recompute_fraction)),
+        ("kdn_blend_report", "anchored", 0, 0, offset_of!(kdn_blend_report, anchored)),
+        ("kdn_blend_report", "kv_passes", 0, 0, offset_of!(kdn_blend_report, kv_passes)),
+        ("kdn_blend_report", "ratio", 0, 0, offset_of!(kdn_blend_report, ratio)),
+        ("kdn_blend_report", "num_check_layers", 0, 0, offset_of!(kdn_blend_report, num_check_layers)),
     ]
 }
 

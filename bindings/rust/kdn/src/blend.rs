@@ -2,15 +2,18 @@
 //! Blending (CacheBlend, `kdn_kv_blend`; experimental in kdn.h): composes a
 //! context from pieces whose KV was computed alone (RAG documents in any
 //! order) and the tokens computed now; the engine recomputes the layers of
-//! the positions kdn selects, through a Rust closure.
+//! the positions kdn selects, through a Rust closure (since 1.9 also its KV
+//! passes). Since 1.9 also by text: `kdn_kv_match` finds the documents in a
+//! context's tokens, `kdn_kv_blend_tokens` blends them.
 
-use crate::error::{Error, Result, Status};
+use crate::error::{check, Error, Result, Status};
 use crate::model::{c_ids, Model, Request, TokenId};
 use crate::types::{bytes, init, RopeScaling};
 use crate::view::KvViewMut;
 use kdn_sys as sys;
 use std::any::Any;
 use std::ffi::c_void;
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -64,47 +67,72 @@ impl<'a> Segment<'a> {
 /// How to blend (`kdn_blend_options`, without the callback, which
 /// [`Model::blend`] takes).
 ///
+/// The defaults (`ratio` and `check_layers` `None`) are the library's, by
+/// method (kdn.h, docs/blending.md): with a KV pass ([`with_kv_pass`](Self::with_kv_pass)),
+/// ratio 0.28 over check layers 1 and 2; without, CacheBlend's 0.15 at
+/// check layer 1. [`BlendReport::ratio`] and
+/// [`num_check_layers`](BlendReport::num_check_layers) say what a blend used.
+///
 /// ```
 /// use kdn::BlendOptions;
 /// let options = BlendOptions::new(64).with_ratio(0.25).with_check_layers(vec![1, 2]);
-/// assert_eq!((options.hidden_dim, options.threshold), (64, None));
+/// assert_eq!((options.hidden_dim, options.ratio, options.threshold), (64, Some(0.25), None));
+/// let pass = BlendOptions::new(64).with_kv_pass(0.05).with_first_tokens(4);
+/// assert_eq!((pass.ratio, pass.kv_pass, pass.first_tokens), (None, Some(0.05), 4));
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlendOptions {
     /// Fraction of the cached tokens recomputed past the check layers, in
-    /// [0, 1]; default 0.15. 0 (and no threshold): only the fresh tokens
-    /// are computed, the cached ones keep their placed KV.
-    pub ratio: f32,
+    /// [0, 1]; `None` (the default): the method's default (above). 0 (and
+    /// no threshold): only the fresh tokens are computed, the cached ones
+    /// keep their placed KV.
+    pub ratio: Option<f32>,
     /// Select the cached tokens whose key deviation is at least this
     /// instead of by `ratio`; `None` (the default): by ratio.
     pub threshold: Option<f32>,
     /// The engine's hidden width: the length of each row of
     /// [`BlendLayer::hidden`]. Must be set (1..2^20).
     pub hidden_dim: u32,
-    /// The layers where tokens are selected, ascending; `None`: layer 1
-    /// (layer 0 for a 1-layer model).
+    /// The layers where tokens are selected, ascending; `None`: the
+    /// method's default (above; layer 0 for a 1-layer model).
     pub check_layers: Option<Vec<u32>>,
     /// RoPE scaling beyond the model spec's theta, style and rotary dims.
     pub rope_scaling: RopeScaling,
     /// The scaling's factor; default 1.
     pub rope_factor: f32,
+    /// Since 1.9: KV passes (`kdn_blend_options.kv_fn`), and their cost. `Some(cost)`: the
+    /// blend's closure is also called for KV passes ([`BlendLayer::kv_only`]):
+    /// a check layer then computes, for the cached tokens it drops, only
+    /// their K and V, selects on those keys, and runs the whole layer for
+    /// the selected and fresh tokens only: the same KV for less work.
+    /// `cost` is a KV pass's work per position over a whole layer's, in
+    /// (0, 1] (`kv_cost`, counted into [`BlendReport::recompute_fraction`];
+    /// e.g. 2 x kv_dim x hidden over the layer's multiply-adds per token).
+    /// `None` (the default): check layers run whole.
+    pub kv_pass: Option<f32>,
+    /// Since 1.9: the leading tokens of each document recomputed at every
+    /// layer (where a document computed alone puts its attention sink);
+    /// default 0.
+    pub first_tokens: u32,
 }
 
 impl BlendOptions {
     /// The library's defaults, for an engine of hidden width `hidden_dim`.
     pub fn new(hidden_dim: u32) -> Self {
         BlendOptions {
-            ratio: 0.15,
+            ratio: None,
             threshold: None,
             hidden_dim,
             check_layers: None,
             rope_scaling: RopeScaling::None,
             rope_factor: 1.0,
+            kv_pass: None,
+            first_tokens: 0,
         }
     }
     /// With a recompute ratio.
     pub fn with_ratio(mut self, ratio: f32) -> Self {
-        self.ratio = ratio;
+        self.ratio = Some(ratio);
         self
     }
     /// Selecting by a deviation threshold instead.
@@ -123,11 +151,23 @@ impl BlendOptions {
         self.rope_factor = factor;
         self
     }
+    /// With KV passes of this cost (see [`kv_pass`](Self::kv_pass)): the
+    /// blend's closure must then handle [`BlendLayer::kv_only`] calls.
+    pub fn with_kv_pass(mut self, cost: f32) -> Self {
+        self.kv_pass = Some(cost);
+        self
+    }
+    /// Recomputing each document's first `n` tokens at every layer.
+    pub fn with_first_tokens(mut self, n: u32) -> Self {
+        self.first_tokens = n;
+        self
+    }
 }
 
 /// One call of the engine's layer recompute ([`Model::blend`]): layer
 /// `layer` for `positions` (ascending) of the composed context of `total`
-/// positions. Every slice is borrowed for the call.
+/// positions; with `kv_only`, their K and V alone. Every slice is borrowed
+/// for the call.
 #[derive(Debug)]
 pub struct BlendLayer<'b> {
     /// The model layer.
@@ -137,7 +177,8 @@ pub struct BlendLayer<'b> {
     /// At layer 0, their token ids (the engine embeds them); `None` after.
     pub tokens: Option<&'b [i32]>,
     /// `positions.len()` rows of `hidden_dim` floats: the layer's input
-    /// (unset at layer 0) and, on return, its output.
+    /// (unset at layer 0) and, on return, its output (after a KV pass:
+    /// scratch, whatever the closure left).
     pub hidden: &'b mut [f32],
     /// The row width of `hidden` ([`BlendOptions::hidden_dim`]).
     pub hidden_dim: usize,
@@ -150,6 +191,12 @@ pub struct BlendLayer<'b> {
     pub v: &'b mut [f32],
     /// Positions of the composed context.
     pub total: usize,
+    /// Since 1.9: a KV pass (only with [`BlendOptions::with_kv_pass`];
+    /// `kdn_blend_options.kv_fn`): write the positions' K and V exactly as
+    /// the whole layer would, bit for bit, and nothing else (no attention).
+    /// One closure takes both kinds of call, as both usually need the same
+    /// engine state; they never overlap.
+    pub kv_only: bool,
 }
 
 /// What a blend did (`kdn_blend_report`).
@@ -159,12 +206,38 @@ pub struct BlendReport {
     pub positions: u32,
     /// Of them, placed from documents.
     pub cached_positions: u32,
-    /// Computed now (the token segments).
+    /// Computed now (the token segments; by text, what no document held).
     pub fresh_positions: u32,
     /// Cached positions recomputed past the last check layer.
     pub selected: u32,
-    /// The layer x position work recomputed, over a full prefill's.
+    /// The layer x position work recomputed, over a full prefill's (KV
+    /// passes counted at their cost).
     pub recompute_fraction: f64,
+    /// Since 1.9: cached positions recomputed at every layer
+    /// ([`BlendOptions::first_tokens`]).
+    pub anchored: u32,
+    /// Since 1.9: positions x layers given only a KV pass.
+    pub kv_passes: u32,
+    /// Since 1.9: the ratio used (the default resolved).
+    pub ratio: f32,
+    /// Since 1.9: how many check layers were used.
+    pub num_check_layers: u32,
+}
+
+impl BlendReport {
+    fn from_raw(r: &sys::kdn_blend_report) -> Self {
+        BlendReport {
+            positions: r.positions,
+            cached_positions: r.cached_positions,
+            fresh_positions: r.fresh_positions,
+            selected: r.selected,
+            recompute_fraction: r.recompute_fraction,
+            anchored: r.anchored,
+            kv_passes: r.kv_passes,
+            ratio: r.ratio,
+            num_check_layers: r.num_check_layers,
+        }
+    }
 }
 
 type LayerFn<'f> = dyn FnMut(BlendLayer<'_>) -> Result<()> + 'f;
@@ -172,7 +245,8 @@ type LayerFn<'f> = dyn FnMut(BlendLayer<'_>) -> Result<()> + 'f;
 /// The closure behind the C `user` pointer, and how it failed.
 struct Call<'f> {
     layer_fn: &'f mut LayerFn<'f>,
-    failed: Option<(u32, Failure)>,
+    /// The layer, whether a KV pass, and what went wrong.
+    failed: Option<(u32, bool, Failure)>,
 }
 
 enum Failure {
@@ -180,9 +254,7 @@ enum Failure {
     Panicked(Box<dyn Any + Send>),
 }
 
-/// The `kdn_blend_layer_fn` of every Rust closure. A panic is caught here
-/// (unwinding into C is undefined behaviour, or an abort) and kept for
-/// [`Model::blend`] to report; kdn gets `KDN_ERR_INTERNAL` and stops.
+/// The `kdn_blend_layer_fn` (`layer_fn`) of every Rust closure.
 unsafe extern "C" fn layer_shim(
     user: *mut c_void,
     layer: u32,
@@ -197,8 +269,55 @@ unsafe extern "C" fn layer_shim(
     kv_len: usize,
     total: usize,
 ) -> sys::kdn_status {
+    // SAFETY: kdn's arguments, passed on as they came (see `dispatch`).
+    unsafe {
+        dispatch(false, user, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total)
+    }
+}
+
+/// The `kdn_blend_layer_fn` of a KV pass (`kv_fn`): the same closure, told.
+unsafe extern "C" fn kv_shim(
+    user: *mut c_void,
+    layer: u32,
+    positions: *const i32,
+    tokens: *const i32,
+    count: usize,
+    hidden: *mut f32,
+    hidden_len: usize,
+    hidden_dim: u32,
+    k: *mut f32,
+    v: *mut f32,
+    kv_len: usize,
+    total: usize,
+) -> sys::kdn_status {
+    // SAFETY: as layer_shim.
+    unsafe {
+        dispatch(true, user, layer, positions, tokens, count, hidden, hidden_len, hidden_dim, k, v, kv_len, total)
+    }
+}
+
+/// Calls the closure. A panic is caught here (unwinding into C is undefined
+/// behaviour, or an abort) and kept for the blend to report; kdn gets
+/// `KDN_ERR_INTERNAL` and stops.
+#[allow(clippy::too_many_arguments)]
+unsafe fn dispatch(
+    kv_only: bool,
+    user: *mut c_void,
+    layer: u32,
+    positions: *const i32,
+    tokens: *const i32,
+    count: usize,
+    hidden: *mut f32,
+    hidden_len: usize,
+    hidden_dim: u32,
+    k: *mut f32,
+    v: *mut f32,
+    kv_len: usize,
+    total: usize,
+) -> sys::kdn_status {
     // SAFETY: `user` is the Call that Model::blend keeps on its stack for
-    // the C call, which runs this callback on the calling thread only.
+    // the C call, which runs the callbacks on the calling thread only, one
+    // at a time.
     let call = unsafe { &mut *(user as *mut Call<'_>) };
     // SAFETY (the slices): kdn.h: positions and (at layer 0) tokens hold
     // `count` ids, hidden `hidden_len` floats, k and v `kv_len` floats each,
@@ -228,6 +347,7 @@ unsafe extern "C" fn layer_shim(
             k: slice_mut(k, kv_len),
             v: slice_mut(v, kv_len),
             total,
+            kv_only,
         }
     };
     let layer_fn = &mut call.layer_fn;
@@ -235,11 +355,11 @@ unsafe extern "C" fn layer_shim(
         Ok(Ok(())) => sys::kdn_status_code_KDN_OK,
         Ok(Err(e)) => {
             let code = if e.code() < 0 { e.code() } else { sys::kdn_status_code_KDN_ERR_INTERNAL };
-            call.failed = Some((layer, Failure::Returned(e)));
+            call.failed = Some((layer, kv_only, Failure::Returned(e)));
             code
         }
         Err(panic) => {
-            call.failed = Some((layer, Failure::Panicked(panic)));
+            call.failed = Some((layer, kv_only, Failure::Panicked(panic)));
             sys::kdn_status_code_KDN_ERR_INTERNAL
         }
     }
@@ -255,6 +375,12 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
     }
 }
 
+/// What is blended: segments, or (1.9) a context's tokens.
+enum Context<'s> {
+    Segments(Vec<sys::kdn_blend_segment>),
+    Tokens(&'s [i32]),
+}
+
 impl Model {
     /// Blends `segments`, in order, into `view` (the whole context: the sum
     /// of the segments' tokens, in the model's dtype; experimental in
@@ -262,7 +388,8 @@ impl Model {
     /// to their new positions; at the check layers the cached tokens whose
     /// keys deviate most from a fresh computation are selected, and only
     /// those and the fresh tokens are recomputed in the later layers, by
-    /// `layer_fn`, the engine's forward pass of one layer ([`BlendLayer`]).
+    /// `layer_fn`, the engine's forward pass of one layer ([`BlendLayer`];
+    /// with [`BlendOptions::with_kv_pass`], also its KV pass).
     ///
     /// `layer_fn` runs on this thread, layer by layer in order, during the
     /// call. An `Err` it returns stops the blend, which returns that status;
@@ -334,9 +461,115 @@ impl Model {
         let raw_views: Vec<sys::kdn_kv_view> =
             views.iter().map(|v| v.parts.resolve_room(self.row(), self.kv_bytes_per_token())).collect::<Result<_>>()?;
         let segs: Vec<sys::kdn_blend_segment> = segments.iter().map(Segment::raw).collect::<Result<_>>()?;
-        let mut call = Call { layer_fn: &mut layer_fn, failed: None };
+        self.run_blend(ns.as_ref(), Context::Segments(segs), options, &raw_views, &mut layer_fn)
+    }
+
+    /// Since 1.9: blending by text, as an engine holds its context: the
+    /// ranges [`match_tokens`](Self::match_tokens) finds are placed from
+    /// their documents' cached KV (each document read under one snapshot; a
+    /// range whose document no longer holds those tokens is computed
+    /// instead), every other token is computed through `layer_fn`, and the
+    /// blend recomputes what `options` select, as [`blend`](Self::blend)
+    /// given those documents as segments does. The view holds the
+    /// context's `tokens.len()` positions (a canonical view without
+    /// `num_tokens` is laid out for that many).
+    /// [`BlendReport::cached_positions`] says how much was placed.
+    pub fn blend_tokens<T, F>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        tokens: &[T],
+        options: &BlendOptions,
+        view: &mut KvViewMut<'_>,
+        layer_fn: F,
+    ) -> Result<BlendReport>
+    where
+        T: TokenId,
+        F: FnMut(BlendLayer<'_>) -> Result<()>,
+    {
+        self.blend_tokens_views(ns, tokens, options, std::slice::from_mut(view), layer_fn)
+    }
+
+    /// [`blend_tokens`](Self::blend_tokens) into several views that together hold every layer once.
+    pub fn blend_tokens_views<T, F>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        tokens: &[T],
+        options: &BlendOptions,
+        views: &mut [KvViewMut<'_>],
+        mut layer_fn: F,
+    ) -> Result<BlendReport>
+    where
+        T: TokenId,
+        F: FnMut(BlendLayer<'_>) -> Result<()>,
+    {
+        let raw_views: Vec<sys::kdn_kv_view> =
+            views.iter().map(|v| v.parts.resolve(self.row())).collect::<Result<_>>()?;
+        let ids = c_ids(tokens)?;
+        self.run_blend(ns.as_ref(), Context::Tokens(ids), options, &raw_views, &mut layer_fn)
+    }
+
+    /// Since 1.9: where the chunks of this namespace's knowledge items
+    /// ([`Knowledge::put`](crate::Knowledge::put)) occur in a context's
+    /// `tokens`, at any offset (`kdn_kv_match`): the ranges `begin..end`,
+    /// ascending and not overlapping (consecutive chunks of one document
+    /// that follow each other are one range). The positions outside them
+    /// are the ones the engine must compute. It reads the index, not the
+    /// tiers: [`blend_tokens`](Self::blend_tokens) computes a range whose
+    /// chunks were evicted since. Empty `tokens` are `InvalidArgument`.
+    ///
+    /// ```
+    /// use kdn::{DType, KvView, ModelSpec, Runtime, RuntimeOptions};
+    /// let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(4))?;
+    /// let model = rt.model(&ModelSpec::new(1, 1, 2, DType::F32, "m"))?;
+    /// let doc: Vec<i32> = (100..116).collect();
+    /// model.knowledge("ns").put("doc", 1, b"", &doc, &KvView::canonical(&vec![0.5f32; 2 * 16 * 2], DType::F32))?;
+    /// let context: Vec<i32> = [&[1, 2, 3][..], &doc, &[4, 5]].concat();
+    /// assert_eq!(model.match_tokens("ns", &context)?, vec![3..19]);
+    /// assert_eq!(model.match_tokens("another-ns", &context)?, vec![]);
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn match_tokens<T: TokenId>(&self, ns: impl AsRef<[u8]>, tokens: &[T]) -> Result<Vec<Range<u64>>> {
+        let ids = c_ids(tokens)?;
+        let (ns, ns_len) = bytes(ns.as_ref());
+        let mut out: Vec<sys::kdn_token_range> = Vec::new();
+        loop {
+            let mut count = 0usize;
+            // SAFETY: room for out.len() ranges (none: NULL with capacity 0);
+            // the tokens and the namespace are borrowed for the call.
+            check(unsafe {
+                sys::kdn_kv_match(
+                    self.raw(),
+                    ns,
+                    ns_len,
+                    ids.as_ptr(),
+                    ids.len(),
+                    if out.is_empty() { ptr::null_mut() } else { out.as_mut_ptr() },
+                    out.len(),
+                    &mut count,
+                )
+            })?;
+            // More ranges than room (a put may add some between two calls): again, with room for all.
+            if count <= out.len() {
+                out.truncate(count);
+                return Ok(out.iter().map(|r| r.begin..r.end).collect());
+            }
+            out = vec![sys::kdn_token_range { begin: 0, end: 0 }; count];
+        }
+    }
+
+    fn run_blend(
+        &self,
+        ns: &[u8],
+        context: Context<'_>,
+        options: &BlendOptions,
+        raw_views: &[sys::kdn_kv_view],
+        layer_fn: &mut LayerFn<'_>,
+    ) -> Result<BlendReport> {
+        let mut call = Call { layer_fn, failed: None };
         let mut o: sys::kdn_blend_options = init(sys::kdn_blend_options_init);
-        o.ratio = options.ratio;
+        if let Some(ratio) = options.ratio {
+            o.ratio = ratio;
+        } // else kdn.h's -1: the method's default
         o.threshold = options.threshold.unwrap_or(-1.0);
         o.hidden_dim = options.hidden_dim;
         if let Some(layers) = &options.check_layers {
@@ -345,44 +578,61 @@ impl Model {
         o.rope_scaling = options.rope_scaling.raw();
         o.rope_factor = options.rope_factor;
         o.layer_fn = Some(layer_shim);
+        if let Some(cost) = options.kv_pass {
+            o.kv_fn = Some(kv_shim);
+            o.kv_cost = cost;
+        }
+        o.first_tokens = options.first_tokens;
         o.user = &mut call as *mut Call<'_> as *mut c_void;
-        let (ns, ns_len) = bytes(ns.as_ref());
+        let (ns, ns_len) = bytes(ns);
+        let views = if raw_views.is_empty() { ptr::null() } else { raw_views.as_ptr() };
         let mut report: sys::kdn_blend_report = init(sys::kdn_blend_report_init);
         // SAFETY: every pointer is valid for the call; the views' memory is
         // exclusively borrowed by the caller's KvViewMuts; `call` outlives
         // the call, which is the only time kdn uses `user`.
         let status = unsafe {
-            sys::kdn_kv_blend(
-                self.raw(),
-                ns,
-                ns_len,
-                if segs.is_empty() { ptr::null() } else { segs.as_ptr() },
-                segs.len(),
-                &o,
-                if raw_views.is_empty() { ptr::null() } else { raw_views.as_ptr() },
-                raw_views.len(),
-                &mut report,
-            )
+            match context {
+                Context::Segments(segs) => sys::kdn_kv_blend(
+                    self.raw(),
+                    ns,
+                    ns_len,
+                    if segs.is_empty() { ptr::null() } else { segs.as_ptr() },
+                    segs.len(),
+                    &o,
+                    views,
+                    raw_views.len(),
+                    &mut report,
+                ),
+                Context::Tokens(ids) => sys::kdn_kv_blend_tokens(
+                    self.raw(),
+                    ns,
+                    ns_len,
+                    ids.as_ptr(),
+                    ids.len(),
+                    &o,
+                    views,
+                    raw_views.len(),
+                    &mut report,
+                ),
+            }
         };
         if status >= 0 {
-            return Ok(BlendReport {
-                positions: report.positions,
-                cached_positions: report.cached_positions,
-                fresh_positions: report.fresh_positions,
-                selected: report.selected,
-                recompute_fraction: report.recompute_fraction,
-            });
+            return Ok(BlendReport::from_raw(&report));
         }
         let error = Error::last(status);
         Err(match call.failed.take() {
             None => error,
             // The library's status and message ("failed at layer N"), then the closure's own message.
-            Some((_, Failure::Returned(e))) => {
+            Some((_, _, Failure::Returned(e))) => {
                 Error::new(error.status(), format!("{}: {}", error.message(), e.message()))
             }
-            Some((layer, Failure::Panicked(panic))) => Error::new(
+            Some((layer, kv_only, Failure::Panicked(panic))) => Error::new(
                 Status::Internal,
-                format!("the blend's layer callback panicked at layer {layer}: {}", panic_message(&*panic)),
+                format!(
+                    "the blend's {} panicked at layer {layer}: {}",
+                    if kv_only { "KV pass" } else { "layer callback" },
+                    panic_message(&*panic)
+                ),
             ),
         })
     }

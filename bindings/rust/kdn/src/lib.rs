@@ -47,9 +47,10 @@
 //! `unsafe`, as kdn reads and writes through pointers Rust cannot check.
 //!
 //! ## Experimental
-//! [`Runtime::with_editor`] and [`Model::blend`] wrap the experimental editor
-//! and blending calls of `kdn.h` (`KDN_EXPERIMENTAL`): they may change in a
-//! minor release.
+//! [`Runtime::with_editor`], [`Model::blend`] and (since 1.9)
+//! [`Model::match_tokens`] and [`Model::blend_tokens`] wrap the experimental
+//! editor, blending and matching calls of `kdn.h` (`KDN_EXPERIMENTAL`): they
+//! may change in a minor release.
 #![deny(missing_docs)]
 
 mod blend;

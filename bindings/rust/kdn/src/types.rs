@@ -216,18 +216,19 @@ pub fn version_number() -> u32 {
 pub const HEADER_VERSION_NUMBER: u32 =
     sys::KDN_VERSION_MAJOR * 10000 + sys::KDN_VERSION_MINOR * 100 + sys::KDN_VERSION_PATCH;
 
-/// The C ABI this crate is written for, `MAJOR * 10000 + MINOR * 100`: 1.8
-/// (device views and their stream, blending, `secret_file`, quality levels,
-/// the delivery rates). [`Runtime::new`](crate::Runtime::new) refuses, with
+/// The C ABI this crate is written for, `MAJOR * 10000 + MINOR * 100`: 1.9
+/// (1.8's device views and their stream, blending, `secret_file`, quality
+/// levels and delivery rates; 1.9's KV pass, first tokens and blending by
+/// text). [`Runtime::new`](crate::Runtime::new) refuses, with
 /// [`Status::Version`](crate::Status::Version), a libkdn of another major
 /// version or an older minor: its structs lack fields this crate sets, and
 /// its statistics would read as 0.
-pub const ABI_VERSION_NUMBER: u32 = 10800;
+pub const ABI_VERSION_NUMBER: u32 = 10900;
 
 // kdn-sys must come from a kdn.h of this major version and at least this minor.
 const _: () = assert!(
     sys::KDN_VERSION_MAJOR == ABI_VERSION_NUMBER / 10000 && HEADER_VERSION_NUMBER >= ABI_VERSION_NUMBER,
-    "kdn-sys was generated from a kdn.h older than 1.8 (or of another major version)"
+    "kdn-sys was generated from a kdn.h older than 1.9 (or of another major version)"
 );
 
 /// `Ok` when a libkdn of version `number` can serve this crate: the same
@@ -293,15 +294,15 @@ mod tests {
 
     #[test]
     fn library_versions_this_crate_takes() {
-        for ok in [10800, 10801, 10900, 19999] {
+        for ok in [10900, 10901, 11000, 19999] {
             assert!(check_library_version(ok).is_ok(), "{ok}");
         }
         for (old, shown) in
-            [(10400, "libkdn 1.4.0"), (10799, "libkdn 1.7.99"), (20000, "libkdn 2.0.0"), (800, "libkdn 0.8.0")]
+            [(10800, "libkdn 1.8.0"), (10899, "libkdn 1.8.99"), (20000, "libkdn 2.0.0"), (800, "libkdn 0.8.0")]
         {
             let e = check_library_version(old).unwrap_err();
             assert_eq!(e.status(), crate::Status::Version, "{old}");
-            assert!(e.message().starts_with(shown) && e.message().contains("needs libkdn 1.8"), "{e}");
+            assert!(e.message().starts_with(shown) && e.message().contains("needs libkdn 1.9"), "{e}");
         }
     }
 

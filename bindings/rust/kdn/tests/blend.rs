@@ -55,6 +55,7 @@ fn l2_error(got: &[f32], want: &[f32]) -> f64 {
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
     layer: u32,
+    kv_only: bool,
     positions: Vec<i32>,
     tokens: Option<Vec<i32>>,
     lengths: (usize, usize, usize, usize), // hidden, hidden_dim, k, v
@@ -63,10 +64,14 @@ struct Seen {
     written: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
-/// The reference model's layer forward pass as the callback, logging each call.
+/// The reference model's layer forward pass (or KV pass) as the callback, logging each call.
 fn engine<'a>(tf: &'a Transformer, seen: &'a mut Vec<Seen>) -> impl FnMut(BlendLayer<'_>) -> Result<()> + 'a {
     move |c: BlendLayer<'_>| {
-        tf.layer(c.layer as usize, c.positions, c.tokens, c.hidden, c.k, c.v);
+        if c.kv_only {
+            tf.kv_pass(c.layer as usize, c.positions, c.tokens, c.hidden, c.k, c.v);
+        } else {
+            tf.layer(c.layer as usize, c.positions, c.tokens, c.hidden, c.k, c.v);
+        }
         let written = c
             .positions
             .iter()
@@ -77,6 +82,7 @@ fn engine<'a>(tf: &'a Transformer, seen: &'a mut Vec<Seen>) -> impl FnMut(BlendL
             .collect();
         seen.push(Seen {
             layer: c.layer,
+            kv_only: c.kv_only,
             positions: c.positions.to_vec(),
             tokens: c.tokens.map(<[i32]>::to_vec),
             lengths: (c.hidden.len(), c.hidden_dim, c.k.len(), c.v.len()),
@@ -120,9 +126,19 @@ fn recomputing_every_position_is_the_full_prefill() {
             engine(&tf, &mut seen),
         )
         .unwrap();
-    let want =
-        BlendReport { positions: 48, cached_positions: 47, fresh_positions: 1, selected: 47, recompute_fraction: 1.0 };
+    let want = BlendReport {
+        positions: 48,
+        cached_positions: 47,
+        fresh_positions: 1,
+        selected: 47,
+        recompute_fraction: 1.0,
+        anchored: 0,
+        kv_passes: 0,
+        ratio: 1.0,
+        num_check_layers: 1, // CacheBlend's layer 1, without a KV pass
+    };
     assert_eq!(report, want);
+    assert!(seen.iter().all(|s| !s.kv_only), "no KV pass without BlendOptions::with_kv_pass");
     // One call per layer, in order, for every position; token ids at layer 0 only.
     assert_eq!(seen.iter().map(|s| s.layer).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
     for s in &seen {
@@ -363,5 +379,276 @@ fn bad_blends_are_errors_before_any_callback() {
         panic!("not called")
     });
     assert_eq!(e.unwrap_err().status(), Status::NotFound);
+    assert!(out.iter().all(|&x| x == -1.0), "nothing written");
+}
+
+/// The C test's composition (1.9's tests): documents a (19 tokens) and b
+/// (23) of the reference prompt put alone, blended as BOS, b, a, the query
+/// (48 positions, 42 cached, 6 fresh).
+struct Composition {
+    tf: Transformer,
+    tokens: Vec<i32>,
+    _rt: Runtime,
+    model: Model,
+}
+
+impl Composition {
+    fn new() -> Composition {
+        let tf = Transformer::reference();
+        let (tokens, _) = reference_canonical();
+        let (rt, model) = runtime(DeviceMode::Auto);
+        put(&model, &tf, "doc-a", &tokens[1..20]);
+        put(&model, &tf, "doc-b", &tokens[20..43]);
+        Composition { tf, tokens, _rt: rt, model }
+    }
+
+    fn segments(&self) -> [Segment<'_>; 4] {
+        let t = &self.tokens;
+        [Segment::tokens(&t[..1]), Segment::document("doc-b"), Segment::document("doc-a"), Segment::tokens(&t[43..])]
+    }
+
+    /// Blends the segments with `options`: the KV (canonical), the report, the calls.
+    fn blend(&self, options: &BlendOptions) -> (Vec<f32>, BlendReport, Vec<Seen>) {
+        let mut out = vec![-1f32; LAYERS * 2 * 48 * ROW];
+        let mut seen = Vec::new();
+        let report = self
+            .model
+            .blend(
+                NS,
+                &self.segments(),
+                options,
+                &mut KvViewMut::canonical(&mut out, DType::F32),
+                engine(&self.tf, &mut seen),
+            )
+            .unwrap();
+        (out, report, seen)
+    }
+}
+
+#[test]
+fn a_kv_pass_gives_the_same_kv_for_less_work() {
+    // 1.9: with a KV pass a check layer computes only the K and V of the
+    // cached tokens it may drop, selects on those keys, and runs the whole
+    // layer for the selected and fresh ones: the KV of whole check layers,
+    // bit for bit, for less work.
+    let c = Composition::new();
+    let dim = c.tf.dim as u32;
+    let cost = c.tf.kv_cost();
+    assert!(cost > 0.0 && cost < 0.5, "{cost}");
+    // The defaults of the method with a KV pass: ratio 0.28 over check layers 1 and 2.
+    let (by_pass, a, seen) = c.blend(&BlendOptions::new(dim).with_kv_pass(cost));
+    assert_eq!((a.ratio, a.num_check_layers), (0.28, 2));
+    assert_eq!((a.positions, a.cached_positions, a.fresh_positions, a.anchored), (48, 42, 6, 0));
+    assert_eq!(a.selected, 12); // 42 x 0.28, rounded
+    assert_eq!(a.kv_passes, 42 + 22); // 42 candidates at layer 1, 42 x 0.28^(1/2) = 22 at layer 2
+                                      // Per layer: the KV pass of the candidates, then the whole layer for the kept and fresh ones.
+    let calls: Vec<(u32, bool, usize)> = seen.iter().map(|s| (s.layer, s.kv_only, s.positions.len())).collect();
+    assert_eq!(
+        calls,
+        [(0, false, 48), (1, true, 42), (1, false, 28), (2, true, 22), (2, false, 18), (3, false, 18), (4, false, 18)]
+    );
+    // The KV passes were asked for cached positions only, with the buffers of a whole layer.
+    for s in seen.iter().filter(|s| s.kv_only) {
+        assert!(s.positions.iter().all(|&p| (1..43).contains(&p)), "layer {}: {:?}", s.layer, s.positions);
+        assert_eq!(
+            (s.tokens.as_ref(), s.lengths),
+            (None, (s.positions.len() * c.tf.dim, c.tf.dim, 48 * ROW, 48 * ROW))
+        );
+    }
+    // The same blend with whole check layers: the same KV and selection, more work.
+    let whole = BlendOptions::new(dim).with_ratio(0.28).with_check_layers(vec![1, 2]);
+    let (by_layers, b, seen) = c.blend(&whole);
+    assert!(seen.iter().all(|s| !s.kv_only));
+    assert_eq!((b.kv_passes, b.selected, b.ratio, b.num_check_layers), (0, 12, 0.28, 2));
+    assert_eq!(as_bytes(&by_pass), as_bytes(&by_layers), "the KV pass changed the KV");
+    assert_ne!(by_pass[0], -1.0);
+    // Work: whole rows 48 at layer 0, 6 fresh + 22 kept at layer 1, 6 + 12
+    // at layers 2-4; 64 KV-pass rows at their cost; over 5 layers x 48.
+    let want = (48.0 + 28.0 + 3.0 * 18.0 + f64::from(cost) * 64.0) / 240.0;
+    assert!((a.recompute_fraction - want).abs() < 1e-6, "{} vs {want}", a.recompute_fraction);
+    // Whole check layers: 48 rows at layers 0 and 1, 6 + 22 at layer 2, 6 + 12 at layers 3-4.
+    assert!(
+        (b.recompute_fraction - (48.0 + 48.0 + 28.0 + 2.0 * 18.0) / 240.0).abs() < 1e-12,
+        "{}",
+        b.recompute_fraction
+    );
+    assert!(a.recompute_fraction < b.recompute_fraction);
+}
+
+#[test]
+fn the_default_ratio_is_the_methods() {
+    // Ratio None is kdn.h's -1: 0.28 over check layers 1 and 2 with a KV
+    // pass (above), CacheBlend's 0.15 at layer 1 without; the report says
+    // which was used. An explicit ratio is used as given.
+    let c = Composition::new();
+    let dim = c.tf.dim as u32;
+    let (_, r, seen) = c.blend(&BlendOptions::new(dim));
+    assert_eq!((r.ratio, r.num_check_layers, r.selected, r.kv_passes), (0.15, 1, 6, 0)); // 42 x 0.15, rounded
+    assert_eq!(seen.iter().map(|s| s.positions.len()).collect::<Vec<_>>(), [48, 48, 12, 12, 12]);
+    let (_, r, _) = c.blend(&BlendOptions::new(dim).with_kv_pass(c.tf.kv_cost()));
+    assert_eq!((r.ratio, r.num_check_layers, r.selected), (0.28, 2, 12));
+    let (_, r, _) = c.blend(&BlendOptions::new(dim).with_ratio(0.5).with_kv_pass(c.tf.kv_cost()));
+    assert_eq!((r.ratio, r.num_check_layers, r.selected), (0.5, 2, 21));
+}
+
+#[test]
+fn first_tokens_of_each_document_run_every_layer() {
+    // first_tokens 3: each document's first 3 positions (its attention
+    // sink, computed alone) are recomputed at every layer: 3 x 2 documents.
+    let c = Composition::new();
+    let (_, r, seen) = c.blend(&BlendOptions::new(c.tf.dim as u32).with_first_tokens(3));
+    assert_eq!(r.anchored, 6);
+    for s in &seen {
+        for p in [1, 2, 3, 24, 25, 26] {
+            assert!(s.positions.contains(&p), "layer {}: position {p} not recomputed", s.layer);
+        }
+    }
+    let (_, r, _) = c.blend(&BlendOptions::new(c.tf.dim as u32));
+    assert_eq!(r.anchored, 0);
+}
+
+#[test]
+fn a_failing_kv_pass_stops_the_blend() {
+    let c = Composition::new();
+    let options = BlendOptions::new(c.tf.dim as u32).with_kv_pass(c.tf.kv_cost());
+    let mut out = vec![-1f32; LAYERS * 2 * 48 * ROW];
+    let e = c
+        .model
+        .blend(NS, &c.segments(), &options, &mut KvViewMut::canonical(&mut out, DType::F32), |l| {
+            if l.kv_only {
+                return Err(Error::new(Status::Unavailable, "no KV kernel"));
+            }
+            c.tf.layer(l.layer as usize, l.positions, l.tokens, l.hidden, l.k, l.v);
+            Ok(())
+        })
+        .unwrap_err();
+    assert_eq!(e.status(), Status::Unavailable);
+    assert!(e.message().contains("KV pass (kv_fn) failed at layer 1") && e.message().contains("no KV kernel"), "{e}");
+    let e = c
+        .model
+        .blend(NS, &c.segments(), &options, &mut KvViewMut::canonical(&mut out, DType::F32), |l| {
+            assert!(!l.kv_only, "KV pass bug");
+            c.tf.layer(l.layer as usize, l.positions, l.tokens, l.hidden, l.k, l.v);
+            Ok(())
+        })
+        .unwrap_err();
+    assert_eq!(e.status(), Status::Internal);
+    assert!(e.message().contains("KV pass panicked at layer 1") && e.message().contains("KV pass bug"), "{e}");
+    assert!(out.iter().all(|&x| x == -1.0), "nothing written");
+}
+
+#[test]
+fn match_finds_the_documents_in_a_context() {
+    // BOS, document b, 3 other tokens, document a, the query: b and a are
+    // found where they are; the rest is for the engine to compute.
+    let c = Composition::new();
+    let t = &c.tokens;
+    let context: Vec<i32> = [&t[..1], &t[20..43], &t[43..46], &t[1..20], &t[43..]].concat();
+    assert_eq!(context.len(), 51);
+    assert_eq!(c.model.match_tokens(NS, &context).unwrap(), vec![1..24, 27..46]);
+    let as_u32: Vec<u32> = context.iter().map(|&x| x as u32).collect();
+    assert_eq!(c.model.match_tokens(NS, &as_u32).unwrap(), vec![1..24, 27..46]);
+    // Another namespace holds no documents; a context without them finds none.
+    assert_eq!(c.model.match_tokens("other-tenant", &context).unwrap(), vec![]);
+    assert_eq!(c.model.match_tokens(NS, &t[43..]).unwrap(), vec![]);
+    // Bad input.
+    let e = c.model.match_tokens(NS, &[] as &[i32]).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    let e = c.model.match_tokens(NS, &[1u32, u32::MAX]).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("i32::MAX"), "{e}");
+    assert_eq!(c.model.match_tokens(NS, &[1, -5, 7]).unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(c.model.match_tokens("", &context).unwrap_err().status(), Status::InvalidArgument);
+}
+
+#[test]
+fn blending_by_text_is_blending_the_same_segments() {
+    // kdn_kv_blend_tokens places what matching finds and computes the rest:
+    // the same KV, bit for bit, and the same report as the documents given
+    // as segments (with a KV pass, as the engine would run it).
+    let c = Composition::new();
+    let t = &c.tokens;
+    let context: Vec<i32> = [&t[..1], &t[20..43], &t[43..46], &t[1..20], &t[43..]].concat();
+    let n = context.len();
+    let options = BlendOptions::new(c.tf.dim as u32).with_kv_pass(c.tf.kv_cost());
+    let mut by_text = vec![-1f32; LAYERS * 2 * n * ROW];
+    let mut seen = Vec::new();
+    let rt = c
+        .model
+        .blend_tokens(
+            NS,
+            &context,
+            &options,
+            &mut KvViewMut::canonical(&mut by_text, DType::F32),
+            engine(&c.tf, &mut seen),
+        )
+        .unwrap();
+    assert_eq!((rt.positions, rt.cached_positions, rt.fresh_positions), (51, 42, 9));
+    assert_eq!(seen[0].tokens.as_deref(), Some(&context[..]), "layer 0 computes every position of the context");
+    let segments = [
+        Segment::tokens(&t[..1]),
+        Segment::document("doc-b"),
+        Segment::tokens(&t[43..46]),
+        Segment::document("doc-a"),
+        Segment::tokens(&t[43..]),
+    ];
+    let mut by_segments = vec![-2f32; LAYERS * 2 * n * ROW];
+    let mut seen = Vec::new();
+    let rs = c
+        .model
+        .blend(
+            NS,
+            &segments,
+            &options,
+            &mut KvViewMut::canonical(&mut by_segments, DType::F32),
+            engine(&c.tf, &mut seen),
+        )
+        .unwrap();
+    assert_eq!(rt, rs);
+    assert_eq!(as_bytes(&by_text), as_bytes(&by_segments));
+    // A context of no document's tokens: all computed.
+    let fresh = &t[43..];
+    let mut out = vec![-1f32; LAYERS * 2 * fresh.len() * ROW];
+    let r = c
+        .model
+        .blend_tokens(NS, fresh, &options, &mut KvViewMut::canonical(&mut out, DType::F32), engine(&c.tf, &mut seen))
+        .unwrap();
+    assert_eq!((r.positions, r.cached_positions, r.fresh_positions, r.selected), (5, 0, 5, 0));
+    assert_eq!(as_bytes(&out), as_bytes(&c.tf.prefill(fresh)), "all computed: the prefill");
+    // Bad input, before any callback: no tokens; a view of less room than the context.
+    let mut blend = |tokens: &[i32], room: u64| {
+        let spec = ViewSpec::canonical(DType::F32).with_num_tokens(room);
+        let mut view = KvViewMut::new(&mut by_text, &spec).unwrap();
+        c.model.blend_tokens(NS, tokens, &options, &mut view, |_| panic!("not called")).unwrap_err()
+    };
+    assert_eq!(blend(&[], 51).status(), Status::InvalidArgument);
+    assert_ne!(blend(&context, 50).code(), 0);
+    assert_eq!(as_bytes(&by_text), as_bytes(&by_segments), "nothing written");
+}
+
+#[test]
+fn a_kv_pass_needs_its_cost() {
+    // kdn refuses a kv_fn whose kv_cost is outside (0, 1]; the error is its
+    // status and its message.
+    let c = Composition::new();
+    let mut out = vec![-1f32; LAYERS * 2 * 48 * ROW];
+    for bad in [0.0, -0.5, 1.5, f32::NAN] {
+        let options = BlendOptions::new(c.tf.dim as u32).with_kv_pass(bad);
+        let e = c
+            .model
+            .blend(NS, &c.segments(), &options, &mut KvViewMut::canonical(&mut out, DType::F32), |_| {
+                panic!("not called")
+            })
+            .unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{bad}");
+        assert!(e.message().contains("with kv_fn, kv_cost") && e.message().contains("(0, 1]"), "{bad}: {e}");
+        let e = c
+            .model
+            .blend_tokens(NS, &c.tokens, &options, &mut KvViewMut::canonical(&mut out, DType::F32), |_| {
+                panic!("not called")
+            })
+            .unwrap_err();
+        assert!(e.status() == Status::InvalidArgument && e.message().contains("kv_cost"), "{bad}: {e}");
+    }
     assert!(out.iter().all(|&x| x == -1.0), "nothing written");
 }

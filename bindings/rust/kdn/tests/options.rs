@@ -215,7 +215,7 @@ fn cost_aware_eviction_drops_a_requests_later_chunks_first() {
 
 #[test]
 fn the_library_is_this_crates_abi_or_newer() {
-    assert_eq!(ABI_VERSION_NUMBER, 10800);
+    assert_eq!(ABI_VERSION_NUMBER, 10900);
     assert!(version_number() >= ABI_VERSION_NUMBER, "{}", version());
     const { assert!(HEADER_VERSION_NUMBER >= ABI_VERSION_NUMBER) };
 }

@@ -118,6 +118,56 @@ impl Transformer {
         }
     }
 
+    /// At layer 0, the tokens' embeddings into `hidden`.
+    fn embed(&self, n: usize, tokens: Option<&[i32]>, hidden: &mut [f32]) {
+        let dim = self.dim;
+        assert_eq!(hidden.len(), n * dim);
+        if let Some(tokens) = tokens {
+            for (i, &t) in tokens.iter().enumerate() {
+                let e = self.tok_emb + t as usize * dim;
+                hidden[i * dim..(i + 1) * dim].copy_from_slice(&self.w[e..e + dim]);
+            }
+        }
+    }
+
+    /// Position `pos`'s K (after RoPE) and V of layer `l` from its normed
+    /// input `xb`: the one code both passes run, so they agree bit for bit.
+    fn project_kv(&self, l: usize, pos: i32, xb: &[f32], k: &mut [f32], v: &mut [f32]) {
+        let (dim, kvd) = (self.dim, self.kv_dim());
+        let p = pos as usize * kvd;
+        self.matmul(self.wk + l * kvd * dim, xb, &mut k[p..p + kvd]);
+        self.rope(&mut k[p..p + kvd], pos);
+        self.matmul(self.wv + l * kvd * dim, xb, &mut v[p..p + kvd]);
+    }
+
+    /// The KV pass of layer `l` (kdn_blend_options.kv_fn): the positions' K
+    /// and V as [`layer`](Self::layer) writes them, without attention or the
+    /// feed-forward; `hidden` is left as it came (the layer's input).
+    pub fn kv_pass(
+        &self,
+        l: usize,
+        positions: &[i32],
+        tokens: Option<&[i32]>,
+        hidden: &mut [f32],
+        k: &mut [f32],
+        v: &mut [f32],
+    ) {
+        let dim = self.dim;
+        self.embed(positions.len(), tokens, hidden);
+        for (i, &pos) in positions.iter().enumerate() {
+            let xb = self.rms_norm(&hidden[i * dim..(i + 1) * dim], self.rms_att + l * dim);
+            self.project_kv(l, pos, &xb, k, v);
+        }
+    }
+
+    /// A KV pass's work per position over a whole layer's (kv_cost): the K
+    /// and V projections over all the layer's multiply-adds per token
+    /// (attention over the context left out: it only lowers the share).
+    pub fn kv_cost(&self) -> f32 {
+        let (dim, kvd, hid) = (self.dim, self.kv_dim(), self.hidden_dim);
+        (2 * kvd * dim) as f32 / (2 * dim * dim + 2 * kvd * dim + 3 * dim * hid) as f32
+    }
+
     /// Layer `l` for `positions` (ascending): `hidden` holds their rows (at
     /// layer 0 `tokens` gives them), `k` and `v` this layer's KV of the
     /// whole context, `[position][kv_dim]`. Writes the positions' K (after
@@ -134,23 +184,14 @@ impl Transformer {
     ) {
         let (dim, kvd, hd, hid) = (self.dim, self.kv_dim(), self.head_dim, self.hidden_dim);
         let n = positions.len();
-        assert_eq!(hidden.len(), n * dim);
-        if let Some(tokens) = tokens {
-            for (i, &t) in tokens.iter().enumerate() {
-                let e = self.tok_emb + t as usize * dim;
-                hidden[i * dim..(i + 1) * dim].copy_from_slice(&self.w[e..e + dim]);
-            }
-        }
+        self.embed(n, tokens, hidden);
         let mut q = vec![0f32; n * dim];
         for (i, &pos) in positions.iter().enumerate() {
             let xb = self.rms_norm(&hidden[i * dim..(i + 1) * dim], self.rms_att + l * dim);
             let qi = &mut q[i * dim..(i + 1) * dim];
             self.matmul(self.wq + l * dim * dim, &xb, qi);
             self.rope(qi, pos);
-            let p = pos as usize * kvd;
-            self.matmul(self.wk + l * kvd * dim, &xb, &mut k[p..p + kvd]);
-            self.rope(&mut k[p..p + kvd], pos);
-            self.matmul(self.wv + l * kvd * dim, &xb, &mut v[p..p + kvd]);
+            self.project_kv(l, pos, &xb, k, v);
         }
         let group = self.heads / self.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();

@@ -27,7 +27,7 @@ public final class Kdn {
   public static final int REQUIRED_MAJOR = 1;
 
   /** See {@link #REQUIRED_MAJOR}. */
-  public static final int REQUIRED_MINOR = 8;
+  public static final int REQUIRED_MINOR = 9;
 
   /**
    * Throws {@link VersionException} unless a library of version {@code number} (MAJOR * 10000 +

@@ -7,6 +7,7 @@ import dev.kdn.swig.NativeLookupBatch;
 import dev.kdn.swig.NativeMemory;
 import dev.kdn.swig.NativeModel;
 import dev.kdn.swig.NativeRequest;
+import dev.kdn.swig.NativeTokenRanges;
 import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -398,6 +399,35 @@ public final class Model implements AutoCloseable {
       return new FetchResult(result, tokens);
     } finally {
       f.delete();
+    }
+  }
+
+  /**
+   * Where this namespace's knowledge items occur in a context (since 1.9; {@code kdn_kv_match},
+   * experimental in kdn.h): the ranges [begin, end) of the request's tokens that are chunks of
+   * documents put with {@link #knowledgePut}, found at any offset, ascending and not overlapping
+   * (consecutive chunks of one document are one range). The tokens outside them are the ones the
+   * engine must compute. Matching reads the index, not the tiers: a range whose chunks were evicted
+   * since is still reported. Blending itself is not bound in Java (README).
+   *
+   * @throws InvalidArgumentException for a request of block hashes, or of no tokens
+   */
+  public List<TokenRange> match(String ns, Request context) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(context, "context");
+    NativeTokenRanges ranges;
+    try {
+      ranges = handle().match(ns, context.handle);
+    } finally {
+      Natives.fence(this, context);
+    }
+    try {
+      int n = (int) ranges.size();
+      List<TokenRange> out = new ArrayList<>(n);
+      for (int i = 0; i < n; ++i) out.add(new TokenRange(ranges.begin(i), ranges.end(i)));
+      return out;
+    } finally {
+      ranges.delete();
     }
   }
 

@@ -32,19 +32,20 @@ class KdnRuntimeTest {
     assertEquals("KDN_ERR_NOT_FOUND", Kdn.statusString(Status.NOT_FOUND.code()));
   }
 
-  /** The binding covers C ABI 1.8: an older libkdn (or another major) is refused, saying which it needs. */
+  /** The binding covers C ABI 1.9: an older libkdn (or another major) is refused, saying which it needs. */
   @Test
   void testRequiredLibraryVersion() {
     assertEquals(1, Kdn.REQUIRED_MAJOR);
-    assertEquals(8, Kdn.REQUIRED_MINOR);
-    assertTrue(Kdn.versionNumber() >= 10800, Kdn.version()); // the library this run loaded
+    assertEquals(9, Kdn.REQUIRED_MINOR);
+    assertTrue(Kdn.versionNumber() >= 10900, Kdn.version()); // the library this run loaded
     Kdn.checkLibraryVersion(Kdn.versionNumber());
-    Kdn.checkLibraryVersion(10800);
-    Kdn.checkLibraryVersion(10803);
+    Kdn.checkLibraryVersion(10900);
+    Kdn.checkLibraryVersion(10903);
     Kdn.checkLibraryVersion(11200);
-    VersionException old = assertThrows(VersionException.class, () -> Kdn.checkLibraryVersion(10702));
-    assertTrue(old.getMessage().startsWith("libkdn 1.7.2 is not usable by this Java binding: it needs libkdn 1.8 or"
+    VersionException old = assertThrows(VersionException.class, () -> Kdn.checkLibraryVersion(10802));
+    assertTrue(old.getMessage().startsWith("libkdn 1.8.2 is not usable by this Java binding: it needs libkdn 1.9 or"
         + " a later 1.x (libkdn.so.1)"), old.getMessage());
+    assertThrows(VersionException.class, () -> Kdn.checkLibraryVersion(10702));
     assertEquals(Status.VERSION, old.status());
     VersionException next = assertThrows(VersionException.class, () -> Kdn.checkLibraryVersion(20000));
     assertTrue(next.getMessage().startsWith("libkdn 2.0.0 "), next.getMessage());

@@ -114,12 +114,18 @@ final class TestSupport {
 
     /** The canonical layout [layer][k|v][position][head][dim] of the first {@code positions}. */
     ByteBuffer canonical(int positions) {
+      return canonical(0, positions);
+    }
+
+    /** The canonical layout of positions [from, to). */
+    ByteBuffer canonical(int from, int to) {
       int tokenBytes = TOKEN_ELEMS * 4;
       int layerBytes = POSITIONS * tokenBytes;
-      ByteBuffer b = Kdn.allocate(2 * LAYERS * positions * tokenBytes);
+      int bytes = (to - from) * tokenBytes;
+      ByteBuffer b = Kdn.allocate(2 * LAYERS * bytes);
       for (int l = 0; l < LAYERS; ++l) {
-        b.put(k, l * layerBytes, positions * tokenBytes);
-        b.put(v, l * layerBytes, positions * tokenBytes);
+        b.put(k, l * layerBytes + from * tokenBytes, bytes);
+        b.put(v, l * layerBytes + from * tokenBytes, bytes);
       }
       return b.clear();
     }
