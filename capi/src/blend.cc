@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The C ABI: kdn_kv_blend (experimental).
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <optional>
 
 #include "calls.h"
 #include "shim.h"
@@ -75,6 +77,13 @@ kdn_status ReadBlendOptions(const kdn_model* model, const kdn_blend_options* opt
                 "blend options: with kv_fn, kv_cost (its work per position over a whole layer's) must be in (0, 1]");
   }
   if (o.first_tokens > (1u << 30)) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: first_tokens too large");
+  if (o.reserved0 != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: reserved0 must be 0");
+  if (o.gate_file == nullptr && o.gate_file_len != 0) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: gate_file is NULL with gate_file_len > 0");
+  }
+  if (o.gate_file != nullptr && !(o.max_kl_ratio >= 0.0f && std::isfinite(o.max_kl_ratio))) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: max_kl_ratio must be a number >= 0");
+  }
   const int layers = static_cast<int>(model->kv.shape.layers);
   const bool by_pass = o.kv_fn != nullptr;
   // Ratio -1 asks for the default of the method (kdn.h); other values
@@ -134,9 +143,15 @@ kdn_status RunBlend(const kdn_model* model, const char* ns, size_t ns_len, const
       return Fail(KDN_ERR_UNSUPPORTED, "kdn_kv_blend: KV views in device memory: this runtime has no device");
     }
   }
+  std::optional<kdn::blend::BlendGate> gate;
+  if (o.gate_file != nullptr) {
+    auto records = kdn::blend::ReadGate(std::string(o.gate_file, o.gate_file_len));
+    if (!records.ok()) return Fail(KDN_ERR_INVALID_ARGUMENT, records.status().message());
+    gate = kdn::blend::BlendGate{std::move(records).value(), o.max_kl_ratio};
+  }
   CallbackEngine engine(o, static_cast<int>(model->kv.shape.heads * model->kv.shape.head_dim));
   auto r = kdn::blend::BlendDocuments(model->runtime->knowledge(), model->kv, std::string_view(ns, ns_len), segs, bo,
-                                      engine, specs);
+                                      engine, specs, gate ? &*gate : nullptr);
   if (!r.ok()) return FromStatus(r.status());
   // The prefill the blend saved: the context's positions x the share of
   // the layer x position work not recomputed (kdn_stats.ttft_saved_ns).
@@ -153,6 +168,8 @@ kdn_status RunBlend(const kdn_model* model, const char* ns, size_t ns_len, const
     for (int n : r->kv_pass_per_layer) full.kv_passes += static_cast<uint32_t>(n);
     full.ratio = static_cast<float>(bo.ratio);
     full.num_check_layers = static_cast<uint32_t>(kdn::blend::CheckLayersFor(bo, layers).size());
+    full.gated = r->gated ? 1u : 0u;
+    full.gate_kl_ratio = static_cast<float>(r->gate_kl_ratio);
     WriteOut(full, report);
   }
   return KDN_OK;

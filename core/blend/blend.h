@@ -127,6 +127,11 @@ struct BlendReport {
   // (sum(recomputed_per_layer) + kv_pass_cost * sum(kv_pass_per_layer)) / (layers * positions)
   double recompute_fraction = 0;
   std::vector<int> selected_positions;    // ascending (the anchored ones not among them)
+  // With an accuracy gate (BlendDocuments, blend/gate.h): whether it refused
+  // the method (every position then recomputed: full prefill), and the KL
+  // ratio the gate file holds for it (-1: none).
+  bool gated = false;
+  double gate_kl_ratio = -1;
 };
 
 // The check layers `options` gives for a model of `layers` layers (its

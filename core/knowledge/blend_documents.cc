@@ -7,13 +7,15 @@
 #include <optional>
 #include <string>
 
+#include "core/keys/hash.h"
 #include "core/util/dtype.h"
 
 namespace kdn::blend {
 
 Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::ModelKv& model, std::string_view ns,
                                    std::span<const Segment> segments, const BlendOptions& options,
-                                   LayerEngine& engine, std::span<const store::ViewSpec> views) {
+                                   LayerEngine& engine, std::span<const store::ViewSpec> views,
+                                   const BlendGate* gate) {
   if (segments.empty()) return Status::InvalidArgument("blend: no segments");
   // A document's length is known only under the snapshot read below (a put
   // may replace it with a longer version meanwhile): with documents, the
@@ -95,8 +97,25 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
   if (!out.ok()) return out.status();
   std::vector<float> composed;
   const ModelShape shape{static_cast<int>(L), static_cast<int>(model.shape.heads), static_cast<int>(model.shape.head_dim)};
-  auto report = Compose(shape, pieces, options, engine, &composed);
+  // The gate: a method this model was not measured with, or measured above
+  // the bound, is refused; the context is then recomputed whole (exact).
+  BlendOptions run = options;
+  bool gated = false;
+  double gate_kl = -1;
+  if (gate != nullptr) {
+    const GateRecord* r = FindGate(gate->records, keys::ToHex(model.fingerprint), options, shape.layers,
+                                   options.kv_pass && engine.has_kv_pass());
+    gate_kl = r != nullptr ? r->kl_ratio : -1;
+    if (r == nullptr || r->kl_ratio > gate->max_kl_ratio) {
+      gated = true;
+      run.ratio = 1;
+      run.threshold = -1;
+    }
+  }
+  auto report = Compose(shape, pieces, run, engine, &composed);
   if (!report.ok()) return report.status();
+  report->gated = gated;
+  report->gate_kl_ratio = gate_kl;
   std::vector<std::uint8_t> canonical(composed.size() * eb);
   FromFloat(model.dtype, composed.data(), composed.size(), canonical.data());
   if (out->device()) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/blend/blend.h"
+#include "core/blend/gate.h"
 #include "core/knowledge/match.h"
 #include "core/knowledge/knowledge.h"
 #include "core/engine/kv_views.h"
@@ -49,8 +50,19 @@ std::vector<Segment> SegmentsOfTokens(ChunkMatcher& matcher, const store::ModelK
 // re-positioned and the selected tokens recomputed on the host. kNotFound when a document is unknown or lost from every
 // tier (a slice's document: its tokens are computed instead, as when they changed);
 // the engine's status when it fails.
+// An accuracy gate (blend/gate.h): the measured records and the bound on
+// KL(blend) / KL(naive) above which a method is refused.
+struct BlendGate {
+  std::vector<GateRecord> records;
+  double max_kl_ratio = 0.2;
+};
+
+// With `gate`, the method `options` resolve to runs only when the gate holds
+// this model's record for it at or below the bound; otherwise every
+// position is recomputed (full prefill) and the report says `gated`.
 Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::ModelKv& model, std::string_view ns,
                                    std::span<const Segment> segments, const BlendOptions& options,
-                                   LayerEngine& engine, std::span<const store::ViewSpec> views);
+                                   LayerEngine& engine, std::span<const store::ViewSpec> views,
+                                   const BlendGate* gate = nullptr);
 
 }  // namespace kdn::blend

@@ -64,6 +64,46 @@ TEST(BlendEvalCli, PrintsTheIssuesJsonObject) {
   EXPECT_LT(a.at("kl_blend_mean").get<double>(), a.at("kl_naive_mean").get<double>());
 }
 
+// `kdn blend calibrate`: the default methods measured on a text, written to
+// a gate file under the reference engine's fingerprint; a second run keeps
+// other models' lines and replaces its own.
+TEST(BlendCalibrateCli, WritesAGateFileOfTheDefaultMethods) {
+  KDN_REQUIRE_MODEL();
+  const fs::path gate = fs::temp_directory_path() / ("kdn_gate_cli_" + std::to_string(getpid()));
+  const std::string other = std::string(64, 'c') + " ratio=0.5 checks=1 kv_pass=0 first=0 kl_ratio=0.05";
+  std::ofstream(gate) << other << "\n";
+  const std::string args = "blend calibrate --model " + kdn::testing::ModelPath() + " --tokenizer " +
+                           kdn::testing::TokenizerPath() + " --text " + KDN_STORIES + " --contexts 2 --out " +
+                           gate.string();
+  for (int run = 0; run < 2; ++run) {
+    const auto r = Kdn(args + " --json", "2>&1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j.at("fingerprint").get<std::string>().size(), 64u);
+    ASSERT_EQ(j.at("methods").size(), 2u);
+    EXPECT_EQ(j.at("methods")[0].at("kv_pass"), true);
+    EXPECT_EQ(j.at("methods")[0].at("check_layers"), nlohmann::json({1, 2}));
+    EXPECT_EQ(j.at("methods")[1].at("kv_pass"), false);
+    for (const auto& m : j.at("methods")) {
+      EXPECT_GT(m.at("kl_ratio").get<double>(), 0.0);
+      EXPECT_LT(m.at("kl_ratio").get<double>(), 1.0);
+      EXPECT_EQ(m.at("contexts").get<int>(), 2);
+    }
+    std::ifstream in(gate);
+    std::string line;
+    int lines = 0, others = 0;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      ++lines;
+      others += line.rfind(std::string(64, 'c') + " ratio=0.5 checks=1 kv_pass=0 first=0 kl_ratio=0.05", 0) == 0;
+    }
+    EXPECT_EQ(lines, 3) << run;  // the other model's line, then this model's two (replaced on the second run)
+    EXPECT_EQ(others, 1);
+  }
+  EXPECT_NE(Kdn(args + " --fingerprint nothex").code, 0);
+  fs::remove(gate);
+}
+
 TEST(BlendEvalCli, BadInputsFailWithAMessage) {
   KDN_REQUIRE_MODEL();
   auto r = Kdn("blend eval --model " + kdn::testing::ModelPath() + " --tokenizer " + kdn::testing::TokenizerPath() +

@@ -7,7 +7,10 @@
 #define KDN_EXPERIMENTAL
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -544,6 +547,110 @@ TEST_F(BlendApiTest, APartOfADocumentIsPlacedFromItsPlaceInTheDocument) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], want[i]) << i;
   kdn_model_destroy(model);
   kdn_runtime_destroy(rt);
+}
+
+// 1.9: the accuracy gate. A gate file (as `kdn blend calibrate` writes it)
+// with this model's measurements: the method measured at or below the bound
+// blends; one above it, or one the file does not hold, is refused: every
+// position recomputed (the full prefill, exact) and the report says so.
+TEST_F(BlendApiTest, TheGateRefusesAMethodMeasuredAboveItsBoundAndOneNeverMeasured) {
+  const auto& c = t_->config();
+  Put("doc-a", Ids(1, 19));
+  Put("doc-b", Ids(2, 23));
+  const std::vector<int32_t> bos = {kBos}, query = Ids(3, 5);
+  kdn_blend_segment seg[4] = {Tokens(bos), Document("doc-b"), Document("doc-a"), Tokens(query)};
+  const size_t total = 1 + 23 + 19 + 5;
+  uint8_t fp[32];
+  ASSERT_EQ(kdn_model_get_fingerprint(model_, fp), KDN_OK);
+  std::string hex;
+  for (uint8_t b : fp) {
+    char two[3];
+    std::snprintf(two, sizeof two, "%02x", b);
+    hex += two;
+  }
+  const std::string path = ::testing::TempDir() + "kdn_gate_" + std::to_string(getpid());
+  {
+    std::ofstream f(path);
+    f << "# measured\n"
+      << hex << " ratio=0.28 checks=1,2 kv_pass=1 first=0 kl_ratio=0.11 top1=0.99 f=0.547 contexts=15\n"
+      << hex << " ratio=0.15 checks=1 kv_pass=0 first=0 kl_ratio=0.31 top1=0.98 f=0.543 contexts=15\n";
+  }
+  // Full prefill's KV of the context, for the refused blends.
+  std::vector<int> ctx = {kBos};
+  for (int32_t t : Ids(2, 23)) ctx.push_back(t);
+  for (int32_t t : Ids(1, 19)) ctx.push_back(t);
+  for (int32_t t : query) ctx.push_back(t);
+  kdn::model::KvCache full = t_->NewCache();
+  ASSERT_TRUE(t_->Forward(ctx, 0, full, nullptr).ok());
+  const std::vector<float> prefill = full.Export(0, static_cast<int>(total));
+
+  std::vector<float> out(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f);
+  kdn_kv_view view = Canonical(out, total);
+  Engine e{t_.get()};
+  kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+  EXPECT_FLOAT_EQ(o.max_kl_ratio, 0.2f);
+  o.hidden_dim = static_cast<uint32_t>(c.dim);
+  o.layer_fn = Layer;
+  o.user = &e;
+  o.kv_fn = KvOnly;
+  o.kv_cost = 0.05f;
+  o.gate_file = path.c_str();
+  o.gate_file_len = path.size();
+  kdn_blend_report rep = KDN_BLEND_REPORT_INIT;
+  EXPECT_EQ(rep.gate_kl_ratio, -1.0f);
+  // The default method, measured at 0.11 <= 0.2: it blends.
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &view, 1, &rep), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(rep.gated, 0u);
+  EXPECT_FLOAT_EQ(rep.gate_kl_ratio, 0.11f);
+  EXPECT_LT(rep.recompute_fraction, 0.6);
+  EXPECT_NE(out, prefill);
+  // CacheBlend's (no kv_fn), measured at 0.31 > 0.2: refused, full prefill.
+  kdn_blend_options whole = o;
+  whole.kv_fn = nullptr;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &whole, &view, 1, &rep), KDN_OK) << kdn_last_error_message();
+  EXPECT_EQ(rep.gated, 1u);
+  EXPECT_FLOAT_EQ(rep.gate_kl_ratio, 0.31f);
+  EXPECT_EQ(rep.recompute_fraction, 1.0);
+  EXPECT_EQ(out, prefill);
+  // With a looser bound it blends.
+  whole.max_kl_ratio = 0.4f;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &whole, &view, 1, &rep), KDN_OK);
+  EXPECT_EQ(rep.gated, 0u);
+  EXPECT_LT(rep.recompute_fraction, 0.6);
+  // A method the file does not hold (first tokens): refused, no measurement.
+  kdn_blend_options anchors = o;
+  anchors.first_tokens = 2;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &anchors, &view, 1, &rep), KDN_OK);
+  EXPECT_EQ(rep.gated, 1u);
+  EXPECT_EQ(rep.gate_kl_ratio, -1.0f);
+  EXPECT_EQ(out, prefill);
+  // Without a gate file nothing is gated.
+  kdn_blend_options none = anchors;
+  none.gate_file = nullptr;
+  none.gate_file_len = 0;
+  ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &none, &view, 1, &rep), KDN_OK);
+  EXPECT_EQ(rep.gated, 0u);
+  EXPECT_EQ(rep.gate_kl_ratio, -1.0f);
+  // A file that cannot be read, or a malformed one, is an error naming it; a bad bound too.
+  kdn_blend_options bad = o;
+  const std::string missing = path + ".missing";
+  bad.gate_file = missing.c_str();
+  bad.gate_file_len = missing.size();
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &bad, &view, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kdn_last_error_message()).find(".missing"), std::string::npos);
+  {
+    std::ofstream f(path, std::ios::app);
+    f << hex << " ratio=0.28\n";
+  }
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &view, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kdn_last_error_message()).find("line 4"), std::string::npos) << kdn_last_error_message();
+  bad = o;
+  bad.max_kl_ratio = -1.0f;
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &bad, &view, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+  bad = o;
+  bad.gate_file = nullptr;  // with a length
+  EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &bad, &view, 1, &rep), KDN_ERR_INVALID_ARGUMENT);
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -972,10 +972,22 @@ typedef struct kdn_blend_options {
                                      layer's multiply-adds per token) */
   uint32_t first_tokens;          /* leading tokens of each document recomputed at every layer (EPIC,
                                      LegoLink: a document computed alone puts its attention sink there); default 0 */
+  /* Since 1.9. The accuracy gate: a file `kdn blend calibrate` wrote (one
+   * line per model fingerprint and method: the KL(blend) / KL(naive reuse)
+   * measured on a calibration text). With it, the blend runs only when the
+   * file holds this model's measurement for the method these options
+   * resolve to (ratio, check layers, kv_fn or not, first_tokens) at or below
+   * max_kl_ratio; otherwise every position is recomputed (the context is
+   * full prefill, exact) and report->gated says so. NULL: no gate. */
+  const char *gate_file;
+  size_t gate_file_len;
+  float max_kl_ratio;             /* with gate_file; default 0.2 */
+  uint32_t reserved0;             /* must be 0 */
 } kdn_blend_options;
 #define KDN_BLEND_OPTIONS_SIZE_V1 56u
 #define KDN_BLEND_OPTIONS_INIT \
-  { sizeof(kdn_blend_options), -1.0f, -1.0f, 0u, NULL, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL, NULL, 0.0f, 0u }
+  { sizeof(kdn_blend_options), -1.0f, -1.0f, 0u, NULL, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL, NULL, 0.0f, 0u, \
+    NULL, 0u, 0.2f, 0u }
 KDN_API kdn_status kdn_blend_options_init(kdn_blend_options *options, size_t struct_size);
 
 /* What a blend did (output). */
@@ -992,9 +1004,11 @@ typedef struct kdn_blend_report {
   uint32_t kv_passes;           /* positions x layers given only a KV pass */
   float ratio;                  /* the ratio used (the default resolved) */
   uint32_t num_check_layers;    /* the check layers used */
+  uint32_t gated;               /* 1: the gate refused the method: every position was recomputed */
+  float gate_kl_ratio;          /* the gate file's KL ratio for the method; -1: none (or no gate) */
 } kdn_blend_report;
 #define KDN_BLEND_REPORT_SIZE_V1 32u
-#define KDN_BLEND_REPORT_INIT { sizeof(kdn_blend_report), 0u, 0u, 0u, 0u, 0u, 0.0, 0u, 0u, 0.0f, 0u }
+#define KDN_BLEND_REPORT_INIT { sizeof(kdn_blend_report), 0u, 0u, 0u, 0u, 0u, 0.0, 0u, 0u, 0.0f, 0u, 0u, -1.0f }
 KDN_API kdn_status kdn_blend_report_init(kdn_blend_report *report, size_t struct_size);
 
 /* Blends the segments (an array of versioned structs), in order, into the

@@ -4368,12 +4368,16 @@ pub struct kdn_blend_options {
     pub kv_fn: kdn_blend_layer_fn,
     pub kv_cost: f32,
     pub first_tokens: u32,
+    pub gate_file: *const ::std::os::raw::c_char,
+    pub gate_file_len: usize,
+    pub max_kl_ratio: f32,
+    pub reserved0: u32,
 }
 #[test]
 fn bindgen_test_layout_kdn_blend_options() {
     assert_eq!(
         ::std::mem::size_of::<kdn_blend_options>(),
-        72usize,
+        96usize,
         concat!("Size of: ", stringify!(kdn_blend_options))
     );
     assert_eq!(
@@ -4602,6 +4606,74 @@ fn bindgen_test_layout_kdn_blend_options() {
         );
     }
     test_field_first_tokens();
+    fn test_field_gate_file() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_blend_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gate_file) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_blend_options),
+                "::",
+                stringify!(gate_file)
+            )
+        );
+    }
+    test_field_gate_file();
+    fn test_field_gate_file_len() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_blend_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gate_file_len) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_blend_options),
+                "::",
+                stringify!(gate_file_len)
+            )
+        );
+    }
+    test_field_gate_file_len();
+    fn test_field_max_kl_ratio() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_blend_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_kl_ratio) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_blend_options),
+                "::",
+                stringify!(max_kl_ratio)
+            )
+        );
+    }
+    test_field_max_kl_ratio();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_blend_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            92usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_blend_options),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
 }
 extern "C" {
     pub fn kdn_blend_options_init(
@@ -4623,12 +4695,14 @@ pub struct kdn_blend_report {
     pub kv_passes: u32,
     pub ratio: f32,
     pub num_check_layers: u32,
+    pub gated: u32,
+    pub gate_kl_ratio: f32,
 }
 #[test]
 fn bindgen_test_layout_kdn_blend_report() {
     assert_eq!(
         ::std::mem::size_of::<kdn_blend_report>(),
-        48usize,
+        56usize,
         concat!("Size of: ", stringify!(kdn_blend_report))
     );
     assert_eq!(
@@ -4823,6 +4897,40 @@ fn bindgen_test_layout_kdn_blend_report() {
         );
     }
     test_field_num_check_layers();
+    fn test_field_gated() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_blend_report>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gated) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_blend_report),
+                "::",
+                stringify!(gated)
+            )
+        );
+    }
+    test_field_gated();
+    fn test_field_gate_kl_ratio() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_blend_report>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gate_kl_ratio) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_blend_report),
+                "::",
+                stringify!(gate_kl_ratio)
+            )
+        );
+    }
+    test_field_gate_kl_ratio();
 }
 extern "C" {
     pub fn kdn_blend_report_init(report: *mut kdn_blend_report, struct_size: usize) -> kdn_status;

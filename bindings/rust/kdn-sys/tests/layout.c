@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 245;
+const size_t kdn_layout_count = 251;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -239,6 +239,10 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_blend_options", "kv_fn", 0, 0, offsetof(kdn_blend_options, kv_fn)},
   {"kdn_blend_options", "kv_cost", 0, 0, offsetof(kdn_blend_options, kv_cost)},
   {"kdn_blend_options", "first_tokens", 0, 0, offsetof(kdn_blend_options, first_tokens)},
+  {"kdn_blend_options", "gate_file", 0, 0, offsetof(kdn_blend_options, gate_file)},
+  {"kdn_blend_options", "gate_file_len", 0, 0, offsetof(kdn_blend_options, gate_file_len)},
+  {"kdn_blend_options", "max_kl_ratio", 0, 0, offsetof(kdn_blend_options, max_kl_ratio)},
+  {"kdn_blend_options", "reserved0", 0, 0, offsetof(kdn_blend_options, reserved0)},
   {"kdn_blend_report", "", sizeof(kdn_blend_report), _Alignof(kdn_blend_report), 0},
   {"kdn_blend_report", "struct_size", 0, 0, offsetof(kdn_blend_report, struct_size)},
   {"kdn_blend_report", "filled_size", 0, 0, offsetof(kdn_blend_report, filled_size)},
@@ -251,4 +255,6 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_blend_report", "kv_passes", 0, 0, offsetof(kdn_blend_report, kv_passes)},
   {"kdn_blend_report", "ratio", 0, 0, offsetof(kdn_blend_report, ratio)},
   {"kdn_blend_report", "num_check_layers", 0, 0, offsetof(kdn_blend_report, num_check_layers)},
+  {"kdn_blend_report", "gated", 0, 0, offsetof(kdn_blend_report, gated)},
+  {"kdn_blend_report", "gate_kl_ratio", 0, 0, offsetof(kdn_blend_report, gate_kl_ratio)},
 };

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 245];
+    static kdn_layout_rows: [Row; 251];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -255,6 +255,10 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_blend_options", "kv_fn", 0, 0, offset_of!(kdn_blend_options, kv_fn)),
         ("kdn_blend_options", "kv_cost", 0, 0, offset_of!(kdn_blend_options, kv_cost)),
         ("kdn_blend_options", "first_tokens", 0, 0, offset_of!(kdn_blend_options, first_tokens)),
+        ("kdn_blend_options", "gate_file", 0, 0, offset_of!(kdn_blend_options, gate_file)),
+        ("kdn_blend_options", "gate_file_len", 0, 0, offset_of!(kdn_blend_options, gate_file_len)),
+        ("kdn_blend_options", "max_kl_ratio", 0, 0, offset_of!(kdn_blend_options, max_kl_ratio)),
+        ("kdn_blend_options", "reserved0", 0, 0, offset_of!(kdn_blend_options, reserved0)),
         ("kdn_blend_report", "", size_of::<kdn_blend_report>(), align_of::<kdn_blend_report>(), 0),
         ("kdn_blend_report", "struct_size", 0, 0, offset_of!(kdn_blend_report, struct_size)),
         ("kdn_blend_report", "filled_size", 0, 0, offset_of!(kdn_blend_report, filled_size)),
@@ -267,6 +271,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_blend_report", "kv_passes", 0, 0, offset_of!(kdn_blend_report, kv_passes)),
         ("kdn_blend_report", "ratio", 0, 0, offset_of!(kdn_blend_report, ratio)),
         ("kdn_blend_report", "num_check_layers", 0, 0, offset_of!(kdn_blend_report, num_check_layers)),
+        ("kdn_blend_report", "gated", 0, 0, offset_of!(kdn_blend_report, gated)),
+        ("kdn_blend_report", "gate_kl_ratio", 0, 0, offset_of!(kdn_blend_report, gate_kl_ratio)),
     ]
 }
 
