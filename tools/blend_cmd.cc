@@ -190,10 +190,10 @@ BlendCommand::BlendCommand(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   eval_cmd_->add_option("--chunk-tokens", options_.eval.chunk_tokens, "tokens per chunk")->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  eval_cmd_->add_option("--ratio", options_.eval.ratio, "fraction of cached tokens recomputed (0.15 = 15%)")
+  eval_cmd_->add_option("--ratio", options_.eval.ratio, "fraction of cached tokens recomputed (0.28 = 28%)")
       ->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  eval_cmd_->add_option("--check-layers", options_.eval.check_layers, "layers where tokens are selected")
-      ->capture_default_str();
+  eval_cmd_->add_option("--check-layers", options_.eval.check_layers,
+                        "layers where tokens are selected (default: 1 and 2, kdn's default)");
   eval_cmd_->add_option("--first-tokens", options_.eval.first_tokens,
                         "leading tokens of each chunk recomputed at every layer (EPIC/LegoLink)")
       ->capture_default_str()->check(CLI::Range(0, 4096));

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/blend/blend.h"
 #include "lab/model/checkpoint.h"
 #include "core/util/status.h"
 
@@ -34,8 +35,8 @@ namespace kdn::blend {
 struct BlendEvalOptions {
   int chunk_tokens = 64;
   int chunks = 4;                // per context
-  double ratio = 0.15;
-  std::vector<int> check_layers = {1};
+  double ratio = kDefaultRatio;  // kdn's default method (core/blend/blend.h) unless told otherwise
+  std::vector<int> check_layers;  // empty: the default for the model (CheckLayersFor)
   int first_tokens = 0;          // BlendOptions::first_tokens (EPIC/LegoLink anchors)
   bool kv_pass = true;           // BlendOptions::kv_pass (false: check layers run whole, as CacheBlend)
   int continue_tokens = 31;      // positions compared after the last context position
