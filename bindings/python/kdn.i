@@ -387,13 +387,13 @@ void kdn_py_set_error_factory(PyObject *factory) {
   PyTuple_SET_ITEM($result, (Py_ssize_t)(8 + count), PyLong_FromUnsignedLongLong(t.auth_failures));
 }
 // (positions, cached, fresh, selected, recompute_fraction, then 1.9's
-// anchored, kv_passes, ratio, num_check_layers).
+// anchored, kv_passes, ratio, num_check_layers, gated, gate_kl_ratio).
 %typemap(out) kdn::binding::BlendReport {
   const kdn::binding::BlendReport &r = $1;
-  $result = Py_BuildValue("(IIIIdIIfI)", (unsigned int)r.positions, (unsigned int)r.cached_positions,
+  $result = Py_BuildValue("(IIIIdIIfIOf)", (unsigned int)r.positions, (unsigned int)r.cached_positions,
                           (unsigned int)r.fresh_positions, (unsigned int)r.selected, r.recompute_fraction,
                           (unsigned int)r.anchored, (unsigned int)r.kv_passes, r.ratio,
-                          (unsigned int)r.num_check_layers);
+                          (unsigned int)r.num_check_layers, r.gated ? Py_True : Py_False, r.gate_kl_ratio);
   if ($result == NULL) SWIG_fail;
 }
 // Token ranges as a list of (begin, end).

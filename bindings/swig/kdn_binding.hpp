@@ -606,6 +606,12 @@ struct BlendOptions {
   float kv_cost = 0.0f;
   // Since 1.9: leading tokens of each document recomputed at every layer.
   uint32_t first_tokens = 0;
+  // Since 1.9: the accuracy gate, a file `kdn blend calibrate` wrote (empty:
+  // no gate). The blend runs only when it holds this model's record for the
+  // method these options resolve to at or below max_kl_ratio; otherwise
+  // every position is recomputed (BlendReport::gated).
+  std::string gate_file;
+  float max_kl_ratio = 0.2f;
   // The check layers, ascending (none: the method's, see ratio).
   void add_check_layer(uint32_t layer) { check_layers.push_back(layer); }
   void clear_check_layers() { check_layers.clear(); }
@@ -623,6 +629,10 @@ struct BlendReport {
   uint32_t anchored = 0, kv_passes = 0;
   float ratio = 0;
   uint32_t num_check_layers = 0;
+  // Since 1.9: the gate refused the method (every position recomputed), and
+  // the gate file's KL ratio for it (-1: no record, or no gate).
+  bool gated = false;
+  float gate_kl_ratio = -1.0f;
 };
 
 // The engine's side of a blend (kdn_blend_layer_fn's arguments), on the
@@ -1146,6 +1156,11 @@ class Model {
     if (layer->has_kv_pass()) o.kv_fn = &detail::BlendTrampoline<&BlendLayer::kv_pass>;
     o.kv_cost = options.kv_cost;
     o.first_tokens = options.first_tokens;
+    if (!options.gate_file.empty()) {
+      o.gate_file = options.gate_file.data();
+      o.gate_file_len = options.gate_file.size();
+      o.max_kl_ratio = options.max_kl_ratio;
+    }
     kdn_blend_report r;
     detail::Check(kdn_blend_report_init(&r, sizeof r));
     if (segs != nullptr) {
@@ -1164,6 +1179,8 @@ class Model {
     out.kv_passes = r.kv_passes;
     out.ratio = r.ratio;
     out.num_check_layers = r.num_check_layers;
+    out.gated = r.gated != 0;
+    out.gate_kl_ratio = r.gate_kl_ratio;
     return out;
   }
 

@@ -782,7 +782,7 @@ class Model(_Handle):
 
     def blend(self, ns, segments, kv, view=None, *, layer_fn, hidden_dim, ratio=None, threshold=None,
               check_layers=None, rope_scaling=RopeScaling.NONE, rope_factor=1.0, kv_fn=None, kv_cost=None,
-              first_tokens=0, stream=None):
+              first_tokens=0, gate_file=None, max_kl_ratio=0.2, stream=None):
         """Composes a context from pieces whose KV was computed alone
         (CacheBlend; experimental in kdn.h): documents (knowledge items)
         are placed and their keys rotated to their new positions; at the
@@ -828,6 +828,15 @@ class Model(_Handle):
         document recomputed at every layer (where a document computed alone
         puts its attention sink; report.anchored counts them).
 
+        gate_file (since 1.9): the accuracy gate, a file `kdn blend
+        calibrate` wrote (a path; None: no gate). The blend runs only when
+        it holds this model's record (by fingerprint) for the method the
+        options resolve to (ratio, check layers, kv_fn or not, first_tokens)
+        with a KL ratio at or below max_kl_ratio; otherwise every position
+        is recomputed (the KV is the full prefill's) and report.gated is
+        True. report.gate_kl_ratio: the record's KL ratio (-1: none). A file
+        that cannot be read or parsed: InvalidArgumentError.
+
         hidden_dim: the engine's hidden width (required). ratio: fraction of
         cached tokens recomputed, in [0, 1]; None: the method's default
         (0.28 over check layers [1, 2] with kv_fn, 0.15 at check layer [1]
@@ -857,7 +866,7 @@ class Model(_Handle):
             else:
                 raise InvalidArgumentError(f"segment {i}: kind {kind!r}")
         o = _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn,
-                           kv_cost, first_tokens)
+                           kv_cost, first_tokens, gate_file, max_kl_ratio)
         mem = self._memory(kv, True, None, False, stream)  # (a view of its own: the shape is checked below)
         if type(mem) is memoryview:
             return BlendReport._make(_s.kdn_py_blend(self._h, ns, segs, o, self._blend_view(view, mem), mem,
@@ -868,7 +877,7 @@ class Model(_Handle):
 
     def blend_tokens(self, ns, tokens, kv, view=None, *, layer_fn, hidden_dim, ratio=None, threshold=None,
                      check_layers=None, rope_scaling=RopeScaling.NONE, rope_factor=1.0, kv_fn=None, kv_cost=None,
-                     first_tokens=0, stream=None):
+                     first_tokens=0, gate_file=None, max_kl_ratio=0.2, stream=None):
         """blend() of the context given as its tokens (since 1.9,
         kdn_kv_blend_tokens; experimental in kdn.h): the ranges match()
         finds are placed from their documents' cached KV (a range whose
@@ -882,7 +891,7 @@ class Model(_Handle):
         the context. report.cached_positions says how much was placed. The
         other arguments are blend()'s."""
         o = _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn,
-                           kv_cost, first_tokens)
+                           kv_cost, first_tokens, gate_file, max_kl_ratio)
         context = _request(tokens)
         mem = self._memory(kv, True, tokens, view, stream)
         if type(mem) is memoryview:
@@ -970,7 +979,7 @@ def _check_canonical_shape(shape, spec, tokens):
 
 
 def _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn, kv_cost,
-                   first_tokens):
+                   first_tokens, gate_file, max_kl_ratio):
     """The native BlendOptions of blend() and blend_tokens(): what Python
     can tell is wrong is refused here; kdn checks the values."""
     if not callable(layer_fn):
@@ -990,6 +999,11 @@ def _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_sc
         o.first_tokens = first_tokens
         for layer in check_layers or ():
             o.add_check_layer(int(layer))
+        if gate_file is not None:
+            o.gate_file = os.fsdecode(gate_file)
+            if not o.gate_file:  # (the native options read an empty path as no gate)
+                raise InvalidArgumentError("blend options: gate_file is an empty path")
+        o.max_kl_ratio = max_kl_ratio
     except (TypeError, OverflowError, ValueError) as e:
         raise InvalidArgumentError(f"blend options: {e}") from e
     return o

@@ -292,7 +292,10 @@ class BlendReport(NamedTuple):
     Since 1.9: anchored, the cached positions recomputed at every layer
     (first_tokens); kv_passes, the positions x layers given only a KV pass
     (kv_fn); ratio, the ratio used (the method's default resolved: 0.28 with
-    kv_fn, 0.15 without); num_check_layers, the check layers used."""
+    kv_fn, 0.15 without); num_check_layers, the check layers used; gated,
+    whether the accuracy gate (gate_file) refused the method, so that every
+    position was recomputed; gate_kl_ratio, the gate file's KL ratio for the
+    method (-1: no record, or no gate)."""
     positions: int
     cached_positions: int
     fresh_positions: int
@@ -302,3 +305,5 @@ class BlendReport(NamedTuple):
     kv_passes: int = 0
     ratio: float = 0.0
     num_check_layers: int = 0
+    gated: bool = False
+    gate_kl_ratio: float = -1.0

@@ -11,8 +11,12 @@ caller; device views (emulated) get what host views get.
 
 1.9 (BlendPassTest): a KV pass (kv_fn) gives the same KV for less work,
 the default ratio resolves by method, first_tokens anchors each document,
-match() finds the documents in a context's tokens, and blend_tokens() of
-that context equals blend() of the same documents as segments."""
+match() finds the documents in a context's tokens, blend_tokens() of
+that context equals blend() of the same documents as segments, and the
+accuracy gate (gate_file) lets a measured method blend and recomputes the
+whole context for one it has no good record of."""
+import os
+import tempfile
 import threading
 import traceback
 import unittest
@@ -537,6 +541,63 @@ class BlendPassTest(BlendFixture):
                                 kv_fn=KvPass(self.ref, fail_at=1, error=boom), kv_cost=KV_COST)
         report, _, _, _ = self.by_pass()  # and the model goes on
         self.assertEqual(report.selected, 12)
+
+    def test_the_gate_blends_only_a_method_measured_good_enough(self):
+        # A calibration file (as `kdn blend calibrate` writes): this model's
+        # default KV-pass method measured good, CacheBlend's default not.
+        fd, gate = tempfile.mkstemp(suffix=".gate")
+        self.addCleanup(os.remove, gate)
+        with os.fdopen(fd, "w") as f:
+            f.write("# fingerprint method kl_ratio ...\n"
+                    f"{self.m.fingerprint} ratio=0.28 checks=1,2 kv_pass=1 first=0 kl_ratio=0.11 top1=0.97 f=0.4 "
+                    f"contexts=8\n"
+                    f"{self.m.fingerprint} ratio=0.15 checks=1 kv_pass=0 first=0 kl_ratio=0.31 top1=0.9 f=0.2 "
+                    f"contexts=8\n")
+        # With kv_fn and the defaults (max_kl_ratio 0.2): 0.11 passes, the blend runs as without a gate.
+        report, out, _, _ = self.by_pass(gate_file=gate)
+        plain, plain_out, _, _ = self.by_pass()
+        self.assertFalse(report.gated)
+        self.assertAlmostEqual(report.gate_kl_ratio, 0.11, places=6)
+        self.assertEqual(report[:9], plain[:9])
+        self.assertEqual((plain.gated, plain.gate_kl_ratio), (False, -1.0))  # no gate
+        np.testing.assert_array_equal(out, plain_out)
+        self.assertLess(report.recompute_fraction, 1.0)
+        # Without kv_fn (CacheBlend, 0.31 > 0.2): gated, every position recomputed, the KV the full prefill's.
+        for path in (gate, gate.encode()):  # a str or bytes path
+            report, out, engine = self.blend(gate_file=path)
+            self.assertTrue(report.gated)
+            self.assertAlmostEqual(report.gate_kl_ratio, 0.31, places=6)
+            self.assertEqual(report.recompute_fraction, 1.0)
+            self.assertEqual([len(c[1]) for c in engine.calls], [TOTAL] * LAYERS)
+            np.testing.assert_array_equal(out, self.full)
+        # A looser bound lets it blend; a method the file has no record of is gated (-1).
+        report, _, _ = self.blend(gate_file=gate, max_kl_ratio=0.35)
+        self.assertEqual((report.gated, report.selected), (False, 6))
+        self.assertAlmostEqual(report.gate_kl_ratio, 0.31, places=6)
+        report, out, _ = self.blend(gate_file=gate, ratio=0.5)
+        self.assertEqual((report.gated, report.gate_kl_ratio, report.recompute_fraction), (True, -1.0, 1.0))
+        np.testing.assert_array_equal(out, self.full)
+        # blend_tokens takes the gate too: 0.11 above a bound of 0.1 is gated.
+        out = np.zeros((LAYERS, 2, len(TEXT), HEADS, DIM), np.float32)
+        report = self.m.blend_tokens(NS, TEXT, out, layer_fn=Engine(self.ref), hidden_dim=self.ref.dim,
+                                     kv_fn=KvPass(self.ref), kv_cost=KV_COST, gate_file=gate, max_kl_ratio=0.1)
+        self.assertTrue(report.gated)
+        self.assertAlmostEqual(report.gate_kl_ratio, 0.11, places=6)
+        np.testing.assert_array_equal(out, self.ref.prefill(TEXT))
+        # A file that is not there, or not a gate file: InvalidArgumentError, nothing blended.
+        missing = gate + ".missing"
+        with self.assertRaises(kdn.InvalidArgumentError) as cm:
+            self.blend(gate_file=missing)
+        self.assertIn(missing, str(cm.exception))
+        with self.assertRaises(kdn.InvalidArgumentError):
+            self.blend(gate_file="")
+        bad = gate + ".bad"
+        with open(bad, "w") as f:
+            f.write("not-a-fingerprint ratio=0.15 checks=1 kl_ratio=0.1\n")
+        self.addCleanup(os.remove, bad)
+        with self.assertRaises(kdn.InvalidArgumentError) as cm:
+            self.blend(gate_file=bad)
+        self.assertIn("fingerprint", str(cm.exception))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ use kdn_sys as sys;
 use std::any::Any;
 use std::ffi::c_void;
 use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
 use std::ptr;
 
 /// One piece of a blended context (`kdn_blend_segment`), in order.
@@ -79,6 +81,8 @@ impl<'a> Segment<'a> {
 /// assert_eq!((options.hidden_dim, options.ratio, options.threshold), (64, Some(0.25), None));
 /// let pass = BlendOptions::new(64).with_kv_pass(0.05).with_first_tokens(4);
 /// assert_eq!((pass.ratio, pass.kv_pass, pass.first_tokens), (None, Some(0.05), 4));
+/// let gated = BlendOptions::new(64).with_gate("blend-gate.txt", 0.25);
+/// assert_eq!((gated.gate_file.as_deref(), gated.max_kl_ratio), (Some("blend-gate.txt".as_ref()), 0.25));
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlendOptions {
@@ -114,6 +118,20 @@ pub struct BlendOptions {
     /// layer (where a document computed alone puts its attention sink);
     /// default 0.
     pub first_tokens: u32,
+    /// Since 1.9: the accuracy gate (`kdn_blend_options.gate_file`), a file
+    /// `kdn blend calibrate` wrote: one line per model fingerprint and
+    /// method, the KL(blend) / KL(naive reuse) measured on a calibration
+    /// text. With it, the blend runs only when the file holds this model's
+    /// record for the method these options resolve to (ratio, check layers,
+    /// KV pass or not, first tokens) at or below
+    /// [`max_kl_ratio`](Self::max_kl_ratio); otherwise every position is
+    /// recomputed (the KV is the full prefill's) and
+    /// [`BlendReport::gated`] says so. A file that cannot be read or parsed
+    /// is `InvalidArgument`. `None` (the default): no gate.
+    pub gate_file: Option<PathBuf>,
+    /// Since 1.9: the gate's bound on the recorded KL ratio (finite, >= 0);
+    /// default 0.2. Used only with [`gate_file`](Self::gate_file).
+    pub max_kl_ratio: f32,
 }
 
 impl BlendOptions {
@@ -128,6 +146,8 @@ impl BlendOptions {
             rope_factor: 1.0,
             kv_pass: None,
             first_tokens: 0,
+            gate_file: None,
+            max_kl_ratio: 0.2,
         }
     }
     /// With a recompute ratio.
@@ -160,6 +180,14 @@ impl BlendOptions {
     /// Recomputing each document's first `n` tokens at every layer.
     pub fn with_first_tokens(mut self, n: u32) -> Self {
         self.first_tokens = n;
+        self
+    }
+    /// Gated by the calibration file `path`: blending only where it records
+    /// this model and method at a KL ratio of at most `max_kl_ratio` (see
+    /// [`gate_file`](Self::gate_file)).
+    pub fn with_gate(mut self, path: impl AsRef<Path>, max_kl_ratio: f32) -> Self {
+        self.gate_file = Some(path.as_ref().to_path_buf());
+        self.max_kl_ratio = max_kl_ratio;
         self
     }
 }
@@ -222,6 +250,11 @@ pub struct BlendReport {
     pub ratio: f32,
     /// Since 1.9: how many check layers were used.
     pub num_check_layers: u32,
+    /// Since 1.9: the gate ([`BlendOptions::gate_file`]) refused the method:
+    /// every position was recomputed, the KV is the full prefill's.
+    pub gated: bool,
+    /// Since 1.9: the gate file's KL ratio for the method; -1: none (or no gate).
+    pub gate_kl_ratio: f32,
 }
 
 impl BlendReport {
@@ -236,6 +269,8 @@ impl BlendReport {
             kv_passes: r.kv_passes,
             ratio: r.ratio,
             num_check_layers: r.num_check_layers,
+            gated: r.gated != 0,
+            gate_kl_ratio: r.gate_kl_ratio,
         }
     }
 }
@@ -583,6 +618,12 @@ impl Model {
             o.kv_cost = cost;
         }
         o.first_tokens = options.first_tokens;
+        if let Some(path) = &options.gate_file {
+            // Borrowed from `options` for the call; kdn takes the length, not a NUL.
+            let path = path.as_os_str().as_bytes();
+            (o.gate_file, o.gate_file_len) = (path.as_ptr().cast(), path.len());
+            o.max_kl_ratio = options.max_kl_ratio;
+        }
         o.user = &mut call as *mut Call<'_> as *mut c_void;
         let (ns, ns_len) = bytes(ns);
         let views = if raw_views.is_empty() { ptr::null() } else { raw_views.as_ptr() };

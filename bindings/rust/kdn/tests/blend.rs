@@ -136,6 +136,8 @@ fn recomputing_every_position_is_the_full_prefill() {
         kv_passes: 0,
         ratio: 1.0,
         num_check_layers: 1, // CacheBlend's layer 1, without a KV pass
+        gated: false,
+        gate_kl_ratio: -1.0, // no gate
     };
     assert_eq!(report, want);
     assert!(seen.iter().all(|s| !s.kv_only), "no KV pass without BlendOptions::with_kv_pass");
@@ -489,6 +491,63 @@ fn the_default_ratio_is_the_methods() {
     assert_eq!((r.ratio, r.num_check_layers, r.selected), (0.28, 2, 12));
     let (_, r, _) = c.blend(&BlendOptions::new(dim).with_ratio(0.5).with_kv_pass(c.tf.kv_cost()));
     assert_eq!((r.ratio, r.num_check_layers, r.selected), (0.5, 2, 21));
+}
+
+#[test]
+fn the_gate_blends_only_a_method_measured_good_enough() {
+    // 1.9: a calibration file records, for this model, the default method
+    // with a KV pass (KL ratio 0.11) and CacheBlend's without (0.31). Under
+    // the default bound 0.2 the first blends; the second is refused and the
+    // whole context recomputed: the full prefill.
+    let c = Composition::new();
+    let dim = c.tf.dim as u32;
+    let hex: String = c.model.fingerprint().unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex.len(), 64);
+    let dir = std::env::temp_dir().join(format!("kdn-rust-gate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gate = dir.join("gate.txt");
+    std::fs::write(
+        &gate,
+        format!(
+            "# kdn blend calibrate (written by hand for this test)\n\
+             {hex} ratio=0.28 checks=1,2 kv_pass=1 first=0 kl_ratio=0.11 top1=0.98 f=0.25 contexts=8\n\
+             {hex} ratio=0.15 checks=1 kv_pass=0 first=0 kl_ratio=0.31 top1=0.95 f=0.3 contexts=8\n"
+        ),
+    )
+    .unwrap();
+    let kv_pass = BlendOptions::new(dim).with_kv_pass(c.tf.kv_cost());
+    let (ungated, plain, _) = c.blend(&kv_pass);
+    let (kv, r, seen) = c.blend(&kv_pass.clone().with_gate(&gate, 0.2));
+    assert_eq!((r.gated, r.gate_kl_ratio), (false, 0.11));
+    assert_eq!((r.ratio, r.num_check_layers, r.selected), (0.28, 2, 12));
+    assert_eq!(BlendReport { gated: false, gate_kl_ratio: -1.0, ..r }, plain, "the blend the gate let through");
+    assert_eq!(as_bytes(&kv), as_bytes(&ungated));
+    assert!(seen.iter().any(|s| s.kv_only));
+
+    // Without a KV pass: CacheBlend's method, 0.31 > 0.2: every position recomputed.
+    let (kv, r, seen) = c.blend(&BlendOptions::new(dim).with_gate(gate.to_str().unwrap(), 0.2));
+    assert_eq!((r.gated, r.gate_kl_ratio), (true, 0.31));
+    assert_eq!((r.positions, r.cached_positions, r.fresh_positions, r.selected), (48, 42, 6, 42));
+    assert_eq!(r.recompute_fraction, 1.0);
+    assert!(seen.iter().all(|s| s.positions.len() == 48), "every position at every layer");
+    let context: Vec<i32> = [&c.tokens[..1], &c.tokens[20..43], &c.tokens[1..20], &c.tokens[43..]].concat();
+    assert_eq!(as_bytes(&kv), as_bytes(&c.tf.prefill(&context)), "gated: the full prefill");
+    // A bound above its record lets it blend; a method the file lacks is gated, its ratio -1.
+    let (_, r, _) = c.blend(&BlendOptions::new(dim).with_gate(&gate, 0.5));
+    assert_eq!((r.gated, r.gate_kl_ratio, r.selected), (false, 0.31, 6));
+    let (_, r, _) = c.blend(&BlendOptions::new(dim).with_ratio(0.5).with_gate(&gate, 0.5));
+    assert_eq!((r.gated, r.gate_kl_ratio, r.selected), (true, -1.0, 42));
+
+    // A missing file is bad input, before any callback.
+    let mut out = vec![-1f32; LAYERS * 2 * 48 * ROW];
+    let missing = BlendOptions::new(dim).with_gate(dir.join("no-such-gate.txt"), 0.2);
+    let e = c
+        .model
+        .blend(NS, &c.segments(), &missing, &mut KvViewMut::canonical(&mut out, DType::F32), |_| panic!("not called"))
+        .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(out.iter().all(|&x| x == -1.0), "nothing written");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
