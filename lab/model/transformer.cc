@@ -281,20 +281,25 @@ void Transformer::ProjectKv(const Checkpoint::Layer& L, std::span<const int> pos
   }
 }
 
-Status Transformer::ForwardKv(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
-                              float* k_layer, float* v_layer, int total_positions) {
-  KDN_RETURN_IF_ERROR(CheckLayerCall(layer, positions, tokens, total_positions));
-  if (positions.empty()) return Status::Ok();
-  const ModelConfig& c = config();
-  const size_t dim = static_cast<size_t>(c.dim);
+void Transformer::EmbedAndPrepare(int layer, std::span<const int> positions, std::span<const int> tokens,
+                                  float* hidden) {
+  const size_t dim = static_cast<size_t>(config().dim);
   if (layer == 0) {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::memcpy(hidden + i * dim, w_.tok_emb() + static_cast<size_t>(tokens[i]) * dim, dim * sizeof(float));
     }
   }
   Prepare(positions);
+}
+
+Status Transformer::ForwardKv(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                              float* k_layer, float* v_layer, int total_positions) {
+  KDN_RETURN_IF_ERROR(CheckLayerCall(layer, positions, tokens, total_positions));
+  if (positions.empty()) return Status::Ok();
+  EmbedAndPrepare(layer, positions, tokens, hidden);
+  const size_t dim = static_cast<size_t>(config().dim);
   const Checkpoint::Layer& L = w_.layer(layer);
-  for (size_t i = 0; i < positions.size(); ++i) RmsNorm(hidden + i * dim, L.rms_att, &xb_[i * dim], c.dim);
+  for (size_t i = 0; i < positions.size(); ++i) RmsNorm(hidden + i * dim, L.rms_att, &xb_[i * dim], config().dim);
   ProjectKv(L, positions, k_layer, v_layer);
   return Status::Ok();
 }
@@ -336,14 +341,7 @@ Status Transformer::ForwardLayer(int layer, std::span<const int> positions, std:
                                  float* hidden, float* k_layer, float* v_layer, int total_positions) {
   KDN_RETURN_IF_ERROR(CheckLayerCall(layer, positions, tokens, total_positions));
   if (positions.empty()) return Status::Ok();
-  const ModelConfig& c = config();
-  const size_t dim = static_cast<size_t>(c.dim);
-  if (layer == 0) {
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      std::memcpy(hidden + i * dim, w_.tok_emb() + static_cast<size_t>(tokens[i]) * dim, dim * sizeof(float));
-    }
-  }
-  Prepare(positions);
+  EmbedAndPrepare(layer, positions, tokens, hidden);
   Layer(layer, positions, hidden, k_layer, v_layer);
   return Status::Ok();
 }

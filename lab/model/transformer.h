@@ -102,6 +102,8 @@ class Transformer {
   // K and V of the n rows normalised in xb_ (Prepare first), rotated and
   // written at their positions.
   void ProjectKv(const Checkpoint::Layer& L, std::span<const int> positions, float* k_layer, float* v_layer);
+  // A layer call's input rows (at layer 0 the tokens' embeddings) and scratch.
+  void EmbedAndPrepare(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden);
   Status CheckLayerCall(int layer, std::span<const int> positions, std::span<const int> tokens,
                         int total_positions) const;
 
