@@ -23,6 +23,8 @@
 #include "core/device/device.h"
 #include "core/tiers/host_pool.h"
 #include "core/engine/kv_store.h"
+#include "core/knowledge/device_compose.h"
+#include "core/util/dtype.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -480,6 +482,106 @@ std::vector<std::vector<std::uint8_t>> HeldOutChunks(codec::Shape* shape, std::s
 
 }  // namespace
 
+// An engine that does no work: the blend records time kdn's own part of a
+// blend (placement, re-positioning, the check layers' saves and deviations,
+// the conversion to the model's dtype, the host path's copy to the device),
+// which is what moving the composition to the device changes; the engine's
+// layers cost the same on either path and are left out (stated in params).
+class NoWorkEngine final : public blend::LayerEngine {
+ public:
+  NoWorkEngine(int hidden, bool on_device) : hidden_(hidden), on_device_(on_device) {}
+  Status Layer(int, std::span<const int>, std::span<const int>, float*, float*, float*, int) override {
+    return Status::Ok();
+  }
+  Status KvPass(int, std::span<const int>, std::span<const int>, float*, float*, float*, int) override {
+    return Status::Ok();
+  }
+  bool has_kv_pass() const override { return true; }
+  double kv_pass_cost(int) const override { return 0.065; }
+  int hidden_dim() const override { return hidden_; }
+  bool on_device() const override { return on_device_; }
+
+ private:
+  int hidden_;
+  bool on_device_;
+};
+
+// Blending four cached documents and a 64-token question of the 8B shape
+// (f16 views) with kdn's default method: composed on the host, converted and
+// copied to the device (the path of an engine on the host), against composed
+// on `dev` (KDN_BLEND_ENGINE_ON_DEVICE), both ending with the f16 canonical
+// KV in device memory. Returns 0, or 2 after saying why.
+int BlendComposeRecords(const std::shared_ptr<store::Device>& dev, std::uint32_t tokens, int repeats,
+                        const std::string& prefix, Records& records) {
+  constexpr int kLayers = 32, kHeads = 8, kHeadDim = 128, kHidden = 4096, kQuestion = 64, kDocs = 4;
+  const blend::ModelShape shape{kLayers, kHeads, kHeadDim};
+  const auto kvd = static_cast<size_t>(kHeads * kHeadDim);
+  std::vector<blend::Piece> pieces;
+  const std::uint32_t per_doc = (tokens - kQuestion) / kDocs;
+  std::uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int d = 0; d < kDocs; ++d) {
+    blend::Piece p;
+    p.tokens.assign(per_doc, 7);
+    p.kv.resize(static_cast<size_t>(kLayers) * 2 * per_doc * kvd);
+    for (float& v : p.kv) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      v = static_cast<float>(static_cast<double>(x >> 40) / 16777216.0 - 0.5);
+    }
+    pieces.push_back(std::move(p));
+  }
+  pieces.push_back(blend::Piece{std::vector<std::int32_t>(kQuestion, 9), {}, 0});
+  const size_t total = static_cast<size_t>(kDocs) * per_doc + kQuestion;
+  const size_t floats = static_cast<size_t>(kLayers) * 2 * total * kvd;
+  blend::BlendOptions opt;
+  opt.rope.head_dim = kHeadDim;
+  opt.rope.theta = 500000.0;
+  opt.rope.style = kernels::RopeStyle::kNeox;
+  Result<chunk::Payload> out = dev->Allocate(floats * 2);
+  if (!out.ok()) {
+    std::fprintf(stderr, "kdn bench gpu: %s\n", out.status().message().c_str());
+    return 2;
+  }
+  std::vector<float> host_kv;
+  std::vector<std::uint8_t> host_f16(floats * 2);
+  NoWorkEngine on_host(kHidden, false), on_device(kHidden, true);
+  Status last;
+  const double host_s = MedianSeconds(repeats, [&] {
+    Result<blend::BlendReport> r = blend::Compose(shape, pieces, opt, on_host, &host_kv);
+    if (!r.ok()) {
+      last = r.status();
+      return false;
+    }
+    FromFloat(1, host_kv.data(), host_kv.size(), host_f16.data());
+    last = dev->CopyToDevice(out->data(), host_f16.data(), host_f16.size());
+    if (last.ok()) last = dev->Synchronize();
+    return last.ok();
+  });
+  const double device_s = host_s < 0 ? -1 : MedianSeconds(repeats, [&] {
+    chunk::Payload kv;
+    Result<blend::BlendReport> r = blend::ComposeOnDevice(shape, pieces, opt, on_device, *dev, &kv);
+    if (!r.ok()) {
+      last = r.status();
+      return false;
+    }
+    last = dev->FromFloat(1, reinterpret_cast<const float*>(kv.data()), static_cast<std::int64_t>(floats), out->data());
+    if (last.ok()) last = dev->Synchronize();
+    return last.ok();
+  });
+  if (host_s < 0 || device_s < 0) {
+    std::fprintf(stderr, "kdn bench gpu: blend: %s\n", last.message().c_str());
+    return 2;
+  }
+  nlohmann::json p = {{"shape", "llama-8b"}, {"positions", total}, {"documents", kDocs},
+                      {"question_tokens", kQuestion}, {"dtype", "f16"}, {"method", "kdn default (KV passes at 1 and 2, 28%)"},
+                      {"engine", "none: kdn's own work only (the engine's layers cost the same on either path)"},
+                      {"kv", "synthetic (uniform values)"}, {"repeats", repeats}};
+  if (dev->emulated()) p["emulated"] = "host memory stands in for the GPU's; CPU paths of the kernels";
+  records.Add(prefix + "blend_compose_host_ms", host_s * 1e3, "ms", p);
+  records.Add(prefix + "blend_compose_device_ms", device_s * 1e3, "ms", p, prefix + "blend_compose_host_ms",
+              host_s * 1e3);
+  return 0;
+}
+
 int RunGpuBench(const GpuBenchOptions& o) {
   Records records;
   // The delivery records on `dev`, for the options' shape: the reference
@@ -505,7 +607,11 @@ int RunGpuBench(const GpuBenchOptions& o) {
         return rc;
       }
     }
-    return 0;
+    // Blending at the first request size, at most 8192 positions (its float
+    // KV, 256 KiB a position, is held three times over).
+    const std::uint32_t blend_tokens = std::min<std::uint32_t>(o.tokens.front(), 8192);
+    return BlendComposeRecords(dev, blend_tokens, o.repeats, prefix + "llama8b_" + std::to_string(blend_tokens) + "_",
+                               records);
   };
   if (o.shape != "ref" && o.shape != "llama-8b") {
     std::fprintf(stderr, "kdn bench gpu: unknown --shape %s (ref or llama-8b)\n", o.shape.c_str());

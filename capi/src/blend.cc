@@ -32,6 +32,7 @@ class CallbackEngine final : public kdn::blend::LayerEngine {
   bool has_kv_pass() const override { return o_.kv_fn != nullptr; }
   double kv_pass_cost(int) const override { return o_.kv_cost; }
   int hidden_dim() const override { return static_cast<int>(o_.hidden_dim); }
+  bool on_device() const override { return (o_.flags & KDN_BLEND_ENGINE_ON_DEVICE) != 0; }
 
  private:
   kdn::Status Call(kdn_blend_layer_fn fn, const char* what, int layer, std::span<const int> positions,
@@ -77,7 +78,9 @@ kdn_status ReadBlendOptions(const kdn_model* model, const kdn_blend_options* opt
                 "blend options: with kv_fn, kv_cost (its work per position over a whole layer's) must be in (0, 1]");
   }
   if (o.first_tokens > (1u << 30)) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: first_tokens too large");
-  if (o.reserved0 != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: reserved0 must be 0");
+  if ((o.flags & ~KDN_BLEND_ENGINE_ON_DEVICE) != 0) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: unknown flags " + std::to_string(o.flags));
+  }
   if (o.gate_file == nullptr && o.gate_file_len != 0) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: gate_file is NULL with gate_file_len > 0");
   }
@@ -141,6 +144,10 @@ kdn_status RunBlend(const kdn_model* model, const char* ns, size_t ns_len, const
   for (const ViewSpec& v : specs) {
     if (v.memory == KDN_MEMORY_DEVICE && model->runtime->store().device() == nullptr) {
       return Fail(KDN_ERR_UNSUPPORTED, "kdn_kv_blend: KV views in device memory: this runtime has no device");
+    }
+    if ((o.flags & KDN_BLEND_ENGINE_ON_DEVICE) != 0 && v.memory != KDN_MEMORY_DEVICE) {
+      return Fail(KDN_ERR_INVALID_ARGUMENT,
+                  "kdn_kv_blend: KDN_BLEND_ENGINE_ON_DEVICE needs every view in device memory (KDN_MEMORY_DEVICE)");
     }
   }
   std::optional<kdn::blend::BlendGate> gate;

@@ -79,6 +79,13 @@ class LayerEngine {
     (void)total;
     return 1.0;
   }
+  // Whether the engine's layers run on a device (a GPU): then `hidden`,
+  // k_layer and v_layer are that device's memory (positions and tokens stay
+  // the host's) and the composition runs there too (ComposeOnDevice,
+  // knowledge/device_compose.h). The device's work queued before a call is
+  // complete when it is made; the engine's writes must be complete when it
+  // returns.
+  virtual bool on_device() const { return false; }
 };
 
 struct ModelShape {
@@ -143,5 +150,45 @@ std::vector<int> CheckLayersFor(const BlendOptions& options, int layers);
 // failure is returned as is (the blend stops there).
 Result<BlendReport> Compose(const ModelShape& shape, std::span<const Piece> pieces, const BlendOptions& options,
                             LayerEngine& engine, std::vector<float>* kv_out);
+
+// Where a composition's KV and the running positions' hidden states live,
+// and the row work done on them: host memory (Compose) or a device's
+// (knowledge/device_compose.h). Compose's algorithm is one whatever the
+// space; a space's float pointers are what the engine is handed. Indices
+// are host arrays.
+class ComposeSpace {
+ public:
+  virtual ~ComposeSpace() = default;
+  // Room for the composed KV (`floats`, contents unset: every element is
+  // written by a placement or by the engine before it is read).
+  virtual Status InitKv(size_t floats) = 0;
+  virtual float* kv() = 0;
+  // Host floats `src` (n of them) copied to kv() + offset.
+  virtual Status PlaceRows(size_t offset, const float* src, size_t n) = 0;
+  // Keys at kv() + offset (`tokens` rows of row_stride floats) moved by
+  // delta positions (kernels/common/rope_reposition.h).
+  virtual Status ShiftKeys(const kernels::RopeSpec& rope, size_t offset, std::int64_t row_stride, std::int64_t tokens,
+                           int kv_heads, std::int64_t delta) = 0;
+  // The running rows' hidden states: `rows` rows of `width` floats (unset).
+  virtual Status InitHidden(size_t rows, int width) = 0;
+  virtual float* hidden() = 0;
+  // hidden() = its rows `keep` (ascending), in that order.
+  virtual Status KeepHidden(std::span<const std::int32_t> keep, int width) = 0;
+  // A scratch of hidden() rows `rows` (copy = false: of their number, unset).
+  virtual Result<float*> CandidateHidden(std::span<const std::int32_t> rows, int width, bool copy) = 0;
+  // Saves rows `rows` of the K plane at kv() + offset (kv_dim floats each),
+  // in that order, for Deviations.
+  virtual Status SaveKeys(size_t offset, std::span<const std::int32_t> rows, int kv_dim) = 0;
+  // out[i] = the squared distance of plane row plane_rows[i] from saved row
+  // saved_rows[i] (kernels/common/blend_rows.h); out is host memory.
+  virtual Status Deviations(size_t offset, std::span<const std::int32_t> plane_rows,
+                            std::span<const std::int32_t> saved_rows, int kv_dim, double* out) = 0;
+  // Called before each engine call: the space's queued work is complete.
+  virtual Status BeforeEngine() { return Status::Ok(); }
+};
+
+// Compose in `space`: kv() then holds what Compose writes to kv_out.
+Result<BlendReport> ComposeIn(const ModelShape& shape, std::span<const Piece> pieces, const BlendOptions& options,
+                              LayerEngine& engine, ComposeSpace& space);
 
 }  // namespace kdn::blend

@@ -6,12 +6,16 @@
 #include <vector>
 
 #include "core/codec/device.h"
+#include "kernels/ref/blend_rows_ref.h"
 #include "kernels/ref/kv_view_ref.h"
+#include "kernels/ref/rope_ref.h"
 
 #ifdef KDN_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/blend_rows.cuh"
 #include "kernels/kv_view.cuh"
+#include "kernels/rope.cuh"
 #endif
 
 namespace kdn::store {
@@ -28,6 +32,7 @@ DeviceCounters Device::counters() const {
   c.stream_marks = stream_marks_;
   c.mark_waits = mark_waits_;
   c.stream_waits = stream_waits_;
+  c.blend_ops = blend_ops_;
   return c;
 }
 
@@ -118,6 +123,36 @@ class EmulatedDevice final : public Device {
     return Status::Ok();
   }
   Status Synchronize() override { return Status::Ok(); }
+  Status GatherRows(float* dst, const float* src, std::span<const std::int32_t> rows, std::int64_t width) override {
+    kernels::gather_rows_cpu(dst, src, rows.data(), static_cast<std::int64_t>(rows.size()), width);
+    h2d_ += rows.size_bytes();
+    ++blend_ops_;
+    return Status::Ok();
+  }
+  Status RowDeviations(const float* plane, const float* saved, std::span<const std::int32_t> plane_rows,
+                       std::span<const std::int32_t> saved_rows, std::int64_t width, double* out) override {
+    if (plane_rows.size() != saved_rows.size()) return Status::InvalidArgument("row deviations: unequal row lists");
+    kernels::row_deviations_cpu(plane, saved, plane_rows.data(), saved_rows.data(),
+                                static_cast<std::int64_t>(plane_rows.size()), width, out);
+    h2d_ += plane_rows.size_bytes() + saved_rows.size_bytes();
+    d2h_ += plane_rows.size() * sizeof(double);
+    ++blend_ops_;
+    return Status::Ok();
+  }
+  Status RopeShift(const kernels::RopeSpec& spec, float* keys, std::int64_t row_stride, std::int64_t tokens,
+                   int kv_heads, std::int64_t delta) override {
+    if (!kernels::rope_shift_cpu(spec, kernels::KeyType::kF32, keys, row_stride, tokens, kv_heads, delta)) {
+      return Status::InvalidArgument("rope shift: keys the spec cannot move");
+    }
+    ++blend_ops_;
+    return Status::Ok();
+  }
+  Status FromFloat(std::uint32_t dtype, const float* src, std::int64_t n, void* dst) override {
+    if (dtype > 2) return Status::InvalidArgument("from float: unknown dtype");
+    kernels::float_to_dtype_cpu(dtype, src, dst, n);
+    ++blend_ops_;
+    return Status::Ok();
+  }
   // Work here is done when queued: nothing to wait for, only counted. A
   // mark stands for the stream it was taken on (never dereferenced).
   Result<StreamMark> MarkStream(void* stream) override {
@@ -229,6 +264,77 @@ class CudaDevice final : public Device {
   Status Synchronize() override {
     KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
     KDN_CUDA_OR_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(cudaStreamPerThread));
+    return Status::Ok();
+  }
+  Status GatherRows(float* dst, const float* src, std::span<const std::int32_t> rows, std::int64_t width) override {
+    if (rows.empty() || width == 0) return Status::Ok();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    const cudaStream_t stream = cudaStreamPerThread;
+    void* idx = nullptr;
+    KDN_CUDA_OR_RETURN("cudaMallocAsync", cudaMallocAsync(&idx, rows.size_bytes(), stream));
+    cudaError_t e = cudaMemcpyAsync(idx, rows.data(), rows.size_bytes(), cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) {
+      e = kernels::launch_gather_rows(dst, src, static_cast<const std::int32_t*>(idx),
+                                      static_cast<std::int64_t>(rows.size()), width, stream);
+    }
+    (void)cudaFreeAsync(idx, stream);
+    KDN_CUDA_OR_RETURN("gather rows", e);
+    h2d_ += rows.size_bytes();
+    ++blend_ops_;
+    return Status::Ok();
+  }
+  Status RowDeviations(const float* plane, const float* saved, std::span<const std::int32_t> plane_rows,
+                       std::span<const std::int32_t> saved_rows, std::int64_t width, double* out) override {
+    if (plane_rows.size() != saved_rows.size()) return Status::InvalidArgument("row deviations: unequal row lists");
+    const size_t n = plane_rows.size();
+    if (n == 0) return Status::Ok();
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    const cudaStream_t stream = cudaStreamPerThread;
+    // One scratch: both index lists, then the n sums (8-byte aligned).
+    const size_t idx_bytes = (2 * n * sizeof(std::int32_t) + 7) / 8 * 8;
+    void* scratch = nullptr;
+    KDN_CUDA_OR_RETURN("cudaMallocAsync", cudaMallocAsync(&scratch, idx_bytes + n * sizeof(double), stream));
+    auto* prow = static_cast<std::int32_t*>(scratch);
+    auto* dsum = reinterpret_cast<double*>(static_cast<char*>(scratch) + idx_bytes);
+    cudaError_t e = cudaMemcpyAsync(prow, plane_rows.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(prow + n, saved_rows.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream);
+    }
+    if (e == cudaSuccess) {
+      e = kernels::launch_row_deviations(plane, saved, prow, prow + n, static_cast<std::int64_t>(n), width, dsum,
+                                         stream);
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(out, dsum, n * sizeof(double), cudaMemcpyDeviceToHost, stream);
+    (void)cudaFreeAsync(scratch, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);  // the host reads out next
+    KDN_CUDA_OR_RETURN("row deviations", e);
+    h2d_ += 2 * n * sizeof(std::int32_t);
+    d2h_ += n * sizeof(double);
+    ++blend_ops_;
+    return Status::Ok();
+  }
+  Status RopeShift(const kernels::RopeSpec& spec, float* keys, std::int64_t row_stride, std::int64_t tokens,
+                   int kv_heads, std::int64_t delta) override {
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    kernels::RopeRepositionArgs a;
+    a.spec = spec;
+    a.type = kernels::KeyType::kF32;
+    a.keys = keys;
+    a.row_stride = row_stride;
+    a.tokens = tokens;
+    a.kv_heads = kv_heads;
+    a.delta = delta;
+    const cudaError_t e = kernels::launch_rope_shift(a, cudaStreamPerThread);
+    if (e == cudaErrorInvalidValue) return Status::InvalidArgument("rope shift: keys the spec cannot move");
+    KDN_CUDA_OR_RETURN("rope shift", e);
+    ++blend_ops_;
+    return Status::Ok();
+  }
+  Status FromFloat(std::uint32_t dtype, const float* src, std::int64_t n, void* dst) override {
+    if (dtype > 2) return Status::InvalidArgument("from float: unknown dtype");
+    KDN_CUDA_OR_RETURN("cudaSetDevice", cudaSetDevice(ordinal_));
+    KDN_CUDA_OR_RETURN("float to dtype", kernels::launch_float_to_dtype(dtype, src, dst, n, cudaStreamPerThread));
+    ++blend_ops_;
     return Status::Ok();
   }
   Result<StreamMark> MarkStream(void* stream) override {

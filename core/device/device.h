@@ -32,6 +32,7 @@
 #include "core/codec/codec.h"
 #include "core/codec/device.h"
 #include "kernels/common/kv_view.h"
+#include "kernels/common/rope_reposition.h"
 #include "core/util/status.h"
 
 namespace kdn::store {
@@ -46,6 +47,7 @@ struct DeviceCounters {
   std::uint64_t stream_marks = 0;           // engine streams marked (MarkStream with a stream)
   std::uint64_t mark_waits = 0;             // kdn's work made to wait for a mark
   std::uint64_t stream_waits = 0;           // engine streams made to wait for kdn's work
+  std::uint64_t blend_ops = 0;              // GatherRows, RowDeviations, RopeShift and FromFloat calls
 };
 
 class Device {
@@ -89,6 +91,26 @@ class Device {
   // Waits for the work this thread queued.
   virtual Status Synchronize() = 0;
 
+  // The blender's work where the engine's layers run (core/blend/blend.h,
+  // ComposeOnDevice; kernels/blend_rows.cuh and kernels/rope.cuh). Float
+  // arrays are device memory; index arrays are the host's (they cross to
+  // the device, counted in h2d_bytes).
+  // dst row i = src row rows[i], rows of `width` floats.
+  virtual Status GatherRows(float* dst, const float* src, std::span<const std::int32_t> rows,
+                            std::int64_t width) = 0;
+  // out[i] (host memory; it crosses, counted in d2h_bytes) = the sum over e
+  // of (plane[plane_rows[i]][e] - saved[saved_rows[i]][e])^2, in double, in
+  // ascending e (the host blend's sum). Returns once out is written.
+  virtual Status RowDeviations(const float* plane, const float* saved, std::span<const std::int32_t> plane_rows,
+                               std::span<const std::int32_t> saved_rows, std::int64_t width, double* out) = 0;
+  // Moves float32 keys (`tokens` rows `row_stride` floats apart, kv_heads
+  // heads each) by `delta` positions (kernels::launch_rope_shift);
+  // kInvalidArgument for keys the spec cannot move.
+  virtual Status RopeShift(const kernels::RopeSpec& spec, float* keys, std::int64_t row_stride, std::int64_t tokens,
+                           int kv_heads, std::int64_t delta) = 0;
+  // dst = src converted to `dtype` (0 f32, 1 f16, 2 bf16), n elements.
+  virtual Status FromFloat(std::uint32_t dtype, const float* src, std::int64_t n, void* dst) = 0;
+
   // An engine's CUDA stream (KvGroup::engine_stream): MarkStream records
   // what it holds now (a CUDA event; null for a null stream), AfterMark
   // makes the work this thread queues from then on wait for the mark (a
@@ -111,6 +133,7 @@ class Device {
   void CountBatch(std::span<codec::KdnBatchJob> jobs);
   std::atomic<std::uint64_t> h2d_{0}, d2h_{0}, d2d_{0}, scatters_{0}, gathers_{0}, device_decodes_{0};
   std::atomic<std::uint64_t> stream_marks_{0}, mark_waits_{0}, stream_waits_{0};
+  std::atomic<std::uint64_t> blend_ops_{0};
 
  private:
   friend class KvStore;

@@ -326,6 +326,10 @@ class KvStore {
   // blender's composed KV).
   Status ScatterToDevice(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t tokens,
                          std::span<const KvGroup> groups);
+  // The same from canonical KV already in device memory (a blend composed
+  // on the device): the scatter kernel alone.
+  Status ScatterOnDevice(const ModelKv& model, const void* canonical, std::uint64_t tokens,
+                         std::span<const KvGroup> groups);
 
   // Tells the tiers that keep a registry of knowledge items (remote nodes)
   // of a change to one (see Tier::Document).
@@ -344,6 +348,10 @@ class KvStore {
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
+  // The scatter kernel from device-resident canonical KV into the groups'
+  // views, then the engine stream after it (ScatterToDevice, ScatterOnDevice).
+  Status ScatterRuns(const ModelKv& model, const void* canonical, std::uint64_t tokens,
+                     std::span<const KvGroup> groups);
   static keys::Digest KeyOf(const keys::ChunkKeyer& keyer, const TokenKeys& keys, const keys::Digest& prev,
                             std::uint64_t begin, std::uint64_t len);
   // The tokens a chunk or piece starting at `pos` of an n-token request

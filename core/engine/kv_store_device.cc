@@ -408,8 +408,22 @@ Status KvStore::ScatterToDevice(const ModelKv& model, const std::uint8_t* canoni
   if (!staging.ok()) return staging.status();
   KDN_RETURN_IF_ERROR(FollowEngineStream(groups));
   KDN_RETURN_IF_ERROR(dev->CopyToDevice(staging->data(), canonical, static_cast<size_t>(bytes)));
+  return ScatterRuns(model, staging->data(), tokens, groups);
+}
+
+Status KvStore::ScatterOnDevice(const ModelKv& model, const void* canonical, std::uint64_t tokens,
+                                std::span<const KvGroup> groups) {
+  if (device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  if (tokens == 0) return Status::Ok();
+  KDN_RETURN_IF_ERROR(FollowEngineStream(groups));
+  return ScatterRuns(model, canonical, tokens, groups);
+}
+
+Status KvStore::ScatterRuns(const ModelKv& model, const void* canonical, std::uint64_t tokens,
+                            std::span<const KvGroup> groups) {
+  Device* dev = device();
   KDN_RETURN_IF_ERROR(ForEachLayerRun(model, groups, [&](const kernels::KvView& v, std::int64_t lb, std::int64_t le) {
-    return dev->Scatter(staging->data(), v, 0, static_cast<std::int64_t>(tokens), lb, le);
+    return dev->Scatter(canonical, v, 0, static_cast<std::int64_t>(tokens), lb, le);
   }));
   KDN_RETURN_IF_ERROR(dev->StreamAfterUs(EngineStream(groups)));
   return dev->Synchronize();

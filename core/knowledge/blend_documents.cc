@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/keys/hash.h"
+#include "core/knowledge/device_compose.h"
 #include "core/util/dtype.h"
 
 namespace kdn::blend {
@@ -111,6 +112,27 @@ Result<BlendReport> BlendDocuments(store::KnowledgeIndex& index, const store::Mo
       run.ratio = 1;
       run.threshold = -1;
     }
+  }
+  if (engine.on_device()) {
+    // Composed where the engine's layers run; converted to the model's
+    // dtype and scattered into the views there: nothing of the composed KV
+    // crosses to the host.
+    store::Device* dev = index.store().device();
+    if (!out->device() || dev == nullptr) {
+      return Status::InvalidArgument("blend: an engine on the device needs views in device memory");
+    }
+    chunk::Payload kv;
+    auto report = ComposeOnDevice(shape, pieces, run, engine, *dev, &kv);
+    if (!report.ok()) return report.status();
+    report->gated = gated;
+    report->gate_kl_ratio = gate_kl;
+    const size_t n = kv.size() / sizeof(float);
+    Result<chunk::Payload> converted = dev->Allocate(n * eb);
+    if (!converted.ok()) return converted.status();
+    KDN_RETURN_IF_ERROR(dev->FromFloat(model.dtype, reinterpret_cast<const float*>(kv.data()),
+                                       static_cast<std::int64_t>(n), converted->data()));
+    KDN_RETURN_IF_ERROR(index.store().ScatterOnDevice(model, converted->data(), total, out->groups()));
+    return report;
   }
   auto report = Compose(shape, pieces, run, engine, &composed);
   if (!report.ok()) return report.status();

@@ -46,8 +46,11 @@ std::vector<Segment> SegmentsOfTokens(ChunkMatcher& matcher, const store::ModelK
 
 // Composes the segments, in order, into `views` (which must hold the whole
 // context). Views in device memory get the composed KV through the store's
-// device (KvStore::ScatterToDevice; kUnsupported without one): the keys are
-// re-positioned and the selected tokens recomputed on the host. kNotFound when a document is unknown or lost from every
+// device (kUnsupported without one): with an engine on the host, composed
+// there and copied over (KvStore::ScatterToDevice); with an engine on the
+// device (LayerEngine::on_device, which needs device views), composed there
+// (ComposeOnDevice: keys re-positioned by the device's kernels), converted
+// to the model's dtype and scattered into the views on the device. kNotFound when a document is unknown or lost from every
 // tier (a slice's document: its tokens are computed instead, as when they changed);
 // the engine's status when it fails.
 // An accuracy gate (blend/gate.h): the measured records and the bound on

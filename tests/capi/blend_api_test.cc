@@ -214,6 +214,58 @@ TEST_F(BlendDeviceTest, BlendsIntoDeviceViewsAsIntoHostViews) {
   kdn_runtime_destroy(rt);
 }
 
+// 1.10: an engine on the device (KDN_BLEND_ENGINE_ON_DEVICE). The blend is
+// composed in device memory (the callbacks get device pointers: on the
+// emulated device the host may read them, so the reference transformer runs
+// on them as it is) and written into the views there: the same KV as an
+// engine on the host writes into host views, with a KV pass and without;
+// the flag wants device views; unknown flags are refused.
+TEST_F(BlendDeviceTest, AnEngineOnTheDeviceGetsTheSameBlend) {
+  const auto& c = t_->config();
+  Put("doc-a", Ids(1, 19));
+  Put("doc-b", Ids(2, 23));
+  const std::vector<int32_t> bos = {kBos}, query = Ids(3, 5);
+  kdn_blend_segment seg[4] = {Tokens(bos), Document("doc-b"), Document("doc-a"), Tokens(query)};
+  const size_t total = 1 + 23 + 19 + 5;
+  for (const bool kv_pass : {true, false}) {
+    std::vector<float> host(total * static_cast<size_t>(c.n_layers) * 2 * c.kv_dim(), -1.0f), dev = host;
+    Engine e{t_.get()};
+    kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+    o.hidden_dim = static_cast<uint32_t>(c.dim);
+    o.layer_fn = Layer;
+    o.user = &e;
+    if (kv_pass) {
+      o.kv_fn = KvOnly;
+      o.kv_cost = static_cast<float>(t_->KvMacs() / t_->LayerMacs(static_cast<int>(total)));
+    }
+    kdn_blend_report on_host = KDN_BLEND_REPORT_INIT, on_dev = KDN_BLEND_REPORT_INIT;
+    kdn_kv_view hv = Canonical(host, total), dv = Canonical(dev, total);
+    dv.memory = KDN_MEMORY_DEVICE;
+    ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &hv, 1, &on_host), KDN_OK) << kdn_last_error_message();
+    o.flags = KDN_BLEND_ENGINE_ON_DEVICE;
+    ASSERT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &dv, 1, &on_dev), KDN_OK) << kdn_last_error_message();
+    EXPECT_EQ(e.bad_lengths, 0);
+    EXPECT_GT(on_dev.selected, 0u);
+    EXPECT_EQ(on_dev.selected, on_host.selected);
+    EXPECT_EQ(on_dev.kv_passes, on_host.kv_passes);
+    EXPECT_EQ(on_dev.kv_passes > 0, kv_pass);
+    EXPECT_EQ(on_dev.recompute_fraction, on_host.recompute_fraction);
+    EXPECT_NE(host[0], -1.0f);
+    EXPECT_EQ(dev, host) << "kv_pass " << kv_pass;
+
+    // The flag with host views: refused, nothing written.
+    std::vector<float> untouched(host.size(), -1.0f);
+    kdn_kv_view uv = Canonical(untouched, total);
+    EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &uv, 1, &on_dev), KDN_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(kdn_last_error_message()).find("KDN_BLEND_ENGINE_ON_DEVICE"), std::string::npos);
+    EXPECT_EQ(untouched, std::vector<float>(host.size(), -1.0f));
+    // Unknown flags: refused.
+    o.flags = 2;
+    EXPECT_EQ(kdn_kv_blend(model_, "t", 1, seg, 4, &o, &dv, 1, &on_dev), KDN_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(kdn_last_error_message()).find("unknown flags"), std::string::npos);
+  }
+}
+
 TEST_F(BlendApiTest, BlendsDocumentsLikeTheLibrary) {
   const auto& c = t_->config();
   const kdn::blend::Piece a = Put("doc-a", Ids(1, 19)), b = Put("doc-b", Ids(2, 23));

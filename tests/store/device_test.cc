@@ -560,6 +560,20 @@ class GatedDevice final : public Device {
     return inner_->Decode(shape, id, payload, size, out);
   }
   Status DecodeKdnBatch(std::span<codec::KdnBatchJob> jobs) override { return inner_->DecodeKdnBatch(jobs); }
+  Status GatherRows(float* dst, const float* src, std::span<const std::int32_t> rows, std::int64_t width) override {
+    return inner_->GatherRows(dst, src, rows, width);
+  }
+  Status RowDeviations(const float* plane, const float* saved, std::span<const std::int32_t> plane_rows,
+                       std::span<const std::int32_t> saved_rows, std::int64_t width, double* out) override {
+    return inner_->RowDeviations(plane, saved, plane_rows, saved_rows, width, out);
+  }
+  Status RopeShift(const kernels::RopeSpec& spec, float* keys, std::int64_t row_stride, std::int64_t tokens,
+                   int kv_heads, std::int64_t delta) override {
+    return inner_->RopeShift(spec, keys, row_stride, tokens, kv_heads, delta);
+  }
+  Status FromFloat(std::uint32_t dtype, const float* src, std::int64_t n, void* dst) override {
+    return inner_->FromFloat(dtype, src, n, dst);
+  }
   Result<StreamMark> MarkStream(void* stream) override { return inner_->MarkStream(stream); }
   Status AfterMark(const StreamMark& mark) override { return inner_->AfterMark(mark); }
   Status StreamAfterUs(void* stream) override { return inner_->StreamAfterUs(stream); }

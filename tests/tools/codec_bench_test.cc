@@ -316,6 +316,15 @@ TEST(GpuBench, EmulatedLlama8bShapeRecordsEveryPathAndLayout) {
   EXPECT_EQ(by_name[p + "deliver_host_kdn_gbps"]["params"]["codec"].get<std::string>().rfind("kdn", 0), 0u);
   EXPECT_EQ(by_name[p + "decode_kdn_batch_gbps"]["baseline"], p + "copy_d2d_gbps_raw");
   EXPECT_GT(by_name[p + "decode_kdn_batch_gbps"]["params"]["ratio"].get<double>(), 2.0) << "kdn:balanced compresses";
+  // Blending composed on the device against on the host (kdn's own work),
+  // the second named with the first as its baseline.
+  ASSERT_TRUE(by_name.count(p + "blend_compose_host_ms")) << r.out;
+  ASSERT_TRUE(by_name.count(p + "blend_compose_device_ms")) << r.out;
+  EXPECT_GT(by_name[p + "blend_compose_device_ms"]["value"].get<double>(), 0.0);
+  EXPECT_EQ(by_name[p + "blend_compose_device_ms"]["baseline"], p + "blend_compose_host_ms");
+  EXPECT_EQ(by_name[p + "blend_compose_device_ms"]["params"]["positions"], 512);
+  EXPECT_NE(by_name[p + "blend_compose_device_ms"]["params"]["engine"].get<std::string>().find("kdn's own work"),
+            std::string::npos);
   fs::remove(json);
   // A request size that is not whole chunks is refused, saying why.
   const CliRun bad = Kdn("bench gpu --emulated --shape llama-8b --tokens 300 --json " + json.string());

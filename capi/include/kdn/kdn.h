@@ -97,7 +97,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 9
+#define KDN_VERSION_MINOR 10
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -982,8 +982,24 @@ typedef struct kdn_blend_options {
   const char *gate_file;
   size_t gate_file_len;
   float max_kl_ratio;             /* with gate_file; default 0.2 */
-  uint32_t reserved0;             /* must be 0 */
+  /* Since 1.10 (1.9: reserved, 0). KDN_BLEND_* flags below; other bits are
+   * refused. */
+  uint32_t flags;
 } kdn_blend_options;
+/* The engine computes on the device (a GPU): the views must be in device
+ * memory (KDN_MEMORY_DEVICE, a runtime with a device), and the blend is
+ * composed there. layer_fn and kv_fn then get device pointers for hidden,
+ * k and v (float32, the lengths and layouts above; positions and tokens
+ * stay host arrays). kdn's device work is complete when a callback is
+ * called, and the callback's must be complete when it returns (synchronize
+ * the stream it used). The pieces' KV crosses to the device once; the keys
+ * are re-positioned and the check layers' keys compared there; only one
+ * double per candidate and check layer comes back to the host, where the
+ * selection is made; the composed KV is converted to the model's dtype and
+ * written into the views by the device. Without it (0) the engine is on
+ * the host: the blend is composed in host memory and copied to device
+ * views. */
+#define KDN_BLEND_ENGINE_ON_DEVICE 1u
 #define KDN_BLEND_OPTIONS_SIZE_V1 56u
 #define KDN_BLEND_OPTIONS_INIT \
   { sizeof(kdn_blend_options), -1.0f, -1.0f, 0u, NULL, 0u, KDN_ROPE_SCALING_NONE, 1.0f, NULL, NULL, NULL, 0.0f, 0u, \

@@ -242,7 +242,7 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_blend_options", "gate_file", 0, 0, offsetof(kdn_blend_options, gate_file)},
   {"kdn_blend_options", "gate_file_len", 0, 0, offsetof(kdn_blend_options, gate_file_len)},
   {"kdn_blend_options", "max_kl_ratio", 0, 0, offsetof(kdn_blend_options, max_kl_ratio)},
-  {"kdn_blend_options", "reserved0", 0, 0, offsetof(kdn_blend_options, reserved0)},
+  {"kdn_blend_options", "flags", 0, 0, offsetof(kdn_blend_options, flags)},
   {"kdn_blend_report", "", sizeof(kdn_blend_report), _Alignof(kdn_blend_report), 0},
   {"kdn_blend_report", "struct_size", 0, 0, offsetof(kdn_blend_report, struct_size)},
   {"kdn_blend_report", "filled_size", 0, 0, offsetof(kdn_blend_report, filled_size)},

@@ -258,7 +258,7 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_blend_options", "gate_file", 0, 0, offset_of!(kdn_blend_options, gate_file)),
         ("kdn_blend_options", "gate_file_len", 0, 0, offset_of!(kdn_blend_options, gate_file_len)),
         ("kdn_blend_options", "max_kl_ratio", 0, 0, offset_of!(kdn_blend_options, max_kl_ratio)),
-        ("kdn_blend_options", "reserved0", 0, 0, offset_of!(kdn_blend_options, reserved0)),
+        ("kdn_blend_options", "flags", 0, 0, offset_of!(kdn_blend_options, flags)),
         ("kdn_blend_report", "", size_of::<kdn_blend_report>(), align_of::<kdn_blend_report>(), 0),
         ("kdn_blend_report", "struct_size", 0, 0, offset_of!(kdn_blend_report, struct_size)),
         ("kdn_blend_report", "filled_size", 0, 0, offset_of!(kdn_blend_report, filled_size)),
