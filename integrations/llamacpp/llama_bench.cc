@@ -220,13 +220,21 @@ int RunLlamaBench(const LlamaBenchOptions& o) {
       ro.timing_runs = o.quick ? 1 : 3;
       ro.order = documents == 4 ? std::vector<int>{2, 0, 3, 1} : std::vector<int>{2, 0, 1};
       ro.recompute = {0, 2, 4, 8, 16, 32, ro.document};
+      ro.recompute_last = {0, 0, 0, 0, 0, 0, 0};
+      if (!o.quick) {  // the last m tokens too, at the work of first 16 and first 32
+        for (const auto& [k, m] : std::vector<std::pair<int, int>>{{0, 16}, {8, 8}, {0, 32}, {8, 24}}) {
+          ro.recompute.push_back(k);
+          ro.recompute_last.push_back(m);
+        }
+      }
       auto rag = RagBlendKl(KDN_GGUF_PATH, s, ro);
       if (!rag.ok()) return Fail(rag.status().message());
       for (const RagBlendPoint& pt : rag->points) {
         const double ratio = pt.ttft_full_ms > 0 ? pt.ttft_blend_ms / pt.ttft_full_ms : 0.0;
         nlohmann::json p = {
-            {"method", pt.k == 0 ? "naive" : "first-k"},
+            {"method", pt.m > 0 ? (pt.k > 0 ? "first-k+last-m" : "last-m") : pt.k == 0 ? "naive" : "first-k"},
             {"k", pt.k},
+            {"m", pt.m},
             {"documents", documents},
             {"document_tokens", ro.document},
             {"suffix_tokens", ro.suffix},
@@ -250,8 +258,8 @@ int RunLlamaBench(const LlamaBenchOptions& o) {
             {"kv_from", "kdn host tier (the connector), each document computed alone"},
             {"text", "bench/texts/heldout.txt"},
             {"model", "stories260K.gguf"}};
-        const std::string suffix =
-            "_d" + std::to_string(documents) + "x" + std::to_string(document) + "_k" + std::to_string(pt.k);
+        const std::string suffix = "_d" + std::to_string(documents) + "x" + std::to_string(document) + "_k" +
+                                   std::to_string(pt.k) + (pt.m > 0 ? "_m" + std::to_string(pt.m) : "");
         p["what"] = "KL(full prefill || blended run) over the teacher-forced continuation";
         records.push_back(Record("llama_rag_kl" + suffix, pt.kl_mean, "nats", p));
         p["what"] = "TTFT of the blended run (restores from kdn, shifts, k tokens per document and the suffix "

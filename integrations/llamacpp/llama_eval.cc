@@ -25,27 +25,31 @@ double Median(std::vector<double> v) {
 
 // Sequence 0 of `s` as RagBlendKl's blended run (llama_eval.h): BOS, `docs`
 // in that order (each restored from kdn, where it is stored as BOS then the
-// document) with the first k tokens of each decoded again in place, then
-// `tail` decoded (none if empty).
+// document) with the first k and the last m tokens of each decoded again in
+// place, then `tail` decoded (none if empty).
 Status BuildBlend(Session& s, Connector& kdn, const std::vector<std::vector<std::int32_t>>& docs, std::size_t k,
-                  const std::vector<std::int32_t>& tail) {
+                  std::size_t m, const std::vector<std::int32_t>& tail) {
   s.Clear();
-  if (k > 0) KDN_RETURN_IF_ERROR(s.DecodeAt({1}, 0));
+  // The BOS comes with the first document's state when that is restored in
+  // place (nothing of its start recomputed, not all of it recomputed).
+  const bool first_in_place = !docs.empty() && k == 0 && m < docs[0].size();
+  if (!first_in_place) KDN_RETURN_IF_ERROR(s.DecodeAt({1}, 0));
   std::int32_t p = 1;  // the next document's first position
   for (std::size_t i = 0; i < docs.size(); ++i) {
     const std::vector<std::int32_t>& d = docs[i];
-    const std::size_t kk = std::min(k, d.size());
+    const std::size_t kk = std::min(k, d.size()), mm = std::min(m, d.size() - kk);
     const auto ik = static_cast<std::int32_t>(kk);
+    const auto first_last = static_cast<std::int32_t>(d.size() - mm);  // the first of the last m
     // The first k tokens at their place, attending to the KV before them.
     // (Decoding them before the rest of the document is placed gives the
     // same attention and keeps that decode's span of cells short: measured,
     // the other order is no faster.)
     if (kk > 0) KDN_RETURN_IF_ERROR(s.DecodeAt(std::vector<std::int32_t>(d.begin(), d.begin() + ik), p));
-    if (kk < d.size()) {
+    if (kk + mm < d.size()) {
       // The rest from the document's KV computed alone. With nothing
       // recomputed the first document's state, its BOS included, is already
       // where it belongs.
-      const bool in_place = i == 0 && kk == 0;
+      const bool in_place = i == 0 && first_in_place;
       std::vector<std::int32_t> alone = {1};
       alone.insert(alone.end(), d.begin(), d.end());
       Result<Connector::Restored> r = kdn.RestoreInto(alone, in_place ? 0 : 1);
@@ -56,10 +60,17 @@ Status BuildBlend(Session& s, Connector& kdn, const std::vector<std::vector<std:
       }
       if (!in_place) {
         s.SeqRemove(1, 0, 1 + ik);          // its BOS and the tokens decoded again
+        if (mm > 0) s.SeqRemove(1, 1 + first_last, -1);
         s.SeqShift(1, 1 + ik, -1, p - 1);  // 1+k.. -> p+k..
         s.SeqCopy(1, 0, -1, -1);
         s.SeqRemove(1, -1, -1);
+      } else if (mm > 0) {
+        s.SeqRemove(0, 1 + first_last, -1);
       }
+    }
+    // The last m tokens at their place, after the rest of the document.
+    if (mm > 0) {
+      KDN_RETURN_IF_ERROR(s.DecodeAt(std::vector<std::int32_t>(d.begin() + first_last, d.end()), p + first_last));
     }
     p += static_cast<std::int32_t>(d.size());
   }
@@ -239,6 +250,12 @@ Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std
   for (int k : o.recompute) {
     if (k < 0) return Status::InvalidArgument("rag blend: a negative k");
   }
+  if (!o.recompute_last.empty() && o.recompute_last.size() != o.recompute.size()) {
+    return Status::InvalidArgument("rag blend: recompute_last must have one m per k");
+  }
+  for (int m : o.recompute_last) {
+    if (m < 0) return Status::InvalidArgument("rag blend: a negative m");
+  }
   std::vector<int> order(D);
   std::iota(order.begin(), order.end(), 0);
   if (!o.order.empty()) {
@@ -327,10 +344,11 @@ Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std
       const std::vector<std::int32_t> tail_but_last(suffix.begin(), suffix.end() - 1);
       for (std::size_t j = 0; j < o.recompute.size(); ++j) {
         const std::size_t k = static_cast<std::size_t>(o.recompute[j]);
+        const std::size_t m = o.recompute_last.empty() ? 0 : static_cast<std::size_t>(o.recompute_last[j]);
         RagBlendPoint& pt = r.points[j];
         Acc& a = acc[j];
         // Quality.
-        KDN_RETURN_IF_ERROR(BuildBlend(b, load, docs, k, tail_but_last));
+        KDN_RETURN_IF_ERROR(BuildBlend(b, load, docs, k, m, tail_but_last));
         Result<std::vector<float>> got = b.DecodeWithLogits(forced);
         if (!got.ok()) return got.status();
         for (std::size_t i = 0; i < K; ++i) {
@@ -349,7 +367,7 @@ Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std
           (void)f.Argmax();
           const double tf = NowMs() - t0;
           t0 = NowMs();
-          KDN_RETURN_IF_ERROR(BuildBlend(b, load, docs, k, suffix));
+          KDN_RETURN_IF_ERROR(BuildBlend(b, load, docs, k, m, suffix));
           const std::int32_t mine = b.Argmax();
           const double tb = NowMs() - t0;
           if (run > 0) {
@@ -374,11 +392,13 @@ Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std
   for (std::size_t j = 0; j < o.recompute.size(); ++j) {
     RagBlendPoint& pt = r.points[j];
     pt.k = o.recompute[j];
+    pt.m = o.recompute_last.empty() ? 0 : o.recompute_last[j];
     pt.kl_mean = acc[j].kl / static_cast<double>(acc[j].positions);
     pt.top1_agreement = static_cast<double>(acc[j].agree) / static_cast<double>(acc[j].positions);
     pt.ttft_full_ms = Median(acc[j].full_ms);
     pt.ttft_blend_ms = Median(acc[j].blend_ms);
-    pt.recomputed_tokens = D * std::min<std::size_t>(static_cast<std::size_t>(pt.k), L);
+    const std::size_t kk = std::min<std::size_t>(static_cast<std::size_t>(pt.k), L);
+    pt.recomputed_tokens = D * (kk + std::min<std::size_t>(static_cast<std::size_t>(pt.m), L - kk));
   }
   return r;
 }

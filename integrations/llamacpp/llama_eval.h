@@ -99,15 +99,20 @@ struct RagBlendOptions {
   int continue_tokens = 32;  // K
   int trials = 2;            // prompts, consecutive stretches of the stream
   std::vector<int> recompute = {0};  // the k values, each on every prompt
+  // The m of each point (empty: 0): the last m tokens of each document
+  // decoded again too, after the rest of it is placed (the tokens right
+  // before the next document or the question).
+  std::vector<int> recompute_last;
   std::vector<int> order;    // the documents' order in the prompt (a permutation of 0..D-1; empty: as taken)
   int timing_runs = 1;       // TTFT pairs per trial and k (0: none)
 };
 struct RagBlendPoint {
   int k = 0;
+  int m = 0;  // last tokens of each document recomputed
   double kl_mean = 0;
   double top1_agreement = 0;
   double ttft_full_ms = 0, ttft_blend_ms = 0;  // medians over trials x runs
-  std::uint64_t recomputed_tokens = 0;          // per prompt: D · min(k, L)
+  std::uint64_t recomputed_tokens = 0;          // per prompt: D · (min(k, L) + min(m, L - min(k, L)))
   bool first_token_same = true;  // the blended run's first token is full prefill's, every trial
   bool greedy_same = true;       // and its K greedy ids, every trial
 };

@@ -119,6 +119,39 @@ TEST_F(LlamaRag, RecomputingTheFirstTokensConverges) {
   }
 }
 
+// The last m tokens of each document decoded again after the rest of it is
+// placed (right before the next document or the question): m = L is full
+// prefill again; some m lowers the KL of naive reuse; first k and last m
+// together count both.
+TEST_F(LlamaRag, RecomputingTheLastTokensToo) {
+  RagBlendOptions o;
+  o.documents = 3;
+  o.document = 40;
+  o.suffix = 8;
+  o.trials = 1;
+  o.order = {2, 0, 1};
+  o.recompute = {0, 0, 0, 8, 30};
+  o.recompute_last = {0, 16, 40, 8, 30};
+  o.timing_runs = 0;
+  auto r = RagBlendKl(KDN_GGUF_PATH, stream_, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->points.size(), 5u);
+  EXPECT_EQ(r->points[1].m, 16);
+  EXPECT_EQ(r->points[1].recomputed_tokens, 3u * 16);
+  EXPECT_LT(r->points[1].kl_mean, r->points[0].kl_mean);
+  EXPECT_EQ(r->points[3].recomputed_tokens, 3u * 16);
+  EXPECT_LT(r->points[3].kl_mean, r->points[0].kl_mean);
+  for (std::size_t i : {2u, 4u}) {  // m = L, and k + m > L: every token decoded again
+    const RagBlendPoint& all = r->points[i];
+    EXPECT_EQ(all.recomputed_tokens, 3u * 40);
+    EXPECT_LT(all.kl_mean, 1e-6);
+    EXPECT_EQ(all.top1_agreement, 1.0);
+    EXPECT_TRUE(all.greedy_same);
+  }
+  o.recompute_last = {1, 2};  // not one m per k
+  EXPECT_EQ(RagBlendKl(KDN_GGUF_PATH, stream_, o).status().code(), Code::kInvalidArgument);
+}
+
 // Why the blend recomputes document by document: llama.cpp decodes a batch
 // only right after its sequence's last position, so tokens whose cells were
 // removed from the middle cannot be decoded again there once later KV is in
@@ -158,3 +191,4 @@ TEST_F(LlamaRag, RefusesBadOptions) {
 
 }  // namespace
 }  // namespace kdn::llamacpp
+
