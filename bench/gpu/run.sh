@@ -4,7 +4,7 @@
 # repository root, after packing here:
 #
 #   ../shared/gpu/pack.sh build .gpu build/kdn build/tests/kernels/kernels_test build/tests/store/store_test \
-#     build/tests/codec/tc_test build/tests/capi/capi_blend_test
+#     build/tests/codec/tc_test build/tests/capi/capi_blend_test build/tests/blend/blend_test
 #   (device) bash bench/gpu/run.sh .gpu           # writes everything under $OUT (default: out-gpu)
 #
 # It runs the GPU tests (the CUDA instances of the device tests, the codec and tc kernels, the
@@ -33,6 +33,7 @@ step kernels_test 90 "$pack/bin/kernels_test" --gtest_output=xml:"$out/kernels_t
 step tc_test 60 "$pack/bin/tc_test" --gtest_output=xml:"$out/tc_test.xml" --gtest_filter='TcDevice*:TcCpu*'
 step capi_blend_test 60 "$pack/bin/capi_blend_test" --gtest_output=xml:"$out/capi_blend_test.xml" \
   --gtest_filter='BlendDevice*'
+step blend_test 60 "$pack/bin/blend_test" --gtest_output=xml:"$out/blend_test.xml" --gtest_filter='DeviceCompose*'
 step store_test 120 "$pack/bin/store_test" --gtest_output=xml:"$out/store_test.xml" --gtest_filter='*/Cuda:DeviceViews*'
 step bench_gpu_8b 240 "$pack/bin/kdn" bench gpu --shape llama-8b --tokens 4096 16384 --repeats 5 --json "$out/gpu_llama8b.json"
 step bench_gpu_ref 60 "$pack/bin/kdn" bench gpu --shape ref --json "$out/gpu_ref.json"

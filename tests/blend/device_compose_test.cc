@@ -7,6 +7,7 @@
 // on the wrong side is refused; an engine's failure stops the blend.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -129,6 +130,83 @@ TEST(DeviceCompose, IsComposeBitForBitForEveryMethod) {
     if (k.ratio > 0 && k.ratio < 1) {
       EXPECT_GT(a->selected, 0) << k.name;
     }
+  }
+}
+
+// The reference transformer behind a GPU engine's interface: each call
+// copies the rows and the layer's K and V planes to the host, runs there and
+// copies them back (a test harness on a real GPU, where device pointers are
+// not the host's; the blend's own work stays on the device).
+class StagedGpuEngine final : public LayerEngine {
+ public:
+  StagedGpuEngine(model::Transformer& t, store::Device& d) : inner_(t), dev_(d), kvd_(t.config().kv_dim()) {}
+  Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden, float* k_layer,
+               float* v_layer, int total) override {
+    return Staged(false, layer, positions, tokens, hidden, k_layer, v_layer, total);
+  }
+  Status KvPass(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden, float* k_layer,
+                float* v_layer, int total) override {
+    return Staged(true, layer, positions, tokens, hidden, k_layer, v_layer, total);
+  }
+  int hidden_dim() const override { return inner_.hidden_dim(); }
+  bool has_kv_pass() const override { return true; }
+  double kv_pass_cost(int total) const override { return inner_.kv_pass_cost(total); }
+  bool on_device() const override { return true; }
+
+ private:
+  Status Staged(bool kv_only, int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                float* k_layer, float* v_layer, int total) {
+    std::vector<float> h(positions.size() * static_cast<size_t>(hidden_dim()));
+    std::vector<float> k(static_cast<size_t>(total) * kvd_), v(k.size());
+    KDN_RETURN_IF_ERROR(dev_.CopyToHost(h.data(), hidden, h.size() * sizeof(float)));
+    KDN_RETURN_IF_ERROR(dev_.CopyToHost(k.data(), k_layer, k.size() * sizeof(float)));
+    KDN_RETURN_IF_ERROR(dev_.CopyToHost(v.data(), v_layer, v.size() * sizeof(float)));
+    KDN_RETURN_IF_ERROR(kv_only ? inner_.KvPass(layer, positions, tokens, h.data(), k.data(), v.data(), total)
+                                : inner_.Layer(layer, positions, tokens, h.data(), k.data(), v.data(), total));
+    KDN_RETURN_IF_ERROR(dev_.CopyToDevice(hidden, h.data(), h.size() * sizeof(float)));
+    KDN_RETURN_IF_ERROR(dev_.CopyToDevice(k_layer, k.data(), k.size() * sizeof(float)));
+    KDN_RETURN_IF_ERROR(dev_.CopyToDevice(v_layer, v.data(), v.size() * sizeof(float)));
+    return dev_.Synchronize();
+  }
+  TransformerEngine inner_;
+  store::Device& dev_;
+  size_t kvd_;
+};
+
+// On a real GPU (skipped without one): the CUDA kernels' composition against
+// the host's. The keys' rotation may differ from the CPU's by an ulp (cos and
+// sin on the GPU; kernels/rope.cuh), so the KV is compared within 1e-5 of
+// its scale; the selection must be the same.
+TEST(DeviceCompose, OnAGpuMatchesTheHost) {
+  KDN_REQUIRE_MODEL();
+  auto gpu = store::MakeCudaDevice(0);
+  if (!gpu.ok()) GTEST_SKIP() << gpu.status().message();
+  Fixture f = Load();
+  ASSERT_TRUE(f.t);
+  const model::ModelConfig& c = f.t->config();
+  const std::vector<Piece> pieces = Context(*f.t);
+  for (const int first : {0, 4}) {
+    BlendOptions o;
+    o.rope = Llama2cRope(c);
+    o.first_tokens = first;
+    TransformerEngine host(*f.t);
+    std::vector<float> want;
+    Result<BlendReport> a = Compose(ShapeOf(c), pieces, o, host, &want);
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    StagedGpuEngine engine(*f.t, **gpu);
+    chunk::Payload kv;
+    Result<BlendReport> b = ComposeOnDevice(ShapeOf(c), pieces, o, engine, **gpu, &kv);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    EXPECT_EQ(b->selected_positions, a->selected_positions);
+    std::vector<float> got(want.size());
+    ASSERT_EQ(kv.size(), got.size() * sizeof(float));
+    ASSERT_TRUE((*gpu)->CopyToHost(got.data(), kv.data(), kv.size()).ok());
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      scale = std::max(scale, std::fabs(want[i]));
+      worst = std::max(worst, std::fabs(got[i] - want[i]));
+    }
+    EXPECT_LE(worst, 1e-5f * scale) << "first " << first;
   }
 }
 
