@@ -77,10 +77,18 @@ std::vector<float> HostFloats(const chunk::Payload& p) {
   return out;
 }
 
-TEST(DeviceCompose, IsComposeBitForBitForEveryMethod) {
-  KDN_REQUIRE_MODEL();
-  Fixture f = Load();
-  ASSERT_TRUE(f.t);
+// Each test: the reference model on one thread (skipped without it).
+class DeviceCompose : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KDN_REQUIRE_MODEL();
+    f = Load();
+    ASSERT_TRUE(f.t);
+  }
+  Fixture f;
+};
+
+TEST_F(DeviceCompose, IsComposeBitForBitForEveryMethod) {
   const model::ModelConfig& c = f.t->config();
   const std::vector<Piece> pieces = Context(*f.t);
   struct Case {
@@ -177,12 +185,9 @@ class StagedGpuEngine final : public LayerEngine {
 // the host's. The keys' rotation may differ from the CPU's by an ulp (cos and
 // sin on the GPU; kernels/rope.cuh), so the KV is compared within 1e-5 of
 // its scale; the selection must be the same.
-TEST(DeviceCompose, OnAGpuMatchesTheHost) {
-  KDN_REQUIRE_MODEL();
+TEST_F(DeviceCompose, OnAGpuMatchesTheHost) {
   auto gpu = store::MakeCudaDevice(0);
   if (!gpu.ok()) GTEST_SKIP() << gpu.status().message();
-  Fixture f = Load();
-  ASSERT_TRUE(f.t);
   const model::ModelConfig& c = f.t->config();
   const std::vector<Piece> pieces = Context(*f.t);
   for (const int first : {0, 4}) {
@@ -212,10 +217,7 @@ TEST(DeviceCompose, OnAGpuMatchesTheHost) {
 
 // The pieces' KV crosses to the device once; back come only the deviations
 // (8 bytes per candidate per check layer), never the KV.
-TEST(DeviceCompose, OnlyTheDeviationsComeBackToTheHost) {
-  KDN_REQUIRE_MODEL();
-  Fixture f = Load();
-  ASSERT_TRUE(f.t);
+TEST_F(DeviceCompose, OnlyTheDeviationsComeBackToTheHost) {
   const model::ModelConfig& c = f.t->config();
   const std::vector<Piece> pieces = Context(*f.t);
   BlendOptions o;
@@ -242,10 +244,7 @@ TEST(DeviceCompose, OnlyTheDeviationsComeBackToTheHost) {
   EXPECT_GE(n.blend_ops, static_cast<std::uint64_t>(3 * c.n_layers));
 }
 
-TEST(DeviceCompose, AnEngineOnTheWrongSideIsRefusedAndAFailureStopsTheBlend) {
-  KDN_REQUIRE_MODEL();
-  Fixture f = Load();
-  ASSERT_TRUE(f.t);
+TEST_F(DeviceCompose, AnEngineOnTheWrongSideIsRefusedAndAFailureStopsTheBlend) {
   const model::ModelConfig& c = f.t->config();
   const std::vector<Piece> pieces = Context(*f.t);
   BlendOptions o;
@@ -273,10 +272,7 @@ TEST(DeviceCompose, AnEngineOnTheWrongSideIsRefusedAndAFailureStopsTheBlend) {
 // crosses to the device; an engine on the device composes there, converts
 // to f16 there, and nothing but the deviations crosses back. The views end
 // up with the same bytes.
-TEST(DeviceCompose, DocumentsBlendIntoDeviceViewsWhereTheEngineRuns) {
-  KDN_REQUIRE_MODEL();
-  Fixture f = Load();
-  ASSERT_TRUE(f.t);
+TEST_F(DeviceCompose, DocumentsBlendIntoDeviceViewsWhereTheEngineRuns) {
   const model::ModelConfig& c = f.t->config();
   const std::shared_ptr<store::Device> dev = store::MakeEmulatedDevice();
   store::StoreOptions so;
