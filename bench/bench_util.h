@@ -59,9 +59,15 @@ class Records {
     r["params"] = std::move(params);
     std::printf("  %-26s %12.4f %-5s", name.c_str(), value, unit.c_str());
     if (!baseline.empty()) std::printf("  vs %-14s %12.4f  ratio %.3f", baseline.c_str(), baseline_value, value / baseline_value);
-    std::printf("  %s\n", r["params"].dump().c_str());
+    if (print_params_) {
+      std::printf("  %s\n", r["params"].dump().c_str());
+    } else {
+      std::printf("\n");
+    }
     all_.push_back(std::move(r));
   }
+  // false: each record's line leaves out its params (they are in the JSON).
+  void set_print_params(bool on) { print_params_ = on; }
   bool Write(const std::string& path) const {
     std::ofstream f(path);
     f << all_.dump(2) << "\n";
@@ -79,6 +85,7 @@ class Records {
 
  private:
   nlohmann::json all_ = nlohmann::json::array();
+  bool print_params_ = true;
 };
 
 }  // namespace kdn::bench

@@ -25,6 +25,7 @@ kdn_request Request(const std::vector<int>& tokens) {
 // transformer touches them.
 struct BlendCallback {
   model::Transformer* transformer;
+  double ms = 0;  // time in the transformer's layers
 };
 
 // The blend callbacks' arguments, checked as the header states them; then
@@ -33,7 +34,8 @@ template <typename Run>
 kdn_status CallLayer(void* user, uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count,
                      float* hidden, size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len,
                      size_t total, Run run) {
-  model::Transformer& t = *static_cast<BlendCallback*>(user)->transformer;
+  BlendCallback& cb = *static_cast<BlendCallback*>(user);
+  model::Transformer& t = *cb.transformer;
   const model::ModelConfig& c = t.config();
   if (layer >= static_cast<uint32_t>(c.n_layers) || hidden_dim != static_cast<uint32_t>(c.dim) ||
       positions == nullptr || hidden == nullptr || k == nullptr || v == nullptr || count > total ||
@@ -44,7 +46,9 @@ kdn_status CallLayer(void* user, uint32_t layer, const int32_t* positions, const
   const std::vector<int> pos(positions, positions + count);
   std::vector<int> ids;
   if (tokens != nullptr) ids.assign(tokens, tokens + count);
+  const auto t0 = std::chrono::steady_clock::now();
   const Status s = run(t, static_cast<int>(layer), pos, ids, hidden, k, v, static_cast<int>(total));
+  cb.ms += MsSince(t0);
   if (s.ok()) return KDN_OK;
   return s.code() == Code::kInvalidArgument ? KDN_ERR_INVALID_ARGUMENT : KDN_ERR_INTERNAL;
 }
@@ -130,14 +134,21 @@ Result<std::uint64_t> RefEngine::Ingest(const std::string& ns, const std::vector
 }
 
 Status RefEngine::Decode(model::KvCache& cache, int pos, int steps, Answer* answer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> forced = std::move(forced_);
+  forced_.clear();
   int token = answer->first_token;
   answer->continuation.assign(1, token);
+  answer->step_logits = logits_;
   for (int s = 1; s < steps && pos < cache.max_seq(); ++s, ++pos) {
-    const int in[1] = {token};
+    const size_t prev = static_cast<size_t>(s - 1);
+    const int in[1] = {prev < forced.size() ? forced[prev] : token};
     KDN_RETURN_IF_ERROR(transformer_.Forward(in, pos, cache, &logits_));
     token = model::Argmax(logits_);
     answer->continuation.push_back(token);
+    answer->step_logits.insert(answer->step_logits.end(), logits_.begin(), logits_.end());
   }
+  answer->decode_ms = MsSince(t0);
   return Status::Ok();
 }
 
@@ -149,6 +160,7 @@ Result<Answer> RefEngine::Cold(const std::vector<int>& tokens, int steps) {
   a.first_token = model::Argmax(logits_);
   a.ttft_ms = a.prefill_ms = MsSince(t0);
   KDN_RETURN_IF_ERROR(Decode(cache, static_cast<int>(tokens.size()), steps, &a));
+  a.engine_ms = a.prefill_ms + a.decode_ms;
   return a;
 }
 
@@ -198,6 +210,7 @@ Result<Answer> RefEngine::WarmThenMaybeStore(const std::string& ns, const std::v
     a.cached_after = stored.tokens;
   }
   KDN_RETURN_IF_ERROR(Decode(cache, static_cast<int>(tokens.size()), steps, &a));
+  a.engine_ms = a.prefill_ms + a.decode_ms;
   return a;
 }
 
@@ -305,11 +318,14 @@ Result<Answer> RefEngine::Blended(const std::string& ns, const std::vector<std::
       kdn_kv_blend(model_, ns.data(), ns.size(), segs.data(), segs.size(), &o, &view, 1, report), "kdn_kv_blend"));
   const int n = static_cast<int>(report->positions);
   const int last = question.back();
+  const auto t1 = std::chrono::steady_clock::now();
   KDN_RETURN_IF_ERROR(transformer_.Forward(std::span<const int>(&last, 1), n, cache, &logits_));
+  a.prefill_ms = callback.ms + MsSince(t1);
   a.first_token = model::Argmax(logits_);
   a.ttft_ms = MsSince(t0);
   a.reused_tokens = report->cached_positions;
   KDN_RETURN_IF_ERROR(Decode(cache, n + 1, steps, &a));
+  a.engine_ms = a.prefill_ms + a.decode_ms;
   return a;
 }
 

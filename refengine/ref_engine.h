@@ -36,6 +36,9 @@ struct Answer {
   double lookup_ms = 0, retrieve_ms = 0, prefill_ms = 0;
   int first_token = -1;
   std::vector<int> continuation;  // greedy tokens after the prompt (first_token first)
+  std::vector<float> step_logits;   // the logits each continuation token was chosen from ([steps][vocab])
+  double decode_ms = 0;             // the greedy steps after the first token
+  double engine_ms = 0;             // the transformer's own work: prefill (Blended: its layers) and decoding
   std::uint64_t cached_after = 0;  // Serve: the leading tokens cached after its store
 };
 
@@ -69,6 +72,14 @@ class RefEngine {
   // Prefills `tokens` alone (from position 0) and puts them as a knowledge
   // item `doc_id` (kdn_knowledge_put).
   Status PutDocument(const std::string& ns, const std::string& doc_id, const std::vector<int>& tokens);
+  // Teacher forcing, for quality measurements: the next answer's decode
+  // steps feed `tokens` (another run's continuation, its first token first)
+  // instead of their own choices, so that its step_logits line up with that
+  // run's; its continuation is still its own argmax at each step. Used up by
+  // the next call that decodes.
+  void ForceContinuation(std::vector<int> tokens) { forced_ = std::move(tokens); }
+  // A document's tokens (kdn_knowledge_fetch without KV).
+  Result<std::vector<int>> DocumentTokens(const std::string& ns, const std::string& doc_id);
   // The same with the document's version and metadata; *prefill_ns and
   // *put_ns (if given) get the forward pass's and kdn_knowledge_put's wall
   // time. `before_put` (if given) runs between the two; a status it returns
@@ -112,13 +123,12 @@ class RefEngine {
   // The transformer's forward pass over `tokens` from `pos`, timed and
   // reported to kdn (kdn_model_report_prefill): what a hit on them saves.
   Status Prefill(std::span<const int> tokens, int pos, model::KvCache& cache, std::vector<float>* logits);
-  // A document's tokens (kdn_knowledge_fetch without KV).
-  Result<std::vector<int>> DocumentTokens(const std::string& ns, const std::string& doc_id);
 
   model::Transformer transformer_;
   kdn_model* model_ = nullptr;
   std::vector<float> logits_;
   std::unique_ptr<model::KvCache> cache_;  // PutDocument's and PrefillOnly's, made once
+  std::vector<int> forced_;                // ForceContinuation's tokens
 };
 
 }  // namespace kdn::refengine

@@ -17,6 +17,7 @@
 #include "blend_cmd.h"
 #ifdef KDN_WITH_LLAMACPP
 #include "llama_command.h"
+#include "llama_rag.h"
 #endif
 #include "codec_cmd.h"
 #include "demo.h"
@@ -25,6 +26,7 @@
 #include "bench/foundation_bench.h"
 #include "bench/eviction_bench.h"
 #include "bench/ingest_bench.h"
+#include "bench/rag_bench.h"
 #include "bench/adaptive_bench.h"
 #include "bench/gpu_bench.h"
 #include "kdn/kdn.h"
@@ -326,6 +328,27 @@ int main(int argc, char** argv) {
   blendb->add_option("--contexts", bbo.contexts, "at most this many contexts (default: all; 4 with --quick)");
   blendb->add_flag("--quick", bbo.quick, "few contexts (a smoke test, not a measurement)");
 
+  kdn::bench::RagBenchOptions rgo;
+  bool rag_reference_only = false;
+  auto* ragb = bench->add_subcommand(
+      "rag", "The KDN paper's Table 1 at this model's scale: in-context, prefix reuse, blending, warm; delay, cost, quality");
+  ragb->add_option("--json", rgo.json_path, "output file")->required();
+  ragb->add_option("--png", rgo.png_path, "delay and cost per mode (default: the JSON file with .png)");
+  ragb->add_option("--model", rgo.model, "llama2.c checkpoint (default: the reference model)");
+  ragb->add_option("--tokenizer", rgo.tokenizer, "tokenizer file");
+  ragb->add_option("--scratch", rgo.scratch, "where the stores go (default: the temp dir)");
+  ragb->add_option("--requests", rgo.requests, "requests per engine (default 48; 8 with --quick)")->check(CLI::Range(1, 100000));
+  ragb->add_option("--documents", rgo.documents, "documents per request (default 5)")->check(CLI::Range(1, 64));
+  ragb->add_option("--document-tokens", rgo.document_tokens, "tokens per document at most (default 64)")
+      ->check(CLI::Range(2, 512));
+  ragb->add_option("--history-tokens", rgo.history_tokens, "chat history per request (default 80)")->check(CLI::Range(1, 512));
+  ragb->add_option("--generate", rgo.generate, "tokens generated per request (default 16)")->check(CLI::Range(1, 512));
+  ragb->add_option("--zipf", rgo.zipf, "documents' popularity exponent (default 1.0)")->check(CLI::Range(0.0, 10.0));
+  ragb->add_option("--seed", rgo.seed, "the requests' seed (default 35)");
+  ragb->add_option("--cpu-price", rgo.cpu_usd_per_core_hour, "USD per core-hour (default 0.0446)");
+  ragb->add_flag("--reference-only", rag_reference_only, "the reference engine alone (not llama.cpp)");
+  ragb->add_flag("--quick", rgo.quick, "6 stories, 8 requests (a smoke test, not a measurement)");
+
   kdn::tools::DiskCommand disk(app);  // `kdn disk fill`, `kdn disk verify`
   kdn::tools::CodecCommand codec(app);  // `kdn codec eval`
   kdn::tools::BlendCommand blend(app);  // `kdn blend eval`
@@ -382,6 +405,13 @@ int main(int argc, char** argv) {
   if (*gpub) return kdn::bench::RunGpuBench(gbo);
   if (*evictb) return kdn::bench::RunEvictionBench(ebo);
   if (*ingestb) return kdn::bench::RunIngestBench(ibo);
+  if (*ragb) {
+#ifdef KDN_WITH_LLAMACPP
+    if (!rag_reference_only) rgo.engines.push_back({"llama.cpp", kdn::llamacpp::RagEngineFactory()});
+#endif
+    (void)rag_reference_only;
+    return kdn::bench::RunRagBench(rgo);
+  }
   if (*adaptiveb) return kdn::bench::RunAdaptiveBench(abo);
   if (*bindingsb) return kdn::bench::RunBindingsBench(bio);
   return 1;

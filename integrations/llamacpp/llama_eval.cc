@@ -23,10 +23,8 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Sequence 0 of `s` as RagBlendKl's blended run (llama_eval.h): BOS, `docs`
-// in that order (each restored from kdn, where it is stored as BOS then the
-// document) with the first k and the last m tokens of each decoded again in
-// place, then `tail` decoded (none if empty).
+}  // namespace
+
 Status BuildBlend(Session& s, Connector& kdn, const std::vector<std::vector<std::int32_t>>& docs, std::size_t k,
                   std::size_t m, const std::vector<std::int32_t>& tail) {
   s.Clear();
@@ -78,7 +76,6 @@ Status BuildBlend(Session& s, Connector& kdn, const std::vector<std::vector<std:
   return Status::Ok();
 }
 
-}  // namespace
 
 Result<LlamaKlResult> LlamaCodecKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
                                    const LlamaKlOptions& o) {

@@ -121,6 +121,15 @@ struct RagBlendResult {
   std::uint64_t prompt_tokens = 0;  // 1 + D·L + Q
   std::vector<RagBlendPoint> points;  // one per k, in the options' order
 };
+// Sequence 0 of `s` as RagBlendKl's blended run: BOS, `docs` in that order
+// (each restored from kdn through `kdn`, where it is stored as BOS then the
+// document, computed alone) with the first k and the last m tokens of each
+// decoded again in place, then `tail` decoded (none if empty; the last
+// decoded token's logits are kept). Sequence 1 is used for the moves.
+class Connector;
+Status BuildBlend(Session& s, Connector& kdn, const std::vector<std::vector<std::int32_t>>& docs, std::size_t k,
+                  std::size_t m, const std::vector<std::int32_t>& tail);
+
 Result<RagBlendResult> RagBlendKl(const std::string& gguf, const std::vector<std::int32_t>& stream,
                                   const RagBlendOptions& options);
 

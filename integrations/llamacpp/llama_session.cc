@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 
@@ -37,6 +38,15 @@ struct Session::Impl {
   llama_model* model = nullptr;
   llama_context* ctx = nullptr;
   const llama_vocab* vocab = nullptr;
+  std::uint64_t decode_ns = 0;  // time in llama_decode, summed
+  // llama_decode, timed.
+  int Decode(const llama_batch& b) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = llama_decode(ctx, b);
+    decode_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    return rc;
+  }
   ~Impl() {
     if (ctx != nullptr) llama_free(ctx);
     if (model != nullptr) llama_model_free(model);
@@ -82,12 +92,14 @@ Result<std::vector<std::int32_t>> Session::Tokenize(const std::string& text) con
   return std::vector<std::int32_t>(ids.begin(), ids.end());
 }
 
+std::uint64_t Session::decode_ns() const { return impl_->decode_ns; }
+
 std::int32_t Session::vocab_size() const { return llama_vocab_n_tokens(impl_->vocab); }
 
 Status Session::Decode(const std::vector<std::int32_t>& tokens) {
   if (tokens.empty()) return Status::InvalidArgument("llama session: nothing to decode");
   std::vector<llama_token> t(tokens.begin(), tokens.end());
-  const int rc = llama_decode(impl_->ctx, llama_batch_get_one(t.data(), static_cast<std::int32_t>(t.size())));
+  const int rc = impl_->Decode(llama_batch_get_one(t.data(), static_cast<std::int32_t>(t.size())));
   if (rc != 0) return Status::Internal("llama session: llama_decode returned " + std::to_string(rc));
   return Status::Ok();
 }
@@ -104,7 +116,7 @@ Status Session::DecodeAt(const std::vector<std::int32_t>& tokens, std::int32_t f
     b.logits[i] = i + 1 == n;
   }
   b.n_tokens = n;
-  const int rc = llama_decode(impl_->ctx, b);
+  const int rc = impl_->Decode(b);
   llama_batch_free(b);
   if (rc != 0) return Status::Internal("llama session: llama_decode returned " + std::to_string(rc));
   return Status::Ok();
@@ -123,7 +135,7 @@ Result<std::vector<float>> Session::DecodeWithLogits(const std::vector<std::int3
     b.logits[i] = 1;
   }
   b.n_tokens = n;
-  const int rc = llama_decode(impl_->ctx, b);
+  const int rc = impl_->Decode(b);
   llama_batch_free(b);
   if (rc != 0) return Status::Internal("llama session: llama_decode returned " + std::to_string(rc));
   const std::int32_t vocab = vocab_size();
@@ -143,6 +155,11 @@ std::int32_t Session::Argmax() const {
     if (l[i] > l[best]) best = i;
   }
   return best;
+}
+
+std::vector<float> Session::LastLogits() const {
+  const float* l = llama_get_logits_ith(impl_->ctx, -1);
+  return std::vector<float>(l, l + vocab_size());
 }
 
 Result<std::vector<std::int32_t>> Session::Greedy(int steps) {

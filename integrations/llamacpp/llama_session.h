@@ -51,6 +51,11 @@ class Session {
   Result<std::vector<float>> DecodeWithLogits(const std::vector<std::int32_t>& tokens);
   // The id of the largest logit of the last decoded token.
   std::int32_t Argmax() const;
+  // Time spent in llama_decode since the session was loaded (the model's
+  // own work), in ns.
+  std::uint64_t decode_ns() const;
+  // The last decoded token's logits ([vocab]).
+  std::vector<float> LastLogits() const;
   // Greedy: `steps` ids after the tokens decoded so far, the first from the
   // logits of the last decode.
   Result<std::vector<std::int32_t>> Greedy(int steps);

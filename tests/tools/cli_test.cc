@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cli_runner.h"
 #include "test_models.h"
@@ -253,6 +254,62 @@ TEST(Cli, BenchIngestWritesTheRecords) {
   EXPECT_GT(by["ingest_tokens_per_s"]["params"]["tokens"].get<int>(), 0);
   EXPECT_EQ(by["ingest_tokens_per_s"]["params"]["documents"], 8);
   fs::remove(json);
+}
+
+// `kdn bench rag --quick`: the paper's table with this run's rows, every
+// mode's records against in-context, and the quality the modes owe:
+// prefix reuse and warm serve the same KV (the same first-token
+// distribution, the same continuation); blending is lossy but close.
+TEST(Cli, BenchRagWritesThePapersTable) {
+  if (!kdn::testing::ModelsPresent()) GTEST_SKIP() << "the reference model is not present";
+  const fs::path json = fs::temp_directory_path() / ("kdn_bench_rag_" + std::to_string(::getpid()) + ".json");
+  const CliRun r = Kdn("bench rag --quick --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* row : {"KV-cache learning with a KDN", "in-context learning", "KDN prefix reuse", "KDN blending",
+                          "bound: warm (whole prompt cached)", "bound: knowledge cached in place",
+                          "goals, KDN blending against in-context"}) {
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  }
+  std::ifstream f(json);
+  const nlohmann::json records = nlohmann::json::parse(f);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& rec : records) by[rec["name"]] = rec;
+  std::vector<std::string> engines = {"rag_reference"};
+  if (const char* v = std::getenv("KDN_REQUIRE_LLAMACPP"); v != nullptr && std::string(v) == "1") {
+    engines.push_back("rag_llamacpp");
+  }
+  for (const std::string& e : engines) {
+    for (const char* mode : {"in_context", "prefix", "blend", "warm", "knowledge_cached"}) {
+      const std::string k = e + "_" + mode;
+      for (const char* m : {"_delay_ms", "_delay_p90_ms", "_ttft_ms", "_cost_usd", "_cpu_ms", "_engine_ms",
+                            "_kdn_cpu_ms", "_kdn_usd", "_top1", "_kl", "_same_continuation", "_reused_fraction"}) {
+        ASSERT_TRUE(by.count(k + m)) << k + m;
+        EXPECT_TRUE(std::isfinite(by[k + m]["value"].get<double>())) << k + m;
+      }
+      EXPECT_EQ(by[k + "_delay_ms"]["params"]["served"], 8) << k;
+      if (std::string(mode) != "in_context") {
+        EXPECT_EQ(by[k + "_delay_ms"]["baseline"], "in_context") << k;
+      }
+      EXPECT_GT(by[k + "_cost_usd"]["value"].get<double>(), 0) << k;
+      // The model's forward passes are part of every request, and inside its CPU time.
+      EXPECT_GT(by[k + "_engine_ms"]["value"].get<double>(), 0) << k;
+      EXPECT_LE(by[k + "_kdn_usd"]["value"].get<double>(), by[k + "_cost_usd"]["value"].get<double>()) << k;
+    }
+    // The same KV as full prefill: the same distribution to float rounding.
+    for (const char* exact : {"_prefix", "_warm", "_knowledge_cached"}) {
+      EXPECT_LT(by[e + exact + "_kl_max"]["value"].get<double>(), 1e-9) << e << exact;
+      EXPECT_EQ(by[e + exact + "_same_continuation"]["value"].get<double>(), 1.0) << e << exact;
+    }
+    EXPECT_GT(by[e + "_warm_reused_fraction"]["value"].get<double>(), 0.9) << e;
+    EXPECT_GT(by[e + "_blend_reused_fraction"]["value"].get<double>(), 0.4) << e;
+    EXPECT_LT(by[e + "_blend_kl"]["value"].get<double>(), 0.1) << e;
+    EXPECT_EQ(by[e + "_inject_s"]["baseline"], "prefill_only") << e;
+    EXPECT_EQ(by[e + "_inject_2m_tokens_h"]["projected"], true) << e;
+  }
+  // The reference engine's store for blending is the ingest's: a disk tier.
+  EXPECT_GT(by["rag_reference_blend_delay_ms"]["params"]["store"]["disk_bytes"].get<double>(), 0);
+  fs::remove(json);
+  fs::remove(fs::path(json).replace_extension(".png"));
 }
 
 // `kdn bench adaptive --quick`: every side on both links, against recompute,
