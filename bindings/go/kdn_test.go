@@ -147,6 +147,55 @@ func TestStoreLookupRetrieve(t *testing.T) {
 	}
 }
 
+// A latent (MLA) model: one vector of LatentDim per token and layer, its
+// buffers [layer][token][latent]; stored and retrieved bit for bit, apart
+// from a K/V model of the same bytes per token; a bad spec refused.
+func TestLatentModel(t *testing.T) {
+	rt, err := NewRuntime(&RuntimeOptions{ChunkTokens: chunk, Tiers: []TierConfig{HostTier(16 << 20)}})
+	if err != nil {
+		t.Fatalf("NewRuntime: %v", err)
+	}
+	defer rt.Close()
+	const latent = 8
+	m, err := rt.NewModel(&ModelSpec{NumLayers: layers, DType: F32, Fingerprint: "go-mla", CacheKind: CacheLatent,
+		LatentDim: latent, LatentRopeDim: 2})
+	if err != nil {
+		t.Fatalf("NewModel (latent): %v", err)
+	}
+	defer m.Close()
+	if got := m.KVBytesPerToken(); got != layers*latent*4 {
+		t.Fatalf("KVBytesPerToken = %d, want %d", got, layers*latent*4)
+	}
+	kv, err := rt.NewModel(&ModelSpec{NumLayers: layers, NumKVHeads: 1, HeadDim: latent / 2, DType: F32,
+		Fingerprint: "go-mla"})
+	if err != nil {
+		t.Fatalf("NewModel (K/V): %v", err)
+	}
+	defer kv.Close()
+	tokens := testTokens(positions)
+	data := make([]float32, layers*positions*latent)
+	for i := range data {
+		data[i] = float32(i) * 0.5
+	}
+	if res, err := m.Store(bg, ns, Tokens(tokens), Float32s(data)); err != nil || res.Tokens != positions {
+		t.Fatalf("Store = %+v, %v", res, err)
+	}
+	out := make([]float32, len(data))
+	if res, err := m.Retrieve(bg, ns, Tokens(tokens), Float32s(out)); err != nil || res.Tokens != positions {
+		t.Fatalf("Retrieve = %+v, %v", res, err)
+	}
+	if !bytes.Equal(Float32s(out), Float32s(data)) {
+		t.Fatal("the retrieved latents differ from the stored ones")
+	}
+	if got, err := kv.Lookup(bg, ns, Tokens(tokens)); err != nil || got.CachedTokens != 0 {
+		t.Fatalf("a K/V model of the same bytes sees the latent's KV: %+v, %v", got, err)
+	}
+	_, err = rt.NewModel(&ModelSpec{NumLayers: layers, DType: F32, Fingerprint: "x", CacheKind: CacheLatent, LatentDim: 7})
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("an odd LatentDim: %v, want ErrInvalidArgument", err)
+	}
+}
+
 // A reported prefill prices the tokens later loads serve: TTFTSaved is
 // tokens served x the reported time per token (each load rounds to a ns).
 func TestReportedPrefillPricesLoads(t *testing.T) {

@@ -20,12 +20,21 @@ const (
 	RopeNeox        RopeStyle = 1 // pairs (j, j + rotary_dim/2): HF Llama, NeoX
 )
 
+// CacheKind is what each layer of a model caches per token (since 1.11;
+// docs/model-kinds.md).
+type CacheKind int32
+
+const (
+	CacheKV     CacheKind = 0 // K and V, NumKVHeads x HeadDim each (the default)
+	CacheLatent CacheKind = 1 // one latent vector of LatentDim (MLA: DeepSeek-V2/V3, Kimi)
+)
+
 // ModelSpec is the shape of a model's KV and what identifies its weights.
 // KV is only ever returned to a model with the same spec and fingerprint.
 type ModelSpec struct {
 	NumLayers  uint32 // 1..4096
-	NumKVHeads uint32 // 1..4096
-	HeadDim    uint32 // 1..65536
+	NumKVHeads uint32 // 1..4096 (0 for a latent model)
+	HeadDim    uint32 // 1..65536 (0 for a latent model)
 	DType      DType
 	RopeTheta  float32 // 0: 10000
 	RopeStyle  RopeStyle
@@ -33,6 +42,12 @@ type ModelSpec struct {
 	// Fingerprint identifies weights, tokenizer, layout, TP rank and size,
 	// adapters: anything that changes the KV. Must not be empty.
 	Fingerprint string
+	// CacheLatent: each layer caches one vector of LatentDim (even) per
+	// token, its last LatentRopeDim dims carrying RoPE; a view then
+	// describes that vector (its K side; no V). CacheKV: both 0.
+	CacheKind     CacheKind
+	LatentDim     uint32
+	LatentRopeDim uint32
 }
 
 // Model is a model registered with a runtime; every KV call goes through
@@ -68,6 +83,9 @@ func (r *Runtime) NewModel(spec *ModelSpec) (*Model, error) {
 	}
 	s.rope_style = C.kdn_rope_style(spec.RopeStyle)
 	s.rotary_dim = C.uint32_t(spec.RotaryDim)
+	s.cache_kind = C.kdn_cache_kind(spec.CacheKind)
+	s.latent_dim = C.uint32_t(spec.LatentDim)
+	s.latent_rope_dim = C.uint32_t(spec.LatentRopeDim)
 	m := &Model{core: r.core, spec: *spec}
 	var bpt C.uint64_t
 	var cm *C.kdn_model

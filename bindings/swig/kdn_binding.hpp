@@ -188,6 +188,20 @@ struct ModelSpec {
   int rope_style = KDN_ROPE_INTERLEAVED;
   uint32_t rotary_dim = 0;
   std::string fingerprint;
+  // Since 1.11 (kdn_model_spec.cache_kind): KDN_CACHE_LATENT caches one
+  // vector of latent_dim per token and layer (MLA).
+  int cache_kind = KDN_CACHE_KV;
+  uint32_t latent_dim = 0, latent_rope_dim = 0;
+#ifndef SWIG
+  // Elements one token's KV takes in one layer (K and V, or the latent).
+  uint64_t row_elements() const {
+    return cache_kind == KDN_CACHE_LATENT ? uint64_t{latent_dim} : uint64_t{2} * num_kv_heads * head_dim;
+  }
+  // Elements of a paged block per layer allocation half (K's, or the latent's).
+  uint64_t block_row() const {
+    return cache_kind == KDN_CACHE_LATENT ? uint64_t{latent_dim} : uint64_t{num_kv_heads} * head_dim;
+  }
+#endif
 };
 
 // The tokens of a KV call: ids, or the engine's chained block hashes. Copied
@@ -309,13 +323,12 @@ struct KvView {
     const uint64_t elem = detail::DtypeBytes(spec.dtype);
     uint64_t span = layer_elements;
     if (layout != KDN_LAYOUT_CONTIGUOUS) {
-      const uint64_t block = block_stride ? static_cast<uint64_t>(block_stride)
-                                          : uint64_t{block_size} * spec.num_kv_heads * spec.head_dim;
+      const uint64_t block = block_stride ? static_cast<uint64_t>(block_stride) : uint64_t{block_size} * spec.block_row();
       if (block == 0 || num_blocks > bytes / elem / block) {
         detail::Invalid("a paged view of " + std::to_string(num_blocks) + " blocks does not fit the buffer's " +
                         std::to_string(bytes) + " bytes");
       }
-      if (block_stride && static_cast<uint64_t>(block_stride) < uint64_t{block_size} * spec.num_kv_heads * spec.head_dim) {
+      if (block_stride && static_cast<uint64_t>(block_stride) < uint64_t{block_size} * spec.block_row()) {
         detail::Invalid("block_stride is smaller than a block");
       }
       span = num_blocks * block;
@@ -1108,8 +1121,7 @@ class Model {
     const detail::Life::Use use(life_);
     const KvCallArgs a(*this, nullptr, view, Host(data, bytes));
     FetchResult out;
-    const uint64_t per_token = uint64_t{spec_.num_layers} * 2 * spec_.num_kv_heads * spec_.head_dim *
-                               detail::DtypeBytes(spec_.dtype);
+    const uint64_t per_token = uint64_t{spec_.num_layers} * spec_.row_elements() * detail::DtypeBytes(spec_.dtype);
     if (per_token == 0 || view.num_tokens > bytes / per_token) {
       detail::Invalid("the view's room of " + std::to_string(view.num_tokens) + " tokens exceeds the buffer's " +
                       std::to_string(bytes) + " bytes");
@@ -1338,6 +1350,9 @@ inline Model* Runtime::create_model(const ModelSpec& spec) {
   s.rope_theta = spec.rope_theta;
   s.rope_style = static_cast<kdn_rope_style>(spec.rope_style);
   s.rotary_dim = spec.rotary_dim;
+  s.cache_kind = static_cast<kdn_cache_kind>(spec.cache_kind);
+  s.latent_dim = spec.latent_dim;
+  s.latent_rope_dim = spec.latent_rope_dim;
   s.fingerprint = spec.fingerprint.data();
   s.fingerprint_len = spec.fingerprint.size();
   const detail::Life::Use use(life_);

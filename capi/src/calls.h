@@ -3,6 +3,9 @@
 // namespaces, doc ids, tokens, requests, views; the editor and the ops.
 #pragma once
 
+#include <deque>
+#include <optional>
+
 #include "shim.h"
 
 namespace kdn::capi {
@@ -134,8 +137,64 @@ inline kdn_status ReadRequest(const kdn::store::KvStore& store, const kdn_reques
   return KDN_OK;
 }
 
-// The caller's views as core view specs (their arrays still the caller's).
-inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views, std::vector<ViewSpec>* out) {
+// A latent (MLA) model's view, as the caller describes the latent (k_layers
+// or data; kdn.h, kdn_model_spec.cache_kind), turned into the K/V view kdn
+// keeps it as: one head of latent_dim / 2, the vector's first half as K and
+// its second as V (V's bases half a vector further, into `v_bases`).
+inline kdn_status LatentView(const kdn_model* model, const kdn_kv_view& v, const std::string& what, ViewSpec* s,
+                             std::vector<void*>* v_bases, std::optional<std::uint64_t> tokens) {
+  const int64_t latent = model->latent_dim, half = latent / 2, elem = model->kv.shape.elem_bytes;
+  auto bad = [&](const std::string& m) { return Fail(KDN_ERR_INVALID_ARGUMENT, what + " (a latent model's): " + m); };
+  if (v.v_layers != nullptr) return bad("v_layers must be NULL: k_layers address each token's latent vector");
+  if (v.stride_kv != 0 || v.stride_head != 0 || v.v_stride_token != 0 || v.v_stride_head != 0 || v.v_stride_dim != 0) {
+    return bad("stride_kv, stride_head and v_stride_* must be 0: a latent has no V and no heads");
+  }
+  const bool paged = Raw(v.layout) != KDN_LAYOUT_CONTIGUOUS;
+  if (paged && (v.stride_token != 0 || v.stride_dim != 0)) {
+    return bad("a paged latent view is dense within its blocks ([block][slot][latent_dim]): stride_token and "
+               "stride_dim must be 0");
+  }
+  const int64_t dim = v.stride_dim != 0 ? v.stride_dim : 1;
+  const int64_t token = v.stride_token != 0 ? v.stride_token : latent * dim;
+  if (dim < 0 || token < 0) return bad("strides must be non-negative");
+  if (paged) {
+    s->layout = kdn::store::ViewLayout::kPagedNhd;  // one head: NHD and HND are the same memory
+    s->paged_token_stride = latent;
+  } else {
+    s->stride_token = token;
+    s->stride_head = half * dim;
+    s->stride_dim = dim;
+  }
+  if (v.k_layers != nullptr) {
+    const size_t n = v.layers != nullptr ? v.num_layers : static_cast<size_t>(model->kv.shape.layers);
+    for (size_t l = 0; l < n; ++l) {
+      v_bases->push_back(v.k_layers[l] == nullptr ? nullptr : static_cast<uint8_t*>(v.k_layers[l]) + half * dim * elem);
+    }
+    s->v_layers = v_bases->data();
+    if (v.layer_elements != 0) {
+      // Bounds each half's reach as the whole vector's: V starts half a
+      // vector into the allocation.
+      if (v.layer_elements < static_cast<uint64_t>(half * dim)) return bad("layer_elements is smaller than one vector");
+      s->layer_elements = v.layer_elements - static_cast<uint64_t>(half * dim);
+    }
+  } else if (v.data != nullptr) {
+    s->stride_kv = half * dim;
+    if (v.stride_layer == 0) {
+      // Dense: [layer][token][latent] for its room (num_tokens, else the
+      // request's tokens).
+      const std::uint64_t room = v.num_tokens != 0 ? v.num_tokens : tokens.value_or(0);
+      if (room == 0) return bad("one allocation needs stride_layer or num_tokens here");
+      s->stride_layer = static_cast<int64_t>(room) * token;
+    }
+  }
+  return KDN_OK;
+}
+
+// The caller's views as core view specs (their arrays still the caller's;
+// a latent model's V bases in `latent_v`, which must outlive the specs).
+inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views, std::vector<ViewSpec>* out,
+                            std::deque<std::vector<void*>>* latent_v = nullptr,
+                            std::optional<std::uint64_t> tokens = std::nullopt) {
   if (num_views == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV views (num_views is 0)");
   if (views == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "views is NULL");
   if (num_views > static_cast<size_t>(model->kv.shape.layers)) {
@@ -189,6 +248,11 @@ inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, si
     s.num_blocks = v.num_blocks;
     s.block_stride = v.block_stride;
     s.engine_stream = v.cuda_stream;  // read only by callers of 1.8 and later (struct_size says)
+    if (model->latent_dim != 0) {
+      if (latent_v == nullptr) return Fail(KDN_ERR_UNSUPPORTED, what + ": this call does not take a latent model's views");
+      latent_v->emplace_back();
+      if (kdn_status st = LatentView(model, v, what, &s, &latent_v->back(), tokens); st != KDN_OK) return st;
+    }
     out->push_back(s);
   }
   return KDN_OK;
@@ -200,7 +264,8 @@ inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, si
 inline kdn_status ResolveViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views,
                         std::optional<std::uint64_t> tokens, kdn::store::ResolvedViews* out, bool device_ok = false) {
   std::vector<ViewSpec> specs;
-  if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
+  std::deque<std::vector<void*>> latent_v;  // Resolve copies the bases it is given
+  if (kdn_status s = ReadViews(model, views, num_views, &specs, &latent_v, tokens); s != KDN_OK) return s;
   auto r = kdn::store::ResolvedViews::Resolve(model->kv, specs, tokens);
   if (!r.ok()) return FromStatus(r.status());
   if (r->device() && !device_ok) {

@@ -19,8 +19,34 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   if (kdn_status st = ReadIn(spec, KDN_MODEL_SPEC_SIZE_V1, "kdn_model_spec", &s); st != KDN_OK) return st;
   auto bad = [](const std::string& m) { return Fail(KDN_ERR_INVALID_ARGUMENT, "model spec: " + m); };
   if (s.num_layers == 0 || s.num_layers > 4096) return bad("num_layers " + std::to_string(s.num_layers) + " out of range 1..4096");
-  if (s.num_kv_heads == 0 || s.num_kv_heads > 4096) return bad("num_kv_heads " + std::to_string(s.num_kv_heads) + " out of range 1..4096");
-  if (s.head_dim == 0 || s.head_dim > 65536) return bad("head_dim " + std::to_string(s.head_dim) + " out of range 1..65536");
+  const int32_t kind = Raw(s.cache_kind);
+  if (kind != KDN_CACHE_KV && kind != KDN_CACHE_LATENT) return bad("unknown cache_kind " + std::to_string(kind));
+  if (s.reserved1 != 0) {
+    return Fail(KDN_ERR_VERSION, "model spec: reserved1 is set; it is reserved for later versions and must be 0");
+  }
+  const bool latent = kind == KDN_CACHE_LATENT;
+  if (latent) {
+    // One latent vector per token, kept as one head of latent_dim / 2 in
+    // each of the K and V planes (its halves): every tier, codec and view
+    // path applies unchanged.
+    if (s.num_kv_heads != 0 || s.head_dim != 0 || s.rotary_dim != 0) {
+      return bad("a latent model (KDN_CACHE_LATENT) has no K/V heads: num_kv_heads, head_dim and rotary_dim must be 0");
+    }
+    if (s.latent_dim < 2 || s.latent_dim > 65536 || s.latent_dim % 2 != 0) {
+      return bad("latent_dim " + std::to_string(s.latent_dim) + " must be even, 2..65536");
+    }
+    if (s.latent_rope_dim > s.latent_dim || s.latent_rope_dim % 2 != 0) {
+      return bad("latent_rope_dim " + std::to_string(s.latent_rope_dim) + " must be even and at most latent_dim " +
+                 std::to_string(s.latent_dim));
+    }
+  } else {
+    if (s.latent_dim != 0 || s.latent_rope_dim != 0) {
+      return bad("latent_dim and latent_rope_dim are for a latent model (cache_kind KDN_CACHE_LATENT); they must be 0");
+    }
+    if (s.num_kv_heads == 0 || s.num_kv_heads > 4096) return bad("num_kv_heads " + std::to_string(s.num_kv_heads) + " out of range 1..4096");
+    if (s.head_dim == 0 || s.head_dim > 65536) return bad("head_dim " + std::to_string(s.head_dim) + " out of range 1..65536");
+  }
+  const uint32_t kv_heads = latent ? 1 : s.num_kv_heads, head_dim = latent ? s.latent_dim / 2 : s.head_dim;
   const int32_t dtype = Raw(s.dtype), rope_style = Raw(s.rope_style);
   const auto elem = static_cast<int64_t>(dtype < 0 ? 0 : kdn::DtypeBytes(static_cast<uint32_t>(dtype)));
   if (elem == 0) return bad("unknown dtype " + std::to_string(dtype));
@@ -28,34 +54,42 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
     return bad("unknown rope_style " + std::to_string(rope_style));
   }
   if (!(s.rope_theta > 0.0f) || !std::isfinite(s.rope_theta)) return bad("rope_theta must be positive and finite");
-  const uint32_t rotary = s.rotary_dim == 0 ? s.head_dim : s.rotary_dim;
-  if (rotary > s.head_dim || rotary % 2 != 0) {
+  const uint32_t rotary = latent ? s.latent_rope_dim : (s.rotary_dim == 0 ? s.head_dim : s.rotary_dim);
+  if (!latent && (rotary > s.head_dim || rotary % 2 != 0)) {
     return bad("rotary_dim " + std::to_string(rotary) + " must be even and at most head_dim " + std::to_string(s.head_dim));
   }
   if (s.fingerprint == nullptr || s.fingerprint_len == 0) {
     return bad("fingerprint is empty: it must identify the weights, so KV never reaches another model");
   }
   if (s.fingerprint_len > 65536) return bad("fingerprint longer than 65536 bytes");
-  const int64_t per_token = int64_t{s.num_layers} * 2 * s.num_kv_heads * s.head_dim * elem;
+  const int64_t per_token = int64_t{s.num_layers} * 2 * kv_heads * head_dim * elem;
   if (per_token > (int64_t{1} << 32)) return bad("KV bytes per token exceed 4 GiB");
   kdn::keys::ModelIdentity id;
   id.layers = s.num_layers;
-  id.kv_heads = s.num_kv_heads;
-  id.head_dim = s.head_dim;
+  id.kv_heads = kv_heads;
+  id.head_dim = head_dim;
   id.dtype = static_cast<uint32_t>(dtype);
   id.rope_theta = s.rope_theta;
   id.rope_style = static_cast<uint32_t>(rope_style);
   id.rotary_dim = rotary;
   id.fingerprint.assign(s.fingerprint, s.fingerprint_len);
+  if (latent) {
+    id.cache_kind = KDN_CACHE_LATENT;
+    id.latent_dim = s.latent_dim;
+    id.latent_rope_dim = s.latent_rope_dim;
+  }
   auto m = std::make_unique<kdn_model>();
   m->runtime = runtime->rep;
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
-  m->kv.shape = {s.num_layers, s.num_kv_heads, s.head_dim, elem};
+  m->kv.shape = {s.num_layers, kv_heads, head_dim, elem};
   m->kv.dtype = static_cast<uint32_t>(dtype);
-  m->rope.head_dim = static_cast<int>(s.head_dim);
-  m->rope.rotary_dim = static_cast<int>(rotary);
+  // Blending re-positions K's rotary dims; a latent's RoPE dims sit at the
+  // end of its second half, which blending refuses for now (capi/src/blend.cc).
+  m->rope.head_dim = static_cast<int>(head_dim);
+  m->rope.rotary_dim = static_cast<int>(latent ? head_dim : rotary);
   m->rope.theta = s.rope_theta;
   m->rope.style = rope_style == KDN_ROPE_NEOX ? kdn::kernels::RopeStyle::kNeox : kdn::kernels::RopeStyle::kInterleaved;
+  m->latent_dim = latent ? s.latent_dim : 0;
   *out = m.release();
   return KDN_OK;
   KDN_END

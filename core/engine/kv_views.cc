@@ -184,6 +184,7 @@ Result<ResolvedViews> ResolvedViews::Resolve(const ModelKv& model, std::span<con
         kv.table_len = static_cast<std::int64_t>(s.block_table.size());
         kv.num_blocks = static_cast<std::int64_t>(s.num_blocks);
         kv.block_stride = s.block_stride;
+        kv.paged_token_stride = s.paged_token_stride;
       }
     }
     out.pointers_.push_back(std::move(k));

@@ -43,6 +43,7 @@ struct ViewSpec {
   std::uint64_t num_blocks = 0;
   std::int64_t block_stride = 0;
   void* engine_stream = nullptr;  // device memory: the engine's CUDA stream (KvGroup::engine_stream)
+  std::int64_t paged_token_stride = 0;  // paged NHD: kernels::KvView::paged_token_stride (a latent model's)
 };
 
 // Views checked and turned into KV groups that cover every model layer once.

@@ -136,8 +136,13 @@ Digest ModelFingerprint(const ModelIdentity& m) {
   std::uint32_t theta_bits;
   std::memcpy(&theta_bits, &m.rope_theta, 4);
   Hasher h;
-  h.Str("kdn-model-v1").U32(m.layers).U32(m.kv_heads).U32(m.head_dim).U32(m.dtype).U32(theta_bits);
-  h.U32(m.rope_style).U32(m.rotary_dim).Str(m.fingerprint);
+  if (m.cache_kind == 0) {
+    h.Str("kdn-model-v1").U32(m.layers).U32(m.kv_heads).U32(m.head_dim).U32(m.dtype).U32(theta_bits);
+    h.U32(m.rope_style).U32(m.rotary_dim).Str(m.fingerprint);
+    return h.Finish();
+  }
+  h.Str("kdn-model-kind-v1").U32(m.cache_kind).U32(m.layers).U32(m.kv_heads).U32(m.head_dim).U32(m.dtype);
+  h.U32(theta_bits).U32(m.rope_style).U32(m.rotary_dim).U32(m.latent_dim).U32(m.latent_rope_dim).Str(m.fingerprint);
   return h.Finish();
 }
 

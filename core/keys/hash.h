@@ -59,6 +59,11 @@ struct ModelIdentity {
   float rope_theta = 10000.0f;
   std::uint32_t rope_style = 0, rotary_dim = 0;
   std::string fingerprint;
+  // What a layer caches (kdn_cache_kind: 0 K and V, 1 a latent vector) and,
+  // for a latent, its dims and RoPE dims. A K/V model's identity is hashed
+  // as before these existed (its fingerprint unchanged); any other kind's
+  // under its own tag, so its chunks never reach a K/V model.
+  std::uint32_t cache_kind = 0, latent_dim = 0, latent_rope_dim = 0;
 };
 Digest ModelFingerprint(const ModelIdentity& m);
 

@@ -48,6 +48,11 @@ struct KvView {
   // Paged: physical blocks in each layer's allocation; block ids must be
   // below it. 0 = unknown, unchecked.
   std::int64_t num_blocks = 0;
+  // Paged NHD: elements from one token's row to the next within a block; 0 =
+  // heads*head_dim. Not in the C ABI: a latent (MLA) model's view sets it,
+  // its one vector of 2*head_dim per token kept as K (the first half) and V
+  // (v_base = k_base + head_dim), so a block holds block_size*2*head_dim.
+  std::int64_t paged_token_stride = 0;
 };
 
 // Strides of (token, head, dim) within one run of tokens that the view lays
@@ -66,13 +71,16 @@ KDN_HD constexpr KvRunStrides view_run_strides(const KvView& v, std::int64_t kv)
     if (kv != 0 && view_v_own_strides(v)) return {v.v_stride_token, v.v_stride_head, v.v_stride_dim};
     return {v.stride_token, v.stride_head, v.stride_dim};
   }
-  if (v.order == PageOrder::kNHD) return {v.shape.heads * v.shape.head_dim, v.shape.head_dim, 1};
+  if (v.order == PageOrder::kNHD) {
+    return {v.paged_token_stride != 0 ? v.paged_token_stride : v.shape.heads * v.shape.head_dim, v.shape.head_dim, 1};
+  }
   return {v.shape.head_dim, v.block_size * v.shape.head_dim, 1};
 }
 
 // Elements from one physical block to the next.
 KDN_HD constexpr std::int64_t view_block_stride(const KvView& v) {
-  return v.block_stride != 0 ? v.block_stride : v.block_size * v.shape.heads * v.shape.head_dim;
+  if (v.block_stride != 0) return v.block_stride;
+  return v.block_size * (v.paged_token_stride != 0 ? v.paged_token_stride : v.shape.heads * v.shape.head_dim);
 }
 
 // Element offset, within layer's K (kv 0) or V (kv 1) allocation, of

@@ -210,8 +210,13 @@ bool view_valid(const KvView& v, std::int64_t tokens_needed, const char** why) {
   if (v.paged) {
     if (v.block_size <= 0) return Fail(why, "block_size must be positive");
     if (v.order != PageOrder::kNHD && v.order != PageOrder::kHND) return Fail(why, "unknown page order");
+    if (v.paged_token_stride != 0 && (v.order != PageOrder::kNHD || v.paged_token_stride < row)) {
+      return Fail(why, "a token row stride needs NHD pages and must hold a token's heads");
+    }
     std::int64_t block_elems = 0;
-    if (!MulAdd(v.block_size, row, 0, &block_elems)) return Fail(why, "block size overflows");
+    if (!MulAdd(v.block_size, v.paged_token_stride != 0 ? v.paged_token_stride : row, 0, &block_elems)) {
+      return Fail(why, "block size overflows");
+    }
     if (v.block_stride != 0 && v.block_stride < block_elems) return Fail(why, "block_stride smaller than a block");
     if (v.num_blocks < 0) return Fail(why, "negative num_blocks");
   } else {

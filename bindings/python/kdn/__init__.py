@@ -22,8 +22,8 @@ The package covers kdn's C ABI 1.9 (and the experimental editor and
 blending); it needs libkdn 1.9 or a later 1.x, and its wheel carries one.
 """
 from ._native import native as _s  # first: on the wrong Python, fails saying so
-from ._enums import (DeviceMode, DType, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState, RopeScaling,
-                     RopeStyle, SegmentKind, Status, TierKind)
+from ._enums import (CacheKind, DeviceMode, DType, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState,
+                     RopeScaling, RopeStyle, SegmentKind, Status, TierKind)
 from ._errors import (BufferTooSmallError, BusyError, CallerError, CancelledError, ClosedError, CorruptError, Error,
                       InternalError, InvalidArgumentError, NoMemoryError, NotFoundError, RetryableError, TimeoutError,
                       UnavailableError, UnsupportedError, VersionError)
@@ -53,7 +53,7 @@ __version__ = _s.version()
 __all__ = [
     "Runtime", "Model", "Op", "Request", "KvView", "Editor", "Tier", "ModelSpec", "KvResult", "LookupResult",
     "DocumentInfo", "FetchResult", "Stats", "Latency", "TierStats", "ChunkInfo", "RESULT_LOSSY", "DType", "TierKind",
-    "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "Status", "DeviceMode", "MemoryKind",
+    "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "CacheKind", "Status", "DeviceMode", "MemoryKind",
     "RopeScaling", "SegmentKind", "Segment", "BlendReport", "Error", "CallerError",
     "RetryableError", "InvalidArgumentError", "ClosedError", "VersionError", "BufferTooSmallError", "NotFoundError",
     "BusyError", "UnavailableError", "TimeoutError", "CorruptError", "UnsupportedError", "NoMemoryError",

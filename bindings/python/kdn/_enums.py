@@ -11,7 +11,7 @@ import enum
 
 __all__ = [
     "Status", "DType", "TierKind", "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "DeviceMode",
-    "MemoryKind", "RopeScaling", "SegmentKind",
+    "MemoryKind", "RopeScaling", "SegmentKind", "CacheKind",
 ]
 
 
@@ -96,6 +96,12 @@ class LatencyKind(_OpenEnum):
 class RopeStyle(_OpenEnum):
     INTERLEAVED = 0
     NEOX = 1
+
+
+class CacheKind(_OpenEnum):
+    """What each layer of a model caches per token (kdn_cache_kind, since 1.11)."""
+    KV = 0      # K and V heads
+    LATENT = 1  # one latent vector of latent_dim (MLA: DeepSeek-V2/V3, Kimi)
 
 
 class DeviceMode(_OpenEnum):

@@ -31,7 +31,7 @@ import weakref
 from . import kdn_swig as _s
 from ._arrays import cuda_interface as _cuda_interface
 from ._arrays import foreign as _foreign
-from ._enums import DeviceMode, DType, Layout, LatencyKind, OpState, RopeScaling, SegmentKind, Status, TierKind
+from ._enums import CacheKind, DeviceMode, DType, Layout, LatencyKind, OpState, RopeScaling, SegmentKind, Status, TierKind
 from ._errors import InvalidArgumentError, _from_native
 from ._types import (BlendReport, ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult, ModelSpec,
                      Segment, Stats, Tier, TierStats)
@@ -503,7 +503,8 @@ class Runtime(_Handle):
     def model(self, spec=None, /, **fields):
         """Registers a model: a ModelSpec, or its fields as keywords
         (num_layers, num_kv_heads, head_dim, dtype=DType.F32, fingerprint,
-        rope_theta=10000, rope_style=RopeStyle.INTERLEAVED, rotary_dim=0)."""
+        rope_theta=10000, rope_style=RopeStyle.INTERLEAVED, rotary_dim=0,
+        cache_kind=CacheKind.KV, latent_dim=0, latent_rope_dim=0)."""
         if spec is None:
             if not fields:
                 raise InvalidArgumentError("a model spec is required")
@@ -522,6 +523,9 @@ class Runtime(_Handle):
             s.rope_theta = spec.rope_theta
             s.rope_style = int(spec.rope_style)
             s.rotary_dim = spec.rotary_dim
+            s.cache_kind = int(spec.cache_kind)
+            s.latent_dim = spec.latent_dim
+            s.latent_rope_dim = spec.latent_rope_dim
         except (TypeError, OverflowError) as e:
             raise InvalidArgumentError(f"model spec: {e}") from e
         s.fingerprint = spec.fingerprint
@@ -972,10 +976,15 @@ class Model(_Handle):
 
 
 def _check_canonical_shape(shape, spec, tokens):
-    want = (spec.num_layers, 2, tokens, spec.num_kv_heads, spec.head_dim)
+    if spec.cache_kind == CacheKind.LATENT:
+        want = (spec.num_layers, tokens, spec.latent_dim)
+        layout = "[layer][token][latent]"
+    else:
+        want = (spec.num_layers, 2, tokens, spec.num_kv_heads, spec.head_dim)
+        layout = "[layer][k|v][token][kv_head][head_dim]"
     if tuple(shape) != want:
         raise InvalidArgumentError(f"the KV array has shape {tuple(shape)}, but the canonical layout "
-                                   f"[layer][k|v][token][kv_head][head_dim] of this model is {want} (or pass a KvView)")
+                                   f"{layout} of this model is {want} (or pass a KvView)")
 
 
 def _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_scaling, rope_factor, kv_fn, kv_cost,

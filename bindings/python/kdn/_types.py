@@ -4,7 +4,7 @@ import array
 import dataclasses
 from typing import Any, NamedTuple, Optional, Tuple, Union
 
-from ._enums import DType, EvictionPolicy, OpState, RopeStyle, SegmentKind, Status, TierKind
+from ._enums import CacheKind, DType, EvictionPolicy, OpState, RopeStyle, SegmentKind, Status, TierKind
 
 __all__ = [
     "Tier", "ModelSpec", "KvResult", "LookupResult", "DocumentInfo", "FetchResult", "Stats", "Latency",
@@ -92,7 +92,11 @@ class ModelSpec:
     """The shape of a model's KV and what identifies its weights
     (kdn_model_spec). KV is only returned to a model with the same spec and
     fingerprint. fingerprint: str or bytes, not empty (weights, tokenizer,
-    layout, TP rank, adapters: anything that changes the KV)."""
+    layout, TP rank, adapters: anything that changes the KV).
+    cache_kind=CacheKind.LATENT (since 1.11): each layer caches one vector
+    of latent_dim per token, its last latent_rope_dim carrying RoPE;
+    num_kv_heads and head_dim are then 0, and KV buffers hold the latent
+    ([layer][token][latent_dim] in the canonical layout)."""
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -101,10 +105,16 @@ class ModelSpec:
     rope_theta: float = 10000.0
     rope_style: RopeStyle = RopeStyle.INTERLEAVED
     rotary_dim: int = 0
+    cache_kind: CacheKind = CacheKind.KV
+    latent_dim: int = 0
+    latent_rope_dim: int = 0
 
     @property
     def kv_bytes_per_token(self):
-        """Bytes of KV per token: layers x 2 x heads x head_dim x element size."""
+        """Bytes of KV per token: layers x 2 x heads x head_dim x element size
+        (a latent model: layers x latent_dim x element size)."""
+        if self.cache_kind == CacheKind.LATENT:
+            return self.num_layers * self.latent_dim * DType(self.dtype).itemsize
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * DType(self.dtype).itemsize
 
 

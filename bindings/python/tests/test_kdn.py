@@ -3,6 +3,7 @@
 async ops, knowledge items, statistics, enums and errors."""
 import array
 import builtins
+import dataclasses
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ class EnumTest(unittest.TestCase):
     def test_unknown_values_are_kept(self):
         for enum in (kdn.Status, kdn.DType, kdn.TierKind, kdn.EvictionPolicy, kdn.Layout, kdn.OpState,
                      kdn.LatencyKind, kdn.RopeStyle, kdn.DeviceMode, kdn.MemoryKind, kdn.RopeScaling,
-                     kdn.SegmentKind):
+                     kdn.SegmentKind, kdn.CacheKind):
             v = enum(1234)
             self.assertEqual(v, 1234)
             self.assertEqual(v.name, "UNKNOWN_1234")
@@ -106,6 +107,27 @@ class RuntimeTest(unittest.TestCase):
         with runtime() as rt, rt.model(spec) as m:
             self.assertEqual(m.kv_bytes_per_token, 3 * 2 * 1 * 2 * 2)
             self.assertIs(m.spec, spec)
+
+    def test_latent_model(self):
+        # A latent (MLA) model: one vector of latent_dim per token and layer,
+        # its buffers [layer][token][latent]; stored and retrieved bit for bit,
+        # apart from a K/V model of the same bytes; a bad spec refused.
+        spec = kdn.ModelSpec(num_layers=3, num_kv_heads=0, head_dim=0, fingerprint="mla",
+                             cache_kind=kdn.CacheKind.LATENT, latent_dim=8, latent_rope_dim=2)
+        with runtime() as rt, rt.model(spec) as m, model(rt, fingerprint="mla") as kv:
+            self.assertEqual(m.kv_bytes_per_token, 3 * 8 * 4)
+            self.assertEqual(spec.kv_bytes_per_token, 3 * 8 * 4)
+            data = np.arange(3 * CHUNK * 8, dtype=np.float32).reshape(3, CHUNK, 8)
+            self.assertEqual(m.store(NS, tokens(CHUNK), data).tokens, CHUNK)
+            out = np.zeros_like(data)
+            self.assertEqual(m.retrieve(NS, tokens(CHUNK), out).tokens, CHUNK)
+            self.assertTrue(np.array_equal(out, data))
+            self.assertNotEqual(m.fingerprint, kv.fingerprint)
+            self.assertEqual(kv.lookup(NS, tokens(CHUNK)).cached_tokens, 0)
+            with self.assertRaises(kdn.InvalidArgumentError):  # one latent too few
+                m.store(NS, tokens(CHUNK), np.zeros((3, CHUNK - 1, 8), np.float32))
+        with runtime() as rt, self.assertRaises(kdn.InvalidArgumentError):
+            rt.model(dataclasses.replace(spec, latent_dim=7))
 
     def test_tiers_disk_and_codec(self):
         with tempfile.TemporaryDirectory() as d:

@@ -97,7 +97,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 10
+#define KDN_VERSION_MINOR 11
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -348,6 +348,15 @@ typedef enum kdn_rope_style {
   KDN_ROPE_STYLE_FORCE32_ = 0x7FFFFFFF
 } kdn_rope_style;
 
+/* Since 1.11: what each layer of a model caches per token
+ * (kdn_model_spec.cache_kind; docs/model-kinds.md). */
+typedef enum kdn_cache_kind {
+  KDN_CACHE_KV = 0,     /* K and V, num_kv_heads x head_dim each (MHA, GQA, MQA) */
+  KDN_CACHE_LATENT = 1, /* one latent vector of latent_dim (multi-head latent attention: DeepSeek-V2/V3,
+                           Kimi): no separate V; its last latent_rope_dim dims carry RoPE */
+  KDN_CACHE_KIND_FORCE32_ = 0x7FFFFFFF
+} kdn_cache_kind;
+
 /* The shape of a model's KV and what identifies its weights (input). KV is
  * only ever returned to a model with the same spec and fingerprint. */
 typedef struct kdn_model_spec {
@@ -363,10 +372,28 @@ typedef struct kdn_model_spec {
    * that changes the KV. Opaque bytes, hashed; must not be empty. */
   const char *fingerprint;
   size_t fingerprint_len;
+  /* Since 1.11. KDN_CACHE_LATENT: each layer caches one latent vector of
+   * latent_dim per token (even, 2..65536; DeepSeek-V3: 512 + 64 = 576), of
+   * which the last latent_rope_dim (even, at most latent_dim; DeepSeek-V3:
+   * 64) carry RoPE at rope_theta / rope_style; num_kv_heads, head_dim and
+   * rotary_dim must then be 0. A view of such a model describes the latent:
+   * k_layers (or data, layers stride_layer apart; 0: dense [layer][token]
+   * [latent] for num_tokens, else the request's tokens) address each token's
+   * vector, with stride_token and stride_dim (0, 0: dense) and the paged
+   * layouts as for K; v_layers, stride_kv, stride_head and v_stride_* must be 0 (vLLM's
+   * MLA cache, per layer [num_blocks][block_size][latent_dim], is a paged
+   * NHD view of k_layers). Blending refuses a latent model
+   * (KDN_ERR_UNSUPPORTED) for now. The kind is part of the model's identity:
+   * a latent model's chunks never reach a K/V model. */
+  kdn_cache_kind cache_kind;
+  uint32_t latent_dim;
+  uint32_t latent_rope_dim;
+  uint32_t reserved1;          /* must be 0 */
 } kdn_model_spec;
 #define KDN_MODEL_SPEC_SIZE_V1 48u
 #define KDN_MODEL_SPEC_INIT \
-  { sizeof(kdn_model_spec), 0u, 0u, 0u, KDN_DTYPE_F32, 10000.0f, KDN_ROPE_INTERLEAVED, 0u, NULL, 0u }
+  { sizeof(kdn_model_spec), 0u, 0u, 0u, KDN_DTYPE_F32, 10000.0f, KDN_ROPE_INTERLEAVED, 0u, NULL, 0u, KDN_CACHE_KV, \
+    0u, 0u, 0u }
 KDN_API kdn_status kdn_model_spec_init(kdn_model_spec *spec, size_t struct_size);
 
 /* A model registered with a runtime; every KV call goes through one.
@@ -381,7 +408,8 @@ KDN_API void kdn_model_destroy(kdn_model *model);
 
 /* The 32-byte identity kdn derived from the spec (shape + fingerprint). */
 KDN_API kdn_status kdn_model_get_fingerprint(const kdn_model *model, uint8_t out[32]);
-/* Bytes of KV per token: layers x 2 x kv_heads x head_dim x dtype size. */
+/* Bytes of KV per token: layers x 2 x kv_heads x head_dim x dtype size
+ * (a latent model: layers x latent_dim x dtype size). */
 KDN_API kdn_status kdn_model_get_kv_bytes_per_token(const kdn_model *model, uint64_t *out);
 
 /* Since 1.4. Tells the runtime that the engine prefilled `tokens` tokens of

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 251;
+const size_t kdn_layout_count = 255;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -59,6 +59,10 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_model_spec", "rotary_dim", 0, 0, offsetof(kdn_model_spec, rotary_dim)},
   {"kdn_model_spec", "fingerprint", 0, 0, offsetof(kdn_model_spec, fingerprint)},
   {"kdn_model_spec", "fingerprint_len", 0, 0, offsetof(kdn_model_spec, fingerprint_len)},
+  {"kdn_model_spec", "cache_kind", 0, 0, offsetof(kdn_model_spec, cache_kind)},
+  {"kdn_model_spec", "latent_dim", 0, 0, offsetof(kdn_model_spec, latent_dim)},
+  {"kdn_model_spec", "latent_rope_dim", 0, 0, offsetof(kdn_model_spec, latent_rope_dim)},
+  {"kdn_model_spec", "reserved1", 0, 0, offsetof(kdn_model_spec, reserved1)},
   {"kdn_request", "", sizeof(kdn_request), _Alignof(kdn_request), 0},
   {"kdn_request", "struct_size", 0, 0, offsetof(kdn_request, struct_size)},
   {"kdn_request", "hash_bytes", 0, 0, offsetof(kdn_request, hash_bytes)},

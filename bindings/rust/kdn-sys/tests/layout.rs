@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 251];
+    static kdn_layout_rows: [Row; 255];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -75,6 +75,10 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_model_spec", "rotary_dim", 0, 0, offset_of!(kdn_model_spec, rotary_dim)),
         ("kdn_model_spec", "fingerprint", 0, 0, offset_of!(kdn_model_spec, fingerprint)),
         ("kdn_model_spec", "fingerprint_len", 0, 0, offset_of!(kdn_model_spec, fingerprint_len)),
+        ("kdn_model_spec", "cache_kind", 0, 0, offset_of!(kdn_model_spec, cache_kind)),
+        ("kdn_model_spec", "latent_dim", 0, 0, offset_of!(kdn_model_spec, latent_dim)),
+        ("kdn_model_spec", "latent_rope_dim", 0, 0, offset_of!(kdn_model_spec, latent_rope_dim)),
+        ("kdn_model_spec", "reserved1", 0, 0, offset_of!(kdn_model_spec, reserved1)),
         ("kdn_request", "", size_of::<kdn_request>(), align_of::<kdn_request>(), 0),
         ("kdn_request", "struct_size", 0, 0, offset_of!(kdn_request, struct_size)),
         ("kdn_request", "hash_bytes", 0, 0, offset_of!(kdn_request, hash_bytes)),

@@ -70,7 +70,7 @@ pub use op::Op;
 pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
 pub use types::{
     version, version_number, DType, DeviceMode, Element, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState,
-    RopeScaling, RopeStyle, TierKind, ABI_VERSION_NUMBER, HEADER_VERSION_NUMBER,
+    RopeScaling, RopeStyle, TierKind, CacheKind, ABI_VERSION_NUMBER, HEADER_VERSION_NUMBER,
 };
 pub use view::{as_bytes, as_f32_mut, CudaStream, KvBuffer, KvView, KvViewMut, LayerOffsets, ViewSpec};
 

@@ -4,7 +4,7 @@
 use crate::error::{check, Error, Result, Status};
 use crate::op::{Op, OpKind};
 use crate::runtime::Keep;
-use crate::types::{bytes, init, micros_ceil, DType, OpState, RopeStyle};
+use crate::types::{bytes, init, micros_ceil, CacheKind, DType, OpState, RopeStyle};
 use crate::view::{KvBuffer, KvView, KvViewMut, ViewSpec};
 use kdn_sys as sys;
 use std::ptr::{self, NonNull};
@@ -32,6 +32,13 @@ pub struct ModelSpec {
     /// Identifies weights, tokenizer, layout, TP rank, adapters: anything
     /// that changes the KV. Opaque bytes; must not be empty.
     pub fingerprint: Vec<u8>,
+    /// What each layer caches per token (since 1.11): K and V heads, or one
+    /// latent vector ([`ModelSpec::latent`]).
+    pub cache_kind: CacheKind,
+    /// A latent model's vector length (even); 0 for K and V heads.
+    pub latent_dim: u32,
+    /// How many of the latent's last dims carry RoPE.
+    pub latent_rope_dim: u32,
 }
 
 impl ModelSpec {
@@ -52,6 +59,27 @@ impl ModelSpec {
             rope_style: RopeStyle::Interleaved,
             rotary_dim: 0,
             fingerprint: fingerprint.into(),
+            cache_kind: CacheKind::Kv,
+            latent_dim: 0,
+            latent_rope_dim: 0,
+        }
+    }
+
+    /// A latent (MLA) model: each layer caches one vector of `latent_dim`
+    /// per token, its last `latent_rope_dim` carrying RoPE; a canonical
+    /// buffer holds `[layer][token][latent]`.
+    pub fn latent(
+        num_layers: u32,
+        latent_dim: u32,
+        latent_rope_dim: u32,
+        dtype: DType,
+        fingerprint: impl Into<Vec<u8>>,
+    ) -> Self {
+        ModelSpec {
+            cache_kind: CacheKind::Latent,
+            latent_dim,
+            latent_rope_dim,
+            ..ModelSpec::new(num_layers, 0, 0, dtype, fingerprint)
         }
     }
 }
@@ -377,6 +405,9 @@ impl Model {
         s.rope_theta = spec.rope_theta;
         s.rope_style = spec.rope_style.raw();
         s.rotary_dim = spec.rotary_dim;
+        s.cache_kind = spec.cache_kind.raw();
+        s.latent_dim = spec.latent_dim;
+        s.latent_rope_dim = spec.latent_rope_dim;
         (s.fingerprint, s.fingerprint_len) = bytes(&spec.fingerprint);
         let mut raw = ptr::null_mut();
         // SAFETY: a live runtime; the spec and its string live across the call (copied).
@@ -386,7 +417,12 @@ impl Model {
             raw,
             keep,
             kv_bytes_per_token: 0,
-            row: u64::from(spec.num_kv_heads) * u64::from(spec.head_dim),
+            // Elements of one token's row in a paged block (a latent's whole vector).
+            row: if spec.cache_kind == CacheKind::Latent {
+                u64::from(spec.latent_dim)
+            } else {
+                u64::from(spec.num_kv_heads) * u64::from(spec.head_dim)
+            },
             num_layers: spec.num_layers,
             dtype: spec.dtype,
         };

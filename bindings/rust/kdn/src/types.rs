@@ -145,6 +145,16 @@ open_enum! {
 }
 
 open_enum! {
+    /// What each layer of a model caches per token (since 1.11; docs/model-kinds.md).
+    CacheKind {
+        /// K and V heads (MHA, GQA, MQA).
+        Kv = sys::kdn_cache_kind_KDN_CACHE_KV,
+        /// One latent vector of `latent_dim` (MLA: DeepSeek-V2/V3, Kimi).
+        Latent = sys::kdn_cache_kind_KDN_CACHE_LATENT,
+    }
+}
+
+open_enum! {
     /// How a KV view lays out one layer.
     Layout {
         /// Element (token, head, dim) at strides (llama.cpp, canonical).

@@ -18,6 +18,30 @@ fn version_is_this_headers_or_newer() {
     assert_eq!(version_number() / 10000, HEADER_VERSION_NUMBER / 10000);
 }
 
+/// A latent (MLA) model: one vector per token and layer, `[layer][token][latent]`
+/// in a canonical buffer; stored and retrieved bit for bit, apart from a K/V
+/// model of the same bytes per token; an odd latent refused.
+#[test]
+fn latent_model_round_trip() {
+    let (rt, _model) = setup();
+    let latent = ModelSpec::latent(3, 8, 2, DType::F32, "rust-mla");
+    assert_eq!(latent.cache_kind, CacheKind::Latent);
+    let m = rt.model(&latent).unwrap();
+    assert_eq!(m.kv_bytes_per_token(), 3 * 8 * 4);
+    let same_bytes = rt.model(&ModelSpec::new(3, 1, 4, DType::F32, "rust-mla")).unwrap();
+    let tokens = tokens(TOKENS);
+    let data: Vec<f32> = (0..3 * TOKENS * 8).map(|i| i as f32 * 0.5).collect();
+    let stored = m.store(NS, &tokens, &KvView::canonical(&data, DType::F32)).unwrap();
+    assert_eq!(stored.tokens, TOKENS as u64);
+    let mut out = vec![0f32; data.len()];
+    let got = m.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!(got.tokens, TOKENS as u64);
+    assert_eq!(as_bytes(&out), as_bytes(&data));
+    assert_eq!(same_bytes.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+    let err = rt.model(&ModelSpec::latent(3, 7, 2, DType::F32, "x")).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+}
+
 #[test]
 fn canonical_round_trip_and_prefixes() {
     let (_rt, model) = setup();

@@ -17,6 +17,9 @@ public final class ModelSpec {
   private final RopeStyle ropeStyle;
   private final int rotaryDim;
   private final String fingerprint;
+  private final CacheKind cacheKind;
+  private final int latentDim;
+  private final int latentRopeDim;
 
   private ModelSpec(Builder b) {
     numLayers = b.numLayers;
@@ -27,6 +30,9 @@ public final class ModelSpec {
     ropeStyle = b.ropeStyle;
     rotaryDim = b.rotaryDim;
     fingerprint = b.fingerprint;
+    cacheKind = b.cacheKind;
+    latentDim = b.latentDim;
+    latentRopeDim = b.latentRopeDim;
   }
 
   public static Builder builder() {
@@ -66,7 +72,23 @@ public final class ModelSpec {
   }
 
   /** Bytes of one token's KV over all layers (K and V). */
+  /** What each layer caches per token (since 1.11): K and V heads, or one latent vector. */
+  public CacheKind cacheKind() {
+    return cacheKind;
+  }
+
+  /** A latent model's vector length (even); 0 for K and V heads. */
+  public int latentDim() {
+    return latentDim;
+  }
+
+  /** How many of the latent's last dims carry RoPE. */
+  public int latentRopeDim() {
+    return latentRopeDim;
+  }
+
   public long kvBytesPerToken() {
+    if (cacheKind == CacheKind.LATENT) return (long) numLayers * latentDim * dtype.bytes();
     return 2L * numLayers * numKvHeads * headDim * dtype.bytes();
   }
 
@@ -81,6 +103,9 @@ public final class ModelSpec {
     n.setRope_style(ropeStyle.value());
     n.setRotary_dim(Integer.toUnsignedLong(rotaryDim));
     n.setFingerprint(fingerprint);
+    n.setCache_kind(cacheKind.value());
+    n.setLatent_dim(Integer.toUnsignedLong(latentDim));
+    n.setLatent_rope_dim(Integer.toUnsignedLong(latentRopeDim));
     return n;
   }
 
@@ -100,8 +125,23 @@ public final class ModelSpec {
     private RopeStyle ropeStyle = RopeStyle.INTERLEAVED;
     private int rotaryDim;
     private String fingerprint = "";
+    private CacheKind cacheKind = CacheKind.KV;
+    private int latentDim;
+    private int latentRopeDim;
 
     private Builder() {}
+
+    /**
+     * A latent (MLA) model (since 1.11): each layer caches one vector of {@code dim} (even) per
+     * token, its last {@code ropeDim} carrying RoPE; leave kvHeads and headDim at 0. Its buffers
+     * hold [layer][token][latent] in the canonical layout.
+     */
+    public Builder latent(int dim, int ropeDim) {
+      cacheKind = CacheKind.LATENT;
+      latentDim = dim;
+      latentRopeDim = ropeDim;
+      return this;
+    }
 
     public Builder layers(int layers) {
       numLayers = layers;

@@ -44,6 +44,29 @@ class KvTest {
     assertEquals(8, m.lookup("ns", Request.ofTokens(tokens(9, 7))).cachedTokens());
   }
 
+  // A latent (MLA) model: one vector per token and layer, [layer][token][latent] in the canonical
+  // layout; stored and retrieved bit for bit, apart from a K/V model of the same bytes.
+  @Test
+  void testLatentModel() {
+    ModelSpec latent = ModelSpec.builder().layers(3).latent(8, 2).fingerprint("java-mla").build();
+    assertEquals(CacheKind.LATENT, latent.cacheKind());
+    assertEquals(3L * 8 * 4, latent.kvBytesPerToken());
+    ModelSpec sameBytes = ModelSpec.builder().layers(3).kvHeads(1).headDim(4).fingerprint("java-mla").build();
+    try (Model lm = rt.createModel(latent); Model kv = rt.createModel(sameBytes)) {
+      assertEquals(3L * 8 * 4, lm.kvBytesPerToken());
+      Request req = Request.ofTokens(tokens(8, 40));
+      ByteBuffer in = Kdn.allocate(8 * 3 * 8 * 4);
+      for (int i = 0; i < 8 * 3 * 8; ++i) in.putFloat(i * 4, i * 0.5f);
+      assertEquals(8, lm.store("ns", req, in).tokens());
+      ByteBuffer out = Kdn.allocate(8 * 3 * 8 * 4);
+      assertEquals(8, lm.retrieve("ns", req, out).tokens());
+      assertEquals(in, out);
+      assertEquals(0, kv.lookup("ns", req).cachedTokens());
+    }
+    ModelSpec odd = ModelSpec.builder().layers(3).latent(7, 2).fingerprint("x").build();
+    assertThrows(InvalidArgumentException.class, () -> rt.createModel(odd));
+  }
+
   @Test
   void testMissIsNotAnError() {
     Request req = Request.ofTokens(tokens(8, 500));
