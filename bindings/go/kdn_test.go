@@ -196,6 +196,70 @@ func TestLatentModel(t *testing.T) {
 	}
 }
 
+// A model with a sliding-window layer (since 1.12): the window's layer is
+// loaded only where its last tokens need it, the full layers whole; its
+// identity is not the same model's without the window.
+func TestSlidingWindowModel(t *testing.T) {
+	rt, err := NewRuntime(&RuntimeOptions{ChunkTokens: chunk, Tiers: []TierConfig{HostTier(16 << 20)}})
+	if err != nil {
+		t.Fatalf("NewRuntime: %v", err)
+	}
+	defer rt.Close()
+	windows := make([]uint32, layers)
+	windows[0] = 8 // layer 0 attends to the last 8 tokens
+	m, err := rt.NewModel(&ModelSpec{NumLayers: layers, NumKVHeads: heads, HeadDim: headDim, DType: F32,
+		Fingerprint: "go-sliding", LayerWindows: windows})
+	if err != nil {
+		t.Fatalf("NewModel (sliding): %v", err)
+	}
+	defer m.Close()
+	plain, err := rt.NewModel(&ModelSpec{NumLayers: layers, NumKVHeads: heads, HeadDim: headDim, DType: F32,
+		Fingerprint: "go-sliding"})
+	if err != nil {
+		t.Fatalf("NewModel (plain): %v", err)
+	}
+	defer plain.Close()
+	tokens := testTokens(positions)
+	data := make([]float32, layers*2*positions*row)
+	for i := range data {
+		data[i] = float32(i) + 1
+	}
+	if res, err := m.Store(bg, ns, Tokens(tokens), Float32s(data)); err != nil || res.Tokens != positions {
+		t.Fatalf("Store = %+v, %v", res, err)
+	}
+	if got, err := m.Lookup(bg, ns, Tokens(tokens)); err != nil || got.CachedTokens != positions {
+		t.Fatalf("Lookup = %+v, %v", got, err)
+	}
+	if got, err := plain.Lookup(bg, ns, Tokens(tokens)); err != nil || got.CachedTokens != 0 {
+		t.Fatalf("the model without its window sees the windowed model's KV: %+v, %v", got, err)
+	}
+	out := make([]float32, len(data))
+	if res, err := m.Retrieve(bg, ns, Tokens(tokens), Float32s(out)); err != nil || res.Tokens != positions {
+		t.Fatalf("Retrieve = %+v, %v", res, err)
+	}
+	// Canonical [layer][k|v][token][row]: layer 0 needs the chunk that holds
+	// [40, 48) only (tokens 32..47); every other layer, every token.
+	for l := 0; l < layers; l++ {
+		for kv := 0; kv < 2; kv++ {
+			for p := 0; p < positions; p++ {
+				at := ((l*2+kv)*positions + p) * row
+				want := data[at]
+				if l == 0 && p < 32 {
+					want = 0 // not loaded: outside the window
+				}
+				if out[at] != want {
+					t.Fatalf("layer %d kv %d token %d: got %v, want %v", l, kv, p, out[at], want)
+				}
+			}
+		}
+	}
+	_, err = rt.NewModel(&ModelSpec{NumLayers: layers, NumKVHeads: heads, HeadDim: headDim, DType: F32,
+		Fingerprint: "x", NumStateLayers: 1, StateBytes: 6})
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("StateBytes not a multiple of 4: %v, want ErrInvalidArgument", err)
+	}
+}
+
 // A reported prefill prices the tokens later loads serve: TTFTSaved is
 // tokens served x the reported time per token (each load rounds to a ns).
 func TestReportedPrefillPricesLoads(t *testing.T) {

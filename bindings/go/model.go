@@ -2,6 +2,7 @@
 package kdn
 
 /*
+#include <stdlib.h>
 #include "kdn_go.h"
 */
 import "C"
@@ -48,6 +49,18 @@ type ModelSpec struct {
 	CacheKind     CacheKind
 	LatentDim     uint32
 	LatentRopeDim uint32
+	// Since 1.12, layer groups (docs/model-kinds.md). LayerWindows: one per
+	// layer, 0 = full attention, W > 0 = the layer attends to the last W
+	// tokens (sliding window); nil: every layer full. A load then writes a
+	// sliding layer's window only, and a lookup reports the prefix every
+	// group serves. NumStateLayers / StateBytes: recurrent layers (not in
+	// NumLayers) with a state of StateBytes each; their state is passed
+	// through the C ABI's views (kdn_kv_view.state_layers), which this
+	// binding's views do not carry yet, so such a model stores KV here but
+	// never reports a hit.
+	LayerWindows   []uint32
+	NumStateLayers uint32
+	StateBytes     uint64
 }
 
 // Model is a model registered with a runtime; every KV call goes through
@@ -86,6 +99,15 @@ func (r *Runtime) NewModel(spec *ModelSpec) (*Model, error) {
 	s.cache_kind = C.kdn_cache_kind(spec.CacheKind)
 	s.latent_dim = C.uint32_t(spec.LatentDim)
 	s.latent_rope_dim = C.uint32_t(spec.LatentRopeDim)
+	if n := len(spec.LayerWindows); n > 0 {
+		// C memory: a struct passed to C holds no Go pointer.
+		w := (*C.uint32_t)(C.malloc(C.size_t(4 * n)))
+		defer C.free(unsafe.Pointer(w))
+		copy(unsafe.Slice(w, n), unsafe.Slice((*C.uint32_t)(unsafe.Pointer(&spec.LayerWindows[0])), n))
+		s.layer_windows = w
+	}
+	s.num_state_layers = C.uint32_t(spec.NumStateLayers)
+	s.state_bytes = C.uint64_t(spec.StateBytes)
 	m := &Model{core: r.core, spec: *spec}
 	var bpt C.uint64_t
 	var cm *C.kdn_model

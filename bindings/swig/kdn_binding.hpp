@@ -192,7 +192,19 @@ struct ModelSpec {
   // vector of latent_dim per token and layer (MLA).
   int cache_kind = KDN_CACHE_KV;
   uint32_t latent_dim = 0, latent_rope_dim = 0;
+  // Since 1.12 (kdn_model_spec.layer_windows, num_state_layers,
+  // state_bytes): layer `layer`'s sliding window in tokens (0: full
+  // attention); unset layers are full. Recurrent layers' states travel in
+  // the C ABI's views (kdn_kv_view.state_layers), which this layer's views
+  // do not carry yet: such a model stores KV but reports no hit here.
+  void set_layer_window(uint32_t layer, uint32_t window) {
+    if (layer >= layer_windows.size()) layer_windows.resize(layer + 1, 0);
+    layer_windows[layer] = window;
+  }
+  uint32_t num_state_layers = 0;
+  uint64_t state_bytes = 0;
 #ifndef SWIG
+  std::vector<uint32_t> layer_windows;  // empty: every layer full
   // Elements one token's KV takes in one layer (K and V, or the latent).
   uint64_t row_elements() const {
     return cache_kind == KDN_CACHE_LATENT ? uint64_t{latent_dim} : uint64_t{2} * num_kv_heads * head_dim;
@@ -1353,6 +1365,18 @@ inline Model* Runtime::create_model(const ModelSpec& spec) {
   s.cache_kind = static_cast<kdn_cache_kind>(spec.cache_kind);
   s.latent_dim = spec.latent_dim;
   s.latent_rope_dim = spec.latent_rope_dim;
+  // One window per layer (kdn copies them): the layers not set are full.
+  std::vector<uint32_t> windows = spec.layer_windows;
+  if (!windows.empty()) {
+    if (windows.size() > spec.num_layers) {
+      detail::Invalid("model spec: a layer window is set for layer " + std::to_string(windows.size() - 1) +
+                      " of a model of " + std::to_string(spec.num_layers) + " layers");
+    }
+    windows.resize(spec.num_layers, 0);
+    s.layer_windows = windows.data();
+  }
+  s.num_state_layers = spec.num_state_layers;
+  s.state_bytes = spec.state_bytes;
   s.fingerprint = spec.fingerprint.data();
   s.fingerprint_len = spec.fingerprint.size();
   const detail::Life::Use use(life_);

@@ -135,6 +135,11 @@ kdn_status BeginBlend(const kdn_model* model, const char* ns, size_t ns_len, con
     // V: re-positioning them is not built yet (docs/model-kinds.md).
     return Fail(KDN_ERR_UNSUPPORTED, "blending a latent (MLA, KDN_CACHE_LATENT) model is not supported yet");
   }
+  if (model->grouped) {
+    // A recurrent layer's state cannot be composed from pieces, and a
+    // sliding window's selection is not built (docs/model-kinds.md).
+    return Fail(KDN_ERR_UNSUPPORTED, "blending a model with sliding-window or recurrent layers is not supported yet");
+  }
   return ReadBlendOptions(model, options, o, bo);
 }
 

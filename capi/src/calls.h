@@ -192,9 +192,12 @@ inline kdn_status LatentView(const kdn_model* model, const kdn_kv_view& v, const
 
 // The caller's views as core view specs (their arrays still the caller's;
 // a latent model's V bases in `latent_v`, which must outlive the specs).
+// A model with recurrent layers: the state's memory one view carries
+// (kdn_kv_view.state_layers), copied into `state`; calls that take none
+// pass null.
 inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views, std::vector<ViewSpec>* out,
                             std::deque<std::vector<void*>>* latent_v = nullptr,
-                            std::optional<std::uint64_t> tokens = std::nullopt) {
+                            std::optional<std::uint64_t> tokens = std::nullopt, std::vector<void*>* state = nullptr) {
   if (num_views == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV views (num_views is 0)");
   if (views == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "views is NULL");
   if (num_views > static_cast<size_t>(model->kv.shape.layers)) {
@@ -248,6 +251,24 @@ inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, si
     s.num_blocks = v.num_blocks;
     s.block_stride = v.block_stride;
     s.engine_stream = v.cuda_stream;  // read only by callers of 1.8 and later (struct_size says)
+    if (model->grouped && Raw(v.memory) != KDN_MEMORY_HOST) {
+      return Fail(KDN_ERR_UNSUPPORTED, what + ": a model with sliding-window or recurrent layers takes host views only");
+    }
+    if (v.state_layers != nullptr) {
+      const std::uint32_t n = model->grouped ? model->grouped->state_layers : 0;
+      if (n == 0) {
+        return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": state_layers is for a model with recurrent layers "
+                                                     "(kdn_model_spec.num_state_layers); this one has none");
+      }
+      if (state == nullptr) return Fail(KDN_ERR_UNSUPPORTED, what + ": this call takes no recurrent state (state_layers)");
+      if (!state->empty()) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": state_layers is given by two views");
+      for (std::uint32_t l = 0; l < n; ++l) {
+        if (v.state_layers[l] == nullptr) {
+          return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": state_layers[" + std::to_string(l) + "] is NULL");
+        }
+      }
+      state->assign(v.state_layers, v.state_layers + n);
+    }
     if (model->latent_dim != 0) {
       if (latent_v == nullptr) return Fail(KDN_ERR_UNSUPPORTED, what + ": this call does not take a latent model's views");
       latent_v->emplace_back();
@@ -262,10 +283,11 @@ inline kdn_status ReadViews(const kdn_model* model, const kdn_kv_view* views, si
 // Views in device memory only where `device_ok` (the calls that deliver to
 // a device) and the runtime has a device.
 inline kdn_status ResolveViews(const kdn_model* model, const kdn_kv_view* views, size_t num_views,
-                        std::optional<std::uint64_t> tokens, kdn::store::ResolvedViews* out, bool device_ok = false) {
+                        std::optional<std::uint64_t> tokens, kdn::store::ResolvedViews* out, bool device_ok = false,
+                        std::vector<void*>* state = nullptr) {
   std::vector<ViewSpec> specs;
   std::deque<std::vector<void*>> latent_v;  // Resolve copies the bases it is given
-  if (kdn_status s = ReadViews(model, views, num_views, &specs, &latent_v, tokens); s != KDN_OK) return s;
+  if (kdn_status s = ReadViews(model, views, num_views, &specs, &latent_v, tokens, state); s != KDN_OK) return s;
   auto r = kdn::store::ResolvedViews::Resolve(model->kv, specs, tokens);
   if (!r.ok()) return FromStatus(r.status());
   if (r->device() && !device_ok) {
@@ -293,12 +315,15 @@ inline kdn::store::DeliveryTarget Deliver(std::uint64_t target_us) {
 
 // What every KV call of a request checks first: the model and namespace,
 // the request's keys (copied), and the views resolved for its length.
+// `state`: the recurrent state's memory (kdn_kv_view.state_layers) when the
+// model has recurrent layers and a view gives it.
 inline kdn_status ReadKvCall(const kdn_model* model, const char* ns, size_t ns_len, const kdn_request* request,
                       const kdn_kv_view* views, size_t num_views, kdn::store::OwnedKeys* keys,
-                      kdn::store::ResolvedViews* resolved, std::uint64_t* target_us = nullptr) {
+                      kdn::store::ResolvedViews* resolved, std::uint64_t* target_us = nullptr,
+                      std::vector<void*>* state = nullptr) {
   if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
   if (kdn_status s = ReadRequest(model->runtime->store(), request, "request", keys, target_us); s != KDN_OK) return s;
-  return ResolveViews(model, views, num_views, keys->keys().size(), resolved, /*device_ok=*/true);
+  return ResolveViews(model, views, num_views, keys->keys().size(), resolved, /*device_ok=*/true, state);
 }
 
 // Starts a load or save op and wraps it in a handle.
@@ -310,11 +335,14 @@ kdn_status StartOp(const kdn_model* model, const char* ns, size_t ns_len, const 
   kdn::store::OwnedKeys keys;
   kdn::store::ResolvedViews resolved;
   std::uint64_t target_us = 0;
-  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us); s != KDN_OK) {
+  std::vector<void*> state;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us, &state);
+      s != KDN_OK) {
     return s;
   }
   // A load op takes the target with it.
-  auto op = start(*model->runtime, model->kv, std::string(ns, ns_len), std::move(keys), resolved, Deliver(target_us));
+  auto op = start(*model->runtime, model->kv, std::string(ns, ns_len), std::move(keys), resolved, Deliver(target_us),
+                  std::move(state));
   if (!op.ok()) return FromStatus(op.status());
   auto handle = std::make_unique<kdn_op>();
   handle->runtime = model->runtime;

@@ -5,6 +5,14 @@
 
 using namespace kdn::capi;
 
+namespace {
+// Knowledge items are position-free documents blended into prompts: a
+// recurrent state belongs to one prefix, and blending such a model is not
+// built (docs/model-kinds.md).
+constexpr const char* kGroupedKnowledge =
+    "knowledge items of a model with sliding-window or recurrent layers are not supported yet";
+}  // namespace
+
 extern "C" {
 
 /* ---- knowledge ---- */
@@ -18,6 +26,7 @@ kdn_status kdn_knowledge_put(const kdn_model* model, const char* ns, size_t ns_l
   if (kdn_status s = CheckTokens(tokens, num_tokens, "document"); s != KDN_OK) return s;
   if (metadata == nullptr && metadata_len > 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "metadata is NULL");
   if (metadata_len > (size_t{1} << 20)) return Fail(KDN_ERR_INVALID_ARGUMENT, "metadata longer than 1 MiB");
+  if (model->grouped) return Fail(KDN_ERR_UNSUPPORTED, kGroupedKnowledge);
   kdn::store::ResolvedViews resolved;
   if (kdn_status s = ResolveViews(model, views, num_views, num_tokens, &resolved); s != KDN_OK) return s;
   return FromStatus(model->runtime->knowledge().Put(model->kv, std::string_view(ns, ns_len),
@@ -138,6 +147,7 @@ kdn_status kdn_knowledge_fetch(const kdn_model* model, const char* ns, size_t ns
   if (tokens != nullptr) room = tokens_capacity;
   kdn::store::ResolvedViews resolved;
   const bool with_kv = num_views > 0;
+  if (with_kv && model->grouped) return Fail(KDN_ERR_UNSUPPORTED, kGroupedKnowledge);
   if (with_kv) {
     if (kdn_status s = ResolveViews(model, views, num_views, std::nullopt, &resolved); s != KDN_OK) return s;
     room = std::min(room, resolved.room());

@@ -27,7 +27,10 @@ kdn_status kdn_kv_lookup(const kdn_model* model, const char* ns, size_t ns_len, 
     kdn::store::OwnedKeys keys;
     r.status = ReadRequest(store, At(requests, in_stride, i), "requests[" + std::to_string(i) + "]", &keys);
     if (r.status == KDN_OK) {
-      const auto found = store.Lookup(model->kv, std::string_view(ns, ns_len), keys.keys());
+      // A grouped model: the one rule for hits (no per-tier counts).
+      const auto found = model->grouped
+                             ? kdn::store::GroupedLookup(store, *model->grouped, std::string_view(ns, ns_len), keys.keys())
+                             : store.Lookup(model->kv, std::string_view(ns, ns_len), keys.keys());
       r.cached_tokens = found.tokens;
       r.num_tiers = static_cast<uint32_t>(std::min<size_t>(found.tier_tokens.size(), KDN_MAX_TIERS));
       for (uint32_t t = 0; t < r.num_tiers; ++t) r.tier_tokens[t] = found.tier_tokens[t];
@@ -48,8 +51,14 @@ kdn_status kdn_kv_store(const kdn_model* model, const char* ns, size_t ns_len, c
   }
   kdn::store::OwnedKeys keys;
   kdn::store::ResolvedViews resolved;
-  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved); s != KDN_OK) return s;
-  auto stored = model->runtime->Store(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved);
+  std::vector<void*> state;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, nullptr, &state);
+      s != KDN_OK) {
+    return s;
+  }
+  auto stored = model->grouped ? kdn::store::GroupedStore(model->runtime->store(), *model->grouped,
+                                                          std::string_view(ns, ns_len), keys.keys(), resolved.groups(), state)
+                               : model->runtime->Store(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved);
   if (!stored.ok()) return FromStatus(stored.status());
   if (out != nullptr) {
     kdn_kv_result r = KDN_KV_RESULT_INIT;
@@ -69,11 +78,16 @@ kdn_status kdn_kv_retrieve(const kdn_model* model, const char* ns, size_t ns_len
   kdn::store::OwnedKeys keys;
   kdn::store::ResolvedViews resolved;
   std::uint64_t target_us = 0;
-  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us); s != KDN_OK) {
+  std::vector<void*> state;
+  if (kdn_status s = ReadKvCall(model, ns, ns_len, request, views, num_views, &keys, &resolved, &target_us, &state);
+      s != KDN_OK) {
     return s;
   }
-  auto filled =
-      model->runtime->Retrieve(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved, Deliver(target_us));
+  auto filled = model->grouped
+                    ? kdn::store::GroupedRetrieve(model->runtime->store(), *model->grouped, std::string_view(ns, ns_len),
+                                                  keys.keys(), resolved.groups(), state)
+                    : model->runtime->Retrieve(model->kv, std::string_view(ns, ns_len), keys.keys(), resolved,
+                                               Deliver(target_us));
   if (!filled.ok()) return FromStatus(filled.status());
   kdn_kv_result r = KDN_KV_RESULT_INIT;
   r.state = KDN_OP_DONE;
@@ -89,9 +103,13 @@ kdn_status kdn_kv_load_async(const kdn_model* model, const char* ns, size_t ns_l
                              const kdn_kv_view* views, size_t num_views, kdn_op** out) {
   KDN_BEGIN
   return StartOp(model, ns, ns_len, request, views, num_views, out, &kdn_op::load,
-                 [](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
-                    const kdn::store::ResolvedViews& v,
-                    const kdn::store::DeliveryTarget& t) { return rt.Load(m, std::move(n), std::move(k), v, t); });
+                 [model](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
+                         const kdn::store::ResolvedViews& v, const kdn::store::DeliveryTarget& t,
+                         std::vector<void*> state) -> kdn::Result<std::shared_ptr<kdn::store::LoadOp>> {
+                   if (!model->grouped) return rt.Load(m, std::move(n), std::move(k), v, t);
+                   return kdn::store::LoadOp::Start(rt.store(), rt.executor(), m, std::move(n), std::move(k), v.groups(),
+                                                    false, t, model->grouped, std::move(state));
+                 });
   KDN_END
 }
 
@@ -99,9 +117,13 @@ kdn_status kdn_kv_save_async(const kdn_model* model, const char* ns, size_t ns_l
                              const kdn_kv_view* views, size_t num_views, kdn_op** out) {
   KDN_BEGIN
   return StartOp(model, ns, ns_len, request, views, num_views, out, &kdn_op::save,
-                 [](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
-                    const kdn::store::ResolvedViews& v,
-                    const kdn::store::DeliveryTarget&) { return rt.Save(m, std::move(n), std::move(k), v); });
+                 [model](kdn::store::Runtime& rt, const kdn::store::ModelKv& m, std::string n, kdn::store::OwnedKeys k,
+                         const kdn::store::ResolvedViews& v, const kdn::store::DeliveryTarget&,
+                         std::vector<void*> state) -> kdn::Result<std::shared_ptr<kdn::store::SaveOp>> {
+                   if (!model->grouped) return rt.Save(m, std::move(n), std::move(k), v);
+                   return kdn::store::SaveOp::Start(rt.store(), rt.executor(), m, std::move(n), std::move(k), v.groups(),
+                                                    false, model->grouped, std::move(state));
+                 });
   KDN_END
 }
 

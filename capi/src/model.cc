@@ -24,6 +24,19 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   if (s.reserved1 != 0) {
     return Fail(KDN_ERR_VERSION, "model spec: reserved1 is set; it is reserved for later versions and must be 0");
   }
+  if (s.reserved2 != 0) {
+    return Fail(KDN_ERR_VERSION, "model spec: reserved2 is set; it is reserved for later versions and must be 0");
+  }
+  if (s.num_state_layers > 4096) return bad("num_state_layers " + std::to_string(s.num_state_layers) + " out of range 0..4096");
+  if (s.num_state_layers > 0 && (s.state_bytes == 0 || s.state_bytes % 4 != 0 || s.state_bytes > (uint64_t{1} << 30))) {
+    return bad("state_bytes " + std::to_string(s.state_bytes) +
+               " must be a positive multiple of 4, at most 1 GiB, for a model with recurrent layers");
+  }
+  if (s.num_state_layers == 0 && s.state_bytes != 0) {
+    return bad("state_bytes is set but num_state_layers is 0 (no recurrent layers)");
+  }
+  std::vector<uint32_t> windows;
+  if (s.layer_windows != nullptr && s.num_layers <= 4096) windows.assign(s.layer_windows, s.layer_windows + s.num_layers);
   const bool latent = kind == KDN_CACHE_LATENT;
   if (latent) {
     // One latent vector per token, kept as one head of latent_dim / 2 in
@@ -78,6 +91,12 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
     id.latent_dim = s.latent_dim;
     id.latent_rope_dim = s.latent_rope_dim;
   }
+  const bool grouped = kdn::store::GroupedModel::Needed(windows, s.num_state_layers);
+  if (grouped) {
+    id.layer_windows = windows;
+    id.state_layers = s.num_state_layers;
+    id.state_bytes = s.state_bytes;
+  }
   auto m = std::make_unique<kdn_model>();
   m->runtime = runtime->rep;
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
@@ -90,6 +109,11 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   m->rope.theta = s.rope_theta;
   m->rope.style = rope_style == KDN_ROPE_NEOX ? kdn::kernels::RopeStyle::kNeox : kdn::kernels::RopeStyle::kInterleaved;
   m->latent_dim = latent ? s.latent_dim : 0;
+  if (grouped) {
+    auto g = kdn::store::GroupedModel::Make(m->kv, windows, s.num_state_layers, s.state_bytes);
+    if (!g.ok()) return bad(g.status().message());
+    m->grouped = std::make_shared<const kdn::store::GroupedModel>(std::move(g).value());
+  }
   *out = m.release();
   return KDN_OK;
   KDN_END

@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/engine/groups.h"
 #include "core/knowledge/blend_documents.h"
 #include "core/keys/hash.h"
 #include "core/tiers/tier_spec.h"
@@ -48,6 +49,10 @@ struct kdn_model {
   // latent_dim / 2: its first half is kept as "K", its second as "V"; the
   // views are translated so, docs/model-kinds.md). 0: K and V.
   std::uint32_t latent_dim = 0;
+  // A model with sliding-window or recurrent layers, kept in layer groups
+  // (engine/groups.h; kdn_model_spec.layer_windows / num_state_layers):
+  // every KV call goes through them. Null: one group, the plain paths.
+  std::shared_ptr<const kdn::store::GroupedModel> grouped;
 };
 
 struct kdn_op {

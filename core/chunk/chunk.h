@@ -75,6 +75,12 @@ struct ChunkMeta {
   // In memory only: decoded from a coarser quality level than the tier keeps
   // (tiers/leveled_tier.h): served to this load, never promoted to the tiers above.
   bool degraded = false;
+  // In memory only: the chunk must come back bit for bit (a recurrent
+  // layer's state snapshot, engine/groups.h): a tier whose codec is lossy
+  // keeps it raw. A copy read back from a disk, redis or remote tier has lost
+  // the mark (the envelope does not carry it); the readers of such chunks
+  // refuse one decoded lossy (ChunkMeta::lossy) instead.
+  bool exact = false;
   // The prefill work this chunk's presence saves when its request comes
   // again (store/policy.h PrefillCost: its tokens at the request's mean cost
   // per token), for the cost-aware eviction policy. 0: unknown. Kept in

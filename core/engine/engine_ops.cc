@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/engine/engine_ops.h"
 
+#include <chrono>
 #include <optional>
 
-#include <chrono>
-
+#include "core/engine/groups.h"
 #include "kernels/ref/kv_view_ref.h"
 
 namespace kdn::store {
@@ -30,6 +30,29 @@ kernels::KvView ModelView(const ModelKv& model, const KvGroup& g, std::vector<vo
   mv.k_base = k.data();
   mv.v_base = v.data();
   return mv;
+}
+
+void GatherGroups(const ModelKv& model, std::span<const KvGroup> groups, std::uint64_t begin, std::uint64_t tokens,
+                  std::uint8_t* out) {
+  std::vector<void*> k, v;
+  for (const KvGroup& g : groups) {
+    const kernels::KvView mv = ModelView(model, g, k, v);
+    for (std::uint32_t l : g.layers) {
+      kernels::view_gather_cpu(mv, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), l, l + 1, out);
+    }
+  }
+}
+
+void ScatterGroups(const ModelKv& model, std::span<const KvGroup> groups, const std::uint8_t* canonical,
+                   std::uint64_t begin, std::uint64_t tokens) {
+  std::vector<void*> k, v;
+  for (const KvGroup& g : groups) {
+    const kernels::KvView mv = ModelView(model, g, k, v);
+    for (std::uint32_t l : g.layers) {
+      kernels::view_scatter_cpu(canonical, mv, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), l,
+                                l + 1);
+    }
+  }
 }
 
 Status AdoptGroups(const ModelKv& model, std::uint64_t tokens, std::vector<KvGroup>& groups,
@@ -117,10 +140,18 @@ void EngineOp::Finish(OpState state, Status status) {
 
 Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor, const ModelKv& model,
                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
-                                              bool device, const DeliveryTarget& target) {
+                                              bool device, const DeliveryTarget& target,
+                                              std::shared_ptr<const GroupedModel> grouped, std::vector<void*> state) {
   KDN_RETURN_IF_ERROR(store.CheckKeys(keys.keys()));
   if (device && store.device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  if (grouped && device) return Status::Unsupported("a model kept in layer groups takes host views only");
+  if (grouped && grouped->state_layers > 0 && state.size() != grouped->state_layers) {
+    return Status::InvalidArgument("the model has " + std::to_string(grouped->state_layers) +
+                                   " recurrent layers: a load needs their state's memory (state_layers)");
+  }
   std::shared_ptr<LoadOp> op(new LoadOp());
+  op->grouped_ = std::move(grouped);
+  op->state_ = std::move(state);
   op->device_ = device;
   op->target_ = target;
   KDN_RETURN_IF_ERROR(AdoptGroups(model, keys.keys().size(), groups, op->pointers_, op->tables_));
@@ -139,6 +170,25 @@ Result<std::shared_ptr<LoadOp>> LoadOp::Start(KvStore& store, Executor& executor
 
 void LoadOp::Run(KvStore& store, const ModelKv& model) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (grouped_) {
+    // Every group's chunks and the state at once (the rule needs them all
+    // before any prefix is known): then every layer is ready.
+    Result<KvStore::Retrieved> r = GroupedRetrieve(store, *grouped_, ns_, keys_.keys(), groups_, state_);
+    if (!r.ok()) {
+      Finish(OpState::kFailed, r.status());
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_.covered = r->covered;
+      result_.tokens = r->tokens;
+      result_.lossy = r->lossy;
+      layers_done_ = layers_;
+    }
+    cv_.notify_all();
+    Finish(OpState::kDone, Status::Ok());
+    return;
+  }
   if (device_) {
     Fetch fetch = store.FetchPrefix(model, ns_, keys_.keys(), TieredStore::Form::kStored, target_);
     if (cancelled()) {
@@ -240,13 +290,23 @@ Status LoadOp::WaitLayer(std::uint32_t layer, std::int64_t timeout_ms) {
 
 Result<std::shared_ptr<SaveOp>> SaveOp::Start(KvStore& store, Executor& executor, const ModelKv& model,
                                               std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
-                                              bool device) {
+                                              bool device, std::shared_ptr<const GroupedModel> grouped,
+                                              std::vector<void*> state) {
   if (device && store.device() == nullptr) return Status::Unsupported("KV views in device memory: this runtime has no device");
+  if (grouped && device) return Status::Unsupported("a model kept in layer groups takes host views only");
   std::shared_ptr<SaveOp> op(new SaveOp());
   op->device_ = device;
   KDN_RETURN_IF_ERROR(AdoptGroups(model, keys.keys().size(), groups, op->pointers_, op->tables_));
-  auto plan = store.PlanStore(model, ns, keys.keys());
+  // A grouped model's save plans nothing: GroupedStore does it all at the end.
+  Result<std::vector<KvStore::PlannedChunk>> plan = std::vector<KvStore::PlannedChunk>{};
+  if (grouped) {
+    KDN_RETURN_IF_ERROR(store.CheckKeys(keys.keys()));
+  } else {
+    plan = store.PlanStore(model, ns, keys.keys());
+  }
   if (!plan.ok()) return plan.status();
+  op->grouped_ = std::move(grouped);
+  op->state_ = std::move(state);
   op->started_ = std::chrono::steady_clock::now();
   op->store_ = &store;
   op->executor_ = &executor;
@@ -382,6 +442,19 @@ void SaveOp::Commit() {
   }
   if (!device_error.ok()) {
     Finish(OpState::kFailed, device_error);
+    return;
+  }
+  if (grouped_) {
+    Result<std::uint64_t> r = GroupedStore(*store_, *grouped_, ns_, keys_.keys(), groups_, state_);
+    if (!r.ok()) {
+      Finish(OpState::kFailed, r.status());
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_.tokens = *r;
+    }
+    Finish(OpState::kDone, Status::Ok());
     return;
   }
   std::uint64_t stored = 0;

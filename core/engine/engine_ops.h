@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@
 
 namespace kdn::store {
 
+struct GroupedModel;  // engine/groups.h
 
 // A request's keys with owned storage (the op outlives the caller's arrays).
 struct OwnedKeys {
@@ -85,9 +87,14 @@ class LoadOp final : public EngineOp {
   // device (KvStore::DeliverToDevice), every layer at once, and then every
   // WaitLayer returns. `target`: the caller's delivery target (none: no
   // deadline), for tiers with quality levels.
+  // `grouped`: a model kept in layer groups (engine/groups.h): the load is
+  // GroupedRetrieve's (the one rule for hits) on the executor, every layer
+  // at once, its recurrent state written into `state` (host views only).
   static Result<std::shared_ptr<LoadOp>> Start(KvStore& store, Executor& executor, const ModelKv& model,
                                                std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
-                                               bool device = false, const DeliveryTarget& target = {});
+                                               bool device = false, const DeliveryTarget& target = {},
+                                               std::shared_ptr<const GroupedModel> grouped = nullptr,
+                                               std::vector<void*> state = {});
   // Until model layer `layer` is written (or the op ended). kNotFound when
   // the op ended without writing it (cancelled, failed).
   Status WaitLayer(std::uint32_t layer, std::int64_t timeout_ms);
@@ -106,15 +113,22 @@ class LoadOp final : public EngineOp {
   bool device_ = false;
   DeliveryTarget target_;  // the caller's (Start's argument), for the fetch on the worker
   Device::StreamMark engine_mark_;  // the engine's stream as Start found it (device views naming one)
+  std::shared_ptr<const GroupedModel> grouped_;
+  std::vector<void*> state_;
 };
 
 class SaveOp final : public EngineOp {
  public:
   // `device`: the views are device memory; each layer is gathered by the
   // store's device and copied to the host chunks the save puts.
+  // `grouped`: a model kept in layer groups (engine/groups.h): once every
+  // layer is ready the save is GroupedStore's, on a worker, with the
+  // recurrent layers' `state` (empty: no snapshot; host views only).
   static Result<std::shared_ptr<SaveOp>> Start(KvStore& store, Executor& executor, const ModelKv& model,
                                                std::string ns, OwnedKeys keys, std::vector<KvGroup> groups,
-                                               bool device = false);
+                                               bool device = false,
+                                               std::shared_ptr<const GroupedModel> grouped = nullptr,
+                                               std::vector<void*> state = {});
   // Model layer `layer` is ready in the views: gather it in the background.
   // After Cancel, a no-op.
   Status SaveLayer(std::uint32_t layer);
@@ -150,11 +164,21 @@ class SaveOp final : public EngineOp {
   std::chrono::steady_clock::time_point started_;
   bool device_ = false;
   Status device_error_;  // the first failure of a device gather; guarded by mu_
+  std::shared_ptr<const GroupedModel> grouped_;
+  std::vector<void*> state_;
 };
 
 // A model-wide view of a group: view layer l is model layer l for the
 // group's layers; the other layers' pointers (in k / v) are null.
 kernels::KvView ModelView(const ModelKv& model, const KvGroup& g, std::vector<void*>& k, std::vector<void*>& v);
+
+// Canonical bytes of tokens [begin, begin + tokens) of every layer of
+// `model`, from host views split into groups that cover its layers once
+// (out: tokens * bytes_per_token bytes) / into them.
+void GatherGroups(const ModelKv& model, std::span<const KvGroup> groups, std::uint64_t begin, std::uint64_t tokens,
+                  std::uint8_t* out);
+void ScatterGroups(const ModelKv& model, std::span<const KvGroup> groups, const std::uint8_t* canonical,
+                   std::uint64_t begin, std::uint64_t tokens);
 
 // Checks groups against a model and request length and copies their arrays
 // into `pointers` / `tables` so the views no longer borrow caller arrays.

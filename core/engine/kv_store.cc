@@ -20,6 +20,15 @@ double MicrosSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Adds [begin, end) to a fetch's failed ranges, joining the last one it continues.
+void AddFailed(Fetch& f, std::uint64_t begin, std::uint64_t end) {
+  if (!f.failed.empty() && f.failed.back().end == begin) {
+    f.failed.back().end = end;
+  } else {
+    f.failed.push_back({begin, end});
+  }
+}
+
 }  // namespace
 
 // ---- Construction -------------------------------------------------------------
@@ -145,12 +154,20 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const Tok
     prev = key;
     pos += C;
   }
-  // Then the pieces (see the file comment): each power of two below a chunk
+  WalkPieces(keyer, k, prev, pos, probe);
+  return pos;
+}
+
+template <typename Probe>
+void KvStore::WalkPieces(const keys::ChunkKeyer& keyer, const TokenKeys& k, keys::Digest& prev, std::uint64_t& pos,
+                         Probe&& probe) const {
+  // The pieces (see the file comment): each power of two below a chunk
   // once, largest first. Greedy is exact: pieces after a piece of s tokens
   // add up to less than s, so a longer first piece always reaches further.
+  const std::uint64_t n = k.size();
   const std::uint64_t unit = k.by_hash() ? k.block_tokens : 1;
-  const std::uint64_t chunk_units = C / unit;
-  if (chunk_units < 2) return pos;
+  const std::uint64_t chunk_units = options_.chunk_tokens / unit;
+  if (chunk_units < 2) return;
   for (std::uint64_t units = std::bit_floor(chunk_units - 1); units >= 1; units /= 2) {
     const std::uint64_t len = units * unit;
     if (len > n - pos) continue;
@@ -160,7 +177,6 @@ std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const Tok
     prev = key;
     pos += len;
   }
-  return pos;
 }
 
 // ---- Lookup, store, retrieve ----------------------------------------------------
@@ -263,9 +279,10 @@ void KvStore::ReportOutcome(const ModelKv& model, std::string_view ns, bool load
 
 Status KvStore::PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
                            std::int64_t first_position, Payload payload, bool on_device, double value,
-                           const ReadContext& ctx) {
+                           const ReadContext& ctx, bool exact) {
   auto chunk = std::make_shared<Chunk>();
   chunk->meta.device = on_device;
+  chunk->meta.exact = exact;
   chunk->meta.prefill_value = value;
   chunk->meta.key = key;
   chunk->meta.model = model.fingerprint;
@@ -402,13 +419,6 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
   // and leased. A chunk that fails to read (evicted meanwhile, corrupt) is
   // reported, and the ones after it are still loaded: their keys, and so
   // their KV, do not depend on it.
-  struct Planned {
-    keys::Digest key;
-    std::uint64_t begin, len;
-    int level;
-    std::optional<Result<Lease>> lease;  // set by the read
-    std::uint64_t ns = 0;                // the read's time
-  };
   std::vector<Planned> plan;
   // A load with a target: the leveled remote tiers choose each chunk's
   // quality level by it (tiers/leveled_tier.h), knowing what a recompute costs.
@@ -441,6 +451,79 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
       plan.resize(keep);
     }
   }
+  ReadPlanned(model, plan, form, ctx, f);
+  if (left.end > left.begin) AddFailed(f, left.begin, left.end);
+  return f;
+}
+
+Fetch KvStore::FetchKeys(const ModelKv& model, std::string_view ns, std::span<const KeyedRange> ranges,
+                         TieredStore::Form form) {
+  Fetch f;
+  const ReadContext ctx = Context(ns);
+  std::vector<Planned> plan;
+  for (const KeyedRange& r : ranges) {
+    const int level = chain_->Locate(r.key, ctx);
+    if (level < 0) {
+      // Gone since the caller found it: reported as a failure, as a chunk
+      // that fails to read.
+      AddFailed(f, r.begin, r.begin + r.len);
+      continue;
+    }
+    plan.push_back({r.key, r.begin, r.len, level, std::nullopt});
+    f.covered = std::max(f.covered, r.begin + r.len);
+  }
+  f.device = form == TieredStore::Form::kStored;
+  ReadPlanned(model, plan, form, ctx, f);
+  std::sort(f.failed.begin(), f.failed.end(), [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
+  return f;
+}
+
+bool KvStore::Holds(std::string_view ns, const keys::Digest& key) const {
+  return chain_->Locate(key, Context(ns)) >= 0;
+}
+
+std::vector<KvStore::KeyedRange> KvStore::ChainKeys(
+    const ModelKv& model, std::string_view ns, const TokenKeys& k,
+    const std::function<bool(const keys::Digest& key, std::uint64_t begin, std::uint64_t len)>& held) const {
+  std::vector<KeyedRange> out;
+  const std::uint64_t C = options_.chunk_tokens, n = k.size();
+  const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
+  keys::Digest prev{};
+  std::uint64_t pos = 0;
+  // The pieces at `pos`, as Walk finds them (accepted when held); false
+  // when none is.
+  auto pieces = [&]() {
+    const std::uint64_t at = pos;
+    WalkPieces(keyer, k, prev, pos, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
+      if (!held(key, begin, len)) return false;
+      out.push_back({key, begin, len});
+      return true;
+    });
+    return pos != at;
+  };
+  while (n - pos >= C) {
+    const keys::Digest key = KeyOf(keyer, k, prev, pos, C);
+    probes_.fetch_add(1, std::memory_order_relaxed);
+    if (!held(key, pos, C)) {
+      // Where a shorter request stored pieces instead, they end the chain;
+      // else the chunk is listed, not held, and the chain goes on (a
+      // sliding window's older chunks may be gone, later ones not).
+      const std::uint64_t at = pos;
+      const keys::Digest before = prev;
+      if (pieces()) return out;
+      pos = at;
+      prev = before;
+    }
+    out.push_back({key, pos, C});
+    prev = key;
+    pos += C;
+  }
+  pieces();
+  return out;
+}
+
+void KvStore::ReadPlanned(const ModelKv& model, std::vector<Planned>& plan, TieredStore::Form form,
+                          const ReadContext& ctx, Fetch& f) {
   size_t costly = 0;  // chunks to read from disk or to decode
   for (const Planned& p : plan) costly += costly_get_[static_cast<size_t>(p.level)];
   // Reading and decoding chunks costs: on several threads when they are
@@ -475,25 +558,13 @@ Fetch KvStore::FetchPrefix(const ModelKv& model, std::string_view ns, const Toke
                          : lease->chunk()->meta.payload_bytes() == len * per_token) &&
                     lease->chunk()->meta.model == model.fingerprint;
     if (!ok) {
-      if (!f.failed.empty() && f.failed.back().end == begin) {
-        f.failed.back().end = begin + len;
-      } else {
-        f.failed.push_back({begin, begin + len});
-      }
+      AddFailed(f, begin, begin + len);
       continue;
     }
     if (lease->chunk()->meta.edited) ++f.edited_chunks;
     if (lease->chunk()->meta.lossy) ++f.lossy_chunks;
     f.chunks.push_back({std::move(lease).value(), begin, len, p.ns / sharing});
   }
-  if (left.end > left.begin) {
-    if (!f.failed.empty() && f.failed.back().end == left.begin) {
-      f.failed.back().end = left.end;
-    } else {
-      f.failed.push_back(left);
-    }
-  }
-  return f;
 }
 
 size_t KvStore::ChunksWorthLoading(const ModelKv& model, std::span<const std::pair<int, std::uint64_t>> levels,

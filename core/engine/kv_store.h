@@ -210,6 +210,14 @@ class KvStore {
   // now: what a store reports, since a put can evict an earlier chunk of
   // the same store (one planned as present, least recently used).
   std::uint64_t HeldPrefix(std::string_view ns, std::span<const PlannedChunk> plan, std::uint64_t committed) const;
+  // A lookup made outside Lookup (engine/groups.h): `requested` tokens, of
+  // which `hit` were found.
+  void CountLookup(std::uint64_t requested, std::uint64_t hit, double micros) {
+    ++lookups_;
+    lookup_tokens_ += requested;
+    lookup_hit_tokens_ += hit;
+    lookup_us_.Record(micros);
+  }
   void CountStore(double micros) {
     ++stores_;
     store_us_.Record(micros);
@@ -342,9 +350,33 @@ class KvStore {
   // Puts a chunk of canonical bytes under `key` (on_device: the payload is
   // device memory, which only a top tier that takes it does:
   // TieredStore::TakesDevicePayloads; kUnsupported otherwise).
+  // exact: the chunk must come back bit for bit (ChunkMeta::exact: no
+  // lossy codec stores it).
   Status PutPayload(const ModelKv& model, std::string_view ns, const keys::Digest& key, std::uint64_t tokens,
                     std::int64_t first_position, Payload payload, bool on_device = false, double value = 0,
-                    const ReadContext& ctx = {});
+                    const ReadContext& ctx = {}, bool exact = false);
+
+  // ---- Chunks by key (models kept in several groups: engine/groups.h) -------
+  struct KeyedRange {
+    keys::Digest key{};
+    std::uint64_t begin = 0, len = 0;
+  };
+  // The keys of a request's chunks, keyed by `model`'s fingerprint: its
+  // whole chunks, held or not (`held` says), except that where a whole
+  // chunk is not held but pieces are (a shorter request stored them), the
+  // pieces end the chain, as they end a walk; and the pieces after the last
+  // whole chunk that are held. A store's cut: `held` always true.
+  std::vector<KeyedRange> ChainKeys(
+      const ModelKv& model, std::string_view ns, const TokenKeys& keys,
+      const std::function<bool(const keys::Digest& key, std::uint64_t begin, std::uint64_t len)>& held) const;
+  // Whether some tier holds `key` (a probe: no side effects but counters).
+  bool Holds(std::string_view ns, const keys::Digest& key) const;
+  // Leases the chunks of `ranges` (any tokens of a request, in order), of
+  // `model`'s shape: a range whose chunk is gone or fails to read joins
+  // `failed`. No prefix logic, no recompute-when-faster trimming: the caller
+  // decided what to load.
+  Fetch FetchKeys(const ModelKv& model, std::string_view ns, std::span<const KeyedRange> ranges,
+                  TieredStore::Form form = TieredStore::Form::kCanonical);
 
  private:
   KvStore(const StoreOptions& options, std::unique_ptr<TieredStore> chain);
@@ -376,10 +408,27 @@ class KvStore {
   // remote reads start at once and stream).
   void PrefetchRemote(const ModelKv& model, std::string_view ns, const TokenKeys& keys, bool will_read,
                       const ReadContext& ctx) const;
+  // A chunk planned for reading (FetchPrefix, FetchKeys), then read and
+  // leased into `f` by ReadPlanned (on the fetch threads when several are
+  // costly).
+  struct Planned {
+    keys::Digest key;
+    std::uint64_t begin, len;
+    int level;
+    std::optional<Result<Lease>> lease;  // set by the read
+    std::uint64_t ns = 0;                // the read's time
+  };
+  void ReadPlanned(const ModelKv& model, std::vector<Planned>& plan, TieredStore::Form form, const ReadContext& ctx,
+                   Fetch& f);
   // Walks the request's chunks while probe(key, begin, len) accepts them;
   // returns the tokens walked.
   template <typename Probe>
   std::uint64_t Walk(const ModelKv& model, std::string_view ns, const TokenKeys& keys, Probe&& probe) const;
+  // The pieces after whole chunk boundary `pos` (the file comment), each
+  // taken when probe(key, begin, len) accepts it: `prev` and `pos` advance.
+  template <typename Probe>
+  void WalkPieces(const keys::ChunkKeyer& keyer, const TokenKeys& keys, keys::Digest& prev, std::uint64_t& pos,
+                  Probe&& probe) const;
 
   const StoreOptions options_;
   std::unique_ptr<TieredStore> chain_;

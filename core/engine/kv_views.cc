@@ -211,13 +211,7 @@ void ResolvedViews::Gather(const ModelKv& model, std::uint64_t begin, std::uint6
                              model.shape.layers, out);
     return;
   }
-  std::vector<void*> k, v;
-  for (const KvGroup& g : groups_) {
-    const kernels::KvView mv = ModelView(model, g, k, v);
-    for (std::uint32_t l : g.layers) {
-      kernels::view_gather_cpu(mv, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), l, l + 1, out);
-    }
-  }
+  GatherGroups(model, groups_, begin, tokens, out);
 }
 
 void ResolvedViews::Scatter(const ModelKv& model, const std::uint8_t* canonical, std::uint64_t begin,
@@ -227,14 +221,7 @@ void ResolvedViews::Scatter(const ModelKv& model, const std::uint8_t* canonical,
                               model.shape.layers);
     return;
   }
-  std::vector<void*> k, v;
-  for (const KvGroup& g : groups_) {
-    const kernels::KvView mv = ModelView(model, g, k, v);
-    for (std::uint32_t l : g.layers) {
-      kernels::view_scatter_cpu(canonical, mv, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(tokens), l,
-                                l + 1);
-    }
-  }
+  ScatterGroups(model, groups_, canonical, begin, tokens);
 }
 
 }  // namespace kdn::store

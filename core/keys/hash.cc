@@ -132,7 +132,26 @@ Digest Hasher::Finish() {
   return d;
 }
 
+namespace {
+Digest KindFingerprint(const ModelIdentity& m);
+}  // namespace
+
 Digest ModelFingerprint(const ModelIdentity& m) {
+  const Digest base = KindFingerprint(m);
+  bool windows = false;
+  for (std::uint32_t w : m.layer_windows) windows = windows || w != 0;
+  if (!windows && m.state_layers == 0) return base;
+  Hasher h;
+  h.Str("kdn-model-groups-v1").Bytes(base.data(), base.size()).U64(windows ? m.layer_windows.size() : 0);
+  if (windows) {
+    for (std::uint32_t w : m.layer_windows) h.U32(w);
+  }
+  h.U32(m.state_layers).U64(m.state_bytes);
+  return h.Finish();
+}
+
+namespace {
+Digest KindFingerprint(const ModelIdentity& m) {
   std::uint32_t theta_bits;
   std::memcpy(&theta_bits, &m.rope_theta, 4);
   Hasher h;
@@ -145,6 +164,7 @@ Digest ModelFingerprint(const ModelIdentity& m) {
   h.U32(theta_bits).U32(m.rope_style).U32(m.rotary_dim).U32(m.latent_dim).U32(m.latent_rope_dim).Str(m.fingerprint);
   return h.Finish();
 }
+}  // namespace
 
 Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
                 std::span<const std::int32_t> tokens) {

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kdn::keys {
 
@@ -64,6 +65,14 @@ struct ModelIdentity {
   // as before these existed (its fingerprint unchanged); any other kind's
   // under its own tag, so its chunks never reach a K/V model.
   std::uint32_t cache_kind = 0, latent_dim = 0, latent_rope_dim = 0;
+  // Layer groups (engine/groups.h): each attention layer's sliding window
+  // (0: full attention; empty: all full) and the recurrent layers' state. A
+  // model with neither is hashed as before they existed; one with either
+  // gains a second hash over the first, so its chunks reach no model that
+  // declares other groups.
+  std::vector<std::uint32_t> layer_windows{};
+  std::uint32_t state_layers = 0;
+  std::uint64_t state_bytes = 0;
 };
 Digest ModelFingerprint(const ModelIdentity& m);
 

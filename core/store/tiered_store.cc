@@ -328,6 +328,8 @@ Result<ChunkRef> TieredStore::StoredForm(size_t li, const ChunkRef& chunk) {
     raw = std::move(decoded).value();
   }
   if (!L.codec) return raw;
+  // A chunk that must stay exact is kept raw where the codec is lossy.
+  if (raw->meta.exact && codec::IsLossy(L.codec->id())) return raw;
   const auto t0 = std::chrono::steady_clock::now();
   Result<ChunkRef> encoded = EncodeChunk(*L.codec, *raw);
   L.encode_ns += NsSince(t0);

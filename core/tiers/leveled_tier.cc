@@ -191,6 +191,9 @@ Status LeveledTier::Put(const ChunkRef& chunk) {
   if (chunk->meta.codec != codec::CodecId::kRaw) {
     return Status::InvalidArgument("a leveled tier takes canonical chunks (its chain codec must be raw)");
   }
+  // A chunk that must stay exact (a recurrent state snapshot) is kept raw,
+  // as level 0 only: a load that chooses a coarser level misses it.
+  if (chunk->meta.exact) return inner_->Put(chunk);
   const double tokens = std::max<double>(1, chunk->meta.tokens);
   // Coarsest first: level 0 (the key itself) last, so that a reader that
   // finds the key finds every level (a write-back tier sends them in order).

@@ -504,7 +504,8 @@ class Runtime(_Handle):
         """Registers a model: a ModelSpec, or its fields as keywords
         (num_layers, num_kv_heads, head_dim, dtype=DType.F32, fingerprint,
         rope_theta=10000, rope_style=RopeStyle.INTERLEAVED, rotary_dim=0,
-        cache_kind=CacheKind.KV, latent_dim=0, latent_rope_dim=0)."""
+        cache_kind=CacheKind.KV, latent_dim=0, latent_rope_dim=0,
+        layer_windows=(), num_state_layers=0, state_bytes=0)."""
         if spec is None:
             if not fields:
                 raise InvalidArgumentError("a model spec is required")
@@ -526,6 +527,10 @@ class Runtime(_Handle):
             s.cache_kind = int(spec.cache_kind)
             s.latent_dim = spec.latent_dim
             s.latent_rope_dim = spec.latent_rope_dim
+            for layer, window in enumerate(spec.layer_windows):
+                s.set_layer_window(layer, window)
+            s.num_state_layers = spec.num_state_layers
+            s.state_bytes = spec.state_bytes
         except (TypeError, OverflowError) as e:
             raise InvalidArgumentError(f"model spec: {e}") from e
         s.fingerprint = spec.fingerprint

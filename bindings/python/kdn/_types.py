@@ -2,7 +2,7 @@
 """kdn's value types: configuration in (Tier, ModelSpec) and results out."""
 import array
 import dataclasses
-from typing import Any, NamedTuple, Optional, Tuple, Union
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ._enums import CacheKind, DType, EvictionPolicy, OpState, RopeStyle, SegmentKind, Status, TierKind
 
@@ -96,7 +96,14 @@ class ModelSpec:
     cache_kind=CacheKind.LATENT (since 1.11): each layer caches one vector
     of latent_dim per token, its last latent_rope_dim carrying RoPE;
     num_kv_heads and head_dim are then 0, and KV buffers hold the latent
-    ([layer][token][latent_dim] in the canonical layout)."""
+    ([layer][token][latent_dim] in the canonical layout).
+    layer_windows (since 1.12): each layer's sliding window in tokens, 0 for
+    full attention (empty: all full): a load then writes a sliding layer's
+    window only, and a lookup reports the prefix every group serves.
+    num_state_layers / state_bytes: recurrent layers (not in num_layers),
+    each with a state of state_bytes; their state travels in the C ABI's
+    views, which this binding does not carry yet: such a model stores KV
+    here but reports no hit."""
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -108,6 +115,9 @@ class ModelSpec:
     cache_kind: CacheKind = CacheKind.KV
     latent_dim: int = 0
     latent_rope_dim: int = 0
+    layer_windows: Sequence[int] = ()
+    num_state_layers: int = 0
+    state_bytes: int = 0
 
     @property
     def kv_bytes_per_token(self):

@@ -129,6 +129,27 @@ class RuntimeTest(unittest.TestCase):
         with runtime() as rt, self.assertRaises(kdn.InvalidArgumentError):
             rt.model(dataclasses.replace(spec, latent_dim=7))
 
+    def test_sliding_window_model(self):
+        # A sliding-window layer (since 1.12): loaded only where its last
+        # tokens need it, the full layer whole; not the same model's identity
+        # without the window; a bad state size refused.
+        spec = kdn.ModelSpec(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM, fingerprint="sliding",
+                             layer_windows=(4, 0))
+        with runtime() as rt, rt.model(spec) as m, model(rt, fingerprint="sliding") as plain:
+            n = 3 * CHUNK
+            data = canonical_kv(n, seed=1) + 1.0
+            self.assertEqual(m.store(NS, tokens(n), data).tokens, n)
+            self.assertEqual(m.lookup(NS, tokens(n)).cached_tokens, n)
+            self.assertEqual(plain.lookup(NS, tokens(n)).cached_tokens, 0)
+            out = np.zeros_like(data)
+            self.assertEqual(m.retrieve(NS, tokens(n), out).tokens, n)
+            # Layer 0 (window 4) needs the last chunk only; layer 1 every token.
+            self.assertTrue(np.array_equal(out[1], data[1]))
+            self.assertTrue(np.array_equal(out[0][:, 2 * CHUNK:], data[0][:, 2 * CHUNK:]))
+            self.assertFalse(out[0][:, :2 * CHUNK].any())
+        with runtime() as rt, self.assertRaises(kdn.InvalidArgumentError):
+            rt.model(dataclasses.replace(spec, num_state_layers=1, state_bytes=6))
+
     def test_tiers_disk_and_codec(self):
         with tempfile.TemporaryDirectory() as d:
             tiers = [kdn.Tier.host(CHUNK * LAYERS * 2 * ROW * 4, codec="zstd", policy=kdn.EvictionPolicy.S3FIFO),

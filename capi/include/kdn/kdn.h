@@ -97,7 +97,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 11
+#define KDN_VERSION_MINOR 12
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -389,11 +389,32 @@ typedef struct kdn_model_spec {
   uint32_t latent_dim;
   uint32_t latent_rope_dim;
   uint32_t reserved1;          /* must be 0 */
+  /* Since 1.12: layer groups (docs/model-kinds.md). num_layers counts the
+   * layers that cache per-token KV (or a latent). layer_windows: one entry
+   * per such layer (num_layers of them, copied): 0 = full attention, W > 0 =
+   * the layer attends to the last W tokens only (sliding window: Gemma 3,
+   * gpt-oss); NULL = every layer full. num_state_layers: recurrent layers
+   * (Mamba, linear attention: Jamba, Nemotron-H, Qwen3-Next), not counted in
+   * num_layers, each with a state of state_bytes (a positive multiple of 4)
+   * instead of per-token KV; the state is opaque to kdn and kept exact.
+   * A model with a window or a recurrent layer is kept in groups, each
+   * stored apart, and has one rule for hits: a prefix of b tokens counts
+   * only when the full layers have every chunk of it, each window's layers
+   * the chunks overlapping its last W tokens, and the recurrent layers the
+   * state at b, stored by a kdn_kv_store whose request ended at b (a view's
+   * state_layers). Lookups, retrieves and loads report that prefix and
+   * write nothing past it. Such a model takes host views only, and not
+   * blending or knowledge items (KDN_ERR_UNSUPPORTED). The groups are part
+   * of the model's identity. */
+  const uint32_t *layer_windows;
+  uint32_t num_state_layers;   /* 0..4096 */
+  uint32_t reserved2;          /* must be 0 */
+  uint64_t state_bytes;        /* one recurrent layer's state; 0 without recurrent layers */
 } kdn_model_spec;
 #define KDN_MODEL_SPEC_SIZE_V1 48u
 #define KDN_MODEL_SPEC_INIT \
   { sizeof(kdn_model_spec), 0u, 0u, 0u, KDN_DTYPE_F32, 10000.0f, KDN_ROPE_INTERLEAVED, 0u, NULL, 0u, KDN_CACHE_KV, \
-    0u, 0u, 0u }
+    0u, 0u, 0u, NULL, 0u, 0u, 0u }
 KDN_API kdn_status kdn_model_spec_init(kdn_model_spec *spec, size_t struct_size);
 
 /* A model registered with a runtime; every KV call goes through one.
@@ -546,11 +567,22 @@ typedef struct kdn_kv_view {
    * any non-NULL value is accepted and never dereferenced (there is no
    * stream to wait for). */
   void *cuda_stream;
+  /* Since 1.12. A model with recurrent layers (kdn_model_spec.
+   * num_state_layers): per recurrent layer, its state's memory
+   * (state_bytes each, host memory); one view of a call at most carries
+   * it. kdn_kv_store / kdn_kv_save_async: the state after the request's
+   * last token, stored as the snapshot there (NULL: none; the KV is stored
+   * all the same, but a prefix counts only where a snapshot is). An engine
+   * that stores once per chunk of its prefill (chunk_tokens apart) makes
+   * every chunk boundary a possible hit. kdn_kv_retrieve /
+   * kdn_kv_load_async: required; kdn writes the snapshot at the prefix it
+   * returns (nothing for 0). Must be NULL for other models. */
+  void *const *state_layers;
 } kdn_kv_view;
 #define KDN_KV_VIEW_SIZE_V1 184u
 #define KDN_KV_VIEW_INIT                                                                       \
   { sizeof(kdn_kv_view), KDN_MEMORY_HOST, KDN_DTYPE_F32, KDN_LAYOUT_CONTIGUOUS, NULL, 0u, NULL, \
-    NULL, NULL, 0u, 0, 0, 0, 0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, NULL, 0u, 0u, 0, NULL }
+    NULL, NULL, 0u, 0, 0, 0, 0, 0, 0, 0, 0, 0u, 0u, 0u, 0u, NULL, 0u, 0u, 0, NULL, NULL }
 KDN_API kdn_status kdn_kv_view_init(kdn_kv_view *view, size_t struct_size);
 
 /* ---- Lookup, store, retrieve ------------------------------------------- */

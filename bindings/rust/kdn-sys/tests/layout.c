@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 255;
+const size_t kdn_layout_count = 260;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -63,6 +63,10 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_model_spec", "latent_dim", 0, 0, offsetof(kdn_model_spec, latent_dim)},
   {"kdn_model_spec", "latent_rope_dim", 0, 0, offsetof(kdn_model_spec, latent_rope_dim)},
   {"kdn_model_spec", "reserved1", 0, 0, offsetof(kdn_model_spec, reserved1)},
+  {"kdn_model_spec", "layer_windows", 0, 0, offsetof(kdn_model_spec, layer_windows)},
+  {"kdn_model_spec", "num_state_layers", 0, 0, offsetof(kdn_model_spec, num_state_layers)},
+  {"kdn_model_spec", "reserved2", 0, 0, offsetof(kdn_model_spec, reserved2)},
+  {"kdn_model_spec", "state_bytes", 0, 0, offsetof(kdn_model_spec, state_bytes)},
   {"kdn_request", "", sizeof(kdn_request), _Alignof(kdn_request), 0},
   {"kdn_request", "struct_size", 0, 0, offsetof(kdn_request, struct_size)},
   {"kdn_request", "hash_bytes", 0, 0, offsetof(kdn_request, hash_bytes)},
@@ -101,6 +105,7 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_kv_view", "num_blocks", 0, 0, offsetof(kdn_kv_view, num_blocks)},
   {"kdn_kv_view", "block_stride", 0, 0, offsetof(kdn_kv_view, block_stride)},
   {"kdn_kv_view", "cuda_stream", 0, 0, offsetof(kdn_kv_view, cuda_stream)},
+  {"kdn_kv_view", "state_layers", 0, 0, offsetof(kdn_kv_view, state_layers)},
   {"kdn_kv_result", "", sizeof(kdn_kv_result), _Alignof(kdn_kv_result), 0},
   {"kdn_kv_result", "struct_size", 0, 0, offsetof(kdn_kv_result, struct_size)},
   {"kdn_kv_result", "filled_size", 0, 0, offsetof(kdn_kv_result, filled_size)},

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 255];
+    static kdn_layout_rows: [Row; 260];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -79,6 +79,10 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_model_spec", "latent_dim", 0, 0, offset_of!(kdn_model_spec, latent_dim)),
         ("kdn_model_spec", "latent_rope_dim", 0, 0, offset_of!(kdn_model_spec, latent_rope_dim)),
         ("kdn_model_spec", "reserved1", 0, 0, offset_of!(kdn_model_spec, reserved1)),
+        ("kdn_model_spec", "layer_windows", 0, 0, offset_of!(kdn_model_spec, layer_windows)),
+        ("kdn_model_spec", "num_state_layers", 0, 0, offset_of!(kdn_model_spec, num_state_layers)),
+        ("kdn_model_spec", "reserved2", 0, 0, offset_of!(kdn_model_spec, reserved2)),
+        ("kdn_model_spec", "state_bytes", 0, 0, offset_of!(kdn_model_spec, state_bytes)),
         ("kdn_request", "", size_of::<kdn_request>(), align_of::<kdn_request>(), 0),
         ("kdn_request", "struct_size", 0, 0, offset_of!(kdn_request, struct_size)),
         ("kdn_request", "hash_bytes", 0, 0, offset_of!(kdn_request, hash_bytes)),
@@ -117,6 +121,7 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_kv_view", "num_blocks", 0, 0, offset_of!(kdn_kv_view, num_blocks)),
         ("kdn_kv_view", "block_stride", 0, 0, offset_of!(kdn_kv_view, block_stride)),
         ("kdn_kv_view", "cuda_stream", 0, 0, offset_of!(kdn_kv_view, cuda_stream)),
+        ("kdn_kv_view", "state_layers", 0, 0, offset_of!(kdn_kv_view, state_layers)),
         ("kdn_kv_result", "", size_of::<kdn_kv_result>(), align_of::<kdn_kv_result>(), 0),
         ("kdn_kv_result", "struct_size", 0, 0, offset_of!(kdn_kv_result, struct_size)),
         ("kdn_kv_result", "filled_size", 0, 0, offset_of!(kdn_kv_result, filled_size)),

@@ -39,6 +39,18 @@ pub struct ModelSpec {
     pub latent_dim: u32,
     /// How many of the latent's last dims carry RoPE.
     pub latent_rope_dim: u32,
+    /// Layer groups (since 1.12, docs/model-kinds.md): each layer's sliding
+    /// window in tokens, 0 for full attention; empty: every layer full. A
+    /// load then writes a sliding layer's window only, and a lookup reports
+    /// the prefix every group serves.
+    pub layer_windows: Vec<u32>,
+    /// Recurrent layers (not in `num_layers`), each with a state of
+    /// `state_bytes` (a multiple of 4). Their state travels in the C ABI's
+    /// views (`kdn_kv_view.state_layers`), which this crate's views do not
+    /// carry yet: such a model stores KV here but reports no hit.
+    pub num_state_layers: u32,
+    /// Bytes of one recurrent layer's state; 0 without recurrent layers.
+    pub state_bytes: u64,
 }
 
 impl ModelSpec {
@@ -62,6 +74,9 @@ impl ModelSpec {
             cache_kind: CacheKind::Kv,
             latent_dim: 0,
             latent_rope_dim: 0,
+            layer_windows: Vec::new(),
+            num_state_layers: 0,
+            state_bytes: 0,
         }
     }
 
@@ -408,6 +423,17 @@ impl Model {
         s.cache_kind = spec.cache_kind.raw();
         s.latent_dim = spec.latent_dim;
         s.latent_rope_dim = spec.latent_rope_dim;
+        if !spec.layer_windows.is_empty() {
+            if spec.layer_windows.len() != spec.num_layers as usize {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    "model spec: layer_windows needs one entry per layer (num_layers)",
+                ));
+            }
+            s.layer_windows = spec.layer_windows.as_ptr();
+        }
+        s.num_state_layers = spec.num_state_layers;
+        s.state_bytes = spec.state_bytes;
         (s.fingerprint, s.fingerprint_len) = bytes(&spec.fingerprint);
         let mut raw = ptr::null_mut();
         // SAFETY: a live runtime; the spec and its string live across the call (copied).

@@ -42,6 +42,41 @@ fn latent_model_round_trip() {
     assert_eq!(err.status(), Status::InvalidArgument);
 }
 
+/// A sliding-window layer (since 1.12): loaded only where its last tokens
+/// need it, the full layers whole; not the same model's identity without the
+/// window; a bad state size refused.
+#[test]
+fn sliding_window_model() {
+    let (rt, _model) = setup();
+    let mut spec = ModelSpec::new(LAYERS as u32, HEADS as u32, DIM as u32, DType::F32, "rust-sliding");
+    let plain = rt.model(&spec).unwrap();
+    spec.layer_windows = vec![0; LAYERS];
+    spec.layer_windows[0] = 8; // layer 0 attends to the last 8 tokens
+    let m = rt.model(&spec).unwrap();
+    let tokens = tokens(TOKENS);
+    let kv: Vec<f32> = canonical(TOKENS).iter().map(|v| v + 1.0).collect();
+    assert_eq!(m.store(NS, &tokens, &KvView::canonical(&kv, DType::F32)).unwrap().tokens, TOKENS as u64);
+    assert_eq!(m.lookup(NS, &tokens).unwrap().cached_tokens, TOKENS as u64);
+    assert_eq!(plain.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+    let mut out = vec![0f32; kv.len()];
+    let got = m.retrieve(NS, &tokens, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!(got.tokens, TOKENS as u64);
+    // Canonical [layer][k|v][token][row]: layer 0 needs the last chunk only.
+    let last_chunk = TOKENS - CHUNK as usize;
+    for l in 0..LAYERS {
+        for kv_i in 0..2 {
+            for t in 0..TOKENS {
+                let at = ((l * 2 + kv_i) * TOKENS + t) * ROW;
+                let want = if l == 0 && t < last_chunk { 0.0 } else { kv[at] };
+                assert_eq!(out[at], want, "layer {l} kv {kv_i} token {t}");
+            }
+        }
+    }
+    spec.num_state_layers = 1;
+    spec.state_bytes = 6;
+    assert_eq!(rt.model(&spec).unwrap_err().status(), Status::InvalidArgument);
+}
+
 #[test]
 fn canonical_round_trip_and_prefixes() {
     let (_rt, model) = setup();

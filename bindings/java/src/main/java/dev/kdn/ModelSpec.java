@@ -20,6 +20,9 @@ public final class ModelSpec {
   private final CacheKind cacheKind;
   private final int latentDim;
   private final int latentRopeDim;
+  private final int[] layerWindows;
+  private final int numStateLayers;
+  private final long stateBytes;
 
   private ModelSpec(Builder b) {
     numLayers = b.numLayers;
@@ -33,6 +36,9 @@ public final class ModelSpec {
     cacheKind = b.cacheKind;
     latentDim = b.latentDim;
     latentRopeDim = b.latentRopeDim;
+    layerWindows = b.layerWindows.clone();
+    numStateLayers = b.numStateLayers;
+    stateBytes = b.stateBytes;
   }
 
   public static Builder builder() {
@@ -87,6 +93,20 @@ public final class ModelSpec {
     return latentRopeDim;
   }
 
+  /** Each layer's sliding window in tokens, 0 for full attention (since 1.12; empty: all full). */
+  public int[] layerWindows() {
+    return layerWindows.clone();
+  }
+
+  /** Recurrent layers (not counted in layers()), each with a state of stateBytes(). */
+  public int numStateLayers() {
+    return numStateLayers;
+  }
+
+  public long stateBytes() {
+    return stateBytes;
+  }
+
   public long kvBytesPerToken() {
     if (cacheKind == CacheKind.LATENT) return (long) numLayers * latentDim * dtype.bytes();
     return 2L * numLayers * numKvHeads * headDim * dtype.bytes();
@@ -106,6 +126,11 @@ public final class ModelSpec {
     n.setCache_kind(cacheKind.value());
     n.setLatent_dim(Integer.toUnsignedLong(latentDim));
     n.setLatent_rope_dim(Integer.toUnsignedLong(latentRopeDim));
+    for (int l = 0; l < layerWindows.length; ++l) {
+      n.set_layer_window(l, Integer.toUnsignedLong(layerWindows[l]));
+    }
+    n.setNum_state_layers(Integer.toUnsignedLong(numStateLayers));
+    n.setState_bytes(stateBytes);
     return n;
   }
 
@@ -128,8 +153,32 @@ public final class ModelSpec {
     private CacheKind cacheKind = CacheKind.KV;
     private int latentDim;
     private int latentRopeDim;
+    private int[] layerWindows = new int[0];
+    private int numStateLayers;
+    private long stateBytes;
 
     private Builder() {}
+
+    /**
+     * Layer groups (since 1.12, docs/model-kinds.md): {@code windows[l]} is layer l's sliding
+     * window in tokens, 0 for full attention. A load then writes a sliding layer's window only, and
+     * a lookup reports the prefix every group serves.
+     */
+    public Builder layerWindows(int... windows) {
+      layerWindows = Objects.requireNonNull(windows, "windows").clone();
+      return this;
+    }
+
+    /**
+     * Recurrent layers (since 1.12), not counted in layers(), each with a state of {@code bytes} (a
+     * multiple of 4). Their state travels in the C ABI's views, which this binding does not carry
+     * yet: such a model stores KV here but reports no hit.
+     */
+    public Builder stateLayers(int layers, long bytes) {
+      numStateLayers = layers;
+      stateBytes = bytes;
+      return this;
+    }
 
     /**
      * A latent (MLA) model (since 1.11): each layer caches one vector of {@code dim} (even) per

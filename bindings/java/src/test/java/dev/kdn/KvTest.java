@@ -67,6 +67,41 @@ class KvTest {
     assertThrows(InvalidArgumentException.class, () -> rt.createModel(odd));
   }
 
+  // A sliding-window layer (since 1.12): loaded only where its last tokens need it; the full
+  // layer whole; the model's identity is not the same model's without the window.
+  @Test
+  void testSlidingWindowModel() {
+    ModelSpec sliding = ModelSpec.builder().layers(LAYERS).kvHeads(HEADS).headDim(HEAD_DIM).layerWindows(2, 0)
+        .fingerprint("java-sliding").build();
+    ModelSpec plain = ModelSpec.builder().layers(LAYERS).kvHeads(HEADS).headDim(HEAD_DIM)
+        .fingerprint("java-sliding").build();
+    assertArrayEquals(new int[] {2, 0}, sliding.layerWindows());
+    try (Model sm = rt.createModel(sliding); Model pm = rt.createModel(plain)) {
+      Request req = Request.ofTokens(tokens(12, 90));
+      ByteBuffer in = kv(12, 5);
+      assertEquals(12, sm.store("ns", req, in).tokens());
+      assertEquals(12, sm.lookup("ns", req).cachedTokens());
+      assertEquals(0, pm.lookup("ns", req).cachedTokens());
+      ByteBuffer out = Kdn.allocate(12 * BYTES_PER_TOKEN);
+      assertEquals(12, sm.retrieve("ns", req, out).tokens());
+      // Canonical [layer][k|v][token][head][dim]: layer 0 (window 2) needs the chunk holding
+      // tokens 10 and 11 only (8..11); layer 1, every token.
+      int row = HEADS * HEAD_DIM;
+      for (int l = 0; l < LAYERS; ++l) {
+        for (int kvi = 0; kvi < 2; ++kvi) {
+          for (int t = 0; t < 12; ++t) {
+            int at = (((l * 2 + kvi) * 12) + t) * row * 4;
+            float want = (l == 0 && t < 8) ? 0.0f : in.getFloat(at);
+            assertEquals(want, out.getFloat(at), "layer " + l + " kv " + kvi + " token " + t);
+          }
+        }
+      }
+    }
+    ModelSpec badState = ModelSpec.builder().layers(LAYERS).kvHeads(HEADS).headDim(HEAD_DIM).stateLayers(1, 6)
+        .fingerprint("x").build();
+    assertThrows(InvalidArgumentException.class, () -> rt.createModel(badState));
+  }
+
   @Test
   void testMissIsNotAnError() {
     Request req = Request.ofTokens(tokens(8, 500));
