@@ -1089,7 +1089,10 @@ TEST(RemoteTier, ANodeThatIsDownCostsMissesThenGetsTheQueuedChunksWhenItComes) {
   // The chunks queued while it was down are sent again by themselves: a
   // fresh runtime (nothing queued) finds them.
   auto reader = RemoteRuntime(address, kTokenA, "", 500);
-  while (found != T && std::chrono::steady_clock::now() < deadline) {
+  // The sender counts its puts once the node's reply is in, which may be
+  // after the reader already finds them (a loaded machine, TSan): both are
+  // waited for.
+  while ((found != T || tier.remote_counters().puts_sent == 0) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     found = reader->store().Lookup(ref.m, "tenant-a", ref.Keys()).tokens;
   }
