@@ -62,13 +62,16 @@ static void views_free(views *v) {
 /* Fills v->views from the templates; 0 on success, or a status. */
 static kdn_status views_build(views *v, const kdn_kv_view *tmpl, const kdn_go_view_aux *aux, size_t n,
                               const uint32_t *layers, const int64_t *offsets, const int32_t *table, void *data,
-                              size_t data_len, kdn_go_mem mem) {
+                              size_t data_len, void *state, kdn_go_mem mem) {
   size_t i, j, total = 0, used = 0;
+  if (state == NULL) state = data; /* host memory: the state is never on the device */
   if (mem.device != 0) data = (void *)mem.device;
   v->views = v->stack_views;
   v->ptrs = v->stack_ptrs;
-  for (i = 0; i < n; ++i)
+  for (i = 0; i < n; ++i) {
     if (aux[i].k_off >= 0) total += 2 * (size_t)aux[i].num_ptrs;
+    if (aux[i].state_off >= 0) total += (size_t)aux[i].num_state;
+  }
   if (n > STACK_VIEWS) v->views = malloc(n * sizeof(kdn_kv_view));
   if (total > STACK_PTRS) v->ptrs = malloc(total * sizeof(void *));
   if (v->views == NULL || v->ptrs == NULL) {
@@ -99,6 +102,13 @@ static kdn_status views_build(views *v, const kdn_kv_view *tmpl, const kdn_go_vi
       out->v_layers = NULL;
       out->data = data;
       out->size_bytes = data != NULL ? data_len : 0;
+    }
+    out->state_layers = NULL;
+    if (aux[i].state_off >= 0) {
+      void **st = v->ptrs + used;
+      for (j = 0; j < (size_t)aux[i].num_state; ++j) st[j] = (char *)state + offsets[aux[i].state_off + j];
+      used += (size_t)aux[i].num_state;
+      out->state_layers = st;
     }
   }
   return KDN_OK;
@@ -154,7 +164,7 @@ kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_
                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *tmpl,
                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
                             const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
-                            kdn_go_mem mem, kdn_op **op) {
+                            void *state, kdn_go_mem mem, kdn_op **op) {
   kdn_go_kvret r;
   kdn_go_ret st;
   kdn_request req = make_request(req_in, tokens, hashes);
@@ -163,7 +173,7 @@ kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_
   kdn_status s;
   r.result = init;
   if (op != NULL) *op = NULL;
-  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, mem);
+  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, state, mem);
   if (s != KDN_OK) {
     st = fail(s, "out of memory building the views");
   } else {
@@ -221,7 +231,7 @@ kdn_go_ret kdn_go_knowledge_put(const kdn_model *m, const char *ns, size_t ns_le
   views v;
   kdn_go_ret r;
   const kdn_go_mem host = {0, 0}; /* the knowledge calls take host memory only */
-  kdn_status s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, host);
+  kdn_status s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, NULL, host);
   if (s != KDN_OK) return fail(s, "out of memory building the views");
   r = ret(kdn_knowledge_put(m, ns, ns_len, doc, doc_len, version, meta, meta_len, doc_tokens, num_tokens,
                             num_views ? v.views : NULL, num_views));
@@ -240,7 +250,7 @@ kdn_go_kvret kdn_go_knowledge_fetch(const kdn_model *m, const char *ns, size_t n
   kdn_status s;
   const kdn_go_mem host = {0, 0};
   kdn_kv_result_init(&r.result, sizeof r.result);
-  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, host);
+  s = views_build(&v, tmpl, aux, num_views, layers, offsets, table, data, data_len, NULL, host);
   if (s != KDN_OK) {
     st = fail(s, "out of memory building the views");
   } else {

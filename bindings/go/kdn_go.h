@@ -52,6 +52,9 @@ typedef struct kdn_go_view_aux {
   int64_t v_off;       /* ... and of V */
   int64_t num_ptrs;
   int64_t table_off;   /* into the block table array (block_table_len of them) */
+  int64_t state_off;   /* into offsets: num_state byte offsets of each recurrent layer's state (since
+                          1.12), in the call's state memory; -1: none (state_layers NULL) */
+  int64_t num_state;
 } kdn_go_view_aux;
 
 typedef struct kdn_go_kvret {
@@ -85,14 +88,15 @@ enum { KDN_GO_STORE = 0, KDN_GO_RETRIEVE = 1, KDN_GO_LOAD = 2, KDN_GO_SAVE = 3 }
 /* A KV call with one request: tokens, hashes, layers, offsets and table
  * are the flat arrays the request and views index into; data is the memory
  * the views describe (or, with mem.device set, device memory: data is then
- * NULL and data_len its size). A store or retrieve sets the result; a load
- * or save (data: C memory, which kdn keeps using) starts the op it puts in
- * *op. */
+ * NULL and data_len its size). The recurrent state's offsets (a view's
+ * state_off) are in state (C memory the Go side copied it to), or in data
+ * when state is NULL. A store or retrieve sets the result; a load or save
+ * (data: C memory, which kdn keeps using) starts the op it puts in *op. */
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,
                             const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *views,
                             const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
                             const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
-                            kdn_go_mem mem, kdn_op **op);
+                            void *state, kdn_go_mem mem, kdn_op **op);
 
 /* One request's lookup. */
 kdn_go_lookupret kdn_go_lookup1(const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,

@@ -58,6 +58,9 @@ func (m *Model) KnowledgePut(ctx context.Context, ns, docID string, version uint
 	if err != nil {
 		return err
 	}
+	if _, err := a.placeState(nil, 0, stateNone); err != nil {
+		return err
+	}
 	tmpl, aux := a.tmplPtr()
 	return retError(C.kdn_go_knowledge_put(m.m, strPtr(ns), C.size_t(len(ns)), strPtr(docID), C.size_t(len(docID)),
 		C.uint64_t(version), strPtr(metadata), C.size_t(len(metadata)), int32sPtr(tokens), C.size_t(len(tokens)),
@@ -105,6 +108,9 @@ func (m *Model) KnowledgeFetch(ctx context.Context, ns, docID string, tokens []i
 		}
 		var err error
 		if a, err = m.views(views, len(data)); err != nil {
+			return KVResult{}, err
+		}
+		if _, err = a.placeState(nil, 0, stateNone); err != nil {
 			return KVResult{}, err
 		}
 	}

@@ -2,6 +2,7 @@
 package kdn
 
 /*
+#include <stdlib.h>
 #include "kdn_go.h"
 */
 import "C"
@@ -9,6 +10,7 @@ import "C"
 import (
 	"context"
 	"math"
+	"strconv"
 	"time"
 	"unsafe"
 )
@@ -118,6 +120,25 @@ type KVView struct {
 	BlockTable  []int32 // paged: token t in block BlockTable[t/BlockSize]
 	NumBlocks   uint64  // paged: blocks per layer; 0: up to the slice's end
 	BlockStride int64   // paged: elements between blocks; 0: dense
+
+	// State (since 1.12; kdn_kv_view.state_layers): for a model with
+	// recurrent layers (ModelSpec.NumStateLayers), one slice per recurrent
+	// layer, each exactly ModelSpec.StateBytes long; one view of a call at
+	// most carries it; nil or empty: none. Store and SaveAsync store the
+	// state after the request's last token as the snapshot there (without
+	// it the KV is stored all the same, but a prefix counts only where a
+	// snapshot is). Retrieve and LoadAsync need it, and write the snapshot
+	// at the prefix they return (nothing for a miss). For the canonical
+	// layout with a state: KVView{DType: m.Spec().DType, State: state}.
+	//
+	// Store and Retrieve take any memory: state inside the call's data is
+	// used in place, other state is copied through C memory for the call
+	// (cgo forbids passing C an array of Go pointers). LoadAsync and
+	// SaveAsync need it inside the op's HostBuffer (slices of its Bytes()),
+	// since kdn reads or writes it until the op ends. The device calls and
+	// the knowledge calls take none (kdn takes such a model through host
+	// views only).
+	State [][]byte
 }
 
 // KVResult is what a KV call did.
@@ -181,6 +202,9 @@ type kvArgs struct {
 	layers  []uint32
 	offsets []int64 // bytes
 	table   []int32
+
+	stateView int      // the view that carries the recurrent state (KVView.State); -1: none
+	state     [][]byte // that view's State, checked
 }
 
 func (a *kvArgs) layersPtr() *C.uint32_t {
@@ -208,9 +232,12 @@ func (a *kvArgs) tmplPtr() (*C.kdn_kv_view, *C.kdn_go_view_aux) {
 // views is the canonical layout in the model's dtype. The per-layer bounds
 // are checked here, against the slice, since kdn cannot know it.
 func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
-	var a kvArgs
+	a := kvArgs{stateView: -1}
 	if len(views) == 0 {
 		views = []KVView{{DType: m.spec.DType}}
+	}
+	if err := m.checkState(&a, views); err != nil {
+		return a, err
 	}
 	a.tmpl = make([]C.kdn_kv_view, len(views))
 	a.aux = make([]C.kdn_go_view_aux, len(views))
@@ -220,7 +247,7 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 		t := &a.tmpl[i]
 		x := &a.aux[i]
 		C.kdn_kv_view_init(t, C.sizeof_kdn_kv_view)
-		*x = C.kdn_go_view_aux{layers_off: -1, k_off: -1, v_off: -1, table_off: -1}
+		*x = C.kdn_go_view_aux{layers_off: -1, k_off: -1, v_off: -1, table_off: -1, state_off: -1}
 		t.dtype = C.kdn_dtype(v.DType)
 		t.layout = C.kdn_kv_layout(v.Layout)
 		t.stride_layer, t.stride_kv = C.int64_t(v.StrideLayer), C.int64_t(v.StrideKV)
@@ -317,6 +344,104 @@ func (m *Model) views(views []KVView, dataLen int) (kvArgs, error) {
 	return a, nil
 }
 
+// checkState finds the view that carries the recurrent state and checks
+// it against the model's spec, before kdn is called.
+func (m *Model) checkState(a *kvArgs, views []KVView) error {
+	for i := range views {
+		st := views[i].State
+		if len(st) == 0 {
+			continue
+		}
+		if m.spec.NumStateLayers == 0 {
+			return invalid("KVView.State: the model has no recurrent layers (ModelSpec.NumStateLayers is 0)")
+		}
+		if a.stateView >= 0 {
+			return invalid("KVView.State is given by two views (" + strconv.Itoa(a.stateView) + " and " +
+				strconv.Itoa(i) + "); one view of a call carries the state")
+		}
+		if uint64(len(st)) != uint64(m.spec.NumStateLayers) {
+			return invalid("KVView.State has " + strconv.Itoa(len(st)) + " slices; the model has " +
+				strconv.FormatUint(uint64(m.spec.NumStateLayers), 10) + " recurrent layers (one slice each)")
+		}
+		for l, s := range st {
+			if uint64(len(s)) != m.spec.StateBytes {
+				return invalid("KVView.State[" + strconv.Itoa(l) + "] is " + strconv.Itoa(len(s)) +
+					" bytes; a recurrent layer's state is ModelSpec.StateBytes = " +
+					strconv.FormatUint(m.spec.StateBytes, 10))
+			}
+		}
+		a.stateView, a.state = i, st
+	}
+	return nil
+}
+
+// How a call may reach the recurrent state (KVView.State).
+const (
+	stateNone  = iota // the call takes none: device and knowledge calls
+	stateSync         // Store, Retrieve: in place inside data, else copied through C memory
+	stateAsync        // LoadAsync, SaveAsync: inside the op's C memory only
+)
+
+// within gives s's offset in the n bytes at base, when s lies there.
+func within(s []byte, base unsafe.Pointer, n int) (int64, bool) {
+	if base == nil || len(s) == 0 {
+		return 0, false
+	}
+	p, b := uintptr(unsafe.Pointer(&s[0])), uintptr(base)
+	if p < b || p-b > uintptr(n) || uintptr(n)-(p-b) < uintptr(len(s)) {
+		return 0, false
+	}
+	return int64(p - b), true
+}
+
+// placeState puts the byte offsets of the checked state into a (the view's
+// aux and a.offsets), in the n bytes at data when every slice lies there;
+// otherwise, for a synchronous call, in C memory it returns (freed by the
+// caller) holding a copy of the state.
+func (a *kvArgs) placeState(data unsafe.Pointer, n int, mode int) (unsafe.Pointer, error) {
+	if a.stateView < 0 {
+		return nil, nil
+	}
+	if mode == stateNone {
+		return nil, &Error{Status: StatusUnsupported, Message: "KVView.State: this call takes no recurrent " +
+			"state (kdn takes a model with recurrent layers through Store, Retrieve, LoadAsync and SaveAsync " +
+			"on host memory only)"}
+	}
+	x := &a.aux[a.stateView]
+	x.state_off = C.int64_t(len(a.offsets))
+	x.num_state = C.int64_t(len(a.state))
+	inside := true
+	for _, s := range a.state {
+		if _, ok := within(s, data, n); !ok {
+			inside = false
+			break
+		}
+	}
+	if inside {
+		for _, s := range a.state {
+			off, _ := within(s, data, n)
+			a.offsets = append(a.offsets, off)
+		}
+		return nil, nil
+	}
+	if mode == stateAsync {
+		a.offsets = a.offsets[:int(x.state_off)]
+		return nil, invalid("KVView.State: LoadAsync and SaveAsync need the state inside the op's " +
+			"HostBuffer (slices of its Bytes()): kdn reads or writes it until the op ends")
+	}
+	size := len(a.state[0])
+	scratch := C.malloc(C.size_t(len(a.state) * size))
+	if scratch == nil {
+		return nil, &Error{Status: StatusNoMemory, Message: "out of memory copying the recurrent state"}
+	}
+	c := unsafe.Slice((*byte)(scratch), len(a.state)*size)
+	for l, s := range a.state {
+		copy(c[l*size:], s)
+		a.offsets = append(a.offsets, int64(l*size))
+	}
+	return scratch, nil
+}
+
 // kv makes a KV call of kind which over the n bytes at data (or, with
 // mem.device set, at that device address; data is then nil), through the
 // views. A load or save (data: C memory) starts the op it puts in *op.
@@ -329,10 +454,32 @@ func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n 
 	if err != nil {
 		return KVResult{}, err
 	}
+	mode := stateSync
+	if mem.device != 0 {
+		mode = stateNone
+	} else if op != nil {
+		mode = stateAsync
+	}
+	scratch, err := a.placeState(data, n, mode)
+	if err != nil {
+		return KVResult{}, err
+	}
+	if scratch != nil {
+		defer C.free(scratch)
+	}
 	tmpl, aux := a.tmplPtr()
 	r := C.kdn_go_kv_call(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
 		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
-		int32sPtr(a.table), data, C.size_t(n), mem, op)
+		int32sPtr(a.table), data, C.size_t(n), scratch, mem, op)
+	if scratch != nil && which == C.KDN_GO_RETRIEVE {
+		// kdn wrote the snapshot at the prefix it returned (or left the
+		// copy as it was): back to the caller's slices.
+		size := len(a.state[0])
+		c := unsafe.Slice((*byte)(scratch), len(a.state)*size)
+		for l, s := range a.state {
+			copy(s, c[l*size:(l+1)*size])
+		}
+	}
 	return kvResult(&r.result), newError(r.status, r.msg)
 }
 

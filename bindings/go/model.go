@@ -54,10 +54,12 @@ type ModelSpec struct {
 	// tokens (sliding window); nil: every layer full. A load then writes a
 	// sliding layer's window only, and a lookup reports the prefix every
 	// group serves. NumStateLayers / StateBytes: recurrent layers (not in
-	// NumLayers) with a state of StateBytes each; their state is passed
-	// through the C ABI's views (kdn_kv_view.state_layers), which this
-	// binding's views do not carry yet, so such a model stores KV here but
-	// never reports a hit.
+	// NumLayers) with a state of StateBytes each (a positive multiple of 4),
+	// which a view carries in KVView.State (kdn_kv_view.state_layers): a
+	// store keeps the state after its request's last token as the snapshot
+	// there, a retrieve or load needs it and writes the snapshot at the
+	// prefix it returns, and a prefix counts only where a snapshot is.
+	// Such a model takes host views only, and no knowledge items.
 	LayerWindows   []uint32
 	NumStateLayers uint32
 	StateBytes     uint64

@@ -17,6 +17,8 @@
 // - Editor is a director: kdn's mover thread calls Java. The thread is
 //   attached once as a daemon and detached when it ends.
 // - No finalizers: dev.kdn frees every native object (close, or a Cleaner).
+// - Recurrent states (1.12, kdn::binding::StateLayers) are direct
+//   ByteBuffers too, one add() each, whole (address .. capacity).
 // - Device memory (kdn::binding::Memory) is an address and a size as longs,
 //   which the caller vouches for; direct_buffer_address gives a direct
 //   buffer's, for the emulated device (host memory standing in for the GPU's).
@@ -302,6 +304,8 @@ class GuardedEditor : public kdn::binding::Editor {
 %newobject kdn::binding::Model::save_async;
 %newobject kdn::binding::Model::load_async_memory;
 %newobject kdn::binding::Model::save_async_memory;
+%newobject kdn::binding::Model::load_async_states;
+%newobject kdn::binding::Model::save_async_states;
 
 // Java sees the errors as exceptions, never this class.
 %ignore kdn::binding::Error;
@@ -315,6 +319,12 @@ class GuardedEditor : public kdn::binding::Editor {
 %ignore kdn::binding::Model::blend_memory;
 %ignore kdn::binding::Model::blend_tokens;
 %ignore kdn::binding::Model::blend_tokens_memory;
+// Recurrent states travel with host buffers only (kdn refuses device views
+// of a model with recurrent layers): no DeviceMemory variants.
+%ignore kdn::binding::Model::store_memory_states;
+%ignore kdn::binding::Model::retrieve_memory_states;
+%ignore kdn::binding::Model::load_async_memory_states;
+%ignore kdn::binding::Model::save_async_memory_states;
 
 // Native* in dev.kdn.swig, so dev.kdn's own names stay free.
 %rename(NativeTierConfig) kdn::binding::TierConfig;
@@ -337,6 +347,7 @@ class GuardedEditor : public kdn::binding::Editor {
 %rename(NativeModel) kdn::binding::Model;
 %rename(NativeOp) kdn::binding::Op;
 %rename(NativeTokenRanges) kdn::binding::TokenRanges;
+%rename(NativeStateLayers) kdn::binding::StateLayers;
 // Object.wait(long) is final in Java.
 %rename(await_ms) kdn::binding::Op::wait;
 %rename(await_layer_ms) kdn::binding::Op::wait_layer;

@@ -8,6 +8,8 @@
 //   (numpy arrays, bytearray, memoryview, mmap), without a copy. It must be
 //   C-contiguous; it must be writable, except for the calls that only read
 //   it (store, save_async, knowledge_put), which take bytes too.
+//   The recurrent states of a call (1.12, StateLayers::add) take the same
+//   typemap: writable, except add_readonly (for store and save_async).
 // - (const int32_t *tokens, size_t num_tokens): a buffer of 4-byte ints
 //   without a copy (numpy int32, array('i')), or any sequence of ints.
 // - (const char *hashes, size_t bytes): any bytes-like object.
@@ -115,7 +117,9 @@ struct KdnPyBuffer {
 // The calls that only read the caller's KV: they take read-only buffers.
 static bool kdn_py_reads_only(const char *symname) {
   return std::strcmp(symname, "Model_store") == 0 || std::strcmp(symname, "Model_save_async") == 0 ||
-         std::strcmp(symname, "Model_knowledge_put") == 0;
+         std::strcmp(symname, "Model_knowledge_put") == 0 || std::strcmp(symname, "Model_store_states") == 0 ||
+         std::strcmp(symname, "Model_save_async_states") == 0 ||
+         std::strcmp(symname, "StateLayers_add_readonly") == 0;
 }
 
 // The caller's KV memory: a C-contiguous buffer, writable unless `readonly_ok`.
@@ -419,6 +423,10 @@ void kdn_py_set_error_factory(PyObject *factory) {
 %newobject kdn::binding::Model::save_async;
 %newobject kdn::binding::Model::load_async_memory;
 %newobject kdn::binding::Model::save_async_memory;
+%newobject kdn::binding::Model::load_async_states;
+%newobject kdn::binding::Model::save_async_states;
+%newobject kdn::binding::Model::load_async_memory_states;
+%newobject kdn::binding::Model::save_async_memory_states;
 
 // Results travel as tuples (above) and errors as the package's exceptions:
 // their C++ classes need no Python proxies. Neither do the layer's helpers.
@@ -467,6 +475,13 @@ void kdn_py_set_error_factory(PyObject *factory) {
     PyErr_WriteUnraisable(swig_get_self());
     throw kdn::binding::Error(KDN_ERR_INTERNAL, "the Python editor raised");
   }
+}
+
+// A recurrent state kdn only reads (a store's, a save's): read-only buffers
+// (bytes) too. The package keeps its own export of each state for the call
+// (an op: until it is closed); this call's export ends when it returns.
+%extend kdn::binding::StateLayers {
+  void add_readonly(void *data, size_t bytes) { $self->add(data, bytes); }
 }
 
 %include "kdn_binding.hpp"

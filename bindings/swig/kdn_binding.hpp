@@ -194,9 +194,9 @@ struct ModelSpec {
   uint32_t latent_dim = 0, latent_rope_dim = 0;
   // Since 1.12 (kdn_model_spec.layer_windows, num_state_layers,
   // state_bytes): layer `layer`'s sliding window in tokens (0: full
-  // attention); unset layers are full. Recurrent layers' states travel in
-  // the C ABI's views (kdn_kv_view.state_layers), which this layer's views
-  // do not carry yet: such a model stores KV but reports no hit here.
+  // attention); unset layers are full. Recurrent layers' states travel with
+  // a call as a StateLayers (the Model's *_states calls), which fill the C
+  // ABI's kdn_kv_view.state_layers.
   void set_layer_window(uint32_t layer, uint32_t window) {
     if (layer >= layer_windows.size()) layer_windows.resize(layer + 1, 0);
     layer_windows[layer] = window;
@@ -715,6 +715,60 @@ class TokenRanges {
 #endif
 };
 
+// Since 1.12: the recurrent layers' states of one KV call
+// (kdn_kv_view.state_layers), for a model with num_state_layers > 0: one
+// buffer per recurrent layer, in the model's order, each at least
+// ModelSpec::state_bytes long (kdn reads or writes its first state_bytes).
+// A store or save takes the state after the request's last token (kept as
+// the snapshot at that boundary); a retrieve or load writes the snapshot
+// at the prefix it returns. Each language's typemap fills (data, bytes)
+// from the caller's own memory, without a copy (a direct ByteBuffer,
+// anything with Python's buffer protocol): the caller keeps every buffer
+// alive and unmoved for the call (an op: until it is closed), as for the
+// KV. Empty: no state, as the calls without one.
+class StateLayers {
+ public:
+  void add(void* data, size_t bytes) {
+    data_.push_back(data);
+    bytes_.push_back(bytes);
+  }
+  size_t size() const { return data_.size(); }
+  uint64_t bytes(size_t i) const { return i < bytes_.size() ? bytes_[i] : 0; }
+  void clear() {
+    data_.clear();
+    bytes_.clear();
+  }
+
+#ifndef SWIG
+  // kdn_kv_view.state_layers for a model of `spec`, every bound checked
+  // here (kdn cannot bound the states' memory): one state per recurrent
+  // layer, each at least state_bytes. NULL when empty.
+  void* const* Native(const ModelSpec& spec) const {
+    if (data_.empty()) return nullptr;
+    if (spec.num_state_layers == 0) {
+      detail::Invalid("the call passes " + std::to_string(data_.size()) +
+                      " recurrent states, but the model has no recurrent layers (num_state_layers 0)");
+    }
+    if (data_.size() != spec.num_state_layers) {
+      detail::Invalid("the call passes " + std::to_string(data_.size()) + " recurrent states, but the model has " +
+                      std::to_string(spec.num_state_layers) + " recurrent layers (one state each)");
+    }
+    for (size_t i = 0; i < bytes_.size(); ++i) {
+      if (bytes_[i] < spec.state_bytes) {
+        detail::Invalid("recurrent state " + std::to_string(i) + " is " + std::to_string(bytes_[i]) +
+                        " bytes, shorter than the model's state_bytes (" + std::to_string(spec.state_bytes) + ")");
+      }
+      if (data_[i] == nullptr) detail::Invalid("recurrent state " + std::to_string(i) + " is null");
+    }
+    return data_.data();
+  }
+
+ private:
+  std::vector<void*> data_;
+  std::vector<uint64_t> bytes_;
+#endif
+};
+
 // ---- Handles ---------------------------------------------------------------
 
 class Model;
@@ -1026,6 +1080,36 @@ class Model {
   Op* load_async_memory(const std::string& ns, const Request& request, const KvView& view, const Memory& memory);
   Op* save_async_memory(const std::string& ns, const Request& request, const KvView& view, const Memory& memory);
 
+  // Since 1.12: the same calls with the recurrent layers' states (a model
+  // with num_state_layers > 0; see StateLayers). A retrieve or load of such
+  // a model needs them (kdn: KDN_ERR_INVALID_ARGUMENT without); a store or
+  // save without them stores KV that no lookup counts. Host memory only
+  // (kdn refuses device views of such a model).
+  KvResult store_states(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes,
+                        const StateLayers& states) const {
+    return Call(&kdn_kv_store, ns, request, view, Host(data, bytes), &states);
+  }
+  KvResult retrieve_states(const std::string& ns, const Request& request, const KvView& view, void* data,
+                           size_t bytes, const StateLayers& states) const {
+    return Call(&kdn_kv_retrieve, ns, request, view, Host(data, bytes), &states);
+  }
+  Op* load_async_states(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes,
+                        const StateLayers& states);
+  Op* save_async_states(const std::string& ns, const Request& request, const KvView& view, void* data, size_t bytes,
+                        const StateLayers& states);
+  KvResult store_memory_states(const std::string& ns, const Request& request, const KvView& view,
+                               const Memory& memory, const StateLayers& states) const {
+    return Call(&kdn_kv_store, ns, request, view, memory, &states);
+  }
+  KvResult retrieve_memory_states(const std::string& ns, const Request& request, const KvView& view,
+                                  const Memory& memory, const StateLayers& states) const {
+    return Call(&kdn_kv_retrieve, ns, request, view, memory, &states);
+  }
+  Op* load_async_memory_states(const std::string& ns, const Request& request, const KvView& view,
+                               const Memory& memory, const StateLayers& states);
+  Op* save_async_memory_states(const std::string& ns, const Request& request, const KvView& view,
+                               const Memory& memory, const StateLayers& states);
+
   // Blending (experimental): composes the segments, in order, into the
   // views; `layer` recomputes the selected tokens layer by layer (on this
   // thread, during the call), and gives the check layers' KV passes when it
@@ -1210,13 +1294,17 @@ class Model {
 
   // What every KV call passes kdn: the request (if any) and the native view
   // over the caller's memory, with the pointer arrays that view needs.
+  // `states` (since 1.12): the recurrent layers' states, borrowed for the
+  // call (kdn copies the pointer array; the memory, an op's, until it ends).
   struct KvCallArgs {
-    KvCallArgs(const Model& model, const Request* req, const KvView& kv, const Memory& memory)
+    KvCallArgs(const Model& model, const Request* req, const KvView& kv, const Memory& memory,
+               const StateLayers* states = nullptr)
         : request(NativeRequest(req)),
           view(kv.Native(model.spec_, reinterpret_cast<void*>(static_cast<uintptr_t>(memory.address)),
                          static_cast<size_t>(memory.bytes), &k, &v)) {
       view.memory = static_cast<kdn_memory_kind>(memory.kind);
       view.cuda_stream = reinterpret_cast<void*>(static_cast<uintptr_t>(memory.cuda_stream));
+      if (states != nullptr) view.state_layers = states->Native(model.spec_);
     }
     KvCallArgs(const KvCallArgs&) = delete;
     KvCallArgs& operator=(const KvCallArgs&) = delete;
@@ -1234,9 +1322,9 @@ class Model {
   using KvCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
                                 kdn_kv_result*);
   KvResult Call(KvCall call, const std::string& ns, const Request& request, const KvView& view,
-                const Memory& memory) const {
+                const Memory& memory, const StateLayers* states = nullptr) const {
     const detail::Life::Use use(life_);
-    const KvCallArgs a(*this, &request, view, memory);
+    const KvCallArgs a(*this, &request, view, memory, states);
     kdn_kv_result res;
     detail::Check(kdn_kv_result_init(&res, sizeof res));
     detail::Check(call(m_, ns.data(), ns.size(), &a.request, &a.view, 1, &res));
@@ -1245,7 +1333,7 @@ class Model {
   using OpCall = kdn_status (*)(const kdn_model*, const char*, size_t, const kdn_request*, const kdn_kv_view*, size_t,
                                 kdn_op**);
   Op* Start(OpCall call, const std::string& ns, const Request& request, const KvView& view,
-            const Memory& memory) const;
+            const Memory& memory, const StateLayers* states = nullptr) const;
 
   kdn_model* m_ = nullptr;
   ModelSpec spec_;
@@ -1405,10 +1493,30 @@ inline Op* Model::save_async_memory(const std::string& ns, const Request& reques
   return Start(&kdn_kv_save_async, ns, request, view, memory);
 }
 
+inline Op* Model::load_async_states(const std::string& ns, const Request& request, const KvView& view, void* data,
+                                    size_t bytes, const StateLayers& states) {
+  return Start(&kdn_kv_load_async, ns, request, view, Host(data, bytes), &states);
+}
+
+inline Op* Model::save_async_states(const std::string& ns, const Request& request, const KvView& view, void* data,
+                                    size_t bytes, const StateLayers& states) {
+  return Start(&kdn_kv_save_async, ns, request, view, Host(data, bytes), &states);
+}
+
+inline Op* Model::load_async_memory_states(const std::string& ns, const Request& request, const KvView& view,
+                                           const Memory& memory, const StateLayers& states) {
+  return Start(&kdn_kv_load_async, ns, request, view, memory, &states);
+}
+
+inline Op* Model::save_async_memory_states(const std::string& ns, const Request& request, const KvView& view,
+                                           const Memory& memory, const StateLayers& states) {
+  return Start(&kdn_kv_save_async, ns, request, view, memory, &states);
+}
+
 inline Op* Model::Start(OpCall call, const std::string& ns, const Request& request, const KvView& view,
-                        const Memory& memory) const {
+                        const Memory& memory, const StateLayers* states) const {
   const detail::Life::Use use(life_);
-  const KvCallArgs a(*this, &request, view, memory);
+  const KvCallArgs a(*this, &request, view, memory, states);
   kdn_op* op = nullptr;
   detail::Check(call(m_, ns.data(), ns.size(), &a.request, &a.view, 1, &op));
   return new Op(op);

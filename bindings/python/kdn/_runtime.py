@@ -594,6 +594,75 @@ def _native_tier(tier):
     return t
 
 
+class _Exports:
+    """The buffers a call exported (the KV and the recurrent states):
+    released together, when the call returns or its Op is closed."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, first):
+        self._items = [first]
+
+    def add(self, item):
+        self._items.append(item)
+
+    def release(self):
+        for item in self._items:
+            try:
+                item.release()
+            except BufferError:
+                pass  # still exported further by its owner: it lives on with it
+        self._items = []
+
+
+def _state_views(states, writable):
+    """The recurrent states of a call as C-contiguous memoryviews of their
+    own (released with the call), one per recurrent layer: a sequence of
+    buffers (list, tuple), or a buffer of 2 or more dimensions whose rows
+    are the states (a numpy array (num_state_layers, n)). Their count and
+    lengths are checked natively."""
+    try:
+        whole = memoryview(states)
+    except TypeError:
+        whole = None
+    views = []
+    try:
+        if whole is not None:
+            with whole:
+                if whole.ndim < 2:
+                    raise InvalidArgumentError("states: one buffer per recurrent layer, as a sequence ([state, ...]) "
+                                               "or the rows of a 2-D array, not a single buffer")
+                if not whole.c_contiguous:
+                    raise InvalidArgumentError("states: a 2-D array of states must be C-contiguous")
+                rows = whole.shape[0]
+                with whole.cast("B") as flat:  # each row's slice keeps the buffer exported
+                    step = flat.nbytes // rows if rows else 0
+                    views = [flat[i * step:(i + 1) * step] for i in range(rows)]
+        else:
+            try:
+                items = list(states)
+            except TypeError as e:
+                raise InvalidArgumentError(f"states must be a sequence of buffers, one per recurrent layer, not "
+                                           f"{type(states).__name__}") from e
+            for i, item in enumerate(items):
+                try:
+                    views.append(memoryview(item))
+                except TypeError as e:
+                    raise InvalidArgumentError(f"states[{i}] must be a buffer (bytearray, numpy array, memoryview), "
+                                               f"not {type(item).__name__}") from e
+        for i, mv in enumerate(views):
+            if not mv.c_contiguous:
+                raise InvalidArgumentError(f"states[{i}] must be C-contiguous")
+            if writable and mv.readonly:
+                raise InvalidArgumentError(f"states[{i}] is read-only: kdn writes the state into it (use a "
+                                           f"bytearray or an array)")
+    except BaseException:
+        for mv in views:
+            mv.release()
+        raise
+    return views
+
+
 class Model(_Handle):
     """A model registered with a runtime (kdn_model); every KV call goes
     through one. Made by Runtime.model(). close() releases it.
@@ -624,6 +693,20 @@ class Model(_Handle):
     [layer][k|v][token][kv_head][head_dim] for the request's tokens.
     The knowledge calls take host buffers only (kdn refuses device memory
     for them).
+
+    Recurrent layers (since 1.12, ModelSpec num_state_layers and
+    state_bytes): store, retrieve, load_async and save_async take
+    `states`, the recurrent layers' states, one buffer per recurrent layer
+    in order (a list of bytearrays, numpy arrays or memoryviews, or a 2-D
+    array whose rows are the states), each C-contiguous and at least
+    state_bytes long (kdn reads or writes its first state_bytes; any
+    element type), used in place and writable for retrieve and load_async.
+    A store takes the state after the request's last token as the snapshot
+    at that boundary; a retrieve or load writes the snapshot at the prefix
+    it returns, and a lookup counts a prefix only where one is. A retrieve
+    or load of such a model without states, a wrong count or a buffer too
+    short: InvalidArgumentError. Host memory only (kdn refuses GPU memory
+    for such a model).
     """
 
     def __init__(self, runtime, handle, spec):
@@ -737,34 +820,58 @@ class Model(_Handle):
             out.append(LookupResult(Status(t[0]), t[1], t[2]))
         return out
 
-    def store(self, ns, tokens, kv, view=None, *, stream=None):
+    def store(self, ns, tokens, kv, view=None, *, stream=None, states=None):
         """Stores the tokens' KV from `kv` (read only: bytes are fine).
         Chunks already cached are skipped; when not all fit, the longest
         prefix that fits is kept. Returns a KvResult (tokens: the leading
-        tokens cached after the call)."""
+        tokens cached after the call).
+
+        states (since 1.12, a model with recurrent layers): their state
+        after the request's last token, one buffer per recurrent layer (see
+        the class), kept as the snapshot at that boundary. A prefix counts
+        for a lookup only where a snapshot is: store at each chunk boundary
+        of a prefill to make each one a possible hit. None: the KV alone,
+        which no lookup counts for such a model."""
         mem = self._memory(kv, False, tokens, view, stream)
+        if states is not None:
+            return self._with_states(mem, states, False, self._h.store_states, self._h.store_memory_states,
+                                     (ns, _request(tokens), _view(view)))
         if type(mem) is memoryview:
             return KvResult._native(self._h.store(ns, _request(tokens), _view(view), mem))
         with mem:
             return KvResult._native(self._h.store_memory(ns, _request(tokens), _view(view), mem.native))
 
-    def retrieve(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None):
+    def retrieve(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None, states=None):
         """Writes the KV of the longest cached prefix into `kv`. Returns a
         KvResult: tokens = its length, 0 on a miss (not an error).
-        ttft_target_us: see Request (None: the Request's own, else 0)."""
+        ttft_target_us: see Request (None: the Request's own, else 0).
+
+        states (since 1.12): required for a model with recurrent layers
+        (else kdn's InvalidArgumentError): writable buffers, one per
+        recurrent layer (see the class), into which the state at the
+        returned prefix is written (nothing on a miss). A prefix counts only
+        where the state at its end was stored."""
         mem = self._memory(kv, True, tokens, view, stream)
+        if states is not None:
+            return self._with_states(mem, states, True, self._h.retrieve_states, self._h.retrieve_memory_states,
+                                     (ns, _request(tokens, ttft_target_us), _view(view)))
         if type(mem) is memoryview:
             return KvResult._native(self._h.retrieve(ns, _request(tokens, ttft_target_us), _view(view), mem))
         with mem:
             return KvResult._native(self._h.retrieve_memory(ns, _request(tokens, ttft_target_us), _view(view),
                                                             mem.native))
 
-    def load_async(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None):
+    def load_async(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None, states=None):
         """Starts loading the cached prefix into `kv` layer by layer in the
         background: an Op, which keeps `kv` exported (it cannot be resized
         or freed; a DLPack tensor: not given back to its producer) until it
-        is closed. ttft_target_us: see Request."""
+        is closed. ttft_target_us: see Request. states (since 1.12): as for
+        retrieve, written by the op; kept exported with `kv`."""
         mem = self._memory(kv, True, tokens, view, stream)
+        if states is not None:
+            return self._with_states(mem, states, True, self._h.load_async_states,
+                                     self._h.load_async_memory_states,
+                                     (ns, _request(tokens, ttft_target_us), _view(view)), op=True)
         if type(mem) is memoryview:
             return Op(self, self._h.load_async(ns, _request(tokens, ttft_target_us), _view(view), mem), mem)
         try:
@@ -774,11 +881,16 @@ class Model(_Handle):
             mem.release()
             raise
 
-    def save_async(self, ns, tokens, kv, view=None, *, stream=None):
+    def save_async(self, ns, tokens, kv, view=None, *, stream=None, states=None):
         """Starts a save from `kv`: call op.layer_ready(layer) once per model
         layer as it becomes final, then op.wait(). `kv` stays exported until
-        the Op is closed."""
+        the Op is closed. states (since 1.12): as for store, read when every
+        layer is ready (they must hold the state after the request's last
+        token by then); kept exported with `kv`."""
         mem = self._memory(kv, False, tokens, view, stream)
+        if states is not None:
+            return self._with_states(mem, states, False, self._h.save_async_states,
+                                     self._h.save_async_memory_states, (ns, _request(tokens), _view(view)), op=True)
         if type(mem) is memoryview:
             return Op(self, self._h.save_async(ns, _request(tokens), _view(view), mem), mem)
         try:
@@ -786,6 +898,30 @@ class Model(_Handle):
         except BaseException:
             mem.release()
             raise
+
+    def _with_states(self, mem, states, writable, buffer_call, memory_call, args, op=False):
+        """A KV call with the recurrent layers' states: `mem` is the KV
+        (a memoryview, or a _Foreign by address), `args` (ns, request,
+        view). The states stay exported for the call, an op's until it is
+        closed (with the KV)."""
+        exports = _Exports(mem)
+        try:
+            native = _s.StateLayers()
+            add = native.add if writable else native.add_readonly
+            for mv in _state_views(states, writable):
+                exports.add(mv)
+                add(mv)
+            if type(mem) is memoryview:
+                handle = buffer_call(*args, mem, native)
+            else:
+                handle = memory_call(*args, mem.native, native)
+        except BaseException:
+            exports.release()
+            raise
+        if op:
+            return Op(self, handle, exports)
+        exports.release()
+        return KvResult._native(handle)
 
     # ---- Blending (experimental in kdn.h) ----
 
@@ -1025,7 +1161,7 @@ def _blend_options(layer_fn, hidden_dim, ratio, threshold, check_layers, rope_sc
 
 class Op(_Handle):
     """An asynchronous load or save (kdn_op). It keeps the caller's buffer
-    exported until it is closed; close() cancels it if it still runs, ends
+    (and its recurrent states) exported until it is closed; close() cancels it if it still runs, ends
     the waits on it (they raise ClosedError), waits until kdn no longer
     touches the buffer, frees it and releases the buffer. Timeouts are in
     seconds (None: no limit)."""

@@ -101,9 +101,10 @@ class ModelSpec:
     full attention (empty: all full): a load then writes a sliding layer's
     window only, and a lookup reports the prefix every group serves.
     num_state_layers / state_bytes: recurrent layers (not in num_layers),
-    each with a state of state_bytes; their state travels in the C ABI's
-    views, which this binding does not carry yet: such a model stores KV
-    here but reports no hit."""
+    each with a state of state_bytes (a positive multiple of 4); their
+    states travel with each call (Model.store / retrieve / load_async /
+    save_async's `states`), and a prefix counts only where the state at its
+    end was stored."""
     num_layers: int
     num_kv_heads: int
     head_dim: int

@@ -362,6 +362,152 @@ class KvTest(unittest.TestCase):
             np.testing.assert_array_equal(out, kv)
 
 
+class RecurrentTest(unittest.TestCase):
+    """A model with recurrent layers (since 1.12): their states travel with
+    each call (`states`), and a prefix counts only where the state at its
+    end was stored."""
+
+    STATE_BYTES = 12
+
+    def setUp(self):
+        self.rt = runtime()
+        self.m = self.rt.model(kdn.ModelSpec(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
+                                             fingerprint="recurrent", num_state_layers=2,
+                                             state_bytes=self.STATE_BYTES))
+        self.addCleanup(self.rt.close)
+        self.addCleanup(self.m.close)
+        self.kv = canonical_kv(3 * CHUNK, seed=2) + 1.0  # the KV of 48 tokens; a prefix's is its first tokens'
+
+    def prefix_kv(self, n):
+        return np.ascontiguousarray(self.kv[:, :, :n])
+
+    @staticmethod
+    def new_states():
+        return [bytearray(RecurrentTest.STATE_BYTES) for _ in range(2)]
+
+    def test_store_lookup_retrieve(self):
+        # Two snapshots: at 16 (the rows of a 2-D float32 array) and at 32 (bytearrays).
+        states16 = np.arange(6, dtype=np.float32).reshape(2, 3) + 100.0
+        states32 = [bytearray(range(1, 13)), bytearray(range(101, 113))]
+        self.assertEqual(self.m.store(NS, tokens(CHUNK), self.prefix_kv(CHUNK), states=states16).tokens, CHUNK)
+        self.assertEqual(self.m.store(NS, tokens(2 * CHUNK), self.prefix_kv(2 * CHUNK), states=states32).tokens,
+                         2 * CHUNK)
+        n = 2 * CHUNK + 8  # a request of 40 tokens sharing both
+        self.assertEqual(self.m.lookup(NS, tokens(n)).cached_tokens, 2 * CHUNK)
+        self.assertEqual(self.m.lookup(NS, tokens(CHUNK + 8)).cached_tokens, CHUNK)
+
+        out = np.full((LAYERS, 2, n, HEADS, DIM), np.nan, np.float32)
+        got = self.new_states()
+        r = self.m.retrieve(NS, tokens(n), out, states=got)
+        self.assertEqual(r.tokens, 2 * CHUNK)
+        np.testing.assert_array_equal(out[:, :, :2 * CHUNK], self.kv[:, :, :2 * CHUNK])  # bit for bit
+        self.assertTrue(np.isnan(out[:, :, 2 * CHUNK:]).all())  # nothing past the prefix
+        self.assertEqual(got, states32)
+
+        # The shorter request gets the snapshot at 16, into numpy rows (a 2-D array).
+        out = np.zeros((LAYERS, 2, CHUNK + 8, HEADS, DIM), np.float32)
+        rows = np.zeros((2, 3), np.float32)
+        self.assertEqual(self.m.retrieve(NS, tokens(CHUNK + 8), out, states=rows).tokens, CHUNK)
+        np.testing.assert_array_equal(rows, states16)
+        np.testing.assert_array_equal(out[:, :, :CHUNK], self.kv[:, :, :CHUNK])
+
+        # A retrieve of a miss writes no state.
+        miss = [bytearray(b"\xaa" * self.STATE_BYTES) for _ in range(2)]
+        self.assertEqual(self.m.retrieve(NS, tokens(n, 9000), np.zeros((LAYERS, 2, n, HEADS, DIM), np.float32),
+                                         states=miss).tokens, 0)
+        self.assertEqual(miss, [bytearray(b"\xaa" * self.STATE_BYTES)] * 2)
+
+    def test_kv_without_state_is_no_hit(self):
+        n = 2 * CHUNK
+        self.m.store(NS, tokens(n, 500), self.prefix_kv(n))  # no states: the KV alone
+        self.assertEqual(self.m.lookup(NS, tokens(n, 500)).cached_tokens, 0)
+        got = self.new_states()
+        self.assertEqual(self.m.retrieve(NS, tokens(n, 500), np.zeros_like(self.prefix_kv(n)), states=got).tokens,
+                         0)
+        self.assertEqual(got, self.new_states())
+        # Read-only states (bytes) are fine for a store, which only reads them.
+        states = [bytes(range(12)), bytes(range(12, 24))]
+        self.assertEqual(self.m.store(NS, tokens(n, 500), self.prefix_kv(n), states=states).tokens, n)
+        self.assertEqual(self.m.lookup(NS, tokens(n, 500)).cached_tokens, n)
+        self.m.retrieve(NS, tokens(n, 500), np.zeros_like(self.prefix_kv(n)), states=got)
+        self.assertEqual([bytes(g) for g in got], states)
+
+    def test_bad_states(self):
+        n = CHUNK
+        kv = self.prefix_kv(n)
+        self.m.store(NS, tokens(n), kv, states=self.new_states())
+        out = np.zeros_like(kv)
+        # kdn's own refusal: a retrieve or load of a recurrent model needs the states.
+        with self.assertRaisesRegex(kdn.InvalidArgumentError, "state"):
+            self.m.retrieve(NS, tokens(n), out)
+        with self.assertRaises(kdn.InvalidArgumentError):
+            self.m.load_async(NS, tokens(n), out)
+        # A state shorter than state_bytes, for any call.
+        short = [bytearray(8), bytearray(self.STATE_BYTES)]
+        for call in (lambda: self.m.retrieve(NS, tokens(n), out, states=short),
+                     lambda: self.m.store(NS, tokens(n), kv, states=short),
+                     lambda: self.m.load_async(NS, tokens(n), out, states=short),
+                     lambda: self.m.save_async(NS, tokens(n), kv, states=short)):
+            with self.assertRaises(kdn.InvalidArgumentError) as e:
+                call()
+            self.assertIn("recurrent state 0 is 8 bytes, shorter than the model's state_bytes (12)", str(e.exception))
+        self.assertFalse(out.any())  # nothing written
+        # One state per recurrent layer.
+        with self.assertRaisesRegex(kdn.InvalidArgumentError, "passes 1 recurrent states, but the model has 2"):
+            self.m.retrieve(NS, tokens(n), out, states=[bytearray(self.STATE_BYTES)])
+        # Writable for the calls that write; buffers; not a single buffer.
+        with self.assertRaisesRegex(kdn.InvalidArgumentError, r"states\[1\] is read-only"):
+            self.m.retrieve(NS, tokens(n), out, states=[bytearray(12), bytes(12)])
+        with self.assertRaisesRegex(kdn.InvalidArgumentError, r"states\[0\] must be a buffer"):
+            self.m.retrieve(NS, tokens(n), out, states=[12, 12])
+        with self.assertRaisesRegex(kdn.InvalidArgumentError, "not a single buffer"):
+            self.m.retrieve(NS, tokens(n), out, states=bytearray(24))
+        # A model without recurrent layers takes none.
+        with model(self.rt) as plain, self.assertRaisesRegex(kdn.InvalidArgumentError, "no recurrent layers"):
+            plain.store(NS, tokens(n), kv, states=self.new_states())
+
+    def test_kv_by_address(self):
+        # KV that reaches kdn by address (a DLPack CPU tensor, as torch's): host memory, with the states.
+        from _devarrays import DLPackOnly
+        n = 2 * CHUNK
+        states = [bytearray(b"\x33" * 12), bytearray(b"\x44" * 12)]
+        self.assertEqual(self.m.store(NS, tokens(n, 300), DLPackOnly(self.prefix_kv(n)), states=states).tokens, n)
+        self.assertEqual(self.m.lookup(NS, tokens(n, 300)).cached_tokens, n)
+        out = DLPackOnly(np.zeros_like(self.prefix_kv(n)))
+        got = self.new_states()
+        self.assertEqual(self.m.retrieve(NS, tokens(n, 300), out, states=got).tokens, n)
+        np.testing.assert_array_equal(out.a, self.prefix_kv(n))
+        self.assertEqual(got, states)
+        with self.m.load_async(NS, tokens(n, 300), DLPackOnly(np.zeros_like(self.prefix_kv(n))),
+                               states=self.new_states()) as op:
+            self.assertTrue(op.wait(timeout=10))
+            self.assertEqual(op.result().tokens, n)
+
+    def test_save_and_load_async(self):
+        n = 2 * CHUNK
+        states = [bytearray(b"\x11" * 12), bytearray(b"\x22" * 12)]
+        with self.m.save_async(NS, tokens(n, 70), self.prefix_kv(n), states=states) as op:
+            with self.assertRaises(BufferError):
+                states[0].extend(b"x")  # kdn reads it when the layers are ready: it cannot move
+            for layer in range(LAYERS):
+                op.layer_ready(layer)
+            self.assertTrue(op.wait(timeout=10))
+            self.assertEqual(op.result().tokens, n)
+        states[0].extend(b"x")  # released with the op
+        self.assertEqual(self.m.lookup(NS, tokens(n + 5, 70)).cached_tokens, n)
+        out = bytearray(self.prefix_kv(n).nbytes)
+        got = self.new_states()
+        with self.m.load_async(NS, tokens(n, 70), out, states=got) as op:
+            with self.assertRaises(BufferError):
+                got[1].extend(b"x")
+            self.assertTrue(op.wait(timeout=10))
+            r = op.result()
+            self.assertEqual((r.state, r.tokens), (kdn.OpState.DONE, n))
+        self.assertEqual(bytes(out), self.prefix_kv(n).tobytes())
+        self.assertEqual(got, [bytearray(b"\x11" * 12), bytearray(b"\x22" * 12)])
+        got[1].extend(b"x")
+
+
 class AsyncTest(unittest.TestCase):
     def setUp(self):
         self.rt = runtime()

@@ -494,7 +494,7 @@ impl Model {
         F: FnMut(BlendLayer<'_>) -> Result<()>,
     {
         let raw_views: Vec<sys::kdn_kv_view> =
-            views.iter().map(|v| v.parts.resolve_room(self.row(), self.kv_bytes_per_token())).collect::<Result<_>>()?;
+            views.iter().map(|v| v.parts.resolve_room(self)).collect::<Result<_>>()?;
         let segs: Vec<sys::kdn_blend_segment> = segments.iter().map(Segment::raw).collect::<Result<_>>()?;
         self.run_blend(ns.as_ref(), Context::Segments(segs), options, &raw_views, &mut layer_fn)
     }
@@ -537,8 +537,7 @@ impl Model {
         T: TokenId,
         F: FnMut(BlendLayer<'_>) -> Result<()>,
     {
-        let raw_views: Vec<sys::kdn_kv_view> =
-            views.iter().map(|v| v.parts.resolve(self.row())).collect::<Result<_>>()?;
+        let raw_views: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self)).collect::<Result<_>>()?;
         let ids = c_ids(tokens)?;
         self.run_blend(ns.as_ref(), Context::Tokens(ids), options, &raw_views, &mut layer_fn)
     }

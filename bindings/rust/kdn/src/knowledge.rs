@@ -111,8 +111,7 @@ impl<'m> Knowledge<'m> {
         views: &[KvView<'_>],
     ) -> Result<()> {
         let tokens = c_ids(tokens)?;
-        let raw: Vec<sys::kdn_kv_view> =
-            views.iter().map(|v| v.parts.resolve(self.model.row())).collect::<Result<_>>()?;
+        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.model)).collect::<Result<_>>()?;
         let (ns, ns_len) = bytes(self.ns);
         let (id, id_len) = bytes(doc_id.as_bytes());
         let (md, md_len) = bytes(metadata);
@@ -215,7 +214,7 @@ impl<'m> Knowledge<'m> {
         tokens: Option<&mut [i32]>,
     ) -> Result<KvResult> {
         let raw_view = match view {
-            Some(v) => Some(v.parts.resolve_room(self.model.row(), self.model.kv_bytes_per_token())?),
+            Some(v) => Some(v.parts.resolve_room(self.model)?),
             None => None,
         };
         let (views, num_views) = match &raw_view {

@@ -39,6 +39,14 @@
 //! ([`Model::load_async`]); engines that manage their own KV memory use the
 //! `unsafe` [`Model::load_async_unchecked`] and [`Model::save_async_unchecked`].
 //!
+//! ## Recurrent layers
+//! A model with recurrent layers ([`ModelSpec::num_state_layers`], since
+//! 1.12) has a state per recurrent layer: its views carry it
+//! ([`KvView::with_state`], [`KvViewMut::with_state`]), borrowed like the
+//! KV, and the owned async ops own it ([`Model::load_async_with_state`],
+//! [`Model::save_async_with_state`]). A prefix counts only where a store
+//! left the state.
+//!
 //! ## Device memory
 //! With a device ([`RuntimeOptions::device`]: a CUDA GPU, or
 //! [`DeviceMode::Emulated`], host memory standing in for one), KV views may
@@ -69,8 +77,8 @@ pub use model::{KvResult, LoadRequest, Lookup, Model, ModelSpec, Request, TokenI
 pub use op::Op;
 pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
 pub use types::{
-    version, version_number, DType, DeviceMode, Element, EvictionPolicy, LatencyKind, Layout, MemoryKind, OpState,
-    RopeScaling, RopeStyle, TierKind, CacheKind, ABI_VERSION_NUMBER, HEADER_VERSION_NUMBER,
+    version, version_number, CacheKind, DType, DeviceMode, Element, EvictionPolicy, LatencyKind, Layout, MemoryKind,
+    OpState, RopeScaling, RopeStyle, TierKind, ABI_VERSION_NUMBER, HEADER_VERSION_NUMBER,
 };
 pub use view::{as_bytes, as_f32_mut, CudaStream, KvBuffer, KvView, KvViewMut, LayerOffsets, ViewSpec};
 
@@ -86,5 +94,6 @@ const _: () = {
     send_sync::<Model>();
     send_sync::<Op<Vec<u8>>>();
     send_sync::<Op<Vec<f32>>>();
+    send_sync::<Op<Vec<f32>, Vec<u32>>>();
     send_sync::<Error>();
 };

@@ -45,9 +45,12 @@ pub struct ModelSpec {
     /// the prefix every group serves.
     pub layer_windows: Vec<u32>,
     /// Recurrent layers (not in `num_layers`), each with a state of
-    /// `state_bytes` (a multiple of 4). Their state travels in the C ABI's
-    /// views (`kdn_kv_view.state_layers`), which this crate's views do not
-    /// carry yet: such a model stores KV here but reports no hit.
+    /// `state_bytes` (a multiple of 4). Their state travels with the views
+    /// (`kdn_kv_view.state_layers`, since 1.12): [`KvView::with_state`] for a
+    /// store, [`KvViewMut::with_state`] for a retrieve (required), and the
+    /// `_with_state` async ops ([`Model::load_async_with_state`],
+    /// [`Model::save_async_with_state`]). A prefix of b tokens is a hit only
+    /// where a store left the state at b.
     pub num_state_layers: u32,
     /// Bytes of one recurrent layer's state; 0 without recurrent layers.
     pub state_bytes: u64,
@@ -392,6 +395,8 @@ pub struct Model {
     row: u64,
     num_layers: u32,
     dtype: DType,
+    num_state_layers: u32,
+    state_bytes: u64,
 }
 
 // SAFETY: kdn.h: "immutable once created; usable from any thread at once";
@@ -451,6 +456,8 @@ impl Model {
             },
             num_layers: spec.num_layers,
             dtype: spec.dtype,
+            num_state_layers: spec.num_state_layers,
+            state_bytes: spec.state_bytes,
         };
         // SAFETY: a live model.
         check(unsafe { sys::kdn_model_get_kv_bytes_per_token(raw.as_ptr(), &mut model.kv_bytes_per_token) })?;
@@ -470,6 +477,17 @@ impl Model {
     /// The model's dtype.
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// Recurrent layers of the model (since 1.12; 0 for most models): how
+    /// many states a view carries ([`KvView::with_state`]).
+    pub fn num_state_layers(&self) -> u32 {
+        self.num_state_layers
+    }
+
+    /// Bytes of one recurrent layer's state (since 1.12; 0 without recurrent layers).
+    pub fn state_bytes(&self) -> u64 {
+        self.state_bytes
     }
 
     /// The 32-byte identity kdn derived from the spec (shape + fingerprint).
@@ -505,7 +523,9 @@ impl Model {
     /// Stores the request's KV from `view`, in chunks of the runtime's
     /// chunk_tokens (chunks already cached are skipped). When not all fit,
     /// the longest prefix that fits is kept. `tokens` of the result: the
-    /// leading tokens cached after the call.
+    /// leading tokens cached after the call. A model with recurrent layers
+    /// also keeps the state the view carries ([`KvView::with_state`]) as
+    /// the snapshot at the request's end.
     pub fn store<'r>(
         &self,
         ns: impl AsRef<[u8]>,
@@ -522,8 +542,7 @@ impl Model {
         request: impl Into<Request<'r>>,
         views: &[KvView<'_>],
     ) -> Result<KvResult> {
-        let raw_views: Vec<sys::kdn_kv_view> =
-            views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        let raw_views: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self)).collect::<Result<_>>()?;
         let req = request.into().raw()?;
         let (ns, ns_len) = ns_arg(ns.as_ref());
         let mut out: sys::kdn_kv_result = init(sys::kdn_kv_result_init);
@@ -537,14 +556,17 @@ impl Model {
 
     /// Writes the KV of the longest cached prefix of the request into
     /// `view`. `tokens` of the result: its length, 0 on a miss (which is
-    /// `Ok`); `covered`: the cached prefix found.
+    /// `Ok`); `covered`: the cached prefix found. A model with recurrent
+    /// layers needs the state's memory in the view
+    /// ([`KvViewMut::with_state`]; `InvalidArgument` without), and gets the
+    /// snapshot at that prefix there.
     pub fn retrieve<'r>(
         &self,
         ns: impl AsRef<[u8]>,
         request: impl Into<LoadRequest<'r>>,
         view: &mut KvViewMut<'_>,
     ) -> Result<KvResult> {
-        let raw_view = view.parts.resolve(self.row)?;
+        let raw_view = view.parts.resolve(self)?;
         self.retrieve_raw(ns.as_ref(), &request.into(), std::slice::from_ref(&raw_view))
     }
 
@@ -555,8 +577,7 @@ impl Model {
         request: impl Into<LoadRequest<'r>>,
         views: &mut [KvViewMut<'_>],
     ) -> Result<KvResult> {
-        let raw_views: Vec<sys::kdn_kv_view> =
-            views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        let raw_views: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self)).collect::<Result<_>>()?;
         self.retrieve_raw(ns.as_ref(), &request.into(), &raw_views)
     }
 
@@ -691,12 +712,99 @@ impl Model {
         Op::start(self, OpKind::Save, ns.as_ref(), &LoadRequest::from(request.into()), buffer, specs)
     }
 
+    /// [`load_async`](Self::load_async) of a model with recurrent layers
+    /// (since 1.12): the op also owns `state`, one buffer per recurrent
+    /// layer (each at least [`state_bytes`](Self::state_bytes) long;
+    /// `InvalidArgument` otherwise, before the load starts), and writes the
+    /// snapshot at the prefix it loads into each one's first `state_bytes`
+    /// bytes. [`Op::finish_with_state`] and [`Op::into_buffers`] give both back.
+    ///
+    /// ```
+    /// # use kdn::{DType, KvView, ModelSpec, Runtime, RuntimeOptions, ViewSpec};
+    /// # let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(2))?;
+    /// let mut spec = ModelSpec::new(1, 1, 2, DType::F32, "hybrid");
+    /// (spec.num_state_layers, spec.state_bytes) = (2, 4); // two recurrent layers of 4 bytes
+    /// let model = rt.model(&spec)?;
+    /// let tokens = [5, 6, 7, 8];
+    /// let kv: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    /// let (s0, s1) = ([1u8, 2, 3, 4], [5u8, 6, 7, 8]);
+    /// model.store("ns", &tokens, &KvView::canonical(&kv, DType::F32).with_state(&[&s0[..], &s1[..]]))?;
+    /// let state = vec![vec![0u8; 4], vec![0u8; 4]];
+    /// let op = model.load_async_with_state("ns", &tokens, vec![0f32; 16], &ViewSpec::canonical(DType::F32), state)?;
+    /// let (result, loaded, state) = op.finish_with_state()?;
+    /// assert_eq!((result.tokens, loaded, state), (4, kv, vec![s0.to_vec(), s1.to_vec()]));
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn load_async_with_state<'r, B: KvBuffer, S: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<LoadRequest<'r>>,
+        buffer: B,
+        spec: &ViewSpec,
+        state: Vec<S>,
+    ) -> Result<Op<B, S>> {
+        Op::start_with_state(
+            self,
+            OpKind::Load,
+            ns.as_ref(),
+            &request.into(),
+            buffer,
+            std::slice::from_ref(spec),
+            state,
+        )
+    }
+
+    /// [`load_async_with_state`](Self::load_async_with_state) into several
+    /// views over the one buffer (the state goes with the first).
+    pub fn load_async_views_with_state<'r, B: KvBuffer, S: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<LoadRequest<'r>>,
+        buffer: B,
+        specs: &[ViewSpec],
+        state: Vec<S>,
+    ) -> Result<Op<B, S>> {
+        Op::start_with_state(self, OpKind::Load, ns.as_ref(), &request.into(), buffer, specs, state)
+    }
+
+    /// [`save_async`](Self::save_async) of a model with recurrent layers
+    /// (since 1.12): the op also owns `state`, the recurrent layers' state
+    /// after the request's last token (one buffer per recurrent layer, each
+    /// at least [`state_bytes`](Self::state_bytes) long; `InvalidArgument`
+    /// otherwise, before the save starts), stored as the snapshot at the
+    /// request's end once every layer is ready.
+    pub fn save_async_with_state<'r, B: KvBuffer, S: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        buffer: B,
+        spec: &ViewSpec,
+        state: Vec<S>,
+    ) -> Result<Op<B, S>> {
+        let request = LoadRequest::from(request.into());
+        Op::start_with_state(self, OpKind::Save, ns.as_ref(), &request, buffer, std::slice::from_ref(spec), state)
+    }
+
+    /// [`save_async_with_state`](Self::save_async_with_state) from several
+    /// views over the one buffer (the state goes with the first).
+    pub fn save_async_views_with_state<'r, B: KvBuffer, S: KvBuffer>(
+        &self,
+        ns: impl AsRef<[u8]>,
+        request: impl Into<Request<'r>>,
+        buffer: B,
+        specs: &[ViewSpec],
+        state: Vec<S>,
+    ) -> Result<Op<B, S>> {
+        Op::start_with_state(self, OpKind::Save, ns.as_ref(), &LoadRequest::from(request.into()), buffer, specs, state)
+    }
+
     /// [`load_async`](Self::load_async) into memory the op does not own:
     /// any views (per-layer allocations, paged block tables), for engines
-    /// that manage their KV memory themselves.
+    /// that manage their KV memory themselves. A model with recurrent layers
+    /// needs the state's memory in one view ([`KvViewMut::with_state`]).
     ///
     /// # Safety
-    /// The views' memory must stay valid, and must not be read or written
+    /// The views' memory (their recurrent state's too) must stay valid, and must not be read or written
     /// otherwise, until the returned op is dropped (or consumed by
     /// [`Op::into_buffer`] or [`Op::finish`]). Leaking the op
     /// (`std::mem::forget`) leaves the library writing into the memory at
@@ -707,17 +815,19 @@ impl Model {
         request: impl Into<LoadRequest<'r>>,
         views: &[KvViewMut<'_>],
     ) -> Result<Op<()>> {
-        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self)).collect::<Result<_>>()?;
         // SAFETY: as the caller promised.
         let op = unsafe { crate::op::start_raw(self, OpKind::Load, ns.as_ref(), &request.into(), &raw)? };
         Ok(Op::borrowed(op, self))
     }
 
-    /// [`save_async`](Self::save_async) from memory the op does not own.
+    /// [`save_async`](Self::save_async) from memory the op does not own
+    /// (a model with recurrent layers: the state in one view, [`KvView::with_state`]).
     ///
     /// # Safety
     /// The views' memory must stay valid, and each layer unchanged from its
-    /// [`Op::layer_ready`] on, until the returned op is dropped or consumed
+    /// [`Op::layer_ready`] on (the recurrent state: from the call on),
+    /// until the returned op is dropped or consumed
     /// (see [`load_async_unchecked`](Self::load_async_unchecked)).
     pub unsafe fn save_async_unchecked<'r>(
         &self,
@@ -725,7 +835,7 @@ impl Model {
         request: impl Into<Request<'r>>,
         views: &[KvView<'_>],
     ) -> Result<Op<()>> {
-        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self.row)).collect::<Result<_>>()?;
+        let raw: Vec<sys::kdn_kv_view> = views.iter().map(|v| v.parts.resolve(self)).collect::<Result<_>>()?;
         // SAFETY: as the caller promised.
         let request = LoadRequest::from(request.into());
         let op = unsafe { crate::op::start_raw(self, OpKind::Save, ns.as_ref(), &request, &raw)? };

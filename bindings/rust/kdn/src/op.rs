@@ -27,6 +27,12 @@ pub(crate) enum OpKind {
 /// Thread-safety (kdn.h): every call may come from any thread at once, so
 /// `Send` and `Sync` (the buffer is not reachable through `&Op`).
 ///
+/// A model with recurrent layers (since 1.12): an op of
+/// [`Model::load_async_with_state`] or [`Model::save_async_with_state`] owns
+/// the recurrent layers' state buffers too (`S`, one per layer), and gives
+/// them back with the KV buffer ([`into_buffers`](Op::into_buffers),
+/// [`finish_with_state`](Op::finish_with_state)). Other ops hold none.
+///
 /// A finished op cannot be waited on: [`into_buffer`](Op::into_buffer) takes it by value.
 ///
 /// ```compile_fail,E0382
@@ -37,17 +43,19 @@ pub(crate) enum OpKind {
 /// let buffer = op.into_buffer();
 /// op.wait(None); // error[E0382]: borrow of moved value: `op`
 /// ```
-pub struct Op<B: KvBuffer = Vec<u8>> {
+pub struct Op<B: KvBuffer = Vec<u8>, S: KvBuffer = Vec<u8>> {
     raw: Option<NonNull<sys::kdn_op>>,
     buffer: Option<B>,
+    /// The recurrent layers' state buffers (empty for most models).
+    state: Vec<S>,
     _keep: Keep,
 }
 
 // SAFETY: kdn.h: "every function taking a kdn_op may be called from any
 // thread at once, except kdn_op_destroy" (only from Drop / by value). The
-// buffer is B: Send, and not reachable through &Op.
-unsafe impl<B: KvBuffer> Send for Op<B> {}
-unsafe impl<B: KvBuffer> Sync for Op<B> {}
+// buffers are B, S: Send, and not reachable through &Op.
+unsafe impl<B: KvBuffer, S: KvBuffer> Send for Op<B, S> {}
+unsafe impl<B: KvBuffer, S: KvBuffer> Sync for Op<B, S> {}
 
 /// A wait's timeout for C: -1 for none, else whole milliseconds rounded up
 /// (a non-zero wait never becomes a poll), at most `i64::MAX`.
@@ -61,16 +69,50 @@ impl<B: KvBuffer> Op<B> {
         kind: OpKind,
         ns: &[u8],
         request: &LoadRequest<'_>,
-        mut buffer: B,
+        buffer: B,
         specs: &[ViewSpec],
     ) -> Result<Op<B>> {
+        Self::start_state(model, kind, ns, request, buffer, specs, None)
+    }
+}
+
+impl<B: KvBuffer, S: KvBuffer> Op<B, S> {
+    /// An op that also owns the recurrent layers' state (carried by the first view).
+    pub(crate) fn start_with_state(
+        model: &Model,
+        kind: OpKind,
+        ns: &[u8],
+        request: &LoadRequest<'_>,
+        buffer: B,
+        specs: &[ViewSpec],
+        state: Vec<S>,
+    ) -> Result<Op<B, S>> {
+        Self::start_state(model, kind, ns, request, buffer, specs, Some(state))
+    }
+
+    fn start_state(
+        model: &Model,
+        kind: OpKind,
+        ns: &[u8],
+        request: &LoadRequest<'_>,
+        mut buffer: B,
+        specs: &[ViewSpec],
+        state: Option<Vec<S>>,
+    ) -> Result<Op<B, S>> {
         let (base, len) = (buffer.as_mut_ptr(), buffer.byte_len());
-        let parts = specs.iter().map(|s| owned_parts(s, base, len)).collect::<Result<Vec<_>>>()?;
-        let views = parts.iter().map(|p| p.resolve(model.row())).collect::<Result<Vec<_>>>()?;
-        // SAFETY: the buffer is owned by the op from here on and freed only
-        // after kdn_op_destroy.
+        let mut parts = specs.iter().map(|s| owned_parts(s, base, len)).collect::<Result<Vec<_>>>()?;
+        let with_state = state.is_some();
+        let mut state = state.unwrap_or_default();
+        if let (true, Some(first)) = (with_state, parts.first_mut()) {
+            // (No view at all: the library refuses the call.)
+            first.set_state(state.iter_mut().map(|s| (s.as_mut_ptr(), s.byte_len())));
+        }
+        let views = parts.iter().map(|p| p.resolve(model)).collect::<Result<Vec<_>>>()?;
+        // SAFETY: the buffers are owned by the op from here on and freed
+        // only after kdn_op_destroy (moving the Vec of state buffers moves
+        // none of their memory).
         let raw = unsafe { start_raw(model, kind, ns, request, &views)? };
-        Ok(Op { raw: Some(raw), buffer: Some(buffer), _keep: model.keep() })
+        Ok(Op { raw: Some(raw), buffer: Some(buffer), state, _keep: model.keep() })
     }
 
     fn raw(&self) -> *mut sys::kdn_op {
@@ -154,6 +196,22 @@ impl<B: KvBuffer> Op<B> {
         Ok((result, self.into_buffer()))
     }
 
+    /// [`into_buffer`](Op::into_buffer), with the recurrent layers' state
+    /// buffers the op owned (since 1.12; empty for an op without them): a
+    /// load's holds the snapshot at the prefix it loaded.
+    pub fn into_buffers(mut self) -> (B, Vec<S>) {
+        self.destroy();
+        (self.buffer.take().expect("the op's buffer"), std::mem::take(&mut self.state))
+    }
+
+    /// Waits for the op to end, then gives its result, the buffer and the
+    /// recurrent layers' state buffers ([`into_buffers`](Op::into_buffers)).
+    pub fn finish_with_state(self) -> Result<(KvResult, B, Vec<S>)> {
+        let result = self.wait(None)?;
+        let (buffer, state) = self.into_buffers();
+        Ok((result, buffer, state))
+    }
+
     fn destroy(&mut self) {
         if let Some(raw) = self.raw.take() {
             // SAFETY: the last call on the op; it returns once nothing reads
@@ -195,18 +253,18 @@ pub(crate) unsafe fn start_raw(
 
 impl Op<()> {
     pub(crate) fn borrowed(raw: NonNull<sys::kdn_op>, model: &Model) -> Op<()> {
-        Op { raw: Some(raw), buffer: Some(()), _keep: model.keep() }
+        Op { raw: Some(raw), buffer: Some(()), state: Vec::new(), _keep: model.keep() }
     }
 }
 
-impl<B: KvBuffer> Drop for Op<B> {
+impl<B: KvBuffer, S: KvBuffer> Drop for Op<B, S> {
     fn drop(&mut self) {
-        // The op ends before the buffer (dropped after this) is freed.
+        // The op ends before the buffers (dropped after this) are freed.
         self.destroy();
     }
 }
 
-impl<B: KvBuffer> std::fmt::Debug for Op<B> {
+impl<B: KvBuffer, S: KvBuffer> std::fmt::Debug for Op<B, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Op").field("raw", &self.raw).finish()
     }

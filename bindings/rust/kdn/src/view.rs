@@ -12,8 +12,15 @@
 //! [`KvView::from_device`] and [`KvViewMut::from_device`] (and their
 //! `_per_layer` forms), with an optional [`CudaStream`] (since 1.8): Rust
 //! cannot see GPU memory, so the caller vouches for it.
+//!
+//! A model with recurrent layers ([`ModelSpec::num_state_layers`](crate::ModelSpec::num_state_layers),
+//! since 1.12) has a state per recurrent layer besides its KV: a view
+//! carries it with [`KvView::with_state`] (a store) or
+//! [`KvViewMut::with_state`] (a retrieve), borrowing the state's memory as
+//! the view borrows the KV's (`kdn_kv_view.state_layers`).
 
 use crate::error::{Error, Result};
+use crate::model::Model;
 use crate::types::{init, DType, Element, Layout, MemoryKind};
 use kdn_sys as sys;
 use std::ffi::c_void;
@@ -164,6 +171,14 @@ pub(crate) struct Parts {
     table: Vec<i32>,
     /// Paged: bytes of the smallest layer allocation, for num_blocks.
     paged_layer_bytes: usize,
+    /// The recurrent layers' state (`state_layers`), when the view carries it.
+    state: Option<StateParts>,
+}
+
+/// One pointer per recurrent layer and the bytes each reaches.
+struct StateParts {
+    ptrs: Vec<*mut c_void>,
+    bytes: Vec<usize>,
 }
 
 /// Elements of `bytes` bytes, never more than there are (an unknown dtype
@@ -259,7 +274,14 @@ impl Parts {
             v: Vec::new(),
             table: spec.block_table.clone(),
             paged_layer_bytes: 0,
+            state: None,
         }
+    }
+
+    /// Carries the recurrent layers' state: `bytes` bytes at each pointer.
+    pub(crate) fn set_state(&mut self, state: impl IntoIterator<Item = (*mut u8, usize)>) {
+        let (ptrs, bytes) = state.into_iter().map(|(p, n)| (p as *mut c_void, n)).unzip();
+        self.state = Some(StateParts { ptrs, bytes });
     }
 
     /// Points the struct at the arrays (their heap buffers do not move with `self`).
@@ -290,8 +312,9 @@ impl Parts {
     /// room stated: a canonical view of one allocation with `num_tokens` 0
     /// has room for as many whole tokens as its memory holds (and is laid
     /// out for that many); other views state it themselves.
-    pub(crate) fn resolve_room(&self, row: u64, kv_bytes_per_token: u64) -> Result<sys::kdn_kv_view> {
-        let mut raw = self.resolve(row)?;
+    pub(crate) fn resolve_room(&self, model: &Model) -> Result<sys::kdn_kv_view> {
+        let kv_bytes_per_token = model.kv_bytes_per_token();
+        let mut raw = self.resolve(model)?;
         let canonical = raw.k_layers.is_null()
             && [raw.stride_layer, raw.stride_kv, raw.stride_token, raw.stride_head, raw.stride_dim]
                 .iter()
@@ -305,11 +328,31 @@ impl Parts {
         Ok(raw)
     }
 
-    /// The struct for a call on a model with `row` elements per token and
-    /// layer (kv_heads x head_dim): a paged view's num_blocks is its smallest
-    /// layer allocation in blocks, so the library checks every table entry.
-    pub(crate) fn resolve(&self, row: u64) -> Result<sys::kdn_kv_view> {
+    /// The struct for a call on `model`: a paged view's num_blocks is its
+    /// smallest layer allocation in blocks (of the model's kv_heads x
+    /// head_dim elements per token and layer), so the library checks every
+    /// table entry; a recurrent state, when the view carries one, must have
+    /// one allocation of at least `state_bytes` per recurrent layer of the
+    /// model (the library reads that many pointers and bytes, unchecked).
+    pub(crate) fn resolve(&self, model: &Model) -> Result<sys::kdn_kv_view> {
+        let row = model.row();
         let mut raw = self.raw;
+        if let Some(state) = &self.state {
+            let layers = model.num_state_layers() as usize;
+            if state.ptrs.len() != layers {
+                return Err(Error::invalid(format!(
+                    "the view carries {} recurrent states; the model has {layers} recurrent layers (num_state_layers)",
+                    state.ptrs.len()
+                )));
+            }
+            let want = model.state_bytes();
+            if let Some((i, &n)) = state.bytes.iter().enumerate().find(|&(_, &n)| (n as u64) < want) {
+                return Err(Error::invalid(format!(
+                    "recurrent state {i} is {n} bytes, shorter than the model's state_bytes ({want})"
+                )));
+            }
+            raw.state_layers = state.ptrs.as_ptr();
+        }
         if self.raw.layout != sys::kdn_kv_layout_KDN_LAYOUT_CONTIGUOUS && !self.k.is_empty() {
             let dense = u64::from(raw.block_size).saturating_mul(row);
             let block = if raw.block_stride > 0 { raw.block_stride as u64 } else { dense };
@@ -366,6 +409,43 @@ impl<'a> KvView<'a> {
         let k = k.iter().map(|s| byte_range(s).0).collect();
         let v = v.iter().map(|s| byte_range(s).0).collect();
         Ok(KvView { parts: Parts::layered(spec, k, v, min)?, _memory: PhantomData })
+    }
+
+    /// With the recurrent layers' state after the request's last token
+    /// (since 1.12; `kdn_kv_view.state_layers`): `state[i]` is recurrent
+    /// layer i's, at least the model's
+    /// [`state_bytes`](crate::ModelSpec::state_bytes) long (its first
+    /// `state_bytes` bytes are the state, opaque to kdn), one per recurrent
+    /// layer ([`num_state_layers`](crate::ModelSpec::num_state_layers)). A
+    /// store keeps it as the snapshot at the request's end: a prefix counts
+    /// as a hit only where a snapshot is, so an engine that stores at each
+    /// chunk boundary of its prefill (the state there) makes each a
+    /// possible hit. Without it a recurrent model's KV is stored but is no
+    /// hit. Host memory, borrowed for `'a` like the KV; one view of a call
+    /// at most carries it. Checked at the call: another count, a state
+    /// shorter than `state_bytes`, or a model without recurrent layers is
+    /// `InvalidArgument`.
+    ///
+    /// ```
+    /// use kdn::{DType, KvView, KvViewMut, ModelSpec, Runtime, RuntimeOptions};
+    /// let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(2))?;
+    /// let mut spec = ModelSpec::new(1, 1, 2, DType::F32, "hybrid");
+    /// (spec.num_state_layers, spec.state_bytes) = (1, 8); // one recurrent layer, 8 bytes of state
+    /// let model = rt.model(&spec)?;
+    /// let tokens = [5, 6, 7, 8];
+    /// let kv: Vec<f32> = (0..16).map(|i| i as f32).collect(); // 4 tokens, canonical
+    /// let at_4 = [0.25f32, -1.5]; // the state after token 8
+    /// model.store("ns", &tokens, &KvView::canonical(&kv, DType::F32).with_state(&[&at_4[..]]))?;
+    /// assert_eq!(model.lookup("ns", &tokens)?.cached_tokens, 4);
+    /// let (mut out, mut state) = (vec![0f32; 16], [0f32; 2]);
+    /// let mut view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut state[..]]);
+    /// assert_eq!(model.retrieve("ns", &tokens, &mut view)?.tokens, 4);
+    /// assert_eq!((out, state), (kv, at_4)); // the KV and the state at 4
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn with_state<T: Element>(mut self, state: &[&'a [T]]) -> KvView<'a> {
+        self.parts.set_state(state.iter().map(|s| byte_range(s)));
+        self
     }
 
     /// KV in device memory (since 1.5) that kdn may read (a store, a save):
@@ -512,6 +592,28 @@ impl<'a> KvViewMut<'a> {
             view: KvView { parts: Parts::layered(spec, k, v, min)?, _memory: PhantomData },
             _memory: PhantomData,
         })
+    }
+
+    /// With the memory the recurrent layers' state is written to (since
+    /// 1.12): a retrieve or load of a model with recurrent layers needs it
+    /// (`InvalidArgument` without), and writes the snapshot at the prefix it
+    /// returns into `state[i]`'s first `state_bytes` bytes (nothing on a
+    /// miss). One slice per recurrent layer, each at least `state_bytes`
+    /// long, borrowed exclusively for `'a` like the KV (see
+    /// [`KvView::with_state`], which has an example).
+    ///
+    /// The state cannot be touched while the view may write it:
+    ///
+    /// ```compile_fail,E0502
+    /// # use kdn::{DType, KvViewMut};
+    /// let (mut out, mut state) = (vec![0f32; 16], vec![0u8; 8]);
+    /// let view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut state[..]]);
+    /// println!("{}", state[0]); // error[E0502]: cannot borrow `state` as immutable
+    /// drop(view);
+    /// ```
+    pub fn with_state<T: Element>(mut self, state: Vec<&'a mut [T]>) -> KvViewMut<'a> {
+        self.view.parts.set_state(state.into_iter().map(|s| (s.as_mut_ptr() as *mut u8, std::mem::size_of_val(&*s))));
+        self
     }
 
     /// KV in device memory (since 1.5) that kdn may write (a retrieve, a

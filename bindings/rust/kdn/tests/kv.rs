@@ -77,6 +77,256 @@ fn sliding_window_model() {
     assert_eq!(rt.model(&spec).unwrap_err().status(), Status::InvalidArgument);
 }
 
+/// A model with two recurrent layers of 12 bytes of state each (since 1.12)
+/// besides the test shape's attention layers.
+fn recurrent_model(rt: &Runtime, fingerprint: &str) -> Model {
+    let mut spec = spec(fingerprint);
+    (spec.num_state_layers, spec.state_bytes) = (2, 12);
+    rt.model(&spec).unwrap()
+}
+
+/// Recurrent layer `layer`'s state after `b` tokens, as this test's engine
+/// has it: 12 bytes, distinct for every boundary and layer.
+fn state_at(b: usize, layer: usize) -> [u8; 12] {
+    std::array::from_fn(|i| (b * 3 + layer * 50 + i) as u8)
+}
+
+/// Element (l, k|v, t, h, d) of a canonical buffer of `n` tokens.
+fn at(n: usize, l: usize, kv_i: usize, t: usize, h: usize, d: usize) -> usize {
+    (((l * 2 + kv_i) * n + t) * HEADS + h) * DIM + d
+}
+
+/// Checks that `out`, a canonical buffer of `n` tokens that held `fill`,
+/// has the test's KV for the first `prefix` tokens and `fill` after them.
+fn assert_prefix_written(out: &[f32], n: usize, prefix: usize, fill: f32) {
+    assert_eq!(out.len(), LAYERS * 2 * n * ROW);
+    for l in 0..LAYERS {
+        for kv_i in 0..2 {
+            for t in 0..n {
+                for h in 0..HEADS {
+                    for d in 0..DIM {
+                        let want = if t < prefix { value(l, kv_i, t, h, d) } else { fill };
+                        let got = out[at(n, l, kv_i, t, h, d)];
+                        assert_eq!(got.to_bits(), want.to_bits(), "layer {l} kv {kv_i} token {t} head {h} dim {d}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Recurrent layers (since 1.12): the views carry their state. An engine
+/// that stores at each chunk boundary of its prefill (16 and 32, each with
+/// the state there) gets a hit at the last boundary within a request, its KV
+/// and that boundary's state bit for bit; KV stored without its state is
+/// no hit; a retrieve needs the state's memory; a state too short, a count
+/// other than the model's, or a state for a model without recurrent layers
+/// is refused by the binding before any C call.
+#[test]
+fn recurrent_state_travels_with_the_views() {
+    let (rt, plain) = setup();
+    let m = recurrent_model(&rt, "rust-recurrent");
+    assert_eq!((m.num_state_layers(), m.state_bytes()), (2, 12));
+    assert_eq!((plain.num_state_layers(), plain.state_bytes()), (0, 0));
+    let tokens = tokens(TOKENS);
+    for b in [16, 32] {
+        let kv = canonical(b);
+        let (s0, s1) = (state_at(b, 0), state_at(b, 1));
+        let view = KvView::canonical(&kv, DType::F32).with_state(&[&s0[..], &s1[..]]);
+        assert_eq!(m.store(NS, &tokens[..b], &view).unwrap().tokens, b as u64);
+    }
+    // A 40-token request sharing them: the last boundary with a snapshot, 32.
+    assert_eq!(m.lookup(NS, &tokens[..40]).unwrap().cached_tokens, 32);
+    assert_eq!(m.lookup(NS, &tokens).unwrap().cached_tokens, 32);
+    assert_eq!(m.lookup(NS, &tokens[..31]).unwrap().cached_tokens, 16);
+    assert_eq!(plain.lookup(NS, &tokens[..40]).unwrap().cached_tokens, 0); // another identity
+
+    // The retrieve writes the KV of 32 tokens and the state at 32, nothing
+    // past them; a state longer than state_bytes gets its first 12 bytes.
+    let mut out = vec![-1f32; LAYERS * 2 * 40 * ROW];
+    let (mut s0, mut s1) = ([0xEEu8; 12], [0xEEu8; 16]);
+    let mut view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut s0[..], &mut s1[..]]);
+    let got = m.retrieve(NS, &tokens[..40], &mut view).unwrap();
+    assert_eq!((got.tokens, got.covered), (32, 32));
+    assert_prefix_written(&out, 40, 32, -1.0);
+    assert_eq!(s0, state_at(32, 0));
+    assert_eq!(s1[..12], state_at(32, 1));
+    assert_eq!(s1[12..], [0xEE; 4]);
+
+    // 31 tokens: boundary 16 and its own state (in u32s: any element type).
+    let mut out = vec![-1f32; LAYERS * 2 * 31 * ROW];
+    let (mut s0, mut s1) = ([0u32; 3], [0u32; 3]);
+    let mut view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut s0[..], &mut s1[..]]);
+    assert_eq!(m.retrieve(NS, &tokens[..31], &mut view).unwrap().tokens, 16);
+    assert_prefix_written(&out, 31, 16, -1.0);
+    assert_eq!((as_bytes(&s0), as_bytes(&s1)), (&state_at(16, 0)[..], &state_at(16, 1)[..]));
+
+    // KV stored without its state: stored, but no prefix counts.
+    let kv = canonical(TOKENS);
+    assert_eq!(m.store("nostate", &tokens, &KvView::canonical(&kv, DType::F32)).unwrap().tokens, 0);
+    assert_eq!(m.lookup("nostate", &tokens).unwrap().cached_tokens, 0);
+    let mut out = vec![-1f32; kv.len()];
+    let (mut s0, mut s1) = ([0xEEu8; 12], [0xEEu8; 12]);
+    let mut view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut s0[..], &mut s1[..]]);
+    assert_eq!(m.retrieve("nostate", &tokens, &mut view).unwrap().tokens, 0);
+    assert_prefix_written(&out, TOKENS, 0, -1.0);
+    assert_eq!((s0, s1), ([0xEE; 12], [0xEE; 12])); // a miss writes no state
+
+    // A retrieve of a recurrent model without the state's memory: the library's InvalidArgument.
+    let mut out = vec![-1f32; LAYERS * 2 * 40 * ROW];
+    let err = m.retrieve(NS, &tokens[..40], &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("state"), "{}", err.message());
+    assert!(out.iter().all(|&x| x == -1.0));
+
+    // Refused by the binding, before C: a state shorter than state_bytes
+    // (store and retrieve), another count, a model without recurrent layers.
+    let kv48 = canonical(TOKENS);
+    let (short, ok) = ([1u8; 11], state_at(48, 0));
+    let view = KvView::canonical(&kv48, DType::F32).with_state(&[&ok[..], &short[..]]);
+    let err = m.store("short", &tokens, &view).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(
+        err.message().contains("recurrent state 1 is 11 bytes, shorter than the model's state_bytes (12)"),
+        "{err}"
+    );
+    assert_eq!(m.lookup("short", &tokens[..16]).unwrap().cached_tokens, 0);
+    let (mut s0, mut s1) = ([0u8; 12], [0u8; 4]);
+    let mut view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut s0[..], &mut s1[..]]);
+    let err = m.retrieve(NS, &tokens[..40], &mut view).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("recurrent state 1 is 4 bytes"), "{err}");
+    assert!(out.iter().all(|&x| x == -1.0));
+    let err = m.store("short", &tokens, &KvView::canonical(&kv48, DType::F32).with_state(&[&ok[..]])).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("carries 1 recurrent states; the model has 2 recurrent layers"), "{err}");
+    let empty: &[&[u8]] = &[];
+    let err = m.store("short", &tokens, &KvView::canonical(&kv48, DType::F32).with_state(empty)).unwrap_err();
+    assert!(err.message().contains("carries 0 recurrent states"), "{err}");
+    let err = plain.store(NS, &tokens, &KvView::canonical(&kv48, DType::F32).with_state(&[&ok[..]])).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("the model has 0 recurrent layers"), "{err}");
+    assert_eq!(plain.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+
+    // Several views, each some layers: one carries the state (either one),
+    // and a retrieve into several views gets it there.
+    let kv = canonical(TOKENS);
+    let (s0, s1) = (state_at(48, 0), state_at(48, 1));
+    let split = 2 * 2 * TOKENS * ROW; // layers 0 and 1
+    let layers = |l: Vec<u32>| ViewSpec::canonical(DType::F32).with_layers(l);
+    let views = [
+        KvView::new(&kv[..split], &layers(vec![0, 1])).unwrap(),
+        KvView::new(&kv[split..], &layers(vec![2, 3, 4])).unwrap().with_state(&[&s0[..], &s1[..]]),
+    ];
+    assert_eq!(m.store_views("views", &tokens, &views).unwrap().tokens, 48);
+    let mut out = vec![-1f32; kv.len()];
+    let (mut g0, mut g1) = ([0u8; 12], [0u8; 12]);
+    {
+        let (a, b) = out.split_at_mut(split);
+        let mut views = [
+            KvViewMut::new(a, &layers(vec![0, 1])).unwrap().with_state(vec![&mut g0[..], &mut g1[..]]),
+            KvViewMut::new(b, &layers(vec![2, 3, 4])).unwrap(),
+        ];
+        assert_eq!(m.retrieve_views("views", &tokens, &mut views).unwrap().tokens, 48);
+    }
+    assert_prefix_written(&out, TOKENS, TOKENS, -1.0);
+    assert_eq!((g0, g1), (s0, s1));
+}
+
+/// The async ops carry the recurrent state too: a save owns it (stored
+/// once every layer is ready), a load owns the memory it writes the
+/// snapshot into, and both give it back; the state is kept bit for bit (a
+/// NaN's payload, -0.0). A load without the state is refused by the
+/// library, a short state by the binding. The unsafe variants take it in
+/// their borrowed views.
+#[test]
+fn recurrent_state_in_async_ops() {
+    let rt = runtime();
+    let m = recurrent_model(&rt, "rust-recurrent-async");
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let spec = ViewSpec::canonical(DType::F32);
+    let state: Vec<Vec<f32>> =
+        vec![vec![f32::from_bits(0x7fc0_1234), -0.0, 1.5], vec![f32::MIN_POSITIVE, -3.25, f32::from_bits(1)]];
+    let op = m.save_async_with_state(NS, &tokens, kv.clone(), &spec, state.clone()).unwrap();
+    for layer in 0..LAYERS as u32 {
+        op.layer_ready(layer).unwrap();
+    }
+    let (result, buffer, given) = op.finish_with_state().unwrap();
+    assert_eq!(result.tokens, 48);
+    assert_eq!(as_bytes(&buffer), as_bytes(&kv));
+    assert_eq!(
+        given.iter().map(|s| as_bytes(s).to_vec()).collect::<Vec<_>>(),
+        state.iter().map(|s| as_bytes(s).to_vec()).collect::<Vec<_>>()
+    );
+    assert_eq!(m.lookup(NS, &tokens).unwrap().cached_tokens, 48);
+
+    // Saved without the state: the KV is stored, but is no hit.
+    let op = m.save_async("nostate", &tokens, kv.clone(), &spec).unwrap();
+    for layer in 0..LAYERS as u32 {
+        op.layer_ready(layer).unwrap();
+    }
+    op.finish().unwrap();
+    assert_eq!(m.lookup("nostate", &tokens).unwrap().cached_tokens, 0);
+
+    // The load writes the KV and the snapshot at 48 into the buffers it owns.
+    let op = m.load_async_with_state(NS, &tokens, vec![-1f32; kv.len()], &spec, vec![vec![0f32; 3]; 2]).unwrap();
+    let (result, loaded, got) = op.finish_with_state().unwrap();
+    assert_eq!((result.tokens, result.covered), (48, 48));
+    assert_eq!(as_bytes(&loaded), as_bytes(&kv));
+    for (g, s) in got.iter().zip(&state) {
+        assert_eq!(as_bytes(g), as_bytes(s));
+    }
+    // A 40-token request: the snapshot at 32 is missing (only 48 stored),
+    // so nothing counts.
+    let op = m
+        .load_async_with_state(NS, &tokens[..40], vec![-1f32; LAYERS * 2 * 40 * ROW], &spec, vec![vec![7u8; 12]; 2])
+        .unwrap();
+    assert_eq!(op.wait(None).unwrap().tokens, 0);
+    let (buffer, got) = op.into_buffers();
+    assert!(buffer.iter().all(|&x| x == -1.0));
+    assert_eq!(got, vec![vec![7u8; 12]; 2]);
+
+    // A load without the state's memory: the library's InvalidArgument.
+    let err = m.load_async(NS, &tokens, vec![0f32; kv.len()], &spec).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("state"), "{}", err.message());
+    // A short state or another count: the binding's, before the op starts.
+    let err = m
+        .load_async_with_state(NS, &tokens, vec![0f32; kv.len()], &spec, vec![vec![0u8; 12], vec![0u8; 8]])
+        .unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("recurrent state 1 is 8 bytes"), "{err}");
+    let err = m.save_async_with_state("one", &tokens, kv.clone(), &spec, vec![vec![0u8; 12]]).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("carries 1 recurrent states"), "{err}");
+    // An op without a state gives none back.
+    let op = m.save_async("plain-op", &tokens, kv.clone(), &spec).unwrap();
+    assert_eq!(op.into_buffers().1, Vec::<Vec<u8>>::new());
+
+    // The unsafe variants over borrowed memory, the state in the view.
+    let (s0, s1) = (state_at(48, 0), state_at(48, 1));
+    {
+        let view = KvView::canonical(&kv, DType::F32).with_state(&[&s0[..], &s1[..]]);
+        // SAFETY: kv, s0 and s1 outlive the op, consumed in this block.
+        let op = unsafe { m.save_async_unchecked("borrowed", &tokens, std::slice::from_ref(&view)) }.unwrap();
+        for layer in 0..LAYERS as u32 {
+            op.layer_ready(layer).unwrap();
+        }
+        assert_eq!(op.finish().unwrap().0.tokens, 48);
+    }
+    let mut out = vec![-1f32; kv.len()];
+    let (mut g0, mut g1) = ([0u8; 12], [0u8; 12]);
+    {
+        let view = KvViewMut::canonical(&mut out, DType::F32).with_state(vec![&mut g0[..], &mut g1[..]]);
+        // SAFETY: out, g0 and g1 are borrowed by `view` and outlive the op, dropped in this block.
+        let op = unsafe { m.load_async_unchecked("borrowed", &tokens, std::slice::from_ref(&view)) }.unwrap();
+        assert_eq!(op.wait(None).unwrap().tokens, 48);
+    }
+    assert_eq!(as_bytes(&out), as_bytes(&kv));
+    assert_eq!((g0, g1), (s0, s1));
+}
+
 #[test]
 fn canonical_round_trip_and_prefixes() {
     let (_rt, model) = setup();

@@ -7,12 +7,14 @@ import dev.kdn.swig.NativeLookupBatch;
 import dev.kdn.swig.NativeMemory;
 import dev.kdn.swig.NativeModel;
 import dev.kdn.swig.NativeRequest;
+import dev.kdn.swig.NativeStateLayers;
 import dev.kdn.swig.NativeTokenRanges;
 import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.List;
 import java.util.Objects;
 import java.util.function.UnaryOperator;
@@ -202,6 +204,98 @@ public final class Model implements AutoCloseable {
    */
   public Op saveAsync(String ns, Request request, KvView view, ByteBuffer kv) {
     return new Op(kvCall(ns, request, view, kv, Natives::readable, NativeModel::save_async), kv, core);
+  }
+
+  // ---- With the recurrent layers' states (since 1.12) ----
+
+  /**
+   * Stores the request's KV from {@code kv} and, for a model with recurrent layers ({@link
+   * ModelSpec.Builder#stateLayers}), their state after the request's last token: one direct buffer
+   * per recurrent layer in {@code states}, in order, each at least {@link ModelSpec#stateBytes()}
+   * long (kdn reads its first stateBytes), kept as the snapshot at that boundary. A prefix counts
+   * for a lookup only where a snapshot is: an engine that stores at each chunk boundary of its
+   * prefill makes each one a possible hit. An empty list stores the KV alone (no hit counts it).
+   *
+   * @throws InvalidArgumentException when {@code states} does not hold one buffer per recurrent
+   *     layer, a buffer is shorter than stateBytes, or the model has no recurrent layers
+   */
+  public KvResult store(String ns, Request request, KvView view, ByteBuffer kv, List<ByteBuffer> states) {
+    return Natives.kvResult(statesCall(ns, request, view, kv, states, false, NativeModel::store_states));
+  }
+
+  /**
+   * Loads the cached prefix of the request into {@code kv} and the recurrent layers' state at that
+   * prefix into {@code states} (one writable direct buffer per recurrent layer, each at least
+   * {@link ModelSpec#stateBytes()}; nothing is written on a miss). A prefix counts only where the
+   * state at its end was stored. A model with recurrent layers needs them: {@link
+   * #retrieve(String, Request, KvView, ByteBuffer)} of one is an {@link InvalidArgumentException}.
+   */
+  public KvResult retrieve(String ns, Request request, KvView view, ByteBuffer kv, List<ByteBuffer> states) {
+    return Natives.kvResult(statesCall(ns, request, view, kv, states, true, NativeModel::retrieve_states));
+  }
+
+  /**
+   * {@link #loadAsync(String, Request, KvView, ByteBuffer)} with the recurrent layers' states, as
+   * {@link #retrieve(String, Request, KvView, ByteBuffer, List)} writes them. The op keeps {@code
+   * kv} and the state buffers until it is closed; do not touch them before the op ends.
+   */
+  public Op loadAsync(String ns, Request request, KvView view, ByteBuffer kv, List<ByteBuffer> states) {
+    List<ByteBuffer> kept = Collections.unmodifiableList(new ArrayList<>(Objects.requireNonNull(states, "states")));
+    return new Op(statesCall(ns, request, view, kv, kept, true, NativeModel::load_async_states), kv,
+        kept, core);
+  }
+
+  /**
+   * {@link #saveAsync(String, Request, KvView, ByteBuffer)} with the recurrent layers' states, as
+   * {@link #store(String, Request, KvView, ByteBuffer, List)} takes them: kdn reads them when every
+   * layer is ready, so they must hold the state after the request's last token by then. The op
+   * keeps {@code kv} and the state buffers until it is closed.
+   */
+  public Op saveAsync(String ns, Request request, KvView view, ByteBuffer kv, List<ByteBuffer> states) {
+    List<ByteBuffer> kept = Collections.unmodifiableList(new ArrayList<>(Objects.requireNonNull(states, "states")));
+    return new Op(statesCall(ns, request, view, kv, kept, false, NativeModel::save_async_states), kv,
+        kept, core);
+  }
+
+  /** A native KV call with the recurrent states. */
+  @FunctionalInterface
+  private interface StatesCall<T> {
+    T call(NativeModel model, String ns, NativeRequest request, NativeKvView view, ByteBuffer kv,
+        NativeStateLayers states);
+  }
+
+  /**
+   * {@link #kvCall} with the states ({@code writes}: kdn writes the KV and the states): each state
+   * direct (and writable where kdn writes), passed whole (address to capacity), kept reachable for
+   * the call; their count and lengths are checked against the spec natively, before kdn is called.
+   */
+  private <T> T statesCall(String ns, Request request, KvView view, ByteBuffer kv, List<ByteBuffer> states,
+      boolean writes, StatesCall<T> call) {
+    Objects.requireNonNull(ns, "ns");
+    Objects.requireNonNull(request, "request");
+    Objects.requireNonNull(states, "states");
+    Natives.checkView(view, spec);
+    NativeModel h = handle();
+    ByteBuffer buffer = writes ? Natives.writable(kv) : Natives.readable(kv);
+    NativeStateLayers nativeStates = new NativeStateLayers();
+    try {
+      for (int i = 0; i < states.size(); ++i) {
+        ByteBuffer s = states.get(i);
+        if (s == null) throw new NullPointerException("states[" + i + "]");
+        if (!s.isDirect()) {
+          throw new IllegalArgumentException("states[" + i + "]: kdn needs a direct ByteBuffer (Kdn.allocate)");
+        }
+        if (writes && s.isReadOnly()) {
+          throw new IllegalArgumentException("states[" + i + "]: kdn cannot write into a read-only ByteBuffer");
+        }
+        nativeStates.add(s);
+      }
+      return call.call(h, ns, request.handle, view.handle, buffer, nativeStates);
+    } finally {
+      nativeStates.delete();
+      Natives.fence(this, request, view);
+      Natives.fence(kv, states);
+    }
   }
 
   // ---- The same calls on device memory (since 1.5) ----

@@ -171,8 +171,9 @@ public final class ModelSpec {
 
     /**
      * Recurrent layers (since 1.12), not counted in layers(), each with a state of {@code bytes} (a
-     * multiple of 4). Their state travels in the C ABI's views, which this binding does not carry
-     * yet: such a model stores KV here but reports no hit.
+     * multiple of 4). Their states travel with each call, as direct buffers ({@link
+     * Model#store(String, Request, KvView, java.nio.ByteBuffer, java.util.List)} and the other calls
+     * that take {@code states}); a prefix counts only where the state at its end was stored.
      */
     public Builder stateLayers(int layers, long bytes) {
       numStateLayers = layers;

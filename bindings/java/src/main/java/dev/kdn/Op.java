@@ -26,26 +26,35 @@ public final class Op implements AutoCloseable {
   private final NativeOp handle;
   private final ByteBuffer buffer;
   private final DeviceMemory device;
+  private final List<ByteBuffer> states;
   private final Core.Release release;
   private volatile boolean closed;
 
   Op(NativeOp handle, ByteBuffer buffer, Core core) {
-    this(handle, buffer, null, core);
+    this(handle, buffer, null, List.of(), core);
+  }
+
+  /** An op on a buffer and the recurrent layers' states (since 1.12), all kept until it is closed. */
+  Op(NativeOp handle, ByteBuffer buffer, List<ByteBuffer> states, Core core) {
+    this(handle, buffer, null, states, core);
   }
 
   Op(NativeOp handle, DeviceMemory device, Core core) {
-    this(handle, device.buffer(), device, core);
+    this(handle, device.buffer(), device, List.of(), core);
   }
 
-  private Op(NativeOp handle, ByteBuffer buffer, DeviceMemory device, Core core) {
+  private Op(NativeOp handle, ByteBuffer buffer, DeviceMemory device, List<ByteBuffer> states, Core core) {
     this.handle = handle;
     this.buffer = buffer;
     this.device = device;
+    this.states = states;
     core.acquire();
     // The release keeps the memory reachable until the native op is destroyed, even when nobody
     // closed the op and the Cleaner does (device memory: its native copy, and the buffer that
-    // stands in for it on the emulated device).
-    this.release = new Core.Release(handle::close, handle::delete, core, device != null ? device : buffer);
+    // stands in for it on the emulated device; the recurrent states' buffers).
+    Object memory = device != null ? device : buffer;
+    this.release = new Core.Release(handle::close, handle::delete, core,
+        states.isEmpty() ? memory : new Object[] {memory, states});
     Natives.CLEANER.register(this, release);
   }
 
@@ -60,6 +69,15 @@ public final class Op implements AutoCloseable {
    */
   public ByteBuffer buffer() {
     return buffer;
+  }
+
+  /**
+   * The recurrent layers' state buffers the op reads or writes (since 1.12; {@link
+   * Model#loadAsync(String, Request, KvView, ByteBuffer, List)}), unmodifiable; empty for an op
+   * without them.
+   */
+  public List<ByteBuffer> states() {
+    return states;
   }
 
   /** The device memory the op reads or writes; null for an op on a buffer. */

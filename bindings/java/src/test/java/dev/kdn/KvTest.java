@@ -102,6 +102,149 @@ class KvTest {
     assertThrows(InvalidArgumentException.class, () -> rt.createModel(badState));
   }
 
+  // A model with recurrent layers (since 1.12): their states travel with each call, and a prefix
+  // counts only where the state at its end was stored. Chunks of 16 tokens.
+  private static final int STATE_BYTES = 12;
+
+  /** Canonical KV of the first {@code n} tokens of one sequence: a token's values do not depend on n. */
+  private static ByteBuffer recurrentKv(int n) {
+    ByteBuffer b = Kdn.allocate(n * BYTES_PER_TOKEN);
+    int row = HEADS * HEAD_DIM;
+    for (int l = 0; l < LAYERS; ++l) {
+      for (int kvi = 0; kvi < 2; ++kvi) {
+        for (int t = 0; t < n; ++t) {
+          for (int e = 0; e < row; ++e) {
+            b.putFloat(((((l * 2 + kvi) * n) + t) * row + e) * 4, l * 100000 + kvi * 10000 + t * 100 + e + 0.5f);
+          }
+        }
+      }
+    }
+    return b;
+  }
+
+  private static ByteBuffer state(int first) {
+    ByteBuffer b = Kdn.allocate(STATE_BYTES);
+    for (int i = 0; i < STATE_BYTES; ++i) b.put(i, (byte) (first + i));
+    return b;
+  }
+
+  private static List<ByteBuffer> emptyStates() {
+    return List.of(Kdn.allocate(STATE_BYTES), Kdn.allocate(STATE_BYTES));
+  }
+
+  @Test
+  void testRecurrentModel() {
+    ModelSpec spec = ModelSpec.builder().layers(LAYERS).kvHeads(HEADS).headDim(HEAD_DIM).stateLayers(2, STATE_BYTES)
+        .fingerprint("java-recurrent").build();
+    RuntimeOptions options = RuntimeOptions.builder().chunkTokens(16).tier(TierConfig.host(4 << 20)).build();
+    try (KdnRuntime r16 = KdnRuntime.create(options); Model rm = r16.createModel(spec)) {
+      KvView view = KvView.canonical();
+      List<ByteBuffer> at16 = List.of(state(1), state(50));
+      List<ByteBuffer> at32 = List.of(state(100), state(150));
+      assertEquals(16, rm.store("ns", Request.ofTokens(tokens(16, 0)), view, recurrentKv(16), at16).tokens());
+      assertEquals(32, rm.store("ns", Request.ofTokens(tokens(32, 0)), view, recurrentKv(32), at32).tokens());
+      // A request of 40 tokens sharing both: the snapshot at 32 is the last within it.
+      Request req = Request.ofTokens(tokens(40, 0));
+      assertEquals(32, rm.lookup("ns", req).cachedTokens());
+      assertEquals(16, rm.lookup("ns", Request.ofTokens(tokens(24, 0))).cachedTokens());
+
+      ByteBuffer out = Kdn.allocate(40 * BYTES_PER_TOKEN);
+      for (int i = 0; i < 40 * BYTES_PER_TOKEN / 4; ++i) out.putFloat(i * 4, -1.0f);
+      List<ByteBuffer> got = emptyStates();
+      KvResult r = rm.retrieve("ns", req, view, out, got);
+      assertEquals(32, r.tokens());
+      assertEquals(at32, got); // bit for bit
+      ByteBuffer want = recurrentKv(40);
+      int row = HEADS * HEAD_DIM;
+      for (int l = 0; l < LAYERS; ++l) {
+        for (int kvi = 0; kvi < 2; ++kvi) {
+          for (int t = 0; t < 40; ++t) {
+            for (int e = 0; e < row; ++e) {
+              int at = ((((l * 2 + kvi) * 40) + t) * row + e) * 4;
+              // Bit for bit up to 32; nothing written past the prefix.
+              assertEquals(t < 32 ? Float.floatToRawIntBits(want.getFloat(at)) : Float.floatToRawIntBits(-1.0f),
+                  Float.floatToRawIntBits(out.getFloat(at)), "layer " + l + " kv " + kvi + " token " + t);
+            }
+          }
+        }
+      }
+      List<ByteBuffer> got16 = emptyStates();
+      assertEquals(16, rm.retrieve("ns", Request.ofTokens(tokens(24, 0)), view, Kdn.allocate(24 * BYTES_PER_TOKEN),
+          got16).tokens());
+      assertEquals(at16, got16);
+
+      // KV stored without its state: no hit, and nothing written.
+      Request bare = Request.ofTokens(tokens(32, 500));
+      rm.store("ns", bare, view, recurrentKv(32));
+      assertEquals(0, rm.lookup("ns", bare).cachedTokens());
+      List<ByteBuffer> none = emptyStates();
+      assertEquals(0, rm.retrieve("ns", bare, view, Kdn.allocate(32 * BYTES_PER_TOKEN), none).tokens());
+      assertEquals(emptyStates(), none);
+
+      // A retrieve or load of such a model needs the states (kdn's refusal).
+      ByteBuffer out16 = Kdn.allocate(16 * BYTES_PER_TOKEN);
+      Request req16 = Request.ofTokens(tokens(16, 0));
+      assertThrows(InvalidArgumentException.class, () -> rm.retrieve("ns", req16, view, out16));
+      assertThrows(InvalidArgumentException.class, () -> rm.loadAsync("ns", req16, view, out16));
+      // A state shorter than stateBytes, for every call; one state per recurrent layer.
+      List<ByteBuffer> shortState = List.of(Kdn.allocate(8), Kdn.allocate(STATE_BYTES));
+      for (Runnable call : List.<Runnable>of(
+          () -> rm.retrieve("ns", req16, view, out16, shortState),
+          () -> rm.store("ns", req16, view, recurrentKv(16), shortState),
+          () -> rm.loadAsync("ns", req16, view, out16, shortState),
+          () -> rm.saveAsync("ns", req16, view, recurrentKv(16), shortState))) {
+        InvalidArgumentException e = assertThrows(InvalidArgumentException.class, call::run);
+        assertTrue(e.getMessage().contains("recurrent state 0 is 8 bytes, shorter than the model's state_bytes (12)"),
+            e.getMessage());
+      }
+      InvalidArgumentException one = assertThrows(InvalidArgumentException.class,
+          () -> rm.retrieve("ns", req16, view, out16, List.of(Kdn.allocate(STATE_BYTES))));
+      assertTrue(one.getMessage().contains("passes 1 recurrent states, but the model has 2"), one.getMessage());
+      for (int i = 0; i < 16 * BYTES_PER_TOKEN; ++i) assertEquals(0, out16.get(i)); // nothing written
+      // Direct buffers, writable where kdn writes.
+      assertThrows(IllegalArgumentException.class,
+          () -> rm.retrieve("ns", req16, view, out16, List.of(Kdn.allocate(12), ByteBuffer.allocate(12))));
+      assertThrows(IllegalArgumentException.class,
+          () -> rm.retrieve("ns", req16, view, out16, List.of(Kdn.allocate(12), Kdn.allocate(12).asReadOnlyBuffer())));
+      assertThrows(NullPointerException.class, () -> rm.retrieve("ns", req16, view, out16, null));
+      // A store only reads them: read-only buffers are fine.
+      assertEquals(16, rm.store("ns", req16, view, recurrentKv(16),
+          List.of(state(1).asReadOnlyBuffer(), state(50).asReadOnlyBuffer())).tokens());
+    }
+    // A model without recurrent layers takes none.
+    InvalidArgumentException plain = assertThrows(InvalidArgumentException.class,
+        () -> m.store("ns", Request.ofTokens(tokens(4, 0)), KvView.canonical(), kv(4, 0), emptyStates()));
+    assertTrue(plain.getMessage().contains("no recurrent layers"), plain.getMessage());
+  }
+
+  @Test
+  void testRecurrentModelAsync() {
+    ModelSpec spec = ModelSpec.builder().layers(LAYERS).kvHeads(HEADS).headDim(HEAD_DIM).stateLayers(1, STATE_BYTES)
+        .fingerprint("java-recurrent-async").build();
+    RuntimeOptions options = RuntimeOptions.builder().chunkTokens(16).tier(TierConfig.host(4 << 20)).build();
+    try (KdnRuntime r16 = KdnRuntime.create(options); Model rm = r16.createModel(spec)) {
+      Request req = Request.ofTokens(tokens(32, 70));
+      List<ByteBuffer> saved = List.of(state(7));
+      try (Op op = rm.saveAsync("ns", req, KvView.canonical(), recurrentKv(32), saved)) {
+        assertEquals(saved, op.states());
+        for (int l = 0; l < LAYERS; ++l) op.layerReady(l);
+        assertTrue(op.await(java.time.Duration.ofSeconds(10)));
+        assertEquals(32, op.result().tokens());
+      }
+      assertEquals(32, rm.lookup("ns", Request.ofTokens(tokens(40, 70))).cachedTokens());
+      ByteBuffer out = Kdn.allocate(32 * BYTES_PER_TOKEN);
+      List<ByteBuffer> got = List.of(Kdn.allocate(STATE_BYTES));
+      try (Op op = rm.loadAsync("ns", req, KvView.canonical(), out, got)) {
+        assertTrue(op.await(java.time.Duration.ofSeconds(10)));
+        assertEquals(32, op.result().tokens());
+        assertSame(out, op.buffer());
+        assertSame(got.get(0), op.states().get(0));
+      }
+      assertEquals(recurrentKv(32), out);
+      assertEquals(saved, got);
+    }
+  }
+
   @Test
   void testMissIsNotAnError() {
     Request req = Request.ofTokens(tokens(8, 500));
