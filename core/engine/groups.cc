@@ -223,34 +223,54 @@ Result<std::uint64_t> GroupedStore(KvStore& store, const GroupedModel& m, std::s
     return true;
   });
   const ReadContext ctx = store.Context(ns);
+  // What each chunk's presence saves when the request comes again, for the
+  // cost-aware policy, as the plain store gives it (store/policy.h
+  // ChunkValue). A sliding group's chunks that end W or more tokens before
+  // the request's end are not read: the engine need not hold them any more
+  // (llama.cpp's SWA cache and vLLM's sliding-window blocks drop them), and
+  // only shorter prefixes would use them, which the stores at those
+  // boundaries keep. A retrieve of the whole request does not read the ones
+  // stored earlier either, so they age: the first to go for LRU and FIFO.
+  const std::uint64_t n = keys.size();
+  double work = 0;
+  for (const KvStore::KeyedRange& r : ranges) work += PrefillCost(static_cast<std::int64_t>(r.begin), r.len);
+  const double mean = n > 0 ? work / static_cast<double>(n) : 0;
+  bool full = false;  // a put no tier took: what is held stays, and the rule says what prefix that leaves
   for (const LayerGroup& g : m.groups) {
     std::vector<std::vector<void*>> bases;
     const std::vector<KvGroup> sub = Select(views, g.kv, g.layers, bases);
     const auto per_token = static_cast<std::uint64_t>(g.kv.bytes_per_token());
-    for (const KvStore::KeyedRange& r : ranges) {
+    for (size_t i = 0; i < ranges.size() && !full; ++i) {
+      const KvStore::KeyedRange& r = ranges[i];
+      if (g.window != 0 && EndOf(r) + g.window <= n) continue;  // behind the window
       const keys::Digest key = GroupKey(g, r.key);
       if (store.Holds(ns, key)) continue;
       Payload payload = Payload::Uninitialized(static_cast<size_t>(r.len * per_token));
       GatherGroups(g.kv, sub, r.begin, r.len, payload.data());
-      // No tier could take it: what is held stays, and the rule says what
-      // prefix that leaves.
-      if (!store.PutPayload(g.kv, ns, key, r.len, static_cast<std::int64_t>(r.begin), std::move(payload), false, 0, ctx)
-               .ok()) {
-        break;
-      }
+      full = !store.PutPayload(g.kv, ns, key, r.len, static_cast<std::int64_t>(r.begin), std::move(payload), false,
+                               ChunkValue(mean, r.len, i, ranges.size()), ctx)
+                  .ok();
     }
   }
   // The snapshot at the request's end, when that is a boundary a later
-  // walk reaches (with block hashes, a tail shorter than a block is not).
-  if (!state.empty() && !ranges.empty() && EndOf(ranges.back()) == keys.size()) {
+  // walk reaches (with block hashes, a tail shorter than a block is not):
+  // worth the whole prefix's work, which it makes reusable, and tied to
+  // each group's chunk ending there (TieredStore::Tie), without which it
+  // serves nothing: evicted with them.
+  if (!state.empty() && !ranges.empty() && EndOf(ranges.back()) == n) {
     const keys::Digest key = StateKey(m, ranges.back().key);
     if (!store.Holds(ns, key)) {
       Payload payload = Payload::Uninitialized(static_cast<size_t>(m.state_layers * m.state_bytes));
       for (std::uint32_t l = 0; l < m.state_layers; ++l) {
         std::memcpy(payload.data() + l * m.state_bytes, state[l], static_cast<size_t>(m.state_bytes));
       }
-      (void)store.PutPayload(m.state, ns, key, 1, static_cast<std::int64_t>(keys.size()), std::move(payload), false, 0,
-                             ctx, /*exact=*/true);
+      (void)store.PutPayload(m.state, ns, key, 1, static_cast<std::int64_t>(n), std::move(payload), false, work, ctx,
+                             /*exact=*/true);
+    }
+    if (store.Holds(ns, key)) {
+      std::vector<keys::Digest> ends;
+      for (const LayerGroup& g : m.groups) ends.push_back(GroupKey(g, ranges.back().key));
+      store.chain().Tie(key, ends);
     }
   }
   store.CountStore(ElapsedMicros(t0));

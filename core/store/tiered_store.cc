@@ -177,9 +177,17 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
   // Down to the low watermark (or just under the capacity when hard).
   const double target = (hard ? cap : L.low * cap) - static_cast<double>(cost);
   const bool next_exists = li + 1 < levels_.size();
-  while (static_cast<double>(used) > target) {
+  // The followers of the victims (Tie), evicted right after them whatever
+  // room is left.
+  std::deque<keys::Digest> tied;
+  while (static_cast<double>(used) > target || !tied.empty()) {
     std::optional<keys::Digest> victim;
-    {
+    if (!tied.empty()) {
+      const keys::Digest follower = tied.front();
+      tied.pop_front();
+      if (!L.tier->Contains(follower, ctx) || !Evictable(follower)) continue;
+      victim = follower;
+    } else {
       std::lock_guard<std::mutex> lock(L.policy_mu);
       victim = L.policy->Victim([&](const keys::Digest& k) { return Evictable(k); });
     }
@@ -208,6 +216,7 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
     if (!next_exists) dropped.push_back(*victim);
     if (ref) victims.push_back(std::move(ref));
     used = L.tier->used_bytes();
+    for (const keys::Digest& f : Followers(*victim)) tied.push_back(f);
   }
   return victims;
 }
@@ -273,6 +282,7 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       if (Locate(k, ctx) < 0) on_drop_(k);  // a higher level may still hold a copy
     }
   }
+  UntieGone(dropped, ctx);
   Demote(li, std::move(victims), from_mover);
   if (inserted && L.write_through && li + 1 < levels_.size()) {
     if (from_mover) {
@@ -305,6 +315,7 @@ void TieredStore::DemoteNow(size_t from, const ChunkRef& victim) {
     Result<ChunkRef> raw = Canonical(from, c);
     if (!raw.ok()) {  // unreadable: dropped, as a corrupt object would be
       EndTransit(victim);
+      UntieGone(std::span<const keys::Digest>(&victim->meta.key, 1), ReadContext{});
       return;
     }
     c = std::move(raw).value();
@@ -314,6 +325,7 @@ void TieredStore::DemoteNow(size_t from, const ChunkRef& victim) {
   EndTransit(victim);
   // No lower level took it (and none holds it): it is gone.
   if (!st.ok() && on_drop_ && Locate(victim->meta.key) < 0) on_drop_(victim->meta.key);
+  if (!st.ok()) UntieGone(std::span<const keys::Digest>(&victim->meta.key, 1), ReadContext{});
 }
 
 Result<ChunkRef> TieredStore::StoredForm(size_t li, const ChunkRef& chunk) {
@@ -532,8 +544,75 @@ bool TieredStore::EraseMany(std::span<const keys::Digest> keys, const ReadContex
     std::lock_guard<std::mutex> lock(level->policy_mu);
     for (const keys::Digest& k : keys) level->policy->OnRemove(k);
   }
-  for (const keys::Digest& k : keys) Unpin(k);
+  for (const keys::Digest& k : keys) {
+    Unpin(k);
+    Untie(k);
+  }
   return any;
+}
+
+// ---- Ties -------------------------------------------------------------------
+
+namespace {
+
+void AddOnce(std::vector<keys::Digest>& v, const keys::Digest& k) {
+  if (std::find(v.begin(), v.end(), k) == v.end()) v.push_back(k);
+}
+
+// Removes k from the list at map[at], and the list once empty.
+void RemoveFrom(std::unordered_map<keys::Digest, std::vector<keys::Digest>, keys::DigestHash>& map,
+                const keys::Digest& at, const keys::Digest& k) {
+  auto it = map.find(at);
+  if (it == map.end()) return;
+  std::erase(it->second, k);
+  if (it->second.empty()) map.erase(it);
+}
+
+}  // namespace
+
+void TieredStore::Tie(const keys::Digest& follower, std::span<const keys::Digest> leaders) {
+  std::lock_guard<std::mutex> lock(tie_mu_);
+  for (const keys::Digest& l : leaders) {
+    if (l == follower) continue;
+    AddOnce(followers_[l], follower);
+    AddOnce(leaders_[follower], l);
+  }
+}
+
+size_t TieredStore::TiedObjects() const {
+  std::lock_guard<std::mutex> lock(tie_mu_);
+  std::unordered_set<keys::Digest, keys::DigestHash> all;
+  for (const auto& [k, v] : followers_) all.insert(k);
+  for (const auto& [k, v] : leaders_) all.insert(k);
+  return all.size();
+}
+
+std::vector<keys::Digest> TieredStore::Followers(const keys::Digest& leader) const {
+  std::lock_guard<std::mutex> lock(tie_mu_);
+  auto it = followers_.find(leader);
+  return it == followers_.end() ? std::vector<keys::Digest>{} : it->second;
+}
+
+void TieredStore::Untie(const keys::Digest& key) {
+  std::lock_guard<std::mutex> lock(tie_mu_);
+  if (auto it = followers_.find(key); it != followers_.end()) {
+    for (const keys::Digest& f : it->second) RemoveFrom(leaders_, f, key);
+    followers_.erase(it);
+  }
+  if (auto it = leaders_.find(key); it != leaders_.end()) {
+    for (const keys::Digest& l : it->second) RemoveFrom(followers_, l, key);
+    leaders_.erase(it);
+  }
+}
+
+void TieredStore::UntieGone(std::span<const keys::Digest> keys, const ReadContext& ctx) {
+  for (const keys::Digest& k : keys) {
+    {
+      std::lock_guard<std::mutex> lock(tie_mu_);
+      if (followers_.count(k) == 0 && leaders_.count(k) == 0) continue;
+    }
+    if (Locate(k, ctx) < 0) Untie(k);
+  }
 }
 
 // ---- The mover --------------------------------------------------------------

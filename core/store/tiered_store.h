@@ -37,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -222,6 +223,18 @@ class TieredStore {
   // pins themselves (knowledge items, one pin per document).
   Status PinUntil(const keys::Digest& key, std::int64_t deadline_ns, const ReadContext& ctx = {});
   bool Unpin(const keys::Digest& key);
+  // Ties `follower` to `leaders`: an object useless without each of them (a
+  // recurrent layer's state snapshot without the chunks that end where it
+  // was taken: engine/groups.h). When a level evicts a leader, it evicts the
+  // follower from that level right after it (demoted with it, or dropped at
+  // the last level), unless it is leased or pinned. Tying again adds leaders;
+  // a tie ends when either object leaves the store (dropped or erased). In
+  // memory only: ties are not kept across a restart, and a tier that evicts
+  // on its own (a node, Redis) knows nothing of them.
+  void Tie(const keys::Digest& follower, std::span<const keys::Digest> leaders);
+  // Objects tied to something now (leaders and followers), for tests and
+  // telemetry: the ties' memory grows with them.
+  size_t TiedObjects() const;
   // Waits until the mover has nothing queued or in flight, then until each
   // tier has written what it accepted (Tier::Flush).
   void Flush();
@@ -293,6 +306,12 @@ class TieredStore {
   // outside the locks), else made here.
   bool ReplaceEverywhere(const ChunkRef& edited, const std::vector<ChunkRef>& forms);
   void ReleaseLease(const keys::Digest& key);
+  // Ties (Tie): the followers of `leader`, and forgetting an object's ties
+  // once it has left the store.
+  std::vector<keys::Digest> Followers(const keys::Digest& leader) const;
+  void Untie(const keys::Digest& key);
+  // Untie for each of `keys` tied to something that no level holds now.
+  void UntieGone(std::span<const keys::Digest> keys, const ReadContext& ctx);
 
   const Clock* clock_;
   std::shared_ptr<ChunkEditor> editor_;
@@ -315,6 +334,11 @@ class TieredStore {
   std::unordered_map<keys::Digest, std::pair<ChunkRef, size_t>, keys::DigestHash> in_transit_;  // guarded
   ChunkRef InTransit(const keys::Digest& key, size_t* target) const;
   void EndTransit(const ChunkRef& chunk);
+
+  // Ties (Tie): leader -> followers, follower -> leaders.
+  mutable std::mutex tie_mu_;  // a leaf lock
+  std::unordered_map<keys::Digest, std::vector<keys::Digest>, keys::DigestHash> followers_;  // guarded by tie_mu_
+  std::unordered_map<keys::Digest, std::vector<keys::Digest>, keys::DigestHash> leaders_;    // guarded by tie_mu_
 
   // The mover.
   const size_t queue_objects_;

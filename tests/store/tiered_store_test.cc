@@ -387,6 +387,77 @@ namespace {
 // store gave it (ChunkMeta::prefill_value), else by its own prefill at its
 // position. Here the most valuable chunk survives though it is the oldest
 // (LRU would drop it), and the least valuable goes first.
+// A follower (a recurrent layer's state snapshot, engine/groups.h) leaves a
+// level with the leader it is tied to (the chunk it ends), whatever its own
+// recency: demoted with it, and dropped with it from the last level; the
+// ties are forgotten once both have left the store.
+TEST(TieredStore, ATiedObjectIsEvictedWithItsLeader) {
+  auto s = Chain(3, 3);
+  ASSERT_TRUE(s->Put(Obj(0)).ok());  // the leader
+  ASSERT_TRUE(s->Put(Obj(1)).ok());  // the follower
+  const keys::Digest leader = Key(0);
+  s->Tie(Key(1), std::span<const keys::Digest>(&leader, 1));
+  EXPECT_EQ(s->TiedObjects(), 2u);
+  ASSERT_TRUE(s->Put(Obj(2)).ok());
+  ASSERT_TRUE(s->Get(Key(1)).ok());  // the follower is the most recently used
+  ASSERT_TRUE(s->Put(Obj(3)).ok());  // the top evicts 0 (LRU), and 1 with it
+  s->Flush();
+  EXPECT_FALSE(s->ContainsAt(0, Key(0)));
+  EXPECT_FALSE(s->ContainsAt(0, Key(1)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(2)));  // room was made by the leader and its follower
+  EXPECT_TRUE(s->ContainsAt(0, Key(3)));
+  EXPECT_TRUE(s->ContainsAt(1, Key(0)));
+  EXPECT_TRUE(s->ContainsAt(1, Key(1)));  // demoted with it
+  EXPECT_EQ(s->Stats()[0].evictions, 2u);
+  // The bottom (3 objects) fills: 2 comes down, then 3 makes it evict 0,
+  // its oldest, and 1 goes with it: dropped, and the tie forgotten.
+  ASSERT_TRUE(s->Put(Obj(4)).ok());
+  ASSERT_TRUE(s->Put(Obj(5)).ok());  // top {3,4,5}: 2 demoted, bottom {0,1,2}
+  s->Flush();
+  EXPECT_EQ(s->TiedObjects(), 2u);
+  ASSERT_TRUE(s->Put(Obj(6)).ok());  // 3 demoted: the bottom evicts 0 and 1
+  s->Flush();
+  EXPECT_EQ(s->Locate(Key(0)), -1);
+  EXPECT_EQ(s->Locate(Key(1)), -1);
+  EXPECT_TRUE(s->ContainsAt(1, Key(2)));
+  EXPECT_TRUE(s->ContainsAt(1, Key(3)));
+  EXPECT_EQ(s->Stats()[1].evictions, 2u);
+  EXPECT_EQ(s->TiedObjects(), 0u);
+}
+
+// A pinned or leased follower stays when its leader goes; erasing either
+// ends the tie; a follower tied to two leaders goes with the first to leave.
+TEST(TieredStore, APinnedFollowerStaysAndAnEraseEndsTheTie) {
+  auto s = Chain(3, 0);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  const keys::Digest leader = Key(0);
+  s->Tie(Key(2), std::span<const keys::Digest>(&leader, 1));
+  ASSERT_TRUE(s->Pin(Key(2), 0).ok());
+  ASSERT_TRUE(s->Put(Obj(3)).ok());  // evicts 0; 2 is pinned and stays
+  EXPECT_FALSE(s->ContainsAt(0, Key(0)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(2)));
+  EXPECT_EQ(s->Stats()[0].evictions, 1u);
+  EXPECT_EQ(s->TiedObjects(), 0u);  // 0 left the store: the tie with it
+  ASSERT_TRUE(s->Unpin(Key(2)));
+  // 4 tied to both 1 and 3: 1 is the oldest, and takes 4 with it.
+  ASSERT_TRUE(s->Erase(Key(2)));
+  ASSERT_TRUE(s->Put(Obj(4)).ok());  // {1, 3, 4}
+  const keys::Digest two[2] = {Key(1), Key(3)};
+  s->Tie(Key(4), two);
+  EXPECT_EQ(s->TiedObjects(), 3u);
+  ASSERT_TRUE(s->Erase(Key(3)));  // an erase ends its ties, nothing else
+  EXPECT_TRUE(s->ContainsAt(0, Key(4)));
+  EXPECT_EQ(s->TiedObjects(), 2u);
+  ASSERT_TRUE(s->Get(Key(4)).ok());
+  ASSERT_TRUE(s->Put(Obj(5)).ok());  // {1, 4, 5}: fits
+  ASSERT_TRUE(s->Put(Obj(6)).ok());  // evicts 1, and 4 with it
+  EXPECT_FALSE(s->ContainsAt(0, Key(1)));
+  EXPECT_FALSE(s->ContainsAt(0, Key(4)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(5)));
+  EXPECT_TRUE(s->ContainsAt(0, Key(6)));
+  EXPECT_EQ(s->TiedObjects(), 0u);
+}
+
 TEST(TieredStore, TheCostPolicyWeighsChunksByTheirPrefillValue) {
   auto s = Chain(3, 0, 1.0, 1.0, PolicyKind::kCost);
   auto valued = [](int key, double value) {
