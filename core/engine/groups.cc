@@ -37,14 +37,10 @@ struct Scan {
 
 std::uint64_t EndOf(const KvStore::KeyedRange& r) { return r.begin + r.len; }
 
-Scan ScanRequest(KvStore& store, const GroupedModel& m, std::string_view ns, const TokenKeys& keys) {
-  Scan s;
-  s.ranges = store.ChainKeys(m.model, ns, keys, [&](const keys::Digest& key, std::uint64_t, std::uint64_t) {
-    for (const LayerGroup& g : m.groups) {
-      if (store.Holds(ns, GroupKey(g, key))) return true;
-    }
-    return m.state_layers > 0 && store.Holds(ns, StateKey(m, key));
-  });
+// Which group holds what of the ranges `s` has, by `holds` (a key held in
+// any tier, or in one).
+template <typename Holds>
+void FillHeld(const GroupedModel& m, Scan& s, const Holds& holds) {
   const size_t n = s.ranges.size();
   s.held.assign(m.groups.size(), std::vector<bool>(n, false));
   s.state.assign(n, false);
@@ -53,17 +49,28 @@ Scan ScanRequest(KvStore& store, const GroupedModel& m, std::string_view ns, con
   for (size_t g = 0; g < m.groups.size(); ++g) {
     if (m.groups[g].window != 0) continue;
     for (size_t i = 0; i < run; ++i) {
-      s.held[g][i] = store.Holds(ns, GroupKey(m.groups[g], s.ranges[i].key));
+      s.held[g][i] = holds(GroupKey(m.groups[g], s.ranges[i].key));
       if (!s.held[g][i]) run = i;
     }
   }
   for (size_t g = 0; g < m.groups.size(); ++g) {
     if (m.groups[g].window == 0) continue;
-    for (size_t i = 0; i < run; ++i) s.held[g][i] = store.Holds(ns, GroupKey(m.groups[g], s.ranges[i].key));
+    for (size_t i = 0; i < run; ++i) s.held[g][i] = holds(GroupKey(m.groups[g], s.ranges[i].key));
   }
   if (m.state_layers > 0) {
-    for (size_t i = 0; i < run; ++i) s.state[i] = store.Holds(ns, StateKey(m, s.ranges[i].key));
+    for (size_t i = 0; i < run; ++i) s.state[i] = holds(StateKey(m, s.ranges[i].key));
   }
+}
+
+Scan ScanRequest(KvStore& store, const GroupedModel& m, std::string_view ns, const TokenKeys& keys) {
+  Scan s;
+  s.ranges = store.ChainKeys(m.model, ns, keys, [&](const keys::Digest& key, std::uint64_t, std::uint64_t) {
+    for (const LayerGroup& g : m.groups) {
+      if (store.Holds(ns, GroupKey(g, key))) return true;
+    }
+    return m.state_layers > 0 && store.Holds(ns, StateKey(m, key));
+  });
+  FillHeld(m, s, [&](const keys::Digest& key) { return store.Holds(ns, key); });
   return s;
 }
 
@@ -201,9 +208,16 @@ LookupResult GroupedLookup(KvStore& store, const GroupedModel& m, std::string_vi
   const auto t0 = std::chrono::steady_clock::now();
   LookupResult r;
   if (store.CheckKeys(keys).ok()) {
-    const Scan s = ScanRequest(store, m, ns, keys);
+    Scan s = ScanRequest(store, m, ns, keys);
     size_t last = kNone;
     r.tokens = RulePrefix(m, s, &last);
+    // Per tier, the prefix the rule gives with what that tier alone holds.
+    const TieredStore& chain = store.chain();
+    const ReadContext ctx = store.Context(ns);
+    for (size_t level = 0; level < chain.levels(); ++level) {
+      FillHeld(m, s, [&](const keys::Digest& key) { return chain.ContainsAt(level, key, ctx); });
+      r.tier_tokens.push_back(RulePrefix(m, s, &last));
+    }
   }
   store.CountLookup(keys.size(), r.tokens, ElapsedMicros(t0));
   return r;

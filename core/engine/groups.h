@@ -60,8 +60,8 @@ keys::Digest GroupChunkKey(const LayerGroup& group, const keys::Digest& chain);
 keys::Digest StateSnapshotKey(const GroupedModel& model, const keys::Digest& chain);
 
 // The leading tokens for which every group has what it needs (the rule
-// above). LookupResult::tier_tokens is left empty: tiers are not counted
-// apart for grouped models.
+// above), and per tier (LookupResult::tier_tokens) the prefix the rule
+// gives with what that tier alone holds.
 LookupResult GroupedLookup(KvStore& store, const GroupedModel& model, std::string_view ns, const TokenKeys& keys);
 
 // `views`: KV groups over model.model's layers (each layer once: a

@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -228,6 +230,38 @@ TEST_P(GroupsEviction, AStoreReadsASlidingLayerOnlyInItsWindow) {
     const float want = layer == 0 && token < 48 ? 0.0f : source[i];
     ASSERT_EQ(out[i], want) << "layer " << layer << " token " << token;
   }
+}
+
+// Per tier, a lookup counts the prefix the rule gives with what that tier
+// alone holds: a host tier of 4 pages over a disk tier, a sliding-window
+// model stored at each boundary of 64 tokens; the host keeps the last two
+// boundaries' pieces (no first chunk: 0), the disk the first two (the
+// prefix 32: its full chunks and its window's chunk).
+TEST(GroupsTiers, EachTiersCountFollowsTheRule) {
+  std::string dir = ::testing::TempDir() + "/kdn_groups_tiers_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const EvModel m = MakeEvModel("groups-tiers", {16, 0}, 0);
+  StoreOptions o;
+  o.chunk_tokens = kEvChunk;
+  TierSpec host;
+  host.capacity_bytes = 4 * kEvPage;
+  host.high_watermark = 1.0;
+  host.low_watermark = 1.0;
+  TierSpec disk;
+  disk.kind = TierSpec::Kind::kDisk;
+  disk.capacity_bytes = std::uint64_t{16} << 20;
+  disk.path = dir;
+  disk.fsync = false;
+  o.tiers = {host, disk};
+  auto store = KvStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  const auto a = EvTokens(64, 1000);
+  for (size_t b = kEvChunk; b <= a.size(); b += kEvChunk) EXPECT_EQ(EvStoreKv(**store, m, a, b, 0), b);
+  (*store)->chain().Flush();
+  const LookupResult r = GroupedLookup(**store, m.grouped, kEvNs, EvKeys(a, a.size()));
+  EXPECT_EQ(r.tokens, 64u);
+  EXPECT_EQ(r.tier_tokens, (std::vector<std::uint64_t>{0, 32}));
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, GroupsEviction, ::testing::Values(PolicyKind::kLru, PolicyKind::kS3Fifo, PolicyKind::kCost),
