@@ -13,9 +13,15 @@ No weight permutation: llama2.c rotates interleaved pairs (x[2i], x[2i+1]), whic
 llama.cpp's LLAMA_ROPE_TYPE_NORM, the rope type of the llama architecture.
 
 usage: llama2c_to_gguf.py stories260K.bin tok512.bin out.gguf
+       llama2c_to_gguf.py --sliding-window W stories260K.bin tok512.bin out.gguf
 
 The build runs it (integrations/llamacpp/CMakeLists.txt) to make the reference model
-llama.cpp reads.
+llama.cpp reads, and, with --sliding-window, a model of sliding-window layers for the
+connector's tests: the same weights under llama.cpp's gemma3 architecture, every other
+layer attending to its last W tokens (llama.cpp keeps them in a second, SWA cache), the
+norms gemma3 adds (q/k norms, post-attention and post-FFN norms) set to ones. It is not a
+trained Gemma: its text means nothing, and the tests use it for what does not depend on
+that (KV restored by kdn continuing bit for bit as a prefill).
 """
 import struct
 import sys
@@ -141,22 +147,29 @@ class GGUFWriter:
         return len(out)
 
 
-def main(ckpt, tok, out):
+def main(ckpt, tok, out, window=0):
     c, w = read_checkpoint(ckpt)
     toks, scores, types = read_tokenizer(tok, c["vocab"])
     g = GGUFWriter()
-    g.add_str("general.architecture", "llama")
-    g.add_str("general.name", "stories260K")
+    a = "gemma3" if window else "llama"
+    g.add_str("general.architecture", a)
+    g.add_str("general.name", "stories260K-swa" if window else "stories260K")
     g.add_u32("general.file_type", 0)                       # LLAMA_FTYPE_ALL_F32
-    g.add_u32("llama.context_length", c["seq_len"])
-    g.add_u32("llama.embedding_length", c["dim"])
-    g.add_u32("llama.block_count", c["n_layers"])
-    g.add_u32("llama.feed_forward_length", c["hidden"])
-    g.add_u32("llama.attention.head_count", c["n_heads"])
-    g.add_u32("llama.attention.head_count_kv", c["n_kv_heads"])
-    g.add_u32("llama.rope.dimension_count", min(64, c["hd"]))  # = head_dim (8)
-    g.add_f32("llama.rope.freq_base", 10000.0)
-    g.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    g.add_u32(a + ".context_length", c["seq_len"])
+    g.add_u32(a + ".embedding_length", c["dim"])
+    g.add_u32(a + ".block_count", c["n_layers"])
+    g.add_u32(a + ".feed_forward_length", c["hidden"])
+    g.add_u32(a + ".attention.head_count", c["n_heads"])
+    g.add_u32(a + ".attention.head_count_kv", c["n_kv_heads"])
+    if window:
+        g.add_u32(a + ".attention.key_length", c["hd"])
+        g.add_u32(a + ".attention.value_length", c["hd"])
+        g.add_u32(a + ".attention.sliding_window", window)
+        g.add_u32(a + ".attention.sliding_window_pattern", 2)  # layers 0, 2, 4 sliding; 1, 3 full
+    else:
+        g.add_u32(a + ".rope.dimension_count", min(64, c["hd"]))  # = head_dim (8)
+    g.add_f32(a + ".rope.freq_base", 10000.0)
+    g.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5)
     g.add_str("tokenizer.ggml.model", "llama")              # SentencePiece-style (SPM)
     g.add_arr("tokenizer.ggml.tokens", T_STR, toks)
     g.add_arr("tokenizer.ggml.scores", T_F32, scores)
@@ -170,9 +183,12 @@ def main(ckpt, tok, out):
     # llama2.c matrices are row-major (out, in): ggml ne = [in, out], same bytes.
     g.add_tensor("token_embd.weight", [D, c["vocab"]], w["emb"])
     g.add_tensor("output_norm.weight", [D], w["rms_final"])
-    g.add_tensor("output.weight", [D, c["vocab"]], w["wcls"])
+    if not window:
+        g.add_tensor("output.weight", [D, c["vocab"]], w["wcls"])  # gemma3 ties it to token_embd
     def layer(key, i, n):
         return w[key][i * n * 4:(i + 1) * n * 4]
+    def ones(n):
+        return struct.pack("<%df" % n, *([1.0] * n))
     for i in range(L):
         g.add_tensor(f"blk.{i}.attn_q.weight", [D, D], layer("wq", i, D * D))
         g.add_tensor(f"blk.{i}.attn_k.weight", [D, KVD], layer("wk", i, D * KVD))
@@ -183,11 +199,21 @@ def main(ckpt, tok, out):
         g.add_tensor(f"blk.{i}.ffn_down.weight", [H, D], layer("w2", i, H * D))
         g.add_tensor(f"blk.{i}.ffn_up.weight", [D, H], layer("w3", i, D * H))
         g.add_tensor(f"blk.{i}.ffn_norm.weight", [D], layer("rms_ffn", i, D))
+        if window:
+            g.add_tensor(f"blk.{i}.attn_q_norm.weight", [c["hd"]], ones(c["hd"]))
+            g.add_tensor(f"blk.{i}.attn_k_norm.weight", [c["hd"]], ones(c["hd"]))
+            g.add_tensor(f"blk.{i}.post_attention_norm.weight", [D], ones(D))
+            g.add_tensor(f"blk.{i}.post_ffw_norm.weight", [D], ones(D))
     n = g.write(out)
     print(f"{out}: {n} bytes, {len(g.tensors)} tensors, {len(g.kv)} keys")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    args = sys.argv[1:]
+    window = 0
+    if len(args) == 5 and args[0] == "--sliding-window":
+        window = int(args[1])
+        args = args[2:]
+    if len(args) != 3 or (len(sys.argv) == 6 and window <= 0):
         sys.exit(__doc__)
-    main(*sys.argv[1:])
+    main(*args, window=window)

@@ -237,14 +237,14 @@ func TestSlidingWindowModel(t *testing.T) {
 	if res, err := m.Retrieve(bg, ns, Tokens(tokens), Float32s(out)); err != nil || res.Tokens != positions {
 		t.Fatalf("Retrieve = %+v, %v", res, err)
 	}
-	// Canonical [layer][k|v][token][row]: layer 0 needs the chunk that holds
-	// [40, 48) only (tokens 32..47); every other layer, every token.
+	// Canonical [layer][k|v][token][row]: layer 0 gets its window [40, 48)
+	// only (nothing older is read or written); every other layer, every token.
 	for l := 0; l < layers; l++ {
 		for kv := 0; kv < 2; kv++ {
 			for p := 0; p < positions; p++ {
 				at := ((l*2+kv)*positions + p) * row
 				want := data[at]
-				if l == 0 && p < 32 {
+				if l == 0 && p < 40 {
 					want = 0 // not loaded: outside the window
 				}
 				if out[at] != want {

@@ -27,7 +27,7 @@ kdn_status kdn_kv_lookup(const kdn_model* model, const char* ns, size_t ns_len, 
     kdn::store::OwnedKeys keys;
     r.status = ReadRequest(store, At(requests, in_stride, i), "requests[" + std::to_string(i) + "]", &keys);
     if (r.status == KDN_OK) {
-      // A grouped model: the one rule for hits (no per-tier counts).
+      // A grouped model: the one rule for hits (per tier too).
       const auto found = model->grouped
                              ? kdn::store::GroupedLookup(store, *model->grouped, std::string_view(ns, ns_len), keys.keys())
                              : store.Lookup(model->kv, std::string_view(ns, ns_len), keys.keys());

@@ -31,11 +31,35 @@ keys::Digest StateKey(const GroupedModel& m, const keys::Digest& chain) { return
 // What a request's chunks have, group by group.
 struct Scan {
   std::vector<KvStore::KeyedRange> ranges;  // the chain (KvStore::ChainKeys), held meaning by some group
-  std::vector<std::vector<bool>> held;      // [group][range]
-  std::vector<bool> state;                  // [range]: the snapshot at its end
+  std::vector<std::vector<bool>> held;      // [group][range]: its chunk, whole
+  // [group][range i], sliding groups: the partial chunk the prefix ending
+  // with range i needs (the first of its window, when the window starts
+  // inside it: GroupPartialKey at that end).
+  std::vector<std::vector<bool>> partial;
+  std::vector<bool> state;  // [range]: the snapshot at its end
 };
 
 std::uint64_t EndOf(const KvStore::KeyedRange& r) { return r.begin + r.len; }
+
+// Where a sliding group's window starts for a prefix of b tokens.
+std::uint64_t WindowStart(const LayerGroup& g, std::uint64_t b) { return g.window == 0 || b <= g.window ? 0 : b - g.window; }
+
+// The ranges a group needs for the prefix ending with range `last`.
+std::vector<size_t> Needed(const LayerGroup& g, const std::vector<KvStore::KeyedRange>& ranges, size_t last) {
+  std::vector<size_t> out;
+  if (last == kNone) return out;
+  const std::uint64_t lo = WindowStart(g, EndOf(ranges[last]));
+  for (size_t j = 0; j <= last; ++j) {
+    if (EndOf(ranges[j]) > lo) out.push_back(j);
+  }
+  return out;
+}
+
+// Whether range j, needed by the prefix ending with range `last`, is one
+// the window starts inside (so that a partial chunk keyed at that end serves).
+bool StartsInside(const LayerGroup& g, const std::vector<KvStore::KeyedRange>& ranges, size_t j, size_t last) {
+  return ranges[j].begin < WindowStart(g, EndOf(ranges[last]));
+}
 
 // Which group holds what of the ranges `s` has, by `holds` (a key held in
 // any tier, or in one).
@@ -43,6 +67,7 @@ template <typename Holds>
 void FillHeld(const GroupedModel& m, Scan& s, const Holds& holds) {
   const size_t n = s.ranges.size();
   s.held.assign(m.groups.size(), std::vector<bool>(n, false));
+  s.partial.assign(m.groups.size(), std::vector<bool>(n, false));
   s.state.assign(n, false);
   // The full groups' leading run bounds every prefix: nothing past it is probed.
   size_t run = n;
@@ -54,8 +79,15 @@ void FillHeld(const GroupedModel& m, Scan& s, const Holds& holds) {
     }
   }
   for (size_t g = 0; g < m.groups.size(); ++g) {
-    if (m.groups[g].window == 0) continue;
-    for (size_t i = 0; i < run; ++i) s.held[g][i] = holds(GroupKey(m.groups[g], s.ranges[i].key));
+    const LayerGroup& group = m.groups[g];
+    if (group.window == 0) continue;
+    for (size_t i = 0; i < run; ++i) {
+      s.held[g][i] = holds(GroupKey(group, s.ranges[i].key));
+      const std::vector<size_t> need = Needed(group, s.ranges, i);
+      if (!need.empty() && StartsInside(group, s.ranges, need.front(), i)) {
+        s.partial[g][i] = holds(GroupPartialKey(group, s.ranges[need.front()].key, EndOf(s.ranges[i])));
+      }
+    }
   }
   if (m.state_layers > 0) {
     for (size_t i = 0; i < run; ++i) s.state[i] = holds(StateKey(m, s.ranges[i].key));
@@ -64,9 +96,10 @@ void FillHeld(const GroupedModel& m, Scan& s, const Holds& holds) {
 
 Scan ScanRequest(KvStore& store, const GroupedModel& m, std::string_view ns, const TokenKeys& keys) {
   Scan s;
-  s.ranges = store.ChainKeys(m.model, ns, keys, [&](const keys::Digest& key, std::uint64_t, std::uint64_t) {
+  s.ranges = store.ChainKeys(m.model, ns, keys, [&](const keys::Digest& key, std::uint64_t begin, std::uint64_t len) {
     for (const LayerGroup& g : m.groups) {
       if (store.Holds(ns, GroupKey(g, key))) return true;
+      if (g.window != 0 && store.Holds(ns, GroupPartialKey(g, key, begin + len))) return true;
     }
     return m.state_layers > 0 && store.Holds(ns, StateKey(m, key));
   });
@@ -74,16 +107,10 @@ Scan ScanRequest(KvStore& store, const GroupedModel& m, std::string_view ns, con
   return s;
 }
 
-// The ranges a group needs for the prefix ending with range `last`.
-std::vector<size_t> Needed(const LayerGroup& g, const Scan& s, size_t last) {
-  std::vector<size_t> out;
-  if (last == kNone) return out;
-  const std::uint64_t b = EndOf(s.ranges[last]);
-  const std::uint64_t lo = g.window == 0 || b <= g.window ? 0 : b - g.window;
-  for (size_t j = 0; j <= last; ++j) {
-    if (EndOf(s.ranges[j]) > lo) out.push_back(j);
-  }
-  return out;
+// Whether group g has range j for the prefix ending with range `last`:
+// whole, or (the window starting inside it) the partial chunk keyed there.
+bool GroupHas(const GroupedModel& m, const Scan& s, size_t g, size_t j, size_t last) {
+  return s.held[g][j] || (StartsInside(m.groups[g], s.ranges, j, last) && s.partial[g][last]);
 }
 
 // The largest prefix the rule allows (a range's end, or 0) with what `s`
@@ -101,7 +128,7 @@ std::uint64_t RulePrefix(const GroupedModel& m, const Scan& s, size_t* last) {
     bool ok = true;
     for (size_t g = 0; g < m.groups.size() && ok; ++g) {
       if (m.groups[g].window == 0) continue;
-      for (size_t j : Needed(m.groups[g], s, i)) ok = ok && s.held[g][j];
+      for (size_t j : Needed(m.groups[g], s.ranges, i)) ok = ok && GroupHas(m, s, g, j, i);
     }
     if (ok) {
       *last = i;
@@ -110,6 +137,28 @@ std::uint64_t RulePrefix(const GroupedModel& m, const Scan& s, size_t* last) {
   }
   *last = kNone;
   return 0;
+}
+
+// Tokens [from, from + count) of a canonical chunk of `tokens` tokens
+// ([layer][k|v][token][...]) of model `kv`, as a chunk of their own; and
+// the reverse, into a chunk.
+std::vector<std::uint8_t> SliceTokens(const ModelKv& kv, const std::uint8_t* chunk, std::uint64_t tokens,
+                                      std::uint64_t from, std::uint64_t count) {
+  const auto row = static_cast<std::uint64_t>(kv.bytes_per_token() / (2 * kv.shape.layers));
+  const auto planes = static_cast<std::uint64_t>(2 * kv.shape.layers);
+  std::vector<std::uint8_t> out(static_cast<size_t>(planes * count * row));
+  for (std::uint64_t p = 0; p < planes; ++p) {
+    std::memcpy(out.data() + p * count * row, chunk + (p * tokens + from) * row, static_cast<size_t>(count * row));
+  }
+  return out;
+}
+void PlaceTokens(const ModelKv& kv, const std::uint8_t* slice, std::uint64_t count, std::uint8_t* chunk,
+                 std::uint64_t tokens, std::uint64_t from) {
+  const auto row = static_cast<std::uint64_t>(kv.bytes_per_token() / (2 * kv.shape.layers));
+  const auto planes = static_cast<std::uint64_t>(2 * kv.shape.layers);
+  for (std::uint64_t p = 0; p < planes; ++p) {
+    std::memcpy(chunk + (p * tokens + from) * row, slice + p * count * row, static_cast<size_t>(count * row));
+  }
 }
 
 // The views of a group's layers as KV groups over `sub` (a model of just
@@ -147,6 +196,13 @@ std::vector<KvGroup> Select(std::span<const KvGroup> views, const ModelKv& sub, 
 
 keys::Digest GroupChunkKey(const LayerGroup& group, const keys::Digest& chain) {
   return Derived("kdn-group-chunk-v1", group.kv.fingerprint, chain);
+}
+
+keys::Digest GroupPartialKey(const LayerGroup& group, const keys::Digest& chain, std::uint64_t end) {
+  keys::Hasher h;
+  h.Str("kdn-group-partial-v1").Bytes(group.kv.fingerprint.data(), group.kv.fingerprint.size());
+  h.Bytes(chain.data(), chain.size()).U64(end);
+  return h.Finish();
 }
 
 keys::Digest StateSnapshotKey(const GroupedModel& model, const keys::Digest& chain) {
@@ -239,28 +295,42 @@ Result<std::uint64_t> GroupedStore(KvStore& store, const GroupedModel& m, std::s
   const ReadContext ctx = store.Context(ns);
   // What each chunk's presence saves when the request comes again, for the
   // cost-aware policy, as the plain store gives it (store/policy.h
-  // ChunkValue). A sliding group's chunks that end W or more tokens before
-  // the request's end are not read: the engine need not hold them any more
-  // (llama.cpp's SWA cache and vLLM's sliding-window blocks drop them), and
-  // only shorter prefixes would use them, which the stores at those
-  // boundaries keep. A retrieve of the whole request does not read the ones
-  // stored earlier either, so they age: the first to go for LRU and FIFO.
+  // ChunkValue). A sliding layer's KV is read only in its window [n - W, n):
+  // the engine need not hold older tokens (llama.cpp's SWA cache keeps the
+  // last W, vLLM frees a sliding group's blocks behind it). Its chunks
+  // wholly before the window are not stored (the stores at the boundaries
+  // a shorter prefix ends at keep those); the chunk the window starts
+  // inside is stored as a partial chunk keyed by this end (GroupPartialKey:
+  // the window's tokens, the older ones zero), which serves a prefix ending
+  // here only. A retrieve of the whole request does not read older chunks,
+  // so they age: the first to go for LRU and FIFO.
   const std::uint64_t n = keys.size();
   double work = 0;
   for (const KvStore::KeyedRange& r : ranges) work += PrefillCost(static_cast<std::int64_t>(r.begin), r.len);
   const double mean = n > 0 ? work / static_cast<double>(n) : 0;
   bool full = false;  // a put no tier took: what is held stays, and the rule says what prefix that leaves
+  std::vector<keys::Digest> ends;  // each group's key of the last range (what a snapshot here is tied to)
   for (const LayerGroup& g : m.groups) {
     std::vector<std::vector<void*>> bases;
     const std::vector<KvGroup> sub = Select(views, g.kv, g.layers, bases);
     const auto per_token = static_cast<std::uint64_t>(g.kv.bytes_per_token());
+    const std::uint64_t lo = WindowStart(g, n);
     for (size_t i = 0; i < ranges.size() && !full; ++i) {
       const KvStore::KeyedRange& r = ranges[i];
-      if (g.window != 0 && EndOf(r) + g.window <= n) continue;  // behind the window
-      const keys::Digest key = GroupKey(g, r.key);
+      if (EndOf(r) <= lo) continue;  // before the window
+      const bool partial = r.begin < lo;
+      const keys::Digest key = partial ? GroupPartialKey(g, r.key, n) : GroupKey(g, r.key);
+      if (i + 1 == ranges.size()) ends.push_back(key);
       if (store.Holds(ns, key)) continue;
       Payload payload = Payload::Uninitialized(static_cast<size_t>(r.len * per_token));
-      GatherGroups(g.kv, sub, r.begin, r.len, payload.data());
+      if (partial) {
+        std::vector<std::uint8_t> window(static_cast<size_t>((EndOf(r) - lo) * per_token));
+        GatherGroups(g.kv, sub, lo, EndOf(r) - lo, window.data());
+        std::memset(payload.data(), 0, payload.size());
+        PlaceTokens(g.kv, window.data(), EndOf(r) - lo, payload.data(), r.len, lo - r.begin);
+      } else {
+        GatherGroups(g.kv, sub, r.begin, r.len, payload.data());
+      }
       full = !store.PutPayload(g.kv, ns, key, r.len, static_cast<std::int64_t>(r.begin), std::move(payload), false,
                                ChunkValue(mean, r.len, i, ranges.size()), ctx)
                   .ok();
@@ -281,11 +351,7 @@ Result<std::uint64_t> GroupedStore(KvStore& store, const GroupedModel& m, std::s
       (void)store.PutPayload(m.state, ns, key, 1, static_cast<std::int64_t>(n), std::move(payload), false, work, ctx,
                              /*exact=*/true);
     }
-    if (store.Holds(ns, key)) {
-      std::vector<keys::Digest> ends;
-      for (const LayerGroup& g : m.groups) ends.push_back(GroupKey(g, ranges.back().key));
-      store.chain().Tie(key, ends);
-    }
+    if (store.Holds(ns, key)) store.chain().Tie(key, ends);
   }
   store.CountStore(ElapsedMicros(t0));
   const Scan s = ScanRequest(store, m, ns, keys);
@@ -310,8 +376,10 @@ Result<KvStore::Retrieved> GroupedRetrieve(KvStore& store, const GroupedModel& m
   out.covered = b;
   std::map<std::uint64_t, size_t> index;  // range begin -> range
   for (size_t i = 0; i < s.ranges.size(); ++i) index[s.ranges[i].begin] = i;
-  // What has been read, per group and range; the snapshot read for `last`.
-  std::vector<std::map<size_t, FetchedChunk>> got(m.groups.size());
+  // What has been read, per group and range (with the key it was read by:
+  // a sliding group's partial chunk is another object at each end); the
+  // snapshot read for `last`.
+  std::vector<std::map<size_t, std::pair<keys::Digest, FetchedChunk>>> got(m.groups.size());
   std::optional<FetchedChunk> snapshot;
   size_t snapshot_of = kNone;
   // Read what the prefix needs; a chunk or snapshot that fails to read is
@@ -320,16 +388,32 @@ Result<KvStore::Retrieved> GroupedRetrieve(KvStore& store, const GroupedModel& m
   while (last != kNone) {
     bool failed = false;
     for (size_t g = 0; g < m.groups.size(); ++g) {
+      const LayerGroup& group = m.groups[g];
       std::vector<KvStore::KeyedRange> want;
-      for (size_t j : Needed(m.groups[g], s, last)) {
-        if (got[g].count(j) == 0) want.push_back({GroupKey(m.groups[g], s.ranges[j].key), s.ranges[j].begin, s.ranges[j].len});
+      std::map<size_t, bool> partial;  // range -> read as the partial chunk
+      for (size_t j : Needed(group, s.ranges, last)) {
+        const bool part = !s.held[g][j];  // GroupHas(): then the partial chunk keyed at b
+        const keys::Digest key = part ? GroupPartialKey(group, s.ranges[j].key, b) : GroupKey(group, s.ranges[j].key);
+        auto it = got[g].find(j);
+        if (it != got[g].end() && it->second.first == key) continue;
+        if (it != got[g].end()) got[g].erase(it);
+        want.push_back({key, s.ranges[j].begin, s.ranges[j].len});
+        partial[j] = part;
       }
       if (want.empty()) continue;
-      Fetch f = store.FetchKeys(m.groups[g].kv, ns, want);
-      for (FetchedChunk& c : f.chunks) got[g].emplace(index.at(c.begin), std::move(c));
+      Fetch f = store.FetchKeys(group.kv, ns, want);
+      for (FetchedChunk& c : f.chunks) {
+        const size_t j = index.at(c.begin);
+        const keys::Digest key = partial.at(j) ? GroupPartialKey(group, s.ranges[j].key, b) : GroupKey(group, s.ranges[j].key);
+        got[g].insert_or_assign(j, std::make_pair(key, std::move(c)));
+      }
       for (const TokenRange& bad : f.failed) {
         for (auto it = index.lower_bound(bad.begin); it != index.end() && it->first < bad.end; ++it) {
-          s.held[g][it->second] = false;
+          if (partial.count(it->second) != 0 && partial.at(it->second)) {
+            s.partial[g][last] = false;
+          } else {
+            s.held[g][it->second] = false;
+          }
         }
         failed = true;
       }
@@ -363,9 +447,19 @@ Result<KvStore::Retrieved> GroupedRetrieve(KvStore& store, const GroupedModel& m
   for (size_t g = 0; g < m.groups.size() && last != kNone; ++g) {
     std::vector<std::vector<void*>> bases;
     const std::vector<KvGroup> sub = Select(views, m.groups[g].kv, m.groups[g].layers, bases);
-    for (size_t j : Needed(m.groups[g], s, last)) {
-      FetchedChunk& c = got[g].at(j);
-      ScatterGroups(m.groups[g].kv, sub, c.lease.chunk()->payload.data(), c.begin, c.tokens);
+    // A sliding layer gets its window's tokens only: nothing older is
+    // written (a partial chunk holds zeros there).
+    const std::uint64_t lo = WindowStart(m.groups[g], b);
+    for (size_t j : Needed(m.groups[g], s.ranges, last)) {
+      FetchedChunk& c = got[g].at(j).second;
+      const std::uint8_t* payload = c.lease.chunk()->payload.data();
+      if (c.begin < lo) {
+        const std::vector<std::uint8_t> window = SliceTokens(m.groups[g].kv, payload, c.tokens, lo - c.begin,
+                                                             c.begin + c.tokens - lo);
+        ScatterGroups(m.groups[g].kv, sub, window.data(), lo, c.begin + c.tokens - lo);
+      } else {
+        ScatterGroups(m.groups[g].kv, sub, payload, c.begin, c.tokens);
+      }
       bytes += c.lease.chunk()->payload.size();
       out.lossy = out.lossy || c.lease.chunk()->meta.lossy;
       served.chunks.push_back(std::move(c));

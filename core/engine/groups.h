@@ -9,6 +9,11 @@
 // a snapshot at a chunk boundary, keyed by the chain's key there and stored
 // exact (no lossy codec: ChunkMeta::exact).
 //
+// A store of n tokens reads a sliding group's layers only in their window
+// [n - W, n) (an engine drops older tokens): its chunks before the window
+// are not stored, and the one the window starts inside is stored as a
+// partial chunk keyed by n (GroupPartialKey), which serves the prefix n.
+//
 // The one rule for hits: a prefix of b tokens counts only when every group
 // has what it needs for it: the full groups every chunk of [0, b), each
 // sliding group the chunks overlapping [b - W, b), the recurrent layers the
@@ -57,6 +62,11 @@ struct GroupedModel {
 // own, keys::ChunkKey) is `chain`, and of the recurrent layers' snapshot at
 // that chunk's end: what tools and tests name a stored piece by.
 keys::Digest GroupChunkKey(const LayerGroup& group, const keys::Digest& chain);
+// A sliding group's chunk whose window starts inside it, stored by a
+// request that ended at `end`: the window's tokens [end - W, ...) only (the
+// older ones zero: the engine may no longer hold them). It serves the
+// prefix ending at `end` only.
+keys::Digest GroupPartialKey(const LayerGroup& group, const keys::Digest& chain, std::uint64_t end);
 keys::Digest StateSnapshotKey(const GroupedModel& model, const keys::Digest& chain);
 
 // The leading tokens for which every group has what it needs (the rule

@@ -34,14 +34,37 @@
 namespace kdn::llamacpp {
 
 // The kdn model spec of a session's KV (fingerprint kept in *fingerprint,
-// which must outlive the spec's use). kNotFound if the GGUF cannot be read.
+// which must outlive the spec's use). kNotFound if the GGUF cannot be read;
+// kUnsupported for a model this form does not take: sliding-window layers
+// (the CacheLayout form below takes them), recurrent layers (Mamba, hybrids)
+// or multi-head latent attention (neither is taken yet).
 Result<kdn_model_spec> ModelSpecFor(const Session& session, const std::string& gguf, std::string* fingerprint);
+
+// How a session's llama.cpp cache maps onto kdn's layers. A model with
+// sliding-window layers (Gemma 2 and 3, gpt-oss, ...) has two caches in
+// llama.cpp (llama_kv_cache_iswa): its full layers', then its SWA layers'.
+// kdn's layers are theirs in that order, the last swa_layers with the
+// model's window (kdn_model_spec.layer_windows), so that kdn keeps them as
+// layer groups (docs/model-kinds.md): a sliding layer's older chunks are
+// neither stored nor loaded. What the spec points into lives here.
+struct CacheLayout {
+  std::string fingerprint;
+  std::vector<std::uint32_t> windows;  // per kdn layer (0: full); empty: every layer full, one cache
+  std::uint32_t swa_layers = 0;        // the last swa_layers of kdn's layers are llama.cpp's SWA cache
+  std::uint32_t window = 0;            // their window (llama_model_n_swa): the SWA cache keeps the last `window` tokens
+};
+// The spec, for plain and sliding-window models. For a model with a window
+// it reads how llama.cpp splits the layers by decoding one token into the
+// session's sequence 0 and clearing it again: the session must be empty
+// then (kInvalidArgument otherwise).
+Result<kdn_model_spec> ModelSpecFor(Session& session, const std::string& gguf, CacheLayout* layout);
 
 class Connector {
  public:
   // `session` and `model` are borrowed; `model` is the session's
-  // (ModelSpecFor); `ns` the tenant namespace.
-  Connector(Session& session, const kdn_model* model, std::string ns);
+  // (ModelSpecFor); `ns` the tenant namespace; `layout` the one ModelSpecFor
+  // gave (a model with sliding-window layers needs it).
+  Connector(Session& session, const kdn_model* model, std::string ns, CacheLayout layout = {});
 
   struct Restored {
     std::uint64_t tokens = 0;  // leading tokens of the prompt now in the sequence
@@ -64,9 +87,16 @@ class Connector {
   // The cached prefix of `tokens`, at most `most` of them, into `seq`.
   Result<Restored> RestoreUpTo(const std::vector<std::int32_t>& tokens, std::uint64_t most, std::int32_t seq);
 
+  // The session's caches as kdn's layers: [first, first + layers) each.
+  struct Part {
+    std::uint32_t first, layers;
+  };
+  std::vector<Part> Parts() const;
+
   Session& session_;
   const kdn_model* model_;
   std::string ns_;
+  CacheLayout layout_;
 };
 
 }  // namespace kdn::llamacpp

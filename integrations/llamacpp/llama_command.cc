@@ -63,8 +63,8 @@ int RunLlama(const LlamaCommandOptions& o) {
   ro.num_tiers = 1;
   kdn_runtime* rt = nullptr;
   if (kdn_runtime_create(&ro, &rt) != KDN_OK) return Fail(kdn_last_error_message());
-  std::string fingerprint;
-  auto spec = ModelSpecFor(**cold, so.gguf, &fingerprint);
+  CacheLayout layout;  // a model with sliding-window layers keeps them as kdn's layer groups
+  auto spec = ModelSpecFor(**cold, so.gguf, &layout);
   kdn_model* model = nullptr;
   if (!spec.ok() || kdn_model_create(rt, &*spec, &model) != KDN_OK) {
     kdn_runtime_destroy(rt);
@@ -74,7 +74,7 @@ int RunLlama(const LlamaCommandOptions& o) {
   nlohmann::json j;
   [&] {
     // Cold: prefill, the first token; then the continuation; then kdn keeps the KV.
-    Connector save(**cold, model, "kdn-llama");
+    Connector save(**cold, model, "kdn-llama", layout);
     double t0 = NowMs();
     if (Status s = save.Prefill(prompt); !s.ok()) {
       rc = Fail(s.message());
@@ -82,10 +82,12 @@ int RunLlama(const LlamaCommandOptions& o) {
     }
     const std::int32_t first_cold = (*cold)->Argmax();
     const double ttft_cold = NowMs() - t0;
-    auto ids_cold = (*cold)->Greedy(o.steps);
+    // Saved right after the prefill: a model with sliding-window layers
+    // keeps only the window's KV, which the continuation moves on.
     t0 = NowMs();
     auto cached = save.Save(prompt);
     const double save_ms = NowMs() - t0;
+    auto ids_cold = (*cold)->Greedy(o.steps);
     if (!ids_cold.ok() || !cached.ok()) {
       rc = Fail(!ids_cold.ok() ? ids_cold.status().message() : cached.status().message());
       return;
@@ -96,7 +98,7 @@ int RunLlama(const LlamaCommandOptions& o) {
       rc = Fail(warm.status().message());
       return;
     }
-    Connector load(**warm, model, "kdn-llama");
+    Connector load(**warm, model, "kdn-llama", layout);
     t0 = NowMs();
     auto restored = load.Restore(prompt);
     const double restore_ms = NowMs() - t0;

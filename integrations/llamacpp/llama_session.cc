@@ -206,5 +206,16 @@ std::uint32_t Session::kv_heads() const { return static_cast<std::uint32_t>(llam
 std::uint32_t Session::head_dim() const {
   return static_cast<std::uint32_t>(llama_model_n_embd(impl_->model) / llama_model_n_head(impl_->model));
 }
+std::uint32_t Session::sliding_window() const {
+  return static_cast<std::uint32_t>(std::max(0, llama_model_n_swa(impl_->model)));
+}
+bool Session::recurrent() const {
+  return llama_model_is_recurrent(impl_->model) || llama_model_is_hybrid(impl_->model);
+}
+std::string Session::Metadata(const std::string& key) const {
+  char buf[256];
+  const int n = llama_model_meta_val_str(impl_->model, key.c_str(), buf, sizeof buf);
+  return n < 0 ? std::string() : std::string(buf, static_cast<std::size_t>(std::min<int>(n, sizeof buf - 1)));
+}
 
 }  // namespace kdn::llamacpp

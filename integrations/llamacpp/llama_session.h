@@ -76,6 +76,12 @@ class Session {
   std::uint32_t layers() const;
   std::uint32_t kv_heads() const;
   std::uint32_t head_dim() const;
+  // The model's sliding window in tokens (llama_model_n_swa; 0: none), and
+  // whether it has recurrent layers (a recurrent or hybrid model).
+  std::uint32_t sliding_window() const;
+  bool recurrent() const;
+  // A GGUF metadata value of the model as text ("" when absent).
+  std::string Metadata(const std::string& key) const;
 
  private:
   Session() = default;

@@ -4,7 +4,9 @@
 #include "state_blob.h"
 #include "core/util/dtype.h"
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
 
 namespace kdn::llamacpp {
@@ -28,7 +30,7 @@ class Reader {
     pos_ += static_cast<std::size_t>(bytes);
     return at;
   }
-  bool done() const { return pos_ == n_; }
+  std::size_t pos() const { return pos_; }
 
  private:
   const std::uint8_t* p_;
@@ -49,40 +51,48 @@ Status Short(const char* what) { return Status::Corrupt(std::string("llama.cpp s
 }  // namespace
 
 Result<CanonicalKv> BlobToCanonical(const std::uint8_t* blob, std::size_t size, const KvShape& shape) {
-  if (blob == nullptr && size > 0) return Status::InvalidArgument("llama.cpp state: null blob");
-  Reader r(blob, size);
-  std::uint32_t magic = 0, streams = 0, cells = 0;
-  std::int32_t source = 0;
-  if (!r.Get(&magic) || !r.Get(&source) || !r.Get(&streams)) return Short("the header");
-  if (magic != kStateMagic) {
-    return Status::Unsupported("llama.cpp state: unknown magic " + std::to_string(magic) +
-                                            " (not a sequence state of the llama.cpp kdn was built for)");
-  }
+  Result<std::vector<CanonicalKv>> caches = BlobToCanonical(blob, size, std::span<const KvShape>(&shape, 1));
+  if (!caches.ok()) return caches.status();
+  return std::move(caches->front());
+}
+
+namespace {
+
+// One cache's state, from the reader's position (its stream count on).
+Result<CanonicalKv> ParseCache(Reader& r, const KvShape& shape) {
+  std::uint32_t streams = 0, cells = 0;
+  if (!r.Get(&streams)) return Short("the header");
   if (streams != 1) {
     return Status::Unsupported("llama.cpp state: " + std::to_string(streams) + " streams (kdn takes 1)");
   }
   if (!r.Get(&cells)) return Short("the cell count");
   CanonicalKv kv;
-  if (cells == 0) return r.done() ? Result<CanonicalKv>(kv) : Status::Corrupt("llama.cpp state: bytes after an empty sequence");
-  // Cells: each position once, one sequence each.
-  std::vector<std::int64_t> cell_of(cells, -1);  // position -> cell
+  if (cells == 0) return kv;
+  // Cells: one sequence each, positions first .. first + cells - 1 each once
+  // (first 0, or later in a sliding-window cache that dropped older tokens).
+  std::vector<std::int32_t> pos_of(cells);
   for (std::uint32_t c = 0; c < cells; ++c) {
-    std::int32_t pos = 0;
     std::uint32_t n_seq = 0;
-    if (!r.Get(&pos) || !r.Get(&n_seq)) return Short("the cells");
+    if (!r.Get(&pos_of[c]) || !r.Get(&n_seq)) return Short("the cells");
     if (n_seq != 1) return Status::Unsupported("llama.cpp state: a cell of " + std::to_string(n_seq) + " sequences");
     std::int32_t seq = 0;
     if (!r.Get(&seq)) return Short("the cells");
-    if (pos < 0 || static_cast<std::uint32_t>(pos) >= cells || cell_of[static_cast<std::size_t>(pos)] >= 0) {
-      return Status::Unsupported("llama.cpp state: positions are not 0.." + std::to_string(cells - 1) +
-                                              " each once (position " + std::to_string(pos) + ")");
+  }
+  const std::int64_t first = *std::min_element(pos_of.begin(), pos_of.end());
+  std::vector<std::int64_t> cell_of(cells, -1);  // position - first -> cell
+  for (std::uint32_t c = 0; c < cells; ++c) {
+    const std::int64_t at = std::int64_t{pos_of[c]} - first;
+    if (first < 0 || at >= cells || cell_of[static_cast<std::size_t>(at)] >= 0) {
+      return Status::Unsupported("llama.cpp state: positions are not " + std::to_string(first) + ".." +
+                                 std::to_string(first + cells - 1) + " each once (position " +
+                                 std::to_string(pos_of[c]) + ")");
     }
-    cell_of[static_cast<std::size_t>(pos)] = c;
+    cell_of[static_cast<std::size_t>(at)] = c;
   }
   std::uint32_t v_trans = 0, layers = 0;
   if (!r.Get(&v_trans) || !r.Get(&layers)) return Short("the layer count");
   if (v_trans > 1) return Status::Corrupt("llama.cpp state: v_trans " + std::to_string(v_trans));
-  if (layers != shape.layers) {
+  if (shape.layers != 0 && layers != shape.layers) {
     return Status::InvalidArgument("llama.cpp state: " + std::to_string(layers) + " layers, the model has " +
                                    std::to_string(shape.layers));
   }
@@ -129,10 +139,10 @@ Result<CanonicalKv> BlobToCanonical(const std::uint8_t* blob, std::size_t size, 
     }
     if ((v[l] = r.Take(C * eb * cells)) == nullptr) return Short("V");
   }
-  if (!r.done()) return Status::Corrupt("llama.cpp state: bytes after the last layer");
 
   kv.dtype = static_cast<std::uint32_t>(dtype);
   kv.v_trans = v_trans == 1;
+  kv.first = static_cast<std::uint64_t>(first);
   kv.tokens = cells;
   const std::uint64_t row = C * eb;
   kv.bytes.resize(static_cast<std::size_t>(2ull * layers * cells * row));
@@ -152,7 +162,40 @@ Result<CanonicalKv> BlobToCanonical(const std::uint8_t* blob, std::size_t size, 
   return kv;
 }
 
+}  // namespace
+
+Result<std::vector<CanonicalKv>> BlobToCanonical(const std::uint8_t* blob, std::size_t size,
+                                                 std::span<const KvShape> caches) {
+  if (blob == nullptr && size > 0) return Status::InvalidArgument("llama.cpp state: null blob");
+  Reader r(blob, size);
+  std::uint32_t magic = 0;
+  std::int32_t source = 0;
+  if (!r.Get(&magic) || !r.Get(&source)) return Short("the header");
+  if (magic != kStateMagic) {
+    return Status::Unsupported("llama.cpp state: unknown magic " + std::to_string(magic) +
+                               " (not a sequence state of the llama.cpp kdn was built for)");
+  }
+  std::vector<CanonicalKv> out;
+  for (const KvShape& shape : caches) {
+    Result<CanonicalKv> kv = ParseCache(r, shape);
+    if (!kv.ok()) return kv.status();
+    out.push_back(std::move(kv).value());
+  }
+  if (r.pos() != size) {
+    return Status::Corrupt(out.back().tokens == 0 ? "llama.cpp state: bytes after an empty sequence"
+                                                   : "llama.cpp state: bytes after the last layer");
+  }
+  return out;
+}
+
 Result<std::vector<std::uint8_t>> CanonicalToBlob(const CanonicalKv& kv, const KvShape& shape) {
+  return CanonicalToBlob(std::span<const CanonicalKv>(&kv, 1), std::span<const KvShape>(&shape, 1));
+}
+
+namespace {
+
+// One cache's state (from its stream count on), appended to `out`.
+Status AppendCache(const CanonicalKv& kv, const KvShape& shape, std::vector<std::uint8_t>& out) {
   if (kv.dtype > 1) return Status::InvalidArgument("llama.cpp state: dtype " + std::to_string(kv.dtype) + " (f32 or f16)");
   const std::uint64_t C = shape.channels(), eb = ElementBytes(kv.dtype), row = C * eb, n = kv.tokens;
   if (n > 0x7FFFFFFFull) return Status::InvalidArgument("llama.cpp state: too many tokens");
@@ -160,15 +203,13 @@ Result<std::vector<std::uint8_t>> CanonicalToBlob(const CanonicalKv& kv, const K
     return Status::InvalidArgument("llama.cpp state: " + std::to_string(kv.bytes.size()) + " canonical bytes for " +
                                    std::to_string(n) + " tokens");
   }
-  std::vector<std::uint8_t> out;
-  out.reserve(24 + 12 * n + 2 * shape.layers * (16 + n * row));
-  Put(out, kStateMagic);
-  Put(out, std::int32_t{0});
+  out.reserve(out.size() + 16 + 12 * n + 2 * shape.layers * (16 + n * row));
   Put(out, std::uint32_t{1});
   Put(out, static_cast<std::uint32_t>(n));
-  if (n == 0) return out;
+  if (n == 0) return Status::Ok();
+  if (kv.first + n > 0x7FFFFFFFull) return Status::InvalidArgument("llama.cpp state: positions past 2^31");
   for (std::uint64_t p = 0; p < n; ++p) {
-    Put(out, static_cast<std::int32_t>(p));
+    Put(out, static_cast<std::int32_t>(kv.first + p));
     Put(out, std::uint32_t{1});
     Put(out, std::int32_t{0});
   }
@@ -196,6 +237,20 @@ Result<std::vector<std::uint8_t>> CanonicalToBlob(const CanonicalKv& kv, const K
       }
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<std::uint8_t>> CanonicalToBlob(std::span<const CanonicalKv> caches, std::span<const KvShape> shapes) {
+  if (caches.size() != shapes.size() || caches.empty()) {
+    return Status::InvalidArgument("llama.cpp state: " + std::to_string(caches.size()) + " caches for " +
+                                   std::to_string(shapes.size()) + " shapes");
+  }
+  std::vector<std::uint8_t> out;
+  Put(out, kStateMagic);
+  Put(out, std::int32_t{0});
+  for (size_t i = 0; i < caches.size(); ++i) KDN_RETURN_IF_ERROR(AppendCache(caches[i], shapes[i], out));
   return out;
 }
 

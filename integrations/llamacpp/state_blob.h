@@ -4,7 +4,9 @@
 //
 // The blob, as this llama.cpp (node-llama-cpp 3.22.1, commit de3ff815) writes
 // it in src/llama-kv-cache.cpp (state_write / state_read), little-endian:
-//   u32 magic 0xaf143cd8, i32 source sequence, u32 streams (kdn takes 1);
+//   u32 magic 0xaf143cd8, i32 source sequence; then each cache's state (one;
+//   a model with sliding-window layers: its full layers' cache, then its
+//   SWA cache's), each: u32 streams (kdn takes 1);
 //   per stream: u32 cells; per cell: i32 position, u32 n_seq, i32 seq[n_seq];
 //   then (when cells > 0) u32 v_trans, u32 layers;
 //   per layer, K: i32 ggml type, u64 row bytes, one row per cell;
@@ -23,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/util/status.h"
@@ -41,16 +44,25 @@ struct KvShape {
 struct CanonicalKv {
   std::uint32_t dtype = 0;
   bool v_trans = false;       // how the blob held V (restores must use the same)
-  std::uint64_t tokens = 0;   // positions 0 .. tokens - 1
+  std::uint64_t first = 0;    // the first position (0; later in a sliding-window cache)
+  std::uint64_t tokens = 0;   // positions first .. first + tokens - 1
   std::vector<std::uint8_t> bytes;
 };
 
-// The canonical KV of a blob of `shape`. Its cells must hold positions 0 ..
-// n - 1, each once, of one sequence (in any order).
+// The canonical KV of a blob of `shape` (shape.layers 0: as many layers as
+// the blob has). Its cells must hold positions first .. first + n - 1, each
+// once, of one sequence (in any order).
 Result<CanonicalKv> BlobToCanonical(const std::uint8_t* blob, std::size_t size, const KvShape& shape);
+// A blob of several caches (a model with sliding-window layers: llama.cpp's
+// llama_kv_cache_iswa writes its full layers' cache, then its SWA cache's,
+// after the one header), each of its shape (layers 0: the blob's).
+Result<std::vector<CanonicalKv>> BlobToCanonical(const std::uint8_t* blob, std::size_t size,
+                                                 std::span<const KvShape> caches);
 
-// A blob of positions [0, kv.tokens) in position order, sequence 0, for a
-// cache of kv.dtype with kv.v_trans, from canonical bytes.
+// A blob of positions [kv.first, kv.first + kv.tokens) in position order,
+// sequence 0, for a cache of kv.dtype with kv.v_trans, from canonical bytes.
 Result<std::vector<std::uint8_t>> CanonicalToBlob(const CanonicalKv& kv, const KvShape& shape);
+// The same of several caches, one after the other after the one header.
+Result<std::vector<std::uint8_t>> CanonicalToBlob(std::span<const CanonicalKv> caches, std::span<const KvShape> shapes);
 
 }  // namespace kdn::llamacpp

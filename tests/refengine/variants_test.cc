@@ -363,8 +363,12 @@ TEST(VariantGroups, AMissingGroupShortensThePrefixAndNothingPastItIsWritten) {
     };
     RemoveObject(dir, store::StateSnapshotKey(g, key_at("state64", 70)));     // the prompt's end: 64 has one
     RemoveObject(dir, store::GroupChunkKey(g.groups[0], key_at("full16", 32)));  // the full layers' [16, 32)
-    RemoveObject(dir, store::GroupChunkKey(g.groups[1], key_at("slide48", 64)));  // the window's [48, 64)
-    RemoveObject(dir, store::GroupChunkKey(g.groups[1], key_at("slide16", 32)));  // [16, 32): out of 70's window
+    // A sliding layer's chunk the window starts inside is stored by each
+    // store as a partial chunk keyed by that store's end (W 12 < 16: every
+    // chunk of the sliding group is one): [48, 64) by the stores at 64 and 70.
+    RemoveObject(dir, store::GroupPartialKey(g.groups[1], key_at("slide48", 64), 64));  // the window's [48, 64)
+    RemoveObject(dir, store::GroupPartialKey(g.groups[1], key_at("slide48", 64), 70));
+    RemoveObject(dir, store::GroupPartialKey(g.groups[1], key_at("slide16", 32), 32));  // [16, 32): out of 70's window
   }
   Kdn kdn(m, dir, /*host=*/false);
   // Each request: the prompt and a question after it.

@@ -122,13 +122,13 @@ TEST_F(GroupsThroughKdnd, ChunksAndSnapshotsSurviveANodeRestartAndFollowTheRule)
   EXPECT_EQ(got->tokens, kGroupsTokens);
   EXPECT_EQ(state, GroupsStateAt(kGroupsTokens));  // the snapshot at 40, exact
   // Canonical [layer][k|v][token][head][dim]: the sliding layers (0, 2) got
-  // the chunk holding their window (tokens 32..39) only; layer 1 all.
+  // their window (tokens 36..39) only; layer 1 all.
   const size_t row = kGroupsHeads * kGroupsDim;
   for (size_t l = 0; l < kGroupsLayers; ++l) {
     for (size_t k = 0; k < 2; ++k) {
       for (size_t t = 0; t < kGroupsTokens; ++t) {
         const size_t at = ((l * 2 + k) * kGroupsTokens + t) * row;
-        const float want = l != 1 && t < 32 ? 0.0f : kv[at];
+        const float want = l != 1 && t < 36 ? 0.0f : kv[at];
         ASSERT_EQ(out[at], want) << "layer " << l << " kv " << k << " token " << t;
       }
     }

@@ -143,10 +143,11 @@ class RuntimeTest(unittest.TestCase):
             self.assertEqual(plain.lookup(NS, tokens(n)).cached_tokens, 0)
             out = np.zeros_like(data)
             self.assertEqual(m.retrieve(NS, tokens(n), out).tokens, n)
-            # Layer 0 (window 4) needs the last chunk only; layer 1 every token.
+            # Layer 0 (window 4) gets its window, the last 4 tokens, only
+            # (nothing older is read or written); layer 1 every token.
             self.assertTrue(np.array_equal(out[1], data[1]))
-            self.assertTrue(np.array_equal(out[0][:, 2 * CHUNK:], data[0][:, 2 * CHUNK:]))
-            self.assertFalse(out[0][:, :2 * CHUNK].any())
+            self.assertTrue(np.array_equal(out[0][:, n - 4:], data[0][:, n - 4:]))
+            self.assertFalse(out[0][:, :n - 4].any())
         with runtime() as rt, self.assertRaises(kdn.InvalidArgumentError):
             rt.model(dataclasses.replace(spec, num_state_layers=1, state_bytes=6))
 

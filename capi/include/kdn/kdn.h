@@ -402,12 +402,13 @@ typedef struct kdn_model_spec {
    * only when the full layers have every chunk of it, each window's layers
    * the chunks overlapping its last W tokens, and the recurrent layers the
    * state at b, stored by a kdn_kv_store whose request ended at b (a view's
-   * state_layers). A store of n tokens reads a sliding layer's KV only from
-   * the chunks that overlap its window [n - W, n), whole: the view must hold
-   * those (llama.cpp's SWA cache and vLLM's sliding-window blocks drop older
-   * ones); a shorter prefix of the request is a hit only where a store
-   * ended there (an engine that stores at each chunk boundary of its
-   * prefill keeps them all). Lookups, retrieves and loads report that prefix and
+   * state_layers). A store of n tokens reads a sliding layer's KV only in
+   * its window [n - W, n) (llama.cpp's SWA cache and vLLM's sliding-window
+   * blocks drop older tokens): the view need hold no older ones, and a
+   * shorter prefix of the request is a hit only where a store ended there
+   * (an engine that stores at each chunk boundary of its prefill keeps them
+   * all). A retrieve or load writes a sliding layer's window's tokens only.
+   * Lookups, retrieves and loads report that prefix and
    * write nothing past it. Such a model takes host views only, and not
    * blending or knowledge items (KDN_ERR_UNSUPPORTED). The groups are part
    * of the model's identity. */

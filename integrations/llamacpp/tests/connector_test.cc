@@ -142,6 +142,72 @@ TEST(Connector, RestoresWhatPrefillComputedAndContinuesIdentically) {
   }
 }
 
+// A model with sliding-window layers (the reference weights as gemma3,
+// window 16 on every other layer: tools/llama2c_to_gguf.py), whose
+// llama.cpp cache is two (full layers, and an SWA cache that keeps the last
+// 16 tokens): kdn keeps its layers as groups (docs/model-kinds.md). Saved
+// right after the prefill, restored in a new context, the continuation is
+// the prefill's, flash attention on and off; a longer prompt restores the
+// whole saved prefix; a shorter one gets none of it (the SWA cache held
+// only the saved request's window: no chunk of a shorter prefix's window
+// was stored), and recomputes; the plain form of ModelSpecFor refuses it.
+TEST(Connector, ASlidingWindowModelIsKeptAsLayerGroupsAndContinuesIdentically) {
+  KDN_REQUIRE_MODEL();
+  const std::vector<std::int32_t> text = Text(300);
+  const std::vector<std::int32_t> prompt(text.begin(), text.begin() + 200);
+  for (bool flash_attn : {false, true}) {
+    SCOPED_TRACE(std::string("flash attention ") + (flash_attn ? "on" : "off"));
+    auto open = [&] { return OpenReference(flash_attn, false, KDN_GGUF_SWA_PATH); };
+    auto cold = [&](const std::vector<std::int32_t>& p, int steps) {
+      auto s = open();
+      EXPECT_TRUE(s->Decode(p).ok());
+      return s->Greedy(steps).value();
+    };
+    auto first = open();
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->sliding_window(), 16u);
+    std::string fingerprint;
+    EXPECT_EQ(ModelSpecFor(static_cast<const Session&>(*first), KDN_GGUF_SWA_PATH, &fingerprint).status().code(),
+              Code::kUnsupported);
+    CacheLayout layout;
+    auto spec = ModelSpecFor(*first, KDN_GGUF_SWA_PATH, &layout);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    // llama.cpp's full layers (1, 3) first, then its SWA cache's (0, 2, 4).
+    EXPECT_EQ(layout.windows, (std::vector<std::uint32_t>{0, 0, 16, 16, 16}));
+    EXPECT_EQ(layout.swa_layers, 3u);
+    kdn_runtime* rt = Runtime();
+    kdn_model* m = nullptr;
+    ASSERT_EQ(kdn_model_create(rt, &*spec, &m), KDN_OK) << kdn_last_error_message();
+    Connector save(*first, m, "tenant", layout);
+    ASSERT_TRUE(first->Decode(prompt).ok());
+    auto cached = save.Save(prompt);
+    ASSERT_TRUE(cached.ok()) << cached.status().message();
+    EXPECT_EQ(*cached, prompt.size());
+
+    auto second = open();
+    Connector load(*second, m, "tenant", layout);
+    const auto [ids, restored] = Warm(*second, load, prompt, 16);
+    EXPECT_EQ(restored, prompt.size() - 1);
+    EXPECT_EQ(ids, cold(prompt, 16));
+
+    const std::vector<std::int32_t> longer(text.begin(), text.begin() + 280);
+    auto third = open();
+    Connector load3(*third, m, "tenant", layout);
+    const auto [ids3, restored3] = Warm(*third, load3, longer, 16);
+    EXPECT_EQ(restored3, prompt.size());
+    EXPECT_EQ(ids3, cold(longer, 16));
+
+    const std::vector<std::int32_t> shorter(text.begin(), text.begin() + 150);
+    auto fourth = open();
+    Connector load4(*fourth, m, "tenant", layout);
+    const auto [ids4, restored4] = Warm(*fourth, load4, shorter, 16);
+    EXPECT_EQ(restored4, 0u);
+    EXPECT_EQ(ids4, cold(shorter, 16));
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+  }
+}
+
 // For KV that is placed, not continued (a RAG document's): every cached
 // token, into a second sequence of a unified cache; moved into the first, it
 // continues as prefill does once the token after the prompt is decoded.

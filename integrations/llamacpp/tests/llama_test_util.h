@@ -10,11 +10,11 @@
 
 namespace kdn::llamacpp {
 
-// A session over the GGUF the build made, null (and a test failure) if it
-// does not load.
-inline std::unique_ptr<Session> OpenReference(bool flash_attn, bool f16) {
+// A session over the GGUF the build made (or `gguf`: KDN_GGUF_SWA_PATH, its
+// sliding-window variant), null (and a test failure) if it does not load.
+inline std::unique_ptr<Session> OpenReference(bool flash_attn, bool f16, const char* gguf = KDN_GGUF_PATH) {
   SessionOptions o;
-  o.gguf = KDN_GGUF_PATH;
+  o.gguf = gguf;
   o.backend_dir = KDN_LLAMACPP_LIBDIR;
   o.flash_attn = flash_attn;
   o.f16_cache = f16;

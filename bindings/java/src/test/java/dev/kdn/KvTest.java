@@ -84,14 +84,14 @@ class KvTest {
       assertEquals(0, pm.lookup("ns", req).cachedTokens());
       ByteBuffer out = Kdn.allocate(12 * BYTES_PER_TOKEN);
       assertEquals(12, sm.retrieve("ns", req, out).tokens());
-      // Canonical [layer][k|v][token][head][dim]: layer 0 (window 2) needs the chunk holding
-      // tokens 10 and 11 only (8..11); layer 1, every token.
+      // Canonical [layer][k|v][token][head][dim]: layer 0 (window 2) gets its window, tokens 10
+      // and 11, only (nothing older is read or written); layer 1, every token.
       int row = HEADS * HEAD_DIM;
       for (int l = 0; l < LAYERS; ++l) {
         for (int kvi = 0; kvi < 2; ++kvi) {
           for (int t = 0; t < 12; ++t) {
             int at = (((l * 2 + kvi) * 12) + t) * row * 4;
-            float want = (l == 0 && t < 8) ? 0.0f : in.getFloat(at);
+            float want = (l == 0 && t < 10) ? 0.0f : in.getFloat(at);
             assertEquals(want, out.getFloat(at), "layer " + l + " kv " + kvi + " token " + t);
           }
         }
