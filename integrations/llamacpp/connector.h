@@ -15,7 +15,9 @@
 //
 // Chunks are keyed by tokens under a model whose fingerprint names the GGUF
 // file's SHA-256, the cache's element type and the llama.cpp build, and
-// whose shape is the GGUF's (ModelSpecFor). KV that kdn cannot turn into a
+// whose shape is the GGUF's (ModelSpecFor). A model with sliding-window
+// layers (llama.cpp's two caches) is kept as kdn's layer groups
+// (CacheLayout); recurrent and latent (MLA) models are refused. KV that kdn cannot turn into a
 // state this llama.cpp accepts (a blob of an unknown layout, a chunk that
 // fails its checks, a restore llama.cpp refuses) is a miss: the sequence is
 // cleared and the host recomputes; never wrong KV.
