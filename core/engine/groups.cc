@@ -351,7 +351,7 @@ Result<std::uint64_t> GroupedStore(KvStore& store, const GroupedModel& m, std::s
       (void)store.PutPayload(m.state, ns, key, 1, static_cast<std::int64_t>(n), std::move(payload), false, work, ctx,
                              /*exact=*/true);
     }
-    if (store.Holds(ns, key)) store.chain().Tie(key, ends);
+    if (store.Holds(ns, key)) (void)store.chain().Tie(key, ends);  // refused past its bound: evicted by policy alone
   }
   store.CountStore(ElapsedMicros(t0));
   const Scan s = ScanRequest(store, m, ns, keys);

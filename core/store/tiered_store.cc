@@ -46,6 +46,7 @@ TieredStore::TieredStore(TieredStoreOptions& o)
       pass_through_(o.pass_through),
       on_drop_(std::move(o.on_drop)),
       on_level_(std::move(o.on_level)),
+      max_tied_(o.max_tied_objects),
       queue_objects_(std::max<size_t>(1, o.mover_queue_objects)),
       queue_bytes_(std::max<std::uint64_t>(1, o.mover_queue_bytes)) {}
 
@@ -570,13 +571,18 @@ void RemoveFrom(std::unordered_map<keys::Digest, std::vector<keys::Digest>, keys
 
 }  // namespace
 
-void TieredStore::Tie(const keys::Digest& follower, std::span<const keys::Digest> leaders) {
+bool TieredStore::Tie(const keys::Digest& follower, std::span<const keys::Digest> leaders) {
   std::lock_guard<std::mutex> lock(tie_mu_);
+  if (leaders_.count(follower) == 0 && leaders_.size() >= max_tied_) {
+    ++ties_refused_;
+    return false;
+  }
   for (const keys::Digest& l : leaders) {
     if (l == follower) continue;
     AddOnce(followers_[l], follower);
     AddOnce(leaders_[follower], l);
   }
+  return true;
 }
 
 size_t TieredStore::TiedObjects() const {
@@ -819,6 +825,11 @@ StoreCounters TieredStore::Counters() const {
   c.promotions_dropped = promotions_dropped_;
   c.edits = edits_;
   c.edit_errors = edit_errors_;
+  {
+    std::lock_guard<std::mutex> lock(tie_mu_);
+    c.tied_objects = leaders_.size();
+  }
+  c.ties_refused = ties_refused_;
   return c;
 }
 

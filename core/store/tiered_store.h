@@ -109,6 +109,12 @@ struct TieredStoreOptions {
   // call the store. Not told: objects a tier drops on its own (a failed
   // checksum on read, a Redis key that expired) and objects found at start.
   std::function<void(const keys::Digest& key, size_t level, bool held)> on_level;
+  // The most objects tied as followers at once (Tie): a tie to an object
+  // that leaves the store only behind the chain's back (a node or Redis
+  // evicting on its own) is never forgotten, so the ties are bounded; past
+  // this, Tie refuses (counted: StoreCounters::ties_refused) and such a
+  // follower is evicted by its level's policy alone.
+  size_t max_tied_objects = size_t{1} << 20;
 };
 
 struct LevelStats {
@@ -141,6 +147,7 @@ struct StoreCounters {
   std::uint64_t pins_active = 0, pins_forced_unpin = 0;
   std::uint64_t mover_queue_depth = 0, mover_backpressure_waits = 0, promotions_dropped = 0;
   std::uint64_t edits = 0, edit_errors = 0;
+  std::uint64_t tied_objects = 0, ties_refused = 0;  // followers tied now; Tie calls refused (the bound)
 };
 
 class TieredStore;
@@ -223,7 +230,8 @@ class TieredStore {
   // pins themselves (knowledge items, one pin per document).
   Status PinUntil(const keys::Digest& key, std::int64_t deadline_ns, const ReadContext& ctx = {});
   bool Unpin(const keys::Digest& key);
-  // Ties `follower` to `leaders`: an object useless without each of them (a
+  // Ties `follower` to `leaders` (false: refused, TieredStoreOptions::
+  // max_tied_objects reached): an object useless without each of them (a
   // recurrent layer's state snapshot without the chunks that end where it
   // was taken: engine/groups.h). When a level evicts a leader, it evicts the
   // follower from that level right after it (demoted with it, or dropped at
@@ -231,7 +239,7 @@ class TieredStore {
   // a tie ends when either object leaves the store (dropped or erased). In
   // memory only: ties are not kept across a restart, and a tier that evicts
   // on its own (a node, Redis) knows nothing of them.
-  void Tie(const keys::Digest& follower, std::span<const keys::Digest> leaders);
+  bool Tie(const keys::Digest& follower, std::span<const keys::Digest> leaders);
   // Objects tied to something now (leaders and followers), for tests and
   // telemetry: the ties' memory grows with them.
   size_t TiedObjects() const;
@@ -336,6 +344,8 @@ class TieredStore {
   void EndTransit(const ChunkRef& chunk);
 
   // Ties (Tie): leader -> followers, follower -> leaders.
+  const size_t max_tied_;
+  std::atomic<std::uint64_t> ties_refused_{0};
   mutable std::mutex tie_mu_;  // a leaf lock
   std::unordered_map<keys::Digest, std::vector<keys::Digest>, keys::DigestHash> followers_;  // guarded by tie_mu_
   std::unordered_map<keys::Digest, std::vector<keys::Digest>, keys::DigestHash> leaders_;    // guarded by tie_mu_

@@ -458,6 +458,32 @@ TEST(TieredStore, APinnedFollowerStaysAndAnEraseEndsTheTie) {
   EXPECT_EQ(s->TiedObjects(), 0u);
 }
 
+// The ties are bounded (TieredStoreOptions::max_tied_objects): a follower
+// tied to an object only a remote tier holds is never untied by the chain,
+// so past the bound Tie refuses, and counts it; tying a follower again, or
+// once ties have ended, is not refused.
+TEST(TieredStore, TiesAreBounded) {
+  TieredStoreOptions o;
+  LevelOptions a;
+  a.tier = Mem("top", 16);
+  o.levels.push_back(std::move(a));
+  o.max_tied_objects = 2;
+  auto s = TieredStore::Create(std::move(o)).value();
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s->Put(Obj(i)).ok());
+  const keys::Digest leader = Key(0);
+  const std::span<const keys::Digest> one(&leader, 1);
+  EXPECT_TRUE(s->Tie(Key(1), one));
+  EXPECT_TRUE(s->Tie(Key(2), one));
+  EXPECT_FALSE(s->Tie(Key(3), one));  // a third follower: refused
+  EXPECT_TRUE(s->Tie(Key(2), one));   // tied already: fine
+  EXPECT_EQ(s->Counters().tied_objects, 2u);
+  EXPECT_EQ(s->Counters().ties_refused, 1u);
+  ASSERT_TRUE(s->Erase(Key(1)));  // its tie ends: room for another
+  EXPECT_TRUE(s->Tie(Key(3), one));
+  EXPECT_EQ(s->Counters().tied_objects, 2u);
+  EXPECT_EQ(s->Counters().ties_refused, 1u);
+}
+
 TEST(TieredStore, TheCostPolicyWeighsChunksByTheirPrefillValue) {
   auto s = Chain(3, 0, 1.0, 1.0, PolicyKind::kCost);
   auto valued = [](int key, double value) {
