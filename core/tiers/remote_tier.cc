@@ -192,10 +192,13 @@ struct RemoteTier::Impl final : public kj::TaskSet::ErrorHandler {
       ++past_deadline;
       kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "kdnd: the call's deadline has passed", options.address));
     }
-    // Only a round trip given the whole timeout that still gets no answer
-    // says the node is not answering; one cut short by its call's deadline
-    // says nothing about the node.
-    const bool whole = left == static_cast<std::int64_t>(options.timeout_ms);
+    // Only a round trip given (about) the whole timeout that still gets no
+    // answer says the node is not answering; one cut short by its call's
+    // deadline says little about the node. "About": the call's clock starts
+    // before its first round trip goes out, and on a loaded machine the
+    // milliseconds between them are not the node's; half the timeout or
+    // more counts as whole.
+    const bool whole = 2 * left >= static_cast<std::int64_t>(options.timeout_ms);
     TsanRelease(this);
     KJ_DEFER(TsanAcquire(this));  // also when executeSync rethrows the call's failure
     executor->executeSync([this, &call, left, whole]() -> kj::Promise<void> {

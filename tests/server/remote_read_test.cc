@@ -451,6 +451,48 @@ TEST_F(RemoteReadTest, ANodeThatNeverAnswersCostsOneDeadlinePerCallThenIsSkipped
   node.Stop();
 }
 
+// Which timeouts mark a node down: a round trip that goes out a few
+// milliseconds after its call began (the call's own work before it; a
+// loaded machine) and gets no answer still had about the whole timeout, and
+// marks the node down; one that had a fifth of it left (earlier round trips
+// of its call took the rest) says little about the node and does not.
+TEST_F(RemoteReadTest, ATimeoutMarksTheNodeDownOnlyWhenTheRoundTripHadMostOfTheTimeout) {
+  constexpr std::uint32_t kTimeoutMs = 300;
+  BlackHole hole;
+  auto make = [&] {
+    store::RemoteTierOptions o;
+    o.address = hole.address();
+    o.token = kToken;
+    o.timeout_ms = kTimeoutMs;
+    o.retry_ms = 60000;
+    return store::RemoteTier::Create(o).value();
+  };
+  const auto now_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  store::ReadContext ctx;
+  ctx.ns = keys::NamespaceHash(kNs);
+  {
+    auto tier = make();
+    ctx.started_ms = now_ms() - 40;  // the call began 40 ms ago
+    EXPECT_FALSE(tier->Contains(keys_[0], ctx));
+    EXPECT_EQ(tier->remote_counters().timeouts, 1u);
+    EXPECT_EQ(tier->remote_counters().marked_down, 1u);
+    store::ReadContext next;
+    next.ns = ctx.ns;
+    EXPECT_FALSE(tier->Contains(keys_[0], next));  // a new call: skipped now
+    EXPECT_GE(tier->remote_counters().down_skips, 1u);
+  }
+  {
+    auto tier = make();
+    ctx.started_ms = now_ms() - kTimeoutMs * 4 / 5;  // a fifth of the call's timeout left
+    EXPECT_FALSE(tier->Contains(keys_[0], ctx));
+    EXPECT_EQ(tier->remote_counters().timeouts, 1u);
+    EXPECT_EQ(tier->remote_counters().marked_down, 0u);
+  }
+}
+
 // Fault injection: a node of protocol 3 (before Session.report). It logs
 // any token in and answers lookups (nothing held); report is not there, so
 // Cap'n Proto answers it UNIMPLEMENTED, as an older kdnd does. Served over
