@@ -307,33 +307,50 @@ void VariantModel::Recurrent(const Layer& L, Cache& cache, int slot, const std::
   for (int d = 0; d < D; ++d) x[static_cast<size_t>(d)] += out[static_cast<size_t>(d)];
 }
 
+std::vector<float> VariantModel::Embed(int token) const {
+  if (token < 0 || token >= c_.vocab) throw std::out_of_range("variant: token out of range");
+  const int D = c_.dim;
+  return std::vector<float>(embed_.begin() + static_cast<std::ptrdiff_t>(token) * D,
+                            embed_.begin() + static_cast<std::ptrdiff_t>(token + 1) * D);
+}
+
+void VariantModel::LayerStep(int layer, Cache& cache, int pos, std::vector<float>& x) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() || pos < 0 || pos >= c_.max_tokens ||
+      x.size() != static_cast<size_t>(c_.dim)) {
+    throw std::out_of_range("variant layer step: layer, position or width out of range");
+  }
+  const int D = c_.dim;
+  const auto l = static_cast<size_t>(layer);
+  const Layer& L = layers_[l];
+  const std::vector<float> h = RmsNorm(x, L.norm1);
+  switch (L.kind) {
+    case LayerKind::kFull:
+    case LayerKind::kSliding: Attention(L, cache, slot_[l], h, pos, x); break;
+    case LayerKind::kLatent: Latent(L, cache, slot_[l], h, pos, x); break;
+    case LayerKind::kRecurrent: Recurrent(L, cache, slot_[l], h, x); break;
+  }
+  const std::vector<float> h2 = RmsNorm(x, L.norm2);
+  std::vector<float> a(static_cast<size_t>(c_.hidden)), out(static_cast<size_t>(D));
+  MatVec(L.w1, h2.data(), D, c_.hidden, a.data());
+  for (float& v : a) v = Silu(v);
+  MatVec(L.w2, a.data(), c_.hidden, D, out.data());
+  for (int d = 0; d < D; ++d) x[static_cast<size_t>(d)] += out[static_cast<size_t>(d)];
+}
+
+std::vector<float> VariantModel::Logits(const std::vector<float>& x) const {
+  const std::vector<float> f = RmsNorm(x, out_norm_);
+  std::vector<float> logits(static_cast<size_t>(c_.vocab));
+  MatVec(out_, f.data(), c_.dim, c_.vocab, logits.data());
+  return logits;
+}
+
 std::vector<float> VariantModel::Step(Cache& cache, int token, int pos) const {
   if (token < 0 || token >= c_.vocab || pos < 0 || pos >= c_.max_tokens) {
     throw std::out_of_range("variant step: token or position out of range");
   }
-  const int D = c_.dim;
-  std::vector<float> x(embed_.begin() + static_cast<std::ptrdiff_t>(token) * D,
-                       embed_.begin() + static_cast<std::ptrdiff_t>(token + 1) * D);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    const std::vector<float> h = RmsNorm(x, L.norm1);
-    switch (L.kind) {
-      case LayerKind::kFull:
-      case LayerKind::kSliding: Attention(L, cache, slot_[l], h, pos, x); break;
-      case LayerKind::kLatent: Latent(L, cache, slot_[l], h, pos, x); break;
-      case LayerKind::kRecurrent: Recurrent(L, cache, slot_[l], h, x); break;
-    }
-    const std::vector<float> h2 = RmsNorm(x, L.norm2);
-    std::vector<float> a(static_cast<size_t>(c_.hidden)), out(static_cast<size_t>(D));
-    MatVec(L.w1, h2.data(), D, c_.hidden, a.data());
-    for (float& v : a) v = Silu(v);
-    MatVec(L.w2, a.data(), c_.hidden, D, out.data());
-    for (int d = 0; d < D; ++d) x[static_cast<size_t>(d)] += out[static_cast<size_t>(d)];
-  }
-  const std::vector<float> f = RmsNorm(x, out_norm_);
-  std::vector<float> logits(static_cast<size_t>(c_.vocab));
-  MatVec(out_, f.data(), D, c_.vocab, logits.data());
-  return logits;
+  std::vector<float> x = Embed(token);
+  for (size_t l = 0; l < layers_.size(); ++l) LayerStep(static_cast<int>(l), cache, pos, x);
+  return Logits(x);
 }
 
 int Argmax(const std::vector<float>& logits) {

@@ -71,6 +71,14 @@ class VariantModel {
   // Token `token` at position `pos`: its KV (or latent) into the cache, the
   // states advanced; returns the logits.
   std::vector<float> Step(Cache& cache, int token, int pos) const;
+  // Step's parts, for an engine that runs the model layer by layer
+  // (blending's LayerEngine): the token's embedding (layer 0's input), one
+  // layer for the token at `pos` (x: the layer's input, on return its
+  // output; its KV or latent into the cache, its state advanced), and the
+  // logits of the last layer's output. Step is these in order, bit for bit.
+  std::vector<float> Embed(int token) const;
+  void LayerStep(int layer, Cache& cache, int pos, std::vector<float>& x) const;
+  std::vector<float> Logits(const std::vector<float>& x) const;
 
  private:
   struct Layer;

@@ -573,15 +573,16 @@ class KdnPyBlendLayer : public kdn::binding::BlendLayer {
         tokens ? PyBytes_FromStringAndSize((const char *)tokens, n * 4) : NULL,
         PyByteArray_FromStringAndSize((const char *)hidden, (Py_ssize_t)(hidden_len * sizeof(float))),
         PyByteArray_FromStringAndSize((const char *)k, (Py_ssize_t)(kv_len * sizeof(float))),
-        PyByteArray_FromStringAndSize((const char *)v, (Py_ssize_t)(kv_len * sizeof(float)))};
+        // A latent (MLA) model's: k holds each position's latent, v is NULL (None).
+        v ? PyByteArray_FromStringAndSize((const char *)v, (Py_ssize_t)(kv_len * sizeof(float))) : NULL};
     PyObject *views[5] = {NULL, NULL, NULL, NULL, NULL};
-    bool ok = bufs[0] && (bufs[1] || !tokens) && bufs[2] && bufs[3] && bufs[4];
+    bool ok = bufs[0] && (bufs[1] || !tokens) && bufs[2] && bufs[3] && (bufs[4] || !v);
     if (ok) {
       views[0] = kdn_py_shaped(bufs[0], "i", n, -1);
       views[1] = tokens ? kdn_py_shaped(bufs[1], "i", n, -1) : (Py_INCREF(Py_None), Py_None);
       views[2] = kdn_py_shaped(bufs[2], "f", n, (Py_ssize_t)hidden_dim);
       views[3] = kdn_py_shaped(bufs[3], "f", (Py_ssize_t)total, kv_dim);
-      views[4] = kdn_py_shaped(bufs[4], "f", (Py_ssize_t)total, kv_dim);
+      views[4] = v ? kdn_py_shaped(bufs[4], "f", (Py_ssize_t)total, kv_dim) : (Py_INCREF(Py_None), Py_None);
       ok = views[0] && views[1] && views[2] && views[3] && views[4];
     }
     PyObject *result = NULL;
@@ -597,7 +598,8 @@ class KdnPyBlendLayer : public kdn::binding::BlendLayer {
     PyErr_Restore(et, ev, etb);
     if (ok) {
       ok = kdn_py_copy_back(bufs[2], hidden, hidden_len * sizeof(float)) &&
-           kdn_py_copy_back(bufs[3], k, kv_len * sizeof(float)) && kdn_py_copy_back(bufs[4], v, kv_len * sizeof(float));
+           kdn_py_copy_back(bufs[3], k, kv_len * sizeof(float)) &&
+           (!v || kdn_py_copy_back(bufs[4], v, kv_len * sizeof(float)));
     }
     Py_XDECREF(result);
     for (PyObject *view : views) Py_XDECREF(view);

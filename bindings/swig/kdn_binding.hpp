@@ -667,7 +667,8 @@ struct BlendReport {
 class BlendLayer {
  public:
   virtual ~BlendLayer() = default;
-  // The recompute of one layer for `count` positions (kdn.h's layer_fn).
+  // The recompute of one layer for `count` positions (kdn.h's layer_fn; a
+  // latent model's: k holds each position's latent, v is null).
   virtual void layer(uint32_t layer, const int32_t* positions, const int32_t* tokens, size_t count, float* hidden,
                      size_t hidden_len, uint32_t hidden_dim, float* k, float* v, size_t kv_len, size_t total) = 0;
   // Since 1.9, kdn.h's kv_fn: the layer's K and V alone for the positions,

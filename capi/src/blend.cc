@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <deque>
 #include <optional>
 
 #include "calls.h"
@@ -106,6 +107,11 @@ kdn_status ReadBlendOptions(const kdn_model* model, const kdn_blend_options* opt
     bo.check_layers = {layers > 1 ? 1 : 0};  // CacheBlend's
   }  // else empty: the library's default (kdn::blend::CheckLayersFor)
   bo.rope = model->rope;
+  bo.latent = model->latent_dim != 0;
+  if (bo.latent && (o.flags & KDN_BLEND_ENGINE_ON_DEVICE) != 0) {
+    return Fail(KDN_ERR_UNSUPPORTED, "blend options: a latent (MLA) model's engine runs on the host "
+                                     "(KDN_BLEND_ENGINE_ON_DEVICE is not supported for it)");
+  }
   const int32_t scaling = Raw(o.rope_scaling);
   if (scaling != KDN_ROPE_SCALING_NONE && scaling != KDN_ROPE_SCALING_LINEAR && scaling != KDN_ROPE_SCALING_NTK) {
     return Fail(KDN_ERR_INVALID_ARGUMENT, "blend options: unknown rope_scaling " + std::to_string(scaling));
@@ -130,10 +136,11 @@ kdn_status BeginBlend(const kdn_model* model, const char* ns, size_t ns_len, con
     ResetOut(kdn_blend_report(KDN_BLEND_REPORT_INIT), report);
   }
   if (kdn_status s = CheckTarget(model, ns, ns_len); s != KDN_OK) return s;
-  if (model->latent_dim != 0) {
-    // A latent's RoPE dims are its last latent_rope_dim, in the half kept as
-    // V: re-positioning them is not built yet (docs/model-kinds.md).
-    return Fail(KDN_ERR_UNSUPPORTED, "blending a latent (MLA, KDN_CACHE_LATENT) model is not supported yet");
+  if (model->latent_dim != 0 && model->rope.head_dim > static_cast<int>(model->latent_dim / 2)) {
+    // Re-positioned within the half kept as V (blend.h, BlendOptions::latent).
+    return Fail(KDN_ERR_UNSUPPORTED, "blending a latent (MLA) model whose RoPE dims (latent_rope_dim " +
+                                         std::to_string(model->rope.head_dim) + ") exceed half its latent_dim (" +
+                                         std::to_string(model->latent_dim) + ") is not supported");
   }
   if (model->grouped) {
     // A recurrent layer's state cannot be composed from pieces, and a
@@ -150,7 +157,8 @@ kdn_status RunBlend(const kdn_model* model, const char* ns, size_t ns_len, const
   const int layers = static_cast<int>(model->kv.shape.layers);
   if (num_views == 0 || views == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "no KV views");
   std::vector<ViewSpec> specs;
-  if (kdn_status s = ReadViews(model, views, num_views, &specs); s != KDN_OK) return s;
+  std::deque<std::vector<void*>> latent_v;  // a latent model's V bases (calls.h, LatentView)
+  if (kdn_status s = ReadViews(model, views, num_views, &specs, &latent_v); s != KDN_OK) return s;
   for (const ViewSpec& v : specs) {
     if (v.memory == KDN_MEMORY_DEVICE && model->runtime->store().device() == nullptr) {
       return Fail(KDN_ERR_UNSUPPORTED, "kdn_kv_blend: KV views in device memory: this runtime has no device");
@@ -166,7 +174,12 @@ kdn_status RunBlend(const kdn_model* model, const char* ns, size_t ns_len, const
     if (!records.ok()) return Fail(KDN_ERR_INVALID_ARGUMENT, records.status().message());
     gate = kdn::blend::BlendGate{std::move(records).value(), o.max_kl_ratio};
   }
-  CallbackEngine engine(o, static_cast<int>(model->kv.shape.heads * model->kv.shape.head_dim));
+  // A latent model's callback sees each position's latent whole (kdn.h).
+  const bool latent = model->latent_dim != 0;
+  CallbackEngine callback(o, latent ? static_cast<int>(model->latent_dim)
+                                    : static_cast<int>(model->kv.shape.heads * model->kv.shape.head_dim));
+  kdn::blend::LatentLayers latent_engine(callback, static_cast<int>(model->latent_dim));
+  kdn::blend::LayerEngine& engine = latent ? static_cast<kdn::blend::LayerEngine&>(latent_engine) : callback;
   auto r = kdn::blend::BlendDocuments(model->runtime->knowledge(), model->kv, std::string_view(ns, ns_len), segs, bo,
                                       engine, specs, gate ? &*gate : nullptr);
   if (!r.ok()) return FromStatus(r.status());

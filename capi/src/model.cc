@@ -102,10 +102,11 @@ kdn_status kdn_model_create(kdn_runtime* runtime, const kdn_model_spec* spec, kd
   m->kv.fingerprint = kdn::keys::ModelFingerprint(id);
   m->kv.shape = {s.num_layers, kv_heads, head_dim, elem};
   m->kv.dtype = static_cast<uint32_t>(dtype);
-  // Blending re-positions K's rotary dims; a latent's RoPE dims sit at the
-  // end of its second half, which blending refuses for now (capi/src/blend.cc).
-  m->rope.head_dim = static_cast<int>(head_dim);
-  m->rope.rotary_dim = static_cast<int>(latent ? head_dim : rotary);
+  // Blending re-positions K's rotary dims; a latent's RoPE dims are one
+  // head of latent_rope_dim at the end of its second half (blend.h,
+  // BlendOptions::latent).
+  m->rope.head_dim = static_cast<int>(latent ? s.latent_rope_dim : head_dim);
+  m->rope.rotary_dim = static_cast<int>(latent ? s.latent_rope_dim : rotary);
   m->rope.theta = s.rope_theta;
   m->rope.style = rope_style == KDN_ROPE_NEOX ? kdn::kernels::RopeStyle::kNeox : kdn::kernels::RopeStyle::kInterleaved;
   m->latent_dim = latent ? s.latent_dim : 0;

@@ -44,7 +44,9 @@ struct kdn_runtime {
 struct kdn_model {
   std::shared_ptr<kdn::store::Runtime> runtime;  // keeps the store alive
   kdn::store::ModelKv kv;
-  kdn::kernels::RopeSpec rope;  // theta, style, rotary_dim of the spec (blending re-positions keys)
+  // Theta, style, rotary_dim of the spec (blending re-positions keys); a
+  // latent model's: one head of its latent_rope_dim RoPE dims.
+  kdn::kernels::RopeSpec rope;
   // KDN_CACHE_LATENT: the latent's dims (kv.shape is then 1 head of
   // latent_dim / 2: its first half is kept as "K", its second as "V"; the
   // views are translated so, docs/model-kinds.md). 0: K and V.

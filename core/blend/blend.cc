@@ -17,6 +17,27 @@ std::vector<int> CheckLayersFor(const BlendOptions& options, int layers) {
   return {layers == 2 ? 1 : 0};
 }
 
+Status LatentLayers::Run(bool kv_pass, int layer, std::span<const int> positions, std::span<const int> tokens,
+                         float* hidden, float* k_plane, float* v_plane, int total) {
+  if (inner_.on_device()) return Status::Unsupported("blend: a latent model's engine runs on the host");
+  if (latent_ < 2 || latent_ % 2 != 0 || total < 0) return Status::InvalidArgument("blend: bad latent width");
+  const auto half = static_cast<size_t>(latent_ / 2), w = static_cast<size_t>(latent_);
+  whole_.resize(static_cast<size_t>(total) * w);
+  for (size_t p = 0; p < static_cast<size_t>(total); ++p) {
+    std::memcpy(&whole_[p * w], k_plane + p * half, half * sizeof(float));
+    std::memcpy(&whole_[p * w + half], v_plane + p * half, half * sizeof(float));
+  }
+  KDN_RETURN_IF_ERROR(kv_pass ? inner_.KvPass(layer, positions, tokens, hidden, whole_.data(), nullptr, total)
+                              : inner_.Layer(layer, positions, tokens, hidden, whole_.data(), nullptr, total));
+  for (int q : positions) {  // the rows the engine wrote
+    if (q < 0 || q >= total) return Status::InvalidArgument("blend: a position outside the context");
+    const auto p = static_cast<size_t>(q);
+    std::memcpy(k_plane + p * half, &whole_[p * w], half * sizeof(float));
+    std::memcpy(v_plane + p * half, &whole_[p * w + half], half * sizeof(float));
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 // Host memory: the composed KV in kv_out, the hidden states in vectors.
@@ -103,8 +124,18 @@ Result<BlendReport> ComposeIn(const ModelShape& shape, std::span<const Piece> pi
       return Status::InvalidArgument("blend: check layers must ascend within [0, " + std::to_string(L) + ")");
     }
   }
-  if (o.rope.head_dim != shape.head_dim) return Status::InvalidArgument("blend: the RoPE spec's head_dim differs");
-  if (const char* why = kernels::rope_spec_problem(o.rope)) {
+  // A latent's RoPE dims: the last rope.head_dim of each V-plane row (one head).
+  const bool rotates = !o.latent || o.rope.head_dim != 0;
+  if (o.latent) {
+    if (shape.kv_heads != 1) return Status::InvalidArgument("blend: a latent model is kept as one head");
+    if (o.rope.head_dim < 0 || o.rope.head_dim > shape.head_dim) {
+      return Status::InvalidArgument("blend: a latent's RoPE dims must fit in its second half (" +
+                                     std::to_string(shape.head_dim) + " dims)");
+    }
+  } else if (o.rope.head_dim != shape.head_dim) {
+    return Status::InvalidArgument("blend: the RoPE spec's head_dim differs");
+  }
+  if (const char* why = rotates ? kernels::rope_spec_problem(o.rope) : nullptr) {
     return Status::InvalidArgument(std::string("blend: RoPE: ") + why);
   }
   const int hidden = engine.hidden_dim();
@@ -140,7 +171,12 @@ Result<BlendReport> ComposeIn(const ModelShape& shape, std::span<const Piece> pi
           const float* src = p.kv.data() + (static_cast<size_t>(l) * 2 + kv) * n * kvd;
           const size_t dst = (static_cast<size_t>(l) * 2 + kv) * plane + static_cast<size_t>(at) * kvd;
           KDN_RETURN_IF_ERROR(space.PlaceRows(dst, src, static_cast<size_t>(n) * kvd));
-          if (kv == 0) KDN_RETURN_IF_ERROR(space.ShiftKeys(o.rope, dst, kvd, n, shape.kv_heads, at - p.cached_first));
+          if (!o.latent && kv == 0) {
+            KDN_RETURN_IF_ERROR(space.ShiftKeys(o.rope, dst, kvd, n, shape.kv_heads, at - p.cached_first));
+          } else if (o.latent && kv == 1 && rotates) {  // the latent's tail: its RoPE dims
+            const size_t tail = dst + static_cast<size_t>(kvd - o.rope.head_dim);
+            KDN_RETURN_IF_ERROR(space.ShiftKeys(o.rope, tail, kvd, n, 1, at - p.cached_first));
+          }
         }
       }
       std::fill(cached.begin() + at, cached.begin() + at + n, 1);

@@ -118,6 +118,14 @@ struct BlendOptions {
   // 2 (1 in a 2-layer model, 0 in a 1-layer one).
   std::vector<int> check_layers;
   kernels::RopeSpec rope;           // how the model rotates keys (for re-positioning)
+  // A latent (MLA) model, kept as one head of latent_dim / 2 (ModelShape:
+  // kv_heads 1, head_dim latent_dim / 2; the K plane the latent's first
+  // half, the V plane its second): its RoPE dims are the last rope.head_dim
+  // of each V-plane row (rope.head_dim <= head_dim; 0: none), and only they
+  // are re-positioned; the selection compares the K plane, the latent's
+  // leading content dims (no RoPE there). An engine of such a model sees
+  // the latent whole through LatentLayers.
+  bool latent = false;
   int first_tokens = 0;             // >= 0: leading positions of each cached piece recomputed at every layer
   bool kv_pass = true;              // check layers by a KV pass when the engine has one (same KV, less work)
 };
@@ -139,6 +147,36 @@ struct BlendReport {
   // ratio the gate file holds for it (-1: none).
   bool gated = false;
   double gate_kl_ratio = -1;
+};
+
+// A latent (MLA) model's engine sees each position's latent vector whole:
+// its Layer and KvPass get k_layer as [position][latent_dim] floats and
+// v_layer null. The blender keeps a latent as two planes of latent_dim / 2
+// (BlendOptions::latent); this adapter gathers them into one buffer before
+// each call and puts the called positions' rows back after it (host memory:
+// an engine on a device is refused).
+class LatentLayers final : public LayerEngine {
+ public:
+  LatentLayers(LayerEngine& inner, int latent_dim) : inner_(inner), latent_(latent_dim) {}
+  Status Layer(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden, float* k_layer,
+               float* v_layer, int total) override {
+    return Run(false, layer, positions, tokens, hidden, k_layer, v_layer, total);
+  }
+  Status KvPass(int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+                float* k_layer, float* v_layer, int total) override {
+    return Run(true, layer, positions, tokens, hidden, k_layer, v_layer, total);
+  }
+  bool has_kv_pass() const override { return inner_.has_kv_pass(); }
+  double kv_pass_cost(int total) const override { return inner_.kv_pass_cost(total); }
+  int hidden_dim() const override { return inner_.hidden_dim(); }
+  bool on_device() const override { return false; }
+
+ private:
+  Status Run(bool kv_pass, int layer, std::span<const int> positions, std::span<const int> tokens, float* hidden,
+             float* k_plane, float* v_plane, int total);
+  LayerEngine& inner_;
+  int latent_;
+  std::vector<float> whole_;  // [total][latent_dim]
 };
 
 // The check layers `options` gives for a model of `layers` layers (its

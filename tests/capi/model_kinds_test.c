@@ -6,7 +6,7 @@
  * per-layer layout and one allocation, bit for bit, through a host tier over
  * a disk tier and after a restart from the disk tier alone; its identity
  * apart from any K/V model of the same bytes; its bad specs and views;
- * blending refused. The latent vectors are synthetic (a seeded generator):
+ * blending's limits. The latent vectors are synthetic (a seeded generator):
  * exact reuse is a matter of bytes, and no real MLA model is at hand.
  *
  * One case per ctest test: `capi_model_kinds_test <case>` (check.h). */
@@ -486,21 +486,39 @@ static void test_latent_device_views(void) {
   group_end();
 }
 
-/* Blending re-positions keys; a latent's RoPE dims are not re-positioned yet. */
-static void test_latent_blend_refused(void) {
+/* Blending a latent model (tests/refengine/variants_test.cc blends one for
+ * real) has two limits, each refused with its reason: RoPE dims beyond the
+ * latent's second half, and an engine on a device. */
+static kdn_status no_layer(void *user, uint32_t layer, const int32_t *positions, const int32_t *tokens, size_t count,
+                           float *hidden, size_t hidden_len, uint32_t hidden_dim, float *k, float *v, size_t kv_len,
+                           size_t total) {
+  (void)user, (void)layer, (void)positions, (void)tokens, (void)count, (void)hidden, (void)hidden_len;
+  (void)hidden_dim, (void)k, (void)v, (void)kv_len, (void)total;
+  return KDN_ERR_INTERNAL;
+}
+
+static void test_latent_blend_limits(void) {
   kdn_runtime *rt;
-  kdn_model *m = NULL;
-  kdn_model_spec spec = latent_spec();
+  kdn_model *m = NULL, *wide = NULL;
+  kdn_model_spec spec = latent_spec(), wide_spec = latent_spec();
   kdn_blend_segment seg = KDN_BLEND_SEGMENT_INIT;
   kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
   kdn_kv_view v = KDN_KV_VIEW_INIT;
   const int32_t tokens[2] = {1, 5};
-  group_begin("a latent model: blending refused, with its reason");
+  group_begin("a latent model's blending limits, refused with their reasons");
   rt = open_runtime(1);
   CHECK_OK(kdn_model_create(rt, &spec, &m));
+  wide_spec.latent_rope_dim = LATENT / 2 + 2; /* RoPE dims reaching into the first half */
+  CHECK_OK(kdn_model_create(rt, &wide_spec, &wide));
   seg.tokens = tokens;
   seg.num_tokens = 2;
+  o.layer_fn = no_layer;
+  o.hidden_dim = 8;
+  CHECK_ERROR_NAMING(KDN_ERR_UNSUPPORTED, "latent_rope_dim",
+                     kdn_kv_blend(wide, kNs, sizeof kNs - 1, &seg, 1, &o, &v, 1, NULL));
+  o.flags = KDN_BLEND_ENGINE_ON_DEVICE;
   CHECK_ERROR_NAMING(KDN_ERR_UNSUPPORTED, "latent", kdn_kv_blend(m, kNs, sizeof kNs - 1, &seg, 1, &o, &v, 1, NULL));
+  kdn_model_destroy(wide);
   kdn_model_destroy(m);
   kdn_runtime_destroy(rt);
   group_end();
@@ -525,7 +543,7 @@ static const test_case kCases[] = {
   CASE(latent_bad_specs),
   CASE(latent_bad_views),
   CASE(latent_device_views),
-  CASE(latent_blend_refused),
+  CASE(latent_blend_limits),
 };
 
 int main(int argc, char **argv) {

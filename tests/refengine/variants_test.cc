@@ -325,6 +325,153 @@ TEST_P(VariantReuse, AContinuationFromReusedKvAndStateIsBitIdenticalAfterARestar
 
 INSTANTIATE_TEST_SUITE_P(Kinds, VariantReuse, ::testing::Values("mla", "sliding", "recurrent", "hybrid"));
 
+// ---- Blending a latent (MLA) model (issue 36, item 1)
+
+// The variant run layer by layer as blending's engine (kdn_blend_layer_fn).
+// A latent model's callback gets each position's latent whole in `k`
+// ([total][latent_dim]) and `v` NULL (kdn.h).
+struct LayerByLayer {
+  const VariantModel* m = nullptr;
+  int calls = 0;
+};
+
+kdn_status VariantLayer(void* user, std::uint32_t layer, const std::int32_t* positions, const std::int32_t* tokens,
+                        size_t count, float* hidden, size_t hidden_len, std::uint32_t hidden_dim, float* k, float* v,
+                        size_t kv_len, size_t total) {
+  auto& e = *static_cast<LayerByLayer*>(user);
+  const VariantModel& m = *e.m;
+  const auto w = static_cast<size_t>(m.kv_width()), D = static_cast<size_t>(m.config().dim);
+  if (v != nullptr || k == nullptr || kv_len != total * w || hidden_dim != D || hidden_len != count * D ||
+      (layer == 0) != (tokens != nullptr)) {
+    return KDN_ERR_INVALID_ARGUMENT;
+  }
+  ++e.calls;
+  VariantModel::Cache c = m.NewCache();  // every layer latent: the layer's slot is its number
+  std::copy(k, k + total * w, c.k[layer].begin());
+  for (size_t i = 0; i < count; ++i) {
+    std::vector<float> x = layer == 0 ? m.Embed(tokens[i]) : std::vector<float>(hidden + i * D, hidden + (i + 1) * D);
+    m.LayerStep(static_cast<int>(layer), c, positions[i], x);
+    std::copy(x.begin(), x.end(), hidden + i * D);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const size_t p = static_cast<size_t>(positions[i]);
+    std::copy(c.k[layer].begin() + static_cast<std::ptrdiff_t>(p * w),
+              c.k[layer].begin() + static_cast<std::ptrdiff_t>((p + 1) * w), k + p * w);
+  }
+  return KDN_OK;
+}
+
+// Two documents whose latents were computed alone (each from position 0),
+// composed in order before a question. Only the latents' RoPE dims move:
+// with nothing recomputed (ratio 0) a placed document keeps its content
+// dims bit for bit, and its RoPE dims at layer 0 (where a latent depends on
+// its token alone) are what a full prefill computes there, to float
+// rounding; with everything recomputed (ratio 1) the blend is the full
+// prefill, bit for bit, and so is the continuation from it. The weights are
+// random: quality figures (KL) would mean nothing and are not asserted.
+TEST(VariantBlend, ALatentModelIsBlendedByMovingOnlyItsRopeDims) {
+  const VariantModel m(Variant("mla"));
+  const VariantConfig& c = m.config();
+  const size_t w = static_cast<size_t>(m.kv_width()), rank = static_cast<size_t>(c.latent_rank);
+  Kdn kdn(m, TempDir(), /*host=*/true);
+  const auto a = Tokens(40, 21, c.vocab), b = Tokens(36, 22, c.vocab), question = Tokens(7, 23, c.vocab);
+  std::vector<VariantModel::Cache> alone;
+  for (const auto* doc : {&a, &b}) {
+    alone.push_back(m.NewCache());
+    for (size_t p = 0; p < doc->size(); ++p) m.Step(alone.back(), (*doc)[p], static_cast<int>(p));
+    kdn_kv_view view = kdn.View(alone.back());
+    const char* id = doc == &a ? "a" : "b";
+    ASSERT_EQ(kdn_knowledge_put(kdn.model(), "t", 1, id, 1, 1, nullptr, 0, doc->data(), doc->size(), &view, 1), KDN_OK)
+        << kdn_last_error_message();
+  }
+  // The reference: a, b and the question prefilled, then 8 tokens.
+  std::vector<std::int32_t> full = a;
+  full.insert(full.end(), b.begin(), b.end());
+  full.insert(full.end(), question.begin(), question.end());
+  VariantModel::Cache ref = m.NewCache();
+  const auto want = Continue(m, ref, full, 0, 8);
+  const size_t N = full.size() - 1;  // the blend's context: all but the question's last token, fed after it
+
+  // Check layer 0 (the default, layer 1, is this 2-layer model's last: a
+  // selection there would save nothing).
+  const std::uint32_t check[1] = {0};
+  auto blend = [&](float ratio, VariantModel::Cache& out, kdn_blend_report* report) {
+    kdn_blend_segment segs[3] = {KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT, KDN_BLEND_SEGMENT_INIT};
+    segs[0].kind = segs[1].kind = KDN_SEGMENT_DOCUMENT;
+    segs[0].doc_id = "a";
+    segs[1].doc_id = "b";
+    segs[0].doc_id_len = segs[1].doc_id_len = 1;
+    segs[2].tokens = question.data();
+    segs[2].num_tokens = question.size() - 1;
+    LayerByLayer engine{&m};
+    kdn_blend_options o = KDN_BLEND_OPTIONS_INIT;
+    o.ratio = ratio;
+    o.hidden_dim = static_cast<std::uint32_t>(c.dim);
+    o.layer_fn = VariantLayer;
+    o.user = &engine;
+    o.check_layers = check;
+    o.num_check_layers = 1;
+    kdn_kv_view view = kdn.View(out);
+    EXPECT_EQ(kdn_kv_blend(kdn.model(), "t", 1, segs, 3, &o, &view, 1, report), KDN_OK) << kdn_last_error_message();
+    EXPECT_GT(engine.calls, 0);
+  };
+
+  // Nothing recomputed: documents placed, only their RoPE dims moved.
+  VariantModel::Cache naive = m.NewCache(std::nanf(""));
+  kdn_blend_report r0 = KDN_BLEND_REPORT_INIT;
+  blend(0.0f, naive, &r0);
+  EXPECT_EQ(r0.positions, N);
+  EXPECT_EQ(r0.cached_positions, a.size() + b.size());
+  EXPECT_EQ(r0.selected, 0u);
+  double moved = 0, off = 0;
+  for (int l = 0; l < m.attention_layers(); ++l) {
+    const float* got = naive.k[static_cast<size_t>(l)].data();
+    for (size_t p = 0; p < N; ++p) {
+      for (size_t d = 0; d < w; ++d) ASSERT_FALSE(std::isnan(got[p * w + d])) << "layer " << l << " position " << p;
+    }
+    for (size_t i = 0; i < a.size(); ++i) {  // at its own positions: unchanged
+      ASSERT_EQ(std::memcmp(got + i * w, alone[0].k[static_cast<size_t>(l)].data() + i * w, w * 4), 0) << l << " " << i;
+    }
+    for (size_t i = 0; i < b.size(); ++i) {
+      const float* placed = got + (a.size() + i) * w;
+      const float* mine = alone[1].k[static_cast<size_t>(l)].data() + i * w;
+      ASSERT_EQ(std::memcmp(placed, mine, rank * 4), 0) << "content dims changed: layer " << l << " token " << i;
+      if (l != 0) continue;
+      const float* prefilled = ref.k[0].data() + (a.size() + i) * w;
+      for (size_t d = rank; d < w; ++d) {
+        moved = std::max(moved, static_cast<double>(std::fabs(placed[d] - mine[d])));
+        off = std::max(off, static_cast<double>(std::fabs(placed[d] - prefilled[d])));
+      }
+    }
+  }
+  EXPECT_GT(moved, 0.05) << "the second document's RoPE dims were not re-positioned";
+  EXPECT_LT(off, 1e-4) << "layer 0's RoPE dims differ from a full prefill's";
+
+  // Everything recomputed: the full prefill, bit for bit.
+  VariantModel::Cache whole = m.NewCache(std::nanf(""));
+  kdn_blend_report r1 = KDN_BLEND_REPORT_INIT;
+  blend(1.0f, whole, &r1);
+  EXPECT_DOUBLE_EQ(r1.recompute_fraction, 1.0);
+  for (int l = 0; l < m.attention_layers(); ++l) {
+    EXPECT_EQ(std::memcmp(whole.k[static_cast<size_t>(l)].data(), ref.k[static_cast<size_t>(l)].data(), N * w * 4), 0)
+        << "layer " << l;
+  }
+  const auto got = Continue(m, whole, full, N, 8);
+  ASSERT_EQ(got.size(), want.size() - N);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBits(got[i], want[N + i])) << "position " << N + i;
+
+  // Between: a share selected at the check layer, every position written.
+  VariantModel::Cache some = m.NewCache(std::nanf(""));
+  kdn_blend_report rh = KDN_BLEND_REPORT_INIT;
+  blend(0.5f, some, &rh);
+  EXPECT_EQ(rh.selected, (a.size() + b.size()) / 2);
+  // Layer 0 for every position, layer 1 for the selected and the question's.
+  EXPECT_DOUBLE_EQ(rh.recompute_fraction, (N + rh.selected + (question.size() - 1)) / (2.0 * N));
+  for (int l = 0; l < m.attention_layers(); ++l) {
+    for (size_t i = 0; i < N * w; ++i) ASSERT_FALSE(std::isnan(some.k[static_cast<size_t>(l)][i])) << l << " " << i;
+  }
+}
+
 // The one rule for hits, group by group, after a restart: each namespace
 // holds the same prompt, stored at every chunk boundary; one piece of one
 // group is then taken away (as an eviction would) and the prefix the

@@ -954,7 +954,9 @@ class Model(_Handle):
         (unset at layer 0), to be overwritten with its output; k, v: float32
         memoryviews (total positions, kv_heads * head_dim) of this layer's
         KV: write the positions' K (after RoPE at their positions) and V,
-        and attend each position causally over [0, its own] of them.
+        and attend each position causally over [0, its own] of them (a
+        latent (MLA) model's: k is (total positions, latent_dim), each
+        position's latent vector, and v is None).
         numpy.asarray(view) edits one in place. The views are of copies of
         kdn's buffers, written back when layer_fn returns, and released then
         (an array kept past the call is a stale copy's). An exception raised

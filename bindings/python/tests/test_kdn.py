@@ -129,6 +129,38 @@ class RuntimeTest(unittest.TestCase):
         with runtime() as rt, self.assertRaises(kdn.InvalidArgumentError):
             rt.model(dataclasses.replace(spec, latent_dim=7))
 
+    def test_latent_model_blends(self):
+        # Blending a latent model (since 1.12): the callback's k holds each
+        # position's whole latent, v is None; ratio 0 places the document's
+        # content dims as stored (only its 2 RoPE dims move), ratio 1 is
+        # what the callback wrote everywhere.
+        spec = kdn.ModelSpec(num_layers=3, num_kv_heads=0, head_dim=0, fingerprint="mla-blend",
+                             cache_kind=kdn.CacheKind.LATENT, latent_dim=8, latent_rope_dim=2)
+        doc, fresh = tokens(CHUNK), [7, 8, 9]
+        total = CHUNK + len(fresh)
+        shapes = []
+
+        def layer_fn(layer, positions, toks, hidden, k, v):
+            shapes.append((np.asarray(k).shape, v))
+            K = np.asarray(k)
+            for p in np.asarray(positions):
+                K[p] = layer * 1000 + p + np.arange(8, dtype=np.float32) * 0.5
+            np.asarray(hidden)[:] = 1.0
+
+        with runtime() as rt, rt.model(spec) as m:
+            data = np.arange(3 * CHUNK * 8, dtype=np.float32).reshape(3, CHUNK, 8) / 7
+            m.knowledge_put(NS, "doc", doc, data)
+            want = np.stack([[layer * 1000 + p + np.arange(8) * 0.5 for p in range(total)] for layer in range(3)])
+            out = np.zeros((3, total, 8), np.float32)
+            report = m.blend(NS, ["doc", fresh], out, layer_fn=layer_fn, hidden_dim=4, ratio=1.0)
+            self.assertEqual(report.positions, total)
+            self.assertTrue(np.array_equal(out, want.astype(np.float32)))
+            self.assertEqual(shapes[0], ((total, 8), None))
+            out = np.zeros((3, total, 8), np.float32)
+            m.blend(NS, ["doc", fresh], out, layer_fn=layer_fn, hidden_dim=4, ratio=0.0)
+            self.assertTrue(np.array_equal(out[:, :CHUNK, :6], data[:, :, :6]))  # content dims as stored
+            self.assertTrue(np.array_equal(out[:, CHUNK:], want[:, CHUNK:].astype(np.float32)))
+
     def test_sliding_window_model(self):
         # A sliding-window layer (since 1.12): loaded only where its last
         # tokens need it, the full layer whole; not the same model's identity

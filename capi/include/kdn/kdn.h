@@ -382,8 +382,11 @@ typedef struct kdn_model_spec {
    * vector, with stride_token and stride_dim (0, 0: dense) and the paged
    * layouts as for K; v_layers, stride_kv, stride_head and v_stride_* must be 0 (vLLM's
    * MLA cache, per layer [num_blocks][block_size][latent_dim], is a paged
-   * NHD view of k_layers). Blending refuses a latent model
-   * (KDN_ERR_UNSUPPORTED) for now. The kind is part of the model's identity:
+   * NHD view of k_layers). Since 1.12 blending takes a latent model: only
+   * its RoPE dims are re-positioned, and the callback sees whole latents
+   * (kdn_blend_layer_fn); refused (KDN_ERR_UNSUPPORTED) where
+   * latent_rope_dim exceeds latent_dim / 2, or with an engine on a device
+   * (KDN_BLEND_ENGINE_ON_DEVICE). The kind is part of the model's identity:
    * a latent model's chunks never reach a K/V model. */
   kdn_cache_kind cache_kind;
   uint32_t latent_dim;
@@ -991,7 +994,9 @@ KDN_API kdn_status kdn_blend_segment_init(kdn_blend_segment *segment, size_t str
  * - k, v: this layer's float32 KV of all positions, [position][kv_heads *
  *   head_dim], kv_len floats each: write the positions' K (after RoPE at
  *   their positions) and V, and attend each position causally over [0, its
- *   own] of k and v.
+ *   own] of k and v. A latent model's (KDN_CACHE_LATENT, since 1.12): k is
+ *   each position's latent vector, [position][latent_dim] (its RoPE dims
+ *   after RoPE at the position), and v is NULL.
  * Return KDN_OK, or an error status: kdn_kv_blend then stops and returns it.
  * Thread: the one that called kdn_kv_blend, layer by layer in order; every
  * buffer is borrowed for the call. It may call kdn functions (no kdn lock is

@@ -215,7 +215,10 @@ pub struct BlendLayer<'b> {
     /// RoPE at their positions), and attend each position causally over
     /// `[0, its own]` of `k` and `v`.
     pub k: &'b mut [f32],
-    /// This layer's V, as `k`: write the positions' V.
+    /// This layer's V, as `k`: write the positions' V. A latent (MLA)
+    /// model's `k` holds each position's latent vector
+    /// (`[position][latent_dim]`: write the positions' latents) and `v` is
+    /// empty.
     pub v: &'b mut [f32],
     /// Positions of the composed context.
     pub total: usize,
