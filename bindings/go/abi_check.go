@@ -56,6 +56,6 @@ var _ = [...]struct{}{
 }
 
 // kdn.h's minor version may be newer than the one this package was written
-// for (minors only append), never older (1.9: Match calls kdn_kv_match):
+// for (minors only append), never older (1.13: Request.Salt sets kdn_request.salt):
 // an array of negative length does not compile.
 var _ [C.KDN_VERSION_MINOR - BindingVersionMinor]struct{}

@@ -86,7 +86,7 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 9 // Model.Match (kdn_kv_match, 1.9)
+	BindingVersionMinor = 13 // Request.Salt (kdn_request.salt, 1.13)
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

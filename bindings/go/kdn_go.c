@@ -33,7 +33,7 @@ static kdn_go_ret fail(kdn_status status, const char *message) {
   return r;
 }
 
-static kdn_request make_request(kdn_go_req in, const int32_t *tokens, const uint8_t *hashes) {
+static kdn_request make_request(kdn_go_req in, const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts) {
   kdn_request r = KDN_REQUEST_INIT; /* the same as kdn_request_init, without a call */
   r.hash_bytes = in.hash_bytes;
   r.tokens = in.tokens_off >= 0 && tokens != NULL ? tokens + in.tokens_off : NULL;
@@ -42,6 +42,8 @@ static kdn_request make_request(kdn_go_req in, const int32_t *tokens, const uint
   r.num_blocks = (size_t)in.num_blocks;
   r.block_tokens = in.block_tokens;
   r.ttft_target_us = in.ttft_target_us;
+  r.salt = in.salt_off >= 0 && salts != NULL ? salts + in.salt_off : NULL;
+  r.salt_len = r.salt != NULL ? (size_t)in.salt_len : 0;
   return r;
 }
 
@@ -161,13 +163,13 @@ kdn_go_ret kdn_go_model_report_prefill(const kdn_model *m, uint64_t tokens, uint
 /* ---- KV calls ---------------------------------------------------------------- */
 
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req_in,
-                            const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *tmpl,
-                            const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
-                            const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
-                            void *state, kdn_go_mem mem, kdn_op **op) {
+                            const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts,
+                            const kdn_kv_view *tmpl, const kdn_go_view_aux *aux, size_t num_views,
+                            const uint32_t *layers, const int64_t *offsets, const int32_t *table, void *data,
+                            size_t data_len, void *state, kdn_go_mem mem, kdn_op **op) {
   kdn_go_kvret r;
   kdn_go_ret st;
-  kdn_request req = make_request(req_in, tokens, hashes);
+  kdn_request req = make_request(req_in, tokens, hashes, salts);
   const kdn_kv_result init = KDN_KV_RESULT_INIT;
   views v;
   kdn_status s;
@@ -193,10 +195,10 @@ kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_
 }
 
 kdn_go_lookupret kdn_go_lookup1(const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req_in,
-                                const int32_t *tokens, const uint8_t *hashes) {
+                                const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts) {
   kdn_go_lookupret r;
   kdn_go_ret st;
-  kdn_request req = make_request(req_in, tokens, hashes);
+  kdn_request req = make_request(req_in, tokens, hashes, salts);
   const kdn_lookup_result init = KDN_LOOKUP_RESULT_INIT;
   r.result = init;
   st = ret(kdn_kv_lookup(m, ns, ns_len, &req, 1, &r.result));
@@ -206,14 +208,15 @@ kdn_go_lookupret kdn_go_lookup1(const kdn_model *m, const char *ns, size_t ns_le
 }
 
 kdn_go_ret kdn_go_lookup(const kdn_model *m, const char *ns, size_t ns_len, const kdn_go_req *reqs, size_t num,
-                         const int32_t *tokens, const uint8_t *hashes, kdn_lookup_result *results) {
+                         const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts,
+                         kdn_lookup_result *results) {
   kdn_request stack[16];
   kdn_request *req = num <= 16 ? stack : malloc(num * sizeof(kdn_request));
   kdn_go_ret r;
   size_t i;
   if (req == NULL) return fail(KDN_ERR_NO_MEMORY, "out of memory building the requests");
   for (i = 0; i < num; ++i) {
-    req[i] = make_request(reqs[i], tokens, hashes);
+    req[i] = make_request(reqs[i], tokens, hashes, salts);
     kdn_lookup_result_init(&results[i], sizeof results[i]);
   }
   r = ret(kdn_kv_lookup(m, ns, ns_len, num ? req : NULL, num, results));

@@ -32,6 +32,8 @@ typedef struct kdn_go_req {
   uint32_t hash_bytes;
   uint32_t block_tokens;
   uint64_t ttft_target_us; /* since 1.6 */
+  int64_t salt_off;        /* since 1.13: first byte in the call's salt array; -1: no salt */
+  int64_t salt_len;
 } kdn_go_req;
 
 /* Where a KV call's memory is. device 0: host memory, the call's data
@@ -85,25 +87,27 @@ kdn_go_ret kdn_go_model_report_prefill(const kdn_model *m, uint64_t tokens, uint
 /* Which kind of KV call kdn_go_kv_call makes. */
 enum { KDN_GO_STORE = 0, KDN_GO_RETRIEVE = 1, KDN_GO_LOAD = 2, KDN_GO_SAVE = 3 };
 
-/* A KV call with one request: tokens, hashes, layers, offsets and table
- * are the flat arrays the request and views index into; data is the memory
+/* A KV call with one request: tokens, hashes, salts, layers, offsets and
+ * table are the flat arrays the request and views index into (kdn copies
+ * the request's, an op's included, before it returns); data is the memory
  * the views describe (or, with mem.device set, device memory: data is then
  * NULL and data_len its size). The recurrent state's offsets (a view's
  * state_off) are in state (C memory the Go side copied it to), or in data
  * when state is NULL. A store or retrieve sets the result; a load or save
  * (data: C memory, which kdn keeps using) starts the op it puts in *op. */
 kdn_go_kvret kdn_go_kv_call(int which, const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,
-                            const int32_t *tokens, const uint8_t *hashes, const kdn_kv_view *views,
-                            const kdn_go_view_aux *aux, size_t num_views, const uint32_t *layers,
-                            const int64_t *offsets, const int32_t *table, void *data, size_t data_len,
-                            void *state, kdn_go_mem mem, kdn_op **op);
+                            const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts,
+                            const kdn_kv_view *views, const kdn_go_view_aux *aux, size_t num_views,
+                            const uint32_t *layers, const int64_t *offsets, const int32_t *table, void *data,
+                            size_t data_len, void *state, kdn_go_mem mem, kdn_op **op);
 
 /* One request's lookup. */
 kdn_go_lookupret kdn_go_lookup1(const kdn_model *m, const char *ns, size_t ns_len, kdn_go_req req,
-                                const int32_t *tokens, const uint8_t *hashes);
+                                const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts);
 /* Batched lookup: reqs and results are num arrays (results: Go memory, no pointers). */
 kdn_go_ret kdn_go_lookup(const kdn_model *m, const char *ns, size_t ns_len, const kdn_go_req *reqs, size_t num,
-                         const int32_t *tokens, const uint8_t *hashes, kdn_lookup_result *results);
+                         const int32_t *tokens, const uint8_t *hashes, const uint8_t *salts,
+                         kdn_lookup_result *results);
 
 /* Knowledge items. */
 kdn_go_ret kdn_go_knowledge_put(const kdn_model *m, const char *ns, size_t ns_len, const char *doc, size_t doc_len,

@@ -17,7 +17,8 @@ import (
 
 // Request names the tokens a KV call is about: their ids from the start of
 // the context, or the engine's own chained block hashes (HashBytes bytes
-// per block of BlockTokens tokens) instead.
+// per block of BlockTokens tokens) instead, and the salt (since 1.13) that
+// keeps one user's cached KV from answering another's requests.
 type Request struct {
 	Tokens      []int32 // ids, each >= 0
 	BlockHashes []byte  // len = blocks * HashBytes
@@ -31,17 +32,36 @@ type Request struct {
 	// level). Rounded up to whole microseconds; negative or over an hour:
 	// ErrInvalidArgument.
 	TTFTTarget time.Duration
+	// Salt (since 1.13; kdn_request.salt), as vLLM's cache_salt: bytes
+	// that enter every chunk key of the request, so that a salted request
+	// hits only KV stored with the same salt, and unsalted KV never answers
+	// it (nor salted KV an unsalted one): one user's cached prefix gives
+	// another no hit and no timing signal. Store, Retrieve, Lookup,
+	// LookupBatch, LoadAsync, SaveAsync and the device calls take it;
+	// knowledge items and Match are per namespace and have none. kdn hashes
+	// it into the keys (never stores it) and copies it before the call
+	// returns, an op's too: the slice may be reused at once. nil or empty:
+	// none. At most MaxSaltBytes, else ErrInvalidArgument.
+	Salt []byte
 }
+
+// MaxSaltBytes is the longest Request.Salt kdn takes.
+const MaxSaltBytes = 4096
 
 // Tokens is the request for these token ids.
 func Tokens(ids []int32) Request { return Request{Tokens: ids} }
 
-func (q *Request) c(tokensOff, hashesOff int) C.kdn_go_req {
-	r := C.kdn_go_req{tokens_off: -1, hashes_off: -1, num_tokens: C.int64_t(len(q.Tokens)),
+// c is the request for the shim, its arrays at these offsets in the call's
+// flat arrays of tokens, hashes and salts.
+func (q *Request) c(tokensOff, hashesOff, saltOff int) C.kdn_go_req {
+	r := C.kdn_go_req{tokens_off: -1, hashes_off: -1, salt_off: -1, num_tokens: C.int64_t(len(q.Tokens)),
 		hash_bytes: C.uint32_t(q.HashBytes), block_tokens: C.uint32_t(q.BlockTokens),
 		ttft_target_us: C.uint64_t(targetMicros(q.TTFTTarget))}
 	if len(q.Tokens) > 0 {
 		r.tokens_off = C.int64_t(tokensOff)
+	}
+	if len(q.Salt) > 0 {
+		r.salt_off, r.salt_len = C.int64_t(saltOff), C.int64_t(len(q.Salt))
 	}
 	if q.HashBytes > 0 {
 		r.num_blocks = C.int64_t(len(q.BlockHashes) / int(q.HashBytes))
@@ -73,6 +93,10 @@ func targetMicros(d time.Duration) uint64 {
 func (q *Request) check() error {
 	if q.TTFTTarget < 0 {
 		return invalid("Request.TTFTTarget is negative")
+	}
+	if len(q.Salt) > MaxSaltBytes {
+		return invalid("Request.Salt is " + strconv.Itoa(len(q.Salt)) + " bytes; at most MaxSaltBytes (" +
+			strconv.Itoa(MaxSaltBytes) + ")")
 	}
 	return nil
 }
@@ -468,9 +492,9 @@ func (m *Model) kv(which C.int, ns string, req *Request, data unsafe.Pointer, n 
 		defer C.free(scratch)
 	}
 	tmpl, aux := a.tmplPtr()
-	r := C.kdn_go_kv_call(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
-		(*C.uint8_t)(bytesPtr(req.BlockHashes)), tmpl, aux, C.size_t(len(a.tmpl)), a.layersPtr(), a.offsetsPtr(),
-		int32sPtr(a.table), data, C.size_t(n), scratch, mem, op)
+	r := C.kdn_go_kv_call(which, m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0, 0), int32sPtr(req.Tokens),
+		(*C.uint8_t)(bytesPtr(req.BlockHashes)), (*C.uint8_t)(bytesPtr(req.Salt)), tmpl, aux, C.size_t(len(a.tmpl)),
+		a.layersPtr(), a.offsetsPtr(), int32sPtr(a.table), data, C.size_t(n), scratch, mem, op)
 	if scratch != nil && which == C.KDN_GO_RETRIEVE {
 		// kdn wrote the snapshot at the prefix it returned (or left the
 		// copy as it was): back to the caller's slices.
@@ -586,6 +610,7 @@ func (m *Model) Lookup(ctx context.Context, ns string, req Request) (LookupResul
 	// The caller may reuse its slices once Lookup returned early.
 	req.Tokens = append([]int32(nil), req.Tokens...)
 	req.BlockHashes = append([]byte(nil), req.BlockHashes...)
+	req.Salt = append([]byte(nil), req.Salt...)
 	return abandonable(ctx, func() (LookupResult, error) { return m.lookup1(ns, &req) })
 }
 
@@ -597,8 +622,8 @@ func (m *Model) lookup1(ns string, req *Request) (LookupResult, error) {
 	if err := req.check(); err != nil {
 		return LookupResult{}, err
 	}
-	r := C.kdn_go_lookup1(m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0), int32sPtr(req.Tokens),
-		(*C.uint8_t)(bytesPtr(req.BlockHashes)))
+	r := C.kdn_go_lookup1(m.m, strPtr(ns), C.size_t(len(ns)), req.c(0, 0, 0), int32sPtr(req.Tokens),
+		(*C.uint8_t)(bytesPtr(req.BlockHashes)), (*C.uint8_t)(bytesPtr(req.Salt)))
 	if err := newError(r.status, r.msg); err != nil {
 		return LookupResult{}, err
 	}
@@ -622,21 +647,23 @@ func (m *Model) LookupBatch(ctx context.Context, ns string, reqs []Request) ([]L
 	}
 	// Flattened (so copied) here, before the call may go on without us.
 	var tokens []int32
-	var hashes []byte
+	var hashes, salts []byte
 	creqs := make([]C.kdn_go_req, len(reqs))
 	for i := range reqs {
-		creqs[i] = reqs[i].c(len(tokens), len(hashes))
+		creqs[i] = reqs[i].c(len(tokens), len(hashes), len(salts))
 		tokens = append(tokens, reqs[i].Tokens...)
 		hashes = append(hashes, reqs[i].BlockHashes...)
+		salts = append(salts, reqs[i].Salt...)
 	}
-	call := func() ([]LookupResult, error) { return m.lookupBatch(ns, creqs, tokens, hashes) }
+	call := func() ([]LookupResult, error) { return m.lookupBatch(ns, creqs, tokens, hashes, salts) }
 	if ctx.Done() == nil {
 		return call()
 	}
 	return abandonable(ctx, call)
 }
 
-func (m *Model) lookupBatch(ns string, creqs []C.kdn_go_req, tokens []int32, hashes []byte) ([]LookupResult, error) {
+func (m *Model) lookupBatch(ns string, creqs []C.kdn_go_req, tokens []int32,
+	hashes, salts []byte) ([]LookupResult, error) {
 	if !m.g.enter() {
 		return nil, ErrClosed
 	}
@@ -648,7 +675,7 @@ func (m *Model) lookupBatch(ns string, creqs []C.kdn_go_req, tokens []int32, has
 		reqPtr, resPtr = &creqs[0], &results[0]
 	}
 	err := retError(C.kdn_go_lookup(m.m, strPtr(ns), C.size_t(len(ns)), reqPtr, C.size_t(len(creqs)),
-		int32sPtr(tokens), (*C.uint8_t)(bytesPtr(hashes)), resPtr))
+		int32sPtr(tokens), (*C.uint8_t)(bytesPtr(hashes)), (*C.uint8_t)(bytesPtr(salts)), resPtr))
 	if err != nil {
 		return nil, err
 	}

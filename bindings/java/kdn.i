@@ -6,7 +6,7 @@
 // - KV memory is a direct ByteBuffer, passed to kdn without a copy: its
 //   address and capacity become (void *data, size_t bytes). A heap buffer or
 //   null is an IllegalArgumentException (dev.kdn checks read-only buffers).
-// - Tokens are int[], hashes byte[], copied for the call.
+// - Tokens are int[], hashes and salts byte[], copied for the call.
 // - Strings travel as UTF-8 bytes (JNI's "modified UTF-8" differs for NUL
 //   and characters outside the BMP, and namespaces and doc ids must be the
 //   same bytes in every language).
@@ -182,6 +182,25 @@ class string;
 %typemap(in) (const char* hashes, size_t bytes) (std::vector<char> copy) %{
   if (!$input) {
     SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "null hashes");
+    return $null;
+  }
+  copy.resize(static_cast<size_t>(jenv->GetArrayLength($input)));
+  if (!copy.empty()) {
+    jenv->GetByteArrayRegion($input, 0, static_cast<jsize>(copy.size()), reinterpret_cast<jbyte*>(copy.data()));
+  }
+  $1 = copy.data();
+  $2 = copy.size();
+%}
+
+// A request's salt (1.13, Request::set_salt): byte[], copied as the hashes are
+// (dev.kdn.Request keeps its own copy and checks the length first).
+%typemap(jni) (const char* salt, size_t bytes) "jbyteArray"
+%typemap(jtype) (const char* salt, size_t bytes) "byte[]"
+%typemap(jstype) (const char* salt, size_t bytes) "byte[]"
+%typemap(javain) (const char* salt, size_t bytes) "$javainput"
+%typemap(in) (const char* salt, size_t bytes) (std::vector<char> copy) %{
+  if (!$input) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaNullPointerException, "null salt");
     return $null;
   }
   copy.resize(static_cast<size_t>(jenv->GetArrayLength($input)));

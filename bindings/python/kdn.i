@@ -12,7 +12,8 @@
 //   typemap: writable, except add_readonly (for store and save_async).
 // - (const int32_t *tokens, size_t num_tokens): a buffer of 4-byte ints
 //   without a copy (numpy int32, array('i')), or any sequence of ints.
-// - (const char *hashes, size_t bytes): any bytes-like object.
+// - (const char *hashes, size_t bytes), (const char *salt, size_t bytes):
+//   any bytes-like object, copied in (the package encodes a str salt).
 // - const std::string &: str (UTF-8) or bytes.
 // - Results (KvResult, LookupResult, Stats, ...) come back as tuples, which
 //   the package turns into its own named types: one C call per result.
@@ -140,8 +141,8 @@ static bool kdn_py_kv_arg(PyObject *o, KdnPyBuffer *b, bool readonly_ok, void **
   return true;
 }
 
-static bool kdn_py_hashes_arg(PyObject *o, KdnPyBuffer *b, const char **data, size_t *bytes) {
-  if (!kdn_py_get_buffer(o, &b->view, true, "the block hashes")) return false;
+static bool kdn_py_bytes_arg(PyObject *o, KdnPyBuffer *b, const char *what, const char **data, size_t *bytes) {
+  if (!kdn_py_get_buffer(o, &b->view, true, what)) return false;
   *data = static_cast<const char *>(b->view.buf);
   *bytes = (size_t)b->view.len;
   return true;
@@ -307,7 +308,12 @@ void kdn_py_set_error_factory(PyObject *factory) {
 }
 
 %typemap(in) (const char *hashes, size_t bytes) (KdnPyBuffer hashbuf) {
-  if (!kdn_py_hashes_arg($input, &hashbuf, (const char **)&$1, &$2)) SWIG_fail;
+  if (!kdn_py_bytes_arg($input, &hashbuf, "the block hashes", (const char **)&$1, &$2)) SWIG_fail;
+}
+
+// 1.13: Request::set_salt.
+%typemap(in) (const char *salt, size_t bytes) (KdnPyBuffer saltbuf) {
+  if (!kdn_py_bytes_arg($input, &saltbuf, "the salt", (const char **)&$1, &$2)) SWIG_fail;
 }
 
 %typemap(in) const std::string & (std::string temp) {

@@ -250,11 +250,18 @@ class Request {
     r.ttft_target_us_ = us;
     return r;
   }
+  // Since 1.13: the salt that enters every chunk key (kdn_request.salt;
+  // empty: none). Copied in; kdn refuses one over 4096 bytes at the call.
+  void set_salt(const char* salt, size_t bytes) { salt_.assign(salt, salt + bytes); }
 
 #ifndef SWIG
   kdn_request Native() const {
     kdn_request r = KDN_REQUEST_INIT;
     r.ttft_target_us = ttft_target_us_;
+    if (!salt_.empty()) {
+      r.salt = reinterpret_cast<const uint8_t*>(salt_.data());
+      r.salt_len = salt_.size();
+    }
     if (hash_bytes_) {
       r.hash_bytes = hash_bytes_;
       r.block_hashes = reinterpret_cast<const uint8_t*>(hashes_.data());
@@ -272,6 +279,7 @@ class Request {
   std::string hashes_;
   uint32_t hash_bytes_ = 0, block_tokens_ = 0;
   uint64_t ttft_target_us_ = 0;
+  std::string salt_;
 #endif
 };
 

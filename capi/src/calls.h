@@ -120,6 +120,9 @@ inline kdn_status ReadRequest(const kdn::store::KvStore& store, const kdn_reques
     return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": ttft_target_us is over an hour (microseconds, not nanoseconds?)");
   }
   if (target_us != nullptr) *target_us = r.ttft_target_us;
+  if (r.salt == nullptr && r.salt_len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": salt is NULL with salt_len > 0");
+  if (r.salt_len > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": salt_len is over 4096 bytes");
+  if (r.salt_len != 0) out->salt.assign(r.salt, r.salt + r.salt_len);
   if (r.hash_bytes == 0) {
     if (kdn_status s = CheckTokens(r.tokens, r.num_tokens, what); s != KDN_OK) return s;
     out->tokens.assign(r.tokens, r.tokens + r.num_tokens);

@@ -37,13 +37,15 @@ struct OwnedKeys {
   std::vector<std::int32_t> tokens;
   std::vector<std::uint8_t> hashes;
   std::uint32_t hash_bytes = 0, block_tokens = 0;
-  TokenKeys keys() const { return TokenKeys{tokens, hashes, hash_bytes, block_tokens}; }
+  std::vector<std::uint8_t> salt;
+  TokenKeys keys() const { return TokenKeys{tokens, hashes, hash_bytes, block_tokens, salt}; }
   static OwnedKeys Of(const TokenKeys& k) {
     OwnedKeys o;
     o.tokens.assign(k.tokens.begin(), k.tokens.end());
     o.hashes.assign(k.hashes.begin(), k.hashes.end());
     o.hash_bytes = k.hash_bytes;
     o.block_tokens = k.block_tokens;
+    o.salt.assign(k.salt.begin(), k.salt.end());
     return o;
   }
 };

@@ -145,7 +145,7 @@ template <typename Probe>
 std::uint64_t KvStore::Walk(const ModelKv& model, std::string_view ns, const TokenKeys& k, Probe&& probe) const {
   const std::uint64_t C = options_.chunk_tokens, n = k.size();
   const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
-  keys::Digest prev{};
+  keys::Digest prev = keys::ChainStart(k.salt);
   std::uint64_t pos = 0;
   while (n - pos >= C) {
     const keys::Digest key = KeyOf(keyer, k, prev, pos, C);
@@ -206,7 +206,7 @@ void KvStore::PrefetchRemote(const ModelKv& model, std::string_view ns, const To
   const std::uint64_t C = options_.chunk_tokens, n = k.size();
   const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
   std::vector<keys::Digest> chain;
-  keys::Digest prev{};
+  keys::Digest prev = keys::ChainStart(k.salt);
   for (std::uint64_t pos = 0; n - pos >= C; pos += C) {
     prev = KeyOf(keyer, k, prev, pos, C);
     chain.push_back(prev);
@@ -318,7 +318,7 @@ Result<std::vector<KvStore::PlannedChunk>> KvStore::PlanStore(const ModelKv& mod
   const auto per_token = static_cast<std::uint64_t>(model.bytes_per_token());
   const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
   std::vector<PlannedChunk> plan;
-  keys::Digest prev{};
+  keys::Digest prev = keys::ChainStart(k.salt);
   std::uint64_t pos = 0;
   // This call's chunks are the most recently used: once they add up to more
   // than all tiers hold, the next put would push out this call's own first
@@ -488,7 +488,7 @@ std::vector<KvStore::KeyedRange> KvStore::ChainKeys(
   std::vector<KeyedRange> out;
   const std::uint64_t C = options_.chunk_tokens, n = k.size();
   const keys::ChunkKeyer keyer(options_.hash_seed, ns, model.fingerprint);
-  keys::Digest prev{};
+  keys::Digest prev = keys::ChainStart(k.salt);
   std::uint64_t pos = 0;
   // The pieces at `pos`, as Walk finds them (accepted when held); false
   // when none is.

@@ -71,6 +71,9 @@ struct TokenKeys {
   std::span<const std::uint8_t> hashes;
   std::uint32_t hash_bytes = 0;
   std::uint32_t block_tokens = 0;
+  // The request's salt (kdn_request.salt; empty: none): it starts the chain
+  // (keys::ChainStart), so it enters every chunk key.
+  std::span<const std::uint8_t> salt = {};
   bool by_hash() const { return hash_bytes != 0; }
   std::uint64_t size() const {
     return by_hash() ? hashes.size() / hash_bytes * std::uint64_t{block_tokens} : tokens.size();

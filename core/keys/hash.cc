@@ -174,6 +174,13 @@ Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, co
   return h.Finish();
 }
 
+Digest ChainStart(std::span<const std::uint8_t> salt) {
+  if (salt.empty()) return Digest{};
+  Hasher h;
+  h.Str("kdn-salt-v1").Str(std::string_view(reinterpret_cast<const char*>(salt.data()), salt.size()));
+  return h.Finish();
+}
+
 Digest ChunkKeyFromBlocks(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
                           std::span<const std::uint8_t> block_hashes, std::uint32_t hash_bytes) {
   Hasher h;

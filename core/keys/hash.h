@@ -80,6 +80,13 @@ Digest ModelFingerprint(const ModelIdentity& m);
 Digest ChunkKey(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,
                 std::span<const std::int32_t> tokens);
 
+// The chain's key_{-1}: 32 zero bytes for a request without a salt (the
+// keys are those of every earlier version), else H("kdn-salt-v1", salt),
+// the salt as a string (u64 length + bytes). Each key hashes the one before
+// it, so the salt enters every chunk key of the request (vLLM's
+// `cache_salt`: salted requests hit only KV stored with the same salt).
+Digest ChainStart(std::span<const std::uint8_t> salt);
+
 // The same chain over an engine's own block hashes (a chunk is N engine
 // blocks): H("kdn-chunk-blocks-v1", seed, ns, model, key_{i-1}, hash_bytes, hashes).
 Digest ChunkKeyFromBlocks(std::uint64_t seed, std::string_view ns, const Digest& model, const Digest& prev,

@@ -730,6 +730,83 @@ static void test_tenants(void) {
   kdn_runtime_destroy(rt);
 }
 
+/* A request's salt (since 1.13; vLLM's cache_salt) enters every chunk key:
+ * salted KV answers only requests with the same salt, never an unsalted
+ * request, and unsalted KV never a salted one, in lookups, retrieves and
+ * load ops. A caller built against an older kdn.h (a struct that ends
+ * before the salt) is unsalted whatever its memory holds after it. */
+static kdn_request salted(const int32_t *tokens, size_t n, const char *salt) {
+  kdn_request r = req_of(tokens, n);
+  r.salt = (const uint8_t *)salt;
+  r.salt_len = strlen(salt);
+  return r;
+}
+
+static uint64_t lookup_request(const kdn_model *m, const kdn_request *req) {
+  kdn_lookup_result result = KDN_LOOKUP_RESULT_INIT;
+  CHECK_OK(kdn_kv_lookup(m, "t", 1, req, 1, &result));
+  CHECK_EQ(result.status, KDN_OK);
+  return result.cached_tokens;
+}
+
+static void test_salts(void) {
+  kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
+  kdn_model *m = new_model(rt, FINGERPRINT);
+  test_buf kv = buf_new(LAYOUT_CANONICAL, POSITIONS);
+  test_buf out = buf_new(LAYOUT_CANONICAL, POSITIONS), other = buf_new(LAYOUT_CANONICAL, POSITIONS);
+  test_buf loaded = buf_new(LAYOUT_CANONICAL, POSITIONS);
+  const kdn_request plain = req_of(kTokens, POSITIONS);
+  const kdn_request a = salted(kTokens, POSITIONS, "user-a"), b = salted(kTokens, POSITIONS, "user-b");
+  const kdn_request prefix_a = salted(kTokens, 30, "user-a");
+  kdn_kv_result r = KDN_KV_RESULT_INIT;
+  kdn_request old = b, bad = a;
+  kdn_op *op = NULL;
+  write_ref(kv.data, &kv.st, POSITIONS);
+
+  group_begin("salted requests hit only KV stored with their salt");
+  CHECK_OK(kdn_kv_store(m, "t", 1, &a, &kv.view, 1, &r));
+  CHECK_EQ(r.tokens, POSITIONS);
+  CHECK_EQ(lookup_request(m, &a), POSITIONS);
+  CHECK_EQ(lookup_request(m, &prefix_a), CHUNK); /* a salted prefix: its whole chunk */
+  CHECK_EQ(lookup_request(m, &plain), 0);
+  CHECK_EQ(lookup_request(m, &b), 0);
+  CHECK_OK(kdn_kv_retrieve(m, "t", 1, &a, &out.view, 1, &r));
+  CHECK_EQ(r.tokens, POSITIONS);
+  CHECK(buf_holds_ref(&out, POSITIONS));
+  CHECK_OK(kdn_kv_retrieve(m, "t", 1, &b, &other.view, 1, &r));
+  CHECK_EQ(r.tokens, 0);
+  CHECK(buf_holds_ref(&other, 0)); /* nothing written */
+  CHECK_OK(kdn_kv_load_async(m, "t", 1, &a, &loaded.view, 1, &op));
+  CHECK_OK(kdn_op_wait(op, -1));
+  CHECK_OK(kdn_op_get_result(op, &r));
+  CHECK_EQ(r.tokens, POSITIONS);
+  CHECK(buf_holds_ref(&loaded, POSITIONS));
+  kdn_op_destroy(op);
+  /* Unsalted KV answers unsalted requests only. */
+  CHECK_EQ(store(m, "t", kTokens, POSITIONS, &kv), POSITIONS);
+  CHECK_EQ(lookup_request(m, &plain), POSITIONS);
+  CHECK_EQ(lookup_request(m, &b), 0);
+  /* A 1.12 caller's request ends before the salt: unsalted. */
+  old.struct_size = (uint32_t)offsetof(kdn_request, salt);
+  CHECK_EQ(lookup_request(m, &old), POSITIONS);
+  group_end();
+
+  group_begin("bad salts");
+  bad.salt = NULL;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "salt", kdn_kv_store(m, "t", 1, &bad, &kv.view, 1, NULL));
+  bad = a;
+  bad.salt_len = 4097;
+  CHECK_ERROR_NAMING(KDN_ERR_INVALID_ARGUMENT, "salt_len", kdn_kv_retrieve(m, "t", 1, &bad, &out.view, 1, &r));
+  group_end();
+
+  buf_free(&kv);
+  buf_free(&out);
+  buf_free(&other);
+  buf_free(&loaded);
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+}
+
 static void test_fingerprints(void) {
   kdn_runtime *rt = new_runtime(CHUNK, (uint64_t)1 << 30);
   kdn_model *m = new_model(rt, FINGERPRINT);
@@ -1458,6 +1535,7 @@ static const test_case kCases[] = {
   CASE(prefill_reports),
   CASE(prefill_models_bounded),
   CASE(tenants),
+  CASE(salts),
   CASE(fingerprints),
   CASE(capacity_too_small),
   CASE(capacity_evicts),

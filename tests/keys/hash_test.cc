@@ -14,6 +14,8 @@
 namespace kdn::keys {
 namespace {
 
+using namespace std::string_literals;
+
 ModelIdentity Ref() {
   ModelIdentity m;
   m.layers = 5;
@@ -42,6 +44,29 @@ TEST(Hash, ChunkKeysAreStable) {
   const std::vector<std::int32_t> tokens = {1, 403, 407, 261};
   const Digest k0 = ChunkKey(0, "tenant", model, Digest{}, tokens);
   EXPECT_EQ(ToHex(k0), "124be26d553108cfa3ec47ea99462c3d851354a245e3e8f7d337805f6ce6d746");
+}
+
+// A salted request's chain (kdn_request.salt, vLLM's cache_salt) starts at
+// H("kdn-salt-v1", salt) instead of 32 zero bytes, so the salt is in every
+// key; an empty salt is no salt (the keys above). Pinned, and computed
+// independently with Python's hashlib from docs/storage.md's encoding.
+TEST(Hash, ASaltStartsTheChainAndEntersEveryKey) {
+  const Digest model = ModelFingerprint(Ref());
+  EXPECT_EQ(ChainStart({}), Digest{});
+  const std::string salt = "user-1";
+  const Digest start = ChainStart(std::span(reinterpret_cast<const std::uint8_t*>(salt.data()), salt.size()));
+  EXPECT_EQ(ToHex(start), "1a7c3a48aa06f2fcb22ba24d0a51e99151f3ebf8e1acb7f772360383cb3d6b43");
+  const Digest k0 = ChunkKey(0, "tenant", model, start, std::vector<std::int32_t>{1, 403, 407, 261});
+  EXPECT_EQ(ToHex(k0), "f9d43a0c196fd846e59f78bd052442fb3dc1a9395d1194939ac82982155b8699");
+  EXPECT_EQ(ToHex(ChunkKey(0, "tenant", model, k0, std::vector<std::int32_t>{5, 6, 7})),
+            "d85b762ea026509d84e7c2dcb2190e95fc2fcbc928a5263756051ad424f8e40b");
+  // Every byte of the salt counts, and its length.
+  std::set<Digest> starts;
+  for (const std::string& s : {"user-1"s, "user-2"s, "user-1\0"s, "user-"s, "x"s}) {
+    starts.insert(ChainStart(std::span(reinterpret_cast<const std::uint8_t*>(s.data()), s.size())));
+  }
+  EXPECT_EQ(starts.size(), 5u);
+  EXPECT_FALSE(starts.count(Digest{}));
 }
 
 // Keys come from clients (a kdnd tenant names keys of its choosing), so the

@@ -81,23 +81,35 @@ class Request:
     (Tier levels) pick each chunk's level by it, and leave the chunks no
     level delivers in time to recompute. Other calls ignore it; over an hour
     is refused (InvalidArgumentError: a unit mistake).
+
+    salt (since 1.13): bytes-like, or str (encoded UTF-8); None or empty:
+    none. It enters every chunk key of the request, as vLLM's `cache_salt`
+    does: a salted request hits only KV stored with the same salt, and
+    unsalted KV never answers it (nor it an unsalted one), so one user's
+    cached prefix gives another no hit and no timing signal. Lookups,
+    stores, retrieves, load_async and save_async take it; the knowledge
+    calls and blending ignore it. kdn refuses one over 4096 bytes at the
+    call (InvalidArgumentError; in lookup_batch, that request's status).
     """
 
-    __slots__ = ("_r",)
+    __slots__ = ("_r", "_salt")
 
-    def __init__(self, tokens=None, *, ttft_target_us=0):
+    def __init__(self, tokens=None, *, ttft_target_us=0, salt=None):
         self._r = _s.Request()
+        self._salt = None
         if tokens is not None:
             self._r.set_tokens(tokens)
         if ttft_target_us:
             _set_target(self._r, ttft_target_us)
+        if salt is not None:
+            self._salt = _set_salt(self._r, salt)
 
     @classmethod
-    def from_block_hashes(cls, hashes, hash_bytes, block_tokens, *, ttft_target_us=0):
+    def from_block_hashes(cls, hashes, hash_bytes, block_tokens, *, ttft_target_us=0, salt=None):
         """A request by the engine's block hashes: `hashes` is bytes-like,
         num_blocks * hash_bytes long; each block covers block_tokens tokens
         (the runtime's chunk_tokens must be a multiple of it)."""
-        r = cls(ttft_target_us=ttft_target_us)
+        r = cls(ttft_target_us=ttft_target_us, salt=salt)
         r._r.set_block_hashes(hashes, hash_bytes, block_tokens)
         return r
 
@@ -109,12 +121,18 @@ class Request:
     def ttft_target_us(self):
         return self._r.ttft_target_us()
 
+    @property
+    def salt(self):
+        """The salt as bytes, or None (since 1.13)."""
+        return self._salt
+
     def __len__(self):
         """Token ids, or block hashes."""
         return self._r.size()
 
-    def __repr__(self):
-        return f"kdn.Request({len(self)} {'block hashes' if self.uses_hashes else 'tokens'})"
+    def __repr__(self):  # never the salt itself: it may be a secret
+        salted = ", salted" if self._salt else ""
+        return f"kdn.Request({len(self)} {'block hashes' if self.uses_hashes else 'tokens'}{salted})"
 
 
 def _set_target(r, us):
@@ -124,18 +142,43 @@ def _set_target(r, us):
         raise InvalidArgumentError(f"ttft_target_us={us!r}: {e}") from e
 
 
-def _request(tokens, ttft_target_us=None):
+def _set_salt(r, salt):
+    """Sets a native request's salt: bytes-like, or str (UTF-8). Returns it
+    as bytes, or None for none (None or empty)."""
+    if isinstance(salt, str):
+        try:
+            salt = salt.encode("utf-8")
+        except UnicodeError as e:
+            raise InvalidArgumentError(f"salt: {e}") from e
+    elif not isinstance(salt, bytes):
+        try:  # any bytes-like object, copied (an int is no salt: bytes(5) would be zeros)
+            salt = memoryview(salt).tobytes()
+        except TypeError as e:
+            raise InvalidArgumentError(f"salt must be bytes-like or str, not {type(salt).__name__}") from e
+    r.set_salt(salt)
+    return salt or None
+
+
+def _request(tokens, ttft_target_us=None, salt=None):
+    """The native request of a call: a Request's own (None: its own target
+    and salt), or one made from token ids."""
     if type(tokens) is Request:
-        if ttft_target_us is None:
+        if ttft_target_us is None and salt is None:
             return tokens._r
+        r = tokens._r
         try:  # a copy: a Request is immutable (other threads may be reading it)
-            return tokens._r.with_ttft_target_us(ttft_target_us)
+            r = r.with_ttft_target_us(r.ttft_target_us() if ttft_target_us is None else ttft_target_us)
         except (TypeError, OverflowError, ValueError) as e:
             raise InvalidArgumentError(f"ttft_target_us={ttft_target_us!r}: {e}") from e
+        if salt is not None:
+            _set_salt(r, salt)
+        return r
     r = _s.Request()
     r.set_tokens(tokens)
     if ttft_target_us is not None:
         _set_target(r, ttft_target_us)
+    if salt is not None:
+        _set_salt(r, salt)
     return r
 
 
@@ -674,6 +717,9 @@ class Model(_Handle):
     float16 or uint16 for F16; uint16 for BF16); bytes fit any.
     `tokens` is a Request, a sequence of ints or an int32 buffer.
     `ns` is the tenant namespace, str or bytes.
+    `salt` (since 1.13; lookup, store, retrieve, load_async, save_async):
+    the request's salt, bytes-like or str (see Request); None: the
+    Request's own (plain tokens: none), b"": none.
 
     GPU arrays (since 1.5): store, retrieve, load_async, save_async and
     blend also take objects with __cuda_array_interface__ (torch and CuPy
@@ -798,18 +844,20 @@ class Model(_Handle):
 
     # ---- Lookup, store, retrieve ----
 
-    def lookup(self, ns, tokens):
+    def lookup(self, ns, tokens, *, salt=None):
         """How many leading tokens are cached (a LookupResult), without side
         effects. A miss is cached_tokens 0, not an error; a bad request
         raises (in lookup_batch it fails alone, in its result's status)."""
-        t = self._h.lookup(ns, tokens._r if type(tokens) is Request else _request(tokens))
+        req = tokens._r if type(tokens) is Request and salt is None else _request(tokens, None, salt)
+        t = self._h.lookup(ns, req)
         if t[0]:  # the one request's own status (kdn_kv_lookup is batched)
             raise _from_native(t[0], f"lookup: the request failed ({_s.status_string(t[0])})", False, 0)
         return _tuple_new(LookupResult, (_OK, t[1], t[2]))  # LookupResult(...) without its Python-level __new__
 
     def lookup_batch(self, ns, requests):
         """Lookups of many requests in one call: a list of LookupResult. A
-        bad request fails alone, in its result's status (no exception)."""
+        bad request fails alone, in its result's status (no exception).
+        Each Request carries its own salt."""
         batch = _s.LookupBatch()
         for r in requests:
             batch.add(_request(r))
@@ -820,7 +868,7 @@ class Model(_Handle):
             out.append(LookupResult(Status(t[0]), t[1], t[2]))
         return out
 
-    def store(self, ns, tokens, kv, view=None, *, stream=None, states=None):
+    def store(self, ns, tokens, kv, view=None, *, salt=None, stream=None, states=None):
         """Stores the tokens' KV from `kv` (read only: bytes are fine).
         Chunks already cached are skipped; when not all fit, the longest
         prefix that fits is kept. Returns a KvResult (tokens: the leading
@@ -832,16 +880,17 @@ class Model(_Handle):
         for a lookup only where a snapshot is: store at each chunk boundary
         of a prefill to make each one a possible hit. None: the KV alone,
         which no lookup counts for such a model."""
+        req = _request(tokens, None, salt)
         mem = self._memory(kv, False, tokens, view, stream)
         if states is not None:
             return self._with_states(mem, states, False, self._h.store_states, self._h.store_memory_states,
-                                     (ns, _request(tokens), _view(view)))
+                                     (ns, req, _view(view)))
         if type(mem) is memoryview:
-            return KvResult._native(self._h.store(ns, _request(tokens), _view(view), mem))
+            return KvResult._native(self._h.store(ns, req, _view(view), mem))
         with mem:
-            return KvResult._native(self._h.store_memory(ns, _request(tokens), _view(view), mem.native))
+            return KvResult._native(self._h.store_memory(ns, req, _view(view), mem.native))
 
-    def retrieve(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None, states=None):
+    def retrieve(self, ns, tokens, kv, view=None, *, ttft_target_us=None, salt=None, stream=None, states=None):
         """Writes the KV of the longest cached prefix into `kv`. Returns a
         KvResult: tokens = its length, 0 on a miss (not an error).
         ttft_target_us: see Request (None: the Request's own, else 0).
@@ -851,50 +900,50 @@ class Model(_Handle):
         recurrent layer (see the class), into which the state at the
         returned prefix is written (nothing on a miss). A prefix counts only
         where the state at its end was stored."""
+        req = _request(tokens, ttft_target_us, salt)
         mem = self._memory(kv, True, tokens, view, stream)
         if states is not None:
             return self._with_states(mem, states, True, self._h.retrieve_states, self._h.retrieve_memory_states,
-                                     (ns, _request(tokens, ttft_target_us), _view(view)))
+                                     (ns, req, _view(view)))
         if type(mem) is memoryview:
-            return KvResult._native(self._h.retrieve(ns, _request(tokens, ttft_target_us), _view(view), mem))
+            return KvResult._native(self._h.retrieve(ns, req, _view(view), mem))
         with mem:
-            return KvResult._native(self._h.retrieve_memory(ns, _request(tokens, ttft_target_us), _view(view),
-                                                            mem.native))
+            return KvResult._native(self._h.retrieve_memory(ns, req, _view(view), mem.native))
 
-    def load_async(self, ns, tokens, kv, view=None, *, ttft_target_us=None, stream=None, states=None):
+    def load_async(self, ns, tokens, kv, view=None, *, ttft_target_us=None, salt=None, stream=None, states=None):
         """Starts loading the cached prefix into `kv` layer by layer in the
         background: an Op, which keeps `kv` exported (it cannot be resized
         or freed; a DLPack tensor: not given back to its producer) until it
         is closed. ttft_target_us: see Request. states (since 1.12): as for
         retrieve, written by the op; kept exported with `kv`."""
+        req = _request(tokens, ttft_target_us, salt)
         mem = self._memory(kv, True, tokens, view, stream)
         if states is not None:
             return self._with_states(mem, states, True, self._h.load_async_states,
-                                     self._h.load_async_memory_states,
-                                     (ns, _request(tokens, ttft_target_us), _view(view)), op=True)
+                                     self._h.load_async_memory_states, (ns, req, _view(view)), op=True)
         if type(mem) is memoryview:
-            return Op(self, self._h.load_async(ns, _request(tokens, ttft_target_us), _view(view), mem), mem)
+            return Op(self, self._h.load_async(ns, req, _view(view), mem), mem)
         try:
-            return Op(self, self._h.load_async_memory(ns, _request(tokens, ttft_target_us), _view(view), mem.native),
-                      mem)
+            return Op(self, self._h.load_async_memory(ns, req, _view(view), mem.native), mem)
         except BaseException:
             mem.release()
             raise
 
-    def save_async(self, ns, tokens, kv, view=None, *, stream=None, states=None):
+    def save_async(self, ns, tokens, kv, view=None, *, salt=None, stream=None, states=None):
         """Starts a save from `kv`: call op.layer_ready(layer) once per model
         layer as it becomes final, then op.wait(). `kv` stays exported until
         the Op is closed. states (since 1.12): as for store, read when every
         layer is ready (they must hold the state after the request's last
         token by then); kept exported with `kv`."""
+        req = _request(tokens, None, salt)
         mem = self._memory(kv, False, tokens, view, stream)
         if states is not None:
             return self._with_states(mem, states, False, self._h.save_async_states,
-                                     self._h.save_async_memory_states, (ns, _request(tokens), _view(view)), op=True)
+                                     self._h.save_async_memory_states, (ns, req, _view(view)), op=True)
         if type(mem) is memoryview:
-            return Op(self, self._h.save_async(ns, _request(tokens), _view(view), mem), mem)
+            return Op(self, self._h.save_async(ns, req, _view(view), mem), mem)
         try:
-            return Op(self, self._h.save_async_memory(ns, _request(tokens), _view(view), mem.native), mem)
+            return Op(self, self._h.save_async_memory(ns, req, _view(view), mem.native), mem)
         except BaseException:
             mem.release()
             raise

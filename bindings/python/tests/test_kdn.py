@@ -298,9 +298,11 @@ class KvTest(unittest.TestCase):
         # nothing may change its tokens under them. It has no mutator, and
         # the ids it was made from are copied in.
         public = sorted(name for name in dir(kdn.Request) if not name.startswith("_"))
-        self.assertEqual(public, ["from_block_hashes", "ttft_target_us", "uses_hashes"])
+        self.assertEqual(public, ["from_block_hashes", "salt", "ttft_target_us", "uses_hashes"])
         with self.assertRaises(AttributeError):
             kdn.Request(tokens(4)).ttft_target_us = 5  # a read-only property
+        with self.assertRaises(AttributeError):
+            kdn.Request(tokens(4)).salt = b"other"
         ids = tokens(2 * CHUNK)
         req = kdn.Request(ids)
         ids[:] = 7  # the caller reuses its array
@@ -393,6 +395,124 @@ class KvTest(unittest.TestCase):
             out = np.zeros_like(kv)
             self.assertEqual(m.retrieve(NS, tokens(CHUNK), out).tokens, CHUNK)
             np.testing.assert_array_equal(out, kv)
+
+
+class SaltTest(unittest.TestCase):
+    """C ABI 1.13: a salt enters every chunk key of a request (vLLM's
+    cache_salt): only the same salt finds salted KV, and unsalted KV never
+    answers a salted request."""
+
+    def setUp(self):
+        self.rt = runtime()
+        self.m = model(self.rt)
+        self.addCleanup(self.rt.close)
+        self.addCleanup(self.m.close)
+
+    def test_request_salt(self):
+        self.assertIsNone(kdn.Request(tokens(4)).salt)
+        self.assertIsNone(kdn.Request(tokens(4), salt=b"").salt)  # empty: none
+        self.assertEqual(kdn.Request(tokens(4), salt="usér").salt, "usér".encode("utf-8"))
+        for salt in (bytearray(b"ab"), memoryview(b"ab"), np.frombuffer(b"ab", np.uint8)):
+            self.assertEqual(kdn.Request(tokens(4), salt=salt).salt, b"ab")  # any bytes-like, copied
+        self.assertNotIn("secret", repr(kdn.Request(tokens(4), salt="secret")))
+        self.assertIn("salted", repr(kdn.Request(tokens(4), salt="secret")))
+        for bad in (5, ["a"], "\ud800"):  # not bytes-like; a str that is not UTF-8
+            with self.assertRaises(kdn.InvalidArgumentError):
+                kdn.Request(tokens(4), salt=bad)
+        with self.assertRaises(kdn.InvalidArgumentError):
+            self.m.lookup(NS, tokens(4), salt=5)
+
+    def test_salted_store_is_found_by_its_salt_only(self):
+        n = 2 * CHUNK
+        kv = canonical_kv(n)
+        alice = kdn.Request(tokens(n), salt=b"alice")
+        self.assertEqual(self.m.store(NS, alice, kv).tokens, n)
+        self.assertEqual(self.m.lookup(NS, tokens(n)).cached_tokens, 0)  # unsalted: no hit
+        self.assertEqual(self.m.lookup(NS, alice).cached_tokens, n)
+        self.assertEqual(self.m.lookup(NS, tokens(n), salt="alice").cached_tokens, n)  # str: its UTF-8 bytes
+        self.assertEqual(self.m.lookup(NS, tokens(n), salt=b"bob").cached_tokens, 0)
+        self.assertEqual(self.m.lookup(NS, alice, salt=b"bob").cached_tokens, 0)  # the call's salt wins
+        self.assertEqual(self.m.lookup(NS, alice, salt=b"").cached_tokens, 0)  # b"": none
+        self.assertEqual(alice.salt, b"alice")  # the Request itself is unchanged
+        got = self.m.lookup_batch(NS, [alice, tokens(n), kdn.Request(tokens(n), salt=b"bob"),
+                                       kdn.Request.from_block_hashes(bytes(64), 16, 4, salt=b"alice")])
+        self.assertEqual([r.cached_tokens for r in got], [n, 0, 0, 0])
+
+        out = np.zeros_like(kv)
+        got = self.m.retrieve(NS, tokens(n), out, salt=b"alice")
+        self.assertEqual((got.tokens, got.covered), (n, n))
+        self.assertEqual(out.tobytes(), kv.tobytes())  # bit for bit
+        out[:] = 0
+        self.assertEqual(self.m.retrieve(NS, alice, out, ttft_target_us=10**6).tokens, n)  # the copy keeps the salt
+        self.assertEqual(out.tobytes(), kv.tobytes())
+        out[:] = 0
+        self.assertEqual(self.m.retrieve(NS, tokens(n), out, salt=b"bob").tokens, 0)
+        self.assertEqual(self.m.retrieve(NS, tokens(n), out).tokens, 0)
+        self.assertFalse(out.any())
+
+    def test_unsalted_kv_does_not_answer_a_salted_request(self):
+        self.m.store(NS, tokens(CHUNK), canonical_kv(CHUNK))
+        self.assertEqual(self.m.lookup(NS, tokens(CHUNK)).cached_tokens, CHUNK)
+        self.assertEqual(self.m.lookup(NS, tokens(CHUNK), salt=b"alice").cached_tokens, 0)
+        out = bytearray(CHUNK * self.m.kv_bytes_per_token)
+        self.assertEqual(self.m.retrieve(NS, kdn.Request(tokens(CHUNK), salt=b"alice"), out).tokens, 0)
+
+    def test_block_hashes_with_a_salt(self):
+        hashes = bytes(range(64))  # 4 blocks of 16-byte hashes, 4 tokens each: one chunk
+        kv = canonical_kv(CHUNK)
+        self.assertEqual(self.m.store(NS, kdn.Request.from_block_hashes(hashes, 16, 4, salt="s"), kv).tokens, CHUNK)
+        self.assertEqual(self.m.lookup(NS, kdn.Request.from_block_hashes(hashes, 16, 4)).cached_tokens, 0)
+        out = np.zeros_like(kv)
+        self.assertEqual(self.m.retrieve(NS, kdn.Request.from_block_hashes(hashes, 16, 4), out, salt=b"s").tokens,
+                         CHUNK)
+        np.testing.assert_array_equal(out, kv)
+
+    def test_async_save_and_load_with_a_salt(self):
+        n = 2 * CHUNK
+        kv = canonical_kv(n)
+        salt = bytearray(b"tenant-7")
+        with self.m.save_async(NS, tokens(n), kv, salt=salt) as op:
+            salt[:] = b"changed!"  # copied in: the op does not read the caller's object
+            for layer in range(LAYERS):
+                op.layer_ready(layer)
+            self.assertTrue(op.wait(timeout=10))
+            self.assertEqual(op.result().tokens, n)
+        self.assertEqual(self.m.lookup(NS, tokens(n)).cached_tokens, 0)
+        self.assertEqual(self.m.lookup(NS, tokens(n), salt=b"tenant-7").cached_tokens, n)
+        out = bytearray(kv.nbytes)
+        req = kdn.Request(tokens(n), salt=b"tenant-7")
+        with self.m.load_async(NS, req, out) as op:
+            del req  # the op copied the request, salt included
+            for layer in range(LAYERS):
+                self.assertTrue(op.wait_layer(layer, timeout=10))
+            self.assertTrue(op.wait())
+            self.assertEqual(op.result().tokens, n)
+        self.assertEqual(bytes(out), kv.tobytes())
+        with self.m.load_async(NS, tokens(n), bytearray(kv.nbytes), salt=b"tenant-8") as op:
+            self.assertTrue(op.wait(10))
+            self.assertEqual(op.result().tokens, 0)
+
+    def test_salt_over_4096_bytes_is_refused(self):
+        kv = canonical_kv(CHUNK)
+        out = bytearray(kv.nbytes)
+        longest = bytes(4096)
+        self.assertEqual(self.m.store(NS, tokens(CHUNK), kv, salt=longest).tokens, CHUNK)
+        self.assertEqual(self.m.lookup(NS, tokens(CHUNK), salt=longest).cached_tokens, CHUNK)
+        too_long = bytes(4097)
+        for call in (lambda: self.m.lookup(NS, tokens(CHUNK), salt=too_long),
+                     lambda: self.m.lookup(NS, kdn.Request(tokens(CHUNK), salt=too_long))):
+            with self.assertRaises(kdn.InvalidArgumentError):  # the request's status (a lookup is batched)
+                call()
+        for call in (lambda: self.m.store(NS, tokens(CHUNK), kv, salt=too_long),
+                     lambda: self.m.retrieve(NS, tokens(CHUNK), out, salt="x" * 4097),
+                     lambda: self.m.load_async(NS, tokens(CHUNK), out, salt=too_long),
+                     lambda: self.m.save_async(NS, tokens(CHUNK), kv, salt=too_long)):
+            with self.assertRaises(kdn.InvalidArgumentError) as cm:
+                call()
+            self.assertIn("salt", str(cm.exception))
+        out.extend(b"x")  # a refused op left no buffer exported
+        got = self.m.lookup_batch(NS, [kdn.Request(tokens(CHUNK), salt=too_long), kdn.Request(tokens(CHUNK))])
+        self.assertEqual([r.status for r in got], [kdn.Status.INVALID_ARGUMENT, kdn.Status.OK])
 
 
 class RecurrentTest(unittest.TestCase):

@@ -97,7 +97,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 12
+#define KDN_VERSION_MINOR 13
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -481,9 +481,19 @@ typedef struct kdn_request {
    * the model's mean reported prefill time: kdn_model_report_prefill).
    * 0: no target (the finest level). Other calls ignore it. */
   uint64_t ttft_target_us;
+  /* Since 1.13: a salt (salt_len bytes, at most 4096; NULL and 0: none)
+   * that enters every chunk key of the request, as vLLM's `cache_salt`
+   * enters its prefix hashes: a salted request hits only KV stored with the
+   * same salt, and unsalted KV never answers it (nor it an unsalted one), so
+   * one user's cached prefix gives another no hit and no timing signal.
+   * The salt is hashed into the keys, never stored. Lookups, stores,
+   * retrieves and ops take it; knowledge items and blending are
+   * per-namespace and ignore it (docs/security.md). */
+  const uint8_t *salt;
+  size_t salt_len;
 } kdn_request;
 #define KDN_REQUEST_SIZE_V1 48u
-#define KDN_REQUEST_INIT { sizeof(kdn_request), 0u, NULL, 0u, NULL, 0u, 0u, 0u, 0u }
+#define KDN_REQUEST_INIT { sizeof(kdn_request), 0u, NULL, 0u, NULL, 0u, 0u, 0u, 0u, NULL, 0u }
 KDN_API kdn_status kdn_request_init(kdn_request *request, size_t struct_size);
 
 /* ---- KV views ------------------------------------------------------------- */

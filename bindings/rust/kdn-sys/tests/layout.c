@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 260;
+const size_t kdn_layout_count = 262;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -77,6 +77,8 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_request", "block_tokens", 0, 0, offsetof(kdn_request, block_tokens)},
   {"kdn_request", "reserved0", 0, 0, offsetof(kdn_request, reserved0)},
   {"kdn_request", "ttft_target_us", 0, 0, offsetof(kdn_request, ttft_target_us)},
+  {"kdn_request", "salt", 0, 0, offsetof(kdn_request, salt)},
+  {"kdn_request", "salt_len", 0, 0, offsetof(kdn_request, salt_len)},
   {"kdn_kv_view", "", sizeof(kdn_kv_view), _Alignof(kdn_kv_view), 0},
   {"kdn_kv_view", "struct_size", 0, 0, offsetof(kdn_kv_view, struct_size)},
   {"kdn_kv_view", "memory", 0, 0, offsetof(kdn_kv_view, memory)},

@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 260];
+    static kdn_layout_rows: [Row; 262];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -93,6 +93,8 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_request", "block_tokens", 0, 0, offset_of!(kdn_request, block_tokens)),
         ("kdn_request", "reserved0", 0, 0, offset_of!(kdn_request, reserved0)),
         ("kdn_request", "ttft_target_us", 0, 0, offset_of!(kdn_request, ttft_target_us)),
+        ("kdn_request", "salt", 0, 0, offset_of!(kdn_request, salt)),
+        ("kdn_request", "salt_len", 0, 0, offset_of!(kdn_request, salt_len)),
         ("kdn_kv_view", "", size_of::<kdn_kv_view>(), align_of::<kdn_kv_view>(), 0),
         ("kdn_kv_view", "struct_size", 0, 0, offset_of!(kdn_kv_view, struct_size)),
         ("kdn_kv_view", "memory", 0, 0, offset_of!(kdn_kv_view, memory)),

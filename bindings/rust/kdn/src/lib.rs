@@ -39,6 +39,13 @@
 //! ([`Model::load_async`]); engines that manage their own KV memory use the
 //! `unsafe` [`Model::load_async_unchecked`] and [`Model::save_async_unchecked`].
 //!
+//! ## Salts
+//! A request may carry a salt ([`Request::with_salt`], since 1.13), as
+//! vLLM's `cache_salt`: it enters every chunk key, so a salted request hits
+//! only KV stored with the same salt, and unsalted KV never answers it (nor
+//! salted KV an unsalted one). Lookups, stores, retrieves and the async
+//! loads and saves take it; knowledge items and blending have none.
+//!
 //! ## Recurrent layers
 //! A model with recurrent layers ([`ModelSpec::num_state_layers`], since
 //! 1.12) has a state per recurrent layer: its views carry it
@@ -73,7 +80,7 @@ mod view;
 pub use blend::{BlendLayer, BlendOptions, BlendReport, Segment};
 pub use error::{Error, Family, Result, Status};
 pub use knowledge::{DocumentInfo, Knowledge};
-pub use model::{KvResult, LoadRequest, Lookup, Model, ModelSpec, Request, TokenId};
+pub use model::{KvResult, LoadRequest, Lookup, Model, ModelSpec, Request, SaltedRequest, TokenId};
 pub use op::Op;
 pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
 pub use types::{

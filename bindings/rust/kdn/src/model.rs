@@ -158,7 +158,8 @@ mod private {
 }
 
 /// The tokens a KV call is about: their ids from the start of the context,
-/// or the engine's own chained block hashes. Made from token slices with
+/// or the engine's own chained block hashes, and (since 1.13) an optional
+/// salt ([`Request::with_salt`]). Made from token slices with
 /// `into()`, so `&[i32]`, `&[u32]`, `&Vec<_>` and `&[_; N]` of either can be
 /// passed directly (see [`TokenId`]).
 ///
@@ -190,6 +191,53 @@ pub enum Request<'a> {
         /// Tokens per engine block.
         block_tokens: u32,
     },
+    /// One of the requests above with a salt (since 1.13), made by
+    /// [`Request::with_salt`]: its keys are not the unsalted request's.
+    Salted(SaltedRequest<'a>),
+}
+
+/// A [`Request`] with a salt (`kdn_request.salt`, since 1.13), held by
+/// [`Request::Salted`] and made by [`Request::with_salt`]. It borrows the
+/// salt as it borrows the tokens. Its `Debug` shows the salt's length only
+/// (a salt is often a per-user secret, and logs are not).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SaltedRequest<'a> {
+    request: Unsalted<'a>,
+    /// Never empty (an empty salt is no salt).
+    salt: &'a [u8],
+}
+
+impl<'a> SaltedRequest<'a> {
+    /// The request without its salt.
+    pub fn request(&self) -> Request<'a> {
+        match self.request {
+            Unsalted::Tokens(t) => Request::Tokens(t),
+            Unsalted::TokensU32(t) => Request::TokensU32(t),
+            Unsalted::BlockHashes { hashes, hash_bytes, block_tokens } => {
+                Request::BlockHashes { hashes, hash_bytes, block_tokens }
+            }
+        }
+    }
+
+    /// The salt (1 byte or more).
+    pub fn salt(&self) -> &'a [u8] {
+        self.salt
+    }
+}
+
+impl std::fmt::Debug for SaltedRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaltedRequest").field("request", &self.request()).field("salt_len", &self.salt.len()).finish()
+    }
+}
+
+/// The requests a salt goes with: [`Request`] but [`Request::Salted`]
+/// (which a [`SaltedRequest`] cannot hold: it would hold itself).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unsalted<'a> {
+    Tokens(&'a [i32]),
+    TokensU32(&'a [u32]),
+    BlockHashes { hashes: &'a [u8], hash_bytes: u32, block_tokens: u32 },
 }
 
 impl<'a, T: TokenId> From<&'a [T]> for Request<'a> {
@@ -214,6 +262,12 @@ impl Request<'_> {
     pub(crate) fn raw(&self) -> Result<sys::kdn_request> {
         let mut r: sys::kdn_request = init(sys::kdn_request_init);
         match *self {
+            Request::Salted(s) => {
+                r = s.request().raw()?;
+                // Never empty, so never a dangling pointer with length 0. The
+                // library checks the length (at most 4096: InvalidArgument).
+                (r.salt, r.salt_len) = (s.salt.as_ptr(), s.salt.len());
+            }
             Request::Tokens(t) => {
                 r.tokens = t.as_ptr();
                 r.num_tokens = t.len();
@@ -260,10 +314,65 @@ impl<'a> Request<'a> {
     pub fn with_ttft_target(self, ttft_target: Duration) -> LoadRequest<'a> {
         LoadRequest { request: self, ttft_target }
     }
+
+    /// This request with a salt (`kdn_request.salt`, since 1.13): `salt`
+    /// enters every chunk key of the request, as vLLM's `cache_salt` enters
+    /// its prefix hashes. A salted request hits only KV stored with the same
+    /// salt; KV stored without one never answers it, nor does salted KV
+    /// answer an unsalted request, so one user's cached prefix gives another
+    /// no hit and no timing signal. Lookups, stores, retrieves and the async
+    /// loads and saves take it; knowledge items and blending have none (they
+    /// are per namespace). kdn hashes the salt into the keys and never
+    /// stores it; it is borrowed for the call (an async op does not keep
+    /// it: kdn copies the request when the op starts).
+    ///
+    /// A salt replaces the request's salt, if it had one; an empty salt is
+    /// no salt (the request unsalted). Over 4096 bytes is `InvalidArgument`
+    /// (from the library, at the call; a libkdn older than 1.13 refuses
+    /// any salted request with `Version`).
+    ///
+    /// ```
+    /// # use kdn::{DType, KvView, KvViewMut, ModelSpec, Request, Runtime, RuntimeOptions};
+    /// # let rt = Runtime::new(&RuntimeOptions::default().with_chunk_tokens(2))?;
+    /// # let model = rt.model(&ModelSpec::new(1, 1, 2, DType::F32, "m"))?;
+    /// let tokens = [5, 6, 7, 8];
+    /// let alice = Request::from(&tokens).with_salt(b"user:alice");
+    /// model.store("ns", alice, &KvView::canonical(&[1.0f32; 16], DType::F32))?;
+    /// assert_eq!(model.lookup("ns", alice)?.cached_tokens, 4);
+    /// assert_eq!(model.lookup("ns", &tokens)?.cached_tokens, 0); // unsalted: no hit
+    /// assert_eq!(model.lookup("ns", Request::from(&tokens).with_salt(b"user:bob"))?.cached_tokens, 0);
+    /// let mut out = vec![0f32; 16];
+    /// assert_eq!(model.retrieve("ns", alice, &mut KvViewMut::canonical(&mut out, DType::F32))?.tokens, 4);
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn with_salt(self, salt: &'a [u8]) -> Request<'a> {
+        let request = match self {
+            Request::Tokens(t) => Unsalted::Tokens(t),
+            Request::TokensU32(t) => Unsalted::TokensU32(t),
+            Request::BlockHashes { hashes, hash_bytes, block_tokens } => {
+                Unsalted::BlockHashes { hashes, hash_bytes, block_tokens }
+            }
+            Request::Salted(s) => s.request,
+        };
+        let salted = SaltedRequest { request, salt };
+        if salt.is_empty() {
+            salted.request()
+        } else {
+            Request::Salted(salted)
+        }
+    }
+
+    /// The request's salt ([`with_salt`](Self::with_salt)); `None` without one.
+    pub fn salt(&self) -> Option<&'a [u8]> {
+        match *self {
+            Request::Salted(s) => Some(s.salt),
+            _ => None,
+        }
+    }
 }
 
 /// The request of a load ([`Model::retrieve`], [`Model::load_async`]): its
-/// tokens and a TTFT target ([`Request::with_ttft_target`]). Anything that
+/// tokens (and salt) and a TTFT target ([`Request::with_ttft_target`]). Anything that
 /// makes a [`Request`] makes one, with no target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadRequest<'a> {
@@ -274,7 +383,12 @@ pub struct LoadRequest<'a> {
     pub ttft_target: Duration,
 }
 
-impl LoadRequest<'_> {
+impl<'a> LoadRequest<'a> {
+    /// This load's request with a salt (since 1.13; [`Request::with_salt`]).
+    pub fn with_salt(self, salt: &'a [u8]) -> LoadRequest<'a> {
+        LoadRequest { request: self.request.with_salt(salt), ..self }
+    }
+
     pub(crate) fn raw(&self) -> Result<sys::kdn_request> {
         let mut r = self.request.raw()?;
         r.ttft_target_us = micros_ceil(self.ttft_target);
@@ -645,7 +759,8 @@ impl Model {
     /// Starts loading the cached prefix of the request into `buffer`, laid
     /// out as `spec` says, layer by layer in the background. The op owns the
     /// buffer until it ends and gives it back ([`Op::into_buffer`],
-    /// [`Op::finish`]). A miss is a load of 0 tokens.
+    /// [`Op::finish`]). A miss is a load of 0 tokens. The request (its
+    /// tokens and salt) is borrowed for the call only: kdn copies it.
     ///
     /// ```
     /// # use kdn::{DType, KvView, ModelSpec, Runtime, RuntimeOptions, ViewSpec};

@@ -303,6 +303,42 @@ fn test_bad_u32_token_id() {
 }
 
 #[test]
+fn test_bad_salt_too_long() {
+    // A salt is at most 4096 bytes (since 1.13): a longer one is refused by
+    // every call that takes a request, storing and writing nothing; in a
+    // batch it fails alone.
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let (most, over) = (vec![7u8; 4096], vec![7u8; 4097]);
+    let too_long = Request::from(&tokens).with_salt(&over);
+    assert_status(model.lookup(NS, too_long), Status::InvalidArgument);
+    let e = assert_status(model.store(NS, too_long, &KvView::canonical(&kv, DType::F32)), Status::InvalidArgument);
+    assert!(e.is_caller_error() && e.message().contains("salt"), "{e}");
+    let mut out = vec![0f32; kv.len()];
+    assert_status(
+        model.retrieve(NS, too_long, &mut KvViewMut::canonical(&mut out, DType::F32)),
+        Status::InvalidArgument,
+    );
+    assert_status(
+        model.load_async(NS, too_long, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32)).map(|_| ()),
+        Status::InvalidArgument,
+    );
+    assert_status(
+        model.save_async(NS, too_long, kv.clone(), &ViewSpec::canonical(DType::F32)).map(|_| ()),
+        Status::InvalidArgument,
+    );
+    // 4096 bytes is fine; the refused store left nothing.
+    let at_most = Request::from(&tokens).with_salt(&most);
+    assert_eq!(model.lookup(NS, at_most).unwrap().cached_tokens, 0);
+    assert_eq!(model.store(NS, at_most, &KvView::canonical(&kv, DType::F32)).unwrap().tokens, 48);
+    let found = model.lookup_batch(NS, &[at_most, too_long, Request::from(&tokens)]).unwrap();
+    assert_eq!(found[0].as_ref().unwrap().cached_tokens, 48);
+    assert_eq!(found[1].as_ref().unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(found[2].as_ref().unwrap().cached_tokens, 0);
+}
+
+#[test]
 fn test_bad_op_wait_after_close() {
     // Waiting on a finished (consumed) op does not compile: the compile_fail
     // doctest of Op. At run time: a cancelled op's waits say Cancelled, a

@@ -428,6 +428,127 @@ fn block_hash_requests() {
     assert_eq!(out, kv);
 }
 
+/// A salt (since 1.13) enters every chunk key: KV stored with one is found
+/// with the same salt only (never unsalted, never with another salt) and
+/// comes back bit for bit; unsalted KV does not answer a salted request.
+#[test]
+fn salted_requests_hit_only_their_salt() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let salt = b"tenant-a/user-1".to_vec();
+    let salted = Request::from(&tokens).with_salt(&salt);
+    assert_eq!((salted.salt(), Request::from(&tokens).salt()), (Some(&salt[..]), None));
+    assert_eq!(model.store(NS, salted, &KvView::canonical(&kv, DType::F32)).unwrap().tokens, 48);
+
+    let other = Request::from(&tokens).with_salt(b"tenant-a/user-2");
+    let shorter = Request::from(&tokens).with_salt(&salt[..salt.len() - 1]);
+    assert_eq!(model.lookup(NS, salted).unwrap().cached_tokens, 48);
+    assert_eq!(model.lookup(NS, Request::from(&tokens[..40]).with_salt(&salt)).unwrap().cached_tokens, 32);
+    assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+    assert_eq!(model.lookup(NS, other).unwrap().cached_tokens, 0);
+    assert_eq!(model.lookup(NS, shorter).unwrap().cached_tokens, 0);
+    let found = model.lookup_batch(NS, &[other, salted, Request::from(&tokens), salted.with_salt(b"")]).unwrap();
+    assert_eq!(found.iter().map(|r| r.as_ref().unwrap().cached_tokens).collect::<Vec<_>>(), [0, 48, 0, 0]);
+
+    // The same salt gets the KV back bit for bit; another salt, or none, 0 tokens and nothing written.
+    let mut out = vec![0f32; kv.len()];
+    let got = model.retrieve(NS, salted, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+    assert_eq!((got.tokens, got.covered, got.lossy()), (48, 48, false));
+    assert_eq!(as_bytes(&out), as_bytes(&kv));
+    for miss in [other, shorter, Request::from(&tokens)] {
+        let mut out = vec![0f32; kv.len()];
+        let got = model.retrieve(NS, miss, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap();
+        assert_eq!((got.tokens, got.covered), (0, 0), "{miss:?}");
+        assert!(out.iter().all(|&x| x == 0.0), "nothing written for {miss:?}");
+    }
+    // With a TTFT target, salted first or last: the same load request.
+    let target = Duration::from_secs(1);
+    let load = Request::from(&tokens).with_ttft_target(target).with_salt(&salt);
+    assert_eq!(load, salted.with_ttft_target(target));
+    let mut out = vec![0f32; kv.len()];
+    assert_eq!(model.retrieve(NS, load, &mut KvViewMut::canonical(&mut out, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(as_bytes(&out), as_bytes(&kv));
+
+    // Unsalted KV does not answer a salted request; the same ids as u32 and
+    // block hashes take a salt too.
+    let plain: Vec<i32> = tokens.iter().map(|t| t + 1).collect();
+    assert_eq!(model.store(NS, &plain, &KvView::canonical(&kv, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(model.lookup(NS, &plain).unwrap().cached_tokens, 48);
+    assert_eq!(model.lookup(NS, Request::from(&plain).with_salt(&salt)).unwrap().cached_tokens, 0);
+    let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+    assert_eq!(model.lookup(NS, Request::from(&ids).with_salt(&salt)).unwrap().cached_tokens, 48);
+    assert_eq!(model.lookup(NS, &ids).unwrap().cached_tokens, 0);
+    let hashes: Vec<u8> = (0..3u64).flat_map(|b| (0x5a17_0000 + b * 7919).to_le_bytes()).collect();
+    let by_hash = Request::BlockHashes { hashes: &hashes, hash_bytes: 8, block_tokens: 16 };
+    assert_eq!(model.store(NS, by_hash.with_salt(&salt), &KvView::canonical(&kv, DType::F32)).unwrap().tokens, 48);
+    assert_eq!(model.lookup(NS, by_hash.with_salt(&salt)).unwrap().cached_tokens, 48);
+    assert_eq!(model.lookup(NS, by_hash).unwrap().cached_tokens, 0);
+
+    // A salt replaces the salt; an empty one is none. Debug shows its length only.
+    assert_eq!(salted.with_salt(b"x").salt(), Some(&b"x"[..]));
+    assert_eq!(salted.with_salt(&[]), Request::from(&tokens));
+    let Request::Salted(s) = salted else { panic!("{salted:?} is salted") };
+    assert_eq!((s.request(), s.salt()), (Request::from(&tokens), &salt[..]));
+    let shown = format!("{salted:?}");
+    assert!(shown.contains("salt_len: 15") && !shown.contains(&format!("{:?}", &salt[..])), "{shown}");
+}
+
+/// Async loads and saves take the salt (since 1.13); the op does not keep
+/// it (kdn copies the request), so its memory may go while the op runs.
+#[test]
+fn salted_async_load_and_save() {
+    let (_rt, model) = setup();
+    let tokens = tokens(TOKENS);
+    let kv = canonical(TOKENS);
+    let salt: Vec<u8> = (0..=255u8).collect(); // any bytes
+    let op = model
+        .save_async(NS, Request::from(&tokens).with_salt(&salt), kv.clone(), &ViewSpec::canonical(DType::F32))
+        .unwrap();
+    for layer in 0..LAYERS as u32 {
+        op.layer_ready(layer).unwrap();
+    }
+    assert_eq!(op.finish().unwrap().0.tokens, 48);
+    assert_eq!(model.lookup(NS, &tokens).unwrap().cached_tokens, 0);
+    assert_eq!(model.lookup(NS, Request::from(&tokens).with_salt(&salt)).unwrap().cached_tokens, 48);
+
+    let mut op_salt = salt.clone();
+    let op = model
+        .load_async(
+            NS,
+            Request::from(&tokens).with_salt(&op_salt),
+            vec![0f32; kv.len()],
+            &ViewSpec::canonical(DType::F32),
+        )
+        .unwrap();
+    op_salt.fill(0);
+    drop(op_salt);
+    for layer in 0..LAYERS as u32 {
+        op.wait_layer(layer, Some(Duration::from_secs(10))).unwrap();
+    }
+    let (result, loaded) = op.finish().unwrap();
+    assert_eq!((result.tokens, result.covered, result.num_failed), (48, 48, 0));
+    assert_eq!(as_bytes(&loaded), as_bytes(&kv));
+
+    // Another salt, or none: a load of 0 tokens.
+    for request in [Request::from(&tokens).with_salt(&salt[1..]), Request::from(&tokens)] {
+        let op = model.load_async(NS, request, vec![0f32; kv.len()], &ViewSpec::canonical(DType::F32)).unwrap();
+        let (result, loaded) = op.finish().unwrap();
+        assert_eq!((result.tokens, loaded.iter().all(|&x| x == 0.0)), (0, true), "{request:?}");
+    }
+
+    // The unsafe op over borrowed memory, with a TTFT target as well.
+    let mut out = vec![0f32; kv.len()];
+    {
+        let view = KvViewMut::canonical(&mut out, DType::F32);
+        let request = Request::from(&tokens).with_salt(&salt).with_ttft_target(Duration::from_secs(1));
+        // SAFETY: `out` is borrowed by `view` and outlives the op, consumed in this block.
+        let op = unsafe { model.load_async_unchecked(NS, request, std::slice::from_ref(&view)) }.unwrap();
+        assert_eq!(op.wait(None).unwrap().tokens, 48);
+    }
+    assert_eq!(as_bytes(&out), as_bytes(&kv));
+}
+
 /// The engine layout of examples/c: all K ([layer][token][head][dim]), then all V.
 fn engine_layout(n: usize) -> (Vec<f32>, ViewSpec) {
     let mut buf = Vec::with_capacity(2 * LAYERS * n * ROW);

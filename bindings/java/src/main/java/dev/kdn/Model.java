@@ -380,7 +380,8 @@ public final class Model implements AutoCloseable {
 
   /**
    * Stores a document: its tokens (ids, from position 0) and their KV; replaces an older version
-   * of the same {@code docId} (1..255 bytes of UTF-8). {@code version} is unsigned.
+   * of the same {@code docId} (1..255 bytes of UTF-8). {@code version} is unsigned. The request's
+   * salt ({@link Request#withSalt}) is ignored: knowledge items are per namespace.
    */
   public void knowledgePut(String ns, String docId, long version, String metadata, Request tokens, KvView view,
       ByteBuffer kv) {
@@ -502,7 +503,8 @@ public final class Model implements AutoCloseable {
    * documents put with {@link #knowledgePut}, found at any offset, ascending and not overlapping
    * (consecutive chunks of one document are one range). The tokens outside them are the ones the
    * engine must compute. Matching reads the index, not the tiers: a range whose chunks were evicted
-   * since is still reported. Blending itself is not bound in Java (README).
+   * since is still reported. Blending itself is not bound in Java (README). The request's salt is
+   * ignored, as {@link #knowledgePut} ignores it.
    *
    * @throws InvalidArgumentException for a request of block hashes, or of no tokens
    */
