@@ -471,11 +471,27 @@ class Parser {
     return Status::Ok();
   }
 
+  // A size in bytes: an integer, or a string such as "4GiB".
+  Status GetBytes(const toml::node& node, const std::string& where, std::uint64_t* bytes) {
+    if (node.is_string()) {
+      auto parsed = ParseBytes(node.as_string()->get());
+      if (!parsed.ok()) return Error(node.source(), where, parsed.status().message());
+      *bytes = *parsed;
+    } else if (node.is_integer()) {
+      std::int64_t v = node.as_integer()->get();
+      if (v < 0) return Error(node.source(), where, "must not be negative");
+      *bytes = static_cast<std::uint64_t>(v);
+    } else {
+      return TypeError(node, where, "bytes (an integer, or a string such as \"4GiB\")");
+    }
+    return Status::Ok();
+  }
+
   Status ParseTier(const toml::table& tier, const std::string& path, store::TierSpec* spec) {
     KDN_RETURN_IF_ERROR(CheckKeys(tier, path,
                                   {"kind", "capacity", "path", "policy", "high_watermark", "low_watermark",
                                    "write_through", "fsync", "address", "user", "password", "password_file",
-                                   "ttl_ms", "prefix", "timeout_ms"}));
+                                   "ttl_ms", "prefix", "timeout_ms", "quotas"}));
     std::string kind = "host";
     KDN_RETURN_IF_ERROR(GetString(tier, path, "kind", &kind));
     if (kind == "host") {
@@ -501,19 +517,23 @@ class Parser {
 
     if (const toml::node* node = tier.get("capacity")) {
       std::uint64_t bytes = 0;
-      if (node->is_string()) {
-        auto parsed = ParseBytes(node->as_string()->get());
-        if (!parsed.ok()) return Error(node->source(), Join(path, "capacity"), parsed.status().message());
-        bytes = *parsed;
-      } else if (node->is_integer()) {
-        std::int64_t v = node->as_integer()->get();
-        if (v < 0) return Error(node->source(), Join(path, "capacity"), "must not be negative");
-        bytes = static_cast<std::uint64_t>(v);
-      } else {
-        return TypeError(*node, Join(path, "capacity"), "bytes (an integer, or a string such as \"4GiB\")");
-      }
+      KDN_RETURN_IF_ERROR(GetBytes(*node, Join(path, "capacity"), &bytes));
       if (bytes == 0) return Error(node->source(), Join(path, "capacity"), "must be more than 0 bytes");
       spec->capacity_bytes = bytes;
+    }
+    // quotas = { "tenant-a" = "4GiB", ... }: the namespaces' quotas in this tier.
+    if (const toml::node* node = tier.get("quotas")) {
+      const toml::table* quotas = node->as_table();
+      if (quotas == nullptr) return TypeError(*node, Join(path, "quotas"), "a table of namespace = bytes");
+      for (const auto& [ns, value] : *quotas) {
+        const std::string where = Join(Join(path, "quotas"), std::string(ns.str()));
+        if (ns.str().empty() || ns.str().size() > 4096) {
+          return Error(value.source(), where, "a namespace is 1 to 4096 bytes");
+        }
+        std::uint64_t bytes = 0;
+        KDN_RETURN_IF_ERROR(GetBytes(value, where, &bytes));
+        spec->quotas.push_back({std::string(ns.str()), bytes});
+      }
     }
 
     // Keys that mean nothing on a host tier are refused there: whoever

@@ -130,6 +130,8 @@ class Page {
     families_.push_back(std::move(f));
   }
 
+  void AddFamily(pm::MetricFamily f) { families_.push_back(std::move(f)); }
+
   std::string Serialize() const {
     std::ostringstream out;
     pm::TextSerializer().Serialize(out, families_);
@@ -226,6 +228,45 @@ void AddTiers(const NodeStats& s, Page& p) {
   p.PerTier(tiers, "kdn_tier_limit_bytes_per_second",
             "The tier's read rate measured at start (host: memcpy; disk: a cold read of a file in its directory).",
             pm::MetricType::Gauge, [](const TierStatsSnapshot& t) { return t.limit_bytes_per_s; }, unmeasured);
+}
+
+// Quotas by tier and namespace (the labels bounded by the config: one
+// series per quota it sets).
+void AddQuotas(const NodeStats& s, Page& p) {
+  struct Def {
+    const char* name;
+    const char* help;
+    pm::MetricType type;
+    std::uint64_t QuotaRow::*field;
+  };
+  static const Def kDefs[] = {
+      {"kdn_namespace_quota_bytes", "The namespace's quota in the tier (its config).", pm::MetricType::Gauge,
+       &QuotaRow::quota_bytes},
+      {"kdn_namespace_used_bytes", "Bytes of the tier the namespace's chunks take.", pm::MetricType::Gauge,
+       &QuotaRow::used_bytes},
+      {"kdn_namespace_objects", "The namespace's chunks the tier holds.", pm::MetricType::Gauge, &QuotaRow::objects},
+      {"kdn_namespace_quota_evictions_total", "The namespace's chunks evicted to keep it within its quota.",
+       pm::MetricType::Counter, &QuotaRow::quota_evictions},
+      {"kdn_namespace_room_evictions_total",
+       "The namespace's chunks evicted for the tier's room (the tier full of namespaces with quotas).",
+       pm::MetricType::Counter, &QuotaRow::room_evictions},
+      {"kdn_namespace_quota_refusals_total", "The namespace's puts refused in the tier: a chunk larger than its quota.",
+       pm::MetricType::Counter, &QuotaRow::refused},
+  };
+  for (const Def& d : kDefs) {
+    pm::MetricFamily f{d.name, d.help, d.type, {}};
+    for (const QuotaRow& r : s.quotas) {
+      pm::ClientMetric m;
+      m.label = {{"index", std::to_string(r.index)}, {"tier", r.tier}, {"namespace", r.ns}};
+      if (d.type == pm::MetricType::Counter) {
+        m.counter.value = AsDouble(r.*d.field);
+      } else {
+        m.gauge.value = AsDouble(r.*d.field);
+      }
+      f.metric.push_back(std::move(m));
+    }
+    if (!f.metric.empty()) p.AddFamily(std::move(f));
+  }
 }
 
 // Usage by namespace and model (server/usage.h; the labels bounded there).
@@ -326,6 +367,7 @@ std::string RenderPrometheus(const NodeStats& s, const PrometheusOptions& option
   AddNode(s, page);
   AddTiers(s, page);
   AddUsage(s, page);
+  AddQuotas(s, page);
   if (options.kv_events) {
     page.Counter("kdn_kv_events_queued_total", "KV events queued for the subscribers.",
                  static_cast<double>(options.kv_events_queued));

@@ -474,6 +474,14 @@ NodeStats NodeService::Stats() const {
     }
     s.tiers.push_back(std::move(t));
   }
+  for (size_t i = 0; i < specs_.size() && i < levels.size(); ++i) {
+    const std::vector<store::NamespaceUse> uses = chain_->Namespaces(i);
+    for (size_t j = 0; j < uses.size() && j < specs_[i].quotas.size(); ++j) {  // in the config's order
+      const store::NamespaceUse& u = uses[j];
+      s.quotas.push_back(QuotaRow{levels[i].name, specs_[i].quotas[j].ns, i, u.quota_bytes, u.used_bytes, u.objects,
+                                  u.quota_evictions, u.room_evictions, u.refused});
+    }
+  }
   for (std::size_t k = 0; k < kNodeStatCount; ++k) s.values[k] = counts_[k].load(std::memory_order_relaxed);
   s[NodeStat::kSessions] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, sessions_.load()));
   s[NodeStat::kConnections] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, connections_.load()));

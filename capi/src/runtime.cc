@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The C ABI: kdn_runtime (create from options, stats, tier stats).
+#include <cstring>
+
 #include "calls.h"
 #include "shim.h"
 
@@ -124,6 +126,25 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
       if (!levels.ok()) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": " + levels.status().message());
       t.levels = std::move(levels).value();
     }
+    if (c.quotas == nullptr && c.num_quotas != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": quotas is NULL");
+    if (c.num_quotas > 4096) return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": more than 4096 quotas");
+    if (c.num_quotas > 0) {
+      size_t qstride = 0;
+      if (kdn_status s = ArrayStride(c.quotas, c.num_quotas, KDN_QUOTA_SIZE_V1, (what + ".quotas").c_str(), &qstride);
+          s != KDN_OK) {
+        return s;
+      }
+      for (size_t j = 0; j < c.num_quotas; ++j) {
+        const std::string qwhat = what + ".quotas[" + std::to_string(j) + "]";
+        kdn_quota q = KDN_QUOTA_INIT;
+        if (kdn_status s = ReadIn(At(c.quotas, qstride, j), KDN_QUOTA_SIZE_V1, "kdn_quota", &q); s != KDN_OK) return s;
+        if (kdn_status s = CheckReserved(q.reserved0, qwhat); s != KDN_OK) return s;
+        if (q.ns == nullptr || q.ns_len == 0 || q.ns_len > 4096) {
+          return Fail(KDN_ERR_INVALID_ARGUMENT, qwhat + ": the namespace must be 1 to 4096 bytes");
+        }
+        t.quotas.push_back({std::string(q.ns, q.ns_len), q.bytes});
+      }
+    }
     if (auto st = kdn::store::ValidateTierSpec(t); !st.ok()) {
       return Fail(KDN_ERR_INVALID_ARGUMENT, what + ": " + st.message());
     }
@@ -239,6 +260,39 @@ kdn_status kdn_runtime_get_tier_count(kdn_runtime* runtime, uint32_t* out) {
   if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
   if (out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
   *out = static_cast<uint32_t>(runtime->rep->store().chain().levels());
+  return KDN_OK;
+  KDN_END
+}
+
+kdn_status kdn_runtime_get_quota_stats(kdn_runtime* runtime, uint32_t index, kdn_quota_stats* out, size_t capacity,
+                                      size_t* out_count) {
+  KDN_BEGIN
+  if (out_count != nullptr) *out_count = 0;
+  if (kdn_status s = CheckRuntime(runtime); s != KDN_OK) return s;
+  if (out_count == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out_count is NULL");
+  if (capacity > 0 && out == nullptr) return Fail(KDN_ERR_INVALID_ARGUMENT, "out is NULL");
+  const kdn::store::TieredStore& chain = runtime->rep->store().chain();
+  if (index >= chain.levels()) {
+    return Fail(KDN_ERR_INVALID_ARGUMENT, "tier " + std::to_string(index) + " of " + std::to_string(chain.levels()));
+  }
+  size_t stride = 0;
+  if (capacity > 0) {
+    if (kdn_status s = ArrayStride(out, capacity, KDN_QUOTA_STATS_SIZE_V1, "out", &stride); s != KDN_OK) return s;
+  }
+  const std::vector<kdn::store::NamespaceUse> uses = chain.Namespaces(index);
+  for (size_t i = 0; i < std::min(capacity, uses.size()); ++i) {
+    const kdn::store::NamespaceUse& u = uses[i];
+    kdn_quota_stats q = KDN_QUOTA_STATS_INIT;
+    std::memcpy(q.ns_hash, u.ns.data(), sizeof q.ns_hash);
+    q.quota_bytes = u.quota_bytes;
+    q.used_bytes = u.used_bytes;
+    q.objects = u.objects;
+    q.quota_evictions = u.quota_evictions;
+    q.room_evictions = u.room_evictions;
+    q.refused = u.refused;
+    WriteOut(q, At(out, stride, i));
+  }
+  *out_count = uses.size();
   return KDN_OK;
   KDN_END
 }

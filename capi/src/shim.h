@@ -204,6 +204,8 @@ const char* StructName() {
   if constexpr (std::is_same_v<T, kdn_lookup_result>) return "kdn_lookup_result";
   if constexpr (std::is_same_v<T, kdn_document_info>) return "kdn_document_info";
   if constexpr (std::is_same_v<T, const kdn_blend_segment>) return "kdn_blend_segment";
+  if constexpr (std::is_same_v<T, const kdn_quota>) return "kdn_quota";
+  if constexpr (std::is_same_v<T, kdn_quota_stats>) return "kdn_quota_stats";
   return "struct";
 }
 

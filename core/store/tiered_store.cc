@@ -64,6 +64,12 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(TieredStoreOptions opti
     level->high = lo.high_watermark;
     level->low = lo.low_watermark;
     level->write_through = lo.write_through;
+    for (const NamespaceQuota& q : lo.quotas) {
+      if (!level->quotas.emplace(q.ns, NamespaceUse{q.ns, q.bytes}).second) {
+        return Status::InvalidArgument(lo.tier->name() + ": two quotas for one namespace");
+      }
+      level->quota_order.push_back(q.ns);
+    }
     if (lo.codec && lo.codec->id() != codec::CodecId::kRaw) {
       if (options.pass_through) return Status::InvalidArgument(lo.tier->name() + ": a pass-through store's tiers have no codec");
       level->codec = std::move(lo.codec);
@@ -167,16 +173,58 @@ void TieredStore::Touch(Level& L, const keys::Digest& key, const ReadContext& ct
   if (L.tier->Contains(key, ctx)) L.policy->OnAccess(key);
 }
 
+void TieredStore::Level::Count(const keys::Digest& key, const keys::Digest& ns, std::uint64_t cost) {
+  if (quotas.empty()) return;
+  NamespaceUse* use = QuotaOf(ns);
+  if (use == nullptr) return;
+  auto [it, fresh] = owners.emplace(key, Owner{use, cost});
+  if (!fresh) return;  // counted already (the policy's insert was not new either)
+  use->used_bytes += cost;
+  ++use->objects;
+}
+
+void TieredStore::Level::Uncount(const keys::Digest& key, Why why) {
+  if (owners.empty()) return;
+  auto it = owners.find(key);
+  if (it == owners.end()) return;
+  NamespaceUse& use = *it->second.use;
+  use.used_bytes -= it->second.cost;
+  --use.objects;
+  if (why == Why::kQuota) ++use.quota_evictions;
+  if (why == Why::kRoom) ++use.room_evictions;
+  owners.erase(it);
+}
+
 std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool hard,
-                                            std::vector<keys::Digest>& dropped, const ReadContext& ctx) {
+                                            std::vector<keys::Digest>& dropped, const ReadContext& ctx,
+                                            const keys::Digest* ns) {
   Level& L = *levels_[li];
   const auto cap = static_cast<double>(L.tier->capacity_bytes());
   std::vector<ChunkRef> victims;
-  std::uint64_t used = L.tier->used_bytes();
-  const double limit = hard ? cap : L.high * cap;
+  // What is measured against what: the level's bytes against its watermark
+  // (or capacity), or a namespace's bytes against its quota.
+  NamespaceUse* use = nullptr;
+  double limit = 0, target = 0;
+  const auto used_now = [&]() -> std::uint64_t {
+    if (use == nullptr) return L.tier->used_bytes();
+    std::lock_guard<std::mutex> lock(L.policy_mu);
+    return use->used_bytes;
+  };
+  if (ns != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(L.policy_mu);
+      use = L.QuotaOf(*ns);
+    }
+    if (use == nullptr) return victims;
+    limit = static_cast<double>(use->quota_bytes);
+    target = limit - static_cast<double>(cost);
+  } else {
+    limit = hard ? cap : L.high * cap;
+    // Down to the low watermark (or just under the capacity when hard).
+    target = (hard ? cap : L.low * cap) - static_cast<double>(cost);
+  }
+  std::uint64_t used = used_now();
   if (static_cast<double>(used + cost) <= limit) return victims;
-  // Down to the low watermark (or just under the capacity when hard).
-  const double target = (hard ? cap : L.low * cap) - static_cast<double>(cost);
   const bool next_exists = li + 1 < levels_.size();
   // The followers of the victims (Tie), evicted right after them whatever
   // room is left.
@@ -190,7 +238,15 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
       victim = follower;
     } else {
       std::lock_guard<std::mutex> lock(L.policy_mu);
-      victim = L.policy->Victim([&](const keys::Digest& k) { return Evictable(k); });
+      if (use != nullptr) {  // the namespace's own
+        victim = L.policy->Victim([&](const keys::Digest& k) {
+          auto it = L.owners.find(k);
+          return it != L.owners.end() && it->second.use == use && Evictable(k);
+        });
+      } else if (!L.quotas.empty()) {  // namespaces without a quota first
+        victim = L.policy->Victim([&](const keys::Digest& k) { return L.owners.count(k) == 0 && Evictable(k); });
+      }
+      if (!victim && use == nullptr) victim = L.policy->Victim([&](const keys::Digest& k) { return Evictable(k); });
     }
     if (!victim) break;  // everything left is leased or pinned
     ChunkRef ref;
@@ -211,12 +267,13 @@ std::vector<ChunkRef> TieredStore::MakeRoom(size_t li, std::uint64_t cost, bool 
     {
       std::lock_guard<std::mutex> lock(L.policy_mu);
       L.policy->OnRemove(*victim);
+      L.Uncount(*victim, use != nullptr ? Level::Why::kQuota : Level::Why::kRoom);
     }
     if (erased && on_level_) on_level_(*victim, li, false);
     ++L.evictions;
     if (!next_exists) dropped.push_back(*victim);
     if (ref) victims.push_back(std::move(ref));
-    used = L.tier->used_bytes();
+    used = used_now();
     for (const keys::Digest& f : Followers(*victim)) tied.push_back(f);
   }
   return victims;
@@ -256,7 +313,27 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       ++L.put_refusals;
       return Status(Code::kBusy, L.tier->name() + ": object larger than the tier");
     }
-    victims = MakeRoom(li, cost, /*hard=*/false, dropped, ctx);
+    if (!L.quotas.empty()) {
+      // The namespace's quota first: its own coldest chunks make room.
+      const keys::Digest& ns = stored->meta.ns_hash;
+      std::uint64_t quota = UINT64_MAX;
+      {
+        std::lock_guard<std::mutex> lock(L.policy_mu);
+        if (NamespaceUse* use = L.QuotaOf(ns)) {
+          quota = use->quota_bytes;
+          if (cost > quota) ++use->refused;
+        }
+      }
+      if (cost > quota) {
+        ++L.put_refusals;
+        return Status(Code::kBusy, L.tier->name() + ": object larger than its namespace's quota");
+      }
+      if (quota != UINT64_MAX) victims = MakeRoom(li, cost, /*hard=*/false, dropped, ctx, &ns);
+    }
+    {
+      auto room = MakeRoom(li, cost, /*hard=*/false, dropped, ctx);
+      victims.insert(victims.end(), std::make_move_iterator(room.begin()), std::make_move_iterator(room.end()));
+    }
     st = L.tier->Put(stored);
     if (st.code() == Code::kBusy) {  // full after all: evict to the capacity and retry once
       auto more = MakeRoom(li, cost, /*hard=*/true, dropped, ctx);
@@ -267,6 +344,7 @@ Status TieredStore::PutAt(size_t li, const ChunkRef& chunk, bool from_mover, Job
       {
         std::lock_guard<std::mutex> lock(L.policy_mu);
         L.policy->OnInsert(key, cost, PrefillValue(stored->meta));
+        L.Count(key, stored->meta.ns_hash, cost);
       }
       inserted = true;
       if (on_level_) on_level_(key, li, true);
@@ -423,7 +501,10 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form, const ReadCon
     if (!got.ok()) {  // evicted meanwhile, or corrupt (the tier removed it)
       ++L.misses;
       std::lock_guard<std::mutex> lock(L.policy_mu);
-      if (!L.tier->Contains(key, ctx)) L.policy->OnRemove(key);
+      if (!L.tier->Contains(key, ctx)) {
+        L.policy->OnRemove(key);
+        L.Uncount(key, Level::Why::kGone);
+      }
       continue;
     }
     Result<ChunkRef> raw = stored_form ? Result<ChunkRef>(*got) : Canonical(i, *got);
@@ -437,6 +518,7 @@ Result<Lease> TieredStore::Get(const keys::Digest& key, Form form, const ReadCon
         if (L.tier->Erase(key, ctx) && on_level_) on_level_(key, i, false);
         std::lock_guard<std::mutex> lock(L.policy_mu);
         L.policy->OnRemove(key);
+        L.Uncount(key, Level::Why::kGone);
       }
       continue;
     }
@@ -494,6 +576,7 @@ void TieredStore::RecordDecode(size_t li, const keys::Digest& key, const Status&
   if (L.tier->Erase(key) && on_level_) on_level_(key, li, false);
   std::lock_guard<std::mutex> lock(L.policy_mu);
   L.policy->OnRemove(key);
+  L.Uncount(key, Level::Why::kGone);
 }
 
 void TieredStore::EndTransit(const ChunkRef& chunk) {
@@ -543,7 +626,10 @@ bool TieredStore::EraseMany(std::span<const keys::Digest> keys, const ReadContex
     }
     if (level->tier->EraseMany(keys, ctx) > 0) any = true;
     std::lock_guard<std::mutex> lock(level->policy_mu);
-    for (const keys::Digest& k : keys) level->policy->OnRemove(k);
+    for (const keys::Digest& k : keys) {
+      level->policy->OnRemove(k);
+      level->Uncount(k, Level::Why::kGone);
+    }
   }
   for (const keys::Digest& k : keys) {
     Unpin(k);
@@ -712,6 +798,7 @@ bool TieredStore::ReplaceEverywhere(const ChunkRef& edited, const std::vector<Ch
       if (on_level_) on_level_(edited->meta.key, li, false);
       std::lock_guard<std::mutex> lock(level->policy_mu);
       level->policy->OnRemove(edited->meta.key);
+      level->Uncount(edited->meta.key, Level::Why::kGone);
     }
   }
   return placed;
@@ -801,6 +888,15 @@ std::vector<LevelStats> TieredStore::Stats() const {
     s.decode_ns = l->decode_ns;
     out.push_back(s);
   }
+  return out;
+}
+
+std::vector<NamespaceUse> TieredStore::Namespaces(size_t level) const {
+  std::vector<NamespaceUse> out;
+  if (level >= levels_.size()) return out;
+  const Level& L = *levels_[level];
+  std::lock_guard<std::mutex> lock(L.policy_mu);
+  for (const keys::Digest& ns : L.quota_order) out.push_back(L.quotas.at(ns));
   return out;
 }
 

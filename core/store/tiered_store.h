@@ -74,8 +74,22 @@ inline double PrefillValue(const ChunkMeta& m) {
   return m.prefill_value > 0 ? m.prefill_value : PrefillCost(m.first_position, m.tokens);
 }
 
+// A namespace's quota in one level: the most bytes (as the level counts
+// them: Tier::Cost) its chunks may take there. Over it, a put of that
+// namespace evicts the namespace's own coldest chunks first (by the level's
+// policy), never another's; when the level itself is full, chunks of
+// namespaces without a quota (and chunks whose namespace the level has not
+// seen: found at start) go first, so a namespace with a quota keeps up to
+// it while the quotas add up to no more than the level, and the others
+// share what is left.
+struct NamespaceQuota {
+  keys::Digest ns{};  // keys::NamespaceHash of the namespace
+  std::uint64_t bytes = 0;
+};
+
 struct LevelOptions {
   std::unique_ptr<Tier> tier;
+  std::vector<NamespaceQuota> quotas;  // at most one per namespace; empty: none
   PolicyKind policy = PolicyKind::kLru;
   double high_watermark = 0.95;  // a put that would cross this fraction of capacity evicts first...
   double low_watermark = 0.85;   // ...down to this fraction
@@ -140,6 +154,17 @@ struct LevelStats {
   std::uint64_t decoded_chunks = 0, decode_failures = 0;
   // Time spent encoding for this level and decoding what it returned.
   std::uint64_t encode_ns = 0, decode_ns = 0;
+};
+
+// A namespace with a quota in a level, now (TieredStore::Namespaces).
+struct NamespaceUse {
+  keys::Digest ns{};
+  std::uint64_t quota_bytes = 0;
+  std::uint64_t used_bytes = 0, objects = 0;  // its chunks the level holds that it counted
+  // Its chunks evicted to keep it within its quota (its own puts), and for
+  // the level's room (anyone's put, once the level held nothing else to
+  // evict); its puts refused because one chunk exceeded its quota.
+  std::uint64_t quota_evictions = 0, room_evictions = 0, refused = 0;
 };
 
 struct StoreCounters {
@@ -249,6 +274,10 @@ class TieredStore {
 
   std::vector<LevelStats> Stats() const;
   StoreCounters Counters() const;
+  // The namespaces with a quota in `level` (LevelOptions::quotas), in the
+  // order given. Chunks a tier held at start count toward none until
+  // stored again (a disk tier does not read its files' headers at start).
+  std::vector<NamespaceUse> Namespaces(size_t level) const;
   const Clock& clock() const { return *clock_; }
 
  private:
@@ -271,6 +300,27 @@ class TieredStore {
     std::atomic<std::uint64_t> encoded{0}, encode_in{0}, encode_out{0}, encode_failures{0}, encode_ns{0};
     std::atomic<std::uint64_t> decoded{0}, decode_failures{0}, decode_ns{0};
     codec::CodecId codec_id() const { return codec ? codec->id() : codec::CodecId::kRaw; }
+    // Quotas (LevelOptions::quotas; empty: none): each quota'd namespace's
+    // use, and the namespace and cost of each chunk of one. The maps' keys
+    // are fixed at Create; the values are guarded by policy_mu.
+    std::vector<keys::Digest> quota_order;
+    std::unordered_map<keys::Digest, NamespaceUse, keys::DigestHash> quotas;
+    struct Owner {
+      NamespaceUse* use;
+      std::uint64_t cost;
+    };
+    std::unordered_map<keys::Digest, Owner, keys::DigestHash> owners;
+    // policy_mu held: the quota'd namespace of `ns`, or null.
+    NamespaceUse* QuotaOf(const keys::Digest& ns) {
+      auto it = quotas.find(ns);
+      return it == quotas.end() ? nullptr : &it->second;
+    }
+    // policy_mu held: counts a chunk the level now holds / no longer holds
+    // (the policy's OnInsert / OnRemove); `evicted` counts the removal as
+    // an eviction of its namespace (for its quota, or for the level's room).
+    void Count(const keys::Digest& key, const keys::Digest& ns, std::uint64_t cost);
+    enum class Why { kGone, kQuota, kRoom };
+    void Uncount(const keys::Digest& key, Why why);
   };
   enum class JobKind { kDemote, kPromote, kCopy, kEdit };
   // A use of a held chunk, told to the level's policy (under policy_mu).
@@ -288,8 +338,10 @@ class TieredStore {
   // Evicts from a level (its mu held) until `cost` more bytes fit under the
   // watermark (or, `hard`, under the capacity); returns chunks to demote.
   // (`dropped`: the keys of victims that leave the store, the last level's.)
+  // With `ns` (a namespace with a quota in the level): evicts that
+  // namespace's own chunks until `cost` more of its bytes fit its quota.
   std::vector<ChunkRef> MakeRoom(size_t level, std::uint64_t cost, bool hard, std::vector<keys::Digest>& dropped,
-                                 const ReadContext& ctx);
+                                 const ReadContext& ctx, const keys::Digest* ns = nullptr);
   bool Evictable(const keys::Digest& key);
   void Demote(size_t from_level, std::vector<ChunkRef> victims, bool from_mover);
   // Puts a victim of `from_level` (in that level's stored form) into the

@@ -94,6 +94,7 @@ LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier) {
   lo.high_watermark = spec.high_watermark;
   lo.low_watermark = spec.low_watermark;
   lo.write_through = spec.write_through;
+  for (const TierSpec::Quota& q : spec.quotas) lo.quotas.push_back({keys::NamespaceHash(q.ns), q.bytes});
   return lo;
 }
 
@@ -150,6 +151,17 @@ Status ValidateTierSpec(const TierSpec& spec) {
   }
   if ((remote || redis) && spec.timeout_ms == 0) return Status::InvalidArgument("timeout_ms is 0");
   KDN_RETURN_IF_ERROR(CheckWatermarks(spec.high_watermark, spec.low_watermark));
+  if (!spec.quotas.empty()) {
+    if (remote) return Status::InvalidArgument("quotas are not for a remote tier (set them in the kdnd's config)");
+    std::vector<std::string> seen;
+    for (const TierSpec::Quota& q : spec.quotas) {
+      if (q.ns.size() > 4096) return Status::InvalidArgument("a quota's namespace is longer than 4096 bytes");
+      if (std::find(seen.begin(), seen.end(), q.ns) != seen.end()) {
+        return Status::InvalidArgument("two quotas for the namespace '" + q.ns + "'");
+      }
+      seen.push_back(q.ns);
+    }
+  }
   if (!spec.levels.empty()) {
     if (!remote && !redis) return Status::InvalidArgument("quality levels are for remote and redis tiers");
     if (!spec.codec.empty() && spec.codec != "raw") {

@@ -64,6 +64,14 @@ struct TierSpec {
   // (ReadContext::target) fetches each chunk at the finest level that meets it.
   // With levels, `codec` must be empty (the chain's codec for the tier is raw).
   std::vector<std::string> levels;
+  // Namespaces' quotas in this tier (store/tiered_store.h, NamespaceQuota):
+  // the most bytes each namespace's chunks may take here. Not for remote
+  // tiers (a kdnd keeps its own quotas, in its config).
+  struct Quota {
+    std::string ns;
+    std::uint64_t bytes = 0;
+  };
+  std::vector<Quota> quotas;
 };
 
 // The watermark rule of every front end (the C ABI, kdnd's config, C++

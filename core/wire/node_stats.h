@@ -209,6 +209,15 @@ struct UsageRow {
   UsageCounts counts;
 };
 
+// A namespace's quota in one of kdnd's tiers (store/tiered_store.h,
+// NamespaceUse): kept for its metrics page, not sent over RPC.
+struct QuotaRow {
+  std::string tier, ns;  // the labels: the tier's name, the namespace as the config names it
+  std::size_t index = 0;  // the tier's place in the chain
+  std::uint64_t quota_bytes = 0, used_bytes = 0, objects = 0;
+  std::uint64_t quota_evictions = 0, room_evictions = 0, refused = 0;
+};
+
 struct NodeStats {
   std::uint64_t time_ms = 0, uptime_ms = 0;
   std::vector<TierStatsSnapshot> tiers;
@@ -216,6 +225,7 @@ struct NodeStats {
   LatencySnapshot lookup_us, get_us, put_us;
   double ttft_saved_ms = 0;
   std::vector<UsageRow> usage;  // kdnd's own page only (ToWire leaves it out)
+  std::vector<QuotaRow> quotas;  // the same
 
   std::uint64_t& operator[](NodeStat s) { return values[static_cast<std::size_t>(s)]; }
   std::uint64_t operator[](NodeStat s) const { return values[static_cast<std::size_t>(s)]; }

@@ -861,6 +861,91 @@ static void test_fingerprints(void) {
 
 /* ---- Capacity ------------------------------------------------------------ */
 
+/* Namespace quotas in a tier (since 1.13): a tenant over its quota evicts
+ * its own coldest chunks, never another's; one without a quota uses what
+ * is left; stats per quota; bad quota configs refused with their reason. */
+static kdn_runtime *quota_runtime(const kdn_quota *quotas, size_t n, kdn_tier_kind kind) {
+  kdn_tier_config tier = KDN_TIER_CONFIG_INIT;
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  kdn_runtime *rt = NULL;
+  tier.kind = kind;
+  tier.capacity_bytes = 20 * CHUNK_HELD;
+  tier.high_watermark = tier.low_watermark = 1.0f;
+  tier.quotas = quotas;
+  tier.num_quotas = n;
+  if (kind == KDN_TIER_REMOTE) {
+    tier.address = "127.0.0.1:1";
+    tier.address_len = strlen(tier.address);
+    tier.token = "t";
+    tier.token_len = 1;
+  }
+  o.chunk_tokens = CHUNK;
+  o.tiers = &tier;
+  o.num_tiers = 1;
+  if (kdn_runtime_create(&o, &rt) != KDN_OK) return NULL;
+  return rt;
+}
+
+static void test_quotas(void) {
+  kdn_quota quotas[2] = {KDN_QUOTA_INIT, KDN_QUOTA_INIT};
+  kdn_runtime *rt;
+  kdn_model *m;
+  test_buf kv = buf_new(LAYOUT_CANONICAL, POSITIONS);
+  kdn_quota_stats qs[2] = {KDN_QUOTA_STATS_INIT, KDN_QUOTA_STATS_INIT};
+  size_t count = 0;
+  int32_t tokens[CHUNK];
+  int i;
+  write_ref(kv.data, &kv.st, POSITIONS);
+  quotas[0].ns = "tenant-a";
+  quotas[0].ns_len = 8;
+  quotas[0].bytes = 4 * CHUNK_HELD;
+  rt = quota_runtime(quotas, 1, KDN_TIER_HOST);
+  CHECK(rt != NULL);
+  if (rt == NULL) return;
+  m = new_model(rt, FINGERPRINT);
+
+  group_begin("a tenant over its quota evicts only its own chunks");
+  memcpy(tokens, kTokens, sizeof tokens);
+  for (i = 0; i < 10; ++i) { /* ten one-chunk prompts each */
+    tokens[1] = 1000 + i;
+    CHECK_EQ(store(m, "tenant-a", tokens, CHUNK, &kv), CHUNK);
+    CHECK_EQ(store(m, "tenant-b", tokens, CHUNK, &kv), CHUNK);
+  }
+  for (i = 0; i < 10; ++i) {
+    tokens[1] = 1000 + i;
+    CHECK_EQ(lookup(m, "tenant-a", tokens, CHUNK), i >= 6 ? CHUNK : 0);
+    CHECK_EQ(lookup(m, "tenant-b", tokens, CHUNK), CHUNK); /* none of b's went */
+  }
+  CHECK_OK(kdn_runtime_get_quota_stats(rt, 0, qs, 2, &count));
+  CHECK_EQ(count, 1);
+  CHECK_EQ(qs[0].filled_size, sizeof qs[0]);
+  CHECK_EQ(qs[0].quota_bytes, 4 * CHUNK_HELD);
+  CHECK_EQ(qs[0].used_bytes, 4 * CHUNK_HELD);
+  CHECK_EQ(qs[0].objects, 4);
+  CHECK_EQ(qs[0].quota_evictions, 6);
+  CHECK_EQ(qs[0].room_evictions, 0);
+  CHECK_EQ(qs[1].filled_size, 0); /* beyond the count: untouched */
+  CHECK_OK(kdn_runtime_get_quota_stats(rt, 0, NULL, 0, &count));
+  CHECK_EQ(count, 1);
+  CHECK_ERROR(KDN_ERR_INVALID_ARGUMENT, kdn_runtime_get_quota_stats(rt, 1, qs, 2, &count));
+  group_end();
+  kdn_model_destroy(m);
+  kdn_runtime_destroy(rt);
+
+  group_begin("bad quotas refused with their reason");
+  quotas[1] = quotas[0];
+  rt = quota_runtime(quotas, 2, KDN_TIER_HOST);
+  CHECK(rt == NULL && strstr(kdn_last_error_message(), "two quotas") != NULL);
+  quotas[1].ns_len = 0;
+  CHECK(quota_runtime(quotas, 2, KDN_TIER_HOST) == NULL && strstr(kdn_last_error_message(), "quotas[1]") != NULL);
+  CHECK(quota_runtime(NULL, 1, KDN_TIER_HOST) == NULL && strstr(kdn_last_error_message(), "quotas") != NULL);
+  CHECK(quota_runtime(quotas, 1, KDN_TIER_REMOTE) == NULL && strstr(kdn_last_error_message(), "kdnd") != NULL);
+  quotas[0].reserved0 = 1;
+  CHECK(quota_runtime(quotas, 1, KDN_TIER_HOST) == NULL && strstr(kdn_last_error_message(), "reserved0") != NULL);
+  group_end();
+  buf_free(&kv);
+}
+
 static void test_capacity_too_small(void) {
   test_buf kv = buf_new(LAYOUT_CANONICAL, POSITIONS);
   /* Smaller than one chunk: nothing fits, nothing fails. */
@@ -1540,6 +1625,7 @@ static const test_case kCases[] = {
   CASE(capacity_too_small),
   CASE(capacity_evicts),
   CASE(capacity_prefix_fits),
+  CASE(quotas),
   CASE(runtime_destroyed_first),
   CASE(bad_runtime_options),
   CASE(remote_tier),

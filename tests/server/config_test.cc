@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <iterator>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -329,6 +330,23 @@ TEST(ServerConfigErrors, TokensOfUnicodeSpacesOrFewDistinctCharactersAreRefused)
   ideographic += "\xe3\x80\x80" "0001";
   ExpectRefused(grant(ideographic), "token[0].token");
   EXPECT_TRUE(ParseConfig(grant("abcdeabcdeabcdea"), "test.toml").ok());  // five distinct: taken
+}
+
+// Quotas per namespace in a tier (issue 37): namespace = bytes, as an
+// integer or a size string; mistakes refused with where they are.
+TEST(ServerConfigParse, TierQuotasAreNamespacesAndSizes) {
+  auto r = ParseConfig("[[tier]]\nquotas = { \"tenant-a\" = \"4MiB\", \"tenant b\" = 1000 }\n" + kOneToken, "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const auto& q = r->tiers[0].quotas;
+  ASSERT_EQ(q.size(), 2u);
+  std::map<std::string, std::uint64_t> got;
+  for (const auto& e : q) got[e.ns] = e.bytes;
+  EXPECT_EQ(got["tenant-a"], std::uint64_t{4} << 20);
+  EXPECT_EQ(got["tenant b"], 1000u);
+  ExpectRefused("[[tier]]\nquotas = 5\n" + kOneToken, "tier[0].quotas");
+  ExpectRefused("[[tier]]\nquotas = { a = -1 }\n" + kOneToken, "tier[0].quotas.a");
+  ExpectRefused("[[tier]]\nquotas = { a = \"lots\" }\n" + kOneToken, "tier[0].quotas.a");
+  ExpectRefused("[[tier]]\nquotas = { a = true }\n" + kOneToken, "tier[0].quotas.a");
 }
 
 TEST(ServerConfigErrors, RedisTierMistakes) {

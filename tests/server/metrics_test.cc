@@ -100,6 +100,7 @@ NodeStats Populated() {
   s.get_us = Latency(55, 2'000'000);  // 2 s in all
   s.put_us = Latency(0, 0);
   s.ttft_saved_ms = 1234.5;
+  s.quotas.push_back(QuotaRow{"host", "tenant-a", 0, 1 << 20, 8192, 2, 5, 1, 3});
   return s;
 }
 
@@ -292,6 +293,19 @@ TEST(ServerMetrics, UsageSeriesAreLabelledAndBounded) {
   EXPECT_EQ(page.find("fp:120000000000"), std::string::npos);  // never a label of its own
   // Nothing yet: no family at all.
   EXPECT_EQ(RenderPrometheus(NodeStats{}).find("kdn_usage_"), std::string::npos);
+}
+
+// Quotas (issue 37): one series per tier and namespace the config names.
+TEST(ServerMetrics, QuotaSeriesAreLabelledByTierAndNamespace) {
+  const std::string page = RenderPrometheus(Populated());
+  const std::string labels = "{index=\"0\",tier=\"host\",namespace=\"tenant-a\"}";
+  EXPECT_EQ(ValueOf(page, "kdn_namespace_quota_bytes" + labels), "1048576") << page;
+  EXPECT_EQ(ValueOf(page, "kdn_namespace_used_bytes" + labels), "8192");
+  EXPECT_EQ(ValueOf(page, "kdn_namespace_objects" + labels), "2");
+  EXPECT_EQ(ValueOf(page, "kdn_namespace_quota_evictions_total" + labels), "5");
+  EXPECT_EQ(ValueOf(page, "kdn_namespace_room_evictions_total" + labels), "1");
+  EXPECT_EQ(ValueOf(page, "kdn_namespace_quota_refusals_total" + labels), "3");
+  EXPECT_EQ(RenderPrometheus(NodeStats{}).find("kdn_namespace_"), std::string::npos);
 }
 
 TEST(ServerMetrics, BuildInfoTierIoErrorsAndKvEvents) {

@@ -263,11 +263,36 @@ typedef struct kdn_tier_config {
    * without a target get the finest level. Empty: one level, `codec`. */
   const char *levels;
   size_t levels_len;
+  /* Since 1.13: namespaces' quotas in this tier (docs/security.md,
+   * "Quotas"), num_quotas of them (at most 4096), one per namespace: a
+   * namespace's chunks take at most `bytes` of the tier (as it counts its
+   * capacity). Over it, a put of that namespace evicts the namespace's own
+   * coldest chunks first (by the tier's policy), never another's; a chunk
+   * larger than its quota goes to the next tier. When the tier itself is
+   * full, chunks of namespaces without a quota go first, so each namespace
+   * keeps up to its quota while the quotas add up to no more than the tier,
+   * and the others share what is left. Use and evictions per namespace:
+   * kdn_runtime_get_quota_stats. Not for KDN_TIER_REMOTE (a kdnd has its
+   * own quotas, in its config). NULL and 0: none. */
+  const struct kdn_quota *quotas;
+  size_t num_quotas;
 } kdn_tier_config;
 #define KDN_TIER_CONFIG_SIZE_V1 64u
 #define KDN_TIER_CONFIG_INIT                                                                   \
   { sizeof(kdn_tier_config), KDN_TIER_HOST, 1073741824u, NULL, 0u, KDN_EVICT_LRU, 0.0f, 0.0f, 0u, \
-    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u, 0u, NULL, 0u }
+    NULL, 0u, NULL, 0u, NULL, 0u, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u, 0u, NULL, 0u, NULL, 0u }
+
+/* Since 1.13: one namespace's quota in a tier (input; kdn_tier_config.quotas). */
+typedef struct kdn_quota {
+  uint32_t struct_size;
+  uint32_t reserved0;  /* must be 0 */
+  const char *ns;      /* the namespace, as the KV calls name it (ns_len bytes, at most 4096) */
+  size_t ns_len;
+  uint64_t bytes;      /* the most bytes of the tier its chunks may take (0: none: its chunks skip the tier) */
+} kdn_quota;
+#define KDN_QUOTA_SIZE_V1 32u
+#define KDN_QUOTA_INIT { sizeof(kdn_quota), 0u, NULL, 0u, 0u }
+KDN_API kdn_status kdn_quota_init(kdn_quota *quota, size_t struct_size);
 KDN_API kdn_status kdn_tier_config_init(kdn_tier_config *config, size_t struct_size);
 
 /* Since 1.5: the GPU a runtime delivers KV to (kdn_runtime_options.device),
@@ -928,6 +953,29 @@ KDN_API kdn_status kdn_tier_stats_init(kdn_tier_stats *stats, size_t struct_size
 KDN_API kdn_status kdn_runtime_get_tier_count(kdn_runtime *runtime, uint32_t *out);
 /* Tier `index` (0 = highest). */
 KDN_API kdn_status kdn_runtime_get_tier_stats(kdn_runtime *runtime, uint32_t index, kdn_tier_stats *out);
+
+/* Since 1.13: a namespace with a quota in a tier, now (output). */
+typedef struct kdn_quota_stats {
+  uint32_t struct_size;
+  uint32_t filled_size;
+  uint8_t ns_hash[32];       /* SHA-256 of the namespace (as chunk envelopes record it) */
+  uint64_t quota_bytes;
+  uint64_t used_bytes;       /* its chunks' bytes the tier holds */
+  uint64_t objects;
+  uint64_t quota_evictions;  /* its chunks evicted to keep it within its quota (its own puts) */
+  uint64_t room_evictions;   /* its chunks evicted for the tier's room (the tier full of quota'd chunks) */
+  uint64_t refused;          /* its puts refused here: one chunk larger than its quota */
+} kdn_quota_stats;
+#define KDN_QUOTA_STATS_SIZE_V1 88u
+#define KDN_QUOTA_STATS_INIT { sizeof(kdn_quota_stats), 0u, {0}, 0u, 0u, 0u, 0u, 0u, 0u }
+KDN_API kdn_status kdn_quota_stats_init(kdn_quota_stats *stats, size_t struct_size);
+/* The quotas of tier `index` in the order kdn_tier_config.quotas gave them:
+ * *out_count is their number, of which the first `capacity` are written to
+ * `out` (an array of kdn_quota_stats, each with its struct_size set; the
+ * first one's size is the array's stride). A chunk a disk tier held at
+ * start counts toward no quota until it is stored again. */
+KDN_API kdn_status kdn_runtime_get_quota_stats(kdn_runtime *runtime, uint32_t index, kdn_quota_stats *out,
+                                               size_t capacity, size_t *out_count);
 
 /* ========================================================================== */
 /* ---- Experimental ---------------------------------------------------------

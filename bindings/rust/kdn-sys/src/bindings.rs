@@ -5,6 +5,7 @@ pub const KDN_VERSION_MINOR: u32 = 13;
 pub const KDN_VERSION_PATCH: u32 = 0;
 pub const KDN_VERSION_NUMBER: u32 = 11300;
 pub const KDN_TIER_CONFIG_SIZE_V1: u32 = 64;
+pub const KDN_QUOTA_SIZE_V1: u32 = 32;
 pub const KDN_RUNTIME_OPTIONS_SIZE_V1: u32 = 48;
 pub const KDN_MODEL_SPEC_SIZE_V1: u32 = 48;
 pub const KDN_REQUEST_SIZE_V1: u32 = 48;
@@ -17,6 +18,7 @@ pub const KDN_DOCUMENT_INFO_SIZE_V1: u32 = 304;
 pub const KDN_STATS_SIZE_V1: u32 = 160;
 pub const KDN_LATENCY_SIZE_V1: u32 = 56;
 pub const KDN_TIER_STATS_SIZE_V1: u32 = 208;
+pub const KDN_QUOTA_STATS_SIZE_V1: u32 = 88;
 pub const KDN_BLEND_ENGINE_ON_DEVICE: u32 = 1;
 pub const KDN_BLEND_OPTIONS_SIZE_V1: u32 = 56;
 pub const KDN_BLEND_REPORT_SIZE_V1: u32 = 32;
@@ -103,12 +105,14 @@ pub struct kdn_tier_config {
     pub ttl_ms: u64,
     pub levels: *const ::std::os::raw::c_char,
     pub levels_len: usize,
+    pub quotas: *const kdn_quota,
+    pub num_quotas: usize,
 }
 #[test]
 fn bindgen_test_layout_kdn_tier_config() {
     assert_eq!(
         ::std::mem::size_of::<kdn_tier_config>(),
-        176usize,
+        192usize,
         concat!("Size of: ", stringify!(kdn_tier_config))
     );
     assert_eq!(
@@ -558,6 +562,150 @@ fn bindgen_test_layout_kdn_tier_config() {
         );
     }
     test_field_levels_len();
+    fn test_field_quotas() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quotas) as usize - ptr as usize
+            },
+            176usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_tier_config),
+                "::",
+                stringify!(quotas)
+            )
+        );
+    }
+    test_field_quotas();
+    fn test_field_num_quotas() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_quotas) as usize - ptr as usize
+            },
+            184usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_tier_config),
+                "::",
+                stringify!(num_quotas)
+            )
+        );
+    }
+    test_field_num_quotas();
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kdn_quota {
+    pub struct_size: u32,
+    pub reserved0: u32,
+    pub ns: *const ::std::os::raw::c_char,
+    pub ns_len: usize,
+    pub bytes: u64,
+}
+#[test]
+fn bindgen_test_layout_kdn_quota() {
+    assert_eq!(
+        ::std::mem::size_of::<kdn_quota>(),
+        32usize,
+        concat!("Size of: ", stringify!(kdn_quota))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kdn_quota>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kdn_quota))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
+    fn test_field_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ns) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota),
+                "::",
+                stringify!(ns)
+            )
+        );
+    }
+    test_field_ns();
+    fn test_field_ns_len() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ns_len) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota),
+                "::",
+                stringify!(ns_len)
+            )
+        );
+    }
+    test_field_ns_len();
+    fn test_field_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota),
+                "::",
+                stringify!(bytes)
+            )
+        );
+    }
+    test_field_bytes();
+}
+extern "C" {
+    pub fn kdn_quota_init(quota: *mut kdn_quota, struct_size: usize) -> kdn_status;
 }
 extern "C" {
     pub fn kdn_tier_config_init(config: *mut kdn_tier_config, struct_size: usize) -> kdn_status;
@@ -4180,6 +4328,197 @@ extern "C" {
         runtime: *mut kdn_runtime,
         index: u32,
         out: *mut kdn_tier_stats,
+    ) -> kdn_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kdn_quota_stats {
+    pub struct_size: u32,
+    pub filled_size: u32,
+    pub ns_hash: [u8; 32usize],
+    pub quota_bytes: u64,
+    pub used_bytes: u64,
+    pub objects: u64,
+    pub quota_evictions: u64,
+    pub room_evictions: u64,
+    pub refused: u64,
+}
+#[test]
+fn bindgen_test_layout_kdn_quota_stats() {
+    assert_eq!(
+        ::std::mem::size_of::<kdn_quota_stats>(),
+        88usize,
+        concat!("Size of: ", stringify!(kdn_quota_stats))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kdn_quota_stats>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kdn_quota_stats))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_filled_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).filled_size) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(filled_size)
+            )
+        );
+    }
+    test_field_filled_size();
+    fn test_field_ns_hash() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ns_hash) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(ns_hash)
+            )
+        );
+    }
+    test_field_ns_hash();
+    fn test_field_quota_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quota_bytes) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(quota_bytes)
+            )
+        );
+    }
+    test_field_quota_bytes();
+    fn test_field_used_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).used_bytes) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(used_bytes)
+            )
+        );
+    }
+    test_field_used_bytes();
+    fn test_field_objects() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).objects) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(objects)
+            )
+        );
+    }
+    test_field_objects();
+    fn test_field_quota_evictions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quota_evictions) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(quota_evictions)
+            )
+        );
+    }
+    test_field_quota_evictions();
+    fn test_field_room_evictions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).room_evictions) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(room_evictions)
+            )
+        );
+    }
+    test_field_room_evictions();
+    fn test_field_refused() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kdn_quota_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).refused) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kdn_quota_stats),
+                "::",
+                stringify!(refused)
+            )
+        );
+    }
+    test_field_refused();
+}
+extern "C" {
+    pub fn kdn_quota_stats_init(stats: *mut kdn_quota_stats, struct_size: usize) -> kdn_status;
+}
+extern "C" {
+    pub fn kdn_runtime_get_quota_stats(
+        runtime: *mut kdn_runtime,
+        index: u32,
+        out: *mut kdn_quota_stats,
+        capacity: usize,
+        out_count: *mut usize,
     ) -> kdn_status;
 }
 #[repr(C)]

@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 262;
+const size_t kdn_layout_count = 280;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -33,6 +33,14 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "ttl_ms", 0, 0, offsetof(kdn_tier_config, ttl_ms)},
   {"kdn_tier_config", "levels", 0, 0, offsetof(kdn_tier_config, levels)},
   {"kdn_tier_config", "levels_len", 0, 0, offsetof(kdn_tier_config, levels_len)},
+  {"kdn_tier_config", "quotas", 0, 0, offsetof(kdn_tier_config, quotas)},
+  {"kdn_tier_config", "num_quotas", 0, 0, offsetof(kdn_tier_config, num_quotas)},
+  {"kdn_quota", "", sizeof(kdn_quota), _Alignof(kdn_quota), 0},
+  {"kdn_quota", "struct_size", 0, 0, offsetof(kdn_quota, struct_size)},
+  {"kdn_quota", "reserved0", 0, 0, offsetof(kdn_quota, reserved0)},
+  {"kdn_quota", "ns", 0, 0, offsetof(kdn_quota, ns)},
+  {"kdn_quota", "ns_len", 0, 0, offsetof(kdn_quota, ns_len)},
+  {"kdn_quota", "bytes", 0, 0, offsetof(kdn_quota, bytes)},
   {"kdn_runtime_options", "", sizeof(kdn_runtime_options), _Alignof(kdn_runtime_options), 0},
   {"kdn_runtime_options", "struct_size", 0, 0, offsetof(kdn_runtime_options, struct_size)},
   {"kdn_runtime_options", "chunk_tokens", 0, 0, offsetof(kdn_runtime_options, chunk_tokens)},
@@ -218,6 +226,16 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_stats", "device_delivery_ns_per_token", 0, 0, offsetof(kdn_tier_stats, device_delivery_ns_per_token)},
   {"kdn_tier_stats", "recompute_chunks", 0, 0, offsetof(kdn_tier_stats, recompute_chunks)},
   {"kdn_tier_stats", "auth_failures", 0, 0, offsetof(kdn_tier_stats, auth_failures)},
+  {"kdn_quota_stats", "", sizeof(kdn_quota_stats), _Alignof(kdn_quota_stats), 0},
+  {"kdn_quota_stats", "struct_size", 0, 0, offsetof(kdn_quota_stats, struct_size)},
+  {"kdn_quota_stats", "filled_size", 0, 0, offsetof(kdn_quota_stats, filled_size)},
+  {"kdn_quota_stats", "ns_hash", 0, 0, offsetof(kdn_quota_stats, ns_hash)},
+  {"kdn_quota_stats", "quota_bytes", 0, 0, offsetof(kdn_quota_stats, quota_bytes)},
+  {"kdn_quota_stats", "used_bytes", 0, 0, offsetof(kdn_quota_stats, used_bytes)},
+  {"kdn_quota_stats", "objects", 0, 0, offsetof(kdn_quota_stats, objects)},
+  {"kdn_quota_stats", "quota_evictions", 0, 0, offsetof(kdn_quota_stats, quota_evictions)},
+  {"kdn_quota_stats", "room_evictions", 0, 0, offsetof(kdn_quota_stats, room_evictions)},
+  {"kdn_quota_stats", "refused", 0, 0, offsetof(kdn_quota_stats, refused)},
   {"kdn_chunk_info", "", sizeof(kdn_chunk_info), _Alignof(kdn_chunk_info), 0},
   {"kdn_chunk_info", "struct_size", 0, 0, offsetof(kdn_chunk_info, struct_size)},
   {"kdn_chunk_info", "filled_size", 0, 0, offsetof(kdn_chunk_info, filled_size)},

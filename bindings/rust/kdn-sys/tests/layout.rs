@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 262];
+    static kdn_layout_rows: [Row; 280];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -49,6 +49,14 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_config", "ttl_ms", 0, 0, offset_of!(kdn_tier_config, ttl_ms)),
         ("kdn_tier_config", "levels", 0, 0, offset_of!(kdn_tier_config, levels)),
         ("kdn_tier_config", "levels_len", 0, 0, offset_of!(kdn_tier_config, levels_len)),
+        ("kdn_tier_config", "quotas", 0, 0, offset_of!(kdn_tier_config, quotas)),
+        ("kdn_tier_config", "num_quotas", 0, 0, offset_of!(kdn_tier_config, num_quotas)),
+        ("kdn_quota", "", size_of::<kdn_quota>(), align_of::<kdn_quota>(), 0),
+        ("kdn_quota", "struct_size", 0, 0, offset_of!(kdn_quota, struct_size)),
+        ("kdn_quota", "reserved0", 0, 0, offset_of!(kdn_quota, reserved0)),
+        ("kdn_quota", "ns", 0, 0, offset_of!(kdn_quota, ns)),
+        ("kdn_quota", "ns_len", 0, 0, offset_of!(kdn_quota, ns_len)),
+        ("kdn_quota", "bytes", 0, 0, offset_of!(kdn_quota, bytes)),
         ("kdn_runtime_options", "", size_of::<kdn_runtime_options>(), align_of::<kdn_runtime_options>(), 0),
         ("kdn_runtime_options", "struct_size", 0, 0, offset_of!(kdn_runtime_options, struct_size)),
         ("kdn_runtime_options", "chunk_tokens", 0, 0, offset_of!(kdn_runtime_options, chunk_tokens)),
@@ -234,6 +242,16 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_tier_stats", "device_delivery_ns_per_token", 0, 0, offset_of!(kdn_tier_stats, device_delivery_ns_per_token)),
         ("kdn_tier_stats", "recompute_chunks", 0, 0, offset_of!(kdn_tier_stats, recompute_chunks)),
         ("kdn_tier_stats", "auth_failures", 0, 0, offset_of!(kdn_tier_stats, auth_failures)),
+        ("kdn_quota_stats", "", size_of::<kdn_quota_stats>(), align_of::<kdn_quota_stats>(), 0),
+        ("kdn_quota_stats", "struct_size", 0, 0, offset_of!(kdn_quota_stats, struct_size)),
+        ("kdn_quota_stats", "filled_size", 0, 0, offset_of!(kdn_quota_stats, filled_size)),
+        ("kdn_quota_stats", "ns_hash", 0, 0, offset_of!(kdn_quota_stats, ns_hash)),
+        ("kdn_quota_stats", "quota_bytes", 0, 0, offset_of!(kdn_quota_stats, quota_bytes)),
+        ("kdn_quota_stats", "used_bytes", 0, 0, offset_of!(kdn_quota_stats, used_bytes)),
+        ("kdn_quota_stats", "objects", 0, 0, offset_of!(kdn_quota_stats, objects)),
+        ("kdn_quota_stats", "quota_evictions", 0, 0, offset_of!(kdn_quota_stats, quota_evictions)),
+        ("kdn_quota_stats", "room_evictions", 0, 0, offset_of!(kdn_quota_stats, room_evictions)),
+        ("kdn_quota_stats", "refused", 0, 0, offset_of!(kdn_quota_stats, refused)),
         ("kdn_chunk_info", "", size_of::<kdn_chunk_info>(), align_of::<kdn_chunk_info>(), 0),
         ("kdn_chunk_info", "struct_size", 0, 0, offset_of!(kdn_chunk_info, struct_size)),
         ("kdn_chunk_info", "filled_size", 0, 0, offset_of!(kdn_chunk_info, filled_size)),
