@@ -86,7 +86,7 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 13 // Request.Salt (kdn_request.salt, 1.13)
+	BindingVersionMinor = 13 // Request.Salt (kdn_request.salt), TierConfig.Quotas (kdn_tier_config.quotas)
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

@@ -341,3 +341,10 @@ kdn_go_ret kdn_go_tier_stats(kdn_runtime *rt, uint32_t index, kdn_tier_stats *ou
   kdn_tier_stats_init(out, sizeof *out);
   return ret(kdn_runtime_get_tier_stats(rt, index, out));
 }
+
+kdn_go_ret kdn_go_quota_stats(kdn_runtime *rt, uint32_t index, kdn_quota_stats *out, size_t capacity,
+                              size_t *count) {
+  size_t i;
+  for (i = 0; i < capacity; ++i) kdn_quota_stats_init(&out[i], sizeof out[i]);
+  return ret(kdn_runtime_get_quota_stats(rt, index, capacity ? out : NULL, capacity, count));
+}

@@ -146,5 +146,9 @@ kdn_go_ret kdn_go_stats(kdn_runtime *rt, kdn_stats *out);
 kdn_go_ret kdn_go_latency(kdn_runtime *rt, kdn_latency_kind kind, kdn_latency *out);
 kdn_go_ret kdn_go_tier_count(kdn_runtime *rt, uint32_t *out);
 kdn_go_ret kdn_go_tier_stats(kdn_runtime *rt, uint32_t index, kdn_tier_stats *out);
+/* Since 1.13: tier index's quotas, up to capacity into out (each element
+ * initialised here; capacity 0: out may be NULL), their number in *count. */
+kdn_go_ret kdn_go_quota_stats(kdn_runtime *rt, uint32_t index, kdn_quota_stats *out, size_t capacity,
+                              size_t *count);
 
 #endif /* KDN_GO_H */

@@ -100,6 +100,24 @@ type TierConfig struct {
 	// kinds, a level that is empty or not a codec, or one holding ';':
 	// ErrInvalidArgument.
 	Levels []string
+	// Quotas (since 1.13): namespaces' quotas in this tier, one per
+	// namespace, at most 4096 (docs/security.md, "Quotas"). A namespace's
+	// chunks take at most Bytes of the tier, counted as the tier counts its
+	// capacity (a memory tier's whole 4 KiB pages per chunk, a disk tier's
+	// encoded bytes). Over it, a store in that namespace evicts the
+	// namespace's own coldest chunks (by Policy), never another's; a chunk
+	// larger than its quota goes to the next tier. When the tier itself is
+	// full, chunks of namespaces without a quota go first. Use and
+	// evictions: Runtime.QuotaStats. Remote tiers take none (a kdnd applies
+	// its own); a namespace twice, an empty one or one over 4096 bytes:
+	// ErrInvalidArgument from NewRuntime.
+	Quotas []Quota
+}
+
+// Quota is one namespace's quota in a tier (TierConfig.Quotas, since 1.13).
+type Quota struct {
+	Namespace string // as the KV calls name it
+	Bytes     uint64 // the most bytes of the tier its chunks may take; 0: they skip the tier
 }
 
 // HostTier is a host-memory tier of capacity bytes.
@@ -249,6 +267,9 @@ type Runtime struct {
 	g    guard
 	rt   *C.kdn_runtime
 	core *core
+	// The namespaces of each tier's quotas, in the order given (for
+	// QuotaStats.Namespace); nil: no tier has quotas.
+	quotaNamespaces [][]string
 }
 
 // NewRuntime creates a runtime. ErrVersion when the libkdn loaded is not
@@ -336,6 +357,23 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 					}
 					c.levels, c.levels_len = cstr(strings.Join(t.Levels, ";"))
 				}
+				if len(t.Quotas) > 0 {
+					// C memory, freed once kdn_runtime_create has returned
+					// (kdn copies the quotas).
+					qmem := C.calloc(C.size_t(len(t.Quotas)), C.sizeof_kdn_quota)
+					if qmem == nil {
+						return nil, &Error{Status: StatusNoMemory, Message: "out of memory for the quotas"}
+					}
+					free = append(free, qmem)
+					quotas := unsafe.Slice((*C.kdn_quota)(qmem), len(t.Quotas))
+					for j, q := range t.Quotas {
+						C.kdn_quota_init(&quotas[j], C.sizeof_kdn_quota)
+						quotas[j].ns, quotas[j].ns_len = cstr(q.Namespace)
+						quotas[j].bytes = C.uint64_t(q.Bytes)
+					}
+					c.quotas = (*C.kdn_quota)(qmem)
+					c.num_quotas = C.size_t(len(t.Quotas))
+				}
 			}
 			o.tiers = (*C.kdn_tier_config)(mem)
 			o.num_tiers = C.size_t(n)
@@ -353,6 +391,19 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{rt: rt, core: c}
+	if opts != nil {
+		for i, t := range opts.Tiers {
+			if len(t.Quotas) == 0 {
+				continue
+			}
+			if r.quotaNamespaces == nil {
+				r.quotaNamespaces = make([][]string, len(opts.Tiers))
+			}
+			for _, q := range t.Quotas {
+				r.quotaNamespaces[i] = append(r.quotaNamespaces[i], q.Namespace)
+			}
+		}
+	}
 	runtime.SetFinalizer(r, (*Runtime).Close)
 	return r, nil
 }
@@ -552,4 +603,61 @@ func (r *Runtime) TierStats(index int) (TierStats, error) {
 		DeviceDeliveryNsPerToken: float64(t.device_delivery_ns_per_token),
 		RecomputeChunks:          uint64(t.recompute_chunks), AuthFailures: uint64(t.auth_failures),
 	}, nil
+}
+
+// QuotaStats is a namespace's use of its quota in a tier, now (since 1.13).
+type QuotaStats struct {
+	Namespace     string   // as TierConfig.Quotas gave it
+	NamespaceHash [32]byte // kdn's hash of the namespace, as chunk envelopes record it
+	QuotaBytes    uint64
+	UsedBytes     uint64 // its chunks' bytes the tier holds
+	Objects       uint64
+	// Its chunks evicted to keep it within its quota (its own stores), and
+	// evicted for the tier's room (the tier full of quota'd chunks).
+	QuotaEvictions, RoomEvictions uint64
+	Refused                       uint64 // its chunks refused here: one larger than its quota
+}
+
+// QuotaStats reads the quotas of tier index (0 = the highest tier), in the
+// order TierConfig.Quotas gave them; none: an empty slice. A chunk a disk
+// tier held at start counts toward no quota until it is stored again. An
+// index out of range: ErrInvalidArgument.
+func (r *Runtime) QuotaStats(index int) ([]QuotaStats, error) {
+	if !r.g.enter() {
+		return nil, ErrClosed
+	}
+	defer r.g.leave()
+	if !fitsUint32(index) {
+		return nil, invalid("tier index out of range")
+	}
+	var n C.size_t
+	if err := retError(C.kdn_go_quota_stats(r.rt, C.uint32_t(index), nil, 0, &n)); err != nil {
+		return nil, err
+	}
+	out := []QuotaStats{}
+	if n == 0 {
+		return out, nil
+	}
+	// Go memory without pointers; the quotas are fixed when the runtime is
+	// created, so n is still their number.
+	qs := make([]C.kdn_quota_stats, n)
+	if err := retError(C.kdn_go_quota_stats(r.rt, C.uint32_t(index), &qs[0], n, &n)); err != nil {
+		return nil, err
+	}
+	var names []string
+	if index < len(r.quotaNamespaces) && len(r.quotaNamespaces[index]) == int(n) {
+		names = r.quotaNamespaces[index]
+	}
+	for i, q := range qs[:n] {
+		s := QuotaStats{QuotaBytes: uint64(q.quota_bytes), UsedBytes: uint64(q.used_bytes), Objects: uint64(q.objects),
+			QuotaEvictions: uint64(q.quota_evictions), RoomEvictions: uint64(q.room_evictions), Refused: uint64(q.refused)}
+		for j := range s.NamespaceHash {
+			s.NamespaceHash[j] = byte(q.ns_hash[j])
+		}
+		if names != nil {
+			s.Namespace = names[i]
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }

@@ -25,6 +25,8 @@
 // - Blending (experimental in kdn.h) is not wrapped: Java has no API for it
 //   (its callbacks would run Java on the blending thread). Model::match
 //   (kdn_kv_match, 1.9) is: a NativeTokenRanges that dev.kdn reads out.
+// - A tier's quota stats (1.13, Runtime::quota_stats) are a std::vector
+//   proxy, NativeQuotaStatsList, that dev.kdn reads out and deletes.
 %module(directors="1") kdn
 
 %begin %{
@@ -344,6 +346,15 @@ class GuardedEditor : public kdn::binding::Editor {
 %ignore kdn::binding::Model::retrieve_memory_states;
 %ignore kdn::binding::Model::load_async_memory_states;
 %ignore kdn::binding::Model::save_async_memory_states;
+
+// A tier's quotas (1.13, Runtime::quota_stats): a std::vector proxy that
+// dev.kdn.KdnRuntime.quotaStats reads out into QuotaStats records and deletes.
+// Instantiated here, before the header's quota_stats uses it (the struct
+// declared ahead; the header defines it).
+%include <std_vector.i>
+%rename(NativeQuotaStats) kdn::binding::QuotaStats;
+namespace kdn { namespace binding { struct QuotaStats; } }
+%template(NativeQuotaStatsList) std::vector<kdn::binding::QuotaStats>;
 
 // Native* in dev.kdn.swig, so dev.kdn's own names stay free.
 %rename(NativeTierConfig) kdn::binding::TierConfig;

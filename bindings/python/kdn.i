@@ -36,6 +36,7 @@
 //   exception a callable raises fails the blend and is raised by
 //   kdn_py_blend, as it was.
 // - Model::match (1.9) returns its TokenRanges as a list of (begin, end).
+// - Runtime::quota_stats (1.13) returns a list of tuples, one per quota.
 //
 // threads="1": every call releases the GIL while kdn works, so other Python
 // threads run, and the mover thread can take the GIL to run an editor while
@@ -396,6 +397,27 @@ void kdn_py_set_error_factory(PyObject *factory) {
   PyTuple_SET_ITEM($result, (Py_ssize_t)(7 + count), PyLong_FromUnsignedLongLong(t.recompute_chunks));
   PyTuple_SET_ITEM($result, (Py_ssize_t)(8 + count), PyLong_FromUnsignedLongLong(t.auth_failures));
 }
+// A tier's quotas (1.13) as a list of (ns_hash as hex, quota_bytes,
+// used_bytes, objects, quota_evictions, room_evictions, refused).
+%typemap(out) std::vector<kdn::binding::QuotaStats> {
+  const std::vector<kdn::binding::QuotaStats> &quotas = $1;
+  $result = PyList_New((Py_ssize_t)quotas.size());
+  if ($result == NULL) SWIG_fail;
+  for (size_t i = 0; i < quotas.size(); ++i) {
+    const kdn::binding::QuotaStats &q = quotas[i];
+    PyObject *hash = PyUnicode_FromStringAndSize(q.ns_hash.data(), (Py_ssize_t)q.ns_hash.size());
+    PyObject *item = hash == NULL ? NULL : Py_BuildValue("(NKKKKKK)", hash,
+                                   (unsigned long long)q.quota_bytes, (unsigned long long)q.used_bytes,
+                                   (unsigned long long)q.objects, (unsigned long long)q.quota_evictions,
+                                   (unsigned long long)q.room_evictions, (unsigned long long)q.refused);
+    if (item == NULL) {
+      Py_DECREF($result);
+      $result = NULL;
+      SWIG_fail;
+    }
+    PyList_SET_ITEM($result, (Py_ssize_t)i, item);
+  }
+}
 // (positions, cached, fresh, selected, recompute_fraction, then 1.9's
 // anchored, kv_passes, ratio, num_check_layers, gated, gate_kl_ratio).
 %typemap(out) kdn::binding::BlendReport {
@@ -444,6 +466,7 @@ void kdn_py_set_error_factory(PyObject *factory) {
 %ignore kdn::binding::Stats;
 %ignore kdn::binding::Latency;
 %ignore kdn::binding::TierStats;
+%ignore kdn::binding::QuotaStats;
 %ignore kdn::binding::BlendReport;
 %ignore kdn::binding::TokenRanges;
 // Blending runs through kdn_py_blend below (the callback is a Python callable).
@@ -457,6 +480,7 @@ void kdn_py_set_error_factory(PyObject *factory) {
 %ignore kdn::binding::detail::Closed;
 %ignore kdn::binding::detail::Invalid;
 %ignore kdn::binding::detail::DtypeBytes;
+%ignore kdn::binding::detail::Since;
 
 // ---- The editor: a director -------------------------------------------------------------
 

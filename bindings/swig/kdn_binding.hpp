@@ -37,6 +37,13 @@
 #include <utility>
 #include <vector>
 
+// Functions newer than the oldest libkdn the bindings load against (1.9)
+// are weak references: the module still loads against an older library,
+// and a call to one there throws KDN_ERR_VERSION (detail::Since).
+#if !defined(SWIG) && defined(__GNUC__)
+#pragma weak kdn_runtime_get_quota_stats
+#endif
+
 namespace kdn {
 namespace binding {
 
@@ -68,6 +75,14 @@ inline void Check(kdn_status status, uint64_t needed = 0) {
 inline void Closed(const char* what) { throw Error(KDN_ERR_INVALID_ARGUMENT, std::string(what) + " is closed", true); }
 inline void Invalid(const std::string& message) { throw Error(KDN_ERR_INVALID_ARGUMENT, message); }
 inline uint32_t DtypeBytes(int dtype) { return dtype == KDN_DTYPE_F32 ? 4u : 2u; }
+// Throws KDN_ERR_VERSION unless `fn`, a function of C ABI 1.`minor`, is
+// there (a weak reference: null in an older libkdn).
+inline void Since(const void* fn, const char* name, int minor) {
+  if (fn == nullptr) {
+    throw Error(KDN_ERR_VERSION, std::string(name) + " needs libkdn 1." + std::to_string(minor) + " or later; this is " +
+                                     kdn_version());
+  }
+}
 
 #ifndef SWIG
 // A handle's life: every call holds a Use for its duration; Close marks the
@@ -84,7 +99,7 @@ class Life {
    public:
     explicit Use(const Life& life) : life_(life) {
       std::lock_guard<std::mutex> lock(life_.mu_);
-      if (life_.state_ != kOpen) Closed(life_.what_);
+      if (life_.state_ != kOpen || life_.refusing_) Closed(life_.what_);
       ++life_.calls_;
     }
     ~Use() {
@@ -119,7 +134,14 @@ class Life {
   }
   bool closing() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return state_ != kOpen;
+    return state_ != kOpen || refusing_;
+  }
+  // New calls throw the closed Error from now on, while the close itself
+  // comes later (a close inside a callback of a call on the handle, handed
+  // to another thread): what "closed" means to the caller holds at once.
+  void Refuse() {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusing_ = true;
   }
  private:
   enum State { kOpen, kClosing, kClosed };
@@ -128,6 +150,7 @@ class Life {
   mutable std::condition_variable cv_;
   mutable State state_ = kOpen;
   mutable uint64_t calls_ = 0;
+  bool refusing_ = false;
 };
 
 // The longest slice of one blocking kdn wait: how long a close may wait for it.
@@ -157,6 +180,22 @@ struct TierConfig {
   // remote, redis (1.6): quality levels, codec specs finest first separated
   // by ';' (codec then empty); a load with a TTFT target picks each chunk's.
   std::string levels;
+  // Since 1.13, not for remote tiers: a namespace's quota in this tier, the
+  // most bytes its chunks may take (as the tier counts its capacity); over
+  // it, the namespace's puts evict its own coldest chunks, never another's
+  // (docs/security.md, "Quotas"). One per namespace, at most 4096; kdn
+  // checks them when the runtime is created. Runtime::quota_stats reports
+  // them in this order.
+  void add_quota(const std::string& ns, uint64_t bytes) { quotas.push_back(Quota{ns, bytes}); }
+  size_t quota_count() const { return quotas.size(); }
+  void clear_quotas() { quotas.clear(); }
+#ifndef SWIG
+  struct Quota {
+    std::string ns;
+    uint64_t bytes;
+  };
+  std::vector<Quota> quotas;
+#endif
 };
 
 struct RuntimeOptions {
@@ -526,6 +565,18 @@ struct TierStats {
   uint64_t auth_failures = 0;  // since 1.8: of corrupt_detected, chunks whose seal failed
 };
 
+// Since 1.13: one namespace's quota in a tier, now (kdn_quota_stats).
+// ns_hash: kdn's hash of the namespace as chunk envelopes record it (SHA-256
+// of "kdn-namespace-v1" and the namespace, each after its length as a
+// little-endian u64: core/keys/hash.cc), in 64 lowercase hex digits.
+struct QuotaStats {
+  std::string ns_hash;
+  uint64_t quota_bytes = 0, used_bytes = 0, objects = 0;
+  uint64_t quota_evictions = 0;  // its chunks evicted to keep it within its quota
+  uint64_t room_evictions = 0;   // its chunks evicted for the tier's room
+  uint64_t refused = 0;          // its puts refused: one chunk larger than its quota
+};
+
 struct ChunkInfo {
   uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 0, num_tokens = 0;
   int dtype = KDN_DTYPE_F32;
@@ -805,6 +856,8 @@ class Runtime {
     });
   }
   bool is_closed() const { return life_.closing(); }
+  // New calls fail as closed from now on; close() still does the closing.
+  void refuse() { life_.Refuse(); }
 
   Stats stats() {
     const detail::Life::Use use(life_);
@@ -907,6 +960,38 @@ class Runtime {
     return out;
   }
 
+  // Since 1.13: the quotas of tier `index`, in the order its TierConfig
+  // added them (empty: none).
+  std::vector<QuotaStats> quota_stats(uint32_t index) {
+    const detail::Life::Use use(life_);
+    detail::Since(reinterpret_cast<const void*>(&kdn_runtime_get_quota_stats), "kdn_runtime_get_quota_stats", 13);
+    size_t count = 0;
+    detail::Check(kdn_runtime_get_quota_stats(rt_, index, nullptr, 0, &count));
+    const kdn_quota_stats init = KDN_QUOTA_STATS_INIT;  // the macro: no 1.13 symbol needed
+    std::vector<kdn_quota_stats> raw(count, init);
+    if (count > 0) detail::Check(kdn_runtime_get_quota_stats(rt_, index, raw.data(), raw.size(), &count));
+    std::vector<QuotaStats> out;
+    out.reserve(std::min(count, raw.size()));
+    static const char kHex[] = "0123456789abcdef";
+    for (size_t i = 0; i < count && i < raw.size(); ++i) {
+      const kdn_quota_stats& q = raw[i];
+      QuotaStats s;
+      s.ns_hash.reserve(2 * sizeof q.ns_hash);
+      for (uint8_t b : q.ns_hash) {
+        s.ns_hash.push_back(kHex[b >> 4]);
+        s.ns_hash.push_back(kHex[b & 15]);
+      }
+      s.quota_bytes = q.quota_bytes;
+      s.used_bytes = q.used_bytes;
+      s.objects = q.objects;
+      s.quota_evictions = q.quota_evictions;
+      s.room_evictions = q.room_evictions;
+      s.refused = q.refused;
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
   // A model of this runtime (the caller closes it).
   Model* create_model(const ModelSpec& spec);
 
@@ -914,6 +999,8 @@ class Runtime {
  private:
   void Create(const RuntimeOptions& options, Editor* editor) {
     std::vector<kdn_tier_config> tiers(options.tiers.size());
+    // Each tier's kdn_quota array, alive until kdn_runtime_create returns.
+    std::vector<std::vector<kdn_quota>> quotas(options.tiers.size());
     for (size_t i = 0; i < tiers.size(); ++i) {
       const TierConfig& t = options.tiers[i];
       kdn_tier_config& c = tiers[i];
@@ -947,6 +1034,18 @@ class Runtime {
       if (!t.levels.empty()) {
         c.levels = t.levels.data();
         c.levels_len = t.levels.size();
+      }
+      if (!t.quotas.empty()) {
+        std::vector<kdn_quota>& q = quotas[i];
+        const kdn_quota init = KDN_QUOTA_INIT;  // the macro: no 1.13 symbol needed
+        q.assign(t.quotas.size(), init);
+        for (size_t j = 0; j < q.size(); ++j) {
+          q[j].ns = t.quotas[j].ns.data();
+          q[j].ns_len = t.quotas[j].ns.size();
+          q[j].bytes = t.quotas[j].bytes;
+        }
+        c.quotas = q.data();
+        c.num_quotas = q.size();
       }
     }
     kdn_runtime_options o;
@@ -1010,6 +1109,8 @@ class Model {
     });
   }
   bool is_closed() const { return life_.closing(); }
+  // New calls fail as closed from now on; close() still does the closing.
+  void refuse() { life_.Refuse(); }
   const ModelSpec& spec() const { return spec_; }
 
   uint64_t kv_bytes_per_token() const {
@@ -1368,6 +1469,8 @@ class Op {
     });
   }
   bool is_closed() const { return life_.closing(); }
+  // New calls fail as closed from now on; close() still does the closing.
+  void refuse() { life_.Refuse(); }
 
   void layer_ready(uint32_t layer) {
     const detail::Life::Use use(life_);

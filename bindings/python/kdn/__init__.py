@@ -29,7 +29,7 @@ from ._errors import (BufferTooSmallError, BusyError, CallerError, CancelledErro
                       UnavailableError, UnsupportedError, VersionError)
 from ._runtime import Editor, KvView, Model, Op, Request, Runtime
 from ._types import (RESULT_LOSSY, BlendReport, ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult,
-                     ModelSpec, Segment, Stats, Tier, TierStats)
+                     ModelSpec, QuotaStats, Segment, Stats, Tier, TierStats)
 
 
 def version():
@@ -52,7 +52,8 @@ __version__ = _s.version()
 
 __all__ = [
     "Runtime", "Model", "Op", "Request", "KvView", "Editor", "Tier", "ModelSpec", "KvResult", "LookupResult",
-    "DocumentInfo", "FetchResult", "Stats", "Latency", "TierStats", "ChunkInfo", "RESULT_LOSSY", "DType", "TierKind",
+    "DocumentInfo", "FetchResult", "Stats", "Latency", "TierStats", "QuotaStats", "ChunkInfo", "RESULT_LOSSY", "DType",
+    "TierKind",
     "EvictionPolicy", "Layout", "OpState", "LatencyKind", "RopeStyle", "CacheKind", "Status", "DeviceMode", "MemoryKind",
     "RopeScaling", "SegmentKind", "Segment", "BlendReport", "Error", "CallerError",
     "RetryableError", "InvalidArgumentError", "ClosedError", "VersionError", "BufferTooSmallError", "NotFoundError",

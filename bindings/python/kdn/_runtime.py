@@ -34,7 +34,7 @@ from ._arrays import foreign as _foreign
 from ._enums import CacheKind, DeviceMode, DType, Layout, LatencyKind, OpState, RopeScaling, SegmentKind, Status, TierKind
 from ._errors import InvalidArgumentError, _from_native
 from ._types import (BlendReport, ChunkInfo, DocumentInfo, FetchResult, KvResult, Latency, LookupResult, ModelSpec,
-                     Segment, Stats, Tier, TierStats)
+                     QuotaStats, Segment, Stats, Tier, TierStats)
 
 __all__ = ["Runtime", "Model", "Op", "Request", "KvView", "Editor"]
 
@@ -437,6 +437,7 @@ atexit.register(_closer.drain, 60)
 
 def _close_handle(handle, core, buffer=None):
     if _s.kdn_py_in_callback():  # in an editor or a blend's callback: close elsewhere, after it returns
+        handle.refuse()  # calls after this close() raise ClosedError at once, as the class says
         _closer.submit(handle, core, buffer)
     else:
         _close_now(handle, core, buffer)
@@ -522,10 +523,13 @@ class Runtime(_Handle):
             o.secret_file = os.fsencode(path)
         if isinstance(tiers, Tier):
             tiers = [tiers]
+        quota_ns = []  # each tier's quotas' namespaces, in order (quota_stats names them)
         for tier in tiers or ():
             if not isinstance(tier, Tier):
                 raise InvalidArgumentError(f"tiers must be kdn.Tier values, not {type(tier).__name__}")
-            o.add_tier(_native_tier(tier))
+            quotas = _quotas(tier.quotas)
+            o.add_tier(_native_tier(tier, quotas))
+            quota_ns.append(tuple(ns for ns, _ in quotas))
         bridge = None
         if editor is not None:
             if not callable(editor):
@@ -537,6 +541,7 @@ class Runtime(_Handle):
         self.chunk_tokens = chunk_tokens
         self.device = DeviceMode(int(device))
         self.device_ordinal = device_ordinal
+        self._quota_ns = quota_ns
         self._core = _Core(bridge)
         self._track(self._h, self._core)
 
@@ -598,6 +603,18 @@ class Runtime(_Handle):
         t = self._h.tier_stats(index)
         return TierStats(TierKind(t[0]), *t[1:])
 
+    def quota_stats(self, index=0):
+        """The quotas of tier `index` (since 1.13; Tier.quotas), a list of
+        QuotaStats in the order the tier gave them (empty: none). A libkdn
+        before 1.13: VersionError."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise InvalidArgumentError(f"tier index must be an int, not {type(index).__name__}")
+        if not 0 <= index < 1 << 32:
+            raise InvalidArgumentError(f"no tier {index}")
+        names = self._quota_ns[index] if index < len(self._quota_ns) else ()
+        return [QuotaStats(names[i] if i < len(names) else None, bytes.fromhex(q[0]), *q[1:])
+                for i, q in enumerate(self._h.quota_stats(index))]
+
 
 def _levels(levels):
     """Tier.levels: a ';'-separated string, or a list of codec specs."""
@@ -613,7 +630,21 @@ def _levels(levels):
     return ";".join(parts)
 
 
-def _native_tier(tier):
+def _quotas(quotas):
+    """Tier.quotas as a list of (namespace, bytes): a mapping or pairs."""
+    if isinstance(quotas, (str, bytes)):
+        raise InvalidArgumentError(f"quotas must be {{namespace: bytes}} or (namespace, bytes) pairs, not {quotas!r}")
+    try:
+        pairs = list(quotas.items()) if hasattr(quotas, "items") else [tuple(p) for p in quotas]
+    except TypeError as e:
+        raise InvalidArgumentError(f"quotas must be {{namespace: bytes}} or (namespace, bytes) pairs: {e}") from e
+    for p in pairs:
+        if len(p) != 2 or not isinstance(p[0], (str, bytes)) or isinstance(p[1], bool) or not isinstance(p[1], int):
+            raise InvalidArgumentError(f"quotas: {p!r} is not a (namespace, bytes) pair")
+    return pairs
+
+
+def _native_tier(tier, quotas=()):
     t = _s.TierConfig()
     try:
         t.kind = int(tier.kind)
@@ -634,6 +665,11 @@ def _native_tier(tier):
     t.tls_server_name = tier.tls_server_name
     t.user = tier.user
     t.levels = _levels(tier.levels)
+    try:
+        for ns, limit in quotas:
+            t.add_quota(ns, limit)
+    except (TypeError, OverflowError) as e:
+        raise InvalidArgumentError(f"tier {tier!r}: quotas: {e}") from e
     return t
 
 

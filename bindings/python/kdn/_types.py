@@ -2,13 +2,13 @@
 """kdn's value types: configuration in (Tier, ModelSpec) and results out."""
 import array
 import dataclasses
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ._enums import CacheKind, DType, EvictionPolicy, OpState, RopeStyle, SegmentKind, Status, TierKind
 
 __all__ = [
     "Tier", "ModelSpec", "KvResult", "LookupResult", "DocumentInfo", "FetchResult", "Stats", "Latency",
-    "TierStats", "ChunkInfo", "RESULT_LOSSY", "Segment", "BlendReport",
+    "TierStats", "QuotaStats", "ChunkInfo", "RESULT_LOSSY", "Segment", "BlendReport",
 ]
 
 #: KvResult.flags: some of the KV written was decoded from a lossy codec.
@@ -40,6 +40,17 @@ class Tier:
     "kdn:balanced"]); a load with a TTFT target (ttft_target_us) fetches each
     chunk at the finest level that arrives in time, and leaves the chunks no
     level would to recompute.
+
+    quotas (since 1.13; not for remote tiers, whose kdnd has its own):
+    namespaces' quotas in this tier, ``{"tenant-a": 64 << 20}`` or
+    ``[("tenant-a", 64 << 20), ...]`` (namespaces str or bytes, as the KV
+    calls name them): a namespace's chunks take at most that many bytes of
+    the tier, as it counts its capacity (a memory tier: whole 4 KiB pages
+    per chunk). Over it, the namespace's stores evict its own coldest chunks,
+    never another's; a chunk larger than its quota goes to the next tier.
+    A full tier evicts the chunks of namespaces without a quota first. One
+    quota per namespace (a second, or one on a remote tier:
+    InvalidArgumentError from the Runtime). Runtime.quota_stats reports them.
     """
     kind: TierKind = TierKind.HOST
     capacity_bytes: int = 1 << 30
@@ -57,6 +68,7 @@ class Tier:
     user: Text = ""
     ttl_ms: int = 0
     levels: Union[Text, Tuple[Text, ...], list] = ""
+    quotas: Union[Mapping[Text, int], Sequence[Tuple[Text, int]]] = ()
 
     @classmethod
     def host(cls, capacity_bytes=1 << 30, **kwargs):
@@ -270,6 +282,18 @@ class TierStats:
     # Since 1.8: of corrupt_detected, the chunks whose seal failed (a runtime
     # with a secret_file: none, another secret's, or a MAC that does not match).
     auth_failures: int
+
+
+class QuotaStats(NamedTuple):
+    """One namespace's quota in a tier, now (kdn_quota_stats; since 1.13)."""
+    ns: Text  #: the namespace, as Tier.quotas gave it
+    ns_hash: bytes  #: the namespace's hash (32 bytes), as chunk envelopes record it
+    quota_bytes: int
+    used_bytes: int  #: its chunks' bytes the tier holds
+    objects: int  #: its chunks the tier holds
+    quota_evictions: int  #: its chunks evicted to keep it within its quota (by its own stores)
+    room_evictions: int  #: its chunks evicted for the tier's room (the tier full of quota'd chunks)
+    refused: int  #: its chunks refused here: larger than its quota
 
 
 class ChunkInfo(NamedTuple):

@@ -958,7 +958,9 @@ KDN_API kdn_status kdn_runtime_get_tier_stats(kdn_runtime *runtime, uint32_t ind
 typedef struct kdn_quota_stats {
   uint32_t struct_size;
   uint32_t filled_size;
-  uint8_t ns_hash[32];       /* SHA-256 of the namespace (as chunk envelopes record it) */
+  uint8_t ns_hash[32];       /* kdn's hash of the namespace, as chunk envelopes record it:
+                                SHA-256 of "kdn-namespace-v1" then the namespace, each as a
+                                u64 little-endian length and its bytes (docs/storage.md) */
   uint64_t quota_bytes;
   uint64_t used_bytes;       /* its chunks' bytes the tier holds */
   uint64_t objects;

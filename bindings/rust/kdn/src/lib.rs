@@ -46,6 +46,12 @@
 //! salted KV an unsalted one). Lookups, stores, retrieves and the async
 //! loads and saves take it; knowledge items and blending have none.
 //!
+//! ## Quotas
+//! A tier may give namespaces quotas ([`TierConfig::quota`], since 1.13):
+//! a namespace over its quota in that tier evicts only its own coldest
+//! chunks, never another tenant's. [`Runtime::quota_stats`] gives each
+//! quota's use and evictions. Remote tiers take none (a kdnd has its own).
+//!
 //! ## Recurrent layers
 //! A model with recurrent layers ([`ModelSpec::num_state_layers`], since
 //! 1.12) has a state per recurrent layer: its views carry it
@@ -82,7 +88,7 @@ pub use error::{Error, Family, Result, Status};
 pub use knowledge::{DocumentInfo, Knowledge};
 pub use model::{KvResult, LoadRequest, Lookup, Model, ModelSpec, Request, SaltedRequest, TokenId};
 pub use op::Op;
-pub use runtime::{ChunkInfo, Latency, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
+pub use runtime::{ChunkInfo, Latency, Quota, QuotaStats, Runtime, RuntimeOptions, Stats, TierConfig, TierStats};
 pub use types::{
     version, version_number, CacheKind, DType, DeviceMode, Element, EvictionPolicy, LatencyKind, Layout, MemoryKind,
     OpState, RopeScaling, RopeStyle, TierKind, ABI_VERSION_NUMBER, HEADER_VERSION_NUMBER,

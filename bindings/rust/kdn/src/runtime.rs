@@ -28,6 +28,17 @@ use std::time::Duration;
 ///     .with_watermarks(0.9, 0.8);
 /// assert_eq!(disk.capacity_bytes, 1 << 30);
 /// ```
+///
+/// With namespace quotas (since 1.13; see [`quota`](TierConfig::quota)):
+///
+/// ```
+/// use kdn::{RuntimeOptions, Runtime, TierConfig};
+/// let host = TierConfig::host(1 << 30).quota("tenant-a", 256 << 20).quota("tenant-b", 512 << 20);
+/// let rt = Runtime::new(&RuntimeOptions::default().with_tier(host))?;
+/// let stats = rt.quota_stats(0)?; // in the order the quotas were given
+/// assert_eq!((stats.len(), stats[1].quota_bytes, stats[1].objects), (2, 512 << 20, 0));
+/// # Ok::<(), kdn::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct TierConfig {
     /// What the tier is. Default: host memory.
@@ -77,6 +88,24 @@ pub struct TierConfig {
     /// zero: never. Other kinds refuse it. Passed to C in whole milliseconds,
     /// rounded up (since 1.5; was `ttl_ms: u64`).
     pub ttl: Duration,
+    /// Namespaces' quotas in this tier (since 1.13), at most 4096, one per
+    /// namespace (a second one for the same namespace, an empty namespace:
+    /// [`Runtime::new`] fails with `InvalidArgument`). Not for a remote tier
+    /// (a kdnd has its own quotas, in its config): `InvalidArgument`. Empty:
+    /// none. See [`quota`](Self::quota).
+    pub quotas: Vec<Quota>,
+}
+
+/// One namespace's quota in a tier (`kdn_quota`, since 1.13):
+/// [`TierConfig::quota`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// The namespace, as the KV calls name it (1 to 4096 bytes).
+    pub namespace: Vec<u8>,
+    /// The most bytes of the tier its chunks may take, counted as the tier
+    /// counts its capacity (a memory tier's whole 4 KiB pages per chunk, a
+    /// disk tier's encoded bytes). 0: its chunks skip the tier.
+    pub bytes: u64,
 }
 
 impl Default for TierConfig {
@@ -98,6 +127,7 @@ impl Default for TierConfig {
             tls_server_name: String::new(),
             user: String::new(),
             ttl: Duration::ZERO,
+            quotas: Vec::new(),
         }
     }
 }
@@ -169,6 +199,23 @@ impl TierConfig {
         self.ttl = ttl;
         self
     }
+    /// With a quota for namespace `ns` (since 1.13; `kdn_tier_config.quotas`,
+    /// docs/security.md, "Quotas"): its chunks take at most `bytes` of this
+    /// tier, counted as the tier counts its capacity (a memory tier: whole
+    /// 4 KiB pages per chunk). Over it, a put of `ns` evicts `ns`'s own
+    /// coldest chunks (by the tier's policy, demoted to the next tier as any
+    /// victim), never another namespace's; a chunk larger than the quota
+    /// skips the tier. When the tier itself is full, chunks of namespaces
+    /// without a quota go first: while the quotas add up to no more than the
+    /// tier, each quota'd namespace keeps up to its quota whatever the others
+    /// do. Use and evictions: [`Runtime::quota_stats`], in the order of the
+    /// calls. Refused by [`Runtime::new`] (`InvalidArgument`): a namespace
+    /// given twice or empty, a remote tier. A libkdn older than 1.13 refuses
+    /// a tier with quotas (`Version`).
+    pub fn quota(mut self, ns: impl AsRef<[u8]>, bytes: u64) -> Self {
+        self.quotas.push(Quota { namespace: ns.as_ref().to_vec(), bytes });
+        self
+    }
     /// Remote: TLS with a CA file and (empty: the address's host) a server name.
     pub fn with_tls(mut self, ca_file: impl Into<PathBuf>, server_name: impl Into<String>) -> Self {
         self.tls_ca_file = Some(ca_file.into());
@@ -176,10 +223,12 @@ impl TierConfig {
         self
     }
 
-    /// The C struct; its strings borrow from `self` and from `levels`, the
-    /// levels joined as C takes them (`levels` must outlive the struct).
-    fn raw(&self, levels: &mut String) -> Result<sys::kdn_tier_config> {
+    /// The C struct; its strings borrow from `self` and from `parts` (the
+    /// levels joined as C takes them, the quotas' array), which must outlive
+    /// it.
+    fn raw(&self, parts: &mut RawTierParts) -> Result<sys::kdn_tier_config> {
         let mut c: sys::kdn_tier_config = init(sys::kdn_tier_config_init);
+        let levels = &mut parts.levels;
         // ';' separates the levels in C: one inside a level would split it,
         // and a lone empty level would join to "", which C reads as none.
         if let Some(level) = self.levels.iter().find(|l| l.contains(';') || l.is_empty()) {
@@ -205,8 +254,31 @@ impl TierConfig {
         (c.tls_server_name, c.tls_server_name_len) = c_str(self.tls_server_name.as_bytes());
         (c.user, c.user_len) = c_str(self.user.as_bytes());
         c.ttl_ms = millis_ceil(self.ttl, u64::MAX);
+        // Each quota's namespace borrows from `self`; the array is `parts`'s
+        // (its heap buffer stays put when `parts` moves).
+        parts.quotas = self
+            .quotas
+            .iter()
+            .map(|q| {
+                let mut raw: sys::kdn_quota = init(sys::kdn_quota_init);
+                (raw.ns, raw.ns_len) = c_str(&q.namespace);
+                raw.bytes = q.bytes;
+                raw
+            })
+            .collect();
+        if !parts.quotas.is_empty() {
+            (c.quotas, c.num_quotas) = (parts.quotas.as_ptr(), parts.quotas.len());
+        }
         Ok(c)
     }
+}
+
+/// What a tier's C struct points into besides the [`TierConfig`]: kept
+/// alive across `kdn_runtime_create`.
+#[derive(Default)]
+struct RawTierParts {
+    levels: String,
+    quotas: Vec<sys::kdn_quota>,
 }
 
 /// A string or path for C: (NULL, 0) when empty.
@@ -471,9 +543,9 @@ impl Runtime {
 
     fn create(options: &RuntimeOptions, keep: Keep) -> Result<Runtime> {
         check_library_version(version_number())?;
-        let mut levels = vec![String::new(); options.tiers.len()];
+        let mut parts: Vec<RawTierParts> = options.tiers.iter().map(|_| RawTierParts::default()).collect();
         let tiers: Vec<sys::kdn_tier_config> =
-            options.tiers.iter().zip(&mut levels).map(|(t, l)| t.raw(l)).collect::<Result<_>>()?;
+            options.tiers.iter().zip(&mut parts).map(|(t, p)| t.raw(p)).collect::<Result<_>>()?;
         let mut o: sys::kdn_runtime_options = init(sys::kdn_runtime_options_init);
         o.chunk_tokens = options.chunk_tokens;
         o.host_capacity_bytes = options.host_capacity_bytes;
@@ -492,7 +564,8 @@ impl Runtime {
             (o.secret_file, o.secret_file_len) = c_str(path.as_os_str().as_bytes());
         }
         let mut raw = ptr::null_mut();
-        // SAFETY: o and its arrays live across the call; the editor slot (if
+        // SAFETY: o and its arrays (tiers, parts and what they borrow from
+        // `options`) live across the call; the editor slot (if
         // any) lives as long as the runtime's handles (each holds `keep`).
         let status = unsafe {
             match &keep {
@@ -554,6 +627,27 @@ impl Runtime {
     /// Every tier's counters, highest first.
     pub fn all_tier_stats(&self) -> Result<Vec<TierStats>> {
         (0..self.tier_count()?).map(|i| self.tier_stats(i)).collect()
+    }
+
+    /// The namespace quotas of tier `index` (0 = highest), now (since 1.13;
+    /// `kdn_runtime_get_quota_stats`): one per [`TierConfig::quota`], in the
+    /// order they were given; empty for a tier without quotas. An index past
+    /// the last tier: `InvalidArgument`.
+    pub fn quota_stats(&self, tier: u32) -> Result<Vec<QuotaStats>> {
+        let mut count = 0usize;
+        // SAFETY: a live handle; no array (capacity 0), one count.
+        check(unsafe { sys::kdn_runtime_get_quota_stats(self.raw.as_ptr(), tier, ptr::null_mut(), 0, &mut count) })?;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        // A tier's quotas are fixed at creation, so the count does not change.
+        let mut out: Vec<sys::kdn_quota_stats> = (0..count).map(|_| init(sys::kdn_quota_stats_init)).collect();
+        // SAFETY: `out` holds `out.len()` initialised structs of this crate's size.
+        check(unsafe {
+            sys::kdn_runtime_get_quota_stats(self.raw.as_ptr(), tier, out.as_mut_ptr(), out.len(), &mut count)
+        })?;
+        out.truncate(count);
+        Ok(out.iter().map(QuotaStats::from).collect())
     }
 
     /// Releases this handle now (the same as dropping it). Models and ops
@@ -775,6 +869,42 @@ pub struct TierStats {
     pub auth_failures: u64,
 }
 
+/// One namespace's quota in a tier, now (`kdn_quota_stats`, since 1.13):
+/// [`Runtime::quota_stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QuotaStats {
+    /// The namespace's hash, as chunk envelopes record it (a SHA-256 of the
+    /// namespace, domain-separated: not `sha256(ns)` itself).
+    pub ns_hash: [u8; 32],
+    /// The quota, bytes.
+    pub quota_bytes: u64,
+    /// Its chunks' bytes the tier holds (counted as the quota is).
+    pub used_bytes: u64,
+    /// Its chunks the tier holds.
+    pub objects: u64,
+    /// Its chunks evicted to keep it within its quota (by its own puts).
+    pub quota_evictions: u64,
+    /// Its chunks evicted for the tier's room (the tier full of quota'd chunks).
+    pub room_evictions: u64,
+    /// Its puts refused here: a chunk larger than its quota.
+    pub refused: u64,
+}
+
+impl From<&sys::kdn_quota_stats> for QuotaStats {
+    fn from(q: &sys::kdn_quota_stats) -> Self {
+        QuotaStats {
+            ns_hash: q.ns_hash,
+            quota_bytes: q.quota_bytes,
+            used_bytes: q.used_bytes,
+            objects: q.objects,
+            quota_evictions: q.quota_evictions,
+            room_evictions: q.room_evictions,
+            refused: q.refused,
+        }
+    }
+}
+
 pub(crate) fn c_string(chars: &[c_char]) -> String {
     let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
@@ -822,12 +952,12 @@ impl From<&sys::kdn_tier_stats> for TierStats {
 
 #[cfg(test)]
 mod tests {
-    use super::TierConfig;
+    use super::{RawTierParts, TierConfig};
     use crate::Status;
     use std::time::Duration;
 
     fn raw(tier: &TierConfig) -> kdn_sys::kdn_tier_config {
-        tier.raw(&mut String::new()).unwrap()
+        tier.raw(&mut RawTierParts::default()).unwrap()
     }
 
     #[test]
@@ -845,18 +975,35 @@ mod tests {
 
     #[test]
     fn tier_levels_reach_c_joined_by_semicolons() {
-        let mut joined = String::new();
+        let mut parts = RawTierParts::default();
         let tier = TierConfig::remote("127.0.0.1:1", "t");
-        let c = tier.raw(&mut joined).unwrap();
+        let c = tier.raw(&mut parts).unwrap();
         assert_eq!((c.levels, c.levels_len), (std::ptr::null(), 0), "no levels: NULL, as C's default");
-        let c = tier.clone().with_levels(["zstd", "kdn:hifi", "kdn:balanced"]).raw(&mut joined).unwrap();
-        assert_eq!(joined, "zstd;kdn:hifi;kdn:balanced");
+        let c = tier.clone().with_levels(["zstd", "kdn:hifi", "kdn:balanced"]).raw(&mut parts).unwrap();
+        assert_eq!(parts.levels, "zstd;kdn:hifi;kdn:balanced");
         let got = unsafe { std::slice::from_raw_parts(c.levels as *const u8, c.levels_len) };
-        assert_eq!(got, joined.as_bytes());
+        assert_eq!(got, parts.levels.as_bytes());
         for bad in [&["zstd;kdn"][..], &[""], &["zstd", ""]] {
-            let e = tier.clone().with_levels(bad.iter().copied()).raw(&mut joined).unwrap_err();
+            let e = tier.clone().with_levels(bad.iter().copied()).raw(&mut parts).unwrap_err();
             assert_eq!(e.status(), Status::InvalidArgument);
             assert!(e.message().contains("';'"), "{e}");
+        }
+    }
+
+    #[test]
+    fn tier_quotas_reach_c_as_an_array_in_their_order() {
+        let mut parts = RawTierParts::default();
+        let c = TierConfig::host(1 << 20).raw(&mut parts).unwrap();
+        assert_eq!((c.quotas, c.num_quotas), (std::ptr::null(), 0), "no quotas: NULL, as C's default");
+        let tier = TierConfig::host(1 << 20).quota("tenant-a", 4096).quota(b"tenant-b".as_slice(), 0);
+        let c = tier.raw(&mut parts).unwrap();
+        assert_eq!(c.num_quotas, 2);
+        let quotas = unsafe { std::slice::from_raw_parts(c.quotas, c.num_quotas) };
+        for (q, (ns, bytes)) in quotas.iter().zip([("tenant-a", 4096), ("tenant-b", 0)]) {
+            assert_eq!(q.struct_size as usize, std::mem::size_of::<kdn_sys::kdn_quota>());
+            assert_eq!(q.reserved0, 0);
+            assert_eq!(unsafe { std::slice::from_raw_parts(q.ns as *const u8, q.ns_len) }, ns.as_bytes());
+            assert_eq!(q.bytes, bytes);
         }
     }
 }

@@ -4,6 +4,7 @@ package dev.kdn;
 import dev.kdn.swig.NativeEditor;
 import dev.kdn.swig.NativeLatency;
 import dev.kdn.swig.NativeModelSpec;
+import dev.kdn.swig.NativeQuotaStatsList;
 import dev.kdn.swig.NativeRuntime;
 import dev.kdn.swig.NativeRuntimeOptions;
 import java.lang.ref.Cleaner;
@@ -38,11 +39,13 @@ public final class KdnRuntime implements AutoCloseable {
   private final NativeRuntime handle;
   private final Core core;
   private final Core.Release release;
+  private final List<TierConfig> tiers; // as created, for the quotas' namespaces
   private volatile boolean closed;
 
-  private KdnRuntime(NativeRuntime handle, Core core) {
+  private KdnRuntime(NativeRuntime handle, Core core, List<TierConfig> tiers) {
     this.handle = handle;
     this.core = core;
+    this.tiers = tiers;
     this.release = new Core.Release(handle::close, handle::delete, core, null);
     Natives.CLEANER.register(this, release);
   }
@@ -54,7 +57,7 @@ public final class KdnRuntime implements AutoCloseable {
    */
   public static KdnRuntime create(RuntimeOptions options) {
     Objects.requireNonNull(options, "options");
-    return make(options::toNative, () -> new Core((Editor) null));
+    return make(options::toNative, () -> new Core((Editor) null), options.tiers());
   }
 
   /**
@@ -64,7 +67,7 @@ public final class KdnRuntime implements AutoCloseable {
   public static KdnRuntime create(RuntimeOptions options, Editor editor) {
     Objects.requireNonNull(options, "options");
     Objects.requireNonNull(editor, "editor");
-    return make(options::toNative, () -> new Core(editor));
+    return make(options::toNative, () -> new Core(editor), options.tiers());
   }
 
   /**
@@ -72,6 +75,12 @@ public final class KdnRuntime implements AutoCloseable {
    * whichever step throws, what the earlier ones made is freed.
    */
   static KdnRuntime make(Supplier<NativeRuntimeOptions> nativeOptions, Supplier<Core> newCore) {
+    return make(nativeOptions, newCore, List.of());
+  }
+
+  /** As above; {@code tiers} are the options' (their quotas name {@link QuotaStats#namespace}). */
+  static KdnRuntime make(Supplier<NativeRuntimeOptions> nativeOptions, Supplier<Core> newCore,
+      List<TierConfig> tiers) {
     Kdn.checkLibraryVersion(Kdn.versionNumber());
     NativeRuntimeOptions o = nativeOptions.get();
     try {
@@ -84,7 +93,7 @@ public final class KdnRuntime implements AutoCloseable {
         core.release();
         throw e;
       }
-      return new KdnRuntime(h, core);
+      return new KdnRuntime(h, core, tiers);
     } finally {
       o.delete();
     }
@@ -155,6 +164,34 @@ public final class KdnRuntime implements AutoCloseable {
     List<TierStats> out = new ArrayList<>(n);
     for (int i = 0; i < n; ++i) out.add(tierStats(i));
     return out;
+  }
+
+  /**
+   * Tier {@code index}'s quotas (since 1.13; {@link TierConfig#withQuota}), in the order given: what
+   * each namespace's chunks take of the tier and how many were evicted. Empty for a tier without
+   * quotas. A chunk a disk tier held at start counts toward no quota until it is stored again.
+   *
+   * @throws InvalidArgumentException for a tier the runtime does not have
+   * @throws VersionException if the loaded libkdn is older than 1.13
+   */
+  public List<QuotaStats> quotaStats(int index) {
+    NativeQuotaStatsList list;
+    try {
+      list = handle().quota_stats(Integer.toUnsignedLong(index));
+    } finally {
+      Natives.fence(this);
+    }
+    try {
+      List<TierConfig.Quota> given = index >= 0 && index < tiers.size() ? tiers.get(index).quotas() : List.of();
+      List<QuotaStats> out = new ArrayList<>(list.size());
+      for (int i = 0; i < list.size(); ++i) {
+        // kdn reports the quotas in the order the tier config gave them.
+        out.add(QuotaStats.from(i < given.size() ? given.get(i).namespace() : "", list.get(i)));
+      }
+      return List.copyOf(out);
+    } finally {
+      list.delete();
+    }
   }
 
   /**

@@ -4,6 +4,7 @@ package dev.kdn;
 import dev.kdn.swig.NativeTierConfig;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Objects;
@@ -15,9 +16,28 @@ import java.util.Objects;
  *
  * <pre>{@code
  * TierConfig.disk(Path.of("/var/cache/kdn"), 64L << 30).withCodec("zstd").withPolicy(EvictionPolicy.S3FIFO)
+ * TierConfig.host(16L << 30).withQuota("tenant-a", 4L << 30).withQuota("tenant-b", 8L << 30)
  * }</pre>
  */
 public final class TierConfig implements Cloneable {
+  /** The libkdn version number that first takes quotas (1.13.0). */
+  static final int QUOTA_VERSION = 11300;
+
+  /**
+   * One namespace's quota in a tier ({@link #withQuota}): the most bytes of the tier its chunks may
+   * take (unsigned; 0: its chunks skip the tier).
+   */
+  public record Quota(String namespace, long bytes) {
+    public Quota {
+      Objects.requireNonNull(namespace, "namespace");
+    }
+
+    @Override
+    public String toString() {
+      return namespace + "=" + Long.toUnsignedString(bytes);
+    }
+  }
+
   private TierKind kind;
   private long capacityBytes = 1L << 30;
   private String path = "";
@@ -34,6 +54,7 @@ public final class TierConfig implements Cloneable {
   private String user = "";
   private long ttlMs;
   private List<String> levels = List.of();
+  private List<Quota> quotas = List.of();
 
   private TierConfig(TierKind kind) {
     this.kind = Objects.requireNonNull(kind, "kind");
@@ -206,6 +227,28 @@ public final class TierConfig implements Cloneable {
     return t;
   }
 
+  /**
+   * Since 1.13, not for remote tiers: a quota for {@code namespace} (as the KV calls name it) in
+   * this tier, appended to those already given: its chunks take at most {@code bytes} of the tier
+   * (unsigned), counted as the tier counts its capacity (a memory tier's whole 4 KiB pages per
+   * chunk, a disk tier's encoded bytes). Over it, a put of that namespace evicts the namespace's
+   * own coldest chunks (by the tier's policy; demoted to the next tier as any victim), never
+   * another namespace's; a chunk larger than the quota skips the tier (0: every chunk does). When
+   * the tier itself is full, chunks of namespaces without a quota go first. {@link
+   * KdnRuntime#quotaStats} reports each quota, in the order given. kdn checks the quotas at {@link
+   * KdnRuntime#create}: two for one namespace, an empty namespace or one over 4096 bytes, or a
+   * quota on a remote tier is an {@link InvalidArgumentException} there; a libkdn older than 1.13 a
+   * {@link VersionException}.
+   */
+  public TierConfig withQuota(String namespace, long bytes) {
+    Quota q = new Quota(namespace, bytes);
+    TierConfig t = copy();
+    List<Quota> all = new ArrayList<>(quotas);
+    all.add(q);
+    t.quotas = List.copyOf(all);
+    return t;
+  }
+
   public TierKind kind() {
     return kind;
   }
@@ -271,8 +314,25 @@ public final class TierConfig implements Cloneable {
     return levels;
   }
 
+  /** The namespaces' quotas, in the order given (empty: none). */
+  public List<Quota> quotas() {
+    return quotas;
+  }
+
+  /**
+   * Throws {@link VersionException} unless a library of version {@code number} (MAJOR * 10000 +
+   * MINOR * 100 + PATCH) takes quotas (an older 1.x refuses a tier config it does not know the end
+   * of, with a less helpful message).
+   */
+  static void checkQuotaSupported(int number) {
+    if (number >= QUOTA_VERSION) return;
+    throw new VersionException("libkdn " + number / 10000 + "." + number / 100 % 100 + "." + number % 100
+        + " does not take a tier's quotas (since 1.13)");
+  }
+
   /** A native copy; the caller deletes it. */
   NativeTierConfig toNative() {
+    if (!quotas.isEmpty()) checkQuotaSupported(Kdn.versionNumber());
     NativeTierConfig n = new NativeTierConfig();
     n.setKind(kind.value());
     n.setCapacity_bytes(capacityBytes);
@@ -290,6 +350,12 @@ public final class TierConfig implements Cloneable {
     n.setUser(user);
     n.setTtl_ms(ttlMs);
     n.setLevels(String.join(";", levels));
+    try {
+      for (Quota q : quotas) n.add_quota(q.namespace(), q.bytes());
+    } catch (RuntimeException | Error e) {
+      n.delete();
+      throw e;
+    }
     return n;
   }
 
@@ -297,6 +363,7 @@ public final class TierConfig implements Cloneable {
   public String toString() {
     return "TierConfig[" + kind + ", " + Long.toUnsignedString(capacityBytes) + " bytes"
         + (path.isEmpty() ? "" : ", path " + path) + (codec.isEmpty() ? "" : ", codec " + codec)
-        + (address.isEmpty() ? "" : ", address " + address) + (levels.isEmpty() ? "" : ", levels " + levels) + "]";
+        + (address.isEmpty() ? "" : ", address " + address) + (levels.isEmpty() ? "" : ", levels " + levels)
+        + (quotas.isEmpty() ? "" : ", quotas " + quotas) + "]";
   }
 }
