@@ -355,7 +355,7 @@ class Parser {
                                    "drain_timeout_ms", "measure_tiers", "secret_file", "tls", "max_connections",
                                    "max_reply_bytes", "max_inflight_bytes", "pre_auth_max_bytes", "login_timeout_ms", "message_timeout_ms",
                                    "max_login_failures", "max_subscriptions", "max_subscriptions_per_connection",
-                                   "max_usage_series"}));
+                                   "max_usage_series", "allow_plaintext", "metrics_public"}));
     bool present = false;
     std::vector<std::string> listen;
     KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
@@ -400,6 +400,8 @@ class Parser {
     KDN_RETURN_IF_ERROR(GetU32(server, path, "drain_timeout_ms", &config->drain_timeout_ms));
     KDN_RETURN_IF_ERROR(GetBool(server, path, "measure_tiers", &config->measure_tiers));
     KDN_RETURN_IF_ERROR(GetString(server, path, "secret_file", &config->secret_file));
+    KDN_RETURN_IF_ERROR(GetBool(server, path, "allow_plaintext", &config->allow_plaintext));
+    KDN_RETURN_IF_ERROR(GetBool(server, path, "metrics_public", &config->metrics_public));
     ServerBounds& b = config->bounds;
     KDN_RETURN_IF_ERROR(GetU32(server, path, "max_connections", &b.max_connections));
     KDN_RETURN_IF_ERROR(GetByteSize(server, path, "max_reply_bytes", &b.max_reply_bytes));

@@ -138,6 +138,14 @@ struct ServerConfig {
   // serves (under a second), reported as the tier's delivery limit.
   bool measure_tiers = true;
   std::string secret_file;  // empty: none (a redis tier serves what its server holds; said once at start)
+  // Listening on a TCP address that is not loopback without [server.tls]
+  // (tokens and KV would cross the network in clear), or serving /metrics
+  // on one (its bearer token in clear): refused at start unless set.
+  bool allow_plaintext = false;
+  // /metrics without a token. Unset, a scrape must carry
+  // "Authorization: Bearer <token>" of a token with the stats grant (the
+  // page has every tenant's counts and names); /healthz needs none.
+  bool metrics_public = false;
   ServerBounds bounds;
   TlsConfig tls;
   std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB

@@ -114,12 +114,14 @@ struct Connection {
 
 class MetricsHttp final : public kj::HttpService {
  public:
-  MetricsHttp(NodeService& service, kj::HttpHeaderTable& table, bool lmcache_names)
-      : service_(service), table_(table) {
+  MetricsHttp(NodeService& service, kj::HttpHeaderTable& table, kj::HttpHeaderId authorization,
+              kj::HttpHeaderId www_authenticate, bool lmcache_names, bool open)
+      : service_(service), table_(table), authorization_(authorization), www_authenticate_(www_authenticate),
+        open_(open) {
     options_.lmcache_names = lmcache_names;
   }
 
-  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders&,
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& in,
                             kj::AsyncInputStream&, Response& response) override {
     kj::HttpHeaders headers(table_);
     std::string body;
@@ -129,6 +131,12 @@ class MetricsHttp final : public kj::HttpService {
       status = 405;
       reason = "Method Not Allowed";
       body = "only GET\n";
+    } else if (url == "/metrics" && !open_ && !Authorized(in)) {
+      // Every tenant's counts and names: a token with the stats grant.
+      status = 401;
+      reason = "Unauthorized";
+      headers.set(www_authenticate_, "Bearer");
+      body = "/metrics needs \"Authorization: Bearer <token>\" of a token with the stats grant\n";
     } else if (url == "/metrics") {
       headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
       PrometheusOptions options = options_;
@@ -159,9 +167,23 @@ class MetricsHttp final : public kj::HttpService {
   }
 
  private:
+  // Whether the request carries a token with the stats grant (an unknown
+  // token or one without the grant is counted, as a refused RPC is).
+  bool Authorized(const kj::HttpHeaders& in) {
+    KJ_IF_MAYBE(value, in.get(authorization_)) {
+      const std::string_view v(value->begin(), value->size());
+      if (v.rfind("Bearer ", 0) != 0) return false;
+      const Grant* g = service_.Authenticate(v.substr(7));
+      return g != nullptr && service_.CheckStats(*g).ok();
+    }
+    return false;
+  }
+
   NodeService& service_;
   kj::HttpHeaderTable& table_;
+  kj::HttpHeaderId authorization_, www_authenticate_;
   PrometheusOptions options_;
+  bool open_ = false;
 };
 
 struct LogErrors final : kj::TaskSet::ErrorHandler {
@@ -251,8 +273,43 @@ std::string Describe(const kj::Exception& e) { return std::string(e.getDescripti
 
 }  // namespace
 
+namespace {
+
+// Whether a listen address keeps its traffic on this machine: a unix
+// socket, or a TCP address on the loopback (127.0.0.0/8, ::1, localhost).
+bool StaysOnThisMachine(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return true;
+  std::string host = address;
+  if (!host.empty() && host.front() == '[') {  // [v6]:port
+    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string::npos && host.find(':') == colon) {
+    host.resize(colon);  // v4 or a name, then :port
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+Status CheckPlaintext(const ServerConfig& config) {
+  if (config.allow_plaintext) return Status::Ok();
+  for (const std::string& a : config.listen) {
+    if (!config.tls.enabled() && !StaysOnThisMachine(a)) {
+      return Status::InvalidArgument("kdnd: server.listen \"" + a +
+                                     "\" is not a loopback address and [server.tls] is not set: tokens and KV "
+                                     "would cross the network in clear (set server.allow_plaintext = true to allow it)");
+    }
+  }
+  if (!config.metrics.empty() && !config.metrics_public && !StaysOnThisMachine(config.metrics)) {
+    return Status::InvalidArgument("kdnd: server.metrics \"" + config.metrics +
+                                   "\" is not a loopback address: a scrape's bearer token would cross the network "
+                                   "in clear (set server.allow_plaintext = true, or metrics_public)");
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   if (config.listen.empty()) return Status::InvalidArgument("kdnd: nothing to listen on");
+  KDN_RETURN_IF_ERROR(CheckPlaintext(config));
   std::unique_ptr<Server> s(new Server());
   s->config_ = config;
   NodeOptions no;
@@ -395,8 +452,12 @@ Status Server::Run(const std::function<void(const BoundAddresses&)>& ready, bool
       http_connections.add(http->listenHttp(kj::mv(stream)).attach(kj::mv(counted)));
     };
     if (!config_.metrics.empty()) {
-      table = kj::heap<kj::HttpHeaderTable>();
-      http_service = kj::heap<MetricsHttp>(*service_, *table, config_.lmcache_metric_names);
+      kj::HttpHeaderTable::Builder builder;
+      const kj::HttpHeaderId authorization = builder.add("Authorization");
+      const kj::HttpHeaderId www_authenticate = builder.add("WWW-Authenticate");
+      table = builder.build();
+      http_service = kj::heap<MetricsHttp>(*service_, *table, authorization, www_authenticate,
+                                           config_.lmcache_metric_names, config_.metrics_public);
       http = kj::heap<kj::HttpServer>(io.provider->getTimer(), *table, *http_service);
       auto parsed = io.provider->getNetwork().parseAddress(config_.metrics, 9450).wait(ws);
       http_listener = parsed->listen();

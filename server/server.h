@@ -41,6 +41,12 @@ struct BoundAddresses {
   std::string metrics;           // "127.0.0.1:9450", or empty
 };
 
+// The rule on plaintext (ServerConfig::allow_plaintext): an RPC listener
+// on a TCP address that is not loopback needs [server.tls], and /metrics
+// (which takes a bearer token unless metrics_public) a loopback address;
+// kInvalidArgument naming the address otherwise. Server::Create applies it.
+Status CheckPlaintext(const ServerConfig& config);
+
 class Server {
  public:
   static Result<std::unique_ptr<Server>> Create(const ServerConfig& config);

@@ -5,6 +5,7 @@
 // files that group or others can read are refused, token files are read
 // relative to the config, and sizes parse with their units.
 #include "server/config.h"
+#include "server/server.h"
 #include "kdn/kdn.h"
 
 #include <gtest/gtest.h>
@@ -347,6 +348,44 @@ TEST(ServerConfigParse, TierQuotasAreNamespacesAndSizes) {
   ExpectRefused("[[tier]]\nquotas = { a = -1 }\n" + kOneToken, "tier[0].quotas.a");
   ExpectRefused("[[tier]]\nquotas = { a = \"lots\" }\n" + kOneToken, "tier[0].quotas.a");
   ExpectRefused("[[tier]]\nquotas = { a = true }\n" + kOneToken, "tier[0].quotas.a");
+}
+
+// Plaintext off the machine (issue 37, item 4): an RPC listener on a TCP
+// address that is not loopback needs TLS or allow_plaintext; /metrics (a
+// bearer token) a loopback address unless metrics_public or allow_plaintext.
+TEST(ServerConfigParse, ListenersOffTheMachineNeedTlsOrAllowPlaintext) {
+  ServerConfig c;
+  for (const char* a : {"127.0.0.1:7450", "127.5.6.7:1", "localhost:7450", "[::1]:7450", "unix:/run/kdn/kdnd.sock"}) {
+    c.listen = {a};
+    EXPECT_TRUE(CheckPlaintext(c).ok()) << a;
+  }
+  for (const char* a : {"0.0.0.0:7450", "10.1.2.3:7450", "[::]:7450", "kdn.example.com:7450", "*:7450"}) {
+    c.listen = {"127.0.0.1:7450", a};
+    const Status st = CheckPlaintext(c);
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << a;
+    EXPECT_NE(st.message().find(a), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("allow_plaintext"), std::string::npos);
+  }
+  c.tls.cert_file = "cert.pem";
+  c.tls.key_file = "key.pem";
+  EXPECT_TRUE(CheckPlaintext(c).ok());
+  c.tls = {};
+  c.allow_plaintext = true;
+  EXPECT_TRUE(CheckPlaintext(c).ok());
+  c.allow_plaintext = false;
+  c.listen = {"127.0.0.1:7450"};
+  c.metrics = "0.0.0.0:9450";
+  EXPECT_EQ(CheckPlaintext(c).code(), Code::kInvalidArgument);
+  c.metrics_public = true;
+  EXPECT_TRUE(CheckPlaintext(c).ok());
+  auto r = ParseConfig("[server]\nallow_plaintext = true\nmetrics_public = true\n" + kOneToken, "t.toml");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->allow_plaintext);
+  EXPECT_TRUE(r->metrics_public);
+  r = ParseConfig(kOneToken, "t.toml");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->allow_plaintext);
+  EXPECT_FALSE(r->metrics_public);
 }
 
 TEST(ServerConfigErrors, RedisTierMistakes) {

@@ -399,10 +399,11 @@ TEST_F(KdndProcess, SighupReloadsTheTokensAndRevokesOpenSessions) {
 }
 
 // The body of GET /metrics at "host:port" (empty when nothing answered).
-std::string GetMetrics(const std::string& address) {
+std::string GetMetrics(const std::string& address, const std::string& token = kToken) {
   const int fd = testing::ConnectTcp(address);
   if (fd < 0) return "";
-  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string req =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + "\r\nConnection: close\r\n\r\n";
   (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);

@@ -62,8 +62,11 @@ def free_port():
 work = tempfile.mkdtemp(prefix="kdn-monitoring-")
 procs = []
 try:
-    subprocess.run([kdnd, "token", "new", "--file", os.path.join(work, "team.token")], check=True,
-                   stdout=subprocess.DEVNULL)
+    for name in ("team", "ops"):
+        subprocess.run([kdnd, "token", "new", "--file", os.path.join(work, name + ".token")], check=True,
+                       stdout=subprocess.DEVNULL)
+    with open(os.path.join(work, "ops.token")) as f:
+        ops_token = f.read().strip()
     metrics_port = free_port()
     os.makedirs(os.path.join(work, "disk"))
     config = os.path.join(work, "kdnd.toml")
@@ -84,6 +87,9 @@ path = "{work}/disk"
 [[token]]
 token_file = "team.token"
 namespaces = ["team"]
+[[token]]
+token_file = "ops.token"
+stats = true
 """)
     os.chmod(config, 0o600)
     ready = os.path.join(work, "ready")
@@ -103,6 +109,7 @@ namespaces = ["team"]
 rule_files: ["{mon}/kdnd-alerts.yml"]
 scrape_configs:
   - job_name: kdnd
+    authorization: {{type: Bearer, credentials_file: "{work}/ops.token"}}
     static_configs: [{{targets: ["127.0.0.1:{metrics_port}"]}}]
 """)
     procs.append(subprocess.Popen(["prometheus", "--config.file=" + os.path.join(work, "prometheus.yml"),
@@ -120,7 +127,9 @@ scrape_configs:
             fail("kdn demo --remote --node exited %d" % r.returncode)
         time.sleep(3)
 
-    page = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read().decode()
+    scrape = urllib.request.Request("http://127.0.0.1:%d/metrics" % metrics_port,
+                                    headers={"Authorization": "Bearer " + ops_token})
+    page = urllib.request.urlopen(scrape, timeout=10).read().decode()
     families = set(re.findall(r"^# TYPE (\S+) ", page, re.M))
     missing = sorted(n for n in names if re.sub(r"_(bucket|sum|count)$", "", n) not in families)
     if missing:

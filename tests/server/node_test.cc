@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <thread>
 
@@ -578,6 +579,104 @@ TEST_F(KdnNodeTest, StatisticsArePushedToASubscriberUntilItLetsGo) {
   EXPECT_EQ(denied.send().wait(c.io.waitScope).getError().getCode(), ErrorCode::PERMISSION_DENIED);
 }
 
+// The audit (issue 37, item 4): every call of a session names what it needs
+// (docs/kdnd.md, "Auth and tenants": the table), and a token without that
+// grant is refused for each, with PERMISSION_DENIED before any key is read:
+// the data and knowledge calls (knowledgeList included: it lists document
+// ids) need the namespace; stats and subscribeStats the stats grant. Each
+// refusal is counted.
+TEST_F(KdnNodeTest, EveryCallRefusesATokenWithoutItsGrant) {
+  Client c(server_->bound().rpc[0]);
+  Session::Client sa = c.MustLogin(kTokenA);
+  Session::Client sb = c.MustLogin(kTokenB);
+  Session::Client ops = c.MustLogin(kTokenOps);
+  Envelope a = MakeEnvelope(ref_, "tenant-a", 0, 8);
+  ASSERT_EQ(Put(c, sa, "tenant-a", a), ErrorCode::OK);
+  const keys::Digest ns = keys::NamespaceHash("tenant-a");
+  const keys::Digest model = ref_.m.fingerprint;
+  const auto failures = [&] {
+    auto r = ops.statsRequest().send().wait(c.io.waitScope);
+    return FromWire(r.getStats())[NodeStat::kAuthFailures];
+  };
+  const std::uint64_t before = failures();
+  std::map<std::string, ErrorCode> got;
+  auto keyed = [&](auto req) {
+    req.setNamespace(AsData(ns));
+    req.initKeys(1).set(0, AsData(a.key));
+    return req;
+  };
+  got["lookup"] = [&] {
+    auto req = sb.lookupRequest();
+    req.setNamespace(AsData(ns));
+    req.initRequests(1)[0].initKeys(1).set(0, AsData(a.key));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["get"] = keyed(sb.getRequest()).send().wait(c.io.waitScope).getError().getCode();
+  got["put"] = [&] {
+    auto req = sb.putRequest();
+    req.setNamespace(AsData(ns));
+    req.initEnvelopes(1).set(0, capnp::Data::Reader(a.bytes.data(), a.bytes.size()));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["delete"] = keyed(sb.deleteRequest()).send().wait(c.io.waitScope).getError().getCode();
+  got["pin"] = keyed(sb.pinRequest()).send().wait(c.io.waitScope).getError().getCode();
+  got["unpin"] = keyed(sb.unpinRequest()).send().wait(c.io.waitScope).getError().getCode();
+  got["knowledgePut"] = [&] {
+    auto req = sb.knowledgePutRequest();
+    req.setNamespace(AsData(ns));
+    auto item = req.initItem();
+    item.setDocId("doc");
+    item.setTokens(8);
+    item.setModel(AsData(model));
+    item.initKeys(1).set(0, AsData(a.key));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["knowledgeList"] = [&] {
+    auto req = sb.knowledgeListRequest();
+    req.setNamespace(AsData(ns));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["knowledgePin"] = [&] {
+    auto req = sb.knowledgePinRequest();
+    req.setNamespace(AsData(ns));
+    req.setDocId("doc");
+    req.setModel(AsData(model));
+    req.setPin(true);
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["knowledgeDelete"] = [&] {
+    auto req = sb.knowledgeDeleteRequest();
+    req.setNamespace(AsData(ns));
+    req.setDocId("doc");
+    req.setModel(AsData(model));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["report"] = [&] {
+    auto req = sb.reportRequest();
+    req.setNamespace(AsData(ns));
+    req.initReport().setLookups(1);
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  got["stats"] = sa.statsRequest().send().wait(c.io.waitScope).getError().getCode();
+  got["subscribeStats"] = [&] {
+    auto req = sa.subscribeStatsRequest();
+    req.setIntervalMs(50);
+    std::vector<NodeStats> none;
+    req.setSink(kj::heap<Sink>(none));
+    return req.send().wait(c.io.waitScope).getError().getCode();
+  }();
+  ASSERT_EQ(got.size(), 13u);  // every method of Session (core/wire/node.capnp)
+  for (const auto& [call, code] : got) EXPECT_EQ(code, ErrorCode::PERMISSION_DENIED) << call;
+  EXPECT_EQ(failures() - before, got.size());
+  // Nothing of tenant a's changed: its chunk is there, no document registered.
+  EXPECT_EQ(Lookup(c, sa, "tenant-a", {a.key}), 1);
+  auto list = sa.knowledgeListRequest();
+  list.setNamespace(AsData(ns));
+  auto listed = list.send().wait(c.io.waitScope);
+  EXPECT_EQ(listed.getError().getCode(), ErrorCode::OK);
+  EXPECT_EQ(listed.getItems().size(), 0u);
+}
+
 // Writes one Cap'n Proto message (standard framing) to a raw socket.
 void SendMessage(int fd, capnp::MessageBuilder& m) {
   const kj::Array<capnp::word> words = capnp::messageToFlatArray(m);
@@ -748,16 +847,31 @@ TEST_F(KdnNodeTest, MetricsAndHealthOverHttp) {
   Client c(server_->bound().rpc[0]);
   Session::Client sa = c.MustLogin(kTokenA);
   ASSERT_EQ(Put(c, sa, "tenant-a", MakeEnvelope(ref_, "tenant-a", 0, 8)), ErrorCode::OK);
-  kj::HttpHeaderTable table;
-  auto http = kj::newHttpClient(c.io.provider->getTimer(), table, c.io.provider->getNetwork(), nullptr);
-  auto get = [&](const std::string& path, unsigned& status) {
-    kj::HttpHeaders headers(table);
+  kj::HttpHeaderTable::Builder builder;
+  const kj::HttpHeaderId authorization = builder.add("Authorization");
+  auto table = builder.build();
+  auto http = kj::newHttpClient(c.io.provider->getTimer(), *table, c.io.provider->getNetwork(), nullptr);
+  auto get = [&](const std::string& path, unsigned& status, const char* token = kTokenOps) {
+    kj::HttpHeaders headers(*table);
+    if (token != nullptr) headers.set(authorization, kj::str("Bearer ", token));
     auto url = kj::str("http://", server_->bound().metrics.c_str(), path.c_str());
     auto resp = http->request(kj::HttpMethod::GET, url, headers).response.wait(c.io.waitScope);
     status = resp.statusCode;
     return std::string(resp.body->readAllText().wait(c.io.waitScope).cStr());
   };
   unsigned status = 0;
+  // /metrics needs a token with the stats grant (every tenant's counts and
+  // names are on it): none, an unknown one and a tenant's are refused.
+  const auto failures = [&] { return server_->server().service().Stats()[NodeStat::kAuthFailures]; };
+  const std::uint64_t before = failures();
+  for (const char* token : {static_cast<const char*>(nullptr), "not-a-token-of-this-node", kTokenA}) {
+    const std::string body = get("/metrics", status, token);
+    EXPECT_EQ(status, 401u) << (token ? token : "no token");
+    EXPECT_EQ(body.find("kdn_"), std::string::npos);
+  }
+  EXPECT_EQ(failures() - before, 2u);  // the unknown token and the tenant's (no header: not a guess)
+  EXPECT_EQ(get("/healthz", status, nullptr).empty(), false);
+  EXPECT_EQ(status, 200u);
   const std::string metrics = get("/metrics", status);
   EXPECT_EQ(status, 200u);
   EXPECT_NE(metrics.find("kdn_"), std::string::npos);
