@@ -45,20 +45,16 @@ const keys::Digest kNsA = keys::NamespaceHash("tenant-a"), kNsB = keys::Namespac
 std::unique_ptr<TieredStore> QuotaChain(int objects, std::vector<NamespaceQuota> quotas, int bottom = 0,
                                         std::vector<NamespaceQuota> bottom_quotas = {}) {
   TieredStoreOptions o;
-  LevelOptions top;
-  top.tier = MemoryTier::Create("top", objects * kObj, MemoryKind::kHost).value();
-  top.high_watermark = top.low_watermark = 1.0;
-  for (NamespaceQuota& q : quotas) q.bytes *= kObj;
-  top.quotas = std::move(quotas);
-  o.levels.push_back(std::move(top));
-  if (bottom > 0) {
-    LevelOptions b;
-    b.tier = MemoryTier::Create("bottom", bottom * kObj, MemoryKind::kHost).value();
-    b.high_watermark = b.low_watermark = 1.0;
-    for (NamespaceQuota& q : bottom_quotas) q.bytes *= kObj;
-    b.quotas = std::move(bottom_quotas);
-    o.levels.push_back(std::move(b));
-  }
+  auto level = [&](const char* name, int pages, std::vector<NamespaceQuota> q) {
+    LevelOptions l;
+    l.tier = MemoryTier::Create(name, pages * kObj, MemoryKind::kHost).value();
+    l.high_watermark = l.low_watermark = 1.0;
+    for (NamespaceQuota& e : q) e.bytes *= kObj;
+    l.quotas = std::move(q);
+    o.levels.push_back(std::move(l));
+  };
+  level("top", objects, std::move(quotas));
+  if (bottom > 0) level("bottom", bottom, std::move(bottom_quotas));
   auto s = TieredStore::Create(std::move(o));
   EXPECT_TRUE(s.ok()) << s.status().message();
   return std::move(s).value();
