@@ -23,8 +23,10 @@ struct StoreBenchOptions {
 // and the effective delivery from disk: the reference model's real KV (f16,
 // 256-token chunks; 240 of them, 16 with quick) retrieved from a cold page
 // cache out of a disk-only store that keeps it as kdn:balanced, against one
-// that keeps it raw, with the file reads and the decode alone beside it
-// (skipped, with a warning, without the reference model). Writes JSON records; returns an exit code (2, saying why, when
+// that keeps it raw, with the file reads and the decode alone beside it,
+// and both again with encryption at rest (master keys: wire/cipher.h), each
+// against its plain twin in the same runs (skipped, with a warning, without
+// the reference model). Writes JSON records; returns an exit code (2, saying why, when
 // the scratch directory is on a memory filesystem and that is not allowed).
 int RunStoreBench(const StoreBenchOptions& options);
 

@@ -352,7 +352,8 @@ class Parser {
     KDN_RETURN_IF_ERROR(CheckKeys(server, path,
                                   {"listen", "metrics", "kv_events", "kv_events_topic", "kv_events_format",
                                    "kv_events_hashes", "lmcache_metric_names", "prefill_us_per_token",
-                                   "drain_timeout_ms", "measure_tiers", "secret_file", "tls", "max_connections",
+                                   "drain_timeout_ms", "measure_tiers", "secret_file", "encryption_key_file",
+                                   "encryption_key_env", "tls", "max_connections",
                                    "max_reply_bytes", "max_inflight_bytes", "pre_auth_max_bytes", "login_timeout_ms", "message_timeout_ms",
                                    "max_login_failures", "max_subscriptions", "max_subscriptions_per_connection",
                                    "max_usage_series", "allow_plaintext", "metrics_public"}));
@@ -400,6 +401,12 @@ class Parser {
     KDN_RETURN_IF_ERROR(GetU32(server, path, "drain_timeout_ms", &config->drain_timeout_ms));
     KDN_RETURN_IF_ERROR(GetBool(server, path, "measure_tiers", &config->measure_tiers));
     KDN_RETURN_IF_ERROR(GetString(server, path, "secret_file", &config->secret_file));
+    KDN_RETURN_IF_ERROR(GetString(server, path, "encryption_key_file", &config->encryption_key_file));
+    KDN_RETURN_IF_ERROR(GetString(server, path, "encryption_key_env", &config->encryption_key_env));
+    if (!config->encryption_key_file.empty() && !config->encryption_key_env.empty()) {
+      return Status::InvalidArgument(std::string(path) +
+                                     ": encryption_key_file and encryption_key_env: the master keys come from one");
+    }
     KDN_RETURN_IF_ERROR(GetBool(server, path, "allow_plaintext", &config->allow_plaintext));
     KDN_RETURN_IF_ERROR(GetBool(server, path, "metrics_public", &config->metrics_public));
     ServerBounds& b = config->bounds;

@@ -18,6 +18,9 @@
 //   secret_file = "/etc/kdn/secret"      # the deployment secret (>= 32 bytes, mode 600): redis and disk tiers seal
 //                                        # what they store and take back only what is sealed (wire/seal.h);
 //                                        # every envelope a get sends carries the node's seal
+//   encryption_key_file = "/etc/kdn/keys"  # master keys (mode 600, one per line, 64 hex digits, the first
+//                                        # encrypts): disk and redis tiers encrypt what they store (wire/cipher.h)
+//   encryption_key_env = "KDN_MASTER_KEYS" # or: the environment variable holding them (not both)
 //   [server.tls]                          # optional: both files, PEM
 //   cert = "/etc/kdn/cert.pem"
 //   key = "/etc/kdn/key.pem"
@@ -138,6 +141,9 @@ struct ServerConfig {
   // serves (under a second), reported as the tier's delivery limit.
   bool measure_tiers = true;
   std::string secret_file;  // empty: none (a redis tier serves what its server holds; said once at start)
+  // Master keys for encryption at rest (service.h NodeOptions): a file, or
+  // the name of an environment variable; never the keys themselves.
+  std::string encryption_key_file, encryption_key_env;
   // Listening on a TCP address that is not loopback without [server.tls]
   // (tokens and KV would cross the network in clear), or serving /metrics
   // on one (its bearer token in clear): refused at start unless set.

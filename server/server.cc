@@ -319,6 +319,8 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
   no.knowledge = config.knowledge;
   no.measure_tiers = config.measure_tiers;
   no.secret_file = config.secret_file;
+  no.encryption_key_file = config.encryption_key_file;
+  no.encryption_key_env = config.encryption_key_env;
   no.max_reply_bytes = config.bounds.max_reply_bytes;
   no.max_subscriptions = config.bounds.max_subscriptions;
   no.max_usage_series = config.bounds.max_usage_series;

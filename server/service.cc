@@ -102,13 +102,15 @@ Result<std::unique_ptr<NodeService>> NodeService::Create(const NodeOptions& opti
     std::fprintf(stderr, "kdnd: a redis tier without a secret (server.secret_file): whoever can write to its server "
                          "decides the KV this node serves (docs/security.md)\n");
   }
+  auto cipher = wire::ChunkCipher::Load(options.encryption_key_file, options.encryption_key_env);
+  if (!cipher.ok()) return cipher.status();
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!specs[i].codec.empty() && specs[i].codec != "raw") {
       return Status::InvalidArgument("tier " + std::to_string(i) +
                                      ": a node stores chunks as its clients encoded them; give codecs to the clients' remote tiers");
     }
     specs[i].codec = "raw";
-    auto tier = store::MakeTier(specs[i], i, 0, nullptr, sealer);
+    auto tier = store::MakeTier(specs[i], i, 0, nullptr, sealer, *cipher, /*node=*/true);
     if (!tier.ok()) return tier.status();
     to.levels.push_back(store::LevelFor(specs[i], std::move(tier).value()));
   }

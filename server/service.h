@@ -84,6 +84,14 @@ struct NodeOptions {
   // the node's redis and disk tiers seal what they store and read back only
   // what is sealed with it. Empty: none.
   std::string secret_file;
+  // Master keys for encryption at rest (wire/cipher.h; kdnd's
+  // server.encryption_key_file or server.encryption_key_env, at most one):
+  // the node's disk and redis tiers encrypt the chunks they store that their
+  // clients sent in the clear, and decrypt them when read back; chunks a
+  // client encrypted (its remote tier's keys) are stored and served as they
+  // came. Empty: none.
+  std::string encryption_key_file;
+  std::string encryption_key_env;
   // Statistics subscriptions open at once on the node (kdnd's
   // server.max_subscriptions); past it subscribeStats gets busy.
   std::uint32_t max_subscriptions = 256;

@@ -59,6 +59,15 @@ static kdn_status CreateRuntime(const kdn_runtime_options* options, kdn_edit_fn 
     if (o.secret_file_len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, "secret_file is empty (secret_file_len is 0)");
     so.secret_file.assign(o.secret_file, o.secret_file_len);
   }
+  // Since 1.14: the master keys' source (a file, or a variable's name).
+  for (auto [text, len, name, out] : {std::tuple{o.encryption_key_file, o.encryption_key_file_len, "encryption_key_file", &so.encryption_key_file},
+                                      std::tuple{o.encryption_key_env, o.encryption_key_env_len, "encryption_key_env", &so.encryption_key_env}}) {
+    if (text == nullptr && len != 0) return Fail(KDN_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL with a length");
+    if (text != nullptr) {
+      if (len == 0) return Fail(KDN_ERR_INVALID_ARGUMENT, std::string(name) + " is empty (its length is 0)");
+      out->assign(text, len);
+    }
+  }
   so.host_capacity_bytes = o.host_capacity_bytes;
   so.hash_seed = o.hash_seed;
   size_t stride = 0;

@@ -114,6 +114,8 @@ Result<std::unique_ptr<Codec>> DecoderFor(CodecId id) {
     case CodecId::kKdn: return MakeCodec(Spec{"kdn", {}});
     case CodecId::kZstd: return MakeCodec(Spec{"zstd", {}});
     case CodecId::kTc: return MakeCodec(Spec{"tc", {}});
+    case CodecId::kEncrypted:
+      return Status::Unsupported("an encrypted payload (encrypted at rest: only a tier with its master key opens it)");
   }
   return Status::Unsupported("unknown codec id " + std::to_string(static_cast<std::uint32_t>(id)) +
                              " (written by a newer kdn?)");

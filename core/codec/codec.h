@@ -52,6 +52,10 @@ enum class CodecId : std::uint32_t {
   kKdn = 5,
   kZstd = 6,
   kTc = 7,  // transform codec (core/codec/tc.cc)
+  // Not a codec of KV: a payload encrypted at rest (wire/cipher.h), which
+  // holds another codec's payload; no decoder takes it (DecoderFor refuses
+  // it), the cipher that holds its key opens it first.
+  kEncrypted = 8,
 };
 
 // What a store knows of a chunk beyond its shape: a codec that models one

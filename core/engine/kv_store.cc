@@ -71,6 +71,9 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
                    "KV this runtime loads (docs/security.md)\n");
     });
   }
+  // The master keys, for the tiers whose chunks leave the process.
+  auto cipher = wire::ChunkCipher::Load(options.encryption_key_file, options.encryption_key_env);
+  if (!cipher.ok()) return cipher.status();
   TieredStoreOptions to;
   // With a GPU the cold tiers default to raw (DefaultTierCodec).
   const bool gpu = options.device != nullptr && !options.device->emulated();
@@ -85,7 +88,7 @@ Result<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options) {
     auto codec = MakeTierCodec(specs[i].codec);
     if (!codec.ok()) return Status::InvalidArgument("tier " + std::to_string(i) + ": " + codec.status().message());
     specs[i].codec = (*codec)->spec().ToString();  // what it resolved to
-    auto tier = MakeTier(specs[i], i, options.chunk_tokens, options.device.get(), sealer);
+    auto tier = MakeTier(specs[i], i, options.chunk_tokens, options.device.get(), sealer, *cipher);
     if (!tier.ok()) return tier.status();
     LevelOptions lo = LevelFor(specs[i], std::move(tier).value());
     lo.codec = std::move(codec).value();

@@ -119,6 +119,17 @@ struct StoreOptions {
   // KvStore::Create says so once in the log. A file that cannot be read, is
   // open to others or holds fewer than 32 bytes fails Create.
   std::string secret_file;
+  // Master keys for encryption at rest (wire/cipher.h): a file (mode 600,
+  // one key per line, 64 hex digits, the first encrypts) or the name of an
+  // environment variable holding the same text; at most one of the two.
+  // With them, every chunk a disk, redis or remote tier sends out of the
+  // process is encrypted (AES-256-GCM, a key per namespace by HKDF-SHA256)
+  // and decrypted when read back; one that does not open is a miss,
+  // counted in TierCounters::auth_failures. Empty: none (an encrypted chunk
+  // read back is such a miss). A key source that cannot be read or holds no
+  // key fails Create.
+  std::string encryption_key_file;
+  std::string encryption_key_env;
 };
 
 struct LookupResult {

@@ -41,8 +41,10 @@ struct ObjectInfo {
 struct TierCounters {
   std::uint64_t corrupt_detected = 0;  // objects that failed a check on read (and were removed)
   std::uint64_t io_errors = 0;
-  // Of those, objects whose seal failed (wire/seal.h: none, another
-  // secret's, or a MAC that does not match): a tier with a secret.
+  // Of those, objects that failed authentication: a seal (wire/seal.h:
+  // none, another secret's, or a MAC that does not match: a tier with a
+  // secret), or encryption at rest (wire/cipher.h: a key the tier does not
+  // hold, or a GCM tag that does not match).
   std::uint64_t auth_failures = 0;
 };
 

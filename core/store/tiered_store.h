@@ -139,7 +139,8 @@ struct LevelStats {
   // Objects that failed a check on read and were removed: the tier's own
   // checks (checksums) plus payloads that failed to decode.
   std::uint64_t corrupt_detected = 0;
-  // Of those, objects whose seal failed (TierCounters::auth_failures).
+  // Of those, objects that failed authentication: a seal or encryption at
+  // rest (TierCounters::auth_failures).
   std::uint64_t auth_failures = 0;
   // Reads and writes of the tier that failed (TierCounters::io_errors).
   std::uint64_t io_errors = 0;

@@ -818,11 +818,16 @@ std::string DiskTier::ObjectPath(const keys::Digest& key) const {
 }
 
 std::uint64_t DiskTier::Cost(const Chunk& chunk) const {
-  return wire::EncodedEnvelopeSize(chunk.payload.size()) + (options_.sealer ? wire::kSealTrailerBytes : 0);
+  return wire::EncodedEnvelopeSize(wire::AtRestPayloadBytes(chunk, options_.cipher.get())) +
+         (options_.sealer ? wire::kSealTrailerBytes : 0);
 }
 
-Status DiskTier::Put(const ChunkRef& chunk) {
-  if (!chunk) return Status::InvalidArgument("disk tier: null chunk");
+Status DiskTier::Put(const ChunkRef& given) {
+  if (!given) return Status::InvalidArgument("disk tier: null chunk");
+  // Encrypted first, with master keys: the file never holds the KV in the clear.
+  Result<ChunkRef> at_rest = wire::ToRest(given, options_.cipher.get());
+  if (!at_rest.ok()) return at_rest.status();
+  const ChunkRef& chunk = *at_rest;
   const keys::Digest& key = chunk->meta.key;
   const std::uint64_t cost = Cost(*chunk);
   if (cost > options_.max_object_bytes) {
@@ -1089,6 +1094,13 @@ Result<ChunkRef> DiskTier::ReadObject(const keys::Digest& key, std::uint64_t byt
     }
   }
   Result<ChunkRef> chunk = wire::DecodeEnvelope(base, envelope, &key, owner, checksum);
+  if (chunk.ok() && (*chunk)->meta.codec == codec::CodecId::kEncrypted) {
+    // Decrypted where it was read (the buffer is this read's alone); one
+    // that does not open is a failed authentication, as a bad seal is.
+    Result<ChunkRef> open = wire::FromRest(*chunk, options_.cipher.get(), options_.pass_through_encrypted, true);
+    *why = open.status().code() == Code::kCorrupt ? ReadFailure::kUnsealed : ReadFailure::kTransient;
+    return open;
+  }
   *why = chunk.status().code() == Code::kNoMemory ? ReadFailure::kTransient : ReadFailure::kCorrupt;
   return chunk;
 }

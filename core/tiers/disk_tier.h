@@ -104,6 +104,7 @@
 #include <vector>
 
 #include "core/store/tier.h"
+#include "core/wire/cipher.h"
 #include "core/wire/seal.h"
 #include "core/util/status.h"
 
@@ -135,6 +136,15 @@ struct DiskTierOptions {
   // (TierCounters::auth_failures) and removed. Null: files are taken as
   // they are (whoever can write to the directory decides the KV).
   std::shared_ptr<const wire::ChunkSealer> sealer;
+  // With master keys (wire/cipher.h): every object is encrypted before it is
+  // written (its file holds no KV in the clear), and one read back is
+  // decrypted; one that does not open (another key, other bytes) is a miss,
+  // counted (TierCounters::auth_failures) and removed. Null: written as
+  // they come, and an encrypted object read back is such a miss.
+  std::shared_ptr<const wire::ChunkCipher> cipher;
+  // A node's tier (kdnd): an encrypted object it cannot open is served as
+  // it is (wire::FromRest), for the client whose key it is.
+  bool pass_through_encrypted = false;
 };
 
 class DiskTier final : public Tier {

@@ -27,6 +27,7 @@ double NominalRatio(codec::CodecId id) {
     case codec::CodecId::kKivi2: return 3.5;
     case codec::CodecId::kKdn: return 4.0;
     case codec::CodecId::kTc: return 8.0;
+    case codec::CodecId::kEncrypted: return 1.0;
   }
   return 1.0;
 }

@@ -107,12 +107,17 @@ bool RedisTier::WrongType(const Status& st) { return st.message().find("WRONGTYP
 std::string RedisTier::KeyOf(const keys::Digest& key) const { return options_.key_prefix + keys::ToHex(key); }
 
 std::uint64_t RedisTier::Cost(const Chunk& chunk) const {
-  return wire::EncodedEnvelopeSize(chunk.payload.size()) + (options_.sealer ? wire::kSealTrailerBytes : 0);
+  return wire::EncodedEnvelopeSize(wire::AtRestPayloadBytes(chunk, options_.cipher.get())) +
+         (options_.sealer ? wire::kSealTrailerBytes : 0);
 }
 
-Status RedisTier::Put(const ChunkRef& chunk) {
-  if (!chunk) return Status::InvalidArgument("redis tier: null chunk");
-  Forget(chunk->meta.key);  // an answer held from before is stale now
+Status RedisTier::Put(const ChunkRef& given) {
+  if (!given) return Status::InvalidArgument("redis tier: null chunk");
+  Forget(given->meta.key);  // an answer held from before is stale now
+  // Encrypted first, with master keys: the server never holds the KV in the clear.
+  Result<ChunkRef> at_rest = wire::ToRest(given, options_.cipher.get());
+  if (!at_rest.ok()) return at_rest.status();
+  const ChunkRef& chunk = *at_rest;
   auto envelope = wire::EncodeEnvelope(*chunk);
   if (!envelope.ok()) return envelope.status();
   if (options_.sealer) {
@@ -150,7 +155,13 @@ Result<ChunkRef> RedisTier::Decode(const keys::Digest& key, const redis::Value& 
   if (options_.sealer) sealed = options_.sealer->Open(value.data, value.size, &envelope);
   if (sealed.ok()) {
     Result<ChunkRef> chunk = wire::DecodeEnvelope(value.data, envelope, &key, std::move(owner));
-    if (chunk.ok()) return chunk;
+    // Decrypted into a copy (a reply read ahead may serve more than one
+    // reader); one that does not open is a failed authentication.
+    if (chunk.ok()) {
+      Result<ChunkRef> open = wire::FromRest(*chunk, options_.cipher.get(), options_.pass_through_encrypted);
+      if (open.ok()) return open;
+      ++auth_failures_;
+    }
   } else {
     ++auth_failures_;
   }

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "core/redis/client.h"
+#include "core/wire/cipher.h"
 #include "core/wire/seal.h"
 #include "core/store/tier.h"
 
@@ -72,6 +73,14 @@ struct RedisTierOptions {
   // (TierCounters::auth_failures) and deleted. Null: values are taken as
   // they are (whoever can write to the server decides the KV).
   std::shared_ptr<const wire::ChunkSealer> sealer;
+  // With master keys (wire/cipher.h): every value is encrypted before it is
+  // SET (the server holds no KV in the clear) and decrypted when read back;
+  // one that does not open is a miss, counted (TierCounters::auth_failures)
+  // and deleted. Null: values go as they are; an encrypted one read back is
+  // such a miss. `pass_through_encrypted`: a node's tier serves what it
+  // cannot open as it is (wire::FromRest).
+  std::shared_ptr<const wire::ChunkCipher> cipher;
+  bool pass_through_encrypted = false;
 };
 
 // Counters beyond TierCounters.

@@ -425,7 +425,17 @@ RemoteTier::~RemoteTier() {
   if (impl_) impl_->Stop();
 }
 
-std::uint64_t RemoteTier::Cost(const Chunk& chunk) const { return wire::EncodedEnvelopeSize(chunk.payload.size()); }
+std::uint64_t RemoteTier::Cost(const Chunk& chunk) const {
+  return wire::EncodedEnvelopeSize(wire::AtRestPayloadBytes(chunk, options_.cipher.get()));
+}
+
+Result<ChunkRef> RemoteTier::Opened(ChunkRef chunk) const {
+  Result<ChunkRef> open = wire::FromRest(chunk, options_.cipher.get(), false);
+  if (open.ok()) return open;
+  ++corrupt_;
+  ++auth_failures_;
+  return Status::NotFound(options_.name + ": not held (" + open.status().message() + ")");
+}
 
 Status RemoteTier::Put(const ChunkRef& chunk) {
   if (!chunk) return Status::InvalidArgument("remote tier: null chunk");
@@ -611,9 +621,12 @@ void RemoteTier::SenderLoop() {
     std::vector<std::shared_ptr<chunk::Payload>> framed(batch.size());
     std::vector<bool> stored(batch.size(), false);
     for (size_t i = 0; i < batch.size(); ++i) {
-      const std::uint64_t size = Cost(*batch[i]);
+      // Encrypted here with master keys: the node never sees the KV.
+      Result<ChunkRef> at_rest = wire::ToRest(batch[i], options_.cipher.get());
+      if (!at_rest.ok()) continue;
+      const std::uint64_t size = Cost(**at_rest);
       auto f = std::make_shared<chunk::Payload>(chunk::Payload::Uninitialized(size));
-      if (wire::EncodeEnvelopeOver(*batch[i], f->data(), size).ok()) framed[i] = std::move(f);
+      if (wire::EncodeEnvelopeOver(**at_rest, f->data(), size).ok()) framed[i] = std::move(f);
     }
     std::vector<unsigned> sending;  // indices into batch of the framed chunks
     for (unsigned i = 0; i < batch.size(); ++i) {
@@ -806,7 +819,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
       if (!ahead->chunk) return Status::NotFound(options_.name + ": not held");
       lock.unlock();
       impl_->Hint(key, true);
-      return std::move(ahead->chunk);
+      return Opened(std::move(ahead->chunk));
     }
     // Not kept (read_ahead_bytes were held): asked for again below.
   }
@@ -845,7 +858,7 @@ Result<ChunkRef> RemoteTier::Get(const keys::Digest& key, const ReadContext& ctx
   if (unsealed) ++auth_failures_;
   if (!out) return Status::NotFound(options_.name + ": not held");
   impl_->Hint(key, true);
-  return out;
+  return Opened(std::move(out));
 }
 
 void RemoteTier::Prefetch(std::span<const keys::Digest> keys, bool will_read, const ReadContext& ctx) const {

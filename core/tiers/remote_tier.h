@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "core/store/tier.h"
+#include "core/wire/cipher.h"
 #include "core/wire/seal.h"
 
 namespace kdn::store {
@@ -111,6 +112,12 @@ struct RemoteTierOptions {
   // The deployment secret's sealer (wire/seal.h); null: replies are taken
   // as the node (or whoever answers at its address) sends them.
   std::shared_ptr<const wire::ChunkSealer> sealer;
+  // With master keys (wire/cipher.h): every chunk is encrypted before it is
+  // sent (the node holds, and its tiers store, only ciphertext of it), and
+  // decrypted when it comes back, on the caller's thread; one that does not
+  // open is a miss, counted (TierCounters::auth_failures). Null: chunks go
+  // as they are; an encrypted one that comes back is such a miss.
+  std::shared_ptr<const wire::ChunkCipher> cipher;
 };
 
 // Counters beyond TierCounters.
@@ -168,6 +175,9 @@ class RemoteTier final : public Tier {
  private:
   explicit RemoteTier(const RemoteTierOptions& options);
   void SenderLoop();
+  // A chunk that came back, decrypted (wire::FromRest); one that does not
+  // open is a miss, counted.
+  Result<ChunkRef> Opened(ChunkRef chunk) const;
 
   const RemoteTierOptions options_;
   std::unique_ptr<Impl> impl_;  // the event loop thread and its connection

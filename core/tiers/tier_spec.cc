@@ -28,7 +28,8 @@ Result<std::unique_ptr<Tier>> WithLevels(const TierSpec& spec, size_t index, std
 }  // namespace
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens,
-                                       const Device* device, std::shared_ptr<const wire::ChunkSealer> sealer) {
+                                       const Device* device, std::shared_ptr<const wire::ChunkSealer> sealer,
+                                       std::shared_ptr<const wire::ChunkCipher> cipher, bool node) {
   switch (spec.kind) {
     case TierSpec::Kind::kHost: {
       auto t = MemoryTier::Create("host", spec.capacity_bytes, MemoryKind::kPinnedHost);
@@ -49,6 +50,8 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.name = "disk";
       o.fsync = spec.fsync ? FsyncPolicy::kData : FsyncPolicy::kNone;
       o.sealer = sealer;
+      o.cipher = cipher;
+      o.pass_through_encrypted = node;
       auto t = DiskTier::Open(o);
       if (!t.ok()) return t.status();
       return std::unique_ptr<Tier>(std::move(t).value());
@@ -62,6 +65,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.tls_server_name = spec.tls_server_name;
       o.chunk_tokens = chunk_tokens;
       o.sealer = sealer;
+      o.cipher = cipher;
       auto t = RemoteTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return WithLevels(spec, index, std::move(t).value());
@@ -79,6 +83,8 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::
       o.ttl_ms = spec.ttl_ms;
       o.hint_ms = std::max<std::uint32_t>(spec.timeout_ms, 1000);
       o.sealer = std::move(sealer);
+      o.cipher = std::move(cipher);
+      o.pass_through_encrypted = node;
       auto t = RedisTier::Create(o);
       if (!t.ok()) return Status(t.status().code(), "tier " + std::to_string(index) + ": " + t.status().message());
       return WithLevels(spec, index, std::move(t).value());

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/wire/cipher.h"
 #include "core/wire/seal.h"
 #include "core/device/device.h"
 #include "core/store/policy.h"
@@ -103,9 +104,14 @@ Result<std::vector<std::string>> ParseLevels(std::string_view text);
 // usable, else emulated.
 // `sealer`: the deployment secret's (StoreOptions::secret_file), for the
 // tiers that others can write (redis, disk); null: none.
+// `cipher`: the master keys (StoreOptions::encryption_key_file, wire/
+// cipher.h), for the tiers whose chunks leave the process (disk, redis,
+// remote); null: none. `node`: a node's tiers, which keep what they cannot
+// decrypt as it is (wire::FromRest pass_through).
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, size_t index, std::uint64_t chunk_tokens = 0,
                                        const Device* device = nullptr,
-                                       std::shared_ptr<const wire::ChunkSealer> sealer = nullptr);
+                                       std::shared_ptr<const wire::ChunkSealer> sealer = nullptr,
+                                       std::shared_ptr<const wire::ChunkCipher> cipher = nullptr, bool node = false);
 // The chain level of a spec's tier (policy, watermarks, write-through; no codec).
 LevelOptions LevelFor(const TierSpec& spec, std::unique_ptr<Tier> tier);
 

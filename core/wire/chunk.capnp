@@ -50,6 +50,11 @@ enum Codec {
   kdn @5;       # kdn's compressing codec
   zstd @6;      # lossless: byte planes compressed by zstd
   tc @7;        # kdn's transform codec (a per-model KLT profile)
+  encrypted @8; # encrypted at rest (core/wire/cipher.h): the payload is a
+                # header naming the codec it encrypts, the master key's id
+                # and the nonce, then the AES-256-GCM ciphertext of that
+                # codec's payload, then the tag. Readers before it refuse it
+                # as an unknown codec: they never read ciphertext as KV.
 }
 
 # Element type of the KV (mirrors kdn_dtype).

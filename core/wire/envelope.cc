@@ -41,6 +41,7 @@ KDN_SAME_CODEC(kCacheGen, kCacheGen, CACHEGEN);
 KDN_SAME_CODEC(kKdn, kKdn, KDN);
 KDN_SAME_CODEC(kZstd, kZstd, ZSTD);
 KDN_SAME_CODEC(kTc, kTc, TC);
+KDN_SAME_CODEC(kEncrypted, kEncrypted, ENCRYPTED);
 #undef KDN_SAME_CODEC
 
 bool KnownCodec(std::uint16_t codec) { return codec <= kLastKnownCodec; }
@@ -256,6 +257,10 @@ Status CheckHeader(const EnvelopeHeader& h, std::uint64_t stored_header_checksum
   // header naming the codec and the shape): here, only that there is one.
   if (h.codec != static_cast<std::uint16_t>(Codec::kRaw) && h.payload_bytes == 0) {
     return Corrupt("an encoded payload is empty");
+  }
+  // An encrypted payload holds at least its header and tag (wire/cipher.h).
+  if (h.codec == static_cast<std::uint16_t>(Codec::kEncrypted) && h.payload_bytes < 48) {
+    return Corrupt("an encrypted payload shorter than its header and tag");
   }
   if (expected_key && h.meta.key != *expected_key) {
     return Corrupt("holds key " + keys::ToHex(h.meta.key) + ", expected " + keys::ToHex(*expected_key));

@@ -34,8 +34,8 @@ inline constexpr std::uint16_t kEnvelopeVersionMinor = 0;
 inline constexpr std::uint64_t kPayloadPieceBytes = std::uint64_t{1} << 28;
 
 // The schema's Codec; equal to codec::CodecId (asserted in envelope.cc).
-enum class Codec : std::uint16_t { kRaw = 0, kFp8 = 1, kInt8 = 2, kKivi2 = 3, kCacheGen = 4, kKdn = 5, kZstd = 6, kTc = 7 };
-inline constexpr std::uint16_t kLastKnownCodec = static_cast<std::uint16_t>(Codec::kTc);
+enum class Codec : std::uint16_t { kRaw = 0, kFp8 = 1, kInt8 = 2, kKivi2 = 3, kCacheGen = 4, kKdn = 5, kZstd = 6, kTc = 7, kEncrypted = 8 };
+inline constexpr std::uint16_t kLastKnownCodec = static_cast<std::uint16_t>(Codec::kEncrypted);
 enum class ChecksumAlgorithm : std::uint16_t { kXxh3 = 0 };
 
 // The bytes EncodeEnvelope produces for a payload of `payload_bytes`: a pure

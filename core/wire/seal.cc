@@ -84,33 +84,41 @@ Result<std::shared_ptr<const ChunkSealer>> ChunkSealer::FromSecret(std::string s
   return std::shared_ptr<const ChunkSealer>(new ChunkSealer(std::move(secret)));
 }
 
-Result<std::shared_ptr<const ChunkSealer>> ChunkSealer::FromFile(const std::string& path) {
+Result<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return Status::InvalidArgument("cannot open the secret file " + path + ": " + std::strerror(errno));
+  if (fd < 0) return Status::InvalidArgument("cannot open " + what + ": " + std::strerror(errno));
   struct stat st {};
-  std::string secret;
+  std::string bytes;
   Status failed;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    failed = Status::InvalidArgument("the secret file " + path + " is not a regular file");
+    failed = Status::InvalidArgument(what + " is not a regular file");
   } else if ((st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP)) != 0) {
-    failed = Status::InvalidArgument("the secret file " + path +
-                                     " may be read or written by others: chmod 600 (or 640) it first");
-  } else if (st.st_size > static_cast<off_t>(kMaxSecret)) {
-    failed = Status::InvalidArgument("the secret file " + path + " is over 4096 bytes: is it the right file?");
+    failed = Status::InvalidArgument(what + " may be read or written by others: chmod 600 (or 640) it first");
+  } else if (st.st_size > static_cast<off_t>(max_bytes)) {
+    failed = Status::InvalidArgument(what + " is over " + std::to_string(max_bytes) + " bytes: is it the right file?");
   } else {
-    secret.resize(static_cast<size_t>(st.st_size));
+    bytes.resize(static_cast<size_t>(st.st_size));
     size_t got = 0;
-    while (got < secret.size()) {
-      const ssize_t n = ::read(fd, secret.data() + got, secret.size() - got);
+    while (got < bytes.size()) {
+      const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       got += static_cast<size_t>(n);
     }
-    if (got != secret.size()) failed = Status::InvalidArgument("cannot read the secret file " + path);
+    if (got != bytes.size()) failed = Status::InvalidArgument("cannot read " + what);
   }
   ::close(fd);
-  if (!failed.ok()) return failed;
-  Result<std::shared_ptr<const ChunkSealer>> s = FromSecret(std::move(secret));
+  if (!failed.ok()) {
+    OPENSSL_cleanse(bytes.data(), bytes.size());
+    return failed;
+  }
+  return bytes;
+}
+
+Result<std::shared_ptr<const ChunkSealer>> ChunkSealer::FromFile(const std::string& path) {
+  Result<std::string> secret = ReadPrivateFile(path, kMaxSecret, "the secret file " + path);
+  if (!secret.ok()) return secret.status();
+  Result<std::shared_ptr<const ChunkSealer>> s = FromSecret(std::move(secret).value());
   if (!s.ok()) return Status(s.status().code(), path + ": " + s.status().message());
   return s;
 }

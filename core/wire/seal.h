@@ -71,6 +71,12 @@ class ChunkSealer {
   std::array<std::uint8_t, 8> key_id_{};
 };
 
+// The bytes of a file only the service may read: a regular file that others
+// may neither read nor write (its group may read it), of at most
+// `max_bytes`. kInvalidArgument otherwise, naming the file as `what` (e.g.
+// "the secret file /etc/kdn/secret") and saying why. For secrets and keys.
+Result<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes, const std::string& what);
+
 // The length of the Cap'n Proto message whose stream framing begins at p
 // (n bytes of it read), from its segment table alone: the count, then each
 // segment's length in words; nullopt when the table is not whole in those

@@ -148,6 +148,25 @@ TEST(ServerConfigParse, OnlyATokenGivesTheDefaults) {
   EXPECT_FALSE(c.tokens[0].stats);
 }
 
+// Encryption at rest (docs/security.md): the master keys' source is a file
+// or a variable's name, never the keys; not both at once.
+TEST(ServerConfigParse, MasterKeysComeFromAFileOrAVariableNotBoth) {
+  const std::string tokens = std::string(kOneToken);
+  auto file = ParseConfig("[server]\nencryption_key_file = \"/etc/kdn/keys\"\n" + tokens, "f.toml");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_EQ(file->encryption_key_file, "/etc/kdn/keys");
+  EXPECT_EQ(file->encryption_key_env, "");
+  auto env = ParseConfig("[server]\nencryption_key_env = \"KDN_MASTER_KEYS\"\n" + tokens, "e.toml");
+  ASSERT_TRUE(env.ok()) << env.status().message();
+  EXPECT_EQ(env->encryption_key_env, "KDN_MASTER_KEYS");
+  auto both = ParseConfig(
+      "[server]\nencryption_key_file = \"/etc/kdn/keys\"\nencryption_key_env = \"KDN_MASTER_KEYS\"\n" + tokens,
+      "b.toml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("encryption_key_env"), std::string::npos) << both.status().message();
+  EXPECT_TRUE(ParseConfig(std::string(kOneToken), "min.toml")->encryption_key_file.empty());
+}
+
 TEST(ServerConfigParse, TierDefaultsAreTheStoresDefaults) {
   auto r = ParseConfig("[[tier]]\n" + kOneToken, "t.toml");
   ASSERT_TRUE(r.ok()) << r.status().message();

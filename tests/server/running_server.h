@@ -43,10 +43,12 @@ class RunningServer {
 inline std::shared_ptr<store::Runtime> RemoteRuntime(const std::string& address, const std::string& token,
                                               const std::string& codec = "", std::uint32_t timeout_ms = 2000,
                                               const std::string& tls_ca_file = "", const std::string& tls_name = "",
-                                              const std::string& secret_file = "") {
+                                              const std::string& secret_file = "",
+                                              const std::string& encryption_key_file = "") {
   store::StoreOptions o;
   o.chunk_tokens = 8;
   o.secret_file = secret_file;
+  o.encryption_key_file = encryption_key_file;
   store::TierSpec remote;
   remote.kind = store::TierSpec::Kind::kRemote;
   remote.address = address;

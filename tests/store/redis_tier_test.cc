@@ -38,7 +38,9 @@
 #include "server/service.h"
 #include "core/runtime/runtime.h"
 #include "core/wire/envelope.h"
+#include "core/wire/cipher.h"
 #include "core/wire/seal.h"
+#include "../common/plaintext.h"
 
 namespace kdn::store {
 namespace {
@@ -177,6 +179,20 @@ class RedisTierTest : public ::testing::Test {
   // The text's tokens: its whole chunks and the piece after them are stored.
   std::uint64_t Whole() const { return ref_.tokens.size(); }
   std::uint64_t Objects() const { return (ref_.tokens.size() + kChunk - 1) / kChunk; }
+  // Every value the single server holds (as its ACL user).
+  static std::vector<std::string> AllValues(const std::string& address) {
+    rt::Raw raw(std::stoi(address.substr(address.rfind(':') + 1)));
+    EXPECT_EQ(raw.Cmd({"AUTH", kUser, kPassword}), "OK");
+    std::vector<std::string> names, out;
+    if (auto* r = static_cast<redisReply*>(redisCommand(raw.c, "KEYS *"))) {
+      if (r->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i < r->elements; ++i) names.emplace_back(r->element[i]->str, r->element[i]->len);
+      }
+      freeReplyObject(r);
+    }
+    for (const std::string& n : names) out.push_back(raw.Cmd({"GET", n}));
+    return out;
+  }
   // Empties the single server (as its ACL user).
   static void Flush(const std::string& address) {
     rt::Raw raw(std::stoi(address.substr(address.rfind(':') + 1)));
@@ -224,6 +240,32 @@ class RedisSingle : public RedisTierTest {
     v.data = kv.data();
     v.size_bytes = kv.size() * 4;
     return v;
+  }
+  // Through the C ABI: stores the reference KV (`store`) or retrieves it
+  // (into *out when given) with a model made on `rt`, then destroys both;
+  // the tokens stored or retrieved, and the redis tier's auth failures.
+  std::uint64_t RunCAbi(const CAbi& c, kdn_runtime* rt, bool store, std::uint64_t* auth_failures,
+                        std::vector<float>* out = nullptr) {
+    kdn_model* m = nullptr;
+    EXPECT_EQ(kdn_model_create(rt, &c.spec, &m), KDN_OK);
+    std::vector<float> kv = store ? ref_.canonical : std::vector<float>(ref_.canonical.size(), 0.0f);
+    const kdn_kv_view v = CView(kv);
+    kdn_kv_result res;
+    EXPECT_EQ(kdn_kv_result_init(&res, sizeof res), KDN_OK);
+    const kdn_status st = store ? kdn_kv_store(m, kNs, std::strlen(kNs), &c.req, &v, 1, &res)
+                                : kdn_kv_retrieve(m, kNs, std::strlen(kNs), &c.req, &v, 1, &res);
+    EXPECT_EQ(st, KDN_OK) << kdn_last_error_message();
+    kdn_tier_stats ts;
+    EXPECT_EQ(kdn_tier_stats_init(&ts, sizeof ts), KDN_OK);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);  // a store's SETs: written through, soon
+    do {
+      EXPECT_EQ(kdn_runtime_get_tier_stats(rt, 1, &ts), KDN_OK);
+    } while (store && ts.remote_calls < Objects() && Clock::now() < deadline);
+    if (auth_failures) *auth_failures = ts.auth_failures;
+    if (out) *out = std::move(kv);
+    kdn_model_destroy(m);
+    kdn_runtime_destroy(rt);
+    return res.tokens;
   }
   // A kdnd config: a host tier written through to a redis tier on this
   // server, the token kToken for kNs, and `server_extra` under [server].
@@ -918,26 +960,8 @@ TEST_F(RedisSingle, TheCAbisSecretFile) {
   EXPECT_EQ(create(short_one, KDN_ERR_INVALID_ARGUMENT), nullptr);
   EXPECT_EQ(create(dir + "/missing", KDN_ERR_INVALID_ARGUMENT), nullptr);
   // Store with ours; read with ours, with none (taken as it is) and with theirs.
-  auto run = [&](kdn_runtime* rt, bool store, std::uint64_t* auth_failures) -> std::uint64_t {
-    kdn_model* m = nullptr;
-    EXPECT_EQ(kdn_model_create(rt, &c.spec, &m), KDN_OK);
-    std::vector<float> kv = store ? ref_.canonical : std::vector<float>(ref_.canonical.size(), 0.0f);
-    const kdn_kv_view v = CView(kv);
-    kdn_kv_result res;
-    EXPECT_EQ(kdn_kv_result_init(&res, sizeof res), KDN_OK);
-    const kdn_status st = store ? kdn_kv_store(m, kNs, std::strlen(kNs), &c.req, &v, 1, &res)
-                                : kdn_kv_retrieve(m, kNs, std::strlen(kNs), &c.req, &v, 1, &res);
-    EXPECT_EQ(st, KDN_OK) << kdn_last_error_message();
-    kdn_tier_stats ts;
-    EXPECT_EQ(kdn_tier_stats_init(&ts, sizeof ts), KDN_OK);
-    const auto deadline = Clock::now() + std::chrono::seconds(10);  // a store's SETs: written through, soon
-    do {
-      EXPECT_EQ(kdn_runtime_get_tier_stats(rt, 1, &ts), KDN_OK);
-    } while (store && ts.remote_calls < Objects() && Clock::now() < deadline);
-    if (auth_failures) *auth_failures = ts.auth_failures;
-    kdn_model_destroy(m);
-    kdn_runtime_destroy(rt);
-    return res.tokens;
+  auto run = [&](kdn_runtime* rt, bool store, std::uint64_t* auth_failures) {
+    return RunCAbi(c, rt, store, auth_failures);
   };
   kdn_runtime* writer = create(ours, KDN_OK);
   ASSERT_NE(writer, nullptr);
@@ -1055,6 +1079,232 @@ TEST_F(RedisSingle, AKdndWithASecretServesNoPlantedChunk) {
       const size_t T = ref_.tokens.size(), row = 32;
       EXPECT_NE(std::memcmp(&out[0], &ref_.canonical[0], kChunk * row * 4), 0) << "and the plant is what it serves";
       (void)T;
+    }
+  }
+}
+
+// Encryption at rest (issue 37, item 2; wire/cipher.h). The values a tier
+// with master keys SETs hold none of the KV in the clear (searched for block
+// by block; a tier without keys shows all of it); a value whose ciphertext
+// was changed (its checksums made right) is a miss, counted and deleted; a
+// tier without the key misses, counted.
+const std::string kRedisKeyA = "8e73b0f7da0e6452c810f32b809079e562f8ead2522c6b7b8e73b0f7da0e6452";
+const std::string kRedisKeyB = "c47b0294dbbbee0fec4757f22ffeee3587ca4730c3d33b691df38bab076bc558";
+
+TEST_F(RedisSingle, AnEncryptingTierStoresNoKvInTheClear) {
+  RedisTierOptions with = Options(seeds_);
+  with.cipher = wire::ChunkCipher::FromText(kRedisKeyA, "A").value();
+  auto sealed = Tier(with);
+  auto plain = Tier(Options(seeds_));
+  ASSERT_TRUE(sealed && plain);
+  auto raw = Raw(seeds_);
+  ASSERT_TRUE(raw);
+  std::vector<std::string_view> kv;
+  for (const ChunkRef& c : chunks_) kv.emplace_back(reinterpret_cast<const char*>(c->payload.data()), c->payload.size());
+  auto values = [&] {
+    std::vector<std::string> names, out;
+    for (const keys::Digest& k : keys_) names.push_back(sealed->KeyOf(k));
+    std::vector<std::string_view> views(names.begin(), names.end());
+    for (auto& v : raw->Get(views)) {
+      if (v.ok() && v->has_value()) out.emplace_back(reinterpret_cast<const char*>((*v)->data), (*v)->size);
+    }
+    return out;
+  };
+  // The search's control: a tier without keys stores every block as it is.
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(plain->Put(c).ok());
+  size_t blocks = 0;
+  EXPECT_EQ(testing::PlaintextBlocksFound(kv, values(), &blocks), blocks);
+  ASSERT_GT(blocks, 100u);
+  Flush(seeds_[0]);
+  for (const ChunkRef& c : chunks_) ASSERT_TRUE(sealed->Put(c).ok());
+  ASSERT_EQ(values().size(), chunks_.size());
+  EXPECT_EQ(testing::PlaintextBlocksFound(kv, values()), 0u) << "KV in the clear in the server";
+  EXPECT_EQ(sealed->Cost(*chunks_[0]), wire::EncodedEnvelopeSize(chunks_[0]->payload.size() + wire::kEncryptionOverhead));
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    auto got = sealed->Get(keys_[i]);
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().message();
+    EXPECT_TRUE(Same(*got, chunks_[i])) << i;
+  }
+  EXPECT_EQ(sealed->counters().auth_failures, 0u);
+  // Without the key (no keys, or another ring): a miss, counted, deleted.
+  RedisTierOptions other = Options(seeds_);
+  other.cipher = wire::ChunkCipher::FromText(kRedisKeyB, "B").value();
+  auto stranger = Tier(other);
+  EXPECT_EQ(stranger->Get(keys_[3]).status().code(), Code::kNotFound);
+  EXPECT_EQ(stranger->counters().auth_failures, 1u);
+  EXPECT_EQ(plain->Get(keys_[2]).status().code(), Code::kNotFound);
+  EXPECT_EQ(plain->counters().auth_failures, 1u);
+  // The tamper: chunk 0's value with one ciphertext bit flipped, its
+  // envelope's checksums recomputed.
+  const std::string k0 = sealed->KeyOf(keys_[0]);
+  const std::vector<std::string_view> one = {k0};
+  auto stored = raw->Get(one);
+  ASSERT_TRUE(stored.size() == 1 && stored[0].ok() && stored[0]->has_value());
+  auto c = wire::DecodeEnvelope((*stored[0])->data, (*stored[0])->size, &keys_[0]).value();
+  Chunk changed;
+  changed.meta = c->meta;
+  changed.payload = Payload(c->payload.data(), c->payload.size());
+  changed.payload[wire::kEncryptedHeaderBytes + 7] ^= 0x20;
+  const auto bytes = wire::EncodeEnvelope(changed).value();
+  const redis::KeyValue item{k0, bytes};
+  for (const Status& st : raw->Set(std::span<const redis::KeyValue>(&item, 1))) ASSERT_TRUE(st.ok());
+  EXPECT_EQ(sealed->Get(keys_[0]).status().code(), Code::kNotFound);
+  EXPECT_EQ(sealed->counters().auth_failures, 1u);
+  EXPECT_FALSE(*raw->Exists(one)[0]) << "the tampered value was not deleted";
+  EXPECT_TRUE(sealed->Get(keys_[1]).ok());
+}
+
+// The C ABI's master keys (since 1.14): a file or an environment variable.
+// Stored with key A (a file): the server's values hold no KV in the clear;
+// read back with A from a variable, whole; with key B or no keys, misses
+// (counted: kdn_tier_stats.auth_failures); bad sources refused.
+TEST_F(RedisSingle, TheCAbisMasterKeys) {
+  CAbi c;
+  ASSERT_NO_FATAL_FAILURE(InitCAbi(c));
+  c.tiers[1].codec = "raw";  // the stored bytes are the KV's own: the search below finds them if in the clear
+  c.tiers[1].codec_len = 3;
+  const std::string a = (tmp_.path / "a.keys").string(), b = (tmp_.path / "b.keys").string();
+  std::ofstream(a) << kRedisKeyA << "\n";
+  std::ofstream(b) << kRedisKeyB << "\n";
+  ASSERT_EQ(::chmod(a.c_str(), 0600), 0);
+  ASSERT_EQ(::chmod(b.c_str(), 0600), 0);
+  ::setenv("KDN_TEST_KEYS_A", kRedisKeyA.c_str(), 1);
+  std::vector<float> kv_back;
+  auto create = [&](const std::string& file, const std::string& env, kdn_status want) -> kdn_runtime* {
+    c.options.encryption_key_file = file.empty() ? nullptr : file.data();
+    c.options.encryption_key_file_len = file.size();
+    c.options.encryption_key_env = env.empty() ? nullptr : env.data();
+    c.options.encryption_key_env_len = env.size();
+    kdn_runtime* rt = nullptr;
+    EXPECT_EQ(kdn_runtime_create(&c.options, &rt), want) << file << env << ": " << kdn_last_error_message();
+    return rt;
+  };
+  auto run = [&](kdn_runtime* rt, bool store, std::uint64_t* auth_failures) {
+    const std::uint64_t tokens = RunCAbi(c, rt, store, auth_failures, &kv_back);
+    if (!store && tokens == ref_.tokens.size()) {
+      EXPECT_EQ(kv_back, ref_.canonical);
+    }
+    return tokens;
+  };
+  kdn_runtime* writer = create(a, "", KDN_OK);
+  ASSERT_NE(writer, nullptr);
+  EXPECT_EQ(run(writer, true, nullptr), ref_.tokens.size());
+  const std::vector<std::string> values = AllValues(seeds_[0]);
+  ASSERT_GE(values.size(), keys_.size());
+  std::vector<std::string_view> kv;
+  for (const ChunkRef& ch : chunks_) kv.emplace_back(reinterpret_cast<const char*>(ch.get()->payload.data()), ch->payload.size());
+  size_t blocks = 0;
+  EXPECT_EQ(testing::PlaintextBlocksFound(kv, values, &blocks), 0u) << "KV in the clear in the server";
+  ASSERT_GT(blocks, 100u);
+  std::uint64_t failures = 0;
+  kdn_runtime* reader = create("", "KDN_TEST_KEYS_A", KDN_OK);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(run(reader, false, &failures), Whole());
+  EXPECT_EQ(failures, 0u);
+  kdn_runtime* stranger = create(b, "", KDN_OK);
+  ASSERT_NE(stranger, nullptr);
+  EXPECT_EQ(run(stranger, false, &failures), 0u);
+  EXPECT_GE(failures, 1u);
+  // Refused: both sources, a variable not set, a length without a pointer.
+  EXPECT_EQ(create(a, "KDN_TEST_KEYS_A", KDN_ERR_INVALID_ARGUMENT), nullptr);
+  EXPECT_EQ(create("", "KDN_TEST_KEYS_NOT_SET", KDN_ERR_INVALID_ARGUMENT), nullptr);
+  EXPECT_EQ(std::string(kdn_last_error_message()).find(kRedisKeyA.substr(0, 16)), std::string::npos);
+  c.options.encryption_key_file = nullptr;
+  c.options.encryption_key_file_len = 3;
+  kdn_runtime* rt = nullptr;
+  EXPECT_EQ(kdn_runtime_create(&c.options, &rt), KDN_ERR_INVALID_ARGUMENT);
+  ::unsetenv("KDN_TEST_KEYS_A");
+  // Last, a runtime without keys: the encrypted chunks are misses, counted.
+  // (The stranger deleted those it read: stored again first.)
+  ::setenv("KDN_TEST_KEYS_A", kRedisKeyA.c_str(), 1);
+  kdn_runtime* again = create("", "KDN_TEST_KEYS_A", KDN_OK);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(run(again, true, nullptr), ref_.tokens.size());
+  ::unsetenv("KDN_TEST_KEYS_A");
+  kdn_runtime* keyless = create("", "", KDN_OK);
+  ASSERT_NE(keyless, nullptr);
+  EXPECT_EQ(run(keyless, false, &failures), 0u);
+  EXPECT_GE(failures, 1u);
+}
+
+// kdnd's own tiers, and its clients' (issue 37, item 2): a node with master
+// keys (server.encryption_key_file) encrypts what it writes through to Redis
+// of the chunks its clients sent in the clear; a client with keys encrypts
+// what it sends, so that neither the node's memory nor its Redis holds its
+// KV in the clear, and the node stores and serves it as it came. Either way
+// the server's values hold none of the KV, and a fresh node (an empty host
+// tier) serves it back whole to the client; a client without the key misses.
+TEST_F(RedisSingle, AKdndAndItsClientsEncryptWhatTheyStore) {
+  const std::string node_keys = (tmp_.path / "node.keys").string(), client_keys = (tmp_.path / "client.keys").string();
+  std::ofstream(node_keys) << kRedisKeyA << "\n";
+  std::ofstream(client_keys) << kRedisKeyB << "\n";
+  ASSERT_EQ(::chmod(node_keys.c_str(), 0600), 0);
+  ASSERT_EQ(::chmod(client_keys.c_str(), 0600), 0);
+  std::vector<std::string_view> kv;
+  for (const ChunkRef& c : chunks_) kv.emplace_back(reinterpret_cast<const char*>(c->payload.data()), c->payload.size());
+  std::vector<keys::Digest> filed;
+  for (const keys::Digest& k : keys_) filed.push_back(server::ObjectKey(keys::NamespaceHash(kNs), k));
+  auto raw = Raw(seeds_);
+  ASSERT_TRUE(raw);
+  auto plain = Tier(Options(seeds_));
+  struct Case {
+    const char* name;
+    bool node_encrypts, client_encrypts;
+  };
+  for (const Case& k : {Case{"neither (the search's control)", false, false}, Case{"the node", true, false},
+                        Case{"the client", false, true}}) {
+    SCOPED_TRACE(k.name);
+    Flush(seeds_[0]);
+    auto config = server::ParseConfig(
+        KdndToml(k.node_encrypts ? "encryption_key_file = \"" + node_keys + "\"\n" : ""), "kdnd.toml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    EXPECT_EQ(config->encryption_key_file, k.node_encrypts ? node_keys : "");
+    namespace ts = server::testing_support;
+    const std::string keys = k.client_encrypts ? client_keys : "";
+    std::vector<std::string> names;
+    for (const keys::Digest& f : filed) names.push_back(plain->KeyOf(f));
+    std::vector<std::string_view> views(names.begin(), names.end());
+    std::vector<std::string> values;
+    {
+      ts::RunningServer node(*config);
+      auto engine = ts::RemoteRuntime(node.bound().rpc[0], kToken, "raw", 2000, "", "", "", keys);
+      ASSERT_TRUE(engine);
+      EXPECT_EQ(StoreAll(*engine), ref_.tokens.size());
+      engine->store().chain().Flush();
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while (Clock::now() < deadline) {
+        auto e = raw->Exists(views);
+        if (std::all_of(e.begin(), e.end(), [](const auto& x) { return x.ok() && *x; })) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      for (auto& v : raw->Get(views)) {
+        if (v.ok() && v->has_value()) values.emplace_back(reinterpret_cast<const char*>((*v)->data), (*v)->size);
+      }
+    }
+    ASSERT_EQ(values.size(), filed.size());
+    size_t blocks = 0;
+    const size_t found = testing::PlaintextBlocksFound(kv, values, &blocks);
+    if (k.node_encrypts || k.client_encrypts) {
+      EXPECT_EQ(found, 0u) << "KV in the clear in the node's Redis";
+    } else {
+      EXPECT_EQ(found, blocks);
+    }
+    ts::RunningServer fresh(*config);  // an empty host tier: chunks come from Redis
+    auto engine = ts::RemoteRuntime(fresh.bound().rpc[0], kToken, "raw", 2000, "", "", "", keys);
+    ASSERT_TRUE(engine);
+    std::vector<float> out;
+    EXPECT_EQ(RetrieveAll(*engine, &out).tokens, Whole());
+    const size_t row = 32, T = ref_.tokens.size();
+    for (size_t lk = 0; lk < 10; ++lk) {
+      ASSERT_EQ(std::memcmp(&out[lk * T * row], &ref_.canonical[lk * T * row], Whole() * row * 4), 0) << lk;
+    }
+    if (k.client_encrypts) {
+      // Another client without the key: the node serves the ciphertext, the
+      // client's remote tier cannot open it (a miss, counted).
+      auto keyless = ts::RemoteRuntime(fresh.bound().rpc[0], kToken, "raw");
+      ASSERT_TRUE(keyless);
+      EXPECT_EQ(RetrieveAll(*keyless, &out).tokens, 0u);
+      EXPECT_GE(keyless->store().chain().Stats()[0].auth_failures, 1u);
     }
   }
 }

@@ -97,7 +97,7 @@ extern "C" {
 
 /* The CMake project version is read from these three lines. */
 #define KDN_VERSION_MAJOR 1
-#define KDN_VERSION_MINOR 13
+#define KDN_VERSION_MINOR 14
 #define KDN_VERSION_PATCH 0
 #define KDN_VERSION_NUMBER \
   (KDN_VERSION_MAJOR * 10000 + KDN_VERSION_MINOR * 100 + KDN_VERSION_PATCH)
@@ -352,10 +352,28 @@ typedef struct kdn_runtime_options {
    * others or is too short: KDN_ERR_INVALID_ARGUMENT. */
   const char *secret_file;
   size_t secret_file_len;
+  /* Since 1.14. Encryption at rest (docs/security.md): master keys, from a
+   * file (encryption_key_file: readable by the service only) or from an
+   * environment variable (encryption_key_env: its name, not the keys), at
+   * most one of the two; one key per line as 64 hex digits (`openssl rand
+   * -hex 32`), the first encrypts, every one decrypts (rotation: put the new
+   * key first, keep the old ones while their chunks matter). With them,
+   * every chunk a disk, redis or remote tier sends out of the process is
+   * encrypted with AES-256-GCM under its namespace's key (HKDF-SHA256 of the
+   * master key) and decrypted when read back; one that does not open
+   * (another key, damaged or forged bytes) is a miss, counted in
+   * kdn_tier_stats.auth_failures. Runtimes that share such a tier share the
+   * keys. NULL: none (an encrypted chunk read back is such a miss). A source
+   * that cannot be read, is open to others, or holds a line that is not a
+   * key: KDN_ERR_INVALID_ARGUMENT (the message never holds a key). */
+  const char *encryption_key_file;
+  size_t encryption_key_file_len;
+  const char *encryption_key_env;
+  size_t encryption_key_env_len;
 } kdn_runtime_options;
 #define KDN_RUNTIME_OPTIONS_SIZE_V1 48u
 #define KDN_RUNTIME_OPTIONS_INIT \
-  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0, 0u, 0u, NULL, 0u }
+  { sizeof(kdn_runtime_options), 256u, 1073741824u, 0u, NULL, 0u, 0u, 0u, KDN_DEVICE_AUTO, 0, 0u, 0u, NULL, 0u, NULL, 0u, NULL, 0u }
 KDN_API kdn_status kdn_runtime_options_init(kdn_runtime_options *options, size_t struct_size);
 
 /* Creates a runtime. options may be NULL (defaults). */
