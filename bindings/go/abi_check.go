@@ -56,7 +56,9 @@ var _ = [...]struct{}{
 }
 
 // kdn.h's minor version may be newer than the one this package was written
-// for (minors only append), never older (1.13: Request.Salt sets kdn_request.salt,
+// for (minors only append), never older (1.14: RuntimeOptions.EncryptionKeyFile
+// and EncryptionKeyEnv set kdn_runtime_options.encryption_key_file and
+// encryption_key_env; 1.13: Request.Salt sets kdn_request.salt,
 // TierConfig.Quotas kdn_tier_config.quotas):
 // an array of negative length does not compile.
 var _ [C.KDN_VERSION_MINOR - BindingVersionMinor]struct{}

@@ -86,7 +86,11 @@ import (
 // version or of an older minor (whose structs lack fields it uses).
 const (
 	BindingVersionMajor = 1
-	BindingVersionMinor = 13 // Request.Salt (kdn_request.salt), TierConfig.Quotas (kdn_tier_config.quotas)
+	// 14: RuntimeOptions.EncryptionKeyFile and EncryptionKeyEnv
+	// (kdn_runtime_options.encryption_key_file, encryption_key_env);
+	// 13: Request.Salt (kdn_request.salt), TierConfig.Quotas
+	// (kdn_tier_config.quotas).
+	BindingVersionMinor = 14
 )
 
 // The version of kdn.h this package was built with: BindingVersionMajor,

@@ -185,6 +185,24 @@ type RuntimeOptions struct {
 	// holds). A file that cannot be read, is open to others or is too
 	// short: ErrInvalidArgument.
 	SecretFile string
+	// Encryption at rest (since 1.14; docs/security.md): the master keys,
+	// from a file (EncryptionKeyFile: readable by the service only, mode
+	// 600 or 640) or from an environment variable (EncryptionKeyEnv: the
+	// variable's name, not the keys), at most one of the two. One key per
+	// line as 64 hex digits (`openssl rand -hex 32`): the first encrypts,
+	// every one decrypts (to rotate, put the new key first and keep the old
+	// ones while their chunks matter). With them, every chunk a disk, redis
+	// or remote tier sends out of the process is encrypted with AES-256-GCM
+	// under its namespace's key (HKDF-SHA256 of the master key) and
+	// decrypted when read back; one that does not open (another key,
+	// damaged or forged bytes) is a miss, counted in TierStats.AuthFailures.
+	// Runtimes that share such a tier share the keys. Empty: none (an
+	// encrypted chunk read back is such a miss). Both set, a source that
+	// cannot be read or is open to others, an unset variable, or a line that
+	// is not a key: ErrInvalidArgument from NewRuntime (its message never
+	// holds a key).
+	EncryptionKeyFile string
+	EncryptionKeyEnv  string
 }
 
 // core is what a runtime's handles share: the C runtime is refcounted by
@@ -313,6 +331,8 @@ func newRuntime(opts *RuntimeOptions, editor Editor) (*Runtime, error) {
 			o.load_slower_than_prefill = 1
 		}
 		o.secret_file, o.secret_file_len = cstr(opts.SecretFile)
+		o.encryption_key_file, o.encryption_key_file_len = cstr(opts.EncryptionKeyFile)
+		o.encryption_key_env, o.encryption_key_env_len = cstr(opts.EncryptionKeyEnv)
 		if n := len(opts.Tiers); n > 0 {
 			mem := C.calloc(C.size_t(n), C.sizeof_kdn_tier_config)
 			if mem == nil {
@@ -556,7 +576,9 @@ type TierStats struct {
 	RecomputeChunks                              uint64
 	// Since 1.8: of CorruptDetected, the chunks whose seal failed (a
 	// runtime with a SecretFile: none, another secret's, or a MAC that does
-	// not match).
+	// not match); since 1.14 also those that do not decrypt (a runtime
+	// with EncryptionKeyFile or EncryptionKeyEnv: none, another key's, or
+	// damaged or forged bytes; one without keys: any encrypted chunk).
 	AuthFailures uint64
 }
 

@@ -83,6 +83,15 @@ inline void Since(const void* fn, const char* name, int minor) {
                                      kdn_version());
   }
 }
+// Throws KDN_ERR_VERSION unless the libkdn loaded is 1.`minor` or later, for
+// `what`, fields of C ABI 1.`minor` the caller set: an older library would
+// refuse the struct for a tail it does not know, without saying which field.
+inline void SinceFields(const char* what, int minor) {
+  if (kdn_version_number() < 10000u + 100u * static_cast<uint32_t>(minor)) {
+    throw Error(KDN_ERR_VERSION, std::string(what) + " need libkdn 1." + std::to_string(minor) + " or later; this is " +
+                                     kdn_version());
+  }
+}
 
 #ifndef SWIG
 // A handle's life: every call holds a Use for its duration; Close marks the
@@ -211,6 +220,15 @@ struct RuntimeOptions {
   // Since 1.8: the deployment's secret (a file of 32 bytes or more, closed
   // to others): chunks of redis and disk tiers are sealed with it.
   std::string secret_file;
+  // Since 1.14: encryption at rest. The master keys' source, at most one of
+  // the two (empty: none): a file closed to others, one key per line as 64
+  // hex digits (the first encrypts, every one decrypts), or the NAME of an
+  // environment variable holding such lines. Chunks of disk, redis and
+  // remote tiers are then AES-256-GCM encrypted; one that does not decrypt
+  // is a miss (TierStats::auth_failures). A libkdn older than 1.14:
+  // KDN_ERR_VERSION when either is set.
+  std::string encryption_key_file;
+  std::string encryption_key_env;
   // Tiers, highest first; none: one host tier of host_capacity_bytes.
   void add_tier(const TierConfig& tier) { tiers.push_back(tier); }
   size_t tier_count() const { return tiers.size(); }
@@ -998,6 +1016,9 @@ class Runtime {
 #ifndef SWIG
  private:
   void Create(const RuntimeOptions& options, Editor* editor) {
+    if (!options.encryption_key_file.empty() || !options.encryption_key_env.empty()) {
+      detail::SinceFields("encryption_key_file and encryption_key_env", 14);
+    }
     std::vector<kdn_tier_config> tiers(options.tiers.size());
     // Each tier's kdn_quota array, alive until kdn_runtime_create returns.
     std::vector<std::vector<kdn_quota>> quotas(options.tiers.size());
@@ -1062,6 +1083,17 @@ class Runtime {
     if (!options.secret_file.empty()) {
       o.secret_file = options.secret_file.data();
       o.secret_file_len = options.secret_file.size();
+    }
+    // 1.14's fields stay zero unless set (a 1.13 library refuses a struct
+    // whose tail it does not know unless it is zero; set, they were checked
+    // against the library's version above).
+    if (!options.encryption_key_file.empty()) {
+      o.encryption_key_file = options.encryption_key_file.data();
+      o.encryption_key_file_len = options.encryption_key_file.size();
+    }
+    if (!options.encryption_key_env.empty()) {
+      o.encryption_key_env = options.encryption_key_env.data();
+      o.encryption_key_env_len = options.encryption_key_env.size();
     }
     if (editor) {
       detail::Check(kdn_runtime_create_with_editor(&o, &detail::EditTrampoline, editor, &rt_));

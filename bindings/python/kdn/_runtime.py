@@ -497,11 +497,25 @@ class Runtime(_Handle):
     tiers are sealed with it, and only chunks sealed with it are read
     (others are misses: TierStats.auth_failures). A file that cannot be
     read, is open to others or is too short: InvalidArgumentError.
+    encryption_key_file, encryption_key_env (since 1.14): encryption at
+    rest, with master keys from a file (readable by the service only: chmod
+    600) or from the environment variable so named (its name, not the
+    keys), at most one of the two; one key per line as 64 hex digits
+    (`openssl rand -hex 32`), the first encrypts, every one decrypts
+    (rotation: the new key first, the old ones kept while their chunks
+    matter). Every chunk a disk, redis or remote tier sends out of the
+    process is then encrypted with AES-256-GCM, and one read back that does
+    not decrypt (another key, none, damaged bytes) is a miss
+    (TierStats.auth_failures); runtimes that share such a tier share the
+    keys. A source that cannot be read, is open to others or holds a line
+    that is not a key, a variable that is not set, or both at once:
+    InvalidArgumentError (its message never holds a key); a libkdn before
+    1.14: VersionError.
     """
 
     def __init__(self, *, chunk_tokens=256, tiers=None, host_capacity_bytes=1 << 30, hash_seed=0, worker_threads=0,
                  editor=None, device=DeviceMode.AUTO, device_ordinal=0, load_slower_than_prefill=False,
-                 secret_file=None):
+                 secret_file=None, encryption_key_file=None, encryption_key_env=None):
         o = _s.RuntimeOptions()
         try:
             o.chunk_tokens = chunk_tokens
@@ -514,13 +528,16 @@ class Runtime(_Handle):
         except (TypeError, OverflowError, ValueError) as e:
             raise InvalidArgumentError(f"runtime options: {e}") from e
         if secret_file is not None:
-            try:
-                path = os.fsdecode(secret_file)
-            except TypeError as e:
-                raise InvalidArgumentError(f"secret_file must be a path, not {type(secret_file).__name__}") from e
-            if not path:
-                raise InvalidArgumentError("secret_file is empty (None: no secret)")
-            o.secret_file = os.fsencode(path)
+            o.secret_file = _path(secret_file, "secret_file", "no secret")
+        if encryption_key_file is not None:
+            o.encryption_key_file = _path(encryption_key_file, "encryption_key_file", "no keys")
+        if encryption_key_env is not None:
+            if not isinstance(encryption_key_env, (str, bytes)):
+                raise InvalidArgumentError(
+                    f"encryption_key_env must be a variable's name (str), not {type(encryption_key_env).__name__}")
+            if not encryption_key_env:
+                raise InvalidArgumentError("encryption_key_env is empty (None: no keys)")
+            o.encryption_key_env = os.fsencode(encryption_key_env)
         if isinstance(tiers, Tier):
             tiers = [tiers]
         quota_ns = []  # each tier's quotas' namespaces, in order (quota_stats names them)
@@ -614,6 +631,17 @@ class Runtime(_Handle):
         names = self._quota_ns[index] if index < len(self._quota_ns) else ()
         return [QuotaStats(names[i] if i < len(names) else None, bytes.fromhex(q[0]), *q[1:])
                 for i, q in enumerate(self._h.quota_stats(index))]
+
+
+def _path(path, name, none):
+    """A path argument (str, bytes or os.PathLike, not empty) as bytes."""
+    try:
+        text = os.fsdecode(path)
+    except TypeError as e:
+        raise InvalidArgumentError(f"{name} must be a path, not {type(path).__name__}") from e
+    if not text:
+        raise InvalidArgumentError(f"{name} is empty (None: {none})")
+    return os.fsencode(text)
 
 
 def _levels(levels):

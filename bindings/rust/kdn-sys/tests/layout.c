@@ -4,7 +4,7 @@
 #include <kdn/kdn.h>
 
 typedef struct { const char *name, *field; size_t size, align, offset; } kdn_layout_row;
-const size_t kdn_layout_count = 280;
+const size_t kdn_layout_count = 284;
 const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_tier_config", "", sizeof(kdn_tier_config), _Alignof(kdn_tier_config), 0},
   {"kdn_tier_config", "struct_size", 0, 0, offsetof(kdn_tier_config, struct_size)},
@@ -56,6 +56,10 @@ const kdn_layout_row kdn_layout_rows[] = {
   {"kdn_runtime_options", "reserved1", 0, 0, offsetof(kdn_runtime_options, reserved1)},
   {"kdn_runtime_options", "secret_file", 0, 0, offsetof(kdn_runtime_options, secret_file)},
   {"kdn_runtime_options", "secret_file_len", 0, 0, offsetof(kdn_runtime_options, secret_file_len)},
+  {"kdn_runtime_options", "encryption_key_file", 0, 0, offsetof(kdn_runtime_options, encryption_key_file)},
+  {"kdn_runtime_options", "encryption_key_file_len", 0, 0, offsetof(kdn_runtime_options, encryption_key_file_len)},
+  {"kdn_runtime_options", "encryption_key_env", 0, 0, offsetof(kdn_runtime_options, encryption_key_env)},
+  {"kdn_runtime_options", "encryption_key_env_len", 0, 0, offsetof(kdn_runtime_options, encryption_key_env_len)},
   {"kdn_model_spec", "", sizeof(kdn_model_spec), _Alignof(kdn_model_spec), 0},
   {"kdn_model_spec", "struct_size", 0, 0, offsetof(kdn_model_spec, struct_size)},
   {"kdn_model_spec", "num_layers", 0, 0, offsetof(kdn_model_spec, num_layers)},

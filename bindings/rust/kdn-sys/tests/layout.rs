@@ -17,7 +17,7 @@ struct Row {
 #[link(name = "kdn_layout", kind = "static")]
 extern "C" {
     static kdn_layout_count: usize;
-    static kdn_layout_rows: [Row; 280];
+    static kdn_layout_rows: [Row; 284];
 }
 
 fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
@@ -72,6 +72,10 @@ fn rust_rows() -> Vec<(&'static str, &'static str, usize, usize, usize)> {
         ("kdn_runtime_options", "reserved1", 0, 0, offset_of!(kdn_runtime_options, reserved1)),
         ("kdn_runtime_options", "secret_file", 0, 0, offset_of!(kdn_runtime_options, secret_file)),
         ("kdn_runtime_options", "secret_file_len", 0, 0, offset_of!(kdn_runtime_options, secret_file_len)),
+        ("kdn_runtime_options", "encryption_key_file", 0, 0, offset_of!(kdn_runtime_options, encryption_key_file)),
+        ("kdn_runtime_options", "encryption_key_file_len", 0, 0, offset_of!(kdn_runtime_options, encryption_key_file_len)),
+        ("kdn_runtime_options", "encryption_key_env", 0, 0, offset_of!(kdn_runtime_options, encryption_key_env)),
+        ("kdn_runtime_options", "encryption_key_env_len", 0, 0, offset_of!(kdn_runtime_options, encryption_key_env_len)),
         ("kdn_model_spec", "", size_of::<kdn_model_spec>(), align_of::<kdn_model_spec>(), 0),
         ("kdn_model_spec", "struct_size", 0, 0, offset_of!(kdn_model_spec, struct_size)),
         ("kdn_model_spec", "num_layers", 0, 0, offset_of!(kdn_model_spec, num_layers)),

@@ -52,6 +52,13 @@
 //! chunks, never another tenant's. [`Runtime::quota_stats`] gives each
 //! quota's use and evictions. Remote tiers take none (a kdnd has its own).
 //!
+//! ## Encryption at rest
+//! With master keys ([`RuntimeOptions::encryption_key_file`] or
+//! [`RuntimeOptions::encryption_key_env`], since 1.14), every chunk a disk,
+//! redis or remote tier sends out of the process is AES-256-GCM encrypted;
+//! one that does not decrypt is a miss, counted in
+//! [`TierStats::auth_failures`].
+//!
 //! ## Recurrent layers
 //! A model with recurrent layers ([`ModelSpec::num_state_layers`], since
 //! 1.12) has a state per recurrent layer: its views carry it

@@ -4,10 +4,11 @@
 use crate::error::{check, Error, Result, Status};
 use crate::model::{Model, ModelSpec};
 use crate::types::{
-    check_library_version, init, millis_ceil, version_number, DType, DeviceMode, EvictionPolicy, LatencyKind, TierKind,
+    check_library_feature, check_library_version, init, millis_ceil, version_number, DType, DeviceMode, EvictionPolicy,
+    LatencyKind, TierKind,
 };
 use kdn_sys as sys;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -290,6 +291,20 @@ fn c_str(b: &[u8]) -> (*const c_char, usize) {
     }
 }
 
+/// A path or a variable's name for C, which takes it up to a NUL: refused
+/// (`InvalidArgument`) when empty (it would reach C as NULL, none at all) or
+/// holding a NUL (C would read another name) or one of `also_bad`.
+fn c_name(field: &str, what: &str, s: &OsStr, also_bad: &[u8]) -> Result<(*const c_char, usize)> {
+    let b = s.as_bytes();
+    if b.is_empty() {
+        return Err(Error::invalid(format!("{field} is an empty {what}")));
+    }
+    if let Some(&c) = b.iter().find(|&&c| c == 0 || also_bad.contains(&c)) {
+        return Err(Error::invalid(format!("{field}: the {what} {s:?} holds {:?}", c as char)));
+    }
+    Ok(c_str(b))
+}
+
 /// How to create a runtime (`kdn_runtime_options`). The default is the
 /// library's: chunks of 256 tokens, one host tier of 1 GiB.
 ///
@@ -332,6 +347,33 @@ pub struct RuntimeOptions {
     /// or is too short: `InvalidArgument`. `None`: tiers serve whatever they
     /// hold.
     pub secret_file: Option<PathBuf>,
+    /// Since 1.14: encryption at rest (docs/security.md), with master keys
+    /// from this file: one key per line as 64 hex digits (`openssl rand -hex
+    /// 32`), readable by the service only (mode 600, or 640); the first key
+    /// encrypts, every one decrypts (rotation: put the new key first, keep
+    /// the old ones while their chunks matter). Every chunk a disk, redis or
+    /// remote tier sends out of the process is then encrypted with
+    /// AES-256-GCM under its namespace's key (HKDF-SHA256 of the master key)
+    /// and decrypted when read back; one that does not decrypt (another key,
+    /// damaged or forged bytes) is a miss, counted in
+    /// [`TierStats::auth_failures`]. Runtimes sharing such a tier share the
+    /// keys. At most one of this and
+    /// [`encryption_key_env`](Self::encryption_key_env). [`Runtime::new`]
+    /// refuses with `InvalidArgument` (its message never holds a key) a file
+    /// that cannot be read, is open to others or holds a line that is not a
+    /// key, an empty path, a path with a NUL and both sources at once; a
+    /// libkdn older than 1.14 with `Version`. `None` (and no
+    /// `encryption_key_env`): no encryption, and an encrypted chunk read back
+    /// is such a miss.
+    pub encryption_key_file: Option<PathBuf>,
+    /// Since 1.14: the same master keys from the environment variable of this
+    /// name (the variable's NAME, not the keys; its value as the file's
+    /// text: one key per line), read when [`Runtime::new`] runs. A variable
+    /// that is not set or holds a line that is not a key, an empty name, a
+    /// name with a NUL or '=': `InvalidArgument`; with
+    /// [`encryption_key_file`](Self::encryption_key_file) too:
+    /// `InvalidArgument`; a libkdn older than 1.14: `Version`.
+    pub encryption_key_env: Option<OsString>,
 }
 
 impl Default for RuntimeOptions {
@@ -346,6 +388,8 @@ impl Default for RuntimeOptions {
             device_ordinal: 0,
             load_slower_than_prefill: false,
             secret_file: None,
+            encryption_key_file: None,
+            encryption_key_env: None,
         }
     }
 }
@@ -390,6 +434,29 @@ impl RuntimeOptions {
     /// With the deployment's secret in `path` (see [`secret_file`](Self::secret_file)).
     pub fn with_secret_file(mut self, path: impl AsRef<Path>) -> Self {
         self.secret_file = Some(path.as_ref().to_path_buf());
+        self
+    }
+    /// With encryption at rest, the master keys in the file at `path` (see
+    /// [`encryption_key_file`](Self::encryption_key_file); since 1.14).
+    ///
+    /// ```no_run
+    /// use kdn::{Runtime, RuntimeOptions, TierConfig};
+    /// // keys: `openssl rand -hex 32 > /etc/kdn/keys && chmod 600 /etc/kdn/keys`
+    /// let options = RuntimeOptions::default()
+    ///     .with_tier(TierConfig::disk("/var/cache/kdn", 64 << 30))
+    ///     .with_encryption_key_file("/etc/kdn/keys");
+    /// let rt = Runtime::new(&options)?; // the disk tier's chunks are AES-256-GCM encrypted
+    /// # Ok::<(), kdn::Error>(())
+    /// ```
+    pub fn with_encryption_key_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.encryption_key_file = Some(path.as_ref().to_path_buf());
+        self
+    }
+    /// With encryption at rest, the master keys in the environment variable
+    /// named `name` (see [`encryption_key_env`](Self::encryption_key_env);
+    /// since 1.14).
+    pub fn with_encryption_key_env(mut self, name: impl AsRef<OsStr>) -> Self {
+        self.encryption_key_env = Some(name.as_ref().to_os_string());
         self
     }
 }
@@ -562,6 +629,22 @@ impl Runtime {
                 return Err(Error::invalid("secret_file is an empty path"));
             }
             (o.secret_file, o.secret_file_len) = c_str(path.as_os_str().as_bytes());
+        }
+        // Since 1.14. An older libkdn would refuse the fields too (unknown
+        // bytes set), but without naming the feature.
+        if options.encryption_key_file.is_some() || options.encryption_key_env.is_some() {
+            check_library_feature(
+                version_number(),
+                11400,
+                "encryption at rest (RuntimeOptions::encryption_key_file, encryption_key_env)",
+            )?;
+        }
+        if let Some(path) = &options.encryption_key_file {
+            (o.encryption_key_file, o.encryption_key_file_len) =
+                c_name("encryption_key_file", "path", path.as_os_str(), b"")?;
+        }
+        if let Some(name) = &options.encryption_key_env {
+            (o.encryption_key_env, o.encryption_key_env_len) = c_name("encryption_key_env", "name", name, b"=")?;
         }
         let mut raw = ptr::null_mut();
         // SAFETY: o and its arrays (tiers, parts and what they borrow from
@@ -865,7 +948,10 @@ pub struct TierStats {
     /// Its chunks loads left to recompute as slower than prefill (since 1.7).
     pub recompute_chunks: u64,
     /// Of `corrupt_detected`, the chunks whose seal failed (since 1.8; a
-    /// runtime with a [`secret_file`](RuntimeOptions::secret_file)).
+    /// runtime with a [`secret_file`](RuntimeOptions::secret_file)) or
+    /// that did not decrypt (since 1.14: encrypted under a key this runtime
+    /// lacks, see [`encryption_key_file`](RuntimeOptions::encryption_key_file),
+    /// or damaged).
     pub auth_failures: u64,
 }
 
@@ -952,8 +1038,10 @@ impl From<&sys::kdn_tier_stats> for TierStats {
 
 #[cfg(test)]
 mod tests {
-    use super::{RawTierParts, TierConfig};
+    use super::{c_name, RawTierParts, TierConfig};
     use crate::Status;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
     use std::time::Duration;
 
     fn raw(tier: &TierConfig) -> kdn_sys::kdn_tier_config {
@@ -988,6 +1076,27 @@ mod tests {
             assert_eq!(e.status(), Status::InvalidArgument);
             assert!(e.message().contains("';'"), "{e}");
         }
+    }
+
+    #[test]
+    fn key_sources_reach_c_whole_or_not_at_all() {
+        let name = OsStr::new("KDN_KEYS");
+        let (p, n) = c_name("encryption_key_env", "name", name, b"=").unwrap();
+        assert_eq!(unsafe { std::slice::from_raw_parts(p as *const u8, n) }, b"KDN_KEYS");
+        let path = OsStr::from_bytes(b"/etc/kdn/keys-\xff"); // not UTF-8: passed as it is
+        let (p, n) = c_name("encryption_key_file", "path", path, b"").unwrap();
+        assert_eq!(unsafe { std::slice::from_raw_parts(p as *const u8, n) }, path.as_bytes());
+        for (bad, also, why) in [
+            (&b""[..], &b"="[..], "is an empty name"),
+            (b"KDN\0KEYS", b"=", "holds '\\0'"),
+            (b"KDN=KEYS", b"=", "holds '='"),
+        ] {
+            let e = c_name("encryption_key_env", "name", OsStr::from_bytes(bad), also).unwrap_err();
+            assert_eq!(e.status(), Status::InvalidArgument);
+            assert!(e.message().starts_with("encryption_key_env") && e.message().contains(why), "{e}");
+        }
+        let e = c_name("encryption_key_file", "path", OsStr::new("/etc/keys\0x"), b"").unwrap_err();
+        assert!(e.message().contains("holds '\\0'"), "{e}");
     }
 
     #[test]

@@ -259,6 +259,27 @@ pub(crate) fn check_library_version(number: u32) -> crate::Result<()> {
     ))
 }
 
+/// `Ok` when a libkdn of version `number` has `feature`, which C ABI
+/// `since` (`MAJOR * 10000 + MINOR * 100`) added; else `Status::Version`
+/// naming the feature and both versions (for options whose fields an older
+/// library would refuse only as unknown bytes).
+pub(crate) fn check_library_feature(number: u32, since: u32, feature: &str) -> crate::Result<()> {
+    if number >= since {
+        return Ok(());
+    }
+    Err(crate::Error::new(
+        crate::Status::Version,
+        format!(
+            "{feature} needs libkdn {}.{} or later; this is libkdn {}.{}.{}",
+            since / 10000,
+            since / 100 % 100,
+            number / 10000,
+            number / 100 % 100,
+            number % 100
+        ),
+    ))
+}
+
 /// `d` in whole microseconds, rounded up (a non-zero duration never
 /// becomes 0, which C reads as "none"), saturating.
 pub(crate) fn micros_ceil(d: Duration) -> u64 {
@@ -290,7 +311,7 @@ pub(crate) fn millis_ceil(d: Duration, max: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_library_version, micros_ceil, millis_ceil};
+    use super::{check_library_feature, check_library_version, micros_ceil, millis_ceil};
     use std::time::Duration;
 
     #[test]
@@ -314,6 +335,16 @@ mod tests {
             assert_eq!(e.status(), crate::Status::Version, "{old}");
             assert!(e.message().starts_with(shown) && e.message().contains("needs libkdn 1.9"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_feature_of_a_later_minor_version_names_itself() {
+        for ok in [11400, 11401, 11500] {
+            assert!(check_library_feature(ok, 11400, "encryption at rest").is_ok(), "{ok}");
+        }
+        let e = check_library_feature(11302, 11400, "encryption at rest").unwrap_err();
+        assert_eq!(e.status(), crate::Status::Version);
+        assert_eq!(e.message(), "encryption at rest needs libkdn 1.14 or later; this is libkdn 1.13.2");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! reference model's real KV.
 #![allow(dead_code)]
 
+pub mod at_rest;
 pub mod transformer;
 
 use kdn::{DType, Model, ModelSpec, Runtime, RuntimeOptions, TierConfig};

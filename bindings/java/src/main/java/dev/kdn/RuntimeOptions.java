@@ -17,6 +17,9 @@ import java.util.Objects;
  * }</pre>
  */
 public final class RuntimeOptions {
+  /** The libkdn version number that first takes master keys for encryption at rest (1.14.0). */
+  static final int ENCRYPTION_VERSION = 11400;
+
   private final int chunkTokens;
   private final long hostCapacityBytes;
   private final long hashSeed;
@@ -26,6 +29,8 @@ public final class RuntimeOptions {
   private final int deviceOrdinal;
   private final boolean loadSlowerThanPrefill;
   private final String secretFile;
+  private final String encryptionKeyFile;
+  private final String encryptionKeyEnv;
 
   private RuntimeOptions(Builder b) {
     chunkTokens = b.chunkTokens;
@@ -37,6 +42,8 @@ public final class RuntimeOptions {
     deviceOrdinal = b.deviceOrdinal;
     loadSlowerThanPrefill = b.loadSlowerThanPrefill;
     secretFile = b.secretFile;
+    encryptionKeyFile = b.encryptionKeyFile;
+    encryptionKeyEnv = b.encryptionKeyEnv;
   }
 
   /** kdn's defaults: chunks of 256 tokens, one host tier of 1 GiB. */
@@ -85,8 +92,33 @@ public final class RuntimeOptions {
     return secretFile;
   }
 
+  /** The file holding the master keys for encryption at rest (since 1.14); "" for none. */
+  public String encryptionKeyFile() {
+    return encryptionKeyFile;
+  }
+
+  /**
+   * The name of the environment variable holding the master keys for encryption at rest (since
+   * 1.14); "" for none.
+   */
+  public String encryptionKeyEnv() {
+    return encryptionKeyEnv;
+  }
+
+  /**
+   * Throws {@link VersionException} unless a library of version {@code number} (MAJOR * 10000 +
+   * MINOR * 100 + PATCH) takes master keys for encryption at rest (an older 1.x refuses runtime
+   * options it does not know the end of, with a less helpful message).
+   */
+  static void checkEncryptionSupported(int number) {
+    if (number >= ENCRYPTION_VERSION) return;
+    throw new VersionException("libkdn " + number / 10000 + "." + number / 100 % 100 + "." + number % 100
+        + " does not take master keys for encryption at rest (encryptionKeyFile, encryptionKeyEnv; since 1.14)");
+  }
+
   /** A native copy; the caller deletes it. */
   NativeRuntimeOptions toNative() {
+    if (!encryptionKeyFile.isEmpty() || !encryptionKeyEnv.isEmpty()) checkEncryptionSupported(Kdn.versionNumber());
     NativeRuntimeOptions n = new NativeRuntimeOptions();
     try {
       n.setChunk_tokens(Integer.toUnsignedLong(chunkTokens));
@@ -97,6 +129,8 @@ public final class RuntimeOptions {
       n.setDevice_ordinal(deviceOrdinal);
       n.setLoad_slower_than_prefill(loadSlowerThanPrefill);
       n.setSecret_file(secretFile);
+      n.setEncryption_key_file(encryptionKeyFile);
+      n.setEncryption_key_env(encryptionKeyEnv);
       for (TierConfig t : tiers) {
         NativeTierConfig nt = t.toNative();
         try {
@@ -123,6 +157,8 @@ public final class RuntimeOptions {
     private int deviceOrdinal;
     private boolean loadSlowerThanPrefill;
     private String secretFile = "";
+    private String encryptionKeyFile = "";
+    private String encryptionKeyEnv = "";
 
     private Builder() {}
 
@@ -205,6 +241,39 @@ public final class RuntimeOptions {
     /** As {@link #secretFile(Path)}; "" for none (the default). */
     public Builder secretFile(String file) {
       secretFile = Objects.requireNonNull(file, "file");
+      return this;
+    }
+
+    /**
+     * Encryption at rest (since 1.14): the file holding the master keys, readable by the service
+     * only ({@code chmod 600}), one key per line as 64 hex digits ({@code openssl rand -hex 32}); the
+     * first encrypts, every one decrypts (rotation: put the new key first, keep the old ones while
+     * their chunks matter). Every chunk a disk, redis or remote tier sends out of the process is
+     * then encrypted with AES-256-GCM, and one read back that does not decrypt (another key, no key,
+     * damaged bytes) is a miss, counted in {@link TierStats#authFailures()}; runtimes that share
+     * such a tier share the keys. At most one of this and {@link #encryptionKeyEnv}. A file that
+     * cannot be read, is open to others or holds a line that is not a key, or both sources at once,
+     * is an {@link InvalidArgumentException} at {@link KdnRuntime#create} (its message never holds
+     * a key); a libkdn older than 1.14 a {@link VersionException}.
+     */
+    public Builder encryptionKeyFile(Path file) {
+      return encryptionKeyFile(Objects.requireNonNull(file, "file").toString());
+    }
+
+    /** As {@link #encryptionKeyFile(Path)}; "" for none (the default). */
+    public Builder encryptionKeyFile(String file) {
+      encryptionKeyFile = Objects.requireNonNull(file, "file");
+      return this;
+    }
+
+    /**
+     * Encryption at rest (since 1.14), as {@link #encryptionKeyFile(Path)} but with the master keys
+     * in the environment variable named {@code variable} (its name, not the keys; "" for none, the
+     * default). A variable that is not set, or that holds a line that is not a key, is an {@link
+     * InvalidArgumentException} at {@link KdnRuntime#create}.
+     */
+    public Builder encryptionKeyEnv(String variable) {
+      encryptionKeyEnv = Objects.requireNonNull(variable, "variable");
       return this;
     }
 
