@@ -44,7 +44,9 @@ $Cxx.namespace("kdn::wire::node");
 # Stats.registryLoadFailures. Version 3 added TierStats.limitBytesPerS.
 # Version 4 added Session.report (RequestReport), the Stats of engine
 # requests (engineLookups ... engineLoadHitTokens) and TierStats.ioErrors.
-const protocolVersion :UInt32 = 4;
+# Version 5 added Stats.quotas (NamespaceQuota): the namespaces' quotas in
+# the node's tiers, their use and evictions.
+const protocolVersion :UInt32 = 5;
 
 # Limits the node enforces (a request beyond them gets tooLarge).
 const maxKeysPerCall :UInt32 = 65536;
@@ -175,6 +177,24 @@ struct Stats {
   engineLoads @32 :UInt64;           # engine loads (retrieves) that could read from this node
   engineLoadTokens @33 :UInt64;      # tokens those loads asked for
   engineLoadHitTokens @34 :UInt64;   # tokens this node delivered to them
+  # (version 5) The namespaces with a quota in the node's tiers (its config's
+  # tier.quotas, one row per tier and namespace configured, in the config's
+  # order): bounded by the config, never by what clients send.
+  quotas @35 :List(NamespaceQuota);
+}
+
+# (version 5) One namespace's quota in one of the node's tiers, now. The
+# counters are cumulative since the node started.
+struct NamespaceQuota {
+  tier @0 :Text;             # the tier's name (TierStats.name)
+  ns @1 :Text;               # the namespace, as the node's config names it
+  tierIndex @2 :UInt32;      # the tier's place in the chain (its index in Stats.tiers)
+  quotaBytes @3 :UInt64;     # the most bytes of the tier its chunks may take
+  usedBytes @4 :UInt64;      # its chunks' bytes the tier holds
+  objects @5 :UInt64;        # its chunks the tier holds
+  quotaEvictions @6 :UInt64; # its chunks evicted to keep it within its quota (its own puts)
+  roomEvictions @7 :UInt64;  # its chunks evicted for the tier's room (the tier full of quota'd chunks)
+  refused @8 :UInt64;        # its puts refused by the tier: one chunk larger than its quota
 }
 
 # Receives statistics pushed by the node every intervalMs.

@@ -51,6 +51,20 @@ void ToWire(const NodeStats& s, wire::node::Stats::Builder out) {
   ToWire(s.get_us, out.initGetUs());
   ToWire(s.put_us, out.initPutUs());
   out.setTtftSavedMs(s.ttft_saved_ms);
+  auto quotas = out.initQuotas(static_cast<unsigned>(s.quotas.size()));
+  for (unsigned i = 0; i < s.quotas.size(); ++i) {
+    const QuotaRow& q = s.quotas[i];
+    auto b = quotas[i];
+    b.setTier(q.tier);
+    b.setNs(q.ns);
+    b.setTierIndex(static_cast<std::uint32_t>(q.index));
+    b.setQuotaBytes(q.quota_bytes);
+    b.setUsedBytes(q.used_bytes);
+    b.setObjects(q.objects);
+    b.setQuotaEvictions(q.quota_evictions);
+    b.setRoomEvictions(q.room_evictions);
+    b.setRefused(q.refused);
+  }
 }
 
 NodeStats FromWire(wire::node::Stats::Reader in) {
@@ -75,6 +89,19 @@ NodeStats FromWire(wire::node::Stats::Reader in) {
   s.get_us = FromWire(in.getGetUs());
   s.put_us = FromWire(in.getPutUs());
   s.ttft_saved_ms = in.getTtftSavedMs();
+  for (auto q : in.getQuotas()) {  // none from a node before version 5
+    QuotaRow r;
+    r.tier = q.getTier();
+    r.ns = q.getNs();
+    r.index = q.getTierIndex();
+    r.quota_bytes = q.getQuotaBytes();
+    r.used_bytes = q.getUsedBytes();
+    r.objects = q.getObjects();
+    r.quota_evictions = q.getQuotaEvictions();
+    r.room_evictions = q.getRoomEvictions();
+    r.refused = q.getRefused();
+    s.quotas.push_back(std::move(r));
+  }
   return s;
 }
 

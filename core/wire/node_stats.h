@@ -210,7 +210,8 @@ struct UsageRow {
 };
 
 // A namespace's quota in one of kdnd's tiers (store/tiered_store.h,
-// NamespaceUse): kept for its metrics page, not sent over RPC.
+// NamespaceUse): on its metrics page and, as Stats.quotas (NamespaceQuota,
+// protocol version 5), over RPC.
 struct QuotaRow {
   std::string tier, ns;  // the labels: the tier's name, the namespace as the config names it
   std::size_t index = 0;  // the tier's place in the chain
@@ -225,7 +226,7 @@ struct NodeStats {
   LatencySnapshot lookup_us, get_us, put_us;
   double ttft_saved_ms = 0;
   std::vector<UsageRow> usage;  // kdnd's own page only (ToWire leaves it out)
-  std::vector<QuotaRow> quotas;  // the same
+  std::vector<QuotaRow> quotas;  // one per tier and namespace configured (ToWire sends them)
 
   std::uint64_t& operator[](NodeStat s) { return values[static_cast<std::size_t>(s)]; }
   std::uint64_t operator[](NodeStat s) const { return values[static_cast<std::size_t>(s)]; }

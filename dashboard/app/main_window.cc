@@ -114,7 +114,8 @@ MainWindow::MainWindow(Source* source, QWidget* parent)
       history_(new HistoryModel(&recorder_, 250, this)),
       tier_hits_(new TierHitRateModel(&recorder_, 250, this)),
       events_(new EventModel(&recorder_, 250, this)),
-      documents_(new DocumentModel(&recorder_, 250, this)) {
+      documents_(new DocumentModel(&recorder_, 250, this)),
+      quotas_(new QuotaModel(&recorder_, 250, this)) {
   setWindowTitle(tr("kdn dashboard: %1").arg(source_->describe()));
 
   // The banner: where the numbers come from and whether they are live.
@@ -196,6 +197,15 @@ MainWindow::MainWindow(Source* source, QWidget* parent)
   auto* event_table = Table(events_, this);
   tier_table_ = tier_table;
   event_table_ = event_table;
+  // The namespaces' quotas: shown once the source reports one (a kdnd's
+  // tier.quotas, a runtime's kdn_tier_config.quotas); most stores have none.
+  auto* quota_table = Table(quotas_, this);
+  quota_table_ = quota_table;
+  auto* quota_box = Box(tr("Namespace quotas (used of each quota; evictions since start and per second)"), quota_table,
+                        tr("Each namespace with a quota in a tier: the bytes its chunks take of its quota, its chunks "
+                           "evicted to keep it within the quota (own) and for the tier's room, and its puts refused "
+                           "(a chunk larger than its quota, highlighted when they move)"));
+  quota_box->setVisible(false);
   auto* lists = new QSplitter(Qt::Horizontal);
   lists->addWidget(Box(tr("Top knowledge items (hits, pins and their TTLs)"), doc_table));
   lists->addWidget(Box(tr("Events (faults highlighted when they move)"), event_table,
@@ -207,12 +217,14 @@ MainWindow::MainWindow(Source* source, QWidget* parent)
   auto* rows = new QSplitter(Qt::Vertical);
   rows->addWidget(charts);
   rows->addWidget(Box(tr("Tiers (faults highlighted when they move)"), tier_table));
+  rows->addWidget(quota_box);
   rows->addWidget(lists);
   rows->setStretchFactor(0, 5);
   rows->setStretchFactor(1, 1);
-  rows->setStretchFactor(2, 2);
+  rows->setStretchFactor(2, 1);
+  rows->setStretchFactor(3, 2);
   rows->setChildrenCollapsible(false);
-  rows->setSizes({420, 110, 230});  // proportions: charts, the tiers' table, the lists
+  rows->setSizes({420, 110, 0, 230});  // proportions: charts, the tiers' table, the quotas (hidden), the lists
 
   auto* central = new QWidget;
   auto* layout = new QVBoxLayout(central);
@@ -233,6 +245,15 @@ MainWindow::MainWindow(Source* source, QWidget* parent)
   connect(tiers_, &QAbstractItemModel::rowsInserted, this, show_tiers);
   connect(tiers_, &QAbstractItemModel::rowsRemoved, this, show_tiers);
   connect(tiers_, &QAbstractItemModel::dataChanged, this, show_tiers);
+  // The quotas' box once there is a quota; up to four rows shown, more scroll.
+  const auto show_quotas = [quota_table, quota_box] {
+    const int n = quota_table->model()->rowCount();
+    quota_box->setVisible(n > 0);
+    ShowRows(quota_table, std::min(n, 4));
+  };
+  connect(quotas_, &QAbstractItemModel::rowsInserted, this, show_quotas);
+  connect(quotas_, &QAbstractItemModel::rowsRemoved, this, show_quotas);
+  connect(quotas_, &QAbstractItemModel::modelReset, this, show_quotas);
   ShowRows(tier_table, 2);
   ShowRows(event_table, EventModel::kRows);
   source_->start();
@@ -369,7 +390,7 @@ QStringList MainWindow::layoutProblems() const {
         problems << tr("%1: column \"%2\" is %3 px, its contents need %4").arg(which, column).arg(size).arg(needs);
       }
     }
-    // Every tier's and every event's row (the documents may scroll: a long list).
+    // Every tier's and every event's row (the documents and the quotas may scroll: long lists).
     if ((table == tier_table_ || table == event_table_) && table->verticalScrollBar()->isVisible()) {
       problems << tr("%1 scrolls: not every row is shown").arg(which);
     }
@@ -389,10 +410,12 @@ QStringList MainWindow::highlightProblems(int* routine_moved) const {
   // what is drawn (FaultDelegate's decision), against what an operator
   // calls routine.
   static const QStringList kRoutine = {QStringLiteral("Evictions"), QStringLiteral("Demotions"),
-                                       QStringLiteral("Promotions")};
-  static const QStringList kFaults = {QStringLiteral("Corrupt"),      QStringLiteral("Corrupt chunks"),
-                                      QStringLiteral("I/O errors"),   QStringLiteral("Failed loads"),
-                                      QStringLiteral("Auth failures"), QStringLiteral("Decode failures")};
+                                       QStringLiteral("Promotions"), QStringLiteral("Own evictions"),
+                                       QStringLiteral("Room evictions")};
+  static const QStringList kFaults = {QStringLiteral("Corrupt"),       QStringLiteral("Corrupt chunks"),
+                                      QStringLiteral("I/O errors"),    QStringLiteral("Failed loads"),
+                                      QStringLiteral("Auth failures"), QStringLiteral("Decode failures"),
+                                      QStringLiteral("Refused")};
   QStringList problems;
   int routine = 0;
   const auto look = [&](const QAbstractItemModel* m, const QString& table, bool by_row) {
@@ -411,6 +434,7 @@ QStringList MainWindow::highlightProblems(int* routine_moved) const {
   };
   look(tier_table_->model(), tr("tiers"), false);
   look(event_table_->model(), tr("events"), true);
+  look(quota_table_->model(), tr("quotas"), false);
   if (routine_moved != nullptr) *routine_moved = routine;
   return problems;
 }

@@ -8,6 +8,7 @@
 //   banner: the source's state and why (a lost kdnd is said, its history kept)
 //   hit rate over time (per reading, cumulative, and per tier) | TTFT saved and delivery time | tier occupancy, bandwidth
 //   the tiers' table
+//   the namespaces' quotas (only once the source reports a quota)
 //   top knowledge items | events (faults that moved highlighted)
 //
 // Every word is shown whole at 1280x800 and up (labels wrap; the tiers'
@@ -56,6 +57,7 @@ class MainWindow final : public QMainWindow {
   const TierHitRateModel& tierHitRates() const { return *tier_hits_; }
   const EventModel& events() const { return *events_; }
   const DocumentModel& documents() const { return *documents_; }
+  const QuotaModel& quotas() const { return *quotas_; }
   Headline headline() const;
 
   // For --check, at the window's current size: what is cut or hidden. A
@@ -82,12 +84,14 @@ class MainWindow final : public QMainWindow {
   TierHitRateModel* tier_hits_;
   EventModel* events_;
   DocumentModel* documents_;
+  QuotaModel* quotas_;
   QLabel* banner_ = nullptr;
   QLabel* numbers_ = nullptr;
   TimeChart* hit_chart_ = nullptr;
   TimeChart* ttft_chart_ = nullptr;
   QTableView* tier_table_ = nullptr;
   QTableView* event_table_ = nullptr;
+  QTableView* quota_table_ = nullptr;
 };
 
 }  // namespace kdn::dash

@@ -879,4 +879,132 @@ void DocumentModel::clearAll() {
   endResetModel();
 }
 
+// ---------------------------------------------------------------- QuotaModel
+
+namespace {
+
+const Column kQuotaColumns[] = {
+    {"Tier", "The tier the quota is in", false},
+    {"Namespace", "The tenant namespace (a runtime's namespace not named to the dashboard: its hash's first 8 hex "
+                  "digits)", false},
+    {"Used / quota", "Bytes of the tier the namespace's chunks take, of its quota", true},
+    {"Use", "Used bytes as a share of the quota", true},
+    {"Objects", "The namespace's chunks the tier holds", true},
+    {"Own evictions", "Its chunks evicted to keep it within its quota (by its own puts), since the source started",
+     true},
+    {"Own evictions/s", "Own evictions per second over the last interval", true},
+    {"Room evictions", "Its chunks evicted for the tier's room (the tier full of namespaces with quotas), since the "
+                       "source started", true},
+    {"Room evictions/s", "Room evictions per second over the last interval", true},
+    {"Refused", "Its puts the tier refused (a chunk larger than its quota; it went to the next tier), since the "
+                "source started", true},
+};
+static_assert(std::size(kQuotaColumns) == QuotaModel::kColumns);
+
+using QuotaKey = QPair<int, QString>;
+QuotaKey KeyOf(const QuotaSample& q) { return {q.tier_index, q.ns}; }
+
+const QuotaSample* FindQuota(const QVector<QuotaSample>& quotas, const QuotaKey& key) {
+  for (const QuotaSample& q : quotas) {
+    if (KeyOf(q) == key) return &q;
+  }
+  return nullptr;
+}
+
+Cell QuotaCell(const QuotaSample& q, const QuotaSample& before, double seconds, int column) {
+  const auto count = [](std::uint64_t n, std::uint64_t was, bool fault = false) {
+    return Value(static_cast<double>(n), QString::number(static_cast<qulonglong>(n)), n > was, fault);
+  };
+  const auto rate = [&](std::uint64_t n, std::uint64_t was) {
+    const double v = seconds > 0 && n >= was ? static_cast<double>(n - was) / seconds : kNaN;
+    return Value(v, PerSecond(v));
+  };
+  switch (column) {
+    case QuotaModel::kTier:
+      return Text(q.tier);
+    case QuotaModel::kNamespace:
+      return Text(q.ns);
+    case QuotaModel::kUsedOfQuota:
+      return Value(static_cast<double>(q.used_bytes), Bytes(static_cast<double>(q.used_bytes)) + QStringLiteral(" / ") +
+                                                          Bytes(static_cast<double>(q.quota_bytes)));
+    case QuotaModel::kShare: {
+      const double f = Fraction(static_cast<double>(q.used_bytes), static_cast<double>(q.quota_bytes));
+      return Value(f, Percent(f));
+    }
+    case QuotaModel::kObjects:
+      return Value(static_cast<double>(q.objects), QString::number(static_cast<qulonglong>(q.objects)));
+    case QuotaModel::kQuotaEvictions:
+      return count(q.quota_evictions, before.quota_evictions);
+    case QuotaModel::kQuotaEvictionsPerS:
+      return rate(q.quota_evictions, before.quota_evictions);
+    case QuotaModel::kRoomEvictions:
+      return count(q.room_evictions, before.room_evictions);
+    case QuotaModel::kRoomEvictionsPerS:
+      return rate(q.room_evictions, before.room_evictions);
+    case QuotaModel::kRefused:
+      return count(q.refused, before.refused, true);
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+QuotaModel::QuotaModel(const Recorder* recorder, int min_update_ms, QObject* parent)
+    : RecorderModel(recorder, min_update_ms, parent) {
+  if (recorder != nullptr) update(0);
+}
+
+int QuotaModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : static_cast<int>(rows_.size()); }
+
+int QuotaModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : kColumns; }
+
+QVariant QuotaModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid)) return {};
+  const Row& r = rows_[index.row()];
+  return CellData(QuotaCell(r.now, r.before, r.seconds, index.column()), role, kQuotaColumns[index.column()]);
+}
+
+QVariant QuotaModel::headerData(int section, Qt::Orientation o, int role) const {
+  return Header(kQuotaColumns, section, o, role, rowCount());
+}
+
+void QuotaModel::update(std::size_t) {
+  const Recorder* rec = recorder();
+  if (rec->size() == 0) return;
+  const Snapshot& latest = rec->latest();
+  // Rates over the last interval, against the reading before; none over a
+  // restart (Recorder: seconds 0) or for a quota that was not in it.
+  const double seconds = rec->rates(rec->size() - 1).seconds;
+  const QVector<QuotaSample> earlier = rec->size() >= 2 ? rec->at(rec->size() - 2).quotas : QVector<QuotaSample>{};
+  QVector<Row> next;
+  next.reserve(latest.quotas.size());
+  for (const QuotaSample& q : latest.quotas) {
+    const QuotaSample* b = seconds > 0 ? FindQuota(earlier, KeyOf(q)) : nullptr;
+    next.push_back(Row{q, b != nullptr ? *b : q, b != nullptr ? seconds : 0});
+  }
+  QVector<QuotaKey> keys, next_keys;
+  for (const Row& r : rows_) keys.push_back(KeyOf(r.now));
+  for (const Row& r : next) next_keys.push_back(KeyOf(r.now));
+  Reconcile<QuotaKey>(
+      keys, next_keys,
+      [&](int row, int j, int count) {
+        beginInsertRows({}, row, row + count - 1);
+        for (int k = 0; k < count; ++k) rows_.insert(row + k, next[j + k]);
+        endInsertRows();
+      },
+      [&](int row, int count) {
+        beginRemoveRows({}, row, row + count - 1);
+        rows_.remove(row, count);
+        endRemoveRows();
+      });
+  ReplaceCells(this, [&] { rows_ = next; });
+}
+
+void QuotaModel::clearAll() {
+  beginResetModel();
+  rows_.clear();
+  endResetModel();
+}
+
 }  // namespace kdn::dash

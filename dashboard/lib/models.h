@@ -195,4 +195,38 @@ class DocumentModel final : public RecorderModel {
   std::int64_t time_ms_ = 0;  // the reading's clock, for the TTL left
 };
 
+// The latest reading's namespace quotas: one row per tier and namespace
+// with a quota (as the source's configuration sets them, so a bounded
+// count), keyed by (tier index, namespace). Used is against the quota, the
+// evictions and refusals are counted since the source started, and their
+// rates per second are over the last interval (TierModel's rates: "—" on
+// the first reading and after a restart). Refused puts (a chunk larger than
+// the namespace's quota) are a fault (kFaultRole when they move); evictions
+// are the quota at work, drawn plainly.
+class QuotaModel final : public RecorderModel {
+  Q_OBJECT
+ public:
+  enum Column {
+    kTier, kNamespace, kUsedOfQuota, kShare, kObjects, kQuotaEvictions, kQuotaEvictionsPerS, kRoomEvictions,
+    kRoomEvictionsPerS, kRefused, kColumns
+  };
+  explicit QuotaModel(const Recorder* recorder, int min_update_ms = 250, QObject* parent = nullptr);
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation o, int role = Qt::DisplayRole) const override;
+
+ protected:
+  void update(std::size_t dropped) override;
+  void clearAll() override;
+
+ private:
+  struct Row {
+    QuotaSample now;
+    QuotaSample before;     // the reading before (itself when none), for kMovedRole
+    double seconds = 0;     // the interval to it; 0: no rates
+  };
+  QVector<Row> rows_;
+};
+
 }  // namespace kdn::dash

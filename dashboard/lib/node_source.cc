@@ -326,6 +326,19 @@ struct NodeSource::Impl {
     if (s.served_tokens > 0) s.prefill_us_per_token = n.ttft_saved_ms * 1000.0 / static_cast<double>(s.served_tokens);
     s.delivery_ms = n.get_us.summary.sum / 1000.0;
     s.documents_top = documents;
+    for (const server::QuotaRow& r : n.quotas) {  // protocol 5: the quotas of the node's config; none before
+      QuotaSample qs;
+      qs.tier = Q(r.tier);
+      qs.ns = Q(r.ns);
+      qs.tier_index = static_cast<int>(r.index);
+      qs.quota_bytes = r.quota_bytes;
+      qs.used_bytes = r.used_bytes;
+      qs.objects = r.objects;
+      qs.quota_evictions = r.quota_evictions;
+      qs.room_evictions = r.room_evictions;
+      qs.refused = r.refused;
+      s.quotas.push_back(std::move(qs));
+    }
     s.source = description;
     PostSnapshot(gen, std::move(s));
   }

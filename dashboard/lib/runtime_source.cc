@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include "core/keys/hash.h"
+
 namespace kdn::dash {
 
 namespace {
@@ -74,6 +76,41 @@ double LimitBytesPerS(const kdn_tier_stats& t, std::uint64_t kv_bytes_per_token)
   return stored * 1e9 / ns;
 }
 
+// The namespace a quota's hash stands for: its name when it is one of
+// `names` (RuntimeSourceOptions::namespaces), else "#" and the hash's first
+// 8 hex digits (the C ABI reports namespaces by their hash only).
+QString QuotaNamespace(const std::uint8_t (&hash)[32], const std::vector<std::string>& names) {
+  for (const std::string& n : names) {
+    const keys::Digest d = keys::NamespaceHash(n);
+    if (std::equal(d.begin(), d.end(), std::begin(hash))) return QString::fromStdString(n);
+  }
+  return QLatin1Char('#') + QString::fromLatin1(QByteArray(reinterpret_cast<const char*>(hash), 4).toHex());
+}
+
+// The quotas of tier `index` (kdn_runtime_get_quota_stats, 1.13; a library
+// before it has none to report: nothing added).
+void ReadQuotas(kdn_runtime* runtime, std::uint32_t index, const QString& tier, const std::vector<std::string>& names,
+                QVector<QuotaSample>* out) {
+  size_t count = 0;
+  if (kdn_runtime_get_quota_stats(runtime, index, nullptr, 0, &count) != KDN_OK || count == 0) return;
+  std::vector<kdn_quota_stats> qs(count, kdn_quota_stats(KDN_QUOTA_STATS_INIT));
+  if (kdn_runtime_get_quota_stats(runtime, index, qs.data(), qs.size(), &count) != KDN_OK) return;
+  qs.resize(std::min(count, qs.size()));
+  for (const kdn_quota_stats& q : qs) {
+    QuotaSample x;
+    x.tier = tier;
+    x.ns = QuotaNamespace(q.ns_hash, names);
+    x.tier_index = static_cast<int>(index);
+    x.quota_bytes = q.quota_bytes;
+    x.used_bytes = q.used_bytes;
+    x.objects = q.objects;
+    x.quota_evictions = q.quota_evictions;
+    x.room_evictions = q.room_evictions;
+    x.refused = q.refused;
+    out->push_back(std::move(x));
+  }
+}
+
 }  // namespace
 
 struct RuntimeSource::Impl {
@@ -105,8 +142,6 @@ struct RuntimeSource::Impl {
   void Poll(std::uint64_t gen) {
     const auto interval = std::chrono::milliseconds(std::max<std::uint32_t>(options.interval_ms, 1));
     std::unique_lock<std::mutex> lock(mu);
-    RuntimeSourceOptions counters_only = options;
-    counters_only.namespaces.clear();
     std::optional<std::chrono::steady_clock::time_point> listed;
     std::uint64_t documents = 0;
     QVector<DocumentSample> documents_top;
@@ -114,7 +149,7 @@ struct RuntimeSource::Impl {
       lock.unlock();
       const auto now = std::chrono::steady_clock::now();
       const bool list = !listed || now - *listed >= std::chrono::milliseconds(options.documents_interval_ms);
-      Snapshot s = Read(runtime, list ? options : counters_only);
+      Snapshot s = Read(runtime, options, list);
       if (list) {
         listed = now;
         documents = s.documents;
@@ -185,7 +220,7 @@ Source::State RuntimeSource::state() const { return impl_->state; }
 
 QString RuntimeSource::describe() const { return QStringLiteral("runtime (in process)"); }
 
-Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& options) {
+Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& options, bool list_documents) {
   Snapshot s;
   s.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
                   .count();
@@ -227,7 +262,7 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
     s.delivery_ms = static_cast<double>(st.delivery_ns) / 1e6;
   }
 
-  if (options.model != nullptr && !options.namespaces.empty()) {
+  if (list_documents && options.model != nullptr && !options.namespaces.empty()) {
     std::vector<DocumentSample> docs;
     for (const std::string& ns : options.namespaces) ListDocuments(options.model, ns, s.time_ms, &docs);
     s.documents = docs.size();
@@ -264,6 +299,7 @@ Snapshot RuntimeSource::Read(kdn_runtime* runtime, const RuntimeSourceOptions& o
       s.auth_failures += t.auth_failures;
       ts.limit_bytes_per_s = LimitBytesPerS(t, kv_bytes_per_token);
       ts.limit_from_loads = true;
+      ReadQuotas(runtime, i, ts.name, options.namespaces, &s.quotas);
       s.tiers.push_back(std::move(ts));
     }
   }

@@ -8,6 +8,9 @@
 // (kdn_stats.delivery_ns). A tier's delivery limit is the rate its loads
 // were measured at (kdn_tier_stats.delivery_ns_per_token x the model's KV
 // bytes per token; needs RuntimeSourceOptions::model).
+// The namespaces' quotas of each tier (kdn_runtime_get_quota_stats) are
+// named by RuntimeSourceOptions::namespaces where one of them hashes to the
+// quota's namespace, else by the hash's first 8 hex digits ("#1a2b3c4d").
 // Thread-safety: as Source. The runtime handle is borrowed: it must stay
 // valid until stop() returns (kdn_runtime_destroy only after that).
 #pragma once
@@ -32,6 +35,8 @@ struct RuntimeSourceOptions {
   // first, at most documents_top (no model or no namespace: none listed).
   // The model is borrowed like the runtime; its KV size per token also turns
   // the tiers' measured delivery time per token into bytes per second.
+  // The namespaces also name the rows of the tiers' quotas (with or without
+  // a model).
   const kdn_model* model = nullptr;
   std::vector<std::string> namespaces;
   std::uint32_t documents_top = 20;
@@ -54,7 +59,9 @@ class RuntimeSource final : public Source {
   QString describe() const override;
 
   // One reading now, on the calling thread (the worker uses it; tests too).
-  static Snapshot Read(kdn_runtime* runtime, const RuntimeSourceOptions& options);
+  // Without list_documents, the counters only: no knowledge listing (the
+  // namespaces still name the quotas' rows).
+  static Snapshot Read(kdn_runtime* runtime, const RuntimeSourceOptions& options, bool list_documents = true);
 
  private:
   struct Impl;

@@ -67,6 +67,20 @@ struct DocumentSample {
   std::int64_t pin_expires_ms = 0;  // ms since the epoch; 0: no deadline
 };
 
+// A namespace's quota in one tier, now: its use and what it lost. Only the
+// quotas a source is configured with (a kdnd's tier.quotas, a runtime's
+// kdn_tier_config.quotas), so the rows are bounded by its configuration.
+struct QuotaSample {
+  QString tier;         // the tier's name (TierSample::name)
+  QString ns;           // the namespace's name; a runtime's namespace not named to its source:
+                        // its hash's first 8 hex digits ("#1a2b3c4d")
+  int tier_index = 0;   // the tier's place in the chain (two tiers may share a name)
+  std::uint64_t quota_bytes = 0, used_bytes = 0, objects = 0;
+  std::uint64_t quota_evictions = 0;  // its chunks evicted to keep it within its quota (its own puts)
+  std::uint64_t room_evictions = 0;   // its chunks evicted for the tier's room
+  std::uint64_t refused = 0;          // its puts the tier refused: one chunk larger than its quota
+};
+
 struct Snapshot {
   std::int64_t time_ms = 0;    // when it was taken: ms since the epoch (the source's clock)
   std::uint64_t uptime_ms = 0; // since the source started
@@ -106,6 +120,9 @@ struct Snapshot {
   // The documents of the namespaces the source may list, most hit first
   // (at most a source's configured count).
   QVector<DocumentSample> documents_top;
+  // The namespaces' quotas, tier by tier (highest first), each tier's in
+  // the order its configuration gives them.
+  QVector<QuotaSample> quotas;
   QString source;  // what it came from, for the title: "kdnd 127.0.0.1:7450", "runtime"
 };
 

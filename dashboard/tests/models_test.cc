@@ -76,6 +76,24 @@ Snapshot Reading(std::uint64_t n) {
   }
   std::stable_sort(s.documents_top.begin(), s.documents_top.end(),
                    [](const DocumentSample& a, const DocumentSample& b) { return a.hits > b.hits; });
+  // Quotas: tenant-0's on the host tier throughout, tenant-1's there from
+  // reading 20 on, tenant-0's on the disk tier while the disk is there.
+  const auto quota = [&](const QString& tier, int index, const QString& ns) {
+    QuotaSample q;
+    q.tier = tier;
+    q.tier_index = index;
+    q.ns = ns;
+    q.quota_bytes = 4'000'000;
+    q.used_bytes = std::min<std::uint64_t>(q.quota_bytes, 100'000 * n);
+    q.objects = q.used_bytes / 10'000;
+    q.quota_evictions = n / 2;
+    q.room_evictions = n / 9;
+    q.refused = n / 40;
+    return q;
+  };
+  s.quotas.push_back(quota(QStringLiteral("host"), 0, QStringLiteral("tenant-0")));
+  if (n >= 20) s.quotas.push_back(quota(QStringLiteral("host"), 0, QStringLiteral("tenant-1")));
+  if (n < 80) s.quotas.push_back(quota(QStringLiteral("disk"), 1, QStringLiteral("tenant-0")));
   return s;
 }
 
@@ -119,6 +137,22 @@ void CheckShows(const Recorder& rec, const HistoryModel& h, const TierModel& t, 
   }
 }
 
+// The quotas' table shows the latest reading's quotas, in its order.
+void CheckQuotas(const Recorder& rec, const QuotaModel& q) {
+  if (rec.size() == 0) {
+    QCOMPARE(q.rowCount(), 0);
+    return;
+  }
+  const Snapshot& latest = rec.latest();
+  QCOMPARE(q.rowCount(), static_cast<int>(latest.quotas.size()));
+  for (int r = 0; r < q.rowCount(); ++r) {
+    QCOMPARE(Text(q, r, QuotaModel::kTier), latest.quotas[r].tier);
+    QCOMPARE(Text(q, r, QuotaModel::kNamespace), latest.quotas[r].ns);
+    QCOMPARE(Value(q, r, QuotaModel::kUsedOfQuota), static_cast<double>(latest.quotas[r].used_bytes));
+    QCOMPARE(Value(q, r, QuotaModel::kQuotaEvictions), static_cast<double>(latest.quotas[r].quota_evictions));
+  }
+}
+
 // The per-tier hit rates show what the recorder holds (once updated): a row
 // per reading, a column per tier seen (and kept), each cell that tier's rate.
 void CheckHitRates(const Recorder& rec, const TierHitRateModel& m) {
@@ -150,9 +184,10 @@ struct Models {
         tiers(rec, min_update_ms),
         events(rec, min_update_ms),
         docs(rec, min_update_ms),
-        tier_hits(rec, min_update_ms) {
+        tier_hits(rec, min_update_ms),
+        quotas(rec, min_update_ms) {
     for (QAbstractItemModel* m :
-         std::initializer_list<QAbstractItemModel*>{&history, &tiers, &events, &docs, &tier_hits}) {
+         std::initializer_list<QAbstractItemModel*>{&history, &tiers, &events, &docs, &tier_hits, &quotas}) {
       testers.push_back(std::make_unique<QAbstractItemModelTester>(
           m, QAbstractItemModelTester::FailureReportingMode::QtTest));
     }
@@ -162,6 +197,7 @@ struct Models {
   EventModel events;
   DocumentModel docs;
   TierHitRateModel tier_hits;
+  QuotaModel quotas;
   std::vector<std::unique_ptr<QAbstractItemModelTester>> testers;
 };
 
@@ -169,6 +205,8 @@ void CheckAll(const Recorder& rec, const Models& m) {
   CheckShows(rec, m.history, m.tiers, m.docs, m.events);
   if (QTest::currentTestFailed()) return;
   CheckHitRates(rec, m.tier_hits);
+  if (QTest::currentTestFailed()) return;
+  CheckQuotas(rec, m.quotas);
 }
 
 // A model's structural signals, under a tester.
@@ -762,6 +800,81 @@ class ModelsTest : public QObject {
     }
   }
 
+  // Two namespaces' quotas on one tier: use against the quota and as a
+  // share of it, objects, evictions (own and for room) since start and per
+  // second over the last interval, refusals highlighted as a fault when
+  // they move, evictions drawn plainly; a quota gone from the source's
+  // reading leaves the table, and a restart shows no rates.
+  void QuotasShowUseAndEvictions() {
+    Snapshot a;
+    a.time_ms = kEpochMs;
+    a.uptime_ms = 1'000;
+    QuotaSample qa;
+    qa.tier = QStringLiteral("host");
+    qa.ns = QStringLiteral("tenant-a");
+    qa.quota_bytes = 4 << 20;
+    qa.used_bytes = 3 << 20;
+    qa.objects = 3;
+    qa.quota_evictions = 10;
+    qa.room_evictions = 1;
+    QuotaSample qb = qa;
+    qb.ns = QStringLiteral("#1a2b3c4d");
+    qb.quota_bytes = 1 << 20;
+    qb.used_bytes = 256 << 10;
+    qb.objects = 1;
+    qb.quota_evictions = 0;
+    qb.room_evictions = 0;
+    a.quotas = {qa, qb};
+    Snapshot b = a;
+    b.time_ms += 2'000;
+    b.uptime_ms += 2'000;
+    b.quotas[0].quota_evictions = 16;  // 3/s
+    b.quotas[0].used_bytes = 4 << 20;
+    b.quotas[0].objects = 4;
+    b.quotas[1].refused = 1;
+    Recorder rec;
+    Models m(&rec, 0);
+    rec.add(a);
+    QCOMPARE(m.quotas.rowCount(), 2);
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kUsedOfQuota), QStringLiteral("3.0 MiB / 4.0 MiB"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kShare), QStringLiteral("75.0 %"));
+    QCOMPARE(Value(m.quotas, 0, QuotaModel::kShare), 0.75);
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kQuotaEvictionsPerS), QStringLiteral("\u2014"));  // one reading: no rate
+    QCOMPARE(Text(m.quotas, 1, QuotaModel::kNamespace), QStringLiteral("#1a2b3c4d"));
+    QCOMPARE(Text(m.quotas, 1, QuotaModel::kUsedOfQuota), QStringLiteral("256.0 KiB / 1.0 MiB"));
+    QCOMPARE(Text(m.quotas, 1, QuotaModel::kShare), QStringLiteral("25.0 %"));
+
+    rec.add(b);
+    QCOMPARE(m.quotas.rowCount(), 2);
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kTier), QStringLiteral("host"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kNamespace), QStringLiteral("tenant-a"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kUsedOfQuota), QStringLiteral("4.0 MiB / 4.0 MiB"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kShare), QStringLiteral("100.0 %"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kObjects), QStringLiteral("4"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kQuotaEvictions), QStringLiteral("16"));
+    QCOMPARE(Value(m.quotas, 0, QuotaModel::kQuotaEvictionsPerS), 3.0);
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kQuotaEvictionsPerS), QStringLiteral("3.0/s"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kRoomEvictions), QStringLiteral("1"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kRoomEvictionsPerS), QStringLiteral("0/s"));
+    QCOMPARE(Moved(m.quotas, 0, QuotaModel::kQuotaEvictions), true);
+    QCOMPARE(Fault(m.quotas, 0, QuotaModel::kQuotaEvictions), false);  // the quota at work: routine
+    QCOMPARE(Text(m.quotas, 1, QuotaModel::kRefused), QStringLiteral("1"));
+    QCOMPARE(Fault(m.quotas, 1, QuotaModel::kRefused), true);
+    QCOMPARE(Fault(m.quotas, 0, QuotaModel::kRefused), false);
+
+    // tenant-a's quota gone (the source's configuration changed); a restart.
+    Snapshot c = b;
+    c.time_ms += 1'000;
+    c.uptime_ms = 500;
+    c.quotas.removeFirst();
+    c.quotas[0].refused = 0;
+    rec.add(c);
+    QCOMPARE(m.quotas.rowCount(), 1);
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kNamespace), QStringLiteral("#1a2b3c4d"));
+    QCOMPARE(Text(m.quotas, 0, QuotaModel::kQuotaEvictionsPerS), QStringLiteral("\u2014"));
+    QCOMPARE(Moved(m.quotas, 0, QuotaModel::kRefused), false);
+  }
+
   void HeadersAndToolTips() {
     Recorder rec;
     rec.add(Reading(5));
@@ -773,8 +886,9 @@ class ModelsTest : public QObject {
     QCOMPARE(m.docs.headerData(DocumentModel::kPinTtlS, Qt::Horizontal).toString(), QStringLiteral("Pin TTL"));
     QVERIFY(!m.tiers.headerData(TierModel::kColumns, Qt::Horizontal).isValid());
     QCOMPARE(m.tier_hits.headerData(TierHitRateModel::kFirstTier, Qt::Horizontal).toString(), QStringLiteral("host"));
-    for (QAbstractItemModel* model :
-         std::initializer_list<QAbstractItemModel*>{&m.tiers, &m.history, &m.events, &m.docs, &m.tier_hits}) {
+    QCOMPARE(m.quotas.headerData(QuotaModel::kUsedOfQuota, Qt::Horizontal).toString(), QStringLiteral("Used / quota"));
+    for (QAbstractItemModel* model : std::initializer_list<QAbstractItemModel*>{&m.tiers, &m.history, &m.events,
+                                                                                &m.docs, &m.tier_hits, &m.quotas}) {
       QVERIFY(model->rowCount() > 0);
       for (int c = 0; c < model->columnCount(); ++c) {
         QVERIFY(!model->headerData(c, Qt::Horizontal).toString().isEmpty());

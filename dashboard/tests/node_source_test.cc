@@ -10,6 +10,8 @@
 #include "server/config.h"
 #include "server/server.h"
 #include "core/runtime/runtime.h"
+#include "core/engine/kv_views.h"
+#include "core/keys/hash.h"
 
 #include <QElapsedTimer>
 #include <QFile>
@@ -38,8 +40,10 @@ constexpr const char* kNs = "tenant-a";
 // A kdnd on a thread of this process, listening on `listen` (port 0: any).
 class Kdnd {
  public:
-  // With cert and key (PEM files): TLS.
-  explicit Kdnd(const std::string& listen, const std::string& cert = "", const std::string& key = "") {
+  // With cert and key (PEM files): TLS. `tier_toml`: more keys of the host
+  // tier (its quotas, say).
+  explicit Kdnd(const std::string& listen, const std::string& cert = "", const std::string& key = "",
+                const std::string& tier_toml = "") {
     std::string toml = std::string(R"(
 [server]
 listen = [")") + listen + R"("]
@@ -51,6 +55,7 @@ drain_timeout_ms = 2000
 [[tier]]
 kind = "host"
 capacity = "64MiB"
+)" + tier_toml + R"(
 
 [[token]]
 token = ")") + kOpsToken + R"("
@@ -143,6 +148,7 @@ class NodeSourceTest : public QObject {
   void overAUnixSocket();
   void overTlsWithTheNodesCertificateAndName();
   void aSilentNodeIsTakenAsLost();
+  void theNodesQuotasReachTheSnapshots();
 };
 
 void NodeSourceTest::snapshotsShowTheNodesTiersAndTraffic() {
@@ -503,6 +509,69 @@ void NodeSourceTest::aSilentNodeIsTakenAsLost() {
   kdnd.terminate();
   QVERIFY(kdnd.waitForFinished(10000));
   QCOMPARE(kdnd.exitCode(), 0);
+}
+
+// A node whose host tier gives tenant-a a quota of four 4 KiB pages: the
+// snapshots carry that quota (Stats.quotas, protocol 5) with what the node
+// counts: the tenant's bytes and chunks within the quota, and the chunks its
+// own puts evicted to stay within it.
+void NodeSourceTest::theNodesQuotasReachTheSnapshots() {
+  Kdnd kdnd("127.0.0.1:0", "", "", std::string("quotas = { \"") + kNs + "\" = \"16KiB\" }\nhigh_watermark = 1.0\nlow_watermark = 1.0\n");
+  QVERIFY2(kdnd.ok(), kdnd.error().c_str());
+  NodeSource src(Options(kdnd.address(), kOpsToken));
+  QSignalSpy snaps(&src, &Source::snapshot);
+  src.start();
+  QTRY_VERIFY_WITH_TIMEOUT(!snaps.isEmpty(), 10000);
+  {
+    const Snapshot s = Last(snaps);
+    QCOMPARE(s.quotas.size(), 1);  // configured: there before any chunk
+    QCOMPARE(s.quotas[0].ns, QString::fromLatin1(kNs));
+    QCOMPARE(s.quotas[0].tier, s.tiers[0].name);
+    QCOMPARE(s.quotas[0].tier_index, 0);
+    QCOMPARE(s.quotas[0].quota_bytes, std::uint64_t{16} << 10);
+    QCOMPARE(s.quotas[0].used_bytes, std::uint64_t{0});
+  }
+
+  // Sixteen one-chunk prompts of a small model (2 layers, 2 KV heads of 4
+  // dims, 8 tokens: a chunk within one page).
+  store::ModelKv model;
+  keys::ModelIdentity id;
+  id.layers = 2;
+  id.kv_heads = 2;
+  id.head_dim = id.rotary_dim = 4;
+  id.fingerprint = "dashboard-quotas";
+  model.fingerprint = keys::ModelFingerprint(id);
+  model.shape = {2, 2, 4, 4};
+  std::vector<float> kv(2 * 2 * 8 * 2 * 4);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<float>(i) + 0.5f;
+  store::ViewSpec spec;
+  spec.data = kv.data();
+  spec.size_bytes = kv.size() * 4;
+  auto views = store::ResolvedViews::Resolve(model, std::vector<store::ViewSpec>{spec}, 8);
+  QVERIFY(views.ok());
+  auto writer = RemoteRuntime(kdnd.address());
+  QVERIFY(writer != nullptr);
+  constexpr int kPrompts = 16;
+  for (int i = 0; i < kPrompts; ++i) {
+    std::vector<std::int32_t> t(8);
+    for (int j = 0; j < 8; ++j) t[static_cast<size_t>(j)] = 1 + i * 8 + j;
+    store::TokenKeys k;
+    k.tokens = t;
+    QVERIFY(writer->Store(model, kNs, k, *views).ok());
+    writer->store().chain().Flush();
+  }
+  QTRY_VERIFY_WITH_TIMEOUT(!Last(snaps).quotas.isEmpty() && Last(snaps).quotas[0].quota_evictions > 0, 10000);
+  const Snapshot s = Last(snaps);
+  QCOMPARE(s.quotas.size(), 1);
+  const QuotaSample& q = s.quotas[0];
+  QCOMPARE(q.ns, QString::fromLatin1(kNs));
+  QVERIFY(q.used_bytes > 0);
+  QVERIFY(q.used_bytes <= q.quota_bytes);
+  QVERIFY(q.objects > 0);
+  QCOMPARE(q.objects + q.quota_evictions, std::uint64_t{kPrompts});  // each chunk held or evicted by its own
+  QCOMPARE(q.room_evictions, std::uint64_t{0});
+  QCOMPARE(q.refused, std::uint64_t{0});
+  src.stop();
 }
 
 }  // namespace kdn::dash

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/keys/hash.h"
 #include "runtime_source.h"
 
 namespace kdn::dash {
@@ -83,6 +84,7 @@ class RuntimeSourceTest : public QObject {
   void noRuntimeIsAClearStateNotACrash();
   void tierLimitIsTheRateItsLoadsWereMeasuredAt();
   void faultsAndTtftBasisAreTheRuntimes();
+  void quotasAreTheTiersNamedWhereTheSourceKnowsTheNamespace();
 
  private:
   // Stores the reference KV under `ns` and retrieves it back (bit for bit).
@@ -367,6 +369,91 @@ void RuntimeSourceTest::faultsAndTtftBasisAreTheRuntimes() {
   QCOMPARE(s.tiers[0].auth_failures, direct.auth_failures);
   QCOMPARE(s.auth_failures, std::uint64_t{0});
   QCOMPARE(s.ttft_basis, Snapshot::TtftBasis::kMeasured);
+}
+
+// A runtime whose host tier gives two namespaces quotas
+// (kdn_tier_config.quotas): each reading carries them, as
+// kdn_runtime_get_quota_stats reports them, named where the source was told
+// the namespace (RuntimeSourceOptions::namespaces), else by its hash.
+void RuntimeSourceTest::quotasAreTheTiersNamedWhereTheSourceKnowsTheNamespace() {
+  kdn_quota quotas[2] = {KDN_QUOTA_INIT, KDN_QUOTA_INIT};
+  quotas[0].ns = "tenant-a";
+  quotas[0].ns_len = 8;
+  quotas[0].bytes = 48u << 10;  // two of the reference KV's three 16-token chunks (20 KiB each, raw)
+  quotas[1].ns = "tenant-b";
+  quotas[1].ns_len = 8;
+  quotas[1].bytes = 1u << 20;
+  kdn_tier_config host = KDN_TIER_CONFIG_INIT;
+  host.kind = KDN_TIER_HOST;
+  host.capacity_bytes = 16u << 20;
+  host.quotas = quotas;
+  host.num_quotas = 2;
+  kdn_runtime_options o = KDN_RUNTIME_OPTIONS_INIT;
+  o.chunk_tokens = kChunkTokens;
+  o.tiers = &host;
+  o.num_tiers = 1;
+  kdn_runtime* rt = nullptr;
+  QCOMPARE(kdn_runtime_create(&o, &rt), KDN_OK);
+  auto destroy = qScopeGuard([&] { kdn_runtime_destroy(rt); });
+  kdn_model_spec spec = KDN_MODEL_SPEC_INIT;
+  spec.num_layers = kLayers;
+  spec.num_kv_heads = 4;
+  spec.head_dim = 8;
+  spec.dtype = KDN_DTYPE_F32;
+  spec.fingerprint = "stories260K";
+  spec.fingerprint_len = 11;
+  kdn_model* model = nullptr;
+  QCOMPARE(kdn_model_create(rt, &spec, &model), KDN_OK);
+  auto destroy_model = qScopeGuard([&] { kdn_model_destroy(model); });
+  RuntimeSourceOptions named;
+  named.namespaces = {"tenant-a"};
+  {
+    const Snapshot s = RuntimeSource::Read(rt, named);
+    QCOMPARE(s.quotas.size(), 2);  // configured: there before any chunk
+    QCOMPARE(s.quotas[0].used_bytes, std::uint64_t{0});
+  }
+
+  kdn_request req = KDN_REQUEST_INIT;
+  req.tokens = kTokens;
+  req.num_tokens = kPositions;
+  kdn_kv_view in = CanonicalView(ref_);
+  kdn_kv_result r = KDN_KV_RESULT_INIT;
+  QCOMPARE(kdn_kv_store(model, "tenant-a", 8, &req, &in, 1, &r), KDN_OK);
+  QCOMPARE(kdn_kv_store(model, "tenant-b", 8, &req, &in, 1, &r), KDN_OK);
+
+  kdn_quota_stats direct[2] = {KDN_QUOTA_STATS_INIT, KDN_QUOTA_STATS_INIT};
+  size_t count = 0;
+  QCOMPARE(kdn_runtime_get_quota_stats(rt, 0, direct, 2, &count), KDN_OK);
+  QCOMPARE(count, size_t{2});
+  const Snapshot s = RuntimeSource::Read(rt, named);
+  QCOMPARE(s.quotas.size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const QuotaSample& q = s.quotas[i];
+    QCOMPARE(q.tier, s.tiers[0].name);
+    QCOMPARE(q.tier_index, 0);
+    QCOMPARE(q.quota_bytes, direct[i].quota_bytes);
+    QCOMPARE(q.used_bytes, direct[i].used_bytes);
+    QCOMPARE(q.objects, direct[i].objects);
+    QCOMPARE(q.quota_evictions, direct[i].quota_evictions);
+    QCOMPARE(q.room_evictions, direct[i].room_evictions);
+    QCOMPARE(q.refused, direct[i].refused);
+    QVERIFY(q.used_bytes > 0);
+    QVERIFY(q.used_bytes <= q.quota_bytes);
+  }
+  QCOMPARE(s.quotas[0].ns, QStringLiteral("tenant-a"));
+  QCOMPARE(s.quotas[0].quota_bytes, std::uint64_t{48} << 10);
+  // Three chunks into a quota of two: each held or evicted by its own puts.
+  QVERIFY(s.quotas[0].quota_evictions > 0);
+  QCOMPARE(s.quotas[0].objects + s.quotas[0].quota_evictions, std::uint64_t{kPositions / kChunkTokens});
+  QCOMPARE(s.quotas[1].objects, std::uint64_t{kPositions / kChunkTokens});  // within its quota: none lost
+  QCOMPARE(s.quotas[1].quota_evictions, std::uint64_t{0});
+  // tenant-b was not named to the source: its hash's first 8 hex digits.
+  const keys::Digest b = keys::NamespaceHash("tenant-b");
+  QCOMPARE(s.quotas[1].ns, QLatin1Char('#') + QString::fromLatin1(QByteArray(reinterpret_cast<const char*>(b.data()), 4).toHex()));
+  QCOMPARE(s.quotas[1].ns.size(), 9);
+  // A reading without the document listing still names them.
+  QCOMPARE(RuntimeSource::Read(rt, named, false).quotas[0].ns, QStringLiteral("tenant-a"));
+  QCOMPARE(RuntimeSource::Read(rt, {}).quotas[0].ns.left(1), QStringLiteral("#"));
 }
 
 void RuntimeSourceTest::startDeliversSnapshotsUntilStop() {

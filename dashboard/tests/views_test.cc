@@ -78,6 +78,7 @@ class ViewsTest : public QObject {
   void aMeasuredLimitIsFilledToItsShare();
   void theChartsHaveATimeAxisWithLabels();
   void onlyFaultsAreHighlighted();
+  void theQuotaTableShowsEachNamespaceAndHighlightsOnlyRefusals();
 };
 
 void ViewsTest::anUnmeasuredLimitIsDrawnAsNotMeasuredNotFull() {
@@ -177,6 +178,71 @@ void ViewsTest::onlyFaultsAreHighlighted() {
   QVERIFY2(routine != fault, qPrintable(routine.name() + " " + fault.name()));
   QVERIFY2(fault.red() > fault.blue() + 40, qPrintable(fault.name()));  // the orange tint
   QVERIFY2(std::abs(routine.red() - routine.blue()) < 20, qPrintable(routine.name()));  // no tint
+}
+
+// The namespaces' quotas as the window draws them (a table over QuotaModel
+// with the fault delegate): two namespaces on the host tier, their use of
+// their quotas in bytes and %, evictions drawn plainly as they move, a
+// refusal (a chunk larger than the quota) tinted.
+void ViewsTest::theQuotaTableShowsEachNamespaceAndHighlightsOnlyRefusals() {
+  Recorder rec;
+  QuotaModel quotas(&rec, 0);
+  Snapshot a;
+  a.time_ms = kEpochMs;
+  a.uptime_ms = 1'000;
+  QuotaSample qa;
+  qa.tier = QStringLiteral("host");
+  qa.ns = QStringLiteral("tenant-a");
+  qa.quota_bytes = 4 << 20;
+  qa.used_bytes = 1 << 20;
+  qa.objects = 16;
+  QuotaSample qb = qa;
+  qb.ns = QStringLiteral("tenant-b");
+  qb.quota_bytes = 8 << 20;
+  qb.used_bytes = 6 << 20;
+  qb.objects = 96;
+  a.quotas = {qa, qb};
+  Snapshot b = a;
+  b.time_ms += 1'000;
+  b.uptime_ms += 1'000;
+  b.quotas[0].quota_evictions = 5;
+  b.quotas[1].room_evictions = 2;
+  b.quotas[1].refused = 1;
+  rec.add(a);
+  rec.add(b);
+  QTableView view;
+  view.setModel(&quotas);
+  view.setItemDelegate(new FaultDelegate(&view));
+  view.resize(1000, 160);
+  view.show();
+  QVERIFY(QTest::qWaitForWindowExposed(&view));
+  QCOMPARE(quotas.rowCount(), 2);
+  const auto shown = [&](int row, int column) { return quotas.index(row, column).data().toString(); };
+  QCOMPARE(shown(0, QuotaModel::kNamespace), QStringLiteral("tenant-a"));
+  QCOMPARE(shown(0, QuotaModel::kUsedOfQuota), QStringLiteral("1.0 MiB / 4.0 MiB"));
+  QCOMPARE(shown(0, QuotaModel::kShare), QStringLiteral("25.0 %"));
+  QCOMPARE(shown(0, QuotaModel::kQuotaEvictionsPerS), QStringLiteral("5.0/s"));
+  QCOMPARE(shown(1, QuotaModel::kNamespace), QStringLiteral("tenant-b"));
+  QCOMPARE(shown(1, QuotaModel::kUsedOfQuota), QStringLiteral("6.0 MiB / 8.0 MiB"));
+  QCOMPARE(shown(1, QuotaModel::kShare), QStringLiteral("75.0 %"));
+  QCOMPARE(shown(1, QuotaModel::kObjects), QStringLiteral("96"));
+  QCOMPARE(shown(1, QuotaModel::kRoomEvictions), QStringLiteral("2"));
+  for (int row = 0; row < 2; ++row) {
+    for (int c = 0; c < QuotaModel::kColumns; ++c) QVERIFY(view.visualRect(quotas.index(row, c)).isValid());
+  }
+  QVERIFY(quotas.index(0, QuotaModel::kQuotaEvictions).data(kMovedRole).toBool());
+  QVERIFY(!FaultDelegate::Highlighted(quotas.index(0, QuotaModel::kQuotaEvictions)));
+  QVERIFY(!FaultDelegate::Highlighted(quotas.index(1, QuotaModel::kRoomEvictions)));
+  QVERIFY(FaultDelegate::Highlighted(quotas.index(1, QuotaModel::kRefused)));
+  QVERIFY(!FaultDelegate::Highlighted(quotas.index(0, QuotaModel::kRefused)));
+  const QImage image = view.viewport()->grab().toImage();
+  const auto left = [&](int row, int column) {
+    const QRect r = view.visualRect(quotas.index(row, column));
+    return image.pixelColor(r.left() + 3, r.center().y());
+  };
+  const QColor refused = left(1, QuotaModel::kRefused), evicted = left(1, QuotaModel::kRoomEvictions);
+  QVERIFY2(refused.red() > refused.blue() + 40, qPrintable(refused.name()));  // the orange tint
+  QVERIFY2(std::abs(evicted.red() - evicted.blue()) < 20, qPrintable(evicted.name()));  // no tint
 }
 
 }  // namespace kdn::dash

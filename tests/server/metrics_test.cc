@@ -563,6 +563,7 @@ TEST(StatsSchema, EveryStatisticTravelsByItsFieldAndIsRendered) {
   EXPECT_EQ(back.values, s.values);
   ASSERT_EQ(back.tiers.size(), 1u);
   EXPECT_EQ(back.tiers[0].values, t.values);
+  EXPECT_TRUE(back.quotas.empty());
 
   const std::string text = RenderPrometheus(s);
   std::set<std::string> fields, series;
@@ -580,6 +581,43 @@ TEST(StatsSchema, EveryStatisticTravelsByItsFieldAndIsRendered) {
     EXPECT_TRUE(fields.insert(kTierStats[k].wire).second) << kTierStats[k].wire;
     EXPECT_TRUE(series.insert(kTierStats[k].metric).second) << kTierStats[k].metric;
   }
+}
+
+// The namespaces' quotas (protocol version 5) travel as Stats.quotas, every
+// field of every row, in order; a Stats without them (a node before version
+// 5) reads as none.
+TEST(StatsSchema, QuotaRowsTravelWithTheStats) {
+  NodeStats s;
+  s.tiers.resize(2);
+  s.tiers[0].name = "host";
+  s.tiers[1].name = "disk";
+  s.quotas.push_back(QuotaRow{"host", "tenant-a", 0, 4096, 3072, 3, 11, 12, 13});
+  s.quotas.push_back(QuotaRow{"disk", "tenant-b", 1, 1ull << 40, (1ull << 40) - 1, 21, 22, 23, 24});
+  capnp::MallocMessageBuilder message;
+  ToWire(s, message.initRoot<wire::node::Stats>());
+  const wire::node::Stats::Reader wire = message.getRoot<wire::node::Stats>().asReader();
+  ASSERT_EQ(wire.getQuotas().size(), 2u);
+  EXPECT_EQ(std::string(wire.getQuotas()[1].getNs().cStr()), "tenant-b");
+  EXPECT_EQ(wire.getQuotas()[1].getTierIndex(), 1u);
+  EXPECT_EQ(wire.getQuotas()[0].getRoomEvictions(), 12u);
+  const NodeStats back = FromWire(wire);
+  ASSERT_EQ(back.quotas.size(), s.quotas.size());
+  for (size_t i = 0; i < s.quotas.size(); ++i) {
+    const QuotaRow &a = s.quotas[i], &b = back.quotas[i];
+    EXPECT_EQ(b.tier, a.tier) << i;
+    EXPECT_EQ(b.ns, a.ns) << i;
+    EXPECT_EQ(b.index, a.index) << i;
+    EXPECT_EQ(b.quota_bytes, a.quota_bytes) << i;
+    EXPECT_EQ(b.used_bytes, a.used_bytes) << i;
+    EXPECT_EQ(b.objects, a.objects) << i;
+    EXPECT_EQ(b.quota_evictions, a.quota_evictions) << i;
+    EXPECT_EQ(b.room_evictions, a.room_evictions) << i;
+    EXPECT_EQ(b.refused, a.refused) << i;
+  }
+
+  capnp::MallocMessageBuilder old;
+  old.initRoot<wire::node::Stats>().setLookups(1);  // a node before version 5 sets no quotas
+  EXPECT_TRUE(FromWire(old.getRoot<wire::node::Stats>().asReader()).quotas.empty());
 }
 
 }  // namespace
