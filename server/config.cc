@@ -356,7 +356,7 @@ class Parser {
                                    "encryption_key_env", "tls", "max_connections",
                                    "max_reply_bytes", "max_inflight_bytes", "pre_auth_max_bytes", "login_timeout_ms", "message_timeout_ms",
                                    "max_login_failures", "max_subscriptions", "max_subscriptions_per_connection",
-                                   "max_usage_series", "allow_plaintext", "metrics_public"}));
+                                   "max_usage_series", "allow_plaintext", "metrics_public", "kv_events_public"}));
     bool present = false;
     std::vector<std::string> listen;
     KDN_RETURN_IF_ERROR(GetStrings(server, path, "listen", &listen, &present));
@@ -409,6 +409,7 @@ class Parser {
     }
     KDN_RETURN_IF_ERROR(GetBool(server, path, "allow_plaintext", &config->allow_plaintext));
     KDN_RETURN_IF_ERROR(GetBool(server, path, "metrics_public", &config->metrics_public));
+    KDN_RETURN_IF_ERROR(GetBool(server, path, "kv_events_public", &config->kv_events_public));
     ServerBounds& b = config->bounds;
     KDN_RETURN_IF_ERROR(GetU32(server, path, "max_connections", &b.max_connections));
     KDN_RETURN_IF_ERROR(GetByteSize(server, path, "max_reply_bytes", &b.max_reply_bytes));

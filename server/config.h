@@ -11,6 +11,7 @@
 //   kv_events_topic = "kv-events"        # default ""
 //   kv_events_format = "map"             # map (vLLM now) | array (vLLM before PR #42892)
 //   kv_events_hashes = "bytes"           # bytes (32-byte keys) | uint64 (their last 8 bytes)
+//   kv_events_public = false             # true: subscribers need no token (else ZeroMQ PLAIN, a stats token)
 //   lmcache_metric_names = true          # /metrics also under LMCache's names
 //   prefill_us_per_token = 150.0         # for TTFT saved (hit tokens x this); 0 = not reported
 //   drain_timeout_ms = 5000
@@ -152,6 +153,11 @@ struct ServerConfig {
   // "Authorization: Bearer <token>" of a token with the stats grant (the
   // page has every tenant's counts and names); /healthz needs none.
   bool metrics_public = false;
+  // KV events without a token. Unset, a subscriber must log in with
+  // ZeroMQ's PLAIN mechanism, a token with the stats grant as its password
+  // (the events name every tenant's chunk keys); others are refused at the
+  // handshake (server/kv_events.h KvEventOptions::authorize).
+  bool kv_events_public = false;
   ServerBounds bounds;
   TlsConfig tls;
   std::vector<store::TierSpec> tiers;  // empty: one host tier of 1 GiB

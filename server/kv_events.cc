@@ -81,11 +81,30 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(std::string e
   const int hwm = options.send_hwm;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  // With authorize: the ZAP handler's socket first (ZeroMQ asks it at each
+  // handshake of a PLAIN server socket), then the PUB socket as a PLAIN server.
+  void* zap = nullptr;
+  const int no_linger = 0;
+  if (options.authorize) {
+    zap = zmq_socket(ctx, ZMQ_REP);
+    const int on = 1;
+    const std::string domain = "kdnd-kv-events";
+    if (zap == nullptr || zmq_setsockopt(zap, ZMQ_LINGER, &no_linger, sizeof no_linger) != 0 ||
+        zmq_bind(zap, "inproc://zeromq.zap.01") != 0 || zmq_setsockopt(sock, ZMQ_PLAIN_SERVER, &on, sizeof on) != 0 ||
+        zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain.data(), domain.size()) != 0) {
+      const int err = errno;
+      if (zap != nullptr) zmq_close(zap);
+      zmq_setsockopt(sock, ZMQ_LINGER, &no_linger, sizeof no_linger);
+      zmq_close(sock);
+      zmq_ctx_term(ctx);
+      return Status::Internal(std::string("kv events: the subscribers' authentication (ZAP): ") + zmq_strerror(err));
+    }
+  }
   if (zmq_bind(sock, endpoint.c_str()) != 0) {
     const int err = errno;
-    const int no_linger = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &no_linger, sizeof no_linger);
     zmq_close(sock);
+    if (zap != nullptr) zmq_close(zap);
     zmq_ctx_term(ctx);
     const std::string msg = "kv events: bind " + endpoint + ": " + zmq_strerror(err);
     // A malformed endpoint is the caller's to fix; an address in use or not
@@ -98,18 +117,20 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(std::string e
   std::string bound = endpoint;
   if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, last.data(), &last_len) == 0 && last_len > 1) bound = last.data();
   return std::unique_ptr<KvEventPublisher>(
-      new KvEventPublisher(ctx, sock, std::move(bound), std::move(topic), std::move(options)));
+      new KvEventPublisher(ctx, sock, zap, std::move(bound), std::move(topic), std::move(options)));
 }
 
-KvEventPublisher::KvEventPublisher(void* ctx, void* socket, std::string endpoint, std::string topic,
+KvEventPublisher::KvEventPublisher(void* ctx, void* socket, void* zap, std::string endpoint, std::string topic,
                                    KvEventOptions options)
     : ctx_(ctx),
       socket_(socket),
+      zap_(zap),
       bound_endpoint_(std::move(endpoint)),
       topic_(std::move(topic)),
       options_(std::move(options)) {
-  // The socket was made on the caller's thread; thread creation is the full
+  // The sockets were made on the caller's thread; thread creation is the full
   // memory barrier ZeroMQ asks for before a socket moves to another thread.
+  if (zap_ != nullptr) zap_thread_ = std::thread([this] { Authenticate(); });
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -121,7 +142,46 @@ KvEventPublisher::~KvEventPublisher() {
   wake_.notify_all();
   thread_.join();
   zmq_close(socket_);
+  if (zap_thread_.joinable()) {
+    zap_stop_ = true;
+    zap_thread_.join();
+    zmq_close(zap_);
+  }
   zmq_ctx_term(ctx_);
+}
+
+void KvEventPublisher::Authenticate() {
+  // RFC 27: a request is version "1.0", request id, domain, address,
+  // routing id, mechanism, then the mechanism's credentials (PLAIN: user
+  // name, password); the reply is version, request id, status code ("200"
+  // in, "400" refused), status text, user id, metadata.
+  while (!zap_stop_.load()) {
+    zmq_pollitem_t item{zap_, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 100) <= 0 || (item.revents & ZMQ_POLLIN) == 0) continue;
+    std::vector<std::string> frames;
+    for (;;) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, zap_, 0) < 0) {
+        zmq_msg_close(&m);
+        break;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      const bool more = zmq_msg_more(&m) != 0;
+      zmq_msg_close(&m);
+      if (!more) break;
+    }
+    const bool well_formed = frames.size() >= 6 && frames[0] == "1.0";
+    const bool in = well_formed && frames[5] == "PLAIN" && frames.size() == 8 && options_.authorize(frames[7]);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ++(in ? stats_.subscribers_accepted : stats_.subscribers_refused);
+    }
+    const std::string reply[6] = {"1.0", frames.size() > 1 ? frames[1] : std::string(), in ? "200" : "400",
+                                  in ? "OK" : "refused: log in with ZeroMQ PLAIN, a token this publisher accepts as the password",
+                                  "", ""};
+    for (int i = 0; i < 6; ++i) zmq_send(zap_, reply[i].data(), reply[i].size(), i < 5 ? ZMQ_SNDMORE : 0);
+  }
 }
 
 void KvEventPublisher::BlockStored(std::vector<std::vector<std::uint8_t>> block_hashes,

@@ -91,6 +91,7 @@
 // race the destructor.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -101,6 +102,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -140,6 +142,19 @@ struct KvEventOptions {
   int send_hwm = 100000;
   // The batch timestamp, unix seconds. Null: the system clock.
   std::function<double()> now;
+  // Who may subscribe (issue 37: auth on every surface). Set: the socket
+  // takes only subscribers that log in with ZeroMQ's PLAIN mechanism
+  // (ZMQ_PLAIN_USERNAME: anything, e.g. "kdn"; ZMQ_PLAIN_PASSWORD: a token)
+  // whose password this accepts; one with another password (an unknown
+  // token, one without the grant) is refused at the handshake by a ZAP
+  // handler (RFC 27) on the publisher's context, and counted
+  // (Stats::subscribers_refused); one without credentials is refused by
+  // ZeroMQ itself (its NULL mechanism meets a PLAIN server), uncounted.
+  // Neither receives a message. Called on the
+  // handler's thread. Null: any subscriber (ZeroMQ's NULL mechanism).
+  // PLAIN sends the password in clear: keep the endpoint on the machine
+  // (kdnd refuses a non-loopback one unless server.allow_plaintext).
+  std::function<bool(std::string_view password)> authorize;
 };
 
 class KvEventPublisher {
@@ -149,6 +164,8 @@ class KvEventPublisher {
     std::uint64_t events_dropped = 0;  // dropped from a full queue
     std::uint64_t batches_sent = 0;
     std::uint64_t send_errors = 0;     // batches the socket refused
+    // With KvEventOptions::authorize: subscribers let in, and refused.
+    std::uint64_t subscribers_accepted = 0, subscribers_refused = 0;
   };
 
   // Binds a PUB socket to `endpoint` (e.g. "tcp://127.0.0.1:5557",
@@ -193,14 +210,18 @@ class KvEventPublisher {
     std::string medium;  // empty: options_.medium
   };
 
-  KvEventPublisher(void* ctx, void* socket, std::string endpoint, std::string topic, KvEventOptions options);
+  KvEventPublisher(void* ctx, void* socket, void* zap, std::string endpoint, std::string topic,
+                   KvEventOptions options);
   void Enqueue(Event e);
   void Run();
+  // The ZAP handler's loop (zap_ only): answers each handshake's request.
+  void Authenticate();
   std::string Encode(const std::vector<Event>& events, double ts) const;
   bool Send(const std::string& payload);
 
   void* ctx_;     // zmq context, owned
   void* socket_;  // PUB socket, owned; used only by thread_ once it runs
+  void* zap_;     // the ZAP handler's REP socket (with authorize), owned; used only by zap_thread_
   const std::string bound_endpoint_;
   const std::string topic_;
   const KvEventOptions options_;
@@ -216,6 +237,8 @@ class KvEventPublisher {
   bool stop_ = false;             // guarded by mu_
   Stats stats_;                   // guarded by mu_
   std::thread thread_;
+  std::atomic<bool> zap_stop_{false};
+  std::thread zap_thread_;
 };
 
 }  // namespace kdn::server

@@ -304,6 +304,12 @@ Status CheckPlaintext(const ServerConfig& config) {
                                    "\" is not a loopback address: a scrape's bearer token would cross the network "
                                    "in clear (set server.allow_plaintext = true, or metrics_public)");
   }
+  // KV events: a subscriber's token (ZeroMQ PLAIN), or the events themselves.
+  if (const std::string& e = config.kv_events; e.rfind("tcp://", 0) == 0 && !StaysOnThisMachine(e.substr(6))) {
+    return Status::InvalidArgument("kdnd: server.kv_events \"" + e +
+                                   "\" is not a loopback address: subscribers' tokens and every tenant's chunk keys "
+                                   "would cross the network in clear (set server.allow_plaintext = true to allow it)");
+  }
   return Status::Ok();
 }
 
@@ -331,6 +337,13 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerConfig& config) {
     KvEventOptions eo;
     eo.encoding = config.kv_events_format == "array" ? KvEventEncoding::kTaggedArray : KvEventEncoding::kTaggedMap;
     eo.hash_form = config.kv_events_hashes == "uint64" ? KvBlockHashForm::kUint64 : KvBlockHashForm::kBytes;
+    if (!config.kv_events_public) {
+      // A subscriber logs in with a token (its PLAIN password) that has the
+      // stats grant, as /metrics asks; an unknown token is counted as a
+      // refused call is.
+      NodeService* service = s->service_.get();
+      eo.authorize = [service](std::string_view token) { return service->GrantsStats(token); };
+    }
     auto events = KvEventPublisher::Create(config.kv_events, config.kv_events_topic, eo);
     if (!events.ok()) return events.status();
     s->events_ = std::move(events).value();

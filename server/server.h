@@ -43,8 +43,10 @@ struct BoundAddresses {
 
 // The rule on plaintext (ServerConfig::allow_plaintext): an RPC listener
 // on a TCP address that is not loopback needs [server.tls], and /metrics
-// (which takes a bearer token unless metrics_public) a loopback address;
-// kInvalidArgument naming the address otherwise. Server::Create applies it.
+// (which takes a bearer token unless metrics_public) a loopback address, and
+// so do KV events over TCP (a subscriber's token, or with kv_events_public
+// every tenant's chunk keys, in clear); kInvalidArgument naming the address
+// otherwise. Server::Create applies it.
 Status CheckPlaintext(const ServerConfig& config);
 
 class Server {
@@ -72,6 +74,8 @@ class Server {
   BoundAddresses WaitReady();
 
   NodeService& service() { return *service_; }
+  // The KV events' publisher (server.kv_events); null without one.
+  KvEventPublisher* event_publisher() { return events_.get(); }
 
  private:
   Server() = default;

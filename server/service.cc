@@ -163,7 +163,20 @@ const Grant* NodeService::Authenticate(std::string_view token) {
   return found;
 }
 
+bool NodeService::GrantsStats(std::string_view token) {
+  const keys::Digest d = TokenDigest(token);
+  std::lock_guard<std::mutex> lock(grants_mu_);
+  const Grant* found = nullptr;
+  for (const auto& [digest, grant] : grants_) {
+    if (CRYPTO_memcmp(digest.data(), d.data(), d.size()) == 0) found = grant.get();
+  }
+  if (found != nullptr && found->stats) return true;
+  Count(NodeStat::kAuthFailures);
+  return false;
+}
+
 TokenReload NodeService::ReloadTokens(const std::vector<TokenGrant>& tokens) {
+  std::lock_guard<std::mutex> lock(grants_mu_);
   TokenReload r;
   std::vector<std::pair<std::string, std::unique_ptr<Grant>>> next;
   for (const TokenGrant& t : tokens) {

@@ -113,6 +113,11 @@ class NodeService {
   // The grant of a token (compared in constant time against every token), or
   // null: an unknown token (counted).
   const Grant* Authenticate(std::string_view token);
+  // Whether `token` is a token with the stats grant (an unknown one, or one
+  // without the grant, counted as Authenticate and CheckStats count them).
+  // From any thread (the KV events' ZAP handler): under grants_mu_, which
+  // ReloadTokens holds while it changes the grants.
+  bool GrantsStats(std::string_view token);
   // Replaces the tokens (kdnd's SIGHUP): a token still there keeps its
   // sessions, under its new grant (namespaces, stats, name); a new one can
   // log in; one no longer there is revoked: its sessions' calls are refused
@@ -207,6 +212,7 @@ class NodeService {
   // (token digest, grant). Grants live as long as the service: a session
   // refers to its own, revoked ones too (a few hundred bytes a token a
   // reload).
+  std::mutex grants_mu_;  // ReloadTokens against GrantsStats (other readers share ReloadTokens' thread)
   std::vector<std::pair<std::string, std::unique_ptr<Grant>>> grants_;
   std::vector<std::unique_ptr<Grant>> revoked_grants_;
   double prefill_us_per_token_ = 0;

@@ -32,7 +32,9 @@
 
 #include "cli_runner.h"
 #include "server/kv_events.h"
+#include "server/config.h"
 #include "server/registry.h"
+#include "server/server.h"
 #include "server/service.h"
 #include "core/wire/envelope.h"
 
@@ -78,11 +80,17 @@ struct Message {
 // A SUB socket of the test's own.
 class Subscriber {
  public:
-  Subscriber(const std::string& endpoint, const std::string& topic) {
+  // With `password`: logs in with ZeroMQ's PLAIN mechanism (user "kdn").
+  Subscriber(const std::string& endpoint, const std::string& topic,
+             const std::optional<std::string>& password = std::nullopt) {
     ctx_ = zmq_ctx_new();
     sock_ = zmq_socket(ctx_, ZMQ_SUB);
     const int linger = 0;
     zmq_setsockopt(sock_, ZMQ_LINGER, &linger, sizeof linger);
+    if (password) {
+      zmq_setsockopt(sock_, ZMQ_PLAIN_USERNAME, "kdn", 3);
+      zmq_setsockopt(sock_, ZMQ_PLAIN_PASSWORD, password->data(), password->size());
+    }
     zmq_setsockopt(sock_, ZMQ_SUBSCRIBE, topic.data(), topic.size());
     EXPECT_EQ(zmq_connect(sock_, endpoint.c_str()), 0) << zmq_strerror(zmq_errno());
   }
@@ -717,6 +725,78 @@ TEST(ServerKvEvents, ARestartedNodeClearsThenRelearnsWhatAGetServes) {
   (*service)->SetEventPublisher(nullptr);
   service->reset();
   std::filesystem::remove_all(dir);
+}
+
+// Auth on the KV events (issue 37, item 4): with KvEventOptions::authorize
+// only a subscriber that logs in (ZeroMQ PLAIN) with a password it accepts
+// gets messages; one with another password, or none, is refused at the
+// handshake (counted) and receives nothing of what the first one does.
+TEST(ServerKvEvents, OnlySubscribersWithAnAcceptedTokenReceiveEvents) {
+  KvEventOptions o = Fixed();
+  o.authorize = [](std::string_view password) { return password == "token-with-the-grant"; };
+  auto pub = Make(std::move(o));
+  ASSERT_TRUE(pub);
+  Subscriber good(pub->endpoint(), "kv-events", std::string("token-with-the-grant"));
+  Subscriber wrong(pub->endpoint(), "kv-events", std::string("token-without-it"));
+  Subscriber none(pub->endpoint(), "kv-events");
+  // Each PLAIN login was answered: one in, the other refused (ZeroMQ
+  // retries a refused one now and then: at least once). The subscriber
+  // without credentials never gets that far: ZeroMQ refuses its greeting
+  // (the NULL mechanism, to a PLAIN server), uncounted.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((pub->stats().subscribers_accepted < 1 || pub->stats().subscribers_refused < 1) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(pub->stats().subscribers_accepted, 1u);
+  EXPECT_GE(pub->stats().subscribers_refused, 1u);
+  const std::uint64_t first = good.Handshake(*pub);
+  ASSERT_GT(first, 0u);
+  pub->BlockRemoved({Bytes(32, 7)});
+  pub->Flush();
+  auto m = good.Next(first);
+  ASSERT_TRUE(m.has_value()) << "the subscriber with the token got nothing";
+  // Everything sent so far (the probes and the event) reached the one
+  // subscriber let in, and neither of the others.
+  EXPECT_FALSE(wrong.Receive(300).has_value()) << "a subscriber with another token received events";
+  EXPECT_FALSE(none.Receive(300).has_value()) << "a subscriber without a token received events";
+}
+
+// kdnd: KV events need a token with the stats grant (server.kv_events_public
+// opts out); a tenant's token without it is refused, as on every surface.
+TEST(ServerKvEvents, KdndTakesOnlySubscribersWithAStatsToken) {
+  for (const bool open : {false, true}) {
+    SCOPED_TRACE(open ? "kv_events_public" : "tokens required");
+    const std::string toml = std::string("[server]\nlisten = [\"127.0.0.1:0\"]\nkv_events = \"tcp://127.0.0.1:*\"\n") +
+                             (open ? "kv_events_public = true\n" : "") +
+                             "[[token]]\ntoken = \"tenant-token-0123456789abcdef\"\nnamespaces = [\"a\"]\n"
+                             "[[token]]\ntoken = \"ops-token-0123456789abcdefgh\"\nnamespaces = [\"ops\"]\nstats = true\n";
+    auto config = ParseConfig(toml, "kdnd.toml");
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    auto server = Server::Create(*config);
+    ASSERT_TRUE(server.ok()) << server.status().message();
+    KvEventPublisher* pub = (*server)->event_publisher();
+    ASSERT_NE(pub, nullptr);
+    if (open) {
+      // Public: any subscriber without credentials hears; no handshake is checked.
+      Subscriber anyone(pub->endpoint(), "");
+      EXPECT_GT(anyone.Handshake(*pub), 0u);
+      EXPECT_EQ(pub->stats().subscribers_refused, 0u);
+      continue;
+    }
+    Subscriber ops(pub->endpoint(), "", std::string("ops-token-0123456789abcdefgh"));
+    Subscriber tenant(pub->endpoint(), "", std::string("tenant-token-0123456789abcdef"));
+    Subscriber anyone(pub->endpoint(), "");
+    EXPECT_GT(ops.Handshake(*pub), 0u) << "the token with the stats grant got no events";
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pub->stats().subscribers_refused < 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(pub->stats().subscribers_refused, 1u);  // the tenant's token (no credentials: ZeroMQ refuses the greeting)
+    EXPECT_FALSE(tenant.Receive(300).has_value()) << "a token without the stats grant received events";
+    EXPECT_FALSE(anyone.Receive(300).has_value()) << "a subscriber without a token received events";
+    EXPECT_GE((*server)->service().Stats().values[static_cast<size_t>(NodeStat::kAuthFailures)], 1u);
+  }
 }
 
 TEST(ServerKvEvents, CreateRejectsBadEndpoints) {
