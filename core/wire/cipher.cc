@@ -24,7 +24,6 @@ constexpr char kAadLabel[] = "kdn at-rest v1";
 constexpr char kMagic[8] = {'K', 'D', 'N', 'A', 'E', 'S', '1', '\0'};
 constexpr size_t kNonceBytes = 12;
 constexpr size_t kMaxRingText = 64 * 1024;
-constexpr size_t kMaxDerived = 4096;
 
 Status Corrupt(const std::string& why) { return Status::Corrupt("encrypted chunk: " + why); }
 
@@ -208,6 +207,11 @@ const ChunkCipher::Master* ChunkCipher::Find(const KeyId& id) const {
 
 bool ChunkCipher::Holds(const KeyId& id) const { return Find(id) != nullptr; }
 
+size_t ChunkCipher::derived_keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return derived_.size();
+}
+
 SymmetricKey ChunkCipher::KeyFor(const Master& m, const keys::Digest& ns_hash) const {
   const std::pair<KeyId, keys::Digest> at{m.id, ns_hash};
   {
@@ -217,7 +221,7 @@ SymmetricKey ChunkCipher::KeyFor(const Master& m, const keys::Digest& ns_hash) c
   }
   const SymmetricKey key = NamespaceKey(m.key.data(), ns_hash);
   std::lock_guard<std::mutex> lock(mu_);
-  if (derived_.size() >= kMaxDerived) {
+  if (derived_.size() >= kMaxDerivedKeys) {
     for (auto& entry : derived_) OPENSSL_cleanse(entry.second.data(), entry.second.size());
     derived_.clear();
   }

@@ -119,6 +119,9 @@ class ChunkCipher {
   // The id of the key that encrypts (the first).
   const KeyId& key_id() const { return masters_.front().id; }
   size_t keys() const { return masters_.size(); }
+  // Namespace keys derived and kept now (at most kMaxDerivedKeys).
+  size_t derived_keys() const;
+  static constexpr size_t kMaxDerivedKeys = 4096;
 
  private:
   struct Master {
@@ -131,7 +134,7 @@ class ChunkCipher {
 
   std::vector<Master> masters_;
   // Derived namespace keys, by key id then namespace hash (bounded: cleared
-  // when it holds 4096).
+  // when it holds kMaxDerivedKeys).
   mutable std::mutex mu_;
   mutable std::map<std::pair<KeyId, keys::Digest>, SymmetricKey> derived_;
 };

@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -237,6 +239,31 @@ TEST(CipherTest, AnEncryptedChunkOpensUnderItsKeyAndDescriptionOnly) {
   Result<chunk::ChunkRef> same = a->Decrypt(plain);
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(same->get(), plain.get());
+}
+
+// The cache of namespace keys is bounded: many tenants never grow it past
+// kMaxDerivedKeys, and each chunk still opens after the cache was cleared.
+TEST(CipherTest, TheDerivedKeysAreBoundedWhateverTheNumberOfNamespaces) {
+  auto a = TestRing(kKeyA);
+  const chunk::ChunkRef plain = TestChunk(5);
+  chunk::ChunkRef first;
+  size_t most = 0;
+  for (size_t i = 0; i < ChunkCipher::kMaxDerivedKeys + 100; ++i) {
+    auto c = std::make_shared<chunk::Chunk>();
+    c->meta = plain->meta;
+    std::memcpy(c->meta.ns_hash.data(), &i, sizeof i);
+    c->payload = chunk::Payload(plain->payload.data(), plain->payload.size());
+    Result<chunk::ChunkRef> enc = a->Encrypt(*c);
+    ASSERT_TRUE(enc.ok());
+    if (i == 0) first = *enc;
+    most = std::max(most, a->derived_keys());
+  }
+  EXPECT_LE(most, ChunkCipher::kMaxDerivedKeys);
+  EXPECT_GE(most, ChunkCipher::kMaxDerivedKeys - 1);
+  EXPECT_LT(a->derived_keys(), 200u);  // cleared once, then refilled by the last 100
+  Result<chunk::ChunkRef> open = a->Decrypt(first);  // its key derived again
+  ASSERT_TRUE(open.ok()) << open.status().message();
+  EXPECT_TRUE(SamePayload(**open, *plain));
 }
 
 TEST(CipherTest, TiersEncryptWhatLeavesAndOpenOnlyWhatTheirRingHolds) {
